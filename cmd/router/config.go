@@ -1,0 +1,208 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/go-viper/mapstructure/v2"
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+
+	"github.com/onceflow/onceflow/pkg/dbx"
+)
+
+// Config is the router configuration: flags > env (ONCEFLOW_*) > config file > defaults.
+type Config struct {
+	DB      DBConfig                  `mapstructure:"db"`
+	Kafka   KafkaConfig               `mapstructure:"kafka"`
+	Inbox   InboxConfig               `mapstructure:"inbox"`
+	Relay   RelayConfig               `mapstructure:"relay"`
+	Admin   AdminConfig               `mapstructure:"admin"`
+	Log     LogConfig                 `mapstructure:"log"`
+	Plugins map[string]map[string]any `mapstructure:"plugins"`
+}
+
+type DBConfig struct {
+	DSN          string `mapstructure:"dsn"`
+	AdminDSN     string `mapstructure:"admin_dsn"`
+	MaxOpenConns int    `mapstructure:"max_open_conns"`
+}
+
+type KafkaConfig struct {
+	Brokers          []string      `mapstructure:"brokers"`
+	SessionTimeout   time.Duration `mapstructure:"session_timeout"`
+	RebalanceTimeout time.Duration `mapstructure:"rebalance_timeout"`
+	Heartbeat        time.Duration `mapstructure:"heartbeat"`
+	MaxPollWait      time.Duration `mapstructure:"max_poll_wait"`
+}
+
+type InboxConfig struct {
+	MaxAttempts     int           `mapstructure:"max_attempts"`
+	BackoffInitial  time.Duration `mapstructure:"backoff_initial"`
+	BackoffMax      time.Duration `mapstructure:"backoff_max"`
+	Retention       time.Duration `mapstructure:"retention"`
+	MaxPayloadBytes int           `mapstructure:"max_payload_bytes"`
+	CleanupInterval time.Duration `mapstructure:"cleanup_interval"`
+	CleanupBatch    int           `mapstructure:"cleanup_batch"`
+}
+
+type RelayConfig struct {
+	Enabled      bool          `mapstructure:"enabled"`
+	BatchSize    int           `mapstructure:"batch_size"`
+	PollInterval time.Duration `mapstructure:"poll_interval"`
+	LagBound     time.Duration `mapstructure:"lag_bound"`
+}
+
+type AdminConfig struct {
+	Listen string `mapstructure:"listen"`
+}
+
+type LogConfig struct {
+	Level  string `mapstructure:"level"`
+	Format string `mapstructure:"format"`
+}
+
+// defaults is the single table of configuration keys and their defaults (README's
+// configuration table is generated from the same names).
+var defaults = []struct {
+	key   string
+	value any
+	help  string
+}{
+	{"db.dsn", "onceflow:onceflow@tcp(127.0.0.1:3306)/onceflow", "application DSN (least privilege)"},
+	{"db.admin_dsn", "onceflow_admin:onceflow_admin@tcp(127.0.0.1:3306)/onceflow", "privileged DSN used by `migrate` only"},
+	{"db.max_open_conns", 32, "connection pool size"},
+	{"kafka.brokers", []string{"127.0.0.1:9092"}, "bootstrap brokers"},
+	{"kafka.session_timeout", "10s", "consumer group session timeout"},
+	{"kafka.rebalance_timeout", "30s", "time a member has to rejoin during a rebalance"},
+	{"kafka.heartbeat", "3s", "consumer heartbeat interval"},
+	{"kafka.max_poll_wait", "100ms", "fetch max wait"},
+	{"inbox.max_attempts", 5, "handler attempts before a message is quarantined"},
+	{"inbox.backoff_initial", "100ms", "first retry backoff (doubles)"},
+	{"inbox.backoff_max", "5s", "retry backoff cap"},
+	{"inbox.retention", "720h", "inbox rows expire after this (must cover Kafka's retention)"},
+	{"inbox.max_payload_bytes", 1 << 20, "larger payloads are poison"},
+	{"inbox.cleanup_interval", "1h", "how often expired done rows are deleted"},
+	{"inbox.cleanup_batch", 500, "rows per cleanup DELETE"},
+	{"relay.enabled", true, "run the outbox relay in this process"},
+	{"relay.batch_size", 500, "events per Kafka batch"},
+	{"relay.poll_interval", "50ms", "relay sleep when nothing is pending"},
+	{"relay.lag_bound", "1m", "verify: unpublished rows older than this are a violation"},
+	{"admin.listen", "127.0.0.1:9464", "health and metrics listener (empty disables)"},
+	{"log.level", "info", "debug, info, warn, error"},
+	{"log.format", "text", "text or json"},
+}
+
+// loadConfig resolves the configuration. file may be empty: then configs/router.yaml is
+// used if it exists. Unknown keys are errors.
+func loadConfig(file string, flags *pflag.FlagSet, bind map[string]string) (Config, *viper.Viper, error) {
+	v := viper.New()
+	for _, d := range defaults {
+		v.SetDefault(d.key, d.value)
+	}
+	v.SetEnvPrefix("ONCEFLOW")
+	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_", "-", "_"))
+	v.AutomaticEnv()
+	if file == "" {
+		file = os.Getenv("ONCEFLOW_CONFIG")
+	}
+	if file == "" {
+		if _, err := os.Stat("configs/router.yaml"); err == nil {
+			file = "configs/router.yaml"
+		}
+	}
+	if file != "" {
+		v.SetConfigFile(file)
+		if err := v.ReadInConfig(); err != nil {
+			return Config{}, nil, badInput(fmt.Errorf("config file %s: %w", file, err))
+		}
+	}
+	for key, flag := range bind {
+		if f := flags.Lookup(flag); f != nil {
+			if err := v.BindPFlag(key, f); err != nil {
+				return Config{}, nil, err
+			}
+		}
+	}
+	var cfg Config
+	err := v.UnmarshalExact(&cfg, func(dc *mapstructure.DecoderConfig) {
+		dc.DecodeHook = mapstructure.ComposeDecodeHookFunc(strictDuration, mapstructure.StringToSliceHookFunc(","))
+	})
+	if err != nil {
+		return Config{}, nil, badInput(fmt.Errorf("config%s: %w", inFile(file), err))
+	}
+	if err := cfg.validate(); err != nil {
+		return Config{}, nil, badInput(fmt.Errorf("config%s: %w", inFile(file), err))
+	}
+	return cfg, v, nil
+}
+
+func inFile(f string) string {
+	if f == "" {
+		return ""
+	}
+	return " " + f
+}
+
+// strictDuration parses durations and says which value was wrong.
+func strictDuration(from, to reflect.Type, data any) (any, error) {
+	if to != reflect.TypeOf(time.Duration(0)) {
+		return data, nil
+	}
+	switch d := data.(type) {
+	case string:
+		dur, err := time.ParseDuration(d)
+		if err != nil {
+			return nil, fmt.Errorf("invalid duration %q (use e.g. 500ms, 10s, 720h)", d)
+		}
+		return dur, nil
+	case int, int64, float64:
+		return nil, fmt.Errorf("invalid duration %v: give a unit (e.g. 10s)", d)
+	}
+	return data, nil
+}
+
+func (c Config) validate() error {
+	if _, err := dbx.ParseDSN(c.DB.DSN); err != nil {
+		return fmt.Errorf("db.dsn: %w", err)
+	}
+	if c.DB.MaxOpenConns < 1 || c.DB.MaxOpenConns > 1000 {
+		return fmt.Errorf("db.max_open_conns %d outside 1..1000", c.DB.MaxOpenConns)
+	}
+	if len(c.Kafka.Brokers) == 0 {
+		return errors.New("kafka.brokers is empty")
+	}
+	switch c.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		return fmt.Errorf("log.level %q: use debug, info, warn or error", c.Log.Level)
+	}
+	switch c.Log.Format {
+	case "text", "json":
+	default:
+		return fmt.Errorf("log.format %q: use text or json", c.Log.Format)
+	}
+	return nil
+}
+
+// decodePluginConfig decodes raw (a plugins.<name> section) into target, refusing unknown keys.
+func decodePluginConfig(name string, raw map[string]any, target any) error {
+	if raw == nil {
+		return nil
+	}
+	dec, err := mapstructure.NewDecoder(&mapstructure.DecoderConfig{
+		Result: target, ErrorUnused: true, WeaklyTypedInput: true,
+		DecodeHook: mapstructure.ComposeDecodeHookFunc(strictDuration),
+	})
+	if err != nil {
+		return err
+	}
+	if err := dec.Decode(raw); err != nil {
+		return badInput(fmt.Errorf("config plugins.%s: %w", name, err))
+	}
+	return nil
+}

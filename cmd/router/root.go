@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/spf13/cobra"
+
+	"github.com/onceflow/onceflow/pkg/dbx"
+	"github.com/onceflow/onceflow/pkg/kafkax"
+)
+
+// app carries what every subcommand resolves from flags and configuration.
+type app struct {
+	configFile string
+	cfg        Config
+	logger     watermill.LoggerAdapter
+}
+
+// commonBindings maps configuration keys to the persistent flags that override them.
+var commonBindings = map[string]string{
+	"db.dsn":        "dsn",
+	"kafka.brokers": "brokers",
+	"log.level":     "log-level",
+}
+
+func run(ctx context.Context, args []string) error {
+	a := &app{}
+	root := &cobra.Command{
+		Use:           "router",
+		Short:         "onceflow router: exactly-once effects for Kafka consumers",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, _, err := loadConfig(a.configFile, cmd.Flags(), commonBindings)
+			if err != nil {
+				return err
+			}
+			a.cfg = cfg
+			a.logger = newLogger(cfg.Log)
+			return nil
+		},
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return badInput(err) })
+	pf := root.PersistentFlags()
+	pf.StringVar(&a.configFile, "config", "", "config file (default configs/router.yaml if present; env ONCEFLOW_CONFIG)")
+	pf.String("dsn", "", "application database DSN (overrides db.dsn)")
+	pf.StringSlice("brokers", nil, "Kafka brokers (overrides kafka.brokers)")
+	pf.String("log-level", "", "log level (overrides log.level)")
+
+	root.AddCommand(a.runCmd(), a.migrateCmd(), a.produceCmd(), a.verifyCmd(), a.pluginsCmd())
+	root.SetArgs(args)
+	cmd, err := root.ExecuteContextC(ctx)
+	if err != nil && cmd != nil && isCobraUsage(err) {
+		return badInput(err)
+	}
+	return err
+}
+
+// isCobraUsage reports cobra's own argument errors (unknown command, bad arg count).
+func isCobraUsage(err error) bool {
+	if _, ok := err.(usageError); ok {
+		return true
+	}
+	msg := err.Error()
+	for _, p := range []string{"unknown command", "unknown flag", "unknown shorthand", "accepts ", "requires ", "invalid argument"} {
+		if strings.Contains(msg, p) {
+			return true
+		}
+	}
+	return false
+}
+
+
+func newLogger(c LogConfig) watermill.LoggerAdapter {
+	var lvl slog.Level
+	_ = lvl.UnmarshalText([]byte(c.Level))
+	opts := &slog.HandlerOptions{Level: lvl}
+	var h slog.Handler = slog.NewTextHandler(os.Stderr, opts)
+	if c.Format == "json" {
+		h = slog.NewJSONHandler(os.Stderr, opts)
+	}
+	return watermill.NewSlogLogger(slog.New(h))
+}
+
+func (a *app) kafka() kafkax.Config {
+	k := kafkax.Config{
+		Brokers:          a.cfg.Kafka.Brokers,
+		SessionTimeout:   a.cfg.Kafka.SessionTimeout,
+		RebalanceTimeout: a.cfg.Kafka.RebalanceTimeout,
+		HeartbeatEvery:   a.cfg.Kafka.Heartbeat,
+		MaxPollWait:      a.cfg.Kafka.MaxPollWait,
+		ClientID:         "onceflow-router",
+	}
+	k.SetDefaults()
+	return k
+}
+
+func (a *app) openDB(ctx context.Context, dsn string) (*dbx.Config, error) {
+	c := &dbx.Config{DSN: dsn, MaxOpenConns: a.cfg.DB.MaxOpenConns}
+	if _, err := dbx.ParseDSN(dsn); err != nil {
+		return nil, badInput(err)
+	}
+	return c, nil
+}
+
+func printf(format string, args ...any) { fmt.Fprintf(os.Stdout, format, args...) }

@@ -1,0 +1,278 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/spf13/cobra"
+
+	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/pkg/dbx"
+	"github.com/onceflow/onceflow/pkg/kafkax"
+	"github.com/onceflow/onceflow/pkg/metrics"
+)
+
+func (a *app) runCmd() *cobra.Command {
+	var only []string
+	var noRelay bool
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "consume with every registered plugin, relay the outbox, clean the inbox",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.runRouter(cmd.Context(), only, !noRelay && a.cfg.Relay.Enabled)
+		},
+	}
+	cmd.Flags().StringSliceVar(&only, "plugins", nil, "run only these plugins (default: all registered)")
+	cmd.Flags().BoolVar(&noRelay, "no-relay", false, "do not run the outbox relay in this process")
+	return cmd
+}
+
+// selectPlugins returns the plugins to run, failing on unknown names and on configuration
+// sections for plugins that are not registered (a typo must not be silently ignored).
+func (a *app) selectPlugins(only []string) ([]inbox.Plugin, error) {
+	for name := range a.cfg.Plugins {
+		if _, ok := inbox.Plugins.Get(name); !ok {
+			return nil, badInput(fmt.Errorf("config plugins.%s: no such plugin (registered: %v)", name, inbox.Plugins.Names()))
+		}
+	}
+	names := only
+	if len(names) == 0 {
+		names = inbox.Plugins.Names()
+	}
+	var out []inbox.Plugin
+	for _, n := range names {
+		p, ok := inbox.Plugins.Get(n)
+		if !ok {
+			return nil, badInput(fmt.Errorf("unknown plugin %q (registered: %v)", n, inbox.Plugins.Names()))
+		}
+		out = append(out, p)
+	}
+	if len(out) == 0 {
+		return nil, badInput(errors.New("no plugins registered"))
+	}
+	return out, nil
+}
+
+func (a *app) runRouter(ctx context.Context, only []string, withRelay bool) error {
+	plugins, err := a.selectPlugins(only)
+	if err != nil {
+		return err
+	}
+	kc := a.kafka()
+	if err := kc.Validate(); err != nil {
+		return badInput(err)
+	}
+	dc, err := a.openDB(ctx, a.cfg.DB.DSN)
+	if err != nil {
+		return err
+	}
+	db, err := dbx.Open(ctx, *dc)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if err := checkSchema(ctx, db); err != nil {
+		return err
+	}
+	var topics []string
+	for _, p := range plugins {
+		topics = append(topics, p.Topics...)
+	}
+	if _, err := kc.CheckTopics(topics...); err != nil {
+		return err
+	}
+	a.logger.Info("router starting", watermill.LogFields{"dsn": dbx.MaskDSN(a.cfg.DB.DSN), "brokers": kc.Brokers,
+		"session_timeout": kc.SessionTimeout, "rebalance_timeout": kc.RebalanceTimeout, "relay": withRelay})
+	a.warnRetention(kc, topics)
+
+	m := metrics.New(db)
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, a.logger)
+	if err != nil {
+		return err
+	}
+	router.AddMiddleware(middleware.Recoverer)
+	for _, p := range plugins {
+		raw := a.cfg.Plugins[p.Name]
+		h, err := p.Build(inbox.PluginEnv{DB: db, Logger: a.logger.With(watermill.LogFields{"plugin": p.Name}),
+			DecodeConfig: func(target any) error { return decodePluginConfig(p.Name, raw, target) }})
+		if err != nil {
+			return fmt.Errorf("plugin %s: %w", p.Name, err)
+		}
+		ib, err := inbox.New(db, h, a.inboxConfig(p.BizType), a.logger, observer{m})
+		if err != nil {
+			return badInput(fmt.Errorf("plugin %s: %w", p.Name, err))
+		}
+		for _, t := range p.Topics {
+			sub, err := kc.NewSubscriber(p.ConsumerGroup, a.logger)
+			if err != nil {
+				return kafkax.Unreachable(kc.Brokers, err)
+			}
+			router.AddConsumerHandler(p.Name+"/"+t, t, sub, ib.HandlerFunc(t))
+		}
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	if withRelay {
+		producer, err := kc.NewSyncProducer()
+		if err != nil {
+			return err
+		}
+		defer producer.Close()
+		relay, err := outbox.NewRelay(db, producer, outbox.RelayConfig{BatchSize: a.cfg.Relay.BatchSize,
+			PollInterval: a.cfg.Relay.PollInterval, LagBound: a.cfg.Relay.LagBound}, a.logger)
+		if err != nil {
+			return badInput(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			go func() {
+				var last int64
+				t := time.NewTicker(time.Second)
+				defer t.Stop()
+				for {
+					select {
+					case <-ctx.Done():
+						return
+					case <-t.C:
+						n := relay.Published()
+						m.RelayPublished.Add(float64(n - last))
+						last = n
+					}
+				}
+			}()
+			errs <- relay.Run(ctx)
+		}()
+	}
+	cleaner, err := inbox.NewCleaner(db, inbox.CleanerConfig{BatchSize: a.cfg.Inbox.CleanupBatch, Interval: a.cfg.Inbox.CleanupInterval}, a.logger)
+	if err != nil {
+		return badInput(err)
+	}
+	wg.Add(1)
+	go func() { defer wg.Done(); errs <- cleaner.Run(ctx) }()
+
+	stopAdmin, err := a.startAdmin(ctx, db, kc, m)
+	if err != nil {
+		return err
+	}
+	defer stopAdmin()
+
+	runErr := router.Run(ctx)
+	cancel()
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		if e != nil && runErr == nil {
+			runErr = e
+		}
+	}
+	a.logger.Info("router stopped", nil)
+	return runErr
+}
+
+func (a *app) inboxConfig(bizType string) inbox.Config {
+	c := a.cfg.Inbox
+	return inbox.Config{BizType: bizType, MaxAttempts: c.MaxAttempts, BackoffInitial: c.BackoffInitial, BackoffMax: c.BackoffMax,
+		Retention: c.Retention, MaxPayloadBytes: c.MaxPayloadBytes}
+}
+
+// warnRetention warns when Kafka can replay messages older than the inbox remembers: a
+// replayed message whose inbox row was cleaned would be processed again.
+func (a *app) warnRetention(kc kafkax.Config, topics []string) {
+	for _, t := range topics {
+		r, err := kc.TopicRetention(t)
+		if err != nil {
+			a.logger.Info("could not read topic retention", watermill.LogFields{"topic": t, "err": err.Error()})
+			continue
+		}
+		if r < 0 || r > a.cfg.Inbox.Retention {
+			a.logger.Error("inbox retention is shorter than the topic's: a replay from the oldest offset could re-run cleaned messages",
+				fmt.Errorf("topic %s retention %s > inbox.retention %s", t, fmtRetention(r), a.cfg.Inbox.Retention),
+				watermill.LogFields{"topic": t})
+		}
+	}
+}
+
+func fmtRetention(d time.Duration) string {
+	if d < 0 {
+		return "infinite"
+	}
+	return d.String()
+}
+
+func checkSchema(ctx context.Context, db *sql.DB) error {
+	for _, t := range []string{"inbox", "outbox", "coupon_grant"} {
+		if _, err := db.ExecContext(ctx, "SELECT 1 FROM "+t+" LIMIT 0"); err != nil {
+			return fmt.Errorf("table %s is missing or unreadable: %w (run `router migrate`)", t, err)
+		}
+	}
+	return nil
+}
+
+type observer struct{ m *metrics.Metrics }
+
+func (o observer) Delivered(biz string, r inbox.Result, d time.Duration) {
+	o.m.Observe(biz, string(r.Outcome), d)
+}
+
+// startAdmin serves /healthz, /readyz and /metrics on a dedicated mux.
+func (a *app) startAdmin(ctx context.Context, db *sql.DB, kc kafkax.Config, m *metrics.Metrics) (func(), error) {
+	if a.cfg.Admin.Listen == "" {
+		return func() {}, nil
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+		defer cancel()
+		checks := map[string]error{"mariadb": db.PingContext(ctx)}
+		_, checks["kafka"] = kc.CheckTopics()
+		names := make([]string, 0, len(checks))
+		for n := range checks {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		code := http.StatusOK
+		for _, n := range names {
+			if checks[n] != nil {
+				code = http.StatusServiceUnavailable
+			}
+		}
+		w.WriteHeader(code)
+		for _, n := range names {
+			if checks[n] != nil {
+				fmt.Fprintf(w, "%s: %v\n", n, checks[n])
+			} else {
+				fmt.Fprintf(w, "%s: ok\n", n)
+			}
+		}
+	})
+	mux.Handle("/metrics", m.Handler())
+	ln, err := net.Listen("tcp", a.cfg.Admin.Listen)
+	if err != nil {
+		return nil, badInput(fmt.Errorf("admin.listen %s: %w (set admin.listen to a free port, or empty to disable)", a.cfg.Admin.Listen, err))
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	a.logger.Info("admin listener", watermill.LogFields{"addr": ln.Addr().String()})
+	return func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}, nil
+}

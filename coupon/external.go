@@ -1,0 +1,63 @@
+package coupon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// ExternalService is the slow downstream each step calls (stock, marketing, wallet in the
+// seed incident: 800 ms–2 s each). Calls carry an idempotency key (order id + step) so a
+// retried call is recognised downstream.
+type ExternalService interface {
+	Call(ctx context.Context, step, idempotencyKey string) error
+}
+
+// ErrInjected is the error of an injected failure.
+var ErrInjected = errors.New("coupon: injected external failure")
+
+// SimulatedService reproduces the incident's slow, flaky calls: each call sleeps Delay
+// (plus up to Jitter) and fails with probability FailureRate. With zeros it is free.
+type SimulatedService struct {
+	Delay       time.Duration
+	Jitter      time.Duration
+	FailureRate float64
+
+	mu  sync.Mutex
+	rng *rand.Rand
+}
+
+// NewSimulatedService builds a seeded SimulatedService.
+func NewSimulatedService(delay, jitter time.Duration, failureRate float64, seed uint64) *SimulatedService {
+	return &SimulatedService{Delay: delay, Jitter: jitter, FailureRate: failureRate, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+}
+
+// Call implements ExternalService.
+func (s *SimulatedService) Call(ctx context.Context, step, key string) error {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	d := s.Delay
+	if s.Jitter > 0 {
+		d += time.Duration(s.rng.Int64N(int64(s.Jitter)))
+	}
+	fail := s.FailureRate > 0 && s.rng.Float64() < s.FailureRate
+	s.mu.Unlock()
+	if d > 0 {
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	if fail {
+		return fmt.Errorf("%w: %s (%s)", ErrInjected, step, key)
+	}
+	return nil
+}

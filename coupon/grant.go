@@ -1,0 +1,192 @@
+package coupon
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/outbox"
+)
+
+// Config configures the granter (router.yaml: plugins.coupon-granter).
+type Config struct {
+	CampaignID  string `mapstructure:"campaign_id"`
+	ValueCents  int64  `mapstructure:"value_cents"`
+	StockTotal  int64  `mapstructure:"stock_total"`  // used when the campaign is first created
+	BudgetCents int64  `mapstructure:"budget_cents"` // used when the campaign is first created
+
+	GrantedTopic string `mapstructure:"granted_topic"`
+	FailedTopic  string `mapstructure:"failed_topic"`
+
+	// The seed incident's slow external calls: every step sleeps StepDelay (+ up to
+	// StepJitter) and fails with probability StepFailureRate.
+	StepDelay       time.Duration `mapstructure:"step_delay"`
+	StepJitter      time.Duration `mapstructure:"step_jitter"`
+	StepFailureRate float64       `mapstructure:"step_failure_rate"`
+	Seed            uint64        `mapstructure:"seed"`
+}
+
+// DefaultConfig is the 5-yuan no-threshold coupon of the incident.
+func DefaultConfig() Config {
+	return Config{
+		CampaignID:   "double11-5yuan",
+		ValueCents:   500,
+		StockTotal:   100_000_000,
+		BudgetCents:  500 * 100_000_000,
+		GrantedTopic: "coupon-granted",
+		FailedTopic:  "coupon-grant-failed",
+		Seed:         1,
+	}
+}
+
+// Validate reports the first invalid setting.
+func (c Config) Validate() error {
+	switch {
+	case c.CampaignID == "" || len(c.CampaignID) > 64:
+		return fmt.Errorf("coupon: campaign_id %q must be 1..64 bytes", c.CampaignID)
+	case c.ValueCents <= 0:
+		return fmt.Errorf("coupon: value_cents %d must be positive", c.ValueCents)
+	case c.StockTotal < 0 || c.BudgetCents < 0:
+		return errors.New("coupon: stock_total and budget_cents must not be negative")
+	case c.StepFailureRate < 0 || c.StepFailureRate >= 1:
+		return fmt.Errorf("coupon: step_failure_rate %v outside [0,1)", c.StepFailureRate)
+	case c.StepDelay < 0 || c.StepJitter < 0:
+		return errors.New("coupon: step_delay and step_jitter must not be negative")
+	case c.GrantedTopic == "" || c.FailedTopic == "":
+		return errors.New("coupon: granted_topic and failed_topic are required")
+	}
+	return nil
+}
+
+// Granter is the inbox handler that grants coupons for paid orders. Each Handle call runs
+// one step of the state machine: the step's side effect and its optimistic-lock transition
+// commit together, or not at all.
+type Granter struct {
+	cfg    Config
+	svc    ExternalService
+	out    *outbox.Writer
+	logger watermill.LoggerAdapter
+	now    func() time.Time
+}
+
+var _ inbox.Handler = (*Granter)(nil)
+
+// NewGranter builds a Granter. A nil svc makes no external calls.
+func NewGranter(cfg Config, svc ExternalService, logger watermill.LoggerAdapter) (*Granter, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	out, err := outbox.NewWriter("outbox")
+	if err != nil {
+		return nil, err
+	}
+	if svc == nil {
+		svc = (*SimulatedService)(nil)
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	return &Granter{cfg: cfg, svc: svc, out: out, logger: logger, now: time.Now}, nil
+}
+
+// Config returns the granter's configuration.
+func (g *Granter) Config() Config { return g.cfg }
+
+// Decode implements inbox.Handler: the dedup key is the order id.
+func (g *Granter) Decode(msg *message.Message) (inbox.Decoded, error) {
+	o, err := DecodeOrderPaid(msg.Payload)
+	if err != nil {
+		return inbox.Decoded{}, inbox.PoisonError("%v", err)
+	}
+	return inbox.Decoded{Key: o.OrderID, Fingerprint: o.Fingerprint(), Value: o}, nil
+}
+
+// Handle implements inbox.Handler: it advances the grant by one step.
+func (g *Granter) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error) {
+	o, ok := d.Value.(OrderPaid)
+	if !ok {
+		return inbox.Done, inbox.Permanent(fmt.Errorf("coupon: unexpected value %T", d.Value))
+	}
+	return g.Step(ctx, tx, o)
+}
+
+// Step advances the grant of o by one step within tx. It is exported so tests can drive the
+// state machine without the inbox (the second line of defence on its own).
+func (g *Granter) Step(ctx context.Context, tx *sql.Tx, o OrderPaid) (inbox.Progress, error) {
+	repo := mysqlRepo{tx: tx}
+	gr, err := repo.loadOrCreate(ctx, o, g.cfg.CampaignID, g.cfg.ValueCents)
+	if err != nil {
+		return inbox.Continue, err
+	}
+	if gr.State.Terminal() {
+		return inbox.Done, nil
+	}
+	step := gr.State.Step()
+	if err := g.svc.Call(ctx, step, gr.OrderID+":"+step); err != nil {
+		return inbox.Continue, err
+	}
+	switch gr.State {
+	case StateInit:
+		ok, err := repo.lockStock(ctx, gr.CampaignID)
+		if err != nil {
+			return inbox.Continue, err
+		}
+		if !ok {
+			return inbox.Done, g.fail(ctx, tx, repo, gr, StateInit, ErrStockExhausted)
+		}
+		return inbox.Continue, repo.cas(ctx, gr, StateInit, StateLocked, "", "")
+	case StateLocked:
+		ok, err := repo.deductBudget(ctx, gr.CampaignID, gr.ValueCents)
+		if err != nil {
+			return inbox.Continue, err
+		}
+		if !ok {
+			if err := repo.releaseStock(ctx, gr.CampaignID); err != nil {
+				return inbox.Continue, err
+			}
+			return inbox.Done, g.fail(ctx, tx, repo, gr, StateLocked, ErrBudgetExhausted)
+		}
+		return inbox.Continue, repo.cas(ctx, gr, StateLocked, StateBudgetDeducted, "", "")
+	case StateBudgetDeducted:
+		couponID := CouponID(gr.OrderID, gr.CampaignID)
+		if err := repo.insertCoupon(ctx, gr, couponID); err != nil {
+			return inbox.Continue, err
+		}
+		if err := repo.consumeStock(ctx, gr.CampaignID); err != nil {
+			return inbox.Continue, err
+		}
+		if err := repo.cas(ctx, gr, StateBudgetDeducted, StateGranted, couponID, ""); err != nil {
+			return inbox.Continue, err
+		}
+		ev := GrantEvent{EventID: EventID(EventGranted, gr.OrderID, gr.CampaignID), OrderID: gr.OrderID, UserID: gr.UserID,
+			CampaignID: gr.CampaignID, CouponID: couponID, ValueCents: gr.ValueCents, GrantedAt: g.now().UTC()}
+		if err := g.out.Add(ctx, tx, outbox.Event{ID: ev.EventID, Type: EventGranted, Topic: g.cfg.GrantedTopic, Key: gr.OrderID, Payload: ev.Encode()}); err != nil {
+			return inbox.Continue, err
+		}
+		g.logger.Debug("coupon granted", watermill.LogFields{"order_id": gr.OrderID, "coupon_id": couponID})
+		return inbox.Done, nil
+	}
+	return inbox.Continue, fmt.Errorf("%w: no step from %s", ErrIllegalTransition, gr.State)
+}
+
+// fail ends the grant in FAILED (a permanent business outcome, not an error of the step)
+// and emits CouponGrantFailed in the same transaction.
+func (g *Granter) fail(ctx context.Context, tx *sql.Tx, repo mysqlRepo, gr grantRow, from State, cause error) error {
+	reason := "stock_exhausted"
+	if errors.Is(cause, ErrBudgetExhausted) {
+		reason = "budget_exhausted"
+	}
+	if err := repo.cas(ctx, gr, from, StateFailed, "", reason); err != nil {
+		return err
+	}
+	ev := GrantEvent{EventID: EventID(EventGrantFailed, gr.OrderID, gr.CampaignID), OrderID: gr.OrderID, UserID: gr.UserID,
+		CampaignID: gr.CampaignID, ValueCents: gr.ValueCents, Reason: reason, FailedAt: g.now().UTC()}
+	g.logger.Info("coupon grant failed", watermill.LogFields{"order_id": gr.OrderID, "reason": reason})
+	return g.out.Add(ctx, tx, outbox.Event{ID: ev.EventID, Type: EventGrantFailed, Topic: g.cfg.FailedTopic, Key: gr.OrderID, Payload: ev.Encode()})
+}

@@ -1,0 +1,135 @@
+package coupon
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+)
+
+// Audit is the result of Verify.
+type Audit struct {
+	Grants            int64 // grants of the campaign, any state
+	Granted           int64
+	Failed            int64
+	InFlight          int64 // non-terminal grants
+	Coupons           int64 // user_coupon rows of the campaign
+	DuplicateCoupons  int64 // coupons beyond the first per (order, campaign)
+	InboxDone         int64
+	InboxFailed       int64
+	InboxProcessing   int64
+	DuplicatesBlocked int64 // sum of inbox duplicate counters (deliveries changed nothing)
+	OutboxEvents      int64
+	OutboxPending     int64
+	Violations        []string
+}
+
+// OK reports whether no invariant is violated.
+func (a Audit) OK() bool { return len(a.Violations) == 0 }
+
+// Verify audits the invariants of DESIGN.md for one campaign:
+//  1. at most one user_coupon per (order, campaign); every GRANTED grant has exactly one,
+//     and no coupon exists without a GRANTED grant;
+//  2. every 'done' inbox row of biz type coupon has a terminal grant; every terminal grant
+//     has its outbox event;
+//  3. stock and budget counters equal the sums implied by the grants;
+//  4. no outbox row older than lagBound is unpublished.
+//
+// It uses its own SQL, not the handler's code paths.
+func Verify(ctx context.Context, db *sql.DB, campaignID string, lagBound time.Duration) (Audit, error) {
+	var a Audit
+	counts := []struct {
+		dst *int64
+		q   string
+		arg []any
+	}{
+		{&a.Grants, `SELECT COUNT(*) FROM coupon_grant WHERE campaign_id = ?`, []any{campaignID}},
+		{&a.Granted, `SELECT COUNT(*) FROM coupon_grant WHERE campaign_id = ? AND state = 'GRANTED'`, []any{campaignID}},
+		{&a.Failed, `SELECT COUNT(*) FROM coupon_grant WHERE campaign_id = ? AND state = 'FAILED'`, []any{campaignID}},
+		{&a.Coupons, `SELECT COUNT(*) FROM user_coupon WHERE campaign_id = ?`, []any{campaignID}},
+		{&a.DuplicateCoupons, `SELECT COALESCE(SUM(n - 1), 0) FROM (SELECT COUNT(*) n FROM user_coupon WHERE campaign_id = ? GROUP BY order_id HAVING n > 1) d`, []any{campaignID}},
+		{&a.InboxDone, `SELECT COUNT(*) FROM inbox WHERE biz_type = ? AND status = 'done'`, []any{BizType}},
+		{&a.InboxFailed, `SELECT COUNT(*) FROM inbox WHERE biz_type = ? AND status = 'failed'`, []any{BizType}},
+		{&a.InboxProcessing, `SELECT COUNT(*) FROM inbox WHERE biz_type = ? AND status = 'processing'`, []any{BizType}},
+		{&a.DuplicatesBlocked, `SELECT COALESCE(SUM(duplicates), 0) FROM inbox WHERE biz_type = ?`, []any{BizType}},
+		{&a.OutboxEvents, `SELECT COUNT(*) FROM outbox WHERE event_type IN (?, ?)`, []any{EventGranted, EventGrantFailed}},
+		{&a.OutboxPending, `SELECT COUNT(*) FROM outbox WHERE published_at IS NULL`, nil},
+	}
+	for _, c := range counts {
+		if err := db.QueryRowContext(ctx, c.q, c.arg...).Scan(c.dst); err != nil {
+			return a, fmt.Errorf("verify: %w", err)
+		}
+	}
+	a.InFlight = a.Grants - a.Granted - a.Failed
+	v := func(format string, args ...any) { a.Violations = append(a.Violations, fmt.Sprintf(format, args...)) }
+
+	// 1. coupons
+	if a.DuplicateCoupons > 0 {
+		v("invariant 1: %d duplicate coupons (more than one user_coupon per order)", a.DuplicateCoupons)
+	}
+	if err := listInto(ctx, db, &a, "invariant 1: GRANTED grant without exactly one coupon: order %s", `
+SELECT g.order_id FROM coupon_grant g LEFT JOIN user_coupon c ON c.order_id = g.order_id AND c.campaign_id = g.campaign_id
+WHERE g.campaign_id = ? AND g.state = 'GRANTED' GROUP BY g.order_id HAVING COUNT(c.id) <> 1 LIMIT 20`, campaignID); err != nil {
+		return a, err
+	}
+	if err := listInto(ctx, db, &a, "invariant 1: coupon without a GRANTED grant: order %s", `
+SELECT c.order_id FROM user_coupon c LEFT JOIN coupon_grant g ON g.order_id = c.order_id AND g.campaign_id = c.campaign_id
+WHERE c.campaign_id = ? AND (g.state IS NULL OR g.state <> 'GRANTED') LIMIT 20`, campaignID); err != nil {
+		return a, err
+	}
+	// 2. inbox done ⇒ terminal grant ⇒ outbox event
+	if err := listInto(ctx, db, &a, "invariant 2: inbox row done but grant not terminal: order %s", `
+SELECT i.dedup_key FROM inbox i LEFT JOIN coupon_grant g ON g.order_id = i.dedup_key AND g.campaign_id = ?
+WHERE i.biz_type = ? AND i.status = 'done' AND (g.state IS NULL OR g.state NOT IN ('GRANTED', 'FAILED')) LIMIT 20`, campaignID, BizType); err != nil {
+		return a, err
+	}
+	if err := listInto(ctx, db, &a, "invariant 2: terminal grant without its outbox event: order %s", `
+SELECT g.order_id FROM coupon_grant g LEFT JOIN outbox o ON o.msg_key = g.order_id
+  AND o.event_type = IF(g.state = 'GRANTED', ?, ?)
+WHERE g.campaign_id = ? AND g.state IN ('GRANTED', 'FAILED') GROUP BY g.order_id HAVING COUNT(o.id) <> 1 LIMIT 20`,
+		EventGranted, EventGrantFailed, campaignID); err != nil {
+		return a, err
+	}
+	// 3. counters
+	var locked, granted, spent, lockedWant, grantedWant, spentWant sql.NullInt64
+	err := db.QueryRowContext(ctx, `SELECT s.locked, s.granted, b.spent_cents FROM coupon_stock s JOIN coupon_budget b ON b.campaign_id = s.campaign_id WHERE s.campaign_id = ?`, campaignID).Scan(&locked, &granted, &spent)
+	if err != nil && err != sql.ErrNoRows {
+		return a, fmt.Errorf("verify counters: %w", err)
+	}
+	if err := db.QueryRowContext(ctx, `SELECT
+ COALESCE(SUM(state IN ('LOCKED', 'BUDGET_DEDUCTED')), 0), COALESCE(SUM(state = 'GRANTED'), 0),
+ COALESCE(SUM(IF(state IN ('BUDGET_DEDUCTED', 'GRANTED'), value_cents, 0)), 0)
+ FROM coupon_grant WHERE campaign_id = ?`, campaignID).Scan(&lockedWant, &grantedWant, &spentWant); err != nil {
+		return a, fmt.Errorf("verify counters: %w", err)
+	}
+	if locked.Int64 != lockedWant.Int64 || granted.Int64 != grantedWant.Int64 || spent.Int64 != spentWant.Int64 {
+		v("invariant 3: counters stock.locked=%d granted=%d budget.spent=%d, grants imply locked=%d granted=%d spent=%d",
+			locked.Int64, granted.Int64, spent.Int64, lockedWant.Int64, grantedWant.Int64, spentWant.Int64)
+	}
+	// 4. relay lag
+	var stale int64
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM outbox WHERE published_at IS NULL AND created_at < ?`,
+		time.Now().Add(-lagBound).UTC()).Scan(&stale); err != nil {
+		return a, fmt.Errorf("verify relay lag: %w", err)
+	}
+	if stale > 0 {
+		v("invariant 4: %d outbox rows unpublished for longer than %s", stale, lagBound)
+	}
+	return a, nil
+}
+
+func listInto(ctx context.Context, db *sql.DB, a *Audit, format, q string, args ...any) error {
+	rows, err := db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return fmt.Errorf("verify: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			return fmt.Errorf("verify: %w", err)
+		}
+		a.Violations = append(a.Violations, fmt.Sprintf(format, s))
+	}
+	return rows.Err()
+}

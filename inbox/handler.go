@@ -1,0 +1,91 @@
+package inbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Progress tells the inbox what to do after a successful Handle call.
+type Progress int
+
+const (
+	// Done: the message is fully processed; the inbox row becomes 'done' in the same
+	// transaction as the handler's writes.
+	Done Progress = iota
+	// Continue: commit this step (the inbox row stays 'processing') and call Handle again
+	// in a new transaction. Multi-step handlers (state machines) return it after each step
+	// so every step commits its side effect with its own state transition.
+	Continue
+)
+
+// Decoded is what a handler extracts from a message before anything is written.
+type Decoded struct {
+	// Key is the business key, e.g. the order id. Required; at most MaxKeyLen bytes.
+	Key string
+	// Fingerprint identifies the payload's meaning. Two deliveries with the same Key and a
+	// different Fingerprint are a conflict. Empty means sha256 of the raw payload.
+	Fingerprint string
+	// Value is the decoded payload, handed back to Handle in Delivery.Value.
+	Value any
+}
+
+// Handler is implemented by a plugin.
+type Handler interface {
+	// Decode validates a message and extracts its business key. An error means the message
+	// is poison: it is quarantined with the error as reason and never retried.
+	Decode(msg *message.Message) (Decoded, error)
+	// Handle runs one step in tx, which also holds the message's inbox row lock. It must do
+	// all its writes through tx and must not commit or roll it back. An error rolls the
+	// step back; wrap it with Permanent to quarantine at once instead of retrying.
+	Handle(ctx context.Context, tx *sql.Tx, d *Delivery) (Progress, error)
+}
+
+// Source is where a delivery came from.
+type Source struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+}
+
+// Delivery is one message being processed.
+type Delivery struct {
+	Message  *message.Message
+	BizType  string
+	Key      string
+	Value    any
+	Source   Source
+	InboxID  int64
+	Attempt  int   // 1-based attempt within this delivery
+	Step     int   // 0-based step within this attempt
+	ReplayID int64 // non-zero when run by a replay
+	Resumed  bool  // the inbox row was already 'processing' when this delivery claimed it
+}
+
+// ErrPermanent marks an error that retrying cannot fix.
+var ErrPermanent = errors.New("permanent failure")
+
+type permanentError struct{ err error }
+
+func (e permanentError) Error() string        { return e.err.Error() }
+func (e permanentError) Unwrap() []error      { return []error{e.err, ErrPermanent} }
+func (e permanentError) Is(target error) bool { return target == ErrPermanent }
+
+// Permanent wraps err so the inbox quarantines the message without further retries.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanentError{err: err}
+}
+
+// ErrPoison is wrapped by every error that made a message poison (undecodable, oversized).
+var ErrPoison = errors.New("poison message")
+
+// PoisonError wraps a decode error.
+func PoisonError(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrPoison, fmt.Sprintf(format, args...))
+}

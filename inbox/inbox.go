@@ -1,0 +1,375 @@
+package inbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/pkg/dbx"
+)
+
+// Status of an inbox row.
+type Status string
+
+const (
+	StatusProcessing Status = "processing"
+	StatusDone       Status = "done"
+	StatusFailed     Status = "failed"
+)
+
+// Reason says why a row is 'failed'.
+type Reason string
+
+const (
+	ReasonPoison           Reason = "poison"
+	ReasonConflict         Reason = "conflict"
+	ReasonRetriesExhausted Reason = "retries_exhausted"
+	ReasonPermanent        Reason = "permanent"
+)
+
+// Outcome of one delivery.
+type Outcome string
+
+const (
+	OutcomeProcessed   Outcome = "processed"
+	OutcomeDuplicate   Outcome = "duplicate"
+	OutcomeQuarantined Outcome = "quarantined"
+	OutcomeConflict    Outcome = "conflict"
+)
+
+// Result describes what Process did.
+type Result struct {
+	Outcome  Outcome
+	InboxID  int64
+	Key      string
+	Reason   Reason // for quarantined and conflict outcomes
+	Attempts int
+	Err      error // the error that caused a quarantine
+}
+
+// Observer receives one call per finished delivery (metrics). Implementations must be safe
+// for concurrent use.
+type Observer interface {
+	Delivered(bizType string, r Result, elapsed time.Duration)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) Delivered(string, Result, time.Duration) {}
+
+// Inbox runs one Handler behind the inbox table.
+type Inbox struct {
+	db     *sql.DB
+	h      Handler
+	cfg    Config
+	logger watermill.LoggerAdapter
+	obs    Observer
+	q      queries
+}
+
+// New builds an Inbox. A nil logger logs nothing; a nil observer records nothing.
+func New(db *sql.DB, h Handler, cfg Config, logger watermill.LoggerAdapter, obs Observer) (*Inbox, error) {
+	if db == nil || h == nil {
+		return nil, errors.New("inbox: db and handler are required")
+	}
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	if obs == nil {
+		obs = nopObserver{}
+	}
+	return &Inbox{db: db, h: h, cfg: cfg, logger: logger.With(watermill.LogFields{"biz_type": cfg.BizType}), obs: obs, q: newQueries(cfg.Table)}, nil
+}
+
+// BizType returns the biz type this inbox deduplicates for.
+func (ib *Inbox) BizType() string { return ib.cfg.BizType }
+
+// Config returns the resolved configuration.
+func (ib *Inbox) Config() Config { return ib.cfg }
+
+// ProcessOptions change how Process treats an existing row; zero for live deliveries.
+type ProcessOptions struct {
+	// ReplayID stamps the row with the replay that ran it.
+	ReplayID int64
+	// Reopen lets a 'failed' row run again (replay after its cause was fixed).
+	Reopen bool
+}
+
+// Process runs one delivery to its end: processed, duplicate, conflict or quarantined. It
+// returns an error only when the outcome could not be recorded (database unreachable,
+// context cancelled); the caller must then NOT ack the message, so it is redelivered.
+func (ib *Inbox) Process(ctx context.Context, msg *message.Message, src Source, opts ProcessOptions) (Result, error) {
+	start := time.Now()
+	res, err := ib.process(ctx, msg, src, opts)
+	if err == nil {
+		ib.obs.Delivered(ib.cfg.BizType, res, time.Since(start))
+	}
+	return res, err
+}
+
+func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, opts ProcessOptions) (Result, error) {
+	fields := watermill.LogFields{"topic": src.Topic, "partition": src.Partition, "offset": src.Offset, "message_uuid": msg.UUID}
+	dec, derr := ib.decode(msg)
+	if derr != nil {
+		key := poisonKey(src, msg)
+		r, err := ib.quarantine(ctx, msg, src, key, fingerprint(msg.Payload), ReasonPoison, derr, 0, opts)
+		if err == nil {
+			ib.logger.Error("poison message quarantined", derr, fields.Add(watermill.LogFields{"dedup_key": key}))
+		}
+		return r, err
+	}
+	fields = fields.Add(watermill.LogFields{"dedup_key": dec.Key})
+	d := &Delivery{Message: msg, BizType: ib.cfg.BizType, Key: dec.Key, Value: dec.Value, Source: src, ReplayID: opts.ReplayID}
+
+	lockRetries := 0
+	for attempt := 1; ; {
+		d.Attempt = attempt
+		res, err := ib.runSteps(ctx, d, dec, opts)
+		if err == nil {
+			res.Attempts = attempt
+			return res, nil
+		}
+		if ctx.Err() != nil {
+			return Result{}, fmt.Errorf("inbox %s %q: %w", ib.cfg.BizType, dec.Key, errors.Join(ctx.Err(), err))
+		}
+		switch {
+		case dbx.IsLockConflict(err) && lockRetries < ib.cfg.MaxLockRetries:
+			// The server rolled us back to break a deadlock or a long wait: not the handler's fault.
+			lockRetries++
+			sleep(ctx, time.Duration(1+rand.IntN(20))*time.Millisecond)
+			continue
+		case dbx.IsConnError(err):
+			// The database is unreachable: nothing can be recorded, so do not burn attempts.
+			ib.logger.Error("database unreachable, retrying", err, fields)
+			sleep(ctx, ib.cfg.BackoffMax)
+			continue
+		case errors.Is(err, ErrPermanent):
+			return ib.quarantine(ctx, msg, d.Source, dec.Key, dec.Fingerprint, ReasonPermanent, err, attempt, opts)
+		case attempt >= ib.cfg.MaxAttempts:
+			ib.logger.Error("retries exhausted, message quarantined", err, fields.Add(watermill.LogFields{"attempts": attempt}))
+			return ib.quarantine(ctx, msg, d.Source, dec.Key, dec.Fingerprint, ReasonRetriesExhausted, err, attempt, opts)
+		}
+		ib.logger.Info("handler failed, will retry", fields.Add(watermill.LogFields{"attempt": attempt, "err": err.Error()}))
+		sleep(ctx, ib.cfg.backoff(attempt))
+		attempt++
+	}
+}
+
+func (ib *Inbox) decode(msg *message.Message) (Decoded, error) {
+	if len(msg.Payload) > ib.cfg.MaxPayloadBytes {
+		return Decoded{}, PoisonError("payload of %d bytes exceeds the limit of %d", len(msg.Payload), ib.cfg.MaxPayloadBytes)
+	}
+	dec, err := ib.h.Decode(msg)
+	if err != nil {
+		if !errors.Is(err, ErrPoison) {
+			err = fmt.Errorf("%w: %w", ErrPoison, err)
+		}
+		return Decoded{}, err
+	}
+	if dec.Key == "" {
+		return Decoded{}, PoisonError("empty business key")
+	}
+	if len(dec.Key) > MaxKeyLen {
+		return Decoded{}, PoisonError("business key of %d bytes exceeds %d", len(dec.Key), MaxKeyLen)
+	}
+	if dec.Fingerprint == "" {
+		dec.Fingerprint = fingerprint(msg.Payload)
+	}
+	if len(dec.Fingerprint) > 64 {
+		dec.Fingerprint = fingerprint([]byte(dec.Fingerprint))
+	}
+	return dec, nil
+}
+
+// runSteps runs the handler, one transaction per step, until it reports Done.
+func (ib *Inbox) runSteps(ctx context.Context, d *Delivery, dec Decoded, opts ProcessOptions) (Result, error) {
+	for step := 0; step < ib.cfg.MaxSteps; step++ {
+		d.Step = step
+		var res *Result
+		err := dbx.InTx(ctx, ib.db, func(tx *sql.Tx) error {
+			row, fresh, err := ib.claim(ctx, tx, d, dec, step)
+			if err != nil {
+				return err
+			}
+			d.InboxID = row.id
+			if !fresh {
+				switch {
+				case row.status == StatusDone:
+					if step == 0 {
+						if _, err := tx.ExecContext(ctx, ib.q.countDuplicate, row.id); err != nil {
+							return fmt.Errorf("count duplicate: %w", err)
+						}
+					}
+					res = &Result{Outcome: OutcomeDuplicate, InboxID: row.id, Key: d.Key}
+					return nil
+				case row.status == StatusFailed && !opts.Reopen:
+					if _, err := tx.ExecContext(ctx, ib.q.countDuplicate, row.id); err != nil {
+						return fmt.Errorf("count duplicate: %w", err)
+					}
+					res = &Result{Outcome: OutcomeDuplicate, InboxID: row.id, Key: d.Key, Reason: Reason(row.reason.String)}
+					return nil
+				case step == 0 && opts.ReplayID == 0 && row.fingerprint != dec.Fingerprint:
+					res = &Result{Outcome: OutcomeConflict, InboxID: row.id, Key: d.Key, Reason: ReasonConflict}
+					return nil
+				case step == 0:
+					d.Resumed = row.status == StatusProcessing
+					if _, err := tx.ExecContext(ctx, ib.q.reopen, nullID(opts.ReplayID), row.id); err != nil {
+						return fmt.Errorf("reopen inbox row: %w", err)
+					}
+				}
+			}
+			prog, err := ib.h.Handle(ctx, tx, d)
+			if err != nil {
+				return err
+			}
+			if prog == Done {
+				if _, err := tx.ExecContext(ctx, ib.q.markDone, d.Attempt, row.id); err != nil {
+					return fmt.Errorf("mark inbox row done: %w", err)
+				}
+				res = &Result{Outcome: OutcomeProcessed, InboxID: row.id, Key: d.Key}
+			}
+			return nil
+		})
+		if err != nil {
+			return Result{}, err
+		}
+		if res != nil {
+			if res.Outcome == OutcomeConflict {
+				return ib.quarantineConflict(ctx, d, dec, opts)
+			}
+			return *res, nil
+		}
+	}
+	return Result{}, fmt.Errorf("handler did not finish %q within %d steps", d.Key, ib.cfg.MaxSteps)
+}
+
+type inboxRow struct {
+	id          int64
+	status      Status
+	fingerprint string
+	reason      sql.NullString
+}
+
+// claim inserts the inbox row or locks the existing one. The insert is an
+// INSERT ... ON DUPLICATE KEY UPDATE rather than INSERT IGNORE: it behaves the same on the
+// unique key, but takes an exclusive lock on an existing row at once (INSERT IGNORE takes a
+// shared lock, and two deliveries upgrading shared locks deadlock) and does not turn other
+// errors, such as truncation, into warnings.
+func (ib *Inbox) claim(ctx context.Context, tx *sql.Tx, d *Delivery, dec Decoded, step int) (inboxRow, bool, error) {
+	var row inboxRow
+	if step == 0 {
+		meta, _ := json.Marshal(d.Message.Metadata)
+		r, err := tx.ExecContext(ctx, ib.q.claim,
+			d.Key, ib.cfg.BizType, string(StatusProcessing), nil, uuidOf(d.Message), d.Source.Topic, d.Source.Partition, d.Source.Offset,
+			[]byte(d.Message.Payload), string(meta), dec.Fingerprint, d.Attempt, nil, nullID(d.ReplayID), time.Now().Add(ib.cfg.Retention).UTC())
+		if err != nil {
+			return row, false, fmt.Errorf("claim inbox row: %w", err)
+		}
+		id, err := r.LastInsertId()
+		if err != nil {
+			return row, false, fmt.Errorf("claim inbox row: %w", err)
+		}
+		n, err := r.RowsAffected()
+		if err != nil {
+			return row, false, fmt.Errorf("claim inbox row: %w", err)
+		}
+		if n == 1 {
+			return inboxRow{id: id, status: StatusProcessing, fingerprint: dec.Fingerprint}, true, nil
+		}
+		row.id = id
+	} else {
+		row.id = d.InboxID
+	}
+	err := tx.QueryRowContext(ctx, ib.q.lock, row.id).Scan(&row.status, &row.fingerprint, &row.reason)
+	if err != nil {
+		return row, false, fmt.Errorf("lock inbox row %d: %w", row.id, err)
+	}
+	return row, false, nil
+}
+
+// quarantine records a failed row in its own transaction. A row that is already 'done'
+// stays done (another delivery finished it meanwhile).
+func (ib *Inbox) quarantine(ctx context.Context, msg *message.Message, src Source, key, fp string, reason Reason, cause error, attempts int, opts ProcessOptions) (Result, error) {
+	meta, _ := json.Marshal(msg.Metadata)
+	errText := cause.Error()
+	if len(errText) > 4000 {
+		errText = errText[:4000]
+	}
+	var id int64
+	err := dbx.InTx(ctx, ib.db, func(tx *sql.Tx) error {
+		r, err := tx.ExecContext(ctx, ib.q.quarantine,
+			key, ib.cfg.BizType, string(StatusFailed), string(reason), uuidOf(msg), src.Topic, src.Partition, src.Offset,
+			[]byte(msg.Payload), string(meta), fp, attempts, errText, nullID(opts.ReplayID), time.Now().Add(ib.cfg.Retention).UTC())
+		if err != nil {
+			return err
+		}
+		id, err = r.LastInsertId()
+		return err
+	})
+	if err != nil {
+		return Result{}, fmt.Errorf("quarantine %q (%s): %w", key, reason, err)
+	}
+	out := OutcomeQuarantined
+	if reason == ReasonConflict {
+		out = OutcomeConflict
+	}
+	return Result{Outcome: out, InboxID: id, Key: key, Reason: reason, Attempts: attempts, Err: cause}, nil
+}
+
+func (ib *Inbox) quarantineConflict(ctx context.Context, d *Delivery, dec Decoded, opts ProcessOptions) (Result, error) {
+	key := d.Key + "#conflict:" + dec.Fingerprint[:16]
+	cause := fmt.Errorf("key %q already processed with a different payload (fingerprint %s)", d.Key, dec.Fingerprint[:16])
+	ib.logger.Error("conflicting payload for a known key quarantined", cause, watermill.LogFields{"dedup_key": d.Key, "partition": d.Source.Partition, "offset": d.Source.Offset})
+	return ib.quarantine(ctx, d.Message, d.Source, key, dec.Fingerprint, ReasonConflict, cause, d.Attempt, opts)
+}
+
+func poisonKey(src Source, msg *message.Message) string {
+	if src.Topic == "" {
+		return "poison:" + uuidOf(msg)
+	}
+	return fmt.Sprintf("poison:%s/%d/%d", src.Topic, src.Partition, src.Offset)
+}
+
+func fingerprint(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+func uuidOf(msg *message.Message) string {
+	if msg.UUID == "" {
+		msg.UUID = watermill.NewUUID()
+	}
+	if len(msg.UUID) > 64 {
+		return msg.UUID[:64]
+	}
+	return msg.UUID
+}
+
+func nullID(id int64) any {
+	if id == 0 {
+		return nil
+	}
+	return id
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

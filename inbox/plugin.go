@@ -1,0 +1,64 @@
+package inbox
+
+import (
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/onceflow/onceflow/pkg/registry"
+)
+
+// Plugin declares a handler to the router binary.
+type Plugin struct {
+	Name          string   // unique, e.g. "coupon-granter"
+	Topics        []string // topics consumed
+	ConsumerGroup string   // Kafka consumer group
+	BizType       string   // inbox biz type: one order is processed once per biz type
+	// Build creates the handler once the router has its database and configuration.
+	Build func(env PluginEnv) (Handler, error)
+}
+
+// PluginEnv is what a plugin's Build receives.
+type PluginEnv struct {
+	DB     *sql.DB
+	Logger watermill.LoggerAdapter
+	// DecodeConfig decodes the plugin's own configuration section
+	// (plugins.<name> in router.yaml) into target, rejecting unknown keys.
+	DecodeConfig func(target any) error
+}
+
+// Validate checks a plugin declaration.
+func (p Plugin) Validate() error {
+	switch {
+	case p.Name == "":
+		return errors.New("plugin: empty name")
+	case len(p.Topics) == 0:
+		return fmt.Errorf("plugin %q: no topics", p.Name)
+	case p.ConsumerGroup == "":
+		return fmt.Errorf("plugin %q: no consumer group", p.Name)
+	case p.BizType == "":
+		return fmt.Errorf("plugin %q: no biz type", p.Name)
+	case p.Build == nil:
+		return fmt.Errorf("plugin %q: no Build function", p.Name)
+	}
+	return nil
+}
+
+// Plugins is the binary's global plugin registry. Tests use registry.New for isolation.
+var Plugins = registry.New[Plugin]("plugin")
+
+// MustRegister validates p and registers it in Plugins; for a plugin package's init().
+// It panics on an invalid, empty or duplicate name.
+func MustRegister(p Plugin) {
+	RegisterIn(Plugins, p)
+}
+
+// RegisterIn validates p and registers it in r, panicking on failure.
+func RegisterIn(r *registry.Registry[Plugin], p Plugin) {
+	if err := p.Validate(); err != nil {
+		panic(err)
+	}
+	r.MustRegister(p.Name, p)
+}

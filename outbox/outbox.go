@@ -1,0 +1,93 @@
+// Package outbox stores events in the caller's database transaction and relays them to
+// Kafka afterwards, so an event exists exactly when the business change that caused it
+// committed. The event id is stable (chosen by the caller, deterministic for onceflow's
+// own events) and travels as the Kafka header "event_id"; the Kafka key is the aggregate id
+// so events of one aggregate stay in order on one partition.
+//
+// The package knows no domain and does not import inbox.
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/onceflow/onceflow/pkg/dbx"
+	"github.com/onceflow/onceflow/pkg/kafkax"
+)
+
+// HeaderEventID and HeaderEventType are the Kafka headers every relayed event carries.
+const (
+	HeaderEventID   = "event_id"
+	HeaderEventType = "event_type"
+)
+
+// Event is one message to publish.
+type Event struct {
+	ID      string            // stable event id, at most 36 bytes (a UUID)
+	Type    string            // e.g. "CouponGranted"
+	Topic   string            // Kafka topic
+	Key     string            // Kafka key: the aggregate id
+	Payload []byte            // message value
+	Headers map[string]string // extra headers
+}
+
+// Validate checks an event before it is stored.
+func (e Event) Validate() error {
+	switch {
+	case e.ID == "" || len(e.ID) > 36:
+		return fmt.Errorf("outbox: event id %q must be 1..36 bytes", e.ID)
+	case e.Type == "" || len(e.Type) > 64:
+		return fmt.Errorf("outbox: event type %q must be 1..64 bytes", e.Type)
+	case e.Key == "" || len(e.Key) > 191:
+		return fmt.Errorf("outbox: event key %q must be 1..191 bytes", e.Key)
+	}
+	if err := kafkax.CheckTopicName(e.Topic); err != nil {
+		return fmt.Errorf("outbox: %w", err)
+	}
+	return nil
+}
+
+// ErrDuplicateEvent is returned by Add when an event with the same id is already stored.
+var ErrDuplicateEvent = errors.New("outbox: event id already stored")
+
+// Writer adds events to the outbox table within the caller's transaction.
+type Writer struct {
+	insert string
+}
+
+// NewWriter builds a Writer for table (default "outbox").
+func NewWriter(table string) (*Writer, error) {
+	if table == "" {
+		table = "outbox"
+	}
+	if err := dbx.CheckIdent("outbox table", table); err != nil {
+		return nil, err
+	}
+	return &Writer{insert: fmt.Sprintf(
+		"INSERT INTO %s (event_id, event_type, topic, msg_key, payload, headers) VALUES (?, ?, ?, ?, ?, ?)", table)}, nil
+}
+
+// Add stores e in tx. It commits or rolls back with the caller's business change.
+func (w *Writer) Add(ctx context.Context, tx *sql.Tx, e Event) error {
+	if err := e.Validate(); err != nil {
+		return err
+	}
+	var headers any
+	if len(e.Headers) > 0 {
+		b, err := json.Marshal(e.Headers)
+		if err != nil {
+			return fmt.Errorf("outbox: headers: %w", err)
+		}
+		headers = string(b)
+	}
+	if _, err := tx.ExecContext(ctx, w.insert, e.ID, e.Type, e.Topic, e.Key, e.Payload, headers); err != nil {
+		if dbx.IsDuplicate(err) {
+			return fmt.Errorf("%w: %s", ErrDuplicateEvent, e.ID)
+		}
+		return fmt.Errorf("outbox: insert event %s: %w", e.ID, err)
+	}
+	return nil
+}

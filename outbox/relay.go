@@ -1,0 +1,242 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/onceflow/onceflow/pkg/dbx"
+)
+
+// RelayConfig configures a Relay.
+type RelayConfig struct {
+	Table        string        // default "outbox"
+	BatchSize    int           // rows per Kafka batch; default 500
+	PollInterval time.Duration // sleep when nothing is pending; default 50ms
+	RetryBackoff time.Duration // after a failed publish; default 1s
+	LagBound     time.Duration // an unpublished row older than this is a violation (verify); default 1m
+}
+
+func (c *RelayConfig) setDefaults() {
+	if c.Table == "" {
+		c.Table = "outbox"
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 500
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = 50 * time.Millisecond
+	}
+	if c.RetryBackoff == 0 {
+		c.RetryBackoff = time.Second
+	}
+	if c.LagBound == 0 {
+		c.LagBound = time.Minute
+	}
+}
+
+// Validate reports the first invalid setting.
+func (c *RelayConfig) Validate() error {
+	if err := dbx.CheckIdent("outbox table", c.Table); err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
+	if c.BatchSize < 1 || c.BatchSize > 10000 {
+		return fmt.Errorf("relay: batch size %d outside 1..10000", c.BatchSize)
+	}
+	if c.PollInterval <= 0 || c.RetryBackoff <= 0 {
+		return errors.New("relay: poll interval and retry backoff must be positive")
+	}
+	return nil
+}
+
+// Producer is the part of a Sarama sync producer the relay uses.
+type Producer interface {
+	SendMessages(msgs []*sarama.ProducerMessage) error
+}
+
+// Relay forwards outbox rows to Kafka.
+//
+// Gap safety: the relay does not track a high-water id. It selects rows whose published_at
+// is NULL, so a row whose auto-increment id was allocated early but committed late is
+// simply picked up by the next poll; nothing is skipped and no SERIALIZABLE transaction or
+// range lock is needed. Rows are claimed with FOR UPDATE SKIP LOCKED (row locks only, at
+// READ COMMITTED), so business inserts never wait for the relay and two relays never
+// publish the same row at the same time.
+//
+// Delivery: the producer is idempotent (acks=all), so broker retries add no duplicates. A
+// relay that crashes after Kafka accepted a batch but before the rows were marked publishes
+// that batch again on restart: at least once, with the same event_id header.
+type Relay struct {
+	db       *sql.DB
+	producer Producer
+	cfg      RelayConfig
+	logger   watermill.LoggerAdapter
+	q        relayQueries
+
+	published atomic.Int64
+}
+
+type relayQueries struct {
+	pending, oldestPending string
+	markPrefix             string
+}
+
+// NewRelay builds a Relay.
+func NewRelay(db *sql.DB, producer Producer, cfg RelayConfig, logger watermill.LoggerAdapter) (*Relay, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if db == nil || producer == nil {
+		return nil, errors.New("relay: db and producer are required")
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	t := cfg.Table
+	return &Relay{db: db, producer: producer, cfg: cfg, logger: logger, q: relayQueries{
+		pending: fmt.Sprintf(`SELECT id, event_id, event_type, topic, msg_key, payload, headers FROM %s
+ WHERE published_at IS NULL ORDER BY id LIMIT %d FOR UPDATE SKIP LOCKED`, t, cfg.BatchSize),
+		oldestPending: fmt.Sprintf(`SELECT MIN(created_at) FROM %s WHERE published_at IS NULL`, t),
+		markPrefix:    fmt.Sprintf(`UPDATE %s SET published_at = NOW(6) WHERE id IN (`, t),
+	}}, nil
+}
+
+// Published is the number of events this relay has published.
+func (r *Relay) Published() int64 { return r.published.Load() }
+
+// Run relays until ctx is cancelled. Publish failures are logged and retried with backoff;
+// nothing is dropped.
+func (r *Relay) Run(ctx context.Context) error {
+	for {
+		n, err := r.RelayOnce(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		wait := time.Duration(0)
+		switch {
+		case err != nil:
+			r.logger.Error("outbox relay batch failed, will retry", err, nil)
+			wait = r.cfg.RetryBackoff
+		case n == 0:
+			wait = r.cfg.PollInterval
+		}
+		if wait > 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(wait):
+			}
+		}
+	}
+}
+
+// RelayOnce publishes one batch of pending rows and marks them. It returns how many rows it
+// published.
+func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
+	var n int
+	err := dbx.InTx(ctx, r.db, func(tx *sql.Tx) error {
+		msgs, ids, err := r.claim(ctx, tx)
+		if err != nil || len(msgs) == 0 {
+			return err
+		}
+		if err := r.producer.SendMessages(msgs); err != nil {
+			return fmt.Errorf("publish %d events: %w", len(msgs), err)
+		}
+		if err := r.mark(ctx, tx, ids); err != nil {
+			return err
+		}
+		n = len(ids)
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	r.published.Add(int64(n))
+	return n, nil
+}
+
+func (r *Relay) claim(ctx context.Context, tx *sql.Tx) ([]*sarama.ProducerMessage, []int64, error) {
+	rows, err := tx.QueryContext(ctx, r.q.pending)
+	if err != nil {
+		return nil, nil, fmt.Errorf("select pending outbox rows: %w", err)
+	}
+	defer rows.Close()
+	var (
+		msgs []*sarama.ProducerMessage
+		ids  []int64
+	)
+	for rows.Next() {
+		var (
+			id                       int64
+			eventID, typ, topic, key string
+			payload                  []byte
+			headers                  sql.NullString
+		)
+		if err := rows.Scan(&id, &eventID, &typ, &topic, &key, &payload, &headers); err != nil {
+			return nil, nil, fmt.Errorf("scan outbox row: %w", err)
+		}
+		m := &sarama.ProducerMessage{
+			Topic: topic,
+			Key:   sarama.StringEncoder(key),
+			Value: sarama.ByteEncoder(payload),
+			Headers: []sarama.RecordHeader{
+				{Key: []byte(HeaderEventID), Value: []byte(eventID)},
+				{Key: []byte(HeaderEventType), Value: []byte(typ)},
+			},
+		}
+		if headers.Valid && headers.String != "" {
+			var extra map[string]string
+			if err := json.Unmarshal([]byte(headers.String), &extra); err != nil {
+				return nil, nil, fmt.Errorf("outbox row %d headers: %w", id, err)
+			}
+			for k, v := range extra {
+				m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(k), Value: []byte(v)})
+			}
+		}
+		msgs = append(msgs, m)
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("read outbox rows: %w", err)
+	}
+	return msgs, ids, nil
+}
+
+func (r *Relay) mark(ctx context.Context, tx *sql.Tx, ids []int64) error {
+	var b strings.Builder
+	b.WriteString(r.q.markPrefix)
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('?')
+		args[i] = id
+	}
+	b.WriteByte(')')
+	if _, err := tx.ExecContext(ctx, b.String(), args...); err != nil {
+		return fmt.Errorf("mark %d outbox rows published: %w", len(ids), err)
+	}
+	return nil
+}
+
+// OldestPendingAge returns the age of the oldest unpublished row (0 when none).
+func (r *Relay) OldestPendingAge(ctx context.Context) (time.Duration, error) {
+	var t sql.NullTime
+	if err := r.db.QueryRowContext(ctx, r.q.oldestPending).Scan(&t); err != nil {
+		return 0, fmt.Errorf("oldest pending outbox row: %w", err)
+	}
+	if !t.Valid {
+		return 0, nil
+	}
+	return max(time.Since(t.Time), 0), nil
+}

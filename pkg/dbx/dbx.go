@@ -1,0 +1,177 @@
+// Package dbx holds the small MySQL/MariaDB building blocks shared by inbox, outbox and
+// plugins: opening a pool with safe defaults, running a function in a transaction, and
+// classifying driver errors.
+package dbx
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"net"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+)
+
+// Config describes one connection pool.
+type Config struct {
+	DSN             string        // go-sql-driver DSN: user:pass@tcp(host:port)/db?params
+	MaxOpenConns    int           // default 32
+	MaxIdleConns    int           // default MaxOpenConns
+	ConnMaxLifetime time.Duration // default 5m
+	PingTimeout     time.Duration // default 5s
+}
+
+func (c *Config) setDefaults() {
+	if c.MaxOpenConns == 0 {
+		c.MaxOpenConns = 32
+	}
+	if c.MaxIdleConns == 0 {
+		c.MaxIdleConns = c.MaxOpenConns
+	}
+	if c.ConnMaxLifetime == 0 {
+		c.ConnMaxLifetime = 5 * time.Minute
+	}
+	if c.PingTimeout == 0 {
+		c.PingTimeout = 5 * time.Second
+	}
+}
+
+// ParseDSN validates a DSN and returns the driver config with the settings onceflow relies
+// on: parseTime, UTC, interpolated parameters off, multiStatements refused.
+func ParseDSN(dsn string) (*mysql.Config, error) {
+	if dsn == "" {
+		return nil, errors.New("database dsn is empty: set db.dsn (env ONCEFLOW_DB_DSN), e.g. onceflow:onceflow@tcp(127.0.0.1:3306)/onceflow")
+	}
+	mc, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("bad database dsn %q: %w (expected user:pass@tcp(host:port)/db)", MaskDSN(dsn), err)
+	}
+	if mc.MultiStatements {
+		return nil, fmt.Errorf("bad database dsn %q: multiStatements=true is refused", MaskDSN(dsn))
+	}
+	if mc.DBName == "" {
+		return nil, fmt.Errorf("bad database dsn %q: no database name after the slash", MaskDSN(dsn))
+	}
+	mc.ParseTime = true
+	mc.Loc = time.UTC
+	if mc.Params == nil {
+		mc.Params = map[string]string{}
+	}
+	if _, ok := mc.Params["time_zone"]; !ok {
+		mc.Params["time_zone"] = "'+00:00'"
+	}
+	if mc.Timeout == 0 {
+		mc.Timeout = 5 * time.Second
+	}
+	return mc, nil
+}
+
+// Open opens and pings a pool. The error names the server and says how to start it.
+func Open(ctx context.Context, cfg Config) (*sql.DB, error) {
+	cfg.setDefaults()
+	mc, err := ParseDSN(cfg.DSN)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := mysql.NewConnector(mc)
+	if err != nil {
+		return nil, fmt.Errorf("database dsn: %w", err)
+	}
+	db := sql.OpenDB(conn)
+	db.SetMaxOpenConns(cfg.MaxOpenConns)
+	db.SetMaxIdleConns(cfg.MaxIdleConns)
+	db.SetConnMaxLifetime(cfg.ConnMaxLifetime)
+	pctx, cancel := context.WithTimeout(ctx, cfg.PingTimeout)
+	defer cancel()
+	if err := db.PingContext(pctx); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("database %s/%s unreachable: %w (start it with `scripts/infra.sh up`)", mc.Addr, mc.DBName, err)
+	}
+	return db, nil
+}
+
+// MaskDSN hides the password of a DSN for logs and errors.
+func MaskDSN(dsn string) string {
+	return dsnPassword.ReplaceAllString(dsn, "$1:***@")
+}
+
+var dsnPassword = regexp.MustCompile(`^([^:@/]*):[^@]*@`)
+
+// TxOptions are the options every onceflow transaction uses: READ COMMITTED keeps InnoDB
+// from taking gap locks, so the inbox and outbox never block unrelated inserts.
+var TxOptions = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+
+// InTx runs fn in a READ COMMITTED transaction and commits it. A failure of fn rolls back;
+// a failed rollback is joined to fn's error; a failed commit is returned as such (never
+// swallowed).
+func InTx(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, TxOptions)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	if err := fn(tx); err != nil {
+		if rbErr := tx.Rollback(); rbErr != nil && !errors.Is(rbErr, sql.ErrTxDone) {
+			return errors.Join(err, fmt.Errorf("rollback: %w", rbErr))
+		}
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+// MySQL error numbers onceflow reacts to.
+const (
+	ErLockWaitTimeout = 1205
+	ErLockDeadlock    = 1213
+	ErDupEntry        = 1062
+)
+
+// IsLockConflict reports a deadlock or lock-wait timeout: the transaction was rolled back
+// by the server and may simply be run again.
+func IsLockConflict(err error) bool {
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		return me.Number == ErLockDeadlock || me.Number == ErLockWaitTimeout
+	}
+	return false
+}
+
+// IsDuplicate reports a unique-key violation.
+func IsDuplicate(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == ErDupEntry
+}
+
+var identRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
+
+// CheckIdent validates an identifier that reaches SQL text (a table name). Values are
+// always bound parameters; identifiers cannot be, so they are checked instead.
+func CheckIdent(kind, s string) error {
+	if !identRe.MatchString(s) {
+		return fmt.Errorf("invalid %s %q: must match %s", kind, s, identRe)
+	}
+	return nil
+}
+
+// IsConnError reports an error that means the server could not be reached or the
+// connection broke: retrying later may succeed, and the handler is not at fault.
+func IsConnError(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) {
+		return true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return true
+	}
+	var oe *net.OpError
+	return errors.As(err, &oe)
+}

@@ -1,0 +1,210 @@
+// Package kafkax builds Sarama and watermill-kafka clients with the settings onceflow's
+// guarantees depend on, and checks the cluster before anything is consumed or produced.
+package kafkax
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+)
+
+// Version is the protocol version spoken to the broker. Kafka 4.x removed the request
+// versions older than 2.1, so nothing lower works.
+var Version = sarama.V3_6_0_0
+
+// Config is the Kafka part of the router configuration.
+type Config struct {
+	Brokers          []string
+	ClientID         string
+	SessionTimeout   time.Duration // consumer group session timeout; default 10s
+	RebalanceTimeout time.Duration // how long a member may take to rejoin; default 30s
+	HeartbeatEvery   time.Duration // default 3s
+	MaxPollWait      time.Duration // fetch max wait; default 100ms
+	DialTimeout      time.Duration // default 5s
+}
+
+func (c *Config) SetDefaults() {
+	if len(c.Brokers) == 0 {
+		c.Brokers = []string{"127.0.0.1:9092"}
+	}
+	if c.ClientID == "" {
+		c.ClientID = "onceflow"
+	}
+	if c.SessionTimeout == 0 {
+		c.SessionTimeout = 10 * time.Second
+	}
+	if c.RebalanceTimeout == 0 {
+		c.RebalanceTimeout = 30 * time.Second
+	}
+	if c.HeartbeatEvery == 0 {
+		c.HeartbeatEvery = 3 * time.Second
+	}
+	if c.MaxPollWait == 0 {
+		c.MaxPollWait = 100 * time.Millisecond
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = 5 * time.Second
+	}
+}
+
+// Validate checks the broker list.
+func (c *Config) Validate() error {
+	for _, b := range c.Brokers {
+		if !strings.Contains(b, ":") {
+			return fmt.Errorf("kafka broker %q: expected host:port", b)
+		}
+	}
+	if c.HeartbeatEvery >= c.SessionTimeout {
+		return fmt.Errorf("kafka heartbeat (%s) must be shorter than the session timeout (%s)", c.HeartbeatEvery, c.SessionTimeout)
+	}
+	return nil
+}
+
+func (c Config) base() *sarama.Config {
+	sc := sarama.NewConfig()
+	sc.Version = Version
+	sc.ClientID = c.ClientID
+	sc.Net.DialTimeout = c.DialTimeout
+	sc.Net.ReadTimeout = 30 * time.Second
+	sc.Net.WriteTimeout = 30 * time.Second
+	sc.Metadata.Retry.Max = 3
+	sc.Metadata.Retry.Backoff = 250 * time.Millisecond
+	return sc
+}
+
+// ConsumerConfig is the Sarama config of a router consumer. Offsets are marked only when
+// the handler acks (after its database commit) and committed by Sarama in the background:
+// a crash re-delivers at most the last second of messages, which the inbox absorbs. A new
+// group starts at the oldest offset so nothing produced before the first start is skipped.
+func (c Config) ConsumerConfig() *sarama.Config {
+	sc := c.base()
+	sc.Consumer.Return.Errors = true
+	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
+	sc.Consumer.Offsets.AutoCommit.Enable = true
+	sc.Consumer.Offsets.AutoCommit.Interval = time.Second
+	sc.Consumer.Group.Session.Timeout = c.SessionTimeout
+	sc.Consumer.Group.Rebalance.Timeout = c.RebalanceTimeout
+	sc.Consumer.Group.Heartbeat.Interval = c.HeartbeatEvery
+	sc.Consumer.MaxWaitTime = c.MaxPollWait
+	sc.Consumer.IsolationLevel = sarama.ReadCommitted
+	return sc
+}
+
+// ProducerConfig is an idempotent producer: acks=all, one in-flight request, retries on.
+func (c Config) ProducerConfig() *sarama.Config {
+	sc := c.base()
+	sc.Producer.RequiredAcks = sarama.WaitForAll
+	sc.Producer.Idempotent = true
+	sc.Net.MaxOpenRequests = 1
+	sc.Producer.Retry.Max = 10
+	sc.Producer.Retry.Backoff = 200 * time.Millisecond
+	sc.Producer.Return.Successes = true
+	sc.Producer.Return.Errors = true
+	sc.Producer.Partitioner = sarama.NewHashPartitioner
+	sc.Producer.Flush.MaxMessages = 500
+	return sc
+}
+
+// NewSubscriber builds a watermill-kafka subscriber in consumer group group.
+func (c Config) NewSubscriber(group string, logger watermill.LoggerAdapter) (*wkafka.Subscriber, error) {
+	return wkafka.NewSubscriber(wkafka.SubscriberConfig{
+		Brokers:               c.Brokers,
+		Unmarshaler:           wkafka.DefaultMarshaler{},
+		OverwriteSaramaConfig: c.ConsumerConfig(),
+		ConsumerGroup:         group,
+		NackResendSleep:       500 * time.Millisecond,
+		ReconnectRetrySleep:   time.Second,
+	}, logger)
+}
+
+// NewSyncProducer builds an idempotent synchronous producer.
+func (c Config) NewSyncProducer() (sarama.SyncProducer, error) {
+	p, err := sarama.NewSyncProducer(c.Brokers, c.ProducerConfig())
+	if err != nil {
+		return nil, Unreachable(c.Brokers, err)
+	}
+	return p, nil
+}
+
+// Unreachable wraps a connection error with what to do about it.
+func Unreachable(brokers []string, err error) error {
+	return fmt.Errorf("kafka %s unreachable: %w (start it with `scripts/infra.sh up`)", strings.Join(brokers, ","), err)
+}
+
+var topicRe = regexp.MustCompile(`^[A-Za-z0-9._-]{1,249}$`)
+
+// CheckTopicName validates a topic name the way Kafka does.
+func CheckTopicName(t string) error {
+	if !topicRe.MatchString(t) || t == "." || t == ".." {
+		return fmt.Errorf("invalid kafka topic name %q", t)
+	}
+	return nil
+}
+
+// ErrMissingTopic is returned by CheckTopics for a topic the cluster does not have.
+var ErrMissingTopic = errors.New("kafka topic does not exist")
+
+// CheckTopics connects to the cluster and verifies that every topic exists. Topics are not
+// auto-created: a typo must not silently create an empty topic nobody produces to.
+func (c Config) CheckTopics(topics ...string) (map[string]int, error) {
+	client, err := sarama.NewClient(c.Brokers, c.base())
+	if err != nil {
+		return nil, Unreachable(c.Brokers, err)
+	}
+	defer client.Close()
+	existing, err := client.Topics()
+	if err != nil {
+		return nil, Unreachable(c.Brokers, err)
+	}
+	have := map[string]bool{}
+	for _, t := range existing {
+		have[t] = true
+	}
+	parts := map[string]int{}
+	for _, t := range topics {
+		if err := CheckTopicName(t); err != nil {
+			return nil, err
+		}
+		if !have[t] {
+			return nil, fmt.Errorf("%w: %q on %s (create it: `scripts/infra.sh up` creates the default topics, or kafka-topics.sh --create --topic %s)", ErrMissingTopic, t, strings.Join(c.Brokers, ","), t)
+		}
+		ps, err := client.Partitions(t)
+		if err != nil {
+			return nil, fmt.Errorf("kafka topic %q partitions: %w", t, err)
+		}
+		parts[t] = len(ps)
+	}
+	return parts, nil
+}
+
+// TopicRetention returns retention.ms of a topic (-1 means infinite).
+func (c Config) TopicRetention(topic string) (time.Duration, error) {
+	admin, err := sarama.NewClusterAdmin(c.Brokers, c.base())
+	if err != nil {
+		return 0, Unreachable(c.Brokers, err)
+	}
+	defer admin.Close()
+	entries, err := admin.DescribeConfig(sarama.ConfigResource{Type: sarama.TopicResource, Name: topic, ConfigNames: []string{"retention.ms"}})
+	if err != nil {
+		return 0, fmt.Errorf("describe topic %q: %w", topic, err)
+	}
+	for _, e := range entries {
+		if e.Name == "retention.ms" {
+			var ms int64
+			if _, err := fmt.Sscan(e.Value, &ms); err != nil {
+				return 0, fmt.Errorf("topic %q retention.ms %q: %w", topic, e.Value, err)
+			}
+			if ms < 0 {
+				return -1, nil
+			}
+			return time.Duration(ms) * time.Millisecond, nil
+		}
+	}
+	return 0, fmt.Errorf("topic %q: retention.ms not reported", topic)
+}

@@ -1,0 +1,538 @@
+#!/usr/bin/env bash
+# onceflow local infrastructure without Docker and without systemd:
+#   * MariaDB 10.11 (Debian package) on 127.0.0.1:3306
+#   * Apache Kafka (real broker jars from Maven Central, KRaft, one combined
+#     broker+controller node) on 127.0.0.1:9092 (controller on :9093)
+#
+# Usage: scripts/infra.sh up|down|status|reset|db-start|db-stop|kafka-start|kafka-stop
+#
+#   up           install what is missing, start what is not running, wait until
+#                both answer, create databases, users and topics (idempotent)
+#   status       print up/down for each service (exit 0 only when both are up)
+#   down         stop Kafka (SIGTERM via pid file) and MariaDB (mariadb-admin shutdown)
+#   reset        stop Kafka and wipe its data (re-formatted by the next up), drop and
+#                re-create the databases; leaves both services down
+#   db-start / db-stop / kafka-start / kafka-stop   one service only (chaos tests)
+#
+# Environment:
+#   ONCEFLOW_TOPICS          topics to create (space or comma separated)
+#                            default: "order-paid coupon-granted coupon-grant-failed"
+#   ONCEFLOW_TOPIC_PARTITIONS  default 12
+#   ONCEFLOW_KAFKA_VERSION   default 4.1.1 (org.apache.kafka:kafka_2.13)
+#   ONCEFLOW_RUN_DIR         runtime dir, default <repo>/.run
+#   ONCEFLOW_WAIT_SECONDS    bounded wait per service, default 90
+#   KAFKA_HEAP_OPTS          default "-Xms256m -Xmx1g"
+#
+# Connection facts (also in docker-compose.yml):
+#   app user       onceflow/onceflow               SELECT,INSERT,UPDATE,DELETE on `onceflow%`.*
+#   migration user onceflow_admin/onceflow_admin   ALL on `onceflow%`.*
+#   databases      onceflow, onceflow_test
+#   kafka          127.0.0.1:9092
+set -Eeuo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+RUN_DIR="${ONCEFLOW_RUN_DIR:-$ROOT/.run}"
+WAIT_SECONDS="${ONCEFLOW_WAIT_SECONDS:-90}"
+
+DB_HOST=127.0.0.1
+DB_PORT=3306
+DB_NAMES=(onceflow onceflow_test)
+DB_LOG="$RUN_DIR/mariadb.log"
+DB_CONF=/etc/mysql/mariadb.conf.d/99-onceflow.cnf
+DB_SOCKET=/run/mysqld/mysqld.sock
+DB_PIDFILE=/run/mysqld/mysqld.pid
+DB_SSD_PIDFILE=/run/mysqld/onceflow-start.pid # written by start-stop-daemon (as root)
+MARIADBD=/usr/sbin/mariadbd
+
+KAFKA_VERSION="${ONCEFLOW_KAFKA_VERSION:-4.1.1}"
+KAFKA_HOST=127.0.0.1
+KAFKA_PORT=9092
+KAFKA_CONTROLLER_PORT=9093
+KAFKA_DIR="$RUN_DIR/kafka"
+KAFKA_LIBS="$KAFKA_DIR/libs"
+KAFKA_DATA="$KAFKA_DIR/data"
+KAFKA_PROPS="$KAFKA_DIR/server.properties"
+KAFKA_LOG4J="$KAFKA_DIR/log4j2.xml"
+KAFKA_TOOLS_LOG4J="$KAFKA_DIR/tools-log4j2.xml"
+KAFKA_PIDFILE="$KAFKA_DIR/kafka.pid"
+KAFKA_LOG="$KAFKA_DIR/server.log"
+KAFKA_STDOUT="$KAFKA_DIR/stdout.log"
+KAFKA_CLUSTER_ID_FILE="$KAFKA_DIR/cluster.id"
+KAFKA_POM="$ROOT/scripts/kafka/pom.xml"
+TOPIC_PARTITIONS="${ONCEFLOW_TOPIC_PARTITIONS:-12}"
+read -r -a TOPICS <<<"$(echo "${ONCEFLOW_TOPICS:-order-paid coupon-granted coupon-grant-failed}" | tr ',' ' ')"
+
+log() { echo "infra: $*"; }
+warn() { echo "infra: WARNING: $*" >&2; }
+
+# fail SERVICE REASON LOGFILE: print why and the tail of the log, then exit 1.
+fail() {
+  local svc="$1" why="$2" logf="${3:-}"
+  echo "infra: FAILED: $svc: $why" >&2
+  if [[ -n "$logf" ]]; then
+    echo "infra: $svc log: $logf (last 20 lines follow)" >&2
+    if [[ -f "$logf" ]]; then tail -n 20 "$logf" | sed 's/^/    /' >&2; else echo "    (no log file)" >&2; fi
+  fi
+  exit 1
+}
+
+need_root() {
+  [[ "$(id -u)" == 0 ]] || { echo "infra: must run as root (installs packages, starts mariadbd as user mysql)" >&2; exit 1; }
+}
+
+port_open() { timeout 2 bash -c "exec 3<>/dev/tcp/$1/$2" 2>/dev/null; }
+
+apt_updated=0
+apt_install() {
+  if [[ $apt_updated == 0 ]]; then
+    log "apt-get update"
+    apt-get update -qq >/dev/null || apt-get update
+    apt_updated=1
+  fi
+  log "apt-get install $*"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o Dpkg::Use-Pty=0 "$@" >/dev/null \
+    || DEBIAN_FRONTEND=noninteractive apt-get install -y "$@"
+}
+
+# ---------------------------------------------------------------- MariaDB
+
+db_root() { mariadb --protocol=socket -S "$DB_SOCKET" -uroot --batch --skip-column-names "$@"; }
+
+db_install() {
+  if [[ ! -x "$MARIADBD" ]] || ! command -v mariadb >/dev/null || ! command -v mariadb-admin >/dev/null; then
+    # Written before the install too, so a server that the package's postinst
+    # may start already has these settings.
+    db_write_conf
+    apt_install mariadb-server mariadb-client
+  fi
+}
+
+db_write_conf() {
+  mkdir -p "$(dirname "$DB_CONF")"
+  local tmp
+  tmp="$(mktemp)"
+  cat >"$tmp" <<'EOF'
+# Written by onceflow scripts/infra.sh; rewritten on every `infra.sh up`.
+[mysqld]
+bind-address                   = 127.0.0.1
+port                           = 3306
+skip-name-resolve
+max_connections                = 500
+innodb_flush_log_at_trx_commit = 1
+sync_binlog                    = 1
+innodb_lock_wait_timeout       = 10
+character-set-server           = utf8mb4
+collation-server               = utf8mb4_unicode_ci
+EOF
+  if ! cmp -s "$tmp" "$DB_CONF" 2>/dev/null; then
+    install -m 0644 "$tmp" "$DB_CONF"
+  fi
+  rm -f "$tmp"
+}
+
+db_running() { port_open "$DB_HOST" "$DB_PORT"; }
+
+# Pid of the running mariadbd: from its pid file, else the process on the port.
+db_pid() {
+  local pid
+  for pid in $(cat "$DB_PIDFILE" "$DB_SSD_PIDFILE" 2>/dev/null) $(ss -ltnpH "sport = :$DB_PORT" 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
+    if [[ "$(readlink "/proc/$pid/exe" 2>/dev/null)" == "$MARIADBD" ]]; then
+      echo "$pid"
+      return 0
+    fi
+  done
+  return 1
+}
+
+db_ping_root() { mariadb-admin --protocol=socket -S "$DB_SOCKET" -uroot ping >/dev/null 2>&1; }
+
+db_start() {
+  need_root
+  db_install
+  db_write_conf
+  local started=0
+  if db_running; then
+    log "mariadb: already listening on $DB_HOST:$DB_PORT, reusing it"
+  else
+    mkdir -p /run/mysqld "$RUN_DIR"
+    chown mysql:mysql /run/mysqld
+    chmod 0755 /run/mysqld
+    touch "$DB_LOG"
+    chown mysql:mysql "$DB_LOG"
+    if [[ ! -d /var/lib/mysql/mysql ]]; then
+      log "mariadb: initialising datadir /var/lib/mysql"
+      mariadb-install-db --user=mysql --datadir=/var/lib/mysql --auth-root-authentication-method=socket \
+        >>"$DB_LOG" 2>&1 || fail mariadb "mariadb-install-db failed" "$DB_LOG"
+    fi
+    log "mariadb: starting (log: $DB_LOG)"
+    rm -f "$DB_SSD_PIDFILE" "$DB_PIDFILE" # stale: nothing listens on the port
+    # mariadbd does not fork, so the pid that start-stop-daemon records is the server's.
+    start-stop-daemon --start --oknodo --background --make-pidfile --pidfile "$DB_SSD_PIDFILE" --exec "$MARIADBD" -- \
+      --user=mysql --log-error="$DB_LOG" --pid-file="$DB_PIDFILE" --socket="$DB_SOCKET" \
+      || fail mariadb "start-stop-daemon could not start $MARIADBD" "$DB_LOG"
+    started=1
+  fi
+  local deadline=$((SECONDS + WAIT_SECONDS))
+  until db_running && db_ping_root; do
+    if ((SECONDS >= deadline)); then
+      fail mariadb "not answering on $DB_HOST:$DB_PORT / $DB_SOCKET after ${WAIT_SECONDS}s" "$DB_LOG"
+    fi
+    if [[ $started == 1 ]] && ! db_pid >/dev/null; then
+      fail mariadb "mariadbd exited during start-up" "$DB_LOG"
+    fi
+    sleep 0.5
+  done
+  db_provision
+  local out
+  out="$(mariadb -h"$DB_HOST" -P"$DB_PORT" -uonceflow -ponceflow onceflow --batch --skip-column-names -e 'SELECT 1' 2>&1)" \
+    || fail mariadb "app user onceflow cannot connect over TCP: $out" "$DB_LOG"
+  local maxc
+  maxc="$(db_root -e 'SELECT @@max_connections')"
+  [[ "$maxc" == 500 ]] || warn "mariadb: max_connections=$maxc (a server started outside this script? run: $0 db-stop && $0 db-start)"
+  log "mariadb: up on $DB_HOST:$DB_PORT (databases: ${DB_NAMES[*]}; log: $DB_LOG)"
+}
+
+db_provision() {
+  local sql="" d
+  for d in "${DB_NAMES[@]}"; do
+    sql+="CREATE DATABASE IF NOT EXISTS \`$d\` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci;"$'\n'
+  done
+  local h
+  for h in 127.0.0.1 localhost; do
+    sql+="CREATE USER IF NOT EXISTS 'onceflow_admin'@'$h' IDENTIFIED BY 'onceflow_admin';
+ALTER USER 'onceflow_admin'@'$h' IDENTIFIED BY 'onceflow_admin';
+GRANT ALL PRIVILEGES ON \`onceflow%\`.* TO 'onceflow_admin'@'$h';
+CREATE USER IF NOT EXISTS 'onceflow'@'$h' IDENTIFIED BY 'onceflow';
+ALTER USER 'onceflow'@'$h' IDENTIFIED BY 'onceflow';
+REVOKE ALL PRIVILEGES, GRANT OPTION FROM 'onceflow'@'$h';
+GRANT SELECT, INSERT, UPDATE, DELETE ON \`onceflow%\`.* TO 'onceflow'@'$h';
+"
+  done
+  sql+="FLUSH PRIVILEGES;"
+  local out
+  out="$(db_root -e "$sql" 2>&1)" || fail mariadb "provisioning (databases/users as root via $DB_SOCKET) failed: $out" "$DB_LOG"
+}
+
+db_stop() {
+  need_root
+  local pid=""
+  pid="$(db_pid || true)"
+  if [[ -z "$pid" ]] && ! db_running; then
+    log "mariadb: already down"
+    return 0
+  fi
+  log "mariadb: stopping${pid:+ (pid $pid)}"
+  if command -v mariadb-admin >/dev/null; then
+    mariadb-admin --protocol=socket -S "$DB_SOCKET" -uroot shutdown 2>/dev/null \
+      || { [[ -n "$pid" ]] && kill -TERM "$pid" 2>/dev/null; } || true
+  fi
+  local deadline=$((SECONDS + WAIT_SECONDS))
+  while { [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; } || db_running; do
+    if ((SECONDS >= deadline)); then
+      if [[ -n "$pid" ]]; then
+        warn "mariadb: pid $pid still running after ${WAIT_SECONDS}s, sending SIGKILL"
+        kill -KILL "$pid" 2>/dev/null || true
+        sleep 1
+        break
+      fi
+      fail mariadb "port $DB_PORT still open after shutdown (not a mariadbd started from $MARIADBD?)" "$DB_LOG"
+    fi
+    sleep 0.5
+  done
+  log "mariadb: down"
+}
+
+db_reset() {
+  local was_running=0
+  db_running && was_running=1
+  db_start
+  local sql="" d
+  for d in "${DB_NAMES[@]}"; do
+    sql+="DROP DATABASE IF EXISTS \`$d\`;"
+  done
+  log "mariadb: dropping and re-creating ${DB_NAMES[*]}"
+  db_root -e "$sql" || fail mariadb "drop databases failed" "$DB_LOG"
+  db_provision
+  if [[ $was_running == 0 || "${1:-}" == stop ]]; then db_stop; fi
+}
+
+db_status() {
+  if db_running; then
+    local v
+    v="$(mariadb -h"$DB_HOST" -P"$DB_PORT" -uonceflow -ponceflow --batch --skip-column-names -e 'SELECT VERSION()' 2>/dev/null || echo '?')"
+    echo "infra: mariadb  up    $DB_HOST:$DB_PORT (version $v; log $DB_LOG)"
+    return 0
+  fi
+  echo "infra: mariadb  down  $DB_HOST:$DB_PORT"
+  return 1
+}
+
+# ---------------------------------------------------------------- Kafka
+
+java_ok() {
+  command -v java >/dev/null || return 1
+  local v
+  v="$(java -XshowSettings:properties -version 2>&1 | awk -F'= ' '/java.specification.version/{print $2}')"
+  [[ "${v%%.*}" -ge 17 ]] 2>/dev/null
+}
+
+kafka_install() {
+  if ! java_ok; then apt_install openjdk-17-jre-headless; fi
+  java_ok || fail kafka "Kafka $KAFKA_VERSION needs Java 17+ (found: $(java -version 2>&1 | head -1))"
+  if [[ -f "$KAFKA_LIBS/.complete" && "$(cat "$KAFKA_LIBS/.complete")" == "$KAFKA_VERSION" ]]; then
+    return 0
+  fi
+  command -v mvn >/dev/null || apt_install maven
+  mkdir -p "$KAFKA_DIR"
+  local tmp="$KAFKA_DIR/libs.tmp" mlog="$KAFKA_DIR/maven.log"
+  rm -rf "$tmp"
+  log "kafka: fetching org.apache.kafka:kafka_2.13:$KAFKA_VERSION + kafka-tools with Maven into $KAFKA_LIBS (log: $mlog)"
+  if ! mvn -q -B -f "$KAFKA_POM" -Dkafka.version="$KAFKA_VERSION" \
+      dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$tmp" >"$mlog" 2>&1; then
+    fail kafka "Maven could not fetch Kafka $KAFKA_VERSION" "$mlog"
+  fi
+  ls "$tmp"/kafka_2.13-"$KAFKA_VERSION".jar >/dev/null 2>&1 || fail kafka "kafka_2.13-$KAFKA_VERSION.jar missing after Maven" "$mlog"
+  echo "$KAFKA_VERSION" >"$tmp/.complete"
+  rm -rf "$KAFKA_LIBS"
+  mv "$tmp" "$KAFKA_LIBS"
+}
+
+kafka_write_config() {
+  mkdir -p "$KAFKA_DIR" "$KAFKA_DATA"
+  cat >"$KAFKA_PROPS" <<EOF
+# Written by onceflow scripts/infra.sh; rewritten on every start.
+process.roles=broker,controller
+node.id=1
+listeners=PLAINTEXT://$KAFKA_HOST:$KAFKA_PORT,CONTROLLER://$KAFKA_HOST:$KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://$KAFKA_HOST:$KAFKA_PORT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+controller.quorum.voters=1@$KAFKA_HOST:$KAFKA_CONTROLLER_PORT
+log.dirs=$KAFKA_DATA
+num.partitions=$TOPIC_PARTITIONS
+default.replication.factor=1
+min.insync.replicas=1
+offsets.topic.replication.factor=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=false
+num.network.threads=3
+num.io.threads=8
+log.retention.hours=168
+log.segment.bytes=1073741824
+EOF
+  cat >"$KAFKA_LOG4J" <<EOF
+<?xml version="1.0" encoding="UTF-8"?>
+<Configuration status="WARN">
+  <Appenders>
+    <RollingFile name="server" fileName="$KAFKA_LOG" filePattern="$KAFKA_LOG.%i">
+      <PatternLayout pattern="[%d] %p %m (%c)%n"/>
+      <Policies><SizeBasedTriggeringPolicy size="100 MB"/></Policies>
+      <DefaultRolloverStrategy max="3"/>
+    </RollingFile>
+  </Appenders>
+  <Loggers>
+    <Logger name="kafka.request.logger" level="WARN"/>
+    <Logger name="org.apache.kafka.controller" level="INFO"/>
+    <Logger name="state.change.logger" level="WARN"/>
+    <Root level="INFO"><AppenderRef ref="server"/></Root>
+  </Loggers>
+</Configuration>
+EOF
+  cat >"$KAFKA_TOOLS_LOG4J" <<'EOF'
+<?xml version="1.0" encoding="UTF-8"?>
+<Configuration status="WARN">
+  <Appenders><Console name="stderr" target="SYSTEM_ERR"><PatternLayout pattern="[%d] %p %m (%c)%n"/></Console></Appenders>
+  <Loggers><Root level="ERROR"><AppenderRef ref="stderr"/></Root></Loggers>
+</Configuration>
+EOF
+}
+
+kafka_tool() {
+  # kafka_tool MAIN_CLASS ARGS...: run an admin tool against the libs (bounded in time).
+  timeout "${KAFKA_TOOL_TIMEOUT:-60}" java -Xmx256m -XX:TieredStopAtLevel=1 -Xshare:auto -Djava.awt.headless=true \
+    -Dlog4j2.configurationFile="$KAFKA_TOOLS_LOG4J" -cp "$KAFKA_LIBS/*" "$@"
+}
+
+kafka_format() {
+  if [[ -f "$KAFKA_DATA/meta.properties" ]]; then return 0; fi
+  local cid
+  if [[ -s "$KAFKA_CLUSTER_ID_FILE" ]]; then
+    cid="$(cat "$KAFKA_CLUSTER_ID_FILE")"
+  else
+    cid="$(kafka_tool kafka.tools.StorageTool random-uuid 2>>"$KAFKA_STDOUT" | tail -n 1)"
+    [[ -n "$cid" ]] || fail kafka "StorageTool random-uuid failed" "$KAFKA_STDOUT"
+    echo "$cid" >"$KAFKA_CLUSTER_ID_FILE"
+  fi
+  log "kafka: formatting KRaft storage $KAFKA_DATA (cluster id $cid)"
+  kafka_tool kafka.tools.StorageTool format -t "$cid" -c "$KAFKA_PROPS" --ignore-formatted >>"$KAFKA_STDOUT" 2>&1 \
+    || fail kafka "StorageTool format failed" "$KAFKA_STDOUT"
+}
+
+# Pid of our broker: from the pid file if that process is kafka.Kafka, else the
+# java process listening on the broker port with kafka.Kafka on its command line.
+kafka_pid() {
+  local pid
+  if [[ -f "$KAFKA_PIDFILE" ]]; then
+    pid="$(cat "$KAFKA_PIDFILE" 2>/dev/null || true)"
+    if [[ -n "$pid" ]] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'kafka\.Kafka '; then
+      echo "$pid"
+      return 0
+    fi
+  fi
+  for pid in $(ss -ltnpH "sport = :$KAFKA_PORT" 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
+    if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'kafka\.Kafka '; then
+      echo "$pid"
+      return 0
+    fi
+  done
+  return 1
+}
+
+kafka_running() { port_open "$KAFKA_HOST" "$KAFKA_PORT"; }
+
+kafka_list_topics() {
+  KAFKA_TOOL_TIMEOUT=30 kafka_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$KAFKA_HOST:$KAFKA_PORT" --list
+}
+
+kafka_start() {
+  kafka_install
+  if kafka_running; then
+    log "kafka: already listening on $KAFKA_HOST:$KAFKA_PORT, reusing it"
+  else
+    kafka_write_config
+    kafka_format
+    log "kafka: starting $KAFKA_VERSION (log: $KAFKA_LOG)"
+    # shellcheck disable=SC2086
+    (
+      cd "$KAFKA_DIR"
+      exec setsid nohup java ${KAFKA_HEAP_OPTS:--Xms256m -Xmx1g} \
+        -server -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35 \
+        -XX:+ExplicitGCInvokesConcurrent -Djava.awt.headless=true \
+        -Dkafka.logs.dir="$KAFKA_DIR" -Dlog4j2.configurationFile="$KAFKA_LOG4J" \
+        -cp "$KAFKA_LIBS/*" kafka.Kafka "$KAFKA_PROPS"
+    ) </dev/null >>"$KAFKA_STDOUT" 2>&1 &
+    echo $! >"$KAFKA_PIDFILE"
+  fi
+  local deadline=$((SECONDS + WAIT_SECONDS)) topics="" err=""
+  while :; do
+    if kafka_running && topics="$(kafka_list_topics 2>"$KAFKA_DIR/tool.err")"; then break; fi
+    if ((SECONDS >= deadline)); then
+      err="$(tail -n 3 "$KAFKA_DIR/tool.err" 2>/dev/null || true)"
+      fail kafka "no metadata from $KAFKA_HOST:$KAFKA_PORT after ${WAIT_SECONDS}s${err:+ (admin tool: $err)}" "$KAFKA_LOG"
+    fi
+    if [[ -f "$KAFKA_PIDFILE" ]] && ! kafka_running && ! kill -0 "$(cat "$KAFKA_PIDFILE")" 2>/dev/null; then
+      echo "infra: kafka stdout/stderr: $KAFKA_STDOUT" >&2
+      tail -n 20 "$KAFKA_STDOUT" 2>/dev/null | sed 's/^/    /' >&2 || true
+      fail kafka "broker process exited during start-up" "$KAFKA_LOG"
+    fi
+    sleep 1
+  done
+  kafka_create_topics "$topics"
+  log "kafka: up on $KAFKA_HOST:$KAFKA_PORT (topics: ${TOPICS[*]}; log: $KAFKA_LOG)"
+}
+
+kafka_create_topics() {
+  local existing="$1" t out
+  for t in "${TOPICS[@]}"; do
+    [[ -n "$t" ]] || continue
+    if grep -qxF -- "$t" <<<"$existing"; then continue; fi
+    log "kafka: creating topic $t (partitions=$TOPIC_PARTITIONS, rf=1)"
+    out="$(kafka_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$KAFKA_HOST:$KAFKA_PORT" \
+      --create --if-not-exists --topic "$t" --partitions "$TOPIC_PARTITIONS" --replication-factor 1 2>&1)" \
+      || fail kafka "creating topic $t failed: $out" "$KAFKA_LOG"
+  done
+}
+
+kafka_stop() {
+  local pid
+  if ! pid="$(kafka_pid)"; then
+    if kafka_running; then
+      warn "kafka: something listens on $KAFKA_PORT but it is not a kafka.Kafka process started here; leaving it"
+      return 1
+    fi
+    rm -f "$KAFKA_PIDFILE"
+    log "kafka: already down"
+    return 0
+  fi
+  log "kafka: stopping (pid $pid, SIGTERM)"
+  kill -TERM "$pid" 2>/dev/null || true
+  local deadline=$((SECONDS + WAIT_SECONDS))
+  while kill -0 "$pid" 2>/dev/null; do
+    if ((SECONDS >= deadline)); then
+      warn "kafka: pid $pid still running after ${WAIT_SECONDS}s, sending SIGKILL"
+      kill -KILL "$pid" 2>/dev/null || true
+      sleep 1
+      break
+    fi
+    sleep 0.5
+  done
+  rm -f "$KAFKA_PIDFILE"
+  log "kafka: down"
+}
+
+kafka_reset() {
+  kafka_stop
+  log "kafka: deleting $KAFKA_DATA (re-formatted by the next up)"
+  rm -rf "$KAFKA_DATA" "$KAFKA_CLUSTER_ID_FILE"
+}
+
+kafka_status() {
+  local pid=""
+  pid="$(kafka_pid 2>/dev/null || true)"
+  if kafka_running; then
+    echo "infra: kafka    up    $KAFKA_HOST:$KAFKA_PORT${pid:+ (pid $pid)} (version $KAFKA_VERSION; log $KAFKA_LOG)"
+    return 0
+  fi
+  echo "infra: kafka    down  $KAFKA_HOST:$KAFKA_PORT"
+  return 1
+}
+
+# ---------------------------------------------------------------- main
+
+usage() {
+  sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+}
+
+main() {
+  local cmd="${1:-}"
+  mkdir -p "$RUN_DIR"
+  case "$cmd" in
+    up)
+      need_root
+      local t0=$SECONDS
+      db_start
+      kafka_start
+      log "all up in $((SECONDS - t0))s"
+      ;;
+    down)
+      need_root
+      kafka_stop || true
+      db_stop
+      ;;
+    status)
+      local rc=0
+      db_status || rc=1
+      kafka_status || rc=1
+      exit $rc
+      ;;
+    reset)
+      need_root
+      kafka_reset
+      db_reset stop
+      log "reset done; both services are down (run: $0 up)"
+      ;;
+    db-start) db_start ;;
+    db-stop) db_stop ;;
+    kafka-start) kafka_start ;;
+    kafka-stop) kafka_stop ;;
+    -h | --help | help) usage ;;
+    *) usage >&2; exit 2 ;;
+  esac
+}
+
+main "$@"
