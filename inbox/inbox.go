@@ -207,22 +207,20 @@ func (ib *Inbox) runSteps(ctx context.Context, d *Delivery, dec Decoded, opts Pr
 			d.InboxID = row.id
 			if !fresh {
 				switch {
-				case row.status == StatusDone:
-					if step == 0 {
-						if _, err := tx.ExecContext(ctx, ib.q.countDuplicate, row.id); err != nil {
-							return fmt.Errorf("count duplicate: %w", err)
-						}
-					}
-					res = &Result{Outcome: OutcomeDuplicate, InboxID: row.id, Key: d.Key}
+				case step == 0 && opts.ReplayID == 0 && row.fingerprint != dec.Fingerprint:
+					// Same key, different meaning: never a silent duplicate.
+					res = &Result{Outcome: OutcomeConflict, InboxID: row.id, Key: d.Key, Reason: ReasonConflict}
 					return nil
-				case row.status == StatusFailed && !opts.Reopen:
+				case row.status == StatusDone || (row.status == StatusFailed && !opts.Reopen):
+					// Done (possibly by a concurrent delivery that resumed this one's work) or
+					// quarantined: this delivery changes nothing but the counter.
 					if _, err := tx.ExecContext(ctx, ib.q.countDuplicate, row.id); err != nil {
 						return fmt.Errorf("count duplicate: %w", err)
 					}
-					res = &Result{Outcome: OutcomeDuplicate, InboxID: row.id, Key: d.Key, Reason: Reason(row.reason.String)}
-					return nil
-				case step == 0 && opts.ReplayID == 0 && row.fingerprint != dec.Fingerprint:
-					res = &Result{Outcome: OutcomeConflict, InboxID: row.id, Key: d.Key, Reason: ReasonConflict}
+					res = &Result{Outcome: OutcomeDuplicate, InboxID: row.id, Key: d.Key}
+					if row.status == StatusFailed {
+						res.Reason = Reason(row.reason.String)
+					}
 					return nil
 				case step == 0:
 					d.Resumed = row.status == StatusProcessing

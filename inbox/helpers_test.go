@@ -1,0 +1,91 @@
+package inbox_test
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/coupon"
+	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/pkg/testenv"
+)
+
+// pipeline is the inbox + coupon granter on a fresh database.
+type pipeline struct {
+	db      testenv.Database
+	granter *coupon.Granter
+	inbox   *inbox.Inbox
+	cfg     coupon.Config
+}
+
+type pipelineOpts struct {
+	conns        int
+	svc          coupon.ExternalService
+	wrap         func(inbox.Handler) inbox.Handler
+	inboxCfg     inbox.Config
+	couponCfg    func(*coupon.Config)
+	grantedTopic string
+}
+
+func newPipeline(t *testing.T, o pipelineOpts) *pipeline {
+	t.Helper()
+	d := testenv.DB(t, o.conns)
+	cfg := coupon.DefaultConfig()
+	if o.grantedTopic != "" {
+		cfg.GrantedTopic = o.grantedTopic
+	}
+	if o.couponCfg != nil {
+		o.couponCfg(&cfg)
+	}
+	if err := coupon.EnsureCampaign(context.Background(), d.DB, cfg); err != nil {
+		t.Fatal(err)
+	}
+	g, err := coupon.NewGranter(cfg, o.svc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h inbox.Handler = g
+	if o.wrap != nil {
+		h = o.wrap(g)
+	}
+	ic := o.inboxCfg
+	ic.BizType = coupon.BizType
+	if ic.BackoffInitial == 0 {
+		ic.BackoffInitial = time.Millisecond
+		ic.BackoffMax = 10 * time.Millisecond
+	}
+	ib, err := inbox.New(d.DB, h, ic, watermill.NopLogger{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &pipeline{db: d, granter: g, inbox: ib, cfg: cfg}
+}
+
+func orderMsg(orderID, userID string) *message.Message {
+	o := coupon.OrderPaid{OrderID: orderID, UserID: userID, AmountCents: 12345, PaidAt: time.Date(2026, 11, 11, 0, 0, 0, 0, time.UTC)}
+	return message.NewMessage(watermill.NewUUID(), o.Encode())
+}
+
+func count(t testing.TB, db *sql.DB, q string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(q, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	return n
+}
+
+// handlerFunc adapts functions to inbox.Handler for tests that wrap the granter.
+type handlerFunc struct {
+	inner  inbox.Handler
+	handle func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error)
+}
+
+func (h handlerFunc) Decode(m *message.Message) (inbox.Decoded, error) { return h.inner.Decode(m) }
+func (h handlerFunc) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error) {
+	return h.handle(ctx, tx, d)
+}

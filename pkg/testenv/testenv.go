@@ -1,0 +1,185 @@
+// Package testenv gives integration tests a real MariaDB database and real Kafka topics,
+// started by `scripts/infra.sh up`. When a service is unreachable the test FAILS and says how
+// to start it; only `go test -short` skips integration tests.
+//
+// Each DB call creates a fresh database (migrated with the embedded schema) that is dropped
+// when the test ends, so test packages can run in parallel against one server.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/onceflow/onceflow/migrations"
+	"github.com/onceflow/onceflow/pkg/dbx"
+	"github.com/onceflow/onceflow/pkg/kafkax"
+)
+
+const howToStart = "start the services with `scripts/infra.sh up` (or `make infra`), or run `go test -short` to skip integration tests"
+
+// Integration skips t under -short and otherwise does nothing: call it first in every
+// integration test.
+func Integration(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("integration test: skipped with -short")
+	}
+}
+
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// AdminDSN is the privileged DSN without a database (ONCEFLOW_TEST_ADMIN_DSN).
+func AdminDSN() string {
+	return env("ONCEFLOW_TEST_ADMIN_DSN", "onceflow_admin:onceflow_admin@tcp(127.0.0.1:3306)/")
+}
+
+// AppUser is the least-privilege user:password (ONCEFLOW_TEST_APP_USER).
+func AppUser() string { return env("ONCEFLOW_TEST_APP_USER", "onceflow:onceflow") }
+
+// Brokers is the Kafka bootstrap list (ONCEFLOW_TEST_BROKERS).
+func Brokers() []string {
+	return strings.Split(env("ONCEFLOW_TEST_BROKERS", "127.0.0.1:9092"), ",")
+}
+
+// Database is a fresh, migrated database.
+type Database struct {
+	Name  string
+	DSN   string  // application user
+	DB    *sql.DB // application user pool
+	Admin *sql.DB // privileged pool on the same database (DDL for tests that need it)
+}
+
+// AdminExec runs a privileged statement (e.g. CREATE TABLE for a naive comparison table).
+func (d Database) AdminExec(t testing.TB, q string, args ...any) {
+	t.Helper()
+	if _, err := d.Admin.Exec(q, args...); err != nil {
+		t.Fatalf("testenv: %s: %v", q, err)
+	}
+}
+
+// DB creates a fresh database, applies the migrations as the admin user and returns a pool
+// of maxConns connections opened as the application user.
+func DB(t testing.TB, maxConns int) Database {
+	t.Helper()
+	Integration(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := sql.Open("mysql", AdminDSN())
+	if err != nil {
+		t.Fatalf("testenv: admin dsn: %v", err)
+	}
+	t.Cleanup(func() { admin.Close() })
+	if err := admin.PingContext(ctx); err != nil {
+		t.Fatalf("testenv: MariaDB unreachable (%s): %v\n%s", dbx.MaskDSN(AdminDSN()), err, howToStart)
+	}
+	name := "onceflow_t_" + randHex(6)
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("testenv: create database: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := admin.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name); err != nil {
+			t.Logf("testenv: drop database %s: %v", name, err)
+		}
+	})
+	mc, err := mysql.ParseDSN(AdminDSN())
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	mc.DBName = name
+	mig, err := sql.Open("mysql", mc.FormatDSN())
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	t.Cleanup(func() { mig.Close() })
+	if err := migrations.Up(ctx, mig); err != nil {
+		t.Fatalf("testenv: migrate %s: %v", name, err)
+	}
+	user, pass, _ := strings.Cut(AppUser(), ":")
+	app := *mc
+	app.User, app.Passwd = user, pass
+	dsn := app.FormatDSN()
+	if maxConns == 0 {
+		maxConns = 16
+	}
+	db, err := dbx.Open(ctx, dbx.Config{DSN: dsn, MaxOpenConns: maxConns})
+	if err != nil {
+		t.Fatalf("testenv: %v\n%s", err, howToStart)
+	}
+	t.Cleanup(func() { db.Close() })
+	return Database{Name: name, DSN: dsn, DB: db, Admin: mig}
+}
+
+// Kafka returns a client config for the test broker, failing when it is unreachable.
+func Kafka(t testing.TB) kafkax.Config {
+	t.Helper()
+	Integration(t)
+	c := kafkax.Config{Brokers: Brokers(), ClientID: "onceflow-test", SessionTimeout: 6 * time.Second,
+		RebalanceTimeout: 10 * time.Second, HeartbeatEvery: time.Second, MaxPollWait: 50 * time.Millisecond}
+	c.SetDefaults()
+	sc := sarama.NewConfig()
+	sc.Version = kafkax.Version
+	sc.Net.DialTimeout = 3 * time.Second
+	sc.Metadata.Retry.Max = 1
+	client, err := sarama.NewClient(c.Brokers, sc)
+	if err != nil {
+		t.Fatalf("testenv: Kafka unreachable at %s: %v\n%s", strings.Join(c.Brokers, ","), err, howToStart)
+	}
+	client.Close()
+	return c
+}
+
+// Topic creates a fresh topic with the given partitions, deleted when the test ends.
+func Topic(t testing.TB, c kafkax.Config, prefix string, partitions int32) string {
+	t.Helper()
+	sc := sarama.NewConfig()
+	sc.Version = kafkax.Version
+	admin, err := sarama.NewClusterAdmin(c.Brokers, sc)
+	if err != nil {
+		t.Fatalf("testenv: Kafka unreachable: %v\n%s", err, howToStart)
+	}
+	name := fmt.Sprintf("%s-%s", prefix, randHex(5))
+	if err := admin.CreateTopic(name, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1}, false); err != nil {
+		admin.Close()
+		t.Fatalf("testenv: create topic %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		if err := admin.DeleteTopic(name); err != nil {
+			t.Logf("testenv: delete topic %s: %v", name, err)
+		}
+		admin.Close()
+	})
+	// Wait until the metadata of every partition is visible.
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		if parts, err := c.CheckTopics(name); err == nil && parts[name] == int(partitions) {
+			return name
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("testenv: topic %s not ready", name)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
