@@ -24,6 +24,7 @@ type pipeline struct {
 
 type pipelineOpts struct {
 	conns        int
+	shared       *testenv.Database // reuse this database (several consumers of one DB)
 	svc          coupon.ExternalService
 	wrap         func(inbox.Handler) inbox.Handler
 	inboxCfg     inbox.Config
@@ -33,7 +34,12 @@ type pipelineOpts struct {
 
 func newPipeline(t *testing.T, o pipelineOpts) *pipeline {
 	t.Helper()
-	d := testenv.DB(t, o.conns)
+	var d testenv.Database
+	if o.shared != nil {
+		d = *o.shared
+	} else {
+		d = testenv.DB(t, o.conns)
+	}
 	cfg := coupon.DefaultConfig()
 	if o.grantedTopic != "" {
 		cfg.GrantedTopic = o.grantedTopic
