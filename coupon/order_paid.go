@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"time"
 	"unicode/utf8"
@@ -32,17 +33,18 @@ var ErrBadOrderPaid = errors.New("bad order-paid payload")
 // are not.
 func DecodeOrderPaid(b []byte) (OrderPaid, error) {
 	var raw struct {
-		OrderID     *string      `json:"orderId"`
-		UserID      *string      `json:"userId"`
-		AmountCents *json.Number `json:"amountCents"`
-		PaidAt      *string      `json:"paidAt"`
+		OrderID     *string          `json:"orderId"`
+		UserID      *string          `json:"userId"`
+		AmountCents *json.RawMessage `json:"amountCents"` // raw: a json.Number would accept "500"
+		PaidAt      *string          `json:"paidAt"`
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()
 	if err := dec.Decode(&raw); err != nil {
 		return OrderPaid{}, fmt.Errorf("%w: %v", ErrBadOrderPaid, err)
 	}
-	if dec.More() {
+	// dec.More() is not enough: it reports false for a trailing '}' or ']'.
+	if _, err := dec.Token(); err != io.EOF {
 		return OrderPaid{}, fmt.Errorf("%w: trailing data after the JSON object", ErrBadOrderPaid)
 	}
 	var o OrderPaid
@@ -59,15 +61,16 @@ func DecodeOrderPaid(b []byte) (OrderPaid, error) {
 	}
 	o.OrderID, o.UserID = *raw.OrderID, *raw.UserID
 	if raw.AmountCents != nil {
-		n, err := strconv.ParseInt(raw.AmountCents.String(), 10, 64)
+		n, err := strconv.ParseInt(string(*raw.AmountCents), 10, 64)
 		if err != nil || n < 0 {
-			return o, fmt.Errorf("%w: amountCents %q is not a non-negative integer", ErrBadOrderPaid, raw.AmountCents.String())
+			return o, fmt.Errorf("%w: amountCents %s is not a non-negative integer", ErrBadOrderPaid, *raw.AmountCents)
 		}
 		o.AmountCents = n
 	}
 	if raw.PaidAt != nil {
 		t, err := time.Parse(time.RFC3339Nano, *raw.PaidAt)
-		if err != nil {
+		// Encode writes the UTC form, which must stay a 4-digit RFC3339 year.
+		if y := t.UTC().Year(); err != nil || y < 0 || y > 9999 {
 			return o, fmt.Errorf("%w: paidAt %q is not RFC3339", ErrBadOrderPaid, *raw.PaidAt)
 		}
 		o.PaidAt = t.UTC()

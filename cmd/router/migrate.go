@@ -25,6 +25,9 @@ func (a *app) migrateCmd() *cobra.Command {
 				return err
 			}
 			c.MaxOpenConns = 2
+			if err := dbx.CreateDatabase(ctx, dsn); err != nil {
+				return err
+			}
 			db, err := dbx.Open(ctx, *c)
 			if err != nil {
 				return err

@@ -175,3 +175,29 @@ func IsConnError(err error) bool {
 	var oe *net.OpError
 	return errors.As(err, &oe)
 }
+
+// CreateDatabase creates the DSN's database if it does not exist (privileged DSN only).
+func CreateDatabase(ctx context.Context, dsn string) error {
+	mc, err := ParseDSN(dsn)
+	if err != nil {
+		return err
+	}
+	name := mc.DBName
+	if err := CheckIdent("database name", name); err != nil {
+		return err
+	}
+	mc.DBName = ""
+	conn, err := mysql.NewConnector(mc)
+	if err != nil {
+		return err
+	}
+	db := sql.OpenDB(conn)
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS "+name); err != nil {
+		if IsConnError(err) {
+			return fmt.Errorf("database %s unreachable: %w (start it with `scripts/infra.sh up`)", mc.Addr, err)
+		}
+		return fmt.Errorf("create database %s: %w", name, err)
+	}
+	return nil
+}

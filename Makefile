@@ -1,0 +1,46 @@
+# onceflow — the two commands of a fresh machine are `make demo` and `make test`.
+SHELL := /bin/bash
+GO    ?= go
+PKGS  := ./...
+
+.PHONY: all build infra infra-down demo test test-short fuzz bench vet clean
+
+all: build
+
+build:
+	$(GO) build -o bin/router ./cmd/router
+
+## infra: install (if missing) and start MariaDB and Kafka on 127.0.0.1 (idempotent)
+infra:
+	bash scripts/infra.sh up
+
+infra-down:
+	bash scripts/infra.sh down
+
+## demo: the seed incident replayed end to end; ends with one RESULT line
+demo:
+	bash scripts/demo.sh
+
+## test: start the services, then vet, unit + integration tests (-race), and short fuzzing
+test: infra
+	$(GO) vet $(PKGS)
+	$(GO) test -race -count=1 -v -timeout 30m $(PKGS)
+	$(MAKE) fuzz FUZZTIME=10s
+
+## test-short: the quick loop without services (integration tests skip under -short)
+test-short:
+	$(GO) test -short -count=1 $(PKGS)
+
+FUZZTIME ?= 30s
+fuzz:
+	$(GO) test -run='^$$' -fuzz='^FuzzDecodeOrderPaid$$' -fuzztime=$(FUZZTIME) ./coupon/
+
+## bench: throughput measured on the real services (never asserted in a test)
+bench: infra
+	bash scripts/bench.sh
+
+vet:
+	$(GO) vet $(PKGS)
+
+clean:
+	rm -rf bin

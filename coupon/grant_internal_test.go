@@ -1,0 +1,47 @@
+package coupon
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+
+	"github.com/onceflow/onceflow/pkg/dbx"
+	"github.com/onceflow/onceflow/pkg/testenv"
+)
+
+// TestCASRejectsStaleState exercises the optimistic-lock guard on its own. Through Step it
+// is never reached in practice (the upsert in loadOrCreate row-locks the grant, so steps of
+// one order serialise), so it is driven here with a deliberately stale "from" state.
+func TestCASRejectsStaleState(t *testing.T) {
+	d := testenv.DB(t, 2)
+	ctx := context.Background()
+	if _, err := d.DB.Exec(`INSERT INTO coupon_grant (order_id, campaign_id, user_id, state, value_cents) VALUES ('o', 'c', 'u', 'LOCKED', 500)`); err != nil {
+		t.Fatal(err)
+	}
+	g := grantRow{OrderID: "o", CampaignID: "c", UserID: "u", State: StateInit, ValueCents: 500}
+	err := dbx.InTx(ctx, d.DB, func(tx *sql.Tx) error { return mysqlRepo{tx: tx}.cas(ctx, g, StateInit, StateLocked, "", "") })
+	if !errors.Is(err, ErrStaleState) {
+		t.Fatalf("cas from a stale INIT: %v, want ErrStaleState", err)
+	}
+	// An illegal transition is refused before any SQL.
+	err = dbx.InTx(ctx, d.DB, func(tx *sql.Tx) error { return mysqlRepo{tx: tx}.cas(ctx, g, StateLocked, StateGranted, "", "") })
+	if !errors.Is(err, ErrIllegalTransition) {
+		t.Fatalf("cas LOCKED → GRANTED: %v, want ErrIllegalTransition", err)
+	}
+	// The matching state moves on and is logged.
+	err = dbx.InTx(ctx, d.DB, func(tx *sql.Tx) error {
+		return mysqlRepo{tx: tx}.cas(ctx, g, StateLocked, StateBudgetDeducted, "", "")
+	})
+	if err != nil {
+		t.Fatalf("cas LOCKED → BUDGET_DEDUCTED: %v", err)
+	}
+	var state string
+	var version, logged int
+	if err := d.DB.QueryRow(`SELECT state, version, (SELECT COUNT(*) FROM coupon_grant_log) FROM coupon_grant`).Scan(&state, &version, &logged); err != nil {
+		t.Fatal(err)
+	}
+	if state != string(StateBudgetDeducted) || version != 1 || logged != 1 {
+		t.Fatalf("state %s version %d log rows %d, want BUDGET_DEDUCTED 1 1", state, version, logged)
+	}
+}
