@@ -133,7 +133,7 @@ func loadConfig(file string, flags *pflag.FlagSet, bind map[string]string) (Conf
 		dc.DecodeHook = mapstructure.ComposeDecodeHookFunc(strictDuration, mapstructure.StringToSliceHookFunc(","))
 	})
 	if err != nil {
-		return Config{}, nil, badInput(fmt.Errorf("config%s: %w", inFile(file), err))
+		return Config{}, nil, badInput(fmt.Errorf("config%s: %s", inFile(file), oneLine(err)))
 	}
 	if err := cfg.validate(); err != nil {
 		return Config{}, nil, badInput(fmt.Errorf("config%s: %w", inFile(file), err))
@@ -202,7 +202,19 @@ func decodePluginConfig(name string, raw map[string]any, target any) error {
 		return err
 	}
 	if err := dec.Decode(raw); err != nil {
-		return badInput(fmt.Errorf("config plugins.%s: %w", name, err))
+		return badInput(fmt.Errorf("config plugins.%s: %s", name, oneLine(err)))
 	}
 	return nil
+}
+
+// oneLine flattens mapstructure's multi-line error report into one line.
+func oneLine(err error) string {
+	msg := strings.ReplaceAll(err.Error(), "decoding failed due to the following error(s):", "")
+	var parts []string
+	for _, l := range strings.Split(msg, "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			parts = append(parts, l)
+		}
+	}
+	return strings.Join(parts, "; ")
 }
