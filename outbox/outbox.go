@@ -47,6 +47,13 @@ func (e Event) Validate() error {
 	if err := kafkax.CheckTopicName(e.Topic); err != nil {
 		return fmt.Errorf("outbox: %w", err)
 	}
+	// The relay appends the extra headers after its own: a second event_id would shadow
+	// the real one for readers that keep the last value (watermill metadata, ReadAll).
+	for _, k := range []string{HeaderEventID, HeaderEventType} {
+		if _, ok := e.Headers[k]; ok {
+			return fmt.Errorf("outbox: event %s: header %q is reserved", e.ID, k)
+		}
+	}
 	return nil
 }
 
@@ -83,7 +90,11 @@ func (w *Writer) Add(ctx context.Context, tx *sql.Tx, e Event) error {
 		}
 		headers = string(b)
 	}
-	if _, err := tx.ExecContext(ctx, w.insert, e.ID, e.Type, e.Topic, e.Key, e.Payload, headers); err != nil {
+	payload := e.Payload
+	if payload == nil {
+		payload = []byte{} // a nil []byte is sent as NULL, and payload is NOT NULL
+	}
+	if _, err := tx.ExecContext(ctx, w.insert, e.ID, e.Type, e.Topic, e.Key, payload, headers); err != nil {
 		if dbx.IsDuplicate(err) {
 			return fmt.Errorf("%w: %s", ErrDuplicateEvent, e.ID)
 		}

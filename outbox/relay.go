@@ -71,6 +71,14 @@ type Producer interface {
 // READ COMMITTED), so business inserts never wait for the relay and two relays never
 // publish the same row at the same time.
 //
+// Order per key: a locking scan is not a snapshot. Scanning pending rows directly with
+// SKIP LOCKED skips a row whose transaction is still committing and then picks up rows of
+// transactions that committed a moment later, so a key's later event could overtake an
+// earlier one. The relay therefore first reads the pending ids with a plain (consistent)
+// read, which sees only committed rows, then locks exactly those rows with SKIP LOCKED. A
+// candidate it cannot lock (another relay holds it) holds back every later candidate of the
+// same key until the next poll.
+//
 // Delivery: the producer is idempotent (acks=all), so broker retries add no duplicates. A
 // relay that crashes after Kafka accepted a batch but before the rows were marked publishes
 // that batch again on restart: at least once, with the same event_id header.
@@ -85,8 +93,8 @@ type Relay struct {
 }
 
 type relayQueries struct {
-	pending, oldestPending string
-	markPrefix             string
+	pending, claimPrefix, claimSuffix string
+	oldestPending, markPrefix         string
 }
 
 // NewRelay builds a Relay.
@@ -103,8 +111,10 @@ func NewRelay(db *sql.DB, producer Producer, cfg RelayConfig, logger watermill.L
 	}
 	t := cfg.Table
 	return &Relay{db: db, producer: producer, cfg: cfg, logger: logger, q: relayQueries{
-		pending: fmt.Sprintf(`SELECT id, event_id, event_type, topic, msg_key, payload, headers FROM %s
- WHERE published_at IS NULL ORDER BY id LIMIT %d FOR UPDATE SKIP LOCKED`, t, cfg.BatchSize),
+		pending: fmt.Sprintf(`SELECT id, msg_key FROM %s WHERE published_at IS NULL ORDER BY id LIMIT %d`, t, cfg.BatchSize),
+		claimPrefix: fmt.Sprintf(`SELECT id, event_id, event_type, topic, msg_key, payload, headers FROM %s
+ WHERE published_at IS NULL AND id IN (`, t),
+		claimSuffix:   `) ORDER BY id FOR UPDATE SKIP LOCKED`,
 		oldestPending: fmt.Sprintf(`SELECT MIN(created_at) FROM %s WHERE published_at IS NULL`, t),
 		markPrefix:    fmt.Sprintf(`UPDATE %s SET published_at = NOW(6) WHERE id IN (`, t),
 	}}, nil
@@ -164,16 +174,43 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	return n, nil
 }
 
+// claim returns the next batch in id order. See the Relay comment for why the pending ids
+// are read first and locked second.
 func (r *Relay) claim(ctx context.Context, tx *sql.Tx) ([]*sarama.ProducerMessage, []int64, error) {
-	rows, err := tx.QueryContext(ctx, r.q.pending)
+	type candidate struct {
+		id  int64
+		key string
+	}
+	var cands []candidate
+	err := func() error {
+		rows, err := tx.QueryContext(ctx, r.q.pending)
+		if err != nil {
+			return fmt.Errorf("select pending outbox rows: %w", err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var c candidate
+			if err := rows.Scan(&c.id, &c.key); err != nil {
+				return fmt.Errorf("scan pending outbox row: %w", err)
+			}
+			cands = append(cands, c)
+		}
+		return rows.Err()
+	}()
+	if err != nil || len(cands) == 0 {
+		return nil, nil, err
+	}
+	ids := make([]int64, len(cands))
+	for i, c := range cands {
+		ids[i] = c.id
+	}
+	query, args := inList(r.q.claimPrefix, ids, r.q.claimSuffix)
+	rows, err := tx.QueryContext(ctx, query, args...)
 	if err != nil {
-		return nil, nil, fmt.Errorf("select pending outbox rows: %w", err)
+		return nil, nil, fmt.Errorf("lock pending outbox rows: %w", err)
 	}
 	defer rows.Close()
-	var (
-		msgs []*sarama.ProducerMessage
-		ids  []int64
-	)
+	locked := make(map[int64]*sarama.ProducerMessage, len(cands))
 	for rows.Next() {
 		var (
 			id                       int64
@@ -202,18 +239,44 @@ func (r *Relay) claim(ctx context.Context, tx *sql.Tx) ([]*sarama.ProducerMessag
 				m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(k), Value: []byte(v)})
 			}
 		}
-		msgs = append(msgs, m)
-		ids = append(ids, id)
+		locked[id] = m
 	}
 	if err := rows.Err(); err != nil {
 		return nil, nil, fmt.Errorf("read outbox rows: %w", err)
 	}
-	return msgs, ids, nil
+	var (
+		msgs    []*sarama.ProducerMessage
+		claimed []int64
+		held    map[string]bool // keys with an earlier candidate this relay could not lock
+	)
+	for _, c := range cands {
+		m, ok := locked[c.id]
+		switch {
+		case !ok:
+			if held == nil {
+				held = map[string]bool{}
+			}
+			held[c.key] = true
+		case !held[c.key]:
+			msgs = append(msgs, m)
+			claimed = append(claimed, c.id)
+		}
+	}
+	return msgs, claimed, nil
 }
 
 func (r *Relay) mark(ctx context.Context, tx *sql.Tx, ids []int64) error {
+	query, args := inList(r.q.markPrefix, ids, ")")
+	if _, err := tx.ExecContext(ctx, query, args...); err != nil {
+		return fmt.Errorf("mark %d outbox rows published: %w", len(ids), err)
+	}
+	return nil
+}
+
+// inList returns prefix + "?,?,...?" + suffix and the ids as arguments.
+func inList(prefix string, ids []int64, suffix string) (string, []any) {
 	var b strings.Builder
-	b.WriteString(r.q.markPrefix)
+	b.WriteString(prefix)
 	args := make([]any, len(ids))
 	for i, id := range ids {
 		if i > 0 {
@@ -222,11 +285,8 @@ func (r *Relay) mark(ctx context.Context, tx *sql.Tx, ids []int64) error {
 		b.WriteByte('?')
 		args[i] = id
 	}
-	b.WriteByte(')')
-	if _, err := tx.ExecContext(ctx, b.String(), args...); err != nil {
-		return fmt.Errorf("mark %d outbox rows published: %w", len(ids), err)
-	}
-	return nil
+	b.WriteString(suffix)
+	return b.String(), args
 }
 
 // OldestPendingAge returns the age of the oldest unpublished row (0 when none).

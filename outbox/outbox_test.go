@@ -1,0 +1,217 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/pkg/dbx"
+	"github.com/onceflow/onceflow/pkg/testenv"
+)
+
+func validEvent() outbox.Event {
+	return outbox.Event{ID: "0b9f3c4e-7d1a-4c2b-9e8f-1a2b3c4d5e6f", Type: "CouponGranted",
+		Topic: "coupon.granted", Key: "order-1", Payload: []byte(`{"x":1}`)}
+}
+
+func TestEventValidate(t *testing.T) {
+	cases := []struct {
+		name   string
+		mutate func(*outbox.Event)
+		ok     bool
+	}{
+		{"valid", func(*outbox.Event) {}, true},
+		{"id 36 bytes", func(e *outbox.Event) { e.ID = strings.Repeat("a", 36) }, true},
+		{"empty id", func(e *outbox.Event) { e.ID = "" }, false},
+		{"id 37 bytes", func(e *outbox.Event) { e.ID = strings.Repeat("a", 37) }, false},
+		{"empty type", func(e *outbox.Event) { e.Type = "" }, false},
+		{"type 64 bytes", func(e *outbox.Event) { e.Type = strings.Repeat("t", 64) }, true},
+		{"type 65 bytes", func(e *outbox.Event) { e.Type = strings.Repeat("t", 65) }, false},
+		{"empty key", func(e *outbox.Event) { e.Key = "" }, false},
+		{"key 191 bytes", func(e *outbox.Event) { e.Key = strings.Repeat("k", 191) }, true},
+		{"key 192 bytes", func(e *outbox.Event) { e.Key = strings.Repeat("k", 192) }, false},
+		{"topic with dots, dashes, underscores", func(e *outbox.Event) { e.Topic = "a.b-c_D9" }, true},
+		{"topic 249 bytes", func(e *outbox.Event) { e.Topic = strings.Repeat("t", 249) }, true},
+		{"empty topic", func(e *outbox.Event) { e.Topic = "" }, false},
+		{"topic .", func(e *outbox.Event) { e.Topic = "." }, false},
+		{"topic ..", func(e *outbox.Event) { e.Topic = ".." }, false},
+		{"topic with space", func(e *outbox.Event) { e.Topic = "coupon granted" }, false},
+		{"topic with slash", func(e *outbox.Event) { e.Topic = "coupon/granted" }, false},
+		{"topic with non-ascii", func(e *outbox.Event) { e.Topic = "coupón" }, false},
+		{"topic 250 bytes", func(e *outbox.Event) { e.Topic = strings.Repeat("t", 250) }, false},
+		{"extra headers", func(e *outbox.Event) { e.Headers = map[string]string{"trace_id": "abc"} }, true},
+		{"header shadows event_id", func(e *outbox.Event) { e.Headers = map[string]string{outbox.HeaderEventID: "forged"} }, false},
+		{"header shadows event_type", func(e *outbox.Event) { e.Headers = map[string]string{outbox.HeaderEventType: "Forged"} }, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := validEvent()
+			c.mutate(&e)
+			err := e.Validate()
+			if c.ok && err != nil {
+				t.Fatalf("Validate() = %v, want nil", err)
+			}
+			if !c.ok && err == nil {
+				t.Fatalf("Validate() = nil, want an error for %+v", e)
+			}
+		})
+	}
+}
+
+func TestNewWriterTable(t *testing.T) {
+	for _, table := range []string{"", "outbox", "outbox_v2", "_x"} {
+		if _, err := outbox.NewWriter(table); err != nil {
+			t.Errorf("NewWriter(%q) = %v, want nil", table, err)
+		}
+	}
+	for _, table := range []string{"outbox; DROP TABLE inbox", "outbox; DROP", "out box", "db.outbox", "`outbox`", "1outbox", strings.Repeat("a", 65)} {
+		if _, err := outbox.NewWriter(table); err == nil {
+			t.Errorf("NewWriter(%q) = nil error, want a rejection", table)
+		}
+	}
+}
+
+func TestNewRelayConfig(t *testing.T) {
+	// sql.Open does not connect; the relay only needs a non-nil pool here.
+	db, err := sql.Open("mysql", "u:p@tcp(127.0.0.1:1)/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	p := &fakeProducer{}
+	cases := []struct {
+		name string
+		cfg  outbox.RelayConfig
+		ok   bool
+	}{
+		{"defaults", outbox.RelayConfig{}, true},
+		{"batch size 0 means default", outbox.RelayConfig{BatchSize: 0}, true},
+		{"batch size 1", outbox.RelayConfig{BatchSize: 1}, true},
+		{"batch size 10000", outbox.RelayConfig{BatchSize: 10000}, true},
+		{"batch size -1", outbox.RelayConfig{BatchSize: -1}, false},
+		{"batch size 10001", outbox.RelayConfig{BatchSize: 10001}, false},
+		{"batch size 20000", outbox.RelayConfig{BatchSize: 20000}, false},
+		{"table injection", outbox.RelayConfig{Table: "outbox; DROP"}, false},
+		{"table with space", outbox.RelayConfig{Table: "out box"}, false},
+		{"negative poll interval", outbox.RelayConfig{PollInterval: -time.Millisecond}, false},
+		{"negative retry backoff", outbox.RelayConfig{RetryBackoff: -time.Second}, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r, err := outbox.NewRelay(db, p, c.cfg, nil)
+			if c.ok && (err != nil || r == nil) {
+				t.Fatalf("NewRelay(%+v) = %v, %v; want a relay", c.cfg, r, err)
+			}
+			if !c.ok && err == nil {
+				t.Fatalf("NewRelay(%+v) accepted an invalid config", c.cfg)
+			}
+		})
+	}
+	if _, err := outbox.NewRelay(nil, p, outbox.RelayConfig{}, nil); err == nil {
+		t.Error("NewRelay without db: want an error")
+	}
+	if _, err := outbox.NewRelay(db, nil, outbox.RelayConfig{}, nil); err == nil {
+		t.Error("NewRelay without producer: want an error")
+	}
+}
+
+func TestWriterAddValidates(t *testing.T) {
+	// Validation runs before the transaction is touched, so a nil tx is never used.
+	e := validEvent()
+	e.ID = ""
+	if err := newWriter(t).Add(context.Background(), nil, e); err == nil {
+		t.Fatal("Add of an invalid event: want an error")
+	}
+}
+
+func TestWriterAddDuplicateEvent(t *testing.T) {
+	d := testenv.DB(t, 4)
+	ctx := context.Background()
+	w := newWriter(t)
+	e := validEvent()
+	addCommitted(t, ctx, d.DB, w, e)
+
+	// Same id in a later transaction, even with a different body.
+	e2 := e
+	e2.Key, e2.Payload = "order-2", []byte("other")
+	err := dbx.InTx(ctx, d.DB, func(tx *sql.Tx) error { return w.Add(ctx, tx, e2) })
+	if !errors.Is(err, outbox.ErrDuplicateEvent) {
+		t.Fatalf("second Add of %s: %v, want ErrDuplicateEvent", e.ID, err)
+	}
+	// Same id twice in one transaction.
+	e3 := validEvent()
+	e3.ID = "dup-in-one-tx"
+	err = dbx.InTx(ctx, d.DB, func(tx *sql.Tx) error {
+		if err := w.Add(ctx, tx, e3); err != nil {
+			return err
+		}
+		return w.Add(ctx, tx, e3)
+	})
+	if !errors.Is(err, outbox.ErrDuplicateEvent) {
+		t.Fatalf("Add twice in one tx: %v, want ErrDuplicateEvent", err)
+	}
+	if n := countRows(t, d.DB, "1=1"); n != 1 {
+		t.Fatalf("outbox holds %d rows, want 1 (the first event only)", n)
+	}
+}
+
+func TestWriterAddRollsBackWithCaller(t *testing.T) {
+	d := testenv.DB(t, 4)
+	ctx := context.Background()
+	w := newWriter(t)
+	boom := errors.New("business change failed")
+	err := dbx.InTx(ctx, d.DB, func(tx *sql.Tx) error {
+		if err := w.Add(ctx, tx, validEvent()); err != nil {
+			return err
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("InTx: %v", err)
+	}
+	if n := countRows(t, d.DB, "1=1"); n != 0 {
+		t.Fatalf("outbox holds %d rows after rollback, want 0", n)
+	}
+}
+
+func TestWriterAddStoresFields(t *testing.T) {
+	d := testenv.DB(t, 4)
+	ctx := context.Background()
+	w := newWriter(t)
+	withHeaders := validEvent()
+	withHeaders.Headers = map[string]string{"trace_id": "t-1", "tenant": "acme"}
+	empty := validEvent()
+	empty.ID, empty.Payload = "empty-payload", nil
+	addCommitted(t, ctx, d.DB, w, withHeaders, empty)
+
+	var (
+		typ, topic, key string
+		payload         []byte
+		headers         sql.NullString
+		published       sql.NullTime
+	)
+	err := d.DB.QueryRow("SELECT event_type, topic, msg_key, payload, headers, published_at FROM outbox WHERE event_id = ?", withHeaders.ID).
+		Scan(&typ, &topic, &key, &payload, &headers, &published)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if typ != withHeaders.Type || topic != withHeaders.Topic || key != withHeaders.Key || string(payload) != string(withHeaders.Payload) {
+		t.Fatalf("stored row %q %q %q %q differs from %+v", typ, topic, key, payload, withHeaders)
+	}
+	if !headers.Valid || !strings.Contains(headers.String, `"trace_id":"t-1"`) {
+		t.Fatalf("stored headers %+v", headers)
+	}
+	if published.Valid {
+		t.Fatal("a new row must be unpublished")
+	}
+	if err := d.DB.QueryRow("SELECT headers FROM outbox WHERE event_id = ?", empty.ID).Scan(&headers); err != nil {
+		t.Fatal(err)
+	}
+	if headers.Valid {
+		t.Fatalf("an event without extra headers stores NULL headers, got %q", headers.String)
+	}
+}
