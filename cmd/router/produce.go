@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill"
+	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/spf13/cobra"
 
 	"github.com/onceflow/onceflow/coupon"
@@ -149,9 +149,9 @@ func (a *app) produce(o produceOpts) error {
 func poisonPayloads(prefix string) [][]byte {
 	return [][]byte{
 		[]byte(`{"orderId": "` + prefix + `-bad", "userId": `), // truncated JSON
-		[]byte(`{"userId": "u1", "amountCents": 100}`),          // missing orderId
+		[]byte(`{"userId": "u1", "amountCents": 100}`),         // missing orderId
 		[]byte(`{"orderId": "` + prefix + `-nouser"}`),         // missing userId
-		[]byte(`{"orderId": 42, "userId": "u1"}`),               // wrong type
+		[]byte(`{"orderId": 42, "userId": "u1"}`),              // wrong type
 		[]byte(`not json at all`),
 	}
 }

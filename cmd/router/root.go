@@ -75,7 +75,6 @@ func isCobraUsage(err error) bool {
 	return false
 }
 
-
 func newLogger(c LogConfig) watermill.LoggerAdapter {
 	var lvl slog.Level
 	_ = lvl.UnmarshalText([]byte(c.Level))

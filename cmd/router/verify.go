@@ -45,7 +45,7 @@ func (a *app) verifyCmd() *cobra.Command {
 // orderFacts is what the database says about the ledger's orders.
 type orderFacts struct {
 	terminal, granted, quarantined, coupons, dupCoupons, duplicates, lost int
-	lostIDs                                                            []string
+	lostIDs                                                               []string
 }
 
 func (a *app) verify(ctx context.Context, o verifyOpts) error {

@@ -7,9 +7,9 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
-	"net"
 	"errors"
 	"fmt"
+	"net"
 	"regexp"
 	"time"
 
