@@ -1,0 +1,625 @@
+// Command bench measures onceflow on the real MariaDB and Kafka started by
+// scripts/infra.sh, and prints one machine-readable BENCH line per measurement (plus a CSV
+// under bench/results/). Speed is measured here, never asserted in a test.
+//
+//	go run ./cmd/bench [-orders 20000] [-workers 16]
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/csv"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/coupon"
+	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/migrations"
+	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/pkg/dbx"
+	"github.com/onceflow/onceflow/pkg/kafkax"
+)
+
+type result struct {
+	name   string
+	fields [][2]string
+}
+
+var results []result
+
+func report(name string, kv ...any) {
+	r := result{name: name}
+	line := "BENCH name=" + name
+	for i := 0; i+1 < len(kv); i += 2 {
+		v := fmt.Sprint(kv[i+1])
+		if f, ok := kv[i+1].(float64); ok {
+			v = strconv.FormatFloat(f, 'f', 1, 64)
+		}
+		r.fields = append(r.fields, [2]string{fmt.Sprint(kv[i]), v})
+		line += fmt.Sprintf(" %s=%s", kv[i], v)
+	}
+	results = append(results, r)
+	fmt.Println(line)
+}
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+var (
+	orders   = flag.Int("orders", 5000, "orders per database measurement")
+	workers  = flag.Int("workers", 16, "concurrent workers (database measurements)")
+	e2eN     = flag.Int("e2e-orders", 5000, "orders for the end-to-end throughput run")
+	relayN   = flag.Int("relay-events", 50000, "outbox rows for the relay measurement")
+	loads    = flag.String("loads", "100,200,400", "offered loads (orders/s) for the latency runs")
+	loadSecs = flag.Int("load-seconds", 8, "seconds per latency run")
+	adminDSN = flag.String("admin-dsn", "onceflow_admin:onceflow_admin@tcp(127.0.0.1:3306)/onceflow_bench", "privileged DSN of the bench database")
+	appDSN   = flag.String("dsn", "onceflow:onceflow@tcp(127.0.0.1:3306)/onceflow_bench", "application DSN of the bench database")
+	brokers  = flag.String("brokers", "127.0.0.1:9092", "Kafka brokers")
+	outDir   = flag.String("out", "bench/results", "where the CSV goes")
+)
+
+func run() error {
+	flag.Parse()
+	ctx := context.Background()
+	kc := kafkax.Config{Brokers: []string{*brokers}, ClientID: "onceflow-bench"}
+	kc.SetDefaults()
+	fmt.Printf("bench: %d workers, GOMAXPROCS=%d; MariaDB and Kafka share this machine\n", *workers, runtimeProcs())
+
+	db, err := freshDB(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+
+	if err := benchUnsafe(ctx, db); err != nil {
+		return fmt.Errorf("unsafe: %w", err)
+	}
+	if err := benchInbox(ctx, db); err != nil {
+		return fmt.Errorf("inbox: %w", err)
+	}
+	if err := benchNaive(ctx, db); err != nil {
+		return fmt.Errorf("naive: %w", err)
+	}
+	if err := benchRelay(ctx, db, kc); err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
+	if err := benchE2E(ctx, db, kc); err != nil {
+		return fmt.Errorf("e2e: %w", err)
+	}
+	return writeCSV()
+}
+
+func runtimeProcs() int { return runtime.GOMAXPROCS(0) }
+
+func freshDB(ctx context.Context) (*sql.DB, error) {
+	if err := dbx.CreateDatabase(ctx, *adminDSN); err != nil {
+		return nil, err
+	}
+	admin, err := dbx.Open(ctx, dbx.Config{DSN: *adminDSN, MaxOpenConns: 2})
+	if err != nil {
+		return nil, err
+	}
+	defer admin.Close()
+	_ = migrations.Reset(ctx, admin)
+	if err := migrations.Up(ctx, admin); err != nil {
+		return nil, err
+	}
+	return dbx.Open(ctx, dbx.Config{DSN: *appDSN, MaxOpenConns: *workers + 8})
+}
+
+func truncate(ctx context.Context, db *sql.DB) error {
+	for _, t := range []string{"inbox", "coupon_grant", "coupon_grant_log", "user_coupon", "outbox", "coupon_stock", "coupon_budget"} {
+		if _, err := db.ExecContext(ctx, "DELETE FROM "+t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func granter(ctx context.Context, db *sql.DB, topic string) (*coupon.Granter, coupon.Config, error) {
+	cfg := coupon.DefaultConfig()
+	if topic != "" {
+		cfg.GrantedTopic = topic
+	}
+	if err := coupon.EnsureCampaign(ctx, db, cfg); err != nil {
+		return nil, cfg, err
+	}
+	g, err := coupon.NewGranter(cfg, nil, nil)
+	return g, cfg, err
+}
+
+func order(prefix string, i int) coupon.OrderPaid {
+	return coupon.OrderPaid{OrderID: fmt.Sprintf("%s-%07d", prefix, i), UserID: fmt.Sprintf("u%d", i%100000), AmountCents: 1999,
+		PaidAt: time.Date(2026, 11, 11, 0, 0, 0, 0, time.UTC).Add(time.Duration(i) * time.Millisecond)}
+}
+
+// parallel runs fn for 0..n-1 on the workers and returns the elapsed time.
+func parallel(n int, fn func(i int) error) (time.Duration, error) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var firstErr atomic.Value
+	start := time.Now()
+	for range *workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n || firstErr.Load() != nil {
+					return
+				}
+				if err := fn(i); err != nil {
+					firstErr.Store(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if e := firstErr.Load(); e != nil {
+		return 0, e.(error)
+	}
+	return time.Since(start), nil
+}
+
+// benchUnsafe: the same handler steps without the inbox (the overhead baseline). Each
+// delivery, duplicates included, runs the steps; the state machine keeps it correct, but
+// nothing records the delivery.
+func benchUnsafe(ctx context.Context, db *sql.DB) error {
+	if err := truncate(ctx, db); err != nil {
+		return err
+	}
+	g, _, err := granter(ctx, db, "")
+	if err != nil {
+		return err
+	}
+	el, err := parallel(*orders, func(i int) error {
+		o := order("unsafe", i)
+		for {
+			var prog inbox.Progress
+			err := dbx.InTx(ctx, db, func(tx *sql.Tx) error {
+				var err error
+				prog, err = g.Step(ctx, tx, o)
+				return err
+			})
+			if err != nil {
+				if dbx.IsLockConflict(err) {
+					continue
+				}
+				return err
+			}
+			if prog == inbox.Done {
+				return nil
+			}
+		}
+	})
+	if err != nil {
+		return err
+	}
+	report("unsafe", "orders_per_s", float64(*orders)/el.Seconds(), "orders", *orders, "seconds", el.Seconds())
+	unsafeRate = float64(*orders) / el.Seconds()
+	return nil
+}
+
+var unsafeRate float64
+
+// benchInbox: every order through the inbox, plus 30 % duplicate deliveries.
+func benchInbox(ctx context.Context, db *sql.DB) error {
+	if err := truncate(ctx, db); err != nil {
+		return err
+	}
+	g, _, err := granter(ctx, db, "")
+	if err != nil {
+		return err
+	}
+	ib, err := inbox.New(db, g, inbox.Config{BizType: coupon.BizType}, nil, nil)
+	if err != nil {
+		return err
+	}
+	el, err := parallel(*orders, func(i int) error {
+		o := order("inbox", i)
+		_, err := ib.Process(ctx, message.NewMessage(watermill.NewUUID(), o.Encode()), inbox.Source{Topic: "bench"}, inbox.ProcessOptions{})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	rate := float64(*orders) / el.Seconds()
+	dups := *orders * 3 / 10
+	del, err := parallel(dups, func(i int) error {
+		o := order("inbox", i*3)
+		_, err := ib.Process(ctx, message.NewMessage(watermill.NewUUID(), o.Encode()), inbox.Source{Topic: "bench"}, inbox.ProcessOptions{})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	overhead := 0.0
+	if unsafeRate > 0 {
+		overhead = (unsafeRate - rate) / unsafeRate * 100
+	}
+	report("inbox", "orders_per_s", rate, "overhead_pct_vs_unsafe", overhead, "duplicates_per_s", float64(dups)/del.Seconds())
+	return nil
+}
+
+// benchNaive: SELECT-then-INSERT under duplicate deliveries (each order delivered twice at once).
+func benchNaive(ctx context.Context, db *sql.DB) error {
+	n := *orders
+	start := time.Now()
+	var dups atomic.Int64
+	seen := sync.Map{}
+	_, err := parallel(n*2, func(i int) error {
+		id := fmt.Sprintf("naive-%07d", i/2)
+		var c int
+		if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM user_coupon WHERE order_id = ? AND campaign_id = 'naive'", id).Scan(&c); err != nil {
+			return err
+		}
+		if c > 0 {
+			return nil
+		}
+		// The naive table has no unique key in the incident; here the unique key catches
+		// what the SELECT let through, and we count it as the duplicate it would have been.
+		_, err := db.ExecContext(ctx, "INSERT INTO user_coupon (coupon_id, order_id, campaign_id, user_id, value_cents) VALUES (?, ?, 'naive', 'u', 500)",
+			watermill.NewUUID(), id)
+		if dbx.IsDuplicate(err) {
+			dups.Add(1)
+			return nil
+		}
+		if err == nil {
+			if _, loaded := seen.LoadOrStore(id, true); loaded {
+				dups.Add(1)
+			}
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	el := time.Since(start)
+	report("naive", "orders_per_s", float64(n)/el.Seconds(), "duplicates", dups.Load(), "deliveries", n*2)
+	return nil
+}
+
+// benchRelay: outbox rows already committed → relay to a fresh topic.
+func benchRelay(ctx context.Context, db *sql.DB, kc kafkax.Config) error {
+	if err := truncate(ctx, db); err != nil {
+		return err
+	}
+	topic, cleanup, err := makeTopic(kc, "bench-relay", 12)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	w, _ := outbox.NewWriter("outbox")
+	payload := []byte(`{"eventId":"x","orderId":"o","userId":"u","campaignId":"c","couponId":"k","valueCents":500}`)
+	for start := 0; start < *relayN; start += 1000 {
+		err := dbx.InTx(ctx, db, func(tx *sql.Tx) error {
+			for i := start; i < min(start+1000, *relayN); i++ {
+				if err := w.Add(ctx, tx, outbox.Event{ID: watermill.NewUUID(), Type: "Bench", Topic: topic, Key: fmt.Sprintf("k%d", i%5000), Payload: payload}); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	producer, err := kc.NewSyncProducer()
+	if err != nil {
+		return err
+	}
+	defer producer.Close()
+	relay, err := outbox.NewRelay(db, producer, outbox.RelayConfig{BatchSize: 1000}, nil)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	total := 0
+	for total < *relayN {
+		n, err := relay.RelayOnce(ctx)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			break
+		}
+		total += n
+	}
+	el := time.Since(start)
+	report("relay", "events_per_s", float64(total)/el.Seconds(), "events", total, "mode", "at_least_once")
+	return nil
+}
+
+func makeTopic(kc kafkax.Config, prefix string, parts int32) (string, func(), error) {
+	sc := sarama.NewConfig()
+	sc.Version = kafkax.Version
+	admin, err := sarama.NewClusterAdmin(kc.Brokers, sc)
+	if err != nil {
+		return "", nil, kafkax.Unreachable(kc.Brokers, err)
+	}
+	name := fmt.Sprintf("%s-%d", prefix, time.Now().UnixNano())
+	if err := admin.CreateTopic(name, &sarama.TopicDetail{NumPartitions: parts, ReplicationFactor: 1}, false); err != nil {
+		admin.Close()
+		return "", nil, err
+	}
+	for i := 0; i < 100; i++ {
+		if p, err := kc.CheckTopics(name); err == nil && p[name] == int(parts) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return name, func() { _ = admin.DeleteTopic(name); admin.Close() }, nil
+}
+
+// benchE2E: order-paid in → coupon-granted visible to a read_committed consumer, through
+// the Watermill router, the inbox and the relay, all in this process.
+func benchE2E(ctx context.Context, db *sql.DB, kc kafkax.Config) error {
+	if err := truncate(ctx, db); err != nil {
+		return err
+	}
+	in, cleanIn, err := makeTopic(kc, "bench-order-paid", 12)
+	if err != nil {
+		return err
+	}
+	defer cleanIn()
+	out, cleanOut, err := makeTopic(kc, "bench-granted", 12)
+	if err != nil {
+		return err
+	}
+	defer cleanOut()
+	g, _, err := granter(ctx, db, out)
+	if err != nil {
+		return err
+	}
+	ib, err := inbox.New(db, g, inbox.Config{BizType: coupon.BizType}, nil, nil)
+	if err != nil {
+		return err
+	}
+	producer, err := kc.NewSyncProducer()
+	if err != nil {
+		return err
+	}
+	defer producer.Close()
+
+	// Throughput: pre-load the topic, then start the router and time the drain.
+	n := *e2eN
+	if err := produceOrders(producer, in, "e2e", 0, n, 0); err != nil {
+		return err
+	}
+	stop, err := startPipeline(ctx, db, kc, in, ib)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	if err := waitGranted(ctx, db, n, 5*time.Minute); err != nil {
+		stop()
+		return err
+	}
+	el := time.Since(start)
+	report("e2e", "orders_per_s", float64(n)/el.Seconds(), "orders", n, "offered", "preloaded")
+
+	// Latency at offered loads: Kafka timestamp of the order → of its CouponGranted event.
+	base := n
+	for _, rate := range splitInts(*loads) {
+		count := rate * *loadSecs
+		t0 := time.Now()
+		if err := produceOrders(producer, in, "lat", base, count, float64(rate)); err != nil {
+			stop()
+			return err
+		}
+		if err := waitGranted(ctx, db, base+count, 5*time.Minute); err != nil {
+			stop()
+			return err
+		}
+		achieved := float64(count) / time.Since(t0).Seconds()
+		p50, p99, err := latencies(ctx, kc, in, out, "lat", base, base+count)
+		if err != nil {
+			stop()
+			return err
+		}
+		report("e2e", "offered_per_s", rate, "orders_per_s", achieved, "p50_ms", p50, "p99_ms", p99)
+		base += count
+	}
+	stop()
+	return nil
+}
+
+func splitInts(s string) []int {
+	var out []int
+	cur := 0
+	has := false
+	for _, c := range s + "," {
+		if c >= '0' && c <= '9' {
+			cur = cur*10 + int(c-'0')
+			has = true
+		} else if has {
+			out = append(out, cur)
+			cur, has = 0, false
+		}
+	}
+	return out
+}
+
+func produceOrders(p sarama.SyncProducer, topic, prefix string, from, n int, rate float64) error {
+	start := time.Now()
+	var batch []*sarama.ProducerMessage
+	for i := from; i < from+n; i++ {
+		o := order(prefix, i)
+		batch = append(batch, &sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(o.OrderID), Value: sarama.ByteEncoder(o.Encode()),
+			Headers: []sarama.RecordHeader{{Key: []byte(wkafka.UUIDHeaderKey), Value: []byte(watermill.NewUUID())}}})
+		flushNow := len(batch) >= 500
+		if rate > 0 {
+			due := start.Add(time.Duration(float64(i-from+1) / rate * float64(time.Second)))
+			if time.Until(due) > 0 {
+				if err := p.SendMessages(batch); err != nil {
+					return err
+				}
+				batch = batch[:0]
+				time.Sleep(time.Until(due))
+				continue
+			}
+		}
+		if flushNow {
+			if err := p.SendMessages(batch); err != nil {
+				return err
+			}
+			batch = batch[:0]
+		}
+	}
+	if len(batch) > 0 {
+		return p.SendMessages(batch)
+	}
+	return nil
+}
+
+func startPipeline(ctx context.Context, db *sql.DB, kc kafkax.Config, topic string, ib *inbox.Inbox) (func(), error) {
+	sub, err := kc.NewSubscriber("bench-"+topic, watermill.NopLogger{})
+	if err != nil {
+		return nil, err
+	}
+	r, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	if err != nil {
+		return nil, err
+	}
+	r.AddConsumerHandler("bench", topic, sub, ib.HandlerFunc(topic))
+	rp, err := kc.NewSyncProducer()
+	if err != nil {
+		return nil, err
+	}
+	relay, err := outbox.NewRelay(db, rp, outbox.RelayConfig{BatchSize: 500, PollInterval: 5 * time.Millisecond}, nil)
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); _ = r.Run(cctx) }()
+	go func() { defer wg.Done(); _ = relay.Run(cctx) }()
+	<-r.Running()
+	return func() { cancel(); wg.Wait(); rp.Close() }, nil
+}
+
+func waitGranted(ctx context.Context, db *sql.DB, want int, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		var granted, pending int
+		if err := db.QueryRowContext(ctx, "SELECT (SELECT COUNT(*) FROM coupon_grant WHERE state = 'GRANTED'), (SELECT COUNT(*) FROM outbox WHERE published_at IS NULL)").Scan(&granted, &pending); err != nil {
+			return err
+		}
+		if granted >= want && pending == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out: granted %d of %d, %d unpublished", granted, want, pending)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func latencies(ctx context.Context, kc kafkax.Config, in, out, prefix string, from, to int) (p50, p99 float64, err error) {
+	ins, err := readTimestamps(kc, in)
+	if err != nil {
+		return 0, 0, err
+	}
+	outs, err := readTimestamps(kc, out)
+	if err != nil {
+		return 0, 0, err
+	}
+	var ds []float64
+	for i := from; i < to; i++ {
+		id := order(prefix, i).OrderID
+		a, ok1 := ins[id]
+		b, ok2 := outs[id]
+		if ok1 && ok2 {
+			ds = append(ds, float64(b.Sub(a).Microseconds())/1000)
+		}
+	}
+	if len(ds) == 0 {
+		return 0, 0, fmt.Errorf("no latencies measured")
+	}
+	sort.Float64s(ds)
+	return ds[len(ds)/2], ds[min(len(ds)-1, len(ds)*99/100)], nil
+}
+
+func readTimestamps(kc kafkax.Config, topic string) (map[string]time.Time, error) {
+	sc := sarama.NewConfig()
+	sc.Version = kafkax.Version
+	sc.Consumer.IsolationLevel = sarama.ReadCommitted
+	client, err := sarama.NewClient(kc.Brokers, sc)
+	if err != nil {
+		return nil, err
+	}
+	defer client.Close()
+	consumer, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		return nil, err
+	}
+	defer consumer.Close()
+	parts, err := client.Partitions(topic)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]time.Time{}
+	for _, p := range parts {
+		hwm, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil || hwm == 0 {
+			continue
+		}
+		pc, err := consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
+		if err != nil {
+			return nil, err
+		}
+		for m := range pc.Messages() {
+			if _, seen := out[string(m.Key)]; !seen {
+				out[string(m.Key)] = m.Timestamp
+			}
+			if m.Offset+1 >= hwm {
+				break
+			}
+		}
+		pc.Close()
+	}
+	return out, nil
+}
+
+func writeCSV() error {
+	if err := os.MkdirAll(*outDir, 0o755); err != nil {
+		return err
+	}
+	path := filepath.Join(*outDir, "bench-"+time.Now().UTC().Format("20060102-150405")+".csv")
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	w := csv.NewWriter(f)
+	_ = w.Write([]string{"name", "key", "value"})
+	for _, r := range results {
+		for _, kv := range r.fields {
+			_ = w.Write([]string{r.name, kv[0], kv[1]})
+		}
+	}
+	w.Flush()
+	if err := f.Close(); err != nil {
+		return err
+	}
+	fmt.Printf("bench: results written to %s\n", path)
+	return w.Error()
+}
