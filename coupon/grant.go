@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -20,6 +21,9 @@ type Config struct {
 	ValueCents  int64  `mapstructure:"value_cents"`
 	StockTotal  int64  `mapstructure:"stock_total"`  // used when the campaign is first created
 	BudgetCents int64  `mapstructure:"budget_cents"` // used when the campaign is first created
+	// Shards splits stock and budget over this many counter rows when the campaign is first
+	// created, so concurrent grants do not queue on one row lock. Default 16.
+	Shards int `mapstructure:"shards"`
 
 	GrantedTopic string `mapstructure:"granted_topic"`
 	FailedTopic  string `mapstructure:"failed_topic"`
@@ -41,6 +45,7 @@ func DefaultConfig() Config {
 		BudgetCents:  500 * 100_000_000,
 		GrantedTopic: "coupon-granted",
 		FailedTopic:  "coupon-grant-failed",
+		Shards:       16,
 		Seed:         1,
 	}
 }
@@ -52,6 +57,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("coupon: campaign_id %q must be 1..64 bytes", c.CampaignID)
 	case c.ValueCents <= 0:
 		return fmt.Errorf("coupon: value_cents %d must be positive", c.ValueCents)
+	case c.Shards < 1 || c.Shards > 1024:
+		return fmt.Errorf("coupon: shards %d outside 1..1024", c.Shards)
 	case c.StockTotal < 0 || c.BudgetCents < 0:
 		return errors.New("coupon: stock_total and budget_cents must not be negative")
 	case c.StepFailureRate < 0 || c.StepFailureRate >= 1:
@@ -73,6 +80,7 @@ type Granter struct {
 	out    *outbox.Writer
 	logger watermill.LoggerAdapter
 	now    func() time.Time
+	shards atomic.Int64 // the campaign's counter shards, read once from the database
 }
 
 var _ inbox.Handler = (*Granter)(nil)
@@ -127,27 +135,31 @@ func (g *Granter) Step(ctx context.Context, tx *sql.Tx, o OrderPaid) (inbox.Prog
 	if gr.State.Terminal() {
 		return inbox.Done, nil
 	}
+	shards, err := g.campaignShards(ctx, repo, gr.CampaignID)
+	if err != nil {
+		return inbox.Continue, err
+	}
 	step := gr.State.Step()
 	if err := g.svc.Call(ctx, step, gr.OrderID+":"+step); err != nil {
 		return inbox.Continue, err
 	}
 	switch gr.State {
 	case StateInit:
-		ok, err := repo.lockStock(ctx, gr.CampaignID)
+		shard, err := repo.lockStock(ctx, gr, shards)
 		if err != nil {
 			return inbox.Continue, err
 		}
-		if !ok {
+		if shard < 0 {
 			return inbox.Done, g.fail(ctx, tx, repo, gr, StateInit, ErrStockExhausted)
 		}
 		return inbox.Continue, repo.cas(ctx, gr, StateInit, StateLocked, "", "")
 	case StateLocked:
-		ok, err := repo.deductBudget(ctx, gr.CampaignID, gr.ValueCents)
+		shard, err := repo.deductBudget(ctx, gr, shards)
 		if err != nil {
 			return inbox.Continue, err
 		}
-		if !ok {
-			if err := repo.releaseStock(ctx, gr.CampaignID); err != nil {
+		if shard < 0 {
+			if err := repo.releaseStock(ctx, gr); err != nil {
 				return inbox.Continue, err
 			}
 			return inbox.Done, g.fail(ctx, tx, repo, gr, StateLocked, ErrBudgetExhausted)
@@ -158,7 +170,7 @@ func (g *Granter) Step(ctx context.Context, tx *sql.Tx, o OrderPaid) (inbox.Prog
 		if err := repo.insertCoupon(ctx, gr, couponID); err != nil {
 			return inbox.Continue, err
 		}
-		if err := repo.consumeStock(ctx, gr.CampaignID); err != nil {
+		if err := repo.consumeStock(ctx, gr); err != nil {
 			return inbox.Continue, err
 		}
 		if err := repo.cas(ctx, gr, StateBudgetDeducted, StateGranted, couponID, ""); err != nil {
@@ -173,6 +185,18 @@ func (g *Granter) Step(ctx context.Context, tx *sql.Tx, o OrderPaid) (inbox.Prog
 		return inbox.Done, nil
 	}
 	return inbox.Continue, fmt.Errorf("%w: no step from %s", ErrIllegalTransition, gr.State)
+}
+
+func (g *Granter) campaignShards(ctx context.Context, repo mysqlRepo, campaignID string) (int, error) {
+	if n := g.shards.Load(); n > 0 {
+		return int(n), nil
+	}
+	n, err := repo.campaignShards(ctx, campaignID)
+	if err != nil {
+		return 0, err
+	}
+	g.shards.Store(int64(n))
+	return n, nil
 }
 
 // fail ends the grant in FAILED (a permanent business outcome, not an error of the step)

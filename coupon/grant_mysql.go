@@ -4,15 +4,20 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"hash/fnv"
+
+	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
 // grantRow is the adapter-side shape of a coupon_grant row.
 type grantRow struct {
-	OrderID    string
-	CampaignID string
-	UserID     string
-	State      State
-	ValueCents int64
+	OrderID     string
+	CampaignID  string
+	UserID      string
+	State       State
+	ValueCents  int64
+	StockShard  int
+	BudgetShard int
 }
 
 // mysqlRepo holds every SQL statement of the coupon plugin. It works on the transaction the
@@ -27,8 +32,9 @@ func (r mysqlRepo) loadOrCreate(ctx context.Context, o OrderPaid, campaignID str
 	}
 	g := grantRow{OrderID: o.OrderID, CampaignID: campaignID}
 	var st string
-	if err := r.tx.QueryRowContext(ctx, `SELECT user_id, state, value_cents FROM coupon_grant WHERE order_id = ? AND campaign_id = ?`,
-		o.OrderID, campaignID).Scan(&g.UserID, &st, &g.ValueCents); err != nil {
+	var stockShard, budgetShard sql.NullInt64
+	if err := r.tx.QueryRowContext(ctx, `SELECT user_id, state, value_cents, stock_shard, budget_shard FROM coupon_grant WHERE order_id = ? AND campaign_id = ?`,
+		o.OrderID, campaignID).Scan(&g.UserID, &st, &g.ValueCents, &stockShard, &budgetShard); err != nil {
 		return grantRow{}, fmt.Errorf("load grant: %w", err)
 	}
 	s, err := ParseState(st)
@@ -36,6 +42,7 @@ func (r mysqlRepo) loadOrCreate(ctx context.Context, o OrderPaid, campaignID str
 		return grantRow{}, err
 	}
 	g.State = s
+	g.StockShard, g.BudgetShard = int(stockShard.Int64), int(budgetShard.Int64)
 	return g, nil
 }
 
@@ -66,30 +73,69 @@ func (r mysqlRepo) cas(ctx context.Context, g grantRow, from, to State, couponID
 	return nil
 }
 
-// lockStock reserves one coupon of the campaign's stock; false when none is left.
-func (r mysqlRepo) lockStock(ctx context.Context, campaignID string) (bool, error) {
-	return r.affected(ctx, "lock stock", `UPDATE coupon_stock SET locked = locked + 1 WHERE campaign_id = ? AND locked + granted < total`, campaignID)
+// Counters are sharded: a campaign's stock and budget are split over shards rows, and a
+// grant starts at the shard its order id hashes to, moving on only when that shard is
+// exhausted. Exhaustion is therefore campaign-wide: an order fails only when every shard is
+// empty. The shard used is recorded on the grant so a later release or consume touches the
+// same row.
+
+// shardOf is the first shard tried for an order.
+func shardOf(orderID string, shards int) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(orderID))
+	return int(h.Sum32() % uint32(shards))
 }
 
-func (r mysqlRepo) releaseStock(ctx context.Context, campaignID string) error {
-	ok, err := r.affected(ctx, "release stock", `UPDATE coupon_stock SET locked = locked - 1 WHERE campaign_id = ? AND locked > 0`, campaignID)
+// lockStock reserves one coupon of the campaign's stock; -1 when none is left anywhere.
+func (r mysqlRepo) lockStock(ctx context.Context, g grantRow, shards int) (int, error) {
+	return r.takeFromShards(ctx, "lock stock", g, shards,
+		`UPDATE coupon_stock SET locked = locked + 1 WHERE campaign_id = ? AND shard = ? AND locked + granted < total`,
+		func(shard int) []any { return []any{g.CampaignID, shard} },
+		`UPDATE coupon_grant SET stock_shard = ? WHERE order_id = ? AND campaign_id = ?`)
+}
+
+// deductBudget spends the grant's value from the campaign budget; -1 when no shard covers it.
+func (r mysqlRepo) deductBudget(ctx context.Context, g grantRow, shards int) (int, error) {
+	return r.takeFromShards(ctx, "deduct budget", g, shards,
+		`UPDATE coupon_budget SET spent_cents = spent_cents + ? WHERE campaign_id = ? AND shard = ? AND spent_cents + ? <= total_cents`,
+		func(shard int) []any { return []any{g.ValueCents, g.CampaignID, shard, g.ValueCents} },
+		`UPDATE coupon_grant SET budget_shard = ? WHERE order_id = ? AND campaign_id = ?`)
+}
+
+// takeFromShards runs take on the order's shard, then the next ones, until one row
+// changes; record then stores the shard on the grant. It returns -1 when no shard could.
+func (r mysqlRepo) takeFromShards(ctx context.Context, what string, g grantRow, shards int, take string, args func(shard int) []any, record string) (int, error) {
+	first := shardOf(g.OrderID, shards)
+	for i := range shards {
+		shard := (first + i) % shards
+		ok, err := r.affected(ctx, what, take, args(shard)...)
+		if err != nil {
+			return -1, err
+		}
+		if ok {
+			if _, err := r.tx.ExecContext(ctx, record, shard, g.OrderID, g.CampaignID); err != nil {
+				return -1, fmt.Errorf("%s: record shard: %w", what, err)
+			}
+			return shard, nil
+		}
+	}
+	return -1, nil
+}
+
+func (r mysqlRepo) releaseStock(ctx context.Context, g grantRow) error {
+	ok, err := r.affected(ctx, "release stock", `UPDATE coupon_stock SET locked = locked - 1 WHERE campaign_id = ? AND shard = ? AND locked > 0`, g.CampaignID, g.StockShard)
 	if err == nil && !ok {
-		err = fmt.Errorf("release stock of %s: nothing locked", campaignID)
+		err = fmt.Errorf("release stock of %s shard %d: nothing locked", g.CampaignID, g.StockShard)
 	}
 	return err
 }
 
-func (r mysqlRepo) consumeStock(ctx context.Context, campaignID string) error {
-	ok, err := r.affected(ctx, "consume stock", `UPDATE coupon_stock SET locked = locked - 1, granted = granted + 1 WHERE campaign_id = ? AND locked > 0`, campaignID)
+func (r mysqlRepo) consumeStock(ctx context.Context, g grantRow) error {
+	ok, err := r.affected(ctx, "consume stock", `UPDATE coupon_stock SET locked = locked - 1, granted = granted + 1 WHERE campaign_id = ? AND shard = ? AND locked > 0`, g.CampaignID, g.StockShard)
 	if err == nil && !ok {
-		err = fmt.Errorf("consume stock of %s: nothing locked", campaignID)
+		err = fmt.Errorf("consume stock of %s shard %d: nothing locked", g.CampaignID, g.StockShard)
 	}
 	return err
-}
-
-// deductBudget spends value from the campaign budget; false when it does not cover it.
-func (r mysqlRepo) deductBudget(ctx context.Context, campaignID string, value int64) (bool, error) {
-	return r.affected(ctx, "deduct budget", `UPDATE coupon_budget SET spent_cents = spent_cents + ? WHERE campaign_id = ? AND spent_cents + ? <= total_cents`, value, campaignID, value)
 }
 
 func (r mysqlRepo) insertCoupon(ctx context.Context, g grantRow, couponID string) error {
@@ -112,16 +158,51 @@ func (r mysqlRepo) affected(ctx context.Context, what, q string, args ...any) (b
 	return n == 1, nil
 }
 
-// EnsureCampaign creates the campaign's stock and budget rows if they do not exist; it
-// never changes existing counters.
+// EnsureCampaign creates the campaign's stock and budget shards if the campaign does not
+// exist yet, splitting the totals evenly (the remainder goes to shard 0). It never changes
+// an existing campaign, whatever the configured shard count: shards returns how many the
+// campaign really has.
 func EnsureCampaign(ctx context.Context, db *sql.DB, c Config) error {
-	if _, err := db.ExecContext(ctx, `INSERT INTO coupon_stock (campaign_id, total) VALUES (?, ?) ON DUPLICATE KEY UPDATE campaign_id = campaign_id`, c.CampaignID, c.StockTotal); err != nil {
-		return fmt.Errorf("ensure campaign stock: %w", err)
+	// Never more shards than coupons the stock or the budget can pay for, and the budget is
+	// split in whole coupons, so sharding never strands a partial coupon's worth of budget:
+	// the campaign grants exactly as many coupons as an unsharded one would.
+	units := c.BudgetCents / c.ValueCents
+	n := int(max(min(int64(max(c.Shards, 1)), c.StockTotal, units), 1))
+	return dbx.InTx(ctx, db, func(tx *sql.Tx) error {
+		var have int
+		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM coupon_stock WHERE campaign_id = ?`, c.CampaignID).Scan(&have); err != nil {
+			return fmt.Errorf("ensure campaign: %w", err)
+		}
+		if have > 0 {
+			return nil
+		}
+		for s := range n {
+			stock, budget := c.StockTotal/int64(n), units/int64(n)*c.ValueCents
+			if s == 0 {
+				stock += c.StockTotal % int64(n)
+				budget += c.BudgetCents - units/int64(n)*c.ValueCents*int64(n)
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO coupon_stock (campaign_id, shard, total) VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE campaign_id = campaign_id`, c.CampaignID, s, stock); err != nil {
+				return fmt.Errorf("ensure campaign stock: %w", err)
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO coupon_budget (campaign_id, shard, total_cents) VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE campaign_id = campaign_id`, c.CampaignID, s, budget); err != nil {
+				return fmt.Errorf("ensure campaign budget: %w", err)
+			}
+		}
+		return nil
+	})
+}
+
+// campaignShards returns how many counter shards the campaign has.
+func (r mysqlRepo) campaignShards(ctx context.Context, campaignID string) (int, error) {
+	var n int
+	if err := r.tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM coupon_stock WHERE campaign_id = ?`, campaignID).Scan(&n); err != nil {
+		return 0, fmt.Errorf("campaign shards: %w", err)
 	}
-	if _, err := db.ExecContext(ctx, `INSERT INTO coupon_budget (campaign_id, total_cents) VALUES (?, ?) ON DUPLICATE KEY UPDATE campaign_id = campaign_id`, c.CampaignID, c.BudgetCents); err != nil {
-		return fmt.Errorf("ensure campaign budget: %w", err)
+	if n == 0 {
+		return 0, fmt.Errorf("campaign %q has no stock rows (coupon.EnsureCampaign creates them)", campaignID)
 	}
-	return nil
+	return n, nil
 }
 
 func nullStr(s string) any {

@@ -93,8 +93,8 @@ type counters struct{ Locked, Granted, Spent int64 }
 func readCounters(t *testing.T, db *sql.DB, campaignID string) counters {
 	t.Helper()
 	var c counters
-	if err := db.QueryRow(`SELECT s.locked, s.granted, b.spent_cents FROM coupon_stock s JOIN coupon_budget b USING (campaign_id) WHERE s.campaign_id = ?`,
-		campaignID).Scan(&c.Locked, &c.Granted, &c.Spent); err != nil {
+	if err := db.QueryRow(`SELECT (SELECT SUM(locked) FROM coupon_stock WHERE campaign_id = ?), (SELECT SUM(granted) FROM coupon_stock WHERE campaign_id = ?),
+		(SELECT SUM(spent_cents) FROM coupon_budget WHERE campaign_id = ?)`, campaignID, campaignID, campaignID).Scan(&c.Locked, &c.Granted, &c.Spent); err != nil {
 		t.Fatalf("read counters: %v", err)
 	}
 	return c
@@ -437,11 +437,11 @@ func TestGrantConcurrentSameOrder(t *testing.T) {
 				next := st.Next()
 				switch st {
 				case coupon.StateInit:
-					if _, err := tx.ExecContext(ctx, `UPDATE coupon_stock SET locked = locked + 1 WHERE campaign_id = ?`, cfg.CampaignID); err != nil {
+					if _, err := tx.ExecContext(ctx, `UPDATE coupon_stock SET locked = locked + 1 WHERE campaign_id = ? AND shard = 0`, cfg.CampaignID); err != nil {
 						return err
 					}
 				case coupon.StateLocked:
-					if _, err := tx.ExecContext(ctx, `UPDATE coupon_budget SET spent_cents = spent_cents + ? WHERE campaign_id = ?`, valueCents, cfg.CampaignID); err != nil {
+					if _, err := tx.ExecContext(ctx, `UPDATE coupon_budget SET spent_cents = spent_cents + ? WHERE campaign_id = ? AND shard = 0`, valueCents, cfg.CampaignID); err != nil {
 						return err
 					}
 				case coupon.StateBudgetDeducted:
@@ -454,7 +454,7 @@ func TestGrantConcurrentSameOrder(t *testing.T) {
 					case err != nil:
 						return err
 					default:
-						if _, err := tx.ExecContext(ctx, `UPDATE coupon_stock SET locked = locked - 1, granted = granted + 1 WHERE campaign_id = ?`, cfg.CampaignID); err != nil {
+						if _, err := tx.ExecContext(ctx, `UPDATE coupon_stock SET locked = locked - 1, granted = granted + 1 WHERE campaign_id = ? AND shard = 0`, cfg.CampaignID); err != nil {
 							return err
 						}
 					}
@@ -761,8 +761,8 @@ func TestVerify(t *testing.T) {
 			[]any{coupon.CouponID("order-ghost", cfg.CampaignID), cfg.CampaignID},
 			`DELETE FROM user_coupon WHERE order_id = 'order-ghost'`, nil},
 		{"stock granted bumped", 3, time.Hour,
-			`UPDATE coupon_stock SET granted = granted + 1 WHERE campaign_id = ?`, []any{cfg.CampaignID},
-			`UPDATE coupon_stock SET granted = granted - 1 WHERE campaign_id = ?`, []any{cfg.CampaignID}},
+			`UPDATE coupon_stock SET granted = granted + 1 WHERE campaign_id = ? AND shard = 0`, []any{cfg.CampaignID},
+			`UPDATE coupon_stock SET granted = granted - 1 WHERE campaign_id = ? AND shard = 0`, []any{cfg.CampaignID}},
 		{"outbox event of a GRANTED grant deleted", 2, time.Hour,
 			`DELETE FROM outbox WHERE msg_key = ?`, []any{granted},
 			`INSERT INTO outbox (event_id, event_type, topic, msg_key, payload, created_at) VALUES (?, ?, ?, ?, ?, ?)`,

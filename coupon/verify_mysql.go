@@ -90,10 +90,24 @@ WHERE g.campaign_id = ? AND g.state IN ('GRANTED', 'FAILED') GROUP BY g.order_id
 		EventGranted, EventGrantFailed, campaignID); err != nil {
 		return a, err
 	}
-	// 3. counters
+	// 3. counters, per shard and in total
+	if err := listInto(ctx, db, &a, "invariant 3: %s", `
+SELECT CONCAT('shard ', s.shard, ': stock.locked=', s.locked, ' granted=', s.granted, ' budget.spent=', COALESCE(b.spent_cents, 0),
+  '; grants imply locked=', COALESCE(gs.locked, 0), ' granted=', COALESCE(gs.granted, 0), ' spent=', COALESCE(gb.spent, 0))
+FROM coupon_stock s
+LEFT JOIN coupon_budget b ON b.campaign_id = s.campaign_id AND b.shard = s.shard
+LEFT JOIN (SELECT stock_shard, SUM(state IN ('LOCKED', 'BUDGET_DEDUCTED')) locked, SUM(state = 'GRANTED') granted
+           FROM coupon_grant WHERE campaign_id = ? AND stock_shard IS NOT NULL GROUP BY stock_shard) gs ON gs.stock_shard = s.shard
+LEFT JOIN (SELECT budget_shard, SUM(IF(state IN ('BUDGET_DEDUCTED', 'GRANTED'), value_cents, 0)) spent
+           FROM coupon_grant WHERE campaign_id = ? AND budget_shard IS NOT NULL GROUP BY budget_shard) gb ON gb.budget_shard = s.shard
+WHERE s.campaign_id = ?
+  AND (s.locked <> COALESCE(gs.locked, 0) OR s.granted <> COALESCE(gs.granted, 0) OR COALESCE(b.spent_cents, 0) <> COALESCE(gb.spent, 0))
+LIMIT 20`, campaignID, campaignID, campaignID); err != nil {
+		return a, err
+	}
 	var locked, granted, spent, lockedWant, grantedWant, spentWant sql.NullInt64
-	err := db.QueryRowContext(ctx, `SELECT s.locked, s.granted, b.spent_cents FROM coupon_stock s JOIN coupon_budget b ON b.campaign_id = s.campaign_id WHERE s.campaign_id = ?`, campaignID).Scan(&locked, &granted, &spent)
-	if err != nil && err != sql.ErrNoRows {
+	if err := db.QueryRowContext(ctx, `SELECT (SELECT SUM(locked) FROM coupon_stock WHERE campaign_id = ?), (SELECT SUM(granted) FROM coupon_stock WHERE campaign_id = ?),
+ (SELECT SUM(spent_cents) FROM coupon_budget WHERE campaign_id = ?)`, campaignID, campaignID, campaignID).Scan(&locked, &granted, &spent); err != nil {
 		return a, fmt.Errorf("verify counters: %w", err)
 	}
 	if err := db.QueryRowContext(ctx, `SELECT

@@ -206,7 +206,7 @@ func TestFailureAfterInboxInsertRollsBack(t *testing.T) {
 				if n := count(t, db, "SELECT COUNT(*) FROM coupon_grant WHERE order_id = ?", d.Key); n != 0 {
 					t.Errorf("grants after the failed attempt = %d, want 0", n)
 				}
-				if n := count(t, db, "SELECT locked FROM coupon_stock"); n != 0 {
+				if n := count(t, db, "SELECT SUM(locked) FROM coupon_stock"); n != 0 {
 					t.Errorf("stock locked after the failed attempt = %d, want 0", n)
 				}
 				checked.Store(true)
@@ -277,10 +277,10 @@ func TestProcessingRowResumes(t *testing.T) {
 	if n := count(t, db, "SELECT COUNT(*) FROM user_coupon WHERE order_id = 'o-resume'"); n != 1 {
 		t.Fatalf("coupons = %d", n)
 	}
-	if n := count(t, db, "SELECT granted FROM coupon_stock"); n != 1 {
+	if n := count(t, db, "SELECT SUM(granted) FROM coupon_stock"); n != 1 {
 		t.Fatalf("stock granted = %d, want 1", n)
 	}
-	if n := count(t, db, "SELECT spent_cents FROM coupon_budget"); n != int(p.cfg.ValueCents) {
+	if n := count(t, db, "SELECT SUM(spent_cents) FROM coupon_budget"); n != int(p.cfg.ValueCents) {
 		t.Fatalf("budget spent = %d, want %d (counted once)", n, p.cfg.ValueCents)
 	}
 	if n := count(t, db, "SELECT COUNT(*) FROM coupon_grant_log WHERE order_id = 'o-resume'"); n != 3 {

@@ -231,10 +231,10 @@ func TestStalledConsumerLosesPartition(t *testing.T) {
 	if n := count(t, db, "SELECT COUNT(*) FROM user_coupon WHERE order_id = 'hot'"); n != 1 {
 		t.Fatalf("coupons = %d, want 1", n)
 	}
-	if n := count(t, db, "SELECT granted + locked FROM coupon_stock"); n != 1 {
+	if n := count(t, db, "SELECT SUM(granted + locked) FROM coupon_stock"); n != 1 {
 		t.Fatalf("stock used = %d, want 1", n)
 	}
-	if n := count(t, db, "SELECT spent_cents FROM coupon_budget"); n != 500 {
+	if n := count(t, db, "SELECT SUM(spent_cents) FROM coupon_budget"); n != 500 {
 		t.Fatalf("budget spent = %d, want 500", n)
 	}
 	mu.Lock()
