@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/onceflow/onceflow/pkg/dbx"
+	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
 // RelayConfig configures a Relay.
@@ -21,8 +22,33 @@ type RelayConfig struct {
 	Table        string        // default "outbox"
 	BatchSize    int           // rows per Kafka batch; default 500
 	PollInterval time.Duration // sleep when nothing is pending; default 50ms
-	RetryBackoff time.Duration // after a failed publish; default 1s
+	RetryBackoff time.Duration // after a failed publish, doubling up to MaxRetryBackoff; default 1s
 	LagBound     time.Duration // an unpublished row older than this is a violation (verify); default 1m
+
+	// MaxRetryBackoff caps the doubling retry backoff; default 5s (never below RetryBackoff).
+	MaxRetryBackoff time.Duration
+
+	// Retention deletes published rows older than this, CleanupBatch rows per DELETE, every
+	// CleanupInterval (defaults 1m and 500). 0 keeps published rows forever.
+	Retention       time.Duration
+	CleanupInterval time.Duration
+	CleanupBatch    int
+
+	// Exactly-once mode only (NewExactlyOnceRelay); see ExactlyOnce in eos.go.
+	Shard           string        // outbox shard this relay publishes; default "default"
+	TransactionalID string        // Kafka transactional.id; default "onceflow-relay-" + Shard
+	PositionsTopic  string        // compacted topic of relay positions; default "onceflow-relay-positions"
+	Owner           string        // lease owner name; default host-pid-random
+	LeaseTTL        time.Duration // lease lifetime, renewed every LeaseTTL/4; default 10s
+	TxnTimeout      time.Duration // Kafka transaction timeout; default 30s
+
+	// Tune, when set, adjusts the Sarama config of the transactional producer and of the
+	// position reader (tests use it to inject a failing dialer).
+	Tune func(*sarama.Config)
+
+	// Hook, when set, is called at named points of a batch ("before-kafka-commit",
+	// "after-kafka-commit", "after-mark"). Crash tests use it to exit the process there.
+	Hook func(point string)
 }
 
 func (c *RelayConfig) setDefaults() {
@@ -41,6 +67,34 @@ func (c *RelayConfig) setDefaults() {
 	if c.LagBound == 0 {
 		c.LagBound = time.Minute
 	}
+	if c.MaxRetryBackoff == 0 {
+		c.MaxRetryBackoff = 5 * time.Second
+	}
+	c.MaxRetryBackoff = max(c.MaxRetryBackoff, c.RetryBackoff)
+	if c.CleanupInterval == 0 {
+		c.CleanupInterval = time.Minute
+	}
+	if c.CleanupBatch == 0 {
+		c.CleanupBatch = 500
+	}
+	if c.Shard == "" {
+		c.Shard = "default"
+	}
+	if c.TransactionalID == "" {
+		c.TransactionalID = "onceflow-relay-" + c.Shard
+	}
+	if c.PositionsTopic == "" {
+		c.PositionsTopic = DefaultPositionsTopic
+	}
+	if c.Owner == "" {
+		c.Owner = defaultOwner()
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = 10 * time.Second
+	}
+	if c.TxnTimeout == 0 {
+		c.TxnTimeout = 30 * time.Second
+	}
 }
 
 // Validate reports the first invalid setting.
@@ -53,6 +107,22 @@ func (c *RelayConfig) Validate() error {
 	}
 	if c.PollInterval <= 0 || c.RetryBackoff <= 0 {
 		return errors.New("relay: poll interval and retry backoff must be positive")
+	}
+	if c.Retention < 0 || c.CleanupInterval <= 0 || c.CleanupBatch < 1 || c.CleanupBatch > 100000 {
+		return fmt.Errorf("relay: retention %s must not be negative, cleanup interval %s positive, cleanup batch %d within 1..100000",
+			c.Retention, c.CleanupInterval, c.CleanupBatch)
+	}
+	if len(c.Shard) > 64 || len(c.Owner) > 191 || len(c.TransactionalID) > 200 {
+		return errors.New("relay: shard (64), owner (191) or transactional id (200) too long")
+	}
+	if err := kafkax.CheckTopicName(c.PositionsTopic); err != nil {
+		return fmt.Errorf("relay: positions topic: %w", err)
+	}
+	if c.LeaseTTL < 100*time.Millisecond {
+		return fmt.Errorf("relay: lease ttl %s: at least 100ms", c.LeaseTTL)
+	}
+	if c.TxnTimeout < time.Second {
+		return fmt.Errorf("relay: transaction timeout %s: at least 1s", c.TxnTimeout)
 	}
 	return nil
 }
@@ -79,32 +149,45 @@ type Producer interface {
 // candidate it cannot lock (another relay holds it) holds back every later candidate of the
 // same key until the next poll.
 //
-// Delivery: the producer is idempotent (acks=all), so broker retries add no duplicates. A
-// relay that crashes after Kafka accepted a batch but before the rows were marked publishes
-// that batch again on restart: at least once, with the same event_id header.
+// Delivery (this at-least-once mode, NewRelay): the producer is idempotent (acks=all), so
+// broker retries add no duplicates. A relay that crashes after Kafka accepted a batch but
+// before the rows were marked publishes that batch again on restart: at least once, with
+// the same event_id header. NewExactlyOnceRelay builds the exactly-once relay (eos.go):
+// transactional producer, batch positions in the same Kafka transaction, a lease per shard.
 type Relay struct {
 	db       *sql.DB
 	producer Producer
 	cfg      RelayConfig
 	logger   watermill.LoggerAdapter
 	q        relayQueries
+	eos      *exactlyOnce // nil in at-least-once mode
 
 	published atomic.Int64
+	failures  atomic.Int64
+	deleted   atomic.Int64
 }
 
 type relayQueries struct {
 	pending, claimPrefix, claimSuffix string
 	oldestPending, markPrefix         string
+	pendingFull, cleanup              string
 }
 
 // NewRelay builds a Relay.
+//
+// This is the at-least-once relay (see the Relay comment); NewExactlyOnceRelay builds the
+// exactly-once one.
 func NewRelay(db *sql.DB, producer Producer, cfg RelayConfig, logger watermill.LoggerAdapter) (*Relay, error) {
+	if db == nil || producer == nil {
+		return nil, errors.New("relay: db and producer are required")
+	}
+	return newRelay(db, producer, cfg, logger)
+}
+
+func newRelay(db *sql.DB, producer Producer, cfg RelayConfig, logger watermill.LoggerAdapter) (*Relay, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
-	}
-	if db == nil || producer == nil {
-		return nil, errors.New("relay: db and producer are required")
 	}
 	if logger == nil {
 		logger = watermill.NopLogger{}
@@ -117,15 +200,30 @@ func NewRelay(db *sql.DB, producer Producer, cfg RelayConfig, logger watermill.L
 		claimSuffix:   `) ORDER BY id FOR UPDATE SKIP LOCKED`,
 		oldestPending: fmt.Sprintf(`SELECT MIN(created_at) FROM %s WHERE published_at IS NULL`, t),
 		markPrefix:    fmt.Sprintf(`UPDATE %s SET published_at = NOW(6) WHERE id IN (`, t),
+		pendingFull: fmt.Sprintf(`SELECT id, event_id, event_type, topic, msg_key, payload, headers FROM %s
+ WHERE published_at IS NULL ORDER BY id LIMIT %d`, t, cfg.BatchSize),
+		cleanup: fmt.Sprintf(`DELETE FROM %s WHERE published_at < NOW(6) - INTERVAL ? MICROSECOND LIMIT %d`, t, cfg.CleanupBatch),
 	}}, nil
 }
 
 // Published is the number of events this relay has published.
 func (r *Relay) Published() int64 { return r.published.Load() }
 
-// Run relays until ctx is cancelled. Publish failures are logged and retried with backoff;
-// nothing is dropped.
+// Failures is the number of failed (and retried) batches.
+func (r *Relay) Failures() int64 { return r.failures.Load() }
+
+// Deleted is the number of published rows the retention cleanup has deleted.
+func (r *Relay) Deleted() int64 { return r.deleted.Load() }
+
+// Run relays until ctx is cancelled. Publish failures are logged and retried with a doubling
+// backoff (RetryBackoff up to MaxRetryBackoff); nothing is dropped. With a Retention, published
+// rows older than it are deleted every CleanupInterval. In exactly-once mode Run also takes and
+// renews the shard's lease, waits as a standby while another instance holds it, and on return
+// aborts any open Kafka transaction, closes its producer and releases the lease.
 func (r *Relay) Run(ctx context.Context) error {
+	defer r.Close()
+	backoff := r.cfg.RetryBackoff
+	var nextCleanup time.Time
 	for {
 		n, err := r.RelayOnce(ctx)
 		if ctx.Err() != nil {
@@ -134,10 +232,21 @@ func (r *Relay) Run(ctx context.Context) error {
 		wait := time.Duration(0)
 		switch {
 		case err != nil:
-			r.logger.Error("outbox relay batch failed, will retry", err, nil)
-			wait = r.cfg.RetryBackoff
+			r.failures.Add(1)
+			r.logger.Error("outbox relay batch failed, will retry", err, watermill.LogFields{"backoff": backoff.String()})
+			wait = backoff
+			backoff = min(2*backoff, r.cfg.MaxRetryBackoff)
 		case n == 0:
-			wait = r.cfg.PollInterval
+			backoff = r.cfg.RetryBackoff
+			wait = r.idleWait()
+		default:
+			backoff = r.cfg.RetryBackoff
+		}
+		if r.cfg.Retention > 0 && time.Now().After(nextCleanup) && (r.eos == nil || r.eos.owner.Load()) {
+			if _, err := r.Cleanup(ctx); err != nil && ctx.Err() == nil {
+				r.logger.Error("outbox cleanup failed, will retry", err, nil)
+			}
+			nextCleanup = time.Now().Add(r.cfg.CleanupInterval)
 		}
 		if wait > 0 {
 			select {
@@ -149,9 +258,60 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 }
 
+func (r *Relay) idleWait() time.Duration {
+	if r.eos != nil && !r.eos.owner.Load() {
+		return r.eos.standbyPoll()
+	}
+	return r.cfg.PollInterval
+}
+
+// Close releases what the relay holds: in exactly-once mode the open Kafka transaction is
+// aborted, the producer closed and the lease released so a standby takes over at once. Run
+// calls it on return; callers that only use RelayOnce call it themselves. It is safe to call
+// more than once, and the relay can be used again afterwards (it starts a new session).
+func (r *Relay) Close() error {
+	if r.eos != nil {
+		return r.eos.close()
+	}
+	return nil
+}
+
+// Cleanup deletes published rows older than the retention, CleanupBatch rows per statement,
+// and returns how many it deleted. It never touches unpublished rows.
+func (r *Relay) Cleanup(ctx context.Context) (int64, error) {
+	if r.cfg.Retention <= 0 {
+		return 0, nil
+	}
+	var total int64
+	for {
+		res, err := r.db.ExecContext(ctx, r.q.cleanup, r.cfg.Retention.Microseconds())
+		if err != nil {
+			return total, fmt.Errorf("delete published outbox rows: %w", err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return total, err
+		}
+		total += n
+		r.deleted.Add(n)
+		if n < int64(r.cfg.CleanupBatch) {
+			return total, nil
+		}
+	}
+}
+
+func (r *Relay) hook(point string) {
+	if r.cfg.Hook != nil {
+		r.cfg.Hook(point)
+	}
+}
+
 // RelayOnce publishes one batch of pending rows and marks them. It returns how many rows it
 // published.
 func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
+	if r.eos != nil {
+		return r.eos.relayOnce(ctx)
+	}
 	var n int
 	err := dbx.InTx(ctx, r.db, func(tx *sql.Tx) error {
 		msgs, ids, err := r.claim(ctx, tx)
@@ -161,6 +321,7 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 		if err := r.producer.SendMessages(msgs); err != nil {
 			return fmt.Errorf("publish %d events: %w", len(msgs), err)
 		}
+		r.hook("after-kafka-commit") // Kafka has acked; the rows are not marked yet
 		if err := r.mark(ctx, tx, ids); err != nil {
 			return err
 		}
@@ -221,23 +382,9 @@ func (r *Relay) claim(ctx context.Context, tx *sql.Tx) ([]*sarama.ProducerMessag
 		if err := rows.Scan(&id, &eventID, &typ, &topic, &key, &payload, &headers); err != nil {
 			return nil, nil, fmt.Errorf("scan outbox row: %w", err)
 		}
-		m := &sarama.ProducerMessage{
-			Topic: topic,
-			Key:   sarama.StringEncoder(key),
-			Value: sarama.ByteEncoder(payload),
-			Headers: []sarama.RecordHeader{
-				{Key: []byte(HeaderEventID), Value: []byte(eventID)},
-				{Key: []byte(HeaderEventType), Value: []byte(typ)},
-			},
-		}
-		if headers.Valid && headers.String != "" {
-			var extra map[string]string
-			if err := json.Unmarshal([]byte(headers.String), &extra); err != nil {
-				return nil, nil, fmt.Errorf("outbox row %d headers: %w", id, err)
-			}
-			for k, v := range extra {
-				m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(k), Value: []byte(v)})
-			}
+		m, err := buildMessage(id, eventID, typ, topic, key, payload, headers)
+		if err != nil {
+			return nil, nil, err
 		}
 		locked[id] = m
 	}
@@ -263,6 +410,30 @@ func (r *Relay) claim(ctx context.Context, tx *sql.Tx) ([]*sarama.ProducerMessag
 		}
 	}
 	return msgs, claimed, nil
+}
+
+// buildMessage turns an outbox row into a Kafka message: key = aggregate id, headers
+// event_id and event_type first, then the row's extra headers.
+func buildMessage(id int64, eventID, typ, topic, key string, payload []byte, headers sql.NullString) (*sarama.ProducerMessage, error) {
+	m := &sarama.ProducerMessage{
+		Topic: topic,
+		Key:   sarama.StringEncoder(key),
+		Value: sarama.ByteEncoder(payload),
+		Headers: []sarama.RecordHeader{
+			{Key: []byte(HeaderEventID), Value: []byte(eventID)},
+			{Key: []byte(HeaderEventType), Value: []byte(typ)},
+		},
+	}
+	if headers.Valid && headers.String != "" {
+		var extra map[string]string
+		if err := json.Unmarshal([]byte(headers.String), &extra); err != nil {
+			return nil, fmt.Errorf("outbox row %d headers: %w", id, err)
+		}
+		for k, v := range extra {
+			m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(k), Value: []byte(v)})
+		}
+	}
+	return m, nil
 }
 
 func (r *Relay) mark(ctx context.Context, tx *sql.Tx, ids []int64) error {

@@ -51,10 +51,22 @@ type InboxConfig struct {
 }
 
 type RelayConfig struct {
-	Enabled      bool          `mapstructure:"enabled"`
-	BatchSize    int           `mapstructure:"batch_size"`
-	PollInterval time.Duration `mapstructure:"poll_interval"`
-	LagBound     time.Duration `mapstructure:"lag_bound"`
+	Enabled         bool          `mapstructure:"enabled"`
+	BatchSize       int           `mapstructure:"batch_size"`
+	PollInterval    time.Duration `mapstructure:"poll_interval"`
+	LagBound        time.Duration `mapstructure:"lag_bound"`
+	ExactlyOnce     bool          `mapstructure:"exactly_once"`
+	Shard           string        `mapstructure:"shard"`
+	TransactionalID string        `mapstructure:"transactional_id"`
+	PositionsTopic  string        `mapstructure:"positions_topic"`
+	Owner           string        `mapstructure:"owner"`
+	LeaseTTL        time.Duration `mapstructure:"lease_ttl"`
+	TxnTimeout      time.Duration `mapstructure:"txn_timeout"`
+	RetryBackoff    time.Duration `mapstructure:"retry_backoff"`
+	MaxRetryBackoff time.Duration `mapstructure:"max_retry_backoff"`
+	Retention       time.Duration `mapstructure:"retention"`
+	CleanupInterval time.Duration `mapstructure:"cleanup_interval"`
+	CleanupBatch    int           `mapstructure:"cleanup_batch"`
 }
 
 type AdminConfig struct {
@@ -92,6 +104,18 @@ var defaults = []struct {
 	{"relay.batch_size", 500, "events per Kafka batch"},
 	{"relay.poll_interval", "50ms", "relay sleep when nothing is pending"},
 	{"relay.lag_bound", "1m", "verify: unpublished rows older than this are a violation"},
+	{"relay.exactly_once", true, "transactional producer + positions topic + lease; false: idempotent producer, at least once"},
+	{"relay.shard", "default", "outbox shard this relay publishes (one lease and one transactional.id per shard)"},
+	{"relay.transactional_id", "", "Kafka transactional.id (default onceflow-relay-<shard>); the same on every instance"},
+	{"relay.positions_topic", "onceflow-relay-positions", "compacted topic of batch positions (created if missing)"},
+	{"relay.owner", "", "lease owner name (default host-pid-random)"},
+	{"relay.lease_ttl", "10s", "a crashed relay's shard is taken over after this"},
+	{"relay.txn_timeout", "30s", "Kafka transaction timeout"},
+	{"relay.retry_backoff", "1s", "first retry backoff after a failed batch (doubles)"},
+	{"relay.max_retry_backoff", "5s", "retry backoff cap"},
+	{"relay.retention", "168h", "published outbox rows are deleted after this (0 keeps them)"},
+	{"relay.cleanup_interval", "1m", "how often published rows past the retention are deleted"},
+	{"relay.cleanup_batch", 500, "rows per cleanup DELETE"},
 	{"admin.listen", "127.0.0.1:9464", "health and metrics listener (empty disables)"},
 	{"log.level", "info", "debug, info, warn, error"},
 	{"log.format", "text", "text or json"},

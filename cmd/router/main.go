@@ -12,6 +12,7 @@ import (
 
 	// Plugins register themselves from init(); the binary is where they are chosen.
 	_ "github.com/onceflow/onceflow/coupon"
+	_ "github.com/onceflow/onceflow/coupon/notify"
 )
 
 func main() {

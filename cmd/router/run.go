@@ -17,7 +17,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/onceflow/onceflow/inbox"
-	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/dbx"
 	"github.com/onceflow/onceflow/pkg/kafkax"
 	"github.com/onceflow/onceflow/pkg/metrics"
@@ -104,15 +103,9 @@ func (a *app) runRouter(ctx context.Context, only []string, withRelay bool) erro
 	}
 	router.AddMiddleware(middleware.Recoverer)
 	for _, p := range plugins {
-		raw := a.cfg.Plugins[p.Name]
-		h, err := p.Build(inbox.PluginEnv{DB: db, Logger: a.logger.With(watermill.LogFields{"plugin": p.Name}),
-			DecodeConfig: func(target any) error { return decodePluginConfig(p.Name, raw, target) }})
+		ib, err := a.buildInbox(db, p, observer{m})
 		if err != nil {
-			return fmt.Errorf("plugin %s: %w", p.Name, err)
-		}
-		ib, err := inbox.New(db, h, a.inboxConfig(p.BizType), a.logger, observer{m})
-		if err != nil {
-			return badInput(fmt.Errorf("plugin %s: %w", p.Name, err))
+			return err
 		}
 		for _, t := range p.Topics {
 			sub, err := kc.NewSubscriber(p.ConsumerGroup, a.logger)
@@ -128,36 +121,15 @@ func (a *app) runRouter(ctx context.Context, only []string, withRelay bool) erro
 	var wg sync.WaitGroup
 	errs := make(chan error, 4)
 	if withRelay {
-		producer, err := kc.NewSyncProducer()
+		relay, closeRelay, err := a.newRelay(db, kc)
 		if err != nil {
 			return err
 		}
-		defer producer.Close()
-		relay, err := outbox.NewRelay(db, producer, outbox.RelayConfig{BatchSize: a.cfg.Relay.BatchSize,
-			PollInterval: a.cfg.Relay.PollInterval, LagBound: a.cfg.Relay.LagBound}, a.logger)
-		if err != nil {
-			return badInput(err)
-		}
+		defer closeRelay()
+		stopMetrics := relayMetrics(ctx, m, relay)
+		defer stopMetrics()
 		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			go func() {
-				var last int64
-				t := time.NewTicker(time.Second)
-				defer t.Stop()
-				for {
-					select {
-					case <-ctx.Done():
-						return
-					case <-t.C:
-						n := relay.Published()
-						m.RelayPublished.Add(float64(n - last))
-						last = n
-					}
-				}
-			}()
-			errs <- relay.Run(ctx)
-		}()
+		go func() { defer wg.Done(); errs <- relay.Run(ctx) }()
 	}
 	cleaner, err := inbox.NewCleaner(db, inbox.CleanerConfig{BatchSize: a.cfg.Inbox.CleanupBatch, Interval: a.cfg.Inbox.CleanupInterval}, a.logger)
 	if err != nil {
@@ -183,6 +155,22 @@ func (a *app) runRouter(ctx context.Context, only []string, withRelay bool) erro
 	}
 	a.logger.Info("router stopped", nil)
 	return runErr
+}
+
+// buildInbox builds p's handler and its inbox: the one handler path that `run`, `replay`
+// and `inbox retry` share.
+func (a *app) buildInbox(db *sql.DB, p inbox.Plugin, obs inbox.Observer) (*inbox.Inbox, error) {
+	raw := a.cfg.Plugins[p.Name]
+	h, err := p.Build(inbox.PluginEnv{DB: db, Logger: a.logger.With(watermill.LogFields{"plugin": p.Name}),
+		DecodeConfig: func(target any) error { return decodePluginConfig(p.Name, raw, target) }})
+	if err != nil {
+		return nil, fmt.Errorf("plugin %s: %w", p.Name, err)
+	}
+	ib, err := inbox.New(db, h, a.inboxConfig(p.BizType), a.logger, obs)
+	if err != nil {
+		return nil, badInput(fmt.Errorf("plugin %s: %w", p.Name, err))
+	}
+	return ib, nil
 }
 
 func (a *app) inboxConfig(bizType string) inbox.Config {

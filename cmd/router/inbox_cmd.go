@@ -1,0 +1,219 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	"github.com/spf13/cobra"
+
+	"github.com/onceflow/onceflow/inbox"
+)
+
+func (a *app) inboxCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "inbox",
+		Short: "inspect the inbox (ls, show) and re-run rows (retry)",
+		Args:  cobra.NoArgs,
+		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+	}
+	cmd.AddCommand(a.inboxLsCmd(), a.inboxShowCmd(), a.inboxRetryCmd())
+	return cmd
+}
+
+func (a *app) inboxLsCmd() *cobra.Command {
+	var f filterFlags
+	cmd := &cobra.Command{
+		Use:   "ls",
+		Short: "list inbox rows (newest filters first: --status failed --biz-type coupon)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.inboxLs(cmd.Context(), f)
+		},
+	}
+	f.register(cmd.Flags(), "all", 50)
+	return cmd
+}
+
+func (a *app) inboxLs(ctx context.Context, ff filterFlags) error {
+	f, err := ff.filter(nil)
+	if err != nil {
+		return err
+	}
+	if err := checkBizType(f.BizType); err != nil {
+		return err
+	}
+	db, store, err := a.openInboxDB(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	rows, err := store.List(ctx, f)
+	if err != nil {
+		return err
+	}
+	total, err := store.Count(ctx, f)
+	if err != nil {
+		return err
+	}
+	if ff.output == "json" {
+		out := make([]rowJSON, 0, len(rows))
+		for _, r := range rows {
+			out = append(out, toRowJSON(r, false))
+		}
+		return json.NewEncoder(os.Stdout).Encode(out)
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tBIZ_TYPE\tDEDUP_KEY\tSTATUS\tREASON\tATTEMPTS\tDUPS\tREPLAY\tSOURCE\tUPDATED\tLAST_ERROR")
+	for _, r := range rows {
+		replay := "-"
+		if r.ReplayID > 0 {
+			replay = fmt.Sprint(r.ReplayID)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s/%d@%d\t%s\t%s\n", r.ID, r.BizType, r.DedupKey, r.Status, dash(r.Reason),
+			r.Attempts, r.Duplicates, replay, r.Topic, r.Partition, r.Offset, r.UpdatedAt.Format(time.RFC3339), dash(oneLineString(r.LastError, 60)))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if total > len(rows) {
+		printf("%d of %d matching rows (raise --limit, or --limit 0 for all)\n", len(rows), total)
+	} else {
+		printf("%d rows\n", len(rows))
+	}
+	return nil
+}
+
+func (a *app) inboxShowCmd() *cobra.Command {
+	var f filterFlags
+	cmd := &cobra.Command{
+		Use:   "show <id|dedup_key>",
+		Short: "print inbox rows in full (payload, metadata, last error) by row id or dedup key",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.inboxShow(cmd.Context(), f, args[0])
+		},
+	}
+	f.register(cmd.Flags(), "all", 0)
+	return cmd
+}
+
+func (a *app) inboxShow(ctx context.Context, ff filterFlags, ref string) error {
+	f, err := ff.filter([]string{ref})
+	if err != nil {
+		return err
+	}
+	if err := checkBizType(f.BizType); err != nil {
+		return err
+	}
+	db, store, err := a.openInboxDB(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	rows, err := store.List(ctx, f)
+	if err != nil {
+		return err
+	}
+	if len(rows) == 0 {
+		return fmt.Errorf("inbox show: no row with id or dedup key %q matches", ref)
+	}
+	if ff.output == "json" {
+		out := make([]rowJSON, 0, len(rows))
+		for _, r := range rows {
+			out = append(out, toRowJSON(r, true))
+		}
+		return json.NewEncoder(os.Stdout).Encode(out)
+	}
+	for i, r := range rows {
+		if i > 0 {
+			printf("\n")
+		}
+		j := toRowJSON(r, true)
+		fields := []struct{ k, v string }{
+			{"id", fmt.Sprint(r.ID)}, {"dedup_key", r.DedupKey}, {"biz_type", r.BizType}, {"status", string(r.Status)},
+			{"reason", dash(r.Reason)}, {"attempts", fmt.Sprint(r.Attempts)}, {"duplicates", fmt.Sprint(r.Duplicates)},
+			{"replay_id", dash(j.replayID())}, {"message_uuid", r.MessageUUID},
+			{"source", fmt.Sprintf("topic=%s partition=%d offset=%d", r.Topic, r.Partition, r.Offset)},
+			{"fingerprint", r.Fingerprint}, {"created_at", r.CreatedAt.Format(time.RFC3339Nano)},
+			{"updated_at", r.UpdatedAt.Format(time.RFC3339Nano)}, {"expire_at", r.ExpireAt.Format(time.RFC3339Nano)},
+			{"metadata", metadataLine(r.Metadata)}, {"last_error", dash(r.LastError)},
+		}
+		for _, kv := range fields {
+			printf("%-13s %s\n", kv.k+":", kv.v)
+		}
+		if j.PayloadBase64 != "" {
+			printf("%-13s (%d bytes, not UTF-8, base64) %s\n", "payload:", len(r.Payload), j.PayloadBase64)
+		} else {
+			printf("%-13s (%d bytes) %s\n", "payload:", len(r.Payload), j.Payload)
+		}
+	}
+	return nil
+}
+
+func metadataLine(m map[string]string) string {
+	if len(m) == 0 {
+		return "-"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + m[k]
+	}
+	return strings.Join(parts, " ")
+}
+
+func (a *app) inboxRetryCmd() *cobra.Command {
+	var r replayFlags
+	cmd := &cobra.Command{
+		Use:   "retry [id|dedup_key...]",
+		Short: "re-run the selected rows through their handler (a replay; default --status failed, or any status for named rows)",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 && !cmd.Flags().Changed("status") {
+				r.status = "all"
+			}
+			return a.replay(cmd.Context(), r, args)
+		},
+	}
+	r.filterFlags.register(cmd.Flags(), string(inbox.StatusFailed), 0)
+	r.register(cmd.Flags())
+	return cmd
+}
+
+// rowJSON is the --output json form of an inbox row.
+type rowJSON struct {
+	inbox.Row
+	Payload       string `json:"payload,omitempty"`
+	PayloadBase64 string `json:"payload_base64,omitempty"`
+	PayloadBytes  int    `json:"payload_bytes"`
+}
+
+func (j rowJSON) replayID() string {
+	if j.ReplayID == 0 {
+		return ""
+	}
+	return fmt.Sprint(j.ReplayID)
+}
+
+func toRowJSON(r inbox.Row, payload bool) rowJSON {
+	j := rowJSON{Row: r, PayloadBytes: len(r.Payload)}
+	if payload {
+		if utf8.Valid(r.Payload) {
+			j.Payload = string(r.Payload)
+		} else {
+			j.PayloadBase64 = base64.StdEncoding.EncodeToString(r.Payload)
+		}
+	}
+	return j
+}

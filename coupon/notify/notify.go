@@ -1,0 +1,164 @@
+// Package notify is the coupon notifier plugin: it consumes coupon-granted through its own
+// inbox (biz type "notify", consumer group "coupon-notifier") and records one notification
+// per granted coupon. It shows biz-type isolation and the chain: the same order id is in
+// the inbox once as "coupon" and once as "notify", each processed once, neither blocking
+// the other.
+//
+// The router binary blank-imports it; its init() registers the plugin.
+package notify
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/coupon"
+	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/outbox"
+)
+
+// Plugin identity.
+const (
+	PluginName    = "coupon-notifier"
+	BizType       = "notify"
+	ConsumerGroup = "coupon-notifier"
+	Topic         = "coupon-granted"
+	// Table holds the notifications (migrations/00002).
+	Table = "notification"
+)
+
+// Config configures the notifier (router.yaml: plugins.coupon-notifier).
+type Config struct {
+	// Channel names where notifications go; part of the notification's unique key.
+	Channel string `mapstructure:"channel"`
+}
+
+// DefaultConfig notifies through the in-app wallet channel.
+func DefaultConfig() Config { return Config{Channel: "wallet"} }
+
+// Validate reports the first invalid setting.
+func (c Config) Validate() error {
+	if c.Channel == "" || len(c.Channel) > 32 {
+		return fmt.Errorf("notify: channel %q must be 1..32 bytes", c.Channel)
+	}
+	return nil
+}
+
+// Notifier is the inbox handler.
+type Notifier struct {
+	cfg    Config
+	logger watermill.LoggerAdapter
+}
+
+var _ inbox.Handler = (*Notifier)(nil)
+
+// New builds a Notifier.
+func New(cfg Config, logger watermill.LoggerAdapter) (*Notifier, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	return &Notifier{cfg: cfg, logger: logger}, nil
+}
+
+// DecodeGrant parses a coupon-granted payload. Unknown fields are allowed; bad JSON, trailing
+// data, wrong types and a missing eventId, orderId, userId, campaignId or couponId are not.
+func DecodeGrant(b []byte) (coupon.GrantEvent, error) {
+	var e coupon.GrantEvent
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if err := dec.Decode(&e); err != nil {
+		return e, fmt.Errorf("coupon-granted: %v", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return e, errors.New("coupon-granted: trailing data after the JSON object")
+	}
+	for name, v := range map[string]string{"eventId": e.EventID, "orderId": e.OrderID, "userId": e.UserID, "campaignId": e.CampaignID, "couponId": e.CouponID} {
+		if v == "" {
+			return e, fmt.Errorf("coupon-granted: missing %s", name)
+		}
+		if len(v) > coupon.MaxIDLen {
+			return e, fmt.Errorf("coupon-granted: %s longer than %d bytes", name, coupon.MaxIDLen)
+		}
+	}
+	if e.ValueCents <= 0 {
+		return e, fmt.Errorf("coupon-granted: valueCents %d is not positive", e.ValueCents)
+	}
+	return e, nil
+}
+
+// Decode implements inbox.Handler: the dedup key is the order id.
+func (n *Notifier) Decode(msg *message.Message) (inbox.Decoded, error) {
+	if t := msg.Metadata.Get(outbox.HeaderEventType); t != "" && t != coupon.EventGranted {
+		return inbox.Decoded{}, inbox.PoisonError("event type %q on the coupon-granted topic, want %s", t, coupon.EventGranted)
+	}
+	e, err := DecodeGrant(msg.Payload)
+	if err != nil {
+		return inbox.Decoded{}, inbox.PoisonError("%v", err)
+	}
+	// The meaning of a grant: a re-published event (same event id) is the same grant even if
+	// the relay sent it twice.
+	fp := sha256.Sum256([]byte(e.EventID + "\x00" + e.OrderID + "\x00" + e.UserID + "\x00" + e.CampaignID + "\x00" + e.CouponID + "\x00" + strconv.FormatInt(e.ValueCents, 10)))
+	return inbox.Decoded{Key: e.OrderID, Fingerprint: hex.EncodeToString(fp[:]), Value: e}, nil
+}
+
+// Handle implements inbox.Handler: it records the notification in tx.
+func (n *Notifier) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error) {
+	e, ok := d.Value.(coupon.GrantEvent)
+	if !ok {
+		return inbox.Done, inbox.Permanent(fmt.Errorf("notify: unexpected value %T", d.Value))
+	}
+	text := fmt.Sprintf("You received a coupon worth %d.%02d (campaign %s)", e.ValueCents/100, e.ValueCents%100, e.CampaignID)
+	// The unique key (order_id, channel) is the second line of defence: were the inbox row
+	// cleaned and the event replayed from Kafka, the user is still notified once.
+	r, err := tx.ExecContext(ctx, `INSERT INTO `+Table+` (order_id, channel, user_id, coupon_id, campaign_id, value_cents, event_id, message)
+ VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE id = id`,
+		e.OrderID, n.cfg.Channel, e.UserID, e.CouponID, e.CampaignID, e.ValueCents, e.EventID, text)
+	if err != nil {
+		return inbox.Done, fmt.Errorf("notify %s: %w", e.OrderID, err)
+	}
+	if k, err := r.RowsAffected(); err == nil && k == 0 {
+		n.logger.Info("notification already recorded", watermill.LogFields{"order_id": e.OrderID, "channel": n.cfg.Channel})
+	}
+	return inbox.Done, nil
+}
+
+// Plugin returns the notifier's plugin declaration.
+func Plugin() inbox.Plugin {
+	return inbox.Plugin{
+		Name:          PluginName,
+		Topics:        []string{Topic},
+		ConsumerGroup: ConsumerGroup,
+		BizType:       BizType,
+		Build: func(env inbox.PluginEnv) (inbox.Handler, error) {
+			cfg := DefaultConfig()
+			if env.DecodeConfig != nil {
+				if err := env.DecodeConfig(&cfg); err != nil {
+					return nil, err
+				}
+			}
+			if env.DB != nil {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				if _, err := env.DB.ExecContext(ctx, "SELECT 1 FROM "+Table+" LIMIT 0"); err != nil {
+					return nil, fmt.Errorf("table %s is missing or unreadable: %w (run `router migrate`)", Table, err)
+				}
+			}
+			return New(cfg, env.Logger)
+		},
+	}
+}
+
+func init() { inbox.MustRegister(Plugin()) }

@@ -1,0 +1,197 @@
+package notify_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/coupon"
+	"github.com/onceflow/onceflow/coupon/notify"
+	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/pkg/testenv"
+)
+
+func grantEvent(orderID string) coupon.GrantEvent {
+	return coupon.GrantEvent{EventID: coupon.EventID(coupon.EventGranted, orderID, "c1"), OrderID: orderID, UserID: "u1",
+		CampaignID: "c1", CouponID: coupon.CouponID(orderID, "c1"), ValueCents: 500, GrantedAt: time.Date(2026, 11, 11, 0, 0, 1, 0, time.UTC)}
+}
+
+func TestDecode(t *testing.T) {
+	n, err := notify.New(notify.DefaultConfig(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := grantEvent("o-1")
+	d, err := n.Decode(message.NewMessage("m", good.Encode()))
+	if err != nil || d.Key != "o-1" || d.Fingerprint == "" {
+		t.Fatalf("good event: %+v %v", d, err)
+	}
+	republished := message.NewMessage("m2", good.Encode())
+	republished.Metadata.Set(outbox.HeaderEventType, coupon.EventGranted)
+	if d2, err := n.Decode(republished); err != nil || d2.Fingerprint != d.Fingerprint {
+		t.Fatalf("the same event again must have the same fingerprint: %+v %v", d2, err)
+	}
+	failedEvt := message.NewMessage("m3", good.Encode())
+	failedEvt.Metadata.Set(outbox.HeaderEventType, coupon.EventGrantFailed)
+	poison := []struct {
+		name string
+		msg  *message.Message
+		want string
+	}{
+		{"not json", message.NewMessage("p", []byte("hello")), "coupon-granted"},
+		{"trailing data", message.NewMessage("p", append(good.Encode(), '}')), "trailing"},
+		{"missing orderId", message.NewMessage("p", []byte(`{"eventId":"e","userId":"u","campaignId":"c","couponId":"x","valueCents":5}`)), "orderId"},
+		{"missing couponId", message.NewMessage("p", []byte(`{"eventId":"e","orderId":"o","userId":"u","campaignId":"c","valueCents":5}`)), "couponId"},
+		{"wrong type", message.NewMessage("p", []byte(`{"eventId":"e","orderId":7,"userId":"u","campaignId":"c","couponId":"x","valueCents":5}`)), "orderId"},
+		{"zero value", message.NewMessage("p", []byte(`{"eventId":"e","orderId":"o","userId":"u","campaignId":"c","couponId":"x","valueCents":0}`)), "valueCents"},
+		{"bad grantedAt", message.NewMessage("p", []byte(`{"eventId":"e","orderId":"o","userId":"u","campaignId":"c","couponId":"x","valueCents":5,"grantedAt":"soon"}`)), "soon"},
+		{"failed event on the topic", failedEvt, coupon.EventGrantFailed},
+	}
+	for _, tc := range poison {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := n.Decode(tc.msg)
+			if !errors.Is(err, inbox.ErrPoison) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want poison mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestRegistered(t *testing.T) {
+	p, ok := inbox.Plugins.Get(notify.PluginName)
+	if !ok || p.BizType != "notify" || p.ConsumerGroup != "coupon-notifier" || len(p.Topics) != 1 || p.Topics[0] != "coupon-granted" {
+		t.Fatalf("plugin: %+v %v", p, ok)
+	}
+	if _, err := notify.New(notify.Config{}, nil); err == nil {
+		t.Fatal("empty channel accepted")
+	}
+}
+
+func count(t *testing.T, db *sql.DB, q string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(q, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	return n
+}
+
+// The chain and biz-type isolation on one database: the coupon inbox grants, the notifier
+// consumes the CouponGranted event it wrote through its own inbox; the same order id is in
+// the inbox once per biz type, each processed once; a quarantined notification does not
+// block the coupon, and a notify row does not block the coupon of the same order id.
+func TestTwoBizTypesSameOrderEachProcessOnce(t *testing.T) {
+	d := testenv.DB(t, 8)
+	db := d.DB
+	ctx := context.Background()
+	cc := coupon.DefaultConfig()
+	if err := coupon.EnsureCampaign(ctx, db, cc); err != nil {
+		t.Fatal(err)
+	}
+	granter, err := coupon.NewGranter(cc, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fast := func(biz string) inbox.Config {
+		return inbox.Config{BizType: biz, MaxAttempts: 2, BackoffInitial: time.Millisecond, BackoffMax: time.Millisecond}
+	}
+	coupons, err := inbox.New(db, granter, fast(coupon.BizType), watermill.NopLogger{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := notify.New(notify.DefaultConfig(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var broken atomic.Bool
+	notifier, err := inbox.New(db, breakable{n, &broken}, fast(notify.BizType), watermill.NopLogger{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	orderMsg := func(id string) *message.Message {
+		o := coupon.OrderPaid{OrderID: id, UserID: "u1", AmountCents: 1000, PaidAt: time.Date(2026, 11, 11, 0, 0, 0, 0, time.UTC)}
+		return message.NewMessage(watermill.NewUUID(), o.Encode())
+	}
+	// grantedMsg is what the relay publishes for the order: the outbox row's payload and headers.
+	grantedMsg := func(id string) *message.Message {
+		var payload []byte
+		if err := db.QueryRow("SELECT payload FROM outbox WHERE msg_key = ? AND event_type = ?", id, coupon.EventGranted).Scan(&payload); err != nil {
+			t.Fatalf("grant event of %s: %v", id, err)
+		}
+		m := message.NewMessage(watermill.NewUUID(), payload)
+		m.Metadata.Set(outbox.HeaderEventType, coupon.EventGranted)
+		return m
+	}
+	process := func(ib *inbox.Inbox, m *message.Message, want inbox.Outcome) {
+		t.Helper()
+		r, err := ib.Process(ctx, m, inbox.Source{Topic: "t"}, inbox.ProcessOptions{})
+		if err != nil || r.Outcome != want {
+			t.Fatalf("%s: %+v %v, want %s", ib.BizType(), r, err, want)
+		}
+	}
+
+	// The chain, with duplicates on both hops.
+	process(coupons, orderMsg("o-1"), inbox.OutcomeProcessed)
+	process(coupons, orderMsg("o-1"), inbox.OutcomeDuplicate)
+	process(notifier, grantedMsg("o-1"), inbox.OutcomeProcessed)
+	process(notifier, grantedMsg("o-1"), inbox.OutcomeDuplicate)
+	if got := count(t, db, "SELECT COUNT(*) FROM inbox WHERE dedup_key = 'o-1' AND status = 'done' AND biz_type IN ('coupon', 'notify')"); got != 2 {
+		t.Fatalf("inbox rows of o-1 = %d, want one done row per biz type", got)
+	}
+	if got := count(t, db, "SELECT COUNT(*) FROM notification WHERE order_id = 'o-1' AND coupon_id = ?", coupon.CouponID("o-1", cc.CampaignID)); got != 1 {
+		t.Fatalf("notifications of o-1 = %d, want 1", got)
+	}
+
+	// A notify row first does not block the coupon of the same order id.
+	process(notifier, message.NewMessage(watermill.NewUUID(), grantEvent("o-2").Encode()), inbox.OutcomeProcessed)
+	process(coupons, orderMsg("o-2"), inbox.OutcomeProcessed)
+	if got := count(t, db, "SELECT COUNT(*) FROM user_coupon WHERE order_id = 'o-2'"); got != 1 {
+		t.Fatalf("coupons of o-2 = %d, want 1", got)
+	}
+
+	// A quarantined notification blocks neither the coupon of its order nor other orders,
+	// and is replayed once fixed.
+	process(coupons, orderMsg("o-3"), inbox.OutcomeProcessed)
+	broken.Store(true)
+	process(notifier, grantedMsg("o-3"), inbox.OutcomeQuarantined)
+	process(coupons, orderMsg("o-3"), inbox.OutcomeDuplicate)
+	process(coupons, orderMsg("o-4"), inbox.OutcomeProcessed)
+	broken.Store(false)
+	process(notifier, grantedMsg("o-4"), inbox.OutcomeProcessed)
+	rep, err := notifier.Replay(ctx, inbox.ReplayOptions{Filter: inbox.Filter{Statuses: []inbox.Status{inbox.StatusFailed}}})
+	if err != nil || rep.Selected != 1 || rep.Processed != 1 {
+		t.Fatalf("notify replay: %+v %v", rep, err)
+	}
+	if got := count(t, db, "SELECT COUNT(*) FROM notification"); got != 4 {
+		t.Fatalf("notifications = %d, want 4 (o-1..o-4)", got)
+	}
+	if got := count(t, db, "SELECT COUNT(*) FROM inbox WHERE biz_type = 'coupon' AND status = 'done'"); got != 4 {
+		t.Fatalf("coupon rows done = %d, want 4", got)
+	}
+	// The coupon invariants are per biz type coupon and still hold.
+	audit, err := coupon.Verify(ctx, db, cc.CampaignID, time.Hour)
+	if err != nil || !audit.OK() || audit.Granted != 4 || audit.InboxDone != 4 {
+		t.Fatalf("coupon audit: %+v %v", audit, err)
+	}
+}
+
+// breakable fails every Handle while broken is set.
+type breakable struct {
+	inbox.Handler
+	broken *atomic.Bool
+}
+
+func (b breakable) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error) {
+	if b.broken.Load() {
+		return inbox.Done, errors.New("push gateway down")
+	}
+	return b.Handler.Handle(ctx, tx, d)
+}

@@ -1,0 +1,64 @@
+package inbox_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/pkg/registry"
+)
+
+type nopHandler struct{}
+
+func (nopHandler) Decode(m *message.Message) (inbox.Decoded, error) {
+	return inbox.Decoded{Key: string(m.Payload)}, nil
+}
+func (nopHandler) Handle(context.Context, *sql.Tx, *inbox.Delivery) (inbox.Progress, error) {
+	return inbox.Done, nil
+}
+
+func testPlugin(name string) inbox.Plugin {
+	return inbox.Plugin{Name: name, Topics: []string{"t"}, ConsumerGroup: "g", BizType: "b",
+		Build: func(inbox.PluginEnv) (inbox.Handler, error) { return nopHandler{}, nil }}
+}
+
+func mustPanic(t *testing.T, want string, fn func()) {
+	t.Helper()
+	defer func() {
+		t.Helper()
+		r := recover()
+		if r == nil {
+			t.Fatalf("no panic, want one mentioning %q", want)
+		}
+		if msg := fmt.Sprint(r); !strings.Contains(msg, want) {
+			t.Fatalf("panic %q does not mention %q", msg, want)
+		}
+	}()
+	fn()
+}
+
+// A plugin registered twice (two packages claiming one name) fails at start-up with a
+// message naming it; so do empty names and incomplete declarations.
+func TestPluginRegisteredTwicePanics(t *testing.T) {
+	r := registry.New[inbox.Plugin]("plugin")
+	inbox.RegisterIn(r, testPlugin("greeter"))
+	mustPanic(t, `"greeter" registered twice`, func() { inbox.RegisterIn(r, testPlugin("greeter")) })
+	if got := r.Names(); len(got) != 1 || got[0] != "greeter" {
+		t.Fatalf("names after the failed registration: %v", got)
+	}
+	mustPanic(t, "empty name", func() { inbox.RegisterIn(r, testPlugin("")) })
+	noTopics := testPlugin("x")
+	noTopics.Topics = nil
+	mustPanic(t, `plugin "x": no topics`, func() { inbox.RegisterIn(r, noTopics) })
+	noBiz := testPlugin("y")
+	noBiz.BizType = ""
+	mustPanic(t, `plugin "y": no biz type`, func() { inbox.RegisterIn(r, noBiz) })
+	noBuild := testPlugin("z")
+	noBuild.Build = nil
+	mustPanic(t, `plugin "z": no Build`, func() { inbox.RegisterIn(r, noBuild) })
+}

@@ -1,0 +1,232 @@
+package inbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ReplayTable records every replay (see migrations/00002).
+const ReplayTable = "replay"
+
+// Replay outcomes, as stored in replay.outcome.
+const (
+	ReplayOK          = "ok"          // every selected row ran; none came back quarantined
+	ReplayPartial     = "partial"     // some rows were quarantined again (cause not fixed, or poison)
+	ReplayInterrupted = "interrupted" // stopped early: database unreachable or cancelled
+	ReplayDryRun      = "dry_run"     // nothing ran
+)
+
+// ReplayOptions configure one replay.
+type ReplayOptions struct {
+	// Filter selects the rows; its BizType must be empty or the inbox's. Rows created after
+	// the replay starts are never selected.
+	Filter Filter
+	// DryRun selects and records the replay (dry_run = 1) but runs nothing.
+	DryRun bool
+	// Rate limits replayed messages per second; 0 means no limit.
+	Rate float64
+	// OnRow, when set, is called after each row (dry runs: with a zero Result).
+	OnRow func(Row, Result)
+}
+
+// ReplayedRow is one selected row and what the replay did with it.
+type ReplayedRow struct {
+	Row    Row    `json:"row"`
+	Result Result `json:"-"`
+}
+
+// ReplayReport summarises a replay. It is also what the replay table holds.
+type ReplayReport struct {
+	ID          int64         `json:"id"`
+	BizType     string        `json:"biz_type"`
+	DryRun      bool          `json:"dry_run"`
+	Filter      Filter        `json:"filter"`
+	Selected    int           `json:"selected"`
+	Processed   int           `json:"processed"`
+	Duplicates  int           `json:"duplicates"`
+	Quarantined int           `json:"quarantined"`
+	Conflicts   int           `json:"conflicts"`
+	Poison      int           `json:"poison"`   // selected rows that cannot be decoded (re-quarantined)
+	WasDone     int           `json:"was_done"` // selected rows already done (come back as duplicates)
+	Outcome     string        `json:"outcome"`  // ok, partial, interrupted, dry_run
+	Error       string        `json:"error,omitempty"`
+	Rows        []ReplayedRow `json:"-"`
+	StartedAt   time.Time     `json:"started_at"`
+	FinishedAt  time.Time     `json:"finished_at"`
+}
+
+// Replay re-runs the stored messages f selects through this inbox's handler, exactly as a
+// live delivery runs (Process with Reopen and the replay's id): a 'failed' row runs again, a
+// 'processing' row resumes where its handler left it, a 'done' row is a duplicate and
+// changes nothing, a poison row cannot be decoded and is quarantined again. The replay is
+// recorded in the replay table and its id stamped on the rows it re-ran.
+//
+// The returned error is non-nil only when the replay could not run to its end (selection or
+// bookkeeping failed, database unreachable, context cancelled); the report then says how far
+// it got.
+func (ib *Inbox) Replay(ctx context.Context, opts ReplayOptions) (ReplayReport, error) {
+	f := opts.Filter
+	if f.BizType == "" {
+		f.BizType = ib.cfg.BizType
+	}
+	rep := ReplayReport{BizType: ib.cfg.BizType, DryRun: opts.DryRun, Filter: f, StartedAt: time.Now().UTC()}
+	if f.BizType != ib.cfg.BizType {
+		return rep, fmt.Errorf("replay: filter biz type %q is not this inbox's %q", f.BizType, ib.cfg.BizType)
+	}
+	if err := f.Validate(); err != nil {
+		return rep, fmt.Errorf("replay: %w", err)
+	}
+	if opts.Rate < 0 {
+		return rep, fmt.Errorf("replay: rate %v is negative", opts.Rate)
+	}
+	store, err := NewStore(ib.db, ib.cfg.Table)
+	if err != nil {
+		return rep, err
+	}
+	maxID, err := store.MaxID(ctx)
+	if err != nil {
+		return rep, err
+	}
+	filterJSON, _ := json.Marshal(f)
+	res, err := ib.db.ExecContext(ctx, "INSERT INTO "+ReplayTable+" (biz_type, filter, dry_run, started_at) VALUES (?, ?, ?, ?)",
+		f.BizType, string(filterJSON), opts.DryRun, rep.StartedAt)
+	if err != nil {
+		return rep, fmt.Errorf("replay: record start: %w (run `router migrate`)", err)
+	}
+	if rep.ID, err = res.LastInsertId(); err != nil {
+		return rep, fmt.Errorf("replay: record start: %w", err)
+	}
+
+	runErr := ib.replayRows(ctx, store, f, maxID, opts, &rep)
+	switch {
+	case runErr != nil:
+		rep.Outcome, rep.Error = ReplayInterrupted, runErr.Error()
+	case opts.DryRun:
+		rep.Outcome = ReplayDryRun
+	case rep.Quarantined+rep.Conflicts > 0:
+		rep.Outcome = ReplayPartial
+	default:
+		rep.Outcome = ReplayOK
+	}
+	rep.FinishedAt = time.Now().UTC()
+	// Record the end even when ctx was cancelled: the operator must see how far it got.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	_, ferr := ib.db.ExecContext(fctx, "UPDATE "+ReplayTable+` SET finished_at = ?, selected = ?, processed = ?, duplicate = ?,
+ quarantined = ?, conflict = ?, outcome = ?, error = ? WHERE id = ?`,
+		rep.FinishedAt, rep.Selected, rep.Processed, rep.Duplicates, rep.Quarantined, rep.Conflicts, rep.Outcome, nullString(rep.Error), rep.ID)
+	if ferr != nil {
+		ferr = fmt.Errorf("replay %d: record end: %w", rep.ID, ferr)
+	}
+	if runErr != nil {
+		return rep, errors.Join(fmt.Errorf("replay %d interrupted after %d of the selected rows: %w", rep.ID, len(rep.Rows), runErr), ferr)
+	}
+	return rep, ferr
+}
+
+const replayPage = 200
+
+func (ib *Inbox) replayRows(ctx context.Context, store *Store, f Filter, maxID int64, opts ReplayOptions, rep *ReplayReport) error {
+	if maxID == 0 {
+		return nil
+	}
+	var interval time.Duration
+	if opts.Rate > 0 {
+		interval = time.Duration(float64(time.Second) / opts.Rate)
+	}
+	next := time.Now()
+	var after int64
+	for f.Limit == 0 || rep.Selected < f.Limit {
+		page := f
+		page.Limit = replayPage
+		if f.Limit > 0 {
+			page.Limit = min(replayPage, f.Limit-rep.Selected)
+		}
+		// Keyset paging: rows change status as they are replayed, so an OFFSET would skip
+		// some; rows created after the start (id > maxID) are not part of this replay.
+		rows, err := store.list(ctx, page, after, maxID)
+		if err != nil {
+			return err
+		}
+		if len(rows) == 0 {
+			return nil
+		}
+		for _, row := range rows {
+			after = row.ID
+			rep.Selected++
+			if row.Status == StatusDone {
+				rep.WasDone++
+			}
+			if row.Poison() {
+				rep.Poison++
+			}
+			if opts.DryRun {
+				rep.Rows = append(rep.Rows, ReplayedRow{Row: row})
+				if opts.OnRow != nil {
+					opts.OnRow(row, Result{})
+				}
+				continue
+			}
+			if interval > 0 {
+				if wait := time.Until(next); wait > 0 {
+					sleep(ctx, wait)
+				}
+				next = time.Now().Add(interval)
+			}
+			if err := ctx.Err(); err != nil {
+				rep.Selected--
+				return err
+			}
+			r, err := ib.Process(ctx, row.Message(), row.Source(), ProcessOptions{Reopen: true, ReplayID: rep.ID})
+			if err != nil {
+				rep.Selected--
+				return err
+			}
+			switch r.Outcome {
+			case OutcomeProcessed:
+				rep.Processed++
+			case OutcomeDuplicate:
+				rep.Duplicates++
+			case OutcomeQuarantined:
+				rep.Quarantined++
+			case OutcomeConflict:
+				rep.Conflicts++
+			}
+			rep.Rows = append(rep.Rows, ReplayedRow{Row: row, Result: r})
+			if opts.OnRow != nil {
+				opts.OnRow(row, r)
+			}
+		}
+	}
+	return nil
+}
+
+func nullString(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+// LoadReplay reads one row of the replay table.
+func (s *Store) LoadReplay(ctx context.Context, id int64) (ReplayReport, error) {
+	var r ReplayReport
+	var filter string
+	var finished sql.NullTime
+	var errText sql.NullString
+	err := s.db.QueryRowContext(ctx, `SELECT id, biz_type, filter, dry_run, started_at, finished_at, selected, processed, duplicate,
+ quarantined, conflict, outcome, error FROM `+ReplayTable+` WHERE id = ?`, id).Scan(&r.ID, &r.BizType, &filter, &r.DryRun, &r.StartedAt,
+		&finished, &r.Selected, &r.Processed, &r.Duplicates, &r.Quarantined, &r.Conflicts, &r.Outcome, &errText)
+	if err != nil {
+		return r, fmt.Errorf("load replay %d: %w", id, err)
+	}
+	r.FinishedAt, r.Error = finished.Time, errText.String
+	if err := json.Unmarshal([]byte(filter), &r.Filter); err != nil {
+		return r, fmt.Errorf("load replay %d: filter: %w", id, err)
+	}
+	return r, nil
+}

@@ -1,0 +1,318 @@
+package inbox_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/inbox"
+)
+
+// failUntilFixed wraps the granter: every step fails while broken is set (the downstream
+// outage of an incident), so the message is quarantined after MaxAttempts.
+func failUntilFixed(broken *atomic.Bool) func(inbox.Handler) inbox.Handler {
+	return func(g inbox.Handler) inbox.Handler {
+		return handlerFunc{inner: g, handle: func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error) {
+			if broken.Load() {
+				return inbox.Continue, errors.New("wallet service down")
+			}
+			return g.Handle(ctx, tx, d)
+		}}
+	}
+}
+
+// snapshot is every business and inbox fact a replay could change. strict adds the inbox
+// rows' duplicate counters and updated_at, which a duplicate delivery moves (it is counted).
+func snapshot(t *testing.T, db *sql.DB, strict bool) string {
+	t.Helper()
+	var b strings.Builder
+	for _, q := range []string{
+		"SELECT COUNT(*) FROM user_coupon",
+		"SELECT COUNT(*) FROM coupon_grant",
+		"SELECT COALESCE(SUM(state = 'GRANTED'), 0) FROM coupon_grant",
+		"SELECT COUNT(*) FROM outbox",
+		"SELECT COALESCE(SUM(locked), 0) FROM coupon_stock",
+		"SELECT COALESCE(SUM(granted), 0) FROM coupon_stock",
+		"SELECT COALESCE(SUM(spent_cents), 0) FROM coupon_budget",
+	} {
+		fmt.Fprintf(&b, "%s=%d\n", q, count(t, db, q))
+	}
+	rows, err := db.Query("SELECT id, dedup_key, status, COALESCE(reason, ''), attempts, COALESCE(replay_id, 0), duplicates, updated_at FROM inbox ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, attempts, replay, dups int64
+		var key, status, reason string
+		var updated time.Time
+		if err := rows.Scan(&id, &key, &status, &reason, &attempts, &replay, &dups, &updated); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "inbox %d %s %s %s attempts=%d replay=%d", id, key, status, reason, attempts, replay)
+		if strict {
+			fmt.Fprintf(&b, " duplicates=%d updated=%s", dups, updated.Format(time.RFC3339Nano))
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+func failedFilter() inbox.Filter { return inbox.Filter{Statuses: []inbox.Status{inbox.StatusFailed}} }
+
+// The incident's recovery: an order quarantined while the wallet service was down is
+// replayed after the fix and grants exactly one coupon; the replay is recorded and its id
+// stamped on the row; a second replay finds nothing failed, and a replay of done rows
+// grants nothing.
+func TestReplayQuarantinedAfterFixGrantsOnce(t *testing.T) {
+	var broken atomic.Bool
+	broken.Store(true)
+	p := newPipeline(t, pipelineOpts{inboxCfg: inbox.Config{MaxAttempts: 2}, wrap: failUntilFixed(&broken)})
+	ctx := context.Background()
+	db := p.db.DB
+
+	r, err := p.inbox.Process(ctx, orderMsg("o-outage", "u1"), src, inbox.ProcessOptions{})
+	if err != nil || r.Outcome != inbox.OutcomeQuarantined || r.Reason != inbox.ReasonRetriesExhausted {
+		t.Fatalf("during the outage: %+v %v", r, err)
+	}
+	if n := count(t, db, "SELECT COUNT(*) FROM user_coupon"); n != 0 {
+		t.Fatalf("coupons during the outage = %d", n)
+	}
+
+	broken.Store(false) // the cause is fixed
+	rep, err := p.inbox.Replay(ctx, inbox.ReplayOptions{Filter: failedFilter()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Selected != 1 || rep.Processed != 1 || rep.Duplicates+rep.Quarantined+rep.Conflicts != 0 || rep.Outcome != inbox.ReplayOK {
+		t.Fatalf("replay report: %+v", rep)
+	}
+	if n := count(t, db, "SELECT COUNT(*) FROM user_coupon WHERE order_id = 'o-outage'"); n != 1 {
+		t.Fatalf("coupons after replay = %d, want 1", n)
+	}
+	if n := count(t, db, "SELECT COUNT(*) FROM outbox WHERE msg_key = 'o-outage'"); n != 1 {
+		t.Fatalf("grant events after replay = %d, want 1", n)
+	}
+	var status string
+	var replayID sql.NullInt64
+	if err := db.QueryRow("SELECT status, replay_id FROM inbox WHERE dedup_key = 'o-outage'").Scan(&status, &replayID); err != nil {
+		t.Fatal(err)
+	}
+	if status != "done" || replayID.Int64 != rep.ID {
+		t.Fatalf("inbox row status=%s replay_id=%v, want done and %d", status, replayID, rep.ID)
+	}
+	store, err := inbox.NewStore(db, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := store.LoadReplay(ctx, rep.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Selected != 1 || rec.Processed != 1 || rec.Outcome != inbox.ReplayOK || rec.DryRun || rec.FinishedAt.IsZero() ||
+		rec.BizType != "coupon" || len(rec.Filter.Statuses) != 1 || rec.Filter.Statuses[0] != inbox.StatusFailed {
+		t.Fatalf("replay record: %+v", rec)
+	}
+	if rows, err := store.List(ctx, inbox.Filter{ReplayID: rep.ID}); err != nil || len(rows) != 1 || rows[0].DedupKey != "o-outage" {
+		t.Fatalf("rows stamped by replay %d: %+v %v", rep.ID, rows, err)
+	}
+
+	again, err := p.inbox.Replay(ctx, inbox.ReplayOptions{Filter: failedFilter()})
+	if err != nil || again.Selected != 0 || again.Outcome != inbox.ReplayOK {
+		t.Fatalf("second replay of failed rows: %+v %v", again, err)
+	}
+	before := snapshot(t, db, false)
+	done, err := p.inbox.Replay(ctx, inbox.ReplayOptions{Filter: inbox.Filter{Keys: []string{"o-outage"}}})
+	if err != nil || done.Selected != 1 || done.Duplicates != 1 || done.WasDone != 1 || done.Processed != 0 {
+		t.Fatalf("replay of the done row: %+v %v", done, err)
+	}
+	if after := snapshot(t, db, false); after != before {
+		t.Fatalf("replaying a done row changed state:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+}
+
+// Replaying done messages grants nothing: every row comes back as a duplicate.
+func TestReplayDoneGrantsNothing(t *testing.T) {
+	p := newPipeline(t, pipelineOpts{})
+	ctx := context.Background()
+	for i := range 5 {
+		if r, err := p.inbox.Process(ctx, orderMsg(fmt.Sprintf("o-done-%d", i), "u1"), src, inbox.ProcessOptions{}); err != nil || r.Outcome != inbox.OutcomeProcessed {
+			t.Fatalf("%+v %v", r, err)
+		}
+	}
+	before := snapshot(t, p.db.DB, false)
+	rep, err := p.inbox.Replay(ctx, inbox.ReplayOptions{Filter: inbox.Filter{Statuses: []inbox.Status{inbox.StatusDone}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Selected != 5 || rep.Duplicates != 5 || rep.WasDone != 5 || rep.Processed != 0 || rep.Outcome != inbox.ReplayOK {
+		t.Fatalf("report: %+v", rep)
+	}
+	if after := snapshot(t, p.db.DB, false); after != before {
+		t.Fatalf("replaying done rows changed state:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	if n := count(t, p.db.DB, "SELECT SUM(duplicates) FROM inbox"); n != 5 {
+		t.Fatalf("duplicate counters = %d, want 5 (each replayed done row counted once)", n)
+	}
+}
+
+// --dry-run selects and logs, and changes nothing else.
+func TestReplayDryRunChangesNothing(t *testing.T) {
+	var broken atomic.Bool
+	broken.Store(true)
+	p := newPipeline(t, pipelineOpts{inboxCfg: inbox.Config{MaxAttempts: 1}, wrap: failUntilFixed(&broken)})
+	ctx := context.Background()
+	for _, id := range []string{"o-dry-1", "o-dry-2"} {
+		if r, err := p.inbox.Process(ctx, orderMsg(id, "u1"), src, inbox.ProcessOptions{}); err != nil || r.Outcome != inbox.OutcomeQuarantined {
+			t.Fatalf("%+v %v", r, err)
+		}
+	}
+	broken.Store(false)
+	before := snapshot(t, p.db.DB, true)
+	var seen []string
+	rep, err := p.inbox.Replay(ctx, inbox.ReplayOptions{Filter: failedFilter(), DryRun: true,
+		OnRow: func(r inbox.Row, _ inbox.Result) { seen = append(seen, r.DedupKey) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Selected != 2 || rep.Processed != 0 || rep.Outcome != inbox.ReplayDryRun || strings.Join(seen, ",") != "o-dry-1,o-dry-2" {
+		t.Fatalf("dry run: %+v rows %v", rep, seen)
+	}
+	if after := snapshot(t, p.db.DB, true); after != before {
+		t.Fatalf("dry run changed state:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	if n := count(t, p.db.DB, "SELECT COUNT(*) FROM replay WHERE id = ? AND dry_run = 1 AND selected = 2 AND outcome = 'dry_run'", rep.ID); n != 1 {
+		t.Fatal("dry run not logged in the replay table")
+	}
+}
+
+// Poison rows cannot be decoded: a replay quarantines them again (same row, stamped).
+func TestReplayPoisonIsQuarantinedAgain(t *testing.T) {
+	p := newPipeline(t, pipelineOpts{})
+	ctx := context.Background()
+	msg := message.NewMessage(watermill.NewUUID(), []byte(`{"orderId": 42}`))
+	if r, err := p.inbox.Process(ctx, msg, inbox.Source{Topic: "order-paid", Partition: 2, Offset: 7}, inbox.ProcessOptions{}); err != nil || r.Reason != inbox.ReasonPoison {
+		t.Fatalf("%+v %v", r, err)
+	}
+	rep, err := p.inbox.Replay(ctx, inbox.ReplayOptions{Filter: failedFilter()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Selected != 1 || rep.Poison != 1 || rep.Quarantined != 1 || rep.Outcome != inbox.ReplayPartial {
+		t.Fatalf("report: %+v", rep)
+	}
+	if n := count(t, p.db.DB, "SELECT COUNT(*) FROM inbox WHERE dedup_key = 'poison:order-paid/2/7' AND status = 'failed' AND reason = 'poison' AND replay_id = ?", rep.ID); n != 1 {
+		t.Fatal("the poison row was not quarantined again in place with the replay id")
+	}
+	if n := count(t, p.db.DB, "SELECT COUNT(*) FROM inbox"); n != 1 {
+		t.Fatalf("inbox rows = %d, want 1", n)
+	}
+}
+
+// A 'processing' row left behind by a consumer that died between steps resumes under a
+// replay selected with OlderThan, and grants once.
+func TestReplayResumesStuckProcessingRow(t *testing.T) {
+	var die atomic.Bool
+	die.Store(true)
+	ctx, cancel := context.WithCancel(context.Background())
+	p := newPipeline(t, pipelineOpts{wrap: func(g inbox.Handler) inbox.Handler {
+		return handlerFunc{inner: g, handle: func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error) {
+			prog, err := g.Handle(ctx, tx, d)
+			if die.Load() && d.Step == 1 {
+				cancel() // the consumer dies after its first step committed
+				return inbox.Continue, context.Canceled
+			}
+			return prog, err
+		}}
+	}})
+	if _, err := p.inbox.Process(ctx, orderMsg("o-stuck", "u1"), src, inbox.ProcessOptions{}); err == nil {
+		t.Fatal("expected the delivery to die")
+	}
+	die.Store(false)
+	db := p.db.DB
+	if n := count(t, db, "SELECT COUNT(*) FROM inbox WHERE dedup_key = 'o-stuck' AND status = 'processing'"); n != 1 {
+		t.Fatal("no stuck processing row")
+	}
+	time.Sleep(20 * time.Millisecond)
+	rep, err := p.inbox.Replay(context.Background(), inbox.ReplayOptions{Filter: inbox.Filter{
+		Statuses: []inbox.Status{inbox.StatusProcessing}, OlderThan: 10 * time.Millisecond}})
+	if err != nil || rep.Selected != 1 || rep.Processed != 1 {
+		t.Fatalf("replay: %+v %v", rep, err)
+	}
+	if n := count(t, db, "SELECT COUNT(*) FROM user_coupon WHERE order_id = 'o-stuck'"); n != 1 {
+		t.Fatalf("coupons = %d, want 1", n)
+	}
+	if n := count(t, db, "SELECT COALESCE(SUM(granted), 0) FROM coupon_stock"); n != 1 {
+		t.Fatalf("stock granted = %d, want 1", n)
+	}
+}
+
+// Filters: keys, limit, time window, refs; rows of another biz type are never selected.
+func TestStoreFilters(t *testing.T) {
+	p := newPipeline(t, pipelineOpts{})
+	ctx := context.Background()
+	for i := range 6 {
+		if _, err := p.inbox.Process(ctx, orderMsg(fmt.Sprintf("o-f-%d", i), "u1"), src, inbox.ProcessOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	store, err := inbox.NewStore(p.db.DB, "inbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := store.List(ctx, inbox.Filter{BizType: "coupon"})
+	if err != nil || len(all) != 6 {
+		t.Fatalf("all: %d %v", len(all), err)
+	}
+	if string(all[0].Payload) == "" || all[0].Metadata == nil && len(all[0].Payload) == 0 {
+		t.Fatalf("row without payload: %+v", all[0])
+	}
+	now := time.Now()
+	cases := []struct {
+		name string
+		f    inbox.Filter
+		want int
+	}{
+		{"keys", inbox.Filter{Keys: []string{"o-f-1", "o-f-3", "nope"}}, 2},
+		{"limit", inbox.Filter{Limit: 4}, 4},
+		{"other biz type", inbox.Filter{BizType: "notify"}, 0},
+		{"status done", inbox.Filter{Statuses: []inbox.Status{inbox.StatusDone}}, 6},
+		{"status failed", failedFilter(), 0},
+		{"since an hour ago", inbox.Filter{Since: now.Add(-time.Hour)}, 6},
+		{"until an hour ago", inbox.Filter{Until: now.Add(-time.Hour)}, 0},
+		{"since in the future", inbox.Filter{Since: now.Add(time.Hour)}, 0},
+		{"ref by id", inbox.Filter{Refs: []string{fmt.Sprint(all[2].ID)}}, 1},
+		{"ref by key", inbox.Filter{Refs: []string{"o-f-5"}}, 1},
+		{"older than an hour", inbox.Filter{OlderThan: time.Hour}, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rows, err := store.List(ctx, tc.f)
+			if err != nil || len(rows) != tc.want {
+				t.Fatalf("got %d rows (%v), want %d", len(rows), err, tc.want)
+			}
+		})
+	}
+	for _, bad := range []inbox.Filter{
+		{Statuses: []inbox.Status{"stuck"}}, {Limit: -1}, {OlderThan: -time.Second},
+		{Since: now, Until: now.Add(-time.Hour)}, {Keys: []string{""}},
+	} {
+		if _, err := store.List(ctx, bad); err == nil {
+			t.Errorf("filter %+v accepted", bad)
+		}
+	}
+	if _, err := p.inbox.Replay(ctx, inbox.ReplayOptions{Filter: inbox.Filter{BizType: "notify"}}); err == nil {
+		t.Error("a coupon inbox replayed a notify filter")
+	}
+	if n := count(t, p.db.DB, "SELECT COUNT(*) FROM replay"); n != 0 {
+		t.Errorf("rejected replays were recorded: %d", n)
+	}
+}

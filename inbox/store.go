@@ -1,0 +1,287 @@
+package inbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/pkg/dbx"
+)
+
+// Filter selects inbox rows for inspection and replay. Zero fields match everything.
+type Filter struct {
+	BizType string `json:"biz_type,omitempty"`
+	// Statuses: any of them; empty means every status.
+	Statuses []Status `json:"statuses,omitempty"`
+	// OlderThan: rows last updated more than this long ago (for 'processing': stuck rows).
+	OlderThan time.Duration `json:"older_than,omitempty"`
+	// Keys: dedup keys (order ids), any of them.
+	Keys []string `json:"keys,omitempty"`
+	// Refs: row ids or dedup keys, any of them (`router inbox show 42`, `show ord-1`).
+	Refs []string `json:"refs,omitempty"`
+	// Since and Until bound created_at (when the key was first received): [Since, Until).
+	Since time.Time `json:"since,omitzero"`
+	Until time.Time `json:"until,omitzero"`
+	// ReplayID: rows stamped by this replay.
+	ReplayID int64 `json:"replay_id,omitempty"`
+	// Limit caps the number of rows; 0 means no limit.
+	Limit int `json:"limit,omitempty"`
+}
+
+// ParseStatus accepts processing, done and failed.
+func ParseStatus(s string) (Status, error) {
+	switch st := Status(strings.ToLower(strings.TrimSpace(s))); st {
+	case StatusProcessing, StatusDone, StatusFailed:
+		return st, nil
+	}
+	return "", fmt.Errorf("unknown status %q (use failed, processing or done)", s)
+}
+
+// Validate reports the first invalid field.
+func (f Filter) Validate() error {
+	for _, s := range f.Statuses {
+		if _, err := ParseStatus(string(s)); err != nil {
+			return err
+		}
+	}
+	switch {
+	case f.OlderThan < 0:
+		return fmt.Errorf("older-than %s is negative", f.OlderThan)
+	case f.Limit < 0:
+		return fmt.Errorf("limit %d is negative", f.Limit)
+	case !f.Since.IsZero() && !f.Until.IsZero() && !f.Since.Before(f.Until):
+		return fmt.Errorf("since %s is not before until %s", f.Since.Format(time.RFC3339), f.Until.Format(time.RFC3339))
+	case len(f.BizType) > 64:
+		return fmt.Errorf("biz type %q longer than 64 bytes", f.BizType)
+	}
+	for _, k := range append(append([]string(nil), f.Keys...), f.Refs...) {
+		if k == "" || len(k) > 191 {
+			return fmt.Errorf("order id / key %q must be 1..191 bytes", k)
+		}
+	}
+	return nil
+}
+
+// Row is one inbox row as stored.
+type Row struct {
+	ID          int64             `json:"id"`
+	DedupKey    string            `json:"dedup_key"`
+	BizType     string            `json:"biz_type"`
+	Status      Status            `json:"status"`
+	Reason      string            `json:"reason,omitempty"`
+	MessageUUID string            `json:"message_uuid"`
+	Topic       string            `json:"topic"`
+	Partition   int32             `json:"partition"`
+	Offset      int64             `json:"offset"`
+	Payload     []byte            `json:"-"`
+	Metadata    map[string]string `json:"metadata,omitempty"`
+	Fingerprint string            `json:"fingerprint"`
+	Attempts    int               `json:"attempts"`
+	Duplicates  int               `json:"duplicates"`
+	LastError   string            `json:"last_error,omitempty"`
+	ReplayID    int64             `json:"replay_id,omitempty"`
+	CreatedAt   time.Time         `json:"created_at"`
+	UpdatedAt   time.Time         `json:"updated_at"`
+	ExpireAt    time.Time         `json:"expire_at"`
+}
+
+// Poison reports whether the row holds a message that could not be decoded: replaying it
+// quarantines it again.
+func (r Row) Poison() bool { return r.Reason == string(ReasonPoison) }
+
+// Message rebuilds the stored message (uuid, payload, metadata) for a replay.
+func (r Row) Message() *message.Message {
+	m := message.NewMessage(r.MessageUUID, append([]byte(nil), r.Payload...))
+	for k, v := range r.Metadata {
+		m.Metadata.Set(k, v)
+	}
+	return m
+}
+
+// Source is where the stored message came from.
+func (r Row) Source() Source {
+	return Source{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}
+}
+
+// Store reads inbox rows; it never changes them (changes go through Inbox.Process).
+type Store struct {
+	db    *sql.DB
+	table string
+}
+
+// NewStore returns a Store on table (default "inbox").
+func NewStore(db *sql.DB, table string) (*Store, error) {
+	if db == nil {
+		return nil, errors.New("inbox store: db is required")
+	}
+	if table == "" {
+		table = "inbox"
+	}
+	if err := dbx.CheckIdent("inbox table", table); err != nil {
+		return nil, fmt.Errorf("inbox store: %w", err)
+	}
+	return &Store{db: db, table: table}, nil
+}
+
+const rowColumns = `id, dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset,
+ payload, metadata, fingerprint, attempts, duplicates, last_error, replay_id, created_at, updated_at, expire_at`
+
+// List returns the rows f selects, ordered by id.
+func (s *Store) List(ctx context.Context, f Filter) ([]Row, error) {
+	return s.list(ctx, f, 0, 0)
+}
+
+// list adds keyset bounds (afterID < id <= maxID) used by replay to page through a
+// selection that it changes as it goes.
+func (s *Store) list(ctx context.Context, f Filter, afterID, maxID int64) ([]Row, error) {
+	if err := f.Validate(); err != nil {
+		return nil, err
+	}
+	where, args := f.where(time.Now())
+	if afterID > 0 {
+		where = append(where, "id > ?")
+		args = append(args, afterID)
+	}
+	if maxID > 0 {
+		where = append(where, "id <= ?")
+		args = append(args, maxID)
+	}
+	q := "SELECT " + rowColumns + " FROM " + s.table
+	if len(where) > 0 {
+		q += " WHERE " + strings.Join(where, " AND ")
+	}
+	q += " ORDER BY id"
+	if f.Limit > 0 {
+		q += " LIMIT " + strconv.Itoa(f.Limit)
+	}
+	rows, err := s.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list inbox: %w", err)
+	}
+	defer rows.Close()
+	var out []Row
+	for rows.Next() {
+		r, err := scanRow(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list inbox: %w", err)
+	}
+	return out, nil
+}
+
+// MaxID returns the highest row id (0 for an empty table).
+func (s *Store) MaxID(ctx context.Context) (int64, error) {
+	var id sql.NullInt64
+	if err := s.db.QueryRowContext(ctx, "SELECT MAX(id) FROM "+s.table).Scan(&id); err != nil {
+		return 0, fmt.Errorf("inbox max id: %w", err)
+	}
+	return id.Int64, nil
+}
+
+// Count returns the number of rows f selects, ignoring f.Limit.
+func (s *Store) Count(ctx context.Context, f Filter) (int, error) {
+	if err := f.Validate(); err != nil {
+		return 0, err
+	}
+	where, args := f.where(time.Now())
+	q := "SELECT COUNT(*) FROM " + s.table
+	if len(where) > 0 {
+		q += " WHERE " + strings.Join(where, " AND ")
+	}
+	var n int
+	if err := s.db.QueryRowContext(ctx, q, args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count inbox: %w", err)
+	}
+	return n, nil
+}
+
+func (f Filter) where(now time.Time) ([]string, []any) {
+	var where []string
+	var args []any
+	in := func(col string, vals []any) {
+		where = append(where, col+" IN ("+strings.TrimSuffix(strings.Repeat("?,", len(vals)), ",")+")")
+		args = append(args, vals...)
+	}
+	if f.BizType != "" {
+		where = append(where, "biz_type = ?")
+		args = append(args, f.BizType)
+	}
+	if len(f.Statuses) > 0 {
+		vals := make([]any, len(f.Statuses))
+		for i, s := range f.Statuses {
+			vals[i] = string(s)
+		}
+		in("status", vals)
+	}
+	if f.OlderThan > 0 {
+		where = append(where, "updated_at < ?")
+		args = append(args, now.Add(-f.OlderThan).UTC())
+	}
+	if len(f.Keys) > 0 {
+		vals := make([]any, len(f.Keys))
+		for i, k := range f.Keys {
+			vals[i] = k
+		}
+		in("dedup_key", vals)
+	}
+	if len(f.Refs) > 0 {
+		var ids, keys []any
+		for _, r := range f.Refs {
+			keys = append(keys, r)
+			if id, err := strconv.ParseInt(r, 10, 64); err == nil && id > 0 {
+				ids = append(ids, id)
+			}
+		}
+		cond := "dedup_key IN (" + strings.TrimSuffix(strings.Repeat("?,", len(keys)), ",") + ")"
+		args = append(args, keys...)
+		if len(ids) > 0 {
+			cond = "(" + cond + " OR id IN (" + strings.TrimSuffix(strings.Repeat("?,", len(ids)), ",") + "))"
+			args = append(args, ids...)
+		}
+		where = append(where, cond)
+	}
+	if !f.Since.IsZero() {
+		where = append(where, "created_at >= ?")
+		args = append(args, f.Since.UTC())
+	}
+	if !f.Until.IsZero() {
+		where = append(where, "created_at < ?")
+		args = append(args, f.Until.UTC())
+	}
+	if f.ReplayID > 0 {
+		where = append(where, "replay_id = ?")
+		args = append(args, f.ReplayID)
+	}
+	return where, args
+}
+
+type scanner interface{ Scan(dest ...any) error }
+
+func scanRow(sc scanner) (Row, error) {
+	var r Row
+	var reason, meta, lastErr sql.NullString
+	var replay sql.NullInt64
+	err := sc.Scan(&r.ID, &r.DedupKey, &r.BizType, &r.Status, &reason, &r.MessageUUID, &r.Topic, &r.Partition, &r.Offset,
+		&r.Payload, &meta, &r.Fingerprint, &r.Attempts, &r.Duplicates, &lastErr, &replay, &r.CreatedAt, &r.UpdatedAt, &r.ExpireAt)
+	if err != nil {
+		return r, fmt.Errorf("scan inbox row: %w", err)
+	}
+	r.Reason, r.LastError, r.ReplayID = reason.String, lastErr.String, replay.Int64
+	if meta.Valid && meta.String != "" && meta.String != "null" {
+		if err := json.Unmarshal([]byte(meta.String), &r.Metadata); err != nil {
+			return r, fmt.Errorf("inbox row %d: metadata: %w", r.ID, err)
+		}
+	}
+	return r, nil
+}

@@ -1,0 +1,565 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/onceflow/onceflow/pkg/kafkax"
+)
+
+// DefaultPositionsTopic is the compacted topic where exactly-once relays record, in the
+// same Kafka transaction as the events, which outbox ids each batch covered.
+const DefaultPositionsTopic = "onceflow-relay-positions"
+
+// ErrFenced is returned (wrapped) when another producer with the same transactional.id took
+// over: this relay's session is over and it stops publishing.
+var ErrFenced = errors.New("outbox relay fenced: another instance took over the transactional.id")
+
+// errLeaseLost aborts a batch whose lease ran out before its Kafka commit.
+var errLeaseLost = errors.New("outbox relay: lease expired before the Kafka commit; batch aborted")
+
+// Position is one record of the positions topic. Kind "batch" (key = transactional id) is
+// written in the same Kafka transaction as the batch's events and lists the outbox ids the
+// batch covered as inclusive ranges (ids are not contiguous). Kind "init" (key =
+// transactional id + "/init") is written by every new session after its producer fenced
+// the previous one; reading the topic up to it proves that every earlier committed batch
+// has been seen.
+type Position struct {
+	V       int        `json:"v"`
+	Kind    string     `json:"kind"`
+	TxnID   string     `json:"txn_id"`
+	Shard   string     `json:"shard"`
+	Owner   string     `json:"owner"`
+	Session string     `json:"session"`
+	Seq     int64      `json:"seq,omitempty"`
+	Events  int        `json:"events,omitempty"`
+	IDs     [][2]int64 `json:"ids,omitempty"`
+	At      time.Time  `json:"at"`
+}
+
+// exactlyOnce is the state of a relay in exactly-once mode.
+//
+// A session starts once this instance holds the shard's lease: a new transactional producer
+// (InitProducerID with the shard's fixed transactional.id fences any earlier producer and
+// aborts its open transaction, or completes one that was already committing), then an
+// "init" position committed in its own transaction, then the topic is read (read_committed)
+// up to that record to find the last committed batch position, whose rows are marked
+// published if they are not yet (reconciliation). Only then does it publish.
+//
+// Each batch: a plain read of the oldest unpublished rows (no locks: only the lease owner
+// publishes), one Kafka transaction with the events and the batch position, commit, then
+// the rows are marked in a short database transaction. A batch is marked before the next
+// one starts, so at most the last committed batch can be unmarked, and that is the one the
+// next session reconciles. Any failure ends the session (abort, close the producer); the
+// next session starts from the reconciliation again.
+type exactlyOnce struct {
+	r     *Relay
+	kc    kafkax.Config
+	lease *lease
+
+	mu           sync.Mutex // serialises relayOnce and close
+	sess         *session
+	standbyUntil time.Time
+	topicReady   bool
+
+	owner      atomic.Bool
+	fenced     atomic.Bool
+	fencings   atomic.Int64
+	reconciled atomic.Int64
+	sessions   atomic.Int64
+}
+
+type session struct {
+	p         sarama.SyncProducer
+	id        string
+	seq       int64
+	partition int32 // of the positions topic
+}
+
+// NewExactlyOnceRelay builds a relay in exactly-once mode. It creates its own transactional
+// producer from kc (per session) and needs the relay_lease table (migration 00003) and a
+// positions topic, which it creates (compacted, one partition) when missing. Call Run, or
+// RelayOnce and then Close.
+func NewExactlyOnceRelay(db *sql.DB, kc kafkax.Config, cfg RelayConfig, logger watermill.LoggerAdapter) (*Relay, error) {
+	if db == nil {
+		return nil, errors.New("relay: db is required")
+	}
+	kc.SetDefaults()
+	r, err := newRelay(db, nil, cfg, logger)
+	if err != nil {
+		return nil, err
+	}
+	r.eos = &exactlyOnce{r: r, kc: kc, lease: newLease(db, r.cfg.Shard, r.cfg.Owner, r.cfg.LeaseTTL)}
+	return r, nil
+}
+
+// ExactlyOnce reports whether the relay runs in exactly-once mode.
+func (r *Relay) ExactlyOnce() bool { return r.eos != nil }
+
+// Owner reports whether this relay holds its shard's lease (always true in at-least-once
+// mode, which has no lease).
+func (r *Relay) Owner() bool { return r.eos == nil || r.eos.owner.Load() }
+
+// Fenced reports whether this relay's last session was fenced by another instance and it
+// has not published since.
+func (r *Relay) Fenced() bool { return r.eos != nil && r.eos.fenced.Load() }
+
+// Fencings is the number of times this relay was fenced.
+func (r *Relay) Fencings() int64 {
+	if r.eos == nil {
+		return 0
+	}
+	return r.eos.fencings.Load()
+}
+
+// Reconciled is the number of rows found already committed to Kafka at session start and
+// marked published without being sent again.
+func (r *Relay) Reconciled() int64 {
+	if r.eos == nil {
+		return 0
+	}
+	return r.eos.reconciled.Load()
+}
+
+// Sessions is the number of exactly-once sessions this relay started.
+func (r *Relay) Sessions() int64 {
+	if r.eos == nil {
+		return 0
+	}
+	return r.eos.sessions.Load()
+}
+
+func (e *exactlyOnce) standbyPoll() time.Duration {
+	return min(max(e.r.cfg.LeaseTTL/4, e.r.cfg.PollInterval), time.Second)
+}
+
+func (e *exactlyOnce) relayOnce(ctx context.Context) (int, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if time.Now().Before(e.standbyUntil) {
+		return 0, nil
+	}
+	if e.lease.due() {
+		held, changed, err := e.lease.acquire(ctx)
+		if err != nil && !e.lease.valid() {
+			e.endSession("lease could not be renewed")
+			e.owner.Store(false)
+			return 0, err
+		}
+		if changed {
+			e.r.logger.Info("outbox relay lease "+map[bool]string{true: "acquired", false: "lost"}[held],
+				watermill.LogFields{"shard": e.r.cfg.Shard, "owner": e.r.cfg.Owner})
+		}
+		if !held {
+			e.endSession("lease held by another instance")
+			e.owner.Store(false)
+			return 0, nil
+		}
+	}
+	e.owner.Store(true)
+	if e.sess == nil {
+		if err := e.startSession(ctx); err != nil {
+			e.endSession("session start failed")
+			return 0, e.failed(ctx, err)
+		}
+	}
+	n, err := e.batch(ctx)
+	if err != nil {
+		e.endSession("batch failed")
+		return 0, e.failed(ctx, err)
+	}
+	return n, nil
+}
+
+// failed classifies a session error: a fenced producer stops publishing for one lease TTL
+// (it resumes only if it can take the lease again, i.e. the instance that fenced it is gone).
+func (e *exactlyOnce) failed(ctx context.Context, err error) error {
+	if !isFenced(err) {
+		return err
+	}
+	e.fenced.Store(true)
+	e.fencings.Add(1)
+	e.lease.lose()
+	e.owner.Store(false)
+	e.standbyUntil = time.Now().Add(e.r.cfg.LeaseTTL)
+	holder, live, herr := e.lease.holder(ctx)
+	e.r.logger.Error("outbox relay FENCED: another producer took over the transactional.id; this relay stops publishing",
+		err, watermill.LogFields{"transactional_id": e.r.cfg.TransactionalID, "shard": e.r.cfg.Shard, "owner": e.r.cfg.Owner,
+			"lease_holder": holder, "lease_live": live, "lease_err": fmt.Sprint(herr), "standby_for": e.r.cfg.LeaseTTL.String()})
+	return fmt.Errorf("%w: %w", ErrFenced, err)
+}
+
+func isFenced(err error) bool {
+	fencedErrs := []error{sarama.ErrProducerFenced, sarama.ErrInvalidProducerEpoch, sarama.ErrTransactionalIDAuthorizationFailed}
+	for _, f := range fencedErrs {
+		if errors.Is(err, f) {
+			return true
+		}
+	}
+	var pes sarama.ProducerErrors
+	if errors.As(err, &pes) {
+		for _, pe := range pes {
+			if isFenced(pe.Err) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// endSession aborts an open transaction and closes the producer.
+func (e *exactlyOnce) endSession(why string) {
+	s := e.sess
+	if s == nil {
+		return
+	}
+	e.sess = nil
+	abortIfOpen(s.p)
+	if err := s.p.Close(); err != nil {
+		e.r.logger.Debug("outbox relay: close producer", watermill.LogFields{"err": err.Error()})
+	}
+	e.r.logger.Info("outbox relay session ended", watermill.LogFields{"session": s.id, "why": why})
+}
+
+func abortIfOpen(p sarama.SyncProducer) {
+	if p.TxnStatus()&(sarama.ProducerTxnFlagInTransaction|sarama.ProducerTxnFlagAbortableError) != 0 &&
+		p.TxnStatus()&sarama.ProducerTxnFlagFatalError == 0 {
+		_ = p.AbortTxn()
+	}
+}
+
+func (e *exactlyOnce) close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.endSession("relay closed")
+	e.owner.Store(false)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return e.lease.release(ctx)
+}
+
+func (e *exactlyOnce) saramaConfig(base *sarama.Config) *sarama.Config {
+	if e.r.cfg.Tune != nil {
+		e.r.cfg.Tune(base)
+	}
+	return base
+}
+
+func (e *exactlyOnce) producerConfig() *sarama.Config {
+	sc := e.kc.ProducerConfig()
+	sc.Producer.Idempotent = true
+	sc.Producer.RequiredAcks = sarama.WaitForAll
+	sc.Net.MaxOpenRequests = 1
+	sc.Producer.Transaction.ID = e.r.cfg.TransactionalID
+	sc.Producer.Transaction.Timeout = e.r.cfg.TxnTimeout
+	sc.Producer.Transaction.Retry.Max = 100 // InitProducerID waits out CONCURRENT_TRANSACTIONS
+	sc.Producer.Flush.MaxMessages = 0
+	positions, txnID := e.r.cfg.PositionsTopic, e.r.cfg.TransactionalID
+	sc.Producer.Partitioner = func(topic string) sarama.Partitioner {
+		if topic == positions {
+			return positionsPartitioner{hash: sarama.NewHashPartitioner(topic), key: txnID}
+		}
+		return sarama.NewHashPartitioner(topic)
+	}
+	return e.saramaConfig(sc)
+}
+
+// positionsPartitioner puts every position record of one transactional id (batch and init
+// records have different keys) on one partition, so reading up to the init record sees all
+// earlier batch records.
+type positionsPartitioner struct {
+	hash sarama.Partitioner
+	key  string
+}
+
+func (p positionsPartitioner) Partition(_ *sarama.ProducerMessage, n int32) (int32, error) {
+	return p.hash.Partition(&sarama.ProducerMessage{Key: sarama.StringEncoder(p.key)}, n)
+}
+func (p positionsPartitioner) RequiresConsistency() bool { return true }
+
+// ensurePositionsTopic creates the positions topic (compacted, one partition) if missing.
+func (e *exactlyOnce) ensurePositionsTopic() error {
+	sc := e.saramaConfig(e.kc.ConsumerConfig())
+	admin, err := sarama.NewClusterAdmin(e.kc.Brokers, sc)
+	if err != nil {
+		return kafkax.Unreachable(e.kc.Brokers, err)
+	}
+	defer admin.Close()
+	topic := e.r.cfg.PositionsTopic
+	md, err := admin.DescribeTopics([]string{topic})
+	if err == nil && len(md) == 1 && md[0].Err == sarama.ErrNoError {
+		return nil
+	}
+	brokers, _, err := admin.DescribeCluster()
+	if err != nil {
+		return fmt.Errorf("describe kafka cluster: %w", err)
+	}
+	policy, lag := "compact", "3600000"
+	err = admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: int16(min(3, len(brokers))),
+		ConfigEntries: map[string]*string{"cleanup.policy": &policy, "min.compaction.lag.ms": &lag}}, false)
+	if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
+		return fmt.Errorf("create relay positions topic %s: %w", topic, err)
+	}
+	e.r.logger.Info("outbox relay: created positions topic", watermill.LogFields{"topic": topic})
+	return nil
+}
+
+func (e *exactlyOnce) startSession(ctx context.Context) error {
+	cfg := e.r.cfg
+	if !e.topicReady {
+		if err := e.ensurePositionsTopic(); err != nil {
+			return err
+		}
+		e.topicReady = true
+	}
+	p, err := sarama.NewSyncProducer(e.kc.Brokers, e.producerConfig())
+	if err != nil {
+		return fmt.Errorf("transactional producer %s: %w", cfg.TransactionalID, err)
+	}
+	s := &session{p: p, id: randHex(8)}
+	e.sess = s // endSession closes p from here on
+	init := Position{V: 1, Kind: "init", TxnID: cfg.TransactionalID, Shard: cfg.Shard, Owner: cfg.Owner, Session: s.id, At: time.Now().UTC()}
+	val, _ := json.Marshal(init)
+	if err := p.BeginTxn(); err != nil {
+		return fmt.Errorf("begin init transaction: %w", err)
+	}
+	part, off, err := p.SendMessage(&sarama.ProducerMessage{Topic: cfg.PositionsTopic, Key: sarama.StringEncoder(cfg.TransactionalID + "/init"), Value: sarama.ByteEncoder(val)})
+	if err != nil {
+		return fmt.Errorf("write init position: %w", err)
+	}
+	if err := p.CommitTxn(); err != nil {
+		return fmt.Errorf("commit init position: %w", err)
+	}
+	s.partition = part
+	last, found, err := e.lastBatchPosition(ctx, part, off, s.id)
+	if err != nil {
+		return err
+	}
+	var marked int64
+	if found {
+		if marked, err = e.reconcile(ctx, last); err != nil {
+			return err
+		}
+	}
+	e.sessions.Add(1)
+	e.fenced.Store(false)
+	fields := watermill.LogFields{"session": s.id, "transactional_id": cfg.TransactionalID, "shard": cfg.Shard, "owner": cfg.Owner,
+		"positions": fmt.Sprintf("%s/%d@%d", cfg.PositionsTopic, part, off)}
+	if found {
+		fields["last_batch"] = fmt.Sprintf("session %s seq %d (%d events)", last.Session, last.Seq, last.Events)
+		fields["reconciled"] = marked
+	}
+	e.r.logger.Info("outbox relay session started", fields)
+	if marked > 0 {
+		e.r.logger.Info("outbox relay reconciled: rows already committed to Kafka were marked, not republished",
+			watermill.LogFields{"rows": marked, "batch_session": last.Session, "batch_seq": last.Seq})
+	}
+	return nil
+}
+
+// lastBatchPosition reads the positions partition (read_committed) backwards in growing
+// windows up to this session's init record at offset initOff and returns the last batch
+// record of this transactional id before it.
+func (e *exactlyOnce) lastBatchPosition(ctx context.Context, part int32, initOff int64, sessionID string) (Position, bool, error) {
+	cfg := e.r.cfg
+	sc := e.saramaConfig(e.kc.ConsumerConfig())
+	sc.Consumer.IsolationLevel = sarama.ReadCommitted
+	sc.Consumer.Return.Errors = true
+	client, err := sarama.NewClient(e.kc.Brokers, sc)
+	if err != nil {
+		return Position{}, false, kafkax.Unreachable(e.kc.Brokers, err)
+	}
+	defer client.Close()
+	oldest, err := client.GetOffset(cfg.PositionsTopic, part, sarama.OffsetOldest)
+	if err != nil {
+		return Position{}, false, fmt.Errorf("positions topic oldest offset: %w", err)
+	}
+	consumer, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		return Position{}, false, err
+	}
+	defer consumer.Close()
+	ctx, cancel := context.WithTimeout(ctx, cfg.TxnTimeout+30*time.Second)
+	defer cancel()
+	for window := int64(64); ; window *= 8 {
+		start := max(oldest, initOff-window)
+		pos, found, err := e.scanPositions(ctx, consumer, part, start, initOff, sessionID)
+		if err != nil || found || start == oldest {
+			return pos, found, err
+		}
+	}
+}
+
+func (e *exactlyOnce) scanPositions(ctx context.Context, consumer sarama.Consumer, part int32, start, initOff int64, sessionID string) (Position, bool, error) {
+	cfg := e.r.cfg
+	pc, err := consumer.ConsumePartition(cfg.PositionsTopic, part, start)
+	if err != nil {
+		return Position{}, false, fmt.Errorf("read positions %s/%d from %d: %w", cfg.PositionsTopic, part, start, err)
+	}
+	defer pc.Close()
+	var (
+		last  Position
+		found bool
+	)
+	for {
+		select {
+		case m := <-pc.Messages():
+			if m.Offset >= initOff {
+				var p Position
+				if m.Offset != initOff || json.Unmarshal(m.Value, &p) != nil || p.Session != sessionID {
+					return Position{}, false, fmt.Errorf("positions %s/%d: offset %d is not this session's init record", cfg.PositionsTopic, part, m.Offset)
+				}
+				return last, found, nil
+			}
+			if string(m.Key) != cfg.TransactionalID {
+				continue
+			}
+			var p Position
+			if err := json.Unmarshal(m.Value, &p); err != nil || p.Kind != "batch" {
+				return Position{}, false, fmt.Errorf("positions %s/%d@%d: bad batch record: %v", cfg.PositionsTopic, part, m.Offset, err)
+			}
+			last, found = p, true
+		case err := <-pc.Errors():
+			return Position{}, false, fmt.Errorf("read positions: %w", err)
+		case <-ctx.Done():
+			return Position{}, false, fmt.Errorf("read positions up to offset %d: %w", initOff, ctx.Err())
+		}
+	}
+}
+
+// reconcile marks the rows of a batch that is committed in Kafka.
+func (e *exactlyOnce) reconcile(ctx context.Context, p Position) (int64, error) {
+	var total int64
+	tx, err := e.r.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("reconcile: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	q := fmt.Sprintf(`UPDATE %s SET published_at = NOW(6) WHERE published_at IS NULL AND id BETWEEN ? AND ?`, e.r.cfg.Table)
+	for _, rg := range p.IDs {
+		res, err := tx.ExecContext(ctx, q, rg[0], rg[1])
+		if err != nil {
+			return 0, fmt.Errorf("reconcile ids %d..%d: %w", rg[0], rg[1], err)
+		}
+		n, _ := res.RowsAffected()
+		total += n
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("reconcile commit: %w", err)
+	}
+	e.reconciled.Add(total)
+	return total, nil
+}
+
+// batch publishes the oldest unpublished rows in one Kafka transaction with their position,
+// then marks them.
+func (e *exactlyOnce) batch(ctx context.Context) (int, error) {
+	r, s, cfg := e.r, e.sess, e.r.cfg
+	msgs, ids, err := e.pending(ctx)
+	if err != nil || len(ids) == 0 {
+		return 0, err
+	}
+	s.seq++
+	pos := Position{V: 1, Kind: "batch", TxnID: cfg.TransactionalID, Shard: cfg.Shard, Owner: cfg.Owner, Session: s.id,
+		Seq: s.seq, Events: len(ids), IDs: idRanges(ids), At: time.Now().UTC()}
+	val, err := json.Marshal(pos)
+	if err != nil {
+		return 0, err
+	}
+	msgs = append(msgs, &sarama.ProducerMessage{Topic: cfg.PositionsTopic, Key: sarama.StringEncoder(cfg.TransactionalID), Value: sarama.ByteEncoder(val)})
+	if err := s.p.BeginTxn(); err != nil {
+		return 0, fmt.Errorf("begin kafka transaction: %w", err)
+	}
+	if err := s.p.SendMessages(msgs); err != nil {
+		return 0, fmt.Errorf("publish %d events: %w", len(ids), err)
+	}
+	r.hook("before-kafka-commit")
+	if !e.lease.valid() {
+		return 0, errLeaseLost
+	}
+	if err := s.p.CommitTxn(); err != nil {
+		return 0, fmt.Errorf("commit kafka transaction (%d events): %w", len(ids), err)
+	}
+	r.hook("after-kafka-commit")
+	// The batch is in Kafka. Mark it before anything else; if that fails the session ends and
+	// the next one reconciles these rows from the position just committed.
+	// A cancelled ctx (shutdown) must not skip the mark.
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+	defer cancel()
+	var markErr error
+	for attempt := 0; attempt < 3; attempt++ {
+		if markErr = e.mark(mctx, ids); markErr == nil {
+			break
+		}
+		time.Sleep(time.Duration(attempt+1) * 100 * time.Millisecond)
+	}
+	if markErr != nil {
+		return 0, fmt.Errorf("batch %d is committed to Kafka, marking failed (reconciled by the next session): %w", s.seq, markErr)
+	}
+	r.hook("after-mark")
+	r.published.Add(int64(len(ids)))
+	return len(ids), nil
+}
+
+func (e *exactlyOnce) pending(ctx context.Context) ([]*sarama.ProducerMessage, []int64, error) {
+	rows, err := e.r.db.QueryContext(ctx, e.r.q.pendingFull)
+	if err != nil {
+		return nil, nil, fmt.Errorf("select pending outbox rows: %w", err)
+	}
+	defer rows.Close()
+	var (
+		msgs []*sarama.ProducerMessage
+		ids  []int64
+	)
+	for rows.Next() {
+		var (
+			id                       int64
+			eventID, typ, topic, key string
+			payload                  []byte
+			headers                  sql.NullString
+		)
+		if err := rows.Scan(&id, &eventID, &typ, &topic, &key, &payload, &headers); err != nil {
+			return nil, nil, fmt.Errorf("scan outbox row: %w", err)
+		}
+		m, err := buildMessage(id, eventID, typ, topic, key, payload, headers)
+		if err != nil {
+			return nil, nil, err
+		}
+		msgs = append(msgs, m)
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("read outbox rows: %w", err)
+	}
+	return msgs, ids, nil
+}
+
+func (e *exactlyOnce) mark(ctx context.Context, ids []int64) error {
+	query, args := inList(e.r.q.markPrefix, ids, ") AND published_at IS NULL")
+	if _, err := e.r.db.ExecContext(ctx, query, args...); err != nil {
+		return fmt.Errorf("mark %d outbox rows published: %w", len(ids), err)
+	}
+	return nil
+}
+
+// idRanges compresses ascending ids into inclusive ranges.
+func idRanges(ids []int64) [][2]int64 {
+	var out [][2]int64
+	for _, id := range ids {
+		if n := len(out); n > 0 && out[n-1][1]+1 == id {
+			out[n-1][1] = id
+			continue
+		}
+		out = append(out, [2]int64{id, id})
+	}
+	return out
+}

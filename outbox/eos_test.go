@@ -1,0 +1,287 @@
+package outbox_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/pkg/kafkax"
+	"github.com/onceflow/onceflow/pkg/testenv"
+)
+
+// eosConfig is an exactly-once relay config with a fresh transactional id and positions
+// topic, so tests running in parallel never fence each other.
+func eosConfig(t testing.TB, k kafkax.Config, cfg outbox.RelayConfig) outbox.RelayConfig {
+	t.Helper()
+	if cfg.TransactionalID == "" {
+		cfg.TransactionalID = "test-" + t.Name() + "-" + fmt.Sprint(time.Now().UnixNano())
+	}
+	if cfg.PositionsTopic == "" {
+		cfg.PositionsTopic = testenv.Topic(t, k, "relay-positions", 1)
+	}
+	if cfg.LeaseTTL == 0 {
+		cfg.LeaseTTL = 2 * time.Second
+	}
+	return cfg
+}
+
+func newEOSRelay(t testing.TB, db *sql.DB, k kafkax.Config, cfg outbox.RelayConfig) *outbox.Relay {
+	t.Helper()
+	r, err := outbox.NewExactlyOnceRelay(db, k, cfg, &testLogger{t: t})
+	if err != nil {
+		t.Fatalf("NewExactlyOnceRelay: %v", err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	return r
+}
+
+func TestEOSRelayGapLateCommitDeterministic(t *testing.T) {
+	d := testenv.DB(t, 4)
+	k := testenv.Kafka(t)
+	topic := testenv.Topic(t, k, "outbox-eos-gap", 1)
+	relay := newEOSRelay(t, d.DB, k, eosConfig(t, k, outbox.RelayConfig{}))
+
+	a, b, published := gapScenario(t, d.DB, topic, relay)
+	if want := []int{1, 0, 1}; fmt.Sprint(published) != fmt.Sprint(want) {
+		t.Fatalf("relay published %v per call, want %v (B, nothing while A is open, then A)", published, want)
+	}
+	if n := pendingRows(t, d.DB); n != 0 {
+		t.Fatalf("%d rows unpublished", n)
+	}
+	recs := readAll(t, k, topic)
+	assertExactlyOnce(t, recs, []string{a, b})
+	if got := recs[0].Headers[outbox.HeaderEventID] + "," + recs[1].Headers[outbox.HeaderEventID]; got != b+","+a {
+		t.Fatalf("Kafka order %s, want %s,%s", got, b, a)
+	}
+	if !relay.ExactlyOnce() || !relay.Owner() || relay.Sessions() != 1 {
+		t.Fatalf("exactly-once %v, owner %v, sessions %d; want true, true, 1", relay.ExactlyOnce(), relay.Owner(), relay.Sessions())
+	}
+}
+
+// TestEOSRelayConcurrentWritersOutOfOrderCommits: the concurrent out-of-order writers of
+// TestRelayConcurrentWritersOutOfOrderCommits against the exactly-once relay (plain reads,
+// no row locks): nothing skipped, nothing twice, per-key order kept.
+func TestEOSRelayConcurrentWritersOutOfOrderCommits(t *testing.T) {
+	t.Parallel()
+	const writers, perWriter = 16, 300
+	d := testenv.DB(t, writers+8)
+	k := testenv.Kafka(t)
+	topic := testenv.Topic(t, k, "outbox-eos-stress", 4)
+	relay := newEOSRelay(t, d.DB, k, eosConfig(t, k, outbox.RelayConfig{BatchSize: 100, PollInterval: 2 * time.Millisecond, RetryBackoff: 100 * time.Millisecond}))
+	stop := runRelay(t, relay)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	ids := runWriters(t, ctx, d.DB, topic, writers, perWriter)
+	waitAllPublished(t, d.DB, len(ids), 60*time.Second)
+	stop()
+	if got := relay.Published(); got != int64(len(ids)) {
+		t.Errorf("relay counted %d published events, want %d", got, len(ids))
+	}
+	t.Logf("%d events; %d rows were committed and published after a row with a higher id", len(ids), lateRows(t, d.DB))
+	recs := readAll(t, k, topic)
+	assertExactlyOnce(t, recs, ids)
+	assertPerKeyOrder(t, d.DB, recs)
+}
+
+func addN(t *testing.T, db *sql.DB, topic, prefix string, n int) []string {
+	t.Helper()
+	var ids []string
+	var evs []outbox.Event
+	for i := range n {
+		id := fmt.Sprintf("%s-%03d", prefix, i)
+		ids = append(ids, id)
+		evs = append(evs, outbox.Event{ID: id, Type: "T", Topic: topic, Key: fmt.Sprintf("k%d", i%3), Payload: []byte(id)})
+	}
+	addCommitted(t, context.Background(), db, newWriter(t), evs...)
+	return ids
+}
+
+// TestEOSRelayFencedZombieStopsPublishing: relay A publishes; its lease is made to expire
+// (as if A had paused); B takes the shard and its producer fences A's transactional.id. A
+// still believes its lease is valid and tries to publish: Kafka refuses (fenced), A reports
+// it (Fenced, ErrFenced) and stands by; B publishes everything once.
+func TestEOSRelayFencedZombieStopsPublishing(t *testing.T) {
+	t.Parallel()
+	testenv.Integration(t)
+	if runWithoutRace(t) {
+		return
+	}
+	d := testenv.DB(t, 8)
+	k := testenv.Kafka(t)
+	topic := testenv.Topic(t, k, "outbox-fence", 2)
+	cfg := eosConfig(t, k, outbox.RelayConfig{LeaseTTL: 30 * time.Second})
+	cfgA, cfgB := cfg, cfg
+	cfgA.Owner, cfgB.Owner = "relay-a", "relay-b"
+	a, b := newEOSRelay(t, d.DB, k, cfgA), newEOSRelay(t, d.DB, k, cfgB)
+	ctx := context.Background()
+
+	ids := addN(t, d.DB, topic, "first", 10)
+	if n, err := a.RelayOnce(ctx); n != 10 || err != nil {
+		t.Fatalf("A: RelayOnce = %d, %v; want 10", n, err)
+	}
+	if n, err := b.RelayOnce(ctx); n != 0 || err != nil || b.Owner() {
+		t.Fatalf("B while A holds the lease: RelayOnce = %d, %v, owner %v; want 0, nil, false", n, err, b.Owner())
+	}
+	d.AdminExec(t, "UPDATE relay_lease SET expires_at = NOW(6) - INTERVAL 1 SECOND")
+	ids = append(ids, addN(t, d.DB, topic, "second", 10)...)
+	if n, err := b.RelayOnce(ctx); n != 10 || err != nil || !b.Owner() {
+		t.Fatalf("B after A's lease expired: RelayOnce = %d, %v, owner %v; want 10, nil, true", n, err, b.Owner())
+	}
+	ids = append(ids, addN(t, d.DB, topic, "third", 5)...)
+	n, err := a.RelayOnce(ctx)
+	if !errors.Is(err, outbox.ErrFenced) || n != 0 {
+		t.Fatalf("zombie A: RelayOnce = %d, %v; want 0, ErrFenced", n, err)
+	}
+	t.Logf("zombie A: %v", err)
+	if !a.Fenced() || a.Fencings() != 1 || a.Owner() {
+		t.Fatalf("A: fenced %v, fencings %d, owner %v; want true, 1, false", a.Fenced(), a.Fencings(), a.Owner())
+	}
+	if n, err := a.RelayOnce(ctx); n != 0 || err != nil {
+		t.Fatalf("fenced A again: RelayOnce = %d, %v; want 0, nil (standing by)", n, err)
+	}
+	if n, err := b.RelayOnce(ctx); n != 5 || err != nil {
+		t.Fatalf("B: RelayOnce = %d, %v; want 5", n, err)
+	}
+	if p := pendingRows(t, d.DB); p != 0 {
+		t.Fatalf("%d rows unpublished", p)
+	}
+	assertExactlyOnce(t, readAll(t, k, topic), ids)
+}
+
+// outageDialer is the relay's TCP dialer to Kafka. While down it refuses new connections
+// and has cut the open ones: to the relay the broker is gone (the real broker keeps
+// running, so tests in other packages are not disturbed).
+type outageDialer struct {
+	mu    sync.Mutex
+	down  bool
+	conns []net.Conn
+}
+
+func (o *outageDialer) Dial(network, addr string) (net.Conn, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.down {
+		return nil, fmt.Errorf("dial %s: simulated broker outage: connection refused", addr)
+	}
+	c, err := (&net.Dialer{Timeout: 3 * time.Second}).Dial(network, addr)
+	if err == nil {
+		o.conns = append(o.conns, c)
+	}
+	return c, err
+}
+
+func (o *outageDialer) setDown(down bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.down = down
+	if down {
+		for _, c := range o.conns {
+			_ = c.Close()
+		}
+		o.conns = nil
+	}
+}
+
+// TestEOSRelayBrokerOutage: the relay loses the broker for ONCEFLOW_TEST_OUTAGE (default
+// 30s) while business transactions keep committing. They neither fail nor slow down (they
+// only insert outbox rows); the relay retries with backoff; after the broker is back every
+// event is published exactly once. The outage is simulated at the relay's TCP dialer.
+func TestEOSRelayBrokerOutage(t *testing.T) {
+	t.Parallel()
+	testenv.Integration(t)
+	if runWithoutRace(t) {
+		return
+	}
+	outage := 30 * time.Second
+	if v := os.Getenv("ONCEFLOW_TEST_OUTAGE"); v != "" {
+		var err error
+		if outage, err = time.ParseDuration(v); err != nil {
+			t.Fatalf("ONCEFLOW_TEST_OUTAGE: %v", err)
+		}
+	}
+	d := testenv.DB(t, 12)
+	k := testenv.Kafka(t)
+	topic := testenv.Topic(t, k, "outbox-outage", 4)
+	dialer := &outageDialer{}
+	cfg := eosConfig(t, k, outbox.RelayConfig{BatchSize: 100, PollInterval: 5 * time.Millisecond, RetryBackoff: 100 * time.Millisecond,
+		MaxRetryBackoff: time.Second, TxnTimeout: 10 * time.Second,
+		Tune: func(sc *sarama.Config) {
+			sc.Net.Proxy.Enable = true
+			sc.Net.Proxy.Dialer = dialer
+			sc.Net.DialTimeout = 2 * time.Second
+			sc.Net.ReadTimeout, sc.Net.WriteTimeout = 5*time.Second, 5*time.Second
+		}})
+	relay := newEOSRelay(t, d.DB, k, cfg)
+	stop := runRelay(t, relay)
+	writers := startPacedWriters(t, d.DB, topic, 4, 5*time.Millisecond)
+
+	time.Sleep(time.Second)
+	before := relay.Published()
+	if before == 0 {
+		t.Fatal("relay published nothing before the outage")
+	}
+	t.Logf("broker outage for %s (relay published %d so far)", outage, before)
+	dialer.setDown(true)
+	start, committedAtStart := time.Now(), writers.count()
+	time.Sleep(outage)
+	committed := writers.count() - committedAtStart
+	pendingAtEnd := pendingRows(t, d.DB)
+	dialer.setDown(false)
+	t.Logf("during the outage: %d events committed by business transactions (slowest %s), %d rows pending, %d failed relay attempts",
+		committed, writers.slowest().Round(time.Millisecond), pendingAtEnd, relay.Failures())
+	if committed == 0 || pendingAtEnd == 0 {
+		t.Fatalf("business transactions committed %d events, %d pending: the outage test did not exercise anything", committed, pendingAtEnd)
+	}
+	if s := writers.slowest(); s > 2*time.Second {
+		t.Errorf("slowest business transaction took %s: the outage slowed business writes", s)
+	}
+	recovered := time.Now()
+	time.Sleep(time.Second)
+	ids := writers.finish(t)
+	waitAllPublished(t, d.DB, len(ids), 90*time.Second)
+	t.Logf("drained %d events %s after the broker came back (outage began %s earlier)", len(ids),
+		time.Since(recovered).Round(time.Millisecond), time.Since(start).Round(time.Second))
+	stop()
+	// A batch in flight when the broker went away may stay blocked in the producer's own
+	// retries until the broker returns; it fails then (or its lease ran out) and is retried.
+	if relay.Failures() == 0 {
+		t.Error("the relay reported no failed batch across the outage")
+	}
+	recs := readAll(t, k, topic)
+	assertExactlyOnce(t, recs, ids)
+	assertPerKeyOrder(t, d.DB, recs)
+}
+
+// TestRelayRetentionCleanup: published rows older than the retention are deleted in small
+// batches; recent and unpublished rows stay.
+func TestRelayRetentionCleanup(t *testing.T) {
+	d := testenv.DB(t, 4)
+	ctx := context.Background()
+	relay := newRelay(t, d.DB, &fakeProducer{}, outbox.RelayConfig{Retention: time.Hour, CleanupBatch: 2})
+	addN(t, d.DB, "t", "old", 5)
+	if n, err := relay.RelayOnce(ctx); n != 5 || err != nil {
+		t.Fatalf("RelayOnce = %d, %v", n, err)
+	}
+	addN(t, d.DB, "t", "pending", 2)
+	d.AdminExec(t, "UPDATE outbox SET published_at = NOW(6) - INTERVAL 2 HOUR WHERE event_id IN ('old-000','old-001','old-002','old-003')")
+	n, err := relay.Cleanup(ctx)
+	if err != nil || n != 4 || relay.Deleted() != 4 {
+		t.Fatalf("Cleanup = %d, %v (total %d); want 4", n, err, relay.Deleted())
+	}
+	if got := countRows(t, d.DB, "1=1"); got != 3 {
+		t.Fatalf("%d rows left, want 3 (one recent published, two pending)", got)
+	}
+	if got := pendingRows(t, d.DB); got != 2 {
+		t.Fatalf("%d pending rows left, want 2", got)
+	}
+}

@@ -1,0 +1,116 @@
+package outbox
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"time"
+)
+
+// LeaseTable is the table of shard leases (migration 00003).
+const LeaseTable = "relay_lease"
+
+// lease is one relay's claim on an outbox shard: a row in relay_lease that its owner renews
+// in short autocommit statements. Another instance takes the shard over once expires_at (set
+// from the database's clock) has passed. The owner's own view is conservative: validUntil is
+// measured from before the renewing statement was sent.
+type lease struct {
+	db         *sql.DB
+	shard      string
+	owner      string
+	ttl        time.Duration
+	held       bool
+	validUntil time.Time
+	renewed    time.Time
+	q          struct{ acquire, insert, release, who string }
+}
+
+func newLease(db *sql.DB, shard, owner string, ttl time.Duration) *lease {
+	l := &lease{db: db, shard: shard, owner: owner, ttl: ttl}
+	// takeovers and acquired_at are assigned before owner: MariaDB evaluates SET left to
+	// right, so they still see the previous owner.
+	l.q.acquire = `UPDATE ` + LeaseTable + ` SET takeovers = takeovers + IF(owner = ?, 0, 1),
+ acquired_at = IF(owner = ?, acquired_at, NOW(6)), owner = ?, expires_at = NOW(6) + INTERVAL ? MICROSECOND
+ WHERE shard = ? AND (owner = ? OR expires_at < NOW(6))`
+	l.q.insert = `INSERT INTO ` + LeaseTable + ` (shard, owner, expires_at) VALUES (?, '', NOW(6) - INTERVAL 1 SECOND)
+ ON DUPLICATE KEY UPDATE shard = shard`
+	l.q.release = `UPDATE ` + LeaseTable + ` SET expires_at = NOW(6) - INTERVAL 1 MICROSECOND WHERE shard = ? AND owner = ?`
+	l.q.who = `SELECT owner, expires_at > NOW(6) FROM ` + LeaseTable + ` WHERE shard = ?`
+	return l
+}
+
+// valid reports whether this instance holds the lease by its own conservative clock.
+func (l *lease) valid() bool { return l.held && time.Now().Before(l.validUntil) }
+
+// due reports whether the lease should be renewed now (every ttl/4).
+func (l *lease) due() bool { return !l.valid() || time.Since(l.renewed) >= l.ttl/4 }
+
+// acquire takes or renews the lease. It returns whether this instance holds it; changed is
+// true when that differs from before.
+func (l *lease) acquire(ctx context.Context) (held, changed bool, err error) {
+	was := l.held
+	for attempt := 0; attempt < 2; attempt++ {
+		t0 := time.Now()
+		res, err := l.db.ExecContext(ctx, l.q.acquire, l.owner, l.owner, l.owner, l.ttl.Microseconds(), l.shard, l.owner)
+		if err != nil {
+			return l.held && l.valid(), false, fmt.Errorf("relay lease %s: %w", l.shard, err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return l.valid(), false, err
+		}
+		if n == 1 {
+			l.held, l.validUntil, l.renewed = true, t0.Add(l.ttl), t0
+			return true, !was, nil
+		}
+		if attempt == 0 {
+			// No row yet, or held by someone else: make sure the row exists and try once more.
+			if _, err := l.db.ExecContext(ctx, l.q.insert, l.shard); err != nil {
+				return false, was, fmt.Errorf("relay lease %s: %w", l.shard, err)
+			}
+		}
+	}
+	l.held = false
+	return false, was, nil
+}
+
+// holder returns the current owner of the shard and whether its lease is live.
+func (l *lease) holder(ctx context.Context) (owner string, live bool, err error) {
+	err = l.db.QueryRowContext(ctx, l.q.who, l.shard).Scan(&owner, &live)
+	if err == sql.ErrNoRows {
+		return "", false, nil
+	}
+	return owner, live, err
+}
+
+// release gives the lease up (a standby may take it at once).
+func (l *lease) release(ctx context.Context) error {
+	if !l.held {
+		return nil
+	}
+	l.held = false
+	if _, err := l.db.ExecContext(ctx, l.q.release, l.shard, l.owner); err != nil {
+		return fmt.Errorf("release relay lease %s: %w", l.shard, err)
+	}
+	return nil
+}
+
+// lose forgets the lease locally (renewal failed or the session was fenced).
+func (l *lease) lose() { l.held = false }
+
+func defaultOwner() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "relay"
+	}
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), randHex(3))
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
