@@ -25,15 +25,20 @@ demo:
 test: infra
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -v -timeout 30m $(PKGS)
-	$(MAKE) fuzz FUZZTIME=10s
+	$(MAKE) fuzz FUZZTIME=8s
 
 ## test-short: the quick loop without services (integration tests skip under -short)
 test-short:
 	$(GO) test -short -count=1 $(PKGS)
 
+## fuzz: every decoder of outside input (order-paid payload, coupon-granted record and
+## header, DSN, config file), FUZZTIME each
 FUZZTIME ?= 30s
 fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzDecodeOrderPaid$$' -fuzztime=$(FUZZTIME) ./coupon/
+	$(GO) test -run='^$$' -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZTIME) ./coupon/notify/
+	$(GO) test -run='^$$' -fuzz='^FuzzParseDSN$$' -fuzztime=$(FUZZTIME) ./pkg/dbx/
+	$(GO) test -run='^$$' -fuzz='^FuzzConfigFile$$' -fuzztime=$(FUZZTIME) ./cmd/router/
 
 ## bench: throughput measured on the real services (never asserted in a test)
 bench: infra

@@ -261,11 +261,12 @@ func TestEOSRelayTwoProcessesFailover(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	bound := ttl + 3*time.Second // lease TTL + standby poll (ttl/4) + session start
-	t.Logf("%s took over and published %s after the kill (bound %s)", standby, takeover.Round(time.Millisecond), bound)
-	if takeover > bound {
-		t.Errorf("takeover took %s, more than the bound %s", takeover, bound)
-	}
+	// The design bound is lease TTL + standby poll (ttl/4) + session start; it is logged, not
+	// asserted (timing is measured, never asserted: a loaded CI machine stretches it). What is
+	// asserted: the standby did not publish while the lease was live (above), it did take over
+	// (30 s liveness limit), and no event reached Kafka twice (below).
+	bound := ttl + 3*time.Second
+	t.Logf("%s took over and published %s after the kill (design bound %s)", standby, takeover.Round(time.Millisecond), bound)
 	time.Sleep(500 * time.Millisecond)
 	ids := writers.finish(t)
 	waitAllPublished(t, d.DB, len(ids), 60*time.Second)

@@ -142,7 +142,7 @@ func loadConfig(file string, flags *pflag.FlagSet, bind map[string]string) (Conf
 	if file != "" {
 		v.SetConfigFile(file)
 		if err := v.ReadInConfig(); err != nil {
-			return Config{}, nil, badInput(fmt.Errorf("config file %s: %w", file, err))
+			return Config{}, nil, badInput(fmt.Errorf("config file %s: %s", file, oneLine(err)))
 		}
 	}
 	for key, flag := range bind {

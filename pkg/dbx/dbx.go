@@ -49,7 +49,8 @@ func ParseDSN(dsn string) (*mysql.Config, error) {
 	}
 	mc, err := mysql.ParseDSN(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("bad database dsn %q: %w (expected user:pass@tcp(host:port)/db)", MaskDSN(dsn), err)
+		// The driver's message may quote the input, newlines included: keep the error one line.
+		return nil, fmt.Errorf("bad database dsn %q: %s (expected user:pass@tcp(host:port)/db)", MaskDSN(dsn), strings.Join(strings.Fields(err.Error()), " "))
 	}
 	if mc.MultiStatements {
 		return nil, fmt.Errorf("bad database dsn %q: multiStatements=true is refused", MaskDSN(dsn))

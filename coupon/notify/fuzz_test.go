@@ -1,0 +1,36 @@
+package notify_test
+
+import (
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/coupon/notify"
+	"github.com/onceflow/onceflow/outbox"
+)
+
+// FuzzDecode: a coupon-granted record (payload and event_type header, both outside input)
+// never panics the decoder; whatever it accepts has a bounded key.
+func FuzzDecode(f *testing.F) {
+	f.Add([]byte(`{"eventId":"e","orderId":"o","userId":"u","campaignId":"c","couponId":"k","valueCents":500}`), "CouponGranted")
+	f.Add([]byte(`{"eventId":"e","orderId":"o"}`), "")
+	f.Add([]byte(`{}}`), "CouponGrantFailed")
+	f.Add([]byte(`[1,2]`), "\x00")
+	n, err := notify.New(notify.DefaultConfig(), nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, payload []byte, eventType string) {
+		m := message.NewMessage("uuid", payload)
+		if eventType != "" {
+			m.Metadata.Set(outbox.HeaderEventType, eventType)
+		}
+		d, err := n.Decode(m)
+		if err != nil {
+			return
+		}
+		if d.Key == "" || len(d.Key) > 64 || d.Fingerprint == "" {
+			t.Fatalf("accepted %q as %+v", payload, d)
+		}
+	})
+}
