@@ -121,6 +121,10 @@ max_connections                = 500
 innodb_flush_log_at_trx_commit = 1
 sync_binlog                    = 1
 innodb_lock_wait_timeout       = 10
+# Durability stays full (flush at every commit); these only keep the working set in memory
+# and avoid checkpoint stalls on the machine's slow virtual disk.
+innodb_buffer_pool_size        = 1G
+innodb_log_file_size           = 512M
 character-set-server           = utf8mb4
 collation-server               = utf8mb4_unicode_ci
 EOF
