@@ -42,24 +42,15 @@ func (a *app) runRelayOnly(ctx context.Context) error {
 	if err := kc.Validate(); err != nil {
 		return badInput(err)
 	}
-	dc, err := a.openDB(ctx, a.cfg.DB.DSN)
-	if err != nil {
-		return err
-	}
-	db, err := dbx.Open(ctx, *dc)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
 	tables := []string{"outbox"}
 	if a.cfg.Relay.ExactlyOnce {
 		tables = append(tables, outbox.LeaseTable)
 	}
-	for _, t := range tables {
-		if _, err := db.ExecContext(ctx, "SELECT 1 FROM "+t+" LIMIT 0"); err != nil {
-			return fmt.Errorf("table %s is missing or unreadable: %w (run `router migrate`)", t, err)
-		}
+	db, err := a.openAppDB(ctx, 0, tables...)
+	if err != nil {
+		return err
 	}
+	defer db.Close()
 	m := metrics.New(db)
 	relay, closeRelay, err := a.newRelay(db, kc)
 	if err != nil {

@@ -16,7 +16,6 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/onceflow/onceflow/inbox"
-	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
 // filterFlags are the row filters shared by `replay` and `inbox ls|show|retry`.
@@ -166,20 +165,9 @@ func pluginFor(ctx context.Context, store *inbox.Store, f *inbox.Filter) (inbox.
 
 // openInboxDB opens the application database and checks the inbox and replay tables.
 func (a *app) openInboxDB(ctx context.Context) (*sql.DB, *inbox.Store, error) {
-	dc, err := a.openDB(ctx, a.cfg.DB.DSN)
+	db, err := a.openAppDB(ctx, min(a.cfg.DB.MaxOpenConns, 4), "inbox", inbox.ReplayTable)
 	if err != nil {
 		return nil, nil, err
-	}
-	dc.MaxOpenConns = min(dc.MaxOpenConns, 4)
-	db, err := dbx.Open(ctx, *dc)
-	if err != nil {
-		return nil, nil, err
-	}
-	for _, t := range []string{"inbox", inbox.ReplayTable} {
-		if _, err := db.ExecContext(ctx, "SELECT 1 FROM "+t+" LIMIT 0"); err != nil {
-			db.Close()
-			return nil, nil, fmt.Errorf("table %s is missing or unreadable: %w (run `router migrate`)", t, err)
-		}
 	}
 	store, err := inbox.NewStore(db, "inbox")
 	if err != nil {

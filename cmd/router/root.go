@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"log/slog"
 	"os"
@@ -106,5 +107,31 @@ func (a *app) openDB(ctx context.Context, dsn string) (*dbx.Config, error) {
 	}
 	return c, nil
 }
+
+// openAppDB opens the application database (pool of maxConns, 0 = db.max_open_conns) and
+// checks that the given tables exist, so a missing migration is one clear error up front.
+func (a *app) openAppDB(ctx context.Context, maxConns int, tables ...string) (*sql.DB, error) {
+	dc, err := a.openDB(ctx, a.cfg.DB.DSN)
+	if err != nil {
+		return nil, err
+	}
+	if maxConns > 0 {
+		dc.MaxOpenConns = maxConns
+	}
+	db, err := dbx.Open(ctx, *dc)
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range tables {
+		if _, err := db.ExecContext(ctx, "SELECT 1 FROM "+t+" LIMIT 0"); err != nil {
+			db.Close()
+			return nil, fmt.Errorf("table %s is missing or unreadable: %w (run `router migrate`)", t, err)
+		}
+	}
+	return db, nil
+}
+
+// coreTables are the tables every command that touches the pipeline needs.
+var coreTables = []string{"inbox", "outbox", "coupon_grant"}
 
 func printf(format string, args ...any) { fmt.Fprintf(os.Stdout, format, args...) }

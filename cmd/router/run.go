@@ -73,18 +73,11 @@ func (a *app) runRouter(ctx context.Context, only []string, withRelay bool) erro
 	if err := kc.Validate(); err != nil {
 		return badInput(err)
 	}
-	dc, err := a.openDB(ctx, a.cfg.DB.DSN)
-	if err != nil {
-		return err
-	}
-	db, err := dbx.Open(ctx, *dc)
+	db, err := a.openAppDB(ctx, 0, coreTables...)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	if err := checkSchema(ctx, db); err != nil {
-		return err
-	}
 	var topics []string
 	for _, p := range plugins {
 		topics = append(topics, p.Topics...)
@@ -201,15 +194,6 @@ func fmtRetention(d time.Duration) string {
 		return "infinite"
 	}
 	return d.String()
-}
-
-func checkSchema(ctx context.Context, db *sql.DB) error {
-	for _, t := range []string{"inbox", "outbox", "coupon_grant"} {
-		if _, err := db.ExecContext(ctx, "SELECT 1 FROM "+t+" LIMIT 0"); err != nil {
-			return fmt.Errorf("table %s is missing or unreadable: %w (run `router migrate`)", t, err)
-		}
-	}
-	return nil
 }
 
 type observer struct{ m *metrics.Metrics }

@@ -12,7 +12,6 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/outbox"
-	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
 type verifyOpts struct {
@@ -66,18 +65,11 @@ func (a *app) verify(ctx context.Context, o verifyOpts) error {
 			return err
 		}
 	}
-	dc, err := a.openDB(ctx, a.cfg.DB.DSN)
-	if err != nil {
-		return err
-	}
-	db, err := dbx.Open(ctx, *dc)
+	db, err := a.openAppDB(ctx, 4, coreTables...)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	if err := checkSchema(ctx, db); err != nil {
-		return err
-	}
 
 	deadline := time.Now().Add(o.wait)
 	var facts orderFacts
