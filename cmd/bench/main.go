@@ -67,6 +67,8 @@ var (
 	workers  = flag.Int("workers", 16, "concurrent workers (database measurements)")
 	e2eN     = flag.Int("e2e-orders", 5000, "orders for the end-to-end throughput run")
 	relayN   = flag.Int("relay-events", 50000, "outbox rows for the relay measurement")
+	stormN   = flag.Int("storm-orders", 1000, "orders in the duplicate storm")
+	stormK   = flag.Int("storm-deliveries", 50, "deliveries of each order in the storm")
 	loads    = flag.String("loads", "100,200,400", "offered loads (orders/s) for the latency runs")
 	loadSecs = flag.Int("load-seconds", 8, "seconds per latency run")
 	adminDSN = flag.String("admin-dsn", "onceflow_admin:onceflow_admin@tcp(127.0.0.1:3306)/onceflow_bench", "privileged DSN of the bench database")
@@ -96,6 +98,9 @@ func run() error {
 	}
 	if err := benchNaive(ctx, db); err != nil {
 		return fmt.Errorf("naive: %w", err)
+	}
+	if err := benchStorm(ctx, db); err != nil {
+		return fmt.Errorf("storm: %w", err)
 	}
 	if err := benchRelay(ctx, db, kc); err != nil {
 		return fmt.Errorf("relay: %w", err)
@@ -259,6 +264,38 @@ func benchInbox(ctx context.Context, db *sql.DB) error {
 	return nil
 }
 
+// benchStorm: every order delivered many times at once (a replay storm): exactly one
+// coupon each, and how long the inbox takes to absorb it.
+func benchStorm(ctx context.Context, db *sql.DB) error {
+	if err := truncate(ctx, db); err != nil {
+		return err
+	}
+	g, _, err := granter(ctx, db, "")
+	if err != nil {
+		return err
+	}
+	ib, err := inbox.New(db, g, inbox.Config{BizType: coupon.BizType}, nil, nil)
+	if err != nil {
+		return err
+	}
+	total := *stormN * *stormK
+	el, err := parallel(total, func(i int) error {
+		o := order("storm", i / *stormK) // each order's deliveries arrive back to back
+		_, err := ib.Process(ctx, message.NewMessage(watermill.NewUUID(), o.Encode()), inbox.Source{Topic: "bench"}, inbox.ProcessOptions{})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	var coupons, dups int
+	if err := db.QueryRowContext(ctx, "SELECT (SELECT COUNT(*) FROM user_coupon WHERE order_id LIKE 'storm-%'), (SELECT COUNT(*) - COUNT(DISTINCT order_id) FROM user_coupon WHERE order_id LIKE 'storm-%')").Scan(&coupons, &dups); err != nil {
+		return err
+	}
+	report("storm", "orders", *stormN, "deliveries_each", *stormK, "seconds", el.Seconds(), "coupons", coupons, "duplicate_coupons", dups,
+		"deliveries_per_s", float64(total)/el.Seconds())
+	return nil
+}
+
 // benchNaive: SELECT-then-INSERT under duplicate deliveries (each order delivered twice at once).
 func benchNaive(ctx context.Context, db *sql.DB) error {
 	n := *orders
@@ -327,24 +364,43 @@ func benchRelay(ctx context.Context, db *sql.DB, kc kafkax.Config) error {
 		return err
 	}
 	defer producer.Close()
-	relay, err := outbox.NewRelay(db, producer, outbox.RelayConfig{BatchSize: 1000}, nil)
+	alo, err := outbox.NewRelay(db, producer, outbox.RelayConfig{BatchSize: 1000}, nil)
 	if err != nil {
 		return err
 	}
+	if err := drainRelay(ctx, alo, "at_least_once"); err != nil {
+		return err
+	}
+	// The same rows again, through the exactly-once relay (transactional producer, positions
+	// in the same Kafka transaction, lease).
+	if _, err := db.ExecContext(ctx, "UPDATE outbox SET published_at = NULL"); err != nil {
+		return err
+	}
+	eos, err := outbox.NewExactlyOnceRelay(db, kc, outbox.RelayConfig{BatchSize: 1000, TransactionalID: fmt.Sprintf("bench-%d", time.Now().UnixNano())}, nil)
+	if err != nil {
+		return err
+	}
+	defer eos.Close()
+	return drainRelay(ctx, eos, "exactly_once")
+}
+
+func drainRelay(ctx context.Context, relay *outbox.Relay, mode string) error {
 	start := time.Now()
-	total := 0
-	for total < *relayN {
+	total, idle := 0, 0
+	for total < *relayN && idle < 50 {
 		n, err := relay.RelayOnce(ctx)
 		if err != nil {
-			return err
+			return fmt.Errorf("%s: %w", mode, err)
 		}
 		if n == 0 {
-			break
+			idle++ // the exactly-once relay first takes its lease and starts a session
+			time.Sleep(20 * time.Millisecond)
+			continue
 		}
 		total += n
 	}
 	el := time.Since(start)
-	report("relay", "events_per_s", float64(total)/el.Seconds(), "events", total, "mode", "at_least_once")
+	report("relay", "events_per_s", float64(total)/el.Seconds(), "events", total, "mode", mode)
 	return nil
 }
 
