@@ -2,7 +2,9 @@ package outbox
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -43,7 +45,22 @@ type Position struct {
 	Seq     int64      `json:"seq,omitempty"`
 	Events  int        `json:"events,omitempty"`
 	IDs     [][2]int64 `json:"ids,omitempty"`
-	At      time.Time  `json:"at"`
+	// Digest is sha256 over the batch's event ids in id order. Reconcile marks rows only when
+	// the table's rows with those ids carry exactly these events: a position left in Kafka by
+	// another database (reset, restored, or sharing the transactional id) never marks rows
+	// that were not published.
+	Digest string    `json:"digest,omitempty"`
+	At     time.Time `json:"at"`
+}
+
+// eventDigest is Position.Digest of event ids in id order.
+func eventDigest(eventIDs []string) string {
+	h := sha256.New()
+	for _, id := range eventIDs {
+		h.Write([]byte(id))
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // exactlyOnce is the state of a relay in exactly-once mode.
@@ -444,6 +461,33 @@ func (e *exactlyOnce) reconcile(ctx context.Context, p Position) (int64, error) 
 		return 0, fmt.Errorf("reconcile: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }()
+	// Only a position that describes this table's rows may mark them (see Position.Digest).
+	var eventIDs []string
+	sel := fmt.Sprintf(`SELECT event_id FROM %s WHERE id BETWEEN ? AND ? ORDER BY id FOR UPDATE`, e.r.cfg.Table)
+	for _, rg := range p.IDs {
+		rows, err := tx.QueryContext(ctx, sel, rg[0], rg[1])
+		if err != nil {
+			return 0, fmt.Errorf("reconcile ids %d..%d: %w", rg[0], rg[1], err)
+		}
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return 0, fmt.Errorf("reconcile: %w", err)
+			}
+			eventIDs = append(eventIDs, id)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return 0, fmt.Errorf("reconcile: %w", err)
+		}
+	}
+	if p.Digest == "" || len(eventIDs) != p.Events || eventDigest(eventIDs) != p.Digest {
+		e.r.logger.Error("outbox relay: the last committed batch in Kafka does not match this database's outbox rows; not reconciling (its rows, if any, are published again)",
+			errPositionMismatch, watermill.LogFields{"transactional_id": p.TxnID, "session": p.Session, "seq": p.Seq,
+				"events": p.Events, "rows_found": len(eventIDs)})
+		return 0, nil
+	}
 	q := fmt.Sprintf(`UPDATE %s SET published_at = NOW(6) WHERE published_at IS NULL AND id BETWEEN ? AND ?`, e.r.cfg.Table)
 	for _, rg := range p.IDs {
 		res, err := tx.ExecContext(ctx, q, rg[0], rg[1])
@@ -460,17 +504,19 @@ func (e *exactlyOnce) reconcile(ctx context.Context, p Position) (int64, error) 
 	return total, nil
 }
 
+var errPositionMismatch = errors.New("position belongs to another database or an older state of this one")
+
 // batch publishes the oldest unpublished rows in one Kafka transaction with their position,
 // then marks them.
 func (e *exactlyOnce) batch(ctx context.Context) (int, error) {
 	r, s, cfg := e.r, e.sess, e.r.cfg
-	msgs, ids, err := e.pending(ctx)
+	msgs, ids, eventIDs, err := e.pending(ctx)
 	if err != nil || len(ids) == 0 {
 		return 0, err
 	}
 	s.seq++
 	pos := Position{V: 1, Kind: "batch", TxnID: cfg.TransactionalID, Shard: cfg.Shard, Owner: cfg.Owner, Session: s.id,
-		Seq: s.seq, Events: len(ids), IDs: idRanges(ids), At: time.Now().UTC()}
+		Seq: s.seq, Events: len(ids), IDs: idRanges(ids), Digest: eventDigest(eventIDs), At: time.Now().UTC()}
 	val, err := json.Marshal(pos)
 	if err != nil {
 		return 0, err
@@ -510,15 +556,16 @@ func (e *exactlyOnce) batch(ctx context.Context) (int, error) {
 	return len(ids), nil
 }
 
-func (e *exactlyOnce) pending(ctx context.Context) ([]*sarama.ProducerMessage, []int64, error) {
+func (e *exactlyOnce) pending(ctx context.Context) ([]*sarama.ProducerMessage, []int64, []string, error) {
 	rows, err := e.r.db.QueryContext(ctx, e.r.q.pendingFull)
 	if err != nil {
-		return nil, nil, fmt.Errorf("select pending outbox rows: %w", err)
+		return nil, nil, nil, fmt.Errorf("select pending outbox rows: %w", err)
 	}
 	defer rows.Close()
 	var (
-		msgs []*sarama.ProducerMessage
-		ids  []int64
+		msgs     []*sarama.ProducerMessage
+		ids      []int64
+		eventIDs []string
 	)
 	for rows.Next() {
 		var (
@@ -528,19 +575,20 @@ func (e *exactlyOnce) pending(ctx context.Context) ([]*sarama.ProducerMessage, [
 			headers                  sql.NullString
 		)
 		if err := rows.Scan(&id, &eventID, &typ, &topic, &key, &payload, &headers); err != nil {
-			return nil, nil, fmt.Errorf("scan outbox row: %w", err)
+			return nil, nil, nil, fmt.Errorf("scan outbox row: %w", err)
 		}
 		m, err := buildMessage(id, eventID, typ, topic, key, payload, headers)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		msgs = append(msgs, m)
 		ids = append(ids, id)
+		eventIDs = append(eventIDs, eventID)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, nil, fmt.Errorf("read outbox rows: %w", err)
+		return nil, nil, nil, fmt.Errorf("read outbox rows: %w", err)
 	}
-	return msgs, ids, nil
+	return msgs, ids, eventIDs, nil
 }
 
 func (e *exactlyOnce) mark(ctx context.Context, ids []int64) error {

@@ -106,7 +106,7 @@ var defaults = []struct {
 	{"relay.lag_bound", "1m", "verify: unpublished rows older than this are a violation"},
 	{"relay.exactly_once", true, "transactional producer + positions topic + lease; false: idempotent producer, at least once"},
 	{"relay.shard", "default", "outbox shard this relay publishes (one lease and one transactional.id per shard)"},
-	{"relay.transactional_id", "", "Kafka transactional.id (default onceflow-relay-<shard>); the same on every instance"},
+	{"relay.transactional_id", "", "Kafka transactional.id (default onceflow-relay-<database>-<shard>); the same on every instance"},
 	{"relay.positions_topic", "onceflow-relay-positions", "compacted topic of batch positions (created if missing)"},
 	{"relay.owner", "", "lease owner name (default host-pid-random)"},
 	{"relay.lease_ttl", "10s", "a crashed relay's shard is taken over after this"},

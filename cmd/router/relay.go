@@ -78,10 +78,25 @@ func (a *app) relayConfig() (outbox.RelayConfig, error) {
 	if err != nil {
 		return outbox.RelayConfig{}, badInput(err)
 	}
+	txnID := c.TransactionalID
+	if txnID == "" {
+		// One transactional id per database and shard: relays of two databases (a demo and
+		// production, say) never fence each other, and a position is only read back by
+		// relays of the same database.
+		mc, err := dbx.ParseDSN(a.cfg.DB.DSN)
+		if err != nil {
+			return outbox.RelayConfig{}, badInput(err)
+		}
+		shard := c.Shard
+		if shard == "" {
+			shard = "default"
+		}
+		txnID = "onceflow-relay-" + mc.DBName + "-" + shard
+	}
 	return outbox.RelayConfig{BatchSize: c.BatchSize, PollInterval: c.PollInterval, LagBound: c.LagBound,
 		RetryBackoff: c.RetryBackoff, MaxRetryBackoff: c.MaxRetryBackoff,
 		Retention: c.Retention, CleanupInterval: c.CleanupInterval, CleanupBatch: c.CleanupBatch,
-		Shard: c.Shard, TransactionalID: c.TransactionalID, PositionsTopic: c.PositionsTopic, Owner: c.Owner,
+		Shard: c.Shard, TransactionalID: txnID, PositionsTopic: c.PositionsTopic, Owner: c.Owner,
 		LeaseTTL: c.LeaseTTL, TxnTimeout: c.TxnTimeout, Hook: hook}, nil
 }
 
