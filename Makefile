@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO    ?= go
 PKGS  := ./...
 
-.PHONY: all build infra infra-down demo test test-short fuzz bench vet clean
+.PHONY: all build infra infra-down demo test test-short fuzz bench vet clean chaos
 
 all: build
 
@@ -46,6 +46,11 @@ bench: infra
 
 vet:
 	$(GO) vet $(PKGS)
+
+## chaos: kill -9, rebalances, broker/database restarts, DB network faults, then an independent
+## checker; ends with one CHAOS line. CHAOS_PROFILE=long for the long run, CHAOS_SEED=N.
+chaos:
+	bash scripts/chaos.sh
 
 clean:
 	rm -rf bin

@@ -2,6 +2,7 @@ package coupon
 
 import (
 	"context"
+	"time"
 
 	"github.com/onceflow/onceflow/inbox"
 )
@@ -36,7 +37,11 @@ func Plugin() inbox.Plugin {
 					return nil, err
 				}
 			}
-			svc := NewSimulatedService(cfg.StepDelay, cfg.StepJitter, cfg.StepFailureRate, cfg.Seed)
+			seed := cfg.Seed
+			if seed == 0 {
+				seed = uint64(time.Now().UnixNano())
+			}
+			svc := NewSimulatedService(cfg.StepDelay, cfg.StepJitter, cfg.StepFailureRate, seed)
 			return NewGranter(cfg, svc, env.Logger)
 		},
 	}

@@ -1,0 +1,182 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/onceflow/onceflow/pkg/testenv"
+)
+
+// dataset writes what a correct run leaves behind for n orders with the given prefix, in
+// the database (through SQL: the checker must not care how it got there), on the granted
+// topic and in a ledger file: orders 0..n-6 GRANTED, two FAILED (stock exhausted), two
+// quarantined after exhausting retries (grant LOCKED), one quarantined before any grant,
+// and one poison message.
+func dataset(t *testing.T, d testenv.Database, brokers []string, topic, prefix string, n int) string {
+	t.Helper()
+	exec := func(q string, args ...any) {
+		t.Helper()
+		if _, err := d.DB.Exec(q, args...); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	const campaign, value = "double11-5yuan", 500
+	sc := saramaConfig()
+	sc.Producer.Return.Successes = true
+	prod, err := sarama.NewSyncProducer(brokers, sc)
+	if err != nil {
+		t.Fatalf("producer: %v", err)
+	}
+	defer prod.Close()
+	ids := make([]string, n)
+	locked, granted := 0, 0
+	for i := range n {
+		id := fmt.Sprintf("%s-%06d", prefix, i)
+		ids[i] = id
+		couponID := uid()
+		payload := fmt.Sprintf(`{"orderId":%q,"userId":"u%d","amountCents":1000}`, id, i)
+		inbox := func(status, reason string, dups int) {
+			var r any
+			if reason != "" {
+				r = reason
+			}
+			exec(`INSERT INTO inbox (dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, attempts, duplicates, expire_at)
+ VALUES (?, 'coupon', ?, ?, ?, 'order-paid', 0, ?, ?, ?, 1, ?, NOW() + INTERVAL 30 DAY)`, id, status, r, fmt.Sprintf("uuid-%d", i), i, payload, fmt.Sprintf("%064d", i), dups)
+		}
+		grant := func(state, reason string, path ...string) {
+			var r, cid any
+			if reason != "" {
+				r = reason
+			}
+			if state == "GRANTED" {
+				cid = couponID
+			}
+			exec(`INSERT INTO coupon_grant (order_id, campaign_id, user_id, state, version, value_cents, coupon_id, reason, stock_shard, budget_shard)
+ VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, 0)`, id, campaign, fmt.Sprintf("u%d", i), state, len(path)-1, value, cid, r)
+			for j := 1; j < len(path); j++ {
+				exec(`INSERT INTO coupon_grant_log (order_id, campaign_id, from_state, to_state) VALUES (?, ?, ?, ?)`, id, campaign, path[j-1], path[j])
+			}
+		}
+		outbox := func(typ, eventID, payload string) {
+			exec(`INSERT INTO outbox (event_id, event_type, topic, msg_key, payload, published_at) VALUES (?, ?, ?, ?, ?, NOW(6))`, eventID, typ, topic, id, payload)
+		}
+		switch {
+		case i < n-5:
+			grant("GRANTED", "", "INIT", "LOCKED", "BUDGET_DEDUCTED", "GRANTED")
+			exec(`INSERT INTO user_coupon (coupon_id, order_id, campaign_id, user_id, value_cents) VALUES (?, ?, ?, ?, ?)`,
+				couponID, id, campaign, fmt.Sprintf("u%d", i), value)
+			inbox("done", "", i%3)
+			eid := uid()
+			ev := fmt.Sprintf(`{"eventId":%q,"orderId":%q}`, eid, id)
+			outbox("CouponGranted", eid, ev)
+			if _, _, err := prod.SendMessage(&sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(id), Value: sarama.StringEncoder(ev),
+				Headers: []sarama.RecordHeader{{Key: []byte("event_id"), Value: []byte(eid)}, {Key: []byte("event_type"), Value: []byte("CouponGranted")}}}); err != nil {
+				t.Fatalf("send: %v", err)
+			}
+			granted++
+		case i < n-3:
+			grant("FAILED", "stock_exhausted", "INIT", "FAILED")
+			inbox("done", "", 0)
+			outbox("CouponGrantFailed", uid(), `{}`)
+		case i < n-1:
+			grant("LOCKED", "", "INIT", "LOCKED")
+			inbox("failed", "retries_exhausted", 1)
+			locked++
+		default:
+			inbox("failed", "permanent", 0)
+		}
+	}
+	exec(`INSERT INTO inbox (dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, expire_at)
+ VALUES ('poison:order-paid/0/999', 'coupon', 'failed', 'poison', 'p', 'order-paid', 0, 999, 'not json', 'f', NOW() + INTERVAL 30 DAY)`)
+	exec(`INSERT INTO coupon_stock (campaign_id, shard, total, locked, granted) VALUES (?, 0, 1000000, ?, ?)`, campaign, locked, granted)
+	exec(`INSERT INTO coupon_budget (campaign_id, shard, total_cents, spent_cents) VALUES (?, 0, 100000000, ?)`, campaign, granted*value)
+	ledger := filepath.Join(t.TempDir(), "ledger.txt")
+	body := fmt.Sprintf("# prefix=%s orders=%d deliveries=%d poison=1\n%s\n", prefix, n, n+n/3, strings.Join(ids, "\n"))
+	if err := os.WriteFile(ledger, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return ledger
+}
+
+func uid() string {
+	return fmt.Sprintf("%08x-%04x-%04x-%04x-%012x", rand.Uint32(), rand.Uint32()&0xffff, rand.Uint32()&0xffff, rand.Uint32()&0xffff, rand.Uint64()&0xffffffffffff)
+}
+
+// TestCheckerDetectsInjectedFaults runs the checker on a clean synthetic run (ok), then on
+// a copy with each injectable fault: the checker must name each one.
+func TestCheckerDetectsInjectedFaults(t *testing.T) {
+	kc := testenv.Kafka(t)
+	topic := testenv.Topic(t, kc, "chaos-granted", 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	check := func(t *testing.T, d testenv.Database, prefix, ledger string) Report {
+		t.Helper()
+		rep, err := Check(ctx, CheckConfig{DSN: d.DSN, Brokers: kc.Brokers, GrantedTopic: topic, Prefix: prefix,
+			Ledgers: []string{ledger}, Idle: time.Second})
+		if err != nil {
+			t.Fatalf("checker: %v", err)
+		}
+		return rep
+	}
+	cases := append([]string{"clean"}, "dup-coupon", "lost-order", "illegal-transition", "dup-event")
+	for _, kind := range cases {
+		t.Run(kind, func(t *testing.T) {
+			d := testenv.DB(t, 4)
+			prefix := fmt.Sprintf("chk%d-%s", rand.Uint32(), kind)
+			ledger := dataset(t, d, kc.Brokers, topic, prefix, 20)
+			rep := check(t, d, prefix, ledger)
+			if len(rep.Violations) != 0 || rep.Lost != 0 || rep.Duplicates() != 0 {
+				t.Fatalf("clean dataset: violations %+v lost=%d duplicates=%d", rep.Violations, rep.Lost, rep.Duplicates())
+			}
+			if rep.Orders != 20 || rep.Granted != 15 || rep.Failed != 2 || rep.Quarantined != 3 || rep.GrantEvents != 15 || rep.DuplicatesBlocked != 17 {
+				t.Fatalf("clean dataset: unexpected counts %+v", rep)
+			}
+			line := summary(rep, 1, 2, 3, nil)
+			if line != "CHAOS ok orders=20 kills=1 broker_restarts=2 db_restarts=3 lost=0 duplicates=0" {
+				t.Fatalf("summary: %s", line)
+			}
+			if kind == "clean" {
+				return
+			}
+			done, err := inject(ctx, d.Admin, prefix, []string{kind}, kc.Brokers, topic)
+			if err != nil {
+				t.Fatalf("inject: %v", err)
+			}
+			rep = check(t, d, prefix, ledger)
+			line = summary(rep, 1, 2, 3, nil)
+			want := injectKinds[kind]
+			if !rep.Has(want) || !strings.HasPrefix(line, "CHAOS FAIL ") || !strings.Contains(line, " "+want+"=") {
+				t.Fatalf("after %v the checker did not report %s: %s", done, want, line)
+			}
+			t.Logf("%v → %s", done, line)
+		})
+	}
+}
+
+func TestScheduleIsSeeded(t *testing.T) {
+	for _, p := range profiles {
+		a := schedule(p, rand.New(rand.NewPCG(7, 0xc4a05)))
+		b := schedule(p, rand.New(rand.NewPCG(7, 0xc4a05)))
+		if fmt.Sprint(a) != fmt.Sprint(b) {
+			t.Fatalf("%s: the same seed gave two schedules", p.name)
+		}
+		count := map[string]int{}
+		for _, e := range a {
+			count[e.kind]++
+			if e.at < 0 || e.at > p.window {
+				t.Fatalf("%s: event %+v outside the window", p.name, e)
+			}
+		}
+		if count["kill"] != p.kills || count["kafka"] != p.brokerRestarts || count["db"] != p.dbRestarts || count["join"] != p.joins || count["cut"] != p.cuts {
+			t.Fatalf("%s: schedule %v", p.name, count)
+		}
+	}
+}

@@ -1,0 +1,725 @@
+// Command chaos runs `router run` processes against the real MariaDB and Kafka while
+// `router produce` sends orders with duplicate deliveries and poison, and meanwhile kills
+// routers with SIGKILL, makes consumers join and leave, restarts the broker and the
+// database (scripts/infra.sh), and injects latency, connection resets and a cut between the
+// routers and MariaDB through an in-process TCP proxy. After healing and draining, an
+// independent checker (checker.go) audits the producer's ledger, the database and
+// coupon-granted, and the run ends with one line: `CHAOS ok ...` or `CHAOS FAIL ...`.
+//
+//	go run ./cmd/chaos -profile short -seed 1
+//	go run ./cmd/chaos -check-only -run-dir .run/chaos/<run> -inject all   # the checker must FAIL
+//
+// Every fault time, victim and duration comes from -seed (the order-id prefix also carries
+// the start time, so runs never share ids on the shared topics).
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/IBM/sarama"
+)
+
+type profile struct {
+	name                                     string
+	window                                   time.Duration // faults happen in [warmup, window]
+	orders, segments                         int
+	rate                                     float64 // messages/s of each produce run
+	kills, joins, brokerRestarts, dbRestarts int
+	latencies, resets, cuts                  int
+	drain                                    time.Duration
+}
+
+var profiles = map[string]profile{
+	"short": {name: "short", window: 100 * time.Second, orders: 3000, segments: 6, rate: 50,
+		kills: 6, joins: 3, brokerRestarts: 1, dbRestarts: 1, latencies: 2, resets: 2, cuts: 1, drain: 150 * time.Second},
+	"long": {name: "long", window: 540 * time.Second, orders: 15000, segments: 20, rate: 45,
+		kills: 24, joins: 10, brokerRestarts: 3, dbRestarts: 3, latencies: 5, resets: 6, cuts: 3, drain: 300 * time.Second},
+}
+
+type options struct {
+	profile, root, router, runDir, dbName, dbAddr, inject string
+	brokers                                               []string
+	seed                                                  uint64
+	checkOnly                                             bool
+}
+
+// runInfo is saved next to the run's logs so that `-check-only -run-dir` can audit it again.
+type runInfo struct {
+	Prefix       string                     `json:"prefix"`
+	Seed         uint64                     `json:"seed"`
+	Profile      string                     `json:"profile"`
+	DB           string                     `json:"db"`
+	DBAddr       string                     `json:"db_addr"`
+	Brokers      []string                   `json:"brokers"`
+	Ledgers      []string                   `json:"ledgers"`
+	StartOffsets map[string]map[int32]int64 `json:"start_offsets"`
+	Kills        int                        `json:"kills"`
+	BrokerRestar int                        `json:"broker_restarts"`
+	DBRestarts   int                        `json:"db_restarts"`
+	Started      time.Time                  `json:"started"`
+}
+
+const (
+	orderTopic   = "order-paid"
+	grantedTopic = "coupon-granted"
+	group        = "coupon-sender"
+)
+
+var t0 = time.Now()
+
+func logf(format string, args ...any) {
+	fmt.Printf("chaos: [%6.1fs] %s\n", time.Since(t0).Seconds(), fmt.Sprintf(format, args...))
+}
+
+func main() {
+	var o options
+	var brokers string
+	prof := os.Getenv("CHAOS_PROFILE")
+	if prof == "" {
+		prof = "short"
+	}
+	flag.StringVar(&o.profile, "profile", prof, "short (~3 min) or long (~12 min); env CHAOS_PROFILE")
+	flag.Uint64Var(&o.seed, "seed", envUint("CHAOS_SEED", 1), "seed of every fault time, victim and duration; env CHAOS_SEED")
+	flag.StringVar(&o.root, "root", ".", "repository root (scripts/infra.sh)")
+	flag.StringVar(&o.router, "router", "bin/router", "router binary (copied into the run directory at start; built if missing)")
+	flag.StringVar(&o.runDir, "run-dir", "", "run directory (default .run/chaos/<prefix>); with -check-only: the run to audit")
+	flag.StringVar(&o.dbName, "db", "onceflow_chaos", "database of the run (dropped and migrated at start)")
+	flag.StringVar(&o.dbAddr, "db-addr", "127.0.0.1:3306", "MariaDB address")
+	flag.StringVar(&brokers, "brokers", "127.0.0.1:9092", "Kafka brokers")
+	flag.StringVar(&o.inject, "inject", "", "after the run, inject faults into what it left (dup-coupon,lost-order,illegal-transition,dup-event or all): the checker must FAIL")
+	flag.BoolVar(&o.checkOnly, "check-only", false, "do not run: audit -run-dir (the last run by default) again")
+	flag.Parse()
+	o.brokers = strings.Split(brokers, ",")
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	code, err := run(ctx, o)
+	if err != nil {
+		fmt.Printf("CHAOS FAIL harness: %v\n", err)
+		os.Exit(2)
+	}
+	os.Exit(code)
+}
+
+func envUint(name string, def uint64) uint64 {
+	var v uint64
+	if s := os.Getenv(name); s != "" {
+		if _, err := fmt.Sscan(s, &v); err == nil {
+			return v
+		}
+	}
+	return def
+}
+
+func dsn(user, addr, db string) string {
+	return fmt.Sprintf("%s@tcp(%s)/%s?timeout=5s&readTimeout=60s&writeTimeout=60s", user, addr, db)
+}
+
+func run(ctx context.Context, o options) (int, error) {
+	kinds, err := parseInject(o.inject)
+	if err != nil {
+		return 2, err
+	}
+	if o.checkOnly {
+		return checkOnly(ctx, o, kinds)
+	}
+	p, ok := profiles[o.profile]
+	if !ok {
+		return 2, fmt.Errorf("-profile %q: use short or long", o.profile)
+	}
+	root, err := filepath.Abs(o.root)
+	if err != nil {
+		return 2, err
+	}
+	info := runInfo{Prefix: fmt.Sprintf("chaos%d-%d", o.seed, time.Now().Unix()), Seed: o.seed, Profile: p.name,
+		DB: o.dbName, DBAddr: o.dbAddr, Brokers: o.brokers, Started: time.Now().UTC()}
+	if o.runDir == "" {
+		o.runDir = filepath.Join(root, ".run", "chaos", info.Prefix)
+	}
+	if err := os.MkdirAll(o.runDir, 0o755); err != nil {
+		return 2, err
+	}
+	_ = os.Remove(filepath.Join(root, ".run", "chaos", "last"))
+	_ = os.Symlink(o.runDir, filepath.Join(root, ".run", "chaos", "last"))
+	logf("profile %s seed %d prefix %s run dir %s", p.name, o.seed, info.Prefix, o.runDir)
+
+	// The router binary: a private copy, so a concurrent `make build` cannot swap it mid-run.
+	routerSrc := o.router
+	if !filepath.IsAbs(routerSrc) {
+		routerSrc = filepath.Join(root, routerSrc)
+	}
+	if _, err := os.Stat(routerSrc); err != nil {
+		logf("building %s", routerSrc)
+		if out, err := exec.Command("go", "build", "-o", routerSrc, "./cmd/router").CombinedOutput(); err != nil {
+			return 2, fmt.Errorf("go build ./cmd/router: %v\n%s", err, out)
+		}
+	}
+	bin := filepath.Join(o.runDir, "router")
+	if b, err := os.ReadFile(routerSrc); err != nil {
+		return 2, err
+	} else if err := os.WriteFile(bin, b, 0o755); err != nil {
+		return 2, err
+	}
+
+	// scripts/infra.sh kafka-stop stops whatever kafka.Kafka listens on the port, and
+	// kafka-start starts this checkout's broker: if the running broker came from another
+	// checkout (another ONCEFLOW_RUN_DIR, e.g. a CI tree), a "restart" would swap in a broker
+	// with other data, which looks exactly like lost messages. Refuse.
+	wantProps := filepath.Join(root, ".run", "kafka", "server.properties")
+	if d := os.Getenv("ONCEFLOW_RUN_DIR"); d != "" {
+		wantProps = filepath.Join(d, "kafka", "server.properties")
+	}
+	if p.brokerRestarts > 0 {
+		switch got := brokerOrigin(o.brokers[0]); got {
+		case wantProps:
+		case "":
+			logf("WARNING: cannot tell which broker listens on %s (not a local kafka.Kafka?): its restarts may not keep its data", o.brokers[0])
+		default:
+			return 2, fmt.Errorf("the broker on %s was started from %s, not from this checkout (%s): restarting it through scripts/infra.sh would bring up a broker with other data; stop it with its own infra.sh first",
+				o.brokers[0], got, wantProps)
+		}
+	}
+
+	// Foreign members of the fixed consumer group would take partitions (and our orders) into
+	// their own database: say so up front, since the checker would then report lost orders.
+	foreign := groupMembers(o.brokers)
+	if foreign > 0 {
+		logf("WARNING: consumer group %s has %d members before the run (another router consuming %s?): orders they take go to their database and count as lost here", group, foreign, orderTopic)
+	}
+
+	// The proxy between the routers and MariaDB.
+	px, err := newProxy("127.0.0.1:0", o.dbAddr)
+	if err != nil {
+		return 2, err
+	}
+	defer px.Close()
+	logf("db proxy %s → %s (routers connect through it)", px.Addr(), o.dbAddr)
+
+	cfgPath := filepath.Join(o.runDir, "chaos.yaml")
+	if err := os.WriteFile(cfgPath, []byte(chaosConfig(info.Prefix, o.seed)), 0o644); err != nil {
+		return 2, err
+	}
+	adminDSN := dsn("onceflow_admin:onceflow_admin", o.dbAddr, o.dbName)
+	appDSN := dsn("onceflow:onceflow", o.dbAddr, o.dbName)
+	baseEnv := append(cleanEnv(), "ONCEFLOW_CONFIG="+cfgPath, "ONCEFLOW_KAFKA_BROKERS="+strings.Join(o.brokers, ","),
+		"ONCEFLOW_DB_ADMIN_DSN="+adminDSN)
+	migrate := exec.CommandContext(ctx, bin, "migrate", "--reset")
+	migrate.Env = append(baseEnv, "ONCEFLOW_DB_DSN="+appDSN)
+	if out, err := migrate.CombinedOutput(); err != nil {
+		return 2, fmt.Errorf("router migrate --reset (%s): %v\n%s", o.dbName, err, out)
+	}
+	logf("database %s: fresh schema", o.dbName)
+
+	if info.StartOffsets, err = TopicEnds(o.brokers, orderTopic, grantedTopic); err != nil {
+		return 2, fmt.Errorf("kafka: %w", err)
+	}
+
+	routerEnv := append(baseEnv, "ONCEFLOW_DB_DSN="+dsn("onceflow:onceflow", px.Addr(), o.dbName))
+	var slots []*slot
+	for _, n := range []string{"a", "b", "c"} {
+		slots = append(slots, newSlot(n, bin, []string{"run", "--plugins", "coupon-granter"}, routerEnv, o.runDir, logf))
+	}
+	closeAll := func() {
+		var wg sync.WaitGroup
+		for _, s := range slots {
+			wg.Add(1)
+			go func() { defer wg.Done(); s.close(40 * time.Second) }()
+		}
+		wg.Wait()
+	}
+	defer closeAll()
+	slots[0].start()
+	slots[1].start()
+	logf("routers a and b starting (c joins and leaves during the run); logs %s/router-*.log", o.runDir)
+	time.Sleep(3 * time.Second)
+
+	// Meanwhile: the producer and the faults.
+	var infraMu sync.Mutex // one scripts/infra.sh operation at a time
+	var brokerRestarts, dbRestarts atomic.Int64
+	var harnessErrs []string
+	var errMu sync.Mutex
+	harnessErr := func(format string, args ...any) {
+		errMu.Lock()
+		harnessErrs = append(harnessErrs, fmt.Sprintf(format, args...))
+		errMu.Unlock()
+		logf("HARNESS ERROR: "+format, args...)
+	}
+	infra := func(what string) error {
+		out, err := exec.Command("bash", filepath.Join(root, "scripts", "infra.sh"), what).CombinedOutput()
+		f, _ := os.OpenFile(filepath.Join(o.runDir, "infra.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+		if f != nil {
+			fmt.Fprintf(f, "== %s %s (err=%v)\n%s", time.Now().Format(time.RFC3339), what, err, out)
+			f.Close()
+		}
+		return err
+	}
+	restart := func(svc string, down time.Duration, counter *atomic.Int64) {
+		infraMu.Lock()
+		defer infraMu.Unlock()
+		logf("%s: stopping (down for %s)", svc, down.Round(100*time.Millisecond))
+		if err := infra(svc + "-stop"); err != nil {
+			harnessErr("%s-stop: %v (see infra.log)", svc, err)
+		}
+		time.Sleep(down)
+		for i := 0; ; i++ {
+			err := infra(svc + "-start")
+			if err == nil {
+				break
+			}
+			if i == 2 {
+				harnessErr("%s-start failed 3 times: %v (see infra.log)", svc, err)
+				return
+			}
+			time.Sleep(2 * time.Second)
+		}
+		counter.Add(1)
+		logf("%s: back up", svc)
+		if svc == "kafka" {
+			if got := brokerOrigin(o.brokers[0]); got != "" && got != wantProps {
+				harnessErr("after the restart the broker runs from %s, not %s", got, wantProps)
+			}
+		}
+	}
+
+	rng := rand.New(rand.NewPCG(o.seed, 0xc4a05))
+	events := schedule(p, rng)
+	writeSchedule(filepath.Join(o.runDir, "schedule.txt"), events)
+	logf("schedule: %d fault events over %s (schedule.txt)", len(events), p.window)
+
+	fctx, fcancel := context.WithCancel(ctx)
+	defer fcancel()
+	var fwg sync.WaitGroup
+	start := time.Now()
+	fwg.Add(1)
+	go func() {
+		defer fwg.Done()
+		for _, e := range events {
+			select {
+			case <-fctx.Done():
+				return
+			case <-time.After(time.Until(start.Add(e.at))):
+			}
+			fwg.Add(1)
+			go func() {
+				defer fwg.Done()
+				switch e.kind {
+				case "kill":
+					victim := slots[e.victim]
+					if !victim.running() {
+						for _, s := range slots {
+							if s.running() {
+								victim = s
+								break
+							}
+						}
+					}
+					if pid, ok := victim.kill(e.dur); ok {
+						logf("SIGKILL router %s (pid %d), restart in %s", victim.name, pid, e.dur.Round(10*time.Millisecond))
+					} else {
+						logf("kill: no router running at this moment (skipped)")
+					}
+				case "join":
+					logf("router c joins")
+					slots[2].start()
+				case "leave":
+					logf("router c leaves (SIGTERM)")
+					slots[2].stop(40 * time.Second)
+				case "latency":
+					logf("db proxy: +%s latency per chunk for %s", e.val, e.dur.Round(100*time.Millisecond))
+					px.SetLatency(e.val)
+					time.Sleep(e.dur)
+					px.SetLatency(0)
+				case "reset":
+					logf("db proxy: reset %d connections", px.ResetAll())
+				case "cut":
+					logf("db proxy: cut for %s", e.dur.Round(100*time.Millisecond))
+					px.SetCut(true)
+					time.Sleep(e.dur)
+					px.SetCut(false)
+					logf("db proxy: cut healed")
+				case "kafka":
+					restart("kafka", e.dur, &brokerRestarts)
+				case "db":
+					restart("db", e.dur, &dbRestarts)
+				}
+			}()
+		}
+	}()
+
+	// The producer: segments of orders, each a `router produce` run with its own ledger; a
+	// segment that fails (broker restarting) is sent again in full with the same seed: the
+	// same orders and payloads, i.e. more duplicate deliveries, which is what a producer
+	// retry is.
+	perSeg := p.orders / p.segments
+	var produced atomic.Int64
+	prodErr := make(chan error, 1)
+	go func() {
+		for seg := 0; seg < p.segments; seg++ {
+			prefix := fmt.Sprintf("%s-s%02d", info.Prefix, seg)
+			ledger := filepath.Join(o.runDir, fmt.Sprintf("ledger-s%02d.txt", seg))
+			deadline := time.Now().Add(3 * time.Minute)
+			for attempt := 1; ; attempt++ {
+				cmd := exec.CommandContext(ctx, bin, "produce", "--orders", fmt.Sprint(perSeg), "--dup-rate", "0.3",
+					"--poison", fmt.Sprint(max(perSeg/100, 1)), "--rate", fmt.Sprint(p.rate), "--prefix", prefix,
+					"--seed", fmt.Sprint(o.seed*1000+uint64(seg)), "--ledger", ledger)
+				cmd.Env = append(baseEnv, "ONCEFLOW_DB_DSN="+appDSN)
+				out, err := cmd.CombinedOutput()
+				if err == nil {
+					produced.Add(int64(perSeg))
+					logf("segment %d/%d: %s", seg+1, p.segments, strings.TrimSpace(lastLine(string(out))))
+					break
+				}
+				if ctx.Err() != nil || time.Now().After(deadline) {
+					prodErr <- fmt.Errorf("segment %s: %v: %s", prefix, err, lastLine(string(out)))
+					return
+				}
+				logf("segment %d attempt %d failed (%s): sending it again in 2s", seg+1, attempt, strings.TrimSpace(lastLine(string(out))))
+				time.Sleep(2 * time.Second)
+			}
+			info.Ledgers = append(info.Ledgers, ledger)
+		}
+		prodErr <- nil
+	}()
+	if err := <-prodErr; err != nil {
+		harnessErr("producer: %v", err)
+	}
+	logf("producer done: %d orders in %d segments", produced.Load(), len(info.Ledgers))
+	fwg.Wait()
+	fcancel()
+	if ctx.Err() != nil {
+		return 2, errors.New("interrupted")
+	}
+
+	// Heal: no proxy faults, both services up, routers a and b running, c gone.
+	px.Heal()
+	infraMu.Lock()
+	if err := infra("up"); err != nil {
+		harnessErr("infra.sh up after the faults: %v", err)
+	}
+	infraMu.Unlock()
+	slots[2].stop(40 * time.Second)
+	slots[0].start()
+	slots[1].start()
+	kills := 0
+	unplanned := 0
+	for _, s := range slots {
+		s.mu.Lock()
+		kills += s.kills
+		unplanned += s.unplanned
+		s.mu.Unlock()
+	}
+	info.Kills, info.BrokerRestar, info.DBRestarts = kills, int(brokerRestarts.Load()), int(dbRestarts.Load())
+	logf("faults over: kills=%d broker_restarts=%d db_restarts=%d unplanned_router_exits=%d proxy_resets=%d; healing and draining (≤ %s)",
+		kills, info.BrokerRestar, info.DBRestarts, unplanned, px.resets.Load(), p.drain)
+	saveInfo(o.runDir, info)
+
+	drained, why := drain(ctx, appDSN, info, p.drain)
+	if drained {
+		logf("drained")
+	} else {
+		harnessErr("not drained after %s: %s", p.drain, why)
+	}
+	closeAll()
+	logf("routers stopped")
+
+	if kills < p.kills {
+		harnessErr("only %d kills, profile %s wants ≥ %d", kills, p.name, p.kills)
+	}
+	if info.BrokerRestar < p.brokerRestarts || info.DBRestarts < p.dbRestarts {
+		harnessErr("restarts: broker %d/%d, db %d/%d", info.BrokerRestar, p.brokerRestarts, info.DBRestarts, p.dbRestarts)
+	}
+	return audit(ctx, o, info, appDSN, adminDSN, kinds, harnessErrs)
+}
+
+func audit(ctx context.Context, o options, info runInfo, appDSN, adminDSN string, kinds []string, harnessErrs []string) (int, error) {
+	cc := CheckConfig{DSN: appDSN, Brokers: info.Brokers, GrantedTopic: grantedTopic, OrderTopic: orderTopic,
+		StartOffsets: info.StartOffsets, Prefix: info.Prefix, Ledgers: info.Ledgers}
+	rep, err := Check(ctx, cc)
+	if err != nil {
+		return 2, err
+	}
+	printReport(rep)
+	extra := []string{}
+	for _, h := range harnessErrs {
+		extra = append(extra, "harness("+strings.ReplaceAll(h, " ", "_")+")")
+	}
+	if len(kinds) > 0 {
+		logf("before injection: %s", summary(rep, info.Kills, info.BrokerRestar, info.DBRestarts, extra))
+		admin, err := sql.Open("mysql", adminDSN)
+		if err != nil {
+			return 2, err
+		}
+		defer admin.Close()
+		done, err := inject(ctx, admin, info.Prefix, kinds, info.Brokers, grantedTopic)
+		for _, d := range done {
+			logf("injected %s", d)
+		}
+		if err != nil {
+			return 2, err
+		}
+		if rep, err = Check(ctx, cc); err != nil {
+			return 2, err
+		}
+		printReport(rep)
+		for _, k := range kinds {
+			if rep.Has(injectKinds[k]) {
+				logf("injected %s → reported as %s", k, injectKinds[k])
+			} else {
+				logf("injected %s → NOT REPORTED (checker bug)", k)
+				extra = append(extra, "undetected-injection("+k+")")
+			}
+		}
+	}
+	fmt.Printf("chaos: runtime %.0fs (run dir %s)\n", time.Since(t0).Seconds(), o.runDir)
+	line := summary(rep, info.Kills, info.BrokerRestar, info.DBRestarts, extra)
+	fmt.Println(line)
+	if strings.HasPrefix(line, "CHAOS ok") {
+		return 0, nil
+	}
+	return 1, nil
+}
+
+func checkOnly(ctx context.Context, o options, kinds []string) (int, error) {
+	if o.runDir == "" {
+		o.runDir = filepath.Join(o.root, ".run", "chaos", "last")
+	}
+	b, err := os.ReadFile(filepath.Join(o.runDir, "run.json"))
+	if err != nil {
+		return 2, fmt.Errorf("-check-only: %w", err)
+	}
+	var info runInfo
+	if err := json.Unmarshal(b, &info); err != nil {
+		return 2, fmt.Errorf("-check-only: %s/run.json: %w", o.runDir, err)
+	}
+	logf("auditing run %s (prefix %s, database %s)", o.runDir, info.Prefix, info.DB)
+	return audit(ctx, o, info, dsn("onceflow:onceflow", info.DBAddr, info.DB), dsn("onceflow_admin:onceflow_admin", info.DBAddr, info.DB), kinds, nil)
+}
+
+func printReport(r Report) {
+	var reasons []string
+	for k, n := range r.QuarantineReasons {
+		reasons = append(reasons, fmt.Sprintf("%s=%d", k, n))
+	}
+	sort.Strings(reasons)
+	logf("checker: orders=%d granted=%d failed=%d quarantined=%d %v lost=%d", r.Orders, r.Granted, r.Failed, r.Quarantined, reasons, r.Lost)
+	logf("checker: deliveries=%d (order-paid messages of the run on Kafka; ledgers declare %d, segment re-sends add to it) duplicates_blocked=%d redeliveries≈%d poison=%d quarantined_as_poison=%d",
+		r.KafkaDeliveries, r.LedgerDeliveries, r.DuplicatesBlocked, r.Redeliveries(), r.LedgerPoison, r.PoisonQuarantined)
+	logf("checker: grant_events=%d (distinct CouponGranted event ids, read_committed) duplicate_events=%d duplicate_coupons=%d transitions=%d",
+		r.GrantEvents, r.DupEvents, r.DupCoupons, r.Transitions)
+	for _, v := range r.Violations {
+		fmt.Printf("VIOLATION %s (%d): %s\n", v.Kind, v.Count, strings.Join(v.Examples, "; "))
+	}
+}
+
+type event struct {
+	at     time.Duration
+	kind   string
+	victim int
+	dur    time.Duration // restart delay (kill), outage (kafka, db, cut), length (latency)
+	val    time.Duration // latency
+}
+
+// schedule draws the run's faults from rng: the same seed gives the same schedule.
+func schedule(p profile, rng *rand.Rand) []event {
+	warm := 8 * time.Second
+	span := p.window - warm - 10*time.Second
+	at := func() time.Duration { return warm + time.Duration(rng.Int64N(int64(span))) }
+	between := func(a, b time.Duration) time.Duration { return a + time.Duration(rng.Int64N(int64(b-a))) }
+	var ev []event
+	for range p.kills {
+		ev = append(ev, event{at: at(), kind: "kill", victim: rng.IntN(2), dur: between(200*time.Millisecond, 3*time.Second)})
+	}
+	// Join/leave cycles of router c, in disjoint slices of the window.
+	for i := range p.joins {
+		slice := span / time.Duration(p.joins)
+		j := warm + slice*time.Duration(i) + time.Duration(rng.Int64N(int64(slice/3)))
+		ev = append(ev, event{at: j, kind: "join"}, event{at: j + between(slice/3, slice*2/3), kind: "leave"})
+	}
+	// Broker and database restarts spread over the window (one infra operation at a time).
+	for i := range p.brokerRestarts {
+		slice := span / time.Duration(p.brokerRestarts)
+		ev = append(ev, event{at: warm + slice*time.Duration(i) + time.Duration(rng.Int64N(int64(slice/2))), kind: "kafka", dur: between(2*time.Second, 8*time.Second)})
+	}
+	for i := range p.dbRestarts {
+		slice := span / time.Duration(p.dbRestarts)
+		ev = append(ev, event{at: warm + slice*time.Duration(i) + slice/2 + time.Duration(rng.Int64N(int64(slice/3))), kind: "db", dur: between(2*time.Second, 6*time.Second)})
+	}
+	for range p.latencies {
+		ev = append(ev, event{at: at(), kind: "latency", val: between(20*time.Millisecond, 250*time.Millisecond), dur: between(4*time.Second, 10*time.Second)})
+	}
+	for range p.resets {
+		ev = append(ev, event{at: at(), kind: "reset"})
+	}
+	for range p.cuts {
+		ev = append(ev, event{at: at(), kind: "cut", dur: between(2*time.Second, 6*time.Second)})
+	}
+	sort.SliceStable(ev, func(i, j int) bool { return ev[i].at < ev[j].at })
+	return ev
+}
+
+func writeSchedule(path string, ev []event) {
+	var b strings.Builder
+	for _, e := range ev {
+		fmt.Fprintf(&b, "%7.1fs %-8s victim=%d dur=%s val=%s\n", e.at.Seconds(), e.kind, e.victim, e.dur.Round(time.Millisecond), e.val.Round(time.Millisecond))
+	}
+	_ = os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// drain waits until every ledger order is terminal or quarantined, no inbox row of the run
+// is processing, and the outbox is published (own SQL, direct to MariaDB).
+func drain(ctx context.Context, appDSN string, info runInfo, bound time.Duration) (bool, string) {
+	total := 0
+	for _, l := range info.Ledgers {
+		lf, err := readLedger(l)
+		if err != nil {
+			return false, err.Error()
+		}
+		total += len(lf.orders)
+	}
+	db, err := sql.Open("mysql", appDSN)
+	if err != nil {
+		return false, err.Error()
+	}
+	defer db.Close()
+	like := likePrefix(info.Prefix)
+	deadline := time.Now().Add(bound)
+	why := ""
+	for {
+		var terminal, quarantined, processing, pending int
+		err := db.QueryRowContext(ctx, `SELECT
+ (SELECT COUNT(*) FROM coupon_grant WHERE order_id LIKE ? AND state IN ('GRANTED', 'FAILED')),
+ (SELECT COUNT(*) FROM inbox WHERE biz_type = 'coupon' AND dedup_key LIKE ? AND status = 'failed' AND dedup_key NOT LIKE '%#conflict:%'),
+ (SELECT COUNT(*) FROM inbox WHERE biz_type = 'coupon' AND dedup_key LIKE ? AND status = 'processing'),
+ (SELECT COUNT(*) FROM outbox WHERE published_at IS NULL)`, like, like, like).Scan(&terminal, &quarantined, &processing, &pending)
+		if err == nil {
+			why = fmt.Sprintf("%d/%d orders terminal, %d quarantined, %d processing, %d outbox rows unpublished", terminal, total, quarantined, processing, pending)
+			if terminal+quarantined >= total && processing == 0 && pending == 0 {
+				return true, why
+			}
+		} else {
+			why = err.Error()
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false, why
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+func saveInfo(dir string, info runInfo) {
+	b, _ := json.MarshalIndent(info, "", "  ")
+	_ = os.WriteFile(filepath.Join(dir, "run.json"), b, 0o644)
+}
+
+func chaosConfig(prefix string, seed uint64) string {
+	return fmt.Sprintf(`# Generated by cmd/chaos for run %s.
+kafka:
+  session_timeout: 6s
+  rebalance_timeout: 10s
+  heartbeat: 1s
+inbox:
+  backoff_initial: 20ms
+  backoff_max: 1s
+relay:
+  # A transactional id of its own: the positions topic is shared with every other database,
+  # and a fresh database must not reconcile against another run's last batch.
+  transactional_id: onceflow-relay-%s
+  lease_ttl: 3s
+  txn_timeout: 15s
+  retry_backoff: 200ms
+  max_retry_backoff: 2s
+  lag_bound: 10m
+admin:
+  listen: ""
+log:
+  level: info
+plugins:
+  coupon-granter:
+    step_delay: 1ms
+    step_jitter: 4ms
+    step_failure_rate: 0.1   # 10 %% of the external calls of every step fail (retried by the inbox)
+    seed: %d
+`, prefix, prefix, seed)
+}
+
+// cleanEnv is the harness's environment without ONCEFLOW_* settings (the run sets its own).
+func cleanEnv() []string {
+	var out []string
+	for _, e := range os.Environ() {
+		if !strings.HasPrefix(e, "ONCEFLOW_") {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
+
+// groupMembers is the number of members of the coupon plugin's consumer group right now.
+func groupMembers(brokers []string) int {
+	admin, err := sarama.NewClusterAdmin(brokers, saramaConfig())
+	if err != nil {
+		return 0
+	}
+	defer admin.Close()
+	gs, err := admin.DescribeConsumerGroups([]string{group})
+	if err != nil || len(gs) == 0 {
+		return 0
+	}
+	return len(gs[0].Members)
+}
+
+// brokerOrigin is the server.properties of the kafka.Kafka process listening on addr's port,
+// "" when it cannot be told.
+func brokerOrigin(addr string) string {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return ""
+	}
+	out, err := exec.Command("ss", "-ltnpH", "sport = :"+port).Output()
+	if err != nil {
+		return ""
+	}
+	for _, m := range regexp.MustCompile(`pid=(\d+)`).FindAllStringSubmatch(string(out), -1) {
+		cmdline, err := os.ReadFile("/proc/" + m[1] + "/cmdline")
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(cmdline), "\x00")
+		isKafka := false
+		props := ""
+		for _, a := range args {
+			if a == "kafka.Kafka" {
+				isKafka = true
+			}
+			if strings.HasSuffix(a, ".properties") {
+				props = a
+			}
+		}
+		if isKafka && props != "" {
+			return props
+		}
+	}
+	return ""
+}
