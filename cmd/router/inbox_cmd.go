@@ -43,14 +43,7 @@ func (a *app) inboxLsCmd() *cobra.Command {
 }
 
 func (a *app) inboxLs(ctx context.Context, ff filterFlags) error {
-	f, err := ff.filter(nil)
-	if err != nil {
-		return err
-	}
-	if err := checkBizType(f.BizType); err != nil {
-		return err
-	}
-	db, store, err := a.openInboxDB(ctx)
+	f, db, store, err := a.openFiltered(ctx, ff, nil)
 	if err != nil {
 		return err
 	}
@@ -106,14 +99,7 @@ func (a *app) inboxShowCmd() *cobra.Command {
 }
 
 func (a *app) inboxShow(ctx context.Context, ff filterFlags, ref string) error {
-	f, err := ff.filter([]string{ref})
-	if err != nil {
-		return err
-	}
-	if err := checkBizType(f.BizType); err != nil {
-		return err
-	}
-	db, store, err := a.openInboxDB(ctx)
+	f, db, store, err := a.openFiltered(ctx, ff, []string{ref})
 	if err != nil {
 		return err
 	}

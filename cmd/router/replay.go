@@ -163,6 +163,20 @@ func pluginFor(ctx context.Context, store *inbox.Store, f *inbox.Filter) (inbox.
 	return ps[0], nil
 }
 
+// openFiltered parses the filter flags (refs are order ids or row ids), checks the biz type
+// and opens the inbox store: the common start of `inbox ls|show` and `replay`.
+func (a *app) openFiltered(ctx context.Context, ff filterFlags, refs []string) (inbox.Filter, *sql.DB, *inbox.Store, error) {
+	f, err := ff.filter(refs)
+	if err != nil {
+		return f, nil, nil, err
+	}
+	if err := checkBizType(f.BizType); err != nil {
+		return f, nil, nil, err
+	}
+	db, store, err := a.openInboxDB(ctx)
+	return f, db, store, err
+}
+
 // openInboxDB opens the application database and checks the inbox and replay tables.
 func (a *app) openInboxDB(ctx context.Context) (*sql.DB, *inbox.Store, error) {
 	db, err := a.openAppDB(ctx, min(a.cfg.DB.MaxOpenConns, 4), "inbox", inbox.ReplayTable)
