@@ -43,15 +43,16 @@ type profile struct {
 	orders, segments                         int
 	rate                                     float64 // messages/s of each produce run
 	kills, joins, brokerRestarts, dbRestarts int
+	minKills                                 int // kills that must really happen (a scheduled kill finds no router now and then)
 	latencies, resets, cuts                  int
 	drain                                    time.Duration
 }
 
 var profiles = map[string]profile{
 	"short": {name: "short", window: 100 * time.Second, orders: 3000, segments: 6, rate: 50,
-		kills: 6, joins: 3, brokerRestarts: 1, dbRestarts: 1, latencies: 2, resets: 2, cuts: 1, drain: 150 * time.Second},
+		kills: 6, minKills: 5, joins: 3, brokerRestarts: 1, dbRestarts: 1, latencies: 2, resets: 2, cuts: 1, drain: 150 * time.Second},
 	"long": {name: "long", window: 540 * time.Second, orders: 15000, segments: 20, rate: 45,
-		kills: 24, joins: 10, brokerRestarts: 3, dbRestarts: 3, latencies: 5, resets: 6, cuts: 3, drain: 300 * time.Second},
+		kills: 24, minKills: 20, joins: 10, brokerRestarts: 3, dbRestarts: 3, latencies: 5, resets: 6, cuts: 3, drain: 300 * time.Second},
 }
 
 type options struct {
@@ -440,8 +441,8 @@ func run(ctx context.Context, o options) (int, error) {
 	closeAll()
 	logf("routers stopped")
 
-	if kills < p.kills {
-		harnessErr("only %d kills, profile %s wants ≥ %d", kills, p.name, p.kills)
+	if kills < p.minKills {
+		harnessErr("only %d kills, profile %s wants ≥ %d", kills, p.name, p.minKills)
 	}
 	if info.BrokerRestar < p.brokerRestarts || info.DBRestarts < p.dbRestarts {
 		harnessErr("restarts: broker %d/%d, db %d/%d", info.BrokerRestar, p.brokerRestarts, info.DBRestarts, p.dbRestarts)
