@@ -22,6 +22,7 @@ func Plugin() inbox.Plugin {
 		Topics:        []string{OrderPaidTopic},
 		ConsumerGroup: ConsumerGroup,
 		BizType:       BizType,
+		KeyLogField:   "order_id",
 		Build: func(env inbox.PluginEnv) (inbox.Handler, error) {
 			cfg := DefaultConfig()
 			if env.DecodeConfig != nil {

@@ -22,6 +22,8 @@ type Config struct {
 	MaxSteps        int           // Continue results allowed per attempt; default 32
 	Retention       time.Duration // expire_at = now + Retention; default 30 days
 	MaxPayloadBytes int           // larger payloads are poison; default 1 MiB
+	// KeyLogField names the business key in log lines (e.g. "order_id"); default "dedup_key".
+	KeyLogField string
 }
 
 func (c *Config) setDefaults() {
@@ -48,6 +50,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxPayloadBytes == 0 {
 		c.MaxPayloadBytes = 1 << 20
+	}
+	if c.KeyLogField == "" {
+		c.KeyLogField = "dedup_key"
 	}
 }
 

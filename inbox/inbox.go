@@ -127,11 +127,11 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, 
 		key := poisonKey(src, msg)
 		r, err := ib.quarantine(ctx, msg, src, key, fingerprint(msg.Payload), ReasonPoison, derr, 0, opts)
 		if err == nil {
-			ib.logger.Error("poison message quarantined", derr, fields.Add(watermill.LogFields{"dedup_key": key}))
+			ib.logger.Error("poison message quarantined", derr, fields.Add(watermill.LogFields{ib.cfg.KeyLogField: key}))
 		}
 		return r, err
 	}
-	fields = fields.Add(watermill.LogFields{"dedup_key": dec.Key})
+	fields = fields.Add(watermill.LogFields{ib.cfg.KeyLogField: dec.Key})
 	d := &Delivery{Message: msg, BizType: ib.cfg.BizType, Key: dec.Key, Value: dec.Value, Source: src, ReplayID: opts.ReplayID}
 
 	lockRetries := 0
@@ -330,7 +330,7 @@ func (ib *Inbox) quarantine(ctx context.Context, msg *message.Message, src Sourc
 func (ib *Inbox) quarantineConflict(ctx context.Context, d *Delivery, dec Decoded, opts ProcessOptions) (Result, error) {
 	key := d.Key + "#conflict:" + dec.Fingerprint[:16]
 	cause := fmt.Errorf("key %q already processed with a different payload (fingerprint %s)", d.Key, dec.Fingerprint[:16])
-	ib.logger.Error("conflicting payload for a known key quarantined", cause, watermill.LogFields{"dedup_key": d.Key, "partition": d.Source.Partition, "offset": d.Source.Offset})
+	ib.logger.Error("conflicting payload for a known key quarantined", cause, watermill.LogFields{ib.cfg.KeyLogField: d.Key, "topic": d.Source.Topic, "partition": d.Source.Partition, "offset": d.Source.Offset})
 	return ib.quarantine(ctx, d.Message, d.Source, key, dec.Fingerprint, ReasonConflict, cause, d.Attempt, opts)
 }
 

@@ -16,6 +16,7 @@ type Plugin struct {
 	Topics        []string // topics consumed
 	ConsumerGroup string   // Kafka consumer group
 	BizType       string   // inbox biz type: one order is processed once per biz type
+	KeyLogField   string   // the business key's name in log lines, e.g. "order_id" (default "dedup_key")
 	// Build creates the handler once the router has its database and configuration.
 	Build func(env PluginEnv) (Handler, error)
 }

@@ -159,16 +159,16 @@ func (a *app) buildInbox(db *sql.DB, p inbox.Plugin, obs inbox.Observer) (*inbox
 	if err != nil {
 		return nil, fmt.Errorf("plugin %s: %w", p.Name, err)
 	}
-	ib, err := inbox.New(db, h, a.inboxConfig(p.BizType), a.logger, obs)
+	ib, err := inbox.New(db, h, a.inboxConfig(p), a.logger, obs)
 	if err != nil {
 		return nil, badInput(fmt.Errorf("plugin %s: %w", p.Name, err))
 	}
 	return ib, nil
 }
 
-func (a *app) inboxConfig(bizType string) inbox.Config {
+func (a *app) inboxConfig(p inbox.Plugin) inbox.Config {
 	c := a.cfg.Inbox
-	return inbox.Config{BizType: bizType, MaxAttempts: c.MaxAttempts, BackoffInitial: c.BackoffInitial, BackoffMax: c.BackoffMax,
+	return inbox.Config{BizType: p.BizType, KeyLogField: p.KeyLogField, MaxAttempts: c.MaxAttempts, BackoffInitial: c.BackoffInitial, BackoffMax: c.BackoffMax,
 		Retention: c.Retention, MaxPayloadBytes: c.MaxPayloadBytes}
 }
 

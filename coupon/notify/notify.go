@@ -142,6 +142,7 @@ func Plugin() inbox.Plugin {
 		Topics:        []string{Topic},
 		ConsumerGroup: ConsumerGroup,
 		BizType:       BizType,
+		KeyLogField:   "order_id",
 		Build: func(env inbox.PluginEnv) (inbox.Handler, error) {
 			cfg := DefaultConfig()
 			if env.DecodeConfig != nil {
