@@ -20,6 +20,11 @@ type Config struct {
 	BackoffMax      time.Duration // default 5s
 	MaxLockRetries  int           // deadlock / lock-wait retries per delivery, not counted as attempts; default 100
 	MaxSteps        int           // Continue results allowed per attempt; default 32
+	// StepsPerTx runs up to this many consecutive steps of a multi-step handler in one
+	// transaction. Default 1: every step commits on its own, so no lock is held across the
+	// next step's slow external call. Raise it when steps make no slow calls: fewer commits,
+	// the same guarantees (each step's effect and transition still commit together).
+	StepsPerTx int
 	Retention       time.Duration // expire_at = now + Retention; default 30 days
 	MaxPayloadBytes int           // larger payloads are poison; default 1 MiB
 	// KeyLogField names the business key in log lines (e.g. "order_id"); default "dedup_key".
@@ -45,6 +50,9 @@ func (c *Config) setDefaults() {
 	if c.MaxSteps == 0 {
 		c.MaxSteps = 32
 	}
+	if c.StepsPerTx == 0 {
+		c.StepsPerTx = 1
+	}
 	if c.Retention == 0 {
 		c.Retention = 30 * 24 * time.Hour
 	}
@@ -66,6 +74,9 @@ func (c *Config) Validate() error {
 	}
 	if err := dbx.CheckIdent("inbox table", c.Table); err != nil {
 		return fmt.Errorf("inbox: %w", err)
+	}
+	if c.StepsPerTx < 1 || c.StepsPerTx > c.MaxSteps {
+		return fmt.Errorf("inbox: steps per transaction %d outside 1..%d", c.StepsPerTx, c.MaxSteps)
 	}
 	if c.MaxAttempts < 1 {
 		return fmt.Errorf("inbox: max attempts %d < 1", c.MaxAttempts)

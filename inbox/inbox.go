@@ -199,7 +199,9 @@ func (ib *Inbox) runSteps(ctx context.Context, d *Delivery, dec Decoded, opts Pr
 	for step := 0; step < ib.cfg.MaxSteps; step++ {
 		d.Step = step
 		var res *Result
+		first := step
 		err := dbx.InTx(ctx, ib.db, func(tx *sql.Tx) error {
+			step = first // a retried closure must not keep the previous try's count
 			row, fresh, err := ib.claim(ctx, tx, d, dec, step)
 			if err != nil {
 				return err
@@ -230,6 +232,14 @@ func (ib *Inbox) runSteps(ctx context.Context, d *Delivery, dec Decoded, opts Pr
 				}
 			}
 			prog, err := ib.h.Handle(ctx, tx, d)
+			// StepsPerTx > 1: further steps share this transaction (one commit instead of
+			// several). Each step's side effect and transition still commit together; they
+			// also commit with the next steps, or roll back with them.
+			for err == nil && prog == Continue && step-first+1 < ib.cfg.StepsPerTx && step+1 < ib.cfg.MaxSteps {
+				step++
+				d.Step = step
+				prog, err = ib.h.Handle(ctx, tx, d)
+			}
 			if err != nil {
 				return err
 			}

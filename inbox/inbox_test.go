@@ -445,3 +445,52 @@ func TestConfigValidation(t *testing.T) {
 		})
 	}
 }
+
+// StepsPerTx > 1: the whole grant runs in one transaction. Concurrent deliveries still give
+// one coupon, and a failure at the last step rolls back the earlier steps of the same
+// transaction too (nothing half-done is committed); the retry grants once.
+func TestStepsPerTransaction(t *testing.T) {
+	var failOnce atomic.Bool
+	failOnce.Store(true)
+	var p *pipeline
+	p = newPipeline(t, pipelineOpts{conns: 32, inboxCfg: inbox.Config{StepsPerTx: 3}, wrap: func(g inbox.Handler) inbox.Handler {
+		return handlerFunc{inner: g, handle: func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error) {
+			if d.Key == "spt-fail" && d.Step == 2 && failOnce.CompareAndSwap(true, false) {
+				return inbox.Continue, errors.New("wallet timed out")
+			}
+			if d.Key == "spt-fail" && d.Attempt == 2 && d.Step == 0 {
+				if n := count(t, p.db.DB, "SELECT COUNT(*) FROM coupon_grant WHERE order_id = 'spt-fail'"); n != 0 {
+					t.Errorf("steps 0 and 1 of the failed transaction were committed")
+				}
+			}
+			return g.Handle(ctx, tx, d)
+		}}
+	}})
+	ctx := context.Background()
+	r, err := p.inbox.Process(ctx, orderMsg("spt-fail", "u1"), src, inbox.ProcessOptions{})
+	if err != nil || r.Outcome != inbox.OutcomeProcessed || r.Attempts != 2 {
+		t.Fatalf("%+v %v", r, err)
+	}
+	var wg sync.WaitGroup
+	for i := range 100 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := p.inbox.Process(ctx, orderMsg(fmt.Sprintf("spt-%d", i%10), "u1"), src, inbox.ProcessOptions{}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	db := p.db.DB
+	if n := count(t, db, "SELECT COUNT(*) FROM user_coupon"); n != 11 {
+		t.Fatalf("coupons %d, want 11", n)
+	}
+	if n := count(t, db, "SELECT COUNT(*) FROM coupon_grant_log"); n != 33 {
+		t.Fatalf("transitions %d, want 33 (3 per order)", n)
+	}
+	a, err := coupon.Verify(ctx, db, p.cfg.CampaignID, time.Hour)
+	if err != nil || !a.OK() {
+		t.Fatalf("verify: %v %v", a.Violations, err)
+	}
+}

@@ -69,6 +69,7 @@ var (
 	relayN   = flag.Int("relay-events", 50000, "outbox rows for the relay measurement")
 	stormN   = flag.Int("storm-orders", 1000, "orders in the duplicate storm")
 	stormK   = flag.Int("storm-deliveries", 50, "deliveries of each order in the storm")
+	e2eSPT   = flag.Int("e2e-steps-per-tx", 1, "inbox.steps_per_transaction of the end-to-end runs")
 	loads    = flag.String("loads", "100,200,400", "offered loads (orders/s) for the latency runs")
 	loadSecs = flag.Int("load-seconds", 8, "seconds per latency run")
 	adminDSN = flag.String("admin-dsn", "onceflow_admin:onceflow_admin@tcp(127.0.0.1:3306)/onceflow_bench", "privileged DSN of the bench database")
@@ -90,11 +91,15 @@ func run() error {
 	}
 	defer db.Close()
 
-	if err := benchUnsafe(ctx, db); err != nil {
-		return fmt.Errorf("unsafe: %w", err)
-	}
-	if err := benchInbox(ctx, db); err != nil {
-		return fmt.Errorf("inbox: %w", err)
+	// steps_per_tx=1 is the default (each state transition commits on its own); 3 runs the
+	// whole grant in one transaction (inbox.steps_per_transaction), same guarantees.
+	for _, spt := range []int{1, 3} {
+		if err := benchUnsafe(ctx, db, spt); err != nil {
+			return fmt.Errorf("unsafe: %w", err)
+		}
+		if err := benchInbox(ctx, db, spt); err != nil {
+			return fmt.Errorf("inbox: %w", err)
+		}
 	}
 	if err := benchNaive(ctx, db); err != nil {
 		return fmt.Errorf("naive: %w", err)
@@ -187,7 +192,7 @@ func parallel(n int, fn func(i int) error) (time.Duration, error) {
 // benchUnsafe: the same handler steps without the inbox (the overhead baseline). Each
 // delivery, duplicates included, runs the steps; the state machine keeps it correct, but
 // nothing records the delivery.
-func benchUnsafe(ctx context.Context, db *sql.DB) error {
+func benchUnsafe(ctx context.Context, db *sql.DB, spt int) error {
 	if err := truncate(ctx, db); err != nil {
 		return err
 	}
@@ -201,8 +206,12 @@ func benchUnsafe(ctx context.Context, db *sql.DB) error {
 			var prog inbox.Progress
 			err := dbx.InTx(ctx, db, func(tx *sql.Tx) error {
 				var err error
-				prog, err = g.Step(ctx, tx, o)
-				return err
+				for range spt {
+					if prog, err = g.Step(ctx, tx, o); err != nil || prog == inbox.Done {
+						return err
+					}
+				}
+				return nil
 			})
 			if err != nil {
 				if dbx.IsLockConflict(err) {
@@ -218,7 +227,7 @@ func benchUnsafe(ctx context.Context, db *sql.DB) error {
 	if err != nil {
 		return err
 	}
-	report("unsafe", "orders_per_s", float64(*orders)/el.Seconds(), "orders", *orders, "seconds", el.Seconds())
+	report("unsafe", "steps_per_tx", spt, "orders_per_s", float64(*orders)/el.Seconds(), "orders", *orders, "seconds", el.Seconds())
 	unsafeRate = float64(*orders) / el.Seconds()
 	return nil
 }
@@ -226,7 +235,7 @@ func benchUnsafe(ctx context.Context, db *sql.DB) error {
 var unsafeRate float64
 
 // benchInbox: every order through the inbox, plus 30 % duplicate deliveries.
-func benchInbox(ctx context.Context, db *sql.DB) error {
+func benchInbox(ctx context.Context, db *sql.DB, spt int) error {
 	if err := truncate(ctx, db); err != nil {
 		return err
 	}
@@ -234,7 +243,7 @@ func benchInbox(ctx context.Context, db *sql.DB) error {
 	if err != nil {
 		return err
 	}
-	ib, err := inbox.New(db, g, inbox.Config{BizType: coupon.BizType}, nil, nil)
+	ib, err := inbox.New(db, g, inbox.Config{BizType: coupon.BizType, StepsPerTx: spt}, nil, nil)
 	if err != nil {
 		return err
 	}
@@ -260,7 +269,7 @@ func benchInbox(ctx context.Context, db *sql.DB) error {
 	if unsafeRate > 0 {
 		overhead = (unsafeRate - rate) / unsafeRate * 100
 	}
-	report("inbox", "orders_per_s", rate, "overhead_pct_vs_unsafe", overhead, "duplicates_per_s", float64(dups)/del.Seconds())
+	report("inbox", "steps_per_tx", spt, "orders_per_s", rate, "overhead_pct_vs_unsafe", overhead, "duplicates_per_s", float64(dups)/del.Seconds())
 	return nil
 }
 
@@ -445,7 +454,7 @@ func benchE2E(ctx context.Context, db *sql.DB, kc kafkax.Config) error {
 	if err != nil {
 		return err
 	}
-	ib, err := inbox.New(db, g, inbox.Config{BizType: coupon.BizType}, nil, nil)
+	ib, err := inbox.New(db, g, inbox.Config{BizType: coupon.BizType, StepsPerTx: *e2eSPT}, nil, nil)
 	if err != nil {
 		return err
 	}
@@ -470,7 +479,7 @@ func benchE2E(ctx context.Context, db *sql.DB, kc kafkax.Config) error {
 		return err
 	}
 	el := time.Since(start)
-	report("e2e", "orders_per_s", float64(n)/el.Seconds(), "orders", n, "offered", "preloaded")
+	report("e2e", "steps_per_tx", *e2eSPT, "orders_per_s", float64(n)/el.Seconds(), "orders", n, "offered", "preloaded")
 
 	// Latency at offered loads: Kafka timestamp of the order → of its CouponGranted event.
 	base := n
@@ -491,7 +500,7 @@ func benchE2E(ctx context.Context, db *sql.DB, kc kafkax.Config) error {
 			stop()
 			return err
 		}
-		report("e2e", "offered_per_s", rate, "orders_per_s", achieved, "p50_ms", p50, "p99_ms", p99)
+		report("e2e", "steps_per_tx", *e2eSPT, "offered_per_s", rate, "orders_per_s", achieved, "p50_ms", p50, "p99_ms", p99)
 		base += count
 	}
 	stop()

@@ -46,6 +46,7 @@ type InboxConfig struct {
 	BackoffMax      time.Duration `mapstructure:"backoff_max"`
 	Retention       time.Duration `mapstructure:"retention"`
 	MaxPayloadBytes int           `mapstructure:"max_payload_bytes"`
+	StepsPerTx      int           `mapstructure:"steps_per_transaction"`
 	CleanupInterval time.Duration `mapstructure:"cleanup_interval"`
 	CleanupBatch    int           `mapstructure:"cleanup_batch"`
 }
@@ -98,6 +99,7 @@ var defaults = []struct {
 	{"inbox.backoff_max", "5s", "retry backoff cap"},
 	{"inbox.retention", "720h", "inbox rows expire after this (must cover Kafka's retention)"},
 	{"inbox.max_payload_bytes", 1 << 20, "larger payloads are poison"},
+	{"inbox.steps_per_transaction", 1, "consecutive handler steps per transaction (1: every state transition commits alone)"},
 	{"inbox.cleanup_interval", "1h", "how often expired done rows are deleted"},
 	{"inbox.cleanup_batch", 500, "rows per cleanup DELETE"},
 	{"relay.enabled", true, "run the outbox relay in this process"},

@@ -169,7 +169,7 @@ func (a *app) buildInbox(db *sql.DB, p inbox.Plugin, obs inbox.Observer) (*inbox
 func (a *app) inboxConfig(p inbox.Plugin) inbox.Config {
 	c := a.cfg.Inbox
 	return inbox.Config{BizType: p.BizType, KeyLogField: p.KeyLogField, MaxAttempts: c.MaxAttempts, BackoffInitial: c.BackoffInitial, BackoffMax: c.BackoffMax,
-		Retention: c.Retention, MaxPayloadBytes: c.MaxPayloadBytes}
+		Retention: c.Retention, MaxPayloadBytes: c.MaxPayloadBytes, StepsPerTx: c.StepsPerTx}
 }
 
 // warnRetention warns when Kafka can replay messages older than the inbox remembers: a
