@@ -13,18 +13,18 @@ const MaxKeyLen = 128
 
 // Config configures one Inbox (one biz type).
 type Config struct {
-	BizType         string        // required, e.g. "coupon"
-	Table           string        // default "inbox"
-	MaxAttempts     int           // handler attempts before quarantine; default 5
-	BackoffInitial  time.Duration // default 100ms, doubled per attempt
-	BackoffMax      time.Duration // default 5s
-	MaxLockRetries  int           // deadlock / lock-wait retries per delivery, not counted as attempts; default 100
-	MaxSteps        int           // Continue results allowed per attempt; default 32
+	BizType        string        // required, e.g. "coupon"
+	Table          string        // default "inbox"
+	MaxAttempts    int           // handler attempts before quarantine; default 5
+	BackoffInitial time.Duration // default 100ms, doubled per attempt
+	BackoffMax     time.Duration // default 5s
+	MaxLockRetries int           // deadlock / lock-wait retries per delivery, not counted as attempts; default 100
+	MaxSteps       int           // Continue results allowed per attempt; default 32
 	// StepsPerTx runs up to this many consecutive steps of a multi-step handler in one
 	// transaction. Default 1: every step commits on its own, so no lock is held across the
 	// next step's slow external call. Raise it when steps make no slow calls: fewer commits,
 	// the same guarantees (each step's effect and transition still commit together).
-	StepsPerTx int
+	StepsPerTx      int
 	Retention       time.Duration // expire_at = now + Retention; default 30 days
 	MaxPayloadBytes int           // larger payloads are poison; default 1 MiB
 	// KeyLogField names the business key in log lines (e.g. "order_id"); default "dedup_key".
