@@ -82,9 +82,41 @@ type Granter struct {
 	logger watermill.LoggerAdapter
 	now    func() time.Time
 	shards atomic.Int64 // the campaign's counter shards, read once from the database
+	db     *sql.DB      // set by UsePrepare: external calls then happen outside transactions
 }
 
-var _ inbox.Handler = (*Granter)(nil)
+var (
+	_ inbox.Handler  = (*Granter)(nil)
+	_ inbox.Preparer = (*Granter)(nil)
+)
+
+// UsePrepare makes the granter call its external services in Prepare, before each step's
+// transaction, reading the grant's committed state from db: a slow call then holds no
+// database lock. Without it (tests, the bench's unsafe baseline) the call happens inside the
+// step's transaction.
+func (g *Granter) UsePrepare(db *sql.DB) *Granter {
+	g.db = db
+	return g
+}
+
+// Prepare implements inbox.Preparer: it makes the external call of the step the grant is
+// due for, outside any transaction, and leaves the state it prepared in d.Prepared.
+func (g *Granter) Prepare(ctx context.Context, d *inbox.Delivery) error {
+	o, ok := d.Value.(OrderPaid)
+	if g.db == nil || !ok {
+		return nil
+	}
+	st, err := readState(ctx, g.db, o.OrderID, g.cfg.CampaignID)
+	if err != nil || st.Terminal() {
+		return err
+	}
+	step := st.Step()
+	if err := g.svc.Call(ctx, step, o.OrderID+":"+step); err != nil {
+		return err
+	}
+	d.Prepared = st
+	return nil
+}
 
 // NewGranter builds a Granter. A nil svc makes no external calls.
 func NewGranter(cfg Config, svc ExternalService, logger watermill.LoggerAdapter) (*Granter, error) {
@@ -122,12 +154,20 @@ func (g *Granter) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (in
 	if !ok {
 		return inbox.Done, inbox.Permanent(fmt.Errorf("coupon: unexpected value %T", d.Value))
 	}
-	return g.Step(ctx, tx, o)
+	prepared, _ := d.Prepared.(State)
+	d.Prepared = nil // one prepared call serves one step
+	return g.step(ctx, tx, o, prepared)
 }
 
 // Step advances the grant of o by one step within tx. It is exported so tests can drive the
 // state machine without the inbox (the second line of defence on its own).
 func (g *Granter) Step(ctx context.Context, tx *sql.Tx, o OrderPaid) (inbox.Progress, error) {
+	return g.step(ctx, tx, o, "")
+}
+
+// step advances the grant by one step; prepared is the state whose external call Prepare
+// already made ("" for none).
+func (g *Granter) step(ctx context.Context, tx *sql.Tx, o OrderPaid, prepared State) (inbox.Progress, error) {
 	repo := mysqlRepo{tx: tx}
 	gr, err := repo.loadOrCreate(ctx, o, g.cfg.CampaignID, g.cfg.ValueCents)
 	if err != nil {
@@ -140,9 +180,13 @@ func (g *Granter) Step(ctx context.Context, tx *sql.Tx, o OrderPaid) (inbox.Prog
 	if err != nil {
 		return inbox.Continue, err
 	}
-	step := gr.State.Step()
-	if err := g.svc.Call(ctx, step, gr.OrderID+":"+step); err != nil {
-		return inbox.Continue, err
+	if prepared != gr.State {
+		// Not prepared, or another delivery moved the grant on since: make the call here
+		// (idempotent by order id and step).
+		step := gr.State.Step()
+		if err := g.svc.Call(ctx, step, gr.OrderID+":"+step); err != nil {
+			return inbox.Continue, err
+		}
 	}
 	switch gr.State {
 	case StateInit:

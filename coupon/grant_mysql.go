@@ -3,6 +3,7 @@ package coupon
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"hash/fnv"
 
@@ -44,6 +45,20 @@ func (r mysqlRepo) loadOrCreate(ctx context.Context, o OrderPaid, campaignID str
 	g.State = s
 	g.StockShard, g.BudgetShard = int(stockShard.Int64), int(budgetShard.Int64)
 	return g, nil
+}
+
+// readState reads the committed state of a grant, outside any transaction; INIT when the
+// grant does not exist yet.
+func readState(ctx context.Context, db *sql.DB, orderID, campaignID string) (State, error) {
+	var st string
+	err := db.QueryRowContext(ctx, `SELECT state FROM coupon_grant WHERE order_id = ? AND campaign_id = ?`, orderID, campaignID).Scan(&st)
+	if errors.Is(err, sql.ErrNoRows) {
+		return StateInit, nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read grant state: %w", err)
+	}
+	return ParseState(st)
 }
 
 // cas moves the grant from → to with an optimistic lock and logs the transition. Zero rows

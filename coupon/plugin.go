@@ -43,7 +43,11 @@ func Plugin() inbox.Plugin {
 				seed = uint64(time.Now().UnixNano())
 			}
 			svc := NewSimulatedService(cfg.StepDelay, cfg.StepJitter, cfg.StepFailureRate, seed)
-			return NewGranter(cfg, svc, env.Logger)
+			g, err := NewGranter(cfg, svc, env.Logger)
+			if err != nil || env.DB == nil {
+				return g, err
+			}
+			return g.UsePrepare(env.DB), nil
 		},
 	}
 }

@@ -63,6 +63,19 @@ type Delivery struct {
 	Step     int   // 0-based step within this attempt
 	ReplayID int64 // non-zero when run by a replay
 	Resumed  bool  // the inbox row was already 'processing' when this delivery claimed it
+	// Prepared is what the handler's Prepare left for the next Handle call (nil without a
+	// Preparer). It is reset before every Prepare.
+	Prepared any
+}
+
+// Preparer is implemented by handlers whose steps call slow outside services. Prepare runs
+// before each step's transaction, outside any transaction and without any lock, so a call
+// of seconds (the seed incident's 800 ms–2 s) never holds a database lock. It may read
+// committed state and must make only idempotent outside calls (keyed by business key and
+// step); Handle then applies the step in the transaction and must re-check that the state
+// it prepared for is still current (another delivery may have moved it on meanwhile).
+type Preparer interface {
+	Prepare(ctx context.Context, d *Delivery) error
 }
 
 // ErrPermanent marks an error that retrying cannot fix.

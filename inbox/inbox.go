@@ -196,8 +196,15 @@ func (ib *Inbox) decode(msg *message.Message) (Decoded, error) {
 
 // runSteps runs the handler, one transaction per step, until it reports Done.
 func (ib *Inbox) runSteps(ctx context.Context, d *Delivery, dec Decoded, opts ProcessOptions) (Result, error) {
+	prep, _ := ib.h.(Preparer)
 	for step := 0; step < ib.cfg.MaxSteps; step++ {
 		d.Step = step
+		if prep != nil {
+			d.Prepared = nil
+			if err := prep.Prepare(ctx, d); err != nil {
+				return Result{}, err
+			}
+		}
 		var res *Result
 		first := step
 		err := dbx.InTx(ctx, ib.db, func(tx *sql.Tx) error {
