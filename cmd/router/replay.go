@@ -347,7 +347,10 @@ func printReplayNotes(rep inbox.ReplayReport) {
 	if rep.Selected == 0 {
 		printf("nothing matched the filter\n")
 	}
-	if rep.WasDone > 0 {
+	switch {
+	case rep.WasDone > 0 && rep.DryRun:
+		printf("note: %d selected rows are already done: replaying them would change nothing\n", rep.WasDone)
+	case rep.WasDone > 0:
 		printf("note: %d selected rows were already done: they came back as duplicates and nothing changed\n", rep.WasDone)
 	}
 	if rep.Poison > 0 {
