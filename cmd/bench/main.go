@@ -63,19 +63,20 @@ func main() {
 }
 
 var (
-	orders   = flag.Int("orders", 5000, "orders per database measurement")
-	workers  = flag.Int("workers", 16, "concurrent workers (database measurements)")
-	e2eN     = flag.Int("e2e-orders", 5000, "orders for the end-to-end throughput run")
-	relayN   = flag.Int("relay-events", 50000, "outbox rows for the relay measurement")
-	stormN   = flag.Int("storm-orders", 1000, "orders in the duplicate storm")
-	stormK   = flag.Int("storm-deliveries", 50, "deliveries of each order in the storm")
-	e2eSPT   = flag.Int("e2e-steps-per-tx", 1, "inbox.steps_per_transaction of the end-to-end runs")
-	loads    = flag.String("loads", "100,200,400", "offered loads (orders/s) for the latency runs")
-	loadSecs = flag.Int("load-seconds", 8, "seconds per latency run")
-	adminDSN = flag.String("admin-dsn", "onceflow_admin:onceflow_admin@tcp(127.0.0.1:3306)/onceflow_bench", "privileged DSN of the bench database")
-	appDSN   = flag.String("dsn", "onceflow:onceflow@tcp(127.0.0.1:3306)/onceflow_bench", "application DSN of the bench database")
-	brokers  = flag.String("brokers", "127.0.0.1:9092", "Kafka brokers")
-	outDir   = flag.String("out", "bench/results", "where the CSV goes")
+	orders     = flag.Int("orders", 5000, "orders per database measurement")
+	workers    = flag.Int("workers", 16, "concurrent workers (database measurements)")
+	e2eN       = flag.Int("e2e-orders", 5000, "orders for the end-to-end throughput run")
+	relayN     = flag.Int("relay-events", 50000, "outbox rows for the relay measurement")
+	stormN     = flag.Int("storm-orders", 1000, "orders in the duplicate storm")
+	relayBatch = flag.Int("relay-batch", 2000, "relay batch size (events per Kafka transaction)")
+	stormK     = flag.Int("storm-deliveries", 50, "deliveries of each order in the storm")
+	e2eSPT     = flag.Int("e2e-steps-per-tx", 1, "inbox.steps_per_transaction of the end-to-end runs")
+	loads      = flag.String("loads", "100,200,400", "offered loads (orders/s) for the latency runs")
+	loadSecs   = flag.Int("load-seconds", 8, "seconds per latency run")
+	adminDSN   = flag.String("admin-dsn", "onceflow_admin:onceflow_admin@tcp(127.0.0.1:3306)/onceflow_bench", "privileged DSN of the bench database")
+	appDSN     = flag.String("dsn", "onceflow:onceflow@tcp(127.0.0.1:3306)/onceflow_bench", "application DSN of the bench database")
+	brokers    = flag.String("brokers", "127.0.0.1:9092", "Kafka brokers")
+	outDir     = flag.String("out", "bench/results", "where the CSV goes")
 )
 
 func run() error {
@@ -373,7 +374,7 @@ func benchRelay(ctx context.Context, db *sql.DB, kc kafkax.Config) error {
 		return err
 	}
 	defer producer.Close()
-	alo, err := outbox.NewRelay(db, producer, outbox.RelayConfig{BatchSize: 1000}, nil)
+	alo, err := outbox.NewRelay(db, producer, outbox.RelayConfig{BatchSize: *relayBatch}, nil)
 	if err != nil {
 		return err
 	}
@@ -385,7 +386,7 @@ func benchRelay(ctx context.Context, db *sql.DB, kc kafkax.Config) error {
 	if _, err := db.ExecContext(ctx, "UPDATE outbox SET published_at = NULL"); err != nil {
 		return err
 	}
-	eos, err := outbox.NewExactlyOnceRelay(db, kc, outbox.RelayConfig{BatchSize: 1000, TransactionalID: fmt.Sprintf("bench-%d", time.Now().UnixNano())}, nil)
+	eos, err := outbox.NewExactlyOnceRelay(db, kc, outbox.RelayConfig{BatchSize: *relayBatch, TransactionalID: fmt.Sprintf("bench-%d", time.Now().UnixNano())}, nil)
 	if err != nil {
 		return err
 	}

@@ -103,7 +103,7 @@ var defaults = []struct {
 	{"inbox.cleanup_interval", "1h", "how often expired done rows are deleted"},
 	{"inbox.cleanup_batch", 500, "rows per cleanup DELETE"},
 	{"relay.enabled", true, "run the outbox relay in this process"},
-	{"relay.batch_size", 500, "events per Kafka batch"},
+	{"relay.batch_size", 2000, "events per Kafka transaction (larger: fewer commits, more republished after an abort)"},
 	{"relay.poll_interval", "50ms", "relay sleep when nothing is pending"},
 	{"relay.lag_bound", "1m", "verify: unpublished rows older than this are a violation"},
 	{"relay.exactly_once", true, "transactional producer + positions topic + lease; false: idempotent producer, at least once"},
