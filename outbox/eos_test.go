@@ -78,21 +78,8 @@ func TestEOSRelayConcurrentWritersOutOfOrderCommits(t *testing.T) {
 	d := testenv.DB(t, writers+8)
 	k := testenv.Kafka(t)
 	topic := testenv.Topic(t, k, "outbox-eos-stress", 4)
-	relay := newEOSRelay(t, d.DB, k, eosConfig(t, k, outbox.RelayConfig{BatchSize: 100, PollInterval: 2 * time.Millisecond, RetryBackoff: 100 * time.Millisecond}))
-	stop := runRelay(t, relay)
-
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	ids := runWriters(t, ctx, d.DB, topic, writers, perWriter)
-	waitAllPublished(t, d.DB, len(ids), 60*time.Second)
-	stop()
-	if got := relay.Published(); got != int64(len(ids)) {
-		t.Errorf("relay counted %d published events, want %d", got, len(ids))
-	}
-	t.Logf("%d events; %d rows were committed and published after a row with a higher id", len(ids), lateRows(t, d.DB))
-	recs := readAll(t, k, topic)
-	assertExactlyOnce(t, recs, ids)
-	assertPerKeyOrder(t, d.DB, recs)
+	relay := newEOSRelay(t, d.DB, k, eosConfig(t, k, stressRelayConfig))
+	stressWriters(t, d, k, topic, relay, writers, perWriter)
 }
 
 func addN(t *testing.T, db *sql.DB, topic, prefix string, n int) []string {

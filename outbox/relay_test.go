@@ -288,9 +288,18 @@ func TestRelayConcurrentWritersOutOfOrderCommits(t *testing.T) {
 	d := testenv.DB(t, writers+8)
 	k := testenv.Kafka(t)
 	topic := testenv.Topic(t, k, "outbox-stress", 4)
-	relay := newRelay(t, d.DB, newProducer(t, k), outbox.RelayConfig{BatchSize: 100, PollInterval: 2 * time.Millisecond, RetryBackoff: 100 * time.Millisecond})
-	stop := runRelay(t, relay)
+	relay := newRelay(t, d.DB, newProducer(t, k), stressRelayConfig)
+	stressWriters(t, d, k, topic, relay, writers, perWriter)
+}
 
+// stressRelayConfig polls fast so the relay races the writers' late commits.
+var stressRelayConfig = outbox.RelayConfig{BatchSize: 100, PollInterval: 2 * time.Millisecond, RetryBackoff: 100 * time.Millisecond}
+
+// stressWriters runs relay while writers commit out of id order, then checks that every
+// event reached Kafka exactly once and each key's events in commit order.
+func stressWriters(t *testing.T, d testenv.Database, k kafkax.Config, topic string, relay *outbox.Relay, writers, perWriter int) {
+	t.Helper()
+	stop := runRelay(t, relay)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	ids := runWriters(t, ctx, d.DB, topic, writers, perWriter)
@@ -300,7 +309,6 @@ func TestRelayConcurrentWritersOutOfOrderCommits(t *testing.T) {
 		t.Errorf("relay counted %d published events, want %d", got, len(ids))
 	}
 	t.Logf("%d events; %d rows were committed and published after a row with a higher id", len(ids), lateRows(t, d.DB))
-
 	recs := readAll(t, k, topic)
 	assertExactlyOnce(t, recs, ids)
 	assertPerKeyOrder(t, d.DB, recs)
