@@ -1,6 +1,8 @@
 package inbox
 
 import (
+	"context"
+
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 )
@@ -10,15 +12,35 @@ import (
 // and an error (nack, redelivery) only when nothing could be recorded.
 func (ib *Inbox) HandlerFunc(topic string) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error {
-		ctx := msg.Context()
-		src := Source{Topic: topic}
-		if p, ok := wkafka.MessagePartitionFromCtx(ctx); ok {
-			src.Partition = p
-		}
-		if o, ok := wkafka.MessagePartitionOffsetFromCtx(ctx); ok {
-			src.Offset = o
-		}
-		_, err := ib.Process(ctx, msg, src, ProcessOptions{})
+		_, err := ib.Process(msg.Context(), msg, SourceOf(msg, topic), ProcessOptions{})
 		return err
 	}
+}
+
+type sourceKey struct{}
+
+// ContextWithSource records where a message came from, for subscribers other than
+// watermill-kafka's (which records it in its own context keys).
+func ContextWithSource(ctx context.Context, src Source) context.Context {
+	return context.WithValue(ctx, sourceKey{}, src)
+}
+
+// SourceOf returns where msg was consumed from: the Source set by ContextWithSource, else
+// watermill-kafka's partition and offset, with topic as the topic.
+func SourceOf(msg *message.Message, topic string) Source {
+	ctx := msg.Context()
+	if s, ok := ctx.Value(sourceKey{}).(Source); ok {
+		if s.Topic == "" {
+			s.Topic = topic
+		}
+		return s
+	}
+	src := Source{Topic: topic}
+	if p, ok := wkafka.MessagePartitionFromCtx(ctx); ok {
+		src.Partition = p
+	}
+	if o, ok := wkafka.MessagePartitionOffsetFromCtx(ctx); ok {
+		src.Offset = o
+	}
+	return src
 }
