@@ -83,6 +83,9 @@ type Granter struct {
 	now    func() time.Time
 	shards atomic.Int64 // the campaign's counter shards, read once from the database
 	db     *sql.DB      // set by UsePrepare: external calls then happen outside transactions
+	// batchSeq rotates the counter shard batches start at, so concurrent batches take
+	// different shard rows.
+	batchSeq atomic.Int64
 }
 
 var (

@@ -1,0 +1,252 @@
+package coupon
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/outbox"
+)
+
+var (
+	_ inbox.BatchHandler  = (*Granter)(nil)
+	_ inbox.BatchPreparer = (*Granter)(nil)
+)
+
+// batchPrepared marks a delivery whose three external calls (lock stock, deduct budget,
+// issue coupon) PrepareBatch made successfully.
+type batchPrepared struct{}
+
+// prepareParallelism bounds the concurrent external calls of one batch.
+const prepareParallelism = 64
+
+// PrepareBatch implements inbox.BatchPreparer: before the batch's transaction, it makes the
+// external calls of all three steps for every delivery (idempotent by order id and step,
+// like Prepare's). A delivery whose call failed is left unprepared, so HandleBatch leaves
+// it to the one-at-a-time path, which retries with backoff and quarantines when exhausted.
+func (g *Granter) PrepareBatch(ctx context.Context, ds []*inbox.Delivery) {
+	steps := []string{StateInit.Step(), StateLocked.Step(), StateBudgetDeducted.Step()}
+	sem := make(chan struct{}, prepareParallelism)
+	var wg sync.WaitGroup
+	for _, d := range ds {
+		o, ok := d.Value.(OrderPaid)
+		if !ok {
+			continue
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			for _, step := range steps {
+				if err := g.svc.Call(ctx, step, o.OrderID+":"+step); err != nil {
+					return
+				}
+			}
+			d.Prepared = batchPrepared{}
+		}()
+	}
+	wg.Wait()
+}
+
+// HandleBatch implements inbox.BatchHandler: the happy path of many grants in one
+// transaction. Grants still in INIT go straight to GRANTED — one stock and one budget
+// update for the whole batch, on one counter shard, and multi-row writes of the grants,
+// their transition log (each legal step recorded), the coupons and the CouponGranted
+// events. Grants already terminal are Done. Everything else — a grant some earlier
+// delivery left half-way, a shard that cannot cover the whole batch (the campaign running
+// out), a delivery whose external calls failed — is left at Continue for Handle, which
+// knows every path, exhaustion included.
+func (g *Granter) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Delivery) ([]inbox.Progress, error) {
+	progs := make([]inbox.Progress, len(ds))
+	var orders []OrderPaid
+	var idx []int
+	for i, d := range ds {
+		progs[i] = inbox.Continue
+		o, ok := d.Value.(OrderPaid)
+		if _, prepared := d.Prepared.(batchPrepared); ok && prepared {
+			orders = append(orders, o)
+			idx = append(idx, i)
+		}
+		d.Prepared = nil
+	}
+	if len(orders) == 0 {
+		return progs, nil
+	}
+	repo := mysqlRepo{tx: tx}
+	shards, err := g.campaignShards(ctx, repo, g.cfg.CampaignID)
+	if err != nil {
+		return nil, err
+	}
+	grants, err := repo.loadOrCreateMany(ctx, orders, g.cfg.CampaignID, g.cfg.ValueCents)
+	if err != nil {
+		return nil, err
+	}
+	var fresh []grantRow
+	var freshIdx []int
+	var value int64
+	for j, gr := range grants {
+		switch {
+		case gr.State.Terminal():
+			progs[idx[j]] = inbox.Done
+		case gr.State == StateInit:
+			fresh = append(fresh, gr)
+			freshIdx = append(freshIdx, idx[j])
+			value += gr.ValueCents
+		}
+	}
+	if len(fresh) == 0 {
+		return progs, nil
+	}
+	shard, err := repo.takeBatch(ctx, g.cfg.CampaignID, int64(len(fresh)), value, int(g.batchSeq.Add(1)), shards)
+	if err != nil || shard < 0 {
+		return progs, err // no shard covers the whole batch: one at a time
+	}
+	now := g.now().UTC()
+	events := make([]outbox.Event, len(fresh))
+	for j := range fresh {
+		gr := &fresh[j]
+		gr.StockShard, gr.BudgetShard = shard, shard
+		couponID := CouponID(gr.OrderID, gr.CampaignID)
+		ev := GrantEvent{EventID: EventID(EventGranted, gr.OrderID, gr.CampaignID), OrderID: gr.OrderID, UserID: gr.UserID,
+			CampaignID: gr.CampaignID, CouponID: couponID, ValueCents: gr.ValueCents, GrantedAt: now}
+		events[j] = outbox.Event{ID: ev.EventID, Type: EventGranted, Topic: g.cfg.GrantedTopic, Key: gr.OrderID, Payload: ev.Encode()}
+	}
+	if err := repo.grantMany(ctx, fresh); err != nil {
+		return nil, err
+	}
+	if err := g.out.AddBatch(ctx, tx, events); err != nil {
+		return nil, err
+	}
+	for _, i := range freshIdx {
+		progs[i] = inbox.Done
+	}
+	return progs, nil
+}
+
+// loadOrCreateMany is loadOrCreate for many orders (sorted by order id, the lock order):
+// one insert of the missing grants in INIT, one locking read of all.
+func (r mysqlRepo) loadOrCreateMany(ctx context.Context, orders []OrderPaid, campaignID string, value int64) ([]grantRow, error) {
+	args := make([]any, 0, len(orders)*4)
+	for _, o := range orders {
+		args = append(args, o.OrderID, campaignID, o.UserID, value)
+	}
+	if _, err := r.tx.ExecContext(ctx, `INSERT INTO coupon_grant (order_id, campaign_id, user_id, state, value_cents) VALUES `+
+		groups("(?, ?, ?, 'INIT', ?)", len(orders))+` ON DUPLICATE KEY UPDATE order_id = order_id`, args...); err != nil {
+		return nil, fmt.Errorf("create %d grants: %w", len(orders), err)
+	}
+	keys := make([]any, 0, len(orders)+1)
+	keys = append(keys, campaignID)
+	for _, o := range orders {
+		keys = append(keys, o.OrderID)
+	}
+	rows, err := r.tx.QueryContext(ctx, `SELECT order_id, user_id, state, value_cents FROM coupon_grant WHERE campaign_id = ? AND order_id IN (`+
+		groups("?", len(orders))+`) FOR UPDATE`, keys...)
+	if err != nil {
+		return nil, fmt.Errorf("load %d grants: %w", len(orders), err)
+	}
+	defer rows.Close()
+	byOrder := make(map[string]grantRow, len(orders))
+	for rows.Next() {
+		gr := grantRow{CampaignID: campaignID}
+		var st string
+		if err := rows.Scan(&gr.OrderID, &gr.UserID, &st, &gr.ValueCents); err != nil {
+			return nil, fmt.Errorf("load grants: %w", err)
+		}
+		if gr.State, err = ParseState(st); err != nil {
+			return nil, err
+		}
+		byOrder[gr.OrderID] = gr
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("load grants: %w", err)
+	}
+	out := make([]grantRow, len(orders))
+	for i, o := range orders {
+		gr, ok := byOrder[o.OrderID]
+		if !ok {
+			return nil, fmt.Errorf("load grants: order %s not found after insert", o.OrderID)
+		}
+		out[i] = gr
+	}
+	return out, nil
+}
+
+// takeBatch takes n coupons of stock and value cents of budget from one shard, starting at
+// start and moving on while a shard cannot cover the whole batch. It returns the shard, or
+// -1 when none can (then nothing was taken).
+func (r mysqlRepo) takeBatch(ctx context.Context, campaignID string, n, value int64, start, shards int) (int, error) {
+	for i := range shards {
+		shard := (start + i) % shards
+		ok, err := r.affected(ctx, "take stock", `UPDATE coupon_stock SET granted = granted + ? WHERE campaign_id = ? AND shard = ? AND locked + granted + ? <= total`,
+			n, campaignID, shard, n)
+		if err != nil || !ok {
+			if err != nil {
+				return -1, err
+			}
+			continue
+		}
+		ok, err = r.affected(ctx, "take budget", `UPDATE coupon_budget SET spent_cents = spent_cents + ? WHERE campaign_id = ? AND shard = ? AND spent_cents + ? <= total_cents`,
+			value, campaignID, shard, value)
+		if err != nil {
+			return -1, err
+		}
+		if ok {
+			return shard, nil
+		}
+		if _, err := r.affected(ctx, "give stock back", `UPDATE coupon_stock SET granted = granted - ? WHERE campaign_id = ? AND shard = ?`, n, campaignID, shard); err != nil {
+			return -1, err
+		}
+	}
+	return -1, nil
+}
+
+// grantMany moves grants locked in INIT to GRANTED, logging each legal transition, and
+// writes their coupons: three statements for the batch.
+func (r mysqlRepo) grantMany(ctx context.Context, gs []grantRow) error {
+	path := []State{StateInit, StateLocked, StateBudgetDeducted, StateGranted}
+	for i := 1; i < len(path); i++ {
+		if err := Transit(path[i-1], path[i]); err != nil {
+			return err
+		}
+	}
+	up := make([]any, 0, len(gs)*8)
+	logArgs := make([]any, 0, len(gs)*12)
+	coupons := make([]any, 0, len(gs)*5)
+	for _, g := range gs {
+		couponID := CouponID(g.OrderID, g.CampaignID)
+		up = append(up, g.OrderID, g.CampaignID, g.UserID, g.ValueCents, g.StockShard, g.BudgetShard, couponID)
+		for i := 1; i < len(path); i++ {
+			logArgs = append(logArgs, g.OrderID, g.CampaignID, string(path[i-1]), string(path[i]))
+		}
+		coupons = append(coupons, couponID, g.OrderID, g.CampaignID, g.UserID, g.ValueCents)
+	}
+	// Every row exists and is locked in INIT by this transaction (loadOrCreateMany), so the
+	// upsert only updates; the state guard in the update keeps it a no-op otherwise, and the
+	// coupon insert below would then fail on its unique key and roll the batch back.
+	if _, err := r.tx.ExecContext(ctx, `INSERT INTO coupon_grant (order_id, campaign_id, user_id, state, value_cents, stock_shard, budget_shard, coupon_id) VALUES `+
+		groups("(?, ?, ?, 'GRANTED', ?, ?, ?, ?)", len(gs))+` ON DUPLICATE KEY UPDATE
+ version = IF(state = 'INIT', version + 3, version),
+ stock_shard = IF(state = 'INIT', VALUES(stock_shard), stock_shard),
+ budget_shard = IF(state = 'INIT', VALUES(budget_shard), budget_shard),
+ coupon_id = IF(state = 'INIT', VALUES(coupon_id), coupon_id),
+ state = IF(state = 'INIT', 'GRANTED', state)`, up...); err != nil {
+		return fmt.Errorf("grant %d: %w", len(gs), err)
+	}
+	if _, err := r.tx.ExecContext(ctx, `INSERT INTO coupon_grant_log (order_id, campaign_id, from_state, to_state) VALUES `+
+		groups("(?, ?, ?, ?)", len(gs)*(len(path)-1)), logArgs...); err != nil {
+		return fmt.Errorf("log %d transitions: %w", len(gs)*(len(path)-1), err)
+	}
+	if _, err := r.tx.ExecContext(ctx, `INSERT INTO user_coupon (coupon_id, order_id, campaign_id, user_id, value_cents) VALUES `+
+		groups("(?, ?, ?, ?, ?)", len(gs)), coupons...); err != nil {
+		return fmt.Errorf("write %d coupons: %w", len(gs), err)
+	}
+	return nil
+}
+
+// groups returns n copies of group separated by commas.
+func groups(group string, n int) string {
+	return strings.TrimSuffix(strings.Repeat(group+", ", n), ", ")
+}

@@ -1,0 +1,231 @@
+package coupon_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/coupon"
+	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/pkg/testenv"
+)
+
+// delivery is one message to push through a Batcher.
+type delivery struct {
+	key     string
+	payload []byte
+}
+
+// deliverAll submits every delivery from many goroutines at once, so they meet in batches,
+// and returns the outcomes by key.
+func deliverAll(t *testing.T, b *inbox.Batcher, ds []delivery, goroutines int) map[string][]inbox.Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var mu sync.Mutex
+	out := map[string][]inbox.Result{}
+	work := make(chan int)
+	var wg sync.WaitGroup
+	var firstErr error
+	for range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				msg := message.NewMessage(watermill.NewUUID(), ds[i].payload)
+				r, err := b.Process(ctx, msg, inbox.Source{Topic: "order-paid", Partition: int32(i % 12), Offset: int64(i)})
+				mu.Lock()
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+				out[ds[i].key] = append(out[ds[i].key], r)
+				mu.Unlock()
+			}
+		}()
+	}
+	for i := range ds {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	if firstErr != nil {
+		t.Fatalf("Process: %v", firstErr)
+	}
+	return out
+}
+
+func newBatcher(t *testing.T, ib *inbox.Inbox, cfg inbox.BatchConfig) *inbox.Batcher {
+	t.Helper()
+	b, err := ib.NewBatcher(cfg)
+	if err != nil {
+		t.Fatalf("NewBatcher: %v", err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+// TestBatchGrantsExactlyOnce: 600 orders delivered three times each, concurrently, through
+// the group-commit path, with poison and conflicting payloads mixed in: one coupon, one
+// event and the full legal transition log per order, duplicates counted, the odd messages
+// quarantined with their reasons — and the audit that says so catches an injected
+// duplicate event.
+func TestBatchGrantsExactlyOnce(t *testing.T) {
+	d := testenv.DB(t, 16)
+	ctx := context.Background()
+	cfg := campaign("batch-1", 100_000, 100_000*valueCents)
+	g := setup(t, d.DB, cfg, nil)
+	ib, err := inbox.New(d.DB, g, inbox.Config{BizType: coupon.BizType, BackoffInitial: time.Millisecond, BackoffMax: 10 * time.Millisecond}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newBatcher(t, ib, inbox.BatchConfig{MaxSize: 64, Workers: 3})
+
+	const orders, copies = 600, 3
+	var ds []delivery
+	for i := range orders {
+		o := order(fmt.Sprintf("b1-%04d", i))
+		for range copies {
+			ds = append(ds, delivery{o.OrderID, o.Encode()})
+		}
+	}
+	for i := range 5 {
+		ds = append(ds, delivery{fmt.Sprintf("poison-%d", i), []byte("{not json")})
+	}
+	rand.New(rand.NewPCG(1, 2)).Shuffle(len(ds), func(i, j int) { ds[i], ds[j] = ds[j], ds[i] })
+	out := deliverAll(t, b, ds, 200)
+	// Then the same order ids with another meaning, mixed with more duplicates.
+	var late []delivery
+	for i := range 5 {
+		o := order(fmt.Sprintf("b1-%04d", i))
+		late = append(late, delivery{"dup:" + o.OrderID, o.Encode()})
+		o.AmountCents++
+		late = append(late, delivery{"conflict:" + o.OrderID, o.Encode()})
+	}
+	for k, rs := range deliverAll(t, b, late, 10) {
+		out[k] = rs
+	}
+
+	var processed, dup int
+	for i := range orders {
+		for _, r := range out[fmt.Sprintf("b1-%04d", i)] {
+			switch r.Outcome {
+			case inbox.OutcomeProcessed:
+				processed++
+			case inbox.OutcomeDuplicate:
+				dup++
+			default:
+				t.Errorf("order %d: outcome %+v", i, r)
+			}
+		}
+	}
+	if processed != orders || dup != orders*(copies-1) {
+		t.Errorf("processed %d duplicates %d, want %d and %d", processed, dup, orders, orders*(copies-1))
+	}
+	for i := range 5 {
+		if r := out[fmt.Sprintf("poison-%d", i)]; len(r) != 1 || r[0].Reason != inbox.ReasonPoison {
+			t.Errorf("poison %d: %+v, want quarantined as poison", i, r)
+		}
+		if r := out[fmt.Sprintf("conflict:b1-%04d", i)]; len(r) != 1 || r[0].Reason != inbox.ReasonConflict {
+			t.Errorf("conflict %d: %+v, want quarantined as conflict", i, r)
+		}
+		if r := out[fmt.Sprintf("dup:b1-%04d", i)]; len(r) != 1 || r[0].Outcome != inbox.OutcomeDuplicate {
+			t.Errorf("late duplicate %d: %+v, want a duplicate", i, r)
+		}
+	}
+	st := b.Stats()
+	t.Logf("batcher: %+v", st)
+	if st.Batches == 0 || st.MaxBatched < 2 || st.Batched < int64(orders) {
+		t.Errorf("stats %+v: the deliveries did not share transactions", st)
+	}
+	a := mustVerify(t, d.DB, cfg.CampaignID)
+	if a.Granted != orders || a.Coupons != orders || a.OutboxEvents != orders || a.DuplicatesBlocked != orders*(copies-1)+5 {
+		t.Errorf("audit %+v", a)
+	}
+	want := []string{"INIT->LOCKED", "LOCKED->BUDGET_DEDUCTED", "BUDGET_DEDUCTED->GRANTED"}
+	for _, i := range []int{0, 17, orders - 1} {
+		if got := transitions(t, d.DB, fmt.Sprintf("b1-%04d", i), cfg.CampaignID); !equalStrings(got, want) {
+			t.Errorf("order %d transitions %v, want %v", i, got, want)
+		}
+	}
+
+	// The audit can fail: a second event for one order is caught.
+	d.AdminExec(t, `INSERT INTO outbox (event_id, event_type, topic, msg_key, payload) VALUES (UUID(), ?, 'coupon-granted', 'b1-0003', '{}')`, coupon.EventGranted)
+	a, err = coupon.Verify(ctx, d.DB, cfg.CampaignID, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !containsInvariant(a.Violations, 2) {
+		t.Errorf("an injected duplicate event went unnoticed: %v", a.Violations)
+	}
+}
+
+// TestBatchRunsOutOfStockExactly: near exhaustion no shard covers a whole batch, so a
+// batch leaves its grants to the one-at-a-time path: exactly the stock is granted, the rest
+// fail as stock_exhausted, and the counters add up.
+func TestBatchRunsOutOfStockExactly(t *testing.T) {
+	d := testenv.DB(t, 16)
+	cfg := campaign("batch-stock", 300, 1000*valueCents)
+	cfg.Shards = 2 // 150 per shard: whole batches fit until the stock runs low
+	g := setup(t, d.DB, cfg, nil)
+	ib, err := inbox.New(d.DB, g, inbox.Config{BizType: coupon.BizType}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newBatcher(t, ib, inbox.BatchConfig{MaxSize: 32, Workers: 2})
+	var ds []delivery
+	for i := range 400 {
+		o := order(fmt.Sprintf("bs-%03d", i))
+		ds = append(ds, delivery{o.OrderID, o.Encode()})
+	}
+	deliverAll(t, b, ds, 200)
+	a := mustVerify(t, d.DB, cfg.CampaignID)
+	if a.Granted != 300 || a.Failed != 100 || a.Coupons != 300 || a.OutboxEvents != 400 {
+		t.Errorf("audit %+v, want 300 granted and 100 failed", a)
+	}
+	st := b.Stats()
+	t.Logf("batcher: %+v", st)
+	if st.Batched == 0 || st.Fallbacks == 0 {
+		t.Errorf("stats %+v: want both batched grants and one-at-a-time ones near exhaustion", st)
+	}
+}
+
+// TestBatchFailedCallsFallBack: deliveries whose external calls fail before the batch are
+// retried one at a time with backoff; every order ends granted or quarantined, never twice.
+func TestBatchFailedCallsFallBack(t *testing.T) {
+	d := testenv.DB(t, 16)
+	cfg := campaign("batch-flaky", 100_000, 100_000*valueCents)
+	g := setup(t, d.DB, cfg, coupon.NewSimulatedService(0, time.Millisecond, 0.1, 7))
+	ib, err := inbox.New(d.DB, g, inbox.Config{BizType: coupon.BizType, BackoffInitial: time.Millisecond, BackoffMax: 5 * time.Millisecond}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newBatcher(t, ib, inbox.BatchConfig{MaxSize: 64, Workers: 2})
+	const orders = 300
+	var ds []delivery
+	for i := range orders {
+		o := order(fmt.Sprintf("bf-%03d", i))
+		ds = append(ds, delivery{o.OrderID, o.Encode()}, delivery{o.OrderID, o.Encode()})
+	}
+	out := deliverAll(t, b, ds, 100)
+	var quarantined int
+	for _, rs := range out {
+		for _, r := range rs {
+			if r.Outcome == inbox.OutcomeQuarantined {
+				quarantined++
+			}
+		}
+	}
+	a := mustVerify(t, d.DB, cfg.CampaignID)
+	if a.Granted+int64(quarantined) != orders || a.Coupons != a.Granted {
+		t.Errorf("audit %+v with %d quarantined, want every one of %d orders granted or quarantined once", a, quarantined, orders)
+	}
+	if st := b.Stats(); st.Fallbacks == 0 {
+		t.Errorf("stats %+v: no delivery took the one-at-a-time path despite failing calls", st)
+	}
+}

@@ -1,0 +1,521 @@
+package inbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/pkg/dbx"
+)
+
+// BatchHandler is implemented by handlers that can finish many deliveries in one
+// transaction with multi-row statements: the group-commit path. It is an optimisation of
+// the happy path only; everything unusual still goes through Handle, one delivery at a time.
+type BatchHandler interface {
+	Handler
+	// HandleBatch runs in tx, which holds the inbox row locks of every delivery in ds (all
+	// 'processing', with matching fingerprints, distinct keys, sorted by key). It returns one
+	// Progress per delivery: Done when the delivery's work is complete in tx (the inbox marks
+	// its row done in the same transaction), Continue when it left the delivery for the
+	// one-at-a-time path, which then runs Handle after tx committed. A delivery left at
+	// Continue must be in a state Handle can resume from. An error rolls the whole batch
+	// back, and every delivery then takes the one-at-a-time path.
+	HandleBatch(ctx context.Context, tx *sql.Tx, ds []*Delivery) ([]Progress, error)
+}
+
+// BatchPreparer is the batch counterpart of Preparer: PrepareBatch runs before the batch's
+// transaction, without any lock, and may make idempotent outside calls for every delivery.
+// It records what it prepared in each Delivery.Prepared.
+type BatchPreparer interface {
+	PrepareBatch(ctx context.Context, ds []*Delivery)
+}
+
+// BatchConfig configures a Batcher.
+type BatchConfig struct {
+	// MaxSize is the most deliveries in one transaction; default 256.
+	MaxSize int
+	// Linger is how long a batch waits for more deliveries once it has its first; default
+	// 2ms. Deliveries that arrive while batches are running wait anyway, so under load
+	// batches fill without lingering.
+	Linger time.Duration
+	// Workers is how many batch transactions run at once; default 4.
+	Workers int
+	// LockRetries is how often a batch rolled back by a deadlock is retried whole before
+	// its deliveries fall back to the one-at-a-time path; default 3.
+	LockRetries int
+}
+
+func (c *BatchConfig) setDefaults() {
+	if c.MaxSize == 0 {
+		c.MaxSize = 256
+	}
+	if c.Linger == 0 {
+		c.Linger = 2 * time.Millisecond
+	}
+	if c.Workers == 0 {
+		c.Workers = 4
+	}
+	if c.LockRetries == 0 {
+		c.LockRetries = 3
+	}
+}
+
+// Validate reports the first invalid setting.
+func (c BatchConfig) Validate() error {
+	switch {
+	case c.MaxSize < 1 || c.MaxSize > 10000:
+		return fmt.Errorf("inbox: batch size %d outside 1..10000", c.MaxSize)
+	case c.Linger < 0 || c.Linger > time.Second:
+		return fmt.Errorf("inbox: batch linger %s outside 0..1s", c.Linger)
+	case c.Workers < 1 || c.Workers > 64:
+		return fmt.Errorf("inbox: batch workers %d outside 1..64", c.Workers)
+	case c.LockRetries < 0:
+		return fmt.Errorf("inbox: batch lock retries %d is negative", c.LockRetries)
+	}
+	return nil
+}
+
+// Batcher runs concurrent deliveries of one Inbox in shared transactions (group commit):
+// deliveries from different partitions (or, with a parallel subscriber, from one
+// partition) that arrive together are claimed, handled and marked done with a handful of
+// multi-row statements and one commit. The guarantees are Process's: each delivery's inbox
+// row, effects and events commit together or not at all. Anything off the happy path — a
+// poison or conflicting message, a delivery the handler left at Continue, a failed batch —
+// is run by Process, one at a time, after the batch.
+//
+// Deliveries are spread over Workers lanes by business key, each lane running one batch
+// at a time: all deliveries of one key meet in one lane, so two batches never contend for
+// one key's rows (concurrent multi-row claims of common keys deadlock on InnoDB's
+// duplicate-check locks), and copies of a key within a batch are counted as duplicates in
+// the same transaction.
+type Batcher struct {
+	ib     *Inbox
+	bh     BatchHandler
+	prep   BatchPreparer
+	cfg    BatchConfig
+	lanes  []chan *pending
+	stop   chan struct{}
+	closed chan struct{} // closed once every lane has returned
+	wg     sync.WaitGroup
+	once   sync.Once
+	q      batchQueries
+
+	mu    sync.Mutex
+	stats BatchStats
+}
+
+// BatchStats counts what a Batcher did.
+type BatchStats struct {
+	Batches    int64 // committed batch transactions
+	Batched    int64 // deliveries finished inside a batch (processed or duplicate)
+	Fallbacks  int64 // deliveries handed to the one-at-a-time path
+	Rollbacks  int64 // batch transactions rolled back (then retried or fallen back)
+	MaxBatched int   // most deliveries seen in one batch
+}
+
+type pending struct {
+	ctx   context.Context
+	msg   *message.Message
+	src   Source
+	dec   Decoded
+	start time.Time
+	done  chan batchOutcome
+}
+
+type batchOutcome struct {
+	res      Result
+	fallback bool
+}
+
+type batchQueries struct {
+	claimHead, claimGroup, claimTail, selectHead, dupHead, doneHead string
+}
+
+// NewBatcher returns a Batcher for ib, whose handler must implement BatchHandler. It starts
+// its lanes; Close stops them.
+func (ib *Inbox) NewBatcher(cfg BatchConfig) (*Batcher, error) {
+	bh, ok := ib.h.(BatchHandler)
+	if !ok {
+		return nil, fmt.Errorf("inbox %s: handler %T does not implement inbox.BatchHandler", ib.cfg.BizType, ib.h)
+	}
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	t := ib.cfg.Table
+	i := strings.Index(insertColumns, "VALUES ")
+	b := &Batcher{ib: ib, bh: bh, cfg: cfg,
+		stop:   make(chan struct{}),
+		closed: make(chan struct{}),
+		q: batchQueries{
+			claimHead:  fmt.Sprintf("INSERT INTO %s %s", t, insertColumns[:i+len("VALUES ")]),
+			claimGroup: insertColumns[i+len("VALUES "):],
+			// A no-op update: it takes the existing row's exclusive lock, like claim.
+			claimTail:  " ON DUPLICATE KEY UPDATE attempts = attempts",
+			selectHead: fmt.Sprintf("SELECT id, dedup_key, status, fingerprint, reason FROM %s WHERE biz_type = ? AND dedup_key IN ", t),
+			dupHead:    fmt.Sprintf("UPDATE %s SET duplicates = duplicates + ? WHERE id IN ", t),
+			doneHead:   fmt.Sprintf("UPDATE %s SET status = 'done', attempts = GREATEST(attempts, 1), reason = NULL, last_error = NULL WHERE id IN ", t),
+		}}
+	b.prep, _ = ib.h.(BatchPreparer)
+	b.wg.Add(cfg.Workers)
+	for range cfg.Workers {
+		lane := make(chan *pending, cfg.MaxSize)
+		b.lanes = append(b.lanes, lane)
+		go b.lane(lane)
+	}
+	return b, nil
+}
+
+// Close stops the Batcher after the batches already running; deliveries still queued are
+// run one at a time by their callers.
+func (b *Batcher) Close() error {
+	b.once.Do(func() {
+		close(b.stop)
+		b.wg.Wait()
+		close(b.closed)
+	})
+	return nil
+}
+
+// Stats returns what the Batcher did so far.
+func (b *Batcher) Stats() BatchStats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.stats
+}
+
+// HandlerFunc adapts the Batcher to a Watermill router handler for messages consumed from
+// topic, like Inbox.HandlerFunc. The router runs one handler goroutine per message, so
+// concurrent messages meet in the Batcher.
+func (b *Batcher) HandlerFunc(topic string) message.NoPublishHandlerFunc {
+	return func(msg *message.Message) error {
+		_, err := b.Process(msg.Context(), msg, SourceOf(msg, topic))
+		return err
+	}
+}
+
+// Process runs one live delivery, in a shared transaction when it can: it returns what
+// Inbox.Process would, once the outcome is committed.
+func (b *Batcher) Process(ctx context.Context, msg *message.Message, src Source) (Result, error) {
+	dec, err := b.ib.decode(msg)
+	if err != nil {
+		return b.ib.Process(ctx, msg, src, ProcessOptions{}) // poison: quarantined there
+	}
+	p := &pending{ctx: ctx, msg: msg, src: src, dec: dec, start: time.Now(), done: make(chan batchOutcome, 1)}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(dec.Key))
+	select {
+	case b.lanes[h.Sum32()%uint32(len(b.lanes))] <- p:
+	case <-b.stop:
+		return b.ib.Process(ctx, msg, src, ProcessOptions{})
+	case <-ctx.Done():
+		return Result{}, ctx.Err()
+	}
+	select {
+	case o := <-p.done:
+		return b.outcome(ctx, p, o)
+	case <-b.closed:
+		// Every lane has returned: the delivery was answered, or never taken.
+		select {
+		case o := <-p.done:
+			return b.outcome(ctx, p, o)
+		default:
+			return b.ib.Process(ctx, msg, src, ProcessOptions{})
+		}
+	case <-ctx.Done():
+		// The batch may still commit this delivery; an error means "not acked", and a
+		// redelivery finds the row done and counts a duplicate.
+		return Result{}, ctx.Err()
+	}
+}
+
+func (b *Batcher) outcome(ctx context.Context, p *pending, o batchOutcome) (Result, error) {
+	if o.fallback {
+		return b.ib.Process(ctx, p.msg, p.src, ProcessOptions{})
+	}
+	return o.res, nil
+}
+
+// lane groups the deliveries queued on in into batches of up to MaxSize, waiting at most
+// Linger after the first, and runs them one after another.
+func (b *Batcher) lane(in chan *pending) {
+	defer b.wg.Done()
+	for {
+		var first *pending
+		select {
+		case first = <-in:
+		case <-b.stop:
+			drain(in)
+			return
+		}
+		batch := []*pending{first}
+		timer := time.NewTimer(b.cfg.Linger)
+	fill:
+		for len(batch) < b.cfg.MaxSize {
+			select {
+			case p := <-in:
+				batch = append(batch, p)
+			case <-timer.C:
+				break fill
+			case <-b.stop:
+				break fill
+			}
+		}
+		timer.Stop()
+		b.run(batch)
+	}
+}
+
+func drain(in chan *pending) {
+	for {
+		select {
+		case p := <-in:
+			p.done <- batchOutcome{fallback: true}
+		default:
+			return
+		}
+	}
+}
+
+func fallBack(ps []*pending) {
+	for _, p := range ps {
+		p.done <- batchOutcome{fallback: true}
+	}
+}
+
+// item is one business key of a batch: its first delivery, and later copies with the same
+// payload (duplicates within the batch).
+type item struct {
+	p      *pending
+	copies []*pending
+	d      *Delivery
+	id     int64
+	res    *Result // set when finished in the batch
+}
+
+// run handles one batch: every pending gets exactly one outcome.
+func (b *Batcher) run(batch []*pending) {
+	ib := b.ib
+	var items []*item
+	var rest []*pending // one at a time: conflicting payloads within the batch, cancelled ones
+	byKey := make(map[string]*item, len(batch))
+	for _, p := range batch {
+		if p.ctx.Err() != nil {
+			rest = append(rest, p)
+			continue
+		}
+		if it := byKey[p.dec.Key]; it != nil {
+			if it.p.dec.Fingerprint == p.dec.Fingerprint {
+				it.copies = append(it.copies, p)
+			} else {
+				rest = append(rest, p)
+			}
+			continue
+		}
+		it := &item{p: p, d: &Delivery{Message: p.msg, BizType: ib.cfg.BizType, Key: p.dec.Key, Value: p.dec.Value, Source: p.src, Attempt: 1}}
+		byKey[p.dec.Key] = it
+		items = append(items, it)
+	}
+	fallBack(rest)
+	if len(items) == 0 {
+		return
+	}
+	// One lock order for every batch and for the handler's own rows, keyed alike.
+	sort.Slice(items, func(i, j int) bool { return items[i].p.dec.Key < items[j].p.dec.Key })
+	if b.prep != nil {
+		ds := make([]*Delivery, len(items))
+		for i, it := range items {
+			ds[i] = it.d
+		}
+		b.prep.PrepareBatch(items[0].p.ctx, ds)
+	}
+	ctx := context.WithoutCancel(items[0].p.ctx)
+	var err error
+	for try := 0; ; try++ {
+		for _, it := range items {
+			it.res, it.id = nil, 0
+		}
+		err = dbx.InTx(ctx, ib.db, func(tx *sql.Tx) error { return b.runTx(ctx, tx, items) })
+		if err == nil {
+			break
+		}
+		b.count(func(s *BatchStats) { s.Rollbacks++ })
+		if !dbx.IsLockConflict(err) || try >= b.cfg.LockRetries {
+			break
+		}
+		sleep(ctx, time.Duration(1+rand.IntN(10))*time.Millisecond)
+	}
+	if err != nil {
+		ib.logger.Info("batch rolled back, its deliveries run one at a time", watermill.LogFields{"size": len(items), "err": err.Error()})
+		var n int64
+		for _, it := range items {
+			fallBack(append(it.copies, it.p))
+			n += int64(1 + len(it.copies))
+		}
+		b.count(func(s *BatchStats) { s.Fallbacks += n + int64(len(rest)) })
+		return
+	}
+	var batched, fell int64
+	for _, it := range items {
+		if it.res == nil {
+			fell += int64(1 + len(it.copies))
+			fallBack(append(it.copies, it.p))
+			continue
+		}
+		res := *it.res
+		res.Attempts = 1
+		ib.obs.Delivered(ib.cfg.BizType, res, time.Since(it.p.start))
+		it.p.done <- batchOutcome{res: res}
+		dup := Result{Outcome: OutcomeDuplicate, InboxID: res.InboxID, Key: res.Key, Reason: res.Reason, Attempts: 1}
+		for _, c := range it.copies {
+			ib.obs.Delivered(ib.cfg.BizType, dup, time.Since(c.start))
+			c.done <- batchOutcome{res: dup}
+		}
+		batched += int64(1 + len(it.copies))
+	}
+	b.count(func(s *BatchStats) {
+		s.Batches++
+		s.Batched += batched
+		s.Fallbacks += fell + int64(len(rest))
+		s.MaxBatched = max(s.MaxBatched, len(batch))
+	})
+}
+
+func (b *Batcher) count(f func(*BatchStats)) {
+	b.mu.Lock()
+	f(&b.stats)
+	b.mu.Unlock()
+}
+
+// runTx claims every item's inbox row, counts duplicates, runs the handler on the rest and
+// marks what it finished done: a fixed number of statements whatever the batch size.
+func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item) error {
+	ib := b.ib
+	// 1. Claim: insert the missing rows, lock the existing ones.
+	var q strings.Builder
+	q.WriteString(b.q.claimHead)
+	args := make([]any, 0, len(items)*15)
+	expire := time.Now().Add(ib.cfg.Retention).UTC()
+	for i, it := range items {
+		if i > 0 {
+			q.WriteString(", ")
+		}
+		q.WriteString(b.q.claimGroup)
+		meta, _ := json.Marshal(it.p.msg.Metadata)
+		args = append(args, it.p.dec.Key, ib.cfg.BizType, string(StatusProcessing), nil, uuidOf(it.p.msg), it.p.src.Topic, it.p.src.Partition, it.p.src.Offset,
+			[]byte(it.p.msg.Payload), string(meta), it.p.dec.Fingerprint, 1, nil, nil, expire)
+	}
+	q.WriteString(b.q.claimTail)
+	if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
+		return fmt.Errorf("claim %d inbox rows: %w", len(items), err)
+	}
+	// 2. Read the claimed rows back. The claim locked them all, so a plain read sees their
+	// current state (a locking read here only adds deadlocks).
+	byKey := make(map[string]*item, len(items))
+	keyArgs := make([]any, 0, len(items)+1)
+	keyArgs = append(keyArgs, ib.cfg.BizType)
+	for _, it := range items {
+		byKey[it.p.dec.Key] = it
+		keyArgs = append(keyArgs, it.p.dec.Key)
+	}
+	rows, err := tx.QueryContext(ctx, b.q.selectHead+placeholders(len(items)), keyArgs...)
+	if err != nil {
+		return fmt.Errorf("read claimed inbox rows: %w", err)
+	}
+	dups := map[int][]any{} // duplicates to count → inbox ids
+	var run []*item
+	for rows.Next() {
+		var r inboxRow
+		var key string
+		if err := rows.Scan(&r.id, &key, &r.status, &r.fingerprint, &r.reason); err != nil {
+			rows.Close()
+			return fmt.Errorf("read claimed inbox rows: %w", err)
+		}
+		it := byKey[key]
+		if it == nil {
+			continue
+		}
+		it.id, it.d.InboxID = r.id, r.id
+		switch {
+		case r.fingerprint != it.p.dec.Fingerprint:
+			// A conflict: left to Process, which quarantines it with its reason.
+		case r.status == StatusDone || r.status == StatusFailed:
+			dups[1+len(it.copies)] = append(dups[1+len(it.copies)], r.id)
+			it.res = &Result{Outcome: OutcomeDuplicate, InboxID: r.id, Key: key}
+			if r.status == StatusFailed {
+				it.res.Reason = Reason(r.reason.String)
+			}
+		default:
+			run = append(run, it)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read claimed inbox rows: %w", err)
+	}
+	if len(run) > 0 {
+		if err := b.handle(ctx, tx, run, dups); err != nil {
+			return err
+		}
+	}
+	for n, ids := range dups {
+		if _, err := tx.ExecContext(ctx, b.q.dupHead+placeholders(len(ids)), append([]any{n}, ids...)...); err != nil {
+			return fmt.Errorf("count %d duplicates: %w", len(ids), err)
+		}
+	}
+	return nil
+}
+
+// handle runs the handler on the rows that are ours to run (sorted by key) and marks what
+// it finished done; copies of a finished delivery are added to dups.
+func (b *Batcher) handle(ctx context.Context, tx *sql.Tx, run []*item, dups map[int][]any) error {
+	ib := b.ib
+	// 3. The handler, on the rows that are ours to run (sorted by key: items were).
+	ds := make([]*Delivery, len(run))
+	for i, it := range run {
+		ds[i] = it.d
+	}
+	progs, err := b.bh.HandleBatch(ctx, tx, ds)
+	if err != nil {
+		return err
+	}
+	if len(progs) != len(ds) {
+		return fmt.Errorf("inbox %s: HandleBatch returned %d results for %d deliveries", ib.cfg.BizType, len(progs), len(ds))
+	}
+	// 4. Mark what the handler finished done, in the same transaction.
+	var done []any
+	for i, it := range run {
+		if progs[i] == Done {
+			done = append(done, it.id)
+			it.res = &Result{Outcome: OutcomeProcessed, InboxID: it.id, Key: it.p.dec.Key}
+			if len(it.copies) > 0 {
+				dups[len(it.copies)] = append(dups[len(it.copies)], it.id)
+			}
+		}
+	}
+	if len(done) > 0 {
+		if _, err := tx.ExecContext(ctx, b.q.doneHead+placeholders(len(done)), done...); err != nil {
+			return fmt.Errorf("mark %d inbox rows done: %w", len(done), err)
+		}
+	}
+	return nil
+}
+
+// placeholders returns "(?, ?, ..., ?)" with n marks.
+func placeholders(n int) string {
+	if n <= 0 {
+		panic(errors.New("inbox: placeholders for an empty list"))
+	}
+	return "(?" + strings.Repeat(", ?", n-1) + ")"
+}

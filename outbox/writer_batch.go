@@ -1,0 +1,58 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/onceflow/onceflow/pkg/dbx"
+)
+
+// AddBatch stores events in tx with one multi-row INSERT: the group-commit path's Add. The
+// rows are the ones Add would write, in the order given (so events of one key keep their
+// order in the outbox). A duplicate event id fails the whole statement with
+// ErrDuplicateEvent, and the caller's transaction must then be rolled back.
+func (w *Writer) AddBatch(ctx context.Context, tx *sql.Tx, events []Event) error {
+	if len(events) == 0 {
+		return nil
+	}
+	i := strings.LastIndex(w.insert, "VALUES ")
+	if i < 0 {
+		return fmt.Errorf("outbox: unexpected insert statement %q", w.insert)
+	}
+	head, group := w.insert[:i+len("VALUES ")], w.insert[i+len("VALUES "):]
+	var q strings.Builder
+	q.WriteString(head)
+	args := make([]any, 0, len(events)*6)
+	for n, e := range events {
+		if err := e.Validate(); err != nil {
+			return err
+		}
+		var headers any
+		if len(e.Headers) > 0 {
+			b, err := json.Marshal(e.Headers)
+			if err != nil {
+				return fmt.Errorf("outbox: headers: %w", err)
+			}
+			headers = string(b)
+		}
+		payload := e.Payload
+		if payload == nil {
+			payload = []byte{}
+		}
+		if n > 0 {
+			q.WriteString(", ")
+		}
+		q.WriteString(group)
+		args = append(args, e.ID, e.Type, e.Topic, e.Key, payload, headers)
+	}
+	if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
+		if dbx.IsDuplicate(err) {
+			return fmt.Errorf("%w: %w", ErrDuplicateEvent, err)
+		}
+		return fmt.Errorf("outbox: insert %d events: %w", len(events), err)
+	}
+	return nil
+}
