@@ -23,6 +23,28 @@
 #   ONCEFLOW_WAIT_SECONDS    bounded wait per service, default 90
 #   KAFKA_HEAP_OPTS          default "-Xms256m -Xmx1g"
 #
+# A second, independent instance (the chaos harness restarts its services; scripts/chaos.sh
+# uses one so that the shared services stay untouched) is selected by:
+#   ONCEFLOW_RUN_DIR                 its own runtime dir (Kafka data, pid files, logs; MariaDB
+#                                    datadir, socket and pid file in <run dir>/mariadb)
+#   ONCEFLOW_DB_PORT                 default 3306 = the machine's MariaDB (Debian paths,
+#                                    /etc/mysql config). Any other port = a private mariadbd
+#                                    (mariadb-install-db --datadir=<run dir>/mariadb/data, own
+#                                    my.cnf, socket and pid file there, --user=mysql)
+#   ONCEFLOW_KAFKA_PORT              default 9092
+#   ONCEFLOW_KAFKA_CONTROLLER_PORT   default 9093
+#   ONCEFLOW_KAFKA_CHAOS_PORT        default none: a third listener CHAOS on this port, ...
+#   ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT  ... advertised on this port (default CHAOS port + 1),
+#                                    where cmd/chaos's fault-injecting proxy listens: clients
+#                                    bootstrapped through the proxy then fetch and produce
+#                                    through it too
+# e.g. ONCEFLOW_RUN_DIR=$PWD/.run/chaos-infra ONCEFLOW_DB_PORT=3307 ONCEFLOW_KAFKA_PORT=9192 \
+#      ONCEFLOW_KAFKA_CONTROLLER_PORT=9193 ONCEFLOW_KAFKA_CHAOS_PORT=9194 scripts/infra.sh up
+# Every command acts only on the instance the environment selects: processes are found by
+# that instance's pid files (or on its port, only if their command line names its own
+# server.properties / my.cnf), never by name, so two checkouts or instances on one machine
+# cannot stop each other's services.
+#
 # Connection facts (also in docker-compose.yml):
 #   app user       onceflow/onceflow               SELECT,INSERT,UPDATE,DELETE on `onceflow%`.*
 #   migration user onceflow_admin/onceflow_admin   ALL on `onceflow%`.*
@@ -35,19 +57,37 @@ RUN_DIR="${ONCEFLOW_RUN_DIR:-$ROOT/.run}"
 WAIT_SECONDS="${ONCEFLOW_WAIT_SECONDS:-90}"
 
 DB_HOST=127.0.0.1
-DB_PORT=3306
+DB_PORT="${ONCEFLOW_DB_PORT:-3306}"
 DB_NAMES=(onceflow onceflow_test)
 DB_LOG="$RUN_DIR/mariadb.log"
-DB_CONF=/etc/mysql/mariadb.conf.d/99-onceflow.cnf
-DB_SOCKET=/run/mysqld/mysqld.sock
-DB_PIDFILE=/run/mysqld/mysqld.pid
-DB_SSD_PIDFILE=/run/mysqld/onceflow-start.pid # written by start-stop-daemon (as root)
+if [[ "$DB_PORT" == 3306 ]]; then
+  # The machine's MariaDB: Debian paths and /etc/mysql config.
+  DB_PRIVATE=0
+  DB_CONF=/etc/mysql/mariadb.conf.d/99-onceflow.cnf
+  DB_SOCKET=/run/mysqld/mysqld.sock
+  DB_PIDFILE=/run/mysqld/mysqld.pid
+  DB_SSD_PIDFILE=/run/mysqld/onceflow-start.pid # written by start-stop-daemon (as root)
+else
+  # A private mariadbd of this run dir: own datadir, config, socket and pid files.
+  DB_PRIVATE=1
+  DB_DIR="$RUN_DIR/mariadb"
+  DB_DATADIR="$DB_DIR/data"
+  DB_CONF="$DB_DIR/my.cnf"
+  DB_SOCKET="$DB_DIR/mysqld.sock"
+  DB_PIDFILE="$DB_DIR/mysqld.pid"
+  DB_SSD_PIDFILE="$DB_DIR/onceflow-start.pid"
+fi
 MARIADBD=/usr/sbin/mariadbd
 
 KAFKA_VERSION="${ONCEFLOW_KAFKA_VERSION:-4.1.1}"
 KAFKA_HOST=127.0.0.1
-KAFKA_PORT=9092
-KAFKA_CONTROLLER_PORT=9093
+KAFKA_PORT="${ONCEFLOW_KAFKA_PORT:-9092}"
+KAFKA_CONTROLLER_PORT="${ONCEFLOW_KAFKA_CONTROLLER_PORT:-9093}"
+KAFKA_CHAOS_PORT="${ONCEFLOW_KAFKA_CHAOS_PORT:-}"
+KAFKA_CHAOS_ADVERTISED_PORT="${ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT:-}"
+if [[ -n "$KAFKA_CHAOS_PORT" && -z "$KAFKA_CHAOS_ADVERTISED_PORT" ]]; then
+  KAFKA_CHAOS_ADVERTISED_PORT=$((KAFKA_CHAOS_PORT + 1))
+fi
 KAFKA_DIR="$RUN_DIR/kafka"
 KAFKA_LIBS="$KAFKA_DIR/libs"
 KAFKA_DATA="$KAFKA_DIR/data"
@@ -108,6 +148,10 @@ db_install() {
 }
 
 db_write_conf() {
+  if [[ $DB_PRIVATE == 1 ]]; then
+    db_write_private_conf
+    return
+  fi
   mkdir -p "$(dirname "$DB_CONF")"
   local tmp
   tmp="$(mktemp)"
@@ -134,11 +178,53 @@ EOF
   rm -f "$tmp"
 }
 
+# A private instance's my.cnf, read with --defaults-file (no /etc/mysql file is read).
+db_write_private_conf() {
+  mkdir -p "$DB_DIR"
+  cat >"$DB_CONF" <<EOF
+# Written by onceflow scripts/infra.sh for the private instance of $RUN_DIR; rewritten on every start.
+[mysqld]
+datadir                        = $DB_DATADIR
+socket                         = $DB_SOCKET
+pid-file                       = $DB_PIDFILE
+log-error                      = $DB_LOG
+bind-address                   = 127.0.0.1
+port                           = $DB_PORT
+skip-name-resolve
+max_connections                = 500
+innodb_flush_log_at_trx_commit = 1
+sync_binlog                    = 1
+innodb_lock_wait_timeout       = 10
+innodb_buffer_pool_size        = 512M
+innodb_log_file_size           = 256M
+character-set-server           = utf8mb4
+collation-server               = utf8mb4_unicode_ci
+EOF
+  chmod 0644 "$DB_CONF"
+}
+
 db_running() { port_open "$DB_HOST" "$DB_PORT"; }
+
+# is_our_mariadbd PID: the process is $MARIADBD and, for a private instance, was started
+# with this instance's my.cnf.
+is_our_mariadbd() {
+  [[ "$(readlink "/proc/$1/exe" 2>/dev/null)" == "$MARIADBD" ]] || return 1
+  [[ $DB_PRIVATE == 0 ]] && return 0
+  tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null | grep -qxF -- "--defaults-file=$DB_CONF"
+}
 
 # Pid of the running mariadbd: from its pid file, else the process on the port.
 db_pid() {
   local pid
+  if [[ $DB_PRIVATE == 1 ]]; then
+    for pid in $(cat "$DB_PIDFILE" "$DB_SSD_PIDFILE" 2>/dev/null) $(ss -ltnpH "sport = :$DB_PORT" 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
+      if is_our_mariadbd "$pid"; then
+        echo "$pid"
+        return 0
+      fi
+    done
+    return 1
+  fi
   for pid in $(cat "$DB_PIDFILE" "$DB_SSD_PIDFILE" 2>/dev/null) $(ss -ltnpH "sport = :$DB_PORT" 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
     if [[ "$(readlink "/proc/$pid/exe" 2>/dev/null)" == "$MARIADBD" ]]; then
       echo "$pid"
@@ -157,6 +243,9 @@ db_start() {
   local started=0
   if db_running; then
     log "mariadb: already listening on $DB_HOST:$DB_PORT, reusing it"
+  elif [[ $DB_PRIVATE == 1 ]]; then
+    db_start_private
+    started=1
   else
     mkdir -p /run/mysqld "$RUN_DIR"
     chown mysql:mysql /run/mysqld
@@ -194,6 +283,25 @@ db_start() {
   maxc="$(db_root -e 'SELECT @@max_connections')"
   [[ "$maxc" == 500 ]] || warn "mariadb: max_connections=$maxc (a server started outside this script? run: $0 db-stop && $0 db-start)"
   log "mariadb: up on $DB_HOST:$DB_PORT (databases: ${DB_NAMES[*]}; log: $DB_LOG)"
+}
+
+# The private instance: its own datadir, my.cnf, socket and pid file under $DB_DIR.
+db_start_private() {
+  mkdir -p "$DB_DIR"
+  chown mysql:mysql "$DB_DIR"
+  touch "$DB_LOG"
+  chown mysql:mysql "$DB_LOG"
+  if [[ ! -d "$DB_DATADIR/mysql" ]]; then
+    log "mariadb: initialising private datadir $DB_DATADIR"
+    mariadb-install-db --no-defaults --user=mysql --datadir="$DB_DATADIR" --auth-root-authentication-method=socket \
+      >>"$DB_LOG" 2>&1 || fail mariadb "mariadb-install-db --datadir=$DB_DATADIR failed" "$DB_LOG"
+  fi
+  log "mariadb: starting private instance on $DB_HOST:$DB_PORT (datadir $DB_DATADIR, log: $DB_LOG)"
+  rm -f "$DB_SSD_PIDFILE" "$DB_PIDFILE" "$DB_SOCKET" # stale: nothing listens on the port
+  start-stop-daemon --start --oknodo --background --make-pidfile --pidfile "$DB_SSD_PIDFILE" --exec "$MARIADBD" -- \
+    --defaults-file="$DB_CONF" --user=mysql --datadir="$DB_DATADIR" --socket="$DB_SOCKET" \
+    --pid-file="$DB_PIDFILE" --port="$DB_PORT" --log-error="$DB_LOG" \
+    || fail mariadb "start-stop-daemon could not start $MARIADBD" "$DB_LOG"
 }
 
 db_provision() {
@@ -286,6 +394,17 @@ kafka_install() {
   if [[ -f "$KAFKA_LIBS/.complete" && "$(cat "$KAFKA_LIBS/.complete")" == "$KAFKA_VERSION" ]]; then
     return 0
   fi
+  # A second instance (another ONCEFLOW_RUN_DIR) reuses the jars of the default run dir.
+  local shared_libs="$ROOT/.run/kafka/libs"
+  if [[ "$shared_libs" != "$KAFKA_LIBS" && -f "$shared_libs/.complete" && "$(cat "$shared_libs/.complete")" == "$KAFKA_VERSION" ]]; then
+    mkdir -p "$KAFKA_DIR"
+    rm -rf "$KAFKA_LIBS.tmp"
+    cp -al "$shared_libs" "$KAFKA_LIBS.tmp" 2>/dev/null || cp -a "$shared_libs" "$KAFKA_LIBS.tmp"
+    rm -rf "$KAFKA_LIBS"
+    mv "$KAFKA_LIBS.tmp" "$KAFKA_LIBS"
+    log "kafka: jars linked from $shared_libs"
+    return 0
+  fi
   command -v mvn >/dev/null || apt_install maven
   mkdir -p "$KAFKA_DIR"
   local tmp="$KAFKA_DIR/libs.tmp" mlog="$KAFKA_DIR/maven.log"
@@ -303,15 +422,25 @@ kafka_install() {
 
 kafka_write_config() {
   mkdir -p "$KAFKA_DIR" "$KAFKA_DATA"
+  # Optional CHAOS listener: advertised on the port of cmd/chaos's proxy, so that a client
+  # bootstrapped through the proxy keeps talking through it.
+  local listeners="PLAINTEXT://$KAFKA_HOST:$KAFKA_PORT,CONTROLLER://$KAFKA_HOST:$KAFKA_CONTROLLER_PORT"
+  local advertised="PLAINTEXT://$KAFKA_HOST:$KAFKA_PORT"
+  local protomap="CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
+  if [[ -n "$KAFKA_CHAOS_PORT" ]]; then
+    listeners+=",CHAOS://$KAFKA_HOST:$KAFKA_CHAOS_PORT"
+    advertised+=",CHAOS://$KAFKA_HOST:$KAFKA_CHAOS_ADVERTISED_PORT"
+    protomap+=",CHAOS:PLAINTEXT"
+  fi
   cat >"$KAFKA_PROPS" <<EOF
 # Written by onceflow scripts/infra.sh; rewritten on every start.
 process.roles=broker,controller
 node.id=1
-listeners=PLAINTEXT://$KAFKA_HOST:$KAFKA_PORT,CONTROLLER://$KAFKA_HOST:$KAFKA_CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://$KAFKA_HOST:$KAFKA_PORT
+listeners=$listeners
+advertised.listeners=$advertised
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+listener.security.protocol.map=$protomap
 controller.quorum.voters=1@$KAFKA_HOST:$KAFKA_CONTROLLER_PORT
 log.dirs=$KAFKA_DATA
 num.partitions=$TOPIC_PARTITIONS
@@ -377,19 +506,26 @@ kafka_format() {
     || fail kafka "StorageTool format failed" "$KAFKA_STDOUT"
 }
 
-# Pid of our broker: from the pid file if that process is kafka.Kafka, else the
-# java process listening on the broker port with kafka.Kafka on its command line.
+# is_our_kafka PID: the process is kafka.Kafka started with this run dir's server.properties.
+is_our_kafka() {
+  tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null | grep -qxF -- "$KAFKA_PROPS" || return 1
+  tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -q 'kafka\.Kafka '
+}
+
+# Pid of our broker: from the pid file, else the process listening on the broker port;
+# either way only a kafka.Kafka started with this run dir's server.properties (a broker
+# of another checkout or instance on the same port is never ours to stop).
 kafka_pid() {
   local pid
   if [[ -f "$KAFKA_PIDFILE" ]]; then
     pid="$(cat "$KAFKA_PIDFILE" 2>/dev/null || true)"
-    if [[ -n "$pid" ]] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'kafka\.Kafka '; then
+    if [[ -n "$pid" ]] && is_our_kafka "$pid"; then
       echo "$pid"
       return 0
     fi
   fi
   for pid in $(ss -ltnpH "sport = :$KAFKA_PORT" 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
-    if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'kafka\.Kafka '; then
+    if is_our_kafka "$pid"; then
       echo "$pid"
       return 0
     fi
@@ -456,7 +592,7 @@ kafka_stop() {
   local pid
   if ! pid="$(kafka_pid)"; then
     if kafka_running; then
-      warn "kafka: something listens on $KAFKA_PORT but it is not a kafka.Kafka process started here; leaving it"
+      warn "kafka: something listens on $KAFKA_PORT but it is not a kafka.Kafka started with $KAFKA_PROPS; leaving it"
       return 1
     fi
     rm -f "$KAFKA_PIDFILE"
@@ -489,7 +625,7 @@ kafka_status() {
   local pid=""
   pid="$(kafka_pid 2>/dev/null || true)"
   if kafka_running; then
-    echo "infra: kafka    up    $KAFKA_HOST:$KAFKA_PORT${pid:+ (pid $pid)} (version $KAFKA_VERSION; log $KAFKA_LOG)"
+    echo "infra: kafka    up    $KAFKA_HOST:$KAFKA_PORT${pid:+ (pid $pid)} (version $KAFKA_VERSION; log $KAFKA_LOG)${KAFKA_CHAOS_PORT:+ CHAOS listener :$KAFKA_CHAOS_PORT advertised as :$KAFKA_CHAOS_ADVERTISED_PORT}"
     return 0
   fi
   echo "infra: kafka    down  $KAFKA_HOST:$KAFKA_PORT"
@@ -499,7 +635,7 @@ kafka_status() {
 # ---------------------------------------------------------------- main
 
 usage() {
-  sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  awk 'NR > 1 && !/^#/ { exit } NR > 1' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 main() {
