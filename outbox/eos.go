@@ -514,6 +514,13 @@ func (e *exactlyOnce) batch(ctx context.Context) (int, error) {
 	if err != nil || len(ids) == 0 {
 		return 0, err
 	}
+	if again, err := r.linger(ctx, len(ids)); err != nil {
+		return 0, err
+	} else if again {
+		if msgs, ids, eventIDs, err = e.pending(ctx); err != nil || len(ids) == 0 {
+			return 0, err
+		}
+	}
 	s.seq++
 	pos := Position{V: 1, Kind: "batch", TxnID: cfg.TransactionalID, Shard: cfg.Shard, Owner: cfg.Owner, Session: s.id,
 		Seq: s.seq, Events: len(ids), IDs: idRanges(ids), Digest: eventDigest(eventIDs), At: time.Now().UTC()}
@@ -552,6 +559,7 @@ func (e *exactlyOnce) batch(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("batch %d is committed to Kafka, marking failed (reconciled by the next session): %w", s.seq, markErr)
 	}
 	r.hook("after-mark")
+	r.batches.Add(1)
 	r.published.Add(int64(len(ids)))
 	return len(ids), nil
 }

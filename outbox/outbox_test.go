@@ -99,6 +99,10 @@ func TestNewRelayConfig(t *testing.T) {
 		{"table with space", outbox.RelayConfig{Table: "out box"}, false},
 		{"negative poll interval", outbox.RelayConfig{PollInterval: -time.Millisecond}, false},
 		{"negative retry backoff", outbox.RelayConfig{RetryBackoff: -time.Second}, false},
+		{"linger 5ms", outbox.RelayConfig{Linger: 5 * time.Millisecond}, true},
+		{"negative linger", outbox.RelayConfig{Linger: -time.Millisecond}, false},
+		{"linger above 10s", outbox.RelayConfig{Linger: 11 * time.Second, LeaseTTL: time.Minute}, false},
+		{"linger half the lease ttl", outbox.RelayConfig{Linger: time.Second, LeaseTTL: 2 * time.Second}, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

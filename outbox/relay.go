@@ -25,6 +25,14 @@ type RelayConfig struct {
 	RetryBackoff time.Duration // after a failed publish, doubling up to MaxRetryBackoff; default 1s
 	LagBound     time.Duration // an unpublished row older than this is a violation (verify); default 1m
 
+	// Linger is how long a partial batch waits for more rows before it is published (as
+	// Kafka's linger.ms): when a read finds fewer than BatchSize pending rows, the relay waits
+	// Linger once, reads again from the oldest pending row and publishes what it finds then
+	// (at most BatchSize). Under a steady trickle this makes fewer, bigger Kafka transactions
+	// (and database marks) for at most Linger of added latency; a full batch never waits.
+	// 0 (the zero value) publishes at once. No lock is held while lingering.
+	Linger time.Duration
+
 	// MaxRetryBackoff caps the doubling retry backoff; default 5s (never below RetryBackoff).
 	MaxRetryBackoff time.Duration
 
@@ -46,8 +54,9 @@ type RelayConfig struct {
 	// position reader (tests use it to inject a failing dialer).
 	Tune func(*sarama.Config)
 
-	// Hook, when set, is called at named points of a batch ("before-kafka-commit",
-	// "after-kafka-commit", "after-mark"). Crash tests use it to exit the process there.
+	// Hook, when set, is called at named points of a batch ("linger" just before a partial
+	// batch waits, "before-kafka-commit", "after-kafka-commit", "after-mark"). Crash tests
+	// use it to exit the process there.
 	Hook func(point string)
 }
 
@@ -97,8 +106,14 @@ func (c *RelayConfig) setDefaults() {
 	}
 }
 
-// Validate reports the first invalid setting.
+// Validate reports the first invalid setting; zero values stand for their defaults.
 func (c *RelayConfig) Validate() error {
+	d := *c
+	d.setDefaults()
+	return d.validate()
+}
+
+func (c *RelayConfig) validate() error {
 	if err := dbx.CheckIdent("outbox table", c.Table); err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}
@@ -107,6 +122,9 @@ func (c *RelayConfig) Validate() error {
 	}
 	if c.PollInterval <= 0 || c.RetryBackoff <= 0 {
 		return errors.New("relay: poll interval and retry backoff must be positive")
+	}
+	if c.Linger < 0 || c.Linger > 10*time.Second || c.Linger >= c.LeaseTTL/2 {
+		return fmt.Errorf("relay: linger %s must be within 0..10s and below half the lease ttl (%s)", c.Linger, c.LeaseTTL)
 	}
 	if c.Retention < 0 || c.CleanupInterval <= 0 || c.CleanupBatch < 1 || c.CleanupBatch > 100000 {
 		return fmt.Errorf("relay: retention %s must not be negative, cleanup interval %s positive, cleanup batch %d within 1..100000",
@@ -163,6 +181,8 @@ type Relay struct {
 	eos      *exactlyOnce // nil in at-least-once mode
 
 	published atomic.Int64
+	batches   atomic.Int64
+	lingers   atomic.Int64
 	failures  atomic.Int64
 	deleted   atomic.Int64
 }
@@ -186,7 +206,7 @@ func NewRelay(db *sql.DB, producer Producer, cfg RelayConfig, logger watermill.L
 
 func newRelay(db *sql.DB, producer Producer, cfg RelayConfig, logger watermill.LoggerAdapter) (*Relay, error) {
 	cfg.setDefaults()
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	if logger == nil {
@@ -208,6 +228,13 @@ func newRelay(db *sql.DB, producer Producer, cfg RelayConfig, logger watermill.L
 
 // Published is the number of events this relay has published.
 func (r *Relay) Published() int64 { return r.published.Load() }
+
+// Batches is the number of batches this relay has published: Kafka transactions in
+// exactly-once mode, SendMessages calls in at-least-once mode.
+func (r *Relay) Batches() int64 { return r.batches.Load() }
+
+// Lingers is the number of times a partial batch waited Linger for more rows.
+func (r *Relay) Lingers() int64 { return r.lingers.Load() }
 
 // Failures is the number of failed (and retried) batches.
 func (r *Relay) Failures() int64 { return r.failures.Load() }
@@ -306,6 +333,25 @@ func (r *Relay) hook(point string) {
 	}
 }
 
+// linger reports whether a read that found n pending rows should wait for more; if so it
+// waits Linger (returning ctx's error if ctx ends first) and the caller reads again from
+// the start, so rows that committed out of id order meanwhile take their place in id order.
+func (r *Relay) linger(ctx context.Context, n int) (bool, error) {
+	if r.cfg.Linger <= 0 || n == 0 || n >= r.cfg.BatchSize {
+		return false, nil
+	}
+	r.lingers.Add(1)
+	r.hook("linger")
+	t := time.NewTimer(r.cfg.Linger)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false, ctx.Err()
+	case <-t.C:
+		return true, nil
+	}
+}
+
 // RelayOnce publishes one batch of pending rows and marks them. It returns how many rows it
 // published.
 func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
@@ -331,6 +377,9 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	if n > 0 {
+		r.batches.Add(1)
+	}
 	r.published.Add(int64(n))
 	return n, nil
 }
@@ -343,7 +392,8 @@ func (r *Relay) claim(ctx context.Context, tx *sql.Tx) ([]*sarama.ProducerMessag
 		key string
 	}
 	var cands []candidate
-	err := func() error {
+	read := func() error {
+		cands = cands[:0]
 		rows, err := tx.QueryContext(ctx, r.q.pending)
 		if err != nil {
 			return fmt.Errorf("select pending outbox rows: %w", err)
@@ -357,9 +407,18 @@ func (r *Relay) claim(ctx context.Context, tx *sql.Tx) ([]*sarama.ProducerMessag
 			cands = append(cands, c)
 		}
 		return rows.Err()
-	}()
+	}
+	err := read()
 	if err != nil || len(cands) == 0 {
 		return nil, nil, err
+	}
+	// The candidates come from a plain read: the transaction holds no lock while it lingers.
+	if again, err := r.linger(ctx, len(cands)); err != nil {
+		return nil, nil, err
+	} else if again {
+		if err := read(); err != nil {
+			return nil, nil, err
+		}
 	}
 	ids := make([]int64, len(cands))
 	for i, c := range cands {

@@ -55,6 +55,7 @@ type RelayConfig struct {
 	Enabled         bool          `mapstructure:"enabled"`
 	BatchSize       int           `mapstructure:"batch_size"`
 	PollInterval    time.Duration `mapstructure:"poll_interval"`
+	Linger          time.Duration `mapstructure:"linger"`
 	LagBound        time.Duration `mapstructure:"lag_bound"`
 	ExactlyOnce     bool          `mapstructure:"exactly_once"`
 	Shard           string        `mapstructure:"shard"`
@@ -105,6 +106,7 @@ var defaults = []struct {
 	{"relay.enabled", true, "run the outbox relay in this process"},
 	{"relay.batch_size", 2000, "events per Kafka transaction (larger: fewer commits, more republished after an abort)"},
 	{"relay.poll_interval", "50ms", "relay sleep when nothing is pending"},
+	{"relay.linger", "5ms", "a partial batch waits this long once for more rows before it is published (as Kafka's linger.ms); 0 publishes at once"},
 	{"relay.lag_bound", "1m", "verify: unpublished rows older than this are a violation"},
 	{"relay.exactly_once", true, "transactional producer + positions topic + lease; false: idempotent producer, at least once"},
 	{"relay.shard", "default", "outbox shard this relay publishes (one lease and one transactional.id per shard)"},

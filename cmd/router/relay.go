@@ -42,6 +42,9 @@ func (a *app) runRelayOnly(ctx context.Context) error {
 	if err := kc.Validate(); err != nil {
 		return badInput(err)
 	}
+	if _, err := a.relayConfig(); err != nil { // bad relay.* settings: exit 2 before connecting
+		return err
+	}
 	tables := []string{"outbox"}
 	if a.cfg.Relay.ExactlyOnce {
 		tables = append(tables, outbox.LeaseTable)
@@ -93,11 +96,15 @@ func (a *app) relayConfig() (outbox.RelayConfig, error) {
 		}
 		txnID = "onceflow-relay-" + mc.DBName + "-" + shard
 	}
-	return outbox.RelayConfig{BatchSize: c.BatchSize, PollInterval: c.PollInterval, LagBound: c.LagBound,
+	rc := outbox.RelayConfig{BatchSize: c.BatchSize, PollInterval: c.PollInterval, Linger: c.Linger, LagBound: c.LagBound,
 		RetryBackoff: c.RetryBackoff, MaxRetryBackoff: c.MaxRetryBackoff,
 		Retention: c.Retention, CleanupInterval: c.CleanupInterval, CleanupBatch: c.CleanupBatch,
 		Shard: c.Shard, TransactionalID: txnID, PositionsTopic: c.PositionsTopic, Owner: c.Owner,
-		LeaseTTL: c.LeaseTTL, TxnTimeout: c.TxnTimeout, Hook: hook}, nil
+		LeaseTTL: c.LeaseTTL, TxnTimeout: c.TxnTimeout, Hook: hook}
+	if err := rc.Validate(); err != nil {
+		return outbox.RelayConfig{}, badInput(err)
+	}
+	return rc, nil
 }
 
 // newRelay builds the configured relay: exactly-once (transactional producer, lease) or at
@@ -148,6 +155,9 @@ func relayMetrics(ctx context.Context, m *metrics.Metrics, relay *outbox.Relay) 
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "onceflow", Name: "relay_reconciled_total",
 			Help: "Rows found already committed to Kafka at session start and marked without republishing."},
 			func() float64 { return float64(relay.Reconciled()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "onceflow", Name: "relay_batches_total",
+			Help: "Batches published: Kafka transactions in exactly-once mode (relay.batch_size and relay.linger shape them)."},
+			func() float64 { return float64(relay.Batches()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "onceflow", Name: "relay_cleaned_total",
 			Help: "Published outbox rows deleted after relay.retention."}, func() float64 { return float64(relay.Deleted()) }),
 	)
