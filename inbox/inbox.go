@@ -287,7 +287,7 @@ func (ib *Inbox) claim(ctx context.Context, tx *sql.Tx, d *Delivery, dec Decoded
 	var row inboxRow
 	if step == 0 {
 		meta, _ := json.Marshal(d.Message.Metadata)
-		r, err := tx.ExecContext(ctx, ib.q.claim,
+		r, err := tx.ExecContext(ctx, brokenClaimSQL(ib.q.claim), // the claim as is, except in the chaos harness's broken build (broken_on.go)
 			d.Key, ib.cfg.BizType, string(StatusProcessing), nil, uuidOf(d.Message), d.Source.Topic, d.Source.Partition, d.Source.Offset,
 			[]byte(d.Message.Payload), string(meta), dec.Fingerprint, d.Attempt, nil, nullID(d.ReplayID), time.Now().Add(ib.cfg.Retention).UTC())
 		if err != nil {
