@@ -1,0 +1,526 @@
+package kafkax
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/inbox"
+)
+
+// ParallelConfig tunes a ParallelSubscriber.
+type ParallelConfig struct {
+	// Window is the most messages of one partition handed out beyond the partition's
+	// marked (committable) offset: the span from the oldest un-acked message to the newest
+	// message handed out. It bounds both the un-acked messages per partition and how many
+	// messages a crash can redeliver (plus those acked within the last auto-commit
+	// interval). Default 1024.
+	Window int
+	// NackResendSleep is how long a nacked message waits before it is handed out again.
+	// Default 100ms, like watermill-kafka; negative means no wait.
+	NackResendSleep time.Duration
+}
+
+const (
+	defaultWindow          = 1024
+	defaultNackResendSleep = 100 * time.Millisecond
+	reconnectRetrySleep    = time.Second
+)
+
+func (pc *ParallelConfig) setDefaults() {
+	if pc.Window <= 0 {
+		pc.Window = defaultWindow
+	}
+	if pc.NackResendSleep == 0 {
+		pc.NackResendSleep = defaultNackResendSleep
+	}
+}
+
+// ParallelSubscriber is a Watermill subscriber for a Kafka consumer group that hands out
+// many un-acked messages per partition at once (watermill-kafka v3.0.6 hands out one), so
+// a handler can collect concurrent deliveries into one database transaction.
+//
+// Guarantees, per claimed partition:
+//   - at most ParallelConfig.Window messages are handed out beyond the marked offset;
+//   - a message whose record key equals the key of an earlier, still un-acked message of
+//     the same partition is not handed out until that one is acked: the partition's read
+//     loop waits at it, so messages of one key are handed out (first delivery) in offset
+//     order and never concurrently. Messages with an empty key have no ordering constraint;
+//   - the offset marked for commit (Sarama commits marked offsets in the background, and
+//     once more when a session ends) is always just past the highest contiguous run of
+//     acked messages, never past an un-acked one;
+//   - a nacked message is handed out again (a fresh *message.Message with the same UUID,
+//     payload, metadata and context) after NackResendSleep, keeping its place in the window
+//     and its key.
+//
+// Each message's context carries inbox.ContextWithSource (topic, partition, offset); it is
+// derived from the Subscribe context and cancelled when the partition's claim is over or
+// the subscriber closes. The watermill-kafka context values (kafka.MessagePartitionFromCtx
+// and friends) are not set.
+//
+// When a claim ends because of a rebalance, nothing more is handed out and the claim waits
+// up to half the rebalance timeout for the messages in flight to be acked or nacked, so
+// their offsets are committed before the partition moves. Messages still un-acked after
+// that, and on Close (which does not wait), are abandoned: acks arriving later are
+// ignored, and those messages and everything after them in the partition are redelivered
+// to the next owner, possibly while the old handler is still running them. That is
+// at-least-once delivery with possible reordering across owners; the inbox absorbs the
+// duplicates.
+//
+// The read loop notices a claim end while it waits for a busy key or a full window only
+// through the session context. With Sarama's default (eager) rebalance protocol that is
+// immediate; with the cooperative protocol a revoked partition is released once the
+// blocking message is acked, or when Sarama's rebalance timeout ends the session.
+type ParallelSubscriber struct {
+	brokers []string
+	group   string
+	sarama  *sarama.Config
+	pc      ParallelConfig
+	grace   time.Duration
+	logger  watermill.LoggerAdapter
+
+	mu      sync.Mutex
+	closed  bool
+	closing chan struct{}
+	wg      sync.WaitGroup
+}
+
+var _ message.Subscriber = (*ParallelSubscriber)(nil)
+
+// NewParallelSubscriber builds a ParallelSubscriber in consumer group group with the same
+// Sarama settings as NewSubscriber (ConsumerConfig: read_committed, oldest offset for a new
+// group, background auto-commit of marked offsets). A nil logger logs nothing.
+func (c Config) NewParallelSubscriber(group string, pc ParallelConfig, logger watermill.LoggerAdapter) (*ParallelSubscriber, error) {
+	if group == "" {
+		return nil, errors.New("kafkax: parallel subscriber needs a consumer group")
+	}
+	c.SetDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	pc.setDefaults()
+	sc := c.ConsumerConfig()
+	if err := sc.Validate(); err != nil {
+		return nil, fmt.Errorf("kafkax: consumer config: %w", err)
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	return &ParallelSubscriber{
+		brokers: c.Brokers,
+		group:   group,
+		sarama:  sc,
+		pc:      pc,
+		grace:   sc.Consumer.Group.Rebalance.Timeout / 2,
+		logger:  logger.With(watermill.LogFields{"subscriber_uuid": watermill.NewShortUUID()}),
+		closing: make(chan struct{}),
+	}, nil
+}
+
+// Subscribe joins the consumer group for topic and returns the channel messages are handed
+// out on. The channel is closed when ctx is done or the subscriber is closed. Connection
+// and consume errors after the first connection are logged and followed by a reconnect.
+func (s *ParallelSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if err := CheckTopicName(topic); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, errors.New("kafkax: parallel subscriber closed")
+	}
+	s.wg.Add(1)
+	s.mu.Unlock()
+
+	logFields := watermill.LogFields{
+		"provider":            "kafka",
+		"topic":               topic,
+		"consumer_group":      s.group,
+		"kafka_consumer_uuid": watermill.NewShortUUID(),
+	}
+	s.logger.Info("Subscribing to Kafka topic (parallel)", logFields)
+	group, err := sarama.NewConsumerGroup(s.brokers, s.group, s.sarama)
+	if err != nil {
+		s.wg.Done()
+		return nil, Unreachable(s.brokers, err)
+	}
+	// Unbuffered, like watermill-kafka: nothing is taken from Kafka that nobody receives.
+	output := make(chan *message.Message)
+	go func() {
+		defer s.wg.Done()
+		defer close(output)
+		s.run(ctx, topic, output, group, logFields)
+	}()
+	return output, nil
+}
+
+// Close stops every subscription, closes their channels and returns once every goroutine
+// is done. Offsets of messages acked before Close are committed; messages still un-acked
+// are abandoned (redelivered to the group's next consumer).
+func (s *ParallelSubscriber) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.closing)
+	s.mu.Unlock()
+	s.wg.Wait()
+	s.logger.Debug("Parallel Kafka subscriber closed", nil)
+	return nil
+}
+
+func (s *ParallelSubscriber) done(ctx context.Context) bool {
+	select {
+	case <-s.closing:
+		return true
+	case <-ctx.Done():
+		return true
+	default:
+		return false
+	}
+}
+
+// run consumes with group until ctx is done or the subscriber closes, reconnecting with
+// a new consumer group client after an error.
+func (s *ParallelSubscriber) run(ctx context.Context, topic string, output chan<- *message.Message, group sarama.ConsumerGroup, logFields watermill.LogFields) {
+	for {
+		s.consume(ctx, topic, output, group, logFields)
+		if s.done(ctx) {
+			return
+		}
+		s.logger.Info("Reconnecting consumer", logFields)
+		for {
+			select {
+			case <-s.closing:
+				return
+			case <-ctx.Done():
+				return
+			case <-time.After(reconnectRetrySleep):
+			}
+			var err error
+			if group, err = sarama.NewConsumerGroup(s.brokers, s.group, s.sarama); err == nil {
+				break
+			}
+			s.logger.Error("Cannot reconnect messages consumer", err, logFields)
+		}
+	}
+}
+
+// consume runs group.Consume sessions until an error, ctx or Close, then closes group
+// (leaving the consumer group after the last session committed its offsets).
+func (s *ParallelSubscriber) consume(ctx context.Context, topic string, output chan<- *message.Message, group sarama.ConsumerGroup, logFields watermill.LogFields) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.closing:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+
+	errCtx, stopErrs := context.WithCancel(context.Background())
+	errsDone := make(chan struct{})
+	go func() {
+		defer close(errsDone)
+		errs := group.Errors()
+		for {
+			select {
+			case err, ok := <-errs:
+				if !ok {
+					return
+				}
+				if err != nil {
+					s.logger.Error("Sarama consumer group error", err, logFields)
+				}
+			case <-errCtx.Done():
+				return
+			}
+		}
+	}()
+
+	h := &parallelHandler{s: s, ctx: ctx, output: output, logFields: logFields}
+	for ctx.Err() == nil {
+		// Consume returns after every rebalance; it is called again, as in watermill-kafka.
+		if err := group.Consume(ctx, []string{topic}, h); err != nil {
+			if ctx.Err() == nil {
+				s.logger.Error("Group consume error", err, logFields)
+			}
+			break
+		}
+	}
+
+	stopErrs()
+	<-errsDone
+	if err := group.Close(); err != nil {
+		s.logger.Info("Group close with error", logFields.Add(watermill.LogFields{"err": err.Error()}))
+	}
+	s.logger.Info("Consuming done", logFields)
+}
+
+// parallelHandler is the sarama.ConsumerGroupHandler of one subscription.
+type parallelHandler struct {
+	s         *ParallelSubscriber
+	ctx       context.Context // cancelled on Close or when the Subscribe context ends
+	output    chan<- *message.Message
+	logFields watermill.LogFields
+}
+
+func (h *parallelHandler) Setup(sarama.ConsumerGroupSession) error   { return nil }
+func (h *parallelHandler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
+
+func (h *parallelHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
+	ctx, cancel := context.WithCancel(h.ctx)
+	r := &claimRun{
+		h:         h,
+		sess:      sess,
+		topic:     claim.Topic(),
+		partition: claim.Partition(),
+		window:    h.s.pc.Window,
+		logFields: h.logFields.Copy().Add(watermill.LogFields{
+			"kafka_partition":      claim.Partition(),
+			"kafka_initial_offset": claim.InitialOffset(),
+		}),
+		ctx:      ctx,
+		cancel:   cancel,
+		stop:     sess.Context().Done(),
+		ending:   make(chan struct{}),
+		abandon:  make(chan struct{}),
+		busyKeys: map[string]struct{}{},
+		changed:  make(chan struct{}, 1),
+	}
+	return r.run(claim.Messages())
+}
+
+// slot is one message handed out (or about to be) from a claimed partition.
+type slot struct {
+	km      *sarama.ConsumerMessage
+	key     string
+	keyed   bool
+	acked   bool
+	settled bool // acked, or abandoned by a nack after the claim ended / never handed out
+}
+
+// claimRun is the state of one claimed partition for the lifetime of its claim.
+type claimRun struct {
+	h         *parallelHandler
+	sess      sarama.ConsumerGroupSession
+	topic     string
+	partition int32
+	window    int
+	logFields watermill.LogFields
+
+	ctx     context.Context // parent of the messages' contexts
+	cancel  context.CancelFunc
+	stop    <-chan struct{} // the session is over
+	ending  chan struct{}   // closed when nothing more is handed out
+	abandon chan struct{}   // closed when the claim stops waiting for acks
+
+	mu        sync.Mutex
+	queue     []*slot // handed out and not yet covered by the marked offset, in offset order
+	busyKeys  map[string]struct{}
+	unsettled int
+	changed   chan struct{} // a slot was acked or settled (capacity 1, coalescing)
+
+	watchers sync.WaitGroup
+}
+
+func (r *claimRun) run(msgs <-chan *sarama.ConsumerMessage) error {
+	defer r.cancel()
+	r.h.s.logger.Debug("Partition claimed", r.logFields)
+	err := r.read(msgs)
+	close(r.ending)
+	r.drain()
+	close(r.abandon)
+	r.watchers.Wait()
+	r.h.s.logger.Debug("Partition claim done", r.logFields)
+	return err
+}
+
+// read hands out the claim's messages until the claim or the session ends.
+func (r *claimRun) read(msgs <-chan *sarama.ConsumerMessage) error {
+	for {
+		var km *sarama.ConsumerMessage
+		select {
+		case m, ok := <-msgs:
+			if !ok {
+				return nil
+			}
+			km = m
+		case <-r.stop:
+			return nil
+		}
+		msg, err := wkafka.DefaultMarshaler{}.Unmarshal(km)
+		if err != nil {
+			// Resending makes no sense; like watermill-kafka, give up the claim.
+			return fmt.Errorf("message unmarshal failed: %w", err)
+		}
+		sl := &slot{km: km, key: string(km.Key), keyed: len(km.Key) > 0}
+		if !r.admit(sl) {
+			return nil
+		}
+		msg.SetContext(inbox.ContextWithSource(r.ctx, inbox.Source{Topic: km.Topic, Partition: km.Partition, Offset: km.Offset}))
+		select {
+		case r.h.output <- msg:
+		case <-r.stop:
+			r.settle(sl) // never handed out: stays un-acked, so nothing past it is marked
+			return nil
+		}
+		r.watchers.Add(1)
+		go r.watch(sl, msg)
+	}
+}
+
+// admit waits until sl fits in the window and its key is free, then takes both. It
+// returns false when the session ends first.
+func (r *claimRun) admit(sl *slot) bool {
+	for {
+		r.mu.Lock()
+		_, busy := r.busyKeys[sl.key]
+		if len(r.queue) < r.window && !(sl.keyed && busy) {
+			r.queue = append(r.queue, sl)
+			if sl.keyed {
+				r.busyKeys[sl.key] = struct{}{}
+			}
+			r.unsettled++
+			r.mu.Unlock()
+			return true
+		}
+		r.mu.Unlock()
+		select {
+		case <-r.changed:
+		case <-r.stop:
+			return false
+		}
+	}
+}
+
+// watch waits for the message's ack or nack, resending after a nack.
+func (r *claimRun) watch(sl *slot, msg *message.Message) {
+	defer r.watchers.Done()
+	for {
+		select {
+		case <-msg.Acked():
+			r.ack(sl)
+			return
+		case <-msg.Nacked():
+			var ok bool
+			if msg, ok = r.resend(msg); !ok {
+				r.settle(sl)
+				return
+			}
+		case <-r.abandon:
+			select {
+			case <-msg.Acked(): // acked before the claim gave up (e.g. just before Close)
+				r.ack(sl)
+			default:
+			}
+			return
+		}
+	}
+}
+
+// resend hands out a copy of a nacked message after NackResendSleep, unless the claim is
+// ending.
+func (r *claimRun) resend(msg *message.Message) (*message.Message, bool) {
+	r.h.s.logger.Trace("Message nacked, resending", r.logFields.Add(watermill.LogFields{"message_uuid": msg.UUID}))
+	if d := r.h.s.pc.NackResendSleep; d > 0 {
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-r.ending:
+			t.Stop()
+			return nil, false
+		}
+	}
+	cp := msg.Copy()
+	cp.SetContext(msg.Context())
+	select {
+	case r.h.output <- cp:
+		return cp, true
+	case <-r.ending:
+		return nil, false
+	}
+}
+
+// ack records sl as acked, frees its key and marks the offset after the longest acked
+// prefix of the queue.
+func (r *claimRun) ack(sl *slot) {
+	r.mu.Lock()
+	if !sl.acked {
+		sl.acked = true
+		if sl.keyed {
+			delete(r.busyKeys, sl.key)
+		}
+	}
+	if !sl.settled {
+		sl.settled = true
+		r.unsettled--
+	}
+	last := int64(-1)
+	for len(r.queue) > 0 && r.queue[0].acked {
+		last = r.queue[0].km.Offset
+		r.queue[0] = nil
+		r.queue = r.queue[1:]
+	}
+	if last >= 0 {
+		r.sess.MarkOffset(r.topic, r.partition, last+1, "")
+	}
+	r.mu.Unlock()
+	r.signal()
+}
+
+// settle records that no ack is expected for sl any more.
+func (r *claimRun) settle(sl *slot) {
+	r.mu.Lock()
+	if !sl.settled {
+		sl.settled = true
+		r.unsettled--
+	}
+	r.mu.Unlock()
+	r.signal()
+}
+
+func (r *claimRun) signal() {
+	select {
+	case r.changed <- struct{}{}:
+	default:
+	}
+}
+
+// drain waits, after the claim stopped handing out, for the messages in flight to be
+// acked or nacked: up to half the rebalance timeout, and not at all on Close.
+func (r *claimRun) drain() {
+	if r.h.s.done(r.h.ctx) {
+		return
+	}
+	timer := time.NewTimer(r.h.s.grace)
+	defer timer.Stop()
+	for {
+		r.mu.Lock()
+		n := r.unsettled
+		r.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		select {
+		case <-r.changed:
+		case <-timer.C:
+			r.h.s.logger.Info("Claim ended with messages in flight; they will be redelivered", r.logFields.Add(watermill.LogFields{"in_flight": n}))
+			return
+		case <-r.h.s.closing:
+			return
+		case <-r.h.ctx.Done():
+			return
+		}
+	}
+}
