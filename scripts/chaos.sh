@@ -1,18 +1,81 @@
 #!/usr/bin/env bash
-# make chaos: the chaos harness (cmd/chaos) on the real MariaDB and Kafka.
-#   CHAOS_PROFILE=short|long (default short, ~3 min; long ~12 min), CHAOS_SEED (default 1),
-#   CHAOS_ARGS (extra flags, e.g. "-inject all" to show the checker failing).
-# It restarts MariaDB and Kafka on purpose (scripts/infra.sh db-stop/kafka-stop ...): do not
-# run it while other tests use the services. The services are brought back up at the end,
-# whatever happened. The last line of output is the CHAOS line; logs in .run/chaos/last/.
+# make chaos: the chaos harness (cmd/chaos) on a second, private instance of MariaDB and Kafka
+# (scripts/infra.sh with its own run dir and ports), never on the shared services
+# (127.0.0.1:3306 / :9092) that `make test` and `make demo` use: the harness restarts the
+# services it runs against.
+#
+#   CHAOS_PROFILE=short|long|broken (default short, ~2 min; long ~12 min), CHAOS_SEED (default 1),
+#   CHAOS_ARGS (extra flags of cmd/chaos, e.g. "-inject all" to show the checker failing).
+#   CHAOS_BROKEN=reconcile|inbox: build the router deliberately broken (-tags onceflow_broken_<kind>:
+#     reconcile = the exactly-once relay skips its start-up reconcile; inbox = the claim never
+#     finds the existing row), run the `broken` profile, and succeed only if the checker FAILS
+#     with the violation the break must cause (duplicate-event, resp. inbox-grant-mismatch).
+#   CHAOS_KEEP_INFRA=1: leave the chaos instance running at the end (default: stopped).
+#
+# The chaos instance (override with these variables, not with ONCEFLOW_*):
+#   CHAOS_RUN_DIR (default .run/chaos-infra), CHAOS_DB_PORT (3307), CHAOS_KAFKA_PORT (9192),
+#   CHAOS_KAFKA_CONTROLLER_PORT (9193), CHAOS_KAFKA_CHAOS_PORT (9194: the broker's CHAOS
+#   listener), CHAOS_KAFKA_PROXY_PORT (9195: where the harness's Kafka proxy listens and what
+#   the CHAOS listener advertises).
+# The last line of output is the CHAOS line; logs in .run/chaos/last/.
 set -Eeuo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-trap 'bash scripts/infra.sh up >/dev/null 2>&1 || echo "chaos: WARNING: scripts/infra.sh up failed at exit" >&2' EXIT
+
+export ONCEFLOW_RUN_DIR="${CHAOS_RUN_DIR:-$ROOT/.run/chaos-infra}"
+export ONCEFLOW_DB_PORT="${CHAOS_DB_PORT:-3307}"
+export ONCEFLOW_KAFKA_PORT="${CHAOS_KAFKA_PORT:-9192}"
+export ONCEFLOW_KAFKA_CONTROLLER_PORT="${CHAOS_KAFKA_CONTROLLER_PORT:-9193}"
+export ONCEFLOW_KAFKA_CHAOS_PORT="${CHAOS_KAFKA_CHAOS_PORT:-9194}"
+export ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT="${CHAOS_KAFKA_PROXY_PORT:-9195}"
+export KAFKA_HEAP_OPTS="${KAFKA_HEAP_OPTS:--Xms256m -Xmx768m}"
+if [[ "$ONCEFLOW_DB_PORT" == 3306 || "$ONCEFLOW_KAFKA_PORT" == 9092 ]]; then
+  echo "chaos: refusing to run against the shared services (3306 / 9092)" >&2
+  exit 2
+fi
+
+at_exit() {
+  if [[ "${CHAOS_KEEP_INFRA:-0}" == 1 ]]; then
+    bash scripts/infra.sh up >/dev/null 2>&1 || echo "chaos: WARNING: scripts/infra.sh up (chaos instance) failed at exit" >&2
+  else
+    bash scripts/infra.sh down >/dev/null 2>&1 || echo "chaos: WARNING: scripts/infra.sh down (chaos instance) failed at exit" >&2
+  fi
+}
+trap at_exit EXIT
+echo "chaos: instance $ONCEFLOW_RUN_DIR: mariadb :$ONCEFLOW_DB_PORT, kafka :$ONCEFLOW_KAFKA_PORT (CHAOS listener :$ONCEFLOW_KAFKA_CHAOS_PORT advertised as :$ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT)"
 bash scripts/infra.sh up
-go build -o bin/router ./cmd/router
 mkdir -p .run/chaos
+profile="${CHAOS_PROFILE:-short}"
+router=bin/router
+expect=""
+case "${CHAOS_BROKEN:-}" in
+  "") go build -o bin/router ./cmd/router ;;
+  reconcile | inbox)
+    router=".run/chaos/router-broken-$CHAOS_BROKEN"
+    go build -tags "onceflow_broken_$CHAOS_BROKEN" -o "$router" ./cmd/router
+    profile="${CHAOS_PROFILE:-broken}"
+    expect=duplicate-event
+    [[ "$CHAOS_BROKEN" == inbox ]] && expect=inbox-grant-mismatch
+    echo "chaos: router built with -tags onceflow_broken_$CHAOS_BROKEN: the checker must report $expect"
+    ;;
+  *)
+    echo "chaos: CHAOS_BROKEN=$CHAOS_BROKEN: use reconcile or inbox" >&2
+    exit 2
+    ;;
+esac
 go build -o .run/chaos/chaos ./cmd/chaos
+set +e
 # shellcheck disable=SC2086
-.run/chaos/chaos -profile "${CHAOS_PROFILE:-short}" -seed "${CHAOS_SEED:-1}" ${CHAOS_ARGS:-} 2>&1 | tee .run/chaos/chaos.log
-exit "${PIPESTATUS[0]}"
+.run/chaos/chaos -profile "$profile" -seed "${CHAOS_SEED:-1}" -router "$router" ${CHAOS_ARGS:-} 2>&1 | tee .run/chaos/chaos.log
+rc="${PIPESTATUS[0]}"
+set -e
+if [[ -z "$expect" ]]; then
+  exit "$rc"
+fi
+line="$(grep '^CHAOS ' .run/chaos/chaos.log | tail -n 1)"
+if [[ "$line" == "CHAOS FAIL"* && "$line" == *" $expect="* ]]; then
+  echo "chaos-broken: PASS: the checker caught the broken build ($expect reported, exit $rc)"
+  exit 0
+fi
+echo "chaos-broken: FAIL: against the build broken with onceflow_broken_$CHAOS_BROKEN the checker did not report $expect (exit $rc): ${line:-no CHAOS line}" >&2
+exit 1

@@ -175,8 +175,13 @@ func TestScheduleIsSeeded(t *testing.T) {
 				t.Fatalf("%s: event %+v outside the window", p.name, e)
 			}
 		}
-		if count["kill"] != p.kills || count["kafka"] != p.brokerRestarts || count["db"] != p.dbRestarts || count["join"] != p.joins || count["cut"] != p.cuts {
-			t.Fatalf("%s: schedule %v", p.name, count)
+		want := map[string]int{"kill": p.kills, "kafka": p.brokerRestarts, "db": p.dbRestarts, "join": p.joins, "leave": p.joins,
+			"db-latency": p.latencies, "db-reset": p.resets, "db-cut": p.cuts,
+			"kafka-latency": p.kLatencies, "kafka-reset": p.kResets, "kafka-cut": p.kCuts, "relay-crash": p.relayCrashes}
+		for k, n := range want {
+			if count[k] != n {
+				t.Fatalf("%s: %d %s events, want %d (schedule %v)", p.name, count[k], k, n, count)
+			}
 		}
 	}
 }

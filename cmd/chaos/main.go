@@ -1,12 +1,17 @@
-// Command chaos runs `router run` processes against the real MariaDB and Kafka while
+// Command chaos runs `router run` processes against a real MariaDB and Kafka while
 // `router produce` sends orders with duplicate deliveries and poison, and meanwhile kills
-// routers with SIGKILL, makes consumers join and leave, restarts the broker and the
-// database (scripts/infra.sh), and injects latency, connection resets and a cut between the
-// routers and MariaDB through an in-process TCP proxy. After healing and draining, an
-// independent checker (checker.go) audits the producer's ledger, the database and
-// coupon-granted, and the run ends with one line: `CHAOS ok ...` or `CHAOS FAIL ...`.
+// routers with SIGKILL, crashes the relay between its Kafka commit and its database mark,
+// makes consumers join and leave, restarts the broker and the database (scripts/infra.sh),
+// and injects latency, connection resets and a cut between the routers and MariaDB and
+// between the routers and Kafka through in-process toxiproxies (proxy.go). After healing and
+// draining, an independent checker (checker.go) audits the producer's ledger, the database
+// and coupon-granted, and the run ends with one line: `CHAOS ok ...` or `CHAOS FAIL ...`.
 //
-//	go run ./cmd/chaos -profile short -seed 1
+// It restarts the services it runs against: scripts/chaos.sh points it at a second instance
+// of scripts/infra.sh (ONCEFLOW_RUN_DIR, ONCEFLOW_DB_PORT, ONCEFLOW_KAFKA_PORT, ...), and it
+// refuses to restart the default instance (3306 / 9092) unless -allow-shared.
+//
+//	scripts/chaos.sh                                   # or make chaos; CHAOS_PROFILE=long
 //	go run ./cmd/chaos -check-only -run-dir .run/chaos/<run> -inject all   # the checker must FAIL
 //
 // Every fault time, victim and duration comes from -seed (the order-id prefix also carries
@@ -28,6 +33,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -44,22 +50,36 @@ type profile struct {
 	rate                                     float64 // messages/s of each produce run
 	kills, joins, brokerRestarts, dbRestarts int
 	minKills                                 int // kills that must really happen (a scheduled kill finds no router now and then)
-	latencies, resets, cuts                  int
+	latencies, resets, cuts                  int // DB proxy faults
+	kLatencies, kResets, kCuts               int // Kafka proxy faults
+	relayCrashes                             int // relay crash points armed (after-kafka-commit)
 	drain                                    time.Duration
 }
 
 var profiles = map[string]profile{
 	"short": {name: "short", window: 100 * time.Second, orders: 3000, segments: 6, rate: 50,
-		kills: 6, minKills: 5, joins: 3, brokerRestarts: 1, dbRestarts: 1, latencies: 2, resets: 2, cuts: 1, drain: 150 * time.Second},
+		kills: 6, minKills: 5, joins: 3, brokerRestarts: 1, dbRestarts: 1, latencies: 2, resets: 2, cuts: 1,
+		kLatencies: 2, kResets: 2, kCuts: 1, relayCrashes: 1, drain: 150 * time.Second},
 	"long": {name: "long", window: 540 * time.Second, orders: 15000, segments: 20, rate: 45,
-		kills: 24, minKills: 20, joins: 10, brokerRestarts: 3, dbRestarts: 3, latencies: 5, resets: 6, cuts: 3, drain: 300 * time.Second},
+		kills: 24, minKills: 20, joins: 10, brokerRestarts: 3, dbRestarts: 3, latencies: 5, resets: 6, cuts: 3,
+		kLatencies: 5, kResets: 6, kCuts: 3, relayCrashes: 4, drain: 300 * time.Second},
+	// broken: a short run for a deliberately broken build (scripts/chaos.sh CHAOS_BROKEN=...):
+	// relay crashes between the Kafka commit and the mark, a few other faults, no restarts.
+	"broken": {name: "broken", window: 55 * time.Second, orders: 1800, segments: 3, rate: 50,
+		kills: 2, minKills: 1, joins: 1, latencies: 1, resets: 1, kLatencies: 1, kResets: 1,
+		relayCrashes: 3, drain: 120 * time.Second},
 }
+
+// leaseTTL is the relay lease of the run (chaosConfig): a relay-crash fault keeps the other
+// routers down a little longer than this, so that the armed router takes the lease.
+const leaseTTL = 3 * time.Second
 
 type options struct {
 	profile, root, router, runDir, dbName, dbAddr, inject string
+	kafkaProxy, kafkaChaos                                string
 	brokers                                               []string
 	seed                                                  uint64
-	checkOnly                                             bool
+	checkOnly, allowShared                                bool
 }
 
 // runInfo is saved next to the run's logs so that `-check-only -run-dir` can audit it again.
@@ -75,6 +95,7 @@ type runInfo struct {
 	Kills        int                        `json:"kills"`
 	BrokerRestar int                        `json:"broker_restarts"`
 	DBRestarts   int                        `json:"db_restarts"`
+	Faults       map[string]string          `json:"faults,omitempty"` // what was injected, by kind
 	Started      time.Time                  `json:"started"`
 }
 
@@ -103,8 +124,23 @@ func main() {
 	flag.StringVar(&o.router, "router", "bin/router", "router binary (copied into the run directory at start; built if missing)")
 	flag.StringVar(&o.runDir, "run-dir", "", "run directory (default .run/chaos/<prefix>); with -check-only: the run to audit")
 	flag.StringVar(&o.dbName, "db", "onceflow_chaos", "database of the run (dropped and migrated at start)")
-	flag.StringVar(&o.dbAddr, "db-addr", "127.0.0.1:3306", "MariaDB address")
-	flag.StringVar(&brokers, "brokers", "127.0.0.1:9092", "Kafka brokers")
+	flag.StringVar(&o.dbAddr, "db-addr", "127.0.0.1:"+envOr("ONCEFLOW_DB_PORT", "3306"), "MariaDB address (default from ONCEFLOW_DB_PORT, as scripts/infra.sh)")
+	flag.StringVar(&brokers, "brokers", "127.0.0.1:"+envOr("ONCEFLOW_KAFKA_PORT", "9092"), "Kafka brokers, direct (default from ONCEFLOW_KAFKA_PORT)")
+	kchaos, kadv := os.Getenv("ONCEFLOW_KAFKA_CHAOS_PORT"), os.Getenv("ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT")
+	if kchaos != "" && kadv == "" {
+		if n, err := strconv.Atoi(kchaos); err == nil {
+			kadv = strconv.Itoa(n + 1)
+		}
+	}
+	if kchaos != "" {
+		kchaos = "127.0.0.1:" + kchaos
+	}
+	if kadv != "" {
+		kadv = "127.0.0.1:" + kadv
+	}
+	flag.StringVar(&o.kafkaChaos, "kafka-chaos-listener", kchaos, "the broker's CHAOS listener (default from ONCEFLOW_KAFKA_CHAOS_PORT); empty: Kafka is not proxied")
+	flag.StringVar(&o.kafkaProxy, "kafka-proxy", kadv, "where the Kafka proxy listens = the CHAOS listener's advertised address (default from ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT, else CHAOS port + 1)")
+	flag.BoolVar(&o.allowShared, "allow-shared", false, "allow restarting the default scripts/infra.sh instance (127.0.0.1:3306 / :9092), which other tests may be using")
 	flag.StringVar(&o.inject, "inject", "", "after the run, inject faults into what it left (dup-coupon,lost-order,illegal-transition,dup-event or all): the checker must FAIL")
 	flag.BoolVar(&o.checkOnly, "check-only", false, "do not run: audit -run-dir (the last run by default) again")
 	flag.Parse()
@@ -118,6 +154,13 @@ func main() {
 		os.Exit(2)
 	}
 	os.Exit(code)
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
 }
 
 func envUint(name string, def uint64) uint64 {
@@ -180,7 +223,15 @@ func run(ctx context.Context, o options) (int, error) {
 		return 2, err
 	}
 
-	// scripts/infra.sh kafka-stop stops whatever kafka.Kafka listens on the port, and
+	// The harness restarts MariaDB and Kafka: never the default instance that other tests use.
+	if (p.brokerRestarts > 0 || p.dbRestarts > 0) && !o.allowShared {
+		if isDefaultInstance(o.dbAddr, "3306") || isDefaultInstance(o.brokers[0], "9092") || os.Getenv("ONCEFLOW_RUN_DIR") == "" {
+			return 2, fmt.Errorf("refusing to restart the default scripts/infra.sh instance (db %s, kafka %s, ONCEFLOW_RUN_DIR %q): other tests use it; run through scripts/chaos.sh (a second instance) or pass -allow-shared",
+				o.dbAddr, o.brokers[0], os.Getenv("ONCEFLOW_RUN_DIR"))
+		}
+	}
+
+	// scripts/infra.sh kafka-stop stops the kafka.Kafka of its run dir only, and
 	// kafka-start starts this checkout's broker: if the running broker came from another
 	// checkout (another ONCEFLOW_RUN_DIR, e.g. a CI tree), a "restart" would swap in a broker
 	// with other data, which looks exactly like lost messages. Refuse.
@@ -206,13 +257,34 @@ func run(ctx context.Context, o options) (int, error) {
 		logf("WARNING: consumer group %s has %d members before the run (another router consuming %s?): orders they take go to their database and count as lost here", group, foreign, orderTopic)
 	}
 
-	// The proxy between the routers and MariaDB.
-	px, err := newProxy("127.0.0.1:0", o.dbAddr)
+	// The proxies between the routers and MariaDB, and between the routers and Kafka.
+	px, err := newProxy("db", "127.0.0.1:0", o.dbAddr)
 	if err != nil {
 		return 2, err
 	}
 	defer px.Close()
 	logf("db proxy %s → %s (routers connect through it)", px.Addr(), o.dbAddr)
+	routerBrokers := strings.Join(o.brokers, ",")
+	var kpx *proxy
+	if o.kafkaChaos != "" {
+		if p.brokerRestarts > 0 && os.Getenv("ONCEFLOW_KAFKA_CHAOS_PORT") == "" {
+			return 2, errors.New("-kafka-chaos-listener without ONCEFLOW_KAFKA_CHAOS_PORT in the environment: scripts/infra.sh kafka-start would restart the broker without its CHAOS listener")
+		}
+		if kpx, err = newProxy("kafka", o.kafkaProxy, o.kafkaChaos); err != nil {
+			return 2, err
+		}
+		defer kpx.Close()
+		if err := checkAdvertised(kpx.Addr()); err != nil {
+			return 2, fmt.Errorf("kafka proxy %s → %s: %w", kpx.Addr(), o.kafkaChaos, err)
+		}
+		routerBrokers = kpx.Addr()
+		logf("kafka proxy %s → CHAOS listener %s, advertised as %s: routers bootstrap, fetch and produce through it", kpx.Addr(), o.kafkaChaos, kpx.Addr())
+	} else {
+		if p.kLatencies+p.kResets+p.kCuts > 0 {
+			logf("WARNING: no -kafka-chaos-listener (ONCEFLOW_KAFKA_CHAOS_PORT): Kafka network faults are NOT injected")
+		}
+		p.kLatencies, p.kResets, p.kCuts = 0, 0, 0
+	}
 
 	cfgPath := filepath.Join(o.runDir, "chaos.yaml")
 	if err := os.WriteFile(cfgPath, []byte(chaosConfig(info.Prefix, o.seed)), 0o644); err != nil {
@@ -233,7 +305,8 @@ func run(ctx context.Context, o options) (int, error) {
 		return 2, fmt.Errorf("kafka: %w", err)
 	}
 
-	routerEnv := append(baseEnv, "ONCEFLOW_DB_DSN="+dsn("onceflow:onceflow", px.Addr(), o.dbName))
+	routerEnv := append(cleanEnv(), "ONCEFLOW_CONFIG="+cfgPath, "ONCEFLOW_KAFKA_BROKERS="+routerBrokers,
+		"ONCEFLOW_DB_ADMIN_DSN="+adminDSN, "ONCEFLOW_DB_DSN="+dsn("onceflow:onceflow", px.Addr(), o.dbName))
 	var slots []*slot
 	for _, n := range []string{"a", "b", "c"} {
 		slots = append(slots, newSlot(n, bin, []string{"run", "--plugins", "coupon-granter"}, routerEnv, o.runDir, logf))
@@ -254,7 +327,7 @@ func run(ctx context.Context, o options) (int, error) {
 
 	// Meanwhile: the producer and the faults.
 	var infraMu sync.Mutex // one scripts/infra.sh operation at a time
-	var brokerRestarts, dbRestarts atomic.Int64
+	var brokerRestarts, dbRestarts, scheduledKills atomic.Int64
 	var harnessErrs []string
 	var errMu sync.Mutex
 	harnessErr := func(format string, args ...any) {
@@ -323,6 +396,7 @@ func run(ctx context.Context, o options) (int, error) {
 				defer fwg.Done()
 				switch e.kind {
 				case "kill":
+					scheduledKills.Add(1)
 					victim := slots[e.victim]
 					if !victim.running() {
 						for _, s := range slots {
@@ -343,19 +417,15 @@ func run(ctx context.Context, o options) (int, error) {
 				case "leave":
 					logf("router c leaves (SIGTERM)")
 					slots[2].stop(40 * time.Second)
-				case "latency":
-					logf("db proxy: +%s latency per chunk for %s", e.val, e.dur.Round(100*time.Millisecond))
-					px.SetLatency(e.val)
-					time.Sleep(e.dur)
-					px.SetLatency(0)
-				case "reset":
-					logf("db proxy: reset %d connections", px.ResetAll())
-				case "cut":
-					logf("db proxy: cut for %s", e.dur.Round(100*time.Millisecond))
-					px.SetCut(true)
-					time.Sleep(e.dur)
-					px.SetCut(false)
-					logf("db proxy: cut healed")
+				case "db-latency", "kafka-latency", "db-reset", "kafka-reset", "db-cut", "kafka-cut":
+					target, what, _ := strings.Cut(e.kind, "-")
+					x := px
+					if target == "kafka" {
+						x = kpx
+					}
+					netFault(x, target, what, e)
+				case "relay-crash":
+					relayCrash(slots, e)
 				case "kafka":
 					restart("kafka", e.dur, &brokerRestarts)
 				case "db":
@@ -411,6 +481,9 @@ func run(ctx context.Context, o options) (int, error) {
 
 	// Heal: no proxy faults, both services up, routers a and b running, c gone.
 	px.Heal()
+	if kpx != nil {
+		kpx.Heal()
+	}
 	infraMu.Lock()
 	if err := infra("up"); err != nil {
 		harnessErr("infra.sh up after the faults: %v", err)
@@ -419,17 +492,28 @@ func run(ctx context.Context, o options) (int, error) {
 	slots[2].stop(40 * time.Second)
 	slots[0].start()
 	slots[1].start()
-	kills := 0
-	unplanned := 0
+	kills, unplanned, crashes, armed := 0, 0, 0, 0
 	for _, s := range slots {
 		s.mu.Lock()
 		kills += s.kills
 		unplanned += s.unplanned
+		crashes += s.crashes
+		armed += s.armedStarts
 		s.mu.Unlock()
 	}
 	info.Kills, info.BrokerRestar, info.DBRestarts = kills, int(brokerRestarts.Load()), int(dbRestarts.Load())
-	logf("faults over: kills=%d broker_restarts=%d db_restarts=%d unplanned_router_exits=%d proxy_resets=%d; healing and draining (≤ %s)",
-		kills, info.BrokerRestar, info.DBRestarts, unplanned, px.resets.Load(), p.drain)
+	info.Faults = map[string]string{
+		"kills":         fmt.Sprintf("%d SIGKILLs (%d scheduled kill faults, the rest from relay-crash faults)", kills, scheduledKills.Load()),
+		"relay_crashes": fmt.Sprintf("%d of %d armed router starts crashed right after a Kafka commit", crashes, armed),
+		"db_proxy":      px.Stats(),
+		"kafka_proxy":   "not proxied",
+	}
+	if kpx != nil {
+		info.Faults["kafka_proxy"] = kpx.Stats()
+	}
+	logf("faults over: kills=%d broker_restarts=%d db_restarts=%d relay_crashes=%d/%d unplanned_router_exits=%d; healing and draining (≤ %s)",
+		kills, info.BrokerRestar, info.DBRestarts, crashes, armed, unplanned, p.drain)
+	logf("network faults: db proxy %s; kafka proxy %s", info.Faults["db_proxy"], info.Faults["kafka_proxy"])
 	saveInfo(o.runDir, info)
 
 	drained, why := drain(ctx, appDSN, info, p.drain)
@@ -534,8 +618,8 @@ type event struct {
 	at     time.Duration
 	kind   string
 	victim int
-	dur    time.Duration // restart delay (kill), outage (kafka, db, cut), length (latency)
-	val    time.Duration // latency
+	dur    time.Duration // restart delay (kill), outage (kafka, db, cut), length (latency, reset window)
+	val    time.Duration // latency; for relay-crash the crash point's count
 }
 
 // schedule draws the run's faults from rng: the same seed gives the same schedule.
@@ -563,14 +647,27 @@ func schedule(p profile, rng *rand.Rand) []event {
 		slice := span / time.Duration(p.dbRestarts)
 		ev = append(ev, event{at: warm + slice*time.Duration(i) + slice/2 + time.Duration(rng.Int64N(int64(slice/3))), kind: "db", dur: between(2*time.Second, 6*time.Second)})
 	}
-	for range p.latencies {
-		ev = append(ev, event{at: at(), kind: "latency", val: between(20*time.Millisecond, 250*time.Millisecond), dur: between(4*time.Second, 10*time.Second)})
+	for _, target := range []string{"db", "kafka"} {
+		lat, res, cut := p.latencies, p.resets, p.cuts
+		if target == "kafka" {
+			lat, res, cut = p.kLatencies, p.kResets, p.kCuts
+		}
+		for range lat {
+			ev = append(ev, event{at: at(), kind: target + "-latency", val: between(20*time.Millisecond, 250*time.Millisecond), dur: between(4*time.Second, 10*time.Second)})
+		}
+		for range res {
+			ev = append(ev, event{at: at(), kind: target + "-reset", dur: between(time.Second, 2*time.Second)})
+		}
+		for range cut {
+			ev = append(ev, event{at: at(), kind: target + "-cut", dur: between(2*time.Second, 6*time.Second)})
+		}
 	}
-	for range p.resets {
-		ev = append(ev, event{at: at(), kind: "reset"})
-	}
-	for range p.cuts {
-		ev = append(ev, event{at: at(), kind: "cut", dur: between(2*time.Second, 6*time.Second)})
+	for i := range p.relayCrashes {
+		// In disjoint slices (a second one would kill the first one's armed router); val
+		// carries the crash point's count: the n-th Kafka commit of the armed process.
+		slice := span / time.Duration(p.relayCrashes)
+		ev = append(ev, event{at: warm + slice*time.Duration(i) + time.Duration(rng.Int64N(int64(slice/2))), kind: "relay-crash",
+			victim: rng.IntN(2), val: time.Duration(1 + rng.IntN(3))})
 	}
 	sort.SliceStable(ev, func(i, j int) bool { return ev[i].at < ev[j].at })
 	return ev
@@ -579,7 +676,11 @@ func schedule(p profile, rng *rand.Rand) []event {
 func writeSchedule(path string, ev []event) {
 	var b strings.Builder
 	for _, e := range ev {
-		fmt.Fprintf(&b, "%7.1fs %-8s victim=%d dur=%s val=%s\n", e.at.Seconds(), e.kind, e.victim, e.dur.Round(time.Millisecond), e.val.Round(time.Millisecond))
+		val := e.val.Round(time.Millisecond).String()
+		if e.kind == "relay-crash" {
+			val = fmt.Sprintf("after-kafka-commit:%d", int(e.val))
+		}
+		fmt.Fprintf(&b, "%7.1fs %-13s victim=%d dur=%s val=%s\n", e.at.Seconds(), e.kind, e.victim, e.dur.Round(time.Millisecond), val)
 	}
 	_ = os.WriteFile(path, []byte(b.String()), 0o644)
 }
@@ -643,7 +744,7 @@ relay:
   # A transactional id of its own: the positions topic is shared with every other database,
   # and a fresh database must not reconcile against another run's last batch.
   transactional_id: onceflow-relay-%s
-  lease_ttl: 3s
+  lease_ttl: %s
   txn_timeout: 15s
   retry_backoff: 200ms
   max_retry_backoff: 2s
@@ -658,7 +759,7 @@ plugins:
     step_jitter: 4ms
     step_failure_rate: 0.1   # 10 %% of the external calls of every step fail (retried by the inbox)
     seed: %d
-`, prefix, prefix, seed)
+`, prefix, prefix, leaseTTL, seed)
 }
 
 // cleanEnv is the harness's environment without ONCEFLOW_* settings (the run sets its own).
@@ -723,4 +824,86 @@ func brokerOrigin(addr string) string {
 		}
 	}
 	return ""
+}
+
+// isDefaultInstance reports whether addr is on the default instance's port.
+func isDefaultInstance(addr, port string) bool {
+	_, p, err := net.SplitHostPort(addr)
+	return err == nil && p == port
+}
+
+// checkAdvertised asks the broker through the proxy for its metadata and requires every
+// broker to be advertised at the proxy's own address: otherwise a client bootstrapped
+// through the proxy would talk to the broker directly and no fault would reach it.
+func checkAdvertised(proxyAddr string) error {
+	client, err := sarama.NewClient([]string{proxyAddr}, saramaConfig())
+	if err != nil {
+		return fmt.Errorf("metadata through the proxy: %w", err)
+	}
+	defer client.Close()
+	for _, b := range client.Brokers() {
+		if b.Addr() != proxyAddr {
+			return fmt.Errorf("broker %d is advertised at %s, not at the proxy %s (is the CHAOS listener advertised on the proxy's port? scripts/infra.sh ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT)", b.ID(), b.Addr(), proxyAddr)
+		}
+	}
+	if len(client.Brokers()) == 0 {
+		return errors.New("no broker in the metadata")
+	}
+	return nil
+}
+
+// netFault runs one network fault on x (the db or kafka proxy) and logs it.
+func netFault(x *proxy, target, what string, e event) {
+	if x == nil {
+		return
+	}
+	var err error
+	switch what {
+	case "latency":
+		logf("%s proxy: +%s latency per chunk each way for %s", target, e.val.Round(time.Millisecond), e.dur.Round(100*time.Millisecond))
+		if err = x.SetLatency(e.val); err == nil {
+			time.Sleep(e.dur)
+			err = x.SetLatency(0)
+		}
+	case "reset":
+		logf("%s proxy: resetting every connection that carries data in the next %s", target, e.dur.Round(100*time.Millisecond))
+		err = x.Reset(e.dur)
+	case "cut":
+		logf("%s proxy: cut (all traffic dropped) for %s", target, e.dur.Round(100*time.Millisecond))
+		if err = x.SetCut(true); err == nil {
+			time.Sleep(e.dur)
+			err = x.SetCut(false)
+			logf("%s proxy: cut healed (connections that lived through it closed)", target)
+		}
+	}
+	if err != nil {
+		logf("%s proxy: %s: %v", target, what, err)
+	}
+}
+
+// relayCrash makes the relay crash between a Kafka commit and the database mark, the moment
+// its reconciliation exists for: the victim router restarts at once armed with
+// ONCEFLOW_RELAY_CRASH_POINT=after-kafka-commit:n (it exits with 137 right after its n-th
+// Kafka commit, before marking the rows), every other router is SIGKILLed too and kept down
+// until the dead owner's lease has expired, so the victim is the one that takes the lease.
+// The next relay session (any router) must reconcile that batch rather than publish it again.
+func relayCrash(slots []*slot, e event) {
+	victim := slots[e.victim]
+	n := int(e.val)
+	victim.armNext(fmt.Sprintf("ONCEFLOW_RELAY_CRASH_POINT=after-kafka-commit:%d", n))
+	others := leaseTTL + 1500*time.Millisecond
+	var killed []string
+	for _, s := range slots {
+		delay := others
+		if s == victim {
+			delay = 300 * time.Millisecond
+		} else {
+			s.delayStart(time.Now().Add(others))
+		}
+		if pid, ok := s.kill(delay); ok {
+			killed = append(killed, fmt.Sprintf("%s (pid %d)", s.name, pid))
+		}
+	}
+	logf("relay crash: SIGKILL %s; router %s restarts armed to crash right after its Kafka commit #%d (before the mark), the others in %s",
+		strings.Join(killed, ", "), victim.name, n, others)
 }

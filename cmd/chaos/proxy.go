@@ -1,158 +1,170 @@
 package main
 
 import (
-	"net"
+	"context"
+	"fmt"
+	"io"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
 )
 
-// proxy is a small in-process TCP proxy between the routers and one upstream (MariaDB).
-// github.com/Shopify/toxiproxy/v2 resolves through the Go proxy, but using it would mean
-// changing go.mod/go.sum (not this harness's to change) and pulling in its HTTP API
-// dependencies; the three faults the harness needs fit in this file:
+// proxy is one in-process toxiproxy (github.com/Shopify/toxiproxy/v2 used as a library, no
+// HTTP API) between the routers and one upstream (MariaDB, or Kafka's CHAOS listener), with
+// the three faults the harness injects:
 //
-//   - latency: every chunk forwarded in either direction waits this long first;
-//   - reset: every open connection is closed with SO_LINGER 0 (the peer sees a RST);
-//   - cut: reset, and every new connection is reset at once until the cut heals.
+//   - latency: a latency toxic in both directions (every chunk waits this long);
+//   - reset: a reset_peer toxic (timeout 0) in both directions for a window: every
+//     connection that carries data in that window is closed with SO_LINGER 0 (the peer sees a
+//     RST); Kafka connections carry a fetch or heartbeat at least every second, so a
+//     window of a second or more hits all of them;
+//   - cut: a timeout toxic (timeout 0) in both directions: the network silently drops
+//     everything, new connections are accepted and hear nothing (a partition, not a refusal);
+//     when the cut heals, toxiproxy closes every connection that lived through it.
+//
+// It counts each fault and the connections it accepted (from toxiproxy's own log events).
 type proxy struct {
-	ln       net.Listener
-	upstream string
+	name string
+	tp   *toxiproxy.Proxy
 
-	latency atomic.Int64 // nanoseconds
-	cut     atomic.Bool
+	mu      sync.Mutex // one change of the toxics at a time
+	latency time.Duration
+	cut     bool
 
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
-
-	accepted, resets atomic.Int64
-	wg               sync.WaitGroup
+	accepted                   atomic.Int64
+	latencies, resets, cutsCnt atomic.Int64
 }
 
-func newProxy(listen, upstream string) (*proxy, error) {
-	ln, err := net.Listen("tcp", listen)
-	if err != nil {
-		return nil, err
+// acceptCounter counts toxiproxy's "Accepted client" log events.
+type acceptCounter struct{ n *atomic.Int64 }
+
+func (h acceptCounter) Run(_ *zerolog.Event, _ zerolog.Level, msg string) {
+	if msg == "Accepted client" {
+		h.n.Add(1)
 	}
-	p := &proxy{ln: ln, upstream: upstream, conns: map[net.Conn]struct{}{}}
-	p.wg.Add(1)
-	go p.serve()
+}
+
+func newProxy(name, listen, upstream string) (*proxy, error) {
+	p := &proxy{name: name}
+	logger := zerolog.New(io.Discard).Level(zerolog.InfoLevel).Hook(acceptCounter{&p.accepted})
+	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), logger)
+	p.tp = toxiproxy.NewProxy(srv, name, listen, upstream)
+	if err := p.tp.Start(); err != nil {
+		return nil, fmt.Errorf("proxy %s on %s: %w", name, listen, err)
+	}
 	return p, nil
 }
 
 // Addr is the proxy's listening address (host:port).
-func (p *proxy) Addr() string { return p.ln.Addr().String() }
-
-// SetLatency delays every forwarded chunk by d (0 heals).
-func (p *proxy) SetLatency(d time.Duration) { p.latency.Store(int64(d)) }
-
-// SetCut refuses (resets) new connections while on; turning it on resets the open ones.
-func (p *proxy) SetCut(on bool) {
-	p.cut.Store(on)
-	if on {
-		p.ResetAll()
-	}
+func (p *proxy) Addr() string {
+	p.tp.Lock()
+	defer p.tp.Unlock()
+	return p.tp.Listen
 }
 
-// ResetAll resets every open connection (both sides).
-func (p *proxy) ResetAll() int {
+func (p *proxy) addToxic(name, typ, stream string, attrs string) error {
+	js := fmt.Sprintf(`{"name":%q,"type":%q,"stream":%q,"toxicity":1.0,"attributes":%s}`, name, typ, stream, attrs)
+	_, err := p.tp.Toxics.AddToxicJson(strings.NewReader(js))
+	return err
+}
+
+func (p *proxy) removeToxic(name string) {
+	_ = p.tp.Toxics.RemoveToxic(context.Background(), name)
+}
+
+// both adds a toxic of typ in both directions (names name-up and name-down).
+func (p *proxy) both(name, typ, attrs string) error {
+	if err := p.addToxic(name+"-up", typ, "upstream", attrs); err != nil {
+		return err
+	}
+	if err := p.addToxic(name+"-down", typ, "downstream", attrs); err != nil {
+		p.removeToxic(name + "-up")
+		return err
+	}
+	return nil
+}
+
+func (p *proxy) removeBoth(name string) {
+	p.removeToxic(name + "-up")
+	p.removeToxic(name + "-down")
+}
+
+// SetLatency delays every forwarded chunk by d in each direction (0 heals).
+func (p *proxy) SetLatency(d time.Duration) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	n := 0
-	for c := range p.conns {
-		resetConn(c)
-		delete(p.conns, c)
-		n++
+	if p.latency > 0 {
+		p.removeBoth("latency")
+		p.latency = 0
 	}
-	p.resets.Add(int64(n))
-	return n
+	if d <= 0 {
+		return nil
+	}
+	if err := p.both("latency", "latency", fmt.Sprintf(`{"latency":%d,"jitter":0}`, d.Milliseconds())); err != nil {
+		return err
+	}
+	p.latency = d
+	p.latencies.Add(1)
+	return nil
+}
+
+// Reset resets (RST) every connection that carries data during window.
+func (p *proxy) Reset(window time.Duration) error {
+	p.mu.Lock()
+	err := p.both("reset", "reset_peer", `{"timeout":0}`)
+	p.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	p.resets.Add(1)
+	time.Sleep(window)
+	p.mu.Lock()
+	p.removeBoth("reset")
+	p.mu.Unlock()
+	return nil
+}
+
+// SetCut drops all traffic while on; turning it off closes every connection that lived
+// through the cut.
+func (p *proxy) SetCut(on bool) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if on == p.cut {
+		return nil
+	}
+	if !on {
+		p.removeBoth("cut")
+		p.cut = false
+		return nil
+	}
+	if err := p.both("cut", "timeout", `{"timeout":0}`); err != nil {
+		return err
+	}
+	p.cut = true
+	p.cutsCnt.Add(1)
+	return nil
 }
 
 // Heal removes every fault.
 func (p *proxy) Heal() {
-	p.SetLatency(0)
-	p.cut.Store(false)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.tp.Toxics.ResetToxics(context.Background())
+	p.latency, p.cut = 0, false
 }
 
-// Close stops listening and resets every connection.
+// Stats is "connections=N latency=L resets=R cuts=C" (fault episodes).
+func (p *proxy) Stats() string {
+	return fmt.Sprintf("connections=%d latency=%d resets=%d cuts=%d", p.accepted.Load(), p.latencies.Load(), p.resets.Load(), p.cutsCnt.Load())
+}
+
+// Close heals, stops listening and closes every connection.
 func (p *proxy) Close() {
-	_ = p.ln.Close()
-	p.ResetAll()
-	p.wg.Wait()
-}
-
-func resetConn(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.SetLinger(0)
-	}
-	_ = c.Close()
-}
-
-func (p *proxy) track(c net.Conn) {
-	p.mu.Lock()
-	p.conns[c] = struct{}{}
-	p.mu.Unlock()
-}
-
-func (p *proxy) untrack(c net.Conn) {
-	p.mu.Lock()
-	delete(p.conns, c)
-	p.mu.Unlock()
-}
-
-func (p *proxy) serve() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		if p.cut.Load() {
-			resetConn(c)
-			continue
-		}
-		p.accepted.Add(1)
-		go p.handle(c)
-	}
-}
-
-func (p *proxy) handle(client net.Conn) {
-	up, err := net.DialTimeout("tcp", p.upstream, 3*time.Second)
-	if err != nil {
-		resetConn(client)
-		return
-	}
-	p.track(client)
-	p.track(up)
-	done := make(chan struct{}, 2)
-	go func() { p.pipe(up, client); done <- struct{}{} }()
-	go func() { p.pipe(client, up); done <- struct{}{} }()
-	<-done
-	// One direction ended (EOF, error or reset): end the other one too.
-	_ = client.Close()
-	_ = up.Close()
-	<-done
-	p.untrack(client)
-	p.untrack(up)
-}
-
-func (p *proxy) pipe(dst, src net.Conn) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			if d := time.Duration(p.latency.Load()); d > 0 {
-				time.Sleep(d)
-			}
-			if p.cut.Load() {
-				return
-			}
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil { // io.EOF or a reset: this direction is over
-			return
-		}
-	}
+	p.Heal()
+	p.tp.Stop()
 }

@@ -39,18 +39,18 @@ func echo(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-func roundTrip(c net.Conn) (time.Duration, error) {
+func roundTrip(c net.Conn, timeout time.Duration) (time.Duration, error) {
 	start := time.Now()
 	if _, err := c.Write([]byte("ping\n")); err != nil {
 		return 0, err
 	}
-	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	_ = c.SetReadDeadline(time.Now().Add(timeout))
 	_, err := bufio.NewReader(c).ReadString('\n')
 	return time.Since(start), err
 }
 
 func TestProxyLatencyResetCut(t *testing.T) {
-	p, err := newProxy("127.0.0.1:0", echo(t))
+	p, err := newProxy("test", "127.0.0.1:0", echo(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,35 +60,65 @@ func TestProxyLatencyResetCut(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if _, err := roundTrip(c); err != nil {
+	if _, err := roundTrip(c, 2*time.Second); err != nil {
 		t.Fatalf("through the proxy: %v", err)
 	}
-	p.SetLatency(50 * time.Millisecond)
-	if d, err := roundTrip(c); err != nil || d < 100*time.Millisecond {
+	if err := p.SetLatency(50 * time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := roundTrip(c, 2*time.Second); err != nil || d < 100*time.Millisecond {
 		t.Fatalf("latency: round trip %s (want ≥ 100ms: 50ms each way), %v", d, err)
 	}
-	p.SetLatency(0)
-	if n := p.ResetAll(); n != 2 {
-		t.Fatalf("reset %d connections, want 2 (client and upstream side)", n)
+	if err := p.SetLatency(0); err != nil {
+		t.Fatal(err)
 	}
-	if _, err := roundTrip(c); err == nil {
-		t.Fatal("a reset connection still works")
+	if d, err := roundTrip(c, 2*time.Second); err != nil || d >= 100*time.Millisecond {
+		t.Fatalf("latency healed: round trip %s, %v", d, err)
 	}
-	p.SetCut(true)
+
+	// A reset window: the connection carrying data in it is reset.
+	done := make(chan error, 1)
+	go func() { done <- p.Reset(500 * time.Millisecond) }()
+	time.Sleep(100 * time.Millisecond)
+	if _, err := roundTrip(c, time.Second); err == nil {
+		t.Fatal("a connection used during a reset window still works")
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	// A cut: nothing gets through, neither on a new connection; healing closes them.
 	c2, err := net.Dial("tcp", p.Addr())
-	if err == nil {
-		if _, err := roundTrip(c2); err == nil {
-			t.Fatal("a connection works during a cut")
-		}
-		c2.Close()
-	}
-	p.Heal()
-	c3, err := net.Dial("tcp", p.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c3.Close()
-	if _, err := roundTrip(c3); err != nil {
+	defer c2.Close()
+	if _, err := roundTrip(c2, 2*time.Second); err != nil {
+		t.Fatalf("after the reset window: %v", err)
+	}
+	if err := p.SetCut(true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := roundTrip(c2, 300*time.Millisecond); err == nil {
+		t.Fatal("a connection works during a cut")
+	}
+	c3, err := net.Dial("tcp", p.Addr())
+	if err == nil {
+		if _, err := roundTrip(c3, 300*time.Millisecond); err == nil {
+			t.Fatal("a new connection works during a cut")
+		}
+		c3.Close()
+	}
+	p.Heal()
+	c4, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c4.Close()
+	if _, err := roundTrip(c4, 2*time.Second); err != nil {
 		t.Fatalf("after healing: %v", err)
+	}
+	if got := p.Stats(); got != "connections=4 latency=1 resets=1 cuts=1" {
+		t.Errorf("stats %q", got)
 	}
 }
