@@ -55,7 +55,11 @@ case "${CHAOS_BROKEN:-}" in
     go build -tags "onceflow_broken_$CHAOS_BROKEN" -o "$router" ./cmd/router
     profile="${CHAOS_PROFILE:-broken}"
     expect=duplicate-event
-    [[ "$CHAOS_BROKEN" == inbox ]] && expect=inbox-grant-mismatch
+    if [[ "$CHAOS_BROKEN" == inbox ]]; then
+      expect=inbox-grant-mismatch
+      # The break is in the one-delivery claim (inbox.Process); group commit has its own.
+      CHAOS_ARGS="${CHAOS_ARGS:-} -router-env ONCEFLOW_INBOX_BATCH_SIZE=1"
+    fi
     echo "chaos: router built with -tags onceflow_broken_$CHAOS_BROKEN: the checker must report $expect"
     ;;
   *)

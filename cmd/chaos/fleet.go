@@ -56,9 +56,9 @@ func (s *slot) loop() {
 		s.mu.Lock()
 		s.starts++
 		n := s.starts
-		env, armed := s.env, len(s.armed) > 0
-		if armed {
-			env = append(append([]string(nil), s.env...), s.armed...)
+		env, armed := s.env, s.armed
+		if armed != nil {
+			env = append(append([]string(nil), s.env...), armed...)
 			s.armed = nil
 			s.armedStarts++
 		}
@@ -96,11 +96,17 @@ func (s *slot) loop() {
 		case s.killed:
 			s.killed = false
 			s.notBefore = time.Now().Add(s.restartDelay)
-		case armed && cmd.ProcessState != nil && cmd.ProcessState.ExitCode() == 137:
+		case armed != nil && cmd.ProcessState != nil && cmd.ProcessState.ExitCode() == 137:
 			s.crashes++
 			s.notBefore = time.Now().Add(time.Second)
 			s.logf("router %s crashed at its relay crash point (right after a Kafka commit, rows not marked; log %s): restarting in 1s", s.name, logPath)
 		case s.want && !s.quit:
+			if armed != nil && s.armed == nil {
+				// It exited before reaching its crash point (a service was down): the next
+				// start carries the crash point again.
+				s.armed = armed
+				s.armedStarts--
+			}
 			s.unplanned++
 			s.notBefore = time.Now().Add(time.Second)
 			s.logf("router %s exited on its own (%v; log %s): restarting in 1s", s.name, err, logPath)
