@@ -1,0 +1,372 @@
+package testenv
+
+import (
+	"bufio"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/onceflow/onceflow/pkg/kafkax"
+)
+
+const howToGetJars = "the Kafka jars come from `bash scripts/infra.sh up` (they are fetched into .run/kafka/libs, or $ONCEFLOW_RUN_DIR/kafka/libs)"
+
+// PrivateKafka is a single-node KRaft Kafka broker (broker and controller in one JVM) that
+// belongs to one test: it runs as a child process of the test binary from the jars that
+// scripts/infra.sh fetched, on free ports, with its data in the test's temp dir. Unlike
+// the shared broker it may be stopped and started again (same ports, same data), so a
+// test can take the broker away from the code under test without disturbing anyone else.
+// It is killed when the test ends.
+type PrivateKafka struct {
+	t       testing.TB
+	dir     string
+	libs    string
+	props   string
+	port    int
+	ctrl    int
+	startup time.Duration
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd has exited
+	runs int
+}
+
+// StartPrivateKafka formats a fresh KRaft data dir and starts the broker; it returns once
+// the broker answers metadata requests. It fails the test when java or the jars are
+// missing, and skips it under -short.
+func StartPrivateKafka(t testing.TB) *PrivateKafka {
+	t.Helper()
+	Integration(t)
+	libs, err := kafkaLibs()
+	if err != nil {
+		t.Fatalf("testenv: private Kafka: %v; %s", err, howToGetJars)
+	}
+	if _, err := exec.LookPath("java"); err != nil {
+		t.Fatalf("testenv: private Kafka needs java (17+) on PATH: %v; %s", err, howToGetJars)
+	}
+	ports, err := freePorts(2)
+	if err != nil {
+		t.Fatalf("testenv: private Kafka: %v", err)
+	}
+	k := &PrivateKafka{t: t, dir: t.TempDir(), libs: libs, port: ports[0], ctrl: ports[1], startup: 120 * time.Second}
+	t.Cleanup(k.Kill) // registered after TempDir: runs before the dir is removed
+	if err := k.writeConfig(); err != nil {
+		t.Fatalf("testenv: private Kafka: %v", err)
+	}
+	if err := k.format(); err != nil {
+		t.Fatalf("testenv: private Kafka: %v", err)
+	}
+	k.Start()
+	return k
+}
+
+// Brokers is the broker's bootstrap address.
+func (k *PrivateKafka) Brokers() []string { return []string{fmt.Sprintf("127.0.0.1:%d", k.port)} }
+
+// Config is a client config for this broker (as Kafka returns for the shared one).
+func (k *PrivateKafka) Config() kafkax.Config {
+	c := kafkax.Config{Brokers: k.Brokers(), ClientID: "onceflow-test", SessionTimeout: 6 * time.Second,
+		RebalanceTimeout: 10 * time.Second, HeartbeatEvery: time.Second, MaxPollWait: 50 * time.Millisecond}
+	c.SetDefaults()
+	return c
+}
+
+// Dir is the broker's directory: server.properties, data/, server.log, stdout.log.
+func (k *PrivateKafka) Dir() string { return k.dir }
+
+// Running reports whether the broker process is alive.
+func (k *PrivateKafka) Running() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.aliveLocked()
+}
+
+func (k *PrivateKafka) aliveLocked() bool {
+	if k.cmd == nil {
+		return false
+	}
+	select {
+	case <-k.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// Start starts the broker (again: same ports, same data dir) and waits until it answers
+// metadata requests. It fails the test if the broker does not come up.
+func (k *PrivateKafka) Start() {
+	k.t.Helper()
+	k.mu.Lock()
+	if k.aliveLocked() {
+		k.mu.Unlock()
+		k.t.Fatalf("testenv: private Kafka on :%d is already running", k.port)
+	}
+	k.runs++
+	out, err := os.OpenFile(filepath.Join(k.dir, "stdout.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		k.mu.Unlock()
+		k.t.Fatalf("testenv: private Kafka: %v", err)
+	}
+	fmt.Fprintf(out, "---- start #%d at %s\n", k.runs, time.Now().Format(time.RFC3339Nano))
+	cmd := exec.Command("java", "-Xms128m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true",
+		"-Dkafka.logs.dir="+k.dir, "-Dlog4j2.configurationFile="+filepath.Join(k.dir, "log4j2.xml"),
+		"-cp", filepath.Join(k.libs, "*"), "kafka.Kafka", k.props)
+	cmd.Dir = k.dir
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		out.Close()
+		k.mu.Unlock()
+		k.t.Fatalf("testenv: start private Kafka: %v", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		out.Close()
+		close(done)
+	}()
+	k.cmd, k.done = cmd, done
+	k.mu.Unlock()
+
+	deadline := time.Now().Add(k.startup)
+	for {
+		err := k.ping()
+		if err == nil {
+			return
+		}
+		select {
+		case <-done:
+			k.t.Fatalf("testenv: private Kafka exited during start-up (%s):\n%s", k.dir, k.logTail(30))
+		default:
+		}
+		if time.Now().After(deadline) {
+			k.Kill()
+			k.t.Fatalf("testenv: private Kafka on :%d not ready after %s: %v\n%s", k.port, k.startup, err, k.logTail(30))
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+}
+
+// ping asks the broker for the cluster metadata: once it lists the broker, the node has
+// registered with its controller and serves requests.
+func (k *PrivateKafka) ping() error {
+	sc := sarama.NewConfig()
+	sc.Version = kafkax.Version
+	sc.Net.DialTimeout = time.Second
+	sc.Net.ReadTimeout = 3 * time.Second
+	sc.Metadata.Retry.Max = 0
+	admin, err := sarama.NewClusterAdmin(k.Brokers(), sc)
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	brokers, _, err := admin.DescribeCluster()
+	if err != nil {
+		return err
+	}
+	if len(brokers) != 1 {
+		return fmt.Errorf("%d brokers in the cluster metadata", len(brokers))
+	}
+	return nil
+}
+
+// Stop stops the broker as an operator would: SIGTERM (controlled shutdown), SIGKILL if it
+// is still running 30s later. It returns once the process has exited.
+func (k *PrivateKafka) Stop() { k.stop(syscall.SIGTERM, 30*time.Second) }
+
+// Kill SIGKILLs the broker (a crash) and waits for the process to exit. It does nothing
+// when the broker is not running.
+func (k *PrivateKafka) Kill() { k.stop(syscall.SIGKILL, 0) }
+
+func (k *PrivateKafka) stop(sig syscall.Signal, grace time.Duration) {
+	k.mu.Lock()
+	cmd, done := k.cmd, k.done
+	alive := k.aliveLocked()
+	k.mu.Unlock()
+	if !alive {
+		return
+	}
+	_ = cmd.Process.Signal(sig)
+	if grace > 0 {
+		select {
+		case <-done:
+			return
+		case <-time.After(grace):
+			k.t.Logf("testenv: private Kafka pid %d still running %s after %s; SIGKILL", cmd.Process.Pid, grace, sig)
+			_ = cmd.Process.Signal(syscall.SIGKILL)
+		}
+	}
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		k.t.Errorf("testenv: private Kafka pid %d did not exit after SIGKILL", cmd.Process.Pid)
+	}
+}
+
+func (k *PrivateKafka) writeConfig() error {
+	data := filepath.Join(k.dir, "data")
+	if err := os.MkdirAll(data, 0o755); err != nil {
+		return err
+	}
+	k.props = filepath.Join(k.dir, "server.properties")
+	props := fmt.Sprintf(`# private test broker (onceflow pkg/testenv)
+process.roles=broker,controller
+node.id=1
+listeners=PLAINTEXT://127.0.0.1:%[1]d,CONTROLLER://127.0.0.1:%[2]d
+advertised.listeners=PLAINTEXT://127.0.0.1:%[1]d
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+controller.quorum.voters=1@127.0.0.1:%[2]d
+log.dirs=%[3]s
+num.partitions=1
+default.replication.factor=1
+min.insync.replicas=1
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=4
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=false
+num.network.threads=2
+num.io.threads=2
+log.segment.bytes=104857600
+`, k.port, k.ctrl, data)
+	if err := os.WriteFile(k.props, []byte(props), 0o644); err != nil {
+		return err
+	}
+	log4j := fmt.Sprintf(`<?xml version="1.0" encoding="UTF-8"?>
+<Configuration status="WARN">
+  <Appenders>
+    <File name="server" fileName="%s"><PatternLayout pattern="[%%d] %%p %%m (%%c)%%n"/></File>
+  </Appenders>
+  <Loggers>
+    <Logger name="kafka.request.logger" level="WARN"/>
+    <Logger name="state.change.logger" level="WARN"/>
+    <Root level="INFO"><AppenderRef ref="server"/></Root>
+  </Loggers>
+</Configuration>
+`, filepath.Join(k.dir, "server.log"))
+	return os.WriteFile(filepath.Join(k.dir, "log4j2.xml"), []byte(log4j), 0o644)
+}
+
+// format writes the KRaft meta.properties of a new single-node cluster (kafka-storage
+// format, as scripts/infra.sh does).
+func (k *PrivateKafka) format() error {
+	var cid string
+	for cid == "" || cid[0] == '-' { // a leading '-' would read as an option
+		id := make([]byte, 16)
+		_, _ = rand.Read(id)
+		cid = base64.RawURLEncoding.EncodeToString(id) // Kafka's Uuid string form
+	}
+	cmd := exec.Command("java", "-Xmx256m", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true",
+		"-Dlog4j2.configurationFile="+filepath.Join(k.dir, "log4j2.xml"),
+		"-cp", filepath.Join(k.libs, "*"), "kafka.tools.StorageTool", "format", "-t", cid, "-c", k.props)
+	cmd.Dir = k.dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("kafka-storage format: %v\n%s", err, out)
+	}
+	return nil
+}
+
+// logTail returns the last n lines of the broker's server log and stdout.
+func (k *PrivateKafka) logTail(n int) string {
+	var b strings.Builder
+	for _, name := range []string{"server.log", "stdout.log"} {
+		f, err := os.Open(filepath.Join(k.dir, name))
+		if err != nil {
+			continue
+		}
+		var lines []string
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 64*1024), 1024*1024)
+		for sc.Scan() {
+			lines = append(lines, sc.Text())
+			if len(lines) > n {
+				lines = lines[1:]
+			}
+		}
+		f.Close()
+		fmt.Fprintf(&b, "== %s ==\n%s\n", name, strings.Join(lines, "\n"))
+	}
+	return b.String()
+}
+
+// kafkaLibs finds the Kafka jars: $ONCEFLOW_RUN_DIR/kafka/libs, else .run/kafka/libs under
+// the repository root (found from the working directory upwards).
+func kafkaLibs() (string, error) {
+	var candidates []string
+	if d := os.Getenv("ONCEFLOW_RUN_DIR"); d != "" {
+		candidates = append(candidates, filepath.Join(d, "kafka", "libs"))
+	}
+	if root, err := repoRoot(); err == nil {
+		candidates = append(candidates, filepath.Join(root, ".run", "kafka", "libs"))
+	}
+	for _, c := range candidates {
+		if jars, _ := filepath.Glob(filepath.Join(c, "kafka_2.13-*.jar")); len(jars) > 0 {
+			return c, nil
+		}
+	}
+	if len(candidates) == 0 {
+		return "", errors.New("repository root not found (no go.mod of github.com/onceflow/onceflow above the working directory)")
+	}
+	return "", fmt.Errorf("no kafka_2.13-*.jar in %s", strings.Join(candidates, " or "))
+}
+
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && strings.Contains(string(b), "module github.com/onceflow/onceflow\n") {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("repository root not found")
+		}
+		dir = parent
+	}
+}
+
+// freePorts returns n distinct TCP ports that were free on 127.0.0.1 a moment ago.
+func freePorts(n int) ([]int, error) {
+	var (
+		ports []int
+		ls    []net.Listener
+	)
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("free port: %w", err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
