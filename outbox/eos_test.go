@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -184,20 +183,15 @@ func (o *outageDialer) setDown(down bool) {
 // TestEOSRelayBrokerOutage: the relay loses the broker for ONCEFLOW_TEST_OUTAGE (default
 // 30s) while business transactions keep committing. They neither fail nor slow down (they
 // only insert outbox rows); the relay retries with backoff; after the broker is back every
-// event is published exactly once. The outage is simulated at the relay's TCP dialer.
+// event is published exactly once. The outage is simulated at the relay's TCP dialer (the
+// whole broker is stopped in TestEOSRelayRealBrokerStopped).
 func TestEOSRelayBrokerOutage(t *testing.T) {
 	t.Parallel()
 	testenv.Integration(t)
 	if runWithoutRace(t) {
 		return
 	}
-	outage := 30 * time.Second
-	if v := os.Getenv("ONCEFLOW_TEST_OUTAGE"); v != "" {
-		var err error
-		if outage, err = time.ParseDuration(v); err != nil {
-			t.Fatalf("ONCEFLOW_TEST_OUTAGE: %v", err)
-		}
-	}
+	outage := outageDuration(t)
 	d := testenv.DB(t, 12)
 	k := testenv.Kafka(t)
 	topic := testenv.Topic(t, k, "outbox-outage", 4)

@@ -260,6 +260,20 @@ func (pw *pacedWriters) count() int {
 	return len(pw.ids)
 }
 
+// committed returns the ids committed so far, in commit order per writer.
+func (pw *pacedWriters) committed() []string {
+	pw.mu.Lock()
+	defer pw.mu.Unlock()
+	return append([]string(nil), pw.ids...)
+}
+
+// failed returns the errors of business transactions that failed so far.
+func (pw *pacedWriters) failed() []error {
+	pw.mu.Lock()
+	defer pw.mu.Unlock()
+	return append([]error(nil), pw.errs...)
+}
+
 func (pw *pacedWriters) slowest() time.Duration {
 	pw.mu.Lock()
 	defer pw.mu.Unlock()
