@@ -111,6 +111,9 @@ func run() error {
 	if err := benchRelay(ctx, db, kc); err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}
+	if err := benchForwarder(ctx, db, kc); err != nil { // Watermill's forwarder, next to the relay lines
+		return fmt.Errorf("watermill_forwarder: %w", err)
+	}
 	if err := benchE2E(ctx, db, kc); err != nil {
 		return fmt.Errorf("e2e: %w", err)
 	}
