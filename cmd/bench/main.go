@@ -71,7 +71,9 @@ var (
 	relayBatch = flag.Int("relay-batch", 2000, "relay batch size (events per Kafka transaction)")
 	stormK     = flag.Int("storm-deliveries", 50, "deliveries of each order in the storm")
 	e2eSPT     = flag.Int("e2e-steps-per-tx", 1, "inbox.steps_per_transaction of the end-to-end runs")
-	loads      = flag.String("loads", "100,200,400", "offered loads (orders/s) for the latency runs")
+	loads      = flag.String("loads", "100,200", "offered loads (orders/s) for the latency runs, one at a time")
+	batchLoads = flag.String("batch-loads", "500,1000,2000", "offered loads (orders/s) for the latency runs, group commit")
+	e2eBatchN  = flag.Int("e2e-batch-orders", 50000, "orders for the end-to-end throughput run, group commit")
 	loadSecs   = flag.Int("load-seconds", 8, "seconds per latency run")
 	adminDSN   = flag.String("admin-dsn", "onceflow_admin:onceflow_admin@tcp(127.0.0.1:3306)/onceflow_bench", "privileged DSN of the bench database")
 	appDSN     = flag.String("dsn", "onceflow:onceflow@tcp(127.0.0.1:3306)/onceflow_bench", "application DSN of the bench database")
@@ -85,6 +87,11 @@ func run() error {
 	kc := kafkax.Config{Brokers: []string{*brokers}, ClientID: "onceflow-bench"}
 	kc.SetDefaults()
 	fmt.Printf("bench: %d workers, GOMAXPROCS=%d; MariaDB and Kafka share this machine\n", *workers, runtimeProcs())
+	stopProfile, err := startProfile()
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
 
 	db, err := freshDB(ctx)
 	if err != nil {
@@ -92,9 +99,22 @@ func run() error {
 	}
 	defer db.Close()
 
+	if want("batch") {
+		// Group commit (inbox.Batcher): many deliveries per transaction, multi-row statements.
+		u, err := benchUnsafeBatch(ctx, db)
+		if err != nil {
+			return fmt.Errorf("unsafe batch: %w", err)
+		}
+		if err := benchInboxBatch(ctx, db, u); err != nil {
+			return fmt.Errorf("inbox batch: %w", err)
+		}
+	}
 	// steps_per_tx=1 is the default (each state transition commits on its own); 3 runs the
 	// whole grant in one transaction (inbox.steps_per_transaction), same guarantees.
 	for _, spt := range []int{1, 3} {
+		if !want("single") {
+			break
+		}
 		if err := benchUnsafe(ctx, db, spt); err != nil {
 			return fmt.Errorf("unsafe: %w", err)
 		}
@@ -102,20 +122,29 @@ func run() error {
 			return fmt.Errorf("inbox: %w", err)
 		}
 	}
-	if err := benchNaive(ctx, db); err != nil {
+	if !want("single") {
+	} else if err := benchNaive(ctx, db); err != nil {
 		return fmt.Errorf("naive: %w", err)
 	}
-	if err := benchStorm(ctx, db); err != nil {
+	if !want("storm") {
+	} else if err := benchStorm(ctx, db); err != nil {
 		return fmt.Errorf("storm: %w", err)
 	}
-	if err := benchRelay(ctx, db, kc); err != nil {
+	if !want("relay") {
+	} else if err := benchRelay(ctx, db, kc); err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}
 	if err := benchForwarder(ctx, db, kc); err != nil { // Watermill's forwarder, next to the relay lines
 		return fmt.Errorf("watermill_forwarder: %w", err)
 	}
-	if err := benchE2E(ctx, db, kc); err != nil {
-		return fmt.Errorf("e2e: %w", err)
+	if !want("e2e") {
+	} else {
+		if err := benchE2E(ctx, db, kc, "batch", *e2eBatchN, *batchLoads); err != nil {
+			return fmt.Errorf("e2e batch: %w", err)
+		}
+		if err := benchE2E(ctx, db, kc, "single", *e2eN, *loads); err != nil {
+			return fmt.Errorf("e2e single: %w", err)
+		}
 	}
 	return writeCSV()
 }
@@ -439,8 +468,10 @@ func makeTopic(kc kafkax.Config, prefix string, parts int32) (string, func(), er
 }
 
 // benchE2E: order-paid in → coupon-granted visible to a read_committed consumer, through
-// the Watermill router, the inbox and the relay, all in this process.
-func benchE2E(ctx context.Context, db *sql.DB, kc kafkax.Config) error {
+// the Watermill router, the inbox and the exactly-once relay, all in this process. Mode
+// "batch" is the router's default (parallel subscriber, group commit); "single" is
+// watermill-kafka's one-at-a-time subscriber and one delivery per transaction.
+func benchE2E(ctx context.Context, db *sql.DB, kc kafkax.Config, mode string, n int, loadList string) error {
 	if err := truncate(ctx, db); err != nil {
 		return err
 	}
@@ -469,11 +500,10 @@ func benchE2E(ctx context.Context, db *sql.DB, kc kafkax.Config) error {
 	defer producer.Close()
 
 	// Throughput: pre-load the topic, then start the router and time the drain.
-	n := *e2eN
 	if err := produceOrders(producer, in, "e2e", 0, n, 0); err != nil {
 		return err
 	}
-	stop, err := startPipeline(ctx, db, kc, in, ib)
+	stop, err := startPipeline(ctx, db, kc, in, ib, mode)
 	if err != nil {
 		return err
 	}
@@ -483,11 +513,11 @@ func benchE2E(ctx context.Context, db *sql.DB, kc kafkax.Config) error {
 		return err
 	}
 	el := time.Since(start)
-	report("e2e", "steps_per_tx", *e2eSPT, "orders_per_s", float64(n)/el.Seconds(), "orders", n, "offered", "preloaded")
+	report("e2e", "mode", mode, "orders_per_s", float64(n)/el.Seconds(), "orders", n, "offered", "preloaded")
 
 	// Latency at offered loads: Kafka timestamp of the order → of its CouponGranted event.
 	base := n
-	for _, rate := range splitInts(*loads) {
+	for _, rate := range splitInts(loadList) {
 		count := rate * *loadSecs
 		t0 := time.Now()
 		if err := produceOrders(producer, in, "lat", base, count, float64(rate)); err != nil {
@@ -504,7 +534,7 @@ func benchE2E(ctx context.Context, db *sql.DB, kc kafkax.Config) error {
 			stop()
 			return err
 		}
-		report("e2e", "steps_per_tx", *e2eSPT, "offered_per_s", rate, "orders_per_s", achieved, "p50_ms", p50, "p99_ms", p99)
+		report("e2e", "mode", mode, "offered_per_s", rate, "orders_per_s", achieved, "p50_ms", p50, "p99_ms", p99)
 		base += count
 	}
 	stop()
@@ -559,21 +589,32 @@ func produceOrders(p sarama.SyncProducer, topic, prefix string, from, n int, rat
 	return nil
 }
 
-func startPipeline(ctx context.Context, db *sql.DB, kc kafkax.Config, topic string, ib *inbox.Inbox) (func(), error) {
-	sub, err := kc.NewSubscriber("bench-"+topic, watermill.NopLogger{})
-	if err != nil {
+func startPipeline(ctx context.Context, db *sql.DB, kc kafkax.Config, topic string, ib *inbox.Inbox, mode string) (func(), error) {
+	var sub message.Subscriber
+	var err error
+	handler := ib.HandlerFunc(topic)
+	closeBatcher := func() {}
+	if mode == "batch" {
+		sub, err = kc.NewParallelSubscriber("bench-"+topic, kafkax.ParallelConfig{}, watermill.NopLogger{})
+		if err != nil {
+			return nil, err
+		}
+		b, err := ib.NewBatcher(inbox.BatchConfig{MaxSize: *batchSize, Workers: *batchLanes})
+		if err != nil {
+			return nil, err
+		}
+		handler, closeBatcher = b.HandlerFunc(topic), func() { _ = b.Close() }
+	} else if sub, err = kc.NewSubscriber("bench-"+topic, watermill.NopLogger{}); err != nil {
 		return nil, err
 	}
 	r, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 	if err != nil {
 		return nil, err
 	}
-	r.AddConsumerHandler("bench", topic, sub, ib.HandlerFunc(topic))
-	rp, err := kc.NewSyncProducer()
-	if err != nil {
-		return nil, err
-	}
-	relay, err := outbox.NewRelay(db, rp, outbox.RelayConfig{BatchSize: 500, PollInterval: 5 * time.Millisecond}, nil)
+	r.AddConsumerHandler("bench", topic, sub, handler)
+	// The router's default relay: exactly once (transactional producer, positions, lease).
+	relay, err := outbox.NewExactlyOnceRelay(db, kc, outbox.RelayConfig{PollInterval: 5 * time.Millisecond,
+		TransactionalID: fmt.Sprintf("bench-e2e-%d", time.Now().UnixNano())}, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -583,7 +624,7 @@ func startPipeline(ctx context.Context, db *sql.DB, kc kafkax.Config, topic stri
 	go func() { defer wg.Done(); _ = r.Run(cctx) }()
 	go func() { defer wg.Done(); _ = relay.Run(cctx) }()
 	<-r.Running()
-	return func() { cancel(); wg.Wait(); rp.Close() }, nil
+	return func() { cancel(); wg.Wait(); closeBatcher(); _ = relay.Close() }, nil
 }
 
 func waitGranted(ctx context.Context, db *sql.DB, want int, limit time.Duration) error {
@@ -628,43 +669,17 @@ func latencies(ctx context.Context, kc kafkax.Config, in, out, prefix string, fr
 	return ds[len(ds)/2], ds[min(len(ds)-1, len(ds)*99/100)], nil
 }
 
+// readTimestamps returns the Kafka timestamp of each key's first committed record.
 func readTimestamps(kc kafkax.Config, topic string) (map[string]time.Time, error) {
-	sc := sarama.NewConfig()
-	sc.Version = kafkax.Version
-	sc.Consumer.IsolationLevel = sarama.ReadCommitted
-	client, err := sarama.NewClient(kc.Brokers, sc)
+	recs, err := kc.ReadAll(context.Background(), topic, 2*time.Second)
 	if err != nil {
 		return nil, err
 	}
-	defer client.Close()
-	consumer, err := sarama.NewConsumerFromClient(client)
-	if err != nil {
-		return nil, err
-	}
-	defer consumer.Close()
-	parts, err := client.Partitions(topic)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]time.Time{}
-	for _, p := range parts {
-		hwm, err := client.GetOffset(topic, p, sarama.OffsetNewest)
-		if err != nil || hwm == 0 {
-			continue
+	out := make(map[string]time.Time, len(recs))
+	for _, r := range recs {
+		if _, seen := out[string(r.Key)]; !seen {
+			out[string(r.Key)] = r.Timestamp
 		}
-		pc, err := consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
-		if err != nil {
-			return nil, err
-		}
-		for m := range pc.Messages() {
-			if _, seen := out[string(m.Key)]; !seen {
-				out[string(m.Key)] = m.Timestamp
-			}
-			if m.Offset+1 >= hwm {
-				break
-			}
-		}
-		pc.Close()
 	}
 	return out, nil
 }

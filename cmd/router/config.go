@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 
+	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
@@ -38,6 +39,7 @@ type KafkaConfig struct {
 	RebalanceTimeout time.Duration `mapstructure:"rebalance_timeout"`
 	Heartbeat        time.Duration `mapstructure:"heartbeat"`
 	MaxPollWait      time.Duration `mapstructure:"max_poll_wait"`
+	Window           int           `mapstructure:"window"`
 }
 
 type InboxConfig struct {
@@ -47,6 +49,9 @@ type InboxConfig struct {
 	Retention       time.Duration `mapstructure:"retention"`
 	MaxPayloadBytes int           `mapstructure:"max_payload_bytes"`
 	StepsPerTx      int           `mapstructure:"steps_per_transaction"`
+	BatchSize       int           `mapstructure:"batch_size"`
+	BatchLinger     time.Duration `mapstructure:"batch_linger"`
+	BatchWorkers    int           `mapstructure:"batch_workers"`
 	CleanupInterval time.Duration `mapstructure:"cleanup_interval"`
 	CleanupBatch    int           `mapstructure:"cleanup_batch"`
 }
@@ -95,12 +100,16 @@ var defaults = []struct {
 	{"kafka.rebalance_timeout", "30s", "time a member has to rejoin during a rebalance"},
 	{"kafka.heartbeat", "3s", "consumer heartbeat interval"},
 	{"kafka.max_poll_wait", "100ms", "fetch max wait"},
+	{"kafka.window", 1024, "un-acked messages handed out per partition at once (per-key order kept; offsets committed only past acked messages); 1: watermill-kafka's one-at-a-time subscriber"},
 	{"inbox.max_attempts", 5, "handler attempts before a message is quarantined"},
 	{"inbox.backoff_initial", "100ms", "first retry backoff (doubles)"},
 	{"inbox.backoff_max", "5s", "retry backoff cap"},
 	{"inbox.retention", "720h", "inbox rows expire after this (must cover Kafka's retention)"},
 	{"inbox.max_payload_bytes", 1 << 20, "larger payloads are poison"},
 	{"inbox.steps_per_transaction", 1, "consecutive handler steps per transaction (1: every state transition commits alone)"},
+	{"inbox.batch_size", 256, "group commit: deliveries per transaction for plugins that implement inbox.BatchHandler; 1 turns it off"},
+	{"inbox.batch_linger", "2ms", "how long a batch waits for more deliveries after its first"},
+	{"inbox.batch_workers", 4, "batch transactions running at once (deliveries are spread over them by business key)"},
 	{"inbox.cleanup_interval", "1h", "how often expired done rows are deleted"},
 	{"inbox.cleanup_batch", 500, "rows per cleanup DELETE"},
 	{"relay.enabled", true, "run the outbox relay in this process"},
@@ -204,6 +213,12 @@ func (c Config) validate() error {
 	if len(c.Kafka.Brokers) == 0 {
 		return errors.New("kafka.brokers is empty")
 	}
+	if c.Kafka.Window < 1 || c.Kafka.Window > 100000 {
+		return fmt.Errorf("kafka.window %d outside 1..100000", c.Kafka.Window)
+	}
+	if err := c.batchConfig().Validate(); err != nil {
+		return fmt.Errorf("inbox.batch_*: %w", err)
+	}
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":
 	default:
@@ -215,6 +230,11 @@ func (c Config) validate() error {
 		return fmt.Errorf("log.format %q: use text or json", c.Log.Format)
 	}
 	return nil
+}
+
+// batchConfig maps inbox.batch_* onto the inbox package's group-commit settings.
+func (c Config) batchConfig() inbox.BatchConfig {
+	return inbox.BatchConfig{MaxSize: c.Inbox.BatchSize, Linger: c.Inbox.BatchLinger, Workers: c.Inbox.BatchWorkers}
 }
 
 // decodePluginConfig decodes raw (a plugins.<name> section) into target, refusing unknown keys.

@@ -100,12 +100,22 @@ func (a *app) runRouter(ctx context.Context, only []string, withRelay bool) erro
 		if err != nil {
 			return err
 		}
+		handler := ib.HandlerFunc
+		if bc := a.cfg.batchConfig(); bc.MaxSize > 1 {
+			if b, err := ib.NewBatcher(bc); err == nil {
+				defer b.Close() // after the router stopped: its handlers are done
+				handler = b.HandlerFunc
+				a.logger.Info("group commit on", watermill.LogFields{"plugin": p.Name, "batch_size": bc.MaxSize, "batch_workers": bc.Workers})
+			} else {
+				a.logger.Info("group commit off: one delivery per transaction", watermill.LogFields{"plugin": p.Name, "reason": err.Error()})
+			}
+		}
 		for _, t := range p.Topics {
-			sub, err := kc.NewSubscriber(p.ConsumerGroup, a.logger)
+			sub, err := a.subscriber(kc, p.ConsumerGroup)
 			if err != nil {
 				return kafkax.Unreachable(kc.Brokers, err)
 			}
-			router.AddConsumerHandler(p.Name+"/"+t, t, sub, ib.HandlerFunc(t))
+			router.AddConsumerHandler(p.Name+"/"+t, t, sub, handler(t))
 		}
 	}
 
@@ -148,6 +158,16 @@ func (a *app) runRouter(ctx context.Context, only []string, withRelay bool) erro
 	}
 	a.logger.Info("router stopped", nil)
 	return runErr
+}
+
+// subscriber returns the consumer of a plugin's topic: the parallel one (kafka.window
+// messages per partition in flight, which group commit needs to fill its batches) or, with
+// kafka.window 1, watermill-kafka's.
+func (a *app) subscriber(kc kafkax.Config, group string) (message.Subscriber, error) {
+	if a.cfg.Kafka.Window > 1 {
+		return kc.NewParallelSubscriber(group, kafkax.ParallelConfig{Window: a.cfg.Kafka.Window}, a.logger)
+	}
+	return kc.NewSubscriber(group, a.logger)
 }
 
 // buildInbox builds p's handler and its inbox: the one handler path that `run`, `replay`

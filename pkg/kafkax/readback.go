@@ -15,6 +15,7 @@ type Record struct {
 	Key       string
 	Value     []byte
 	Headers   map[string]string
+	Timestamp time.Time // the record's Kafka timestamp
 }
 
 // ReadAll reads every committed record of topic (read_committed isolation, so aborted
@@ -64,7 +65,7 @@ func (c Config) ReadAll(ctx context.Context, topic string, idle time.Duration) (
 		for {
 			select {
 			case m := <-pc.Messages():
-				r := Record{Partition: m.Partition, Offset: m.Offset, Key: string(m.Key), Value: m.Value, Headers: map[string]string{}}
+				r := Record{Partition: m.Partition, Offset: m.Offset, Key: string(m.Key), Value: m.Value, Headers: map[string]string{}, Timestamp: m.Timestamp}
 				for _, h := range m.Headers {
 					r.Headers[string(h.Key)] = string(h.Value)
 				}

@@ -1,0 +1,164 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"flag"
+	"fmt"
+	"os"
+	"runtime/pprof"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/coupon"
+	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/pkg/dbx"
+)
+
+var (
+	batchSize    = flag.Int("batch-size", 256, "inbox.batch_size of the group-commit measurements")
+	batchLanes   = flag.Int("batch-workers", 4, "inbox.batch_workers of the group-commit measurements")
+	batchOrders  = flag.Int("batch-orders", 50000, "orders per group-commit database measurement")
+	batchSenders = flag.Int("batch-senders", 2048, "concurrent deliveries offered to the Batcher (a router's in-flight messages)")
+)
+
+// benchUnsafeBatch: the batched handler without the inbox — the same multi-row grant
+// statements, one transaction per batch-size orders, no dedup record: the group-commit
+// path's overhead baseline.
+func benchUnsafeBatch(ctx context.Context, db *sql.DB) (float64, error) {
+	if err := truncate(ctx, db); err != nil {
+		return 0, err
+	}
+	g, _, err := granter(ctx, db, "")
+	if err != nil {
+		return 0, err
+	}
+	n := *batchOrders
+	batches := (n + *batchSize - 1) / *batchSize
+	saved := *workers
+	*workers = *batchLanes
+	defer func() { *workers = saved }()
+	el, err := parallel(batches, func(b int) error {
+		var ds []*inbox.Delivery
+		for i := b * *batchSize; i < min(n, (b+1)**batchSize); i++ {
+			o := order("unsafe-batch", i)
+			ds = append(ds, &inbox.Delivery{Key: o.OrderID, Value: o})
+		}
+		g.PrepareBatch(ctx, ds)
+		for {
+			err := dbx.InTx(ctx, db, func(tx *sql.Tx) error {
+				progs, err := g.HandleBatch(ctx, tx, ds)
+				if err != nil {
+					return err
+				}
+				for _, p := range progs {
+					if p != inbox.Done {
+						return fmt.Errorf("batch left a grant unfinished")
+					}
+				}
+				return nil
+			})
+			if err != nil && dbx.IsLockConflict(err) {
+				g.PrepareBatch(ctx, ds)
+				continue
+			}
+			return err
+		}
+	})
+	if err != nil {
+		return 0, err
+	}
+	rate := float64(n) / el.Seconds()
+	report("unsafe", "mode", "batch", "batch_size", *batchSize, "orders_per_s", rate, "orders", n, "seconds", el.Seconds())
+	return rate, nil
+}
+
+// benchInboxBatch: every order through the Batcher (inbox claim, handler, done mark in
+// shared transactions), offered by many concurrent senders like a router's in-flight
+// messages, then 30 % duplicate deliveries.
+func benchInboxBatch(ctx context.Context, db *sql.DB, unsafe float64) error {
+	if err := truncate(ctx, db); err != nil {
+		return err
+	}
+	g, cfg, err := granter(ctx, db, "")
+	if err != nil {
+		return err
+	}
+	ib, err := inbox.New(db, g, inbox.Config{BizType: coupon.BizType}, nil, nil)
+	if err != nil {
+		return err
+	}
+	b, err := ib.NewBatcher(inbox.BatchConfig{MaxSize: *batchSize, Workers: *batchLanes})
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	n := *batchOrders
+	saved := *workers
+	*workers = *batchSenders
+	defer func() { *workers = saved }()
+	send := func(i int) error {
+		o := order("batch", i)
+		_, err := b.Process(ctx, message.NewMessage(watermill.NewUUID(), o.Encode()), inbox.Source{Topic: "bench"})
+		return err
+	}
+	el, err := parallel(n, send)
+	if err != nil {
+		return err
+	}
+	rate := float64(n) / el.Seconds()
+	dups := n * 3 / 10
+	del, err := parallel(dups, func(i int) error { return send(i * 3) })
+	if err != nil {
+		return err
+	}
+	a, err := coupon.Verify(ctx, db, cfg.CampaignID, time.Hour)
+	if err != nil {
+		return err
+	}
+	overhead := 0.0
+	if unsafe > 0 {
+		overhead = (unsafe - rate) / unsafe * 100
+	}
+	st := b.Stats()
+	report("inbox", "mode", "batch", "batch_size", *batchSize, "orders_per_s", rate, "overhead_pct_vs_unsafe", overhead,
+		"duplicates_per_s", float64(dups)/del.Seconds(), "coupons", a.Coupons, "duplicate_coupons", a.DuplicateCoupons,
+		"avg_batch", float64(st.Batched)/float64(max(st.Batches, 1)), "fallbacks", st.Fallbacks, "violations", len(a.Violations))
+	return nil
+}
+
+var cpuProfile = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
+
+// startProfile starts the CPU profile when -cpuprofile is set; the returned func stops it.
+func startProfile() (func(), error) {
+	if *cpuProfile == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(*cpuProfile)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+}
+
+var only = flag.String("only", "", "run only these measurement groups (comma separated: batch, single, storm, relay, e2e); empty runs all")
+
+// want reports whether the measurement group runs in this invocation.
+func want(group string) bool {
+	if *only == "" {
+		return true
+	}
+	for _, g := range strings.Split(*only, ",") {
+		if strings.TrimSpace(g) == group {
+			return true
+		}
+	}
+	return false
+}
