@@ -3,6 +3,7 @@ package kafkax
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -43,53 +44,78 @@ func (c Config) ReadAll(ctx context.Context, topic string, idle time.Duration) (
 	if idle <= 0 {
 		idle = 2 * time.Second
 	}
-	var out []Record
-	for _, p := range parts {
-		hwm, err := client.GetOffset(topic, p, sarama.OffsetNewest)
-		if err != nil {
-			return nil, fmt.Errorf("offset of %s/%d: %w", topic, p, err)
-		}
-		oldest, err := client.GetOffset(topic, p, sarama.OffsetOldest)
-		if err != nil {
-			return nil, fmt.Errorf("offset of %s/%d: %w", topic, p, err)
-		}
-		if hwm <= oldest {
-			continue
-		}
-		pc, err := consumer.ConsumePartition(topic, p, oldest)
-		if err != nil {
-			return nil, fmt.Errorf("consume %s/%d: %w", topic, p, err)
-		}
-		timer := time.NewTimer(idle)
-	loop:
-		for {
-			select {
-			case m := <-pc.Messages():
-				r := Record{Partition: m.Partition, Offset: m.Offset, Key: string(m.Key), Value: m.Value, Headers: map[string]string{}, Timestamp: m.Timestamp}
-				for _, h := range m.Headers {
-					r.Headers[string(h.Key)] = string(h.Value)
-				}
-				out = append(out, r)
-				if m.Offset+1 >= hwm {
-					break loop
-				}
-				if !timer.Stop() {
-					<-timer.C
-				}
-				timer.Reset(idle)
-			case err := <-pc.Errors():
-				_ = pc.Close()
-				return nil, fmt.Errorf("consume %s/%d: %w", topic, p, err)
-			case <-timer.C:
-				// Only transaction markers or aborted records are left below the HWM.
-				break loop
-			case <-ctx.Done():
-				_ = pc.Close()
-				return nil, ctx.Err()
-			}
-		}
-		timer.Stop()
-		_ = pc.Close()
+	// Partitions are read at once: a partition whose last offsets are transaction markers
+	// ends only after idle, and waiting that out partition after partition made audits of
+	// transactional topics take idle × partitions.
+	results := make([][]Record, len(parts))
+	errs := make([]error, len(parts))
+	var wg sync.WaitGroup
+	for i, p := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = readPartition(ctx, client, consumer, topic, p, idle)
+		}()
 	}
+	wg.Wait()
+	var out []Record
+	for i := range parts {
+		if errs[i] != nil {
+			return nil, errs[i]
+		}
+		out = append(out, results[i]...)
+	}
+	return out, nil
+}
+
+// readPartition reads partition p of topic from its oldest offset to the high-water mark
+// seen at the start, or until idle passes without a record.
+func readPartition(ctx context.Context, client sarama.Client, consumer sarama.Consumer, topic string, p int32, idle time.Duration) ([]Record, error) {
+	var out []Record
+	hwm, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+	if err != nil {
+		return nil, fmt.Errorf("offset of %s/%d: %w", topic, p, err)
+	}
+	oldest, err := client.GetOffset(topic, p, sarama.OffsetOldest)
+	if err != nil {
+		return nil, fmt.Errorf("offset of %s/%d: %w", topic, p, err)
+	}
+	if hwm <= oldest {
+		return nil, nil
+	}
+	pc, err := consumer.ConsumePartition(topic, p, oldest)
+	if err != nil {
+		return nil, fmt.Errorf("consume %s/%d: %w", topic, p, err)
+	}
+	timer := time.NewTimer(idle)
+loop:
+	for {
+		select {
+		case m := <-pc.Messages():
+			r := Record{Partition: m.Partition, Offset: m.Offset, Key: string(m.Key), Value: m.Value, Headers: map[string]string{}, Timestamp: m.Timestamp}
+			for _, h := range m.Headers {
+				r.Headers[string(h.Key)] = string(h.Value)
+			}
+			out = append(out, r)
+			if m.Offset+1 >= hwm {
+				break loop
+			}
+			if !timer.Stop() {
+				<-timer.C
+			}
+			timer.Reset(idle)
+		case err := <-pc.Errors():
+			_ = pc.Close()
+			return nil, fmt.Errorf("consume %s/%d: %w", topic, p, err)
+		case <-timer.C:
+			// Only transaction markers or aborted records are left below the HWM.
+			break loop
+		case <-ctx.Done():
+			_ = pc.Close()
+			return nil, ctx.Err()
+		}
+	}
+	timer.Stop()
+	_ = pc.Close()
 	return out, nil
 }
