@@ -73,6 +73,12 @@ func ParseDSN(dsn string) (*mysql.Config, error) {
 	if _, ok := mc.Params["time_zone"]; !ok {
 		mc.Params["time_zone"] = "'+00:00'"
 	}
+	// READ COMMITTED for the whole session, set once per connection: a per-transaction
+	// isolation level costs a SET statement (a round trip) before every BEGIN. Open checks
+	// that the server applied it. (tx_isolation: MariaDB 10.11's name for it.)
+	if _, ok := mc.Params["tx_isolation"]; !ok {
+		mc.Params["tx_isolation"] = "'READ-COMMITTED'"
+	}
 	if mc.Timeout == 0 {
 		mc.Timeout = 5 * time.Second
 	}
@@ -100,6 +106,11 @@ func Open(ctx context.Context, cfg Config) (*sql.DB, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("database %s/%s unreachable: %w (start it with `scripts/infra.sh up`)", mc.Addr, mc.DBName, err)
 	}
+	var iso string
+	if err := db.QueryRowContext(pctx, "SELECT @@tx_isolation").Scan(&iso); err != nil || iso != "READ-COMMITTED" {
+		_ = db.Close()
+		return nil, fmt.Errorf("database %s/%s: session isolation is %q (%v), onceflow needs READ-COMMITTED: leave tx_isolation out of the dsn", mc.Addr, mc.DBName, iso, err)
+	}
 	return db, nil
 }
 
@@ -110,9 +121,11 @@ func MaskDSN(dsn string) string {
 
 var dsnPassword = regexp.MustCompile(`^([^:@/]*):[^@]*@`)
 
-// TxOptions are the options every onceflow transaction uses: READ COMMITTED keeps InnoDB
-// from taking gap locks, so the inbox and outbox never block unrelated inserts.
-var TxOptions = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+// TxOptions are the options every onceflow transaction uses. Its isolation is READ
+// COMMITTED, which keeps InnoDB from taking gap locks, so the inbox and outbox never block
+// unrelated inserts; pools opened by Open set it for the session (checked at Open), so
+// the options leave the level at the session's and no SET precedes each BEGIN.
+var TxOptions = &sql.TxOptions{}
 
 // InTx runs fn in a READ COMMITTED transaction and commits it. A failure of fn rolls back;
 // a failed rollback is joined to fn's error; a failed commit is returned as such (never

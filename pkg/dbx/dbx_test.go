@@ -1,10 +1,12 @@
 package dbx_test
 
 import (
+	"context"
 	"strings"
 	"testing"
 
 	"github.com/onceflow/onceflow/pkg/dbx"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 func TestParseDSN(t *testing.T) {
@@ -77,4 +79,30 @@ func FuzzParseDSN(f *testing.F) {
 		}
 		_ = dbx.MaskDSN(dsn)
 	})
+}
+
+// Pools run READ COMMITTED for the whole session (no SET before every BEGIN), and Open
+// refuses a DSN that would change that.
+func TestOpenSessionIsolation(t *testing.T) {
+	d := testenv.DB(t, 2)
+	var iso string
+	tx, err := d.DB.BeginTx(context.Background(), dbx.TxOptions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if err := tx.QueryRow("SELECT @@tx_isolation").Scan(&iso); err != nil {
+		t.Fatal(err)
+	}
+	if iso != "READ-COMMITTED" {
+		t.Fatalf("transaction isolation %q, want READ-COMMITTED", iso)
+	}
+	sep := "?"
+	if strings.Contains(d.DSN, "?") {
+		sep = "&"
+	}
+	_, err = dbx.Open(context.Background(), dbx.Config{DSN: d.DSN + sep + "tx_isolation=%27REPEATABLE-READ%27"})
+	if err == nil || !strings.Contains(err.Error(), "READ-COMMITTED") {
+		t.Fatalf("Open with tx_isolation=REPEATABLE-READ: %v, want a refusal naming READ-COMMITTED", err)
+	}
 }
