@@ -229,3 +229,48 @@ func TestBatchFailedCallsFallBack(t *testing.T) {
 		t.Errorf("stats %+v: no delivery took the one-at-a-time path despite failing calls", st)
 	}
 }
+
+// TestBatchResumesUnfinishedRows: deliveries whose inbox rows an earlier, crashed delivery
+// left 'processing' — one before any step, one half-way (grant LOCKED) — are finished once,
+// and are not counted as duplicates.
+func TestBatchResumesUnfinishedRows(t *testing.T) {
+	d := testenv.DB(t, 8)
+	ctx := context.Background()
+	cfg := campaign("batch-resume", 1000, 1000*valueCents)
+	g := setup(t, d.DB, cfg, nil)
+	ib, err := inbox.New(d.DB, g, inbox.Config{BizType: coupon.BizType}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	early, halfway, fresh := order("br-early"), order("br-halfway"), order("br-fresh")
+	for _, o := range []coupon.OrderPaid{early, halfway} {
+		d.AdminExec(t, `INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, attempts, expire_at)
+ VALUES (?, ?, 'processing', 'crashed', 'order-paid', 0, 1, ?, ?, 1, NOW() + INTERVAL 1 DAY)`, o.OrderID, coupon.BizType, o.Encode(), o.Fingerprint())
+	}
+	if p, err := step(ctx, d.DB, g, halfway); err != nil || p != inbox.Continue {
+		t.Fatalf("first step of the half-way order: %v, %v", p, err)
+	}
+	b := newBatcher(t, ib, inbox.BatchConfig{MaxSize: 8, Workers: 1, Linger: 50 * time.Millisecond})
+	out := deliverAll(t, b, []delivery{{early.OrderID, early.Encode()}, {halfway.OrderID, halfway.Encode()}, {fresh.OrderID, fresh.Encode()}}, 3)
+	for _, o := range []coupon.OrderPaid{early, halfway, fresh} {
+		if r := out[o.OrderID]; len(r) != 1 || r[0].Outcome != inbox.OutcomeProcessed {
+			t.Errorf("%s: %+v, want processed", o.OrderID, r)
+		}
+	}
+	if n := count(t, d.DB, `SELECT COALESCE(SUM(duplicates), 0) FROM inbox`); n != 0 {
+		t.Errorf("%d duplicates counted for resumed deliveries, want 0", n)
+	}
+	if n := count(t, d.DB, `SELECT COUNT(*) FROM inbox WHERE status = 'done'`); n != 3 {
+		t.Errorf("%d inbox rows done, want 3", n)
+	}
+	a := mustVerify(t, d.DB, cfg.CampaignID)
+	if a.Granted != 3 || a.Coupons != 3 {
+		t.Errorf("audit %+v", a)
+	}
+	want := []string{"INIT->LOCKED", "LOCKED->BUDGET_DEDUCTED", "BUDGET_DEDUCTED->GRANTED"}
+	for _, o := range []coupon.OrderPaid{early, halfway, fresh} {
+		if got := transitions(t, d.DB, o.OrderID, cfg.CampaignID); !equalStrings(got, want) {
+			t.Errorf("%s transitions %v, want %v", o.OrderID, got, want)
+		}
+	}
+}

@@ -24,8 +24,8 @@ import (
 // the happy path only; everything unusual still goes through Handle, one delivery at a time.
 type BatchHandler interface {
 	Handler
-	// HandleBatch runs in tx, which holds the inbox row locks of every delivery in ds (all
-	// 'processing', with matching fingerprints, distinct keys, sorted by key). It returns one
+	// HandleBatch runs in tx, which holds the inbox row locks of every delivery in ds (new or
+	// unfinished rows, with matching fingerprints, distinct keys, sorted by key). It returns one
 	// Progress per delivery: Done when the delivery's work is complete in tx (the inbox marks
 	// its row done in the same transaction), Continue when it left the delivery for the
 	// one-at-a-time path, which then runs Handle after tx committed. A delivery left at
@@ -139,7 +139,7 @@ type batchOutcome struct {
 }
 
 type batchQueries struct {
-	claimHead, claimGroup, claimTail, selectHead, dupHead, doneHead string
+	claimHead, claimGroup, claimTail, selectHead, dupHead, doneHead, reopenHead string
 }
 
 // NewBatcher returns a Batcher for ib, whose handler must implement BatchHandler. It starts
@@ -161,11 +161,12 @@ func (ib *Inbox) NewBatcher(cfg BatchConfig) (*Batcher, error) {
 		q: batchQueries{
 			claimHead:  fmt.Sprintf("INSERT INTO %s %s", t, insertColumns[:i+len("VALUES ")]),
 			claimGroup: insertColumns[i+len("VALUES "):],
-			// A no-op update: it takes the existing row's exclusive lock, like claim.
-			claimTail:  " ON DUPLICATE KEY UPDATE attempts = attempts",
-			selectHead: fmt.Sprintf("SELECT id, dedup_key, status, fingerprint, reason FROM %s WHERE biz_type = ? AND dedup_key IN ", t),
+			// On an existing row: the exclusive row lock (like claim) and a duplicate counted.
+			claimTail:  " ON DUPLICATE KEY UPDATE duplicates = duplicates + 1",
+			selectHead: fmt.Sprintf("SELECT id, dedup_key, status, fingerprint, reason, duplicates FROM %s WHERE biz_type = ? AND dedup_key IN ", t),
 			dupHead:    fmt.Sprintf("UPDATE %s SET duplicates = duplicates + ? WHERE id IN ", t),
 			doneHead:   fmt.Sprintf("UPDATE %s SET status = 'done', attempts = GREATEST(attempts, 1), reason = NULL, last_error = NULL WHERE id IN ", t),
+			reopenHead: fmt.Sprintf("UPDATE %s SET status = 'processing' WHERE id IN ", t),
 		}}
 	b.prep, _ = ib.h.(BatchPreparer)
 	b.wg.Add(cfg.Workers)
@@ -297,11 +298,12 @@ func fallBack(ps []*pending) {
 // item is one business key of a batch: its first delivery, and later copies with the same
 // payload (duplicates within the batch).
 type item struct {
-	p      *pending
-	copies []*pending
-	d      *Delivery
-	id     int64
-	res    *Result // set when finished in the batch
+	p       *pending
+	copies  []*pending
+	d       *Delivery
+	id      int64
+	resumed bool    // the row was 'processing' before this batch
+	res     *Result // set when finished in the batch
 }
 
 // run handles one batch: every pending gets exactly one outcome.
@@ -344,7 +346,7 @@ func (b *Batcher) run(batch []*pending) {
 	var err error
 	for try := 0; ; try++ {
 		for _, it := range items {
-			it.res, it.id = nil, 0
+			it.res, it.id, it.resumed, it.d.Resumed = nil, 0, false, false
 		}
 		err = dbx.InTx(ctx, ib.db, func(tx *sql.Tx) error { return b.runTx(ctx, tx, items) })
 		if err == nil {
@@ -399,10 +401,17 @@ func (b *Batcher) count(f func(*BatchStats)) {
 }
 
 // runTx claims every item's inbox row, counts duplicates, runs the handler on the rest and
-// marks what it finished done: a fixed number of statements whatever the batch size.
+// records what it finished: a fixed number of statements whatever the batch size.
+//
+// The claim inserts new rows already 'done' — nothing outside this transaction sees them
+// before it commits, and a delivery the handler does not finish is set back to
+// 'processing' here (a rare path) — so the common case needs no second write per row. On
+// an existing row the claim's update counts the delivery as a duplicate and takes the row
+// lock; a new row is told from an existing one by that counter (0 only on a row this
+// statement inserted).
 func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item) error {
 	ib := b.ib
-	// 1. Claim: insert the missing rows, lock the existing ones.
+	// 1. Claim: insert the missing rows, lock (and count a duplicate on) the existing ones.
 	var q strings.Builder
 	q.WriteString(b.q.claimHead)
 	args := make([]any, 0, len(items)*15)
@@ -413,7 +422,7 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item) error {
 		}
 		q.WriteString(b.q.claimGroup)
 		meta, _ := json.Marshal(it.p.msg.Metadata)
-		args = append(args, it.p.dec.Key, ib.cfg.BizType, string(StatusProcessing), nil, uuidOf(it.p.msg), it.p.src.Topic, it.p.src.Partition, it.p.src.Offset,
+		args = append(args, it.p.dec.Key, ib.cfg.BizType, string(StatusDone), nil, uuidOf(it.p.msg), it.p.src.Topic, it.p.src.Partition, it.p.src.Offset,
 			[]byte(it.p.msg.Payload), string(meta), it.p.dec.Fingerprint, 1, nil, nil, expire)
 	}
 	q.WriteString(b.q.claimTail)
@@ -433,12 +442,13 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item) error {
 	if err != nil {
 		return fmt.Errorf("read claimed inbox rows: %w", err)
 	}
-	dups := map[int][]any{} // duplicates to count → inbox ids
+	counts := map[int][]any{} // duplicate counter corrections → inbox ids
 	var run []*item
 	for rows.Next() {
 		var r inboxRow
 		var key string
-		if err := rows.Scan(&r.id, &key, &r.status, &r.fingerprint, &r.reason); err != nil {
+		var dups int
+		if err := rows.Scan(&r.id, &key, &r.status, &r.fingerprint, &r.reason, &dups); err != nil {
 			rows.Close()
 			return fmt.Errorf("read claimed inbox rows: %w", err)
 		}
@@ -447,16 +457,25 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item) error {
 			continue
 		}
 		it.id, it.d.InboxID = r.id, r.id
+		fresh := dups == 0
 		switch {
+		case fresh:
+			run = append(run, it)
 		case r.fingerprint != it.p.dec.Fingerprint:
-			// A conflict: left to Process, which quarantines it with its reason.
+			// A conflict, not a duplicate: left to Process, which quarantines it.
+			counts[-1] = append(counts[-1], r.id)
 		case r.status == StatusDone || r.status == StatusFailed:
-			dups[1+len(it.copies)] = append(dups[1+len(it.copies)], r.id)
+			if len(it.copies) > 0 {
+				counts[len(it.copies)] = append(counts[len(it.copies)], r.id)
+			}
 			it.res = &Result{Outcome: OutcomeDuplicate, InboxID: r.id, Key: key}
 			if r.status == StatusFailed {
 				it.res.Reason = Reason(r.reason.String)
 			}
 		default:
+			// 'processing': an earlier delivery's unfinished work, resumed here.
+			counts[-1] = append(counts[-1], r.id)
+			it.resumed, it.d.Resumed = true, true
 			run = append(run, it)
 		}
 	}
@@ -465,23 +484,22 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item) error {
 		return fmt.Errorf("read claimed inbox rows: %w", err)
 	}
 	if len(run) > 0 {
-		if err := b.handle(ctx, tx, run, dups); err != nil {
+		if err := b.handle(ctx, tx, run, counts); err != nil {
 			return err
 		}
 	}
-	for n, ids := range dups {
+	for n, ids := range counts {
 		if _, err := tx.ExecContext(ctx, b.q.dupHead+placeholders(len(ids)), append([]any{n}, ids...)...); err != nil {
-			return fmt.Errorf("count %d duplicates: %w", len(ids), err)
+			return fmt.Errorf("count duplicates of %d rows: %w", len(ids), err)
 		}
 	}
 	return nil
 }
 
-// handle runs the handler on the rows that are ours to run (sorted by key) and marks what
-// it finished done; copies of a finished delivery are added to dups.
-func (b *Batcher) handle(ctx context.Context, tx *sql.Tx, run []*item, dups map[int][]any) error {
+// handle runs the handler on the rows that are ours to run (sorted by key) and brings the
+// rows' status in line with what it finished; copies of a finished delivery are counted.
+func (b *Batcher) handle(ctx context.Context, tx *sql.Tx, run []*item, counts map[int][]any) error {
 	ib := b.ib
-	// 3. The handler, on the rows that are ours to run (sorted by key: items were).
 	ds := make([]*Delivery, len(run))
 	for i, it := range run {
 		ds[i] = it.d
@@ -493,20 +511,30 @@ func (b *Batcher) handle(ctx context.Context, tx *sql.Tx, run []*item, dups map[
 	if len(progs) != len(ds) {
 		return fmt.Errorf("inbox %s: HandleBatch returned %d results for %d deliveries", ib.cfg.BizType, len(progs), len(ds))
 	}
-	// 4. Mark what the handler finished done, in the same transaction.
-	var done []any
+	var done, unfinished []any // resumed rows now done; new rows the handler did not finish
 	for i, it := range run {
-		if progs[i] == Done {
-			done = append(done, it.id)
-			it.res = &Result{Outcome: OutcomeProcessed, InboxID: it.id, Key: it.p.dec.Key}
-			if len(it.copies) > 0 {
-				dups[len(it.copies)] = append(dups[len(it.copies)], it.id)
+		if progs[i] != Done {
+			if !it.resumed {
+				unfinished = append(unfinished, it.id)
 			}
+			continue
+		}
+		if it.resumed {
+			done = append(done, it.id)
+		}
+		it.res = &Result{Outcome: OutcomeProcessed, InboxID: it.id, Key: it.p.dec.Key}
+		if len(it.copies) > 0 {
+			counts[len(it.copies)] = append(counts[len(it.copies)], it.id)
 		}
 	}
 	if len(done) > 0 {
 		if _, err := tx.ExecContext(ctx, b.q.doneHead+placeholders(len(done)), done...); err != nil {
 			return fmt.Errorf("mark %d inbox rows done: %w", len(done), err)
+		}
+	}
+	if len(unfinished) > 0 {
+		if _, err := tx.ExecContext(ctx, b.q.reopenHead+placeholders(len(unfinished)), unfinished...); err != nil {
+			return fmt.Errorf("reopen %d inbox rows: %w", len(unfinished), err)
 		}
 	}
 	return nil
