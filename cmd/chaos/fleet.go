@@ -12,9 +12,9 @@ import (
 
 // slot is one supervised `router run` process: while wanted it is (re)started; a SIGKILL
 // from the harness restarts it after the delay the fault chose, an unexpected exit (e.g.
-// the broker was down at start-up) after a second. A start can be armed with extra
-// environment (the relay crash point); an armed process that exits with 137 on its own hit
-// its crash point and is counted as a relay crash.
+// the broker was down at start-up) after a second. The slot can be armed with extra
+// environment (the relay crash point): every start carries it until a process exits with
+// 137 on its own, i.e. hit its crash point, which is counted as a relay crash and disarms.
 type slot struct {
 	name   string
 	bin    string
@@ -29,8 +29,8 @@ type slot struct {
 	notBefore                time.Time
 	restartDelay             time.Duration
 	starts, kills, unplanned int
-	armed                    []string // extra environment of the next start only
-	armedStarts, crashes     int
+	armed                    []string // extra environment of every start until the crash
+	arms, crashes            int
 	done                     chan struct{}
 }
 
@@ -59,8 +59,6 @@ func (s *slot) loop() {
 		env, armed := s.env, s.armed
 		if armed != nil {
 			env = append(append([]string(nil), s.env...), armed...)
-			s.armed = nil
-			s.armedStarts++
 		}
 		s.mu.Unlock()
 		logPath := filepath.Join(s.logDir, fmt.Sprintf("router-%s-%02d.log", s.name, n))
@@ -98,15 +96,10 @@ func (s *slot) loop() {
 			s.notBefore = time.Now().Add(s.restartDelay)
 		case armed != nil && cmd.ProcessState != nil && cmd.ProcessState.ExitCode() == 137:
 			s.crashes++
+			s.armed = nil
 			s.notBefore = time.Now().Add(time.Second)
 			s.logf("router %s crashed at its relay crash point (right after a Kafka commit, rows not marked; log %s): restarting in 1s", s.name, logPath)
 		case s.want && !s.quit:
-			if armed != nil && s.armed == nil {
-				// It exited before reaching its crash point (a service was down): the next
-				// start carries the crash point again.
-				s.armed = armed
-				s.armedStarts--
-			}
 			s.unplanned++
 			s.notBefore = time.Now().Add(time.Second)
 			s.logf("router %s exited on its own (%v; log %s): restarting in 1s", s.name, err, logPath)
@@ -115,10 +108,25 @@ func (s *slot) loop() {
 	}
 }
 
-// armNext adds env to the next start of the slot (only that one).
-func (s *slot) armNext(env ...string) {
+// arm adds env to every start of the slot until a process hits its crash point.
+func (s *slot) arm(env ...string) {
 	s.mu.Lock()
 	s.armed = env
+	s.arms++
+	s.mu.Unlock()
+}
+
+// isArmed reports whether the slot's starts carry a crash point.
+func (s *slot) isArmed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.armed != nil
+}
+
+// disarm drops the crash point from the next starts.
+func (s *slot) disarm() {
+	s.mu.Lock()
+	s.armed = nil
 	s.mu.Unlock()
 }
 

@@ -402,10 +402,12 @@ func run(ctx context.Context, o options) (int, error) {
 				defer fwg.Done()
 				switch e.kind {
 				case "kill":
+					// An armed router (relay-crash fault pending) is spared: killing it would
+					// only postpone its crash point.
 					victim := slots[e.victim]
-					if !victim.running() {
+					if !victim.running() || victim.isArmed() {
 						for _, s := range slots {
-							if s.running() {
+							if s.running() && !s.isArmed() {
 								victim = s
 								break
 							}
@@ -431,7 +433,11 @@ func run(ctx context.Context, o options) (int, error) {
 					}
 					netFault(x, target, what, e)
 				case "relay-crash":
-					relayCrash(slots, e)
+					// Not while a service restarts (the armed router would only fail to start):
+					// it holds the infra lock until the crash happened or 25 s passed.
+					infraMu.Lock()
+					relayCrash(slots, e, 25*time.Second)
+					infraMu.Unlock()
 				case "kafka":
 					restart("kafka", e.dur, &brokerRestarts)
 				case "db":
@@ -490,6 +496,9 @@ func run(ctx context.Context, o options) (int, error) {
 	if kpx != nil {
 		kpx.Heal()
 	}
+	for _, s := range slots {
+		s.disarm()
+	}
 	infraMu.Lock()
 	if err := infra("up"); err != nil {
 		harnessErr("infra.sh up after the faults: %v", err)
@@ -504,13 +513,13 @@ func run(ctx context.Context, o options) (int, error) {
 		kills += s.kills
 		unplanned += s.unplanned
 		crashes += s.crashes
-		armed += s.armedStarts
+		armed += s.arms
 		s.mu.Unlock()
 	}
 	info.Kills, info.BrokerRestar, info.DBRestarts = kills, int(brokerRestarts.Load()), int(dbRestarts.Load())
 	info.Faults = map[string]string{
 		"kills":         fmt.Sprintf("%d SIGKILLs: %d from kill faults, the rest from relay-crash faults", kills, scheduledKills.Load()),
-		"relay_crashes": fmt.Sprintf("%d of %d armed router starts crashed right after a Kafka commit", crashes, armed),
+		"relay_crashes": fmt.Sprintf("%d of %d relay-crash faults crashed a router right after a Kafka commit", crashes, armed),
 		"db_proxy":      px.Stats(),
 		"kafka_proxy":   "not proxied",
 	}
@@ -890,13 +899,15 @@ func netFault(x *proxy, target, what string, e event) {
 // relayCrash makes the relay crash between a Kafka commit and the database mark, the moment
 // its reconciliation exists for: the victim router restarts at once armed with
 // ONCEFLOW_RELAY_CRASH_POINT=after-kafka-commit:n (it exits with 137 right after its n-th
-// Kafka commit, before marking the rows), every other router is SIGKILLed too and kept down
-// until the dead owner's lease has expired, so the victim is the one that takes the lease.
+// Kafka commit, before marking the rows; its restarts stay armed until one does), every
+// other router is SIGKILLed too and kept down until the dead owner's lease has expired, so
+// the victim is the one that takes the lease.
 // The next relay session (any router) must reconcile that batch rather than publish it again.
-func relayCrash(slots []*slot, e event) {
+// It waits up to wait for the crash.
+func relayCrash(slots []*slot, e event, wait time.Duration) {
 	victim := slots[e.victim]
 	n := int(e.val)
-	victim.armNext(fmt.Sprintf("ONCEFLOW_RELAY_CRASH_POINT=after-kafka-commit:%d", n))
+	victim.arm(fmt.Sprintf("ONCEFLOW_RELAY_CRASH_POINT=after-kafka-commit:%d", n))
 	others := leaseTTL + 1500*time.Millisecond
 	var killed []string
 	for _, s := range slots {
@@ -912,4 +923,14 @@ func relayCrash(slots []*slot, e event) {
 	}
 	logf("relay crash: SIGKILL %s; router %s restarts armed to crash right after its Kafka commit #%d (before the mark), the others in %s",
 		strings.Join(killed, ", "), victim.name, n, others)
+	crashes := func() int { victim.mu.Lock(); defer victim.mu.Unlock(); return victim.crashes }
+	before := crashes()
+	deadline := time.Now().Add(wait)
+	for crashes() == before {
+		if time.Now().After(deadline) {
+			logf("relay crash: router %s did not reach its crash point within %s (its starts stay armed until one does)", victim.name, wait)
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
