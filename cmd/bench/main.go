@@ -688,7 +688,17 @@ func writeCSV() error {
 	if err := os.MkdirAll(*outDir, 0o755); err != nil {
 		return err
 	}
-	path := filepath.Join(*outDir, "bench-"+time.Now().UTC().Format("20060102-150405")+".csv")
+	stamp := time.Now().UTC().Format("20060102-150405")
+	png := filepath.Join(*outDir, "bench-"+stamp+".png")
+	if err := writeChart(png, chartPanels()); err != nil {
+		return fmt.Errorf("chart: %w", err)
+	}
+	// The latest chart under a stable name, for README.
+	if err := writeChart(filepath.Join(*outDir, "latest.png"), chartPanels()); err != nil {
+		return fmt.Errorf("chart: %w", err)
+	}
+	fmt.Printf("bench: chart written to %s\n", png)
+	path := filepath.Join(*outDir, "bench-"+stamp+".csv")
 	f, err := os.Create(path)
 	if err != nil {
 		return err
