@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -79,9 +81,17 @@ func eventDigest(eventIDs []string) string {
 // next session reconciles. Any failure ends the session (abort, close the producer); the
 // next session starts from the reconciliation again.
 type exactlyOnce struct {
-	r     *Relay
-	kc    kafkax.Config
-	lease *lease
+	r        *Relay
+	kc       kafkax.Config
+	lease    *lease
+	index    int    // shard index, 0..Shards-1
+	shard    string // lease name: Shard, or Shard#index/Shards when there are several
+	txnID    string // TransactionalID, or TransactionalID-<index>of<Shards>
+	pendingQ string // the shard's oldest unpublished rows
+
+	// wanted is whether this relay should own the shard: always with one shard; with
+	// several, as the membership assigns them (membership.go).
+	wanted atomic.Bool
 
 	mu           sync.Mutex // serialises relayOnce and close
 	sess         *session
@@ -115,44 +125,109 @@ func NewExactlyOnceRelay(db *sql.DB, kc kafkax.Config, cfg RelayConfig, logger w
 	if err != nil {
 		return nil, err
 	}
-	r.eos = &exactlyOnce{r: r, kc: kc, lease: newLease(db, r.cfg.Shard, r.cfg.Owner, r.cfg.LeaseTTL)}
+	n := r.cfg.Shards
+	for i := range n {
+		e := &exactlyOnce{r: r, kc: kc, index: i, shard: r.cfg.Shard, txnID: r.cfg.TransactionalID, pendingQ: r.q.pendingFull}
+		if n > 1 {
+			e.shard = ShardName(r.cfg.Shard, i, n)
+			e.txnID = fmt.Sprintf("%s-%dof%d", r.cfg.TransactionalID, i, n)
+			e.pendingQ = fmt.Sprintf(`SELECT id, event_id, event_type, topic, msg_key, payload, headers FROM %s
+ WHERE published_at IS NULL AND MOD(key_hash, %d) = %d ORDER BY id LIMIT %d`, r.cfg.Table, n, i, r.cfg.BatchSize)
+		}
+		e.lease = newLease(db, e.shard, r.cfg.Owner, r.cfg.LeaseTTL)
+		e.wanted.Store(n == 1)
+		r.eos = append(r.eos, e)
+	}
+	if n > 1 {
+		r.members = newMembership(r)
+	}
 	return r, nil
 }
 
 // ExactlyOnce reports whether the relay runs in exactly-once mode.
-func (r *Relay) ExactlyOnce() bool { return r.eos != nil }
+func (r *Relay) ExactlyOnce() bool { return len(r.eos) > 0 }
 
-// Owner reports whether this relay holds its shard's lease (always true in at-least-once
-// mode, which has no lease).
-func (r *Relay) Owner() bool { return r.eos == nil || r.eos.owner.Load() }
+// Owner reports whether this relay holds the lease of at least one shard (always true in
+// at-least-once mode, which has no lease).
+func (r *Relay) Owner() bool { return len(r.eos) == 0 || len(r.OwnedShards()) > 0 }
 
-// Fenced reports whether this relay's last session was fenced by another instance and it
-// has not published since.
-func (r *Relay) Fenced() bool { return r.eos != nil && r.eos.fenced.Load() }
+// OwnedShards lists the indexes of the shards whose lease this relay holds.
+func (r *Relay) OwnedShards() []int {
+	var out []int
+	for _, e := range r.eos {
+		if e.owner.Load() {
+			out = append(out, e.index)
+		}
+	}
+	return out
+}
+
+// Fenced reports whether the last session of one of this relay's shards was fenced by
+// another instance and has not published since.
+func (r *Relay) Fenced() bool {
+	for _, e := range r.eos {
+		if e.fenced.Load() {
+			return true
+		}
+	}
+	return false
+}
 
 // Fencings is the number of times this relay was fenced.
 func (r *Relay) Fencings() int64 {
-	if r.eos == nil {
-		return 0
-	}
-	return r.eos.fencings.Load()
+	return r.sumShards(func(e *exactlyOnce) int64 { return e.fencings.Load() })
 }
 
 // Reconciled is the number of rows found already committed to Kafka at session start and
 // marked published without being sent again.
 func (r *Relay) Reconciled() int64 {
-	if r.eos == nil {
-		return 0
-	}
-	return r.eos.reconciled.Load()
+	return r.sumShards(func(e *exactlyOnce) int64 { return e.reconciled.Load() })
 }
 
-// Sessions is the number of exactly-once sessions this relay started.
+// Sessions is the number of exactly-once sessions this relay started (all shards).
 func (r *Relay) Sessions() int64 {
-	if r.eos == nil {
+	return r.sumShards(func(e *exactlyOnce) int64 { return e.sessions.Load() })
+}
+
+func (r *Relay) sumShards(f func(*exactlyOnce) int64) int64 {
+	var n int64
+	for _, e := range r.eos {
+		n += f(e)
+	}
+	return n
+}
+
+// ShardName is the lease name of shard i of n in the shard group (RelayConfig.Shard):
+// the group name itself when n is 1, else group#i/n.
+func ShardName(group string, i, n int) string {
+	if n == 1 {
+		return group
+	}
+	return fmt.Sprintf("%s#%d/%d", group, i, n)
+}
+
+// shardCountOf reports the shard count a lease name implies for group (0: another group).
+func shardCountOf(group, name string) int {
+	if name == group {
+		return 1
+	}
+	rest, ok := strings.CutPrefix(name, group+"#")
+	if !ok {
 		return 0
 	}
-	return r.eos.sessions.Load()
+	_, count, ok := strings.Cut(rest, "/")
+	n, err := strconv.Atoi(count)
+	if !ok || err != nil || n < 1 {
+		return 0
+	}
+	return n
+}
+
+func (e *exactlyOnce) idleWait() time.Duration {
+	if !e.owner.Load() {
+		return e.standbyPoll()
+	}
+	return e.r.cfg.PollInterval
 }
 
 func (e *exactlyOnce) standbyPoll() time.Duration {
@@ -165,6 +240,19 @@ func (e *exactlyOnce) relayOnce(ctx context.Context) (int, error) {
 	if time.Now().Before(e.standbyUntil) {
 		return 0, nil
 	}
+	if !e.wanted.Load() {
+		// Not (or no longer) this relay's shard: hand it over at once if it holds it. No
+		// transaction is open between batches and every batch is marked before the next.
+		if e.lease.held {
+			e.endSession("shard assigned to another relay")
+			e.owner.Store(false)
+			if err := e.lease.release(ctx); err != nil {
+				return 0, err
+			}
+			e.r.logger.Info("outbox relay handed a shard over", watermill.LogFields{"shard": e.shard, "owner": e.r.cfg.Owner})
+		}
+		return 0, nil
+	}
 	if e.lease.due() {
 		held, changed, err := e.lease.acquire(ctx)
 		if err != nil && !e.lease.valid() {
@@ -174,7 +262,7 @@ func (e *exactlyOnce) relayOnce(ctx context.Context) (int, error) {
 		}
 		if changed {
 			e.r.logger.Info("outbox relay lease "+map[bool]string{true: "acquired", false: "lost"}[held],
-				watermill.LogFields{"shard": e.r.cfg.Shard, "owner": e.r.cfg.Owner})
+				watermill.LogFields{"shard": e.shard, "owner": e.r.cfg.Owner})
 		}
 		if !held {
 			e.endSession("lease held by another instance")
@@ -186,6 +274,12 @@ func (e *exactlyOnce) relayOnce(ctx context.Context) (int, error) {
 	if e.sess == nil {
 		if err := e.startSession(ctx); err != nil {
 			e.endSession("session start failed")
+			if errors.Is(err, ErrShardCountMismatch) {
+				// Give the lease back: the relays of the other count keep seeing a live lease
+				// of ours only while we hold it.
+				e.owner.Store(false)
+				err = errors.Join(err, e.lease.release(ctx))
+			}
 			return 0, e.failed(ctx, err)
 		}
 	}
@@ -210,7 +304,7 @@ func (e *exactlyOnce) failed(ctx context.Context, err error) error {
 	e.standbyUntil = time.Now().Add(e.r.cfg.LeaseTTL)
 	holder, live, herr := e.lease.holder(ctx)
 	e.r.logger.Error("outbox relay FENCED: another producer took over the transactional.id; this relay stops publishing",
-		err, watermill.LogFields{"transactional_id": e.r.cfg.TransactionalID, "shard": e.r.cfg.Shard, "owner": e.r.cfg.Owner,
+		err, watermill.LogFields{"transactional_id": e.txnID, "shard": e.shard, "owner": e.r.cfg.Owner,
 			"lease_holder": holder, "lease_live": live, "lease_err": fmt.Sprint(herr), "standby_for": e.r.cfg.LeaseTTL.String()})
 	return fmt.Errorf("%w: %w", ErrFenced, err)
 }
@@ -276,7 +370,7 @@ func (e *exactlyOnce) producerConfig() *sarama.Config {
 	sc.Producer.Idempotent = true
 	sc.Producer.RequiredAcks = sarama.WaitForAll
 	sc.Net.MaxOpenRequests = 1
-	sc.Producer.Transaction.ID = e.r.cfg.TransactionalID
+	sc.Producer.Transaction.ID = e.txnID
 	sc.Producer.Transaction.Timeout = e.r.cfg.TxnTimeout
 	// Transactional requests (InitProducerID, AddPartitionsToTxn, EndTxn) are retried 20
 	// times, 5ms doubling to 500ms (≈7s of waiting in all): long enough for InitProducerID
@@ -291,7 +385,7 @@ func (e *exactlyOnce) producerConfig() *sarama.Config {
 	sc.Producer.Transaction.Retry.BackoffFunc = txnRetryBackoff
 	sc.Metadata.Retry.Max = 1 // each transactional retry looks the coordinator up again
 	sc.Producer.Flush.MaxMessages = 0
-	positions, txnID := e.r.cfg.PositionsTopic, e.r.cfg.TransactionalID
+	positions, txnID := e.r.cfg.PositionsTopic, e.txnID
 	sc.Producer.Partitioner = func(topic string) sarama.Partitioner {
 		if topic == positions {
 			return positionsPartitioner{hash: sarama.NewHashPartitioner(topic), key: txnID}
@@ -347,6 +441,9 @@ func (e *exactlyOnce) ensurePositionsTopic() error {
 
 func (e *exactlyOnce) startSession(ctx context.Context) error {
 	cfg := e.r.cfg
+	if err := e.checkShardCount(ctx); err != nil {
+		return err
+	}
 	if !e.topicReady {
 		if err := e.ensurePositionsTopic(); err != nil {
 			return err
@@ -355,16 +452,16 @@ func (e *exactlyOnce) startSession(ctx context.Context) error {
 	}
 	p, err := sarama.NewSyncProducer(e.kc.Brokers, e.producerConfig())
 	if err != nil {
-		return fmt.Errorf("transactional producer %s: %w", cfg.TransactionalID, err)
+		return fmt.Errorf("transactional producer %s: %w", e.txnID, err)
 	}
 	s := &session{p: p, id: randHex(8)}
 	e.sess = s // endSession closes p from here on
-	init := Position{V: 1, Kind: "init", TxnID: cfg.TransactionalID, Shard: cfg.Shard, Owner: cfg.Owner, Session: s.id, At: time.Now().UTC()}
+	init := Position{V: 1, Kind: "init", TxnID: e.txnID, Shard: e.shard, Owner: cfg.Owner, Session: s.id, At: time.Now().UTC()}
 	val, _ := json.Marshal(init)
 	if err := p.BeginTxn(); err != nil {
 		return fmt.Errorf("begin init transaction: %w", err)
 	}
-	part, off, err := p.SendMessage(&sarama.ProducerMessage{Topic: cfg.PositionsTopic, Key: sarama.StringEncoder(cfg.TransactionalID + "/init"), Value: sarama.ByteEncoder(val)})
+	part, off, err := p.SendMessage(&sarama.ProducerMessage{Topic: cfg.PositionsTopic, Key: sarama.StringEncoder(e.txnID + "/init"), Value: sarama.ByteEncoder(val)})
 	if err != nil {
 		return fmt.Errorf("write init position: %w", err)
 	}
@@ -384,7 +481,7 @@ func (e *exactlyOnce) startSession(ctx context.Context) error {
 	}
 	e.sessions.Add(1)
 	e.fenced.Store(false)
-	fields := watermill.LogFields{"session": s.id, "transactional_id": cfg.TransactionalID, "shard": cfg.Shard, "owner": cfg.Owner,
+	fields := watermill.LogFields{"session": s.id, "transactional_id": e.txnID, "shard": e.shard, "owner": cfg.Owner,
 		"positions": fmt.Sprintf("%s/%d@%d", cfg.PositionsTopic, part, off)}
 	if found {
 		fields["last_batch"] = fmt.Sprintf("session %s seq %d (%d events)", last.Session, last.Seq, last.Events)
@@ -452,7 +549,7 @@ func (e *exactlyOnce) scanPositions(ctx context.Context, consumer sarama.Consume
 				}
 				return last, found, nil
 			}
-			if string(m.Key) != cfg.TransactionalID {
+			if string(m.Key) != e.txnID {
 				continue
 			}
 			var p Position
@@ -537,13 +634,13 @@ func (e *exactlyOnce) batch(ctx context.Context) (int, error) {
 		}
 	}
 	s.seq++
-	pos := Position{V: 1, Kind: "batch", TxnID: cfg.TransactionalID, Shard: cfg.Shard, Owner: cfg.Owner, Session: s.id,
+	pos := Position{V: 1, Kind: "batch", TxnID: e.txnID, Shard: e.shard, Owner: cfg.Owner, Session: s.id,
 		Seq: s.seq, Events: len(ids), IDs: idRanges(ids), Digest: eventDigest(eventIDs), At: time.Now().UTC()}
 	val, err := json.Marshal(pos)
 	if err != nil {
 		return 0, err
 	}
-	msgs = append(msgs, &sarama.ProducerMessage{Topic: cfg.PositionsTopic, Key: sarama.StringEncoder(cfg.TransactionalID), Value: sarama.ByteEncoder(val)})
+	msgs = append(msgs, &sarama.ProducerMessage{Topic: cfg.PositionsTopic, Key: sarama.StringEncoder(e.txnID), Value: sarama.ByteEncoder(val)})
 	if err := s.p.BeginTxn(); err != nil {
 		return 0, fmt.Errorf("begin kafka transaction: %w", err)
 	}
@@ -580,7 +677,7 @@ func (e *exactlyOnce) batch(ctx context.Context) (int, error) {
 }
 
 func (e *exactlyOnce) pending(ctx context.Context) ([]*sarama.ProducerMessage, []int64, []string, error) {
-	rows, err := e.r.db.QueryContext(ctx, e.r.q.pendingFull)
+	rows, err := e.r.db.QueryContext(ctx, e.pendingQ)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("select pending outbox rows: %w", err)
 	}

@@ -103,6 +103,10 @@ func TestNewRelayConfig(t *testing.T) {
 		{"negative linger", outbox.RelayConfig{Linger: -time.Millisecond}, false},
 		{"linger above 10s", outbox.RelayConfig{Linger: 11 * time.Second, LeaseTTL: time.Minute}, false},
 		{"linger half the lease ttl", outbox.RelayConfig{Linger: time.Second, LeaseTTL: 2 * time.Second}, false},
+		{"shards 1", outbox.RelayConfig{Shards: 1}, true},
+		{"shards 2 need the exactly-once relay", outbox.RelayConfig{Shards: 2}, false},
+		{"negative shards", outbox.RelayConfig{Shards: -1}, false},
+		{"shard name with #", outbox.RelayConfig{Shard: "a#1"}, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -43,12 +44,22 @@ type RelayConfig struct {
 	CleanupBatch    int
 
 	// Exactly-once mode only (NewExactlyOnceRelay); see ExactlyOnce in eos.go.
-	Shard           string        // outbox shard this relay publishes; default "default"
-	TransactionalID string        // Kafka transactional.id; default "onceflow-relay-" + Shard
-	PositionsTopic  string        // compacted topic of relay positions; default "onceflow-relay-positions"
-	Owner           string        // lease owner name; default host-pid-random
-	LeaseTTL        time.Duration // lease lifetime, renewed every LeaseTTL/4; default 10s
-	TxnTimeout      time.Duration // Kafka transaction timeout; default 30s
+	Shard           string // shard group (the one shard when Shards is 1); default "default"
+	TransactionalID string // Kafka transactional.id; default "onceflow-relay-" + Shard
+
+	// Shards splits the outbox into this many shards (default 1): a row belongs to shard
+	// MOD(key_hash, Shards), key_hash being CRC32 of its key (migration 00005), so a key's
+	// events stay in one shard and in order. Each shard has its own lease (Shard#i/n), its
+	// own transactional id (TransactionalID-<i>of<n>) and positions; the relays of a group
+	// spread the shards among themselves (relay_member) and take over a dead one's. All
+	// relays of a group must use the same count: change it only with a drained outbox and
+	// every relay of the old count stopped (relays that disagree refuse to publish).
+	Shards int
+
+	PositionsTopic string        // compacted topic of relay positions; default "onceflow-relay-positions"
+	Owner          string        // lease owner name; default host-pid-random
+	LeaseTTL       time.Duration // lease lifetime, renewed every LeaseTTL/4; default 10s
+	TxnTimeout     time.Duration // Kafka transaction timeout; default 30s
 
 	// Tune, when set, adjusts the Sarama config of the transactional producer and of the
 	// position reader (tests use it to inject a failing dialer).
@@ -88,6 +99,9 @@ func (c *RelayConfig) setDefaults() {
 	}
 	if c.Shard == "" {
 		c.Shard = "default"
+	}
+	if c.Shards == 0 {
+		c.Shards = 1
 	}
 	if c.TransactionalID == "" {
 		c.TransactionalID = "onceflow-relay-" + c.Shard
@@ -130,8 +144,14 @@ func (c *RelayConfig) validate() error {
 		return fmt.Errorf("relay: retention %s must not be negative, cleanup interval %s positive, cleanup batch %d within 1..100000",
 			c.Retention, c.CleanupInterval, c.CleanupBatch)
 	}
-	if len(c.Shard) > 64 || len(c.Owner) > 191 || len(c.TransactionalID) > 200 {
-		return errors.New("relay: shard (64), owner (191) or transactional id (200) too long")
+	if len(c.Shard) > 52 || len(c.Owner) > 191 || len(c.TransactionalID) > 190 {
+		return errors.New("relay: shard (52), owner (191) or transactional id (190) too long")
+	}
+	if c.Shards < 1 || c.Shards > 256 {
+		return fmt.Errorf("relay: shards %d outside 1..256", c.Shards)
+	}
+	if strings.ContainsAny(c.Shard, "#/") {
+		return fmt.Errorf("relay: shard %q: '#' and '/' are reserved for shard names", c.Shard)
 	}
 	if err := kafkax.CheckTopicName(c.PositionsTopic); err != nil {
 		return fmt.Errorf("relay: positions topic: %w", err)
@@ -178,7 +198,8 @@ type Relay struct {
 	cfg      RelayConfig
 	logger   watermill.LoggerAdapter
 	q        relayQueries
-	eos      *exactlyOnce // nil in at-least-once mode
+	eos      []*exactlyOnce // one per shard; nil in at-least-once mode
+	members  *membership    // several shards only
 
 	published atomic.Int64
 	batches   atomic.Int64
@@ -200,6 +221,9 @@ type relayQueries struct {
 func NewRelay(db *sql.DB, producer Producer, cfg RelayConfig, logger watermill.LoggerAdapter) (*Relay, error) {
 	if db == nil || producer == nil {
 		return nil, errors.New("relay: db and producer are required")
+	}
+	if cfg.Shards > 1 {
+		return nil, errors.New("relay: several shards need the exactly-once relay (relay.exactly_once)")
 	}
 	return newRelay(db, producer, cfg, logger)
 }
@@ -246,30 +270,59 @@ func (r *Relay) Deleted() int64 { return r.deleted.Load() }
 // backoff (RetryBackoff up to MaxRetryBackoff); nothing is dropped. With a Retention, published
 // rows older than it are deleted every CleanupInterval. In exactly-once mode Run also takes and
 // renews the shard's lease, waits as a standby while another instance holds it, and on return
-// aborts any open Kafka transaction, closes its producer and releases the lease.
+// aborts any open Kafka transaction, closes its producer and releases the lease. With several
+// shards each one it owns runs in its own goroutine, and the relay keeps its membership.
 func (r *Relay) Run(ctx context.Context) error {
 	defer r.Close()
+	if len(r.eos) == 0 {
+		r.loop(ctx, "", r.RelayOnce, func() time.Duration { return r.cfg.PollInterval }, func() bool { return true })
+		return nil
+	}
+	var wg sync.WaitGroup
+	if m := r.members; m != nil {
+		if err := m.refresh(ctx); err != nil && ctx.Err() == nil {
+			r.logger.Error("outbox relay membership refresh failed, will retry", err, watermill.LogFields{"group": r.cfg.Shard})
+		}
+		wg.Go(func() { m.run(ctx) })
+	}
+	for _, e := range r.eos {
+		// The owner of the first shard deletes expired published rows.
+		wg.Go(func() {
+			r.loop(ctx, e.shard, e.relayOnce, e.idleWait, func() bool { return e.index == 0 && e.owner.Load() })
+		})
+	}
+	wg.Wait()
+	return nil
+}
+
+// loop calls once until ctx ends, backing off after failures and sleeping idle() when
+// there was nothing to publish; cleans reports whether this loop runs the retention cleanup.
+func (r *Relay) loop(ctx context.Context, shard string, once func(context.Context) (int, error), idle func() time.Duration, cleans func() bool) {
 	backoff := r.cfg.RetryBackoff
 	var nextCleanup time.Time
 	for {
-		n, err := r.RelayOnce(ctx)
+		n, err := once(ctx)
 		if ctx.Err() != nil {
-			return nil
+			return
 		}
 		wait := time.Duration(0)
 		switch {
 		case err != nil:
 			r.failures.Add(1)
-			r.logger.Error("outbox relay batch failed, will retry", err, watermill.LogFields{"backoff": backoff.String()})
+			fields := watermill.LogFields{"backoff": backoff.String()}
+			if shard != "" {
+				fields["shard"] = shard
+			}
+			r.logger.Error("outbox relay batch failed, will retry", err, fields)
 			wait = backoff
 			backoff = min(2*backoff, r.cfg.MaxRetryBackoff)
 		case n == 0:
 			backoff = r.cfg.RetryBackoff
-			wait = r.idleWait()
+			wait = idle()
 		default:
 			backoff = r.cfg.RetryBackoff
 		}
-		if r.cfg.Retention > 0 && time.Now().After(nextCleanup) && (r.eos == nil || r.eos.owner.Load()) {
+		if r.cfg.Retention > 0 && time.Now().After(nextCleanup) && cleans() {
 			if _, err := r.Cleanup(ctx); err != nil && ctx.Err() == nil {
 				r.logger.Error("outbox cleanup failed, will retry", err, nil)
 			}
@@ -278,18 +331,11 @@ func (r *Relay) Run(ctx context.Context) error {
 		if wait > 0 {
 			select {
 			case <-ctx.Done():
-				return nil
+				return
 			case <-time.After(wait):
 			}
 		}
 	}
-}
-
-func (r *Relay) idleWait() time.Duration {
-	if r.eos != nil && !r.eos.owner.Load() {
-		return r.eos.standbyPoll()
-	}
-	return r.cfg.PollInterval
 }
 
 // Close releases what the relay holds: in exactly-once mode the open Kafka transaction is
@@ -297,10 +343,16 @@ func (r *Relay) idleWait() time.Duration {
 // calls it on return; callers that only use RelayOnce call it themselves. It is safe to call
 // more than once, and the relay can be used again afterwards (it starts a new session).
 func (r *Relay) Close() error {
-	if r.eos != nil {
-		return r.eos.close()
+	var errs []error
+	if r.members != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		errs = append(errs, r.members.leave(ctx))
 	}
-	return nil
+	for _, e := range r.eos {
+		errs = append(errs, e.close())
+	}
+	return errors.Join(errs...)
 }
 
 // Cleanup deletes published rows older than the retention, CleanupBatch rows per statement,
@@ -355,8 +407,11 @@ func (r *Relay) linger(ctx context.Context, n int) (bool, error) {
 // RelayOnce publishes one batch of pending rows and marks them. It returns how many rows it
 // published.
 func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
-	if r.eos != nil {
-		return r.eos.relayOnce(ctx)
+	switch {
+	case len(r.eos) == 1:
+		return r.eos[0].relayOnce(ctx)
+	case len(r.eos) > 1:
+		return r.relayShardsOnce(ctx)
 	}
 	var n int
 	err := dbx.InTx(ctx, r.db, func(tx *sql.Tx) error {
@@ -382,6 +437,26 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	}
 	r.published.Add(int64(n))
 	return n, nil
+}
+
+// relayShardsOnce renews the membership when due, then runs one batch of every shard
+// (standby shards publish nothing).
+func (r *Relay) relayShardsOnce(ctx context.Context) (int, error) {
+	if r.members.due() {
+		if err := r.members.refresh(ctx); err != nil {
+			return 0, err
+		}
+	}
+	total := 0
+	var errs []error
+	for _, e := range r.eos {
+		n, err := e.relayOnce(ctx)
+		total += n
+		if err != nil {
+			errs = append(errs, fmt.Errorf("shard %s: %w", e.shard, err))
+		}
+	}
+	return total, errors.Join(errs...)
 }
 
 // claim returns the next batch in id order. See the Relay comment for why the pending ids

@@ -64,6 +64,7 @@ type RelayConfig struct {
 	LagBound        time.Duration `mapstructure:"lag_bound"`
 	ExactlyOnce     bool          `mapstructure:"exactly_once"`
 	Shard           string        `mapstructure:"shard"`
+	Shards          int           `mapstructure:"shards"`
 	TransactionalID string        `mapstructure:"transactional_id"`
 	PositionsTopic  string        `mapstructure:"positions_topic"`
 	Owner           string        `mapstructure:"owner"`
@@ -118,7 +119,8 @@ var defaults = []struct {
 	{"relay.linger", "5ms", "a partial batch waits this long once for more rows before it is published (as Kafka's linger.ms); 0 publishes at once"},
 	{"relay.lag_bound", "1m", "verify: unpublished rows older than this are a violation"},
 	{"relay.exactly_once", true, "transactional producer + positions topic + lease; false: idempotent producer, at least once"},
-	{"relay.shard", "default", "outbox shard this relay publishes (one lease and one transactional.id per shard)"},
+	{"relay.shard", "default", "shard group of the outbox (one lease and one transactional.id per shard)"},
+	{"relay.shards", 1, "outbox shards (hash of the key mod shards): the group's relays spread them; change only with a drained outbox"},
 	{"relay.transactional_id", "", "Kafka transactional.id (default onceflow-relay-<database>-<shard>); the same on every instance"},
 	{"relay.positions_topic", "onceflow-relay-positions", "compacted topic of batch positions (created if missing)"},
 	{"relay.owner", "", "lease owner name (default host-pid-random)"},

@@ -49,6 +49,9 @@ func (a *app) runRelayOnly(ctx context.Context) error {
 	if a.cfg.Relay.ExactlyOnce {
 		tables = append(tables, outbox.LeaseTable)
 	}
+	if a.cfg.Relay.Shards > 1 {
+		tables = append(tables, outbox.MemberTable)
+	}
 	db, err := a.openAppDB(ctx, 0, tables...)
 	if err != nil {
 		return err
@@ -68,7 +71,7 @@ func (a *app) runRelayOnly(ctx context.Context) error {
 	}
 	defer stopAdmin()
 	a.logger.Info("relay starting", watermill.LogFields{"dsn": dbx.MaskDSN(a.cfg.DB.DSN), "brokers": kc.Brokers,
-		"exactly_once": a.cfg.Relay.ExactlyOnce, "shard": a.cfg.Relay.Shard})
+		"exactly_once": a.cfg.Relay.ExactlyOnce, "shard": a.cfg.Relay.Shard, "shards": a.cfg.Relay.Shards})
 	err = relay.Run(ctx)
 	a.logger.Info("relay stopped", watermill.LogFields{"published": relay.Published(), "reconciled": relay.Reconciled()})
 	return err
@@ -99,7 +102,7 @@ func (a *app) relayConfig() (outbox.RelayConfig, error) {
 	rc := outbox.RelayConfig{BatchSize: c.BatchSize, PollInterval: c.PollInterval, Linger: c.Linger, LagBound: c.LagBound,
 		RetryBackoff: c.RetryBackoff, MaxRetryBackoff: c.MaxRetryBackoff,
 		Retention: c.Retention, CleanupInterval: c.CleanupInterval, CleanupBatch: c.CleanupBatch,
-		Shard: c.Shard, TransactionalID: txnID, PositionsTopic: c.PositionsTopic, Owner: c.Owner,
+		Shard: c.Shard, Shards: c.Shards, TransactionalID: txnID, PositionsTopic: c.PositionsTopic, Owner: c.Owner,
 		LeaseTTL: c.LeaseTTL, TxnTimeout: c.TxnTimeout, Hook: hook}
 	if err := rc.Validate(); err != nil {
 		return outbox.RelayConfig{}, badInput(err)
@@ -150,6 +153,8 @@ func relayMetrics(ctx context.Context, m *metrics.Metrics, relay *outbox.Relay) 
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "onceflow", Name: "relay_fenced",
 			Help: "1 when this relay was fenced by another producer with its transactional.id and has stopped publishing."},
 			func() float64 { return b2f(relay.Fenced()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "onceflow", Name: "relay_shards_owned",
+			Help: "Outbox shards whose lease this relay holds (relay.shards)."}, func() float64 { return float64(len(relay.OwnedShards())) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "onceflow", Name: "relay_fencings_total",
 			Help: "Times this relay was fenced."}, func() float64 { return float64(relay.Fencings()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "onceflow", Name: "relay_reconciled_total",
