@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/dbx"
 	"github.com/onceflow/onceflow/pkg/kafkax"
 	"github.com/onceflow/onceflow/pkg/metrics"
@@ -73,7 +74,11 @@ func (a *app) runRouter(ctx context.Context, only []string, withRelay bool) erro
 	if err := kc.Validate(); err != nil {
 		return badInput(err)
 	}
-	db, err := a.openAppDB(ctx, 0, coreTables...)
+	tables := append([]string(nil), coreTables...)
+	if withRelay && a.cfg.Relay.Shards > 1 {
+		tables = append(tables, outbox.MemberTable) // checked at start, like `router relay` does
+	}
+	db, err := a.openAppDB(ctx, 0, tables...)
 	if err != nil {
 		return err
 	}
