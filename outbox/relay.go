@@ -447,14 +447,27 @@ func (r *Relay) relayShardsOnce(ctx context.Context) (int, error) {
 			return 0, err
 		}
 	}
+	// The shards publish at once: each has its own transactional producer, lease and
+	// positions, and a Kafka transaction spends most of its time waiting on the broker, so
+	// the shards' transactions overlap instead of queueing.
+	ns := make([]int, len(r.eos))
+	errs := make([]error, len(r.eos))
+	var wg sync.WaitGroup
+	for i, e := range r.eos {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n, err := e.relayOnce(ctx)
+			ns[i] = n
+			if err != nil {
+				errs[i] = fmt.Errorf("shard %s: %w", e.shard, err)
+			}
+		}()
+	}
+	wg.Wait()
 	total := 0
-	var errs []error
-	for _, e := range r.eos {
-		n, err := e.relayOnce(ctx)
+	for _, n := range ns {
 		total += n
-		if err != nil {
-			errs = append(errs, fmt.Errorf("shard %s: %w", e.shard, err))
-		}
 	}
 	return total, errors.Join(errs...)
 }

@@ -63,22 +63,23 @@ func main() {
 }
 
 var (
-	orders     = flag.Int("orders", 5000, "orders per database measurement")
-	workers    = flag.Int("workers", 16, "concurrent workers (database measurements)")
-	e2eN       = flag.Int("e2e-orders", 5000, "orders for the end-to-end throughput run")
-	relayN     = flag.Int("relay-events", 50000, "outbox rows for the relay measurement")
-	stormN     = flag.Int("storm-orders", 1000, "orders in the duplicate storm")
-	relayBatch = flag.Int("relay-batch", 2000, "relay batch size (events per Kafka transaction)")
-	stormK     = flag.Int("storm-deliveries", 50, "deliveries of each order in the storm")
-	e2eSPT     = flag.Int("e2e-steps-per-tx", 1, "inbox.steps_per_transaction of the end-to-end runs")
-	loads      = flag.String("loads", "100,200", "offered loads (orders/s) for the latency runs, one at a time")
-	batchLoads = flag.String("batch-loads", "500,1000,2000", "offered loads (orders/s) for the latency runs, group commit")
-	e2eBatchN  = flag.Int("e2e-batch-orders", 50000, "orders for the end-to-end throughput run, group commit")
-	loadSecs   = flag.Int("load-seconds", 8, "seconds per latency run")
-	adminDSN   = flag.String("admin-dsn", "onceflow_admin:onceflow_admin@tcp(127.0.0.1:3306)/onceflow_bench", "privileged DSN of the bench database")
-	appDSN     = flag.String("dsn", "onceflow:onceflow@tcp(127.0.0.1:3306)/onceflow_bench", "application DSN of the bench database")
-	brokers    = flag.String("brokers", "127.0.0.1:9092", "Kafka brokers")
-	outDir     = flag.String("out", "bench/results", "where the CSV goes")
+	orders      = flag.Int("orders", 5000, "orders per database measurement")
+	workers     = flag.Int("workers", 16, "concurrent workers (database measurements)")
+	e2eN        = flag.Int("e2e-orders", 5000, "orders for the end-to-end throughput run")
+	relayN      = flag.Int("relay-events", 50000, "outbox rows for the relay measurement")
+	stormN      = flag.Int("storm-orders", 1000, "orders in the duplicate storm")
+	relayBatch  = flag.Int("relay-batch", 2000, "relay batch size (events per Kafka transaction)")
+	relayShards = flag.Int("relay-shards", 4, "outbox shards of the sharded exactly-once relay measurement (<2 skips it)")
+	stormK      = flag.Int("storm-deliveries", 50, "deliveries of each order in the storm")
+	e2eSPT      = flag.Int("e2e-steps-per-tx", 1, "inbox.steps_per_transaction of the end-to-end runs")
+	loads       = flag.String("loads", "100,200", "offered loads (orders/s) for the latency runs, one at a time")
+	batchLoads  = flag.String("batch-loads", "500,1000,2000", "offered loads (orders/s) for the latency runs, group commit")
+	e2eBatchN   = flag.Int("e2e-batch-orders", 50000, "orders for the end-to-end throughput run, group commit")
+	loadSecs    = flag.Int("load-seconds", 8, "seconds per latency run")
+	adminDSN    = flag.String("admin-dsn", "onceflow_admin:onceflow_admin@tcp(127.0.0.1:3306)/onceflow_bench", "privileged DSN of the bench database")
+	appDSN      = flag.String("dsn", "onceflow:onceflow@tcp(127.0.0.1:3306)/onceflow_bench", "application DSN of the bench database")
+	brokers     = flag.String("brokers", "127.0.0.1:9092", "Kafka brokers")
+	outDir      = flag.String("out", "bench/results", "where the CSV goes")
 )
 
 func run() error {
@@ -134,7 +135,8 @@ func run() error {
 	} else if err := benchRelay(ctx, db, kc); err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}
-	if err := benchForwarder(ctx, db, kc); err != nil { // Watermill's forwarder, next to the relay lines
+	if !want("relay") {
+	} else if err := benchForwarder(ctx, db, kc); err != nil { // Watermill's forwarder, next to the relay lines
 		return fmt.Errorf("watermill_forwarder: %w", err)
 	}
 	if !want("e2e") {
@@ -423,7 +425,21 @@ func benchRelay(ctx context.Context, db *sql.DB, kc kafkax.Config) error {
 		return err
 	}
 	defer eos.Close()
-	return drainRelay(ctx, eos, "exactly_once")
+	if err := drainRelay(ctx, eos, "exactly_once"); err != nil || *relayShards < 2 {
+		return err
+	}
+	// Once more with the outbox split into shards, published at once by one relay (one
+	// transactional producer per shard).
+	if _, err := db.ExecContext(ctx, "UPDATE outbox SET published_at = NULL"); err != nil {
+		return err
+	}
+	sharded, err := outbox.NewExactlyOnceRelay(db, kc, outbox.RelayConfig{BatchSize: *relayBatch, Shards: *relayShards, Shard: "bench",
+		TransactionalID: fmt.Sprintf("bench-sharded-%d", time.Now().UnixNano())}, nil)
+	if err != nil {
+		return err
+	}
+	defer sharded.Close()
+	return drainRelay(ctx, sharded, fmt.Sprintf("exactly_once_%d_shards", *relayShards))
 }
 
 func drainRelay(ctx context.Context, relay *outbox.Relay, mode string) error {
