@@ -11,6 +11,8 @@
 #     finds the existing row), run the `broken` profile, and succeed only if the checker FAILS
 #     with the violation the break must cause (duplicate-event, resp. inbox-grant-mismatch).
 #   CHAOS_KEEP_INFRA=1: leave the chaos instance running at the end (default: stopped).
+#   CHAOS_REV=<commit>: build the router from a clean export of that commit (git archive)
+#     instead of the working tree, so that the run's figures belong to a known commit.
 #
 # The chaos instance (override with these variables, not with ONCEFLOW_*):
 #   CHAOS_RUN_DIR (default .run/chaos-infra), CHAOS_DB_PORT (3307), CHAOS_KAFKA_PORT (9192),
@@ -48,11 +50,23 @@ mkdir -p .run/chaos
 profile="${CHAOS_PROFILE:-short}"
 router=bin/router
 expect=""
+src="$ROOT"
+if [[ -n "${CHAOS_REV:-}" ]]; then
+  rev="$(git rev-parse --short "$CHAOS_REV^{commit}")"
+  src="$ROOT/.run/chaos/src-$rev"
+  rm -rf "$src"
+  mkdir -p "$src"
+  git archive "$rev" | tar -x -C "$src"
+  router=".run/chaos/router-$rev"
+  echo "chaos: router built from commit $rev (clean export in $src)"
+else
+  echo "chaos: router built from the working tree at $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo ' plus uncommitted changes')"
+fi
 case "${CHAOS_BROKEN:-}" in
-  "") go build -o bin/router ./cmd/router ;;
+  "") (cd "$src" && go build -o "$ROOT/$router" ./cmd/router) ;;
   reconcile | inbox)
     router=".run/chaos/router-broken-$CHAOS_BROKEN"
-    go build -tags "onceflow_broken_$CHAOS_BROKEN" -o "$router" ./cmd/router
+    (cd "$src" && go build -tags "onceflow_broken_$CHAOS_BROKEN" -o "$ROOT/$router" ./cmd/router)
     profile="${CHAOS_PROFILE:-broken}"
     expect=duplicate-event
     if [[ "$CHAOS_BROKEN" == inbox ]]; then
