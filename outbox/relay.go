@@ -206,6 +206,39 @@ type Relay struct {
 	lingers   atomic.Int64
 	failures  atomic.Int64
 	deleted   atomic.Int64
+	wakes     atomic.Int64
+
+	wakeMu sync.Mutex
+	wakeCh chan struct{} // closed by Wake; replaced once a loop has seen it closed
+	woken  bool
+}
+
+// Wake tells an idle relay that rows were just committed, so it reads them now instead of
+// after its poll interval (the router calls it after every delivery that committed work).
+// It never blocks; many calls between two reads cost one read.
+func (r *Relay) Wake() {
+	r.wakeMu.Lock()
+	if !r.woken {
+		if r.wakeCh == nil {
+			r.wakeCh = make(chan struct{})
+		}
+		close(r.wakeCh)
+		r.woken = true
+	}
+	r.wakeMu.Unlock()
+}
+
+// Wakes returns how many idle waits Wake cut short.
+func (r *Relay) Wakes() int64 { return r.wakes.Load() }
+
+// wakeC returns the channel the next Wake closes.
+func (r *Relay) wakeC() <-chan struct{} {
+	r.wakeMu.Lock()
+	defer r.wakeMu.Unlock()
+	if r.wakeCh == nil || r.woken {
+		r.wakeCh, r.woken = make(chan struct{}), false
+	}
+	return r.wakeCh
 }
 
 type relayQueries struct {
@@ -275,7 +308,7 @@ func (r *Relay) Deleted() int64 { return r.deleted.Load() }
 func (r *Relay) Run(ctx context.Context) error {
 	defer r.Close()
 	if len(r.eos) == 0 {
-		r.loop(ctx, "", r.RelayOnce, func() time.Duration { return r.cfg.PollInterval }, func() bool { return true })
+		r.loop(ctx, "", r.RelayOnce, func() time.Duration { return r.cfg.PollInterval }, func() bool { return true }, func() bool { return true })
 		return nil
 	}
 	var wg sync.WaitGroup
@@ -288,7 +321,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	for _, e := range r.eos {
 		// The owner of the first shard deletes expired published rows.
 		wg.Go(func() {
-			r.loop(ctx, e.shard, e.relayOnce, e.idleWait, func() bool { return e.index == 0 && e.owner.Load() })
+			r.loop(ctx, e.shard, e.relayOnce, e.idleWait, func() bool { return e.index == 0 && e.owner.Load() }, e.owner.Load)
 		})
 	}
 	wg.Wait()
@@ -297,10 +330,14 @@ func (r *Relay) Run(ctx context.Context) error {
 
 // loop calls once until ctx ends, backing off after failures and sleeping idle() when
 // there was nothing to publish; cleans reports whether this loop runs the retention cleanup.
-func (r *Relay) loop(ctx context.Context, shard string, once func(context.Context) (int, error), idle func() time.Duration, cleans func() bool) {
+//
+// An idle wait ends early on Wake when wakeable reports true (the loop publishes: not a
+// standby, not backing off after a failure).
+func (r *Relay) loop(ctx context.Context, shard string, once func(context.Context) (int, error), idle func() time.Duration, cleans, wakeable func() bool) {
 	backoff := r.cfg.RetryBackoff
 	var nextCleanup time.Time
 	for {
+		woke := r.wakeC() // taken before the read: a Wake during it cuts the next wait short
 		n, err := once(ctx)
 		if ctx.Err() != nil {
 			return
@@ -329,10 +366,28 @@ func (r *Relay) loop(ctx context.Context, shard string, once func(context.Contex
 			nextCleanup = time.Now().Add(r.cfg.CleanupInterval)
 		}
 		if wait > 0 {
+			var wake <-chan struct{}
+			if err == nil && wakeable() {
+				wake = woke
+			}
+			t := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
+				t.Stop()
 				return
-			case <-time.After(wait):
+			case <-t.C:
+			case <-wake:
+				// Rows committed since the read: read again after a linger, so a burst of
+				// wakes (one per delivery) costs one read.
+				t.Stop()
+				r.wakes.Add(1)
+				if r.cfg.Linger > 0 {
+					select {
+					case <-ctx.Done():
+						return
+					case <-time.After(r.cfg.Linger):
+					}
+				}
 			}
 		}
 	}

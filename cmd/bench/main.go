@@ -505,7 +505,8 @@ func benchE2E(ctx context.Context, db *sql.DB, kc kafkax.Config, mode string, n 
 	if err != nil {
 		return err
 	}
-	ib, err := inbox.New(db, g, inbox.Config{BizType: coupon.BizType, StepsPerTx: *e2eSPT}, nil, nil)
+	wake := &waker{}
+	ib, err := inbox.New(db, g, inbox.Config{BizType: coupon.BizType, StepsPerTx: *e2eSPT}, nil, wake)
 	if err != nil {
 		return err
 	}
@@ -519,7 +520,7 @@ func benchE2E(ctx context.Context, db *sql.DB, kc kafkax.Config, mode string, n 
 	if err := produceOrders(producer, in, "e2e", 0, n, 0); err != nil {
 		return err
 	}
-	stop, err := startPipeline(ctx, db, kc, in, ib, mode)
+	stop, err := startPipeline(ctx, db, kc, in, ib, mode, wake)
 	if err != nil {
 		return err
 	}
@@ -605,7 +606,17 @@ func produceOrders(p sarama.SyncProducer, topic, prefix string, from, n int, rat
 	return nil
 }
 
-func startPipeline(ctx context.Context, db *sql.DB, kc kafkax.Config, topic string, ib *inbox.Inbox, mode string) (func(), error) {
+// waker wakes the pipeline's relay after every delivery that committed work, as the
+// router does.
+type waker struct{ relay atomic.Pointer[outbox.Relay] }
+
+func (w *waker) Delivered(_ string, r inbox.Result, _ time.Duration) {
+	if rl := w.relay.Load(); rl != nil && r.Outcome == inbox.OutcomeProcessed {
+		rl.Wake()
+	}
+}
+
+func startPipeline(ctx context.Context, db *sql.DB, kc kafkax.Config, topic string, ib *inbox.Inbox, mode string, wake *waker) (func(), error) {
 	var sub message.Subscriber
 	var err error
 	handler := ib.HandlerFunc(topic)
@@ -629,11 +640,13 @@ func startPipeline(ctx context.Context, db *sql.DB, kc kafkax.Config, topic stri
 	}
 	r.AddConsumerHandler("bench", topic, sub, handler)
 	// The router's default relay: exactly once (transactional producer, positions, lease).
-	relay, err := outbox.NewExactlyOnceRelay(db, kc, outbox.RelayConfig{PollInterval: 5 * time.Millisecond,
+	// With the router's relay settings: it is woken after each committed delivery.
+	relay, err := outbox.NewExactlyOnceRelay(db, kc, outbox.RelayConfig{
 		TransactionalID: fmt.Sprintf("bench-e2e-%d", time.Now().UnixNano())}, nil)
 	if err != nil {
 		return nil, err
 	}
+	wake.relay.Store(relay)
 	cctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(2)

@@ -100,8 +100,9 @@ func (a *app) runRouter(ctx context.Context, only []string, withRelay bool) erro
 		return err
 	}
 	router.AddMiddleware(middleware.Recoverer)
+	obs := &observer{m: m}
 	for _, p := range plugins {
-		ib, err := a.buildInbox(db, p, observer{m})
+		ib, err := a.buildInbox(db, p, obs)
 		if err != nil {
 			return err
 		}
@@ -134,6 +135,7 @@ func (a *app) runRouter(ctx context.Context, only []string, withRelay bool) erro
 			return err
 		}
 		defer closeRelay()
+		obs.wake = relay.Wake // set before the router starts delivering
 		stopMetrics := relayMetrics(ctx, m, relay)
 		defer stopMetrics()
 		wg.Add(1)
@@ -221,10 +223,19 @@ func fmtRetention(d time.Duration) string {
 	return d.String()
 }
 
-type observer struct{ m *metrics.Metrics }
+// observer records deliveries in the metrics and, after one that committed work (and so,
+// possibly, outbox rows), wakes this process's relay instead of leaving the rows to its
+// next poll.
+type observer struct {
+	m    *metrics.Metrics
+	wake func()
+}
 
-func (o observer) Delivered(biz string, r inbox.Result, d time.Duration) {
+func (o *observer) Delivered(biz string, r inbox.Result, d time.Duration) {
 	o.m.Observe(biz, string(r.Outcome), d)
+	if o.wake != nil && r.Outcome == inbox.OutcomeProcessed {
+		o.wake()
+	}
 }
 
 // startAdmin serves /healthz, /readyz and /metrics on a dedicated mux.
