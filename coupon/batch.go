@@ -63,12 +63,14 @@ func (g *Granter) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Deliv
 	progs := make([]inbox.Progress, len(ds))
 	var orders []OrderPaid
 	var idx []int
+	resumed := false // some delivery resumes a row an earlier delivery left unfinished
 	for i, d := range ds {
 		progs[i] = inbox.Continue
 		o, ok := d.Value.(OrderPaid)
 		if _, prepared := d.Prepared.(batchPrepared); ok && prepared {
 			orders = append(orders, o)
 			idx = append(idx, i)
+			resumed = resumed || d.Resumed
 		}
 		d.Prepared = nil
 	}
@@ -79,6 +81,18 @@ func (g *Granter) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Deliv
 	shards, err := g.campaignShards(ctx, repo, g.cfg.CampaignID)
 	if err != nil {
 		return nil, err
+	}
+	if !resumed {
+		// New inbox rows: their grants almost never exist yet. Write them GRANTED at once.
+		ok, err := g.grantNew(ctx, tx, repo, orders, shards)
+		if err != nil || ok {
+			if ok {
+				for _, i := range idx {
+					progs[i] = inbox.Done
+				}
+			}
+			return progs, err
+		}
 	}
 	grants, err := repo.loadOrCreateMany(ctx, orders, g.cfg.CampaignID, g.cfg.ValueCents)
 	if err != nil {
@@ -104,26 +118,78 @@ func (g *Granter) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Deliv
 	if err != nil || shard < 0 {
 		return progs, err // no shard covers the whole batch: one at a time
 	}
-	now := g.now().UTC()
-	events := make([]outbox.Event, len(fresh))
 	for j := range fresh {
-		gr := &fresh[j]
-		gr.StockShard, gr.BudgetShard = shard, shard
-		couponID := CouponID(gr.OrderID, gr.CampaignID)
-		ev := GrantEvent{EventID: EventID(EventGranted, gr.OrderID, gr.CampaignID), OrderID: gr.OrderID, UserID: gr.UserID,
-			CampaignID: gr.CampaignID, CouponID: couponID, ValueCents: gr.ValueCents, GrantedAt: now}
-		events[j] = outbox.Event{ID: ev.EventID, Type: EventGranted, Topic: g.cfg.GrantedTopic, Key: gr.OrderID, Payload: ev.Encode()}
+		fresh[j].StockShard, fresh[j].BudgetShard = shard, shard
 	}
 	if err := repo.grantMany(ctx, fresh); err != nil {
 		return nil, err
 	}
-	if err := g.out.AddBatch(ctx, tx, events); err != nil {
+	if err := g.out.AddBatch(ctx, tx, g.grantedEvents(fresh)); err != nil {
 		return nil, err
 	}
 	for _, i := range freshIdx {
 		progs[i] = inbox.Done
 	}
 	return progs, nil
+}
+
+// grantNew is the common case of HandleBatch: deliveries whose inbox rows are new, whose
+// grants therefore do not exist yet. It takes the stock and budget of the whole batch from
+// one counter shard and inserts the grants directly GRANTED — with the transition log of
+// every legal step, the coupons and the events — without first creating them in INIT and
+// then updating them. Should any grant exist after all (a message replayed after its inbox
+// row expired), the insert leaves it alone, everything since the savepoint is rolled back,
+// and it reports false: the caller then takes the general path. It also reports false,
+// having changed nothing, when no shard covers the batch.
+func (g *Granter) grantNew(ctx context.Context, tx *sql.Tx, repo mysqlRepo, orders []OrderPaid, shards int) (bool, error) {
+	if _, err := tx.ExecContext(ctx, "SAVEPOINT grant_new"); err != nil {
+		return false, fmt.Errorf("savepoint: %w", err)
+	}
+	n := int64(len(orders))
+	shard, err := repo.takeBatch(ctx, g.cfg.CampaignID, n, n*g.cfg.ValueCents, int(g.batchSeq.Add(1)), shards)
+	if err != nil || shard < 0 {
+		return false, err
+	}
+	gs := make([]grantRow, len(orders))
+	args := make([]any, 0, len(orders)*7)
+	for i, o := range orders {
+		gs[i] = grantRow{OrderID: o.OrderID, CampaignID: g.cfg.CampaignID, UserID: o.UserID, State: StateGranted, ValueCents: g.cfg.ValueCents, StockShard: shard, BudgetShard: shard}
+		args = append(args, o.OrderID, g.cfg.CampaignID, o.UserID, g.cfg.ValueCents, shard, shard, CouponID(o.OrderID, g.cfg.CampaignID))
+	}
+	res, err := tx.ExecContext(ctx, `INSERT INTO coupon_grant (order_id, campaign_id, user_id, state, version, value_cents, stock_shard, budget_shard, coupon_id) VALUES `+
+		groups("(?, ?, ?, 'GRANTED', 3, ?, ?, ?, ?)", len(orders))+` ON DUPLICATE KEY UPDATE order_id = order_id`, args...)
+	if err != nil {
+		return false, fmt.Errorf("grant %d: %w", len(orders), err)
+	}
+	if inserted, err := res.RowsAffected(); err != nil || inserted != n {
+		if err != nil {
+			return false, fmt.Errorf("grant %d: %w", len(orders), err)
+		}
+		if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT grant_new"); err != nil {
+			return false, fmt.Errorf("rollback to savepoint: %w", err)
+		}
+		return false, nil
+	}
+	if err := repo.logAndIssue(ctx, gs); err != nil {
+		return false, err
+	}
+	if err := g.out.AddBatch(ctx, tx, g.grantedEvents(gs)); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// grantedEvents are the CouponGranted events of grants.
+func (g *Granter) grantedEvents(gs []grantRow) []outbox.Event {
+	now := g.now().UTC()
+	events := make([]outbox.Event, len(gs))
+	for j, gr := range gs {
+		couponID := CouponID(gr.OrderID, gr.CampaignID)
+		ev := GrantEvent{EventID: EventID(EventGranted, gr.OrderID, gr.CampaignID), OrderID: gr.OrderID, UserID: gr.UserID,
+			CampaignID: gr.CampaignID, CouponID: couponID, ValueCents: gr.ValueCents, GrantedAt: now}
+		events[j] = outbox.Event{ID: ev.EventID, Type: EventGranted, Topic: g.cfg.GrantedTopic, Key: gr.OrderID, Payload: ev.Encode()}
+	}
+	return events
 }
 
 // loadOrCreateMany is loadOrCreate for many orders (sorted by order id, the lock order):
@@ -209,22 +275,9 @@ func (r mysqlRepo) takeBatch(ctx context.Context, campaignID string, n, value in
 // grantMany moves grants locked in INIT to GRANTED, logging each legal transition, and
 // writes their coupons: three statements for the batch.
 func (r mysqlRepo) grantMany(ctx context.Context, gs []grantRow) error {
-	path := []State{StateInit, StateLocked, StateBudgetDeducted, StateGranted}
-	for i := 1; i < len(path); i++ {
-		if err := Transit(path[i-1], path[i]); err != nil {
-			return err
-		}
-	}
-	up := make([]any, 0, len(gs)*8)
-	logArgs := make([]any, 0, len(gs)*12)
-	coupons := make([]any, 0, len(gs)*5)
+	up := make([]any, 0, len(gs)*7)
 	for _, g := range gs {
-		couponID := CouponID(g.OrderID, g.CampaignID)
-		up = append(up, g.OrderID, g.CampaignID, g.UserID, g.ValueCents, g.StockShard, g.BudgetShard, couponID)
-		for i := 1; i < len(path); i++ {
-			logArgs = append(logArgs, g.OrderID, g.CampaignID, string(path[i-1]), string(path[i]))
-		}
-		coupons = append(coupons, couponID, g.OrderID, g.CampaignID, g.UserID, g.ValueCents)
+		up = append(up, g.OrderID, g.CampaignID, g.UserID, g.ValueCents, g.StockShard, g.BudgetShard, CouponID(g.OrderID, g.CampaignID))
 	}
 	// Every row exists and is locked in INIT by this transaction (loadOrCreateMany), so the
 	// upsert only updates; the state guard in the update keeps it a no-op otherwise, and the
@@ -237,6 +290,24 @@ func (r mysqlRepo) grantMany(ctx context.Context, gs []grantRow) error {
  coupon_id = IF(state = 'INIT', VALUES(coupon_id), coupon_id),
  state = IF(state = 'INIT', 'GRANTED', state)`, up...); err != nil {
 		return fmt.Errorf("grant %d: %w", len(gs), err)
+	}
+	return r.logAndIssue(ctx, gs)
+}
+
+// logAndIssue writes the transition log of grants that went INIT → GRANTED (each legal
+// step) and their coupons.
+func (r mysqlRepo) logAndIssue(ctx context.Context, gs []grantRow) error {
+	path := []State{StateInit, StateLocked, StateBudgetDeducted, StateGranted}
+	logArgs := make([]any, 0, len(gs)*12)
+	coupons := make([]any, 0, len(gs)*5)
+	for _, g := range gs {
+		for i := 1; i < len(path); i++ {
+			if err := Transit(path[i-1], path[i]); err != nil {
+				return err
+			}
+			logArgs = append(logArgs, g.OrderID, g.CampaignID, string(path[i-1]), string(path[i]))
+		}
+		coupons = append(coupons, CouponID(g.OrderID, g.CampaignID), g.OrderID, g.CampaignID, g.UserID, g.ValueCents)
 	}
 	if _, err := r.tx.ExecContext(ctx, `INSERT INTO coupon_grant_log (order_id, campaign_id, from_state, to_state) VALUES `+
 		groups("(?, ?, ?, ?)", len(gs)*(len(path)-1)), logArgs...); err != nil {

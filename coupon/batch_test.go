@@ -274,3 +274,34 @@ func TestBatchResumesUnfinishedRows(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchNewInboxRowsExistingGrants: inbox rows are new but some grants exist already (a
+// message replayed after its inbox row expired): the batch's direct GRANTED insert finds
+// them, rolls back to its savepoint and takes the general path — no second coupon, no
+// counter taken twice, the half-way grant finished once.
+func TestBatchNewInboxRowsExistingGrants(t *testing.T) {
+	d := testenv.DB(t, 8)
+	ctx := context.Background()
+	cfg := campaign("batch-existing", 1000, 1000*valueCents)
+	g := setup(t, d.DB, cfg, nil)
+	ib, err := inbox.New(d.DB, g, inbox.Config{BizType: coupon.BizType}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, halfway, fresh := order("be-done"), order("be-halfway"), order("be-fresh")
+	mustRunToDone(t, d.DB, g, done) // granted without the inbox
+	if p, err := step(ctx, d.DB, g, halfway); err != nil || p != inbox.Continue {
+		t.Fatalf("first step of the half-way order: %v, %v", p, err)
+	}
+	before := readCounters(t, d.DB, cfg.CampaignID)
+	b := newBatcher(t, ib, inbox.BatchConfig{MaxSize: 8, Workers: 1, Linger: 50 * time.Millisecond})
+	deliverAll(t, b, []delivery{{done.OrderID, done.Encode()}, {halfway.OrderID, halfway.Encode()}, {fresh.OrderID, fresh.Encode()}}, 3)
+	a := mustVerify(t, d.DB, cfg.CampaignID)
+	if a.Granted != 3 || a.Coupons != 3 || a.OutboxEvents != 3 || a.InboxDone != 3 {
+		t.Errorf("audit %+v, want 3 granted, 3 coupons, 3 events, 3 inbox rows done", a)
+	}
+	after := readCounters(t, d.DB, cfg.CampaignID)
+	if got := after.Granted - before.Granted; got != 2 {
+		t.Errorf("stock granted grew by %d, want 2 (the half-way and the new order)", got)
+	}
+}
