@@ -74,6 +74,7 @@ var (
 	e2eSPT      = flag.Int("e2e-steps-per-tx", 1, "inbox.steps_per_transaction of the end-to-end runs")
 	loads       = flag.String("loads", "100,200", "offered loads (orders/s) for the latency runs, one at a time")
 	batchLoads  = flag.String("batch-loads", "500,1000,2000", "offered loads (orders/s) for the latency runs, group commit")
+	e2eShards   = flag.Int("e2e-relay-shards", 1, "relay.shards of the end-to-end runs")
 	e2eBatchN   = flag.Int("e2e-batch-orders", 50000, "orders for the end-to-end throughput run, group commit")
 	loadSecs    = flag.Int("load-seconds", 8, "seconds per latency run")
 	adminDSN    = flag.String("admin-dsn", "onceflow_admin:onceflow_admin@tcp(127.0.0.1:3306)/onceflow_bench", "privileged DSN of the bench database")
@@ -652,7 +653,7 @@ func startPipeline(ctx context.Context, db *sql.DB, kc kafkax.Config, topic stri
 	r.AddConsumerHandler("bench", topic, sub, handler)
 	// The router's default relay: exactly once (transactional producer, positions, lease).
 	// With the router's relay settings: it is woken after each committed delivery.
-	relay, err := outbox.NewExactlyOnceRelay(db, kc, outbox.RelayConfig{
+	relay, err := outbox.NewExactlyOnceRelay(db, kc, outbox.RelayConfig{Shards: *e2eShards, Shard: "e2e",
 		TransactionalID: fmt.Sprintf("bench-e2e-%d", time.Now().UnixNano())}, nil)
 	if err != nil {
 		return nil, err
