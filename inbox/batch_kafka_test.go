@@ -3,7 +3,6 @@ package inbox_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -29,33 +28,11 @@ func startBatchRouter(t *testing.T, kc kafkax.Config, group, topic string, ib *i
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NopLogger{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	h := b.HandlerFunc(topic)
-	r.AddConsumerHandler("h", topic, sub, func(m *message.Message) error {
+	stop = runRouter(t, sub, topic, func(m *message.Message) error {
 		received.Add(1)
 		return h(m)
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := r.Run(ctx); err != nil {
-			t.Errorf("router: %v", err)
-		}
-	}()
-	<-r.Running()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			<-done
-			_ = b.Close()
-		})
-	}
-	t.Cleanup(stop)
+	}, func() { _ = b.Close() })
 	return stop, b
 }
 

@@ -33,17 +33,24 @@ func startRouterObserved(t *testing.T, kc kafkax.Config, group, topic string, ib
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NopLogger{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	h := ib.HandlerFunc(topic)
-	r.AddConsumerHandler("h", topic, sub, func(m *message.Message) error {
+	return runRouter(t, sub, topic, func(m *message.Message) error {
 		if onReceive != nil {
 			onReceive(m)
 		}
 		return h(m)
-	})
+	}, nil)
+}
+
+// runRouter runs a Watermill router with one handler until the returned stop function is
+// called; then it calls after (if set).
+func runRouter(t *testing.T, sub message.Subscriber, topic string, h message.NoPublishHandlerFunc, after func()) (stop func()) {
+	t.Helper()
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.AddConsumerHandler("h", topic, sub, h)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -58,6 +65,9 @@ func startRouterObserved(t *testing.T, kc kafkax.Config, group, topic string, ib
 		once.Do(func() {
 			cancel()
 			<-done
+			if after != nil {
+				after()
+			}
 		})
 	}
 	t.Cleanup(stop)

@@ -77,16 +77,16 @@ func NewWriter(table string) (*Writer, error) {
 		"INSERT INTO %s (event_id, event_type, topic, msg_key, payload, headers) VALUES (?, ?, ?, ?, ?, ?)", table)}, nil
 }
 
-// Add stores e in tx. It commits or rolls back with the caller's business change.
-func (w *Writer) Add(ctx context.Context, tx *sql.Tx, e Event) error {
+// rowArgs validates e and returns the values of its row, in the insert's column order.
+func rowArgs(e Event) ([]any, error) {
 	if err := e.Validate(); err != nil {
-		return err
+		return nil, err
 	}
 	var headers any
 	if len(e.Headers) > 0 {
 		b, err := json.Marshal(e.Headers)
 		if err != nil {
-			return fmt.Errorf("outbox: headers: %w", err)
+			return nil, fmt.Errorf("outbox: headers: %w", err)
 		}
 		headers = string(b)
 	}
@@ -94,7 +94,16 @@ func (w *Writer) Add(ctx context.Context, tx *sql.Tx, e Event) error {
 	if payload == nil {
 		payload = []byte{} // a nil []byte is sent as NULL, and payload is NOT NULL
 	}
-	if _, err := tx.ExecContext(ctx, w.insert, e.ID, e.Type, e.Topic, e.Key, payload, headers); err != nil {
+	return []any{e.ID, e.Type, e.Topic, e.Key, payload, headers}, nil
+}
+
+// Add stores e in tx. It commits or rolls back with the caller's business change.
+func (w *Writer) Add(ctx context.Context, tx *sql.Tx, e Event) error {
+	args, err := rowArgs(e)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, w.insert, args...); err != nil {
 		if dbx.IsDuplicate(err) {
 			return fmt.Errorf("%w: %s", ErrDuplicateEvent, e.ID)
 		}

@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -27,26 +26,15 @@ func (w *Writer) AddBatch(ctx context.Context, tx *sql.Tx, events []Event) error
 	q.WriteString(head)
 	args := make([]any, 0, len(events)*6)
 	for n, e := range events {
-		if err := e.Validate(); err != nil {
+		row, err := rowArgs(e)
+		if err != nil {
 			return err
-		}
-		var headers any
-		if len(e.Headers) > 0 {
-			b, err := json.Marshal(e.Headers)
-			if err != nil {
-				return fmt.Errorf("outbox: headers: %w", err)
-			}
-			headers = string(b)
-		}
-		payload := e.Payload
-		if payload == nil {
-			payload = []byte{}
 		}
 		if n > 0 {
 			q.WriteString(", ")
 		}
 		q.WriteString(group)
-		args = append(args, e.ID, e.Type, e.Topic, e.Key, payload, headers)
+		args = append(args, row...)
 	}
 	if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
 		if dbx.IsDuplicate(err) {
