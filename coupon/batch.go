@@ -72,7 +72,8 @@ func (g *Granter) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Deliv
 			idx = append(idx, i)
 			resumed = resumed || d.Resumed
 		}
-		d.Prepared = nil
+		// d.Prepared stays: a batch retried after a deadlock needs it again. Deliveries left
+		// to the one-at-a-time path get a fresh Delivery there.
 	}
 	if len(orders) == 0 {
 		return progs, nil
