@@ -38,9 +38,7 @@ func benchUnsafeBatch(ctx context.Context, db *sql.DB) (float64, error) {
 	}
 	n := *batchOrders
 	batches := (n + *batchSize - 1) / *batchSize
-	saved := *workers
-	*workers = *batchLanes
-	defer func() { *workers = saved }()
+	defer withWorkers(*batchLanes)()
 	el, err := parallel(batches, func(b int) error {
 		var ds []*inbox.Delivery
 		for i := b * *batchSize; i < min(n, (b+1)**batchSize); i++ {
@@ -83,23 +81,13 @@ func benchInboxBatch(ctx context.Context, db *sql.DB, unsafe float64) error {
 	if err := truncate(ctx, db); err != nil {
 		return err
 	}
-	g, cfg, err := granter(ctx, db, "")
-	if err != nil {
-		return err
-	}
-	ib, err := inbox.New(db, g, inbox.Config{BizType: coupon.BizType}, nil, nil)
-	if err != nil {
-		return err
-	}
-	b, err := ib.NewBatcher(inbox.BatchConfig{MaxSize: *batchSize, Workers: *batchLanes})
+	b, cfg, err := newBatcher(ctx, db)
 	if err != nil {
 		return err
 	}
 	defer b.Close()
 	n := *batchOrders
-	saved := *workers
-	*workers = *batchSenders
-	defer func() { *workers = saved }()
+	defer withWorkers(*batchSenders)()
 	send := func(i int) error {
 		o := order("batch", i)
 		_, err := b.Process(ctx, message.NewMessage(watermill.NewUUID(), o.Encode()), inbox.Source{Topic: "bench"})
@@ -128,6 +116,28 @@ func benchInboxBatch(ctx context.Context, db *sql.DB, unsafe float64) error {
 		"duplicates_per_s", float64(dups)/del.Seconds(), "coupons", a.Coupons, "duplicate_coupons", a.DuplicateCoupons,
 		"avg_batch", float64(st.Batched)/float64(max(st.Batches, 1)), "fallbacks", st.Fallbacks, "violations", len(a.Violations))
 	return nil
+}
+
+// newBatcher builds the coupon granter's group-commit path (the router's default) on a
+// fresh campaign, as the measurements of that path use it.
+func newBatcher(ctx context.Context, db *sql.DB) (*inbox.Batcher, coupon.Config, error) {
+	g, cfg, err := granter(ctx, db, "")
+	if err != nil {
+		return nil, cfg, err
+	}
+	ib, err := inbox.New(db, g, inbox.Config{BizType: coupon.BizType}, nil, nil)
+	if err != nil {
+		return nil, cfg, err
+	}
+	b, err := ib.NewBatcher(inbox.BatchConfig{MaxSize: *batchSize, Workers: *batchLanes})
+	return b, cfg, err
+}
+
+// withWorkers sets how many goroutines parallel uses; the returned func restores it.
+func withWorkers(n int) (restore func()) {
+	saved := *workers
+	*workers = n
+	return func() { *workers = saved }
 }
 
 var cpuProfile = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")

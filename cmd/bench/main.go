@@ -317,23 +317,13 @@ func benchStorm(ctx context.Context, db *sql.DB) error {
 	if err := truncate(ctx, db); err != nil {
 		return err
 	}
-	g, _, err := granter(ctx, db, "")
-	if err != nil {
-		return err
-	}
-	ib, err := inbox.New(db, g, inbox.Config{BizType: coupon.BizType}, nil, nil)
-	if err != nil {
-		return err
-	}
 	// Through the router's default path (group commit), offered by many concurrent senders.
-	b, err := ib.NewBatcher(inbox.BatchConfig{MaxSize: *batchSize, Workers: *batchLanes})
+	b, _, err := newBatcher(ctx, db)
 	if err != nil {
 		return err
 	}
 	defer b.Close()
-	saved := *workers
-	*workers = *batchSenders
-	defer func() { *workers = saved }()
+	defer withWorkers(*batchSenders)()
 	total := *stormN * *stormK
 	el, err := parallel(total, func(i int) error {
 		o := order("storm", i / *stormK) // each order's deliveries arrive back to back
