@@ -77,9 +77,15 @@ func eventDigest(eventIDs []string) string {
 // Each batch: a plain read of the oldest unpublished rows (no locks: only the lease owner
 // publishes), one Kafka transaction with the events and the batch position, commit, then
 // the rows are marked in a short database transaction. A batch is marked before the next
-// one starts, so at most the last committed batch can be unmarked, and that is the one the
+// one commits, so at most the last committed batch can be unmarked, and that is the one the
 // next session reconciles. Any failure ends the session (abort, close the producer); the
 // next session starts from the reconciliation again.
+//
+// Under Run the mark of batch N runs while batch N+1 is read and sent (pipelined): the read
+// leaves out batch N's rows, and batch N+1's Kafka commit waits for batch N's mark, so the
+// invariant above holds. The mark is the relay's largest cost (an indexed update per row);
+// overlapping it with the Kafka round trips is what lifts the relay's rate. RelayOnce marks
+// before it returns.
 type exactlyOnce struct {
 	r        *Relay
 	kc       kafkax.Config
@@ -105,8 +111,17 @@ type exactlyOnce struct {
 	sessions   atomic.Int64
 }
 
+// markJob is a batch's database mark running in the background (pipelined batches).
+type markJob struct {
+	ids  []int64
+	seq  int64
+	done chan struct{}
+	err  error
+}
+
 type session struct {
 	p         sarama.SyncProducer
+	marking   *markJob // the previous batch's mark, while it runs or until its error is seen
 	id        string
 	seq       int64
 	partition int32 // of the positions topic
@@ -132,7 +147,7 @@ func NewExactlyOnceRelay(db *sql.DB, kc kafkax.Config, cfg RelayConfig, logger w
 			e.shard = ShardName(r.cfg.Shard, i, n)
 			e.txnID = fmt.Sprintf("%s-%dof%d", r.cfg.TransactionalID, i, n)
 			e.pendingQ = fmt.Sprintf(`SELECT id, event_id, event_type, topic, msg_key, payload, headers FROM %s
- WHERE published_at IS NULL AND MOD(key_hash, %d) = %d ORDER BY id LIMIT %d`, r.cfg.Table, n, i, r.cfg.BatchSize)
+ WHERE published_at IS NULL AND MOD(key_hash, %d) = %d ORDER BY id LIMIT ?`, r.cfg.Table, n, i)
 		}
 		e.lease = newLease(db, e.shard, r.cfg.Owner, r.cfg.LeaseTTL)
 		e.wanted.Store(n == 1)
@@ -234,7 +249,7 @@ func (e *exactlyOnce) standbyPoll() time.Duration {
 	return min(max(e.r.cfg.LeaseTTL/4, e.r.cfg.PollInterval), time.Second)
 }
 
-func (e *exactlyOnce) relayOnce(ctx context.Context) (int, error) {
+func (e *exactlyOnce) relayOnce(ctx context.Context, pipelined bool) (int, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if time.Now().Before(e.standbyUntil) {
@@ -283,7 +298,7 @@ func (e *exactlyOnce) relayOnce(ctx context.Context) (int, error) {
 			return 0, e.failed(ctx, err)
 		}
 	}
-	n, err := e.batch(ctx)
+	n, err := e.batch(ctx, pipelined)
 	if err != nil {
 		e.endSession("batch failed")
 		return 0, e.failed(ctx, err)
@@ -334,6 +349,15 @@ func (e *exactlyOnce) endSession(why string) {
 		return
 	}
 	e.sess = nil
+	if m := s.marking; m != nil {
+		// The mark of the last committed batch: let it finish (it is bounded by its own
+		// timeout); should it fail, the next session reconciles that batch.
+		<-m.done
+		if m.err != nil {
+			e.r.logger.Error("outbox relay: marking a committed batch failed (the next session reconciles it)", m.err,
+				watermill.LogFields{"session": s.id, "seq": m.seq})
+		}
+	}
 	abortIfOpen(s.p)
 	if err := s.p.Close(); err != nil {
 		e.r.logger.Debug("outbox relay: close producer", watermill.LogFields{"err": err.Error()})
@@ -429,9 +453,12 @@ func (e *exactlyOnce) ensurePositionsTopic() error {
 	if err != nil {
 		return fmt.Errorf("describe kafka cluster: %w", err)
 	}
-	policy, lag := "compact", "3600000"
+	// Segments roll hourly (Kafka's default is 7 days) so compaction, which never touches
+	// the active segment, keeps the topic near one record per key: a relay whose
+	// transactional id has no batch yet reads the whole partition back at session start.
+	policy, hour := "compact", "3600000"
 	err = admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: int16(min(3, len(brokers))),
-		ConfigEntries: map[string]*string{"cleanup.policy": &policy, "min.compaction.lag.ms": &lag}}, false)
+		ConfigEntries: map[string]*string{"cleanup.policy": &policy, "min.compaction.lag.ms": &hour, "segment.ms": &hour}}, false)
 	if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
 		return fmt.Errorf("create relay positions topic %s: %w", topic, err)
 	}
@@ -619,9 +646,15 @@ func (e *exactlyOnce) reconcile(ctx context.Context, p Position) (int64, error) 
 var errPositionMismatch = errors.New("position belongs to another database or an older state of this one")
 
 // batch publishes the oldest unpublished rows in one Kafka transaction with their position,
-// then marks them.
-func (e *exactlyOnce) batch(ctx context.Context) (int, error) {
+// then marks them: before it returns, or, pipelined, in the background while the next batch
+// is read and sent (see exactlyOnce).
+func (e *exactlyOnce) batch(ctx context.Context, pipelined bool) (int, error) {
 	r, s, cfg := e.r, e.sess, e.r.cfg
+	if m := s.marking; m != nil && isDone(m.done) {
+		if err := e.collect(); err != nil {
+			return 0, err
+		}
+	}
 	msgs, ids, eventIDs, err := e.pending(ctx)
 	if err != nil || len(ids) == 0 {
 		return 0, err
@@ -647,6 +680,11 @@ func (e *exactlyOnce) batch(ctx context.Context) (int, error) {
 	if err := s.p.SendMessages(msgs); err != nil {
 		return 0, fmt.Errorf("publish %d events: %w", len(ids), err)
 	}
+	// The previous batch must be marked before this one commits: only the last committed
+	// batch may be unmarked, as the next session reconciles only that one.
+	if err := e.collect(); err != nil {
+		return 0, err
+	}
 	r.hook("before-kafka-commit")
 	if !e.lease.valid() {
 		return 0, errLeaseLost
@@ -657,27 +695,69 @@ func (e *exactlyOnce) batch(ctx context.Context) (int, error) {
 	r.hook("after-kafka-commit")
 	// The batch is in Kafka. Mark it before anything else; if that fails the session ends and
 	// the next one reconciles these rows from the position just committed.
+	m := &markJob{ids: ids, seq: s.seq, done: make(chan struct{})}
+	s.marking = m
+	if !pipelined {
+		e.markBatch(ctx, m)
+		return len(ids), e.collect()
+	}
+	go e.markBatch(ctx, m)
+	return len(ids), nil
+}
+
+// markBatch marks a committed batch's rows, retrying a little, and closes m.done.
+func (e *exactlyOnce) markBatch(ctx context.Context, m *markJob) {
+	defer close(m.done)
 	// A cancelled ctx (shutdown) must not skip the mark.
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
 	defer cancel()
-	var markErr error
+	e.r.hook("before-mark")
 	for attempt := 0; attempt < 3; attempt++ {
-		if markErr = e.mark(mctx, ids); markErr == nil {
+		if m.err = e.mark(mctx, m.ids); m.err == nil {
 			break
 		}
 		time.Sleep(time.Duration(attempt+1) * 100 * time.Millisecond)
 	}
-	if markErr != nil {
-		return 0, fmt.Errorf("batch %d is committed to Kafka, marking failed (reconciled by the next session): %w", s.seq, markErr)
+	if m.err != nil {
+		m.err = fmt.Errorf("batch %d is committed to Kafka, marking failed (reconciled by the next session): %w", m.seq, m.err)
+		return
 	}
-	r.hook("after-mark")
-	r.batches.Add(1)
-	r.published.Add(int64(len(ids)))
-	return len(ids), nil
+	e.r.hook("after-mark")
+	e.r.batches.Add(1)
+	e.r.published.Add(int64(len(m.ids)))
+}
+
+// collect waits for the previous batch's mark and returns its error.
+func (e *exactlyOnce) collect() error {
+	s := e.sess
+	m := s.marking
+	if m == nil {
+		return nil
+	}
+	<-m.done
+	s.marking = nil
+	return m.err // an error ends the session
+}
+
+func isDone(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 func (e *exactlyOnce) pending(ctx context.Context) ([]*sarama.ProducerMessage, []int64, []string, error) {
-	rows, err := e.r.db.QueryContext(ctx, e.pendingQ)
+	// Rows of a batch whose mark is still running are in Kafka already: read past them.
+	var skip map[int64]bool
+	if m := e.sess.marking; m != nil {
+		skip = make(map[int64]bool, len(m.ids))
+		for _, id := range m.ids {
+			skip[id] = true
+		}
+	}
+	rows, err := e.r.db.QueryContext(ctx, e.pendingQ, e.r.cfg.BatchSize+len(skip))
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("select pending outbox rows: %w", err)
 	}
@@ -696,6 +776,9 @@ func (e *exactlyOnce) pending(ctx context.Context) ([]*sarama.ProducerMessage, [
 		)
 		if err := rows.Scan(&id, &eventID, &typ, &topic, &key, &payload, &headers); err != nil {
 			return nil, nil, nil, fmt.Errorf("scan outbox row: %w", err)
+		}
+		if skip[id] || len(ids) == e.r.cfg.BatchSize {
+			continue
 		}
 		m, err := buildMessage(id, eventID, typ, topic, key, payload, headers)
 		if err != nil {

@@ -268,3 +268,64 @@ func TestRelayRetentionCleanup(t *testing.T) {
 		t.Fatalf("%d pending rows left, want 2", got)
 	}
 }
+
+// TestEOSRelayPipelinedMarks: under Run a batch's database mark runs while the next batch is
+// read and sent. The marks are slowed down (50ms each) so the next batch is always read while
+// the previous one is still unmarked: it must leave those rows out (else Kafka would get them
+// twice), and it must not commit in Kafka before the previous mark is done (else two
+// committed batches could be unmarked after a crash, and reconciliation covers only the last
+// one). The check at each Kafka commit is exact: the rows marked so far are those of every
+// earlier batch.
+func TestEOSRelayPipelinedMarks(t *testing.T) {
+	t.Parallel()
+	const rows, batch = 120, 10
+	d := testenv.DB(t, 8)
+	k := testenv.Kafka(t)
+	topic := testenv.Topic(t, k, "outbox-eos-pipelined", 3)
+	ids := addN(t, d.DB, topic, "pipe", rows)
+
+	var (
+		mu        sync.Mutex
+		committed int // rows in batches committed to Kafka
+		problems  []string
+	)
+	cfg := eosConfig(t, k, outbox.RelayConfig{BatchSize: batch})
+	cfg.Hook = func(point string) {
+		switch point {
+		case "before-kafka-commit":
+			mu.Lock()
+			want := committed
+			mu.Unlock()
+			var got int
+			err := d.DB.QueryRow("SELECT COUNT(*) FROM outbox WHERE published_at IS NOT NULL").Scan(&got)
+			if err != nil || got != want {
+				mu.Lock()
+				problems = append(problems, fmt.Sprintf("a batch commits with %d rows marked (%v), want %d (every earlier batch)", got, err, want))
+				mu.Unlock()
+			}
+		case "after-kafka-commit":
+			mu.Lock()
+			committed += batch
+			mu.Unlock()
+		case "before-mark":
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	relay := newEOSRelay(t, d.DB, k, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = relay.Run(ctx) }()
+	waitAllPublished(t, d.DB, rows, time.Minute)
+	cancel()
+	<-done
+
+	mu.Lock()
+	defer mu.Unlock()
+	for _, p := range problems {
+		t.Error(p)
+	}
+	if committed != rows || relay.Published() != rows || relay.Batches() != rows/batch {
+		t.Errorf("committed %d rows, published %d in %d batches; want %d in %d", committed, relay.Published(), relay.Batches(), rows, rows/batch)
+	}
+	assertExactlyOnce(t, readAll(t, k, topic), ids)
+}

@@ -66,8 +66,9 @@ type RelayConfig struct {
 	Tune func(*sarama.Config)
 
 	// Hook, when set, is called at named points of a batch ("linger" just before a partial
-	// batch waits, "before-kafka-commit", "after-kafka-commit", "after-mark"). Crash tests
-	// use it to exit the process there.
+	// batch waits, "before-kafka-commit", "after-kafka-commit", "before-mark", "after-mark";
+	// in exactly-once mode under Run the last two are called from the goroutine that marks
+	// the batch in the background). Crash tests use it to exit the process there.
 	Hook func(point string)
 }
 
@@ -278,7 +279,7 @@ func newRelay(db *sql.DB, producer Producer, cfg RelayConfig, logger watermill.L
 		oldestPending: fmt.Sprintf(`SELECT MIN(created_at) FROM %s WHERE published_at IS NULL`, t),
 		markPrefix:    fmt.Sprintf(`UPDATE %s SET published_at = NOW(6) WHERE id IN (`, t),
 		pendingFull: fmt.Sprintf(`SELECT id, event_id, event_type, topic, msg_key, payload, headers FROM %s
- WHERE published_at IS NULL ORDER BY id LIMIT %d`, t, cfg.BatchSize),
+ WHERE published_at IS NULL ORDER BY id LIMIT ?`, t),
 		cleanup: fmt.Sprintf(`DELETE FROM %s WHERE published_at < NOW(6) - INTERVAL ? MICROSECOND LIMIT %d`, t, cfg.CleanupBatch),
 	}}, nil
 }
@@ -321,7 +322,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	for _, e := range r.eos {
 		// The owner of the first shard deletes expired published rows.
 		wg.Go(func() {
-			r.loop(ctx, e.shard, e.relayOnce, e.idleWait, func() bool { return e.index == 0 && e.owner.Load() }, e.owner.Load)
+			once := func(ctx context.Context) (int, error) { return e.relayOnce(ctx, true) }
+			r.loop(ctx, e.shard, once, e.idleWait, func() bool { return e.index == 0 && e.owner.Load() }, e.owner.Load)
 		})
 	}
 	wg.Wait()
@@ -459,12 +461,12 @@ func (r *Relay) linger(ctx context.Context, n int) (bool, error) {
 	}
 }
 
-// RelayOnce publishes one batch of pending rows and marks them. It returns how many rows it
-// published.
+// RelayOnce publishes one batch of pending rows and marks them before it returns (Run
+// pipelines the marks in exactly-once mode). It returns how many rows it published.
 func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	switch {
 	case len(r.eos) == 1:
-		return r.eos[0].relayOnce(ctx)
+		return r.eos[0].relayOnce(ctx, false)
 	case len(r.eos) > 1:
 		return r.relayShardsOnce(ctx)
 	}
@@ -512,7 +514,7 @@ func (r *Relay) relayShardsOnce(ctx context.Context) (int, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			n, err := e.relayOnce(ctx)
+			n, err := e.relayOnce(ctx, false)
 			ns[i] = n
 			if err != nil {
 				errs[i] = fmt.Errorf("shard %s: %w", e.shard, err)
