@@ -743,9 +743,11 @@ func writeCSV() error {
 	if err := writeChart(png, chartPanels()); err != nil {
 		return fmt.Errorf("chart: %w", err)
 	}
-	// The latest chart under a stable name, for README.
-	if err := writeChart(filepath.Join(*outDir, "latest.png"), chartPanels()); err != nil {
-		return fmt.Errorf("chart: %w", err)
+	// The latest full run's chart under a stable name, for README (-only runs leave it).
+	if *only == "" {
+		if err := writeChart(filepath.Join(*outDir, "latest.png"), chartPanels()); err != nil {
+			return fmt.Errorf("chart: %w", err)
+		}
 	}
 	fmt.Printf("bench: chart written to %s\n", png)
 	path := filepath.Join(*outDir, "bench-"+stamp+".csv")
