@@ -577,6 +577,10 @@ func benchE2E(ctx context.Context, db *sql.DB, kc kafkax.Config, mode string, n 
 			return err
 		}
 		report("e2e", "mode", mode, "offered_per_s", rate, "orders_per_s", achieved, "p50_ms", p50, "p99_ms", p99, "measured", measured)
+		if err := stages(ctx, kc, in, db, w, rate, base, base+count); err != nil {
+			stop()
+			return err
+		}
 		base += count
 	}
 	stop()
@@ -768,4 +772,67 @@ func writeCSV() error {
 	}
 	fmt.Printf("bench: results written to %s\n", path)
 	return w.Error()
+}
+
+// stages splits the latency of orders from..to into where it was spent, from clocks on this
+// host: the order's Kafka timestamp (this process's producer), the inbox row's created_at
+// (the router's claim, MariaDB's clock), the outbox row's created_at (the handler wrote the
+// event, same transaction) and the moment the live read_committed consumer saw the event.
+// The rows' created_at is when the statement ran, before the transaction commits.
+func stages(ctx context.Context, kc kafkax.Config, in string, db *sql.DB, w *watcher, rate, from, to int) error {
+	ins, err := readTimestamps(kc, in)
+	if err != nil {
+		return err
+	}
+	created := func(q string) (map[string]time.Time, error) {
+		rows, err := db.QueryContext(ctx, q)
+		if err != nil {
+			return nil, err
+		}
+		defer rows.Close()
+		out := map[string]time.Time{}
+		for rows.Next() {
+			var k string
+			var t time.Time
+			if err := rows.Scan(&k, &t); err != nil {
+				return nil, err
+			}
+			out[k] = t
+		}
+		return out, rows.Err()
+	}
+	inbox, err := created("SELECT dedup_key, created_at FROM inbox WHERE dedup_key LIKE 'lat-%'")
+	if err != nil {
+		return err
+	}
+	outbox, err := created("SELECT msg_key, created_at FROM outbox WHERE msg_key LIKE 'lat-%'")
+	if err != nil {
+		return err
+	}
+	var toInbox, toOutbox, toVisible []float64
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	for i := from; i < to; i++ {
+		id := order("lat", i).OrderID
+		t0, ok0 := ins[id]
+		t1, ok1 := inbox[id]
+		t2, ok2 := outbox[id]
+		t3, ok3 := w.at(id)
+		if ok0 && ok1 && ok2 && ok3 {
+			toInbox = append(toInbox, ms(t1.Sub(t0)))
+			toOutbox = append(toOutbox, ms(t2.Sub(t1)))
+			toVisible = append(toVisible, ms(t3.Sub(t2)))
+		}
+	}
+	if len(toInbox) == 0 {
+		return fmt.Errorf("stages: no order found in every stage")
+	}
+	p := func(d []float64, q int) float64 {
+		sort.Float64s(d)
+		return d[min(len(d)-1, len(d)*q/100)]
+	}
+	report("e2e_stages", "offered_per_s", rate,
+		"kafka_to_inbox_p50_ms", p(toInbox, 50), "kafka_to_inbox_p99_ms", p(toInbox, 99),
+		"inbox_to_outbox_p50_ms", p(toOutbox, 50), "inbox_to_outbox_p99_ms", p(toOutbox, 99),
+		"outbox_to_visible_p50_ms", p(toVisible, 50), "outbox_to_visible_p99_ms", p(toVisible, 99))
+	return nil
 }
