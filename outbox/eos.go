@@ -257,7 +257,7 @@ func (e *exactlyOnce) relayOnce(ctx context.Context, pipelined bool) (int, error
 	}
 	if !e.wanted.Load() {
 		// Not (or no longer) this relay's shard: hand it over at once if it holds it. No
-		// transaction is open between batches and every batch is marked before the next.
+		// transaction is open between batches, and endSession waits for the last batch's mark.
 		if e.lease.held {
 			e.endSession("shard assigned to another relay")
 			e.owner.Store(false)

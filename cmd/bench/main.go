@@ -668,9 +668,10 @@ func startPipeline(ctx context.Context, db *sql.DB, kc kafkax.Config, topic stri
 		return nil, err
 	}
 	r.AddConsumerHandler("bench", topic, sub, handler)
-	// The router's default relay: exactly once (transactional producer, positions, lease).
-	// With the router's relay settings: it is woken after each committed delivery.
+	// The router's default relay: exactly once (transactional producer, positions, lease),
+	// with configs/router.yaml's batch size and linger, woken after each committed delivery.
 	relay, err := outbox.NewExactlyOnceRelay(db, kc, outbox.RelayConfig{Shards: *e2eShards, Shard: "e2e",
+		BatchSize: 2000, Linger: 5 * time.Millisecond,
 		TransactionalID: fmt.Sprintf("bench-e2e-%d", time.Now().UnixNano())}, nil)
 	if err != nil {
 		return nil, err
