@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -457,7 +458,7 @@ func TestParallelSubscriberRebalance(t *testing.T) {
 		firstOrder = map[string][]int{}
 		deliveries = 0
 		perMember  = [2]int{}
-		acks       sync.WaitGroup
+		acks       atomic.Int64 // acks not made yet (a WaitGroup's Add may not race its Wait)
 	)
 	all := make(chan struct{})
 	consume := func(member int, ch <-chan *message.Message) {
@@ -479,7 +480,7 @@ func TestParallelSubscriberRebalance(t *testing.T) {
 			mu.Unlock()
 			acks.Add(1)
 			go func() {
-				defer acks.Done()
+				defer acks.Add(-1)
 				time.Sleep(time.Duration(5+mrand.IntN(10)) * time.Millisecond)
 				m.Ack()
 			}()
@@ -510,7 +511,9 @@ func TestParallelSubscriberRebalance(t *testing.T) {
 		mu.Unlock()
 		t.Fatalf("received %d of %d distinct messages before the deadline", n, total)
 	}
-	acks.Wait()
+	for acks.Load() > 0 {
+		time.Sleep(time.Millisecond)
+	}
 	_ = subA.Close()
 	_ = subB.Close()
 	consumers.Wait()

@@ -44,6 +44,18 @@ func (c Config) ReadAll(ctx context.Context, topic string, idle time.Duration) (
 	if idle <= 0 {
 		idle = 2 * time.Second
 	}
+	// The offsets are looked up one partition after another: Sarama's first requests to a
+	// broker it is still connecting to can fail with "broker not connected" when they race.
+	type span struct{ oldest, hwm int64 }
+	spans := make([]span, len(parts))
+	for i, p := range parts {
+		if spans[i].hwm, err = client.GetOffset(topic, p, sarama.OffsetNewest); err != nil {
+			return nil, fmt.Errorf("offset of %s/%d: %w", topic, p, err)
+		}
+		if spans[i].oldest, err = client.GetOffset(topic, p, sarama.OffsetOldest); err != nil {
+			return nil, fmt.Errorf("offset of %s/%d: %w", topic, p, err)
+		}
+	}
 	// Partitions are read at once: a partition whose last offsets are transaction markers
 	// ends only after idle, and waiting that out partition after partition made audits of
 	// transactional topics take idle × partitions.
@@ -54,7 +66,7 @@ func (c Config) ReadAll(ctx context.Context, topic string, idle time.Duration) (
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i], errs[i] = readPartition(ctx, client, consumer, topic, p, idle)
+			results[i], errs[i] = readPartition(ctx, consumer, topic, p, spans[i].oldest, spans[i].hwm, idle)
 		}()
 	}
 	wg.Wait()
@@ -68,18 +80,10 @@ func (c Config) ReadAll(ctx context.Context, topic string, idle time.Duration) (
 	return out, nil
 }
 
-// readPartition reads partition p of topic from its oldest offset to the high-water mark
-// seen at the start, or until idle passes without a record.
-func readPartition(ctx context.Context, client sarama.Client, consumer sarama.Consumer, topic string, p int32, idle time.Duration) ([]Record, error) {
+// readPartition reads partition p of topic from oldest to the high-water mark hwm seen at
+// the start, or until idle passes without a record.
+func readPartition(ctx context.Context, consumer sarama.Consumer, topic string, p int32, oldest, hwm int64, idle time.Duration) ([]Record, error) {
 	var out []Record
-	hwm, err := client.GetOffset(topic, p, sarama.OffsetNewest)
-	if err != nil {
-		return nil, fmt.Errorf("offset of %s/%d: %w", topic, p, err)
-	}
-	oldest, err := client.GetOffset(topic, p, sarama.OffsetOldest)
-	if err != nil {
-		return nil, fmt.Errorf("offset of %s/%d: %w", topic, p, err)
-	}
 	if hwm <= oldest {
 		return nil, nil
 	}
