@@ -299,10 +299,8 @@ func runWithoutRace(t *testing.T) bool {
 	if !raceEnabled {
 		return false
 	}
+	routerBinary(t) // makes routerDir (once; reading it before that Once ends is a race)
 	plainTestOnce.Do(func() {
-		if routerDir == "" {
-			routerBinary(t)
-		}
 		plainTestBin = filepath.Join(routerDir, "outbox.test")
 		out, err := exec.Command("go", "test", "-c", "-o", plainTestBin, "github.com/onceflow/onceflow/outbox").CombinedOutput()
 		if err != nil {
