@@ -83,11 +83,16 @@ SELECT i.dedup_key FROM inbox i LEFT JOIN coupon_grant g ON g.order_id = i.dedup
 WHERE i.biz_type = ? AND i.status = 'done' AND (g.state IS NULL OR g.state NOT IN ('GRANTED', 'FAILED')) LIMIT 20`, campaignID, BizType); err != nil {
 		return a, err
 	}
-	if err := listInto(ctx, db, &a, "invariant 2: terminal grant without its outbox event: order %s", `
-SELECT g.order_id FROM coupon_grant g LEFT JOIN outbox o ON o.msg_key = g.order_id
-  AND o.event_type = IF(g.state = 'GRANTED', ?, ?)
-WHERE g.campaign_id = ? AND g.state IN ('GRANTED', 'FAILED') GROUP BY g.order_id HAVING COUNT(o.id) <> 1 LIMIT 20`,
-		EventGranted, EventGrantFailed, campaignID); err != nil {
+	// One grouping over both tables, not a join: the outbox has no index on msg_key (every
+	// index costs each business transaction an insert), and MariaDB joined it block by block,
+	// quadratic in the rows (≈200 s for 50,000 grants; this form ≈1.5 s).
+	if err := listInto(ctx, db, &a, "invariant 2: terminal grant without exactly one outbox event: order %s", `
+SELECT k FROM (
+  SELECT order_id k, IF(state = 'GRANTED', ?, ?) t, 1 g, 0 o FROM coupon_grant WHERE campaign_id = ? AND state IN ('GRANTED', 'FAILED')
+  UNION ALL
+  SELECT msg_key, event_type, 0, 1 FROM outbox WHERE event_type IN (?, ?)
+) x GROUP BY k, t HAVING SUM(g) = 1 AND SUM(o) <> 1 LIMIT 20`,
+		EventGranted, EventGrantFailed, campaignID, EventGranted, EventGrantFailed); err != nil {
 		return a, err
 	}
 	// 3. counters, per shard and in total
