@@ -50,7 +50,7 @@ type BatchConfig struct {
 	// batches fill without lingering.
 	Linger time.Duration
 	// Workers is how many batch transactions run at once; default 2 (on the 2-core test
-	// machine, 2 gave more throughput and lower latency than 4 or 8: make bench, README).
+	// machine 2 gave more throughput and lower latency than 4, four runs each; README).
 	Workers int
 	// LockRetries is how often a batch rolled back by a deadlock is retried whole before
 	// its deliveries fall back to the one-at-a-time path; default 3.
