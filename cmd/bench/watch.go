@@ -81,6 +81,23 @@ func (w *watcher) at(key string) (time.Time, bool) {
 	return t, ok
 }
 
+// wait returns once the watcher has seen n distinct keys, or fails after limit.
+func (w *watcher) wait(n int, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		w.mu.Lock()
+		seen := len(w.seen)
+		w.mu.Unlock()
+		if seen >= n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out: a read_committed consumer saw %d of %d events", seen, n)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
 func (w *watcher) close() {
 	w.cancel()
 	w.wg.Wait()
