@@ -75,7 +75,21 @@ func newBatcher(t *testing.T, ib *inbox.Inbox, cfg inbox.BatchConfig) *inbox.Bat
 // event and the full legal transition log per order, duplicates counted, the odd messages
 // quarantined with their reasons — and the audit that says so catches an injected
 // duplicate event.
-func TestBatchGrantsExactlyOnce(t *testing.T) {
+func TestBatchGrantsExactlyOnce(t *testing.T) { bothClaimReads(t, testBatchGrantsExactlyOnce) }
+
+// bothClaimReads runs a test with the claim reading its rows back through RETURNING (the
+// default on MariaDB) and through the SELECT other servers use.
+func bothClaimReads(t *testing.T, f func(t *testing.T, selectAfterClaim bool)) {
+	for _, sel := range []bool{false, true} {
+		name := "returning"
+		if sel {
+			name = "select"
+		}
+		t.Run(name, func(t *testing.T) { f(t, sel) })
+	}
+}
+
+func testBatchGrantsExactlyOnce(t *testing.T, sel bool) {
 	d := testenv.DB(t, 16)
 	ctx := context.Background()
 	cfg := campaign("batch-1", 100_000, 100_000*valueCents)
@@ -84,7 +98,7 @@ func TestBatchGrantsExactlyOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := newBatcher(t, ib, inbox.BatchConfig{MaxSize: 64, Workers: 3})
+	b := newBatcher(t, ib, inbox.BatchConfig{MaxSize: 64, Workers: 3, SelectAfterClaim: sel})
 
 	const orders, copies = 600, 3
 	var ds []delivery
@@ -163,6 +177,9 @@ func TestBatchGrantsExactlyOnce(t *testing.T) {
 	if !containsInvariant(a.Violations, 2) {
 		t.Errorf("an injected duplicate event went unnoticed: %v", a.Violations)
 	}
+	if st := b.Stats(); st.Returning == sel {
+		t.Errorf("claim read back with RETURNING: %v, want %v (MariaDB has it; SelectAfterClaim %v)", st.Returning, !sel, sel)
+	}
 }
 
 // TestBatchRunsOutOfStockExactly: near exhaustion no shard covers a whole batch, so a
@@ -233,7 +250,9 @@ func TestBatchFailedCallsFallBack(t *testing.T) {
 // TestBatchResumesUnfinishedRows: deliveries whose inbox rows an earlier, crashed delivery
 // left 'processing' — one before any step, one half-way (grant LOCKED) — are finished once,
 // and are not counted as duplicates.
-func TestBatchResumesUnfinishedRows(t *testing.T) {
+func TestBatchResumesUnfinishedRows(t *testing.T) { bothClaimReads(t, testBatchResumesUnfinishedRows) }
+
+func testBatchResumesUnfinishedRows(t *testing.T, sel bool) {
 	d := testenv.DB(t, 8)
 	ctx := context.Background()
 	cfg := campaign("batch-resume", 1000, 1000*valueCents)
@@ -250,7 +269,7 @@ func TestBatchResumesUnfinishedRows(t *testing.T) {
 	if p, err := step(ctx, d.DB, g, halfway); err != nil || p != inbox.Continue {
 		t.Fatalf("first step of the half-way order: %v, %v", p, err)
 	}
-	b := newBatcher(t, ib, inbox.BatchConfig{MaxSize: 8, Workers: 1, Linger: 50 * time.Millisecond})
+	b := newBatcher(t, ib, inbox.BatchConfig{MaxSize: 8, Workers: 1, Linger: 50 * time.Millisecond, SelectAfterClaim: sel})
 	out := deliverAll(t, b, []delivery{{early.OrderID, early.Encode()}, {halfway.OrderID, halfway.Encode()}, {fresh.OrderID, fresh.Encode()}}, 3)
 	for _, o := range []coupon.OrderPaid{early, halfway, fresh} {
 		if r := out[o.OrderID]; len(r) != 1 || r[0].Outcome != inbox.OutcomeProcessed {

@@ -1,13 +1,11 @@
 package coupon
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strconv"
 	"time"
 	"unicode/utf8"
@@ -38,14 +36,10 @@ func DecodeOrderPaid(b []byte) (OrderPaid, error) {
 		AmountCents *json.RawMessage `json:"amountCents"` // raw: a json.Number would accept "500"
 		PaidAt      *string          `json:"paidAt"`
 	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	if err := dec.Decode(&raw); err != nil {
+	// Unmarshal, not a Decoder: it rejects anything after the object but whitespace, and
+	// costs a fraction (the Decoder was a tenth of the router's CPU in the e2e profile).
+	if err := json.Unmarshal(b, &raw); err != nil {
 		return OrderPaid{}, fmt.Errorf("%w: %v", ErrBadOrderPaid, err)
-	}
-	// dec.More() is not enough: it reports false for a trailing '}' or ']'.
-	if _, err := dec.Token(); err != io.EOF {
-		return OrderPaid{}, fmt.Errorf("%w: trailing data after the JSON object", ErrBadOrderPaid)
 	}
 	var o OrderPaid
 	if raw.OrderID == nil || *raw.OrderID == "" {

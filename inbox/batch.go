@@ -55,6 +55,11 @@ type BatchConfig struct {
 	// LockRetries is how often a batch rolled back by a deadlock is retried whole before
 	// its deliveries fall back to the one-at-a-time path; default 3.
 	LockRetries int
+	// SelectAfterClaim reads the claimed rows back with a SELECT after the claim instead of
+	// the claim's own RETURNING clause. Servers without INSERT … RETURNING (MySQL, MariaDB
+	// before 10.5) always take this path; on MariaDB it costs a statement and a lookup per
+	// row (tests set it to cover both paths).
+	SelectAfterClaim bool
 }
 
 func (c *BatchConfig) setDefaults() {
@@ -112,6 +117,9 @@ type Batcher struct {
 	once   sync.Once
 	q      batchQueries
 
+	retMu     sync.Mutex
+	returning int // 0 not yet known, 1 the claim reads its rows back with RETURNING, -1 it cannot
+
 	mu    sync.Mutex
 	stats BatchStats
 }
@@ -123,6 +131,7 @@ type BatchStats struct {
 	Fallbacks  int64 // deliveries handed to the one-at-a-time path
 	Rollbacks  int64 // batch transactions rolled back (then retried or fallen back)
 	MaxBatched int   // most deliveries seen in one batch
+	Returning  bool  // the claim reads its rows back with RETURNING (MariaDB ≥ 10.5), not a SELECT
 }
 
 type pending struct {
@@ -140,7 +149,7 @@ type batchOutcome struct {
 }
 
 type batchQueries struct {
-	claimHead, claimGroup, claimTail, selectHead, dupHead, doneHead, reopenHead string
+	claimHead, claimGroup, claimTail, claimReturning, selectHead, dupHead, doneHead, reopenHead string
 }
 
 // NewBatcher returns a Batcher for ib, whose handler must implement BatchHandler. It starts
@@ -163,11 +172,12 @@ func (ib *Inbox) NewBatcher(cfg BatchConfig) (*Batcher, error) {
 			claimHead:  fmt.Sprintf("INSERT INTO %s %s", t, insertColumns[:i+len("VALUES ")]),
 			claimGroup: insertColumns[i+len("VALUES "):],
 			// On an existing row: the exclusive row lock (like claim) and a duplicate counted.
-			claimTail:  " ON DUPLICATE KEY UPDATE duplicates = duplicates + 1",
-			selectHead: fmt.Sprintf("SELECT id, dedup_key, status, fingerprint, reason, duplicates FROM %s WHERE biz_type = ? AND dedup_key IN ", t),
-			dupHead:    fmt.Sprintf("UPDATE %s SET duplicates = duplicates + ? WHERE id IN ", t),
-			doneHead:   fmt.Sprintf("UPDATE %s SET status = 'done', attempts = GREATEST(attempts, 1), reason = NULL, last_error = NULL WHERE id IN ", t),
-			reopenHead: fmt.Sprintf("UPDATE %s SET status = 'processing' WHERE id IN ", t),
+			claimTail:      " ON DUPLICATE KEY UPDATE duplicates = duplicates + 1",
+			claimReturning: " RETURNING id, dedup_key, status, fingerprint, reason, duplicates",
+			selectHead:     fmt.Sprintf("SELECT id, dedup_key, status, fingerprint, reason, duplicates FROM %s WHERE biz_type = ? AND dedup_key IN ", t),
+			dupHead:        fmt.Sprintf("UPDATE %s SET duplicates = duplicates + ? WHERE id IN ", t),
+			doneHead:       fmt.Sprintf("UPDATE %s SET status = 'done', attempts = GREATEST(attempts, 1), reason = NULL, last_error = NULL WHERE id IN ", t),
+			reopenHead:     fmt.Sprintf("UPDATE %s SET status = 'processing' WHERE id IN ", t),
 		}}
 	b.prep, _ = ib.h.(BatchPreparer)
 	b.wg.Add(cfg.Workers)
@@ -193,8 +203,12 @@ func (b *Batcher) Close() error {
 // Stats returns what the Batcher did so far.
 func (b *Batcher) Stats() BatchStats {
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.stats
+	st := b.stats
+	b.mu.Unlock()
+	b.retMu.Lock()
+	st.Returning = b.returning == 1
+	b.retMu.Unlock()
+	return st
 }
 
 // HandlerFunc adapts the Batcher to a Watermill router handler for messages consumed from
@@ -427,21 +441,32 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item) error {
 			[]byte(it.p.msg.Payload), string(meta), it.p.dec.Fingerprint, 1, nil, nil, expire)
 	}
 	q.WriteString(b.q.claimTail)
-	if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
-		return fmt.Errorf("claim %d inbox rows: %w", len(items), err)
-	}
-	// 2. Read the claimed rows back. The claim locked them all, so a plain read sees their
-	// current state (a locking read here only adds deadlocks).
 	byKey := make(map[string]*item, len(items))
-	keyArgs := make([]any, 0, len(items)+1)
-	keyArgs = append(keyArgs, ib.cfg.BizType)
 	for _, it := range items {
 		byKey[it.p.dec.Key] = it
-		keyArgs = append(keyArgs, it.p.dec.Key)
 	}
-	rows, err := tx.QueryContext(ctx, b.q.selectHead+placeholders(len(items)), keyArgs...)
-	if err != nil {
-		return fmt.Errorf("read claimed inbox rows: %w", err)
+	// 2. Read the claimed rows back: with the claim's RETURNING clause (each row as the claim
+	// left it), else with a plain SELECT — the claim locked them all, so a plain read sees
+	// their current state (a locking read here only adds deadlocks).
+	var rows *sql.Rows
+	var err error
+	if b.useReturning(ctx, tx) {
+		q.WriteString(b.q.claimReturning)
+		if rows, err = tx.QueryContext(ctx, q.String(), args...); err != nil {
+			return fmt.Errorf("claim %d inbox rows: %w", len(items), err)
+		}
+	} else {
+		if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
+			return fmt.Errorf("claim %d inbox rows: %w", len(items), err)
+		}
+		keyArgs := make([]any, 0, len(items)+1)
+		keyArgs = append(keyArgs, ib.cfg.BizType)
+		for _, it := range items {
+			keyArgs = append(keyArgs, it.p.dec.Key)
+		}
+		if rows, err = tx.QueryContext(ctx, b.q.selectHead+placeholders(len(items)), keyArgs...); err != nil {
+			return fmt.Errorf("read claimed inbox rows: %w", err)
+		}
 	}
 	counts := map[int][]any{} // duplicate counter corrections → inbox ids
 	var run []*item
@@ -495,6 +520,43 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item) error {
 		}
 	}
 	return nil
+}
+
+// useReturning reports whether the claim can read its rows back itself: INSERT … ON
+// DUPLICATE KEY UPDATE … RETURNING exists on MariaDB from 10.5 (not on MySQL). Asked once,
+// on the first batch's connection (again on the next batch if that failed).
+func (b *Batcher) useReturning(ctx context.Context, tx *sql.Tx) bool {
+	b.retMu.Lock()
+	defer b.retMu.Unlock()
+	if b.returning == 0 {
+		var v string
+		switch {
+		case b.cfg.SelectAfterClaim:
+			b.returning = -1
+		case tx.QueryRowContext(ctx, "SELECT VERSION()").Scan(&v) != nil:
+			return false // the SELECT path works everywhere
+		case returningSupported(v):
+			b.returning = 1
+		default:
+			b.returning = -1
+		}
+		if v != "" {
+			b.ib.logger.Info("batch claims read their rows back", watermill.LogFields{"server": v, "returning": b.returning == 1})
+		}
+	}
+	return b.returning == 1
+}
+
+// returningSupported reports whether a server of this VERSION() has INSERT … RETURNING.
+func returningSupported(version string) bool {
+	if !strings.Contains(version, "MariaDB") {
+		return false
+	}
+	var major, minor int
+	if _, err := fmt.Sscanf(version, "%d.%d", &major, &minor); err != nil {
+		return false
+	}
+	return major > 10 || major == 10 && minor >= 5
 }
 
 // handle runs the handler on the rows that are ours to run (sorted by key) and brings the

@@ -296,7 +296,7 @@ func TestPoisonIsQuarantined(t *testing.T) {
 		payload string
 		reason  string
 	}{
-		{"invalid json", `{"orderId": "p1", "userId": `, "unexpected EOF"},
+		{"invalid json", `{"orderId": "p1", "userId": `, "unexpected end of JSON input"},
 		{"missing orderId", `{"userId": "u1", "amountCents": 1}`, "missing orderId"},
 		{"missing userId", `{"orderId": "p2"}`, "missing userId"},
 		{"orderId wrong type", `{"orderId": 42, "userId": "u1"}`, "orderId"},
