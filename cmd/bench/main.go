@@ -103,11 +103,17 @@ func run() error {
 
 	if want("batch") {
 		// Group commit (inbox.Batcher): many deliveries per transaction, multi-row statements.
-		u, err := benchUnsafeBatch(ctx, db)
+		// Two baselines: the handler alone on pre-built batches (a ceiling), and the same
+		// delivery path as the Batcher's without the inbox (the overhead baseline).
+		h, err := benchUnsafeBatch(ctx, db)
 		if err != nil {
 			return fmt.Errorf("unsafe batch: %w", err)
 		}
-		if err := benchInboxBatch(ctx, db, u); err != nil {
+		u, err := benchUnsafeSamePath(ctx, db)
+		if err != nil {
+			return fmt.Errorf("unsafe batch: %w", err)
+		}
+		if err := benchInboxBatch(ctx, db, u, h); err != nil {
 			return fmt.Errorf("inbox batch: %w", err)
 		}
 	}

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"hash/fnv"
+	"sort"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/coupon"
+	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/pkg/dbx"
+)
+
+// unsafeBatcher is the group-commit delivery path without the inbox, the baseline its
+// overhead is measured against: the same concurrent senders and messages, the same decode,
+// deliveries meeting in lanes by key and collected like the Batcher's (MaxSize, 2 ms
+// linger), and the same multi-row HandleBatch in one transaction per batch — but no inbox
+// claim, no read-back and no dedup record. Bench-only: nothing stops a redelivery here but
+// the grant table's own key.
+type unsafeBatcher struct {
+	db    *sql.DB
+	g     *coupon.Granter
+	size  int
+	lanes []chan *unsafeReq
+}
+
+type unsafeReq struct {
+	d    *inbox.Delivery
+	done chan error
+}
+
+func newUnsafeBatcher(db *sql.DB, g *coupon.Granter, size, workers int) *unsafeBatcher {
+	u := &unsafeBatcher{db: db, g: g, size: size}
+	for range workers {
+		lane := make(chan *unsafeReq, size)
+		u.lanes = append(u.lanes, lane)
+		go u.lane(lane)
+	}
+	return u
+}
+
+func (u *unsafeBatcher) close() {
+	for _, l := range u.lanes {
+		close(l)
+	}
+}
+
+func (u *unsafeBatcher) process(msg *message.Message) error {
+	o, err := coupon.DecodeOrderPaid(msg.Payload)
+	if err != nil {
+		return err
+	}
+	r := &unsafeReq{d: &inbox.Delivery{Message: msg, BizType: coupon.BizType, Key: o.OrderID, Value: o, Attempt: 1}, done: make(chan error, 1)}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(o.OrderID))
+	u.lanes[h.Sum32()%uint32(len(u.lanes))] <- r
+	return <-r.done
+}
+
+func (u *unsafeBatcher) lane(in chan *unsafeReq) {
+	for first := range in {
+		batch := []*unsafeReq{first}
+		timer := time.NewTimer(2 * time.Millisecond)
+	fill:
+		for len(batch) < u.size {
+			select {
+			case r, ok := <-in:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, r)
+			case <-timer.C:
+				break fill
+			}
+		}
+		timer.Stop()
+		err := u.run(batch)
+		for _, r := range batch {
+			r.done <- err
+		}
+	}
+}
+
+func (u *unsafeBatcher) run(batch []*unsafeReq) error {
+	sort.Slice(batch, func(i, j int) bool { return batch[i].d.Key < batch[j].d.Key })
+	ds := make([]*inbox.Delivery, len(batch))
+	for i, r := range batch {
+		ds[i] = r.d
+	}
+	ctx := context.Background()
+	u.g.PrepareBatch(ctx, ds)
+	for {
+		err := dbx.InTx(ctx, u.db, func(tx *sql.Tx) error {
+			progs, err := u.g.HandleBatch(ctx, tx, ds)
+			if err != nil {
+				return err
+			}
+			for _, p := range progs {
+				if p != inbox.Done {
+					return fmt.Errorf("batch left a grant unfinished")
+				}
+			}
+			return nil
+		})
+		if err != nil && dbx.IsLockConflict(err) {
+			u.g.PrepareBatch(ctx, ds)
+			continue
+		}
+		return err
+	}
+}
+
+// benchUnsafeSamePath: the baseline of the group-commit overhead — every order through
+// unsafeBatcher, offered exactly as benchInboxBatch offers them to the Batcher.
+func benchUnsafeSamePath(ctx context.Context, db *sql.DB) (float64, error) {
+	if err := truncate(ctx, db); err != nil {
+		return 0, err
+	}
+	g, _, err := granter(ctx, db, "")
+	if err != nil {
+		return 0, err
+	}
+	u := newUnsafeBatcher(db, g, *batchSize, *batchLanes)
+	defer u.close()
+	n := *batchOrders
+	defer withWorkers(*batchSenders)()
+	el, err := parallel(n, func(i int) error {
+		return u.process(message.NewMessage(watermill.NewUUID(), order("unsafe-path", i).Encode()))
+	})
+	if err != nil {
+		return 0, err
+	}
+	rate := float64(n) / el.Seconds()
+	report("unsafe", "mode", "batch", "batch_size", *batchSize, "orders_per_s", rate, "orders", n, "seconds", el.Seconds())
+	return rate, nil
+}
