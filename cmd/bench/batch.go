@@ -40,6 +40,7 @@ func benchUnsafeBatch(ctx context.Context, db *sql.DB) (float64, error) {
 	n := *batchOrders
 	batches := (n + *batchSize - 1) / *batchSize
 	defer withWorkers(*batchLanes)()
+	cpu := newCPUMeter()
 	el, err := parallel(batches, func(b int) error {
 		var ds []*inbox.Delivery
 		for i := b * *batchSize; i < min(n, (b+1)**batchSize); i++ {
@@ -71,7 +72,7 @@ func benchUnsafeBatch(ctx context.Context, db *sql.DB) (float64, error) {
 		return 0, err
 	}
 	rate := float64(n) / el.Seconds()
-	report("unsafe", "mode", "handler_only", "batch_size", *batchSize, "orders_per_s", rate, "orders", n, "seconds", el.Seconds())
+	report("unsafe", append([]any{"mode", "handler_only", "batch_size", *batchSize, "orders_per_s", rate, "orders", n, "seconds", el.Seconds()}, cpu.perOrder(n)...)...)
 	return rate, nil
 }
 
@@ -94,10 +95,12 @@ func benchInboxBatch(ctx context.Context, db *sql.DB, unsafe, handlerOnly float6
 		_, err := b.Process(ctx, message.NewMessage(watermill.NewUUID(), o.Encode()), inbox.Source{Topic: "bench"})
 		return err
 	}
+	cpu := newCPUMeter()
 	el, err := parallel(n, send)
 	if err != nil {
 		return err
 	}
+	cpuKV := cpu.perOrder(n)
 	rate := float64(n) / el.Seconds()
 	dups := n * 3 / 10
 	del, err := parallel(dups, func(i int) error { return send(i * 3) })
@@ -112,7 +115,8 @@ func benchInboxBatch(ctx context.Context, db *sql.DB, unsafe, handlerOnly float6
 	st := b.Stats()
 	report("inbox", "mode", "batch", "batch_size", *batchSize, "orders_per_s", rate, "overhead_pct_vs_unsafe", overhead(unsafe), "overhead_pct_vs_handler_only", overhead(handlerOnly),
 		"duplicates_per_s", float64(dups)/del.Seconds(), "coupons", a.Coupons, "duplicate_coupons", a.DuplicateCoupons,
-		"avg_batch", float64(st.Batched)/float64(max(st.Batches, 1)), "fallbacks", st.Fallbacks, "violations", len(a.Violations))
+		"avg_batch", float64(st.Batched)/float64(max(st.Batches, 1)), "fallbacks", st.Fallbacks, "violations", len(a.Violations), "returning", st.Returning)
+	report("inbox_cpu", append([]any{"mode", "batch"}, cpuKV...)...)
 	return nil
 }
 

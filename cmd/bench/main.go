@@ -553,6 +553,7 @@ func benchE2E(ctx context.Context, db *sql.DB, kc kafkax.Config, mode string, n 
 		w0.close()
 		return err
 	}
+	cpu := newCPUMeter()
 	start := time.Now()
 	err = w0.wait(n, 5*time.Minute)
 	el := time.Since(start)
@@ -565,6 +566,7 @@ func benchE2E(ctx context.Context, db *sql.DB, kc kafkax.Config, mode string, n 
 		return err
 	}
 	report("e2e", "mode", mode, "orders_per_s", float64(n)/el.Seconds(), "orders", n, "offered", "preloaded")
+	report("e2e_cpu", append([]any{"mode", mode}, cpu.perOrder(n)...)...)
 
 	// Latency at offered loads: Kafka timestamp of the order (taken by this process's producer)
 	// → this process's live read_committed consumer sees its CouponGranted event.

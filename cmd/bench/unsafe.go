@@ -129,6 +129,7 @@ func benchUnsafeSamePath(ctx context.Context, db *sql.DB) (float64, error) {
 	defer u.close()
 	n := *batchOrders
 	defer withWorkers(*batchSenders)()
+	cpu := newCPUMeter()
 	el, err := parallel(n, func(i int) error {
 		return u.process(message.NewMessage(watermill.NewUUID(), order("unsafe-path", i).Encode()))
 	})
@@ -136,6 +137,6 @@ func benchUnsafeSamePath(ctx context.Context, db *sql.DB) (float64, error) {
 		return 0, err
 	}
 	rate := float64(n) / el.Seconds()
-	report("unsafe", "mode", "batch", "batch_size", *batchSize, "orders_per_s", rate, "orders", n, "seconds", el.Seconds())
+	report("unsafe", append([]any{"mode", "batch", "batch_size", *batchSize, "orders_per_s", rate, "orders", n, "seconds", el.Seconds()}, cpu.perOrder(n)...)...)
 	return rate, nil
 }

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// cpuMeter reads the CPU time (user + system) used by the processes of a measurement on
+// this host: MariaDB, the Kafka broker, and this process (router side: consumer, inbox,
+// relay, watcher). CPU per order is steadier than throughput on a shared, noisy machine,
+// and says where the 2 cores go.
+type cpuMeter struct {
+	pids  map[string]string // role → pid
+	start map[string]time.Duration
+}
+
+func newCPUMeter() *cpuMeter {
+	m := &cpuMeter{pids: map[string]string{"bench": "self"}, start: map[string]time.Duration{}}
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		cmd, err := os.ReadFile(filepath.Join(d, "cmdline"))
+		if err != nil {
+			continue
+		}
+		c := string(cmd)
+		switch {
+		case strings.HasPrefix(c, "/usr/sbin/mariadbd") || strings.HasPrefix(c, "/usr/sbin/mysqld"):
+			m.pids["db"] = filepath.Base(d)
+		case strings.Contains(c, "kafka.Kafka"):
+			m.pids["kafka"] = filepath.Base(d)
+		}
+	}
+	for role, pid := range m.pids {
+		m.start[role] = procCPU(pid)
+	}
+	return m
+}
+
+// perOrder returns the CPU µs per order each role used since the meter started, keyed as
+// BENCH fields ("db_cpu_us_per_order" …), then the total.
+func (m *cpuMeter) perOrder(orders int) []any {
+	var kv []any
+	var total float64
+	for _, role := range []string{"db", "kafka", "bench"} {
+		pid, ok := m.pids[role]
+		if !ok {
+			continue
+		}
+		us := float64((procCPU(pid) - m.start[role]).Microseconds()) / float64(orders)
+		total += us
+		kv = append(kv, role+"_cpu_us_per_order", us)
+	}
+	return append(kv, "total_cpu_us_per_order", total)
+}
+
+// procCPU is the user + system CPU time of a process (/proc/PID/stat, clock ticks of 10 ms).
+func procCPU(pid string) time.Duration {
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndex(s, ")")+2:])
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	k, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(u+k) * 10 * time.Millisecond
+}
