@@ -142,12 +142,25 @@ func withWorkers(n int) (restore func()) {
 	return func() { *workers = saved }
 }
 
-var cpuProfile = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
+var (
+	cpuProfile = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
+	memProfile = flag.String("memprofile", "", "write an allocation profile of the whole run to this file (go tool pprof -sample_index=alloc_space)")
+)
 
-// startProfile starts the CPU profile when -cpuprofile is set; the returned func stops it.
+// startProfile starts the CPU profile when -cpuprofile is set; the returned func stops it
+// and writes the allocation profile when -memprofile is set.
 func startProfile() (func(), error) {
+	stop := func() {
+		if *memProfile == "" {
+			return
+		}
+		if f, err := os.Create(*memProfile); err == nil {
+			_ = pprof.Lookup("allocs").WriteTo(f, 0)
+			f.Close()
+		}
+	}
 	if *cpuProfile == "" {
-		return func() {}, nil
+		return stop, nil
 	}
 	f, err := os.Create(*cpuProfile)
 	if err != nil {
@@ -157,7 +170,7 @@ func startProfile() (func(), error) {
 		f.Close()
 		return nil, err
 	}
-	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+	return func() { pprof.StopCPUProfile(); f.Close(); stop() }, nil
 }
 
 var only = flag.String("only", "", "run only these measurement groups (comma separated: batch, single, storm, relay, e2e); empty runs all")
