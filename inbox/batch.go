@@ -111,6 +111,7 @@ type Batcher struct {
 	prep   BatchPreparer
 	cfg    BatchConfig
 	lanes  []chan *pending
+	decode chan *pending // deliveries not yet decoded, for the decoders
 	stop   chan struct{}
 	closed chan struct{} // closed once every lane has returned
 	wg     sync.WaitGroup
@@ -186,7 +187,43 @@ func (ib *Inbox) NewBatcher(cfg BatchConfig) (*Batcher, error) {
 		b.lanes = append(b.lanes, lane)
 		go b.lane(lane)
 	}
+	b.decode = make(chan *pending, cfg.MaxSize)
+	for range decoders {
+		b.wg.Go(b.decoder)
+	}
 	return b, nil
+}
+
+// decoders is how many goroutines decode the deliveries of a Batcher. Decoding runs on
+// these long-lived goroutines rather than on the caller's: a router runs each message on a
+// fresh goroutine, whose small stack had to grow (and be copied) for the JSON decoder — in
+// the e2e profile that cost more than the decoding itself.
+const decoders = 2
+
+// decoder decodes deliveries and queues each on its key's lane; a payload that does not
+// decode goes back to its caller, for the one-at-a-time path to quarantine.
+func (b *Batcher) decoder() {
+	for {
+		var p *pending
+		select {
+		case p = <-b.decode:
+		case <-b.stop:
+			return
+		}
+		dec, err := b.ib.decode(p.msg)
+		if err != nil {
+			p.done <- batchOutcome{fallback: true}
+			continue
+		}
+		p.dec = dec
+		h := fnv.New32a()
+		_, _ = h.Write([]byte(dec.Key))
+		select {
+		case b.lanes[h.Sum32()%uint32(len(b.lanes))] <- p:
+		case <-b.stop:
+			p.done <- batchOutcome{fallback: true}
+		}
+	}
 }
 
 // Close stops the Batcher after the batches already running; deliveries still queued are
@@ -224,15 +261,9 @@ func (b *Batcher) HandlerFunc(topic string) message.NoPublishHandlerFunc {
 // Process runs one live delivery, in a shared transaction when it can: it returns what
 // Inbox.Process would, once the outcome is committed.
 func (b *Batcher) Process(ctx context.Context, msg *message.Message, src Source) (Result, error) {
-	dec, err := b.ib.decode(msg)
-	if err != nil {
-		return b.ib.Process(ctx, msg, src, ProcessOptions{}) // poison: quarantined there
-	}
-	p := &pending{ctx: ctx, msg: msg, src: src, dec: dec, start: time.Now(), done: make(chan batchOutcome, 1)}
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(dec.Key))
+	p := &pending{ctx: ctx, msg: msg, src: src, start: time.Now(), done: make(chan batchOutcome, 1)}
 	select {
-	case b.lanes[h.Sum32()%uint32(len(b.lanes))] <- p:
+	case b.decode <- p:
 	case <-b.stop:
 		return b.ib.Process(ctx, msg, src, ProcessOptions{})
 	case <-ctx.Done():
@@ -242,7 +273,7 @@ func (b *Batcher) Process(ctx context.Context, msg *message.Message, src Source)
 	case o := <-p.done:
 		return b.outcome(ctx, p, o)
 	case <-b.closed:
-		// Every lane has returned: the delivery was answered, or never taken.
+		// Every lane and decoder has returned: the delivery was answered, or never taken.
 		select {
 		case o := <-p.done:
 			return b.outcome(ctx, p, o)
