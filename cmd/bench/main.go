@@ -81,6 +81,7 @@ var (
 	appDSN      = flag.String("dsn", "onceflow:onceflow@tcp(127.0.0.1:3306)/onceflow_bench", "application DSN of the bench database")
 	brokers     = flag.String("brokers", "127.0.0.1:9092", "Kafka brokers")
 	outDir      = flag.String("out", "bench/results", "where the CSV goes")
+	latencyDump = flag.String("latency-dump", "", "write every measured order's stage latencies to FILE-<offered rate>.csv (diagnosis of the tail)")
 )
 
 func run() error {
@@ -831,6 +832,17 @@ func stages(ctx context.Context, kc kafkax.Config, in string, db *sql.DB, w *wat
 	}
 	var toInbox, toOutbox, toVisible []float64
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	var dump *csv.Writer
+	if *latencyDump != "" {
+		f, err := os.Create(fmt.Sprintf("%s-%d.csv", *latencyDump, rate))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		dump = csv.NewWriter(f)
+		defer dump.Flush()
+		_ = dump.Write([]string{"order", "sent_ms", "kafka_to_inbox_ms", "inbox_to_outbox_ms", "outbox_to_visible_ms", "total_ms"})
+	}
 	for i := from; i < to; i++ {
 		id := order("lat", i).OrderID
 		t0, ok0 := ins[id]
@@ -841,6 +853,10 @@ func stages(ctx context.Context, kc kafkax.Config, in string, db *sql.DB, w *wat
 			toInbox = append(toInbox, ms(t1.Sub(t0)))
 			toOutbox = append(toOutbox, ms(t2.Sub(t1)))
 			toVisible = append(toVisible, ms(t3.Sub(t2)))
+			if dump != nil {
+				f := func(v float64) string { return strconv.FormatFloat(v, 'f', 2, 64) }
+				_ = dump.Write([]string{id, f(ms(t0.Sub(ins[order("lat", from).OrderID]))), f(ms(t1.Sub(t0))), f(ms(t2.Sub(t1))), f(ms(t3.Sub(t2))), f(ms(t3.Sub(t0)))})
+			}
 		}
 	}
 	if len(toInbox) == 0 {
