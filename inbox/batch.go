@@ -43,7 +43,8 @@ type BatchPreparer interface {
 
 // BatchConfig configures a Batcher.
 type BatchConfig struct {
-	// MaxSize is the most deliveries in one transaction; default 256.
+	// MaxSize is the most deliveries in one transaction; default 512 (e2e on the 2-core test
+	// machine: 4-8 % more orders/s than 256 in three alternating pairs; README).
 	MaxSize int
 	// Linger is how long a batch waits for more deliveries once it has its first; default
 	// 2ms. Deliveries that arrive while batches are running wait anyway, so under load
@@ -64,7 +65,7 @@ type BatchConfig struct {
 
 func (c *BatchConfig) setDefaults() {
 	if c.MaxSize == 0 {
-		c.MaxSize = 256
+		c.MaxSize = 512
 	}
 	if c.Linger == 0 {
 		c.Linger = 2 * time.Millisecond

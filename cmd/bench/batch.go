@@ -19,7 +19,7 @@ import (
 )
 
 var (
-	batchSize    = flag.Int("batch-size", 256, "inbox.batch_size of the group-commit measurements")
+	batchSize    = flag.Int("batch-size", 512, "inbox.batch_size of the group-commit measurements")
 	batchLanes   = flag.Int("batch-workers", 2, "inbox.batch_workers of the group-commit measurements")
 	batchOrders  = flag.Int("batch-orders", 50000, "orders per group-commit database measurement")
 	batchSenders = flag.Int("batch-senders", 2048, "concurrent deliveries offered to the Batcher (a router's in-flight messages)")

@@ -108,7 +108,7 @@ var defaults = []struct {
 	{"inbox.retention", "720h", "inbox rows expire after this (must cover Kafka's retention)"},
 	{"inbox.max_payload_bytes", 1 << 20, "larger payloads are poison"},
 	{"inbox.steps_per_transaction", 1, "consecutive handler steps per transaction (1: every state transition commits alone)"},
-	{"inbox.batch_size", 256, "group commit: deliveries per transaction for plugins that implement inbox.BatchHandler; 1 turns it off"},
+	{"inbox.batch_size", 512, "group commit: deliveries per transaction for plugins that implement inbox.BatchHandler; 1 turns it off"},
 	{"inbox.batch_linger", "2ms", "how long a batch waits for more deliveries after its first"},
 	{"inbox.batch_workers", 2, "batch transactions running at once (deliveries are spread over them by business key)"},
 	{"inbox.cleanup_interval", "1h", "how often expired done rows are deleted"},
