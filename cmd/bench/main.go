@@ -75,6 +75,7 @@ var (
 	loads       = flag.String("loads", "100,200", "offered loads (orders/s) for the latency runs, one at a time")
 	batchLoads  = flag.String("batch-loads", "500,1000,2000", "offered loads (orders/s) for the latency runs, group commit")
 	e2eShards   = flag.Int("e2e-relay-shards", 1, "relay.shards of the end-to-end runs")
+	e2eLinger   = flag.Duration("e2e-relay-linger", 5*time.Millisecond, "relay.linger of the end-to-end runs (configs/router.yaml's)")
 	e2eBatchN   = flag.Int("e2e-batch-orders", 50000, "orders for the end-to-end throughput run, group commit")
 	loadSecs    = flag.Int("load-seconds", 8, "seconds per latency run")
 	warmSecs    = flag.Int("warmup-seconds", 2, "seconds each latency run's load runs before it is measured")
@@ -702,7 +703,7 @@ func startPipeline(ctx context.Context, db *sql.DB, kc kafkax.Config, topic stri
 	// The router's default relay: exactly once (transactional producer, positions, lease),
 	// with configs/router.yaml's batch size and linger, woken after each committed delivery.
 	relay, err := outbox.NewExactlyOnceRelay(db, kc, outbox.RelayConfig{Shards: *e2eShards, Shard: "e2e",
-		BatchSize: 2000, Linger: 5 * time.Millisecond,
+		BatchSize: 2000, Linger: *e2eLinger,
 		TransactionalID: fmt.Sprintf("bench-e2e-%d", time.Now().UnixNano())}, nil)
 	if err != nil {
 		return nil, err
