@@ -79,13 +79,13 @@ func benchUnsafeBatch(ctx context.Context, db *sql.DB) (float64, error) {
 // benchInboxBatch: every order through the Batcher (inbox claim, handler, done mark in
 // shared transactions), offered by many concurrent senders like a router's in-flight
 // messages, then 30 % duplicate deliveries.
-func benchInboxBatch(ctx context.Context, db *sql.DB, unsafe, handlerOnly float64) error {
+func benchInboxBatch(ctx context.Context, db *sql.DB, unsafe, handlerOnly float64) (float64, error) {
 	if err := truncate(ctx, db); err != nil {
-		return err
+		return 0, err
 	}
 	b, cfg, err := newBatcher(ctx, db)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer b.Close()
 	n := *batchOrders
@@ -98,18 +98,18 @@ func benchInboxBatch(ctx context.Context, db *sql.DB, unsafe, handlerOnly float6
 	cpu := newCPUMeter()
 	el, err := parallel(n, send)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	cpuKV := cpu.perOrder(n)
 	rate := float64(n) / el.Seconds()
 	dups := n * 3 / 10
 	del, err := parallel(dups, func(i int) error { return send(i * 3) })
 	if err != nil {
-		return err
+		return 0, err
 	}
 	a, err := coupon.Verify(ctx, db, cfg.CampaignID, time.Hour)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	overhead := func(base float64) float64 { return (base - rate) / max(base, 1) * 100 }
 	st := b.Stats()
@@ -117,7 +117,10 @@ func benchInboxBatch(ctx context.Context, db *sql.DB, unsafe, handlerOnly float6
 		"duplicates_per_s", float64(dups)/del.Seconds(), "coupons", a.Coupons, "duplicate_coupons", a.DuplicateCoupons,
 		"avg_batch", float64(st.Batched)/float64(max(st.Batches, 1)), "fallbacks", st.Fallbacks, "violations", len(a.Violations), "returning", st.Returning)
 	report("inbox_cpu", append([]any{"mode", "batch"}, cpuKV...)...)
-	return nil
+	if a.DuplicateCoupons > 0 || len(a.Violations) > 0 {
+		return 0, fmt.Errorf("the audit failed: %d duplicate coupons, violations %v", a.DuplicateCoupons, a.Violations)
+	}
+	return rate, nil
 }
 
 // newBatcher builds the coupon granter's group-commit path (the router's default) on a

@@ -48,6 +48,9 @@ func chartPanels() []panel {
 	events := panel{title: "Outbox relay into Kafka (events/s)", unit: "events/s"}
 	lat := panel{title: "End-to-end latency, p99 (ms, lower is better)", unit: "ms"}
 	for _, r := range results {
+		if _, ok := get(r, "round"); ok {
+			continue // one round of several: the chart shows their medians
+		}
 		mode, _ := get(r, "mode")
 		if spt, ok := get(r, "steps_per_tx"); ok && mode == "" {
 			mode = "single, steps/tx " + spt

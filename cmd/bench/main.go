@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -40,9 +41,16 @@ type result struct {
 
 var results []result
 
+// round, when not 0, tags the lines report prints with the round of a repeated measurement
+// (the chart skips them; the medians of the rounds are reported after them, untagged).
+var round int
+
 func report(name string, kv ...any) {
 	r := result{name: name}
 	line := "BENCH name=" + name
+	if round > 0 {
+		kv = append([]any{"round", round}, kv...)
+	}
 	for i := 0; i+1 < len(kv); i += 2 {
 		v := fmt.Sprint(kv[i+1])
 		if f, ok := kv[i+1].(float64); ok {
@@ -78,6 +86,7 @@ var (
 	e2eLinger   = flag.Duration("e2e-relay-linger", 5*time.Millisecond, "relay.linger of the end-to-end runs (configs/router.yaml's)")
 	e2eBatchN   = flag.Int("e2e-batch-orders", 50000, "orders for the end-to-end throughput run, group commit")
 	loadSecs    = flag.Int("load-seconds", 8, "seconds per latency run")
+	rounds      = flag.Int("rounds", 3, "rounds of the group-commit and e2e group-commit measurements; their medians are reported (the machine is noisy)")
 	warmSecs    = flag.Int("warmup-seconds", 2, "seconds each latency run's load runs before it is measured")
 	adminDSN    = flag.String("admin-dsn", "onceflow_admin:onceflow_admin@tcp(127.0.0.1:3306)/onceflow_bench", "privileged DSN of the bench database")
 	appDSN      = flag.String("dsn", "onceflow:onceflow@tcp(127.0.0.1:3306)/onceflow_bench", "application DSN of the bench database")
@@ -107,18 +116,32 @@ func run() error {
 	if want("batch") {
 		// Group commit (inbox.Batcher): many deliveries per transaction, multi-row statements.
 		// Two baselines: the handler alone on pre-built batches (a ceiling), and the same
-		// delivery path as the Batcher's without the inbox (the overhead baseline).
-		h, err := benchUnsafeBatch(ctx, db)
-		if err != nil {
-			return fmt.Errorf("unsafe batch: %w", err)
+		// delivery path as the Batcher's without the inbox (the overhead baseline). Run in
+		// -rounds back-to-back triples; the overhead is the median of the rounds' overheads.
+		var hs, us, is, ohU, ohH []float64
+		for r := 1; r <= *rounds; r++ {
+			round = r
+			h, err := benchUnsafeBatch(ctx, db)
+			if err != nil {
+				return fmt.Errorf("unsafe batch: %w", err)
+			}
+			u, err := benchUnsafeSamePath(ctx, db)
+			if err != nil {
+				return fmt.Errorf("unsafe batch: %w", err)
+			}
+			i, err := benchInboxBatch(ctx, db, u, h)
+			if err != nil {
+				return fmt.Errorf("inbox batch: %w", err)
+			}
+			hs, us, is = append(hs, h), append(us, u), append(is, i)
+			ohU, ohH = append(ohU, (u-i)/u*100), append(ohH, (h-i)/h*100)
 		}
-		u, err := benchUnsafeSamePath(ctx, db)
-		if err != nil {
-			return fmt.Errorf("unsafe batch: %w", err)
-		}
-		if err := benchInboxBatch(ctx, db, u, h); err != nil {
-			return fmt.Errorf("inbox batch: %w", err)
-		}
+		round = 0
+		report("unsafe", "mode", "handler_only", "orders_per_s", median(hs), "min", slices.Min(hs), "max", slices.Max(hs), "rounds", *rounds)
+		report("unsafe", "mode", "batch", "orders_per_s", median(us), "min", slices.Min(us), "max", slices.Max(us), "rounds", *rounds)
+		report("inbox", "mode", "batch", "orders_per_s", median(is), "min", slices.Min(is), "max", slices.Max(is), "rounds", *rounds,
+			"overhead_pct_vs_unsafe", median(ohU), "overhead_min", slices.Min(ohU), "overhead_max", slices.Max(ohU),
+			"overhead_pct_vs_handler_only", median(ohH))
 	}
 	// steps_per_tx=1 is the default (each state transition commits on its own); 3 runs the
 	// whole grant in one transaction (inbox.steps_per_transaction), same guarantees.
@@ -151,11 +174,28 @@ func run() error {
 	}
 	if !want("e2e") {
 	} else {
-		if err := benchE2E(ctx, db, kc, "batch", *e2eBatchN, *batchLoads); err != nil {
-			return fmt.Errorf("e2e batch: %w", err)
+		// Group commit, -rounds times; then the medians of the rounds.
+		var tput []float64
+		p50s, p99s, achieved := map[int][]float64{}, map[int][]float64{}, map[int][]float64{}
+		for r := 1; r <= *rounds; r++ {
+			round = r
+			res, err := benchE2E(ctx, db, kc, "batch", *e2eBatchN, *batchLoads)
+			if err != nil {
+				return fmt.Errorf("e2e batch: %w", err)
+			}
+			tput = append(tput, res.ordersPerS)
+			for load, l := range res.lat {
+				p50s[load], p99s[load], achieved[load] = append(p50s[load], l[0]), append(p99s[load], l[1]), append(achieved[load], l[2])
+			}
+		}
+		round = 0
+		report("e2e", "mode", "batch", "orders_per_s", median(tput), "min", slices.Min(tput), "max", slices.Max(tput), "rounds", *rounds, "offered", "preloaded")
+		for _, load := range splitInts(*batchLoads) {
+			report("e2e", "mode", "batch", "offered_per_s", load, "orders_per_s", median(achieved[load]), "p50_ms", median(p50s[load]), "p99_ms", median(p99s[load]),
+				"p99_min", slices.Min(p99s[load]), "p99_max", slices.Max(p99s[load]), "rounds", *rounds)
 		}
 		if *e2eN > 0 {
-			if err := benchE2E(ctx, db, kc, "single", *e2eN, *loads); err != nil {
+			if _, err := benchE2E(ctx, db, kc, "single", *e2eN, *loads); err != nil {
 				return fmt.Errorf("e2e single: %w", err)
 			}
 		}
@@ -513,7 +553,30 @@ func makeTopic(kc kafkax.Config, prefix string, parts int32) (string, func(), er
 // the Watermill router, the inbox and the exactly-once relay, all in this process. Mode
 // "batch" is the router's default (parallel subscriber, group commit); "single" is
 // watermill-kafka's one-at-a-time subscriber and one delivery per transaction.
-func benchE2E(ctx context.Context, db *sql.DB, kc kafkax.Config, mode string, n int, loadList string) error {
+// e2eResult is what one benchE2E run measured: preloaded throughput, and p50/p99 per load.
+type e2eResult struct {
+	ordersPerS float64
+	lat        map[int][3]float64 // p50, p99, achieved orders/s
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func benchE2E(ctx context.Context, db *sql.DB, kc kafkax.Config, mode string, n int, loadList string) (res e2eResult, err error) {
+	res.lat = map[int][3]float64{}
+	return res, benchE2ERun(ctx, db, kc, mode, n, loadList, &res)
+}
+
+func benchE2ERun(ctx context.Context, db *sql.DB, kc kafkax.Config, mode string, n int, loadList string, res *e2eResult) error {
 	if err := truncate(ctx, db); err != nil {
 		return err
 	}
@@ -568,7 +631,8 @@ func benchE2E(ctx context.Context, db *sql.DB, kc kafkax.Config, mode string, n 
 		stop()
 		return err
 	}
-	report("e2e", "mode", mode, "orders_per_s", float64(n)/el.Seconds(), "orders", n, "offered", "preloaded")
+	res.ordersPerS = float64(n) / el.Seconds()
+	report("e2e", "mode", mode, "orders_per_s", res.ordersPerS, "orders", n, "offered", "preloaded")
 	report("e2e_cpu", append([]any{"mode", mode}, cpu.perOrder(n)...)...)
 
 	// Latency at offered loads: Kafka timestamp of the order (taken by this process's producer)
@@ -608,6 +672,7 @@ func benchE2E(ctx context.Context, db *sql.DB, kc kafkax.Config, mode string, n 
 			stop()
 			return err
 		}
+		res.lat[rate] = [3]float64{p50, p99, achieved}
 		report("e2e", "mode", mode, "offered_per_s", rate, "orders_per_s", achieved, "p50_ms", p50, "p99_ms", p99, "measured", measured)
 		if err := stages(ctx, kc, in, db, w, rate, base, base+count); err != nil {
 			stop()
