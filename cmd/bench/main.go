@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"sort"
 	"strconv"
@@ -205,6 +206,9 @@ func run() error {
 
 func runtimeProcs() int { return runtime.GOMAXPROCS(0) }
 
+// benchLock holds the bench database's named lock for the life of the process.
+var benchLock *sql.Conn
+
 func freshDB(ctx context.Context) (*sql.DB, error) {
 	if err := dbx.CreateDatabase(ctx, *adminDSN); err != nil {
 		return nil, err
@@ -214,6 +218,22 @@ func freshDB(ctx context.Context) (*sql.DB, error) {
 		return nil, err
 	}
 	defer admin.Close()
+	// Two benches on one database truncate each other's tables and relay each other's
+	// outbox rows: refuse to start while another holds the lock.
+	lockDB, err := dbx.Open(ctx, dbx.Config{DSN: *adminDSN, MaxOpenConns: 1})
+	if err != nil {
+		return nil, err
+	}
+	if benchLock, err = lockDB.Conn(ctx); err != nil {
+		return nil, err
+	}
+	var got sql.NullInt64
+	if err := benchLock.QueryRowContext(ctx, "SELECT GET_LOCK(CONCAT(DATABASE(), '.onceflow-bench'), 0)").Scan(&got); err != nil {
+		return nil, err
+	}
+	if got.Int64 != 1 {
+		return nil, fmt.Errorf("another bench is running against this database (%s); wait for it, or stop it", dbx.MaskDSN(*adminDSN))
+	}
 	_ = migrations.Reset(ctx, admin)
 	if err := migrations.Up(ctx, admin); err != nil {
 		return nil, err
@@ -514,6 +534,8 @@ func drainRelay(ctx context.Context, relay *outbox.Relay, mode string, sessions 
 			cancel()
 			return fmt.Errorf("%s: relay stopped after %d events: %v", mode, relay.Published(), err)
 		case <-deadline:
+			// Stuck: show where every goroutine is before stopping it.
+			_ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 1)
 			cancel()
 			<-done
 			return fmt.Errorf("%s: %d of %d events after 5 minutes (failures %d)", mode, relay.Published(), *relayN, relay.Failures())
