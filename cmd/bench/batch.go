@@ -15,7 +15,6 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
-	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
 var (
@@ -47,26 +46,7 @@ func benchUnsafeBatch(ctx context.Context, db *sql.DB) (float64, error) {
 			o := order("unsafe-batch", i)
 			ds = append(ds, &inbox.Delivery{Key: o.OrderID, Value: o})
 		}
-		g.PrepareBatch(ctx, ds)
-		for {
-			err := dbx.InTx(ctx, db, func(tx *sql.Tx) error {
-				progs, err := g.HandleBatch(ctx, tx, ds)
-				if err != nil {
-					return err
-				}
-				for _, p := range progs {
-					if p != inbox.Done {
-						return fmt.Errorf("batch left a grant unfinished")
-					}
-				}
-				return nil
-			})
-			if err != nil && dbx.IsLockConflict(err) {
-				g.PrepareBatch(ctx, ds)
-				continue
-			}
-			return err
-		}
+		return grantBatch(ctx, db, g, ds)
 	})
 	if err != nil {
 		return 0, err

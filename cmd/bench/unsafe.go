@@ -92,11 +92,16 @@ func (u *unsafeBatcher) run(batch []*unsafeReq) error {
 	for i, r := range batch {
 		ds[i] = r.d
 	}
-	ctx := context.Background()
-	u.g.PrepareBatch(ctx, ds)
+	return grantBatch(context.Background(), u.db, u.g, ds)
+}
+
+// grantBatch runs the batched grant of ds in one transaction without the inbox, retried
+// whole after a deadlock; every grant must finish in it.
+func grantBatch(ctx context.Context, db *sql.DB, g *coupon.Granter, ds []*inbox.Delivery) error {
+	g.PrepareBatch(ctx, ds)
 	for {
-		err := dbx.InTx(ctx, u.db, func(tx *sql.Tx) error {
-			progs, err := u.g.HandleBatch(ctx, tx, ds)
+		err := dbx.InTx(ctx, db, func(tx *sql.Tx) error {
+			progs, err := g.HandleBatch(ctx, tx, ds)
 			if err != nil {
 				return err
 			}
@@ -108,7 +113,7 @@ func (u *unsafeBatcher) run(batch []*unsafeReq) error {
 			return nil
 		})
 		if err != nil && dbx.IsLockConflict(err) {
-			u.g.PrepareBatch(ctx, ds)
+			g.PrepareBatch(ctx, ds)
 			continue
 		}
 		return err
