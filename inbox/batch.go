@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -114,13 +115,12 @@ type Batcher struct {
 	lanes  []chan *pending
 	decode chan *pending // deliveries not yet decoded, for the decoders
 	stop   chan struct{}
-	closed chan struct{} // closed once every lane has returned
+	closed chan struct{} // closed once every lane and decoder has returned
 	wg     sync.WaitGroup
 	once   sync.Once
 	q      batchQueries
 
-	retMu     sync.Mutex
-	returning int // 0 not yet known, 1 the claim reads its rows back with RETURNING, -1 it cannot
+	returning atomic.Int32 // 0 not yet known, 1 the claim reads its rows back with RETURNING, -1 it cannot
 
 	mu    sync.Mutex
 	stats BatchStats
@@ -243,9 +243,7 @@ func (b *Batcher) Stats() BatchStats {
 	b.mu.Lock()
 	st := b.stats
 	b.mu.Unlock()
-	b.retMu.Lock()
-	st.Returning = b.returning == 1
-	b.retMu.Unlock()
+	st.Returning = b.returning.Load() == 1
 	return st
 }
 
@@ -555,28 +553,26 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item) error {
 }
 
 // useReturning reports whether the claim can read its rows back itself: INSERT … ON
-// DUPLICATE KEY UPDATE … RETURNING exists on MariaDB from 10.5 (not on MySQL). Asked once,
-// on the first batch's connection (again on the next batch if that failed).
+// DUPLICATE KEY UPDATE … RETURNING exists on MariaDB from 10.5 (not on MySQL). Asked on the
+// first batch's connection (again on the next batch if that failed; two first batches may
+// both ask).
 func (b *Batcher) useReturning(ctx context.Context, tx *sql.Tx) bool {
-	b.retMu.Lock()
-	defer b.retMu.Unlock()
-	if b.returning == 0 {
-		var v string
-		switch {
-		case b.cfg.SelectAfterClaim:
-			b.returning = -1
-		case tx.QueryRowContext(ctx, "SELECT VERSION()").Scan(&v) != nil:
-			return false // the SELECT path works everywhere
-		case returningSupported(v):
-			b.returning = 1
-		default:
-			b.returning = -1
-		}
-		if v != "" {
-			b.ib.logger.Info("batch claims read their rows back", watermill.LogFields{"server": v, "returning": b.returning == 1})
-		}
+	if r := b.returning.Load(); r != 0 {
+		return r == 1
 	}
-	return b.returning == 1
+	r := int32(-1)
+	if !b.cfg.SelectAfterClaim {
+		var v string
+		if err := tx.QueryRowContext(ctx, "SELECT VERSION()").Scan(&v); err != nil {
+			return false // the SELECT path works everywhere
+		}
+		if returningSupported(v) {
+			r = 1
+		}
+		b.ib.logger.Info("batch claims read their rows back", watermill.LogFields{"server": v, "returning": r == 1})
+	}
+	b.returning.Store(r)
+	return r == 1
 }
 
 // returningSupported reports whether a server of this VERSION() has INSERT … RETURNING.
