@@ -252,6 +252,9 @@ func truncate(ctx context.Context, db *sql.DB) error {
 
 func granter(ctx context.Context, db *sql.DB, topic string) (*coupon.Granter, coupon.Config, error) {
 	cfg := coupon.DefaultConfig()
+	// Never the real topics: a relay left running on the bench database (another bench
+	// process) once published 150,000 bench events into coupon-granted.
+	cfg.GrantedTopic, cfg.FailedTopic = "bench-unrelayed-granted", "bench-unrelayed-failed"
 	if topic != "" {
 		cfg.GrantedTopic = topic
 	}
