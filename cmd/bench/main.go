@@ -254,9 +254,11 @@ func granter(ctx context.Context, db *sql.DB, topic string) (*coupon.Granter, co
 	cfg := coupon.DefaultConfig()
 	// Never the real topics: a relay left running on the bench database (another bench
 	// process) once published 150,000 bench events into coupon-granted.
+	// Runs with a relay pass their own topic, for both kinds of event (a failed grant there
+	// fails checkGranted); the others never relay, and name no existing topic.
 	cfg.GrantedTopic, cfg.FailedTopic = "bench-unrelayed-granted", "bench-unrelayed-failed"
 	if topic != "" {
-		cfg.GrantedTopic = topic
+		cfg.GrantedTopic, cfg.FailedTopic = topic, topic
 	}
 	if err := coupon.EnsureCampaign(ctx, db, cfg); err != nil {
 		return nil, cfg, err
