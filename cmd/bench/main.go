@@ -98,6 +98,9 @@ var (
 
 func run() error {
 	flag.Parse()
+	if *rounds < 1 {
+		return fmt.Errorf("-rounds %d: want at least 1", *rounds)
+	}
 	ctx := context.Background()
 	kc := kafkax.Config{Brokers: []string{*brokers}, ClientID: "onceflow-bench"}
 	kc.SetDefaults()
@@ -598,53 +601,49 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-func benchE2E(ctx context.Context, db *sql.DB, kc kafkax.Config, mode string, n int, loadList string) (res e2eResult, err error) {
-	res.lat = map[int][3]float64{}
-	return res, benchE2ERun(ctx, db, kc, mode, n, loadList, &res)
-}
-
-func benchE2ERun(ctx context.Context, db *sql.DB, kc kafkax.Config, mode string, n int, loadList string, res *e2eResult) error {
+func benchE2E(ctx context.Context, db *sql.DB, kc kafkax.Config, mode string, n int, loadList string) (e2eResult, error) {
+	res := e2eResult{lat: map[int][3]float64{}}
 	if err := truncate(ctx, db); err != nil {
-		return err
+		return res, err
 	}
 	in, cleanIn, err := makeTopic(kc, "bench-order-paid", 12)
 	if err != nil {
-		return err
+		return res, err
 	}
 	defer cleanIn()
 	out, cleanOut, err := makeTopic(kc, "bench-granted", 12)
 	if err != nil {
-		return err
+		return res, err
 	}
 	defer cleanOut()
 	g, _, err := granter(ctx, db, out)
 	if err != nil {
-		return err
+		return res, err
 	}
 	wake := &waker{}
 	ib, err := inbox.New(db, g, inbox.Config{BizType: coupon.BizType, StepsPerTx: *e2eSPT}, nil, wake)
 	if err != nil {
-		return err
+		return res, err
 	}
 	producer, err := kc.NewSyncProducer()
 	if err != nil {
-		return err
+		return res, err
 	}
 	defer producer.Close()
 
 	// Throughput: pre-load the topic, then start the router and time the drain until a
 	// read_committed consumer has seen every order's event.
 	if err := produceOrders(producer, in, "e2e", 0, n, 0); err != nil {
-		return err
+		return res, err
 	}
 	w0, err := watch(kc, out)
 	if err != nil {
-		return err
+		return res, err
 	}
 	stop, err := startPipeline(ctx, db, kc, in, ib, mode, wake)
 	if err != nil {
 		w0.close()
-		return err
+		return res, err
 	}
 	cpu := newCPUMeter()
 	start := time.Now()
@@ -656,7 +655,7 @@ func benchE2ERun(ctx context.Context, db *sql.DB, kc kafkax.Config, mode string,
 	}
 	if err != nil {
 		stop()
-		return err
+		return res, err
 	}
 	res.ordersPerS = float64(n) / el.Seconds()
 	report("e2e", "mode", mode, "orders_per_s", res.ordersPerS, "orders", n, "offered", "preloaded")
@@ -672,16 +671,16 @@ func benchE2ERun(ctx context.Context, db *sql.DB, kc kafkax.Config, mode string,
 		w, err := watch(kc, out)
 		if err != nil {
 			stop()
-			return err
+			return res, err
 		}
 		if err := produceOrders(producer, in, "warm", base, warm, float64(rate)); err != nil {
 			stop()
-			return err
+			return res, err
 		}
 		t0 := time.Now()
 		if err := produceOrders(producer, in, "lat", base, count, float64(rate)); err != nil {
 			stop()
-			return err
+			return res, err
 		}
 		err = w.wait(warm+count, 5*time.Minute)
 		achieved := float64(count) / time.Since(t0).Seconds()
@@ -692,23 +691,23 @@ func benchE2ERun(ctx context.Context, db *sql.DB, kc kafkax.Config, mode string,
 		}
 		if err != nil {
 			stop()
-			return err
+			return res, err
 		}
 		p50, p99, measured, err := latencies(kc, in, w, "lat", base, base+count)
 		if err != nil {
 			stop()
-			return err
+			return res, err
 		}
 		res.lat[rate] = [3]float64{p50, p99, achieved}
 		report("e2e", "mode", mode, "offered_per_s", rate, "orders_per_s", achieved, "p50_ms", p50, "p99_ms", p99, "measured", measured)
 		if err := stages(ctx, kc, in, db, w, rate, base, base+count); err != nil {
 			stop()
-			return err
+			return res, err
 		}
 		base += count
 	}
 	stop()
-	return nil
+	return res, nil
 }
 
 func splitInts(s string) []int {
