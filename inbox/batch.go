@@ -120,6 +120,10 @@ type Batcher struct {
 	once   sync.Once
 	q      batchQueries
 
+	// The claim as prepared statements of a few row counts (dbx.MultiRow), with and
+	// without its RETURNING clause; which one runs is decided on the first batch.
+	claimReturning, claimPlain *dbx.MultiRow
+
 	returning atomic.Int32 // 0 not yet known, 1 the claim reads its rows back with RETURNING, -1 it cannot
 
 	mu    sync.Mutex
@@ -151,8 +155,16 @@ type batchOutcome struct {
 }
 
 type batchQueries struct {
-	claimHead, claimGroup, claimTail, claimReturning, selectHead, dupHead, doneHead, reopenHead string
+	claimHead, claimGroup, claimTail, returning, selectHead, dupHead, doneHead, reopenHead string
 }
+
+// claimWidth is the parameters of one row of the claim (insertColumns).
+const claimWidth = 15
+
+// claimRows is the most rows one claim statement carries: a batch claims its rows with
+// statements of claimRows, then of smaller powers of two (dbx.MultiRow). A prepared
+// 64-row claim costs the server about as much per row as a 512-row one (README).
+const claimRows = 256
 
 // NewBatcher returns a Batcher for ib, whose handler must implement BatchHandler. It starts
 // its lanes; Close stops them.
@@ -174,13 +186,32 @@ func (ib *Inbox) NewBatcher(cfg BatchConfig) (*Batcher, error) {
 			claimHead:  fmt.Sprintf("INSERT INTO %s %s", t, insertColumns[:i+len("VALUES ")]),
 			claimGroup: insertColumns[i+len("VALUES "):],
 			// On an existing row: the exclusive row lock (like claim) and a duplicate counted.
-			claimTail:      " ON DUPLICATE KEY UPDATE duplicates = duplicates + 1",
-			claimReturning: " RETURNING id, dedup_key, status, fingerprint, reason, duplicates",
-			selectHead:     fmt.Sprintf("SELECT id, dedup_key, status, fingerprint, reason, duplicates FROM %s WHERE biz_type = ? AND dedup_key IN ", t),
-			dupHead:        fmt.Sprintf("UPDATE %s SET duplicates = duplicates + ? WHERE id IN ", t),
-			doneHead:       fmt.Sprintf("UPDATE %s SET status = 'done', attempts = GREATEST(attempts, 1), reason = NULL, last_error = NULL WHERE id IN ", t),
-			reopenHead:     fmt.Sprintf("UPDATE %s SET status = 'processing' WHERE id IN ", t),
+			claimTail:  " ON DUPLICATE KEY UPDATE duplicates = duplicates + 1",
+			returning:  " RETURNING id, dedup_key, status, fingerprint, reason, duplicates",
+			selectHead: fmt.Sprintf("SELECT id, dedup_key, status, fingerprint, reason, duplicates FROM %s WHERE biz_type = ? AND dedup_key IN ", t),
+			dupHead:    fmt.Sprintf("UPDATE %s SET duplicates = duplicates + ? WHERE id IN ", t),
+			doneHead:   fmt.Sprintf("UPDATE %s SET status = 'done', attempts = GREATEST(attempts, 1), reason = NULL, last_error = NULL WHERE id IN ", t),
+			reopenHead: fmt.Sprintf("UPDATE %s SET status = 'processing' WHERE id IN ", t),
 		}}
+	claimText := func(returning bool) func(n int) string {
+		return func(n int) string {
+			var q strings.Builder
+			q.WriteString(b.q.claimHead)
+			for i := range n {
+				if i > 0 {
+					q.WriteString(", ")
+				}
+				q.WriteString(b.q.claimGroup)
+			}
+			q.WriteString(b.q.claimTail)
+			if returning {
+				q.WriteString(b.q.returning)
+			}
+			return q.String()
+		}
+	}
+	b.claimReturning = dbx.NewMultiRow(ib.db, claimWidth, claimRows, claimText(true))
+	b.claimPlain = dbx.NewMultiRow(ib.db, claimWidth, claimRows, claimText(false))
 	b.prep, _ = ib.h.(BatchPreparer)
 	b.wg.Add(cfg.Workers)
 	for range cfg.Workers {
@@ -233,6 +264,8 @@ func (b *Batcher) Close() error {
 	b.once.Do(func() {
 		close(b.stop)
 		b.wg.Wait()
+		_ = b.claimReturning.Close()
+		_ = b.claimPlain.Close()
 		close(b.closed)
 	})
 	return nil
@@ -388,6 +421,7 @@ func (b *Batcher) run(batch []*pending) {
 		b.prep.PrepareBatch(items[0].p.ctx, ds)
 	}
 	ctx := context.WithoutCancel(items[0].p.ctx)
+	b.prepareClaim(ctx)
 	var err error
 	for try := 0; ; try++ {
 		for _, it := range items {
@@ -457,60 +491,27 @@ func (b *Batcher) count(f func(*BatchStats)) {
 func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item) error {
 	ib := b.ib
 	// 1. Claim: insert the missing rows, lock (and count a duplicate on) the existing ones.
-	var q strings.Builder
-	q.WriteString(b.q.claimHead)
-	args := make([]any, 0, len(items)*15)
+	args := make([]any, 0, len(items)*claimWidth)
 	expire := time.Now().Add(ib.cfg.Retention).UTC()
-	for i, it := range items {
-		if i > 0 {
-			q.WriteString(", ")
-		}
-		q.WriteString(b.q.claimGroup)
+	byKey := make(map[string]*item, len(items))
+	for _, it := range items {
 		meta, _ := json.Marshal(it.p.msg.Metadata)
 		args = append(args, it.p.dec.Key, ib.cfg.BizType, string(StatusDone), nil, uuidOf(it.p.msg), it.p.src.Topic, it.p.src.Partition, it.p.src.Offset,
 			[]byte(it.p.msg.Payload), string(meta), it.p.dec.Fingerprint, 1, nil, nil, expire)
-	}
-	q.WriteString(b.q.claimTail)
-	byKey := make(map[string]*item, len(items))
-	for _, it := range items {
 		byKey[it.p.dec.Key] = it
-	}
-	// 2. Read the claimed rows back: with the claim's RETURNING clause (each row as the claim
-	// left it), else with a plain SELECT — the claim locked them all, so a plain read sees
-	// their current state (a locking read here only adds deadlocks).
-	var rows *sql.Rows
-	var err error
-	if b.useReturning(ctx, tx) {
-		q.WriteString(b.q.claimReturning)
-		if rows, err = tx.QueryContext(ctx, q.String(), args...); err != nil {
-			return fmt.Errorf("claim %d inbox rows: %w", len(items), err)
-		}
-	} else {
-		if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
-			return fmt.Errorf("claim %d inbox rows: %w", len(items), err)
-		}
-		keyArgs := make([]any, 0, len(items)+1)
-		keyArgs = append(keyArgs, ib.cfg.BizType)
-		for _, it := range items {
-			keyArgs = append(keyArgs, it.p.dec.Key)
-		}
-		if rows, err = tx.QueryContext(ctx, b.q.selectHead+placeholders(len(items)), keyArgs...); err != nil {
-			return fmt.Errorf("read claimed inbox rows: %w", err)
-		}
 	}
 	counts := map[int][]any{} // duplicate counter corrections → inbox ids
 	var run []*item
-	for rows.Next() {
+	scan := func(rows *sql.Rows) error {
 		var r inboxRow
 		var key string
 		var dups int
 		if err := rows.Scan(&r.id, &key, &r.status, &r.fingerprint, &r.reason, &dups); err != nil {
-			rows.Close()
 			return fmt.Errorf("read claimed inbox rows: %w", err)
 		}
 		it := byKey[key]
 		if it == nil {
-			continue
+			return nil
 		}
 		it.id, it.d.InboxID = r.id, r.id
 		fresh := dups == 0
@@ -534,10 +535,38 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item) error {
 			it.resumed, it.d.Resumed = true, true
 			run = append(run, it)
 		}
+		return nil
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("read claimed inbox rows: %w", err)
+	// 2. Read the claimed rows back: with the claim's RETURNING clause (each row as the claim
+	// left it), else with a plain SELECT — the claim locked them all, so a plain read sees
+	// their current state (a locking read here only adds deadlocks).
+	if b.useReturning(ctx, tx) {
+		if err := b.claimReturning.Query(ctx, tx, args, scan); err != nil {
+			return fmt.Errorf("claim %d inbox rows: %w", len(items), err)
+		}
+	} else {
+		if _, err := b.claimPlain.Exec(ctx, tx, args); err != nil {
+			return fmt.Errorf("claim %d inbox rows: %w", len(items), err)
+		}
+		keyArgs := make([]any, 0, len(items)+1)
+		keyArgs = append(keyArgs, ib.cfg.BizType)
+		for _, it := range items {
+			keyArgs = append(keyArgs, it.p.dec.Key)
+		}
+		rows, err := tx.QueryContext(ctx, b.q.selectHead+placeholders(len(items)), keyArgs...)
+		if err != nil {
+			return fmt.Errorf("read claimed inbox rows: %w", err)
+		}
+		for rows.Next() {
+			if err := scan(rows); err != nil {
+				rows.Close()
+				return err
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("read claimed inbox rows: %w", err)
+		}
 	}
 	if len(run) > 0 {
 		if err := b.handle(ctx, tx, run, counts); err != nil {
@@ -550,6 +579,24 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item) error {
 		}
 	}
 	return nil
+}
+
+// prepareClaim prepares the claim statements once the first batch has told which kind
+// runs; until then, and should preparing fail, claims run interpolated. It runs outside
+// the batch's transaction (preparing may need a pooled connection of its own).
+func (b *Batcher) prepareClaim(ctx context.Context) {
+	var m *dbx.MultiRow
+	switch b.returning.Load() {
+	case 1:
+		m = b.claimReturning
+	case -1:
+		m = b.claimPlain
+	default:
+		return
+	}
+	if err := m.Prepare(ctx); err != nil {
+		b.ib.logger.Error("inbox batch: claims run unprepared (slower); retrying in a minute", err, nil)
+	}
 }
 
 // useReturning reports whether the claim can read its rows back itself: INSERT … ON

@@ -1,0 +1,142 @@
+package dbx_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/onceflow/onceflow/pkg/dbx"
+	"github.com/onceflow/onceflow/pkg/testenv"
+)
+
+func TestMultiRowSizes(t *testing.T) {
+	m := dbx.NewMultiRow(nil, 15, 256, nil)
+	for n, want := range map[int][]int{
+		0: nil, 1: {1}, 3: {2, 1}, 256: {256}, 460: {256, 128, 64, 8, 4}, 600: {256, 256, 64, 16, 8},
+	} {
+		if got := m.Sizes(n); !reflect.DeepEqual(got, want) {
+			t.Errorf("Sizes(%d) = %v, want %v", n, got, want)
+		}
+	}
+	// The placeholder limit (65535) and powers of two bound the largest statement.
+	if got := dbx.NewMultiRow(nil, 15, 10000, nil).Max(); got != 4096 {
+		t.Errorf("Max for 15 parameters, asked 10000 = %d, want 4096", got)
+	}
+	if got := dbx.NewMultiRow(nil, 1, 100, nil).Max(); got != 64 {
+		t.Errorf("Max for 1 parameter, asked 100 = %d, want 64", got)
+	}
+}
+
+// TestMultiRow: rows go in order as the fewest statements, prepared once Prepare ran (the
+// session's statement counters tell) and interpolated before; on a one-connection pool a
+// transaction never waits for a second connection.
+func TestMultiRow(t *testing.T) {
+	d := testenv.DB(t, 1)
+	d.AdminExec(t, "CREATE TABLE mr (id BIGINT AUTO_INCREMENT PRIMARY KEY, k VARCHAR(32) NOT NULL UNIQUE, v BLOB NULL)")
+	text := func(n int) string {
+		return "INSERT INTO mr (k, v) VALUES " + strings.TrimSuffix(strings.Repeat("(?, ?), ", n), ", ")
+	}
+	m := dbx.NewMultiRow(d.DB, 2, 8, func(n int) string { return text(n) + " RETURNING k" })
+	defer m.Close()
+	plain := dbx.NewMultiRow(d.DB, 2, 16, text)
+	defer plain.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	rows := func(prefix string, n int) []any {
+		args := make([]any, 0, 2*n)
+		for i := range n {
+			args = append(args, fmt.Sprintf("%s-%02d", prefix, i), []byte{0, byte(i), '\''})
+		}
+		return args
+	}
+	// counters returns the session's prepared-statement executions and prepares.
+	counters := func(tx *sql.Tx) (exec, prep int) {
+		for name, dst := range map[string]*int{"Com_stmt_execute": &exec, "Com_stmt_prepare": &prep} {
+			var k string
+			if err := tx.QueryRowContext(ctx, "SHOW SESSION STATUS LIKE '"+name+"'").Scan(&k, dst); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return exec, prep
+	}
+	run := func(prefix string, n int) (got []string, exec, prep int) {
+		err := dbx.InTx(ctx, d.DB, func(tx *sql.Tx) error {
+			e0, p0 := counters(tx)
+			if err := m.Query(ctx, tx, rows(prefix, n), func(r *sql.Rows) error {
+				var k string
+				got = append(got, k)
+				return r.Scan(&got[len(got)-1])
+			}); err != nil {
+				return err
+			}
+			e1, p1 := counters(tx)
+			exec, prep = e1-e0, p1-p0
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("%s: %v", prefix, err)
+		}
+		return got, exec, prep
+	}
+	want := func(prefix string, n int) []string {
+		var out []string
+		for i := range n {
+			out = append(out, fmt.Sprintf("%s-%02d", prefix, i))
+		}
+		return out
+	}
+
+	// Before Prepare: interpolated, no prepared statement, and no wait for a second connection.
+	got, exec, _ := run("a", 13)
+	if !reflect.DeepEqual(got, want("a", 13)) || exec != 0 {
+		t.Fatalf("unprepared: rows %v, %d prepared executions (want 0)", got, exec)
+	}
+	if err := m.Prepare(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// 13 rows = 8 + 4 + 1: three executions of statements prepared on this (only) connection.
+	got, exec, prep := run("b", 13)
+	if !reflect.DeepEqual(got, want("b", 13)) || exec != 3 || prep != 0 {
+		t.Fatalf("prepared: rows %v, %d executions (want 3), %d prepares (want 0)", got, exec, prep)
+	}
+	// Exec counts rows, interpolated and prepared; a duplicate key fails the whole call.
+	for _, prefix := range []string{"c", "d"} {
+		if prefix == "d" {
+			if err := plain.Prepare(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		err := dbx.InTx(ctx, d.DB, func(tx *sql.Tx) error {
+			e0, _ := counters(tx)
+			n, err := plain.Exec(ctx, tx, rows(prefix, 20))
+			if err != nil || n != 20 {
+				return fmt.Errorf("exec 20 rows: %d affected, %v", n, err)
+			}
+			if e1, _ := counters(tx); prefix == "d" && e1-e0 != 2 { // 16 + 4
+				return fmt.Errorf("prepared exec of 20 rows: %d executions, want 2", e1-e0)
+			}
+			if _, err := plain.Exec(ctx, tx, rows(prefix, 1)); !dbx.IsDuplicate(err) {
+				return fmt.Errorf("a duplicate row: err %v, want a duplicate-key error", err)
+			}
+			if _, err := plain.Exec(ctx, tx, []any{"odd"}); err == nil {
+				return fmt.Errorf("1 parameter accepted as rows of 2")
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("%s: %v", prefix, err)
+		}
+	}
+	var total int
+	var v []byte
+	if err := d.DB.QueryRowContext(ctx, "SELECT COUNT(*), (SELECT v FROM mr WHERE k = 'b-12') FROM mr").Scan(&total, &v); err != nil {
+		t.Fatal(err)
+	}
+	if total != 13+13+20+20 || string(v) != "\x00\x0c'" {
+		t.Fatalf("%d rows (want 66), v=%q", total, v)
+	}
+}
