@@ -3,9 +3,12 @@ package dbx
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 )
 
 // maxPlaceholders is the most parameters one prepared statement may have (the protocol
@@ -137,6 +140,12 @@ func (m *MultiRow) each(ctx context.Context, tx *sql.Tx, args []any, run func(st
 		err := run(stmt, m.text(n), part)
 		if stmt != nil {
 			_ = stmt.Close() // the tx's handle; the connection keeps the statement
+			if tooManyPrepared(err) {
+				// Preparing it on this connection failed before it ran: run it interpolated,
+				// and prepare nothing more for a while.
+				m.unprepare()
+				err = run(nil, m.text(n), part)
+			}
 		}
 		if err != nil {
 			return err
@@ -171,6 +180,26 @@ func (m *MultiRow) Prepare(ctx context.Context) error {
 	}
 	m.ready = true
 	return nil
+}
+
+// erMaxPreparedStmtCountReached: the server's max_prepared_stmt_count is used up.
+const erMaxPreparedStmtCountReached = 1461
+
+func tooManyPrepared(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == erMaxPreparedStmtCountReached
+}
+
+// unprepare closes the prepared statements after the server refused one more; Prepare
+// tries again after prepareRetry.
+func (m *MultiRow) unprepare() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for n, s := range m.stmts {
+		_ = s.Close()
+		delete(m.stmts, n)
+	}
+	m.ready, m.failed = false, time.Now()
 }
 
 // Close closes the prepared statements on every connection. Later calls interpolate.
