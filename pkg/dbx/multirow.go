@@ -33,7 +33,8 @@ type MultiRow struct {
 	max   int                // most rows per statement: a power of two
 	text  func(n int) string // the statement for n rows
 
-	mu     sync.Mutex
+	prepMu sync.Mutex // one Prepare at a time
+	mu     sync.Mutex // guards the fields below; never held across a round trip
 	stmts  map[int]*sql.Stmt
 	ready  bool      // every size prepared
 	failed time.Time // the last failed Prepare
@@ -162,23 +163,41 @@ const prepareRetry = time.Minute
 // these). Call it outside any transaction of the pool; until it has succeeded, the
 // statements run interpolated. After a failure it does nothing for a minute.
 func (m *MultiRow) Prepare(ctx context.Context) error {
+	// One Prepare at a time, but without holding mu across the round trips: a transaction
+	// looking up a statement (each) never waits for a Prepare that waits for a connection.
+	m.prepMu.Lock()
+	defer m.prepMu.Unlock()
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed || m.ready || time.Since(m.failed) < prepareRetry {
+	skip := m.closed || m.ready || time.Since(m.failed) < prepareRetry
+	m.mu.Unlock()
+	if skip {
 		return nil
 	}
 	for n := m.max; n >= 1; n /= 2 {
-		if m.stmts[n] != nil {
+		m.mu.Lock()
+		have := m.stmts[n] != nil
+		m.mu.Unlock()
+		if have {
 			continue
 		}
 		s, err := m.db.PrepareContext(ctx, m.text(n))
-		if err != nil {
+		m.mu.Lock()
+		switch {
+		case err != nil:
 			m.failed = time.Now()
+		case m.closed:
+			_ = s.Close()
+		default:
+			m.stmts[n] = s
+		}
+		m.mu.Unlock()
+		if err != nil {
 			return fmt.Errorf("prepare the %d-row statement: %w", n, err)
 		}
-		m.stmts[n] = s
 	}
-	m.ready = true
+	m.mu.Lock()
+	m.ready = !m.closed
+	m.mu.Unlock()
 	return nil
 }
 

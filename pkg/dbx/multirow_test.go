@@ -95,7 +95,23 @@ func TestMultiRow(t *testing.T) {
 	if !reflect.DeepEqual(got, want("a", 13)) || exec != 0 {
 		t.Fatalf("unprepared: rows %v, %d prepared executions (want 0)", got, exec)
 	}
-	if err := m.Prepare(ctx); err != nil {
+	// A Prepare waiting for a connection (the pool's only one is in a transaction) must not
+	// hold up that transaction's statements: they run interpolated, the transaction ends, and
+	// the Prepare gets the connection.
+	tx, err := d.DB.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prepared := make(chan error, 1)
+	go func() { prepared <- m.Prepare(ctx) }()
+	time.Sleep(100 * time.Millisecond)
+	if err := m.Query(ctx, tx, rows("w", 3), func(r *sql.Rows) error { var k string; return r.Scan(&k) }); err != nil {
+		t.Fatalf("a statement in a transaction while Prepare waits for a connection: %v", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-prepared; err != nil {
 		t.Fatal(err)
 	}
 	// 13 rows = 8 + 4 + 1: three executions of statements prepared on this (only) connection.
@@ -110,7 +126,7 @@ func TestMultiRow(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		err := dbx.InTx(ctx, d.DB, func(tx *sql.Tx) error {
+		err = dbx.InTx(ctx, d.DB, func(tx *sql.Tx) error {
 			e0, _ := counters(tx)
 			n, err := plain.Exec(ctx, tx, rows(prefix, 20))
 			if err != nil || n != 20 {
@@ -136,7 +152,7 @@ func TestMultiRow(t *testing.T) {
 	if err := d.DB.QueryRowContext(ctx, "SELECT COUNT(*), (SELECT v FROM mr WHERE k = 'b-12') FROM mr").Scan(&total, &v); err != nil {
 		t.Fatal(err)
 	}
-	if total != 13+13+20+20 || string(v) != "\x00\x0c'" {
-		t.Fatalf("%d rows (want 66), v=%q", total, v)
+	if total != 13+3+13+20+20 || string(v) != "\x00\x0c'" {
+		t.Fatalf("%d rows (want 69), v=%q", total, v)
 	}
 }
