@@ -29,7 +29,7 @@ var (
 // no dedup record. A ceiling for the group-commit path ("handler_only"); its overhead
 // baseline is benchUnsafeSamePath.
 func benchUnsafeBatch(ctx context.Context, db *sql.DB) (float64, error) {
-	if err := truncate(ctx, db); err != nil {
+	if err := truncate(ctx); err != nil {
 		return 0, err
 	}
 	g, _, err := granter(ctx, db, "")
@@ -61,7 +61,7 @@ func benchUnsafeBatch(ctx context.Context, db *sql.DB) (float64, error) {
 // messages, then 30 % duplicate deliveries. Its line is printed by the returned func, once
 // the round's baselines are known (rounds alternate which runs first).
 func benchInboxBatch(ctx context.Context, db *sql.DB) (float64, func(unsafe, handlerOnly float64), error) {
-	if err := truncate(ctx, db); err != nil {
+	if err := truncate(ctx); err != nil {
 		return 0, nil, err
 	}
 	b, cfg, err := newBatcher(ctx, db)

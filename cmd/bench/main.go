@@ -253,7 +253,7 @@ func freshDB(ctx context.Context) (*sql.DB, error) {
 // truncate empties the tables a measurement writes, with TRUNCATE on the bench's admin
 // connection (the application user may only DELETE): a DELETE of the previous round's
 // rows left InnoDB purging them, and their half-empty pages, under the next round.
-func truncate(ctx context.Context, _ *sql.DB) error {
+func truncate(ctx context.Context) error {
 	for _, t := range []string{"inbox", "coupon_grant", "coupon_grant_log", "user_coupon", "outbox", "coupon_stock", "coupon_budget"} {
 		if _, err := benchLock.ExecContext(ctx, "TRUNCATE TABLE "+t); err != nil {
 			return fmt.Errorf("truncate %s: %w", t, err)
@@ -317,7 +317,7 @@ func parallel(n int, fn func(i int) error) (time.Duration, error) {
 // delivery, duplicates included, runs the steps; the state machine keeps it correct, but
 // nothing records the delivery.
 func benchUnsafe(ctx context.Context, db *sql.DB, spt int) error {
-	if err := truncate(ctx, db); err != nil {
+	if err := truncate(ctx); err != nil {
 		return err
 	}
 	g, _, err := granter(ctx, db, "")
@@ -360,7 +360,7 @@ var unsafeRate float64
 
 // benchInbox: every order through the inbox, plus 30 % duplicate deliveries.
 func benchInbox(ctx context.Context, db *sql.DB, spt int) error {
-	if err := truncate(ctx, db); err != nil {
+	if err := truncate(ctx); err != nil {
 		return err
 	}
 	g, _, err := granter(ctx, db, "")
@@ -400,7 +400,7 @@ func benchInbox(ctx context.Context, db *sql.DB, spt int) error {
 // benchStorm: every order delivered many times at once (a replay storm): exactly one
 // coupon each, and how long the inbox takes to absorb it.
 func benchStorm(ctx context.Context, db *sql.DB) error {
-	if err := truncate(ctx, db); err != nil {
+	if err := truncate(ctx); err != nil {
 		return err
 	}
 	// Through the router's default path (group commit), offered by many concurrent senders.
@@ -468,7 +468,7 @@ func benchNaive(ctx context.Context, db *sql.DB) error {
 
 // benchRelay: outbox rows already committed → relay to a fresh topic.
 func benchRelay(ctx context.Context, db *sql.DB, kc kafkax.Config) error {
-	if err := truncate(ctx, db); err != nil {
+	if err := truncate(ctx); err != nil {
 		return err
 	}
 	topic, cleanup, err := makeTopic(kc, "bench-relay", 12)
@@ -612,7 +612,7 @@ func median(xs []float64) float64 {
 
 func benchE2E(ctx context.Context, db *sql.DB, kc kafkax.Config, mode string, n int, loadList string) (e2eResult, error) {
 	res := e2eResult{lat: map[int][3]float64{}}
-	if err := truncate(ctx, db); err != nil {
+	if err := truncate(ctx); err != nil {
 		return res, err
 	}
 	in, cleanIn, err := makeTopic(kc, "bench-order-paid", 12)

@@ -123,7 +123,7 @@ func grantBatch(ctx context.Context, db *sql.DB, g *coupon.Granter, ds []*inbox.
 // benchUnsafeSamePath: the baseline of the group-commit overhead — every order through
 // unsafeBatcher, offered exactly as benchInboxBatch offers them to the Batcher.
 func benchUnsafeSamePath(ctx context.Context, db *sql.DB) (float64, error) {
-	if err := truncate(ctx, db); err != nil {
+	if err := truncate(ctx); err != nil {
 		return 0, err
 	}
 	g, _, err := granter(ctx, db, "")

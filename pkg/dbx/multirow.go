@@ -77,14 +77,8 @@ func (m *MultiRow) Sizes(n int) []int {
 // Exec runs the rows in args (width parameters each) in tx and returns the rows affected.
 func (m *MultiRow) Exec(ctx context.Context, tx *sql.Tx, args []any) (int64, error) {
 	var affected int64
-	err := m.each(ctx, tx, args, func(stmt *sql.Stmt, q string, part []any) error {
-		var res sql.Result
-		var err error
-		if stmt != nil {
-			res, err = stmt.ExecContext(ctx, part...)
-		} else {
-			res, err = tx.ExecContext(ctx, q, part...)
-		}
+	err := m.each(ctx, tx, args, func(st statement, part []any) error {
+		res, err := st.exec(ctx, part)
 		if err != nil {
 			return err
 		}
@@ -98,14 +92,8 @@ func (m *MultiRow) Exec(ctx context.Context, tx *sql.Tx, args []any) (int64, err
 // Query runs the rows in args in tx, a statement that returns rows (INSERT … RETURNING),
 // and calls scan for every row it returns.
 func (m *MultiRow) Query(ctx context.Context, tx *sql.Tx, args []any, scan func(*sql.Rows) error) error {
-	return m.each(ctx, tx, args, func(stmt *sql.Stmt, q string, part []any) error {
-		var rows *sql.Rows
-		var err error
-		if stmt != nil {
-			rows, err = stmt.QueryContext(ctx, part...)
-		} else {
-			rows, err = tx.QueryContext(ctx, q, part...)
-		}
+	return m.each(ctx, tx, args, func(st statement, part []any) error {
+		rows, err := st.query(ctx, part)
 		if err != nil {
 			return err
 		}
@@ -119,34 +107,58 @@ func (m *MultiRow) Query(ctx context.Context, tx *sql.Tx, args []any, scan func(
 	})
 }
 
-// each splits args into statements and calls run with each one's statement — prepared on
-// tx's connection, or nil with its text when Prepare has not prepared it — and parameters.
-func (m *MultiRow) each(ctx context.Context, tx *sql.Tx, args []any, run func(stmt *sql.Stmt, q string, part []any) error) error {
+// statement is one statement of a call: prepared on the transaction's connection, or, when
+// stmt is nil, interpolated from text (built only then: a 256-row text is ≈12 KB).
+type statement struct {
+	tx   *sql.Tx
+	stmt *sql.Stmt
+	text func() string
+}
+
+func (s statement) exec(ctx context.Context, args []any) (sql.Result, error) {
+	if s.stmt != nil {
+		return s.stmt.ExecContext(ctx, args...)
+	}
+	return s.tx.ExecContext(ctx, s.text(), args...)
+}
+
+func (s statement) query(ctx context.Context, args []any) (*sql.Rows, error) {
+	if s.stmt != nil {
+		return s.stmt.QueryContext(ctx, args...)
+	}
+	return s.tx.QueryContext(ctx, s.text(), args...)
+}
+
+// each splits args into statements and calls run with each one and its parameters.
+func (m *MultiRow) each(ctx context.Context, tx *sql.Tx, args []any, run func(st statement, part []any) error) error {
 	if len(args) == 0 || len(args)%m.width != 0 {
 		return fmt.Errorf("dbx: %d parameters are not rows of %d", len(args), m.width)
 	}
 	for _, n := range m.Sizes(len(args) / m.width) {
 		part := args[:n*m.width]
 		args = args[n*m.width:]
-		var stmt *sql.Stmt
+		st := statement{tx: tx, text: func() string { return m.text(n) }}
 		m.mu.Lock()
 		ps := m.stmts[n]
 		m.mu.Unlock()
-		if ps != nil {
-			// Prepared on tx's own connection the first time, then reused there. (Never
-			// db.Prepare here: it needs a second connection, and a transaction that waits for
-			// one while holding its own can deadlock a small pool.)
-			stmt = tx.StmtContext(ctx, ps)
-		}
-		err := run(stmt, m.text(n), part)
-		if stmt != nil {
-			_ = stmt.Close() // the tx's handle; the connection keeps the statement
-			if tooManyPrepared(err) {
-				// Preparing it on this connection failed before it ran: run it interpolated,
-				// and prepare nothing more for a while.
-				m.unprepare()
-				err = run(nil, m.text(n), part)
+		if ps == nil {
+			if err := run(st, part); err != nil {
+				return err
 			}
+			continue
+		}
+		// Prepared on tx's own connection the first time, then reused there. (Never
+		// db.Prepare here: it needs a second connection, and a transaction that waits for
+		// one while holding its own can deadlock a small pool.)
+		st.stmt = tx.StmtContext(ctx, ps)
+		err := run(st, part)
+		_ = st.stmt.Close() // the tx's handle; the connection keeps the statement
+		if tooManyPrepared(err) {
+			// Preparing it on this connection failed before it ran: run it interpolated,
+			// and prepare nothing more for a while.
+			m.unprepare()
+			st.stmt = nil
+			err = run(st, part)
 		}
 		if err != nil {
 			return err
@@ -213,25 +225,35 @@ func tooManyPrepared(err error) bool {
 // tries again after prepareRetry.
 func (m *MultiRow) unprepare() {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	for n, s := range m.stmts {
+	stmts := m.takeStmts()
+	m.ready, m.failed = false, time.Now()
+	m.mu.Unlock()
+	for _, s := range stmts {
 		_ = s.Close()
+	}
+}
+
+// takeStmts empties the statement map and returns what it held; mu is held.
+func (m *MultiRow) takeStmts() []*sql.Stmt {
+	out := make([]*sql.Stmt, 0, len(m.stmts))
+	for n, s := range m.stmts {
+		out = append(out, s)
 		delete(m.stmts, n)
 	}
-	m.ready, m.failed = false, time.Now()
+	return out
 }
 
 // Close closes the prepared statements on every connection. Later calls interpolate.
 func (m *MultiRow) Close() error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	stmts := m.takeStmts()
+	m.closed = true
+	m.mu.Unlock()
 	var first error
-	for n, s := range m.stmts {
+	for _, s := range stmts {
 		if err := s.Close(); err != nil && first == nil {
 			first = err
 		}
-		delete(m.stmts, n)
 	}
-	m.closed = true
 	return first
 }
