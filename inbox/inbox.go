@@ -236,6 +236,9 @@ func (ib *Inbox) runSteps(ctx context.Context, d *Delivery, dec Decoded, opts Pr
 					if _, err := tx.ExecContext(ctx, ib.q.reopen, nullID(opts.ReplayID), row.id); err != nil {
 						return fmt.Errorf("reopen inbox row: %w", err)
 					}
+					if err := ib.stamp(ctx, tx, opts.ReplayID, row.id); err != nil {
+						return err
+					}
 				}
 			}
 			prog, err := ib.h.Handle(ctx, tx, d)
@@ -302,6 +305,9 @@ func (ib *Inbox) claim(ctx context.Context, tx *sql.Tx, d *Delivery, dec Decoded
 			return row, false, fmt.Errorf("claim inbox row: %w", err)
 		}
 		if n == 1 {
+			if err := ib.stamp(ctx, tx, d.ReplayID, id); err != nil {
+				return row, false, err
+			}
 			return inboxRow{id: id, status: StatusProcessing, fingerprint: dec.Fingerprint}, true, nil
 		}
 		row.id = id
@@ -313,6 +319,19 @@ func (ib *Inbox) claim(ctx context.Context, tx *sql.Tx, d *Delivery, dec Decoded
 		return row, false, fmt.Errorf("lock inbox row %d: %w", row.id, err)
 	}
 	return row, false, nil
+}
+
+// stamp lists inbox row id in replay_row as stamped by replay replayID (nothing when the
+// delivery is not a replay's), in the stamp's transaction. A row a replay leaves 'done' is
+// listed but not stamped; `--replay-id` checks inbox.replay_id too.
+func (ib *Inbox) stamp(ctx context.Context, tx *sql.Tx, replayID, id int64) error {
+	if replayID <= 0 {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, ib.q.stamp, replayID, id); err != nil {
+		return fmt.Errorf("list inbox row %d as replayed by %d: %w", id, replayID, err)
+	}
+	return nil
 }
 
 // quarantine records a failed row in its own transaction. A row that is already 'done'
@@ -331,8 +350,10 @@ func (ib *Inbox) quarantine(ctx context.Context, msg *message.Message, src Sourc
 		if err != nil {
 			return err
 		}
-		id, err = r.LastInsertId()
-		return err
+		if id, err = r.LastInsertId(); err != nil {
+			return err
+		}
+		return ib.stamp(ctx, tx, opts.ReplayID, id)
 	})
 	if err != nil {
 		return Result{}, fmt.Errorf("quarantine %q (%s): %w", key, reason, err)

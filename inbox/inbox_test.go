@@ -399,28 +399,50 @@ func TestRetriesExhaustedQuarantinesAndMovesOn(t *testing.T) {
 func TestCleanerDeletesOnlyExpiredDoneRows(t *testing.T) {
 	p := newPipeline(t, pipelineOpts{})
 	db := p.db.DB
-	ins := func(key, status, expire string) {
+	ins := func(key, bizType, status, expire string) {
 		if _, err := db.Exec(`INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, expire_at)
-			VALUES (?, 'coupon', ?, 'x', 't', 0, 0, '', '', `+expire+`)`, key, status); err != nil {
+			VALUES (?, ?, ?, 'x', 't', 0, 0, '', '', `+expire+`)`, key, bizType, status); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for i := range 25 {
-		ins(fmt.Sprintf("old-done-%d", i), "done", "NOW() - INTERVAL 1 DAY")
+		ins(fmt.Sprintf("old-done-%d", i), "coupon", "done", "NOW() - INTERVAL 1 DAY")
 	}
-	ins("old-processing", "processing", "NOW() - INTERVAL 1 DAY")
-	ins("old-failed", "failed", "NOW() - INTERVAL 1 DAY")
-	ins("fresh-done", "done", "NOW() + INTERVAL 1 DAY")
+	// The cleaner goes biz type by biz type (its index leads with biz_type).
+	for i := range 12 {
+		ins(fmt.Sprintf("old-done-%d", i), "notify", "done", "NOW() - INTERVAL 1 HOUR")
+	}
+	ins("old-processing", "coupon", "processing", "NOW() - INTERVAL 1 DAY")
+	ins("old-failed", "coupon", "failed", "NOW() - INTERVAL 1 DAY")
+	ins("fresh-done", "coupon", "done", "NOW() + INTERVAL 1 DAY")
+	ins("fresh-done", "notify", "done", "NOW() + INTERVAL 1 DAY")
 	c, err := inbox.NewCleaner(db, inbox.CleanerConfig{BatchSize: 10}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	n, err := c.RunOnce(context.Background(), time.Now())
-	if err != nil || n != 25 {
-		t.Fatalf("deleted %d, err %v; want 25", n, err)
+	if err != nil || n != 37 {
+		t.Fatalf("deleted %d, err %v; want 37", n, err)
 	}
-	if n := count(t, db, "SELECT COUNT(*) FROM inbox"); n != 3 {
-		t.Fatalf("rows left %d, want 3 (processing, failed, fresh done)", n)
+	if n := count(t, db, "SELECT COUNT(*) FROM inbox"); n != 4 {
+		t.Fatalf("rows left %d, want 4 (processing, failed, two fresh done)", n)
+	}
+	// Each DELETE reads a range of (biz_type, status, expire_at), not the whole table (once
+	// there are enough rows for the plan to matter).
+	if _, err := db.Exec(`INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, expire_at)
+		SELECT CONCAT('bulk-', seq), 'coupon', 'done', 'x', 't', 0, 0, '', '', NOW() + INTERVAL 1 DAY FROM seq_1_to_5000`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec("ANALYZE TABLE inbox"); err != nil {
+		t.Fatal(err)
+	}
+	var id, selType, table, typ, possible, key, keyLen, ref, rows, extra sql.NullString
+	if err := db.QueryRow("EXPLAIN DELETE FROM inbox WHERE biz_type = 'coupon' AND status = 'done' AND expire_at < NOW() LIMIT 10").
+		Scan(&id, &selType, &table, &typ, &possible, &key, &keyLen, &ref, &rows, &extra); err != nil {
+		t.Fatal(err)
+	}
+	if typ.String != "range" || key.String != "idx_biz_status_expire" {
+		t.Fatalf("the cleaner's DELETE: type=%s key=%s, want a range of idx_biz_status_expire", typ.String, key.String)
 	}
 }
 

@@ -4,7 +4,7 @@ import "fmt"
 
 // queries holds the SQL of one inbox table; the table name was validated by Config.
 type queries struct {
-	claim, quarantine, lock, countDuplicate, reopen, markDone string
+	claim, quarantine, lock, countDuplicate, reopen, markDone, stamp string
 }
 
 const insertColumns = `(dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset,
@@ -26,5 +26,7 @@ func newQueries(table string) queries {
 		countDuplicate: fmt.Sprintf(`UPDATE %s SET duplicates = duplicates + 1 WHERE id = ?`, table),
 		reopen:         fmt.Sprintf(`UPDATE %s SET status = 'processing', reason = NULL, replay_id = COALESCE(?, replay_id) WHERE id = ?`, table),
 		markDone:       fmt.Sprintf(`UPDATE %s SET status = 'done', attempts = GREATEST(attempts, ?), reason = NULL, last_error = NULL WHERE id = ?`, table),
+		// The row listed as one this replay stamped (inbox.replay_id has no index).
+		stamp: `INSERT INTO ` + ReplayRowTable + ` (replay_id, inbox_id) VALUES (?, ?) ON DUPLICATE KEY UPDATE inbox_id = inbox_id`,
 	}
 }

@@ -12,6 +12,10 @@ import (
 // ReplayTable records every replay (see migrations/00002).
 const ReplayTable = "replay"
 
+// ReplayRowTable lists the inbox rows each replay stamped (see migrations/00007), whatever
+// the inbox table: `--replay-id` reads it instead of an index on inbox.replay_id.
+const ReplayRowTable = "replay_row"
+
 // Replay outcomes, as stored in replay.outcome.
 const (
 	ReplayOK          = "ok"          // every selected row ran; none came back quarantined

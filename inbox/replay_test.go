@@ -215,6 +215,25 @@ func TestReplayPoisonIsQuarantinedAgain(t *testing.T) {
 	if n := count(t, p.db.DB, "SELECT COUNT(*) FROM inbox"); n != 1 {
 		t.Fatalf("inbox rows = %d, want 1", n)
 	}
+	// A second replay re-stamps the row: --replay-id lists it under the second only, though
+	// replay_row (which --replay-id reads: inbox.replay_id has no index) lists it under both.
+	again, err := p.inbox.Replay(ctx, inbox.ReplayOptions{Filter: failedFilter()})
+	if err != nil || again.Quarantined != 1 {
+		t.Fatalf("second replay: %+v %v", again, err)
+	}
+	if n := count(t, p.db.DB, "SELECT COUNT(*) FROM replay_row WHERE replay_id IN (?, ?)", rep.ID, again.ID); n != 2 {
+		t.Fatalf("replay_row entries of the two replays = %d, want 2", n)
+	}
+	store, err := inbox.NewStore(p.db.DB, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[int64]int{rep.ID: 0, again.ID: 1} {
+		rows, err := store.List(ctx, inbox.Filter{ReplayID: id})
+		if err != nil || len(rows) != want {
+			t.Fatalf("rows stamped by replay %d: %d (%v), want %d", id, len(rows), err, want)
+		}
+	}
 }
 
 // A 'processing' row left behind by a consumer that died between steps resumes under a

@@ -260,8 +260,9 @@ func (f Filter) where(now time.Time) ([]string, []any) {
 		args = append(args, f.Until.UTC())
 	}
 	if f.ReplayID > 0 {
-		where = append(where, "replay_id = ?")
-		args = append(args, f.ReplayID)
+		// replay_row lists the rows the replay stamped; a later replay may have re-stamped some.
+		where = append(where, "id IN (SELECT inbox_id FROM "+ReplayRowTable+" WHERE replay_id = ?) AND replay_id = ?")
+		args = append(args, f.ReplayID, f.ReplayID)
 	}
 	return where, args
 }
