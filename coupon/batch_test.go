@@ -324,3 +324,58 @@ func TestBatchNewInboxRowsExistingGrants(t *testing.T) {
 		t.Errorf("stock granted grew by %d, want 2 (the half-way and the new order)", got)
 	}
 }
+
+// TestBatchPreparedStatements: with UseStatements (as the router's plugin builds it) the
+// batch's grant, log, coupon and outbox inserts run as prepared statements of the pool —
+// at least four executions per batch beside the claim's — and the grants stay exactly
+// once. One pooled connection, so its session counters are the whole run's; without
+// UseStatements only the claim would execute prepared, and the count check fails.
+func TestBatchPreparedStatements(t *testing.T) {
+	d := testenv.DB(t, 1)
+	ctx := context.Background()
+	cfg := campaign("batch-prep", 10_000, 10_000*valueCents)
+	g := setup(t, d.DB, cfg, nil).UseStatements(d.DB)
+	t.Cleanup(func() { _ = g.Close() })
+	ib, err := inbox.New(d.DB, g, inbox.Config{BizType: coupon.BizType}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newBatcher(t, ib, inbox.BatchConfig{MaxSize: 64, Workers: 2})
+	const orders = 300
+	var ds []delivery
+	for i := range orders {
+		o := order(fmt.Sprintf("bp-%04d", i))
+		ds = append(ds, delivery{o.OrderID, o.Encode()}, delivery{o.OrderID, o.Encode()})
+	}
+	out := deliverAll(t, b, ds, 64)
+	for k, rs := range out {
+		processed := 0
+		for _, r := range rs {
+			if r.Outcome == inbox.OutcomeProcessed {
+				processed++
+			}
+		}
+		if processed != 1 {
+			t.Fatalf("%s: processed %d times, want once: %+v", k, processed, rs)
+		}
+	}
+	st := b.Stats()
+	if st.Fallbacks != 0 || st.Batches == 0 {
+		t.Fatalf("batcher stats %+v: want every delivery batched", st)
+	}
+	var name string
+	var execs int64
+	if err := d.DB.QueryRowContext(ctx, "SHOW SESSION STATUS LIKE 'Com_stmt_execute'").Scan(&name, &execs); err != nil {
+		t.Fatal(err)
+	}
+	if execs < 5*st.Batches {
+		t.Fatalf("%d prepared executions in %d batches: the batch inserts did not run prepared", execs, st.Batches)
+	}
+	a, err := coupon.Verify(ctx, d.DB, cfg.CampaignID, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Coupons != orders || a.DuplicateCoupons != 0 || a.OutboxEvents != orders || len(a.Violations) != 0 {
+		t.Fatalf("audit: %+v", a)
+	}
+}

@@ -81,8 +81,9 @@ type Granter struct {
 	out    *outbox.Writer
 	logger watermill.LoggerAdapter
 	now    func() time.Time
-	shards atomic.Int64 // the campaign's counter shards, read once from the database
-	db     *sql.DB      // set by UsePrepare: external calls then happen outside transactions
+	shards atomic.Int64     // the campaign's counter shards, read once from the database
+	db     *sql.DB          // set by UsePrepare: external calls then happen outside transactions
+	st     *batchStatements // set by UseStatements: HandleBatch's inserts prepared
 	// batchSeq rotates the counter shard batches start at, so concurrent batches take
 	// different shard rows.
 	batchSeq atomic.Int64

@@ -23,7 +23,12 @@ type grantRow struct {
 
 // mysqlRepo holds every SQL statement of the coupon plugin. It works on the transaction the
 // inbox hands to the handler.
-type mysqlRepo struct{ tx *sql.Tx }
+// mysqlRepo is the grant's storage in one transaction; st (nil: interpolated statements)
+// are HandleBatch's prepared inserts.
+type mysqlRepo struct {
+	tx *sql.Tx
+	st *batchStatements
+}
 
 // loadOrCreate creates the grant in INIT (first delivery) or loads it (resume, duplicate).
 func (r mysqlRepo) loadOrCreate(ctx context.Context, o OrderPaid, campaignID string, value int64) (grantRow, error) {

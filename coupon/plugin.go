@@ -47,7 +47,7 @@ func Plugin() inbox.Plugin {
 			if err != nil || env.DB == nil {
 				return g, err
 			}
-			return g.UsePrepare(env.DB), nil
+			return g.UsePrepare(env.DB).UseStatements(env.DB), nil
 		},
 	}
 }

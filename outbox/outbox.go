@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/onceflow/onceflow/pkg/dbx"
 	"github.com/onceflow/onceflow/pkg/kafkax"
@@ -63,6 +64,45 @@ var ErrDuplicateEvent = errors.New("outbox: event id already stored")
 // Writer adds events to the outbox table within the caller's transaction.
 type Writer struct {
 	insert string
+	batch  *dbx.MultiRow // AddBatch's insert as prepared statements; nil: interpolated
+}
+
+// batchRows is the most events one statement of AddBatch carries.
+const batchRows = 512
+
+// UseStatements makes AddBatch run its insert as prepared statements of pool db
+// (dbx.MultiRow): transactions given to AddBatch must then be db's. Call it before first
+// use, and PrepareStatements outside any transaction before each batch; until that has
+// succeeded the inserts run interpolated, as without it.
+func (w *Writer) UseStatements(db *sql.DB) *Writer {
+	head, group := w.insertParts()
+	w.batch = dbx.NewMultiRow(db, 6, batchRows, func(n int) string {
+		return head + strings.TrimSuffix(strings.Repeat(group+", ", n), ", ")
+	})
+	return w
+}
+
+// PrepareStatements prepares AddBatch's statements (see UseStatements); outside any
+// transaction of the pool.
+func (w *Writer) PrepareStatements(ctx context.Context) error {
+	if w.batch == nil {
+		return nil
+	}
+	return w.batch.Prepare(ctx)
+}
+
+// Close closes the prepared statements of UseStatements.
+func (w *Writer) Close() error {
+	if w.batch == nil {
+		return nil
+	}
+	return w.batch.Close()
+}
+
+// insertParts splits the one-row insert into "INSERT … VALUES " and its row group.
+func (w *Writer) insertParts() (head, group string) {
+	i := strings.LastIndex(w.insert, "VALUES ")
+	return w.insert[:i+len("VALUES ")], w.insert[i+len("VALUES "):]
 }
 
 // NewWriter builds a Writer for table (default "outbox").

@@ -17,26 +17,22 @@ func (w *Writer) AddBatch(ctx context.Context, tx *sql.Tx, events []Event) error
 	if len(events) == 0 {
 		return nil
 	}
-	i := strings.LastIndex(w.insert, "VALUES ")
-	if i < 0 {
-		return fmt.Errorf("outbox: unexpected insert statement %q", w.insert)
-	}
-	head, group := w.insert[:i+len("VALUES ")], w.insert[i+len("VALUES "):]
-	var q strings.Builder
-	q.WriteString(head)
 	args := make([]any, 0, len(events)*6)
-	for n, e := range events {
+	for _, e := range events {
 		row, err := rowArgs(e)
 		if err != nil {
 			return err
 		}
-		if n > 0 {
-			q.WriteString(", ")
-		}
-		q.WriteString(group)
 		args = append(args, row...)
 	}
-	if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
+	var err error
+	if w.batch != nil {
+		_, err = w.batch.Exec(ctx, tx, args)
+	} else {
+		head, group := w.insertParts()
+		_, err = tx.ExecContext(ctx, head+strings.TrimSuffix(strings.Repeat(group+", ", len(events)), ", "), args...)
+	}
+	if err != nil {
 		if dbx.IsDuplicate(err) {
 			return fmt.Errorf("%w: %w", ErrDuplicateEvent, err)
 		}

@@ -276,7 +276,12 @@ func granter(ctx context.Context, db *sql.DB, topic string) (*coupon.Granter, co
 		return nil, cfg, err
 	}
 	g, err := coupon.NewGranter(cfg, nil, nil)
-	return g, cfg, err
+	if err != nil {
+		return nil, cfg, err
+	}
+	// As the router's plugin does: the batched inserts prepared on db, for the inbox and the
+	// unsafe baseline alike.
+	return g.UseStatements(db), cfg, nil
 }
 
 func order(prefix string, i int) coupon.OrderPaid {
