@@ -162,8 +162,9 @@ type batchQueries struct {
 const claimWidth = 15
 
 // claimRows is the most rows one claim statement carries: a batch claims its rows with
-// statements of claimRows, then of smaller powers of two (dbx.MultiRow). A prepared
-// 64-row claim costs the server about as much per row as a 512-row one (README).
+// prepared statements of claimRows, then of smaller powers of two down to 16 rows, and the
+// rest (fewer than 16) interpolated in one statement (dbx.MultiRow). A prepared 64-row
+// claim costs the server about as much per row as a 512-row one (README).
 const claimRows = 256
 
 // NewBatcher returns a Batcher for ib, whose handler must implement BatchHandler. It starts

@@ -24,13 +24,14 @@ const maxPlaceholders = 65535
 // per row against ≈18.5 interpolated (both measured on the 2-core test machine; README).
 //
 // n rows go as the fewest such statements: ⌊n/Max⌋ of Max rows, then at most one of each
-// smaller power of two (binary decomposition), in order, so rows keep their order and lock
-// order. Until Prepare has prepared them (and should preparing fail: max_prepared_stmt_count
+// smaller power of two down to MinPrepared (binary decomposition), then what is left as
+// one interpolated statement, in order, so rows keep their order and lock order. Until Prepare has prepared them (and should preparing fail: max_prepared_stmt_count
 // reached, say) the statements run interpolated, as before: correct either way, slower.
 type MultiRow struct {
 	db    *sql.DB
 	width int                // parameters per row
 	max   int                // most rows per statement: a power of two
+	min   int                // fewest rows of a prepared statement: a power of two ≤ max
 	text  func(n int) string // the statement for n rows
 
 	prepMu sync.Mutex // one Prepare at a time
@@ -53,23 +54,42 @@ func NewMultiRow(db *sql.DB, width, max int, text func(n int) string) *MultiRow 
 	for p*2 <= max {
 		p *= 2
 	}
-	return &MultiRow{db: db, width: width, max: p, text: text, stmts: map[int]*sql.Stmt{}}
+	low := 1
+	for low < p && low*width < minPreparedParams {
+		low *= 2
+	}
+	return &MultiRow{db: db, width: width, max: p, min: low, text: text, stmts: map[int]*sql.Stmt{}}
 }
+
+// minPreparedParams sets the smallest prepared statement: the fewest rows (a power of two)
+// with at least this many parameters. Fewer rows left over go as one interpolated
+// statement: each prepared statement of a call is one more round trip, and below this
+// size the round trip costs more than parsing the rows (and adds to the batch's latency).
+const minPreparedParams = 128
 
 // Max is the most rows one statement carries.
 func (m *MultiRow) Max() int { return m.max }
 
-// Sizes returns the row counts of the statements n rows are sent as, in order.
+// MinPrepared is the fewest rows of a prepared statement; fewer rows left over at the end
+// of a call go as one interpolated statement.
+func (m *MultiRow) MinPrepared() int { return m.min }
+
+// Sizes returns the row counts of the statements n rows are sent as, in order: statements
+// of Max rows, at most one of each smaller power of two down to MinPrepared (all prepared,
+// once Prepare ran), then the rest, fewer than MinPrepared, as one (interpolated).
 func (m *MultiRow) Sizes(n int) []int {
 	var out []int
 	for ; n >= m.max; n -= m.max {
 		out = append(out, m.max)
 	}
-	for p := m.max / 2; p >= 1; p /= 2 {
+	for p := m.max / 2; p >= m.min; p /= 2 {
 		if n >= p {
 			out = append(out, p)
 			n -= p
 		}
+	}
+	if n > 0 {
+		out = append(out, n)
 	}
 	return out
 }
@@ -185,7 +205,7 @@ func (m *MultiRow) Prepare(ctx context.Context) error {
 	if skip {
 		return nil
 	}
-	for n := m.max; n >= 1; n /= 2 {
+	for n := m.max; n >= m.min; n /= 2 {
 		m.mu.Lock()
 		have := m.stmts[n] != nil
 		m.mu.Unlock()

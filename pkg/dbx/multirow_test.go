@@ -14,13 +14,24 @@ import (
 )
 
 func TestMultiRowSizes(t *testing.T) {
+	// 15 parameters a row: prepared statements of 256 down to 16 rows (240 parameters; 8
+	// rows would be 120, under 128), the rest as one interpolated statement.
 	m := dbx.NewMultiRow(nil, 15, 256, nil)
+	if m.MinPrepared() != 16 {
+		t.Errorf("MinPrepared for 15 parameters = %d, want 16", m.MinPrepared())
+	}
 	for n, want := range map[int][]int{
-		0: nil, 1: {1}, 3: {2, 1}, 256: {256}, 460: {256, 128, 64, 8, 4}, 600: {256, 256, 64, 16, 8},
+		0: nil, 1: {1}, 3: {3}, 15: {15}, 16: {16}, 31: {16, 15}, 256: {256}, 460: {256, 128, 64, 12}, 600: {256, 256, 64, 16, 8},
 	} {
 		if got := m.Sizes(n); !reflect.DeepEqual(got, want) {
 			t.Errorf("Sizes(%d) = %v, want %v", n, got, want)
 		}
+	}
+	if got := dbx.NewMultiRow(nil, 4, 2048, nil).MinPrepared(); got != 32 {
+		t.Errorf("MinPrepared for 4 parameters = %d, want 32", got)
+	}
+	if got := dbx.NewMultiRow(nil, 2, 8, nil).MinPrepared(); got != 8 {
+		t.Errorf("MinPrepared for 2 parameters, max 8 = %d, want 8 (at most Max)", got)
 	}
 	// The placeholder limit (65535) and powers of two bound the largest statement.
 	if got := dbx.NewMultiRow(nil, 15, 10000, nil).Max(); got != 4096 {
@@ -114,10 +125,11 @@ func TestMultiRow(t *testing.T) {
 	if err := <-prepared; err != nil {
 		t.Fatal(err)
 	}
-	// 13 rows = 8 + 4 + 1: three executions of statements prepared on this (only) connection.
-	got, exec, prep := run("b", 13)
-	if !reflect.DeepEqual(got, want("b", 13)) || exec != 3 || prep != 0 {
-		t.Fatalf("prepared: rows %v, %d executions (want 3), %d prepares (want 0)", got, exec, prep)
+	// 21 rows = 8 + 8 prepared on this (only) connection, then 5 interpolated (fewer than
+	// MinPrepared, 8 here): two prepared executions.
+	got, exec, prep := run("b", 21)
+	if !reflect.DeepEqual(got, want("b", 21)) || exec != 2 || prep != 0 {
+		t.Fatalf("prepared: rows %v, %d executions (want 2), %d prepares (want 0)", got, exec, prep)
 	}
 	// Exec counts rows, interpolated and prepared; a duplicate key fails the whole call.
 	for _, prefix := range []string{"c", "d"} {
@@ -132,8 +144,8 @@ func TestMultiRow(t *testing.T) {
 			if err != nil || n != 20 {
 				return fmt.Errorf("exec 20 rows: %d affected, %v", n, err)
 			}
-			if e1, _ := counters(tx); prefix == "d" && e1-e0 != 2 { // 16 + 4
-				return fmt.Errorf("prepared exec of 20 rows: %d executions, want 2", e1-e0)
+			if e1, _ := counters(tx); prefix == "d" && e1-e0 != 1 { // 16 prepared + 4 interpolated
+				return fmt.Errorf("prepared exec of 20 rows: %d executions, want 1", e1-e0)
 			}
 			if _, err := plain.Exec(ctx, tx, rows(prefix, 1)); !dbx.IsDuplicate(err) {
 				return fmt.Errorf("a duplicate row: err %v, want a duplicate-key error", err)
@@ -152,7 +164,7 @@ func TestMultiRow(t *testing.T) {
 	if err := d.DB.QueryRowContext(ctx, "SELECT COUNT(*), (SELECT v FROM mr WHERE k = 'b-12') FROM mr").Scan(&total, &v); err != nil {
 		t.Fatal(err)
 	}
-	if total != 13+3+13+20+20 || string(v) != "\x00\x0c'" {
-		t.Fatalf("%d rows (want 69), v=%q", total, v)
+	if total != 13+3+21+20+20 || string(v) != "\x00\x0c'" {
+		t.Fatalf("%d rows (want 77), v=%q", total, v)
 	}
 }
