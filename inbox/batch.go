@@ -155,11 +155,17 @@ type batchOutcome struct {
 }
 
 type batchQueries struct {
-	claimHead, claimGroup, claimTail, returning, selectHead, dupHead, doneHead, reopenHead string
+	claimHead, claimTail, returning, selectHead, dupHead, doneHead, reopenHead string
 }
 
-// claimWidth is the parameters of one row of the claim (insertColumns).
-const claimWidth = 15
+// claimGroup is one row of the batch claim, in insertColumns' order. A new row is written
+// 'done' at its first attempt, with no reason, error or replay: those are constants of the
+// statement rather than parameters (≈1.5 µs less MariaDB CPU per row, measured on the
+// prepared claim alone, four alternating runs).
+const claimGroup = "(?, ?, 'done', NULL, ?, ?, ?, ?, ?, ?, ?, 1, NULL, NULL, ?)"
+
+// claimWidth is the parameters of one row of the claim (claimGroup).
+const claimWidth = 10
 
 // claimRows is the most rows one claim statement carries: a batch claims its rows with
 // prepared statements of claimRows, then of smaller powers of two down to 16 rows, and the
@@ -184,8 +190,7 @@ func (ib *Inbox) NewBatcher(cfg BatchConfig) (*Batcher, error) {
 		stop:   make(chan struct{}),
 		closed: make(chan struct{}),
 		q: batchQueries{
-			claimHead:  fmt.Sprintf("INSERT INTO %s %s", t, insertColumns[:i+len("VALUES ")]),
-			claimGroup: insertColumns[i+len("VALUES "):],
+			claimHead: fmt.Sprintf("INSERT INTO %s %s", t, insertColumns[:i+len("VALUES ")]),
 			// On an existing row: the exclusive row lock (like claim) and a duplicate counted.
 			claimTail:  " ON DUPLICATE KEY UPDATE duplicates = duplicates + 1",
 			returning:  " RETURNING id, dedup_key, status, fingerprint, reason, duplicates",
@@ -202,7 +207,7 @@ func (ib *Inbox) NewBatcher(cfg BatchConfig) (*Batcher, error) {
 				if i > 0 {
 					q.WriteString(", ")
 				}
-				q.WriteString(b.q.claimGroup)
+				q.WriteString(claimGroup)
 			}
 			q.WriteString(b.q.claimTail)
 			if returning {
@@ -497,8 +502,8 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item) error {
 	byKey := make(map[string]*item, len(items))
 	for _, it := range items {
 		meta, _ := json.Marshal(it.p.msg.Metadata)
-		args = append(args, it.p.dec.Key, ib.cfg.BizType, string(StatusDone), nil, uuidOf(it.p.msg), it.p.src.Topic, it.p.src.Partition, it.p.src.Offset,
-			[]byte(it.p.msg.Payload), string(meta), it.p.dec.Fingerprint, 1, nil, nil, expire)
+		args = append(args, it.p.dec.Key, ib.cfg.BizType, uuidOf(it.p.msg), it.p.src.Topic, it.p.src.Partition, it.p.src.Offset,
+			[]byte(it.p.msg.Payload), string(meta), it.p.dec.Fingerprint, expire)
 		byKey[it.p.dec.Key] = it
 	}
 	counts := map[int][]any{} // duplicate counter corrections → inbox ids
