@@ -1,8 +1,10 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -70,4 +72,28 @@ func procCPU(pid string) time.Duration {
 	u, _ := strconv.ParseInt(f[11], 10, 64)
 	k, _ := strconv.ParseInt(f[12], 10, 64)
 	return time.Duration(u+k) * 10 * time.Millisecond
+}
+
+// calibrate times a fixed piece of CPU work (JSON-encoding and decoding 100,000 small
+// structs, then sorting their keys: what the router's own work looks like) on one
+// goroutine, while no measurement runs. The machine is shared: in slow stretches the same
+// work takes up to twice as long, and every figure of the run moves with it. The bench
+// reports it at the start, before the end-to-end runs and at the end, so a run can be
+// read against it.
+func calibrate(when string) {
+	type item struct {
+		OrderID string `json:"orderId"`
+		UserID  string `json:"userId"`
+		Amount  int64  `json:"amountCents"`
+	}
+	start := time.Now()
+	keys := make([]string, 0, 100000)
+	for i := range 100000 {
+		b, _ := json.Marshal(item{OrderID: "order-" + strconv.Itoa(i*7919%100000), UserID: "u" + strconv.Itoa(i), Amount: int64(i)})
+		var back item
+		_ = json.Unmarshal(b, &back)
+		keys = append(keys, back.OrderID)
+	}
+	sort.Strings(keys)
+	report("calibration", "when", when, "work_ms", float64(time.Since(start).Microseconds())/1000)
 }

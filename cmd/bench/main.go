@@ -117,6 +117,7 @@ func run() error {
 	}
 	defer db.Close()
 
+	calibrate("start")
 	if want("batch") {
 		// Group commit (inbox.Batcher): many deliveries per transaction, multi-row statements.
 		// Two baselines: the handler alone on pre-built batches (a ceiling), and the same
@@ -184,6 +185,7 @@ func run() error {
 	}
 	if !want("e2e") {
 	} else {
+		calibrate("before_e2e")
 		// Group commit, -rounds times; then the medians of the rounds.
 		var tput []float64
 		p50s, p99s, achieved := map[int][]float64{}, map[int][]float64{}, map[int][]float64{}
@@ -210,6 +212,7 @@ func run() error {
 			}
 		}
 	}
+	calibrate("end")
 	return writeCSV()
 }
 
@@ -814,7 +817,13 @@ func startPipeline(ctx context.Context, db *sql.DB, kc kafkax.Config, topic stri
 		if err != nil {
 			return nil, err
 		}
-		handler, closeBatcher = b.HandlerFunc(topic), func() { _ = b.Close() }
+		handler, closeBatcher = b.HandlerFunc(topic), func() {
+			_ = b.Close()
+			// Deliveries the batches did not finish ran one at a time: a diagnosis line.
+			st := b.Stats()
+			report("e2e_batches", "batches", st.Batches, "avg_batch", float64(st.Batched)/float64(max(st.Batches, 1)),
+				"fallbacks", st.Fallbacks, "rollbacks", st.Rollbacks)
+		}
 	} else if sub, err = kc.NewSubscriber("bench-"+topic, watermill.NopLogger{}); err != nil {
 		return nil, err
 	}
