@@ -36,6 +36,7 @@ func benchUnsafeBatch(ctx context.Context, db *sql.DB) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
+	defer g.Close()
 	n := *batchOrders
 	batches := (n + *batchSize - 1) / *batchSize
 	defer withWorkers(*batchLanes)()
@@ -64,11 +65,11 @@ func benchInboxBatch(ctx context.Context, db *sql.DB) (float64, func(unsafe, han
 	if err := truncate(ctx); err != nil {
 		return 0, nil, err
 	}
-	b, cfg, err := newBatcher(ctx, db)
+	b, cfg, closeBatcher, err := newBatcher(ctx, db)
 	if err != nil {
 		return 0, nil, err
 	}
-	defer b.Close()
+	defer closeBatcher()
 	n := *batchOrders
 	defer withWorkers(*batchSenders)()
 	send := func(i int) error {
@@ -107,17 +108,24 @@ func benchInboxBatch(ctx context.Context, db *sql.DB) (float64, func(unsafe, han
 
 // newBatcher builds the coupon granter's group-commit path (the router's default) on a
 // fresh campaign, as the measurements of that path use it.
-func newBatcher(ctx context.Context, db *sql.DB) (*inbox.Batcher, coupon.Config, error) {
+// Close the returned func when done: it closes the Batcher, then the granter's prepared
+// statements (left open, each round's would pile up on the pool's connections).
+func newBatcher(ctx context.Context, db *sql.DB) (*inbox.Batcher, coupon.Config, func(), error) {
 	g, cfg, err := granter(ctx, db, "")
 	if err != nil {
-		return nil, cfg, err
+		return nil, cfg, nil, err
 	}
 	ib, err := inbox.New(db, g, inbox.Config{BizType: coupon.BizType}, nil, nil)
 	if err != nil {
-		return nil, cfg, err
+		_ = g.Close()
+		return nil, cfg, nil, err
 	}
 	b, err := ib.NewBatcher(inbox.BatchConfig{MaxSize: *batchSize, Workers: *batchLanes})
-	return b, cfg, err
+	if err != nil {
+		_ = g.Close()
+		return nil, cfg, nil, err
+	}
+	return b, cfg, func() { _ = b.Close(); _ = g.Close() }, nil
 }
 
 // withWorkers sets how many goroutines parallel uses; the returned func restores it.

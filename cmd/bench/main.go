@@ -332,6 +332,7 @@ func benchUnsafe(ctx context.Context, db *sql.DB, spt int) error {
 	if err != nil {
 		return err
 	}
+	defer g.Close()
 	el, err := parallel(*orders, func(i int) error {
 		o := order("unsafe", i)
 		for {
@@ -375,6 +376,7 @@ func benchInbox(ctx context.Context, db *sql.DB, spt int) error {
 	if err != nil {
 		return err
 	}
+	defer g.Close()
 	ib, err := inbox.New(db, g, inbox.Config{BizType: coupon.BizType, StepsPerTx: spt}, nil, nil)
 	if err != nil {
 		return err
@@ -412,11 +414,11 @@ func benchStorm(ctx context.Context, db *sql.DB) error {
 		return err
 	}
 	// Through the router's default path (group commit), offered by many concurrent senders.
-	b, _, err := newBatcher(ctx, db)
+	b, _, closeBatcher, err := newBatcher(ctx, db)
 	if err != nil {
 		return err
 	}
-	defer b.Close()
+	defer closeBatcher()
 	defer withWorkers(*batchSenders)()
 	total := *stormN * *stormK
 	el, err := parallel(total, func(i int) error {
@@ -660,6 +662,7 @@ func benchE2E(ctx context.Context, db *sql.DB, kc kafkax.Config, mode string, n 
 	if err != nil {
 		return res, err
 	}
+	defer g.Close() // after the pipeline stops (deferred later, runs first)
 	wake := &waker{}
 	ib, err := inbox.New(db, g, inbox.Config{BizType: coupon.BizType, StepsPerTx: *e2eSPT}, nil, wake)
 	if err != nil {

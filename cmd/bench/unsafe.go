@@ -130,6 +130,7 @@ func benchUnsafeSamePath(ctx context.Context, db *sql.DB) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
+	defer g.Close()
 	u := newUnsafeBatcher(db, g, *batchSize, *batchLanes)
 	defer u.close()
 	n := *batchOrders
