@@ -25,32 +25,32 @@ type batchStatements struct {
 	grant, log, coupon *dbx.MultiRow
 }
 
-// grantNewGroup is one row of grantNew's insert.
-const grantNewGroup = "(?, ?, ?, 'GRANTED', 3, ?, ?, ?, ?)"
+// newBatchStatements builds the batch's inserts on pool db; with a nil db (no
+// UseStatements) they run interpolated.
+func newBatchStatements(db *sql.DB) *batchStatements {
+	multi := func(width, max int, head, group, tail string) *dbx.MultiRow {
+		return dbx.NewMultiRow(db, width, max, func(n int) string { return head + groups(group, n) + tail })
+	}
+	return &batchStatements{
+		grant: multi(7, 512, `INSERT INTO coupon_grant (order_id, campaign_id, user_id, state, version, value_cents, stock_shard, budget_shard, coupon_id) VALUES `,
+			"(?, ?, ?, 'GRANTED', 3, ?, ?, ?, ?)", ` ON DUPLICATE KEY UPDATE order_id = order_id`),
+		log:    multi(4, 2048, `INSERT INTO coupon_grant_log (order_id, campaign_id, from_state, to_state) VALUES `, "(?, ?, ?, ?)", ""),
+		coupon: multi(5, 512, `INSERT INTO user_coupon (coupon_id, order_id, campaign_id, user_id, value_cents) VALUES `, "(?, ?, ?, ?, ?)", ""),
+	}
+}
 
 // UseStatements makes HandleBatch (and its outbox writes) run their multi-row inserts as
 // prepared statements of pool db — the pool of the transactions HandleBatch is given (the
 // router's; an inbox.Batcher's). PrepareBatch prepares them, outside the transaction; until
 // it has, and should the server refuse, they run interpolated. Call before first use.
 func (g *Granter) UseStatements(db *sql.DB) *Granter {
-	multi := func(width, max int, head, group, tail string) *dbx.MultiRow {
-		return dbx.NewMultiRow(db, width, max, func(n int) string { return head + groups(group, n) + tail })
-	}
-	g.st = &batchStatements{
-		grant: multi(7, 512, `INSERT INTO coupon_grant (order_id, campaign_id, user_id, state, version, value_cents, stock_shard, budget_shard, coupon_id) VALUES `,
-			grantNewGroup, ` ON DUPLICATE KEY UPDATE order_id = order_id`),
-		log:    multi(4, 2048, `INSERT INTO coupon_grant_log (order_id, campaign_id, from_state, to_state) VALUES `, "(?, ?, ?, ?)", ""),
-		coupon: multi(5, 512, `INSERT INTO user_coupon (coupon_id, order_id, campaign_id, user_id, value_cents) VALUES `, "(?, ?, ?, ?, ?)", ""),
-	}
+	g.st = newBatchStatements(db)
 	g.out.UseStatements(db)
 	return g
 }
 
 // prepareStatements prepares the statements of UseStatements (nothing without it).
 func (g *Granter) prepareStatements(ctx context.Context) {
-	if g.st == nil {
-		return
-	}
 	for _, m := range []*dbx.MultiRow{g.st.grant, g.st.log, g.st.coupon} {
 		if err := m.Prepare(ctx); err != nil {
 			g.logger.Error("coupon batch: inserts run unprepared (slower); retrying in a minute", err, nil)
@@ -64,9 +64,6 @@ func (g *Granter) prepareStatements(ctx context.Context) {
 
 // Close closes the prepared statements of UseStatements.
 func (g *Granter) Close() error {
-	if g.st == nil {
-		return nil
-	}
 	return errors.Join(g.st.grant.Close(), g.st.log.Close(), g.st.coupon.Close(), g.out.Close())
 }
 
@@ -212,16 +209,7 @@ func (g *Granter) grantNew(ctx context.Context, tx *sql.Tx, repo mysqlRepo, orde
 		gs[i] = grantRow{OrderID: o.OrderID, CampaignID: g.cfg.CampaignID, UserID: o.UserID, State: StateGranted, ValueCents: g.cfg.ValueCents, StockShard: shard, BudgetShard: shard}
 		args = append(args, o.OrderID, g.cfg.CampaignID, o.UserID, g.cfg.ValueCents, shard, shard, CouponID(o.OrderID, g.cfg.CampaignID))
 	}
-	var inserted int64
-	if g.st != nil {
-		inserted, err = g.st.grant.Exec(ctx, tx, args)
-	} else {
-		var res sql.Result
-		if res, err = tx.ExecContext(ctx, `INSERT INTO coupon_grant (order_id, campaign_id, user_id, state, version, value_cents, stock_shard, budget_shard, coupon_id) VALUES `+
-			groups(grantNewGroup, len(orders))+` ON DUPLICATE KEY UPDATE order_id = order_id`, args...); err == nil {
-			inserted, err = res.RowsAffected()
-		}
-	}
+	inserted, err := g.st.grant.Exec(ctx, tx, args)
 	if err != nil {
 		return false, fmt.Errorf("grant %d: %w", len(orders), err)
 	}
@@ -370,23 +358,10 @@ func (r mysqlRepo) logAndIssue(ctx context.Context, gs []grantRow) error {
 		}
 		coupons = append(coupons, CouponID(g.OrderID, g.CampaignID), g.OrderID, g.CampaignID, g.UserID, g.ValueCents)
 	}
-	var err error
-	if r.st != nil {
-		_, err = r.st.log.Exec(ctx, r.tx, logArgs)
-	} else {
-		_, err = r.tx.ExecContext(ctx, `INSERT INTO coupon_grant_log (order_id, campaign_id, from_state, to_state) VALUES `+
-			groups("(?, ?, ?, ?)", len(gs)*(len(path)-1)), logArgs...)
-	}
-	if err != nil {
+	if _, err := r.st.log.Exec(ctx, r.tx, logArgs); err != nil {
 		return fmt.Errorf("log %d transitions: %w", len(gs)*(len(path)-1), err)
 	}
-	if r.st != nil {
-		_, err = r.st.coupon.Exec(ctx, r.tx, coupons)
-	} else {
-		_, err = r.tx.ExecContext(ctx, `INSERT INTO user_coupon (coupon_id, order_id, campaign_id, user_id, value_cents) VALUES `+
-			groups("(?, ?, ?, ?, ?)", len(gs)), coupons...)
-	}
-	if err != nil {
+	if _, err := r.st.coupon.Exec(ctx, r.tx, coupons); err != nil {
 		return fmt.Errorf("write %d coupons: %w", len(gs), err)
 	}
 	return nil

@@ -83,7 +83,7 @@ type Granter struct {
 	now    func() time.Time
 	shards atomic.Int64     // the campaign's counter shards, read once from the database
 	db     *sql.DB          // set by UsePrepare: external calls then happen outside transactions
-	st     *batchStatements // set by UseStatements: HandleBatch's inserts prepared
+	st     *batchStatements // HandleBatch's inserts; prepared on a pool after UseStatements
 	// batchSeq rotates the counter shard batches start at, so concurrent batches take
 	// different shard rows.
 	batchSeq atomic.Int64
@@ -137,7 +137,7 @@ func NewGranter(cfg Config, svc ExternalService, logger watermill.LoggerAdapter)
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	return &Granter{cfg: cfg, svc: svc, out: out, logger: logger, now: time.Now}, nil
+	return &Granter{cfg: cfg, svc: svc, out: out, logger: logger, now: time.Now, st: newBatchStatements(nil)}, nil
 }
 
 // Config returns the granter's configuration.

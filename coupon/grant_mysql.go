@@ -23,8 +23,8 @@ type grantRow struct {
 
 // mysqlRepo holds every SQL statement of the coupon plugin. It works on the transaction the
 // inbox hands to the handler.
-// mysqlRepo is the grant's storage in one transaction; st (nil: interpolated statements)
-// are HandleBatch's prepared inserts.
+// mysqlRepo is the grant's storage in one transaction; st are HandleBatch's multi-row
+// inserts (nil outside HandleBatch).
 type mysqlRepo struct {
 	tx *sql.Tx
 	st *batchStatements

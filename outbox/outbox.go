@@ -64,7 +64,7 @@ var ErrDuplicateEvent = errors.New("outbox: event id already stored")
 // Writer adds events to the outbox table within the caller's transaction.
 type Writer struct {
 	insert string
-	batch  *dbx.MultiRow // AddBatch's insert as prepared statements; nil: interpolated
+	batch  *dbx.MultiRow // AddBatch's insert; prepared on a pool after UseStatements
 }
 
 // batchRows is the most events one statement of AddBatch carries.
@@ -75,34 +75,28 @@ const batchRows = 512
 // use, and PrepareStatements outside any transaction before each batch; until that has
 // succeeded the inserts run interpolated, as without it.
 func (w *Writer) UseStatements(db *sql.DB) *Writer {
-	head, group := w.insertParts()
-	w.batch = dbx.NewMultiRow(db, 6, batchRows, func(n int) string {
+	w.batch = w.newBatch(db)
+	return w
+}
+
+// newBatch builds AddBatch's insert on pool db (nil: interpolated).
+func (w *Writer) newBatch(db *sql.DB) *dbx.MultiRow {
+	i := strings.LastIndex(w.insert, "VALUES ")
+	head, group := w.insert[:i+len("VALUES ")], w.insert[i+len("VALUES "):]
+	return dbx.NewMultiRow(db, 6, batchRows, func(n int) string {
 		return head + strings.TrimSuffix(strings.Repeat(group+", ", n), ", ")
 	})
-	return w
 }
 
 // PrepareStatements prepares AddBatch's statements (see UseStatements); outside any
 // transaction of the pool.
 func (w *Writer) PrepareStatements(ctx context.Context) error {
-	if w.batch == nil {
-		return nil
-	}
 	return w.batch.Prepare(ctx)
 }
 
 // Close closes the prepared statements of UseStatements.
 func (w *Writer) Close() error {
-	if w.batch == nil {
-		return nil
-	}
 	return w.batch.Close()
-}
-
-// insertParts splits the one-row insert into "INSERT … VALUES " and its row group.
-func (w *Writer) insertParts() (head, group string) {
-	i := strings.LastIndex(w.insert, "VALUES ")
-	return w.insert[:i+len("VALUES ")], w.insert[i+len("VALUES "):]
 }
 
 // NewWriter builds a Writer for table (default "outbox").
@@ -113,8 +107,10 @@ func NewWriter(table string) (*Writer, error) {
 	if err := dbx.CheckIdent("outbox table", table); err != nil {
 		return nil, err
 	}
-	return &Writer{insert: fmt.Sprintf(
-		"INSERT INTO %s (event_id, event_type, topic, msg_key, payload, headers) VALUES (?, ?, ?, ?, ?, ?)", table)}, nil
+	w := &Writer{insert: fmt.Sprintf(
+		"INSERT INTO %s (event_id, event_type, topic, msg_key, payload, headers) VALUES (?, ?, ?, ?, ?, ?)", table)}
+	w.batch = w.newBatch(nil)
+	return w, nil
 }
 
 // rowArgs validates e and returns the values of its row, in the insert's column order.

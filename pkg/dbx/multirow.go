@@ -43,7 +43,7 @@ type MultiRow struct {
 }
 
 // NewMultiRow returns a MultiRow on db for rows of width parameters; text(n) is the
-// statement for n rows. max is the most rows per statement, rounded down to a power of two
+// statement for n rows. With a nil db the statements always run interpolated. max is the most rows per statement, rounded down to a power of two
 // and to what the placeholder limit allows.
 func NewMultiRow(db *sql.DB, width, max int, text func(n int) string) *MultiRow {
 	if width < 1 {
@@ -197,6 +197,9 @@ const prepareRetry = time.Minute
 func (m *MultiRow) Prepare(ctx context.Context) error {
 	// One Prepare at a time, but without holding mu across the round trips: a transaction
 	// looking up a statement (each) never waits for a Prepare that waits for a connection.
+	if m.db == nil {
+		return nil // no pool: always interpolated
+	}
 	m.prepMu.Lock()
 	defer m.prepMu.Unlock()
 	m.mu.Lock()
