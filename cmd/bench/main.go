@@ -9,6 +9,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/csv"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -93,7 +94,7 @@ var (
 	appDSN      = flag.String("dsn", "onceflow:onceflow@tcp(127.0.0.1:3306)/onceflow_bench", "application DSN of the bench database")
 	brokers     = flag.String("brokers", "127.0.0.1:9092", "Kafka brokers")
 	outDir      = flag.String("out", "bench/results", "where the CSV goes")
-	latencyDump = flag.String("latency-dump", "", "write every measured order's stage latencies to FILE-<offered rate>.csv (diagnosis of the tail)")
+	latencyDump = flag.String("latency-dump", "", "write every measured order's stage latencies to FILE-<offered rate>.csv (diagnosis of the tail; also times when each order reached the handler, at some CPU cost)")
 )
 
 func run() error {
@@ -800,10 +801,18 @@ func produceOrders(p sarama.SyncProducer, topic, prefix string, from, n int, rat
 	i := from
 	for next := start.Add(tick); i < from+n; next = next.Add(tick) {
 		time.Sleep(time.Until(next))
+		// Everything due by now goes: after a slow request the generator catches up at once
+		// (sending one tick's orders per request, it had fallen behind for good whenever a
+		// request took longer than a tick, and measured its own lag as the pipeline's).
+		upTo := time.Now()
+		if upTo.Before(next) {
+			upTo = next
+		}
+		next = upTo
 		var batch []*sarama.ProducerMessage
 		for ; i < from+n; i++ {
 			due := start.Add(time.Duration(float64(i-from+1) / rate * float64(time.Second)))
-			if due.After(next) {
+			if due.After(upTo) {
 				break
 			}
 			m := msg(i)
@@ -813,6 +822,10 @@ func produceOrders(p sarama.SyncProducer, topic, prefix string, from, n int, rat
 		if len(batch) > 0 {
 			if err := p.SendMessages(batch); err != nil {
 				return err
+			}
+			now := time.Now()
+			for _, m := range batch {
+				producedAt.Store(string(m.Key.(sarama.StringEncoder)), now)
 			}
 		}
 	}
@@ -857,6 +870,22 @@ func startPipeline(ctx context.Context, db *sql.DB, kc kafkax.Config, topic stri
 	if err != nil {
 		return nil, err
 	}
+	producedAt.Clear()
+	if *latencyDump != "" {
+		// -latency-dump splits Kafka → inbox claim at the moment the subscriber hands an order
+		// to the handler (the decode costs CPU, so only when asked).
+		handedAt.Clear()
+		inner := handler
+		handler = func(msg *message.Message) error {
+			var o struct {
+				OrderID string `json:"orderId"`
+			}
+			if json.Unmarshal(msg.Payload, &o) == nil {
+				handedAt.LoadOrStore(o.OrderID, time.Now())
+			}
+			return inner(msg)
+		}
+	}
 	r.AddConsumerHandler("bench", topic, sub, handler)
 	// The router's default relay: exactly once (transactional producer, positions, lease),
 	// with configs/router.yaml's batch size and linger, woken after each committed delivery.
@@ -876,6 +905,10 @@ func startPipeline(ctx context.Context, db *sql.DB, kc kafkax.Config, topic stri
 	<-r.Running()
 	return func() { cancel(); wg.Wait(); closeBatcher(); _ = relay.Close(); dropPositions() }, nil
 }
+
+// When the producer's request with each order of a latency run returned (the broker has
+// it), and, with -latency-dump, when each order was first handed to the handler.
+var producedAt, handedAt sync.Map
 
 // checkGranted confirms, once a run's events were all seen, that the database agrees: want
 // grants and nothing left unpublished. (Runs wait on the watcher, not on this query: polled,
@@ -998,7 +1031,7 @@ func stages(ctx context.Context, kc kafkax.Config, in string, db *sql.DB, w *wat
 	if err != nil {
 		return err
 	}
-	var toInbox, toOutbox, toVisible []float64
+	var produced, toInbox, toOutbox, toVisible []float64
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	var dump *csv.Writer
 	if *latencyDump != "" {
@@ -1009,7 +1042,7 @@ func stages(ctx context.Context, kc kafkax.Config, in string, db *sql.DB, w *wat
 		defer f.Close()
 		dump = csv.NewWriter(f)
 		defer dump.Flush()
-		_ = dump.Write([]string{"order", "sent_ms", "kafka_to_inbox_ms", "inbox_to_outbox_ms", "outbox_to_visible_ms", "total_ms"})
+		_ = dump.Write([]string{"order", "sent_ms", "produced_ms", "kafka_to_handler_ms", "kafka_to_inbox_ms", "inbox_to_outbox_ms", "outbox_to_visible_ms", "total_ms"})
 	}
 	for i := from; i < to; i++ {
 		id := order("lat", i).OrderID
@@ -1018,12 +1051,21 @@ func stages(ctx context.Context, kc kafkax.Config, in string, db *sql.DB, w *wat
 		t2, ok2 := outbox[id]
 		t3, ok3 := w.at(id)
 		if ok0 && ok1 && ok2 && ok3 {
+			if v, ok := producedAt.Load(id); ok {
+				produced = append(produced, ms(v.(time.Time).Sub(t0)))
+			}
 			toInbox = append(toInbox, ms(t1.Sub(t0)))
 			toOutbox = append(toOutbox, ms(t2.Sub(t1)))
 			toVisible = append(toVisible, ms(t3.Sub(t2)))
 			if dump != nil {
 				f := func(v float64) string { return strconv.FormatFloat(v, 'f', 2, 64) }
-				_ = dump.Write([]string{id, f(ms(t0.Sub(ins[order("lat", from).OrderID]))), f(ms(t1.Sub(t0))), f(ms(t2.Sub(t1))), f(ms(t3.Sub(t2))), f(ms(t3.Sub(t0)))})
+				since := func(m *sync.Map) float64 {
+					if v, ok := m.Load(id); ok {
+						return ms(v.(time.Time).Sub(t0))
+					}
+					return -1
+				}
+				_ = dump.Write([]string{id, f(ms(t0.Sub(ins[order("lat", from).OrderID]))), f(since(&producedAt)), f(since(&handedAt)), f(ms(t1.Sub(t0))), f(ms(t2.Sub(t1))), f(ms(t3.Sub(t2))), f(ms(t3.Sub(t0)))})
 			}
 		}
 	}
@@ -1034,7 +1076,12 @@ func stages(ctx context.Context, kc kafkax.Config, in string, db *sql.DB, w *wat
 		sort.Float64s(d)
 		return d[min(len(d)-1, len(d)*q/100)]
 	}
-	report("e2e_stages", "offered_per_s", rate,
+	if len(produced) == 0 {
+		produced = []float64{-1}
+	}
+	// produce (the order due → the generator's request for it returned) is part of
+	// kafka_to_inbox, which runs from the order's due time.
+	report("e2e_stages", "offered_per_s", rate, "produce_p50_ms", p(produced, 50), "produce_p99_ms", p(produced, 99),
 		"kafka_to_inbox_p50_ms", p(toInbox, 50), "kafka_to_inbox_p99_ms", p(toInbox, 99),
 		"inbox_to_outbox_p50_ms", p(toOutbox, 50), "inbox_to_outbox_p99_ms", p(toOutbox, 99),
 		"outbox_to_visible_p50_ms", p(toVisible, 50), "outbox_to_visible_p99_ms", p(toVisible, 99))
