@@ -379,17 +379,11 @@ func (r *Relay) loop(ctx context.Context, shard string, once func(context.Contex
 				return
 			case <-t.C:
 			case <-wake:
-				// Rows committed since the read: read again after a linger, so a burst of
-				// wakes (one per delivery) costs one read.
+				// Rows committed since the read: read again now. A partial batch lingers in
+				// the read itself, so a burst of wakes (one per delivery) still costs one
+				// batch, and a woken row waits one Linger, not two (it used to wait here too).
 				t.Stop()
 				r.wakes.Add(1)
-				if r.cfg.Linger > 0 {
-					select {
-					case <-ctx.Done():
-						return
-					case <-time.After(r.cfg.Linger):
-					}
-				}
 			}
 		}
 	}
