@@ -33,6 +33,7 @@ import (
 	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/dbx"
+	"github.com/onceflow/onceflow/pkg/gcx"
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
@@ -94,6 +95,7 @@ var (
 	appDSN      = flag.String("dsn", "onceflow:onceflow@tcp(127.0.0.1:3306)/onceflow_bench", "application DSN of the bench database")
 	brokers     = flag.String("brokers", "127.0.0.1:9092", "Kafka brokers")
 	outDir      = flag.String("out", "bench/results", "where the CSV goes")
+	gogc        = flag.Int("gogc", gcx.DefaultPercent, "Go GC target of the bench process (the router's runtime.gogc default; GOGC in the environment wins)")
 	latencyDump = flag.String("latency-dump", "", "write every measured order's stage latencies to FILE-<offered rate>.csv (diagnosis of the tail; also times when each order reached the handler, at some CPU cost)")
 )
 
@@ -102,6 +104,12 @@ func run() error {
 	if *rounds < 1 {
 		return fmt.Errorf("-rounds %d: want at least 1", *rounds)
 	}
+	if err := gcx.Validate(*gogc, 0); err != nil {
+		return fmt.Errorf("-gogc: %w", err)
+	}
+	// The router's collector setting (runtime.gogc), for the unsafe baseline and the
+	// inbox alike; GOGC in the environment wins, as in the router.
+	fmt.Printf("bench: %s\n", gcx.Apply(*gogc, 0))
 	ctx := context.Background()
 	kc := kafkax.Config{Brokers: []string{*brokers}, ClientID: "onceflow-bench"}
 	kc.SetDefaults()

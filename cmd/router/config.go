@@ -14,6 +14,7 @@ import (
 
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/pkg/dbx"
+	"github.com/onceflow/onceflow/pkg/gcx"
 )
 
 // Config is the router configuration: flags > env (ONCEFLOW_*) > config file > defaults.
@@ -24,6 +25,7 @@ type Config struct {
 	Relay   RelayConfig               `mapstructure:"relay"`
 	Admin   AdminConfig               `mapstructure:"admin"`
 	Log     LogConfig                 `mapstructure:"log"`
+	Runtime RuntimeConfig             `mapstructure:"runtime"`
 	Plugins map[string]map[string]any `mapstructure:"plugins"`
 }
 
@@ -81,6 +83,13 @@ type AdminConfig struct {
 	Listen string `mapstructure:"listen"`
 }
 
+// RuntimeConfig is the Go garbage collector's setting for this process (pkg/gcx); GOGC and
+// GOMEMLIMIT in the environment win over it.
+type RuntimeConfig struct {
+	GOGC          int `mapstructure:"gogc"`
+	MemoryLimitMB int `mapstructure:"memory_limit_mb"`
+}
+
 type LogConfig struct {
 	Level  string `mapstructure:"level"`
 	Format string `mapstructure:"format"`
@@ -134,6 +143,8 @@ var defaults = []struct {
 	{"admin.listen", "127.0.0.1:9464", "health and metrics listener (empty disables)"},
 	{"log.level", "info", "debug, info, warn, error"},
 	{"log.format", "text", "text or json"},
+	{"runtime.gogc", gcx.DefaultPercent, "Go GC target percentage (GOGC; the environment's GOGC wins); -1 off, with runtime.memory_limit_mb"},
+	{"runtime.memory_limit_mb", 0, "Go soft memory limit in MiB (GOMEMLIMIT; the environment's wins); 0: none"},
 }
 
 // loadConfig resolves the configuration. file may be empty: then configs/router.yaml is
@@ -220,6 +231,9 @@ func (c Config) validate() error {
 	}
 	if err := c.batchConfig().Validate(); err != nil {
 		return fmt.Errorf("inbox.batch_*: %w", err)
+	}
+	if err := gcx.Validate(c.Runtime.GOGC, c.Runtime.MemoryLimitMB); err != nil {
+		return err
 	}
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":

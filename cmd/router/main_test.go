@@ -26,6 +26,7 @@ func TestBadInput(t *testing.T) {
 	badPlugin := write("plugin.yaml", "plugins:\n  coupon-granter:\n    step_dely: 5ms\n")
 	unknownPlugin := write("noplugin.yaml", "plugins:\n  coupon-grantr:\n    step_delay: 5ms\n")
 	admin := write("admin.yaml", "admin:\n  listen: ''\n")
+	gcOff := write("gcoff.yaml", "runtime:\n  gogc: -1\n")
 
 	cases := []struct {
 		name string
@@ -48,6 +49,7 @@ func TestBadInput(t *testing.T) {
 		{"unknown plugin section", []string{"--config", unknownPlugin, "run"}, 2, []string{"plugins.coupon-grantr", "no such plugin"}},
 		{"unknown plugin flag", []string{"--config", admin, "run", "--plugins", "nope"}, 2, []string{"unknown plugin", "nope"}},
 		{"bad log level", []string{"--log-level", "loud", "plugins"}, 2, []string{"log.level"}},
+		{"gc off without a memory limit", []string{"--config", gcOff, "plugins"}, 2, []string{"runtime.gogc -1", "runtime.memory_limit_mb"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

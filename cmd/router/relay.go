@@ -71,7 +71,7 @@ func (a *app) runRelayOnly(ctx context.Context) error {
 	}
 	defer stopAdmin()
 	a.logger.Info("relay starting", watermill.LogFields{"dsn": dbx.MaskDSN(a.cfg.DB.DSN), "brokers": kc.Brokers,
-		"exactly_once": a.cfg.Relay.ExactlyOnce, "shard": a.cfg.Relay.Shard, "shards": a.cfg.Relay.Shards})
+		"exactly_once": a.cfg.Relay.ExactlyOnce, "shard": a.cfg.Relay.Shard, "shards": a.cfg.Relay.Shards, "gc": a.gc})
 	err = relay.Run(ctx)
 	a.logger.Info("relay stopped", watermill.LogFields{"published": relay.Published(), "reconciled": relay.Reconciled()})
 	return err

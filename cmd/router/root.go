@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/onceflow/onceflow/pkg/dbx"
+	"github.com/onceflow/onceflow/pkg/gcx"
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
@@ -20,6 +21,7 @@ type app struct {
 	configFile string
 	cfg        Config
 	logger     watermill.LoggerAdapter
+	gc         string // the garbage collector's settings in effect (gcx.Apply)
 }
 
 // commonBindings maps configuration keys to the persistent flags that override them.
@@ -43,6 +45,7 @@ func run(ctx context.Context, args []string) error {
 			}
 			a.cfg = cfg
 			a.logger = newLogger(cfg.Log)
+			a.gc = gcx.Apply(cfg.Runtime.GOGC, cfg.Runtime.MemoryLimitMB)
 			return nil
 		},
 	}

@@ -91,7 +91,7 @@ func (a *app) runRouter(ctx context.Context, only []string, withRelay bool) erro
 		return err
 	}
 	a.logger.Info("router starting", watermill.LogFields{"dsn": dbx.MaskDSN(a.cfg.DB.DSN), "brokers": kc.Brokers,
-		"session_timeout": kc.SessionTimeout, "rebalance_timeout": kc.RebalanceTimeout, "relay": withRelay})
+		"session_timeout": kc.SessionTimeout, "rebalance_timeout": kc.RebalanceTimeout, "relay": withRelay, "gc": a.gc})
 	a.warnRetention(kc, topics)
 
 	m := metrics.New(db)
