@@ -801,7 +801,8 @@ func (e *exactlyOnce) pending(ctx context.Context) ([]*sarama.ProducerMessage, [
 }
 
 func (e *exactlyOnce) mark(ctx context.Context, ids []int64) error {
-	query, args := inList(e.r.q.markPrefix, ids, ") AND published_at IS NULL")
+	cond, args := idMatch(ids)
+	query := e.r.q.markPrefix + cond + " AND published_at IS NULL"
 	if _, err := e.r.db.ExecContext(ctx, query, args...); err != nil {
 		return fmt.Errorf("mark %d outbox rows published: %w", len(ids), err)
 	}

@@ -1,0 +1,71 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/onceflow/onceflow/pkg/testenv"
+)
+
+func TestIDMatchForm(t *testing.T) {
+	for _, c := range []struct {
+		ids  []int64
+		cond string
+		args []any
+	}{
+		{[]int64{5, 6, 7, 8}, "(id BETWEEN ? AND ?)", []any{int64(5), int64(8)}},
+		{[]int64{1, 2, 3, 9, 20, 21}, "(id BETWEEN ? AND ? OR id = ? OR id BETWEEN ? AND ?)", []any{int64(1), int64(3), int64(9), int64(20), int64(21)}},
+		{[]int64{1, 3, 5}, "id IN (?,?,?)", []any{int64(1), int64(3), int64(5)}},
+		{[]int64{7}, "id IN (?)", []any{int64(7)}},
+		{[]int64{7, 8, 10}, "id IN (?,?,?)", []any{int64(7), int64(8), int64(10)}},
+	} {
+		cond, args := idMatch(c.ids)
+		if cond != c.cond || fmt.Sprint(args) != fmt.Sprint(c.args) {
+			t.Errorf("idMatch(%v) = %q %v, want %q %v", c.ids, cond, args, c.cond, c.args)
+		}
+	}
+}
+
+// TestIDMatchSelectsExactlyTheIDs runs idMatch's conditions on MariaDB for random id sets
+// (runs of consecutive ids, singles, scattered) and checks they match exactly the set; an
+// off-by-one range would mark a row that was never published.
+func TestIDMatchSelectsExactlyTheIDs(t *testing.T) {
+	d := testenv.DB(t, 2)
+	ctx := context.Background()
+	if _, err := d.DB.ExecContext(ctx, `INSERT INTO outbox (id, event_id, event_type, topic, msg_key, payload)
+		SELECT seq, CONCAT('idm-', seq), 'T', 't', 'k', '' FROM seq_1_to_3000`); err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for trial := 0; trial < 40; trial++ {
+		var ids []int64
+		for id := int64(1 + rng.IntN(5)); id <= 3000; {
+			run := 1 + rng.IntN([]int{1, 3, 400}[trial%3])
+			for i := 0; i < run && id <= 3000; i++ {
+				ids = append(ids, id)
+				id++
+			}
+			id += int64(1 + rng.IntN(4))
+		}
+		cond, args := idMatch(ids)
+		rows, err := d.DB.QueryContext(ctx, "SELECT id FROM outbox WHERE "+cond+" ORDER BY id", args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []int64
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, id)
+		}
+		rows.Close()
+		if !slices.Equal(got, ids) {
+			t.Fatalf("trial %d: %q matched %d rows, want exactly the %d ids", trial, cond[:min(len(cond), 80)], len(got), len(ids))
+		}
+	}
+}
