@@ -93,7 +93,10 @@ type exactlyOnce struct {
 	index    int    // shard index, 0..Shards-1
 	shard    string // lease name: Shard, or Shard#index/Shards when there are several
 	txnID    string // TransactionalID, or TransactionalID-<index>of<Shards>
-	pendingQ string // the shard's oldest unpublished rows
+	pendingQ string // the shard's oldest unpublished rows: pendingWhere + pendingOrder
+	// pendingWhere is pendingQ's SELECT … WHERE (more conditions may follow);
+	// pendingOrder its " ORDER BY id LIMIT ?".
+	pendingWhere, pendingOrder string
 
 	// wanted is whether this relay should own the shard: always with one shard; with
 	// several, as the membership assigns them (membership.go).
@@ -142,13 +145,16 @@ func NewExactlyOnceRelay(db *sql.DB, kc kafkax.Config, cfg RelayConfig, logger w
 	}
 	n := r.cfg.Shards
 	for i := range n {
-		e := &exactlyOnce{r: r, kc: kc, index: i, shard: r.cfg.Shard, txnID: r.cfg.TransactionalID, pendingQ: r.q.pendingFull}
+		e := &exactlyOnce{r: r, kc: kc, index: i, shard: r.cfg.Shard, txnID: r.cfg.TransactionalID}
+		e.pendingWhere = fmt.Sprintf(`SELECT id, event_id, event_type, topic, msg_key, payload, headers FROM %s
+ WHERE published_at IS NULL`, r.cfg.Table)
+		e.pendingOrder = " ORDER BY id LIMIT ?"
 		if n > 1 {
 			e.shard = ShardName(r.cfg.Shard, i, n)
 			e.txnID = fmt.Sprintf("%s-%dof%d", r.cfg.TransactionalID, i, n)
-			e.pendingQ = fmt.Sprintf(`SELECT id, event_id, event_type, topic, msg_key, payload, headers FROM %s
- WHERE published_at IS NULL AND MOD(key_hash, %d) = %d ORDER BY id LIMIT ?`, r.cfg.Table, n, i)
+			e.pendingWhere += fmt.Sprintf(" AND MOD(key_hash, %d) = %d", n, i)
 		}
+		e.pendingQ = e.pendingWhere + e.pendingOrder
 		e.lease = newLease(db, e.shard, r.cfg.Owner, r.cfg.LeaseTTL)
 		e.wanted.Store(n == 1)
 		r.eos = append(r.eos, e)
@@ -755,15 +761,23 @@ func isDone(c <-chan struct{}) bool {
 }
 
 func (e *exactlyOnce) pending(ctx context.Context) ([]*sarama.ProducerMessage, []int64, []string, error) {
-	// Rows of a batch whose mark is still running are in Kafka already: read past them.
+	// Rows of a batch whose mark is still running are in Kafka already: read past them —
+	// in the query when they form id ranges (the common case: not read twice), else by
+	// reading that many more rows and dropping them here.
 	var skip map[int64]bool
+	query, args := e.pendingQ, []any{e.r.cfg.BatchSize}
 	if m := e.sess.marking; m != nil {
-		skip = make(map[int64]bool, len(m.ids))
-		for _, id := range m.ids {
-			skip[id] = true
+		if cond, cargs, ranges := idMatch(m.ids); ranges {
+			query, args = e.pendingWhere+" AND NOT "+cond+e.pendingOrder, append(cargs, e.r.cfg.BatchSize)
+		} else {
+			skip = make(map[int64]bool, len(m.ids))
+			for _, id := range m.ids {
+				skip[id] = true
+			}
+			args[0] = e.r.cfg.BatchSize + len(skip)
 		}
 	}
-	rows, err := e.r.db.QueryContext(ctx, e.pendingQ, e.r.cfg.BatchSize+len(skip))
+	rows, err := e.r.db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("select pending outbox rows: %w", err)
 	}
@@ -801,7 +815,7 @@ func (e *exactlyOnce) pending(ctx context.Context) ([]*sarama.ProducerMessage, [
 }
 
 func (e *exactlyOnce) mark(ctx context.Context, ids []int64) error {
-	cond, args := idMatch(ids)
+	cond, args, _ := idMatch(ids)
 	query := e.r.q.markPrefix + cond + " AND published_at IS NULL"
 	if _, err := e.r.db.ExecContext(ctx, query, args...); err != nil {
 		return fmt.Errorf("mark %d outbox rows published: %w", len(ids), err)

@@ -22,7 +22,7 @@ func TestIDMatchForm(t *testing.T) {
 		{[]int64{7}, "id IN (?)", []any{int64(7)}},
 		{[]int64{7, 8, 10}, "id IN (?,?,?)", []any{int64(7), int64(8), int64(10)}},
 	} {
-		cond, args := idMatch(c.ids)
+		cond, args, _ := idMatch(c.ids)
 		if cond != c.cond || fmt.Sprint(args) != fmt.Sprint(c.args) {
 			t.Errorf("idMatch(%v) = %q %v, want %q %v", c.ids, cond, args, c.cond, c.args)
 		}
@@ -50,7 +50,7 @@ func TestIDMatchSelectsExactlyTheIDs(t *testing.T) {
 			}
 			id += int64(1 + rng.IntN(4))
 		}
-		cond, args := idMatch(ids)
+		cond, args, _ := idMatch(ids)
 		rows, err := d.DB.QueryContext(ctx, "SELECT id FROM outbox WHERE "+cond+" ORDER BY id", args...)
 		if err != nil {
 			t.Fatal(err)

@@ -245,7 +245,7 @@ func (r *Relay) wakeC() <-chan struct{} {
 type relayQueries struct {
 	pending, claimPrefix, claimSuffix string
 	oldestPending, markPrefix         string
-	pendingFull, cleanup              string
+	cleanup                           string
 }
 
 // NewRelay builds a Relay.
@@ -278,9 +278,7 @@ func newRelay(db *sql.DB, producer Producer, cfg RelayConfig, logger watermill.L
 		claimSuffix:   `) ORDER BY id FOR UPDATE SKIP LOCKED`,
 		oldestPending: fmt.Sprintf(`SELECT MIN(created_at) FROM %s WHERE published_at IS NULL`, t),
 		markPrefix:    fmt.Sprintf(`UPDATE %s SET published_at = NOW(6) WHERE `, t),
-		pendingFull: fmt.Sprintf(`SELECT id, event_id, event_type, topic, msg_key, payload, headers FROM %s
- WHERE published_at IS NULL ORDER BY id LIMIT ?`, t),
-		cleanup: fmt.Sprintf(`DELETE FROM %s WHERE published_at < NOW(6) - INTERVAL ? MICROSECOND LIMIT %d`, t, cfg.CleanupBatch),
+		cleanup:       fmt.Sprintf(`DELETE FROM %s WHERE published_at < NOW(6) - INTERVAL ? MICROSECOND LIMIT %d`, t, cfg.CleanupBatch),
 	}}, nil
 }
 
@@ -635,7 +633,7 @@ func buildMessage(id int64, eventID, typ, topic, key string, payload []byte, hea
 }
 
 func (r *Relay) mark(ctx context.Context, tx *sql.Tx, ids []int64) error {
-	cond, args := idMatch(ids)
+	cond, args, _ := idMatch(ids)
 	query := r.q.markPrefix + cond
 	if _, err := tx.ExecContext(ctx, query, args...); err != nil {
 		return fmt.Errorf("mark %d outbox rows published: %w", len(ids), err)
@@ -647,14 +645,15 @@ func (r *Relay) mark(ctx context.Context, tx *sql.Tx, ids []int64) error {
 // are mostly consecutive, so it lists their ranges — one range scan each — unless there
 // are more than half as many ranges as ids (a shard's rows interleave with other shards'):
 // then an IN list. (Marking 2,000 consecutive rows through an IN list cost MariaDB ≈12–16 µs
-// of CPU per row, one index dive per id; through BETWEEN ≈6–8.)
-func idMatch(ids []int64) (string, []any) {
+// of CPU per row, one index dive per id; through BETWEEN ≈6–8.) ranges reports which.
+func idMatch(ids []int64) (cond string, args []any, ranges bool) {
 	rs := idRanges(ids)
 	if len(rs)*2 > len(ids) {
-		return inList("id IN (", ids, ")")
+		cond, args = inList("id IN (", ids, ")")
+		return cond, args, false
 	}
 	var b strings.Builder
-	args := make([]any, 0, 2*len(rs))
+	args = make([]any, 0, 2*len(rs))
 	b.WriteByte('(')
 	for i, r := range rs {
 		if i > 0 {
@@ -669,7 +668,7 @@ func idMatch(ids []int64) (string, []any) {
 		args = append(args, r[0], r[1])
 	}
 	b.WriteByte(')')
-	return b.String(), args
+	return b.String(), args, true
 }
 
 // inList returns prefix + "?,?,...?" + suffix and the ids as arguments.
