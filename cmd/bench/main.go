@@ -86,6 +86,7 @@ var (
 	loads       = flag.String("loads", "100,200", "offered loads (orders/s) for the latency runs, one at a time")
 	batchLoads  = flag.String("batch-loads", "500,1000,2000", "offered loads (orders/s) for the latency runs, group commit")
 	e2eShards   = flag.Int("e2e-relay-shards", 1, "relay.shards of the end-to-end runs")
+	e2eParts    = flag.Int("e2e-partitions", 12, "partitions of the end-to-end runs' order-paid and coupon-granted topics (scripts/infra.sh creates 12)")
 	e2eLinger   = flag.Duration("e2e-relay-linger", 5*time.Millisecond, "relay.linger of the end-to-end runs (configs/router.yaml's)")
 	e2eBatchN   = flag.Int("e2e-batch-orders", 50000, "orders for the end-to-end throughput run, group commit")
 	loadSecs    = flag.Int("load-seconds", 8, "seconds per latency run")
@@ -659,12 +660,12 @@ func benchE2E(ctx context.Context, db *sql.DB, kc kafkax.Config, mode string, n 
 	if err := truncate(ctx); err != nil {
 		return res, err
 	}
-	in, cleanIn, err := makeTopic(kc, "bench-order-paid", 12)
+	in, cleanIn, err := makeTopic(kc, "bench-order-paid", int32(*e2eParts))
 	if err != nil {
 		return res, err
 	}
 	defer cleanIn()
-	out, cleanOut, err := makeTopic(kc, "bench-granted", 12)
+	out, cleanOut, err := makeTopic(kc, "bench-granted", int32(*e2eParts))
 	if err != nil {
 		return res, err
 	}
