@@ -20,7 +20,8 @@ import (
 var (
 	batchSize    = flag.Int("batch-size", 512, "inbox.batch_size of the group-commit measurements")
 	batchLanes   = flag.Int("batch-workers", 2, "inbox.batch_workers of the group-commit measurements")
-	batchOrders  = flag.Int("batch-orders", 50000, "orders per group-commit database measurement")
+	batchOrders  = flag.Int("batch-orders", 15000, "orders per group-commit database measurement")
+	batchRounds  = flag.Int("batch-rounds", 15, "rounds of the group-commit measurements (baseline and inbox back to back, alternating which goes first); medians reported, and the overhead also pooled over all rounds")
 	batchSenders = flag.Int("batch-senders", 2048, "concurrent deliveries offered to the Batcher (a router's in-flight messages)")
 )
 

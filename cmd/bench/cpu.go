@@ -55,8 +55,13 @@ func (m *cpuMeter) perOrder(orders int) []any {
 		total += us
 		kv = append(kv, role+"_cpu_us_per_order", us)
 	}
+	lastTotalCPU = total
 	return append(kv, "total_cpu_us_per_order", total)
 }
+
+// lastTotalCPU is the total of the last perOrder call (µs per order, all roles): the
+// group-commit rounds read it after each measurement for the CPU-based overhead.
+var lastTotalCPU float64
 
 // procCPU is the user + system CPU time of a process (/proc/PID/stat, clock ticks of 10 ms).
 func procCPU(pid string) time.Duration {
