@@ -22,9 +22,7 @@ type grantRow struct {
 }
 
 // mysqlRepo holds every SQL statement of the coupon plugin. It works on the transaction the
-// inbox hands to the handler.
-// mysqlRepo is the grant's storage in one transaction; st are HandleBatch's multi-row
-// inserts (nil outside HandleBatch).
+// inbox hands to the handler; st are HandleBatch's multi-row inserts (nil outside HandleBatch).
 type mysqlRepo struct {
 	tx *sql.Tx
 	st *batchStatements
