@@ -97,7 +97,7 @@ var (
 	brokers     = flag.String("brokers", "127.0.0.1:9092", "Kafka brokers")
 	outDir      = flag.String("out", "bench/results", "where the CSV goes")
 	gogc        = flag.Int("gogc", gcx.DefaultPercent, "Go GC target of the bench process (the router's runtime.gogc default; GOGC in the environment wins)")
-	latencyDump = flag.String("latency-dump", "", "write every measured order's stage latencies to FILE-<offered rate>.csv (diagnosis of the tail; also times when each order reached the handler, at some CPU cost)")
+	latencyDump = flag.String("latency-dump", "", "write every measured order's stage latencies to FILE-<offered rate>.csv (diagnosis of the tail; also times when each order reached the handler, at some CPU cost, and when it was due as Unix ms, to line orders up with other logs)")
 )
 
 func run() error {
@@ -1076,7 +1076,7 @@ func stages(ctx context.Context, kc kafkax.Config, in string, db *sql.DB, w *wat
 		defer f.Close()
 		dump = csv.NewWriter(f)
 		defer dump.Flush()
-		_ = dump.Write([]string{"order", "sent_ms", "produced_ms", "kafka_to_handler_ms", "kafka_to_inbox_ms", "inbox_to_outbox_ms", "outbox_to_visible_ms", "total_ms"})
+		_ = dump.Write([]string{"order", "sent_ms", "produced_ms", "kafka_to_handler_ms", "kafka_to_inbox_ms", "inbox_to_outbox_ms", "outbox_to_visible_ms", "total_ms", "due_unix_ms"})
 	}
 	for i := from; i < to; i++ {
 		id := order("lat", i).OrderID
@@ -1099,7 +1099,7 @@ func stages(ctx context.Context, kc kafkax.Config, in string, db *sql.DB, w *wat
 					}
 					return -1
 				}
-				_ = dump.Write([]string{id, f(ms(t0.Sub(ins[order("lat", from).OrderID]))), f(since(&producedAt)), f(since(&handedAt)), f(ms(t1.Sub(t0))), f(ms(t2.Sub(t1))), f(ms(t3.Sub(t2))), f(ms(t3.Sub(t0)))})
+				_ = dump.Write([]string{id, f(ms(t0.Sub(ins[order("lat", from).OrderID]))), f(since(&producedAt)), f(since(&handedAt)), f(ms(t1.Sub(t0))), f(ms(t2.Sub(t1))), f(ms(t3.Sub(t2))), f(ms(t3.Sub(t0))), strconv.FormatInt(t0.UnixMilli(), 10)})
 			}
 		}
 	}
