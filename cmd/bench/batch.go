@@ -20,6 +20,7 @@ import (
 var (
 	batchSize    = flag.Int("batch-size", 512, "inbox.batch_size of the group-commit measurements")
 	batchLanes   = flag.Int("batch-workers", 2, "inbox.batch_workers of the group-commit measurements")
+	batchLinger  = flag.Duration("batch-linger", 0, "inbox.batch_linger of the group-commit measurements (0: the default, 2ms)")
 	batchOrders  = flag.Int("batch-orders", 15000, "orders per group-commit database measurement")
 	batchRounds  = flag.Int("batch-rounds", 15, "rounds of the group-commit measurements (baseline and inbox back to back, alternating which goes first); medians reported, and the overhead also pooled over all rounds")
 	batchSenders = flag.Int("batch-senders", 2048, "concurrent deliveries offered to the Batcher (a router's in-flight messages)")
@@ -121,7 +122,7 @@ func newBatcher(ctx context.Context, db *sql.DB) (*inbox.Batcher, coupon.Config,
 		_ = g.Close()
 		return nil, cfg, nil, err
 	}
-	b, err := ib.NewBatcher(inbox.BatchConfig{MaxSize: *batchSize, Workers: *batchLanes})
+	b, err := ib.NewBatcher(inbox.BatchConfig{MaxSize: *batchSize, Workers: *batchLanes, Linger: *batchLinger})
 	if err != nil {
 		_ = g.Close()
 		return nil, cfg, nil, err

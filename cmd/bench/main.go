@@ -886,7 +886,7 @@ func startPipeline(ctx context.Context, db *sql.DB, kc kafkax.Config, topic stri
 		if err != nil {
 			return nil, err
 		}
-		b, err := ib.NewBatcher(inbox.BatchConfig{MaxSize: *batchSize, Workers: *batchLanes})
+		b, err := ib.NewBatcher(inbox.BatchConfig{MaxSize: *batchSize, Workers: *batchLanes, Linger: *batchLinger})
 		if err != nil {
 			return nil, err
 		}
