@@ -105,9 +105,9 @@ func (g *Granter) PrepareBatch(ctx context.Context, ds []*inbox.Delivery) {
 
 // HandleBatch implements inbox.BatchHandler: the happy path of many grants in one
 // transaction. Grants still in INIT go straight to GRANTED — one update of stock and
-// budget together for the whole batch, on one counter shard, and multi-row writes of the grants,
-// their transition log (each legal step recorded), the coupons and the CouponGranted
-// events. Grants already terminal are Done. Everything else — a grant some earlier
+// budget together for the whole batch, on one counter shard, and multi-row writes of the
+// grants, their transition log (each legal step recorded), the coupons and the
+// CouponGranted events. Grants already terminal are Done. Everything else — a grant some earlier
 // delivery left half-way, a shard that cannot cover the whole batch (the campaign running
 // out), a delivery whose external calls failed — is left at Continue for Handle, which
 // knows every path, exhaustion included.

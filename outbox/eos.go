@@ -414,11 +414,10 @@ func (e *exactlyOnce) producerConfig() *sarama.Config {
 	sc.Producer.Transaction.Retry.Max = 20
 	sc.Producer.Transaction.Retry.BackoffFunc = txnRetryBackoff
 	sc.Metadata.Retry.Max = 1 // each transactional retry looks the coordinator up again
+	// No cap on a request's messages: with ProducerConfig's flush wait a batch goes out as
+	// one produce request (without it each of a batch's 2-4 requests was preceded by its own
+	// AddPartitionsToTxn round trip: a 40-event batch took ≈26ms to send).
 	sc.Producer.Flush.MaxMessages = 0
-	// A batch goes out as one produce request (kafkax.ProducerConfig's FlushWait): without
-	// it each of the 2-4 requests of a batch was preceded by its own AddPartitionsToTxn round
-	// trip (a 40-event batch took ≈26ms to send; measured with Sarama's log).
-	sc.Producer.Flush.Frequency = kafkax.FlushWait
 	positions, txnID := e.r.cfg.PositionsTopic, e.txnID
 	sc.Producer.Partitioner = func(topic string) sarama.Partitioner {
 		if topic == positions {
