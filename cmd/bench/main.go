@@ -751,13 +751,16 @@ func benchE2E(ctx context.Context, db *sql.DB, kc kafkax.Config, mode string, n 
 			stop()
 			return res, err
 		}
-		t0 := time.Now()
+		t0, lcpu := time.Now(), newCPUMeter()
 		if err := produceOrders(producer, in, "lat", base, count, float64(rate)); err != nil {
 			stop()
 			return res, err
 		}
 		err = w.wait(warm+count, 5*time.Minute)
 		achieved := float64(count) / time.Since(t0).Seconds()
+		// CPU per order at this load (the measured orders and the warm-up's tail): at low
+		// loads it is several times the full-load figure — per request, per transaction.
+		lcpuKV := lcpu.perOrder(count)
 		w.close()
 		granted += warm + count
 		if err == nil {
@@ -774,6 +777,7 @@ func benchE2E(ctx context.Context, db *sql.DB, kc kafkax.Config, mode string, n 
 		}
 		res.lat[rate] = [3]float64{p50, p99, achieved}
 		report("e2e", "mode", mode, "offered_per_s", rate, "orders_per_s", achieved, "p50_ms", p50, "p99_ms", p99, "measured", measured)
+		report("e2e_cpu", append([]any{"mode", mode, "offered_per_s", rate}, lcpuKV...)...)
 		if err := stages(ctx, kc, in, db, w, rate, base, base+count); err != nil {
 			stop()
 			return res, err
