@@ -77,7 +77,7 @@ func benchForwarder(ctx context.Context, db *sql.DB, kc kafkax.Config) error {
 		Marshaler: wkafka.NewWithPartitioningMarshaler(func(_ string, m *message.Message) (string, error) {
 			return m.Metadata.Get("key"), nil
 		}),
-		OverwriteSaramaConfig: kc.ProducerConfig(),
+		OverwriteSaramaConfig: kc.PublisherConfig(), // it publishes one message per call
 	}, logger)
 	if err != nil {
 		return err

@@ -101,7 +101,8 @@ func (c Config) ConsumerConfig() *sarama.Config {
 // otherwise flushes as fast as it can, and with one request in flight the first message
 // of a batch leaves alone and the rest follow in 2-4 more requests and round trips (the
 // bench's load generator, 10 orders every 5 ms, sent ≈3.5 produce requests per batch).
-// Waiting up to FlushWait for the batch to be buffered costs one call that much at most.
+// Waiting up to FlushWait for the batch to be buffered costs one call that much at most;
+// a caller sending one message per call should use PublisherConfig.
 func (c Config) ProducerConfig() *sarama.Config {
 	sc := c.base()
 	sc.Producer.RequiredAcks = sarama.WaitForAll
@@ -114,6 +115,16 @@ func (c Config) ProducerConfig() *sarama.Config {
 	sc.Producer.Partitioner = sarama.NewHashPartitioner
 	sc.Producer.Flush.MaxMessages = 500
 	sc.Producer.Flush.Frequency = FlushWait
+	return sc
+}
+
+// PublisherConfig is ProducerConfig without the flush wait, for a caller that sends one
+// message per call and waits for it — Watermill's kafka Publisher does — to which the
+// wait only adds up to FlushWait per message, with nothing to batch. (Watermill's forwarder
+// in the bench published ≈580 events/s with the wait, ≈2,300 without it.)
+func (c Config) PublisherConfig() *sarama.Config {
+	sc := c.ProducerConfig()
+	sc.Producer.Flush.Frequency = 0
 	return sc
 }
 
