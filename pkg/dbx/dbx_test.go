@@ -39,6 +39,14 @@ func TestParseDSN(t *testing.T) {
 	if mc, _ := dbx.ParseDSN("u:p@tcp(h:1)/d?interpolateParams=false"); mc.InterpolateParams {
 		t.Fatal("an explicit interpolateParams=false must be kept")
 	}
+	// Time parameters are sent with microseconds (the driver keeps the setting private; its
+	// DSN shows it), unless the DSN says otherwise.
+	if mc, _ := dbx.ParseDSN("u:p@tcp(h:1)/d"); !strings.Contains(mc.FormatDSN(), "timeTruncate=1µs") {
+		t.Fatalf("no timeTruncate=1µs in %s", mc.FormatDSN())
+	}
+	if mc, _ := dbx.ParseDSN("u:p@tcp(h:1)/d?timeTruncate=1s"); !strings.Contains(mc.FormatDSN(), "timeTruncate=1s") {
+		t.Fatalf("an explicit timeTruncate must be kept: %s", mc.FormatDSN())
+	}
 }
 
 func TestMaskDSN(t *testing.T) {
