@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -32,12 +33,20 @@ func (c *CleanerConfig) setDefaults() {
 
 // Cleaner deletes expired 'done' rows in small batches so the inbox never becomes a second
 // main table. 'processing' and 'failed' rows are kept for the operator whatever their age.
+//
+// It reads the oldest 'done' rows of each biz type in receive order (the inbox's one
+// secondary index, (biz_type, status, created_at), migrations/00008) and deletes those whose
+// expire_at passed, stopping at the first that has not: expire_at is created_at +
+// inbox.retention, so receive order is expiry order, and a sweep reads only the rows it
+// deletes and one batch more. After inbox.retention is shortened, rows received later under
+// the shorter retention wait for the older rows to expire first: deleted late, never early.
 type Cleaner struct {
 	db     *sql.DB
 	cfg    CleanerConfig
 	logger watermill.LoggerAdapter
 	types  string // the biz types present
-	del    string
+	oldest string // a biz type's oldest 'done' rows, and whether each has expired
+	del    string // the expired ones among them, by id (checked again: a replay may reopen one)
 }
 
 // NewCleaner builds a Cleaner.
@@ -52,15 +61,16 @@ func NewCleaner(db *sql.DB, cfg CleanerConfig, logger watermill.LoggerAdapter) (
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	// Both read idx_biz_status_expire (biz_type, status, expire_at) (migrations/00007): the
-	// DISTINCT jumps from one biz type to the next, each DELETE is a range of it.
+	// The DISTINCT jumps from one biz type to the next in the index; oldest reads a range of
+	// it in order (created_at, then the primary key the index ends with).
 	return &Cleaner{db: db, cfg: cfg, logger: logger,
-		types: fmt.Sprintf("SELECT DISTINCT biz_type FROM %s", cfg.Table),
-		del:   fmt.Sprintf("DELETE FROM %s WHERE biz_type = ? AND status = 'done' AND expire_at < ? LIMIT %d", cfg.Table, cfg.BatchSize)}, nil
+		types:  fmt.Sprintf("SELECT DISTINCT biz_type FROM %s", cfg.Table),
+		oldest: fmt.Sprintf("SELECT id, expire_at < ? FROM %s WHERE biz_type = ? AND status = 'done' ORDER BY created_at, id LIMIT %d", cfg.Table, cfg.BatchSize),
+		del:    fmt.Sprintf("DELETE FROM %s WHERE status = 'done' AND expire_at < ? AND id IN ", cfg.Table)}, nil
 }
 
 // RunOnce deletes every 'done' row that expired before now, biz type by biz type, one batch
-// per statement.
+// per statement, oldest first (see Cleaner).
 func (c *Cleaner) RunOnce(ctx context.Context, now time.Time) (int64, error) {
 	var types []string
 	rows, err := c.db.QueryContext(ctx, c.types)
@@ -82,16 +92,12 @@ func (c *Cleaner) RunOnce(ctx context.Context, now time.Time) (int64, error) {
 	var total int64
 	for _, t := range types {
 		for {
-			r, err := c.db.ExecContext(ctx, c.del, t, now.UTC())
-			if err != nil {
-				return total, fmt.Errorf("inbox cleaner: %s: %w", t, err)
-			}
-			n, err := r.RowsAffected()
-			if err != nil {
-				return total, fmt.Errorf("inbox cleaner: %s: %w", t, err)
-			}
+			n, more, err := c.sweep(ctx, t, now.UTC())
 			total += n
-			if n < int64(c.cfg.BatchSize) {
+			if err != nil {
+				return total, fmt.Errorf("inbox cleaner: %s: %w", t, err)
+			}
+			if !more {
 				break
 			}
 			if ctx.Err() != nil {
@@ -100,6 +106,49 @@ func (c *Cleaner) RunOnce(ctx context.Context, now time.Time) (int64, error) {
 		}
 	}
 	return total, nil
+}
+
+// sweep deletes the expired rows among the oldest BatchSize 'done' rows of bizType; more
+// reports whether the next batch may hold expired rows too.
+func (c *Cleaner) sweep(ctx context.Context, bizType string, now time.Time) (deleted int64, more bool, err error) {
+	rows, err := c.db.QueryContext(ctx, c.oldest, now, bizType)
+	if err != nil {
+		return 0, false, err
+	}
+	var ids []any
+	read, reachedLive := 0, false
+	for rows.Next() {
+		var id int64
+		var expired bool
+		if err := rows.Scan(&id, &expired); err != nil {
+			rows.Close()
+			return 0, false, err
+		}
+		read++
+		if !expired {
+			reachedLive = true
+			break
+		}
+		ids = append(ids, id)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, false, err
+	}
+	if len(ids) == 0 {
+		return 0, false, nil
+	}
+	r, err := c.db.ExecContext(ctx, c.del+"("+strings.TrimSuffix(strings.Repeat("?,", len(ids)), ",")+")", append([]any{now}, ids...)...)
+	if err != nil {
+		return 0, false, err
+	}
+	n, err := r.RowsAffected()
+	if err != nil {
+		return 0, false, err
+	}
+	// A full batch of expired rows, all deleted: there may be more. (A row reopened by a
+	// replay in between is left, and ends the sweep rather than being read again.)
+	return n, !reachedLive && read == c.cfg.BatchSize && n == int64(len(ids)), nil
 }
 
 // Run sweeps every Interval until ctx is cancelled.

@@ -399,50 +399,72 @@ func TestRetriesExhaustedQuarantinesAndMovesOn(t *testing.T) {
 func TestCleanerDeletesOnlyExpiredDoneRows(t *testing.T) {
 	p := newPipeline(t, pipelineOpts{})
 	db := p.db.DB
-	ins := func(key, bizType, status, expire string) {
-		if _, err := db.Exec(`INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, expire_at)
-			VALUES (?, ?, ?, 'x', 't', 0, 0, '', '', `+expire+`)`, key, bizType, status); err != nil {
+	// Rows as the inbox writes them: expire_at = created_at + retention (here 1 day), so
+	// receive order is expiry order.
+	const day = 24 * 60
+	ins := func(key, bizType, status string, minutesAgo int) {
+		if _, err := db.Exec(`INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, created_at, expire_at)
+			VALUES (?, ?, ?, 'x', 't', 0, 0, '', '', NOW(6) - INTERVAL ? MINUTE, NOW(6) - INTERVAL ? MINUTE + INTERVAL 1 DAY)`,
+			key, bizType, status, minutesAgo, minutesAgo); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for i := range 25 {
-		ins(fmt.Sprintf("old-done-%d", i), "coupon", "done", "NOW() - INTERVAL 1 DAY")
+		ins(fmt.Sprintf("old-done-%d", i), "coupon", "done", 2*day+i)
 	}
 	// The cleaner goes biz type by biz type (its index leads with biz_type).
 	for i := range 12 {
-		ins(fmt.Sprintf("old-done-%d", i), "notify", "done", "NOW() - INTERVAL 1 HOUR")
+		ins(fmt.Sprintf("old-done-%d", i), "notify", "done", day+60+i)
 	}
-	ins("old-processing", "coupon", "processing", "NOW() - INTERVAL 1 DAY")
-	ins("old-failed", "coupon", "failed", "NOW() - INTERVAL 1 DAY")
-	ins("fresh-done", "coupon", "done", "NOW() + INTERVAL 1 DAY")
-	ins("fresh-done", "notify", "done", "NOW() + INTERVAL 1 DAY")
+	ins("old-processing", "coupon", "processing", 3*day)
+	ins("old-failed", "coupon", "failed", 3*day)
+	ins("fresh-done", "coupon", "done", 60)
+	ins("fresh-done", "notify", "done", 60)
 	c, err := inbox.NewCleaner(db, inbox.CleanerConfig{BatchSize: 10}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	n, err := c.RunOnce(context.Background(), time.Now())
 	if err != nil || n != 37 {
-		t.Fatalf("deleted %d, err %v; want 37", n, err)
+		t.Fatalf("deleted %d, err %v; want 37 (25 + 12, in batches of 10)", n, err)
 	}
 	if n := count(t, db, "SELECT COUNT(*) FROM inbox"); n != 4 {
 		t.Fatalf("rows left %d, want 4 (processing, failed, two fresh done)", n)
 	}
-	// Each DELETE reads a range of (biz_type, status, expire_at), not the whole table (once
-	// there are enough rows for the plan to matter).
+
+	// After a retention was shortened: a row received later under the shorter retention is
+	// past its expire_at while an older one is not. The cleaner stops at the older one:
+	// the later row is deleted late, never an unexpired row early.
+	if _, err := db.Exec(`INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, created_at, expire_at)
+		VALUES ('short-retention', 'coupon', 'done', 'x', 't', 0, 0, '', '', NOW(6) - INTERVAL 30 MINUTE, NOW(6) - INTERVAL 1 MINUTE)`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.RunOnce(context.Background(), time.Now()); err != nil || n != 0 {
+		t.Fatalf("deleted %d, err %v; want 0 (fresh-done, received earlier, has not expired)", n, err)
+	}
+	if _, err := db.Exec("DELETE FROM inbox WHERE dedup_key = 'fresh-done'"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.RunOnce(context.Background(), time.Now()); err != nil || n != 1 {
+		t.Fatalf("deleted %d, err %v; want the short-retention row once nothing older is live", n, err)
+	}
+
+	// The sweep reads a range of the index in order — no scan, no sort — once there are
+	// enough rows for the plan to matter.
 	if _, err := db.Exec(`INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, expire_at)
-		SELECT CONCAT('bulk-', seq), 'coupon', 'done', 'x', 't', 0, 0, '', '', NOW() + INTERVAL 1 DAY FROM seq_1_to_5000`); err != nil {
+		SELECT CONCAT('bulk-', seq), 'coupon', ELT(1 + seq % 3, 'done', 'failed', 'processing'), 'x', 't', 0, 0, '', '', NOW() + INTERVAL 1 DAY FROM seq_1_to_5000`); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := db.Exec("ANALYZE TABLE inbox"); err != nil {
 		t.Fatal(err)
 	}
 	var id, selType, table, typ, possible, key, keyLen, ref, rows, extra sql.NullString
-	if err := db.QueryRow("EXPLAIN DELETE FROM inbox WHERE biz_type = 'coupon' AND status = 'done' AND expire_at < NOW() LIMIT 10").
+	if err := db.QueryRow("EXPLAIN SELECT id, expire_at < NOW() FROM inbox WHERE biz_type = 'coupon' AND status = 'done' ORDER BY created_at, id LIMIT 10").
 		Scan(&id, &selType, &table, &typ, &possible, &key, &keyLen, &ref, &rows, &extra); err != nil {
 		t.Fatal(err)
 	}
-	if typ.String != "range" || key.String != "idx_biz_status_expire" {
-		t.Fatalf("the cleaner's DELETE: type=%s key=%s, want a range of idx_biz_status_expire", typ.String, key.String)
+	if key.String != "idx_biz_status_created" || (typ.String != "ref" && typ.String != "range") || strings.Contains(extra.String, "filesort") {
+		t.Fatalf("the cleaner's read: type=%s key=%s extra=%q, want a ref or range of idx_biz_status_created without a filesort", typ.String, key.String, extra.String)
 	}
 }
 
