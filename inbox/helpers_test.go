@@ -95,3 +95,14 @@ func (h handlerFunc) Decode(m *message.Message) (inbox.Decoded, error) { return 
 func (h handlerFunc) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error) {
 	return h.handle(ctx, tx, d)
 }
+
+// explainPlan runs EXPLAIN on a single-table query and returns its access type, key and
+// Extra column.
+func explainPlan(t *testing.T, db *sql.DB, query string, args ...any) (typ, key, extra string) {
+	t.Helper()
+	var id, selType, table, ty, possible, k, keyLen, ref, rows, ex sql.NullString
+	if err := db.QueryRow("EXPLAIN "+query, args...).Scan(&id, &selType, &table, &ty, &possible, &k, &keyLen, &ref, &rows, &ex); err != nil {
+		t.Fatalf("EXPLAIN %s: %v", query, err)
+	}
+	return ty.String, k.String, ex.String
+}

@@ -458,13 +458,9 @@ func TestCleanerDeletesOnlyExpiredDoneRows(t *testing.T) {
 	if _, err := db.Exec("ANALYZE TABLE inbox"); err != nil {
 		t.Fatal(err)
 	}
-	var id, selType, table, typ, possible, key, keyLen, ref, rows, extra sql.NullString
-	if err := db.QueryRow("EXPLAIN SELECT id, expire_at < NOW() FROM inbox WHERE biz_type = 'coupon' AND status = 'done' ORDER BY created_at, id LIMIT 10").
-		Scan(&id, &selType, &table, &typ, &possible, &key, &keyLen, &ref, &rows, &extra); err != nil {
-		t.Fatal(err)
-	}
-	if key.String != "idx_biz_status_created" || (typ.String != "ref" && typ.String != "range") || strings.Contains(extra.String, "filesort") {
-		t.Fatalf("the cleaner's read: type=%s key=%s extra=%q, want a ref or range of idx_biz_status_created without a filesort", typ.String, key.String, extra.String)
+	typ, key, extra := explainPlan(t, db, "SELECT id, expire_at < NOW() FROM inbox WHERE biz_type = 'coupon' AND status = 'done' ORDER BY created_at, id LIMIT 10")
+	if key != "idx_biz_status_created" || (typ != "ref" && typ != "range") || strings.Contains(extra, "filesort") {
+		t.Fatalf("the cleaner's read: type=%s key=%s extra=%q, want a ref or range of idx_biz_status_created without a filesort", typ, key, extra)
 	}
 }
 

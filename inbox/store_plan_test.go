@@ -1,7 +1,6 @@
 package inbox_test
 
 import (
-	"database/sql"
 	"strings"
 	"testing"
 	"time"
@@ -22,12 +21,8 @@ func TestTimeRangeReadsTheIndex(t *testing.T) {
 	now := time.Now()
 	plan := func(where []string, args []any) (typ, key string) {
 		t.Helper()
-		var id, selType, table, possible, k, keyLen, ref, rows, extra, ty sql.NullString
-		q := "EXPLAIN SELECT * FROM inbox WHERE " + strings.Join(where, " AND ") + " ORDER BY id"
-		if err := d.DB.QueryRow(q, args...).Scan(&id, &selType, &table, &ty, &possible, &k, &keyLen, &ref, &rows, &extra); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-		return ty.String, k.String
+		typ, key, _ = explainPlan(t, d.DB, "SELECT * FROM inbox WHERE "+strings.Join(where, " AND ")+" ORDER BY id", args...)
+		return typ, key
 	}
 	for _, f := range []inbox.Filter{
 		{BizType: "coupon", Since: now.Add(-30 * time.Minute)},
