@@ -617,13 +617,40 @@ func makeTopic(kc kafkax.Config, prefix string, parts int32) (string, func(), er
 		admin.Close()
 		return "", nil, err
 	}
-	for i := 0; i < 100; i++ {
-		if p, err := kc.CheckTopics(name); err == nil && p[name] == int(parts) {
-			break
+	if err := waitLeaders(kc, name, parts); err != nil {
+		_ = admin.DeleteTopic(name)
+		admin.Close()
+		return "", nil, err
+	}
+	return name, func() { _ = admin.DeleteTopic(name); admin.Close() }, nil
+}
+
+// waitLeaders waits until every partition of a new topic has a leader in the metadata: the
+// topic is listed (with all its partitions) before that, and a produce or offset request
+// sent then fails with NOT_LEADER_OR_FOLLOWER (seen in runs that start with a rate, when
+// nothing ran on the topic before).
+func waitLeaders(kc kafkax.Config, topic string, parts int32) error {
+	sc := sarama.NewConfig()
+	sc.Version = kafkax.Version
+	client, err := sarama.NewClient(kc.Brokers, sc)
+	if err != nil {
+		return kafkax.Unreachable(kc.Brokers, err)
+	}
+	defer client.Close()
+	var last error
+	for range 100 {
+		last = client.RefreshMetadata(topic)
+		for p := int32(0); last == nil && p < parts; p++ {
+			if _, last = client.Leader(topic, p); last == nil {
+				_, last = client.GetOffset(topic, p, sarama.OffsetNewest)
+			}
+		}
+		if last == nil {
+			return nil
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	return name, func() { _ = admin.DeleteTopic(name); admin.Close() }, nil
+	return fmt.Errorf("topic %s: partitions without a leader after 10 s: %w", topic, last)
 }
 
 // positionsTopic names a positions topic of the bench's own (the relay creates it, compacted)
