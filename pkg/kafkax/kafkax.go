@@ -75,6 +75,7 @@ func (c Config) base() *sarama.Config {
 	sc.Net.WriteTimeout = 30 * time.Second
 	sc.Metadata.Retry.Max = 3
 	sc.Metadata.Retry.Backoff = 250 * time.Millisecond
+	sc.MetricRegistry = NoMetrics
 	return sc
 }
 

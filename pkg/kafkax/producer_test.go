@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/IBM/sarama"
+	"github.com/rcrowley/go-metrics"
 
 	"github.com/onceflow/onceflow/pkg/kafkax"
 	"github.com/onceflow/onceflow/pkg/testenv"
@@ -15,6 +16,7 @@ import (
 // Sarama's own per-API request meter (API key 0 = Produce).
 func produceRequests(t *testing.T, c kafkax.Config, sc *sarama.Config, topic string, batches, n int) int64 {
 	t.Helper()
+	sc.MetricRegistry = metrics.NewRegistry() // kafkax's configs keep no metrics (NoMetrics)
 	p, err := sarama.NewSyncProducer(c.Brokers, sc)
 	if err != nil {
 		t.Fatal(err)
