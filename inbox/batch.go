@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"math/rand/v2"
 	"sort"
 	"strings"
@@ -18,6 +17,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/pkg/dbx"
+	"github.com/onceflow/onceflow/pkg/groupcommit"
 )
 
 // BatchHandler is implemented by handlers that can finish many deliveries in one
@@ -48,11 +48,14 @@ type BatchConfig struct {
 	// machine: 4-8 % more orders/s than 256 in three alternating pairs; README).
 	MaxSize int
 	// Linger is how long a batch waits for more deliveries once it has its first; default
-	// 2ms. Deliveries that arrive while batches are running wait anyway, so under load
-	// batches fill without lingering.
+	// 2ms. While another batch is running it waits for that one, up to another Linger
+	// (groupcommit.Collect). Deliveries that arrive while batches are running wait anyway,
+	// so under load batches fill without lingering.
 	Linger time.Duration
 	// Workers is how many batch transactions run at once; default 2 (on the 2-core test
-	// machine 2 gave more throughput and lower latency than 4, four runs each; README).
+	// machine 2 gave more throughput and lower latency than 4, four runs each; README). A
+	// batch takes a second worker only when it is full or has waited two Lingers: at
+	// moderate load one transaction at a time carries everything that arrived meanwhile.
 	Workers int
 	// LockRetries is how often a batch rolled back by a deadlock is retried whole before
 	// its deliveries fall back to the one-at-a-time path; default 3.
@@ -102,20 +105,23 @@ func (c BatchConfig) Validate() error {
 // poison or conflicting message, a delivery the handler left at Continue, a failed batch —
 // is run by Process, one at a time, after the batch.
 //
-// Deliveries are spread over Workers lanes by business key, each lane running one batch
-// at a time: all deliveries of one key meet in one lane, so two batches never contend for
-// one key's rows (concurrent multi-row claims of common keys deadlock on InnoDB's
-// duplicate-check locks), and copies of a key within a batch are counted as duplicates in
-// the same transaction.
+// One collector forms the batches and hands each to an idle worker (up to Workers
+// transactions at once); while every worker is busy, deliveries gather in the next batch.
+// So at moderate load batches run one after another, each taking what arrived meanwhile —
+// one transaction where a worker per key hash ran two half-size ones — and under load every
+// worker is busy with a full batch. A delivery whose key is in a running batch waits for
+// the next one: two batches never contend for one key's rows (concurrent multi-row claims
+// of common keys deadlock on InnoDB's duplicate-check locks), and copies of a key within
+// a batch are counted as duplicates in the same transaction.
 type Batcher struct {
 	ib     *Inbox
 	bh     BatchHandler
 	prep   BatchPreparer
 	cfg    BatchConfig
-	lanes  []chan *pending
+	queue  chan *pending // decoded deliveries, for the collector
 	decode chan *pending // deliveries not yet decoded, for the decoders
 	stop   chan struct{}
-	closed chan struct{} // closed once every lane and decoder has returned
+	closed chan struct{} // closed once the collector, every worker and decoder have returned
 	wg     sync.WaitGroup
 	once   sync.Once
 	q      batchQueries
@@ -174,7 +180,7 @@ const claimWidth = 10
 const claimRows = 256
 
 // NewBatcher returns a Batcher for ib, whose handler must implement BatchHandler. It starts
-// its lanes; Close stops them.
+// its collector and workers; Close stops them.
 func (ib *Inbox) NewBatcher(cfg BatchConfig) (*Batcher, error) {
 	bh, ok := ib.h.(BatchHandler)
 	if !ok {
@@ -219,12 +225,8 @@ func (ib *Inbox) NewBatcher(cfg BatchConfig) (*Batcher, error) {
 	b.claimReturning = dbx.NewMultiRow(ib.db, claimWidth, claimRows, claimText(true))
 	b.claimPlain = dbx.NewMultiRow(ib.db, claimWidth, claimRows, claimText(false))
 	b.prep, _ = ib.h.(BatchPreparer)
-	b.wg.Add(cfg.Workers)
-	for range cfg.Workers {
-		lane := make(chan *pending, cfg.MaxSize)
-		b.lanes = append(b.lanes, lane)
-		go b.lane(lane)
-	}
+	b.queue = make(chan *pending, cfg.MaxSize)
+	b.wg.Go(b.collect)
 	b.decode = make(chan *pending, cfg.MaxSize)
 	for range decoders {
 		b.wg.Go(b.decoder)
@@ -238,7 +240,7 @@ func (ib *Inbox) NewBatcher(cfg BatchConfig) (*Batcher, error) {
 // the e2e profile that cost more than the decoding itself.
 const decoders = 2
 
-// decoder decodes deliveries and queues each on its key's lane; a payload that does not
+// decoder decodes deliveries and queues them for the collector; a payload that does not
 // decode goes back to its caller, for the one-at-a-time path to quarantine.
 func (b *Batcher) decoder() {
 	for {
@@ -254,10 +256,8 @@ func (b *Batcher) decoder() {
 			continue
 		}
 		p.dec = dec
-		h := fnv.New32a()
-		_, _ = h.Write([]byte(dec.Key))
 		select {
-		case b.lanes[h.Sum32()%uint32(len(b.lanes))] <- p:
+		case b.queue <- p:
 		case <-b.stop:
 			p.done <- batchOutcome{fallback: true}
 		}
@@ -311,7 +311,8 @@ func (b *Batcher) Process(ctx context.Context, msg *message.Message, src Source)
 	case o := <-p.done:
 		return b.outcome(ctx, p, o)
 	case <-b.closed:
-		// Every lane and decoder has returned: the delivery was answered, or never taken.
+		// The collector, workers and decoders have returned: the delivery was answered, or
+		// never taken.
 		select {
 		case o := <-p.done:
 			return b.outcome(ctx, p, o)
@@ -332,34 +333,15 @@ func (b *Batcher) outcome(ctx context.Context, p *pending, o batchOutcome) (Resu
 	return o.res, nil
 }
 
-// lane groups the deliveries queued on in into batches of up to MaxSize, waiting at most
-// Linger after the first, and runs them one after another.
-func (b *Batcher) lane(in chan *pending) {
-	defer b.wg.Done()
-	for {
-		var first *pending
-		select {
-		case first = <-in:
-		case <-b.stop:
-			drain(in)
-			return
-		}
-		batch := []*pending{first}
-		timer := time.NewTimer(b.cfg.Linger)
-	fill:
-		for len(batch) < b.cfg.MaxSize {
-			select {
-			case p := <-in:
-				batch = append(batch, p)
-			case <-timer.C:
-				break fill
-			case <-b.stop:
-				break fill
-			}
-		}
-		timer.Stop()
-		b.run(batch)
-	}
+// collect forms batches of the queued deliveries and runs them (groupcommit.Collect: a
+// batch goes to an idle worker once Linger has passed or it is full; a delivery whose key
+// is in a running batch waits for a later one). On stop, deliveries taken but not run, and
+// those still queued, go back to their callers.
+func (b *Batcher) collect() {
+	cfg := groupcommit.Config{MaxSize: b.cfg.MaxSize, Linger: b.cfg.Linger, Workers: b.cfg.Workers}
+	left := groupcommit.Collect(cfg, b.queue, b.stop, func(p *pending) string { return p.dec.Key }, b.run)
+	fallBack(left)
+	drain(b.queue)
 }
 
 func drain(in chan *pending) {

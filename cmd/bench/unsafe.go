@@ -3,8 +3,8 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
-	"hash/fnv"
 	"sort"
 	"time"
 
@@ -14,19 +14,21 @@ import (
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/pkg/dbx"
+	"github.com/onceflow/onceflow/pkg/groupcommit"
 )
 
 // unsafeBatcher is the group-commit delivery path without the inbox, the baseline its
 // overhead is measured against: the same concurrent senders and messages, the same decode,
-// deliveries meeting in lanes by key and collected like the Batcher's (MaxSize, 2 ms
-// linger), and the same multi-row HandleBatch in one transaction per batch — but no inbox
-// claim, no read-back and no dedup record. Bench-only: nothing stops a redelivery here but
-// the grant table's own key.
+// deliveries collected exactly like the Batcher's (groupcommit.Collect: MaxSize, 2 ms
+// linger, Workers batches at once, no key in two running batches), and the same multi-row
+// HandleBatch in one transaction per batch — but no inbox claim, no read-back and no dedup
+// record. Bench-only: nothing stops a redelivery here but the grant table's own key.
 type unsafeBatcher struct {
 	db    *sql.DB
 	g     *coupon.Granter
-	size  int
-	lanes []chan *unsafeReq
+	queue chan *unsafeReq
+	stop  chan struct{}
+	done  chan struct{}
 }
 
 type unsafeReq struct {
@@ -35,19 +37,26 @@ type unsafeReq struct {
 }
 
 func newUnsafeBatcher(db *sql.DB, g *coupon.Granter, size, workers int) *unsafeBatcher {
-	u := &unsafeBatcher{db: db, g: g, size: size}
-	for range workers {
-		lane := make(chan *unsafeReq, size)
-		u.lanes = append(u.lanes, lane)
-		go u.lane(lane)
-	}
+	u := &unsafeBatcher{db: db, g: g, queue: make(chan *unsafeReq, size), stop: make(chan struct{}), done: make(chan struct{})}
+	cfg := groupcommit.Config{MaxSize: size, Linger: 2 * time.Millisecond, Workers: workers}
+	go func() {
+		defer close(u.done)
+		left := groupcommit.Collect(cfg, u.queue, u.stop, func(r *unsafeReq) string { return r.d.Key }, func(batch []*unsafeReq) {
+			err := u.run(batch)
+			for _, r := range batch {
+				r.done <- err
+			}
+		})
+		for _, r := range left {
+			r.done <- errors.New("unsafe batcher closed")
+		}
+	}()
 	return u
 }
 
 func (u *unsafeBatcher) close() {
-	for _, l := range u.lanes {
-		close(l)
-	}
+	close(u.stop)
+	<-u.done
 }
 
 func (u *unsafeBatcher) process(msg *message.Message) error {
@@ -56,34 +65,8 @@ func (u *unsafeBatcher) process(msg *message.Message) error {
 		return err
 	}
 	r := &unsafeReq{d: &inbox.Delivery{Message: msg, BizType: coupon.BizType, Key: o.OrderID, Value: o, Attempt: 1}, done: make(chan error, 1)}
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(o.OrderID))
-	u.lanes[h.Sum32()%uint32(len(u.lanes))] <- r
+	u.queue <- r
 	return <-r.done
-}
-
-func (u *unsafeBatcher) lane(in chan *unsafeReq) {
-	for first := range in {
-		batch := []*unsafeReq{first}
-		timer := time.NewTimer(2 * time.Millisecond)
-	fill:
-		for len(batch) < u.size {
-			select {
-			case r, ok := <-in:
-				if !ok {
-					break fill
-				}
-				batch = append(batch, r)
-			case <-timer.C:
-				break fill
-			}
-		}
-		timer.Stop()
-		err := u.run(batch)
-		for _, r := range batch {
-			r.done <- err
-		}
-	}
 }
 
 func (u *unsafeBatcher) run(batch []*unsafeReq) error {

@@ -119,7 +119,7 @@ var defaults = []struct {
 	{"inbox.steps_per_transaction", 1, "consecutive handler steps per transaction (1: every state transition commits alone)"},
 	{"inbox.batch_size", 512, "group commit: deliveries per transaction for plugins that implement inbox.BatchHandler; 1 turns it off"},
 	{"inbox.batch_linger", "2ms", "how long a batch waits for more deliveries after its first"},
-	{"inbox.batch_workers", 2, "batch transactions running at once (deliveries are spread over them by business key)"},
+	{"inbox.batch_workers", 2, "batch transactions running at once (a second only for a full batch or one that waited 2× batch_linger; never two with one key)"},
 	{"inbox.cleanup_interval", "1h", "how often expired done rows are deleted"},
 	{"inbox.cleanup_batch", 500, "rows per cleanup DELETE"},
 	{"relay.enabled", true, "run the outbox relay in this process"},
