@@ -19,8 +19,8 @@ import (
 
 // unsafeBatcher is the group-commit delivery path without the inbox, the baseline its
 // overhead is measured against: the same concurrent senders and messages, the same decode,
-// deliveries collected exactly like the Batcher's (groupcommit.Collect: MaxSize, 2 ms
-// linger, Workers batches at once, no key in two running batches), and the same multi-row
+// deliveries collected exactly like the Batcher's (groupcommit.Collect: MaxSize, linger,
+// Workers batches at once, no key in two running batches), and the same multi-row
 // HandleBatch in one transaction per batch — but no inbox claim, no read-back and no dedup
 // record. Bench-only: nothing stops a redelivery here but the grant table's own key.
 type unsafeBatcher struct {
@@ -38,7 +38,11 @@ type unsafeReq struct {
 
 func newUnsafeBatcher(db *sql.DB, g *coupon.Granter, size, workers int) *unsafeBatcher {
 	u := &unsafeBatcher{db: db, g: g, queue: make(chan *unsafeReq, size), stop: make(chan struct{}), done: make(chan struct{})}
-	cfg := groupcommit.Config{MaxSize: size, Linger: 2 * time.Millisecond, Workers: workers}
+	linger := *batchLinger // as the Batcher's: its default when 0
+	if linger == 0 {
+		linger = 2 * time.Millisecond
+	}
+	cfg := groupcommit.Config{MaxSize: size, Linger: linger, Workers: workers}
 	go func() {
 		defer close(u.done)
 		left := groupcommit.Collect(cfg, u.queue, u.stop, func(r *unsafeReq) string { return r.d.Key }, func(batch []*unsafeReq) {
