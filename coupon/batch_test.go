@@ -159,11 +159,6 @@ func testBatchGrantsExactlyOnce(t *testing.T, sel bool) {
 	if st.Batches == 0 || st.MaxBatched < 2 || st.Batched < int64(orders) {
 		t.Errorf("stats %+v: the deliveries did not share transactions", st)
 	}
-	// Copies of an order arrive together on three workers, and two running batches never
-	// share a key (groupcommit.Collect): no claim waits on, or deadlocks with, another batch's.
-	if st.Rollbacks != 0 {
-		t.Errorf("stats %+v: %d batches rolled back", st, st.Rollbacks)
-	}
 	a := mustVerify(t, d.DB, cfg.CampaignID)
 	if a.Granted != orders || a.Coupons != orders || a.OutboxEvents != orders || a.DuplicatesBlocked != orders*(copies-1)+5 {
 		t.Errorf("audit %+v", a)
