@@ -107,8 +107,8 @@ func (c BatchConfig) Validate() error {
 //
 // One collector forms the batches and hands each to an idle worker (up to Workers
 // transactions at once); while every worker is busy, deliveries gather in the next batch.
-// So at moderate load batches run one after another, each taking what arrived meanwhile —
-// one transaction where a worker per key hash ran two half-size ones — and under load every
+// So at moderate load batches run one after another, each taking what arrived meanwhile
+// (one transaction rather than two half-size ones on two workers), and under load every
 // worker is busy with a full batch. A delivery whose key is in a running batch waits for
 // the next one: two batches never contend for one key's rows (concurrent multi-row claims
 // of common keys deadlock on InnoDB's duplicate-check locks), and copies of a key within
