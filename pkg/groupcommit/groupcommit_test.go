@@ -18,7 +18,7 @@ type item struct {
 func keyOf(it item) string { return it.key }
 
 // recorder is a run func that records batches and checks that no two running batches share
-// a key; block, when set, holds every run until it is closed.
+// a key; block, when set (newBlockedRecorder), holds every run until release.
 type recorder struct {
 	mu        sync.Mutex
 	running   map[string]int
@@ -29,10 +29,18 @@ type recorder struct {
 	maxActive int
 	started   chan int // receives the batch's index as each run starts
 	block     chan struct{}
+	release   func() // closes block, once
 }
 
 func newRecorder() *recorder {
 	return &recorder{running: map[string]int{}, started: make(chan int, 1000)}
+}
+
+func newBlockedRecorder() *recorder {
+	r := newRecorder()
+	r.block = make(chan struct{})
+	r.release = sync.OnceFunc(func() { close(r.block) })
+	return r
 }
 
 func (r *recorder) run(batch []item) {
@@ -152,12 +160,10 @@ func TestCollectNeverRunsOneKeyInTwoBatches(t *testing.T) {
 // A batch that is not full waits for the running one (up to another Linger) instead of
 // taking the idle worker: the two run one after the other.
 func TestCollectWaitsForTheRunningBatch(t *testing.T) {
-	r := newRecorder()
-	r.block = make(chan struct{})
+	r := newBlockedRecorder()
 	cfg := groupcommit.Config{MaxSize: 100, Linger: time.Second, Workers: 2}
 	queue, stop := start(cfg, r)
-	release := sync.OnceFunc(func() { close(r.block) })
-	defer func() { release(); stop() }()
+	defer func() { r.release(); stop() }()
 	queue <- item{key: "a"}
 	waitStarted(t, r) // after one Linger
 	queue <- item{key: "b"}
@@ -167,7 +173,7 @@ func TestCollectWaitsForTheRunningBatch(t *testing.T) {
 		t.Fatal("the second batch took the idle worker while the first was running, before 2×Linger")
 	default:
 	}
-	release() // a finishes: b runs now, well before its 2×Linger
+	r.release() // a finishes: b runs now, well before its 2×Linger
 	waitStarted(t, r)
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -179,11 +185,10 @@ func TestCollectWaitsForTheRunningBatch(t *testing.T) {
 // With the first batch still running after 2×Linger, the next one takes the idle worker; a
 // full batch takes it at once.
 func TestCollectUsesIdleWorkersForLateOrFullBatches(t *testing.T) {
-	r := newRecorder()
-	r.block = make(chan struct{})
+	r := newBlockedRecorder()
 	cfg := groupcommit.Config{MaxSize: 4, Linger: 50 * time.Millisecond, Workers: 3}
 	queue, stop := start(cfg, r)
-	defer func() { close(r.block); stop() }()
+	defer func() { r.release(); stop() }()
 	queue <- item{key: "a"}
 	waitStarted(t, r)
 	queue <- item{key: "b"}
@@ -202,12 +207,10 @@ func TestCollectUsesIdleWorkersForLateOrFullBatches(t *testing.T) {
 // Items of a key in a running batch are held for a later batch; on stop, items taken but
 // not run come back, and closing the queue stops Collect the same way.
 func TestCollectHoldsRunningKeysAndReturnsWhatItDidNotRun(t *testing.T) {
-	r := newRecorder()
-	r.block = make(chan struct{})
+	r := newBlockedRecorder()
 	cfg := groupcommit.Config{MaxSize: 10, Linger: time.Millisecond, Workers: 2}
 	queue, stop := start(cfg, r)
-	release := sync.OnceFunc(func() { close(r.block) })
-	defer release()
+	defer r.release()
 	queue <- item{key: "a", n: 1}
 	waitStarted(t, r)
 	queue <- item{key: "a", n: 2} // held: a is running
@@ -221,7 +224,7 @@ func TestCollectHoldsRunningKeysAndReturnsWhatItDidNotRun(t *testing.T) {
 	}
 	queue <- item{key: "c", n: 4} // no idle worker
 	time.Sleep(20 * time.Millisecond)
-	release()
+	r.release()
 	waitStarted(t, r) // c, with or without item 2 (depending on which batch finished first)
 	time.Sleep(20 * time.Millisecond)
 	left := stop()
