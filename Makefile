@@ -40,6 +40,7 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzDecodeOrderPaid$$' -fuzztime=$(FUZZTIME) ./coupon/
 	$(GO) test -run='^$$' -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZTIME) ./coupon/notify/
 	$(GO) test -run='^$$' -fuzz='^FuzzParseDSN$$' -fuzztime=$(FUZZTIME) ./pkg/dbx/
+	$(GO) test -run='^$$' -fuzz='^FuzzMaskDSN$$' -fuzztime=$(FUZZTIME) ./pkg/dbx/
 	$(GO) test -run='^$$' -fuzz='^FuzzConfigFile$$' -fuzztime=$(FUZZTIME) ./cmd/router/
 
 ## bench: throughput measured on the real services (never asserted in a test)

@@ -124,12 +124,50 @@ func Open(ctx context.Context, cfg Config) (*sql.DB, error) {
 	return db, nil
 }
 
-// MaskDSN hides the password of a DSN for logs and errors.
+// MaskDSN hides the password of a DSN for logs and errors. A DSN the driver parses is
+// shown as written with the password the driver reads replaced by ***, whatever the
+// password contains ('@', ':', '/', '('); an empty password stays empty. A DSN it does not
+// parse is shown from its protocol part on ("@tcp(", "@unix(", else the last '@'), with
+// everything before it, user included, as ***; one without '@' is shown as is unless it
+// has a ':', which could be a "user:password" missing its '@'.
 func MaskDSN(dsn string) string {
-	return dsnPassword.ReplaceAllString(dsn, "$1:***@")
+	if dsn == "" {
+		return ""
+	}
+	mc, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return maskUnparsed(dsn)
+	}
+	if mc.Passwd == "" {
+		return dsn
+	}
+	// The driver reads "user:password@" up to the last '@' before the database's slash.
+	// Keep the rest verbatim (a reformatted DSN would drop parameters set to their
+	// defaults, such as interpolateParams=false, which ParseDSN here reads from the text).
+	if cred := mc.User + ":" + mc.Passwd + "@"; strings.HasPrefix(dsn, cred) {
+		return mc.User + ":***" + dsn[len(cred)-1:]
+	}
+	mc.Passwd = "***"
+	return mc.FormatDSN()
 }
 
-var dsnPassword = regexp.MustCompile(`^([^:@/]*):[^@]*@`)
+// maskUnparsed masks a DSN the driver cannot parse: everything before its protocol part.
+func maskUnparsed(dsn string) string {
+	cut := max(strings.LastIndex(dsn, "@tcp("), strings.LastIndex(dsn, "@unix("))
+	if cut < 0 {
+		cut = strings.LastIndex(dsn, "@")
+	}
+	if cut >= 0 {
+		return "***" + dsn[cut:]
+	}
+	if !strings.Contains(dsn, ":") {
+		return dsn
+	}
+	if cut = max(strings.LastIndex(dsn, "tcp("), strings.LastIndex(dsn, "unix(")); cut > 0 {
+		return "***" + dsn[cut:]
+	}
+	return "***"
+}
 
 // TxOptions are the options every onceflow transaction uses. Its isolation is READ
 // COMMITTED, which keeps InnoDB from taking gap locks, so the inbox and outbox never block

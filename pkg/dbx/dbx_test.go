@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/onceflow/onceflow/pkg/dbx"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -50,8 +52,38 @@ func TestParseDSN(t *testing.T) {
 }
 
 func TestMaskDSN(t *testing.T) {
-	if got := dbx.MaskDSN("user:s3cret@tcp(h:1)/d"); got != "user:***@tcp(h:1)/d" || strings.Contains(got, "s3cret") {
-		t.Fatalf("MaskDSN = %q", got)
+	cases := []struct {
+		name, dsn, want, secret string
+	}{
+		{"plain", "user:s3cret@tcp(h:1)/d", "user:***@tcp(h:1)/d", "s3cret"},
+		{"at in password", "onceflow:p@ssW0rd@tcp(127.0.0.1:3306)/db", "onceflow:***@tcp(127.0.0.1:3306)/db", "ssW0rd"},
+		{"colon in password", "u:a:b:c@tcp(h:1)/d", "u:***@tcp(h:1)/d", "a:b:c"},
+		{"slash in password", "u:pa/ss/wd@tcp(h:1)/d", "u:***@tcp(h:1)/d", "pa/ss"},
+		{"paren in password", "u:pa(ss)@tcp(h:1)/d", "u:***@tcp(h:1)/d", "pa(ss)"},
+		{"everything in password", "u:@:/()x@y@unix(/tmp/my.sock)/d?parseTime=true", "u:***@unix(/tmp/my.sock)/d?parseTime=true", "@:/()x@y"},
+		{"params kept as written", "u:pw1234@tcp(h:1)/d?timeout=3s&interpolateParams=false", "u:***@tcp(h:1)/d?timeout=3s&interpolateParams=false", "pw1234"},
+		{"default address", "u:pw1234@/d", "u:***@/d", "pw1234"},
+		{"empty password", "u:@tcp(h:1)/d", "u:@tcp(h:1)/d", ""},
+		{"no password", "u@tcp(h:1)/d", "u@tcp(h:1)/d", ""},
+		{"no credentials", "tcp(h:1)/d", "tcp(h:1)/d", ""},
+		{"empty", "", "", ""},
+		{"unparseable with tcp", "u:pa@ss@tcp(h:1/d", "***@tcp(h:1/d", "pa@ss"},
+		{"unparseable with unix", "u:pa@ss@unix(/s/d?x=%zz", "***@unix(/s/d?x=%zz", "pa@ss"},
+		{"unparseable, last at", "u:pa@ss@nowhere", "***@nowhere", "pa@ss"},
+		{"unparseable, no at", "not a dsn", "not a dsn", ""},
+		{"unparseable, no at but a colon", "u:secret(tcp(h:1/d", "***tcp(h:1/d", "secret"},
+		{"unparseable, no at, no protocol", "u:secret/d", "***", "secret"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := dbx.MaskDSN(tc.dsn)
+			if got != tc.want {
+				t.Errorf("MaskDSN(%q) = %q, want %q", tc.dsn, got, tc.want)
+			}
+			if tc.secret != "" && strings.Contains(got, tc.secret) {
+				t.Errorf("MaskDSN(%q) = %q shows the password", tc.dsn, got)
+			}
+		})
 	}
 }
 
@@ -86,6 +118,44 @@ func FuzzParseDSN(f *testing.F) {
 			t.Fatalf("accepted %q as %+v", dsn, mc)
 		}
 		_ = dbx.MaskDSN(dsn)
+	})
+}
+
+// FuzzMaskDSN: a DSN the driver parses never shows its password when masked (unless the
+// same text also stands outside the password field, or the password is made of the mask's
+// own '*'), and the masked DSN parses to the same settings with *** as the password. One
+// it cannot parse shows nothing before its protocol part.
+func FuzzMaskDSN(f *testing.F) {
+	for _, s := range []string{"u:p@tcp(127.0.0.1:3306)/onceflow", "onceflow:p@ssW0rd@tcp(127.0.0.1:3306)/db",
+		"u:a:b/c(d)@unix(/tmp/s)/d?parseTime=true", "u:@tcp(h:1)/d", "u@/d", "u:pa@ss@tcp(h:1/d", "u:secret/d", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, dsn string) {
+		out := dbx.MaskDSN(dsn)
+		mc, err := mysql.ParseDSN(dsn)
+		if err != nil {
+			if i := strings.LastIndex(dsn, "@"); i >= 0 && !strings.HasPrefix(out, "***@") {
+				t.Fatalf("MaskDSN(%q) = %q: an unparseable DSN with '@' must start with ***@", dsn, out)
+			}
+			return
+		}
+		pw := mc.Passwd
+		if pw == "" {
+			return
+		}
+		if cred := mc.User + ":" + pw + "@"; strings.HasPrefix(dsn, cred) && !strings.Contains(pw, "*") {
+			outside := mc.User + ":\x00" + dsn[len(cred)-1:]
+			if !strings.Contains(outside, pw) && strings.Contains(out, pw) {
+				t.Fatalf("MaskDSN(%q) = %q shows the password %q", dsn, out, pw)
+			}
+		}
+		back, err := mysql.ParseDSN(out)
+		if err != nil {
+			t.Fatalf("MaskDSN(%q) = %q does not parse: %v", dsn, out, err)
+		}
+		if back.Passwd != "***" || back.User != mc.User || back.Net != mc.Net || back.Addr != mc.Addr || back.DBName != mc.DBName {
+			t.Fatalf("MaskDSN(%q) = %q parses as %+v, want %+v with password ***", dsn, out, back, mc)
+		}
 	})
 }
 
