@@ -1,0 +1,184 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/onceflow/onceflow/pkg/kafkax"
+	"github.com/onceflow/onceflow/pkg/metrics"
+	"github.com/onceflow/onceflow/pkg/testenv"
+)
+
+// hungBroker accepts TCP connections and never answers: a broker that is up as far as the
+// network can tell and useless otherwise.
+type hungBroker struct {
+	ln    net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func startHungBroker(t *testing.T) *hungBroker {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &hungBroker{ln: ln}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			b.mu.Lock()
+			b.conns = append(b.conns, c)
+			b.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		for _, c := range b.conns {
+			c.Close()
+		}
+	})
+	return b
+}
+
+func (b *hungBroker) accepted() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.conns)
+}
+
+// freeAddr returns a loopback address nothing listens on (admin.listen needs a port up front).
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// startTestAdmin runs startAdmin on a free port with kc as the Kafka config and returns the
+// /readyz URL.
+func startTestAdmin(t *testing.T, kc kafkax.Config) string {
+	t.Helper()
+	d := testenv.DB(t, 2)
+	addr := freeAddr(t)
+	a := &app{cfg: Config{Admin: AdminConfig{Listen: addr}}, logger: watermill.NopLogger{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	stop, err := a.startAdmin(ctx, d.DB, kc, metrics.New(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); stop() })
+	return "http://" + addr + "/readyz"
+}
+
+type readyz struct {
+	code int
+	body string
+	err  error
+}
+
+// getReadyz asks /readyz once. bound is the longest it may take to answer: far more than
+// the cache needs, far less than the old per-request check's hang.
+func getReadyz(url string, bound time.Duration) readyz {
+	c := &http.Client{Timeout: bound}
+	resp, err := c.Get(url)
+	if err != nil {
+		return readyz{err: err}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return readyz{code: resp.StatusCode, body: string(b), err: err}
+}
+
+// A broker that accepts connections and never answers: /readyz answers every request at
+// once from the background check, says Kafka is not ready, and the requests do not open
+// connections of their own (one check at a time opens one).
+func TestReadyzHungBroker(t *testing.T) {
+	broker := startHungBroker(t)
+	kc := kafkax.Config{Brokers: []string{broker.ln.Addr().String()}}
+	kc.SetDefaults()
+	url := startTestAdmin(t, kc)
+
+	const requests, parallel = 40, 8
+	const bound = 10 * time.Second
+	results := make(chan readyz, requests)
+	sem := make(chan struct{}, parallel)
+	var wg sync.WaitGroup
+	for range requests {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			results <- getReadyz(url, bound)
+		}()
+	}
+	wg.Wait()
+	close(results)
+	unanswered := 0
+	for r := range results {
+		if r.err != nil {
+			unanswered++
+			continue
+		}
+		if r.code != http.StatusServiceUnavailable || !strings.Contains(r.body, "kafka: ") || strings.Contains(r.body, "kafka: ok") {
+			t.Fatalf("/readyz = %d %q, want 503 with kafka not ready", r.code, r.body)
+		}
+	}
+	if unanswered > 0 {
+		t.Fatalf("%d of %d /readyz requests not answered within %s; %d connections to the broker", unanswered, requests, bound, broker.accepted())
+	}
+
+	// Once the check has timed out, the answer says so.
+	var last readyz
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if last = getReadyz(url, bound); last.err == nil && strings.Contains(last.body, "kafka: failed") {
+			break
+		}
+	}
+	if last.err != nil || last.code != http.StatusServiceUnavailable || !strings.Contains(last.body, "kafka: failed") || !strings.Contains(last.body, "mariadb: ok") {
+		t.Fatalf("/readyz = %d %q (%v), want 503 with kafka failed and mariadb ok", last.code, last.body, last.err)
+	}
+	if strings.Contains(last.body, broker.ln.Addr().String()) {
+		t.Errorf("/readyz shows internal error text: %q", last.body)
+	}
+	// At most one check in flight, a few seconds apart: a handful of connections however
+	// many requests came.
+	if n := broker.accepted(); n > 4 {
+		t.Fatalf("%d connections to the broker for %d /readyz requests, want a few at most", n, requests+1)
+	} else {
+		t.Logf("%d connection(s) to the hung broker for %d+ /readyz requests; last answer %q", n, requests, last.body)
+	}
+}
+
+// With MariaDB and Kafka up, /readyz turns ready.
+func TestReadyzReady(t *testing.T) {
+	kc := testenv.Kafka(t)
+	url := startTestAdmin(t, kc)
+	var last readyz
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if last = getReadyz(url, 10*time.Second); last.err == nil && last.code == http.StatusOK {
+			break
+		}
+	}
+	if last.err != nil || last.code != http.StatusOK || !strings.Contains(last.body, "kafka: ok") || !strings.Contains(last.body, "mariadb: ok") {
+		t.Fatalf("/readyz = %d %q (%v), want 200 with kafka and mariadb ok", last.code, last.body, last.err)
+	}
+}
