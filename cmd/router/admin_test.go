@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/onceflow/onceflow/pkg/kafkax"
@@ -76,16 +78,22 @@ func freeAddr(t *testing.T) string {
 // /readyz URL.
 func startTestAdmin(t *testing.T, kc kafkax.Config) string {
 	t.Helper()
+	return startTestAdminWith(t, kc, metrics.New(nil)) + "/readyz"
+}
+
+// startTestAdminWith runs startAdmin with m and returns the listener's base URL.
+func startTestAdminWith(t *testing.T, kc kafkax.Config, m *metrics.Metrics) string {
+	t.Helper()
 	d := testenv.DB(t, 2)
 	addr := freeAddr(t)
 	a := &app{cfg: Config{Admin: AdminConfig{Listen: addr}}, logger: watermill.NopLogger{}}
 	ctx, cancel := context.WithCancel(context.Background())
-	stop, err := a.startAdmin(ctx, d.DB, kc, metrics.New(nil))
+	stop, err := a.startAdmin(ctx, d.DB, kc, m)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cancel(); stop() })
-	return "http://" + addr + "/readyz"
+	return "http://" + addr
 }
 
 type readyz struct {
@@ -180,5 +188,85 @@ func TestReadyzReady(t *testing.T) {
 	}
 	if last.err != nil || last.code != http.StatusOK || !strings.Contains(last.body, "kafka: ok") || !strings.Contains(last.body, "mariadb: ok") {
 		t.Fatalf("/readyz = %d %q (%v), want 200 with kafka and mariadb ok", last.code, last.body, last.err)
+	}
+}
+
+// The subscriber `run` builds reports partition stats (and so feeds the consumer gauges)
+// with kafka.window > 1 only.
+func TestSubscriberPartitionStats(t *testing.T) {
+	kc := kafkax.Config{}
+	kc.SetDefaults()
+	for _, tc := range []struct {
+		window int
+		want   bool
+	}{{1024, true}, {1, false}} {
+		a := &app{cfg: Config{Kafka: KafkaConfig{Window: tc.window}}, logger: watermill.NopLogger{}}
+		sub, err := a.subscriber(kc, "g")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := sub.(metrics.PartitionStatsSource); ok != tc.want {
+			t.Errorf("kafka.window %d: partition stats %v, want %v", tc.window, ok, tc.want)
+		}
+		_ = sub.Close()
+	}
+}
+
+// /metrics shows a claimed partition's lag, messages in flight and the age of the oldest.
+func TestMetricsConsumerGauges(t *testing.T) {
+	kc := testenv.Kafka(t)
+	topic := testenv.Topic(t, kc, "admin-gauges", 1)
+	p, err := kc.NewSyncProducer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: topic, Value: sarama.StringEncoder(fmt.Sprint(i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.Close()
+	group := "admin-gauges-" + topic
+	sub, err := kc.NewParallelSubscriber(group, kafkax.ParallelConfig{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	ch, err := sub.Subscribe(context.Background(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		select {
+		case <-ch: // held, never acked
+		case <-time.After(30 * time.Second):
+			t.Fatal("nothing received")
+		}
+	}
+	m := metrics.New(nil)
+	m.Consumers.Add(sub)
+	url := startTestAdminWith(t, kc, m) + "/metrics"
+	labels := fmt.Sprintf(`{group="%s",partition="0",topic="%s"}`, group, topic)
+	var body string
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		body = string(b)
+		if strings.Contains(body, "onceflow_consumer_lag_messages"+labels+" 3") {
+			break
+		}
+	}
+	for _, want := range []string{"onceflow_consumer_lag_messages" + labels + " 3", "onceflow_consumer_in_flight" + labels + " 3",
+		"onceflow_consumer_oldest_unacked_seconds" + labels + " "} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if strings.Contains(body, "onceflow_consumer_oldest_unacked_seconds"+labels+" 0\n") {
+		t.Errorf("oldest un-acked age is 0 with 3 messages in flight")
 	}
 }

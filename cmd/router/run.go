@@ -121,6 +121,9 @@ func (a *app) runRouter(ctx context.Context, only []string, withRelay bool) erro
 			if err != nil {
 				return kafkax.Unreachable(kc.Brokers, err)
 			}
+			if ps, ok := sub.(metrics.PartitionStatsSource); ok { // not with kafka.window 1
+				m.Consumers.Add(ps)
+			}
 			router.AddConsumerHandler(p.Name+"/"+t, t, sub, handler(t))
 		}
 	}

@@ -1,9 +1,12 @@
 package kafkax
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -90,6 +93,9 @@ type ParallelSubscriber struct {
 	closed  bool
 	closing chan struct{}
 	wg      sync.WaitGroup
+
+	claimsMu sync.Mutex
+	claims   map[*claimRun]struct{} // the partitions claimed now, for PartitionStats
 }
 
 var _ message.Subscriber = (*ParallelSubscriber)(nil)
@@ -121,6 +127,7 @@ func (c Config) NewParallelSubscriber(group string, pc ParallelConfig, logger wa
 		grace:   sc.Consumer.Group.Rebalance.Timeout / 2,
 		logger:  logger.With(watermill.LogFields{"subscriber_uuid": watermill.NewShortUUID()}),
 		closing: make(chan struct{}),
+		claims:  map[*claimRun]struct{}{},
 	}, nil
 }
 
@@ -283,6 +290,7 @@ func (h *parallelHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim s
 	r := &claimRun{
 		h:         h,
 		sess:      sess,
+		claim:     claim,
 		topic:     claim.Topic(),
 		partition: claim.Partition(),
 		window:    h.s.pc.Window,
@@ -297,7 +305,10 @@ func (h *parallelHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim s
 		abandon:  make(chan struct{}),
 		busyKeys: map[string]struct{}{},
 		changed:  make(chan struct{}, 1),
+		marked:   max(claim.InitialOffset(), -1), // Sarama's OffsetOldest/Newest (< 0): not known yet
 	}
+	h.s.track(r)
+	defer h.s.untrack(r)
 	return r.run(claim.Messages())
 }
 
@@ -306,6 +317,7 @@ type slot struct {
 	km      *sarama.ConsumerMessage
 	key     string
 	keyed   bool
+	since   time.Time // when it took its place in the window, just before it was handed out
 	acked   bool
 	settled bool // acked, or abandoned by a nack after the claim ended / never handed out
 }
@@ -314,6 +326,7 @@ type slot struct {
 type claimRun struct {
 	h         *parallelHandler
 	sess      sarama.ConsumerGroupSession
+	claim     sarama.ConsumerGroupClaim
 	topic     string
 	partition int32
 	window    int
@@ -327,6 +340,7 @@ type claimRun struct {
 
 	mu        sync.Mutex
 	queue     []*slot // handed out and not yet covered by the marked offset, in offset order
+	marked    int64   // the offset marked for commit (all before it acked); -1: not known yet
 	busyKeys  map[string]struct{}
 	unsettled int
 	changed   chan struct{} // a slot was acked or settled (capacity 1, coalescing)
@@ -387,6 +401,11 @@ func (r *claimRun) admit(sl *slot) bool {
 		r.mu.Lock()
 		_, busy := r.busyKeys[sl.key]
 		if len(r.queue) < r.window && !(sl.keyed && busy) {
+			sl.since = time.Now()
+			if r.marked < 0 {
+				// A new group's first message: nothing before it is to be consumed.
+				r.marked = sl.km.Offset
+			}
 			r.queue = append(r.queue, sl)
 			if sl.keyed {
 				r.busyKeys[sl.key] = struct{}{}
@@ -474,6 +493,7 @@ func (r *claimRun) ack(sl *slot) {
 	}
 	if last >= 0 {
 		r.sess.MarkOffset(r.topic, r.partition, last+1, "")
+		r.marked = last + 1
 	}
 	r.mu.Unlock()
 	r.signal()
@@ -523,4 +543,83 @@ func (r *claimRun) drain() {
 			return
 		}
 	}
+}
+
+// PartitionStat is a snapshot of one partition a ParallelSubscriber has claimed.
+type PartitionStat struct {
+	Group     string
+	Topic     string
+	Partition int32
+	// HighWater is the offset the broker will give the partition's next record, as of the
+	// claim's latest fetch (0 before the first).
+	HighWater int64
+	// Marked is the offset marked for commit: every message before it was acked (Sarama
+	// commits it within a second). -1 while not known: a group with no committed offset
+	// before the partition's first message arrives.
+	Marked int64
+	// InFlight is the messages handed out (or about to be) and not acked yet.
+	InFlight int
+	// OldestUnackedAge is how long ago the oldest of them was handed out the first time
+	// (nacks and resends do not reset it); 0 when none is in flight.
+	OldestUnackedAge time.Duration
+}
+
+// Lag is how many offsets of the partition are past the marked offset: HighWater - Marked,
+// at least 0; ok is false while Marked is not known. On a topic written in Kafka
+// transactions it stays at 1 or more after the last transaction, whose commit marker takes
+// an offset that no message is delivered for.
+func (p PartitionStat) Lag() (n int64, ok bool) {
+	if p.Marked < 0 {
+		return 0, false
+	}
+	return max(p.HighWater-p.Marked, 0), true
+}
+
+// PartitionStats returns a snapshot of every partition claimed now, by topic and
+// partition. A partition is in it from the start of its claim to the end (a rebalance, a
+// lost connection, Close), so a partition that moved to another consumer is not reported.
+func (s *ParallelSubscriber) PartitionStats() []PartitionStat {
+	now := time.Now()
+	s.claimsMu.Lock()
+	runs := make([]*claimRun, 0, len(s.claims))
+	for r := range s.claims {
+		runs = append(runs, r)
+	}
+	s.claimsMu.Unlock()
+	out := make([]PartitionStat, 0, len(runs))
+	for _, r := range runs {
+		out = append(out, r.stat(now))
+	}
+	slices.SortFunc(out, func(a, b PartitionStat) int {
+		return cmp.Or(strings.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
+	})
+	return out
+}
+
+func (s *ParallelSubscriber) track(r *claimRun) {
+	s.claimsMu.Lock()
+	s.claims[r] = struct{}{}
+	s.claimsMu.Unlock()
+}
+
+func (s *ParallelSubscriber) untrack(r *claimRun) {
+	s.claimsMu.Lock()
+	delete(s.claims, r)
+	s.claimsMu.Unlock()
+}
+
+func (r *claimRun) stat(now time.Time) PartitionStat {
+	st := PartitionStat{Group: r.h.s.group, Topic: r.topic, Partition: r.partition, HighWater: r.claim.HighWaterMarkOffset()}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st.Marked = r.marked
+	for _, sl := range r.queue {
+		if !sl.acked {
+			st.InFlight++
+		}
+	}
+	if len(r.queue) > 0 { // the acked prefix is gone: the first is the oldest un-acked
+		st.OldestUnackedAge = max(now.Sub(r.queue[0].since), 0)
+	}
+	return st
 }

@@ -20,6 +20,7 @@ type Metrics struct {
 	HandlerSeconds *prometheus.HistogramVec // biz_type, outcome
 	RelayPublished prometheus.Counter
 	RelayErrors    prometheus.Counter
+	Consumers      *ConsumerCollector // per-partition consumer gauges; Add the subscribers
 }
 
 // New registers the collectors. db, when not nil, feeds the gauges read at scrape time
@@ -43,8 +44,9 @@ func New(db *sql.DB) *Metrics {
 		RelayErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "onceflow", Name: "relay_errors_total", Help: "Failed relay batches (retried).",
 		}),
+		Consumers: NewConsumerCollector(),
 	}
-	r.MustRegister(m.Deliveries, m.HandlerSeconds, m.RelayPublished, m.RelayErrors,
+	r.MustRegister(m.Deliveries, m.HandlerSeconds, m.RelayPublished, m.RelayErrors, m.Consumers,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if db != nil {
 		r.MustRegister(&dbCollector{db: db,
