@@ -32,16 +32,21 @@ test-short:
 	$(GO) test -short -count=1 $(PKGS)
 
 ## fuzz: every decoder of outside input (order-paid payload, coupon-granted record and
-## header, DSN, config file), FUZZTIME each. A count ("200000x"), not a duration: Go 1.26's
-## fuzz coordinator can fail a clean run with "context deadline exceeded" when a duration
-## runs out under CPU load (golang/go#75804, fixed in Go 1.27); a count has no deadline.
+## header, DSN, config file), FUZZTIME each, and whole deliveries of random bytes through
+## the inbox on the real database (FuzzProcess, FUZZTIME_DB). A count ("200000x"), not a
+## duration: Go 1.26's fuzz coordinator can fail a clean run with "context deadline
+## exceeded" when a duration runs out under CPU load (golang/go#75804, fixed in Go 1.27);
+## a count has no deadline.
 FUZZTIME ?= 200000x
+## FuzzProcess runs every input through the real database (a few ms each): fewer inputs.
+FUZZTIME_DB ?= 5000x
 fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzDecodeOrderPaid$$' -fuzztime=$(FUZZTIME) ./coupon/
 	$(GO) test -run='^$$' -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZTIME) ./coupon/notify/
 	$(GO) test -run='^$$' -fuzz='^FuzzParseDSN$$' -fuzztime=$(FUZZTIME) ./pkg/dbx/
 	$(GO) test -run='^$$' -fuzz='^FuzzMaskDSN$$' -fuzztime=$(FUZZTIME) ./pkg/dbx/
 	$(GO) test -run='^$$' -fuzz='^FuzzConfigFile$$' -fuzztime=$(FUZZTIME) ./cmd/router/
+	$(GO) test -run='^$$' -fuzz='^FuzzProcess$$' -fuzztime=$(FUZZTIME_DB) ./inbox/
 
 ## bench: throughput measured on the real services (never asserted in a test)
 bench: infra

@@ -3,7 +3,6 @@ package inbox
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -167,8 +166,9 @@ type batchQueries struct {
 // claimGroup is one row of the batch claim, in insertColumns' order. A new row is written
 // 'done' at its first attempt, with no reason, error or replay: those are constants of the
 // statement rather than parameters (≈1.5 µs less MariaDB CPU per row, measured on the
-// prepared claim alone, four alternating runs).
-const claimGroup = "(?, ?, 'done', NULL, ?, ?, ?, ?, ?, ?, ?, 1, NULL, NULL, ?)"
+// prepared claim alone, four alternating runs). So are tombstone and payload_size: a
+// tombstone (nil value) never takes the batch path.
+const claimGroup = "(?, ?, 'done', NULL, ?, ?, ?, ?, ?, ?, ?, 1, NULL, NULL, ?, FALSE, NULL)"
 
 // claimWidth is the parameters of one row of the claim (claimGroup).
 const claimWidth = 10
@@ -251,7 +251,9 @@ func (b *Batcher) decoder() {
 			return
 		}
 		dec, err := b.ib.decode(p.msg)
-		if err != nil {
+		if err != nil || p.msg.Payload == nil {
+			// Poison, or a tombstone (the batch claim stores no tombstone flag): the
+			// one-at-a-time path records it.
 			p.done <- batchOutcome{fallback: true}
 			continue
 		}
@@ -406,7 +408,15 @@ func (b *Batcher) run(batch []*pending) {
 		for i, it := range items {
 			ds[i] = it.d
 		}
-		b.prep.PrepareBatch(items[0].p.ctx, ds)
+		pctx, cancel := context.WithTimeout(items[0].p.ctx, ib.cfg.HandlerTimeout)
+		err := guard(pctx, "prepare batch", func() error { b.prep.PrepareBatch(pctx, ds); return nil })
+		cancel()
+		if err != nil {
+			// A panic or a timeout: the one-at-a-time path runs each delivery on its own
+			// (with its own Delivery: the abandoned call may still hold these).
+			b.fallBackItems(items, rest, "prepare failed", err)
+			return
+		}
 	}
 	ctx := context.WithoutCancel(items[0].p.ctx)
 	b.prepareClaim(ctx)
@@ -415,9 +425,14 @@ func (b *Batcher) run(batch []*pending) {
 		for _, it := range items {
 			it.res, it.id, it.resumed, it.d.Resumed = nil, 0, false, false
 		}
-		err = dbx.InTx(ctx, ib.db, func(tx *sql.Tx) error { return b.runTx(ctx, tx, items) })
+		tctx, cancel := context.WithTimeout(ctx, ib.cfg.HandlerTimeout)
+		err = dbx.InTx(tctx, ib.db, func(tx *sql.Tx) error { return b.runTx(tctx, tx, items) })
+		cancel()
 		if err == nil {
 			break
+		}
+		if failureReason(err) != ReasonRetriesExhausted {
+			break // a panic or a timeout in HandleBatch: its Deliveries are abandoned
 		}
 		b.count(func(s *BatchStats) { s.Rollbacks++ })
 		if !dbx.IsLockConflict(err) || try >= b.cfg.LockRetries {
@@ -426,13 +441,7 @@ func (b *Batcher) run(batch []*pending) {
 		sleep(ctx, time.Duration(1+rand.IntN(10))*time.Millisecond)
 	}
 	if err != nil {
-		ib.logger.Info("batch rolled back, its deliveries run one at a time", watermill.LogFields{"size": len(items), "err": err.Error()})
-		var n int64
-		for _, it := range items {
-			fallBack(append(it.copies, it.p))
-			n += int64(1 + len(it.copies))
-		}
-		b.count(func(s *BatchStats) { s.Fallbacks += n + int64(len(rest)) })
+		b.fallBackItems(items, rest, "batch rolled back", err)
 		return
 	}
 	var batched, fell int64
@@ -461,6 +470,18 @@ func (b *Batcher) run(batch []*pending) {
 	})
 }
 
+// fallBackItems hands every delivery of a batch that did not commit to the one-at-a-time
+// path.
+func (b *Batcher) fallBackItems(items []*item, rest []*pending, why string, err error) {
+	b.ib.logger.Info(why+", its deliveries run one at a time", watermill.LogFields{"size": len(items), "err": validText(err.Error(), 1000)})
+	var n int64
+	for _, it := range items {
+		fallBack(append(it.copies, it.p))
+		n += int64(1 + len(it.copies))
+	}
+	b.count(func(s *BatchStats) { s.Fallbacks += n + int64(len(rest)) })
+}
+
 func (b *Batcher) count(f func(*BatchStats)) {
 	b.mu.Lock()
 	f(&b.stats)
@@ -483,9 +504,8 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item) error {
 	expire := time.Now().Add(ib.cfg.Retention).UTC()
 	byKey := make(map[string]*item, len(items))
 	for _, it := range items {
-		meta, _ := json.Marshal(it.p.msg.Metadata)
-		args = append(args, it.p.dec.Key, ib.cfg.BizType, uuidOf(it.p.msg), it.p.src.Topic, it.p.src.Partition, it.p.src.Offset,
-			[]byte(it.p.msg.Payload), string(meta), it.p.dec.Fingerprint, expire)
+		args = append(args, it.p.dec.Key, ib.cfg.BizType, messageUUID(it.p.msg), it.p.src.Topic, it.p.src.Partition, it.p.src.Offset,
+			[]byte(it.p.msg.Payload), it.p.dec.meta, it.p.dec.Fingerprint, expire)
 		byKey[it.p.dec.Key] = it
 	}
 	counts := map[int][]any{} // duplicate counter corrections → inbox ids
@@ -630,7 +650,12 @@ func (b *Batcher) handle(ctx context.Context, tx *sql.Tx, run []*item, counts ma
 	for i, it := range run {
 		ds[i] = it.d
 	}
-	progs, err := b.bh.HandleBatch(ctx, tx, ds)
+	var progs []Progress
+	err := guard(ctx, "handle batch", func() error {
+		var err error
+		progs, err = b.bh.HandleBatch(ctx, tx, ds)
+		return err
+	})
 	if err != nil {
 		return err
 	}

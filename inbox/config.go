@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -24,9 +25,21 @@ type Config struct {
 	// transaction. Default 1: every step commits on its own, so no lock is held across the
 	// next step's slow external call. Raise it when steps make no slow calls: fewer commits,
 	// the same guarantees (each step's effect and transition still commit together).
-	StepsPerTx      int
-	Retention       time.Duration // expire_at = now + Retention; default 30 days
-	MaxPayloadBytes int           // larger payloads are poison; default 1 MiB
+	StepsPerTx int
+	Retention  time.Duration // expire_at = now + Retention; default 30 days
+	// MaxPayloadBytes: larger payloads are poison, quarantined with a bounded prefix, their
+	// size and sha256; default 1 MiB, at most MaxPayloadLimit. CheckServer checks that the
+	// server's max_allowed_packet can carry it.
+	MaxPayloadBytes int
+	// MaxMetadataBytes: a record whose headers (metadata, as JSON) are longer is poison, its
+	// metadata stored capped (MetadataTruncatedKey); default 32 KiB, at most 65,535 (the
+	// metadata column).
+	MaxMetadataBytes int
+	// HandlerTimeout bounds each call into the plugin (Prepare, Handle, HandleBatch). One
+	// that has not returned by then is abandoned: its context is cancelled, its transaction
+	// rolled back, and the attempt counts as failed (ReasonTimeout once attempts run out).
+	// Default 30s.
+	HandlerTimeout time.Duration
 	// KeyLogField names the business key in log lines (e.g. "order_id"); default "dedup_key".
 	KeyLogField string
 }
@@ -59,13 +72,24 @@ func (c *Config) setDefaults() {
 	if c.MaxPayloadBytes == 0 {
 		c.MaxPayloadBytes = 1 << 20
 	}
+	if c.MaxMetadataBytes == 0 {
+		c.MaxMetadataBytes = 32 << 10
+	}
+	if c.HandlerTimeout == 0 {
+		c.HandlerTimeout = 30 * time.Second
+	}
 	if c.KeyLogField == "" {
 		c.KeyLogField = "dedup_key"
 	}
 }
 
-// Validate reports the first invalid setting.
-func (c *Config) Validate() error {
+// Validate reports the first invalid setting; zero values stand for their defaults.
+func (c Config) Validate() error {
+	c.setDefaults()
+	return c.validate()
+}
+
+func (c *Config) validate() error {
 	if c.BizType == "" {
 		return errors.New("inbox: biz type is empty")
 	}
@@ -87,8 +111,47 @@ func (c *Config) Validate() error {
 	if c.Retention < time.Hour {
 		return fmt.Errorf("inbox: retention %s is shorter than an hour", c.Retention)
 	}
-	if c.MaxPayloadBytes < 1 || c.MaxPayloadBytes > 16<<20 {
-		return fmt.Errorf("inbox: max payload %d bytes outside 1..16MiB", c.MaxPayloadBytes)
+	if c.MaxPayloadBytes < 1 || c.MaxPayloadBytes > MaxPayloadLimit {
+		return fmt.Errorf("inbox: max payload %d bytes outside 1..%d (the payload column's size)", c.MaxPayloadBytes, MaxPayloadLimit)
+	}
+	if c.MaxMetadataBytes < 256 || c.MaxMetadataBytes > maxMetadataLimit {
+		return fmt.Errorf("inbox: max metadata %d bytes outside 256..%d (the metadata column's size)", c.MaxMetadataBytes, maxMetadataLimit)
+	}
+	if c.HandlerTimeout < time.Millisecond || c.HandlerTimeout > 24*time.Hour {
+		return fmt.Errorf("inbox: handler timeout %s outside 1ms..24h", c.HandlerTimeout)
+	}
+	if c.MaxAttempts > 1000 {
+		return fmt.Errorf("inbox: max attempts %d above 1000", c.MaxAttempts)
+	}
+	return nil
+}
+
+// MaxPayloadLimit is the largest inbox.max_payload_bytes: the payload column is a
+// MEDIUMBLOB (16 MiB - 1).
+const MaxPayloadLimit = 1<<24 - 1
+
+// maxMetadataLimit is the metadata column's size (TEXT).
+const maxMetadataLimit = 1<<16 - 1
+
+// packetBytes is the largest statement the inbox sends for one delivery: parameters are
+// interpolated into the statement, which can double binary bytes (escaping), plus the
+// other columns (key, error text, ...).
+func (c Config) packetBytes() int64 {
+	return 2*int64(c.MaxPayloadBytes+c.MaxMetadataBytes) + 64<<10
+}
+
+// CheckServer reports whether the server can store what this inbox accepts: a statement
+// carrying a payload of MaxPayloadBytes must fit the server's max_allowed_packet, or the
+// server would close the connection on it and the delivery would be retried forever as
+// "database unreachable".
+func (ib *Inbox) CheckServer(ctx context.Context) error {
+	var packet int64
+	if err := ib.db.QueryRowContext(ctx, "SELECT @@max_allowed_packet").Scan(&packet); err != nil {
+		return fmt.Errorf("inbox: read max_allowed_packet: %w", err)
+	}
+	if need := ib.cfg.packetBytes(); need > packet {
+		return fmt.Errorf("inbox %s: max payload %d bytes needs statements of up to %d bytes, above the server's max_allowed_packet %d: lower inbox.max_payload_bytes to %d or raise max_allowed_packet",
+			ib.cfg.BizType, ib.cfg.MaxPayloadBytes, need, packet, max(1, (packet-64<<10)/2-int64(ib.cfg.MaxMetadataBytes)))
 	}
 	return nil
 }

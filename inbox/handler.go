@@ -24,13 +24,16 @@ const (
 
 // Decoded is what a handler extracts from a message before anything is written.
 type Decoded struct {
-	// Key is the business key, e.g. the order id. Required; at most MaxKeyLen bytes.
+	// Key is the business key, e.g. the order id. Required; UTF-8, at most MaxKeyLen bytes.
 	Key string
 	// Fingerprint identifies the payload's meaning. Two deliveries with the same Key and a
-	// different Fingerprint are a conflict. Empty means sha256 of the raw payload.
+	// different Fingerprint are a conflict. Empty means sha256 of the raw payload; one that
+	// is not UTF-8 or longer than 64 bytes is stored as its sha256.
 	Fingerprint string
 	// Value is the decoded payload, handed back to Handle in Delivery.Value.
 	Value any
+
+	meta string // the message's metadata as stored (set by the inbox after Decode)
 }
 
 // Handler is implemented by a plugin.

@@ -32,7 +32,7 @@ type pipelineOpts struct {
 	grantedTopic string
 }
 
-func newPipeline(t *testing.T, o pipelineOpts) *pipeline {
+func newPipeline(t testing.TB, o pipelineOpts) *pipeline {
 	t.Helper()
 	var d testenv.Database
 	if o.shared != nil {

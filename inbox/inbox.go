@@ -5,11 +5,11 @@ import (
 	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -34,6 +34,8 @@ const (
 	ReasonConflict         Reason = "conflict"
 	ReasonRetriesExhausted Reason = "retries_exhausted"
 	ReasonPermanent        Reason = "permanent"
+	ReasonPanic            Reason = "panic"   // the plugin panicked on every attempt (last_error holds the stack)
+	ReasonTimeout          Reason = "timeout" // the plugin did not return within inbox.handler_timeout on every attempt
 )
 
 // Outcome of one delivery.
@@ -82,7 +84,7 @@ func New(db *sql.DB, h Handler, cfg Config, logger watermill.LoggerAdapter, obs 
 		return nil, errors.New("inbox: db and handler are required")
 	}
 	cfg.setDefaults()
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	if logger == nil {
@@ -121,22 +123,28 @@ func (ib *Inbox) Process(ctx context.Context, msg *message.Message, src Source, 
 }
 
 func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, opts ProcessOptions) (Result, error) {
-	fields := watermill.LogFields{"topic": src.Topic, "partition": src.Partition, "offset": src.Offset, "message_uuid": msg.UUID}
+	fields := watermill.LogFields{"topic": src.Topic, "partition": src.Partition, "offset": src.Offset, "message_uuid": validText(msg.UUID, maxUUIDBytes)}
 	dec, derr := ib.decode(msg)
 	if derr != nil {
 		key := poisonKey(src, msg)
-		r, err := ib.quarantine(ctx, msg, src, key, fingerprint(msg.Payload), ReasonPoison, derr, 0, opts)
+		reason := ReasonPoison
+		if failureReason(derr) == ReasonPanic {
+			reason = ReasonPanic // the plugin's decoder panicked on these bytes: no retry will differ
+		}
+		r, err := ib.quarantine(ctx, msg, src, key, fingerprint(msg.Payload), reason, derr, 0, opts)
 		if err == nil {
-			ib.logger.Error("poison message quarantined", derr, fields.Add(watermill.LogFields{ib.cfg.KeyLogField: key}))
+			ib.logger.Error("poison message quarantined", derr, fields.Add(watermill.LogFields{ib.cfg.KeyLogField: key, "reason": string(reason)}))
 		}
 		return r, err
 	}
 	fields = fields.Add(watermill.LogFields{ib.cfg.KeyLogField: dec.Key})
-	d := &Delivery{Message: msg, BizType: ib.cfg.BizType, Key: dec.Key, Value: dec.Value, Source: src, ReplayID: opts.ReplayID}
 
 	lockRetries := 0
+	var d *Delivery
 	for attempt := 1; ; {
-		d.Attempt = attempt
+		// A fresh Delivery per attempt: plugin code abandoned by a timeout may still hold
+		// the previous one.
+		d = &Delivery{Message: msg, BizType: ib.cfg.BizType, Key: dec.Key, Value: dec.Value, Source: src, ReplayID: opts.ReplayID, Attempt: attempt}
 		res, err := ib.runSteps(ctx, d, dec, opts)
 		if err == nil {
 			res.Attempts = attempt
@@ -145,7 +153,15 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, 
 		if ctx.Err() != nil {
 			return Result{}, fmt.Errorf("inbox %s %q: %w", ib.cfg.BizType, dec.Key, errors.Join(ctx.Err(), err))
 		}
+		reason := failureReason(err)
 		switch {
+		case reason != ReasonRetriesExhausted:
+			// A panic or a timeout is the plugin's failure, whatever error it left behind (a
+			// cancelled query can look like a broken connection): it counts as an attempt.
+			if attempt >= ib.cfg.MaxAttempts {
+				ib.logger.Error("plugin failed on every attempt, message quarantined", err, fields.Add(watermill.LogFields{"attempts": attempt, "reason": string(reason)}))
+				return ib.quarantine(ctx, msg, src, dec.Key, dec.Fingerprint, reason, err, attempt, opts)
+			}
 		case dbx.IsLockConflict(err) && lockRetries < ib.cfg.MaxLockRetries:
 			// The server rolled us back to break a deadlock or a long wait: not the handler's fault.
 			lockRetries++
@@ -157,121 +173,162 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, 
 			sleep(ctx, ib.cfg.BackoffMax)
 			continue
 		case errors.Is(err, ErrPermanent):
-			return ib.quarantine(ctx, msg, d.Source, dec.Key, dec.Fingerprint, ReasonPermanent, err, attempt, opts)
+			return ib.quarantine(ctx, msg, src, dec.Key, dec.Fingerprint, ReasonPermanent, err, attempt, opts)
 		case attempt >= ib.cfg.MaxAttempts:
 			ib.logger.Error("retries exhausted, message quarantined", err, fields.Add(watermill.LogFields{"attempts": attempt}))
-			return ib.quarantine(ctx, msg, d.Source, dec.Key, dec.Fingerprint, ReasonRetriesExhausted, err, attempt, opts)
+			return ib.quarantine(ctx, msg, src, dec.Key, dec.Fingerprint, ReasonRetriesExhausted, err, attempt, opts)
 		}
-		ib.logger.Info("handler failed, will retry", fields.Add(watermill.LogFields{"attempt": attempt, "err": err.Error()}))
+		ib.logger.Info("handler failed, will retry", fields.Add(watermill.LogFields{"attempt": attempt, "err": validText(err.Error(), 1000)}))
 		sleep(ctx, ib.cfg.backoff(attempt))
 		attempt++
 	}
 }
 
-func (ib *Inbox) decode(msg *message.Message) (Decoded, error) {
+// decode checks the record against the inbox's bounds and runs the plugin's Decode; every
+// error it returns makes the message poison (a panic in Decode comes back as a *PanicError
+// wrapped in ErrPoison).
+func (ib *Inbox) decode(msg *message.Message) (dec Decoded, err error) {
 	if len(msg.Payload) > ib.cfg.MaxPayloadBytes {
 		return Decoded{}, PoisonError("payload of %d bytes exceeds the limit of %d", len(msg.Payload), ib.cfg.MaxPayloadBytes)
 	}
-	dec, err := ib.h.Decode(msg)
+	meta, ok := metadataJSON(msg.Metadata, ib.cfg.MaxMetadataBytes)
+	if !ok {
+		return Decoded{}, PoisonError("metadata (headers) of %d entries exceed the limit of %d bytes", len(msg.Metadata), ib.cfg.MaxMetadataBytes)
+	}
+	defer func() {
+		if perr := recovered(recover()); perr != nil {
+			dec, err = Decoded{}, fmt.Errorf("%w: decode: %w", ErrPoison, perr)
+		}
+	}()
+	dec, err = ib.h.Decode(msg)
 	if err != nil {
 		if !errors.Is(err, ErrPoison) {
 			err = fmt.Errorf("%w: %w", ErrPoison, err)
 		}
 		return Decoded{}, err
 	}
-	if dec.Key == "" {
+	switch {
+	case dec.Key == "":
 		return Decoded{}, PoisonError("empty business key")
-	}
-	if len(dec.Key) > MaxKeyLen {
+	case len(dec.Key) > MaxKeyLen:
 		return Decoded{}, PoisonError("business key of %d bytes exceeds %d", len(dec.Key), MaxKeyLen)
+	case !utf8.ValidString(dec.Key):
+		return Decoded{}, PoisonError("business key %q is not UTF-8", dec.Key)
 	}
 	if dec.Fingerprint == "" {
 		dec.Fingerprint = fingerprint(msg.Payload)
 	}
-	if len(dec.Fingerprint) > 64 {
-		dec.Fingerprint = fingerprint([]byte(dec.Fingerprint))
-	}
+	dec.Fingerprint = storableFingerprint(dec.Fingerprint)
+	dec.meta = meta
 	return dec, nil
 }
 
-// runSteps runs the handler, one transaction per step, until it reports Done.
+// runSteps runs the handler, one transaction per step, until it reports Done. Each step
+// (Prepare and the transaction) runs under inbox.handler_timeout.
 func (ib *Inbox) runSteps(ctx context.Context, d *Delivery, dec Decoded, opts ProcessOptions) (Result, error) {
 	prep, _ := ib.h.(Preparer)
 	for step := 0; step < ib.cfg.MaxSteps; step++ {
-		d.Step = step
-		if prep != nil {
-			d.Prepared = nil
-			if err := prep.Prepare(ctx, d); err != nil {
-				return Result{}, err
+		res, next, err := ib.runStep(ctx, prep, d, dec, opts, step)
+		if err != nil || res != nil {
+			if res != nil && res.Outcome == OutcomeConflict {
+				return ib.quarantineConflict(ctx, d, dec, opts)
 			}
+			if res != nil {
+				return *res, nil
+			}
+			return Result{}, err
 		}
-		var res *Result
-		first := step
-		err := dbx.InTx(ctx, ib.db, func(tx *sql.Tx) error {
-			step = first // a retried closure must not keep the previous try's count
-			row, fresh, err := ib.claim(ctx, tx, d, dec, step)
-			if err != nil {
-				return err
-			}
-			d.InboxID = row.id
-			if !fresh {
-				switch {
-				case step == 0 && opts.ReplayID == 0 && row.fingerprint != dec.Fingerprint:
-					// Same key, different meaning: never a silent duplicate.
-					res = &Result{Outcome: OutcomeConflict, InboxID: row.id, Key: d.Key, Reason: ReasonConflict}
-					return nil
-				case row.status == StatusDone || (row.status == StatusFailed && !opts.Reopen):
-					// Done (possibly by a concurrent delivery that resumed this one's work) or
-					// quarantined: this delivery changes nothing but the counter.
-					if _, err := tx.ExecContext(ctx, ib.q.countDuplicate, row.id); err != nil {
-						return fmt.Errorf("count duplicate: %w", err)
-					}
-					res = &Result{Outcome: OutcomeDuplicate, InboxID: row.id, Key: d.Key}
-					if row.status == StatusFailed {
-						res.Reason = Reason(row.reason.String)
-					}
-					return nil
-				case step == 0:
-					d.Resumed = row.status == StatusProcessing
-					if _, err := tx.ExecContext(ctx, ib.q.reopen, nullID(opts.ReplayID), row.id); err != nil {
-						return fmt.Errorf("reopen inbox row: %w", err)
-					}
-					if err := ib.stamp(ctx, tx, opts.ReplayID, row.id); err != nil {
-						return err
-					}
+		step = next
+	}
+	return Result{}, fmt.Errorf("handler did not finish %q within %d steps", d.Key, ib.cfg.MaxSteps)
+}
+
+// runStep runs step (and, with StepsPerTx > 1, the steps after it) in one transaction. It
+// returns the delivery's result once it is finished, else the last step it ran.
+func (ib *Inbox) runStep(ctx context.Context, prep Preparer, d *Delivery, dec Decoded, opts ProcessOptions, first int) (*Result, int, error) {
+	sctx, cancel := context.WithTimeout(ctx, ib.cfg.HandlerTimeout)
+	defer cancel()
+	d.Step = first
+	if prep != nil {
+		d.Prepared = nil
+		if err := guard(sctx, "prepare", func() error { return prep.Prepare(sctx, d) }); err != nil {
+			return nil, first, stepError(ctx, sctx, err)
+		}
+	}
+	var res *Result
+	step := first
+	err := dbx.InTx(sctx, ib.db, func(tx *sql.Tx) error {
+		step = first // a retried closure must not keep the previous try's count
+		row, fresh, err := ib.claim(sctx, tx, d, dec, step)
+		if err != nil {
+			return err
+		}
+		d.InboxID = row.id
+		if !fresh {
+			switch {
+			case step == 0 && opts.ReplayID == 0 && row.fingerprint != dec.Fingerprint:
+				// Same key, different meaning: never a silent duplicate.
+				res = &Result{Outcome: OutcomeConflict, InboxID: row.id, Key: d.Key, Reason: ReasonConflict}
+				return nil
+			case row.status == StatusDone || (row.status == StatusFailed && !opts.Reopen):
+				// Done (possibly by a concurrent delivery that resumed this one's work) or
+				// quarantined: this delivery changes nothing but the counter.
+				if _, err := tx.ExecContext(sctx, ib.q.countDuplicate, row.id); err != nil {
+					return fmt.Errorf("count duplicate: %w", err)
+				}
+				res = &Result{Outcome: OutcomeDuplicate, InboxID: row.id, Key: d.Key}
+				if row.status == StatusFailed {
+					res.Reason = Reason(row.reason.String)
+				}
+				return nil
+			case step == 0:
+				d.Resumed = row.status == StatusProcessing
+				if _, err := tx.ExecContext(sctx, ib.q.reopen, nullID(opts.ReplayID), row.id); err != nil {
+					return fmt.Errorf("reopen inbox row: %w", err)
+				}
+				if err := ib.stamp(sctx, tx, opts.ReplayID, row.id); err != nil {
+					return err
 				}
 			}
-			prog, err := ib.h.Handle(ctx, tx, d)
+		}
+		var prog Progress
+		err = guard(sctx, "handle", func() error {
+			var err error
+			prog, err = ib.h.Handle(sctx, tx, d)
 			// StepsPerTx > 1: further steps share this transaction (one commit instead of
 			// several). Each step's side effect and transition still commit together; they
 			// also commit with the next steps, or roll back with them.
 			for err == nil && prog == Continue && step-first+1 < ib.cfg.StepsPerTx && step+1 < ib.cfg.MaxSteps {
 				step++
 				d.Step = step
-				prog, err = ib.h.Handle(ctx, tx, d)
+				prog, err = ib.h.Handle(sctx, tx, d)
 			}
-			if err != nil {
-				return err
-			}
-			if prog == Done {
-				if _, err := tx.ExecContext(ctx, ib.q.markDone, d.Attempt, row.id); err != nil {
-					return fmt.Errorf("mark inbox row done: %w", err)
-				}
-				res = &Result{Outcome: OutcomeProcessed, InboxID: row.id, Key: d.Key}
-			}
-			return nil
+			return err
 		})
 		if err != nil {
-			return Result{}, err
+			return err
 		}
-		if res != nil {
-			if res.Outcome == OutcomeConflict {
-				return ib.quarantineConflict(ctx, d, dec, opts)
+		if prog == Done {
+			if _, err := tx.ExecContext(sctx, ib.q.markDone, d.Attempt, row.id); err != nil {
+				return fmt.Errorf("mark inbox row done: %w", err)
 			}
-			return *res, nil
+			res = &Result{Outcome: OutcomeProcessed, InboxID: row.id, Key: d.Key}
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, step, stepError(ctx, sctx, err)
 	}
-	return Result{}, fmt.Errorf("handler did not finish %q within %d steps", d.Key, ib.cfg.MaxSteps)
+	return res, step, nil
+}
+
+// stepError marks the error of a step whose time ran out (but not the delivery's: that is
+// a shutdown) as a timeout, whatever error the cancelled work returned.
+func stepError(ctx, sctx context.Context, err error) error {
+	if ctx.Err() == nil && errors.Is(sctx.Err(), context.DeadlineExceeded) && !errors.Is(err, ErrHandlerTimeout) {
+		return fmt.Errorf("%w: %w", ErrHandlerTimeout, err)
+	}
+	return err
 }
 
 type inboxRow struct {
@@ -289,10 +346,10 @@ type inboxRow struct {
 func (ib *Inbox) claim(ctx context.Context, tx *sql.Tx, d *Delivery, dec Decoded, step int) (inboxRow, bool, error) {
 	var row inboxRow
 	if step == 0 {
-		meta, _ := json.Marshal(d.Message.Metadata)
+		payload, tombstone := storedPayload(d.Message.Payload)
 		r, err := tx.ExecContext(ctx, brokenClaimSQL(ib.q.claim), // the claim as is, except in the chaos harness's broken build (broken_on.go)
-			d.Key, ib.cfg.BizType, string(StatusProcessing), nil, uuidOf(d.Message), d.Source.Topic, d.Source.Partition, d.Source.Offset,
-			[]byte(d.Message.Payload), string(meta), dec.Fingerprint, d.Attempt, nil, nullID(d.ReplayID), time.Now().Add(ib.cfg.Retention).UTC())
+			d.Key, ib.cfg.BizType, string(StatusProcessing), nil, messageUUID(d.Message), d.Source.Topic, d.Source.Partition, d.Source.Offset,
+			payload, dec.meta, dec.Fingerprint, d.Attempt, nil, nullID(d.ReplayID), time.Now().Add(ib.cfg.Retention).UTC(), tombstone, nil)
 		if err != nil {
 			return row, false, fmt.Errorf("claim inbox row: %w", err)
 		}
@@ -334,47 +391,9 @@ func (ib *Inbox) stamp(ctx context.Context, tx *sql.Tx, replayID, id int64) erro
 	return nil
 }
 
-// quarantine records a failed row in its own transaction. A row that is already 'done'
-// stays done (another delivery finished it meanwhile).
-func (ib *Inbox) quarantine(ctx context.Context, msg *message.Message, src Source, key, fp string, reason Reason, cause error, attempts int, opts ProcessOptions) (Result, error) {
-	meta, _ := json.Marshal(msg.Metadata)
-	errText := cause.Error()
-	if len(errText) > 4000 {
-		errText = errText[:4000]
-	}
-	var id int64
-	err := dbx.InTx(ctx, ib.db, func(tx *sql.Tx) error {
-		r, err := tx.ExecContext(ctx, ib.q.quarantine,
-			key, ib.cfg.BizType, string(StatusFailed), string(reason), uuidOf(msg), src.Topic, src.Partition, src.Offset,
-			[]byte(msg.Payload), string(meta), fp, attempts, errText, nullID(opts.ReplayID), time.Now().Add(ib.cfg.Retention).UTC())
-		if err != nil {
-			return err
-		}
-		if id, err = r.LastInsertId(); err != nil {
-			return err
-		}
-		return ib.stamp(ctx, tx, opts.ReplayID, id)
-	})
-	if err != nil {
-		return Result{}, fmt.Errorf("quarantine %q (%s): %w", key, reason, err)
-	}
-	out := OutcomeQuarantined
-	if reason == ReasonConflict {
-		out = OutcomeConflict
-	}
-	return Result{Outcome: out, InboxID: id, Key: key, Reason: reason, Attempts: attempts, Err: cause}, nil
-}
-
-func (ib *Inbox) quarantineConflict(ctx context.Context, d *Delivery, dec Decoded, opts ProcessOptions) (Result, error) {
-	key := d.Key + "#conflict:" + dec.Fingerprint[:16]
-	cause := fmt.Errorf("key %q already processed with a different payload (fingerprint %s)", d.Key, dec.Fingerprint[:16])
-	ib.logger.Error("conflicting payload for a known key quarantined", cause, watermill.LogFields{ib.cfg.KeyLogField: d.Key, "topic": d.Source.Topic, "partition": d.Source.Partition, "offset": d.Source.Offset})
-	return ib.quarantine(ctx, d.Message, d.Source, key, dec.Fingerprint, ReasonConflict, cause, d.Attempt, opts)
-}
-
 func poisonKey(src Source, msg *message.Message) string {
 	if src.Topic == "" {
-		return "poison:" + uuidOf(msg)
+		return "poison:" + messageUUID(msg)
 	}
 	return fmt.Sprintf("poison:%s/%d/%d", src.Topic, src.Partition, src.Offset)
 }
@@ -382,16 +401,6 @@ func poisonKey(src Source, msg *message.Message) string {
 func fingerprint(b []byte) string {
 	s := sha256.Sum256(b)
 	return hex.EncodeToString(s[:])
-}
-
-func uuidOf(msg *message.Message) string {
-	if msg.UUID == "" {
-		msg.UUID = watermill.NewUUID()
-	}
-	if len(msg.UUID) > 64 {
-		return msg.UUID[:64]
-	}
-	return msg.UUID
 }
 
 func nullID(id int64) any {

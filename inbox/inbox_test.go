@@ -320,7 +320,11 @@ func TestPoisonIsQuarantined(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if status != "failed" || reason != "poison" || !strings.Contains(lastErr, tc.reason) || string(payload) != tc.payload {
+			stored := tc.payload
+			if len(stored) > 1024 {
+				stored = stored[:1024] // a value over the limit keeps a prefix of the limit's size
+			}
+			if status != "failed" || reason != "poison" || !strings.Contains(lastErr, tc.reason) || string(payload) != stored {
 				t.Fatalf("row status=%s reason=%s last_error=%q", status, reason, lastErr)
 			}
 		})

@@ -8,8 +8,8 @@ type queries struct {
 }
 
 const insertColumns = `(dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset,
- payload, metadata, fingerprint, attempts, last_error, replay_id, expire_at)
- VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+ payload, metadata, fingerprint, attempts, last_error, replay_id, expire_at, tombstone, payload_size)
+ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 
 func newQueries(table string) queries {
 	return queries{

@@ -165,7 +165,7 @@ func (ib *Inbox) replayRows(ctx context.Context, store *Store, f Filter, maxID i
 			if row.Status == StatusDone {
 				rep.WasDone++
 			}
-			if row.Poison() {
+			if row.Poison() || row.Truncated() {
 				rep.Poison++
 			}
 			if opts.DryRun {
@@ -185,8 +185,13 @@ func (ib *Inbox) replayRows(ctx context.Context, store *Store, f Filter, maxID i
 				rep.Selected--
 				return err
 			}
-			r, err := ib.Process(ctx, row.Message(), row.Source(), ProcessOptions{Reopen: true, ReplayID: rep.ID})
-			if err != nil {
+			var r Result
+			if row.Truncated() {
+				// Only a prefix of the value is stored: running it would not be the message.
+				// The row stays as it is (quarantined).
+				r = Result{Outcome: OutcomeQuarantined, InboxID: row.ID, Key: row.DedupKey, Reason: Reason(row.Reason),
+					Err: fmt.Errorf("inbox row %d holds %d of the value's %d bytes and cannot be replayed", row.ID, len(row.Payload), row.PayloadSize)}
+			} else if r, err = ib.Process(ctx, row.Message(), row.Source(), ProcessOptions{Reopen: true, ReplayID: rep.ID}); err != nil {
 				rep.Selected--
 				return err
 			}

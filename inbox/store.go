@@ -71,16 +71,21 @@ func (f Filter) Validate() error {
 
 // Row is one inbox row as stored.
 type Row struct {
-	ID          int64             `json:"id"`
-	DedupKey    string            `json:"dedup_key"`
-	BizType     string            `json:"biz_type"`
-	Status      Status            `json:"status"`
-	Reason      string            `json:"reason,omitempty"`
-	MessageUUID string            `json:"message_uuid"`
-	Topic       string            `json:"topic"`
-	Partition   int32             `json:"partition"`
-	Offset      int64             `json:"offset"`
-	Payload     []byte            `json:"-"`
+	ID          int64  `json:"id"`
+	DedupKey    string `json:"dedup_key"`
+	BizType     string `json:"biz_type"`
+	Status      Status `json:"status"`
+	Reason      string `json:"reason,omitempty"`
+	MessageUUID string `json:"message_uuid"`
+	Topic       string `json:"topic"`
+	Partition   int32  `json:"partition"`
+	Offset      int64  `json:"offset"`
+	Payload     []byte `json:"-"`
+	// Tombstone: the record had no value (Payload is empty).
+	Tombstone bool `json:"tombstone,omitempty"`
+	// PayloadSize is the value's size when Payload holds less than it (a prefix of a value
+	// over inbox.max_payload_bytes, or nothing in a minimal quarantine row); 0 otherwise.
+	PayloadSize int64             `json:"payload_size,omitempty"`
 	Metadata    map[string]string `json:"metadata,omitempty"`
 	Fingerprint string            `json:"fingerprint"`
 	Attempts    int               `json:"attempts"`
@@ -96,9 +101,18 @@ type Row struct {
 // quarantines it again.
 func (r Row) Poison() bool { return r.Reason == string(ReasonPoison) }
 
-// Message rebuilds the stored message (uuid, payload, metadata) for a replay.
+// Truncated reports whether the row holds less than the message's value: it cannot be
+// replayed.
+func (r Row) Truncated() bool { return r.PayloadSize > 0 }
+
+// Message rebuilds the stored message (uuid, payload, metadata) for a replay; a tombstone's
+// payload is nil, as it was delivered.
 func (r Row) Message() *message.Message {
-	m := message.NewMessage(r.MessageUUID, append([]byte(nil), r.Payload...))
+	var payload []byte
+	if !r.Tombstone {
+		payload = append([]byte{}, r.Payload...)
+	}
+	m := message.NewMessage(r.MessageUUID, payload)
 	for k, v := range r.Metadata {
 		m.Metadata.Set(k, v)
 	}
@@ -131,7 +145,7 @@ func NewStore(db *sql.DB, table string) (*Store, error) {
 }
 
 const rowColumns = `id, dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset,
- payload, metadata, fingerprint, attempts, duplicates, last_error, replay_id, created_at, updated_at, expire_at`
+ payload, metadata, fingerprint, attempts, duplicates, last_error, replay_id, created_at, updated_at, expire_at, tombstone, payload_size`
 
 // List returns the rows f selects, ordered by id.
 func (s *Store) List(ctx context.Context, f Filter) ([]Row, error) {
@@ -278,13 +292,14 @@ type scanner interface{ Scan(dest ...any) error }
 func scanRow(sc scanner) (Row, error) {
 	var r Row
 	var reason, meta, lastErr sql.NullString
-	var replay sql.NullInt64
+	var replay, size sql.NullInt64
 	err := sc.Scan(&r.ID, &r.DedupKey, &r.BizType, &r.Status, &reason, &r.MessageUUID, &r.Topic, &r.Partition, &r.Offset,
-		&r.Payload, &meta, &r.Fingerprint, &r.Attempts, &r.Duplicates, &lastErr, &replay, &r.CreatedAt, &r.UpdatedAt, &r.ExpireAt)
+		&r.Payload, &meta, &r.Fingerprint, &r.Attempts, &r.Duplicates, &lastErr, &replay, &r.CreatedAt, &r.UpdatedAt, &r.ExpireAt,
+		&r.Tombstone, &size)
 	if err != nil {
 		return r, fmt.Errorf("scan inbox row: %w", err)
 	}
-	r.Reason, r.LastError, r.ReplayID = reason.String, lastErr.String, replay.Int64
+	r.Reason, r.LastError, r.ReplayID, r.PayloadSize = reason.String, lastErr.String, replay.Int64, size.Int64
 	if meta.Valid && meta.String != "" && meta.String != "null" {
 		if err := json.Unmarshal([]byte(meta.String), &r.Metadata); err != nil {
 			return r, fmt.Errorf("inbox row %d: metadata: %w", r.ID, err)

@@ -48,6 +48,8 @@
 # Connection facts (also in docker-compose.yml):
 #   app user       onceflow/onceflow               SELECT,INSERT,UPDATE,DELETE on `onceflow%`.*
 #   migration user onceflow_admin/onceflow_admin   ALL on `onceflow%`.*
+#   monitor user   onceflow_monitor/onceflow_monitor  PROCESS (reads information_schema.innodb_trx:
+#                                                  tests check that no transaction is left open)
 #   databases      onceflow, onceflow_test
 #   kafka          127.0.0.1:9092
 set -Eeuo pipefail
@@ -318,6 +320,9 @@ CREATE USER IF NOT EXISTS 'onceflow'@'$h' IDENTIFIED BY 'onceflow';
 ALTER USER 'onceflow'@'$h' IDENTIFIED BY 'onceflow';
 REVOKE ALL PRIVILEGES, GRANT OPTION FROM 'onceflow'@'$h';
 GRANT SELECT, INSERT, UPDATE, DELETE ON \`onceflow%\`.* TO 'onceflow'@'$h';
+CREATE USER IF NOT EXISTS 'onceflow_monitor'@'$h' IDENTIFIED BY 'onceflow_monitor';
+ALTER USER 'onceflow_monitor'@'$h' IDENTIFIED BY 'onceflow_monitor';
+GRANT PROCESS ON *.* TO 'onceflow_monitor'@'$h';
 "
   done
   sql+="FLUSH PRIVILEGES;"

@@ -45,17 +45,19 @@ type KafkaConfig struct {
 }
 
 type InboxConfig struct {
-	MaxAttempts     int           `mapstructure:"max_attempts"`
-	BackoffInitial  time.Duration `mapstructure:"backoff_initial"`
-	BackoffMax      time.Duration `mapstructure:"backoff_max"`
-	Retention       time.Duration `mapstructure:"retention"`
-	MaxPayloadBytes int           `mapstructure:"max_payload_bytes"`
-	StepsPerTx      int           `mapstructure:"steps_per_transaction"`
-	BatchSize       int           `mapstructure:"batch_size"`
-	BatchLinger     time.Duration `mapstructure:"batch_linger"`
-	BatchWorkers    int           `mapstructure:"batch_workers"`
-	CleanupInterval time.Duration `mapstructure:"cleanup_interval"`
-	CleanupBatch    int           `mapstructure:"cleanup_batch"`
+	MaxAttempts      int           `mapstructure:"max_attempts"`
+	BackoffInitial   time.Duration `mapstructure:"backoff_initial"`
+	BackoffMax       time.Duration `mapstructure:"backoff_max"`
+	Retention        time.Duration `mapstructure:"retention"`
+	MaxPayloadBytes  int           `mapstructure:"max_payload_bytes"`
+	MaxMetadataBytes int           `mapstructure:"max_metadata_bytes"`
+	HandlerTimeout   time.Duration `mapstructure:"handler_timeout"`
+	StepsPerTx       int           `mapstructure:"steps_per_transaction"`
+	BatchSize        int           `mapstructure:"batch_size"`
+	BatchLinger      time.Duration `mapstructure:"batch_linger"`
+	BatchWorkers     int           `mapstructure:"batch_workers"`
+	CleanupInterval  time.Duration `mapstructure:"cleanup_interval"`
+	CleanupBatch     int           `mapstructure:"cleanup_batch"`
 }
 
 type RelayConfig struct {
@@ -115,7 +117,9 @@ var defaults = []struct {
 	{"inbox.backoff_initial", "100ms", "first retry backoff (doubles)"},
 	{"inbox.backoff_max", "5s", "retry backoff cap"},
 	{"inbox.retention", "720h", "inbox rows expire after this (must cover Kafka's retention)"},
-	{"inbox.max_payload_bytes", 1 << 20, "larger payloads are poison"},
+	{"inbox.max_payload_bytes", 1 << 20, "larger payloads are poison (quarantined with a 64 KiB prefix, size and sha256); checked against the server's max_allowed_packet at start"},
+	{"inbox.max_metadata_bytes", 32 << 10, "records whose headers (as JSON) are longer are poison (stored capped); at most 65535"},
+	{"inbox.handler_timeout", "30s", "a plugin call (prepare, handle) that has not returned by then is abandoned and counts as a failed attempt (reason timeout)"},
 	{"inbox.steps_per_transaction", 1, "consecutive handler steps per transaction (1: every state transition commits alone)"},
 	{"inbox.batch_size", 512, "group commit: deliveries per transaction for plugins that implement inbox.BatchHandler; 1 turns it off"},
 	{"inbox.batch_linger", "2ms", "how long a batch waits for more deliveries after its first"},
@@ -229,6 +233,12 @@ func (c Config) validate() error {
 	if c.Kafka.Window < 1 || c.Kafka.Window > 100000 {
 		return fmt.Errorf("kafka.window %d outside 1..100000", c.Kafka.Window)
 	}
+	// The inbox settings are the same for every plugin but the biz type: checked once here,
+	// so bad values exit 2 before anything connects or writes.
+	probe := c.inboxConfig("probe", "")
+	if err := probe.Validate(); err != nil {
+		return fmt.Errorf("inbox.*: %w", err)
+	}
 	if err := c.batchConfig().Validate(); err != nil {
 		return fmt.Errorf("inbox.batch_*: %w", err)
 	}
@@ -246,6 +256,14 @@ func (c Config) validate() error {
 		return fmt.Errorf("log.format %q: use text or json", c.Log.Format)
 	}
 	return nil
+}
+
+// inboxConfig maps inbox.* onto the inbox package's settings for one plugin.
+func (c Config) inboxConfig(bizType, keyLogField string) inbox.Config {
+	i := c.Inbox
+	return inbox.Config{BizType: bizType, KeyLogField: keyLogField, MaxAttempts: i.MaxAttempts, BackoffInitial: i.BackoffInitial,
+		BackoffMax: i.BackoffMax, Retention: i.Retention, MaxPayloadBytes: i.MaxPayloadBytes, MaxMetadataBytes: i.MaxMetadataBytes,
+		HandlerTimeout: i.HandlerTimeout, StepsPerTx: i.StepsPerTx}
 }
 
 // batchConfig maps inbox.batch_* onto the inbox package's group-commit settings.

@@ -193,13 +193,16 @@ func (a *app) buildInbox(db *sql.DB, p inbox.Plugin, obs inbox.Observer) (*inbox
 	if err != nil {
 		return nil, badInput(fmt.Errorf("plugin %s: %w", p.Name, err))
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := ib.CheckServer(ctx); err != nil {
+		return nil, fmt.Errorf("plugin %s: %w", p.Name, err)
+	}
 	return ib, nil
 }
 
 func (a *app) inboxConfig(p inbox.Plugin) inbox.Config {
-	c := a.cfg.Inbox
-	return inbox.Config{BizType: p.BizType, KeyLogField: p.KeyLogField, MaxAttempts: c.MaxAttempts, BackoffInitial: c.BackoffInitial, BackoffMax: c.BackoffMax,
-		Retention: c.Retention, MaxPayloadBytes: c.MaxPayloadBytes, StepsPerTx: c.StepsPerTx}
+	return a.cfg.inboxConfig(p.BizType, p.KeyLogField)
 }
 
 // warnRetention warns when Kafka can replay messages older than the inbox remembers: a

@@ -48,6 +48,31 @@ func AdminDSN() string {
 	return env("ONCEFLOW_TEST_ADMIN_DSN", "onceflow_admin:onceflow_admin@tcp(127.0.0.1:3306)/")
 }
 
+// MonitorDSN is a DSN of a user with the PROCESS privilege only, which reads other
+// sessions' transactions (ONCEFLOW_TEST_MONITOR_DSN).
+func MonitorDSN() string {
+	return env("ONCEFLOW_TEST_MONITOR_DSN", "onceflow_monitor:onceflow_monitor@tcp(127.0.0.1:3306)/")
+}
+
+// OpenTransactions returns the number of InnoDB transactions open in database name
+// (information_schema.innodb_trx, read as the monitor user): a test shows with it that no
+// transaction, and so no row lock, outlived what it ran.
+func OpenTransactions(t testing.TB, name string) int {
+	t.Helper()
+	db, err := sql.Open("mysql", MonitorDSN())
+	if err != nil {
+		t.Fatalf("testenv: monitor dsn: %v", err)
+	}
+	defer db.Close()
+	var n int
+	err = db.QueryRow(`SELECT COUNT(*) FROM information_schema.innodb_trx x
+ JOIN information_schema.processlist l ON l.id = x.trx_mysql_thread_id WHERE l.db = ?`, name).Scan(&n)
+	if err != nil {
+		t.Fatalf("testenv: read open transactions as %s: %v (scripts/infra.sh up creates the monitor user)", dbx.MaskDSN(MonitorDSN()), err)
+	}
+	return n
+}
+
 // AppUser is the least-privilege user:password (ONCEFLOW_TEST_APP_USER).
 func AppUser() string { return env("ONCEFLOW_TEST_APP_USER", "onceflow:onceflow") }
 
@@ -148,6 +173,16 @@ func Kafka(t testing.TB) kafkax.Config {
 // Topic creates a fresh topic with the given partitions, deleted when the test ends.
 func Topic(t testing.TB, c kafkax.Config, prefix string, partitions int32) string {
 	t.Helper()
+	return TopicWithConfig(t, c, prefix, partitions, nil)
+}
+
+// TopicWithConfig is Topic with topic-level settings (e.g. max.message.bytes).
+func TopicWithConfig(t testing.TB, c kafkax.Config, prefix string, partitions int32, settings map[string]string) string {
+	t.Helper()
+	entries := map[string]*string{}
+	for k, v := range settings {
+		entries[k] = &v
+	}
 	sc := sarama.NewConfig()
 	sc.Version = kafkax.Version
 	admin, err := sarama.NewClusterAdmin(c.Brokers, sc)
@@ -155,7 +190,7 @@ func Topic(t testing.TB, c kafkax.Config, prefix string, partitions int32) strin
 		t.Fatalf("testenv: Kafka unreachable: %v\n%s", err, howToStart)
 	}
 	name := fmt.Sprintf("%s-%s", prefix, randHex(5))
-	if err := admin.CreateTopic(name, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1}, false); err != nil {
+	if err := admin.CreateTopic(name, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1, ConfigEntries: entries}, false); err != nil {
 		admin.Close()
 		t.Fatalf("testenv: create topic %s: %v", name, err)
 	}
@@ -182,4 +217,42 @@ func randHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// CommittedLag returns, per partition of topic, how far group's committed offset is behind
+// the partition's end (the whole partition when the group committed nothing there).
+func CommittedLag(t testing.TB, c kafkax.Config, group, topic string) map[int32]int64 {
+	t.Helper()
+	sc := sarama.NewConfig()
+	sc.Version = kafkax.Version
+	client, err := sarama.NewClient(c.Brokers, sc)
+	if err != nil {
+		t.Fatalf("testenv: Kafka unreachable: %v\n%s", err, howToStart)
+	}
+	defer client.Close()
+	parts, err := client.Partitions(topic)
+	if err != nil {
+		t.Fatalf("testenv: partitions of %s: %v", topic, err)
+	}
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	offs, err := admin.ListConsumerGroupOffsets(group, map[string][]int32{topic: parts})
+	if err != nil {
+		t.Fatalf("testenv: offsets of group %s: %v", group, err)
+	}
+	lag := map[int32]int64{}
+	for _, p := range parts {
+		end, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			t.Fatalf("testenv: end of %s/%d: %v", topic, p, err)
+		}
+		committed := int64(0)
+		if b := offs.GetBlock(topic, p); b != nil && b.Offset >= 0 {
+			committed = b.Offset
+		}
+		lag[p] = end - committed
+	}
+	return lag
 }

@@ -1,0 +1,443 @@
+package inbox_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/coupon"
+	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/pkg/testenv"
+)
+
+// poisonCase is one outside record that must end quarantined (or, when it is a good order
+// with odd transport fields, granted) instead of looping.
+type poisonCase struct {
+	name    string
+	msg     func() *message.Message
+	want    inbox.Outcome
+	reason  inbox.Reason
+	handler func(g inbox.Handler) inbox.Handler // nil: the coupon granter itself
+}
+
+func poisonCases() []poisonCase {
+	good := func(id string) *message.Message { return orderMsg(id, "u-"+id) }
+	return []poisonCase{
+		{name: "tombstone", want: inbox.OutcomeQuarantined, reason: inbox.ReasonPoison,
+			msg: func() *message.Message { return message.NewMessage(watermill.NewUUID(), nil) }},
+		{name: "empty value", want: inbox.OutcomeQuarantined, reason: inbox.ReasonPoison,
+			msg: func() *message.Message { return message.NewMessage(watermill.NewUUID(), []byte{}) }},
+		{name: "invalid UTF-8 in the value", want: inbox.OutcomeQuarantined, reason: inbox.ReasonPoison,
+			msg: func() *message.Message {
+				return message.NewMessage(watermill.NewUUID(), []byte(`{"orderId":"p-utf8","userId":"u","amountCents":"`+"\xff\xfe"+`"}`))
+			}},
+		{name: "2 MiB value", want: inbox.OutcomeQuarantined, reason: inbox.ReasonPoison,
+			msg: func() *message.Message {
+				return message.NewMessage(watermill.NewUUID(), []byte(`{"orderId":"p-big","userId":"u","x":"`+strings.Repeat("é", 1<<20)+`"}`))
+			}},
+		{name: "70 KiB of headers", want: inbox.OutcomeQuarantined, reason: inbox.ReasonPoison,
+			msg: func() *message.Message {
+				m := good("p-headers")
+				for i := range 7 {
+					m.Metadata.Set(fmt.Sprintf("h%d", i), strings.Repeat("ü", 5<<10))
+				}
+				return m
+			}},
+		{name: "invalid UTF-8 in a header", want: inbox.OutcomeProcessed,
+			msg: func() *message.Message {
+				m := good("p-header-utf8")
+				m.Metadata.Set("trace\xff", "v\xfe\xfd")
+				return m
+			}},
+		{name: "message id not UTF-8", want: inbox.OutcomeProcessed,
+			msg: func() *message.Message { m := good("p-uuid-utf8"); m.UUID = "\xff\xfeid\xc3"; return m }},
+		{name: "message id cut mid-character", want: inbox.OutcomeProcessed,
+			msg: func() *message.Message { m := good("p-uuid-long"); m.UUID = "x" + strings.Repeat("é", 40); return m }},
+		{name: "error text cut mid-character", want: inbox.OutcomeQuarantined, reason: inbox.ReasonPermanent,
+			msg: func() *message.Message { return good("p-errtext") },
+			handler: func(g inbox.Handler) inbox.Handler {
+				return handlerFunc{inner: g, handle: func(context.Context, *sql.Tx, *inbox.Delivery) (inbox.Progress, error) {
+					return inbox.Done, inbox.Permanent(errors.New("x" + strings.Repeat("é", 2500) + "\xff"))
+				}}
+			}},
+		{name: "panicking handler", want: inbox.OutcomeQuarantined, reason: inbox.ReasonPanic,
+			msg: func() *message.Message { return good("p-panic") },
+			handler: func(g inbox.Handler) inbox.Handler {
+				return handlerFunc{inner: g, handle: func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error) {
+					// The write is under way when it panics: its row lock must not outlive it.
+					if _, err := tx.ExecContext(ctx, "UPDATE coupon_stock SET locked = locked WHERE campaign_id IS NOT NULL"); err != nil {
+						return inbox.Done, err
+					}
+					panic("plugin bug on " + d.Key)
+				}}
+			}},
+		{name: "panicking decoder", want: inbox.OutcomeQuarantined, reason: inbox.ReasonPanic,
+			msg: func() *message.Message { return good("p-decode-panic") },
+			handler: func(g inbox.Handler) inbox.Handler {
+				return decodeFunc{Handler: g, decode: func(*message.Message) (inbox.Decoded, error) { panic("decoder bug") }}
+			}},
+		{name: "blocking handler", want: inbox.OutcomeQuarantined, reason: inbox.ReasonTimeout,
+			msg: func() *message.Message { return good("p-block") },
+			handler: func(g inbox.Handler) inbox.Handler {
+				return handlerFunc{inner: g, handle: func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error) {
+					if _, err := tx.ExecContext(ctx, "UPDATE coupon_stock SET locked = locked WHERE campaign_id IS NOT NULL"); err != nil {
+						return inbox.Done, err
+					}
+					select {} // ignores its context: the inbox must give up on it
+				}}
+			}},
+		{name: "fingerprint not UTF-8", want: inbox.OutcomeProcessed,
+			msg: func() *message.Message { return good("p-fp-utf8") },
+			handler: func(g inbox.Handler) inbox.Handler {
+				return decodeFunc{Handler: g, decode: func(m *message.Message) (inbox.Decoded, error) {
+					d, err := g.Decode(m)
+					d.Fingerprint = "\xff\xfe"
+					return d, err
+				}}
+			}},
+	}
+}
+
+// decodeFunc replaces a handler's Decode.
+type decodeFunc struct {
+	inbox.Handler
+	decode func(*message.Message) (inbox.Decoded, error)
+}
+
+func (h decodeFunc) Decode(m *message.Message) (inbox.Decoded, error) { return h.decode(m) }
+
+func openTransactions(t *testing.T, p *pipeline) int { return testenv.OpenTransactions(t, p.db.Name) }
+
+// Every poison variant ends in one Process call with a recorded outcome — never an error
+// loop — and good orders around it are granted once. Run on both paths: one delivery per
+// transaction, and the group-commit Batcher.
+func TestPoisonNeverLoops(t *testing.T) {
+	for _, batched := range []bool{false, true} {
+		for _, tc := range poisonCases() {
+			name := tc.name
+			if batched {
+				if tc.handler != nil {
+					continue // the wrapped handlers have no batch path: TestBatchPanicsAndTimeouts
+				}
+				name = "batch/" + name
+			}
+			t.Run(name, func(t *testing.T) {
+				p := newPipeline(t, pipelineOpts{conns: 8, wrap: tc.handler, inboxCfg: inbox.Config{MaxAttempts: 2, HandlerTimeout: 300 * time.Millisecond}})
+				process := func(ctx context.Context, m *message.Message, src inbox.Source) (inbox.Result, error) {
+					return p.inbox.Process(ctx, m, src, inbox.ProcessOptions{})
+				}
+				if batched {
+					b, err := p.inbox.NewBatcher(inbox.BatchConfig{})
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { b.Close() })
+					process = b.Process
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				before, after := orderMsg("good-before", "u1"), orderMsg("good-after", "u2")
+				if tc.handler == nil {
+					if r, err := process(ctx, before, inbox.Source{Topic: "order-paid", Offset: 1}); err != nil || r.Outcome != inbox.OutcomeProcessed {
+						t.Fatalf("good order before: %+v %v", r, err)
+					}
+				}
+				m := tc.msg()
+				src := inbox.Source{Topic: "order-paid", Partition: 3, Offset: 2}
+				r, err := process(ctx, m, src)
+				if err != nil {
+					t.Fatalf("Process returned an error (the message would be redelivered forever): %v", err)
+				}
+				if r.Outcome != tc.want || (tc.reason != "" && r.Reason != tc.reason) {
+					t.Fatalf("outcome %s/%s, want %s/%s (err %v)", r.Outcome, r.Reason, tc.want, tc.reason, r.Err)
+				}
+				if tc.handler == nil {
+					if r, err := process(ctx, after, inbox.Source{Topic: "order-paid", Offset: 3}); err != nil || r.Outcome != inbox.OutcomeProcessed {
+						t.Fatalf("good order after: %+v %v", r, err)
+					}
+				}
+				var status, lastErr, meta sql.NullString
+				var payloadLen int
+				if err := p.db.DB.QueryRow("SELECT status, last_error, metadata, LENGTH(payload) FROM inbox WHERE id = ?", r.InboxID).Scan(&status, &lastErr, &meta, &payloadLen); err != nil {
+					t.Fatalf("inbox row %d: %v", r.InboxID, err)
+				}
+				wantStatus := "done"
+				if tc.want == inbox.OutcomeQuarantined {
+					wantStatus = "failed"
+				}
+				if status.String != wantStatus {
+					t.Fatalf("row status %q, want %q", status.String, wantStatus)
+				}
+				if !utf8.ValidString(lastErr.String) || !utf8.ValidString(meta.String) {
+					t.Fatalf("stored text is not UTF-8: last_error %q metadata %.80q", lastErr.String, meta.String)
+				}
+				switch tc.reason {
+				case inbox.ReasonPanic:
+					if !strings.Contains(lastErr.String, "panic") || !strings.Contains(lastErr.String, "goroutine") {
+						t.Fatalf("last_error should hold the panic and its stack: %.300q", lastErr.String)
+					}
+				case inbox.ReasonTimeout:
+					if !strings.Contains(lastErr.String, "handler_timeout") {
+						t.Fatalf("last_error should name the timeout: %q", lastErr.String)
+					}
+				}
+				if len(m.Payload) > 1<<20 && payloadLen >= len(m.Payload) {
+					t.Fatalf("an oversized payload of %d bytes was stored whole (%d)", len(m.Payload), payloadLen)
+				}
+				// No transaction (and so no row lock) outlives the delivery.
+				deadline := time.Now().Add(10 * time.Second)
+				for openTransactions(t, p) > 0 {
+					if time.Now().After(deadline) {
+						t.Fatalf("%d transactions still open after the delivery ended", openTransactions(t, p))
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+			})
+		}
+	}
+}
+
+// The stored form of the odd inputs: a tombstone is flagged, an oversized payload keeps a
+// prefix with its size and sha256, capped metadata is valid JSON with a marker.
+func TestQuarantineStoresBoundedContent(t *testing.T) {
+	p := newPipeline(t, pipelineOpts{conns: 4})
+	ctx := context.Background()
+	store, err := inbox.NewStore(p.db.DB, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := func(r inbox.Result) inbox.Row {
+		t.Helper()
+		rows, err := store.List(ctx, inbox.Filter{Refs: []string{fmt.Sprint(r.InboxID)}})
+		if err != nil || len(rows) != 1 {
+			t.Fatalf("row %d: %v %v", r.InboxID, rows, err)
+		}
+		return rows[0]
+	}
+	r, err := p.inbox.Process(ctx, message.NewMessage("tomb", nil), inbox.Source{Topic: "order-paid", Offset: 7}, inbox.ProcessOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr := row(r); !tr.Tombstone || tr.Message().Payload != nil || tr.Truncated() {
+		t.Fatalf("tombstone row: tombstone=%v payload=%v truncated=%v", tr.Tombstone, tr.Message().Payload, tr.Truncated())
+	}
+	big := []byte(strings.Repeat("x", 2<<20))
+	r, err = p.inbox.Process(ctx, message.NewMessage("big", big), inbox.Source{Topic: "order-paid", Offset: 8}, inbox.ProcessOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := row(r)
+	if !br.Truncated() || br.PayloadSize != int64(len(big)) || len(br.Payload) >= len(big) || br.Fingerprint != sha256hex(big) {
+		t.Fatalf("oversized row: truncated=%v size=%d stored=%d fingerprint=%s", br.Truncated(), br.PayloadSize, len(br.Payload), br.Fingerprint)
+	}
+	m := message.NewMessage("hdr", []byte("{"))
+	m.Metadata.Set("huge", strings.Repeat("h", 100<<10))
+	m.Metadata.Set("small", "kept")
+	r, err = p.inbox.Process(ctx, m, inbox.Source{Topic: "order-paid", Offset: 9}, inbox.ProcessOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hr := row(r)
+	if hr.Metadata["small"] != "kept" || hr.Metadata["huge"] != "" || hr.Metadata[inbox.MetadataTruncatedKey] == "" {
+		t.Fatalf("capped metadata: %.200v", hr.Metadata)
+	}
+}
+
+// A database that refuses the quarantine row as it is still gets a minimal one (key,
+// source, reason, hash): shown with a trigger that rejects failed rows carrying a payload.
+func TestQuarantineFallsBackToMinimalRow(t *testing.T) {
+	p := newPipeline(t, pipelineOpts{conns: 4})
+	p.db.AdminExec(t, `CREATE TRIGGER refuse_payload BEFORE INSERT ON inbox FOR EACH ROW
+ IF NEW.status = 'failed' AND LENGTH(NEW.payload) > 0 THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'payload refused'; END IF`)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	payload := []byte(`{"not":"an order"}`)
+	r, err := p.inbox.Process(ctx, message.NewMessage("x", payload), inbox.Source{Topic: "order-paid", Partition: 1, Offset: 42}, inbox.ProcessOptions{})
+	if err != nil {
+		t.Fatalf("the quarantine had no fallback: %v", err)
+	}
+	var key, fp, lastErr string
+	var size sql.NullInt64
+	if err := p.db.DB.QueryRow("SELECT dedup_key, fingerprint, last_error, payload_size FROM inbox WHERE id = ?", r.InboxID).Scan(&key, &fp, &lastErr, &size); err != nil {
+		t.Fatal(err)
+	}
+	if key != "poison:order-paid/1/42" || fp != sha256hex(payload) || size.Int64 != int64(len(payload)) || !strings.Contains(lastErr, "payload refused") {
+		t.Fatalf("minimal row: key %q fp %s size %v last_error %q", key, fp, size, lastErr)
+	}
+}
+
+// A plugin whose fingerprints are short or not UTF-8 cannot crash the framework's conflict
+// path: the same key with another fingerprint is quarantined as a conflict.
+func TestShortFingerprintConflict(t *testing.T) {
+	var fp atomic.Value
+	fp.Store("ab")
+	p := newPipeline(t, pipelineOpts{wrap: func(g inbox.Handler) inbox.Handler {
+		return decodeFunc{Handler: g, decode: func(m *message.Message) (inbox.Decoded, error) {
+			d, err := g.Decode(m)
+			d.Fingerprint = fp.Load().(string)
+			return d, err
+		}}
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if r, err := p.inbox.Process(ctx, orderMsg("fp-1", "u"), src, inbox.ProcessOptions{}); err != nil || r.Outcome != inbox.OutcomeProcessed {
+		t.Fatalf("first: %+v %v", r, err)
+	}
+	for _, f := range []string{"cd", "\xff"} {
+		fp.Store(f)
+		r, err := p.inbox.Process(ctx, orderMsg("fp-1", "u"), src, inbox.ProcessOptions{})
+		if err != nil || r.Outcome != inbox.OutcomeConflict {
+			t.Fatalf("fingerprint %q: %+v %v", f, r, err)
+		}
+	}
+	if n := count(t, p.db.DB, "SELECT COUNT(*) FROM user_coupon WHERE order_id = 'fp-1'"); n != 1 {
+		t.Fatalf("coupons %d, want 1", n)
+	}
+}
+
+// A panicking handler's transaction is rolled back and its connection returned: after
+// many panics the pool has no connection in use and every other order is granted.
+func TestPanicsLeaveNoOpenTransaction(t *testing.T) {
+	var panics atomic.Int64
+	p := newPipeline(t, pipelineOpts{conns: 4, inboxCfg: inbox.Config{MaxAttempts: 3}, wrap: func(g inbox.Handler) inbox.Handler {
+		return handlerFunc{inner: g, handle: func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error) {
+			if strings.HasPrefix(d.Key, "bad-") {
+				if _, err := tx.ExecContext(ctx, "UPDATE coupon_stock SET locked = locked"); err != nil {
+					return inbox.Done, err
+				}
+				panics.Add(1)
+				panic(fmt.Sprintf("bad order %s", d.Key))
+			}
+			return g.Handle(ctx, tx, d)
+		}}
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for i := range 20 {
+		id := fmt.Sprintf("ok-%d", i)
+		if i%2 == 1 {
+			id = fmt.Sprintf("bad-%d", i)
+		}
+		r, err := p.inbox.Process(ctx, orderMsg(id, "u"), inbox.Source{Topic: "order-paid", Offset: int64(i)}, inbox.ProcessOptions{})
+		if err != nil {
+			t.Fatalf("%s: %v", id, err)
+		}
+		want := inbox.OutcomeProcessed
+		if i%2 == 1 {
+			want = inbox.OutcomeQuarantined
+		}
+		if r.Outcome != want {
+			t.Fatalf("%s: outcome %s (%s), want %s", id, r.Outcome, r.Reason, want)
+		}
+	}
+	if panics.Load() != 30 {
+		t.Fatalf("%d panics, want 30 (10 orders x 3 attempts)", panics.Load())
+	}
+	if st := p.db.DB.Stats(); st.InUse != 0 {
+		t.Fatalf("%d connections still in use", st.InUse)
+	}
+	if n := openTransactions(t, p); n != 0 {
+		t.Fatalf("%d transactions open", n)
+	}
+	if n := count(t, p.db.DB, "SELECT COUNT(*) FROM inbox WHERE status = 'failed' AND reason = 'panic'"); n != 10 {
+		t.Fatalf("%d rows quarantined with reason panic, want 10", n)
+	}
+	if n := count(t, p.db.DB, "SELECT COUNT(*) FROM user_coupon"); n != 10 {
+		t.Fatalf("%d coupons, want 10", n)
+	}
+	_ = coupon.BizType
+}
+
+func sha256hex(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// badBatch is the granter with a HandleBatch and a Handle that misbehave on keys "bad-*".
+type badBatch struct {
+	*coupon.Granter
+	misbehave func(ctx context.Context)
+}
+
+func (b badBatch) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Delivery) ([]inbox.Progress, error) {
+	for _, d := range ds {
+		if strings.HasPrefix(d.Key, "bad-") {
+			b.misbehave(ctx)
+		}
+	}
+	return b.Granter.HandleBatch(ctx, tx, ds)
+}
+
+func (b badBatch) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error) {
+	if strings.HasPrefix(d.Key, "bad-") {
+		b.misbehave(ctx)
+	}
+	return b.Granter.Handle(ctx, tx, d)
+}
+
+// On the group-commit path a panicking or blocking HandleBatch rolls its batch back; every
+// delivery then runs on its own, the good ones are granted and the bad ones quarantined.
+func TestBatchPanicsAndTimeouts(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		misbehave func(ctx context.Context)
+		reason    inbox.Reason
+	}{
+		{"panic", func(context.Context) { panic("batch plugin bug") }, inbox.ReasonPanic},
+		{"block", func(context.Context) { select {} }, inbox.ReasonTimeout},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPipeline(t, pipelineOpts{conns: 8, inboxCfg: inbox.Config{MaxAttempts: 2, HandlerTimeout: 300 * time.Millisecond},
+				wrap: func(g inbox.Handler) inbox.Handler {
+					return badBatch{Granter: g.(*coupon.Granter), misbehave: tc.misbehave}
+				}})
+			b, err := p.inbox.NewBatcher(inbox.BatchConfig{Linger: 50 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			results := make(chan inbox.Result, 20)
+			for i := range 20 {
+				id := fmt.Sprintf("ok-%d", i)
+				if i%5 == 0 {
+					id = fmt.Sprintf("bad-%d", i)
+				}
+				go func() {
+					r, err := b.Process(ctx, orderMsg(id, "u"), inbox.Source{Topic: "order-paid", Offset: int64(i)})
+					if err != nil {
+						t.Errorf("%s: %v", id, err)
+					}
+					results <- r
+				}()
+			}
+			outcomes := map[string]int{}
+			for range 20 {
+				r := <-results
+				outcomes[fmt.Sprintf("%s/%s/%v", r.Outcome, r.Reason, strings.HasPrefix(r.Key, "bad-"))]++
+			}
+			want := map[string]int{"processed//false": 16, fmt.Sprintf("quarantined/%s/true", tc.reason): 4}
+			if fmt.Sprint(outcomes) != fmt.Sprint(want) {
+				t.Fatalf("outcomes %v, want %v (batch stats %+v)", outcomes, want, b.Stats())
+			}
+			if n := count(t, p.db.DB, "SELECT COUNT(*) FROM user_coupon"); n != 16 {
+				t.Fatalf("%d coupons, want 16", n)
+			}
+			if n := openTransactions(t, p); n != 0 {
+				t.Fatalf("%d transactions open", n)
+			}
+		})
+	}
+}

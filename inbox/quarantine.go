@@ -1,0 +1,110 @@
+package inbox
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/pkg/dbx"
+)
+
+// A quarantine must not fail on what the record holds: whatever its bytes, the row is made
+// storable (quarantineRow), and should the database still refuse it, a minimal row (key,
+// source, reason, hash, size) is written instead. Only an unreachable database, or a
+// cancelled context, leaves the message un-acked.
+
+// poisonPrefixBytes is how much of a payload over inbox.max_payload_bytes is kept.
+const poisonPrefixBytes = 64 << 10
+
+// storedPayload returns the payload column's value for a record value: a nil value (a
+// Kafka tombstone) is stored empty and flagged, since the column is NOT NULL.
+func storedPayload(p []byte) ([]byte, bool) {
+	if p == nil {
+		return []byte{}, true
+	}
+	return p, false
+}
+
+// quarantineRow is the stored form of a quarantined delivery.
+type quarantineRow struct {
+	key, uuid, fp, errText string
+	payload                []byte
+	meta                   any // JSON text, or nil
+	tombstone              bool
+	size                   any // original payload size when payload holds less, else nil
+}
+
+func (ib *Inbox) newQuarantineRow(msg *message.Message, key, fp string, cause error) quarantineRow {
+	q := quarantineRow{key: key, uuid: messageUUID(msg), fp: fp, errText: errorText(cause)}
+	q.payload, q.tombstone = storedPayload(msg.Payload)
+	if len(q.payload) > ib.cfg.MaxPayloadBytes {
+		q.size = len(q.payload)
+		q.payload = q.payload[:min(poisonPrefixBytes, ib.cfg.MaxPayloadBytes)]
+	}
+	q.meta, _ = metadataJSON(msg.Metadata, ib.cfg.MaxMetadataBytes)
+	return q
+}
+
+// minimal is q without content: what is left when the database refused q (refusal).
+func (q quarantineRow) minimal(msg *message.Message, refusal error) quarantineRow {
+	m := q
+	m.payload, m.meta, m.size = []byte{}, nil, len(msg.Payload)
+	m.errText = validText(fmt.Sprintf("stored without its payload and metadata: the database refused the full row (%v); cause: %s", refusal, q.errText), maxErrorBytes)
+	return m
+}
+
+// quarantine records a failed row in its own transaction. A row that is already 'done'
+// stays done (another delivery finished it meanwhile).
+func (ib *Inbox) quarantine(ctx context.Context, msg *message.Message, src Source, key, fp string, reason Reason, cause error, attempts int, opts ProcessOptions) (Result, error) {
+	q := ib.newQuarantineRow(msg, key, fp, cause)
+	id, err := ib.insertQuarantine(ctx, q, src, reason, attempts, opts)
+	if err != nil && ctx.Err() == nil && !dbx.IsConnError(err) && !dbx.IsLockConflict(err) {
+		ib.logger.Error("quarantine row refused by the database, writing a minimal row", err,
+			watermill.LogFields{ib.cfg.KeyLogField: key, "topic": src.Topic, "partition": src.Partition, "offset": src.Offset, "reason": string(reason)})
+		id, err = ib.insertQuarantine(ctx, q.minimal(msg, err), src, reason, attempts, opts)
+	}
+	if err != nil {
+		return Result{}, fmt.Errorf("quarantine %q (%s): %w", key, reason, err)
+	}
+	out := OutcomeQuarantined
+	if reason == ReasonConflict {
+		out = OutcomeConflict
+	}
+	return Result{Outcome: out, InboxID: id, Key: key, Reason: reason, Attempts: attempts, Err: cause}, nil
+}
+
+// insertQuarantine writes q, retrying deadlocks and lock waits.
+func (ib *Inbox) insertQuarantine(ctx context.Context, q quarantineRow, src Source, reason Reason, attempts int, opts ProcessOptions) (int64, error) {
+	var id int64
+	for try := 0; ; try++ {
+		err := dbx.InTx(ctx, ib.db, func(tx *sql.Tx) error {
+			r, err := tx.ExecContext(ctx, ib.q.quarantine,
+				q.key, ib.cfg.BizType, string(StatusFailed), string(reason), q.uuid, src.Topic, src.Partition, src.Offset,
+				q.payload, q.meta, q.fp, attempts, q.errText, nullID(opts.ReplayID), time.Now().Add(ib.cfg.Retention).UTC(), q.tombstone, q.size)
+			if err != nil {
+				return err
+			}
+			if id, err = r.LastInsertId(); err != nil {
+				return err
+			}
+			return ib.stamp(ctx, tx, opts.ReplayID, id)
+		})
+		if err == nil || !dbx.IsLockConflict(err) || try >= ib.cfg.MaxLockRetries {
+			return id, err
+		}
+		sleep(ctx, time.Duration(1+rand.IntN(20))*time.Millisecond)
+	}
+}
+
+func (ib *Inbox) quarantineConflict(ctx context.Context, d *Delivery, dec Decoded, opts ProcessOptions) (Result, error) {
+	tag := shortFingerprint(dec.Fingerprint)
+	key := d.Key + "#conflict:" + tag
+	cause := fmt.Errorf("key %q already processed with a different payload (fingerprint %s)", d.Key, tag)
+	ib.logger.Error("conflicting payload for a known key quarantined", cause, watermill.LogFields{ib.cfg.KeyLogField: d.Key, "topic": d.Source.Topic, "partition": d.Source.Partition, "offset": d.Source.Offset})
+	return ib.quarantine(ctx, d.Message, d.Source, key, dec.Fingerprint, ReasonConflict, cause, d.Attempt, opts)
+}
