@@ -48,7 +48,12 @@ func (a *app) produceCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.IntVar(&o.orders, "orders", 1000, "distinct orders")
 	f.Float64Var(&o.dupRate, "dup-rate", 0.3, "share of orders delivered a second time (a different Kafka message, same meaning)")
-	f.IntVar(&o.poison, "poison", 0, "poison messages to add (bad JSON, missing fields, wrong types)")
+	f.IntVar(&o.poison, "poison", 0, "poison records to add, each of which must end quarantined as poison; they cycle through "+
+		"the kinds: bad JSON (truncated, missing orderId or userId, wrong type, not JSON), a tombstone (nil value), an empty value, "+
+		"invalid UTF-8 inside a JSON string, bad JSON under an invalid-UTF-8 key, bad JSON with invalid-UTF-8 header key, value and "+
+		"message id, an order with 70 KiB of headers (over inbox.max_metadata_bytes), and a value 1 KiB over the loaded "+
+		"inbox.max_payload_bytes — that last kind only when it fits the producer's max message size (1,000,000 bytes), so not "+
+		"with the default 1 MiB limit (the PRODUCED line says which kinds were sent)")
 	f.StringVar(&o.topic, "topic", coupon.OrderPaidTopic, "topic")
 	f.StringVar(&o.prefix, "prefix", "", "order id prefix (default ord-<unix nanos>)")
 	f.Uint64Var(&o.seed, "seed", 1, "random seed (repeatable runs)")
@@ -71,36 +76,32 @@ func (a *app) produce(o produceOpts) error {
 	rng := rand.New(rand.NewPCG(o.seed, 7))
 	paidAt := time.Date(2026, 11, 11, 0, 0, 0, 0, time.UTC)
 
-	type delivery struct {
-		key     string
-		payload []byte
-	}
 	var (
-		msgs []delivery
+		msgs []record
 		ids  []string
 	)
 	for i := range o.orders {
 		op := coupon.OrderPaid{OrderID: fmt.Sprintf("%s-%06d", o.prefix, i), UserID: fmt.Sprintf("u%d", rng.IntN(1_000_000)),
 			AmountCents: int64(1000 + rng.IntN(100000)), PaidAt: paidAt.Add(time.Duration(i) * time.Millisecond)}
 		ids = append(ids, op.OrderID)
-		msgs = append(msgs, delivery{op.OrderID, op.Encode()})
+		msgs = append(msgs, orderRecord(op.OrderID, op.Encode()))
 		if rng.Float64() < o.dupRate {
 			// The duplicate is a different Kafka message with the same meaning, arriving later.
-			msgs = append(msgs, delivery{op.OrderID, op.Encode()})
+			msgs = append(msgs, orderRecord(op.OrderID, op.Encode()))
 		}
 	}
 	// Shuffle within a sliding window so duplicates arrive a little later, not adjacent.
 	for i := range msgs {
 		j := i + rng.IntN(min(len(msgs)-i, 50))
-		if msgs[i].key != msgs[j].key {
+		if string(msgs[i].key) != string(msgs[j].key) {
 			msgs[i], msgs[j] = msgs[j], msgs[i]
 		}
 	}
-	poison := poisonPayloads(o.prefix)
+	kinds, skipped := poisonKinds(a.cfg.Inbox.MaxPayloadBytes, kc.ProducerConfig().Producer.MaxMessageBytes)
 	for i := range o.poison {
-		p := poison[i%len(poison)]
+		r := kinds[i%len(kinds)].record(o.prefix, i)
 		pos := rng.IntN(len(msgs) + 1)
-		msgs = append(msgs[:pos], append([]delivery{{fmt.Sprintf("poison-%d", i), p}}, msgs[pos:]...)...)
+		msgs = append(msgs[:pos], append([]record{r}, msgs[pos:]...)...)
 	}
 
 	start := time.Now()
@@ -116,8 +117,11 @@ func (a *app) produce(o produceOpts) error {
 		return nil
 	}
 	for i, m := range msgs {
-		batch = append(batch, &sarama.ProducerMessage{Topic: o.topic, Key: sarama.StringEncoder(m.key), Value: sarama.ByteEncoder(m.payload),
-			Headers: []sarama.RecordHeader{{Key: []byte(wkafka.UUIDHeaderKey), Value: []byte(watermill.NewUUID())}}})
+		pm := &sarama.ProducerMessage{Topic: o.topic, Key: sarama.ByteEncoder(m.key), Headers: m.headers}
+		if m.value != nil { // nil: a tombstone (a nil Encoder, not an empty one)
+			pm.Value = sarama.ByteEncoder(m.value)
+		}
+		batch = append(batch, pm)
 		if len(batch) >= o.batch {
 			if err := flush(); err != nil {
 				return err
@@ -141,9 +145,105 @@ func (a *app) produce(o produceOpts) error {
 			return err
 		}
 	}
-	printf("PRODUCED orders=%d deliveries=%d duplicates=%d poison=%d topic=%s prefix=%s seconds=%.2f\n",
-		o.orders, deliveries, deliveries-o.orders, o.poison, o.topic, o.prefix, time.Since(start).Seconds())
+	var poisonNote string
+	if o.poison > 0 {
+		var names []string
+		for _, k := range kinds[:min(len(kinds), o.poison)] {
+			names = append(names, k.name)
+		}
+		poisonNote = " poison_kinds=" + strings.Join(names, ",")
+		if skipped != "" {
+			poisonNote += " " + skipped
+		}
+	}
+	printf("PRODUCED orders=%d deliveries=%d duplicates=%d poison=%d%s topic=%s prefix=%s seconds=%.2f\n",
+		o.orders, deliveries, deliveries-o.orders, o.poison, poisonNote, o.topic, o.prefix, time.Since(start).Seconds())
 	return nil
+}
+
+// record is one Kafka record to send: key, value (nil: a tombstone) and headers.
+type record struct {
+	key, value []byte
+	headers    []sarama.RecordHeader
+}
+
+func uuidHeader(v string) sarama.RecordHeader {
+	return sarama.RecordHeader{Key: []byte(wkafka.UUIDHeaderKey), Value: []byte(v)}
+}
+
+// orderRecord is an order-paid record as a producer sends it: key = order id, a message id.
+func orderRecord(orderID string, payload []byte) record {
+	return record{key: []byte(orderID), value: payload, headers: []sarama.RecordHeader{uuidHeader(watermill.NewUUID())}}
+}
+
+// poisonKind is one kind of outside record that the inbox must quarantine as poison.
+type poisonKind struct {
+	name string
+	// record returns the i-th poison record of a produce run.
+	record func(prefix string, i int) record
+}
+
+// bigHeaders is 70 KiB of headers: more than inbox.max_metadata_bytes can be (65,535).
+var bigHeaders = func() []sarama.RecordHeader {
+	var hs []sarama.RecordHeader
+	for i := range 7 {
+		hs = append(hs, sarama.RecordHeader{Key: []byte(fmt.Sprintf("x-big-%d", i)), Value: []byte(strings.Repeat("h", 10<<10))})
+	}
+	return hs
+}()
+
+// poisonKinds lists the kinds `produce --poison` cycles through. The oversized value (1 KiB
+// over maxPayload, the router's inbox.max_payload_bytes) is left out when it would not fit
+// maxMessage, the producer's max message size; skipped then says why.
+func poisonKinds(maxPayload, maxMessage int) (kinds []poisonKind, skipped string) {
+	key := func(i int) []byte { return []byte(fmt.Sprintf("poison-%d", i)) }
+	badJSON := func(prefix string, i int) []byte { // one of the bad payloads, by i
+		p := poisonPayloads(prefix)
+		return p[i%len(p)]
+	}
+	kinds = []poisonKind{
+		{"bad-json", func(prefix string, i int) record {
+			return record{key: key(i), value: badJSON(prefix, i), headers: []sarama.RecordHeader{uuidHeader(watermill.NewUUID())}}
+		}},
+		{"tombstone", func(_ string, i int) record {
+			return record{key: key(i), value: nil, headers: []sarama.RecordHeader{uuidHeader(watermill.NewUUID())}}
+		}},
+		{"empty", func(_ string, i int) record {
+			return record{key: key(i), value: []byte{}, headers: []sarama.RecordHeader{uuidHeader(watermill.NewUUID())}}
+		}},
+		// Invalid UTF-8 inside a JSON string: encoding/json would quietly turn it into U+FFFD
+		// in orderId or userId, so it sits in amountCents, which must be a number; the
+		// decoder's error quotes the bytes (the stored last_error must still be UTF-8).
+		{"utf8-value", func(prefix string, i int) record {
+			v := fmt.Sprintf(`{"orderId":"%s-poison-utf8-%d","userId":"u1","amountCents":"`+"\xff\xfe"+`"}`, prefix, i)
+			return record{key: key(i), value: []byte(v), headers: []sarama.RecordHeader{uuidHeader(watermill.NewUUID())}}
+		}},
+		{"utf8-key", func(prefix string, i int) record {
+			return record{key: append([]byte("\xff\xfe"), key(i)...), value: badJSON(prefix, i),
+				headers: []sarama.RecordHeader{uuidHeader(watermill.NewUUID())}}
+		}},
+		{"utf8-headers", func(prefix string, i int) record {
+			return record{key: key(i), value: badJSON(prefix, i), headers: []sarama.RecordHeader{
+				{Key: []byte("trace\xff"), Value: []byte("v\xfe\xfd")}, uuidHeader("\xff\xfe" + watermill.NewUUID())}}
+		}},
+		// A good-looking order (an id of the run's prefix that no ledger lists: were it
+		// granted, the chaos checker would report it) under 70 KiB of headers.
+		{"big-headers", func(prefix string, i int) record {
+			op := coupon.OrderPaid{OrderID: fmt.Sprintf("%s-poison-hdr-%d", prefix, i), UserID: "u1", AmountCents: 100}
+			return record{key: key(i), value: op.Encode(), headers: append([]sarama.RecordHeader{uuidHeader(watermill.NewUUID())}, bigHeaders...)}
+		}},
+	}
+	// The record's own framing (key, header, lengths) needs well under 1 KiB.
+	if need := maxPayload + 2<<10; maxPayload > 0 && need <= maxMessage {
+		kinds = append(kinds, poisonKind{"oversized", func(prefix string, i int) record {
+			head := fmt.Sprintf(`{"orderId":"%s-poison-big-%d","userId":"u1","amountCents":100,"pad":"`, prefix, i)
+			v := head + strings.Repeat("a", maxPayload+1<<10-len(head)-2) + `"}`
+			return record{key: key(i), value: []byte(v), headers: []sarama.RecordHeader{uuidHeader(watermill.NewUUID())}}
+		}})
+	} else {
+		skipped = fmt.Sprintf("oversized=skipped(inbox.max_payload_bytes=%d+1KiB_does_not_fit_producer_max_message_bytes=%d)", maxPayload, maxMessage)
+	}
+	return kinds, skipped
 }
 
 func poisonPayloads(prefix string) [][]byte {
