@@ -17,6 +17,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/onceflow/onceflow/pkg/dbx"
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
@@ -30,6 +31,10 @@ var ErrFenced = errors.New("outbox relay fenced: another instance took over the 
 
 // errLeaseLost aborts a batch whose lease ran out before its Kafka commit.
 var errLeaseLost = errors.New("outbox relay: lease expired before the Kafka commit; batch aborted")
+
+// errRefused ends a session whose batch Kafka refused rows of (they are parked, or being
+// isolated): the transaction is aborted and the next batch starts a new session at once.
+var errRefused = errors.New("kafka refused events of the batch")
 
 // Position is one record of the positions topic. Kind "batch" (key = transactional id) is
 // written in the same Kafka transaction as the batch's events and lists the outbox ids the
@@ -107,6 +112,8 @@ type exactlyOnce struct {
 	standbyUntil time.Time
 	topicReady   bool
 
+	iso isolation // under mu
+
 	owner      atomic.Bool
 	fenced     atomic.Bool
 	fencings   atomic.Int64
@@ -124,7 +131,9 @@ type markJob struct {
 
 type session struct {
 	p         sarama.SyncProducer
-	marking   *markJob // the previous batch's mark, while it runs or until its error is seen
+	client    sarama.Client // p's: the batch check asks it about topics
+	maxBytes  int           // p's Producer.MaxMessageBytes
+	marking   *markJob      // the previous batch's mark, while it runs or until its error is seen
 	id        string
 	seq       int64
 	partition int32 // of the positions topic
@@ -305,6 +314,10 @@ func (e *exactlyOnce) relayOnce(ctx context.Context, pipelined bool) (int, error
 		}
 	}
 	n, err := e.batch(ctx, pipelined)
+	if errors.Is(err, errRefused) {
+		e.endSession(err.Error())
+		return 0, nil
+	}
 	if err != nil {
 		e.endSession("batch failed")
 		return 0, e.failed(ctx, err)
@@ -367,6 +380,9 @@ func (e *exactlyOnce) endSession(why string) {
 	abortIfOpen(s.p)
 	if err := s.p.Close(); err != nil {
 		e.r.logger.Debug("outbox relay: close producer", watermill.LogFields{"err": err.Error()})
+	}
+	if err := s.client.Close(); err != nil && !errors.Is(err, sarama.ErrClosedClient) {
+		e.r.logger.Debug("outbox relay: close client", watermill.LogFields{"err": err.Error()})
 	}
 	e.r.logger.Info("outbox relay session ended", watermill.LogFields{"session": s.id, "why": why})
 }
@@ -486,11 +502,17 @@ func (e *exactlyOnce) startSession(ctx context.Context) error {
 		}
 		e.topicReady = true
 	}
-	p, err := sarama.NewSyncProducer(e.kc.Brokers, e.producerConfig())
+	pc := e.producerConfig()
+	client, err := sarama.NewClient(e.kc.Brokers, pc)
 	if err != nil {
 		return fmt.Errorf("transactional producer %s: %w", e.txnID, err)
 	}
-	s := &session{p: p, id: randHex(8)}
+	p, err := sarama.NewSyncProducerFromClient(client)
+	if err != nil {
+		_ = client.Close()
+		return fmt.Errorf("transactional producer %s: %w", e.txnID, err)
+	}
+	s := &session{p: p, client: client, maxBytes: pc.Producer.MaxMessageBytes, id: randHex(8)}
 	e.sess = s // endSession closes p from here on
 	init := Position{V: 1, Kind: "init", TxnID: e.txnID, Shard: e.shard, Owner: cfg.Owner, Session: s.id, At: time.Now().UTC()}
 	val, _ := json.Marshal(init)
@@ -657,6 +679,13 @@ var errPositionMismatch = errors.New("position belongs to another database or an
 // batch publishes the oldest unpublished rows in one Kafka transaction with their position,
 // then marks them: before it returns, or, pipelined, in the background while the next batch
 // is read and sent (see exactlyOnce).
+//
+// Before sending, rows Kafka would refuse (a topic missing from the metadata after a forced
+// refresh, a record over the producer's max message bytes) and the rows of keys with parked
+// events are parked (parked.go), and the batch is what remains: its position covers exactly
+// the rows sent in its transaction. A send Kafka refuses rows of aborts the transaction
+// (errRefused ends the session): the refused rows are parked, or, when the errors do not say
+// which rows caused them, isolated over the next batches (isolation).
 func (e *exactlyOnce) batch(ctx context.Context, pipelined bool) (int, error) {
 	r, s, cfg := e.r, e.sess, e.r.cfg
 	if m := s.marking; m != nil && isDone(m.done) {
@@ -664,16 +693,51 @@ func (e *exactlyOnce) batch(ctx context.Context, pipelined bool) (int, error) {
 			return 0, err
 		}
 	}
-	msgs, ids, eventIDs, err := e.pending(ctx)
-	if err != nil || len(ids) == 0 {
+	// Parked keys before and after the pending read: see Relay.claim.
+	before, err := r.parkedKeys(ctx, r.db)
+	if err != nil {
 		return 0, err
 	}
-	if again, err := r.linger(ctx, len(ids)); err != nil {
+	rows, err := e.pending(ctx)
+	if err != nil || len(rows) == 0 {
+		return 0, err
+	}
+	if again, err := r.linger(ctx, len(rows)); err != nil {
 		return 0, err
 	} else if again {
-		if msgs, ids, eventIDs, err = e.pending(ctx); err != nil || len(ids) == 0 {
+		if rows, err = e.pending(ctx); err != nil || len(rows) == 0 {
 			return 0, err
 		}
+	}
+	after, err := r.parkedKeys(ctx, r.db)
+	if err != nil {
+		return 0, err
+	}
+	sc, err := screen(rows, after, releasedKeys(before, after), &checker{md: s.client, maxBytes: s.maxBytes})
+	if err != nil {
+		return 0, err
+	}
+	if len(sc.park) > 0 {
+		var moved []parkEntry
+		if err := dbx.InTx(ctx, r.db, func(tx *sql.Tx) error {
+			var err error
+			moved, _, err = r.park(ctx, tx, sc.park)
+			return err
+		}); err != nil {
+			return 0, err
+		}
+		r.logParked(moved, e.shard)
+	}
+	batch := e.iso.cut(sc.send)
+	if len(batch) == 0 {
+		return 0, nil
+	}
+	ids := make([]int64, len(batch))
+	eventIDs := make([]string, len(batch))
+	msgs := make([]*sarama.ProducerMessage, 0, len(batch)+1)
+	for i, o := range batch {
+		ids[i], eventIDs[i] = o.id, o.eventID
+		msgs = append(msgs, o.msg)
 	}
 	s.seq++
 	pos := Position{V: 1, Kind: "batch", TxnID: e.txnID, Shard: e.shard, Owner: cfg.Owner, Session: s.id,
@@ -682,13 +746,15 @@ func (e *exactlyOnce) batch(ctx context.Context, pipelined bool) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	msgs = append(msgs, &sarama.ProducerMessage{Topic: cfg.PositionsTopic, Key: sarama.StringEncoder(e.txnID), Value: sarama.ByteEncoder(val)})
+	posMsg := &sarama.ProducerMessage{Topic: cfg.PositionsTopic, Key: sarama.StringEncoder(e.txnID), Value: sarama.ByteEncoder(val)}
+	msgs = append(msgs, posMsg)
 	if err := s.p.BeginTxn(); err != nil {
 		return 0, fmt.Errorf("begin kafka transaction: %w", err)
 	}
 	if err := s.p.SendMessages(msgs); err != nil {
-		return 0, fmt.Errorf("publish %d events: %w", len(ids), err)
+		return 0, e.refusedSend(ctx, batch, posMsg, err)
 	}
+	e.iso.outcome(batch, nil)
 	// The previous batch must be marked before this one commits: only the last committed
 	// batch may be unmarked, as the next session reconciles only that one.
 	if err := e.collect(); err != nil {
@@ -712,6 +778,46 @@ func (e *exactlyOnce) batch(ctx context.Context, pipelined bool) (int, error) {
 	}
 	go e.markBatch(ctx, m)
 	return len(ids), nil
+}
+
+// refusedSend handles a failed send of batch (its transaction is open and will be aborted):
+// rows Kafka refused for good are parked, and errRefused is returned, unless no row was
+// refused, when the error is returned as it is (the batch is retried).
+func (e *exactlyOnce) refusedSend(ctx context.Context, batch []outRow, posMsg *sarama.ProducerMessage, err error) error {
+	r := e.r
+	res := sortSend(batch, posMsg, err)
+	if len(res.unknown) > 0 {
+		_ = e.sess.client.RefreshMetadata(res.unknown...) // the next batch's check sees the topic as it is now
+	}
+	if len(res.refused) == 0 {
+		if res.firstFail != "" {
+			return fmt.Errorf("publish %d events: %d failed, first %s: %w", len(batch), res.failed, res.firstFail, err)
+		}
+		return fmt.Errorf("publish %d events: %w", len(batch), err)
+	}
+	guilty := e.iso.outcome(batch, res.refused)
+	if len(guilty) == 0 {
+		r.logger.Error("outbox relay: Kafka refused events of a batch and did not say which; sending them in smaller batches to find out",
+			err, watermill.LogFields{"shard": e.shard, "refused": len(res.refused), "suspects": len(e.iso.suspects), "first": res.firstFail})
+		return fmt.Errorf("%w: isolating %d suspects", errRefused, len(e.iso.suspects))
+	}
+	entries := make([]parkEntry, 0, len(guilty))
+	for _, i := range guilty {
+		o := batch[i]
+		entries = append(entries, parkEntry{row: o, reason: res.reasons[i], err: refusal{res.reasons[i], res.errs[i]}.text(o)})
+	}
+	// The transaction is never committed (it is aborted when the session ends), so these rows
+	// are in no committed batch: parking them leaves every position's rows in the outbox.
+	var moved []parkEntry
+	if perr := dbx.InTx(ctx, r.db, func(tx *sql.Tx) error {
+		var err error
+		moved, _, err = r.park(ctx, tx, entries)
+		return err
+	}); perr != nil {
+		return fmt.Errorf("publish %d events: kafka refused %s; parking it failed: %w", len(batch), batch[guilty[0]], perr)
+	}
+	r.logParked(moved, e.shard)
+	return fmt.Errorf("%w: %d parked", errRefused, len(moved))
 }
 
 // markBatch marks a committed batch's rows, retrying a little, and closes m.done.
@@ -757,7 +863,7 @@ func isDone(c <-chan struct{}) bool {
 	}
 }
 
-func (e *exactlyOnce) pending(ctx context.Context) ([]*sarama.ProducerMessage, []int64, []string, error) {
+func (e *exactlyOnce) pending(ctx context.Context) ([]outRow, error) {
 	// Rows of a batch whose mark is still running are in Kafka already: read past them —
 	// in the query when they form id ranges (the common case: not read twice), else by
 	// reading that many more rows and dropping them here.
@@ -776,39 +882,32 @@ func (e *exactlyOnce) pending(ctx context.Context) ([]*sarama.ProducerMessage, [
 	}
 	rows, err := e.r.db.QueryContext(ctx, query, args...)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("select pending outbox rows: %w", err)
+		return nil, fmt.Errorf("select pending outbox rows: %w", err)
 	}
 	defer rows.Close()
-	var (
-		msgs     []*sarama.ProducerMessage
-		ids      []int64
-		eventIDs []string
-	)
+	var out []outRow
 	for rows.Next() {
 		var (
-			id                       int64
-			eventID, typ, topic, key string
-			payload                  []byte
-			headers                  sql.NullString
+			o       outRow
+			typ     string
+			payload []byte
+			headers sql.NullString
 		)
-		if err := rows.Scan(&id, &eventID, &typ, &topic, &key, &payload, &headers); err != nil {
-			return nil, nil, nil, fmt.Errorf("scan outbox row: %w", err)
+		if err := rows.Scan(&o.id, &o.eventID, &typ, &o.topic, &o.key, &payload, &headers); err != nil {
+			return nil, fmt.Errorf("scan outbox row: %w", err)
 		}
-		if skip[id] || len(ids) == e.r.cfg.BatchSize {
+		if skip[o.id] || len(out) == e.r.cfg.BatchSize {
 			continue
 		}
-		m, err := buildMessage(id, eventID, typ, topic, key, payload, headers)
-		if err != nil {
-			return nil, nil, nil, err
+		if o.msg, err = buildMessage(o.id, o.eventID, typ, o.topic, o.key, payload, headers); err != nil {
+			return nil, err
 		}
-		msgs = append(msgs, m)
-		ids = append(ids, id)
-		eventIDs = append(eventIDs, eventID)
+		out = append(out, o)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, nil, nil, fmt.Errorf("read outbox rows: %w", err)
+		return nil, fmt.Errorf("read outbox rows: %w", err)
 	}
-	return msgs, ids, eventIDs, nil
+	return out, nil
 }
 
 func (e *exactlyOnce) mark(ctx context.Context, ids []int64) error {

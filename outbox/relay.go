@@ -132,6 +132,9 @@ func (c *RelayConfig) validate() error {
 	if err := dbx.CheckIdent("outbox table", c.Table); err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}
+	if err := dbx.CheckIdent("parked outbox table", parkedTable(c.Table)); err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
 	if c.BatchSize < 1 || c.BatchSize > 10000 {
 		return fmt.Errorf("relay: batch size %d outside 1..10000", c.BatchSize)
 	}
@@ -202,7 +205,14 @@ type Relay struct {
 	eos      []*exactlyOnce // one per shard; nil in at-least-once mode
 	members  *membership    // several shards only
 
+	md       Metadata // CheckWith (at-least-once mode)
+	maxBytes int
+
+	isoMu sync.Mutex
+	iso   isolation // at-least-once mode; each shard has its own in exactly-once mode
+
 	published atomic.Int64
+	parked    atomic.Int64
 	batches   atomic.Int64
 	lingers   atomic.Int64
 	failures  atomic.Int64
@@ -246,6 +256,7 @@ type relayQueries struct {
 	pending, claimPrefix, claimSuffix string
 	oldestPending, markPrefix         string
 	cleanup                           string
+	parkedKeys                        string
 }
 
 // NewRelay builds a Relay.
@@ -279,6 +290,7 @@ func newRelay(db *sql.DB, producer Producer, cfg RelayConfig, logger watermill.L
 		oldestPending: fmt.Sprintf(`SELECT MIN(created_at) FROM %s WHERE published_at IS NULL`, t),
 		markPrefix:    fmt.Sprintf(`UPDATE %s SET published_at = NOW(6) WHERE `, t),
 		cleanup:       fmt.Sprintf(`DELETE FROM %s WHERE published_at < NOW(6) - INTERVAL ? MICROSECOND LIMIT %d`, t, cfg.CleanupBatch),
+		parkedKeys:    fmt.Sprintf(`SELECT msg_key, COALESCE(held_behind, event_id) FROM %s ORDER BY id`, parkedTable(t)),
 	}}, nil
 }
 
@@ -288,6 +300,10 @@ func (r *Relay) Published() int64 { return r.published.Load() }
 // Batches is the number of batches this relay has published: Kafka transactions in
 // exactly-once mode, SendMessages calls in at-least-once mode.
 func (r *Relay) Batches() int64 { return r.batches.Load() }
+
+// Parked is the number of rows this relay has moved to the parked table: events Kafka
+// refuses for good and the later events of their keys (held behind them).
+func (r *Relay) Parked() int64 { return r.parked.Load() }
 
 // Lingers is the number of times a partial batch waited Linger for more rows.
 func (r *Relay) Lingers() int64 { return r.lingers.Load() }
@@ -455,6 +471,12 @@ func (r *Relay) linger(ctx context.Context, n int) (bool, error) {
 
 // RelayOnce publishes one batch of pending rows and marks them before it returns (Run
 // pipelines the marks in exactly-once mode). It returns how many rows it published.
+//
+// Rows Kafka refuses for good are parked (parked.go, refusal.go) instead of being retried:
+// checked before the batch is sent where that is possible (CheckWith), else when the
+// producer reports the refusal. In this at-least-once mode what Kafka acked is marked
+// published and what it refused is parked; an acked row of a key whose earlier row was
+// refused in the same batch is held behind that row and published again after it.
 func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	switch {
 	case len(r.eos) == 1:
@@ -462,30 +484,160 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	case len(r.eos) > 1:
 		return r.relayShardsOnce(ctx)
 	}
-	var n int
+	var (
+		n       int
+		sendErr error
+		parked  []parkEntry
+	)
 	err := dbx.InTx(ctx, r.db, func(tx *sql.Tx) error {
-		msgs, ids, err := r.claim(ctx, tx)
-		if err != nil || len(msgs) == 0 {
+		n, sendErr, parked = 0, nil, nil
+		send, moved, err := r.claim(ctx, tx)
+		parked = moved
+		if err != nil || len(send) == 0 {
 			return err
 		}
+		r.isoMu.Lock()
+		batch := r.iso.cut(send)
+		r.isoMu.Unlock()
+		msgs := make([]*sarama.ProducerMessage, len(batch))
+		for i, o := range batch {
+			msgs[i] = o.msg
+		}
 		if err := r.producer.SendMessages(msgs); err != nil {
-			return fmt.Errorf("publish %d events: %w", len(msgs), err)
+			var moved []parkEntry
+			n, moved, sendErr, err = r.sentInPart(ctx, tx, batch, err)
+			parked = append(parked, moved...)
+			return err
 		}
 		r.hook("after-kafka-commit") // Kafka has acked; the rows are not marked yet
+		ids := make([]int64, len(batch))
+		for i, o := range batch {
+			ids[i] = o.id
+		}
 		if err := r.mark(ctx, tx, ids); err != nil {
 			return err
 		}
+		r.isoMu.Lock()
+		r.iso.outcome(batch, nil)
+		r.isoMu.Unlock()
 		n = len(ids)
 		return nil
 	})
 	if err != nil {
 		return 0, err
 	}
+	r.logParked(parked, "")
 	if n > 0 {
 		r.batches.Add(1)
 	}
 	r.published.Add(int64(n))
-	return n, nil
+	return n, sendErr
+}
+
+// sentInPart settles a batch whose send failed for some rows (at-least-once mode, in the
+// claim's transaction): the acked rows are marked, the rows Kafka refused for good are parked
+// (with the later rows of their keys, held, acked or not), and the rest stay pending — with
+// the later rows of their keys, acked or not, so that those go out again after them.
+// It returns how many rows it marked and, when rows failed otherwise, the batch's error.
+func (r *Relay) sentInPart(ctx context.Context, tx *sql.Tx, batch []outRow, err error) (marked int, parked []parkEntry, batchErr, txErr error) {
+	res := sortSend(batch, nil, err)
+	if len(res.unknown) > 0 && r.md != nil {
+		_ = r.md.RefreshMetadata(res.unknown...) // the next batch's check sees the topic as it is now
+	}
+	r.isoMu.Lock()
+	guilty := r.iso.outcome(batch, res.refused)
+	suspects := len(r.iso.suspects)
+	r.isoMu.Unlock()
+	isGuilty := make(map[int]bool, len(guilty))
+	for _, i := range guilty {
+		isGuilty[i] = true
+	}
+	var (
+		entries []parkEntry
+		acked   []int64
+		heads   map[string]string
+		failed  map[string]bool // keys with a row that failed and stays pending
+	)
+	for i, o := range batch {
+		if isGuilty[i] {
+			entries = append(entries, parkEntry{row: o, reason: res.reasons[i], err: refusal{res.reasons[i], res.errs[i]}.text(o)})
+			if heads == nil {
+				heads = map[string]string{}
+			}
+			if _, ok := heads[o.key]; !ok {
+				heads[o.key] = o.eventID
+			}
+			continue
+		}
+		if head, ok := heads[o.key]; ok {
+			entries = append(entries, parkEntry{row: o, reason: ReasonHeld, behind: head})
+			continue
+		}
+		if _, ok := res.errs[i]; ok || failed[o.key] {
+			// Failed (retried), or acked after a row of its key that failed: left pending
+			// too, so it goes out again after that row (at least once, in key order).
+			if failed == nil {
+				failed = map[string]bool{}
+			}
+			failed[o.key] = true
+			continue
+		}
+		acked = append(acked, o.id)
+	}
+	moved, _, perr := r.park(ctx, tx, entries)
+	if perr != nil {
+		return 0, nil, nil, perr
+	}
+	if len(acked) > 0 {
+		if err := r.mark(ctx, tx, acked); err != nil {
+			return 0, nil, nil, err
+		}
+	}
+	if len(res.refused) > len(guilty) {
+		r.logger.Error("outbox relay: Kafka refused events of a batch and did not say which; sending them in smaller batches to find out",
+			err, watermill.LogFields{"refused": len(res.refused), "suspects": suspects, "first": res.firstFail})
+	}
+	if res.failed > 0 {
+		return len(acked), moved, fmt.Errorf("publish %d events: %d failed (retried), first %s", len(batch), res.failed, res.firstFail), nil
+	}
+	return len(acked), moved, nil, nil
+}
+
+// logParked logs what park moved and counts it.
+func (r *Relay) logParked(moved []parkEntry, shard string) {
+	type heldKey struct{ behind, key string }
+	var (
+		held  map[heldKey]int
+		order []heldKey
+	)
+	for _, e := range moved {
+		r.parked.Add(1)
+		if e.reason == ReasonHeld {
+			k := heldKey{e.behind, e.row.key}
+			if held == nil {
+				held = map[heldKey]int{}
+			}
+			if held[k] == 0 {
+				order = append(order, k)
+			}
+			held[k]++
+			continue
+		}
+		fields := watermill.LogFields{"event_id": e.row.eventID, "topic": e.row.topic, "key": e.row.key,
+			"outbox_id": e.row.id, "reason": e.reason}
+		if shard != "" {
+			fields["shard"] = shard
+		}
+		r.logger.Error("outbox event PARKED: Kafka refuses it for good; later events of its key wait behind it (router outbox ls, retry, drop)",
+			errors.New(e.err), fields)
+	}
+	for _, k := range order {
+		fields := watermill.LogFields{"behind": k.behind, "key": k.key, "events": held[k]}
+		if shard != "" {
+			fields["shard"] = shard
+		}
+		r.logger.Info("outbox events held behind a parked event of their key", fields)
+	}
 }
 
 // relayShardsOnce renews the membership when due, then runs one batch of every shard
@@ -523,10 +675,21 @@ func (r *Relay) relayShardsOnce(ctx context.Context) (int, error) {
 
 // claim returns the next batch in id order. See the Relay comment for why the pending ids
 // are read first and locked second.
-func (r *Relay) claim(ctx context.Context, tx *sql.Tx) ([]*sarama.ProducerMessage, []int64, error) {
+//
+// Parked keys: the keys with parked events are read before and after the pending ids. A key
+// parked after the pending read is seen by the second read, and its rows are held behind its
+// parked event (moved to the parked table in this transaction) — a park committed between the
+// reads is never missed. A key parked before and not after was retried or dropped meanwhile;
+// the pending read may have missed the events put back, so its rows wait for the next batch.
+// Rows Kafka would refuse (CheckWith) are parked here too, before anything is sent.
+func (r *Relay) claim(ctx context.Context, tx *sql.Tx) (send []outRow, parked []parkEntry, err error) {
 	type candidate struct {
 		id  int64
 		key string
+	}
+	before, err := r.parkedKeys(ctx, tx)
+	if err != nil {
+		return nil, nil, err
 	}
 	var cands []candidate
 	read := func() error {
@@ -545,7 +708,7 @@ func (r *Relay) claim(ctx context.Context, tx *sql.Tx) ([]*sarama.ProducerMessag
 		}
 		return rows.Err()
 	}
-	err := read()
+	err = read()
 	if err != nil || len(cands) == 0 {
 		return nil, nil, err
 	}
@@ -557,6 +720,10 @@ func (r *Relay) claim(ctx context.Context, tx *sql.Tx) ([]*sarama.ProducerMessag
 			return nil, nil, err
 		}
 	}
+	after, err := r.parkedKeys(ctx, tx)
+	if err != nil {
+		return nil, nil, err
+	}
 	ids := make([]int64, len(cands))
 	for i, c := range cands {
 		ids[i] = c.id
@@ -567,45 +734,44 @@ func (r *Relay) claim(ctx context.Context, tx *sql.Tx) ([]*sarama.ProducerMessag
 		return nil, nil, fmt.Errorf("lock pending outbox rows: %w", err)
 	}
 	defer rows.Close()
-	locked := make(map[int64]*sarama.ProducerMessage, len(cands))
+	locked := make(map[int64]outRow, len(cands))
 	for rows.Next() {
 		var (
-			id                       int64
-			eventID, typ, topic, key string
-			payload                  []byte
-			headers                  sql.NullString
+			o       outRow
+			typ     string
+			payload []byte
+			headers sql.NullString
 		)
-		if err := rows.Scan(&id, &eventID, &typ, &topic, &key, &payload, &headers); err != nil {
+		if err := rows.Scan(&o.id, &o.eventID, &typ, &o.topic, &o.key, &payload, &headers); err != nil {
 			return nil, nil, fmt.Errorf("scan outbox row: %w", err)
 		}
-		m, err := buildMessage(id, eventID, typ, topic, key, payload, headers)
-		if err != nil {
+		if o.msg, err = buildMessage(o.id, o.eventID, typ, o.topic, o.key, payload, headers); err != nil {
 			return nil, nil, err
 		}
-		locked[id] = m
+		locked[o.id] = o
 	}
 	if err := rows.Err(); err != nil {
 		return nil, nil, fmt.Errorf("read outbox rows: %w", err)
 	}
-	var (
-		msgs    []*sarama.ProducerMessage
-		claimed []int64
-		held    map[string]bool // keys with an earlier candidate this relay could not lock
-	)
-	for _, c := range cands {
-		m, ok := locked[c.id]
-		switch {
-		case !ok:
-			if held == nil {
-				held = map[string]bool{}
-			}
-			held[c.key] = true
-		case !held[c.key]:
-			msgs = append(msgs, m)
-			claimed = append(claimed, c.id)
+	rows.Close()
+	batch := make([]outRow, len(cands))
+	for i, c := range cands {
+		o, ok := locked[c.id]
+		if !ok {
+			// Another relay holds it: it holds back every later candidate of its key (screen).
+			o = outRow{id: c.id, key: c.key}
 		}
+		batch[i] = o
 	}
-	return msgs, claimed, nil
+	s, err := screen(batch, after, releasedKeys(before, after), &checker{md: r.md, maxBytes: r.maxBytes})
+	if err != nil {
+		return nil, nil, err
+	}
+	moved, _, err := r.park(ctx, tx, s.park)
+	if err != nil {
+		return nil, nil, err
+	}
+	return s.send, moved, nil
 }
 
 // buildMessage turns an outbox row into a Kafka message: key = aggregate id, headers
