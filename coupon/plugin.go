@@ -23,14 +23,17 @@ func Plugin() inbox.Plugin {
 		ConsumerGroup: ConsumerGroup,
 		BizType:       BizType,
 		KeyLogField:   "order_id",
-		Build: func(env inbox.PluginEnv) (inbox.Handler, error) {
-			cfg := DefaultConfig()
-			if env.DecodeConfig != nil {
-				if err := env.DecodeConfig(&cfg); err != nil {
-					return nil, err
-				}
+		// CouponGranted and CouponGrantFailed events, to the configured topics.
+		Writes: func(decode func(any) error) ([]string, error) {
+			cfg, err := pluginConfig(decode)
+			if err != nil {
+				return nil, err
 			}
-			if err := cfg.Validate(); err != nil {
+			return []string{cfg.GrantedTopic, cfg.FailedTopic}, nil
+		},
+		Build: func(env inbox.PluginEnv) (inbox.Handler, error) {
+			cfg, err := pluginConfig(env.DecodeConfig)
+			if err != nil {
 				return nil, err
 			}
 			if env.DB != nil {
@@ -50,6 +53,21 @@ func Plugin() inbox.Plugin {
 			return g.UsePrepare(env.DB).UseStatements(env.DB), nil
 		},
 	}
+}
+
+// pluginConfig is the default configuration overlaid with the plugin's section (decode may
+// be nil), validated.
+func pluginConfig(decode func(any) error) (Config, error) {
+	cfg := DefaultConfig()
+	if decode != nil {
+		if err := decode(&cfg); err != nil {
+			return Config{}, err
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
 }
 
 func init() { inbox.MustRegister(Plugin()) }

@@ -17,6 +17,14 @@ type Plugin struct {
 	ConsumerGroup string   // Kafka consumer group
 	BizType       string   // inbox biz type: one order is processed once per biz type
 	KeyLogField   string   // the business key's name in log lines, e.g. "order_id" (default "dedup_key")
+	// Writes returns the topics the plugin's events go to (the topics of the outbox events it
+	// writes) under its configuration, which decodeConfig decodes as PluginEnv.DecodeConfig
+	// does (topic names are often settings); nil when it writes none. `router run` checks at
+	// start that they exist (relay.check_topics), rather than the relay parking every event
+	// for a missing one. A plugin with fixed topics returns them:
+	//
+	//	Writes: func(func(any) error) ([]string, error) { return []string{"user-greeted"}, nil },
+	Writes func(decodeConfig func(target any) error) ([]string, error)
 	// Build creates the handler once the router has its database and configuration.
 	Build func(env PluginEnv) (Handler, error)
 }

@@ -79,6 +79,7 @@ type RelayConfig struct {
 	Retention       time.Duration `mapstructure:"retention"`
 	CleanupInterval time.Duration `mapstructure:"cleanup_interval"`
 	CleanupBatch    int           `mapstructure:"cleanup_batch"`
+	CheckTopics     bool          `mapstructure:"check_topics"`
 }
 
 type AdminConfig struct {
@@ -144,6 +145,7 @@ var defaults = []struct {
 	{"relay.retention", "168h", "published outbox rows are deleted after this (0 keeps them)"},
 	{"relay.cleanup_interval", "1m", "how often published rows past the retention are deleted"},
 	{"relay.cleanup_batch", 500, "rows per cleanup DELETE"},
+	{"relay.check_topics", true, "`run` exits 1 at start when a topic its plugins write to does not exist (false: their events are parked until it does)"},
 	{"admin.listen", "127.0.0.1:9464", "health and metrics listener (empty disables)"},
 	{"log.level", "info", "debug, info, warn, error"},
 	{"log.format", "text", "text or json"},

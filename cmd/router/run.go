@@ -90,6 +90,9 @@ func (a *app) runRouter(ctx context.Context, only []string, withRelay bool) erro
 	if _, err := kc.CheckTopics(topics...); err != nil {
 		return err
 	}
+	if err := a.checkWrittenTopics(kc, plugins); err != nil {
+		return err
+	}
 	a.logger.Info("router starting", watermill.LogFields{"dsn": dbx.MaskDSN(a.cfg.DB.DSN), "brokers": kc.Brokers,
 		"session_timeout": kc.SessionTimeout, "rebalance_timeout": kc.RebalanceTimeout, "relay": withRelay, "gc": a.gc})
 	a.warnRetention(kc, topics)
