@@ -25,6 +25,10 @@ const (
 // ErrNotParked is returned by the Parked store for a reference that names no parked event.
 var ErrNotParked = errors.New("outbox: no parked event")
 
+// ErrBadRef is returned for a reference that is neither an outbox id nor an event id, or
+// that names two parked events.
+var ErrBadRef = errors.New("outbox: bad parked event reference")
+
 // ErrHeld is returned by Retry and Drop for an event that is held behind another one: it
 // is released with that one.
 var ErrHeld = errors.New("outbox: event is held behind another parked event")
@@ -155,7 +159,7 @@ func (p *Parked) query(ctx context.Context, q string, args ...any) ([]ParkedRow,
 // refMatch returns a condition matching a parked row by outbox id (digits) or event id.
 func refMatch(ref, prefix string) (string, []any, error) {
 	if ref == "" || len(ref) > 36 {
-		return "", nil, fmt.Errorf("outbox: %q is neither an outbox id nor an event id (1..36 bytes)", ref)
+		return "", nil, fmt.Errorf("%w: %q is neither an outbox id nor an event id (1..36 bytes)", ErrBadRef, ref)
 	}
 	if id, err := strconv.ParseInt(ref, 10, 64); err == nil && id > 0 && strconv.FormatInt(id, 10) == ref {
 		// An event id may be all digits too: both match, and two matches are refused.
@@ -171,7 +175,7 @@ func oneRow(rows []ParkedRow, ref string) (ParkedRow, error) {
 	case 1:
 		return rows[0], nil
 	}
-	return ParkedRow{}, fmt.Errorf("outbox: %q matches parked event %d by id and event %s by event id: name it by its event id", ref, rows[0].ID, rows[1].EventID)
+	return ParkedRow{}, fmt.Errorf("%w: %q matches two parked events (outbox ids %d and %d), one by outbox id, one by event id: name it by its event id", ErrBadRef, ref, rows[0].ID, rows[1].ID)
 }
 
 // Retry moves a parked event and the events held behind it back into the outbox with their

@@ -56,7 +56,7 @@ func run(ctx context.Context, args []string) error {
 	pf.StringSlice("brokers", nil, "Kafka brokers (overrides kafka.brokers)")
 	pf.String("log-level", "", "log level (overrides log.level)")
 
-	root.AddCommand(a.runCmd(), a.relayCmd(), a.migrateCmd(), a.produceCmd(), a.verifyCmd(), a.pluginsCmd(), a.replayCmd(), a.inboxCmd())
+	root.AddCommand(a.runCmd(), a.relayCmd(), a.migrateCmd(), a.produceCmd(), a.verifyCmd(), a.pluginsCmd(), a.replayCmd(), a.inboxCmd(), a.outboxCmd())
 	root.SetArgs(args)
 	cmd, err := root.ExecuteContextC(ctx)
 	if err != nil && cmd != nil && isCobraUsage(err) {

@@ -120,9 +120,24 @@ func (a *app) verify(ctx context.Context, o verifyOpts) error {
 		}
 	}
 
-	printf("verify: campaign=%s grants=%d granted=%d failed=%d in_flight=%d coupons=%d duplicate_coupons=%d inbox_done=%d inbox_failed=%d inbox_processing=%d duplicates_blocked=%d outbox=%d outbox_pending=%d\n",
+	// Invariant 4 is about the relay keeping up: parked events (Kafka refuses them for good,
+	// or they wait behind one that it refuses) are not lag, but they are not published either.
+	parked, err := outbox.NewParked(db, "")
+	if err != nil {
+		return err
+	}
+	refused, held, err := parked.Count(ctx)
+	if err != nil {
+		return fmt.Errorf("verify: %w (run `router migrate`)", err)
+	}
+
+	printf("verify: campaign=%s grants=%d granted=%d failed=%d in_flight=%d coupons=%d duplicate_coupons=%d inbox_done=%d inbox_failed=%d inbox_processing=%d duplicates_blocked=%d outbox=%d outbox_pending=%d outbox_parked=%d\n",
 		o.campaign, audit.Grants, audit.Granted, audit.Failed, audit.InFlight, audit.Coupons, audit.DuplicateCoupons,
-		audit.InboxDone, audit.InboxFailed, audit.InboxProcessing, audit.DuplicatesBlocked, audit.OutboxEvents, audit.OutboxPending)
+		audit.InboxDone, audit.InboxFailed, audit.InboxProcessing, audit.DuplicatesBlocked, audit.OutboxEvents, audit.OutboxPending, refused+held)
+	if refused+held > 0 {
+		printf("PARKED %d outbox events are not published: Kafka refuses %d of them for good, %d wait behind those (router outbox ls; retry or drop them)\n",
+			refused+held, refused, held)
+	}
 	for _, v := range violations {
 		printf("VIOLATION %s\n", v)
 	}

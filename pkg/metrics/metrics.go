@@ -24,7 +24,7 @@ type Metrics struct {
 }
 
 // New registers the collectors. db, when not nil, feeds the gauges read at scrape time
-// (inbox rows by status, oldest unpublished outbox row).
+// (inbox rows by status, oldest unpublished outbox row, parked outbox rows).
 func New(db *sql.DB) *Metrics {
 	r := prometheus.NewRegistry()
 	m := &Metrics{
@@ -53,6 +53,9 @@ func New(db *sql.DB) *Metrics {
 			inboxRows: prometheus.NewDesc("onceflow_inbox_rows", "Inbox rows by biz type and status.", []string{"biz_type", "status"}, nil),
 			oldest:    prometheus.NewDesc("onceflow_outbox_oldest_unpublished_seconds", "Age of the oldest unpublished outbox row (0 when none).", nil, nil),
 			pending:   prometheus.NewDesc("onceflow_outbox_unpublished_rows", "Unpublished outbox rows.", nil, nil),
+			parked: prometheus.NewDesc("onceflow_outbox_parked_rows",
+				"Outbox events the relay parked (outbox_parked), not published: held=false Kafka refuses them for good, held=true they wait behind one of their key that it refuses.",
+				[]string{"held"}, nil),
 		})
 	}
 	return m
@@ -64,14 +67,15 @@ func (m *Metrics) Handler() http.Handler {
 }
 
 type dbCollector struct {
-	db                         *sql.DB
-	inboxRows, oldest, pending *prometheus.Desc
+	db                                 *sql.DB
+	inboxRows, oldest, pending, parked *prometheus.Desc
 }
 
 func (c *dbCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.inboxRows
 	ch <- c.oldest
 	ch <- c.pending
+	ch <- c.parked
 }
 
 func (c *dbCollector) Collect(ch chan<- prometheus.Metric) {
@@ -96,5 +100,10 @@ func (c *dbCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, age)
 		ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, pending)
+	}
+	var refused, held float64
+	if err := c.db.QueryRowContext(ctx, `SELECT COALESCE(SUM(held_behind IS NULL), 0), COALESCE(SUM(held_behind IS NOT NULL), 0) FROM outbox_parked`).Scan(&refused, &held); err == nil {
+		ch <- prometheus.MustNewConstMetric(c.parked, prometheus.GaugeValue, refused, "false")
+		ch <- prometheus.MustNewConstMetric(c.parked, prometheus.GaugeValue, held, "true")
 	}
 }
