@@ -6,6 +6,8 @@
 #
 #   CHAOS_PROFILE=short|long|broken (default short, ~2 min; long ~12 min), CHAOS_SEED (default 1),
 #   CHAOS_ARGS (extra flags of cmd/chaos, e.g. "-inject all" to show the checker failing).
+#   The router is built with -tags onceflow_chaos: it then has the chaos-misbehaver test plugin
+#   (cmd/router/chaosplugin_on.go), which the harness runs beside the coupon granter.
 #   CHAOS_BROKEN=reconcile|inbox: build the router deliberately broken (-tags onceflow_broken_<kind>:
 #     reconcile = the exactly-once relay skips its start-up reconcile; inbox = the claim never
 #     finds the existing row), run the `broken` profile, and succeed only if the checker FAILS
@@ -48,7 +50,7 @@ echo "chaos: instance $ONCEFLOW_RUN_DIR: mariadb :$ONCEFLOW_DB_PORT, kafka :$ONC
 bash scripts/infra.sh up
 mkdir -p .run/chaos
 profile="${CHAOS_PROFILE:-short}"
-router=bin/router
+router=.run/chaos/router # not bin/router: this build has the test plugin
 expect=""
 src="$ROOT"
 if [[ -n "${CHAOS_REV:-}" ]]; then
@@ -63,10 +65,10 @@ else
   echo "chaos: router built from the working tree at $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo ' plus uncommitted changes')"
 fi
 case "${CHAOS_BROKEN:-}" in
-  "") (cd "$src" && go build -o "$ROOT/$router" ./cmd/router) ;;
+  "") (cd "$src" && go build -tags onceflow_chaos -o "$ROOT/$router" ./cmd/router) ;;
   reconcile | inbox)
     router=".run/chaos/router-broken-$CHAOS_BROKEN"
-    (cd "$src" && go build -tags "onceflow_broken_$CHAOS_BROKEN" -o "$ROOT/$router" ./cmd/router)
+    (cd "$src" && go build -tags "onceflow_chaos,onceflow_broken_$CHAOS_BROKEN" -o "$ROOT/$router" ./cmd/router)
     profile="${CHAOS_PROFILE:-broken}"
     expect=duplicate-event
     if [[ "$CHAOS_BROKEN" == inbox ]]; then
@@ -74,7 +76,7 @@ case "${CHAOS_BROKEN:-}" in
       # The break is in the one-delivery claim (inbox.Process); group commit has its own.
       CHAOS_ARGS="${CHAOS_ARGS:-} -router-env ONCEFLOW_INBOX_BATCH_SIZE=1"
     fi
-    echo "chaos: router built with -tags onceflow_broken_$CHAOS_BROKEN: the checker must report $expect"
+    echo "chaos: router built with -tags onceflow_chaos,onceflow_broken_$CHAOS_BROKEN: the checker must report $expect"
     ;;
   *)
     echo "chaos: CHAOS_BROKEN=$CHAOS_BROKEN: use reconcile or inbox" >&2

@@ -4,7 +4,9 @@ package main
 // files with its own parser, the database with its own SQL (database/sql + go-sql-driver,
 // none of the inbox/outbox/coupon packages) and Kafka with its own read_committed consumer
 // (IBM/sarama directly, not pkg/kafkax). What it knows about the schema and the wire format
-// is written out here, so a bug in the router's code paths cannot hide itself from it.
+// is written out here, so a bug in the router's code paths cannot hide itself from it. The
+// one thing it shares with the router is pkg/chaosplan, the plan of the misbehaving test
+// plugin: which orders it must have panicked or blocked on (misbehaver.go).
 
 import (
 	"bufio"
@@ -33,7 +35,15 @@ type CheckConfig struct {
 	Prefix       string   // the run's order-id prefix: every check is scoped to it
 	Ledgers      []string // producer ledger files (router produce --ledger)
 	BizType      string   // inbox biz type of the coupon plugin (default "coupon")
-	Idle         time.Duration
+	// Misbehaver is the inbox biz type of the misbehaving plugin (chaos-misbehaver); "" skips
+	// its checks.
+	Misbehaver string
+	// Groups are the consumer groups of the run and their topics: each must have committed
+	// the end of every partition (within LagWait, default 30 s; offsets are committed
+	// asynchronously).
+	Groups  []GroupTopic
+	LagWait time.Duration
+	Idle    time.Duration
 }
 
 // Violation is one kind of broken invariant with a count and a few examples.
@@ -56,11 +66,21 @@ type Report struct {
 	Lost              int
 	DupCoupons        int
 	DupEvents         int
-	GrantEvents       int // distinct CouponGranted event ids on Kafka for the ledger's orders
-	DuplicatesBlocked int // SUM(inbox.duplicates) of the ledger's orders
-	PoisonQuarantined int // inbox rows quarantined as poison (whole database)
-	Transitions       int // coupon_grant_log rows of the ledger's orders
-	Violations        []Violation
+	GrantEvents       int            // distinct CouponGranted event ids on Kafka for the ledger's orders
+	DuplicatesBlocked int            // SUM(inbox.duplicates) of the ledger's orders
+	PoisonQuarantined int            // inbox rows of BizType quarantined as poison (whole database)
+	PoisonOnKafka     int            // records of the run on order-paid that are not orders
+	PoisonKinds       map[string]int // those by kind (poisonKindOf)
+	Transitions       int            // coupon_grant_log rows of the ledger's orders
+	// The misbehaving plugin: ledger orders by predicted outcome (done, panic, timeout), and
+	// those whose inbox row has that outcome.
+	MisbehaverWant, MisbehaverGot map[string]int
+	MisbehaverPoison              int // its inbox rows quarantined as poison (whole database)
+	// Committed offsets of Groups: every partition, and the total lag.
+	Lags       []PartitionLag
+	LagTotal   int64
+	LagChecked bool
+	Violations []Violation
 }
 
 // Duplicates is every duplicated effect the checker saw.
@@ -289,11 +309,21 @@ func Check(ctx context.Context, c CheckConfig) (Report, error) {
 	}); err != nil {
 		return rep, err
 	}
-	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM inbox WHERE biz_type = ? AND reason = 'poison'`, c.BizType).Scan(&rep.PoisonQuarantined); err != nil {
-		return rep, fmt.Errorf("checker: poison: %w", err)
+	bizTypes := []string{c.BizType}
+	if c.Misbehaver != "" {
+		bizTypes = append(bizTypes, c.Misbehaver)
 	}
-	if rep.PoisonQuarantined < rep.LedgerPoison {
-		v.add("poison-lost", "%d poison messages produced, %d quarantined as poison", rep.LedgerPoison, rep.PoisonQuarantined)
+	for _, biz := range bizTypes {
+		n := &rep.PoisonQuarantined
+		if biz == c.Misbehaver {
+			n = &rep.MisbehaverPoison
+		}
+		if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM inbox WHERE biz_type = ? AND reason = 'poison'`, biz).Scan(n); err != nil {
+			return rep, fmt.Errorf("checker: poison: %w", err)
+		}
+		if *n < rep.LedgerPoison {
+			v.add("poison-lost", "biz type %s: %d poison messages produced, %d quarantined as poison", biz, rep.LedgerPoison, *n)
+		}
 	}
 	if err := checkCounters(ctx, db, &v); err != nil {
 		return rep, err
@@ -339,15 +369,26 @@ func Check(ctx context.Context, c CheckConfig) (Report, error) {
 	if err != nil {
 		return rep, err
 	}
+	rep.PoisonKinds = map[string]int{}
 	if c.OrderTopic != "" {
 		onKafka := map[string]bool{}
+		var poison []poisonRecord
 		err = readTopic(ctx, c.Brokers, c.OrderTopic, c.StartOffsets[c.OrderTopic], c.Idle, func(m *sarama.ConsumerMessage) {
 			if k := string(m.Key); strings.HasPrefix(k, c.Prefix) {
 				rep.KafkaDeliveries++
 				onKafka[k] = true
+				return
 			}
+			// Not an order of the run: one of the producer's poison records.
+			p := poisonRecord{partition: m.Partition, offset: m.Offset, kind: poisonKindOf(m)}
+			poison = append(poison, p)
+			rep.PoisonKinds[p.kind]++
 		})
 		if err != nil {
+			return rep, err
+		}
+		rep.PoisonOnKafka = len(poison)
+		if err := checkPoisonRecords(ctx, db, c.OrderTopic, poison, bizTypes, &v); err != nil {
 			return rep, err
 		}
 		for id := range ledger {
@@ -497,6 +538,30 @@ func Check(ctx context.Context, c CheckConfig) (Report, error) {
 	for id := range orderEvents {
 		if !ledger[id] {
 			v.add("never-produced", "CouponGranted for %s on Kafka, which no ledger lists", id)
+		}
+	}
+
+	// 6. The misbehaving plugin: one row per order, with the outcome its plan predicts.
+	if c.Misbehaver != "" {
+		if err := checkMisbehaver(ctx, db, c.Misbehaver, like, ledger, ids, &rep, &v); err != nil {
+			return rep, err
+		}
+	}
+
+	// 7. Every consumer group of the run has committed the end of every partition.
+	if len(c.Groups) > 0 {
+		if c.LagWait <= 0 {
+			c.LagWait = 30 * time.Second
+		}
+		lags, err := waitLag(ctx, c.Brokers, c.Groups, c.StartOffsets, c.LagWait)
+		if err != nil {
+			return rep, err
+		}
+		rep.Lags, rep.LagTotal, rep.LagChecked = lags, totalLag(lags), true
+		for _, l := range lags {
+			if l.Lag > 0 {
+				v.add("committed-lag", "%s (after waiting up to %s)", l, c.LagWait)
+			}
 		}
 	}
 	rep.Violations = v.list()
@@ -703,17 +768,22 @@ func TopicEnds(brokers []string, topics ...string) (map[string]map[int32]int64, 
 	return out, nil
 }
 
-// summary is the one CHAOS line.
+// summary is the one CHAOS line (lag=: the total committed lag of the run's consumer
+// groups, when they were checked).
 func summary(rep Report, kills, brokerRestarts, dbRestarts int, extra []string) string {
+	lag := ""
+	if rep.LagChecked {
+		lag = fmt.Sprintf(" lag=%d", rep.LagTotal)
+	}
 	if len(rep.Violations) == 0 && len(extra) == 0 {
-		return fmt.Sprintf("CHAOS ok orders=%d kills=%d broker_restarts=%d db_restarts=%d lost=%d duplicates=%d",
-			rep.Orders, kills, brokerRestarts, dbRestarts, rep.Lost, rep.Duplicates())
+		return fmt.Sprintf("CHAOS ok orders=%d kills=%d broker_restarts=%d db_restarts=%d lost=%d duplicates=%d%s",
+			rep.Orders, kills, brokerRestarts, dbRestarts, rep.Lost, rep.Duplicates(), lag)
 	}
 	var parts []string
 	for _, v := range rep.Violations {
 		parts = append(parts, fmt.Sprintf("%s=%d", v.Kind, v.Count))
 	}
 	parts = append(parts, extra...)
-	return fmt.Sprintf("CHAOS FAIL orders=%d kills=%d broker_restarts=%d db_restarts=%d lost=%d duplicates=%d violations: %s",
-		rep.Orders, kills, brokerRestarts, dbRestarts, rep.Lost, rep.Duplicates(), strings.Join(parts, " "))
+	return fmt.Sprintf("CHAOS FAIL orders=%d kills=%d broker_restarts=%d db_restarts=%d lost=%d duplicates=%d%s violations: %s",
+		rep.Orders, kills, brokerRestarts, dbRestarts, rep.Lost, rep.Duplicates(), lag, strings.Join(parts, " "))
 }

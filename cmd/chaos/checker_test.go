@@ -12,15 +12,25 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/onceflow/onceflow/pkg/chaosplan"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
+// synthRun is where a synthetic run's data is.
+type synthRun struct {
+	ledger string
+	start  map[string]map[int32]int64 // the order topic's ends before the run
+	group  string                     // a consumer group that read the order topic to its end
+}
+
 // dataset writes what a correct run leaves behind for n orders with the given prefix, in
-// the database (through SQL: the checker must not care how it got there), on the granted
-// topic and in a ledger file: orders 0..n-6 GRANTED, two FAILED (stock exhausted), two
-// quarantined after exhausting retries (grant LOCKED), one quarantined before any grant,
-// and one poison message.
-func dataset(t *testing.T, d testenv.Database, brokers []string, topic, prefix string, n int) string {
+// the database (through SQL: the checker must not care how it got there), on the order and
+// granted topics, in a consumer group's committed offsets and in a ledger file: orders
+// 0..n-6 GRANTED, two FAILED (stock exhausted), two quarantined after exhausting retries
+// (grant LOCKED), one quarantined before any grant, and one poison record (a tombstone),
+// quarantined as poison by the coupon plugin and the misbehaving plugin, whose rows are as
+// chaosplan plans them.
+func dataset(t *testing.T, d testenv.Database, brokers []string, topic, orderTopic, prefix string, n int) synthRun {
 	t.Helper()
 	exec := func(q string, args ...any) {
 		t.Helper()
@@ -36,6 +46,10 @@ func dataset(t *testing.T, d testenv.Database, brokers []string, topic, prefix s
 		t.Fatalf("producer: %v", err)
 	}
 	defer prod.Close()
+	start, err := TopicEnds(brokers, orderTopic)
+	if err != nil {
+		t.Fatalf("offsets: %v", err)
+	}
 	ids := make([]string, n)
 	locked, granted := 0, 0
 	for i := range n {
@@ -65,6 +79,15 @@ func dataset(t *testing.T, d testenv.Database, brokers []string, topic, prefix s
 				exec(`INSERT INTO coupon_grant_log (order_id, campaign_id, from_state, to_state) VALUES (?, ?, ?, ?)`, id, campaign, path[j-1], path[j])
 			}
 		}
+		if _, _, err := prod.SendMessage(&sarama.ProducerMessage{Topic: orderTopic, Key: sarama.StringEncoder(id), Value: sarama.StringEncoder(payload)}); err != nil {
+			t.Fatalf("send: %v", err)
+		}
+		status, reason := "done", any(nil)
+		if b := chaosplan.For(id); b != chaosplan.Behave {
+			status, reason = "failed", b.String()
+		}
+		exec(`INSERT INTO inbox (dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, attempts, expire_at)
+ VALUES (?, 'chaos', ?, ?, ?, 'order-paid', 0, ?, ?, ?, 1, NOW() + INTERVAL 30 DAY)`, id, status, reason, fmt.Sprintf("uuid-%d", i), i, payload, fmt.Sprintf("%064d", i))
 		outbox := func(typ, eventID, payload string) {
 			exec(`INSERT INTO outbox (event_id, event_type, topic, msg_key, payload, published_at) VALUES (?, ?, ?, ?, ?, NOW(6))`, eventID, typ, topic, id, payload)
 		}
@@ -94,8 +117,22 @@ func dataset(t *testing.T, d testenv.Database, brokers []string, topic, prefix s
 			inbox("failed", "permanent", 0)
 		}
 	}
-	exec(`INSERT INTO inbox (dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, expire_at)
- VALUES ('poison:order-paid/0/999', 'coupon', 'failed', 'poison', 'p', 'order-paid', 0, 999, 'not json', 'f', NOW() + INTERVAL 30 DAY)`)
+	part, off, err := prod.SendMessage(&sarama.ProducerMessage{Topic: orderTopic, Key: sarama.StringEncoder("poison-0")}) // a tombstone
+	if err != nil {
+		t.Fatalf("send: %v", err)
+	}
+	for _, biz := range []string{"coupon", "chaos"} {
+		exec(`INSERT INTO inbox (dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset, payload, tombstone, fingerprint, expire_at)
+ VALUES (?, ?, 'failed', 'poison', 'p', ?, ?, ?, '', 1, 'f', NOW() + INTERVAL 30 DAY)`, fmt.Sprintf("poison:%s/%d/%d", orderTopic, part, off), biz, orderTopic, part, off)
+	}
+	ends, err := TopicEnds(brokers, orderTopic)
+	if err != nil {
+		t.Fatalf("offsets: %v", err)
+	}
+	group := "chk-" + prefix
+	if err := commitOffsets(brokers, group, orderTopic, ends[orderTopic]); err != nil {
+		t.Fatalf("commit offsets: %v", err)
+	}
 	exec(`INSERT INTO coupon_stock (campaign_id, shard, total, locked, granted) VALUES (?, 0, 1000000, ?, ?)`, campaign, locked, granted)
 	exec(`INSERT INTO coupon_budget (campaign_id, shard, total_cents, spent_cents) VALUES (?, 0, 100000000, ?)`, campaign, granted*value)
 	ledger := filepath.Join(t.TempDir(), "ledger.txt")
@@ -103,7 +140,7 @@ func dataset(t *testing.T, d testenv.Database, brokers []string, topic, prefix s
 	if err := os.WriteFile(ledger, []byte(body), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return ledger
+	return synthRun{ledger: ledger, start: start, group: group}
 }
 
 func uid() string {
@@ -115,42 +152,51 @@ func uid() string {
 func TestCheckerDetectsInjectedFaults(t *testing.T) {
 	kc := testenv.Kafka(t)
 	topic := testenv.Topic(t, kc, "chaos-granted", 3)
+	// One order topic for every case, each reading it from where its dataset began, its
+	// group committed to the end of every partition at the time.
+	orderTopic := testenv.Topic(t, kc, "chaos-orders", 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	check := func(t *testing.T, d testenv.Database, prefix, ledger string) Report {
+	check := func(t *testing.T, d testenv.Database, orderTopic, prefix string, run synthRun) Report {
 		t.Helper()
-		rep, err := Check(ctx, CheckConfig{DSN: d.DSN, Brokers: kc.Brokers, GrantedTopic: topic, Prefix: prefix,
-			Ledgers: []string{ledger}, Idle: time.Second})
+		rep, err := Check(ctx, CheckConfig{DSN: d.DSN, Brokers: kc.Brokers, GrantedTopic: topic, OrderTopic: orderTopic,
+			StartOffsets: run.start, Prefix: prefix, Ledgers: []string{run.ledger}, Idle: time.Second,
+			Misbehaver: "chaos", Groups: []GroupTopic{{run.group, orderTopic}}, LagWait: 2 * time.Second})
 		if err != nil {
 			t.Fatalf("checker: %v", err)
 		}
 		return rep
 	}
-	cases := append([]string{"clean"}, "dup-coupon", "lost-order", "illegal-transition", "dup-event")
+	cases := append([]string{"clean"}, allInject...)
 	for _, kind := range cases {
 		t.Run(kind, func(t *testing.T) {
 			d := testenv.DB(t, 4)
 			prefix := fmt.Sprintf("chk%d-%s", rand.Uint32(), kind)
-			ledger := dataset(t, d, kc.Brokers, topic, prefix, 20)
-			rep := check(t, d, prefix, ledger)
+			run := dataset(t, d, kc.Brokers, topic, orderTopic, prefix, 20)
+			rep := check(t, d, orderTopic, prefix, run)
 			if len(rep.Violations) != 0 || rep.Lost != 0 || rep.Duplicates() != 0 {
 				t.Fatalf("clean dataset: violations %+v lost=%d duplicates=%d", rep.Violations, rep.Lost, rep.Duplicates())
 			}
-			if rep.Orders != 20 || rep.Granted != 15 || rep.Failed != 2 || rep.Quarantined != 3 || rep.GrantEvents != 15 || rep.DuplicatesBlocked != 17 {
+			if rep.Orders != 20 || rep.Granted != 15 || rep.Failed != 2 || rep.Quarantined != 3 || rep.GrantEvents != 15 || rep.DuplicatesBlocked != 17 ||
+				rep.KafkaDeliveries != 20 || rep.PoisonOnKafka != 1 || rep.PoisonKinds["tombstone"] != 1 || rep.PoisonQuarantined != 1 || rep.MisbehaverPoison != 1 ||
+				!rep.LagChecked || rep.LagTotal != 0 || len(rep.Lags) != 3 {
 				t.Fatalf("clean dataset: unexpected counts %+v", rep)
 			}
+			if fmt.Sprint(rep.MisbehaverGot) != fmt.Sprint(rep.MisbehaverWant) || rep.MisbehaverWant["done"]+rep.MisbehaverWant["panic"]+rep.MisbehaverWant["timeout"] != 20 {
+				t.Fatalf("clean dataset: misbehaver outcomes %v, planned %v", rep.MisbehaverGot, rep.MisbehaverWant)
+			}
 			line := summary(rep, 1, 2, 3, nil)
-			if line != "CHAOS ok orders=20 kills=1 broker_restarts=2 db_restarts=3 lost=0 duplicates=0" {
+			if line != "CHAOS ok orders=20 kills=1 broker_restarts=2 db_restarts=3 lost=0 duplicates=0 lag=0" {
 				t.Fatalf("summary: %s", line)
 			}
 			if kind == "clean" {
 				return
 			}
-			done, err := inject(ctx, d.Admin, prefix, []string{kind}, kc.Brokers, topic)
+			done, err := inject(ctx, d.Admin, prefix, []string{kind}, injectTarget{Brokers: kc.Brokers, GrantedTopic: topic, OrderTopic: orderTopic, Misbehaver: "chaos"})
 			if err != nil {
 				t.Fatalf("inject: %v", err)
 			}
-			rep = check(t, d, prefix, ledger)
+			rep = check(t, d, orderTopic, prefix, run)
 			line = summary(rep, 1, 2, 3, nil)
 			want := injectKinds[kind]
 			if !rep.Has(want) || !strings.HasPrefix(line, "CHAOS FAIL ") || !strings.Contains(line, " "+want+"=") {

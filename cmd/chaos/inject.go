@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -18,6 +19,20 @@ var injectKinds = map[string]string{
 	"lost-order":         "lost",               // the seed's bug: the inbox says done, the grant and its coupon never happened
 	"illegal-transition": "illegal-transition", // GRANTED → LOCKED in the transition log
 	"dup-event":          "duplicate-event",    // the order's CouponGranted published a second time (same event_id) on Kafka
+	"misbehaver-flip":    "misbehaver-outcome", // one misbehaving-plugin row flipped: a quarantined one to done (or, if none, a done one to failed/panic)
+	"lag":                "committed-lag",      // an order-paid record produced after the run, which no consumer group of the run has read
+	"poison-drop":        "poison-lost",        // the coupon plugin's quarantine row of one poison record deleted (the tombstone's, if there is one)
+}
+
+// allInject is what `-inject all` injects.
+var allInject = []string{"dup-coupon", "lost-order", "illegal-transition", "dup-event", "misbehaver-flip", "lag", "poison-drop"}
+
+// injectTarget is where the faults go besides the database.
+type injectTarget struct {
+	Brokers      []string
+	GrantedTopic string // dup-event republishes there
+	OrderTopic   string // lag produces there
+	Misbehaver   string // biz type of the misbehaving plugin's inbox rows (misbehaver-flip)
 }
 
 func parseInject(s string) ([]string, error) {
@@ -28,11 +43,11 @@ func parseInject(s string) ([]string, error) {
 	for _, k := range strings.Split(s, ",") {
 		k = strings.TrimSpace(k)
 		if k == "all" {
-			out = append(out, "dup-coupon", "lost-order", "illegal-transition", "dup-event")
+			out = append(out, allInject...)
 			continue
 		}
 		if _, ok := injectKinds[k]; !ok {
-			return nil, fmt.Errorf("-inject: unknown fault %q (use dup-coupon, lost-order, illegal-transition, dup-event or all)", k)
+			return nil, fmt.Errorf("-inject: unknown fault %q (use %s or all)", k, strings.Join(allInject, ", "))
 		}
 		out = append(out, k)
 	}
@@ -40,8 +55,9 @@ func parseInject(s string) ([]string, error) {
 }
 
 // inject applies kinds to the database (admin pool: dropping the unique key needs DDL) and,
-// for dup-event, to Kafka. Each fault hits a different GRANTED order of the prefix.
-func inject(ctx context.Context, admin *sql.DB, prefix string, kinds []string, brokers []string, grantedTopic string) ([]string, error) {
+// for dup-event and lag, to Kafka. Each fault of the coupon plugin's state hits a different
+// GRANTED order of the prefix.
+func inject(ctx context.Context, admin *sql.DB, prefix string, kinds []string, t injectTarget) ([]string, error) {
 	var granted []string
 	if err := query(ctx, admin, `SELECT order_id FROM coupon_grant WHERE order_id LIKE ? AND state = 'GRANTED' ORDER BY order_id LIMIT 16`,
 		[]any{likePrefix(prefix)}, func(s scanner) error {
@@ -78,9 +94,38 @@ func inject(ctx context.Context, admin *sql.DB, prefix string, kinds []string, b
 			stmts = []string{`INSERT INTO coupon_grant_log (order_id, campaign_id, from_state, to_state)
  SELECT order_id, campaign_id, 'GRANTED', 'LOCKED' FROM coupon_grant WHERE order_id = ?`}
 		case "dup-event":
-			if err := republish(ctx, admin, id, brokers, grantedTopic); err != nil {
+			if err := republish(ctx, admin, id, t.Brokers, t.GrantedTopic); err != nil {
 				return done, fmt.Errorf("inject %s: %w", k, err)
 			}
+		case "misbehaver-flip":
+			what, err := flipMisbehaver(ctx, admin, prefix, t.Misbehaver)
+			if err != nil {
+				return done, fmt.Errorf("inject %s: %w", k, err)
+			}
+			done = append(done, k+": "+what)
+			continue
+		case "poison-drop":
+			var key string
+			err := admin.QueryRowContext(ctx, `SELECT dedup_key FROM inbox WHERE biz_type = 'coupon' AND reason = 'poison' AND topic = ?
+ ORDER BY tombstone DESC, id LIMIT 1`, t.OrderTopic).Scan(&key)
+			if err == nil {
+				_, err = admin.ExecContext(ctx, `DELETE FROM inbox WHERE biz_type = 'coupon' AND dedup_key = ?`, key)
+			}
+			if err != nil {
+				return done, fmt.Errorf("inject %s: %w", k, err)
+			}
+			done = append(done, fmt.Sprintf("%s: quarantine row %s (biz type coupon) deleted", k, key))
+			continue
+		case "lag":
+			if t.OrderTopic == "" {
+				return done, fmt.Errorf("inject %s: no order topic", k)
+			}
+			at, err := produceUnread(t.Brokers, t.OrderTopic, prefix+"-inject-lag")
+			if err != nil {
+				return done, fmt.Errorf("inject %s: %w", k, err)
+			}
+			done = append(done, fmt.Sprintf("%s: one record at %s that no router read", k, at))
+			continue
 		}
 		for _, q := range stmts {
 			var err error
@@ -117,4 +162,49 @@ func republish(ctx context.Context, db *sql.DB, orderID string, brokers []string
 	_, _, err = p.SendMessage(&sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(orderID), Value: sarama.ByteEncoder(payload),
 		Headers: []sarama.RecordHeader{{Key: []byte("event_id"), Value: []byte(eventID)}, {Key: []byte("event_type"), Value: []byte("CouponGranted")}}})
 	return err
+}
+
+// flipMisbehaver flips one inbox row of the misbehaving plugin: a quarantined one (the
+// first by key) to done, or, when there is none, a done one to failed with reason panic.
+func flipMisbehaver(ctx context.Context, admin *sql.DB, prefix, bizType string) (string, error) {
+	if bizType == "" {
+		return "", fmt.Errorf("no misbehaving plugin in this run")
+	}
+	for _, f := range []struct{ from, set, to string }{
+		{"failed", "status = 'done', reason = NULL", "done"},
+		{"done", "status = 'failed', reason = 'panic'", "failed/panic"},
+	} {
+		var id int64
+		var key string
+		err := admin.QueryRowContext(ctx, `SELECT id, dedup_key FROM inbox WHERE biz_type = ? AND dedup_key LIKE ? AND status = ? ORDER BY dedup_key LIMIT 1`,
+			bizType, likePrefix(prefix), f.from).Scan(&id, &key)
+		if errors.Is(err, sql.ErrNoRows) {
+			continue
+		}
+		if err != nil {
+			return "", err
+		}
+		if _, err := admin.ExecContext(ctx, `UPDATE inbox SET `+f.set+` WHERE id = ?`, id); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("biz type %s order %s %s → %s", bizType, key, f.from, f.to), nil
+	}
+	return "", fmt.Errorf("no inbox row of biz type %s with prefix %s", bizType, prefix)
+}
+
+// produceUnread sends one order-paid record under key (of the run's prefix, so it is
+// neither an order of a ledger nor poison) after the routers stopped: the run's consumer
+// groups are then one record behind on its partition.
+func produceUnread(brokers []string, topic, key string) (string, error) {
+	sc := saramaConfig()
+	sc.Producer.Return.Successes = true
+	sc.Producer.RequiredAcks = sarama.WaitForAll
+	p, err := sarama.NewSyncProducer(brokers, sc)
+	if err != nil {
+		return "", err
+	}
+	defer p.Close()
+	v := fmt.Sprintf(`{"orderId":%q,"userId":"u-inject","amountCents":100}`, key)
+	part, off, err := p.SendMessage(&sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(key), Value: sarama.StringEncoder(v)})
+	return fmt.Sprintf("%s/%d/%d", topic, part, off), err
 }

@@ -4,8 +4,15 @@
 // makes consumers join and leave, restarts the broker and the database (scripts/infra.sh),
 // and injects latency, connection resets and a cut between the routers and MariaDB and
 // between the routers and Kafka through in-process toxiproxies (proxy.go). After healing and
-// draining, an independent checker (checker.go) audits the producer's ledger, the database
-// and coupon-granted, and the run ends with one line: `CHAOS ok ...` or `CHAOS FAIL ...`.
+// draining, an independent checker (checker.go) audits the producer's ledger, the database,
+// coupon-granted and the consumer groups' committed offsets, and the run ends with one line:
+// `CHAOS ok ...` or `CHAOS FAIL ...`.
+//
+// Beside the coupon granter every router runs chaos-misbehaver, a test plugin compiled in
+// only with -tags onceflow_chaos (cmd/router/chaosplugin_on.go): it consumes the same
+// orders in its own group and biz type and panics resp. blocks for ever on the orders
+// pkg/chaosplan picks; the checker predicts which and checks they ended quarantined with
+// reason panic resp. timeout, and the rest done.
 //
 // It restarts the services it runs against: scripts/chaos.sh points it at a second instance
 // of scripts/infra.sh (ONCEFLOW_RUN_DIR, ONCEFLOW_DB_PORT, ONCEFLOW_KAFKA_PORT, ...), and it
@@ -104,7 +111,28 @@ const (
 	orderTopic   = "order-paid"
 	grantedTopic = "coupon-granted"
 	group        = "coupon-sender"
+	// The misbehaving plugin (cmd/router/chaosplugin_on.go), in routers built with
+	// -tags onceflow_chaos.
+	routerTags       = "onceflow_chaos"
+	misbehaverPlugin = "chaos-misbehaver"
+	misbehaverGroup  = "chaos-misbehaver"
+	misbehaverBiz    = "chaos"
+	// handlerTimeout is the run's inbox.handler_timeout: how long a blocked plugin call holds
+	// an attempt. Above what the DB proxy's latency fault (≤ 250 ms per chunk each way, up
+	// to 10 s) makes of a step of four round trips, so that only the plugin's own blocks end
+	// as timeouts.
+	handlerTimeout = 5 * time.Second
+	// maxPayloadBytes is the run's inbox.max_payload_bytes: small enough that a value over
+	// it fits Kafka's default max message size, so `produce --poison` sends the oversized kind.
+	maxPayloadBytes = 256 << 10
 )
+
+// poisonKinds are the kinds of poison record the checker must find on order-paid (its own
+// names, poisonKindOf): `router produce --poison` cycles through all of them.
+var poisonKinds = []string{"bad-json", "tombstone", "empty", "utf8-value", "utf8-key", "utf8-headers", "big-headers", "oversized"}
+
+// runGroups are the consumer groups of the run's routers and what they consume.
+var runGroups = []GroupTopic{{group, orderTopic}, {misbehaverGroup, orderTopic}}
 
 var t0 = time.Now()
 
@@ -122,7 +150,7 @@ func main() {
 	flag.StringVar(&o.profile, "profile", prof, "short (~3 min) or long (~12 min); env CHAOS_PROFILE")
 	flag.Uint64Var(&o.seed, "seed", envUint("CHAOS_SEED", 1), "seed of every fault time, victim and duration; env CHAOS_SEED")
 	flag.StringVar(&o.root, "root", ".", "repository root (scripts/infra.sh)")
-	flag.StringVar(&o.router, "router", "bin/router", "router binary (copied into the run directory at start; built if missing)")
+	flag.StringVar(&o.router, "router", ".run/chaos/router", "router binary, built with -tags "+routerTags+" (copied into the run directory at start; built if missing)")
 	flag.StringVar(&o.runDir, "run-dir", "", "run directory (default .run/chaos/<prefix>); with -check-only: the run to audit")
 	flag.StringVar(&o.dbName, "db", "onceflow_chaos", "database of the run (dropped and migrated at start)")
 	flag.StringVar(&o.dbAddr, "db-addr", "127.0.0.1:"+envOr("ONCEFLOW_DB_PORT", "3306"), "MariaDB address (default from ONCEFLOW_DB_PORT, as scripts/infra.sh)")
@@ -214,8 +242,8 @@ func run(ctx context.Context, o options) (int, error) {
 	}
 	if _, err := os.Stat(routerSrc); err != nil {
 		logf("building %s", routerSrc)
-		if out, err := exec.Command("go", "build", "-o", routerSrc, "./cmd/router").CombinedOutput(); err != nil {
-			return 2, fmt.Errorf("go build ./cmd/router: %v\n%s", err, out)
+		if out, err := exec.Command("go", "build", "-tags", routerTags, "-o", routerSrc, "./cmd/router").CombinedOutput(); err != nil {
+			return 2, fmt.Errorf("go build -tags %s ./cmd/router: %v\n%s", routerTags, err, out)
 		}
 	}
 	bin := filepath.Join(o.runDir, "router")
@@ -223,6 +251,11 @@ func run(ctx context.Context, o options) (int, error) {
 		return 2, err
 	} else if err := os.WriteFile(bin, b, 0o755); err != nil {
 		return 2, err
+	}
+	if out, err := exec.Command(bin, "plugins").CombinedOutput(); err != nil {
+		return 2, fmt.Errorf("%s plugins: %v\n%s", routerSrc, err, out)
+	} else if !strings.Contains(string(out), misbehaverPlugin) {
+		return 2, fmt.Errorf("router %s has no %s plugin: build it with -tags %s (scripts/chaos.sh does)", routerSrc, misbehaverPlugin, routerTags)
 	}
 
 	// The harness restarts MariaDB and Kafka: never the default instance that other tests use.
@@ -306,6 +339,12 @@ func run(ctx context.Context, o options) (int, error) {
 	if info.StartOffsets, err = TopicEnds(o.brokers, orderTopic, grantedTopic); err != nil {
 		return 2, fmt.Errorf("kafka: %w", err)
 	}
+	// The misbehaving plugin's group starts where the run starts: what earlier runs left on
+	// order-paid is not this run's, and its fresh database has no rows for it.
+	if err := commitOffsets(o.brokers, misbehaverGroup, orderTopic, info.StartOffsets[orderTopic]); err != nil {
+		return 2, fmt.Errorf("kafka: group %s to the run's start offsets (is a router of it running?): %w", misbehaverGroup, err)
+	}
+	logf("consumer group %s: offsets set to the end of %s", misbehaverGroup, orderTopic)
 
 	routerEnv := append(cleanEnv(), "ONCEFLOW_CONFIG="+cfgPath, "ONCEFLOW_KAFKA_BROKERS="+routerBrokers,
 		"ONCEFLOW_DB_ADMIN_DSN="+adminDSN, "ONCEFLOW_DB_DSN="+dsn("onceflow:onceflow", px.Addr(), o.dbName))
@@ -315,7 +354,7 @@ func run(ctx context.Context, o options) (int, error) {
 	}
 	var slots []*slot
 	for _, n := range []string{"a", "b", "c"} {
-		slots = append(slots, newSlot(n, bin, []string{"run", "--plugins", "coupon-granter"}, routerEnv, o.runDir, logf))
+		slots = append(slots, newSlot(n, bin, []string{"run", "--plugins", "coupon-granter," + misbehaverPlugin}, routerEnv, o.runDir, logf))
 	}
 	closeAll := func() {
 		var wg sync.WaitGroup
@@ -461,7 +500,7 @@ func run(ctx context.Context, o options) (int, error) {
 			deadline := time.Now().Add(3 * time.Minute)
 			for attempt := 1; ; attempt++ {
 				cmd := exec.CommandContext(ctx, bin, "produce", "--orders", fmt.Sprint(perSeg), "--dup-rate", "0.3",
-					"--poison", fmt.Sprint(max(perSeg/100, 1)), "--rate", fmt.Sprint(p.rate), "--prefix", prefix,
+					"--poison", fmt.Sprint(max(perSeg/100, 2*len(poisonKinds))), "--rate", fmt.Sprint(p.rate), "--prefix", prefix,
 					"--seed", fmt.Sprint(o.seed*1000+uint64(seg)), "--ledger", ledger)
 				cmd.Env = append(baseEnv, "ONCEFLOW_DB_DSN="+appDSN)
 				out, err := cmd.CombinedOutput()
@@ -531,9 +570,19 @@ func run(ctx context.Context, o options) (int, error) {
 	logf("network faults: db proxy %s; kafka proxy %s", info.Faults["db_proxy"], info.Faults["kafka_proxy"])
 	saveInfo(o.runDir, info)
 
+	drainStart := time.Now()
 	drained, why := drain(ctx, appDSN, info, p.drain)
 	if drained {
-		logf("drained")
+		logf("drained: %s", why)
+		// Offsets are committed every second: wait (bounded) until every group of the run
+		// has committed the end of every partition while the routers still run. The checker
+		// reads them again after the routers stopped.
+		lags, err := waitLag(ctx, o.brokers, runGroups, info.StartOffsets, max(p.drain-time.Since(drainStart), 30*time.Second))
+		if err != nil {
+			logf("committed offsets: %v", err)
+		} else {
+			logf("committed offsets before stopping the routers: %s", lagSummary(lags))
+		}
 	} else {
 		harnessErr("not drained after %s: %s", p.drain, why)
 	}
@@ -551,7 +600,8 @@ func run(ctx context.Context, o options) (int, error) {
 
 func audit(ctx context.Context, o options, info runInfo, appDSN, adminDSN string, kinds []string, harnessErrs []string) (int, error) {
 	cc := CheckConfig{DSN: appDSN, Brokers: info.Brokers, GrantedTopic: grantedTopic, OrderTopic: orderTopic,
-		StartOffsets: info.StartOffsets, Prefix: info.Prefix, Ledgers: info.Ledgers}
+		StartOffsets: info.StartOffsets, Prefix: info.Prefix, Ledgers: info.Ledgers,
+		Misbehaver: misbehaverBiz, Groups: runGroups, LagWait: 30 * time.Second}
 	rep, err := Check(ctx, cc)
 	if err != nil {
 		return 2, err
@@ -561,6 +611,11 @@ func audit(ctx context.Context, o options, info runInfo, appDSN, adminDSN string
 	for _, h := range harnessErrs {
 		extra = append(extra, "harness("+strings.ReplaceAll(h, " ", "_")+")")
 	}
+	for _, k := range poisonKinds {
+		if rep.PoisonKinds[k] == 0 {
+			extra = append(extra, "harness(no_"+k+"_poison_record_on_"+orderTopic+")")
+		}
+	}
 	if len(kinds) > 0 {
 		logf("before injection: %s", summary(rep, info.Kills, info.BrokerRestar, info.DBRestarts, extra))
 		admin, err := sql.Open("mysql", adminDSN)
@@ -568,7 +623,8 @@ func audit(ctx context.Context, o options, info runInfo, appDSN, adminDSN string
 			return 2, err
 		}
 		defer admin.Close()
-		done, err := inject(ctx, admin, info.Prefix, kinds, info.Brokers, grantedTopic)
+		done, err := inject(ctx, admin, info.Prefix, kinds, injectTarget{Brokers: info.Brokers, GrantedTopic: grantedTopic,
+			OrderTopic: orderTopic, Misbehaver: misbehaverBiz})
 		for _, d := range done {
 			logf("injected %s", d)
 		}
@@ -624,6 +680,20 @@ func printReport(r Report) {
 		r.KafkaDeliveries, r.LedgerDeliveries, r.DuplicatesBlocked, r.Redeliveries(), r.LedgerPoison, r.PoisonQuarantined)
 	logf("checker: grant_events=%d (distinct CouponGranted event ids, read_committed) duplicate_events=%d duplicate_coupons=%d transitions=%d",
 		r.GrantEvents, r.DupEvents, r.DupCoupons, r.Transitions)
+	if len(r.PoisonKinds) > 0 {
+		var kinds []string
+		for _, k := range poisonKinds {
+			kinds = append(kinds, fmt.Sprintf("%s=%d", k, r.PoisonKinds[k]))
+		}
+		logf("checker: poison records of the run on %s: %d (%s); inbox rows quarantined as poison: %s %d, %s %d",
+			orderTopic, r.PoisonOnKafka, strings.Join(kinds, " "), "coupon", r.PoisonQuarantined, misbehaverBiz, r.MisbehaverPoison)
+	}
+	if r.MisbehaverWant != nil {
+		logf("checker: %s (biz type %s) outcomes as planned: %s", misbehaverPlugin, misbehaverBiz, misbehaverSummary(r))
+	}
+	if r.LagChecked {
+		logf("checker: committed lag %d: %s", r.LagTotal, lagSummary(r.Lags))
+	}
 	for _, v := range r.Violations {
 		fmt.Printf("VIOLATION %s (%d): %s\n", v.Kind, v.Count, strings.Join(v.Examples, "; "))
 	}
@@ -700,8 +770,9 @@ func writeSchedule(path string, ev []event) {
 	_ = os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
-// drain waits until every ledger order is terminal or quarantined, no inbox row of the run
-// is processing, and the outbox is published (own SQL, direct to MariaDB).
+// drain waits until every ledger order is terminal or quarantined, has its row done or
+// failed in the misbehaving plugin's inbox, no inbox row of the run is processing, and the
+// outbox is published (own SQL, direct to MariaDB).
 func drain(ctx context.Context, appDSN string, info runInfo, bound time.Duration) (bool, string) {
 	total := 0
 	for _, l := range info.Ledgers {
@@ -720,15 +791,18 @@ func drain(ctx context.Context, appDSN string, info runInfo, bound time.Duration
 	deadline := time.Now().Add(bound)
 	why := ""
 	for {
-		var terminal, quarantined, processing, pending int
+		var terminal, quarantined, processing, pending, misbehaved int
 		err := db.QueryRowContext(ctx, `SELECT
  (SELECT COUNT(*) FROM coupon_grant WHERE order_id LIKE ? AND state IN ('GRANTED', 'FAILED')),
  (SELECT COUNT(*) FROM inbox WHERE biz_type = 'coupon' AND dedup_key LIKE ? AND status = 'failed' AND dedup_key NOT LIKE '%#conflict:%'),
- (SELECT COUNT(*) FROM inbox WHERE biz_type = 'coupon' AND dedup_key LIKE ? AND status = 'processing'),
- (SELECT COUNT(*) FROM outbox WHERE published_at IS NULL)`, like, like, like).Scan(&terminal, &quarantined, &processing, &pending)
+ (SELECT COUNT(*) FROM inbox WHERE biz_type IN ('coupon', ?) AND dedup_key LIKE ? AND status = 'processing'),
+ (SELECT COUNT(*) FROM outbox WHERE published_at IS NULL),
+ (SELECT COUNT(*) FROM inbox WHERE biz_type = ? AND dedup_key LIKE ? AND status IN ('done', 'failed') AND dedup_key NOT LIKE '%#conflict:%')`,
+			like, like, misbehaverBiz, like, misbehaverBiz, like).Scan(&terminal, &quarantined, &processing, &pending, &misbehaved)
 		if err == nil {
-			why = fmt.Sprintf("%d/%d orders terminal, %d quarantined, %d processing, %d outbox rows unpublished", terminal, total, quarantined, processing, pending)
-			if terminal+quarantined >= total && processing == 0 && pending == 0 {
+			why = fmt.Sprintf("%d/%d orders terminal, %d quarantined, %d/%d ended in %s's inbox, %d processing, %d outbox rows unpublished",
+				terminal, total, quarantined, misbehaved, total, misbehaverPlugin, processing, pending)
+			if terminal+quarantined >= total && misbehaved >= total && processing == 0 && pending == 0 {
 				return true, why
 			}
 		} else {
@@ -755,6 +829,8 @@ kafka:
 inbox:
   backoff_initial: 20ms
   backoff_max: 1s
+  handler_timeout: %s   # the misbehaving plugin's blocked calls are abandoned after this
+  max_payload_bytes: %d   # a value 1 KiB over it still fits Kafka's max message size: the oversized poison kind is sent
 relay:
   # A transactional id of its own: the positions topic is shared with every other database,
   # and a fresh database must not reconcile against another run's last batch.
@@ -774,7 +850,7 @@ plugins:
     step_jitter: 4ms
     step_failure_rate: 0.1   # 10 %% of the external calls of every step fail (retried by the inbox)
     seed: %d
-`, prefix, prefix, leaseTTL, seed)
+`, prefix, handlerTimeout, maxPayloadBytes, prefix, leaseTTL, seed)
 }
 
 // cleanEnv is the harness's environment without ONCEFLOW_* settings (the run sets its own).
