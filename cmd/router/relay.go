@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
@@ -124,17 +125,30 @@ func (a *app) newRelay(db *sql.DB, kc kafkax.Config) (*outbox.Relay, func(), err
 		}
 		return r, func() { _ = r.Close() }, nil
 	}
-	producer, err := kc.NewSyncProducer()
+	// The producer's own client answers the relay's check before each batch (topics exist,
+	// records within Producer.MaxMessageBytes), so what Kafka refuses is parked unsent.
+	pc := kc.ProducerConfig()
+	client, err := sarama.NewClient(kc.Brokers, pc)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, kafkax.Unreachable(kc.Brokers, err)
+	}
+	producer, err := sarama.NewSyncProducerFromClient(client)
+	if err != nil {
+		_ = client.Close()
+		return nil, nil, kafkax.Unreachable(kc.Brokers, err)
+	}
+	closeAll := func() {
+		_ = producer.Close()
+		_ = client.Close()
 	}
 	r, err := outbox.NewRelay(db, producer, rc, a.logger)
 	if err != nil {
-		_ = producer.Close()
+		closeAll()
 		return nil, nil, badInput(err)
 	}
+	r.CheckWith(client, pc.Producer.MaxMessageBytes)
 	a.logger.Info("relay runs AT LEAST ONCE (relay.exactly_once=false): a crash between Kafka's ack and the database mark republishes that batch", nil)
-	return r, func() { _ = producer.Close() }, nil
+	return r, closeAll, nil
 }
 
 // relayMetrics feeds the relay's counters into the registry and adds its state gauges.
@@ -163,6 +177,9 @@ func relayMetrics(ctx context.Context, m *metrics.Metrics, relay *outbox.Relay) 
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "onceflow", Name: "relay_batches_total",
 			Help: "Batches published: Kafka transactions in exactly-once mode (relay.batch_size and relay.linger shape them)."},
 			func() float64 { return float64(relay.Batches()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "onceflow", Name: "relay_parked_total",
+			Help: "Outbox events this relay parked: Kafka refuses them for good, or they wait behind one of their key that it refuses (router outbox ls)."},
+			func() float64 { return float64(relay.Parked()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "onceflow", Name: "relay_cleaned_total",
 			Help: "Published outbox rows deleted after relay.retention."}, func() float64 { return float64(relay.Deleted()) }),
 	)
