@@ -316,8 +316,8 @@ func (r *Relay) Deleted() int64 { return r.deleted.Load() }
 
 // Run relays until ctx is cancelled. Publish failures are logged and retried with a doubling
 // backoff (RetryBackoff up to MaxRetryBackoff); nothing is dropped. Events Kafka refuses for
-// good are parked instead of retried, with the later events of their keys (parked.go). With a Retention, published
-// rows older than it are deleted every CleanupInterval. In exactly-once mode Run also takes and
+// good are parked instead of retried, with the later events of their keys (parked.go). With
+// a Retention, published rows older than it are deleted every CleanupInterval. In exactly-once mode Run also takes and
 // renews the shard's lease, waits as a standby while another instance holds it, and on return
 // aborts any open Kafka transaction, closes its producer and releases the lease. With several
 // shards each one it owns runs in its own goroutine, and the relay keeps its membership.
