@@ -53,9 +53,11 @@ func (pc *ParallelConfig) setDefaults() {
 // Guarantees, per claimed partition:
 //   - at most ParallelConfig.Window messages are handed out beyond the marked offset;
 //   - a message whose record key equals the key of an earlier, still un-acked message of
-//     the same partition is not handed out until that one is acked: the partition's read
-//     loop waits at it, so messages of one key are handed out (first delivery) in offset
-//     order and never concurrently. Messages with an empty key have no ordering constraint;
+//     the same partition is not handed out until that one is acked: it waits, in its place
+//     in the window, while the read loop goes on with other keys, so messages of one key
+//     are handed out (first delivery) in offset order and never concurrently, and one slow
+//     key holds back only its own later messages. Messages with an empty key have no
+//     ordering constraint;
 //   - the offset marked for commit (Sarama commits marked offsets in the background, and
 //     once more when a session ends) is always just past the highest contiguous run of
 //     acked messages, never past an un-acked one;
@@ -304,6 +306,7 @@ func (h *parallelHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim s
 		ending:   make(chan struct{}),
 		abandon:  make(chan struct{}),
 		busyKeys: map[string]struct{}{},
+		waiting:  map[string][]waitingMsg{},
 		changed:  make(chan struct{}, 1),
 		marked:   max(claim.InitialOffset(), -1), // Sarama's OffsetOldest/Newest (< 0): not known yet
 	}
@@ -320,6 +323,12 @@ type slot struct {
 	since   time.Time // when it took its place in the window, just before it was handed out
 	acked   bool
 	settled bool // acked, or abandoned by a nack after the claim ended / never handed out
+}
+
+// waitingMsg is a message in the window whose key is busy: handed out when it is freed.
+type waitingMsg struct {
+	sl  *slot
+	msg *message.Message
 }
 
 // claimRun is the state of one claimed partition for the lifetime of its claim.
@@ -342,6 +351,7 @@ type claimRun struct {
 	queue     []*slot // handed out and not yet covered by the marked offset, in offset order
 	marked    int64   // the offset marked for commit (all before it acked); -1: not known yet
 	busyKeys  map[string]struct{}
+	waiting   map[string][]waitingMsg // keyed messages in the window behind a busy key, in offset order
 	unsettled int
 	changed   chan struct{} // a slot was acked or settled (capacity 1, coalescing)
 
@@ -353,7 +363,8 @@ func (r *claimRun) run(msgs <-chan *sarama.ConsumerMessage) error {
 	r.h.s.logger.Debug("Partition claimed", r.logFields)
 	err := r.read(msgs)
 	close(r.ending)
-	r.drain()
+	r.drain() // messages waiting behind a key are still handed out as their keys free up
+	r.settleWaiting()
 	close(r.abandon)
 	r.watchers.Wait()
 	r.h.s.logger.Debug("Partition claim done", r.logFields)
@@ -379,47 +390,79 @@ func (r *claimRun) read(msgs <-chan *sarama.ConsumerMessage) error {
 			return fmt.Errorf("message unmarshal failed: %w", err)
 		}
 		sl := &slot{km: km, key: string(km.Key), keyed: len(km.Key) > 0}
-		if !r.admit(sl) {
-			return nil
-		}
 		msg.SetContext(inbox.ContextWithSource(r.ctx, inbox.Source{Topic: km.Topic, Partition: km.Partition, Offset: km.Offset}))
-		select {
-		case r.h.output <- msg:
-		case <-r.stop:
-			r.settle(sl) // never handed out: stays un-acked, so nothing past it is marked
+		out, ok := r.admit(sl, msg)
+		if !ok {
 			return nil
 		}
-		r.watchers.Add(1)
-		go r.watch(sl, msg)
+		if out && !r.handOut(sl, msg, r.stop) {
+			return nil
+		}
 	}
 }
 
-// admit waits until sl fits in the window and its key is free, then takes both. It
-// returns false when the session ends first.
-func (r *claimRun) admit(sl *slot) bool {
+// admit waits until sl fits in the window and takes its place. It reports whether sl is
+// to be handed out now (its key is free, and now taken) or waits behind its key, and
+// false when the session ends first.
+func (r *claimRun) admit(sl *slot, msg *message.Message) (handOut, ok bool) {
 	for {
 		r.mu.Lock()
-		_, busy := r.busyKeys[sl.key]
-		if len(r.queue) < r.window && !(sl.keyed && busy) {
+		if len(r.queue) < r.window {
 			sl.since = time.Now()
 			if r.marked < 0 {
 				// A new group's first message: nothing before it is to be consumed.
 				r.marked = sl.km.Offset
 			}
 			r.queue = append(r.queue, sl)
-			if sl.keyed {
+			r.unsettled++
+			_, busy := r.busyKeys[sl.key]
+			switch {
+			case !sl.keyed:
+			case busy:
+				r.waiting[sl.key] = append(r.waiting[sl.key], waitingMsg{sl: sl, msg: msg})
+			default:
 				r.busyKeys[sl.key] = struct{}{}
 			}
-			r.unsettled++
 			r.mu.Unlock()
-			return true
+			return !(sl.keyed && busy), true
 		}
 		r.mu.Unlock()
 		select {
 		case <-r.changed:
 		case <-r.stop:
-			return false
+			return false, false
 		}
+	}
+}
+
+// handOut sends msg to the router and watches for its ack. It returns false, leaving sl
+// un-acked (so nothing past it is marked), when stop closes first.
+func (r *claimRun) handOut(sl *slot, msg *message.Message, stop <-chan struct{}) bool {
+	select {
+	case r.h.output <- msg:
+	case <-stop:
+		r.settle(sl) // never handed out: stays un-acked, so nothing past it is marked
+		return false
+	}
+	r.watchers.Add(1)
+	go r.watch(sl, msg)
+	return true
+}
+
+// settleWaiting gives up the messages still waiting behind a busy key once the claim has
+// drained: they stay un-acked, and the next owner reads them again.
+func (r *claimRun) settleWaiting() {
+	r.mu.Lock()
+	var left []*slot
+	for k, ws := range r.waiting {
+		for _, w := range ws {
+			left = append(left, w.sl)
+		}
+		delete(r.waiting, k)
+	}
+	r.mu.Unlock()
+	for _, sl := range left {
+		r.settle(sl)
 	}
 }
 
@@ -471,14 +514,26 @@ func (r *claimRun) resend(msg *message.Message) (*message.Message, bool) {
 	}
 }
 
-// ack records sl as acked, frees its key and marks the offset after the longest acked
-// prefix of the queue.
+// ack records sl as acked, frees its key — handing out the next message waiting for it —
+// and marks the offset after the longest acked prefix of the queue.
 func (r *claimRun) ack(sl *slot) {
 	r.mu.Lock()
+	var next *waitingMsg
 	if !sl.acked {
 		sl.acked = true
 		if sl.keyed {
 			delete(r.busyKeys, sl.key)
+			if ws := r.waiting[sl.key]; len(ws) > 0 {
+				w := ws[0]
+				next = &w
+				if len(ws) == 1 {
+					delete(r.waiting, sl.key)
+				} else {
+					ws[0] = waitingMsg{}
+					r.waiting[sl.key] = ws[1:]
+				}
+				r.busyKeys[sl.key] = struct{}{}
+			}
 		}
 	}
 	if !sl.settled {
@@ -497,6 +552,11 @@ func (r *claimRun) ack(sl *slot) {
 	}
 	r.mu.Unlock()
 	r.signal()
+	if next != nil {
+		// From the acked message's watcher, which keeps the watchers' count above zero;
+		// also while the claim drains, so that what it acks is contiguous.
+		r.handOut(next.sl, next.msg, r.abandon)
+	}
 }
 
 // settle records that no ack is expected for sl any more.

@@ -261,8 +261,8 @@ func TestParallelSubscriberKeyOrderWindowConcurrency(t *testing.T) {
 }
 
 // TestParallelSubscriberWindowAndKeyBlocking checks the hand-out rules exactly on one
-// partition without acking: a busy key stops the partition at that message, and the window
-// caps what is handed out.
+// partition without acking: a message whose key is busy waits in its place in the window
+// while later messages of other keys go out, and the window caps what is handed out.
 func TestParallelSubscriberWindowAndKeyBlocking(t *testing.T) {
 	c := testenv.Kafka(t)
 	topic := testenv.Topic(t, c, "parallel-window", 1)
@@ -284,13 +284,14 @@ func TestParallelSubscriberWindowAndKeyBlocking(t *testing.T) {
 			got[w] = m
 		}
 	}
-	take("a/0", "b/0", "/0")
-	quiet(t, ch, 1500*time.Millisecond, "a/1 must wait for a/0")
-	got["b/0"].Ack() // unrelated key: still blocked
+	// a/1 waits for a/0 in its place in the window; the messages after it go out.
+	take("a/0", "b/0", "/0", "c/0")
+	quiet(t, ch, 1500*time.Millisecond, "a/1 must wait for a/0, and the window of 5 is full")
+	got["b/0"].Ack() // unrelated key, not the oldest: a/1 still waits, the window is still full
 	quiet(t, ch, 500*time.Millisecond, "a/1 must wait for a/0 after b/0's ack")
 	got["a/0"].Ack()
-	// The queue is now /0, a/1, c/0, /1, d/0: five un-acked (b/0 and a/0 were committed).
-	take("a/1", "c/0", "/1", "d/0")
+	// The queue is now /0, a/1, c/0, /1 and d/0: five un-acked (b/0 and a/0 were committed).
+	take("a/1", "/1", "d/0")
 	quiet(t, ch, 1500*time.Millisecond, "window of 5 is full")
 	got["d/0"].Ack() // not the oldest: the window spans from the oldest un-acked message
 	quiet(t, ch, 500*time.Millisecond, "window still full after acking its newest message")
