@@ -14,8 +14,9 @@ import (
 )
 
 var (
-	_ inbox.BatchHandler  = (*Granter)(nil)
-	_ inbox.BatchPreparer = (*Granter)(nil)
+	_ inbox.BatchHandler      = (*Granter)(nil)
+	_ inbox.BatchPreparer     = (*Granter)(nil)
+	_ inbox.StatementPreparer = (*Granter)(nil)
 )
 
 // batchStatements are HandleBatch's multi-row inserts of its common path as server-side
@@ -41,7 +42,7 @@ func newBatchStatements(db *sql.DB) *batchStatements {
 
 // UseStatements makes HandleBatch (and its outbox writes) run their multi-row inserts as
 // prepared statements of pool db — the pool of the transactions HandleBatch is given (the
-// router's; an inbox.Batcher's). PrepareBatch prepares them, outside the transaction; until
+// router's; an inbox.Batcher's). PrepareStatements prepares them, outside the transaction; until
 // it has, and should the server refuse, they run interpolated. Call before first use.
 func (g *Granter) UseStatements(db *sql.DB) *Granter {
 	g.st = newBatchStatements(db)
@@ -49,8 +50,10 @@ func (g *Granter) UseStatements(db *sql.DB) *Granter {
 	return g
 }
 
-// prepareStatements prepares the statements of UseStatements (nothing without it).
-func (g *Granter) prepareStatements(ctx context.Context) {
+// PrepareStatements implements inbox.StatementPreparer: it prepares the statements of
+// UseStatements (nothing without it), outside any transaction; the Batcher calls it before
+// each batch.
+func (g *Granter) PrepareStatements(ctx context.Context) {
 	for _, m := range []*dbx.MultiRow{g.st.grant, g.st.log, g.st.coupon} {
 		if err := m.Prepare(ctx); err != nil {
 			g.logger.Error("coupon batch: inserts run unprepared (slower); retrying in a minute", err, nil)
@@ -68,40 +71,49 @@ func (g *Granter) Close() error {
 }
 
 // batchPrepared marks a delivery whose three external calls (lock stock, deduct budget,
-// issue coupon) PrepareBatch made successfully.
+// issue coupon) PrepareDelivery made successfully.
 type batchPrepared struct{}
 
-// prepareParallelism bounds the concurrent external calls of one batch.
-const prepareParallelism = 64
+// PrepareDelivery implements inbox.BatchPreparer: as soon as the Batcher has the delivery,
+// it makes the external calls of all three steps, one after another (idempotent by order
+// id and step, like Prepare's). When one fails the delivery stays unprepared, HandleBatch
+// leaves it to the one-at-a-time path, which retries with backoff step by step and
+// quarantines when attempts run out.
+func (g *Granter) PrepareDelivery(ctx context.Context, d *inbox.Delivery) error {
+	o, ok := d.Value.(OrderPaid)
+	if !ok {
+		return nil
+	}
+	for _, step := range batchSteps {
+		if err := g.svc.Call(ctx, step, o.OrderID+":"+step); err != nil {
+			return err
+		}
+	}
+	d.Prepared = batchPrepared{}
+	return nil
+}
 
-// PrepareBatch implements inbox.BatchPreparer: before the batch's transaction, it makes the
-// external calls of all three steps for every delivery (idempotent by order id and step,
-// like Prepare's). A delivery whose call failed is left unprepared, so HandleBatch leaves
-// it to the one-at-a-time path, which retries with backoff and quarantines when exhausted.
+// batchSteps are the steps whose calls PrepareDelivery makes.
+var batchSteps = []string{StateInit.Step(), StateLocked.Step(), StateBudgetDeducted.Step()}
+
+// PrepareBatch prepares the statements and then every delivery of ds, at most
+// prepareParallelism at once (the bench's unsafe baseline, which has no Batcher).
 func (g *Granter) PrepareBatch(ctx context.Context, ds []*inbox.Delivery) {
-	g.prepareStatements(ctx)
-	steps := []string{StateInit.Step(), StateLocked.Step(), StateBudgetDeducted.Step()}
+	g.PrepareStatements(ctx)
 	sem := make(chan struct{}, prepareParallelism)
 	var wg sync.WaitGroup
 	for _, d := range ds {
-		o, ok := d.Value.(OrderPaid)
-		if !ok {
-			continue
-		}
 		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			for _, step := range steps {
-				if err := g.svc.Call(ctx, step, o.OrderID+":"+step); err != nil {
-					return
-				}
-			}
-			d.Prepared = batchPrepared{}
-		}()
+		wg.Go(func() {
+			defer func() { <-sem }()
+			_ = g.PrepareDelivery(ctx, d)
+		})
 	}
 	wg.Wait()
 }
+
+// prepareParallelism bounds PrepareBatch's concurrent deliveries.
+const prepareParallelism = 64
 
 // HandleBatch implements inbox.BatchHandler: the happy path of many grants in one
 // transaction. Grants still in INIT go straight to GRANTED — one update of stock and

@@ -61,3 +61,16 @@ func (s *SimulatedService) Call(ctx context.Context, step, key string) error {
 	}
 	return nil
 }
+
+// observedService reports every call's duration and error (PluginEnv.ObserveCall).
+type observedService struct {
+	svc     ExternalService
+	observe func(step string, elapsed time.Duration, err error)
+}
+
+func (s observedService) Call(ctx context.Context, step, key string) error {
+	start := time.Now()
+	err := s.svc.Call(ctx, step, key)
+	s.observe(step, time.Since(start), err)
+	return err
+}

@@ -45,7 +45,10 @@ func Plugin() inbox.Plugin {
 			if seed == 0 {
 				seed = uint64(time.Now().UnixNano())
 			}
-			svc := NewSimulatedService(cfg.StepDelay, cfg.StepJitter, cfg.StepFailureRate, seed)
+			var svc ExternalService = NewSimulatedService(cfg.StepDelay, cfg.StepJitter, cfg.StepFailureRate, seed)
+			if env.ObserveCall != nil {
+				svc = observedService{svc: svc, observe: env.ObserveCall}
+			}
 			g, err := NewGranter(cfg, svc, env.Logger)
 			if err != nil || env.DB == nil {
 				return g, err

@@ -34,11 +34,25 @@ type BatchHandler interface {
 	HandleBatch(ctx context.Context, tx *sql.Tx, ds []*Delivery) ([]Progress, error)
 }
 
-// BatchPreparer is the batch counterpart of Preparer: PrepareBatch runs before the batch's
-// transaction, without any lock, and may make idempotent outside calls for every delivery.
-// It records what it prepared in each Delivery.Prepared.
+// BatchPreparer is implemented by batch handlers whose work calls slow outside services
+// (the seed incident's 800 ms–2 s calls). The Batcher calls PrepareDelivery for each
+// delivery as soon as it is decoded — on its own goroutine, outside any transaction and
+// lock, at most BatchConfig.MaxInFlightCalls at once, one delivery per business key at a
+// time — and puts a delivery into a batch only once PrepareDelivery has returned, so a
+// batch's transaction never waits on a call and a slow call delays only its own delivery.
+// PrepareDelivery makes the delivery's (idempotent, keyed by business key and step) calls
+// and records what it prepared in d.Prepared, which HandleBatch then finds on the batch's
+// Delivery. When it fails (error, panic, inbox.handler_timeout) d.Prepared is dropped:
+// HandleBatch should leave such a delivery at Continue, for the one-at-a-time path to retry
+// it step by step with backoff.
 type BatchPreparer interface {
-	PrepareBatch(ctx context.Context, ds []*Delivery)
+	PrepareDelivery(ctx context.Context, d *Delivery) error
+}
+
+// StatementPreparer is implemented by batch handlers that keep prepared statements:
+// PrepareStatements runs before each batch's transaction, outside it.
+type StatementPreparer interface {
+	PrepareStatements(ctx context.Context)
 }
 
 // BatchConfig configures a Batcher.
@@ -59,6 +73,11 @@ type BatchConfig struct {
 	// LockRetries is how often a batch rolled back by a deadlock is retried whole before
 	// its deliveries fall back to the one-at-a-time path; default 3.
 	LockRetries int
+	// MaxInFlightCalls bounds the deliveries being prepared at once (BatchPreparer): each
+	// makes its slow calls on its own goroutine. Calls in flight ÷ call time bounds the
+	// throughput of slow calls: 1,000 orders/s with three calls of 0.8–2 s each needs ≈4,200.
+	// Default 8192.
+	MaxInFlightCalls int
 	// SelectAfterClaim reads the claimed rows back with a SELECT after the claim instead of
 	// the claim's own RETURNING clause. Servers without INSERT … RETURNING (MySQL, MariaDB
 	// before 10.5) always take this path; on MariaDB it costs a statement and a lookup per
@@ -79,6 +98,9 @@ func (c *BatchConfig) setDefaults() {
 	if c.LockRetries == 0 {
 		c.LockRetries = 3
 	}
+	if c.MaxInFlightCalls == 0 {
+		c.MaxInFlightCalls = 8192
+	}
 }
 
 // Validate reports the first invalid setting.
@@ -92,6 +114,8 @@ func (c BatchConfig) Validate() error {
 		return fmt.Errorf("inbox: batch workers %d outside 1..64", c.Workers)
 	case c.LockRetries < 0:
 		return fmt.Errorf("inbox: batch lock retries %d is negative", c.LockRetries)
+	case c.MaxInFlightCalls < 0 || c.MaxInFlightCalls > 1_000_000:
+		return fmt.Errorf("inbox: max in-flight calls %d outside 1..1000000", c.MaxInFlightCalls)
 	}
 	return nil
 }
@@ -115,7 +139,7 @@ func (c BatchConfig) Validate() error {
 type Batcher struct {
 	ib     *Inbox
 	bh     BatchHandler
-	prep   BatchPreparer
+	gate   *prepareGate // nil unless the handler is a BatchPreparer
 	cfg    BatchConfig
 	queue  chan *pending // decoded deliveries, for the collector
 	decode chan *pending // deliveries not yet decoded, for the decoders
@@ -143,15 +167,23 @@ type BatchStats struct {
 	Rollbacks  int64 // batch transactions rolled back (then retried or fallen back)
 	MaxBatched int   // most deliveries seen in one batch
 	Returning  bool  // the claim reads its rows back with RETURNING (MariaDB ≥ 10.5), not a SELECT
+
+	// BatchPreparer handlers only:
+	Preparing      int64 // deliveries being prepared now (calls in flight)
+	Prepared       int64 // deliveries prepared
+	PrepareFailed  int64 // prepares that failed, panicked or timed out
+	PrepareSkipped int64 // deliveries not prepared: their key had just been finished
 }
 
 type pending struct {
-	ctx   context.Context
-	msg   *message.Message
-	src   Source
-	dec   Decoded
-	start time.Time
-	done  chan batchOutcome
+	ctx      context.Context
+	msg      *message.Message
+	src      Source
+	dec      Decoded
+	start    time.Time
+	done     chan batchOutcome
+	gated    bool // admitted by the prepare gate: released once it has its outcome
+	prepared any  // what PrepareDelivery left in Delivery.Prepared
 }
 
 type batchOutcome struct {
@@ -224,7 +256,9 @@ func (ib *Inbox) NewBatcher(cfg BatchConfig) (*Batcher, error) {
 	}
 	b.claimReturning = dbx.NewMultiRow(ib.db, claimWidth, claimRows, claimText(true))
 	b.claimPlain = dbx.NewMultiRow(ib.db, claimWidth, claimRows, claimText(false))
-	b.prep, _ = ib.h.(BatchPreparer)
+	if prep, ok := ib.h.(BatchPreparer); ok {
+		b.gate = newPrepareGate(b, prep, cfg.MaxInFlightCalls)
+	}
 	b.queue = make(chan *pending, cfg.MaxSize)
 	b.wg.Go(b.collect)
 	b.decode = make(chan *pending, cfg.MaxSize)
@@ -258,6 +292,10 @@ func (b *Batcher) decoder() {
 			continue
 		}
 		p.dec = dec
+		if b.gate != nil {
+			b.gate.admit(p)
+			continue
+		}
 		select {
 		case b.queue <- p:
 		case <-b.stop:
@@ -285,7 +323,18 @@ func (b *Batcher) Stats() BatchStats {
 	st := b.stats
 	b.mu.Unlock()
 	st.Returning = b.returning.Load() == 1
+	if g := b.gate; g != nil {
+		st.Preparing, st.Prepared, st.PrepareFailed, st.PrepareSkipped = g.running.Load(), g.prepared.Load(), g.failed.Load(), g.skipped.Load()
+	}
 	return st
+}
+
+// ObservePrepares makes the Batcher report each PrepareDelivery call's duration and error
+// to fn (metrics). Call it before the first delivery.
+func (b *Batcher) ObservePrepares(fn func(elapsed time.Duration, err error)) {
+	if b.gate != nil {
+		b.gate.observe = fn
+	}
 }
 
 // HandlerFunc adapts the Batcher to a Watermill router handler for messages consumed from
@@ -319,20 +368,45 @@ func (b *Batcher) Process(ctx context.Context, msg *message.Message, src Source)
 		case o := <-p.done:
 			return b.outcome(ctx, p, o)
 		default:
-			return b.ib.Process(ctx, msg, src, ProcessOptions{})
+			res, err := b.ib.Process(ctx, msg, src, ProcessOptions{})
+			b.release(p, res, err)
+			return res, err
 		}
 	case <-ctx.Done():
 		// The batch may still commit this delivery; an error means "not acked", and a
-		// redelivery finds the row done and counts a duplicate.
+		// redelivery finds the row done and counts a duplicate. Its key stays taken until
+		// then.
+		if p.gated {
+			go func() {
+				select {
+				case o := <-p.done:
+					b.release(p, o.res, nil)
+				case <-b.closed:
+					b.release(p, Result{}, ctx.Err())
+				}
+			}()
+		}
 		return Result{}, ctx.Err()
 	}
 }
 
 func (b *Batcher) outcome(ctx context.Context, p *pending, o batchOutcome) (Result, error) {
+	res, err := o.res, error(nil)
 	if o.fallback {
-		return b.ib.Process(ctx, p.msg, p.src, ProcessOptions{})
+		res, err = b.ib.Process(ctx, p.msg, p.src, ProcessOptions{})
 	}
-	return o.res, nil
+	b.release(p, res, err)
+	return res, err
+}
+
+// release lets the next delivery of p's key be prepared once p has its final outcome.
+func (b *Batcher) release(p *pending, res Result, err error) {
+	if !p.gated {
+		return
+	}
+	p.gated = false
+	done := err == nil && (res.Outcome == OutcomeProcessed || res.Outcome == OutcomeDuplicate && res.Reason == "")
+	b.gate.release(p, done)
 }
 
 // collect forms batches of the queued deliveries and runs them (groupcommit.Collect: a
@@ -393,7 +467,7 @@ func (b *Batcher) run(batch []*pending) {
 			}
 			continue
 		}
-		it := &item{p: p, d: &Delivery{Message: p.msg, BizType: ib.cfg.BizType, Key: p.dec.Key, Value: p.dec.Value, Source: p.src, Attempt: 1}}
+		it := &item{p: p, d: &Delivery{Message: p.msg, BizType: ib.cfg.BizType, Key: p.dec.Key, Value: p.dec.Value, Source: p.src, Attempt: 1, Prepared: p.prepared}}
 		byKey[p.dec.Key] = it
 		items = append(items, it)
 	}
@@ -403,23 +477,11 @@ func (b *Batcher) run(batch []*pending) {
 	}
 	// One lock order for every batch and for the handler's own rows, keyed alike.
 	sort.Slice(items, func(i, j int) bool { return items[i].p.dec.Key < items[j].p.dec.Key })
-	if b.prep != nil {
-		ds := make([]*Delivery, len(items))
-		for i, it := range items {
-			ds[i] = it.d
-		}
-		pctx, cancel := context.WithTimeout(items[0].p.ctx, ib.cfg.HandlerTimeout)
-		err := guard(pctx, "prepare batch", func() error { b.prep.PrepareBatch(pctx, ds); return nil })
-		cancel()
-		if err != nil {
-			// A panic or a timeout: the one-at-a-time path runs each delivery on its own
-			// (with its own Delivery: the abandoned call may still hold these).
-			b.fallBackItems(items, rest, "prepare failed", err)
-			return
-		}
-	}
 	ctx := context.WithoutCancel(items[0].p.ctx)
 	b.prepareClaim(ctx)
+	if sp, ok := b.bh.(StatementPreparer); ok {
+		sp.PrepareStatements(ctx)
+	}
 	var err error
 	for try := 0; ; try++ {
 		for _, it := range items {

@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 
@@ -36,6 +37,9 @@ type PluginEnv struct {
 	// DecodeConfig decodes the plugin's own configuration section
 	// (plugins.<name> in router.yaml) into target, rejecting unknown keys.
 	DecodeConfig func(target any) error
+	// ObserveCall, when set, records one outside call of the plugin (metrics: call latency
+	// per step). A plugin that makes slow calls reports each one.
+	ObserveCall func(step string, elapsed time.Duration, err error)
 }
 
 // Validate checks a plugin declaration.

@@ -56,6 +56,7 @@ type InboxConfig struct {
 	BatchSize        int           `mapstructure:"batch_size"`
 	BatchLinger      time.Duration `mapstructure:"batch_linger"`
 	BatchWorkers     int           `mapstructure:"batch_workers"`
+	MaxInFlightCalls int           `mapstructure:"max_in_flight_calls"`
 	CleanupInterval  time.Duration `mapstructure:"cleanup_interval"`
 	CleanupBatch     int           `mapstructure:"cleanup_batch"`
 }
@@ -125,6 +126,7 @@ var defaults = []struct {
 	{"inbox.batch_size", 512, "group commit: deliveries per transaction for plugins that implement inbox.BatchHandler; 1 turns it off"},
 	{"inbox.batch_linger", "2ms", "how long a batch waits for more deliveries after its first"},
 	{"inbox.batch_workers", 2, "batch transactions running at once (a second only for a full batch or one that waited 2× batch_linger; never two with one key)"},
+	{"inbox.max_in_flight_calls", 8192, "group commit: deliveries whose outside calls run at once, each prepared as soon as it arrives (calls in flight ÷ call time bounds the throughput of slow calls)"},
 	{"inbox.cleanup_interval", "1h", "how often expired done rows are deleted"},
 	{"inbox.cleanup_batch", 500, "rows per cleanup DELETE"},
 	{"relay.enabled", true, "run the outbox relay in this process"},
@@ -270,7 +272,7 @@ func (c Config) inboxConfig(bizType, keyLogField string) inbox.Config {
 
 // batchConfig maps inbox.batch_* onto the inbox package's group-commit settings.
 func (c Config) batchConfig() inbox.BatchConfig {
-	return inbox.BatchConfig{MaxSize: c.Inbox.BatchSize, Linger: c.Inbox.BatchLinger, Workers: c.Inbox.BatchWorkers}
+	return inbox.BatchConfig{MaxSize: c.Inbox.BatchSize, Linger: c.Inbox.BatchLinger, Workers: c.Inbox.BatchWorkers, MaxInFlightCalls: c.Inbox.MaxInFlightCalls}
 }
 
 // decodePluginConfig decodes raw (a plugins.<name> section) into target, refusing unknown keys.

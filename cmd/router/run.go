@@ -113,6 +113,9 @@ func (a *app) runRouter(ctx context.Context, only []string, withRelay bool) erro
 		if bc := a.cfg.batchConfig(); bc.MaxSize > 1 {
 			if b, err := ib.NewBatcher(bc); err == nil {
 				defer b.Close() // after the router stopped: its handlers are done
+				biz := p.BizType
+				b.ObservePrepares(func(elapsed time.Duration, err error) { m.ObservePrepare(biz, elapsed, err) })
+				m.AddPreparing(biz, func() int64 { return b.Stats().Preparing })
 				handler = b.HandlerFunc
 				a.logger.Info("group commit on", watermill.LogFields{"plugin": p.Name, "batch_size": bc.MaxSize, "batch_workers": bc.Workers})
 			} else {
@@ -187,8 +190,12 @@ func (a *app) subscriber(kc kafkax.Config, group string) (message.Subscriber, er
 // and `inbox retry` share.
 func (a *app) buildInbox(db *sql.DB, p inbox.Plugin, obs inbox.Observer) (*inbox.Inbox, error) {
 	raw := a.cfg.Plugins[p.Name]
-	h, err := p.Build(inbox.PluginEnv{DB: db, Logger: a.logger.With(watermill.LogFields{"plugin": p.Name}),
-		DecodeConfig: func(target any) error { return decodePluginConfig(p.Name, raw, target) }})
+	env := inbox.PluginEnv{DB: db, Logger: a.logger.With(watermill.LogFields{"plugin": p.Name}),
+		DecodeConfig: func(target any) error { return decodePluginConfig(p.Name, raw, target) }}
+	if o, ok := obs.(*observer); ok && o.m != nil {
+		env.ObserveCall = func(step string, elapsed time.Duration, err error) { o.m.ObserveCall(p.Name, step, elapsed, err) }
+	}
+	h, err := p.Build(env)
 	if err != nil {
 		return nil, fmt.Errorf("plugin %s: %w", p.Name, err)
 	}

@@ -20,7 +20,9 @@ type Metrics struct {
 	HandlerSeconds *prometheus.HistogramVec // biz_type, outcome
 	RelayPublished prometheus.Counter
 	RelayErrors    prometheus.Counter
-	Consumers      *ConsumerCollector // per-partition consumer gauges; Add the subscribers
+	Consumers      *ConsumerCollector       // per-partition consumer gauges; Add the subscribers
+	PrepareSeconds *prometheus.HistogramVec // biz_type, outcome: a delivery's outside calls (BatchPreparer)
+	CallSeconds    *prometheus.HistogramVec // plugin, step, outcome: one outside call
 }
 
 // New registers the collectors. db, when not nil, feeds the gauges read at scrape time
@@ -45,8 +47,18 @@ func New(db *sql.DB) *Metrics {
 			Namespace: "onceflow", Name: "relay_errors_total", Help: "Failed relay batches (retried).",
 		}),
 		Consumers: NewConsumerCollector(),
+		PrepareSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "onceflow", Name: "inbox_prepare_seconds",
+			Help:    "Time a delivery's outside calls took before it joined a batch (BatchPreparer); outcome ok or error.",
+			Buckets: callBuckets,
+		}, []string{"biz_type", "outcome"}),
+		CallSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "onceflow", Name: "plugin_call_seconds",
+			Help:    "One outside call of a plugin's step (plugins that report them through PluginEnv.ObserveCall).",
+			Buckets: callBuckets,
+		}, []string{"plugin", "step", "outcome"}),
 	}
-	r.MustRegister(m.Deliveries, m.HandlerSeconds, m.RelayPublished, m.RelayErrors, m.Consumers,
+	r.MustRegister(m.Deliveries, m.HandlerSeconds, m.RelayPublished, m.RelayErrors, m.Consumers, m.PrepareSeconds, m.CallSeconds,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if db != nil {
 		r.MustRegister(&dbCollector{db: db,
