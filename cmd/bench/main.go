@@ -235,6 +235,12 @@ func run() error {
 			}
 		}
 	}
+	if want("seed") {
+		calibrate("before_seed")
+		if err := benchSeedLoad(ctx, db, kc); err != nil {
+			return fmt.Errorf("seed_load: %w", err)
+		}
+	}
 	calibrate("end")
 	return writeCSV()
 }
