@@ -158,9 +158,9 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, 
 		case reason != ReasonRetriesExhausted:
 			// A panic or a timeout is the plugin's failure, whatever error it left behind (a
 			// cancelled query can look like a broken connection): it counts as an attempt.
-			if attempt >= ib.cfg.MaxAttempts {
-				ib.logger.Error("plugin failed on every attempt, message quarantined", err, fields.Add(watermill.LogFields{"attempts": attempt, "reason": string(reason)}))
-				return ib.quarantine(ctx, msg, src, dec.Key, dec.Fingerprint, reason, err, attempt, opts)
+			if total := ib.countFailure(ctx, msg, src, dec, err, attempt, opts); total >= ib.cfg.MaxAttempts {
+				ib.logger.Error("plugin failed on every attempt, message quarantined", err, fields.Add(watermill.LogFields{"attempts": total, "reason": string(reason)}))
+				return ib.quarantine(ctx, msg, src, dec.Key, dec.Fingerprint, reason, err, total, opts)
 			}
 		case dbx.IsLockConflict(err) && lockRetries < ib.cfg.MaxLockRetries:
 			// The server rolled us back to break a deadlock or a long wait: not the handler's fault.
@@ -174,9 +174,11 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, 
 			continue
 		case errors.Is(err, ErrPermanent):
 			return ib.quarantine(ctx, msg, src, dec.Key, dec.Fingerprint, ReasonPermanent, err, attempt, opts)
-		case attempt >= ib.cfg.MaxAttempts:
-			ib.logger.Error("retries exhausted, message quarantined", err, fields.Add(watermill.LogFields{"attempts": attempt}))
-			return ib.quarantine(ctx, msg, src, dec.Key, dec.Fingerprint, ReasonRetriesExhausted, err, attempt, opts)
+		default:
+			if total := ib.countFailure(ctx, msg, src, dec, err, attempt, opts); total >= ib.cfg.MaxAttempts {
+				ib.logger.Error("retries exhausted, message quarantined", err, fields.Add(watermill.LogFields{"attempts": total}))
+				return ib.quarantine(ctx, msg, src, dec.Key, dec.Fingerprint, ReasonRetriesExhausted, err, total, opts)
+			}
 		}
 		ib.logger.Info("handler failed, will retry", fields.Add(watermill.LogFields{"attempt": attempt, "err": validText(err.Error(), 1000)}))
 		sleep(ctx, ib.cfg.backoff(attempt))

@@ -441,3 +441,37 @@ func TestBatchPanicsAndTimeouts(t *testing.T) {
 		})
 	}
 }
+
+// Attempts are bounded across processes: a record that keeps failing is quarantined after
+// inbox.max_attempts in all, even when each process running it is stopped (killed, or its
+// partition lost) before its own count runs out. Process A fails twice and stops; the
+// redelivery to process B fails once more and is quarantined: three attempts, not five.
+func TestAttemptsCountAcrossProcesses(t *testing.T) {
+	var calls atomic.Int64
+	stopAfter := make(chan struct{})
+	wrap := func(g inbox.Handler) inbox.Handler {
+		return handlerFunc{inner: g, handle: func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error) {
+			if calls.Add(1) == 2 {
+				close(stopAfter)
+			}
+			return inbox.Done, errors.New("downstream keeps failing")
+		}}
+	}
+	a := newPipeline(t, pipelineOpts{conns: 4, inboxCfg: inbox.Config{MaxAttempts: 3, BackoffInitial: 50 * time.Millisecond, BackoffMax: 50 * time.Millisecond}, wrap: wrap})
+	b := newPipeline(t, pipelineOpts{shared: &a.db, inboxCfg: inbox.Config{MaxAttempts: 3}, wrap: wrap})
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { <-stopAfter; time.Sleep(10 * time.Millisecond); cancel() }()
+	if _, err := a.inbox.Process(ctx, orderMsg("o-flaky", "u"), src, inbox.ProcessOptions{}); err == nil {
+		t.Fatal("process A was stopped: its delivery must not be acked")
+	}
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("process A ran %d attempts before it stopped, want 2", n)
+	}
+	r, err := b.inbox.Process(context.Background(), orderMsg("o-flaky", "u"), src, inbox.ProcessOptions{})
+	if err != nil || r.Outcome != inbox.OutcomeQuarantined || r.Attempts != 3 {
+		t.Fatalf("process B: %+v %v, want quarantined after 3 attempts in all", r, err)
+	}
+	if n := calls.Load(); n != 3 {
+		t.Fatalf("%d attempts in all, want 3 (inbox.max_attempts)", n)
+	}
+}

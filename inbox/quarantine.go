@@ -108,3 +108,37 @@ func (ib *Inbox) quarantineConflict(ctx context.Context, d *Delivery, dec Decode
 	ib.logger.Error("conflicting payload for a known key quarantined", cause, watermill.LogFields{ib.cfg.KeyLogField: d.Key, "topic": d.Source.Topic, "partition": d.Source.Partition, "offset": d.Source.Offset})
 	return ib.quarantine(ctx, d.Message, d.Source, key, dec.Fingerprint, ReasonConflict, cause, d.Attempt, opts)
 }
+
+// countFailure records a failed attempt on the delivery's row, in its own transaction, and
+// returns the attempts the key has failed so far in every process: a record that keeps
+// failing is quarantined after inbox.max_attempts even when the processes running it are
+// killed or lose its partition before their own count runs out. The row it leaves is
+// 'processing' (the redelivery resumes it; nothing of the failed attempt is kept). Should
+// the count not be recorded, this process's attempt number stands in for it.
+func (ib *Inbox) countFailure(ctx context.Context, msg *message.Message, src Source, dec Decoded, cause error, attempt int, opts ProcessOptions) int {
+	payload, tombstone := storedPayload(msg.Payload)
+	var status Status
+	var total int
+	err := dbx.InTx(ctx, ib.db, func(tx *sql.Tx) error {
+		r, err := tx.ExecContext(ctx, ib.q.failure,
+			dec.Key, ib.cfg.BizType, string(StatusProcessing), nil, messageUUID(msg), src.Topic, src.Partition, src.Offset,
+			payload, dec.meta, dec.Fingerprint, 1, errorText(cause), nullID(opts.ReplayID), time.Now().Add(ib.cfg.Retention).UTC(), tombstone, nil)
+		if err != nil {
+			return err
+		}
+		id, err := r.LastInsertId()
+		if err != nil {
+			return err
+		}
+		return tx.QueryRowContext(ctx, ib.q.attempts, id).Scan(&status, &total)
+	})
+	if err != nil || status != StatusProcessing {
+		// Not recorded, or the row is done or quarantined meanwhile (the next attempt finds
+		// it so).
+		if err != nil && ctx.Err() == nil {
+			ib.logger.Info("failed attempt not recorded on the inbox row", watermill.LogFields{ib.cfg.KeyLogField: dec.Key, "err": validText(err.Error(), 1000)})
+		}
+		return attempt
+	}
+	return max(total, attempt)
+}
