@@ -40,6 +40,10 @@ type Config struct {
 	// rolled back, and the attempt counts as failed (ReasonTimeout once attempts run out).
 	// Default 30s.
 	HandlerTimeout time.Duration
+	// MaxInFlightCalls bounds the Preparer.Prepare calls (a plain handler's slow outside
+	// calls) running at once in this inbox's deliveries; default 8192. The Batcher has its
+	// own bound for BatchPreparer (BatchConfig.MaxInFlightCalls).
+	MaxInFlightCalls int
 	// KeyLogField names the business key in log lines (e.g. "order_id"); default "dedup_key".
 	KeyLogField string
 }
@@ -77,6 +81,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.HandlerTimeout == 0 {
 		c.HandlerTimeout = 30 * time.Second
+	}
+	if c.MaxInFlightCalls == 0 {
+		c.MaxInFlightCalls = 8192
 	}
 	if c.KeyLogField == "" {
 		c.KeyLogField = "dedup_key"
@@ -119,6 +126,9 @@ func (c *Config) validate() error {
 	}
 	if c.HandlerTimeout < time.Millisecond || c.HandlerTimeout > 24*time.Hour {
 		return fmt.Errorf("inbox: handler timeout %s outside 1ms..24h", c.HandlerTimeout)
+	}
+	if c.MaxInFlightCalls < 1 || c.MaxInFlightCalls > 1_000_000 {
+		return fmt.Errorf("inbox: max in-flight calls %d outside 1..1000000", c.MaxInFlightCalls)
 	}
 	if c.MaxAttempts > 1000 {
 		return fmt.Errorf("inbox: max attempts %d above 1000", c.MaxAttempts)

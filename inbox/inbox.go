@@ -76,6 +76,7 @@ type Inbox struct {
 	logger watermill.LoggerAdapter
 	obs    Observer
 	q      queries
+	calls  chan struct{} // one slot per Prepare running (MaxInFlightCalls)
 }
 
 // New builds an Inbox. A nil logger logs nothing; a nil observer records nothing.
@@ -93,7 +94,8 @@ func New(db *sql.DB, h Handler, cfg Config, logger watermill.LoggerAdapter, obs 
 	if obs == nil {
 		obs = nopObserver{}
 	}
-	return &Inbox{db: db, h: h, cfg: cfg, logger: logger.With(watermill.LogFields{"biz_type": cfg.BizType}), obs: obs, q: newQueries(cfg.Table)}, nil
+	return &Inbox{db: db, h: h, cfg: cfg, logger: logger.With(watermill.LogFields{"biz_type": cfg.BizType}), obs: obs, q: newQueries(cfg.Table),
+		calls: make(chan struct{}, cfg.MaxInFlightCalls)}, nil
 }
 
 // BizType returns the biz type this inbox deduplicates for.
@@ -253,7 +255,14 @@ func (ib *Inbox) runStep(ctx context.Context, prep Preparer, d *Delivery, dec De
 	d.Step = first
 	if prep != nil {
 		d.Prepared = nil
-		if err := guard(sctx, "prepare", func() error { return prep.Prepare(sctx, d) }); err != nil {
+		select {
+		case ib.calls <- struct{}{}:
+		case <-sctx.Done():
+			return nil, first, stepError(ctx, sctx, timeoutError(sctx, "prepare: waiting for a call slot"))
+		}
+		err := guard(sctx, "prepare", func() error { return prep.Prepare(sctx, d) })
+		<-ib.calls
+		if err != nil {
 			return nil, first, stepError(ctx, sctx, err)
 		}
 	}

@@ -237,8 +237,10 @@ func run() error {
 	}
 	if want("seed") {
 		calibrate("before_seed")
-		if err := benchSeedLoad(ctx, db, kc); err != nil {
-			return fmt.Errorf("seed_load: %w", err)
+		for _, mode := range []string{"batch", "single"} {
+			if err := benchSeedLoad(ctx, db, kc, mode); err != nil {
+				return fmt.Errorf("seed_load %s: %w", mode, err)
+			}
 		}
 	}
 	calibrate("end")

@@ -103,7 +103,11 @@ func sendAll(p sarama.SyncProducer, topic string, msgs []*sarama.ProducerMessage
 	return nil
 }
 
-func benchSeedLoad(ctx context.Context, db *sql.DB, kc kafkax.Config) error {
+// benchSeedLoad measures mode "batch" (the router's default: group commit, each delivery's
+// three calls made by BatchPreparer as soon as it arrives) or "single" (a plain handler:
+// one delivery at a time, Preparer's call before each step's transaction). Both bounded by
+// inbox.max_in_flight_calls.
+func benchSeedLoad(ctx context.Context, db *sql.DB, kc kafkax.Config, mode string) error {
 	if err := truncate(ctx); err != nil {
 		return err
 	}
@@ -126,7 +130,7 @@ func benchSeedLoad(ctx context.Context, db *sql.DB, kc kafkax.Config) error {
 	}
 	g.UsePrepare(db).UseStatements(db)
 	defer g.Close()
-	ib, err := inbox.New(db, g, inbox.Config{BizType: coupon.BizType}, nil, nil)
+	ib, err := inbox.New(db, g, inbox.Config{BizType: coupon.BizType, MaxInFlightCalls: *seedInFlight}, nil, nil)
 	if err != nil {
 		return err
 	}
@@ -145,15 +149,19 @@ func benchSeedLoad(ctx context.Context, db *sql.DB, kc kafkax.Config) error {
 	if err != nil {
 		return err
 	}
-	b, err := ib.NewBatcher(inbox.BatchConfig{MaxInFlightCalls: *seedInFlight})
-	if err != nil {
-		return err
+	handler := ib.HandlerFunc(in)
+	var b *inbox.Batcher
+	if mode == "batch" {
+		if b, err = ib.NewBatcher(inbox.BatchConfig{MaxInFlightCalls: *seedInFlight}); err != nil {
+			return err
+		}
+		handler = b.HandlerFunc(in)
 	}
 	r, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 	if err != nil {
 		return err
 	}
-	r.AddConsumerHandler("seed", in, sub, b.HandlerFunc(in))
+	r.AddConsumerHandler("seed", in, sub, handler)
 	cctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = r.Run(cctx) })
@@ -175,12 +183,15 @@ func benchSeedLoad(ctx context.Context, db *sql.DB, kc kafkax.Config) error {
 	el := time.Since(start)
 	cancel()
 	wg.Wait()
-	_ = b.Close()
+	var st inbox.BatchStats
+	if b != nil {
+		_ = b.Close()
+		st = b.Stats()
+	}
 	var dupCoupons int
 	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) - COUNT(DISTINCT order_id) FROM user_coupon").Scan(&dupCoupons); err != nil {
 		return err
 	}
-	st := b.Stats()
 	// The bound: calls in flight ÷ the time one order's three calls take on average; for a
 	// run of N orders, N ÷ (N ÷ that rate + one order's calls), as the first orders' calls
 	// start together and the last ones finish alone.
@@ -189,10 +200,13 @@ func benchSeedLoad(ctx context.Context, db *sql.DB, kc kafkax.Config) error {
 	bound := float64(inFlight) / perOrder.Seconds()
 	runBound := float64(*seedOrders) / (float64(*seedOrders)/bound + perOrder.Seconds())
 	rate := float64(*seedOrders) / el.Seconds()
-	report("seed_load", append([]any{"orders", *seedOrders, "deliveries", len(msgs), "scale", fmt.Sprint(*seedScale), "orders_per_s", rate,
+	report("seed_load", append([]any{"mode", mode, "orders", *seedOrders, "deliveries", len(msgs), "scale", fmt.Sprint(*seedScale), "orders_per_s", rate,
 		"seconds", el.Seconds(), "peak_calls_in_flight", svc.peak.Load(), "max_in_flight_calls", *seedInFlight,
 		"bound_orders_per_s", bound, "run_bound_orders_per_s", runBound, "pct_of_run_bound", rate / runBound * 100, "calls", svc.calls.Load(), "rebalances", claims.Load() - parts, "duplicate_coupons", dupCoupons,
 		"prepared", st.Prepared, "prepare_skipped", st.PrepareSkipped, "batches", st.Batches, "fallbacks", st.Fallbacks}, cpu.perOrder(*seedOrders)...)...)
+	if mode != "batch" {
+		return nil
+	}
 	// Beside it, on the same records: the write-up's consumer as it was (500 records per
 	// poll) and after its fix (20).
 	for _, recs := range []int{500, 20} {

@@ -126,7 +126,7 @@ var defaults = []struct {
 	{"inbox.batch_size", 512, "group commit: deliveries per transaction for plugins that implement inbox.BatchHandler; 1 turns it off"},
 	{"inbox.batch_linger", "2ms", "how long a batch waits for more deliveries after its first"},
 	{"inbox.batch_workers", 2, "batch transactions running at once (a second only for a full batch or one that waited 2× batch_linger; never two with one key)"},
-	{"inbox.max_in_flight_calls", 8192, "group commit: deliveries whose outside calls run at once, each prepared as soon as it arrives (calls in flight ÷ call time bounds the throughput of slow calls)"},
+	{"inbox.max_in_flight_calls", 8192, "outside calls (a plugin's Prepare, or its PrepareDelivery under group commit, each prepared as soon as the delivery arrives) running at once; calls in flight ÷ call time bounds the throughput of slow calls"},
 	{"inbox.cleanup_interval", "1h", "how often expired done rows are deleted"},
 	{"inbox.cleanup_batch", 500, "rows per cleanup DELETE"},
 	{"relay.enabled", true, "run the outbox relay in this process"},
@@ -267,7 +267,7 @@ func (c Config) inboxConfig(bizType, keyLogField string) inbox.Config {
 	i := c.Inbox
 	return inbox.Config{BizType: bizType, KeyLogField: keyLogField, MaxAttempts: i.MaxAttempts, BackoffInitial: i.BackoffInitial,
 		BackoffMax: i.BackoffMax, Retention: i.Retention, MaxPayloadBytes: i.MaxPayloadBytes, MaxMetadataBytes: i.MaxMetadataBytes,
-		HandlerTimeout: i.HandlerTimeout, StepsPerTx: i.StepsPerTx}
+		HandlerTimeout: i.HandlerTimeout, StepsPerTx: i.StepsPerTx, MaxInFlightCalls: i.MaxInFlightCalls}
 }
 
 // batchConfig maps inbox.batch_* onto the inbox package's group-commit settings.
