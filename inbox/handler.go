@@ -7,6 +7,8 @@ import (
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/pkg/msgsource"
 )
 
 // Progress tells the inbox what to do after a successful Handle call.
@@ -48,11 +50,7 @@ type Handler interface {
 }
 
 // Source is where a delivery came from.
-type Source struct {
-	Topic     string
-	Partition int32
-	Offset    int64
-}
+type Source = msgsource.Source
 
 // Delivery is one message being processed.
 type Delivery struct {

@@ -5,7 +5,7 @@ import "fmt"
 // queries holds the SQL of one inbox table; the table name was validated by Config.
 type queries struct {
 	claim, quarantine, lock, countDuplicate, reopen, markDone, stamp string
-	failure, attempts                                               string
+	failure, attempts                                                string
 }
 
 const insertColumns = `(dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset,
@@ -35,7 +35,7 @@ func newQueries(table string) queries {
  last_error = IF(status = 'processing', VALUES(last_error), last_error),
  attempts = IF(status = 'processing', attempts + 1, attempts)`, table, insertColumns),
 		attempts: fmt.Sprintf(`SELECT status, attempts FROM %s WHERE id = ?`, table),
-		markDone:       fmt.Sprintf(`UPDATE %s SET status = 'done', attempts = GREATEST(attempts, ?), reason = NULL, last_error = NULL WHERE id = ?`, table),
+		markDone: fmt.Sprintf(`UPDATE %s SET status = 'done', attempts = GREATEST(attempts, ?), reason = NULL, last_error = NULL WHERE id = ?`, table),
 		// The row listed as one this replay stamped (inbox.replay_id has no index).
 		stamp: `INSERT INTO ` + ReplayRowTable + ` (replay_id, inbox_id) VALUES (?, ?) ON DUPLICATE KEY UPDATE inbox_id = inbox_id`,
 	}

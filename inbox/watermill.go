@@ -5,6 +5,8 @@ import (
 
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/pkg/msgsource"
 )
 
 // HandlerFunc adapts the inbox to a Watermill router handler for messages consumed from
@@ -17,19 +19,18 @@ func (ib *Inbox) HandlerFunc(topic string) message.NoPublishHandlerFunc {
 	}
 }
 
-type sourceKey struct{}
-
 // ContextWithSource records where a message came from, for subscribers other than
-// watermill-kafka's (which records it in its own context keys).
+// watermill-kafka's (which records it in its own context keys); kafkax.ParallelSubscriber
+// sets it.
 func ContextWithSource(ctx context.Context, src Source) context.Context {
-	return context.WithValue(ctx, sourceKey{}, src)
+	return msgsource.With(ctx, src)
 }
 
 // SourceOf returns where msg was consumed from: the Source set by ContextWithSource, else
 // watermill-kafka's partition and offset, with topic as the topic.
 func SourceOf(msg *message.Message, topic string) Source {
 	ctx := msg.Context()
-	if s, ok := ctx.Value(sourceKey{}).(Source); ok {
+	if s, ok := msgsource.From(ctx); ok {
 		if s.Topic == "" {
 			s.Topic = topic
 		}

@@ -15,7 +15,7 @@ import (
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/pkg/msgsource"
 )
 
 // ParallelConfig tunes a ParallelSubscriber.
@@ -65,9 +65,9 @@ func (pc *ParallelConfig) setDefaults() {
 //     payload, metadata and context) after NackResendSleep, keeping its place in the window
 //     and its key.
 //
-// Each message's context carries inbox.ContextWithSource (topic, partition, offset); it is
-// derived from the Subscribe context and cancelled when the partition's claim is over or
-// the subscriber closes. The watermill-kafka context values (kafka.MessagePartitionFromCtx
+// Each message's context carries its topic, partition and offset (msgsource.With, which
+// inbox.SourceOf reads); it is derived from the Subscribe context and cancelled when the
+// partition's claim is over or the subscriber closes. The watermill-kafka context values (kafka.MessagePartitionFromCtx
 // and friends) are not set.
 //
 // When a claim ends because of a rebalance, nothing more is handed out and the claim waits
@@ -390,7 +390,7 @@ func (r *claimRun) read(msgs <-chan *sarama.ConsumerMessage) error {
 			return fmt.Errorf("message unmarshal failed: %w", err)
 		}
 		sl := &slot{km: km, key: string(km.Key), keyed: len(km.Key) > 0}
-		msg.SetContext(inbox.ContextWithSource(r.ctx, inbox.Source{Topic: km.Topic, Partition: km.Partition, Offset: km.Offset}))
+		msg.SetContext(msgsource.With(r.ctx, msgsource.Source{Topic: km.Topic, Partition: km.Partition, Offset: km.Offset}))
 		out, ok := r.admit(sl, msg)
 		if !ok {
 			return nil
