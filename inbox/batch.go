@@ -182,7 +182,7 @@ type pending struct {
 	dec      Decoded
 	start    time.Time
 	done     chan batchOutcome
-	gated    bool // admitted by the prepare gate: released once it has its outcome
+	gated    atomic.Bool // admitted by the prepare gate: released once it has its outcome
 	prepared any  // what PrepareDelivery left in Delivery.Prepared
 }
 
@@ -376,7 +376,7 @@ func (b *Batcher) Process(ctx context.Context, msg *message.Message, src Source)
 		// The batch may still commit this delivery; an error means "not acked", and a
 		// redelivery finds the row done and counts a duplicate. Its key stays taken until
 		// then.
-		if p.gated {
+		if b.gate != nil { // it may be admitted (and take its key) after this returns
 			go func() {
 				select {
 				case o := <-p.done:
@@ -401,10 +401,9 @@ func (b *Batcher) outcome(ctx context.Context, p *pending, o batchOutcome) (Resu
 
 // release lets the next delivery of p's key be prepared once p has its final outcome.
 func (b *Batcher) release(p *pending, res Result, err error) {
-	if !p.gated {
+	if !p.gated.CompareAndSwap(true, false) {
 		return
 	}
-	p.gated = false
 	done := err == nil && (res.Outcome == OutcomeProcessed || res.Outcome == OutcomeDuplicate && res.Reason == "")
 	b.gate.release(p, done)
 }

@@ -47,7 +47,7 @@ const recentKeysKept = 1 << 16
 
 // admit takes a decoded delivery: it is prepared now, or queued behind its key.
 func (g *prepareGate) admit(p *pending) {
-	p.gated = true
+	p.gated.Store(true)
 	g.mu.Lock()
 	if q, busy := g.waiting[p.dec.Key]; busy {
 		g.waiting[p.dec.Key] = append(q, p)
