@@ -183,7 +183,7 @@ type pending struct {
 	start    time.Time
 	done     chan batchOutcome
 	gated    atomic.Bool // admitted by the prepare gate: released once it has its outcome
-	prepared any  // what PrepareDelivery left in Delivery.Prepared
+	prepared any         // what PrepareDelivery left in Delivery.Prepared
 }
 
 type batchOutcome struct {

@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"sort"
-	"strings"
 	"text/tabwriter"
 	"time"
 	"unicode/utf8"
@@ -130,7 +128,7 @@ func (a *app) inboxShow(ctx context.Context, ff filterFlags, ref string) error {
 			{"source", fmt.Sprintf("topic=%s partition=%d offset=%d", r.Topic, r.Partition, r.Offset)},
 			{"fingerprint", r.Fingerprint}, {"created_at", r.CreatedAt.Format(time.RFC3339Nano)},
 			{"updated_at", r.UpdatedAt.Format(time.RFC3339Nano)}, {"expire_at", r.ExpireAt.Format(time.RFC3339Nano)},
-			{"metadata", metadataLine(r.Metadata)}, {"last_error", dash(r.LastError)},
+			{"metadata", headersLine(r.Metadata)}, {"last_error", dash(r.LastError)},
 		}
 		for _, kv := range fields {
 			printf("%-13s %s\n", kv.k+":", kv.v)
@@ -142,22 +140,6 @@ func (a *app) inboxShow(ctx context.Context, ff filterFlags, ref string) error {
 		}
 	}
 	return nil
-}
-
-func metadataLine(m map[string]string) string {
-	if len(m) == 0 {
-		return "-"
-	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = k + "=" + m[k]
-	}
-	return strings.Join(parts, " ")
 }
 
 func (a *app) inboxRetryCmd() *cobra.Command {
