@@ -1,4 +1,4 @@
-package main
+package onceflowcmd
 
 import (
 	"bytes"
@@ -98,7 +98,7 @@ func TestOutboxCommands(t *testing.T) {
 			if err == nil {
 				t.Fatalf("expected an error; output:\n%s", out)
 			}
-			if got := exitCode(err); got != 2 {
+			if got := ExitCode(err); got != 2 {
 				t.Errorf("exit code %d, want 2 (%v)", got, err)
 			}
 			if strings.ContainsAny(err.Error(), "\n\x1b") {

@@ -1,4 +1,4 @@
-package main
+package onceflowcmd
 
 import (
 	"context"
@@ -35,7 +35,7 @@ func capture(t *testing.T, args ...string) (string, error) {
 		b, _ := io.ReadAll(r)
 		done <- string(b)
 	}()
-	runErr := run(context.Background(), args)
+	runErr := Run(context.Background(), args)
 	w.Close()
 	os.Stdout = old
 	return <-done, runErr
@@ -206,7 +206,7 @@ func TestReplayBadInput(t *testing.T) {
 			if err == nil {
 				t.Fatalf("expected an error; output:\n%s", out)
 			}
-			if got := exitCode(err); got != 2 {
+			if got := ExitCode(err); got != 2 {
 				t.Errorf("exit code %d, want 2 (%v)", got, err)
 			}
 			if strings.Contains(err.Error(), "\n") {

@@ -1,4 +1,4 @@
-package main
+package onceflowcmd
 
 import (
 	"context"
@@ -21,9 +21,9 @@ func TestRunChecksWrittenTopics(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	err := run(context.Background(), []string{"--config", cfg, "--dsn", d.DSN, "run", "--plugins", "coupon-granter"})
-	if err == nil || exitCode(err) != 1 {
-		t.Fatalf("run with a missing written topic: %v (exit %d), want exit 1", err, exitCode(err))
+	err := Run(context.Background(), []string{"--config", cfg, "--dsn", d.DSN, "run", "--plugins", "coupon-granter"})
+	if err == nil || ExitCode(err) != 1 {
+		t.Fatalf("run with a missing written topic: %v (exit %d), want exit 1", err, ExitCode(err))
 	}
 	for _, w := range []string{"coupon-granter", "onceflow-no-such-granted-topic", "does not exist", "relay.check_topics=false"} {
 		if !strings.Contains(err.Error(), w) {
@@ -44,7 +44,7 @@ func TestRunChecksWrittenTopics(t *testing.T) {
 		t.Fatalf("default topics: %v", err)
 	}
 	a.cfg.Plugins = map[string]map[string]any{"coupon-granter": {"failed_topic": ""}}
-	if err := a.checkWrittenTopics(kafkax.Config{Brokers: []string{"127.0.0.1:1"}}, []inbox.Plugin{p}); err == nil || exitCode(err) != 2 {
+	if err := a.checkWrittenTopics(kafkax.Config{Brokers: []string{"127.0.0.1:1"}}, []inbox.Plugin{p}); err == nil || ExitCode(err) != 2 {
 		t.Fatalf("invalid plugin config: %v, want exit 2", err)
 	}
 }

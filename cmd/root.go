@@ -1,4 +1,4 @@
-package main
+package onceflowcmd
 
 import (
 	"context"
@@ -31,7 +31,9 @@ var commonBindings = map[string]string{
 	"log.level":     "log-level",
 }
 
-func run(ctx context.Context, args []string) error {
+// Run runs the router command line on args (without the program name) and returns what
+// Main would report; ExitCode maps the error to an exit code.
+func Run(ctx context.Context, args []string) error {
 	a := &app{}
 	root := &cobra.Command{
 		Use:           "router",

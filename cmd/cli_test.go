@@ -1,4 +1,4 @@
-package main
+package onceflowcmd
 
 import (
 	"context"
@@ -61,11 +61,11 @@ func TestBadInput(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			err := run(context.Background(), tc.args)
+			err := Run(context.Background(), tc.args)
 			if err == nil {
 				t.Fatal("expected an error")
 			}
-			if got := exitCode(err); got != tc.code {
+			if got := ExitCode(err); got != tc.code {
 				t.Errorf("exit code %d, want %d (%v)", got, tc.code, err)
 			}
 			msg := err.Error()
@@ -96,11 +96,11 @@ func TestUnreachable(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			err := run(context.Background(), tc.args)
+			err := Run(context.Background(), tc.args)
 			if err == nil {
 				t.Fatal("expected an error")
 			}
-			if got := exitCode(err); got != 1 {
+			if got := ExitCode(err); got != 1 {
 				t.Errorf("exit code %d, want 1 (%v)", got, err)
 			}
 			for _, w := range tc.want {
@@ -116,7 +116,7 @@ func TestPluginsListsCoupon(t *testing.T) {
 	r, w, _ := os.Pipe()
 	old := os.Stdout
 	os.Stdout = w
-	err := run(context.Background(), []string{"plugins"})
+	err := Run(context.Background(), []string{"plugins"})
 	w.Close()
 	os.Stdout = old
 	if err != nil {

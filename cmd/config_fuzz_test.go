@@ -1,4 +1,4 @@
-package main
+package onceflowcmd
 
 import (
 	"os"
@@ -34,7 +34,7 @@ func FuzzConfigFile(f *testing.F) {
 		if err == nil {
 			return
 		}
-		if exitCode(err) != 2 {
+		if ExitCode(err) != 2 {
 			t.Fatalf("config error not marked as bad input: %v", err)
 		}
 		if strings.Contains(err.Error(), "\n") {

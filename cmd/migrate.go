@@ -1,4 +1,4 @@
-package main
+package onceflowcmd
 
 import (
 	"github.com/spf13/cobra"
