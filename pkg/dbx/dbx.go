@@ -116,10 +116,9 @@ func Open(ctx context.Context, cfg Config) (*sql.DB, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("database %s/%s unreachable: %w (start it with `scripts/infra.sh up`)", mc.Addr, mc.DBName, err)
 	}
-	var iso string
-	if err := db.QueryRowContext(pctx, "SELECT @@tx_isolation").Scan(&iso); err != nil || iso != "READ-COMMITTED" {
+	if iso, err := SessionIsolation(pctx, db); err != nil || iso != ReadCommitted {
 		_ = db.Close()
-		return nil, fmt.Errorf("database %s/%s: session isolation is %q (%v), onceflow needs READ-COMMITTED: leave tx_isolation out of the dsn", mc.Addr, mc.DBName, iso, err)
+		return nil, fmt.Errorf("database %s/%s: %w: session isolation is %q (%v): leave tx_isolation out of the dsn", mc.Addr, mc.DBName, ErrIsolation, iso, err)
 	}
 	return db, nil
 }
@@ -172,13 +171,23 @@ func maskUnparsed(dsn string) string {
 // TxOptions are the options every onceflow transaction uses. Its isolation is READ
 // COMMITTED, which keeps InnoDB from taking gap locks, so the inbox and outbox never block
 // unrelated inserts; pools opened by Open set it for the session (checked at Open), so
-// the options leave the level at the session's and no SET precedes each BEGIN.
+// the options leave the level at the session's and no SET precedes each BEGIN. A pool
+// opened otherwise is checked by InTx the first time it sees it (CheckIsolation).
 var TxOptions = &sql.TxOptions{}
 
 // InTx runs fn in a READ COMMITTED transaction and commits it. A failure of fn rolls back;
 // a failed rollback is joined to fn's error; a failed commit is returned as such (never
 // swallowed).
+//
+// The first time InTx sees a pool it checks that its sessions run at READ COMMITTED
+// (CheckIsolation, one query per pool and process) and refuses to begin, with an error
+// wrapping ErrIsolation, until they do: a pool left at REPEATABLE READ, MariaDB's default,
+// never runs an onceflow transaction. (Setting the level on each transaction instead would
+// cost a SET, a round trip, before every BEGIN.)
 func InTx(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error) error {
+	if err := checkPool(ctx, db); err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
 	tx, err := db.BeginTx(ctx, TxOptions)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)

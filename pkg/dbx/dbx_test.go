@@ -2,6 +2,8 @@ package dbx_test
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"strings"
 	"testing"
 
@@ -182,5 +184,104 @@ func TestOpenSessionIsolation(t *testing.T) {
 	_, err = dbx.Open(context.Background(), dbx.Config{DSN: d.DSN + sep + "tx_isolation=%27REPEATABLE-READ%27"})
 	if err == nil || !strings.Contains(err.Error(), "READ-COMMITTED") {
 		t.Fatalf("Open with tx_isolation=REPEATABLE-READ: %v, want a refusal naming READ-COMMITTED", err)
+	}
+}
+
+// TestIsolationRefused: a pool of one's own left at the server's REPEATABLE READ (MariaDB's
+// default) never begins an onceflow transaction, and CheckIsolation says why; the same
+// database through a READ COMMITTED pool passes both.
+func TestIsolationRefused(t *testing.T) {
+	d := testenv.DB(t, 2)
+	ctx := context.Background()
+	cases := []struct {
+		name, param string
+		refused     bool
+	}{
+		{"repeatable read", "'REPEATABLE-READ'", true},
+		{"serializable", "'SERIALIZABLE'", true},
+		{"read uncommitted", "'READ-UNCOMMITTED'", true},
+		{"read committed", "'READ-COMMITTED'", false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			mc, err := mysql.ParseDSN(d.DSN)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mc.Params = map[string]string{"tx_isolation": tc.param}
+			db, err := sql.Open("mysql", mc.FormatDSN()) // a user's own pool, not dbx.Open
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			db.SetMaxOpenConns(1) // one session: the one SET SESSION below changes
+			ran := false
+			err = dbx.InTx(ctx, db, func(tx *sql.Tx) error {
+				ran = true
+				_, err := tx.ExecContext(ctx, "DO 1")
+				return err
+			})
+			cerr := dbx.CheckIsolation(ctx, db)
+			if !tc.refused {
+				if err != nil || !ran || cerr != nil {
+					t.Fatalf("InTx = %v (ran %v), CheckIsolation = %v; want both nil", err, ran, cerr)
+				}
+				return
+			}
+			if ran || !errors.Is(err, dbx.ErrIsolation) || !errors.Is(cerr, dbx.ErrIsolation) {
+				t.Fatalf("InTx = %v (ran %v), CheckIsolation = %v; want both refused with ErrIsolation", err, ran, cerr)
+			}
+			if want := strings.Trim(tc.param, "'"); !strings.Contains(cerr.Error(), want) || !strings.Contains(cerr.Error(), "tx_isolation='READ-COMMITTED'") {
+				t.Fatalf("error %q does not name the level %s and the fix", cerr, want)
+			}
+			// A refusal is not remembered: once its session is fixed the pool is accepted.
+			if _, err := db.ExecContext(ctx, "SET SESSION tx_isolation = 'READ-COMMITTED'"); err != nil {
+				t.Fatal(err)
+			}
+			if err := dbx.InTx(ctx, db, func(*sql.Tx) error { return nil }); err != nil {
+				t.Fatalf("InTx after the session was set to READ COMMITTED: %v", err)
+			}
+		})
+	}
+	// The server's default sessions (no tx_isolation in the DSN) are REPEATABLE READ here:
+	// the case a user's own sql.Open meets.
+	mc, _ := mysql.ParseDSN(d.DSN)
+	db, err := sql.Open("mysql", mc.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	iso, err := dbx.SessionIsolation(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dbx.InTx(ctx, db, func(*sql.Tx) error { return nil }); (iso == dbx.ReadCommitted) != (err == nil) {
+		t.Fatalf("server default session isolation %s: InTx = %v", iso, err)
+	}
+}
+
+// TestIsolationCheckedOncePerPool: InTx checks a pool once; a pool that failed the check is
+// checked again (a connection error, say, is not a verdict).
+func TestIsolationCheckedOncePerPool(t *testing.T) {
+	d := testenv.DB(t, 1)
+	ctx := context.Background()
+	var before, after int64
+	read := func(v *int64) {
+		if err := d.DB.QueryRowContext(ctx, "SELECT VARIABLE_VALUE FROM information_schema.SESSION_STATUS WHERE VARIABLE_NAME = 'COM_SELECT'").Scan(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := dbx.InTx(ctx, d.DB, func(*sql.Tx) error { return nil }); err != nil { // the first sight of the pool
+		t.Fatal(err)
+	}
+	read(&before)
+	for range 5 {
+		if err := dbx.InTx(ctx, d.DB, func(*sql.Tx) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read(&after)
+	if n := after - before - 1; n != 0 { // the second read counts itself
+		t.Fatalf("5 transactions ran %d SELECTs on the pool's one connection, want 0 (the check runs once per pool)", n)
 	}
 }

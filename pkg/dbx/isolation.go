@@ -1,0 +1,83 @@
+package dbx
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"weak"
+
+	"github.com/go-sql-driver/mysql"
+)
+
+// ReadCommitted is the session isolation every onceflow pool must run at, as the server
+// names it.
+const ReadCommitted = "READ-COMMITTED"
+
+// ErrIsolation is wrapped by the error of a pool whose sessions do not run at READ
+// COMMITTED. Retrying does not help: the pool must be opened differently.
+var ErrIsolation = errors.New("database session isolation is not READ-COMMITTED")
+
+// errUnknownVariable is the server's "Unknown system variable" (1193).
+const errUnknownVariable = 1193
+
+// Querier is what SessionIsolation reads through: a pool, a connection or a transaction.
+type Querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// SessionIsolation returns the isolation level of a session of q, as the server names it
+// (READ-COMMITTED, REPEATABLE-READ, ...): @@tx_isolation, MariaDB's name, or, where the
+// server has no such variable (MySQL 8), @@transaction_isolation.
+func SessionIsolation(ctx context.Context, q Querier) (string, error) {
+	var iso string
+	err := q.QueryRowContext(ctx, "SELECT @@tx_isolation").Scan(&iso)
+	var me *mysql.MySQLError
+	if errors.As(err, &me) && me.Number == errUnknownVariable {
+		err = q.QueryRowContext(ctx, "SELECT @@transaction_isolation").Scan(&iso)
+	}
+	if err != nil {
+		return "", fmt.Errorf("read session isolation: %w", err)
+	}
+	return iso, nil
+}
+
+// CheckIsolation reports an error wrapping ErrIsolation unless the sessions of db run at
+// READ COMMITTED, read from one pooled connection (every connection of a pool is opened from
+// the same DSN). Under REPEATABLE READ, MariaDB's default, InnoDB takes gap locks: the
+// inbox's claims of new keys block each other's inserts and deadlock, and a plain read
+// inside a transaction sees the snapshot of its first read, so a relay that lingers for
+// more rows never sees them. Pools opened by Open pass; for a pool of one's own, add
+// tx_isolation='READ-COMMITTED' to its DSN (transaction_isolation on MySQL 8).
+func CheckIsolation(ctx context.Context, db Querier) error {
+	iso, err := SessionIsolation(ctx, db)
+	if err != nil {
+		return err
+	}
+	if iso != ReadCommitted {
+		return fmt.Errorf("%w: the pool's sessions run at %s; open it with dbx.Open, or add tx_isolation='READ-COMMITTED' to its DSN (transaction_isolation on MySQL 8)", ErrIsolation, iso)
+	}
+	return nil
+}
+
+// checkedPools holds the pools whose isolation InTx has checked, weakly: a closed,
+// unreferenced pool leaves the set when it is collected.
+var checkedPools sync.Map // weak.Pointer[sql.DB] → struct{}
+
+// checkPool runs CheckIsolation on db the first time InTx sees it; a pool that failed (or
+// could not be read) is checked again next time.
+func checkPool(ctx context.Context, db *sql.DB) error {
+	k := weak.Make(db)
+	if _, ok := checkedPools.Load(k); ok {
+		return nil
+	}
+	if err := CheckIsolation(ctx, db); err != nil {
+		return err
+	}
+	if _, loaded := checkedPools.LoadOrStore(k, struct{}{}); !loaded {
+		runtime.AddCleanup(db, func(k weak.Pointer[sql.DB]) { checkedPools.Delete(k) }, k)
+	}
+	return nil
+}
