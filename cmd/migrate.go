@@ -3,16 +3,30 @@ package onceflowcmd
 import (
 	"github.com/spf13/cobra"
 
+	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
+
+// migrationSets are the migrations of the registered plugins that have any, in name order:
+// `router migrate` applies them in this order after the framework's and rolls them back in
+// the reverse order before the framework's.
+func migrationSets() []migrations.Set {
+	var sets []migrations.Set
+	for _, n := range inbox.Plugins.Names() {
+		if p, _ := inbox.Plugins.Get(n); p.Migrations != nil {
+			sets = append(sets, migrations.Set{Name: p.Name, FS: p.Migrations})
+		}
+	}
+	return sets
+}
 
 func (a *app) migrateCmd() *cobra.Command {
 	var reset, status bool
 	var adminDSN string
 	cmd := &cobra.Command{
 		Use:   "migrate",
-		Short: "apply the embedded schema migrations (privileged DSN: db.admin_dsn)",
+		Short: "apply the framework's schema migrations, then each plugin's (privileged DSN: db.admin_dsn)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -33,8 +47,9 @@ func (a *app) migrateCmd() *cobra.Command {
 				return err
 			}
 			defer db.Close()
+			sets := migrationSets()
 			if status {
-				lines, err := migrations.Status(ctx, db)
+				lines, err := migrations.Status(ctx, db, sets...)
 				if err != nil {
 					return err
 				}
@@ -44,19 +59,19 @@ func (a *app) migrateCmd() *cobra.Command {
 				return nil
 			}
 			if reset {
-				if err := migrations.Reset(ctx, db); err != nil {
+				if err := migrations.Reset(ctx, db, sets...); err != nil {
 					return err
 				}
 				printf("migrate: schema dropped\n")
 			}
-			if err := migrations.Up(ctx, db); err != nil {
+			if err := migrations.Up(ctx, db, sets...); err != nil {
 				return err
 			}
 			printf("migrate: schema up to date (%s)\n", dbx.MaskDSN(dsn))
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&reset, "reset", false, "drop every table first (destroys data)")
+	cmd.Flags().BoolVar(&reset, "reset", false, "roll every migration back first, the plugins' before the framework's (drops the tables: destroys data)")
 	cmd.Flags().BoolVar(&status, "status", false, "list applied and pending migrations")
 	cmd.Flags().StringVar(&adminDSN, "admin-dsn", "", "privileged DSN (overrides db.admin_dsn)")
 	return cmd

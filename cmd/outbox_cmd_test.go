@@ -14,7 +14,7 @@ import (
 // relay leaves them: a key and an error with control characters, a payload that is not UTF-8.
 func parkedDB(t *testing.T) testenv.Database {
 	t.Helper()
-	d := testenv.DB(t, 4)
+	d := testenv.DB(t, 4, migrationSets()...) // verify reads the plugins' tables too
 	ins := `INSERT INTO outbox_parked (id, event_id, event_type, topic, msg_key, payload, headers, created_at, reason, error, held_behind)
  VALUES (?, ?, 'T', ?, ?, ?, ?, NOW(6), ?, ?, ?)`
 	rows := [][]any{

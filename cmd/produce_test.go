@@ -73,7 +73,7 @@ func TestPoisonKinds(t *testing.T) {
 // inbox, with the limits of the chaos harness's configuration (256 KiB payloads, 32 KiB of
 // metadata), and nothing is granted.
 func TestPoisonKindsAreQuarantined(t *testing.T) {
-	d := testenv.DB(t, 4)
+	d := testenv.DB(t, 4, migrationSets()...)
 	ctx := context.Background()
 	cfg := coupon.DefaultConfig()
 	if err := coupon.EnsureCampaign(ctx, d.DB, cfg); err != nil {

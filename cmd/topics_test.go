@@ -15,7 +15,7 @@ import (
 // `router run` exits 1 naming the topic when one its plugins write to does not exist, before
 // consuming anything; relay.check_topics=false skips the check.
 func TestRunChecksWrittenTopics(t *testing.T) {
-	d := testenv.DB(t, 4)
+	d := testenv.DB(t, 4, migrationSets()...)
 	cfg := filepath.Join(t.TempDir(), "router.yaml")
 	body := "admin:\n  listen: ''\nplugins:\n  coupon-granter:\n    granted_topic: onceflow-no-such-granted-topic\n"
 	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {

@@ -92,7 +92,7 @@ func bothClaimReads(t *testing.T, f func(t *testing.T, selectAfterClaim bool)) {
 }
 
 func testBatchGrantsExactlyOnce(t *testing.T, sel bool) {
-	d := testenv.DB(t, 16)
+	d := testenv.DB(t, 16, couponSchema)
 	ctx := context.Background()
 	cfg := campaign("batch-1", 100_000, 100_000*valueCents)
 	g := setup(t, d.DB, cfg, nil)
@@ -188,7 +188,7 @@ func testBatchGrantsExactlyOnce(t *testing.T, sel bool) {
 // batch leaves its grants to the one-at-a-time path: exactly the stock is granted, the rest
 // fail as stock_exhausted, and the counters add up.
 func TestBatchRunsOutOfStockExactly(t *testing.T) {
-	d := testenv.DB(t, 16)
+	d := testenv.DB(t, 16, couponSchema)
 	cfg := campaign("batch-stock", 300, 1000*valueCents)
 	cfg.Shards = 2 // 150 per shard: whole batches fit until the stock runs low
 	g := setup(t, d.DB, cfg, nil)
@@ -217,7 +217,7 @@ func TestBatchRunsOutOfStockExactly(t *testing.T) {
 // TestBatchFailedCallsFallBack: deliveries whose external calls fail before the batch are
 // retried one at a time with backoff; every order ends granted or quarantined, never twice.
 func TestBatchFailedCallsFallBack(t *testing.T) {
-	d := testenv.DB(t, 16)
+	d := testenv.DB(t, 16, couponSchema)
 	cfg := campaign("batch-flaky", 100_000, 100_000*valueCents)
 	g := setup(t, d.DB, cfg, coupon.NewSimulatedService(0, time.Millisecond, 0.1, 7))
 	ib, err := inbox.New(d.DB, g, inbox.Config{BizType: coupon.BizType, BackoffInitial: time.Millisecond, BackoffMax: 5 * time.Millisecond}, nil, nil)
@@ -255,7 +255,7 @@ func TestBatchFailedCallsFallBack(t *testing.T) {
 func TestBatchResumesUnfinishedRows(t *testing.T) { bothClaimReads(t, testBatchResumesUnfinishedRows) }
 
 func testBatchResumesUnfinishedRows(t *testing.T, sel bool) {
-	d := testenv.DB(t, 8)
+	d := testenv.DB(t, 8, couponSchema)
 	ctx := context.Background()
 	cfg := campaign("batch-resume", 1000, 1000*valueCents)
 	g := setup(t, d.DB, cfg, nil)
@@ -301,7 +301,7 @@ func testBatchResumesUnfinishedRows(t *testing.T, sel bool) {
 // them, rolls back to its savepoint and takes the general path — no second coupon, no
 // counter taken twice, the half-way grant finished once.
 func TestBatchNewInboxRowsExistingGrants(t *testing.T) {
-	d := testenv.DB(t, 8)
+	d := testenv.DB(t, 8, couponSchema)
 	ctx := context.Background()
 	cfg := campaign("batch-existing", 1000, 1000*valueCents)
 	g := setup(t, d.DB, cfg, nil)
@@ -333,7 +333,7 @@ func TestBatchNewInboxRowsExistingGrants(t *testing.T) {
 // batch's: 100 grants = 64 + 32 prepared + 4 interpolated rows, and 300 log rows = 256 + 32
 // + 12, so 8 prepared executions (none without UseStatements: the check can fail).
 func TestBatchPreparedStatements(t *testing.T) {
-	d := testenv.DB(t, 1)
+	d := testenv.DB(t, 1, couponSchema)
 	ctx := context.Background()
 	cfg := campaign("batch-prep", 10_000, 10_000*valueCents)
 	g := setup(t, d.DB, cfg, nil).UseStatements(d.DB)

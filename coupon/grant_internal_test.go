@@ -6,6 +6,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/pkg/dbx"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -14,7 +15,7 @@ import (
 // is never reached in practice (the upsert in loadOrCreate row-locks the grant, so steps of
 // one order serialise), so it is driven here with a deliberately stale "from" state.
 func TestCASRejectsStaleState(t *testing.T) {
-	d := testenv.DB(t, 2)
+	d := testenv.DB(t, 2, migrations.Set{Name: PluginName, FS: Migrations})
 	ctx := context.Background()
 	if _, err := d.DB.Exec(`INSERT INTO coupon_grant (order_id, campaign_id, user_id, state, value_cents) VALUES ('o', 'c', 'u', 'LOCKED', 500)`); err != nil {
 		t.Fatal(err)

@@ -194,7 +194,7 @@ func mustVerify(t *testing.T, db *sql.DB, campaignID string) coupon.Audit {
 }
 
 func TestGrantHappyPath(t *testing.T) {
-	d := testenv.DB(t, 4)
+	d := testenv.DB(t, 4, couponSchema)
 	ctx := context.Background()
 	cfg := campaign("happy", 10, 10*valueCents)
 	g := setup(t, d.DB, cfg, nil)
@@ -362,7 +362,7 @@ func hammer(n int, fn func() (done bool, err error)) error {
 // no inbox, 50 goroutines step the same order concurrently.
 func TestGrantConcurrentSameOrder(t *testing.T) {
 	const N = 50
-	d := testenv.DB(t, 16)
+	d := testenv.DB(t, 16, couponSchema)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
@@ -493,7 +493,7 @@ func TestGrantConcurrentSameOrder(t *testing.T) {
 // TestGrantRepeatedStepAfterLostResponse: a step committed but its caller never learned
 // (timeout, crash after commit) and runs it again; or the step was lost before commit.
 func TestGrantRepeatedStepAfterLostResponse(t *testing.T) {
-	d := testenv.DB(t, 4)
+	d := testenv.DB(t, 4, couponSchema)
 	ctx := context.Background()
 	cfg := campaign("lost", 10, 10*valueCents)
 	g := setup(t, d.DB, cfg, nil)
@@ -553,7 +553,7 @@ func TestGrantRepeatedStepAfterLostResponse(t *testing.T) {
 }
 
 func TestGrantStockExhausted(t *testing.T) {
-	d := testenv.DB(t, 4)
+	d := testenv.DB(t, 4, couponSchema)
 	ctx := context.Background()
 	cfg := campaign("stock-1", 1, 100*valueCents)
 	g := setup(t, d.DB, cfg, nil)
@@ -601,7 +601,7 @@ func TestGrantStockExhausted(t *testing.T) {
 }
 
 func TestGrantBudgetExhausted(t *testing.T) {
-	d := testenv.DB(t, 4)
+	d := testenv.DB(t, 4, couponSchema)
 	ctx := context.Background()
 	cfg := campaign("budget-1", 10, valueCents)
 	g := setup(t, d.DB, cfg, nil)
@@ -658,7 +658,7 @@ func checkFailedEvent(t *testing.T, db *sql.DB, cfg coupon.Config, o coupon.Orde
 }
 
 func TestGrantInjectedFailures(t *testing.T) {
-	d := testenv.DB(t, 4)
+	d := testenv.DB(t, 4, couponSchema)
 	ctx := context.Background()
 	const orders = 10
 	cfg := campaign("flaky", 100, 100*valueCents)
@@ -716,7 +716,7 @@ func containsInvariant(violations []string, n int) bool {
 }
 
 func TestVerify(t *testing.T) {
-	d := testenv.DB(t, 4)
+	d := testenv.DB(t, 4, couponSchema)
 	ctx := context.Background()
 	const orders = 20
 	cfg := campaign("verify", 100, 100*valueCents)

@@ -23,6 +23,7 @@ func Plugin() inbox.Plugin {
 		ConsumerGroup: ConsumerGroup,
 		BizType:       BizType,
 		KeyLogField:   "order_id",
+		Migrations:    Migrations,
 		// CouponGranted and CouponGrantFailed events, to the configured topics.
 		Writes: func(decode func(any) error) ([]string, error) {
 			cfg, err := pluginConfig(decode)

@@ -27,7 +27,7 @@ func TestShardedCountersExhaustCampaignWide(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			d := testenv.DB(t, 16)
+			d := testenv.DB(t, 16, couponSchema)
 			cfg := campaign("shard-"+fmt.Sprint(tc.shards), tc.stock, tc.budgetUnit*500)
 			cfg.Shards = tc.shards
 			g := setup(t, d.DB, cfg, nil)

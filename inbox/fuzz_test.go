@@ -38,7 +38,7 @@ func (rawHandler) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (in
 // key and fingerprint: every record ends with a recorded outcome ('done' or 'failed'),
 // never an error that would have it redelivered forever.
 func FuzzProcess(f *testing.F) {
-	d := testenv.DB(f, 4)
+	d := testenv.DB(f, 4, couponSchema)
 	coupons := newPipeline(f, pipelineOpts{shared: &d, inboxCfg: inbox.Config{MaxAttempts: 2, MaxMetadataBytes: 512}})
 	raw, err := inbox.New(d.DB, rawHandler{}, inbox.Config{BizType: "raw", MaxAttempts: 2, BackoffInitial: time.Millisecond, BackoffMax: time.Millisecond,
 		MaxPayloadBytes: 4096, MaxMetadataBytes: 512}, watermill.NopLogger{}, nil)

@@ -11,8 +11,13 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
+
+// couponSchema is the coupon plugin's migrations, applied by testenv.DB after the
+// framework's: the inbox is tested with the coupon granter as its handler.
+var couponSchema = migrations.Set{Name: coupon.PluginName, FS: coupon.Migrations}
 
 // pipeline is the inbox + coupon granter on a fresh database.
 type pipeline struct {
@@ -38,7 +43,7 @@ func newPipeline(t testing.TB, o pipelineOpts) *pipeline {
 	if o.shared != nil {
 		d = *o.shared
 	} else {
-		d = testenv.DB(t, o.conns)
+		d = testenv.DB(t, o.conns, couponSchema)
 	}
 	cfg := coupon.DefaultConfig()
 	if o.grantedTopic != "" {

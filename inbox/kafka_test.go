@@ -182,7 +182,7 @@ func TestStalledConsumerLosesPartition(t *testing.T) {
 	in := testenv.Topic(t, kc, "order-paid", 1)
 	group := "g-" + in
 
-	shared := testenv.DB(t, 16)
+	shared := testenv.DB(t, 16, couponSchema)
 	stalled := make(chan struct{})
 	release := make(chan struct{})
 	var mu sync.Mutex

@@ -31,7 +31,7 @@ func (l *captureLogger) With(f watermill.LogFields) watermill.LoggerAdapter { re
 
 // Log lines name the business key as the plugin calls it (order_id) and carry the origin.
 func TestLogFieldsNameTheBusinessKey(t *testing.T) {
-	d := testenv.DB(t, 4)
+	d := testenv.DB(t, 4, couponSchema)
 	g, err := coupon.NewGranter(coupon.DefaultConfig(), nil, nil)
 	if err != nil {
 		t.Fatal(err)

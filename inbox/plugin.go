@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -26,6 +27,12 @@ type Plugin struct {
 	//
 	//	Writes: func(func(any) error) ([]string, error) { return []string{"user-greeted"}, nil },
 	Writes func(decodeConfig func(target any) error) ([]string, error)
+	// Migrations are the plugin's own tables: goose SQL files (-- +goose Up / Down) at the
+	// root of the FS, numbered by the plugin from 00001, usually embedded. `router migrate`
+	// applies them after the framework's, recorded in a version table of the plugin's own
+	// (goose_db_version_<name>, '-' as '_'), and `router migrate --reset` rolls them back
+	// before the framework's. nil: the plugin has no tables.
+	Migrations fs.FS
 	// Build creates the handler once the router has its database and configuration.
 	Build func(env PluginEnv) (Handler, error)
 }

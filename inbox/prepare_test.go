@@ -44,7 +44,7 @@ func TestSlowExternalCallHoldsNoLock(t *testing.T) {
 		{"no prepare: call inside the transaction", false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := testenv.DB(t, 8)
+			d := testenv.DB(t, 8, couponSchema)
 			cfg := coupon.DefaultConfig()
 			ctx := context.Background()
 			if err := coupon.EnsureCampaign(ctx, d.DB, cfg); err != nil {

@@ -1,12 +1,20 @@
-// Package migrations holds the SQL schema, embedded so the router binary can apply it
-// with `router migrate` (goose). Files are plain SQL with goose annotations.
+// Package migrations holds the framework's SQL schema (inbox, outbox, relay and replay
+// tables), embedded so the router binary can apply it with `router migrate` (goose), and
+// applies plugins' own migrations beside it: each plugin's files are numbered by the plugin
+// and recorded in a goose version table of its own (goose_db_version_<plugin>), so a plugin's
+// versions never collide with the framework's or another plugin's. Files are plain SQL with
+// goose annotations.
 package migrations
 
 import (
 	"context"
 	"database/sql"
 	"embed"
+	"errors"
 	"fmt"
+	"io/fs"
+	"regexp"
+	"strings"
 
 	"github.com/pressly/goose/v3"
 )
@@ -14,39 +22,116 @@ import (
 //go:embed *.sql
 var FS embed.FS
 
-// Up applies every pending migration. db must be opened with a privileged user; the
-// application user has no DDL rights on purpose.
-func Up(ctx context.Context, db *sql.DB) error {
-	p, err := provider(db)
+// FrameworkTable is the goose version table of the framework's migrations (goose's default).
+const FrameworkTable = goose.DefaultTablename
+
+// Set is one plugin's migrations: its name (the plugin's) and its SQL files.
+type Set struct {
+	Name string
+	FS   fs.FS
+}
+
+// setName: lower-case letters, digits, '-' and '_', so that the version table name is a
+// plain identifier of at most 64 characters.
+var setName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,46}$`)
+
+// Table is the goose version table of s: goose_db_version_<name>, '-' written as '_'.
+func (s Set) Table() string {
+	return FrameworkTable + "_" + strings.ReplaceAll(s.Name, "-", "_")
+}
+
+func (s Set) label() string { return s.Name }
+
+// checkSets refuses invalid names and two sets sharing a version table.
+func checkSets(sets []Set) error {
+	seen := map[string]string{}
+	for _, s := range sets {
+		if !setName.MatchString(s.Name) {
+			return fmt.Errorf("migrations of plugin %q: the name must be 1..47 of [a-z0-9_-], starting with a letter or digit (it names the version table)", s.Name)
+		}
+		if s.FS == nil {
+			return fmt.Errorf("migrations of plugin %q: no files", s.Name)
+		}
+		if other, dup := seen[s.Table()]; dup {
+			return fmt.Errorf("migrations of plugins %q and %q would share the version table %s", other, s.Name, s.Table())
+		}
+		seen[s.Table()] = s.Name
+	}
+	return nil
+}
+
+// Up applies every pending migration: the framework's first, then each plugin set's in the
+// order given. db must be opened with a privileged user; the application user has no DDL
+// rights on purpose.
+func Up(ctx context.Context, db *sql.DB, plugins ...Set) error {
+	if err := checkSets(plugins); err != nil {
+		return err
+	}
+	p, err := provider(db, FS, FrameworkTable)
 	if err != nil {
 		return err
 	}
 	if _, err := p.Up(ctx); err != nil {
 		return fmt.Errorf("migrate up: %w", err)
 	}
+	for _, s := range plugins {
+		p, err := provider(db, s.FS, s.Table())
+		if err != nil {
+			return fmt.Errorf("migrations of plugin %s: %w", s.Name, err)
+		}
+		if _, err := p.Up(ctx); err != nil {
+			return fmt.Errorf("migrate up plugin %s: %w", s.Name, err)
+		}
+	}
 	return nil
 }
 
-// Status reports applied and pending migrations as "version name state" lines.
-func Status(ctx context.Context, db *sql.DB) ([]string, error) {
-	p, err := provider(db)
-	if err != nil {
+// Status reports applied and pending migrations as "<set> version name state" lines, the
+// framework's (set "onceflow") first.
+func Status(ctx context.Context, db *sql.DB, plugins ...Set) ([]string, error) {
+	if err := checkSets(plugins); err != nil {
 		return nil, err
 	}
-	st, err := p.Status(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("migrate status: %w", err)
-	}
-	out := make([]string, 0, len(st))
-	for _, s := range st {
-		out = append(out, fmt.Sprintf("%05d %s %s", s.Source.Version, s.Source.Path, s.State))
+	all := append([]Set{{Name: "onceflow", FS: FS}}, plugins...)
+	var out []string
+	for i, s := range all {
+		table := s.Table()
+		if i == 0 {
+			table = FrameworkTable
+		}
+		p, err := provider(db, s.FS, table)
+		if err != nil {
+			return nil, fmt.Errorf("migrations of %s: %w", s.label(), err)
+		}
+		st, err := p.Status(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("migrate status %s: %w", s.label(), err)
+		}
+		for _, m := range st {
+			out = append(out, fmt.Sprintf("%s %05d %s %s", s.label(), m.Source.Version, m.Source.Path, m.State))
+		}
 	}
 	return out, nil
 }
 
-// Reset rolls every migration back (drops the tables). Used by tests and `router migrate --reset`.
-func Reset(ctx context.Context, db *sql.DB) error {
-	p, err := provider(db)
+// Reset rolls every migration back (drops the tables): the plugin sets' first, in the
+// reverse of the order given, then the framework's. Used by tests and `router migrate
+// --reset`.
+func Reset(ctx context.Context, db *sql.DB, plugins ...Set) error {
+	if err := checkSets(plugins); err != nil {
+		return err
+	}
+	for i := len(plugins) - 1; i >= 0; i-- {
+		s := plugins[i]
+		p, err := provider(db, s.FS, s.Table())
+		if err != nil {
+			return fmt.Errorf("migrations of plugin %s: %w", s.Name, err)
+		}
+		if _, err := p.DownTo(ctx, 0); err != nil {
+			return fmt.Errorf("migrate reset plugin %s: %w", s.Name, err)
+		}
+	}
+	p, err := provider(db, FS, FrameworkTable)
 	if err != nil {
 		return err
 	}
@@ -56,8 +141,18 @@ func Reset(ctx context.Context, db *sql.DB) error {
 	return nil
 }
 
-func provider(db *sql.DB) (*goose.Provider, error) {
-	p, err := goose.NewProvider(goose.DialectMySQL, db, FS)
+// NewProvider is the goose provider of one set of migrations recorded in table (for tests
+// that step through versions).
+func NewProvider(db *sql.DB, fsys fs.FS, table string) (*goose.Provider, error) {
+	return provider(db, fsys, table)
+}
+
+func provider(db *sql.DB, fsys fs.FS, table string) (*goose.Provider, error) {
+	if fsys == nil {
+		return nil, errors.New("migrations: no files")
+	}
+	p, err := goose.NewProvider(goose.DialectMySQL, db, fsys, goose.WithTableName(table),
+		goose.WithDisableGlobalRegistry(true))
 	if err != nil {
 		return nil, fmt.Errorf("migrations: %w", err)
 	}

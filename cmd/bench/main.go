@@ -277,8 +277,9 @@ func freshDB(ctx context.Context) (*sql.DB, error) {
 	if got.Int64 != 1 {
 		return nil, fmt.Errorf("another bench is running against this database (%s); wait for it, or stop it", dbx.MaskDSN(*adminDSN))
 	}
-	_ = migrations.Reset(ctx, admin)
-	if err := migrations.Up(ctx, admin); err != nil {
+	couponSchema := migrations.Set{Name: coupon.PluginName, FS: coupon.Migrations}
+	_ = migrations.Reset(ctx, admin, couponSchema)
+	if err := migrations.Up(ctx, admin, couponSchema); err != nil {
 		return nil, err
 	}
 	return dbx.Open(ctx, dbx.Config{DSN: *appDSN, MaxOpenConns: *workers + 8})

@@ -12,6 +12,8 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/onceflow/onceflow/coupon"
+	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/pkg/chaosplan"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -170,7 +172,7 @@ func TestCheckerDetectsInjectedFaults(t *testing.T) {
 	cases := append([]string{"clean"}, allInject...)
 	for _, kind := range cases {
 		t.Run(kind, func(t *testing.T) {
-			d := testenv.DB(t, 4)
+			d := testenv.DB(t, 4, migrations.Set{Name: coupon.PluginName, FS: coupon.Migrations})
 			prefix := fmt.Sprintf("chk%d-%s", rand.Uint32(), kind)
 			run := dataset(t, d, kc.Brokers, topic, orderTopic, prefix, 20)
 			rep := check(t, d, orderTopic, prefix, run)

@@ -34,7 +34,7 @@ const (
 	BizType       = "notify"
 	ConsumerGroup = "coupon-notifier"
 	Topic         = "coupon-granted"
-	// Table holds the notifications (migrations/00002).
+	// Table holds the notifications (Migrations).
 	Table = "notification"
 )
 
@@ -143,6 +143,7 @@ func Plugin() inbox.Plugin {
 		ConsumerGroup: ConsumerGroup,
 		BizType:       BizType,
 		KeyLogField:   "order_id",
+		Migrations:    Migrations,
 		Build: func(env inbox.PluginEnv) (inbox.Handler, error) {
 			cfg := DefaultConfig()
 			if env.DecodeConfig != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/coupon/notify"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -89,7 +90,8 @@ func count(t *testing.T, db *sql.DB, q string, args ...any) int {
 // the inbox once per biz type, each processed once; a quarantined notification does not
 // block the coupon, and a notify row does not block the coupon of the same order id.
 func TestTwoBizTypesSameOrderEachProcessOnce(t *testing.T) {
-	d := testenv.DB(t, 8)
+	d := testenv.DB(t, 8, migrations.Set{Name: coupon.PluginName, FS: coupon.Migrations},
+		migrations.Set{Name: notify.PluginName, FS: notify.Migrations})
 	db := d.DB
 	ctx := context.Background()
 	cc := coupon.DefaultConfig()

@@ -2,8 +2,9 @@
 // started by `scripts/infra.sh up`. When a service is unreachable the test FAILS and says how
 // to start it; only `go test -short` skips integration tests.
 //
-// Each DB call creates a fresh database (migrated with the embedded schema) that is dropped
-// when the test ends, so test packages can run in parallel against one server.
+// Each DB call creates a fresh database (migrated with the framework's schema and the plugin
+// migrations the test names) that is dropped when the test ends, so test packages can run in
+// parallel against one server.
 package testenv
 
 import (
@@ -97,9 +98,13 @@ func (d Database) AdminExec(t testing.TB, q string, args ...any) {
 	}
 }
 
-// DB creates a fresh database, applies the migrations as the admin user and returns a pool
-// of maxConns connections opened as the application user.
-func DB(t testing.TB, maxConns int) Database {
+// DB creates a fresh database, applies the framework's migrations and then plugins' (each
+// with its own version table, as `router migrate` does) as the admin user, and returns a pool
+// of maxConns connections opened as the application user. A test of a plugin's tables passes
+// the plugin's migrations:
+//
+//	d := testenv.DB(t, 4, migrations.Set{Name: coupon.PluginName, FS: coupon.Migrations})
+func DB(t testing.TB, maxConns int, plugins ...migrations.Set) Database {
 	t.Helper()
 	Integration(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -133,7 +138,7 @@ func DB(t testing.TB, maxConns int) Database {
 		t.Fatalf("testenv: %v", err)
 	}
 	t.Cleanup(func() { mig.Close() })
-	if err := migrations.Up(ctx, mig); err != nil {
+	if err := migrations.Up(ctx, mig, plugins...); err != nil {
 		t.Fatalf("testenv: migrate %s: %v", name, err)
 	}
 	user, pass, _ := strings.Cut(AppUser(), ":")
