@@ -150,11 +150,17 @@ func (c Config) packetBytes() int64 {
 	return 2*int64(c.MaxPayloadBytes+c.MaxMetadataBytes) + 64<<10
 }
 
-// CheckServer reports whether the server can store what this inbox accepts: a statement
-// carrying a payload of MaxPayloadBytes must fit the server's max_allowed_packet, or the
-// server would close the connection on it and the delivery would be retried forever as
-// "database unreachable".
+// CheckServer reports whether the database can run this inbox; call it at start-up. The
+// pool's sessions must run at READ COMMITTED (dbx.CheckIsolation: under REPEATABLE READ
+// the claims of new keys take gap locks that block each other and deadlock); a pool that
+// does not is refused with an error wrapping dbx.ErrIsolation (its transactions are refused
+// too, at their first use: dbx.InTx). And a statement carrying a payload of
+// MaxPayloadBytes must fit the server's max_allowed_packet, or the server would close the
+// connection on it and the delivery would be retried forever as "database unreachable".
 func (ib *Inbox) CheckServer(ctx context.Context) error {
+	if err := dbx.CheckIsolation(ctx, ib.db); err != nil {
+		return fmt.Errorf("inbox %s: %w", ib.cfg.BizType, err)
+	}
 	var packet int64
 	if err := ib.db.QueryRowContext(ctx, "SELECT @@max_allowed_packet").Scan(&packet); err != nil {
 		return fmt.Errorf("inbox: read max_allowed_packet: %w", err)
