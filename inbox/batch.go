@@ -29,8 +29,9 @@ type BatchHandler interface {
 	// Progress per delivery: Done when the delivery's work is complete in tx (the inbox marks
 	// its row done in the same transaction), Continue when it left the delivery for the
 	// one-at-a-time path, which then runs Handle after tx committed. A delivery left at
-	// Continue must be in a state Handle can resume from. An error rolls the whole batch
-	// back, and every delivery then takes the one-at-a-time path.
+	// Continue must be in a state Handle can resume from. A slot left at the zero Progress
+	// (or any invalid one) is never taken for Done: it falls back like Continue. An error
+	// rolls the whole batch back, and every delivery then takes the one-at-a-time path.
 	HandleBatch(ctx context.Context, tx *sql.Tx, ds []*Delivery) ([]Progress, error)
 }
 
@@ -167,6 +168,8 @@ type BatchStats struct {
 	Rollbacks  int64 // batch transactions rolled back (then retried or fallen back)
 	MaxBatched int   // most deliveries seen in one batch
 	Returning  bool  // the claim reads its rows back with RETURNING (MariaDB ≥ 10.5), not a SELECT
+	// Deliveries a HandleBatch left at an invalid Progress (fallen back, never done).
+	InvalidProgress int64
 
 	// BatchPreparer handlers only:
 	Preparing      int64 // deliveries being prepared now (calls in flight)
@@ -724,8 +727,14 @@ func (b *Batcher) handle(ctx context.Context, tx *sql.Tx, run []*item, counts ma
 		return fmt.Errorf("inbox %s: HandleBatch returned %d results for %d deliveries", ib.cfg.BizType, len(progs), len(ds))
 	}
 	var done, unfinished []any // resumed rows now done; new rows the handler did not finish
+	invalid := 0
 	for i, it := range run {
 		if progs[i] != Done {
+			// Continue, or a slot the handler left at the zero (or another invalid) Progress:
+			// never done; the one-at-a-time path finds out what is left.
+			if !progs[i].valid() {
+				invalid++
+			}
 			if !it.resumed {
 				unfinished = append(unfinished, it.id)
 			}
@@ -738,6 +747,11 @@ func (b *Batcher) handle(ctx context.Context, tx *sql.Tx, run []*item, counts ma
 		if len(it.copies) > 0 {
 			counts[len(it.copies)] = append(counts[len(it.copies)], it.id)
 		}
+	}
+	if invalid > 0 {
+		ib.logger.Error("HandleBatch left deliveries at an invalid Progress (neither Done nor Continue); they run one at a time",
+			fmt.Errorf("%w: %d of %d", ErrInvalidProgress, invalid, len(progs)), nil)
+		b.count(func(s *BatchStats) { s.InvalidProgress += int64(invalid) })
 	}
 	if len(done) > 0 {
 		if _, err := tx.ExecContext(ctx, b.q.doneHead+placeholders(len(done)), done...); err != nil {

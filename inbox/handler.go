@@ -11,18 +11,44 @@ import (
 	"github.com/onceflow/onceflow/pkg/msgsource"
 )
 
-// Progress tells the inbox what to do after a successful Handle call.
+// Progress tells the inbox what to do after a successful Handle call. Its zero value is
+// invalid: a handler that returns it (or a HandleBatch that leaves a slot at it) has not
+// said what it did, and the inbox never takes that for Done — Handle's attempt fails (its
+// step is rolled back and retried, then quarantined), a HandleBatch slot falls back to the
+// one-at-a-time path as if left at Continue.
 type Progress int
 
 const (
 	// Done: the message is fully processed; the inbox row becomes 'done' in the same
 	// transaction as the handler's writes.
-	Done Progress = iota
+	Done Progress = iota + 1
 	// Continue: commit this step (the inbox row stays 'processing') and call Handle again
 	// in a new transaction. Multi-step handlers (state machines) return it after each step
 	// so every step commits its side effect with its own state transition.
 	Continue
 )
+
+// String names the progress ("done", "continue", or "invalid(n)").
+func (p Progress) String() string {
+	switch p {
+	case Done:
+		return "done"
+	case Continue:
+		return "continue"
+	}
+	return fmt.Sprintf("invalid(%d)", int(p))
+}
+
+func (p Progress) valid() bool { return p == Done || p == Continue }
+
+// ErrInvalidProgress is wrapped by the error of an attempt whose Handle returned no error
+// and a Progress that is neither Done nor Continue (the zero value, say).
+var ErrInvalidProgress = errors.New("handler returned an invalid inbox.Progress (want inbox.Done or inbox.Continue)")
+
+// invalidProgress is the error of a Handle call that returned p.
+func invalidProgress(p Progress) error {
+	return fmt.Errorf("%w: %s", ErrInvalidProgress, p)
+}
 
 // Decoded is what a handler extracts from a message before anything is written.
 type Decoded struct {

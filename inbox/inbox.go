@@ -314,6 +314,9 @@ func (ib *Inbox) runStep(ctx context.Context, prep Preparer, d *Delivery, dec De
 				d.Step = step
 				prog, err = ib.h.Handle(sctx, tx, d)
 			}
+			if err == nil && !prog.valid() {
+				err = invalidProgress(prog) // never taken for Done: the step rolls back
+			}
 			return err
 		})
 		if err != nil {
