@@ -154,13 +154,15 @@ func NewExactlyOnceRelay(db *sql.DB, kc kafkax.Config, cfg RelayConfig, logger w
 	}
 	n := r.cfg.Shards
 	for i := range n {
-		e := &exactlyOnce{r: r, kc: kc, index: i, shard: r.cfg.Shard, txnID: r.cfg.TransactionalID}
+		e := &exactlyOnce{r: r, kc: kc, index: i, shard: r.cfg.Shard}
+		if r.cfg.TransactionalID != "" { // else CheckServer derives it before the first session
+			e.txnID = shardTxnID(r.cfg.TransactionalID, i, n)
+		}
 		e.pendingWhere = fmt.Sprintf(`SELECT id, event_id, event_type, topic, msg_key, payload, headers FROM %s
  WHERE published_at IS NULL`, r.cfg.Table)
 		e.pendingOrder = " ORDER BY id LIMIT ?"
 		if n > 1 {
 			e.shard = ShardName(r.cfg.Shard, i, n)
-			e.txnID = fmt.Sprintf("%s-%dof%d", r.cfg.TransactionalID, i, n)
 			e.pendingWhere += fmt.Sprintf(" AND MOD(key_hash, %d) = %d", n, i)
 		}
 		e.pendingQ = e.pendingWhere + e.pendingOrder
@@ -236,6 +238,15 @@ func ShardName(group string, i, n int) string {
 	return fmt.Sprintf("%s#%d/%d", group, i, n)
 }
 
+// shardTxnID is the transactional id of shard i of n of a group whose id is group: the
+// group's own when n is 1, else group-<i>of<n>.
+func shardTxnID(group string, i, n int) string {
+	if n == 1 {
+		return group
+	}
+	return fmt.Sprintf("%s-%dof%d", group, i, n)
+}
+
 // shardCountOf reports the shard count a lease name implies for group (0: another group).
 func shardCountOf(group, name string) int {
 	if name == group {
@@ -265,6 +276,9 @@ func (e *exactlyOnce) standbyPoll() time.Duration {
 }
 
 func (e *exactlyOnce) relayOnce(ctx context.Context, pipelined bool) (int, error) {
+	if err := e.r.CheckServer(ctx); err != nil {
+		return 0, err
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if time.Now().Before(e.standbyUntil) {

@@ -51,7 +51,7 @@ func lingerScenario(t *testing.T, db *sql.DB, topic string, cfg outbox.RelayConf
 // that commit meanwhile go out in the same batch. Without linger the same RelayOnce
 // publishes the one row alone (the comparison that shows the setting has an effect).
 func TestRelayLingerFillsPartialBatch(t *testing.T) {
-	for _, linger := range []time.Duration{0, 20 * time.Millisecond} {
+	for _, linger := range []time.Duration{outbox.NoLinger, 20 * time.Millisecond} {
 		t.Run(fmt.Sprint("linger=", linger), func(t *testing.T) {
 			d := testenv.DB(t, 4)
 			p := &fakeProducer{}
@@ -142,7 +142,7 @@ func TestEOSRelayLingerFewerTransactions(t *testing.T) {
 		relay  *outbox.Relay
 		ids    []string
 	}
-	runs := []*run{{linger: 0}, {linger: 100 * time.Millisecond}}
+	runs := []*run{{linger: outbox.NoLinger}, {linger: 100 * time.Millisecond}}
 	for _, r := range runs {
 		r.d = testenv.DB(t, 4)
 		r.topic = testenv.Topic(t, k, "outbox-trickle", 2)

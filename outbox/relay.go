@@ -18,10 +18,14 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-// RelayConfig configures a Relay.
+// RelayConfig configures a Relay. Its defaults are the router's (configs/router.yaml,
+// README's configuration table), so a relay wired by hand behaves as the stock binary's.
 type RelayConfig struct {
-	Table        string        // default "outbox"
-	BatchSize    int           // rows per Kafka batch; default 500
+	Table string // default "outbox"
+	// BatchSize is the most rows per Kafka batch (a Kafka transaction in exactly-once mode);
+	// default 2000 (README's configuration table, relay.batch_size: 1,000 → 10.8k, 2,000 →
+	// 13.6k exactly-once events/s; larger batches republish more after an abort).
+	BatchSize    int
 	PollInterval time.Duration // sleep when nothing is pending; default 50ms
 	RetryBackoff time.Duration // after a failed publish, doubling up to MaxRetryBackoff; default 1s
 	LagBound     time.Duration // an unpublished row older than this is a violation (verify); default 1m
@@ -31,7 +35,8 @@ type RelayConfig struct {
 	// Linger once, reads again from the oldest pending row and publishes what it finds then
 	// (at most BatchSize). Under a steady trickle this makes fewer, bigger Kafka transactions
 	// (and database marks) for at most Linger of added latency; a full batch never waits.
-	// 0 (the zero value) publishes at once. No lock is held while lingering.
+	// Default 5ms (as Kafka's linger.ms since Kafka 4.0); NoLinger (any negative value)
+	// publishes at once. No lock is held while lingering.
 	Linger time.Duration
 
 	// MaxRetryBackoff caps the doubling retry backoff; default 5s (never below RetryBackoff).
@@ -44,8 +49,17 @@ type RelayConfig struct {
 	CleanupBatch    int
 
 	// Exactly-once mode only (NewExactlyOnceRelay); see ExactlyOnce in eos.go.
-	Shard           string // shard group (the one shard when Shards is 1); default "default"
-	TransactionalID string // Kafka transactional.id; default "onceflow-relay-" + Shard
+	Shard string // shard group (the one shard when Shards is 1); default "default"
+	// TransactionalID is the Kafka transactional.id of the shard group, the same on every
+	// relay of the group. Default "onceflow-relay-<database>-<shard>": <database> is the
+	// pool's database, read with SELECT DATABASE() before the first batch (CheckServer), and
+	// <shard> is Shard — the router's default too. So relays of two databases sharing a Kafka
+	// cluster (a demo and production, say) never fence each other and never read each
+	// other's positions, and a database restored on another server, or a replica promoted,
+	// keeps its id (no server identity is part of it). Two servers that hold databases of the
+	// same name and share a Kafka cluster must set it (or different Shards). TransactionalID
+	// reports the id in use.
+	TransactionalID string
 
 	// Shards splits the outbox into this many shards (default 1): a row belongs to shard
 	// MOD(key_hash, Shards), key_hash being CRC32 of its key (migration 00005), so a key's
@@ -72,12 +86,19 @@ type RelayConfig struct {
 	Hook func(point string)
 }
 
+// NoLinger as RelayConfig.Linger publishes a partial batch at once (any negative value
+// does; the zero value stands for the default).
+const NoLinger time.Duration = -1
+
 func (c *RelayConfig) setDefaults() {
 	if c.Table == "" {
 		c.Table = "outbox"
 	}
 	if c.BatchSize == 0 {
-		c.BatchSize = 500
+		c.BatchSize = 2000
+	}
+	if c.Linger == 0 {
+		c.Linger = 5 * time.Millisecond
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = 50 * time.Millisecond
@@ -103,9 +124,6 @@ func (c *RelayConfig) setDefaults() {
 	}
 	if c.Shards == 0 {
 		c.Shards = 1
-	}
-	if c.TransactionalID == "" {
-		c.TransactionalID = "onceflow-relay-" + c.Shard
 	}
 	if c.PositionsTopic == "" {
 		c.PositionsTopic = DefaultPositionsTopic
@@ -141,8 +159,8 @@ func (c *RelayConfig) validate() error {
 	if c.PollInterval <= 0 || c.RetryBackoff <= 0 {
 		return errors.New("relay: poll interval and retry backoff must be positive")
 	}
-	if c.Linger < 0 || c.Linger > 10*time.Second || c.Linger >= c.LeaseTTL/2 {
-		return fmt.Errorf("relay: linger %s must be within 0..10s and below half the lease ttl (%s)", c.Linger, c.LeaseTTL)
+	if c.Linger > 10*time.Second || c.Linger >= c.LeaseTTL/2 {
+		return fmt.Errorf("relay: linger %s must be at most 10s and below half the lease ttl (%s)", c.Linger, c.LeaseTTL)
 	}
 	if c.Retention < 0 || c.CleanupInterval <= 0 || c.CleanupBatch < 1 || c.CleanupBatch > 100000 {
 		return fmt.Errorf("relay: retention %s must not be negative, cleanup interval %s positive, cleanup batch %d within 1..100000",
@@ -210,6 +228,10 @@ type Relay struct {
 
 	isoMu sync.Mutex
 	iso   isolation // at-least-once mode; each shard has its own in exactly-once mode
+
+	checkMu sync.Mutex  // serialises CheckServer
+	checked atomic.Bool // CheckServer succeeded
+	txnID   string      // the transactional id in use (exactly-once mode); set before checked
 
 	published atomic.Int64
 	parked    atomic.Int64
@@ -282,7 +304,7 @@ func newRelay(db *sql.DB, producer Producer, cfg RelayConfig, logger watermill.L
 		logger = watermill.NopLogger{}
 	}
 	t := cfg.Table
-	return &Relay{db: db, producer: producer, cfg: cfg, logger: logger, q: relayQueries{
+	return &Relay{db: db, producer: producer, cfg: cfg, logger: logger, txnID: cfg.TransactionalID, q: relayQueries{
 		pending: fmt.Sprintf(`SELECT id, msg_key FROM %s WHERE published_at IS NULL ORDER BY id LIMIT %d`, t, cfg.BatchSize),
 		claimPrefix: fmt.Sprintf(`SELECT id, event_id, event_type, topic, msg_key, payload, headers FROM %s
  WHERE published_at IS NULL AND id IN (`, t),
@@ -314,6 +336,81 @@ func (r *Relay) Failures() int64 { return r.failures.Load() }
 // Deleted is the number of published rows the retention cleanup has deleted.
 func (r *Relay) Deleted() int64 { return r.deleted.Load() }
 
+// ErrNoDatabase is returned by CheckServer when the relay's pool has no default database
+// (its DSN names none) and the exactly-once relay has no TransactionalID to use instead.
+var ErrNoDatabase = errors.New("relay: the pool has no default database")
+
+// CheckServer checks, once, that the database can run this relay, and completes the
+// configuration it depends on; RelayOnce and Run call it before the first batch (call it
+// at start-up to report a misconfiguration before anything runs). The pool's sessions must
+// run at READ COMMITTED (dbx.CheckIsolation): a pool that does not is refused with an error
+// wrapping dbx.ErrIsolation. In exactly-once mode without a TransactionalID, the default
+// one is derived from the pool's database: "onceflow-relay-<database>-<shard>"
+// (RelayConfig.TransactionalID). A failed check is made again on the next call.
+func (r *Relay) CheckServer(ctx context.Context) error {
+	if r.checked.Load() {
+		return nil
+	}
+	r.checkMu.Lock()
+	defer r.checkMu.Unlock()
+	if r.checked.Load() {
+		return nil
+	}
+	if err := dbx.CheckIsolation(ctx, r.db); err != nil {
+		return fmt.Errorf("outbox relay: %w", err)
+	}
+	if len(r.eos) > 0 && r.cfg.TransactionalID == "" {
+		var name sql.NullString
+		if err := r.db.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&name); err != nil {
+			return fmt.Errorf("outbox relay: read the database name for the default transactional id: %w", err)
+		}
+		if !name.Valid || name.String == "" {
+			return fmt.Errorf("%w: name one in its DSN, or set the relay's transactional id", ErrNoDatabase)
+		}
+		id := DefaultTransactionalID(name.String, r.cfg.Shard)
+		if len(id) > 190 {
+			return fmt.Errorf("relay: default transactional id %q longer than 190 bytes: set one", id)
+		}
+		r.setTransactionalID(id)
+	}
+	r.checked.Store(true)
+	return nil
+}
+
+// DefaultTransactionalID is the transactional id of an exactly-once relay of shard group
+// shard on database (RelayConfig.TransactionalID).
+func DefaultTransactionalID(database, shard string) string {
+	return "onceflow-relay-" + database + "-" + shard
+}
+
+// setTransactionalID sets the transactional id of the relay and of its shards (under
+// checkMu, before checked is set: a shard reads its id only after CheckServer returned).
+func (r *Relay) setTransactionalID(id string) {
+	r.txnID = id
+	for _, e := range r.eos {
+		e.txnID = shardTxnID(id, e.index, len(r.eos))
+	}
+}
+
+// TransactionalID returns the Kafka transactional.id of the relay's shard group (each
+// shard's is TransactionalID-<i>of<n> when there are several): the configured one, or the
+// default derived by CheckServer ("" until then); "" in at-least-once mode.
+func (r *Relay) TransactionalID() string {
+	if len(r.eos) == 0 {
+		return ""
+	}
+	if !r.checked.Load() {
+		r.checkMu.Lock()
+		defer r.checkMu.Unlock()
+	}
+	return r.txnID
+}
+
+// permanentCheckError reports a CheckServer error that no retry fixes.
+func permanentCheckError(err error) bool {
+	return errors.Is(err, dbx.ErrIsolation) || errors.Is(err, ErrNoDatabase)
+}
+
 // Run relays until ctx is cancelled. Publish failures are logged and retried with a doubling
 // backoff (RetryBackoff up to MaxRetryBackoff); nothing is dropped. Events Kafka refuses for
 // good are parked instead of retried, with the later events of their keys (parked.go). With
@@ -321,8 +418,15 @@ func (r *Relay) Deleted() int64 { return r.deleted.Load() }
 // renews the shard's lease, waits as a standby while another instance holds it, and on return
 // aborts any open Kafka transaction, closes its producer and releases the lease. With several
 // shards each one it owns runs in its own goroutine, and the relay keeps its membership.
+//
+// Run first calls CheckServer and returns its error if the pool cannot run a relay (not at
+// READ COMMITTED, no database for the default transactional id); a database it cannot
+// reach yet is retried like a failed batch.
 func (r *Relay) Run(ctx context.Context) error {
 	defer r.Close()
+	if err := r.CheckServer(ctx); err != nil && permanentCheckError(err) {
+		return err
+	}
 	if len(r.eos) == 0 {
 		r.loop(ctx, "", r.RelayOnce, func() time.Duration { return r.cfg.PollInterval }, func() bool { return true }, func() bool { return true })
 		return nil
@@ -479,6 +583,9 @@ func (r *Relay) linger(ctx context.Context, n int) (bool, error) {
 // published and what it refused is parked; an acked row of a key whose earlier row was
 // refused in the same batch is held behind that row and published again after it.
 func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
+	if err := r.CheckServer(ctx); err != nil {
+		return 0, err
+	}
 	switch {
 	case len(r.eos) == 1:
 		return r.eos[0].relayOnce(ctx, false)
