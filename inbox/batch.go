@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -20,8 +21,11 @@ import (
 )
 
 // BatchHandler is implemented by handlers that can finish many deliveries in one
-// transaction with multi-row statements: the group-commit path. It is an optimisation of
-// the happy path only; everything unusual still goes through Handle, one delivery at a time.
+// transaction with multi-row statements: the hand-written group-commit path. It is an
+// optimisation of the happy path only; everything unusual still goes through Handle, one
+// delivery at a time. A plain Handler needs none of it to be group-committed: the Batcher
+// then runs each delivery's Handle in the shared transaction behind a savepoint of its own
+// (grouped.go).
 type BatchHandler interface {
 	Handler
 	// HandleBatch runs in tx, which holds the inbox row locks of every delivery in ds (new or
@@ -129,6 +133,11 @@ func (c BatchConfig) Validate() error {
 // poison or conflicting message, a delivery the handler left at Continue, a failed batch —
 // is run by Process, one at a time, after the batch.
 //
+// The handler is a BatchHandler (its HandleBatch does the batch's work with multi-row
+// statements) or any plain Handler: its Handle then runs once per delivery in the shared
+// transaction, each delivery behind a savepoint, so a delivery that fails or panics is
+// rolled back alone and retried or quarantined alone (grouped.go).
+//
 // One collector forms the batches and hands each to an idle worker (up to Workers
 // transactions at once); while every worker is busy, deliveries gather in the next batch.
 // So at moderate load batches run one after another, each taking what arrived meanwhile
@@ -139,8 +148,9 @@ func (c BatchConfig) Validate() error {
 // a batch are counted as duplicates in the same transaction.
 type Batcher struct {
 	ib     *Inbox
-	bh     BatchHandler
-	gate   *prepareGate // nil unless the handler is a BatchPreparer
+	bh     BatchHandler // nil: a plain handler, each delivery's Handle behind a savepoint (grouped.go)
+	prep   Preparer     // a plain handler's Preparer (run by the gate), or nil
+	gate   *prepareGate // nil unless the handler is a BatchPreparer or a plain Preparer
 	cfg    BatchConfig
 	queue  chan *pending // decoded deliveries, for the collector
 	decode chan *pending // deliveries not yet decoded, for the decoders
@@ -168,10 +178,14 @@ type BatchStats struct {
 	Rollbacks  int64 // batch transactions rolled back (then retried or fallen back)
 	MaxBatched int   // most deliveries seen in one batch
 	Returning  bool  // the claim reads its rows back with RETURNING (MariaDB ≥ 10.5), not a SELECT
+	// Plain handlers only: deliveries whose Handle failed, panicked, timed out or returned an
+	// invalid Progress in a batch — rolled back to their savepoint (or, when the transaction
+	// could not go on, taken out of the batch) and then retried or quarantined alone.
+	Isolated int64
 	// Deliveries a HandleBatch left at an invalid Progress (fallen back, never done).
 	InvalidProgress int64
 
-	// BatchPreparer handlers only:
+	// BatchPreparer handlers and plain Preparers only:
 	Preparing      int64 // deliveries being prepared now (calls in flight)
 	Prepared       int64 // deliveries prepared
 	PrepareFailed  int64 // prepares that failed, panicked or timed out
@@ -186,16 +200,19 @@ type pending struct {
 	start    time.Time
 	done     chan batchOutcome
 	gated    atomic.Bool // admitted by the prepare gate: released once it has its outcome
-	prepared any         // what PrepareDelivery left in Delivery.Prepared
+	prepared any         // what PrepareDelivery (or a plain Prepare) left in Delivery.Prepared
+	ready    bool        // a plain Preparer's Prepare succeeded: Handle may run in a batch
 }
 
 type batchOutcome struct {
 	res      Result
 	fallback bool
+	failed   *failure // the delivery's attempt failed (grouped.go): count, then retry or quarantine alone
 }
 
 type batchQueries struct {
 	claimHead, claimTail, returning, selectHead, dupHead, doneHead, reopenHead string
+	failed                                                                     string
 }
 
 // claimGroup is one row of the batch claim, in insertColumns' order. A new row is written
@@ -214,13 +231,12 @@ const claimWidth = 10
 // claim costs the server about as much per row as a 512-row one (README).
 const claimRows = 256
 
-// NewBatcher returns a Batcher for ib, whose handler must implement BatchHandler. It starts
-// its collector and workers; Close stops them.
+// NewBatcher returns a Batcher for ib. A BatchHandler's batches run its HandleBatch; any
+// other handler's run its Handle for each delivery behind a savepoint (grouped.go), its
+// Prepare, if it is a Preparer, made for each delivery before its batch, outside any
+// transaction (prepare.go). It starts its collector and workers; Close stops them.
 func (ib *Inbox) NewBatcher(cfg BatchConfig) (*Batcher, error) {
-	bh, ok := ib.h.(BatchHandler)
-	if !ok {
-		return nil, fmt.Errorf("inbox %s: handler %T does not implement inbox.BatchHandler", ib.cfg.BizType, ib.h)
-	}
+	bh, _ := ib.h.(BatchHandler)
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -239,6 +255,9 @@ func (ib *Inbox) NewBatcher(cfg BatchConfig) (*Batcher, error) {
 			dupHead:    fmt.Sprintf("UPDATE %s SET duplicates = duplicates + ? WHERE id IN ", t),
 			doneHead:   fmt.Sprintf("UPDATE %s SET status = 'done', attempts = GREATEST(attempts, 1), reason = NULL, last_error = NULL WHERE id IN ", t),
 			reopenHead: fmt.Sprintf("UPDATE %s SET status = 'processing' WHERE id IN ", t),
+			// A plain handler's failed attempt, counted on its row in the batch (grouped.go): the
+			// row is left to resume, and the statement's insert id is its count of attempts.
+			failed: fmt.Sprintf("UPDATE %s SET status = 'processing', attempts = LAST_INSERT_ID(attempts + ?), last_error = ? WHERE id = ?", t),
 		}}
 	claimText := func(returning bool) func(n int) string {
 		return func(n int) string {
@@ -259,8 +278,13 @@ func (ib *Inbox) NewBatcher(cfg BatchConfig) (*Batcher, error) {
 	}
 	b.claimReturning = dbx.NewMultiRow(ib.db, claimWidth, claimRows, claimText(true))
 	b.claimPlain = dbx.NewMultiRow(ib.db, claimWidth, claimRows, claimText(false))
-	if prep, ok := ib.h.(BatchPreparer); ok {
-		b.gate = newPrepareGate(b, prep, cfg.MaxInFlightCalls)
+	if bh != nil {
+		if prep, ok := ib.h.(BatchPreparer); ok {
+			b.gate = newPrepareGate(b, prep.PrepareDelivery, false, cfg.MaxInFlightCalls)
+		}
+	} else if prep, ok := ib.h.(Preparer); ok {
+		b.prep = prep
+		b.gate = newPrepareGate(b, prep.Prepare, true, cfg.MaxInFlightCalls)
 	}
 	b.queue = make(chan *pending, cfg.MaxSize)
 	b.wg.Go(b.collect)
@@ -395,7 +419,10 @@ func (b *Batcher) Process(ctx context.Context, msg *message.Message, src Source)
 
 func (b *Batcher) outcome(ctx context.Context, p *pending, o batchOutcome) (Result, error) {
 	res, err := o.res, error(nil)
-	if o.fallback {
+	switch {
+	case o.failed != nil:
+		res, err = b.afterFailure(ctx, p, o.failed)
+	case o.fallback:
 		res, err = b.ib.Process(ctx, p.msg, p.src, ProcessOptions{})
 	}
 	b.release(p, res, err)
@@ -446,8 +473,9 @@ type item struct {
 	copies  []*pending
 	d       *Delivery
 	id      int64
-	resumed bool    // the row was 'processing' before this batch
-	res     *Result // set when finished in the batch
+	resumed bool     // the row was 'processing' before this batch
+	res     *Result  // set when finished in the batch
+	failed  *failure // a plain handler's Handle failed in the batch, rolled back to its savepoint (grouped.go)
 }
 
 // run handles one batch: every pending gets exactly one outcome.
@@ -481,18 +509,38 @@ func (b *Batcher) run(batch []*pending) {
 	sort.Slice(items, func(i, j int) bool { return items[i].p.dec.Key < items[j].p.dec.Key })
 	ctx := context.WithoutCancel(items[0].p.ctx)
 	b.prepareClaim(ctx)
-	if sp, ok := b.bh.(StatementPreparer); ok {
+	if sp, ok := b.ib.h.(StatementPreparer); ok {
 		sp.PrepareStatements(ctx)
 	}
 	var err error
+	var blamed []*blamedError // plain handlers: deliveries taken out of the batch (grouped.go)
+	defer func() { b.answerBlamed(blamed) }()
 	for try := 0; ; try++ {
 		for _, it := range items {
-			it.res, it.id, it.resumed, it.d.Resumed = nil, 0, false, false
+			it.res, it.id, it.resumed, it.d.Resumed, it.failed = nil, 0, false, false, nil
+			// A retried batch starts its deliveries afresh (Handle may consume Prepared).
+			it.d.Step, it.d.Prepared = 0, it.p.prepared
 		}
 		tctx, cancel := context.WithTimeout(ctx, ib.cfg.HandlerTimeout)
 		err = dbx.InTx(tctx, ib.db, func(tx *sql.Tx) error { return b.runTx(tctx, tx, items) })
 		cancel()
 		if err == nil {
+			break
+		}
+		if bl, ok := errors.AsType[*blamedError](err); ok {
+			// One delivery's Handle left the transaction unusable (it timed out, or its
+			// savepoint could not be restored): it is retried or quarantined alone, and the
+			// others run once more without it, in a new transaction; should that fail the
+			// same way, they fall back too.
+			b.count(func(s *BatchStats) { s.Rollbacks++ })
+			blamed = append(blamed, bl)
+			items = slices.DeleteFunc(items, func(it *item) bool { return it == bl.it })
+			if len(blamed) == 1 && len(items) > 0 {
+				continue
+			}
+			if len(items) == 0 {
+				return
+			}
 			break
 		}
 		if failureReason(err) != ReasonRetriesExhausted {
@@ -508,8 +556,15 @@ func (b *Batcher) run(batch []*pending) {
 		b.fallBackItems(items, rest, "batch rolled back", err)
 		return
 	}
-	var batched, fell int64
+	var batched, fell, isolated int64
 	for _, it := range items {
+		if it.failed != nil {
+			isolated++
+			fell += int64(len(it.copies))
+			fallBack(it.copies)
+			it.p.done <- batchOutcome{failed: it.failed}
+			continue
+		}
 		if it.res == nil {
 			fell += int64(1 + len(it.copies))
 			fallBack(append(it.copies, it.p))
@@ -530,6 +585,7 @@ func (b *Batcher) run(batch []*pending) {
 		s.Batches++
 		s.Batched += batched
 		s.Fallbacks += fell + int64(len(rest))
+		s.Isolated += isolated
 		s.MaxBatched = max(s.MaxBatched, len(batch))
 	})
 }
@@ -709,6 +765,9 @@ func returningSupported(version string) bool {
 // handle runs the handler on the rows that are ours to run (sorted by key) and brings the
 // rows' status in line with what it finished; copies of a finished delivery are counted.
 func (b *Batcher) handle(ctx context.Context, tx *sql.Tx, run []*item, counts map[int][]any) error {
+	if b.bh == nil {
+		return b.handleGrouped(ctx, tx, run, counts)
+	}
 	ib := b.ib
 	ds := make([]*Delivery, len(run))
 	for i, it := range run {
@@ -753,6 +812,12 @@ func (b *Batcher) handle(ctx context.Context, tx *sql.Tx, run []*item, counts ma
 			fmt.Errorf("%w: %d of %d", ErrInvalidProgress, invalid, len(progs)), nil)
 		b.count(func(s *BatchStats) { s.InvalidProgress += int64(invalid) })
 	}
+	return b.markRows(ctx, tx, done, unfinished)
+}
+
+// markRows marks the resumed rows in done 'done' and sets the new rows in unfinished back
+// to 'processing' (the claim inserted them 'done').
+func (b *Batcher) markRows(ctx context.Context, tx *sql.Tx, done, unfinished []any) error {
 	if len(done) > 0 {
 		if _, err := tx.ExecContext(ctx, b.q.doneHead+placeholders(len(done)), done...); err != nil {
 			return fmt.Errorf("mark %d inbox rows done: %w", len(done), err)

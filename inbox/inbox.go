@@ -110,6 +110,8 @@ type ProcessOptions struct {
 	ReplayID int64
 	// Reopen lets a 'failed' row run again (replay after its cause was fixed).
 	Reopen bool
+
+	failed int // attempts already made and counted (a Batcher's delivery that failed in its batch)
 }
 
 // Process runs one delivery to its end: processed, duplicate, conflict or quarantined. It
@@ -143,7 +145,7 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, 
 
 	lockRetries := 0
 	var d *Delivery
-	for attempt := 1; ; {
+	for attempt := 1 + opts.failed; ; {
 		// A fresh Delivery per attempt: plugin code abandoned by a timeout may still hold
 		// the previous one.
 		d = &Delivery{Message: msg, BizType: ib.cfg.BizType, Key: dec.Key, Value: dec.Value, Source: src, ReplayID: opts.ReplayID, Attempt: attempt}

@@ -8,10 +8,18 @@ import (
 )
 
 // Slow outside calls belong to the delivery, not to the batch. A Batcher whose handler is a
-// BatchPreparer prepares every delivery as soon as it is decoded — on its own goroutine,
-// without any lock, at most BatchConfig.MaxInFlightCalls at once — and hands it to the
-// collector only once prepared, so a batch's transaction never waits on a call and one slow
-// call delays only its own delivery.
+// BatchPreparer, or a plain handler that is a Preparer, prepares every delivery as soon as
+// it is decoded — on its own goroutine, without any lock, at most
+// BatchConfig.MaxInFlightCalls at once — and hands it to the collector only once prepared,
+// so a batch's transaction never waits on a call and one slow call delays only its own
+// delivery.
+//
+// A plain Preparer's Prepare is called for the delivery's first step (Step 0, Attempt 1),
+// as Process would before the step's transaction; Handle then finds what it prepared in
+// Delivery.Prepared. When Prepare fails (error, panic, inbox.handler_timeout) the delivery
+// does not enter a batch: its attempt is counted on its row, and it is retried alone (or
+// quarantined) as on the one-at-a-time path (grouped.go). A BatchPreparer's failure only
+// leaves the delivery unprepared: HandleBatch leaves it at Continue.
 //
 // Per key, one delivery at a time: a delivery whose business key is already in the Batcher
 // (being prepared, queued, in a batch, or on the one-at-a-time path) waits, unprepared,
@@ -21,9 +29,10 @@ import (
 
 // prepareGate is a Batcher's per-delivery preparation.
 type prepareGate struct {
-	b    *Batcher
-	prep BatchPreparer
-	sem  chan struct{} // one slot per prepare running
+	b     *Batcher
+	prep  func(ctx context.Context, d *Delivery) error // PrepareDelivery, or a plain handler's Prepare
+	plain bool                                         // prep is a plain Preparer's: a failure is a failed attempt
+	sem   chan struct{}                                // one slot per prepare running
 
 	mu      sync.Mutex
 	waiting map[string][]*pending // key in the Batcher → deliveries of that key waiting behind it
@@ -36,8 +45,8 @@ type prepareGate struct {
 	observe  func(elapsed time.Duration, err error)
 }
 
-func newPrepareGate(b *Batcher, prep BatchPreparer, inFlight int) *prepareGate {
-	return &prepareGate{b: b, prep: prep, sem: make(chan struct{}, inFlight), waiting: map[string][]*pending{},
+func newPrepareGate(b *Batcher, prep func(context.Context, *Delivery) error, plain bool, inFlight int) *prepareGate {
+	return &prepareGate{b: b, prep: prep, plain: plain, sem: make(chan struct{}, inFlight), waiting: map[string][]*pending{},
 		recent: newRecentKeys(recentKeysKept)}
 }
 
@@ -92,14 +101,20 @@ func (g *prepareGate) run(p *pending) {
 	case p.ctx.Err() != nil:
 		// The caller gave up (its claim ended): the batch falls it back unprepared.
 	default:
+		var err error
 		select {
 		case g.sem <- struct{}{}:
-			g.prepare(p)
+			err = g.prepare(p)
 			<-g.sem
 		case <-b.stop:
 			p.done <- batchOutcome{fallback: true}
 			return
 		case <-p.ctx.Done():
+		}
+		if err != nil && g.plain && p.ctx.Err() == nil {
+			// A plain handler's attempt failed before its transaction: not batched.
+			p.done <- batchOutcome{failed: &failure{err: err}}
+			return
 		}
 	}
 	select {
@@ -109,26 +124,28 @@ func (g *prepareGate) run(p *pending) {
 	}
 }
 
-// prepare runs PrepareDelivery under inbox.handler_timeout and keeps what it prepared. A
-// failure (error, panic, timeout) leaves the delivery unprepared: HandleBatch leaves it to
-// the one-at-a-time path, which retries it with backoff like any failed step.
-func (g *prepareGate) prepare(p *pending) {
+// prepare runs PrepareDelivery (or Prepare) under inbox.handler_timeout and keeps what it
+// prepared. A failure (error, panic, timeout) leaves the delivery unprepared: HandleBatch
+// leaves it to the one-at-a-time path, which retries it with backoff like any failed step;
+// a plain Preparer's failure is returned.
+func (g *prepareGate) prepare(p *pending) error {
 	g.running.Add(1)
 	defer g.running.Add(-1)
 	start := time.Now()
 	d := &Delivery{Message: p.msg, BizType: g.b.ib.cfg.BizType, Key: p.dec.Key, Value: p.dec.Value, Source: p.src, Attempt: 1}
 	ctx, cancel := context.WithTimeout(p.ctx, g.b.ib.cfg.HandlerTimeout)
-	err := guard(ctx, "prepare delivery", func() error { return g.prep.PrepareDelivery(ctx, d) })
+	err := guard(ctx, "prepare delivery", func() error { return g.prep(ctx, d) })
 	cancel()
 	if g.observe != nil {
 		g.observe(time.Since(start), err)
 	}
 	if err != nil {
 		g.failed.Add(1)
-		return // d may still be written by abandoned code: nothing of it is used
+		return err // d may still be written by abandoned code: nothing of it is used
 	}
 	g.prepared.Add(1)
-	p.prepared = d.Prepared
+	p.prepared, p.ready = d.Prepared, true
+	return nil
 }
 
 // recentKeys is a bounded set of keys: the oldest is forgotten when a new one is added to
