@@ -131,3 +131,15 @@ func TestPluginsListsCoupon(t *testing.T) {
 		}
 	}
 }
+
+// DefaultConfig is the defaults table decoded: valid, and what an embedding program starts
+// from.
+func TestDefaultConfig(t *testing.T) {
+	c := DefaultConfig()
+	if err := c.validate(); err != nil {
+		t.Fatal(err)
+	}
+	if c.Relay.BatchSize != 2000 || c.Kafka.Window != 1024 || !c.Relay.Enabled || c.Admin.Listen != "127.0.0.1:9464" {
+		t.Fatalf("defaults: %+v", c)
+	}
+}

@@ -26,6 +26,9 @@ type Config struct {
 	Admin   AdminConfig               `mapstructure:"admin"`
 	Log     LogConfig                 `mapstructure:"log"`
 	Runtime RuntimeConfig             `mapstructure:"runtime"`
+	// Plugins holds one section per plugin, plugins.<name>: the reserved keys topics (a list)
+	// and consumer_group override the plugin's declaration for this deployment; the other
+	// keys are the plugin's own settings (inbox.PluginEnv.DecodeConfig).
 	Plugins map[string]map[string]any `mapstructure:"plugins"`
 }
 
@@ -155,6 +158,36 @@ var defaults = []struct {
 	{"runtime.memory_limit_mb", 0, "Go soft memory limit in MiB (GOMEMLIMIT; the environment's wins); 0: none"},
 }
 
+// DefaultConfig is the configuration with every key at its default (the defaults table;
+// no file, no environment): a program that embeds the runtime starts from it.
+func DefaultConfig() Config {
+	v := viper.New()
+	for _, d := range defaults {
+		v.SetDefault(d.key, d.value)
+	}
+	cfg, err := decodeConfig(v)
+	if err != nil {
+		panic(fmt.Sprintf("onceflowcmd: the defaults do not decode: %v", err)) // TestDefaultConfig
+	}
+	return cfg
+}
+
+// LoadConfig resolves the configuration as the router binary does without flags: the
+// environment (ONCEFLOW_*) over file (empty: $ONCEFLOW_CONFIG, else configs/router.yaml if
+// present) over the defaults; unknown keys and invalid values are errors (ExitCode 2).
+func LoadConfig(file string) (Config, error) {
+	cfg, _, err := loadConfig(file, nil, nil)
+	return cfg, err
+}
+
+func decodeConfig(v *viper.Viper) (Config, error) {
+	var cfg Config
+	err := v.UnmarshalExact(&cfg, func(dc *mapstructure.DecoderConfig) {
+		dc.DecodeHook = mapstructure.ComposeDecodeHookFunc(strictDuration, mapstructure.StringToSliceHookFunc(","))
+	})
+	return cfg, err
+}
+
 // loadConfig resolves the configuration. file may be empty: then configs/router.yaml is
 // used if it exists. Unknown keys are errors.
 func loadConfig(file string, flags *pflag.FlagSet, bind map[string]string) (Config, *viper.Viper, error) {
@@ -186,10 +219,7 @@ func loadConfig(file string, flags *pflag.FlagSet, bind map[string]string) (Conf
 			}
 		}
 	}
-	var cfg Config
-	err := v.UnmarshalExact(&cfg, func(dc *mapstructure.DecoderConfig) {
-		dc.DecodeHook = mapstructure.ComposeDecodeHookFunc(strictDuration, mapstructure.StringToSliceHookFunc(","))
-	})
+	cfg, err := decodeConfig(v)
 	if err != nil {
 		return Config{}, nil, badInput(fmt.Errorf("config%s: %s", inFile(file), oneLine(err)))
 	}

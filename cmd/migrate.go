@@ -3,23 +3,9 @@ package onceflowcmd
 import (
 	"github.com/spf13/cobra"
 
-	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
-
-// migrationSets are the migrations of the registered plugins that have any, in name order:
-// `router migrate` applies them in this order after the framework's and rolls them back in
-// the reverse order before the framework's.
-func migrationSets() []migrations.Set {
-	var sets []migrations.Set
-	for _, n := range inbox.Plugins.Names() {
-		if p, _ := inbox.Plugins.Get(n); p.Migrations != nil {
-			sets = append(sets, migrations.Set{Name: p.Name, FS: p.Migrations})
-		}
-	}
-	return sets
-}
 
 func (a *app) migrateCmd() *cobra.Command {
 	var reset, status bool
@@ -47,7 +33,7 @@ func (a *app) migrateCmd() *cobra.Command {
 				return err
 			}
 			defer db.Close()
-			sets := migrationSets()
+			sets := migrationSets(a.plugins)
 			if status {
 				lines, err := migrations.Status(ctx, db, sets...)
 				if err != nil {

@@ -2,6 +2,7 @@ package onceflowcmd
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -14,10 +15,11 @@ import (
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/spf13/cobra"
 
-	"github.com/onceflow/onceflow/coupon"
+	"github.com/onceflow/onceflow/inbox"
 )
 
 type produceOpts struct {
+	plugin  string
 	orders  int
 	dupRate float64
 	poison  int
@@ -33,7 +35,7 @@ func (a *app) produceCmd() *cobra.Command {
 	o := produceOpts{}
 	cmd := &cobra.Command{
 		Use:   "produce",
-		Short: "load generator: N order-paid events, a share of them delivered twice as different Kafka messages",
+		Short: "load generator: N messages of a plugin's input (its Sample), a share of them delivered twice as different Kafka messages",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.orders < 0 || o.dupRate < 0 || o.dupRate > 1 || o.poison < 0 || o.batch < 1 || o.rate < 0 {
@@ -46,15 +48,17 @@ func (a *app) produceCmd() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.IntVar(&o.orders, "orders", 1000, "distinct orders")
-	f.Float64Var(&o.dupRate, "dup-rate", 0.3, "share of orders delivered a second time (a different Kafka message, same meaning)")
+	f.StringVar(&o.plugin, "plugin", "", "the plugin whose input to produce (default: the only registered plugin with a Sample)")
+	f.IntVar(&o.orders, "orders", 1000, "distinct messages (business keys <prefix>-000000, ...)")
+	f.Float64Var(&o.dupRate, "dup-rate", 0.3, "share of keys delivered a second time (a different Kafka message, same meaning)")
 	f.IntVar(&o.poison, "poison", 0, "poison records to add, each of which must end quarantined as poison; they cycle through "+
-		"the kinds: bad JSON (truncated, missing orderId or userId, wrong type, not JSON), a tombstone (nil value), an empty value, "+
-		"invalid UTF-8 inside a JSON string, bad JSON under an invalid-UTF-8 key, bad JSON with invalid-UTF-8 header key, value and "+
-		"message id, an order with 70 KiB of headers (over inbox.max_metadata_bytes), and a value 1 KiB over the loaded "+
-		"inbox.max_payload_bytes — that last kind only when it fits the producer's max message size (1,000,000 bytes), so not "+
-		"with the default 1 MiB limit (the PRODUCED line says which kinds were sent)")
-	f.StringVar(&o.topic, "topic", coupon.OrderPaidTopic, "topic")
+		"the kinds: a value the plugin refuses (its Poison: for the coupon granter truncated JSON, a missing orderId or userId, "+
+		"a wrong type, not JSON), a tombstone (nil value), an empty value, such a value behind bytes that are not UTF-8, under an "+
+		"invalid-UTF-8 key, with invalid-UTF-8 header key, value and message id, a good value under 70 KiB of headers (over "+
+		"inbox.max_metadata_bytes), and a good value padded to 1 KiB over the loaded inbox.max_payload_bytes — that last kind "+
+		"only when it fits the producer's max message size (1,000,000 bytes), so not with the default 1 MiB limit, and the "+
+		"first four only for a plugin with a Poison (the PRODUCED line says which kinds were sent)")
+	f.StringVar(&o.topic, "topic", "", "topic (default: the plugin's first topic, as configured)")
 	f.StringVar(&o.prefix, "prefix", "", "order id prefix (default ord-<unix nanos>)")
 	f.Uint64Var(&o.seed, "seed", 1, "random seed (repeatable runs)")
 	f.StringVar(&o.ledger, "ledger", "", "write the produced order ids to this file (for `verify --ledger`)")
@@ -63,7 +67,50 @@ func (a *app) produceCmd() *cobra.Command {
 	return cmd
 }
 
+// producePlugin is the plugin `produce` makes input for: --plugin, else the only one with a
+// Sample.
+func (a *app) producePlugin(name string) (plugin, error) {
+	if err := a.checkSections(); err != nil {
+		return plugin{}, err
+	}
+	if name != "" {
+		p, ok, err := a.plugin(name)
+		switch {
+		case err != nil:
+			return plugin{}, err
+		case !ok:
+			return plugin{}, badInput(fmt.Errorf("unknown plugin %q (registered: %v)", name, a.plugins.Names()))
+		case p.Sample == nil:
+			return plugin{}, badInput(fmt.Errorf("plugin %s has no Sample: produce cannot make its input", name))
+		}
+		return p, nil
+	}
+	all, err := a.allPlugins()
+	if err != nil {
+		return plugin{}, err
+	}
+	var with []plugin
+	var names []string
+	for _, p := range all {
+		if p.Sample != nil {
+			with = append(with, p)
+			names = append(names, p.Name)
+		}
+	}
+	if len(with) != 1 {
+		return plugin{}, badInput(fmt.Errorf("produce --plugin is required: %d registered plugins have a Sample (%s)", len(with), strings.Join(names, ", ")))
+	}
+	return with[0], nil
+}
+
 func (a *app) produce(o produceOpts) error {
+	p, err := a.producePlugin(o.plugin)
+	if err != nil {
+		return err
+	}
+	if o.topic == "" {
+		o.topic = p.Topics[0]
+	}
 	kc := a.kafka()
 	if _, err := kc.CheckTopics(o.topic); err != nil {
 		return err
@@ -74,20 +121,19 @@ func (a *app) produce(o produceOpts) error {
 	}
 	defer producer.Close()
 	rng := rand.New(rand.NewPCG(o.seed, 7))
-	paidAt := time.Date(2026, 11, 11, 0, 0, 0, 0, time.UTC)
 
 	var (
 		msgs []record
 		ids  []string
 	)
 	for i := range o.orders {
-		op := coupon.OrderPaid{OrderID: fmt.Sprintf("%s-%06d", o.prefix, i), UserID: fmt.Sprintf("u%d", rng.IntN(1_000_000)),
-			AmountCents: int64(1000 + rng.IntN(100000)), PaidAt: paidAt.Add(time.Duration(i) * time.Millisecond)}
-		ids = append(ids, op.OrderID)
-		msgs = append(msgs, orderRecord(op.OrderID, op.Encode()))
+		key := fmt.Sprintf("%s-%06d", o.prefix, i)
+		value := p.Sample(key, i, rng)
+		ids = append(ids, key)
+		msgs = append(msgs, keyRecord(key, value))
 		if rng.Float64() < o.dupRate {
 			// The duplicate is a different Kafka message with the same meaning, arriving later.
-			msgs = append(msgs, orderRecord(op.OrderID, op.Encode()))
+			msgs = append(msgs, keyRecord(key, value))
 		}
 	}
 	// Shuffle within a sliding window so duplicates arrive a little later, not adjacent.
@@ -97,7 +143,7 @@ func (a *app) produce(o produceOpts) error {
 			msgs[i], msgs[j] = msgs[j], msgs[i]
 		}
 	}
-	kinds, skipped := poisonKinds(a.cfg.Inbox.MaxPayloadBytes, kc.ProducerConfig().Producer.MaxMessageBytes)
+	kinds, skipped := poisonKinds(p.Plugin, a.cfg.Inbox.MaxPayloadBytes, kc.ProducerConfig().Producer.MaxMessageBytes)
 	for i := range o.poison {
 		r := kinds[i%len(kinds)].record(o.prefix, i)
 		pos := rng.IntN(len(msgs) + 1)
@@ -171,9 +217,10 @@ func uuidHeader(v string) sarama.RecordHeader {
 	return sarama.RecordHeader{Key: []byte(wkafka.UUIDHeaderKey), Value: []byte(v)}
 }
 
-// orderRecord is an order-paid record as a producer sends it: key = order id, a message id.
-func orderRecord(orderID string, payload []byte) record {
-	return record{key: []byte(orderID), value: payload, headers: []sarama.RecordHeader{uuidHeader(watermill.NewUUID())}}
+// keyRecord is a record as a producer sends it: the business key as the Kafka key, a
+// message id.
+func keyRecord(key string, payload []byte) record {
+	return record{key: []byte(key), value: payload, headers: []sarama.RecordHeader{uuidHeader(watermill.NewUUID())}}
 }
 
 // poisonKind is one kind of outside record that the inbox must quarantine as poison.
@@ -192,68 +239,69 @@ var bigHeaders = func() []sarama.RecordHeader {
 	return hs
 }()
 
-// poisonKinds lists the kinds `produce --poison` cycles through. The oversized value (1 KiB
-// over maxPayload, the router's inbox.max_payload_bytes) is left out when it would not fit
-// maxMessage, the producer's max message size; skipped then says why.
-func poisonKinds(maxPayload, maxMessage int) (kinds []poisonKind, skipped string) {
+// poisonKinds lists the kinds `produce --poison` cycles through for p. The kinds built on a
+// value p refuses (p.Poison) are left out for a plugin without one; the oversized value
+// (1 KiB over maxPayload, the router's inbox.max_payload_bytes) is left out when it would
+// not fit maxMessage, the producer's max message size. skipped says what was left out, and
+// why.
+func poisonKinds(p inbox.Plugin, maxPayload, maxMessage int) (kinds []poisonKind, skipped string) {
 	key := func(i int) []byte { return []byte(fmt.Sprintf("poison-%d", i)) }
-	badJSON := func(prefix string, i int) []byte { // one of the bad payloads, by i
-		p := poisonPayloads(prefix)
-		return p[i%len(p)]
+	bad := func(prefix string, i int) []byte { // one of the refused values, by i
+		vs := p.Poison(prefix)
+		return vs[i%len(vs)]
 	}
-	kinds = []poisonKind{
-		{"bad-json", func(prefix string, i int) record {
-			return record{key: key(i), value: badJSON(prefix, i), headers: []sarama.RecordHeader{uuidHeader(watermill.NewUUID())}}
-		}},
-		{"tombstone", func(_ string, i int) record {
-			return record{key: key(i), value: nil, headers: []sarama.RecordHeader{uuidHeader(watermill.NewUUID())}}
-		}},
-		{"empty", func(_ string, i int) record {
-			return record{key: key(i), value: []byte{}, headers: []sarama.RecordHeader{uuidHeader(watermill.NewUUID())}}
-		}},
-		// Invalid UTF-8 inside a JSON string: encoding/json would quietly turn it into U+FFFD
-		// in orderId or userId, so it sits in amountCents, which must be a number; the
-		// decoder's error quotes the bytes (the stored last_error must still be UTF-8).
-		{"utf8-value", func(prefix string, i int) record {
-			v := fmt.Sprintf(`{"orderId":"%s-poison-utf8-%d","userId":"u1","amountCents":"`+"\xff\xfe"+`"}`, prefix, i)
-			return record{key: key(i), value: []byte(v), headers: []sarama.RecordHeader{uuidHeader(watermill.NewUUID())}}
-		}},
-		{"utf8-key", func(prefix string, i int) record {
-			return record{key: append([]byte("\xff\xfe"), key(i)...), value: badJSON(prefix, i),
-				headers: []sarama.RecordHeader{uuidHeader(watermill.NewUUID())}}
-		}},
-		{"utf8-headers", func(prefix string, i int) record {
-			return record{key: key(i), value: badJSON(prefix, i), headers: []sarama.RecordHeader{
-				{Key: []byte("trace\xff"), Value: []byte("v\xfe\xfd")}, uuidHeader("\xff\xfe" + watermill.NewUUID())}}
-		}},
-		// A good-looking order (an id of the run's prefix that no ledger lists: were it
-		// granted, the chaos checker would report it) under 70 KiB of headers.
-		{"big-headers", func(prefix string, i int) record {
-			op := coupon.OrderPaid{OrderID: fmt.Sprintf("%s-poison-hdr-%d", prefix, i), UserID: "u1", AmountCents: 100}
-			return record{key: key(i), value: op.Encode(), headers: append([]sarama.RecordHeader{uuidHeader(watermill.NewUUID())}, bigHeaders...)}
-		}},
-	}
-	// The record's own framing (key, header, lengths) needs well under 1 KiB.
-	if need := maxPayload + 2<<10; maxPayload > 0 && need <= maxMessage {
-		kinds = append(kinds, poisonKind{"oversized", func(prefix string, i int) record {
-			head := fmt.Sprintf(`{"orderId":"%s-poison-big-%d","userId":"u1","amountCents":100,"pad":"`, prefix, i)
-			v := head + strings.Repeat("a", maxPayload+1<<10-len(head)-2) + `"}`
-			return record{key: key(i), value: []byte(v), headers: []sarama.RecordHeader{uuidHeader(watermill.NewUUID())}}
+	// A good-looking value (a key of the run's prefix that no ledger lists: were it
+	// processed, the chaos checker would report it); its own random source, so the run's
+	// orders do not depend on how many poison records it has.
+	good := func(key string, i int) []byte { return p.Sample(key, i, rand.New(rand.NewPCG(uint64(i), 11))) }
+	var skips []string
+	if p.Poison != nil && len(p.Poison("")) > 0 {
+		kinds = append(kinds, poisonKind{"bad-value", func(prefix string, i int) record {
+			return record{key: key(i), value: bad(prefix, i), headers: []sarama.RecordHeader{uuidHeader(watermill.NewUUID())}}
 		}})
 	} else {
-		skipped = fmt.Sprintf("oversized=skipped(inbox.max_payload_bytes=%d+1KiB_does_not_fit_producer_max_message_bytes=%d)", maxPayload, maxMessage)
+		skips = append(skips, "bad-value,utf8-value,utf8-key,utf8-headers=skipped(plugin_"+p.Name+"_has_no_Poison)")
 	}
-	return kinds, skipped
-}
-
-func poisonPayloads(prefix string) [][]byte {
-	return [][]byte{
-		[]byte(`{"orderId": "` + prefix + `-bad", "userId": `), // truncated JSON
-		[]byte(`{"userId": "u1", "amountCents": 100}`),         // missing orderId
-		[]byte(`{"orderId": "` + prefix + `-nouser"}`),         // missing userId
-		[]byte(`{"orderId": 42, "userId": "u1"}`),              // wrong type
-		[]byte(`not json at all`),
+	kinds = append(kinds,
+		poisonKind{"tombstone", func(_ string, i int) record {
+			return record{key: key(i), value: nil, headers: []sarama.RecordHeader{uuidHeader(watermill.NewUUID())}}
+		}},
+		poisonKind{"empty", func(_ string, i int) record {
+			return record{key: key(i), value: []byte{}, headers: []sarama.RecordHeader{uuidHeader(watermill.NewUUID())}}
+		}})
+	if p.Poison != nil && len(p.Poison("")) > 0 {
+		kinds = append(kinds,
+			// A refused value behind two bytes that are not UTF-8: the decoder's error may
+			// quote them, and the stored last_error must still be UTF-8.
+			poisonKind{"utf8-value", func(prefix string, i int) record {
+				return record{key: key(i), value: append([]byte("\xff\xfe"), bad(prefix, i)...), headers: []sarama.RecordHeader{uuidHeader(watermill.NewUUID())}}
+			}},
+			poisonKind{"utf8-key", func(prefix string, i int) record {
+				return record{key: append([]byte("\xff\xfe"), key(i)...), value: bad(prefix, i),
+					headers: []sarama.RecordHeader{uuidHeader(watermill.NewUUID())}}
+			}},
+			poisonKind{"utf8-headers", func(prefix string, i int) record {
+				return record{key: key(i), value: bad(prefix, i), headers: []sarama.RecordHeader{
+					{Key: []byte("trace\xff"), Value: []byte("v\xfe\xfd")}, uuidHeader("\xff\xfe" + watermill.NewUUID())}}
+			}})
 	}
+	kinds = append(kinds, poisonKind{"big-headers", func(prefix string, i int) record {
+		return record{key: key(i), value: good(fmt.Sprintf("%s-poison-hdr-%d", prefix, i), i),
+			headers: append([]sarama.RecordHeader{uuidHeader(watermill.NewUUID())}, bigHeaders...)}
+	}})
+	// The record's own framing (key, header, lengths) needs well under 1 KiB. The padding is
+	// trailing white space, which leaves a JSON value the same value: only the size limit
+	// makes it poison.
+	if need := maxPayload + 2<<10; maxPayload > 0 && need <= maxMessage {
+		kinds = append(kinds, poisonKind{"oversized", func(prefix string, i int) record {
+			v := good(fmt.Sprintf("%s-poison-big-%d", prefix, i), i)
+			v = append(v, bytes.Repeat([]byte(" "), max(0, maxPayload+1<<10-len(v)))...)
+			return record{key: key(i), value: v, headers: []sarama.RecordHeader{uuidHeader(watermill.NewUUID())}}
+		}})
+	} else {
+		skips = append(skips, fmt.Sprintf("oversized=skipped(inbox.max_payload_bytes=%d+1KiB_does_not_fit_producer_max_message_bytes=%d)", maxPayload, maxMessage))
+	}
+	return kinds, strings.Join(skips, " ")
 }
 
 // Ledger: what the producer sent, read back by `verify --ledger`.

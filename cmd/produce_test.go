@@ -26,15 +26,16 @@ func TestPoisonKinds(t *testing.T) {
 		}
 		return strings.Join(n, ",")
 	}
-	all := "bad-json,tombstone,empty,utf8-value,utf8-key,utf8-headers,big-headers,oversized"
-	ks, skipped := poisonKinds(256<<10, producerMax)
+	granter, _ := inbox.Plugins.Get(coupon.PluginName)
+	all := "bad-value,tombstone,empty,utf8-value,utf8-key,utf8-headers,big-headers,oversized"
+	ks, skipped := poisonKinds(granter, 256<<10, producerMax)
 	if names(ks) != all || skipped != "" {
 		t.Fatalf("256 KiB limit: kinds %s, skipped %q; want %s", names(ks), skipped, all)
 	}
 	if r := ks[len(ks)-1].record("p", 7); len(r.value) != 257<<10 {
 		t.Fatalf("oversized value of %d bytes, want %d", len(r.value), 257<<10)
 	}
-	ks, skipped = poisonKinds(1<<20, producerMax) // the router's default limit
+	ks, skipped = poisonKinds(granter, 1<<20, producerMax) // the router's default limit
 	if names(ks) != strings.TrimSuffix(all, ",oversized") || !strings.Contains(skipped, "oversized=skipped") {
 		t.Fatalf("1 MiB limit: kinds %s, skipped %q", names(ks), skipped)
 	}
@@ -73,7 +74,7 @@ func TestPoisonKinds(t *testing.T) {
 // inbox, with the limits of the chaos harness's configuration (256 KiB payloads, 32 KiB of
 // metadata), and nothing is granted.
 func TestPoisonKindsAreQuarantined(t *testing.T) {
-	d := testenv.DB(t, 4, migrationSets()...)
+	d := testenv.DB(t, 4, migrationSets(inbox.Plugins)...)
 	ctx := context.Background()
 	cfg := coupon.DefaultConfig()
 	if err := coupon.EnsureCampaign(ctx, d.DB, cfg); err != nil {
@@ -87,7 +88,8 @@ func TestPoisonKindsAreQuarantined(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kinds, _ := poisonKinds(256<<10, 1_000_000)
+	granter, _ := inbox.Plugins.Get(coupon.PluginName)
+	kinds, _ := poisonKinds(granter, 256<<10, 1_000_000)
 	for i := range 2 * len(kinds) { // twice round: the bad payloads differ by i
 		k := kinds[i%len(kinds)]
 		r := k.record("pt", i)

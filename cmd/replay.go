@@ -92,14 +92,17 @@ func (f *filterFlags) filter(refs []string) (inbox.Filter, error) {
 	return out, nil
 }
 
-// bizTypes returns the registered biz types and their plugins.
-func bizTypes() map[string][]inbox.Plugin {
-	out := map[string][]inbox.Plugin{}
-	for _, n := range inbox.Plugins.Names() {
-		p, _ := inbox.Plugins.Get(n)
+// bizTypes returns the registered biz types and their plugins, resolved.
+func (a *app) bizTypes() (map[string][]plugin, error) {
+	ps, err := a.allPlugins()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][]plugin{}
+	for _, p := range ps {
 		out[p.BizType] = append(out[p.BizType], p)
 	}
-	return out
+	return out, nil
 }
 
 func sortedKeys[V any](m map[string]V) []string {
@@ -112,20 +115,27 @@ func sortedKeys[V any](m map[string]V) []string {
 }
 
 // checkBizType fails (bad input) when bt is set and no registered plugin has it.
-func checkBizType(bt string) error {
+func (a *app) checkBizType(bt string) error {
 	if bt == "" {
 		return nil
 	}
-	if _, ok := bizTypes()[bt]; !ok {
-		return badInput(fmt.Errorf("unknown biz type %q (registered: %s)", bt, strings.Join(sortedKeys(bizTypes()), ", ")))
+	all, err := a.bizTypes()
+	if err != nil {
+		return err
+	}
+	if _, ok := all[bt]; !ok {
+		return badInput(fmt.Errorf("unknown biz type %q (registered: %s)", bt, strings.Join(sortedKeys(all), ", ")))
 	}
 	return nil
 }
 
 // pluginFor resolves the plugin whose handler replays f's rows: by --biz-type, else the only
 // registered biz type, else the only biz type among the matching rows.
-func pluginFor(ctx context.Context, store *inbox.Store, f *inbox.Filter) (inbox.Plugin, error) {
-	all := bizTypes()
+func (a *app) pluginFor(ctx context.Context, store *inbox.Store, f *inbox.Filter) (plugin, error) {
+	all, err := a.bizTypes()
+	if err != nil {
+		return plugin{}, err
+	}
 	if f.BizType == "" {
 		switch keys := sortedKeys(all); {
 		case len(keys) == 1:
@@ -137,7 +147,7 @@ func pluginFor(ctx context.Context, store *inbox.Store, f *inbox.Filter) (inbox.
 				g.BizType, g.Limit = bt, 1
 				n, err := store.Count(ctx, g)
 				if err != nil {
-					return inbox.Plugin{}, err
+					return plugin{}, err
 				}
 				if n > 0 {
 					found = append(found, bt)
@@ -145,20 +155,20 @@ func pluginFor(ctx context.Context, store *inbox.Store, f *inbox.Filter) (inbox.
 			}
 			switch len(found) {
 			case 0:
-				return inbox.Plugin{}, badInput(fmt.Errorf("--biz-type is required: no matching row to infer it from (registered: %s)", strings.Join(keys, ", ")))
+				return plugin{}, badInput(fmt.Errorf("--biz-type is required: no matching row to infer it from (registered: %s)", strings.Join(keys, ", ")))
 			case 1:
 			default:
-				return inbox.Plugin{}, badInput(fmt.Errorf("--biz-type is required: rows of %s match", strings.Join(found, " and ")))
+				return plugin{}, badInput(fmt.Errorf("--biz-type is required: rows of %s match", strings.Join(found, " and ")))
 			}
 			f.BizType = found[0]
 		}
 	}
 	ps, ok := all[f.BizType]
 	if !ok {
-		return inbox.Plugin{}, badInput(fmt.Errorf("unknown biz type %q (registered: %s)", f.BizType, strings.Join(sortedKeys(all), ", ")))
+		return plugin{}, badInput(fmt.Errorf("unknown biz type %q (registered: %s)", f.BizType, strings.Join(sortedKeys(all), ", ")))
 	}
 	if len(ps) > 1 {
-		return inbox.Plugin{}, badInput(fmt.Errorf("biz type %q is shared by %d plugins; replay cannot choose a handler", f.BizType, len(ps)))
+		return plugin{}, badInput(fmt.Errorf("biz type %q is shared by %d plugins; replay cannot choose a handler", f.BizType, len(ps)))
 	}
 	return ps[0], nil
 }
@@ -170,7 +180,7 @@ func (a *app) openFiltered(ctx context.Context, ff filterFlags, refs []string) (
 	if err != nil {
 		return f, nil, nil, err
 	}
-	if err := checkBizType(f.BizType); err != nil {
+	if err := a.checkBizType(f.BizType); err != nil {
 		return f, nil, nil, err
 	}
 	db, store, err := a.openInboxDB(ctx)
@@ -234,7 +244,7 @@ func (a *app) replay(ctx context.Context, r replayFlags, refs []string) error {
 	if slices.Contains(f.Statuses, inbox.StatusProcessing) && f.OlderThan == 0 {
 		return badInput(errors.New("--status processing needs --older-than (a row updated recently may still be in flight)"))
 	}
-	if err := checkBizType(f.BizType); err != nil {
+	if err := a.checkBizType(f.BizType); err != nil {
 		return err
 	}
 	db, store, err := a.openInboxDB(ctx)
@@ -242,14 +252,15 @@ func (a *app) replay(ctx context.Context, r replayFlags, refs []string) error {
 		return err
 	}
 	defer db.Close()
-	p, err := pluginFor(ctx, store, &f)
+	p, err := a.pluginFor(ctx, store, &f)
 	if err != nil {
 		return err
 	}
-	ib, err := a.buildInbox(db, p, nil)
+	ib, closeHandler, err := a.buildInbox(ctx, db, p, nil)
 	if err != nil {
 		return err
 	}
+	defer closeHandler()
 
 	table := r.output == "table"
 	if table {

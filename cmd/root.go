@@ -11,9 +11,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/spf13/cobra"
 
+	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/pkg/dbx"
 	"github.com/onceflow/onceflow/pkg/gcx"
 	"github.com/onceflow/onceflow/pkg/kafkax"
+	"github.com/onceflow/onceflow/pkg/registry"
 )
 
 // app carries what every subcommand resolves from flags and configuration.
@@ -21,7 +23,17 @@ type app struct {
 	configFile string
 	cfg        Config
 	logger     watermill.LoggerAdapter
-	gc         string // the garbage collector's settings in effect (gcx.Apply)
+	gc         string                           // the garbage collector's settings in effect (gcx.Apply)
+	plugins    *registry.Registry[inbox.Plugin] // the binary's plugins (inbox.Plugins unless WithPlugins)
+}
+
+// Option configures Run.
+type Option func(*app)
+
+// WithPlugins makes Run use the plugins of r instead of the global registry inbox.Plugins:
+// a test runs the command line with plugins of its own, as a binary with other imports would.
+func WithPlugins(r *registry.Registry[inbox.Plugin]) Option {
+	return func(a *app) { a.plugins = r }
 }
 
 // commonBindings maps configuration keys to the persistent flags that override them.
@@ -33,8 +45,11 @@ var commonBindings = map[string]string{
 
 // Run runs the router command line on args (without the program name) and returns what
 // Main would report; ExitCode maps the error to an exit code.
-func Run(ctx context.Context, args []string) error {
-	a := &app{}
+func Run(ctx context.Context, args []string, opts ...Option) error {
+	a := &app{plugins: inbox.Plugins}
+	for _, o := range opts {
+		o(a)
+	}
 	root := &cobra.Command{
 		Use:           "router",
 		Short:         "onceflow router: exactly-once effects for Kafka consumers",
@@ -136,7 +151,8 @@ func (a *app) openAppDB(ctx context.Context, maxConns int, tables ...string) (*s
 	return db, nil
 }
 
-// coreTables are the tables every command that touches the pipeline needs.
-var coreTables = []string{"inbox", "outbox", "coupon_grant"}
+// frameworkTables are the framework's tables every command that runs plugins needs; each
+// plugin adds its own (inbox.Plugin.Tables).
+var frameworkTables = []string{"inbox", "outbox"}
 
 func printf(format string, args ...any) { fmt.Fprintf(os.Stdout, format, args...) }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
@@ -12,22 +11,14 @@ import (
 // under their configuration) exists, and fails naming the plugin and the topic otherwise
 // (exit 1): an event for a missing topic would be parked by the relay (`router outbox ls`).
 // relay.check_topics=false skips the check, for topics created after the router starts.
-func (a *app) checkWrittenTopics(kc kafkax.Config, plugins []inbox.Plugin) error {
+func (a *app) checkWrittenTopics(kc kafkax.Config, plugins []plugin) error {
 	if !a.cfg.Relay.CheckTopics {
 		return nil
 	}
 	for _, p := range plugins {
-		if p.Writes == nil {
-			continue
-		}
-		raw := a.cfg.Plugins[p.Name]
-		topics, err := p.Writes(func(target any) error { return decodePluginConfig(p.Name, raw, target) })
+		topics, err := p.writes()
 		if err != nil {
-			var ue usageError
-			if errors.As(err, &ue) {
-				return err
-			}
-			return badInput(fmt.Errorf("plugin %s: %w", p.Name, err))
+			return err
 		}
 		if len(topics) == 0 {
 			continue

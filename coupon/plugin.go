@@ -32,13 +32,14 @@ func Plugin() inbox.Plugin {
 			}
 			return []string{cfg.GrantedTopic, cfg.FailedTopic}, nil
 		},
-		Build: func(env inbox.PluginEnv) (inbox.Handler, error) {
+		Tables: []string{"coupon_grant", "coupon_grant_log", "coupon_stock", "coupon_budget", "user_coupon"},
+		Build: func(ctx context.Context, env inbox.PluginEnv) (inbox.Handler, error) {
 			cfg, err := pluginConfig(env.DecodeConfig)
 			if err != nil {
 				return nil, err
 			}
 			if env.DB != nil {
-				if err := EnsureCampaign(context.Background(), env.DB, cfg); err != nil {
+				if err := EnsureCampaign(ctx, env.DB, cfg); err != nil {
 					return nil, err
 				}
 			}
@@ -56,6 +57,10 @@ func Plugin() inbox.Plugin {
 			}
 			return g.UsePrepare(env.DB).UseStatements(env.DB), nil
 		},
+		// `router verify`, and `router produce`'s orders and poison.
+		Verify: verifyPlugin,
+		Sample: sampleOrder,
+		Poison: poisonOrders,
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -153,6 +154,90 @@ func listInto(ctx context.Context, db *sql.DB, a *Audit, format, q string, args 
 			return fmt.Errorf("verify: %w", err)
 		}
 		a.Violations = append(a.Violations, fmt.Sprintf(format, s))
+	}
+	return rows.Err()
+}
+
+// OrderFacts is what the database says about a list of orders (a producer's ledger).
+type OrderFacts struct {
+	Terminal, Granted, Quarantined int // orders with a terminal grant, GRANTED ones, quarantined in the inbox
+	Coupons, DuplicateCoupons      int // user_coupon rows of the orders, and beyond the first per order
+	Duplicates                     int // deliveries of the orders blocked as duplicates
+	Lost                           int // orders with neither a terminal grant nor a quarantine record
+	LostIDs                        []string
+}
+
+// LedgerFacts checks every order of the campaign, in chunks.
+func LedgerFacts(ctx context.Context, db *sql.DB, campaign string, orders []string) (OrderFacts, error) {
+	var f OrderFacts
+	for start := 0; start < len(orders); start += 500 {
+		chunk := orders[start:min(start+500, len(orders))]
+		in := strings.TrimSuffix(strings.Repeat("?,", len(chunk)), ",")
+		args := make([]any, 0, len(chunk)+1)
+		args = append(args, campaign)
+		for _, id := range chunk {
+			args = append(args, id)
+		}
+		states := map[string]string{}
+		if err := scanPairs(ctx, db, `SELECT order_id, state FROM coupon_grant WHERE campaign_id = ? AND order_id IN (`+in+`)`, args, func(k, v string) { states[k] = v }); err != nil {
+			return f, err
+		}
+		coupons := map[string]int{}
+		if err := scanPairs(ctx, db, `SELECT order_id, COUNT(*) FROM user_coupon WHERE campaign_id = ? AND order_id IN (`+in+`) GROUP BY order_id`, args, func(k, v string) {
+			var n int
+			fmt.Sscan(v, &n)
+			coupons[k] = n
+		}); err != nil {
+			return f, err
+		}
+		args[0] = BizType
+		inboxStatus := map[string]string{}
+		if err := scanPairs(ctx, db, `SELECT dedup_key, CONCAT(status, ' ', duplicates) FROM inbox WHERE biz_type = ? AND dedup_key IN (`+in+`)`, args, func(k, v string) {
+			var st string
+			var d int
+			fmt.Sscan(v, &st, &d)
+			inboxStatus[k] = st
+			f.Duplicates += d
+		}); err != nil {
+			return f, err
+		}
+		for _, id := range chunk {
+			st := states[id]
+			switch {
+			case st == string(StateGranted) || st == string(StateFailed):
+				f.Terminal++
+				if st == string(StateGranted) {
+					f.Granted++
+				}
+			case inboxStatus[id] == "failed":
+				f.Quarantined++
+			default:
+				f.Lost++
+				if len(f.LostIDs) < 5 {
+					f.LostIDs = append(f.LostIDs, id)
+				}
+			}
+			f.Coupons += coupons[id]
+			if coupons[id] > 1 {
+				f.DuplicateCoupons += coupons[id] - 1
+			}
+		}
+	}
+	return f, nil
+}
+
+func scanPairs(ctx context.Context, db *sql.DB, q string, args []any, fn func(k, v string)) error {
+	rows, err := db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return fmt.Errorf("verify: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k, v string
+		if err := rows.Scan(&k, &v); err != nil {
+			return fmt.Errorf("verify: %w", err)
+		}
+		fn(k, v)
 	}
 	return rows.Err()
 }

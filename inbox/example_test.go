@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"io/fs"
+	"testing/fstest"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -26,17 +28,29 @@ func (greeter) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox
 	return inbox.Done, err // an error rolls this step back and retries it
 }
 
+// greeterMigrations are the plugin's own tables, numbered by the plugin; a plugin package
+// embeds its SQL files (//go:embed migrations/*.sql, then fs.Sub).
+var greeterMigrations fs.FS = fstest.MapFS{"00001_greeting.sql": {Data: []byte(`-- +goose Up
+CREATE TABLE greeting (user_id VARCHAR(64) NOT NULL PRIMARY KEY);
+-- +goose Down
+DROP TABLE greeting;
+`)}}
+
 // A minimal plugin: a handler and its declaration. A plugin package registers with
-// inbox.MustRegister from init(); tests use an isolated registry.
+// inbox.MustRegister from init(); tests use an isolated registry. `router migrate` applies
+// its Migrations (version table goose_db_version_greeter); a deployment may rename its
+// topics and group (plugins.greeter.topics, plugins.greeter.consumer_group).
 func Example_plugin() {
 	plugins := registry.New[inbox.Plugin]("plugin")
 	inbox.RegisterIn(plugins, inbox.Plugin{
 		Name: "greeter", Topics: []string{"user-signed-up"}, ConsumerGroup: "greeter", BizType: "greet",
-		Build: func(inbox.PluginEnv) (inbox.Handler, error) { return greeter{}, nil },
+		Migrations: greeterMigrations,
+		Tables:     []string{"greeting"},
+		Build:      func(context.Context, inbox.PluginEnv) (inbox.Handler, error) { return greeter{}, nil },
 	})
 
 	p, _ := plugins.Get("greeter")
-	h, _ := p.Build(inbox.PluginEnv{})
+	h, _ := p.Build(context.Background(), inbox.PluginEnv{})
 	d, err := h.Decode(message.NewMessage("m-1", []byte("user-7")))
 	fmt.Println(plugins.Names(), p.BizType, d.Key, err)
 	_, err = h.Decode(message.NewMessage("m-2", nil))

@@ -1,10 +1,13 @@
 package inbox
 
 import (
+	"context"
 	"database/sql"
 	"errors"
 	"fmt"
 	"io/fs"
+	"math/rand/v2"
+	"regexp"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -12,11 +15,19 @@ import (
 	"github.com/onceflow/onceflow/pkg/registry"
 )
 
-// Plugin declares a handler to the router binary.
+// Plugin declares a handler to the runtime (package onceflowcmd, the router binary). A
+// plugin package registers it from init() with MustRegister; the binary that imports the
+// package runs it.
+//
+// A deployment's configuration section plugins.<name> holds the plugin's own settings
+// (PluginEnv.DecodeConfig) and two keys the runtime reserves and removes before the plugin
+// sees the section: topics (a list) and consumer_group, which replace Topics and
+// ConsumerGroup for that deployment. A plugin's own settings cannot be named topics or
+// consumer_group.
 type Plugin struct {
-	Name          string   // unique, e.g. "coupon-granter"
-	Topics        []string // topics consumed
-	ConsumerGroup string   // Kafka consumer group
+	Name          string   // unique, e.g. "coupon-granter"; names the config section and the migrations' version table
+	Topics        []string // topics consumed (default; plugins.<name>.topics overrides)
+	ConsumerGroup string   // Kafka consumer group (default; plugins.<name>.consumer_group overrides)
 	BizType       string   // inbox biz type: one order is processed once per biz type
 	KeyLogField   string   // the business key's name in log lines, e.g. "order_id" (default "dedup_key")
 	// Writes returns the topics the plugin's events go to (the topics of the outbox events it
@@ -33,8 +44,26 @@ type Plugin struct {
 	// (goose_db_version_<name>, '-' as '_'), and `router migrate --reset` rolls them back
 	// before the framework's. nil: the plugin has no tables.
 	Migrations fs.FS
-	// Build creates the handler once the router has its database and configuration.
-	Build func(env PluginEnv) (Handler, error)
+	// Tables are the plugin's tables its handler needs: the runtime checks at start that the
+	// application user can read them, so a missing `router migrate` is one clear error.
+	Tables []string
+	// Build creates the handler once the runtime has its database and configuration; ctx
+	// ends when the runtime gives up starting. If the handler implements io.Closer, the
+	// runtime calls Close once it no longer uses it: after the router stopped (`router run`),
+	// or after the replay (`router replay`, `router inbox retry`).
+	Build func(ctx context.Context, env PluginEnv) (Handler, error)
+
+	// Verify, when set, audits the plugin's invariants for `router verify` (see VerifyEnv).
+	Verify func(ctx context.Context, env VerifyEnv) (Verification, error)
+	// Sample, when set, is test input for `router produce`: the value of the seq-th distinct
+	// message of a load run, whose business key (and Kafka key) is key. A duplicate delivery
+	// is the same value sent again; rng (seeded by the run) varies the other fields.
+	Sample func(key string, seq int, rng *rand.Rand) []byte
+	// Poison, when set, lists values Decode refuses as poison (bad JSON, a missing field):
+	// `router produce --poison` sends them, and variants of them (under a key or headers
+	// that are not UTF-8, behind bytes that are not), among its other kinds of poison.
+	// prefix is the run's key prefix.
+	Poison func(prefix string) [][]byte
 }
 
 // PluginEnv is what a plugin's Build receives.
@@ -42,12 +71,16 @@ type PluginEnv struct {
 	DB     *sql.DB
 	Logger watermill.LoggerAdapter
 	// DecodeConfig decodes the plugin's own configuration section
-	// (plugins.<name> in router.yaml) into target, rejecting unknown keys.
+	// (plugins.<name> in router.yaml, without the reserved keys) into target, rejecting
+	// unknown keys.
 	DecodeConfig func(target any) error
 	// ObserveCall, when set, records one outside call of the plugin (metrics: call latency
 	// per step). A plugin that makes slow calls reports each one.
 	ObserveCall func(step string, elapsed time.Duration, err error)
 }
+
+// tableName: the tables a plugin names reach SQL as identifiers.
+var tableName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
 
 // Validate checks a plugin declaration.
 func (p Plugin) Validate() error {
@@ -62,6 +95,11 @@ func (p Plugin) Validate() error {
 		return fmt.Errorf("plugin %q: no biz type", p.Name)
 	case p.Build == nil:
 		return fmt.Errorf("plugin %q: no Build function", p.Name)
+	}
+	for _, t := range p.Tables {
+		if !tableName.MatchString(t) {
+			return fmt.Errorf("plugin %q: table name %q is not a plain identifier", p.Name, t)
+		}
 	}
 	return nil
 }

@@ -24,7 +24,7 @@ func (nopHandler) Handle(context.Context, *sql.Tx, *inbox.Delivery) (inbox.Progr
 
 func testPlugin(name string) inbox.Plugin {
 	return inbox.Plugin{Name: name, Topics: []string{"t"}, ConsumerGroup: "g", BizType: "b",
-		Build: func(inbox.PluginEnv) (inbox.Handler, error) { return nopHandler{}, nil }}
+		Build: func(context.Context, inbox.PluginEnv) (inbox.Handler, error) { return nopHandler{}, nil }}
 }
 
 func mustPanic(t *testing.T, want string, fn func()) {
@@ -61,4 +61,7 @@ func TestPluginRegisteredTwicePanics(t *testing.T) {
 	noBuild := testPlugin("z")
 	noBuild.Build = nil
 	mustPanic(t, `plugin "z": no Build`, func() { inbox.RegisterIn(r, noBuild) })
+	badTable := testPlugin("w")
+	badTable.Tables = []string{"widget; DROP TABLE inbox"}
+	mustPanic(t, `plugin "w": table name`, func() { inbox.RegisterIn(r, badTable) })
 }

@@ -58,6 +58,6 @@ func init() {
 		ConsumerGroup: misbehaverGroup,
 		BizType:       misbehaverBizType,
 		KeyLogField:   "order_id",
-		Build:         func(inbox.PluginEnv) (inbox.Handler, error) { return misbehaver{}, nil },
+		Build:         func(context.Context, inbox.PluginEnv) (inbox.Handler, error) { return misbehaver{}, nil },
 	})
 }

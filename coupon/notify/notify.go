@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -144,18 +143,12 @@ func Plugin() inbox.Plugin {
 		BizType:       BizType,
 		KeyLogField:   "order_id",
 		Migrations:    Migrations,
-		Build: func(env inbox.PluginEnv) (inbox.Handler, error) {
+		Tables:        []string{Table}, // checked by the runtime at start
+		Build: func(_ context.Context, env inbox.PluginEnv) (inbox.Handler, error) {
 			cfg := DefaultConfig()
 			if env.DecodeConfig != nil {
 				if err := env.DecodeConfig(&cfg); err != nil {
 					return nil, err
-				}
-			}
-			if env.DB != nil {
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer cancel()
-				if _, err := env.DB.ExecContext(ctx, "SELECT 1 FROM "+Table+" LIMIT 0"); err != nil {
-					return nil, fmt.Errorf("table %s is missing or unreadable: %w (run `router migrate`)", Table, err)
 				}
 			}
 			return New(cfg, env.Logger)
