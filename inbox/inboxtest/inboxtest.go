@@ -1,0 +1,278 @@
+// Package inboxtest is the test kit for plugin authors: it runs a handler behind a real
+// inbox, on a real database (a fresh pkg/testenv database), with the deliveries Kafka makes
+// in practice, and checks that every business key took effect exactly once.
+//
+// Run delivers, for each of Options.Keys business keys, the message Options.Message builds
+// for it several times: Concurrent copies at once (two consumers after a rebalance, or a
+// producer's retries read in one window), then Redeliveries more one after another (an
+// offset commit lost after the work committed). Each copy is a new message (new uuid, new
+// offset) with the same payload, as a producer's duplicates are. Options.Poison messages —
+// payloads the handler must refuse, in Decode or with inbox.Permanent — are delivered
+// alongside, twice. And the first transaction of every key and step that the handler
+// finished is rolled back after Handle returned (as if its commit had failed, or the process
+// had died before it), Options.Rollbacks times: the inbox retries it, so an effect the
+// handler made outside its transaction — through the pool, another connection, a service
+// without an idempotency key — shows up twice.
+//
+// AssertOncePerKey (or Report.OncePerKey) then checks the outcome: every delivery's outcome
+// was recorded; each key was processed exactly once (its other deliveries duplicates) and
+// its inbox row is done; each poison message was quarantined; and the effect the author
+// counts — a Counter, such as CountQuery("SELECT COUNT(*) FROM points WHERE order_id = ?")
+// or CountEvents("PointsCredited") — is exactly 1 for each key and 0 for each refused one.
+//
+//	func TestCreditOncePerOrder(t *testing.T) {
+//		d := testenv.DB(t, 8, migrations.Set{Name: "loyalty", FS: loyalty.Migrations})
+//		rep := inboxtest.Run(t, loyalty.NewHandler(), inboxtest.Options{
+//			DB:      &d,
+//			Message: func(order string) *message.Message { return shipped(order) },
+//			Poison:  []*message.Message{message.NewMessage("bad", []byte("{"))},
+//		})
+//		inboxtest.AssertOncePerKey(t, rep, inboxtest.CountQuery("SELECT COUNT(*) FROM points_credit WHERE order_id = ?"))
+//		inboxtest.AssertOncePerKey(t, rep, inboxtest.CountEvents("PointsCredited"))
+//	}
+//
+// Options.Grouped runs the same deliveries through the inbox's group commit (a Batcher) as
+// the router does. Like every integration test, Run fails when MariaDB is unreachable and
+// is skipped under go test -short.
+package inboxtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/migrations"
+	"github.com/onceflow/onceflow/pkg/testenv"
+)
+
+// Options describe a Run. Only Message is required; the zero value of every other field
+// stands for its default.
+type Options struct {
+	// Message builds the message of business key key: a payload the handler's Decode maps to
+	// that key. It is called once per key; every delivery of the key is a copy.
+	Message func(key string) *message.Message
+	// Keys is how many business keys are delivered (default 20), named KeyPrefix followed by
+	// a number: key-000, key-001, ... (KeyPrefix default "key-").
+	Keys      int
+	KeyPrefix string
+	// Concurrent is how many copies of each key are delivered at once; default 4. All keys'
+	// copies (and the poison messages) run at the same time.
+	Concurrent int
+	// Redeliveries is how many more copies of each key are delivered, one after another,
+	// once every concurrent copy has finished; default 2, negative: none.
+	Redeliveries int
+	// Rollbacks is how many times the first transaction of each key and step the handler
+	// finished is rolled back after Handle (or HandleBatch) returned; default 1, negative:
+	// none. The inbox retries such a delivery as it would after a failed commit.
+	Rollbacks int
+	// Poison are messages the handler must refuse: undecodable ones, or ones Handle answers
+	// with inbox.Permanent. Each is delivered twice (the second a redelivery of the same
+	// record) and must end quarantined; a refused one whose key Decode read must have no
+	// effect.
+	Poison []*message.Message
+
+	// Grouped delivers through a Batcher (group commit, Batch its configuration) instead of
+	// one delivery per transaction.
+	Grouped bool
+	Batch   inbox.BatchConfig
+
+	// Inbox configures the inbox. Defaults beyond the inbox's own: BizType "inboxtest",
+	// MaxAttempts 10 (the injected rollbacks count as attempts), backoff 1ms to 10ms.
+	Inbox inbox.Config
+
+	// DB is the database to run in, made by testenv.DB with the plugin's migrations; nil: a
+	// fresh one with the framework's migrations and Migrations.
+	DB         *testenv.Database
+	Migrations []migrations.Set
+	// Setup, when set, runs on the database before the first delivery (tables of a plugin
+	// without migrations, rows the handler expects).
+	Setup func(t testing.TB, db testenv.Database)
+
+	// Timeout bounds the whole run; default 2m. Logger receives the inbox's log lines;
+	// default none.
+	Timeout time.Duration
+	Logger  watermill.LoggerAdapter
+}
+
+func (o *Options) setDefaults() {
+	if o.Keys == 0 {
+		o.Keys = 20
+	}
+	if o.KeyPrefix == "" {
+		o.KeyPrefix = "key-"
+	}
+	if o.Concurrent == 0 {
+		o.Concurrent = 4
+	}
+	if o.Redeliveries == 0 {
+		o.Redeliveries = 2
+	}
+	if o.Rollbacks == 0 {
+		o.Rollbacks = 1
+	}
+	if o.Inbox.BizType == "" {
+		o.Inbox.BizType = "inboxtest"
+	}
+	if o.Inbox.MaxAttempts == 0 {
+		o.Inbox.MaxAttempts = 10
+	}
+	if o.Inbox.BackoffInitial == 0 && o.Inbox.BackoffMax == 0 {
+		o.Inbox.BackoffInitial, o.Inbox.BackoffMax = time.Millisecond, 10*time.Millisecond
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 2 * time.Minute
+	}
+	if o.Logger == nil {
+		o.Logger = watermill.NopLogger{}
+	}
+}
+
+// Topic is the topic the synthetic deliveries claim to come from.
+const Topic = "inboxtest"
+
+// Run delivers opts' messages to h behind an inbox and returns what happened; check it with
+// AssertOncePerKey. It fails t only when the run cannot be set up (database, inbox,
+// Batcher); what the deliveries did is the Report's.
+func Run(t testing.TB, h inbox.Handler, opts Options) *Report {
+	t.Helper()
+	if opts.Message == nil {
+		t.Fatal("inboxtest: Options.Message is required")
+	}
+	opts.setDefaults()
+	if opts.Keys < 1 || opts.Concurrent < 1 {
+		t.Fatalf("inboxtest: Options.Keys (%d) and Options.Concurrent (%d) must be positive", opts.Keys, opts.Concurrent)
+	}
+	var d testenv.Database
+	if opts.DB != nil {
+		d = *opts.DB
+	} else {
+		d = testenv.DB(t, 8, opts.Migrations...)
+	}
+	if opts.Setup != nil {
+		opts.Setup(t, d)
+	}
+	inj := &injector{max: opts.Rollbacks, seen: map[string]int{}}
+	ib, err := inbox.New(d.DB, wrap(h, inj), opts.Inbox, opts.Logger, nil)
+	if err != nil {
+		t.Fatalf("inboxtest: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), opts.Timeout)
+	defer cancel()
+	if err := ib.CheckServer(ctx); err != nil {
+		t.Fatalf("inboxtest: %v", err)
+	}
+	rep := &Report{DB: d, BizType: ib.BizType(), Table: ib.Config().Table, opts: opts,
+		Results: map[string][]inbox.Result{}, Outcomes: map[inbox.Outcome]int{}}
+	process := func(ctx context.Context, m *message.Message, src inbox.Source) (inbox.Result, error) {
+		return ib.Process(ctx, m, src, inbox.ProcessOptions{})
+	}
+	var batcher *inbox.Batcher
+	if opts.Grouped {
+		b, err := ib.NewBatcher(opts.Batch)
+		if err != nil {
+			t.Fatalf("inboxtest: group commit: %v", err)
+		}
+		defer b.Close()
+		batcher, process = b, b.Process
+	}
+
+	var (
+		mu     sync.Mutex
+		offset int64
+		wg     sync.WaitGroup
+	)
+	nextOffset := func() int64 {
+		mu.Lock()
+		defer mu.Unlock()
+		offset++
+		return offset
+	}
+	record := func(key string, poison int, res inbox.Result, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		rep.Deliveries++
+		if err != nil {
+			rep.Errors = append(rep.Errors, fmt.Errorf("%s: %w", deliveryName(key, poison), err))
+			return
+		}
+		rep.Outcomes[res.Outcome]++
+		if poison >= 0 {
+			rep.Poison[poison] = append(rep.Poison[poison], res)
+			return
+		}
+		rep.Results[key] = append(rep.Results[key], res)
+	}
+	deliver := func(key string, poison int, m *message.Message, src inbox.Source) {
+		res, err := process(ctx, m, src)
+		record(key, poison, res, err)
+	}
+
+	originals := make([]*message.Message, opts.Keys)
+	for i := range opts.Keys {
+		key := fmt.Sprintf("%s%03d", opts.KeyPrefix, i)
+		rep.Keys = append(rep.Keys, key)
+		if originals[i] = opts.Message(key); originals[i] == nil {
+			t.Fatalf("inboxtest: Options.Message(%q) returned nil", key)
+		}
+	}
+	rep.Poison = make([][]inbox.Result, len(opts.Poison))
+	poisonSrc := make([]inbox.Source, len(opts.Poison))
+	// Concurrent copies of every key, and each poison message, all at once.
+	for i, key := range rep.Keys {
+		for range opts.Concurrent {
+			src := inbox.Source{Topic: Topic, Partition: int32(i % 4), Offset: nextOffset()}
+			wg.Go(func() { deliver(key, -1, copyOf(originals[i]), src) })
+		}
+	}
+	for j, m := range opts.Poison {
+		poisonSrc[j] = inbox.Source{Topic: Topic, Partition: int32(j % 4), Offset: nextOffset()}
+		wg.Go(func() { deliver("", j, copyOf(m), poisonSrc[j]) })
+	}
+	wg.Wait()
+	// Then the redeliveries, one after another for each key; the poison records again.
+	for i, key := range rep.Keys {
+		wg.Go(func() {
+			for range opts.Redeliveries {
+				deliver(key, -1, copyOf(originals[i]), inbox.Source{Topic: Topic, Partition: int32(i % 4), Offset: nextOffset()})
+			}
+		})
+	}
+	for j, m := range opts.Poison {
+		wg.Go(func() { deliver("", j, copyOf(m), poisonSrc[j]) })
+	}
+	wg.Wait()
+	rep.Rollbacks = inj.total()
+	if opts.Grouped {
+		rep.Batch = batcher.Stats()
+	}
+	t.Logf("inboxtest: %s", rep)
+	return rep
+}
+
+// copyOf is another message with m's payload and metadata: a new uuid, as a producer's
+// retry or a second send of the same event has.
+func copyOf(m *message.Message) *message.Message {
+	c := message.NewMessage(watermill.NewUUID(), append([]byte(nil), m.Payload...))
+	for k, v := range m.Metadata {
+		c.Metadata.Set(k, v)
+	}
+	return c
+}
+
+func deliveryName(key string, poison int) string {
+	if poison >= 0 {
+		return fmt.Sprintf("poison message %d", poison)
+	}
+	return "key " + key
+}
+
+// ErrInjectedRollback is the error Run gives the inbox in place of a finished handler's
+// success, so that its transaction rolls back (Options.Rollbacks).
+var ErrInjectedRollback = errors.New("inboxtest: transaction rolled back after the handler returned (injected)")
