@@ -8,11 +8,11 @@
 // offset commit lost after the work committed). Each copy is a new message (new uuid, new
 // offset) with the same payload, as a producer's duplicates are. Options.Poison messages —
 // payloads the handler must refuse, in Decode or with inbox.Permanent — are delivered
-// alongside, twice. And the first transaction of every key and step that the handler
-// finished is rolled back after Handle returned (as if its commit had failed, or the process
-// had died before it), Options.Rollbacks times: the inbox retries it, so an effect the
-// handler made outside its transaction — through the pool, another connection, a service
-// without an idempotency key — shows up twice.
+// alongside, twice. And each transaction in which the handler finished a key's work (a step
+// of it) is rolled back after Handle returned, as if its commit had failed or the process
+// had died before it, Options.Rollbacks times before one is let through: the inbox retries
+// it, so an effect the handler made outside its transaction — through the pool, another
+// connection, a service without an idempotency key — shows up twice.
 //
 // AssertOncePerKey (or Report.OncePerKey) then checks the outcome: every delivery's outcome
 // was recorded; each key was processed exactly once (its other deliveries duplicates) and
@@ -68,9 +68,11 @@ type Options struct {
 	// Redeliveries is how many more copies of each key are delivered, one after another,
 	// once every concurrent copy has finished; default 2, negative: none.
 	Redeliveries int
-	// Rollbacks is how many times the first transaction of each key and step the handler
-	// finished is rolled back after Handle (or HandleBatch) returned; default 1, negative:
-	// none. The inbox retries such a delivery as it would after a failed commit.
+	// Rollbacks is how many times each transaction of a key is rolled back, after Handle (or
+	// HandleBatch) returned, before one is let through to commit; default 1, negative: none.
+	// The inbox retries such a delivery as it would after a failed commit, so each step of a
+	// multi-step handler is rolled back this many times before it commits (each counts as an
+	// attempt: keep Inbox.MaxAttempts above Rollbacks × steps).
 	Rollbacks int
 	// Poison are messages the handler must refuse: undecodable ones, or ones Handle answers
 	// with inbox.Permanent. Each is delivered twice (the second a redelivery of the same
@@ -158,7 +160,7 @@ func Run(t testing.TB, h inbox.Handler, opts Options) *Report {
 	if opts.Setup != nil {
 		opts.Setup(t, d)
 	}
-	inj := &injector{max: opts.Rollbacks, seen: map[string]int{}}
+	inj := &injector{max: opts.Rollbacks, keys: map[string]*keyState{}}
 	ib, err := inbox.New(d.DB, wrap(h, inj), opts.Inbox, opts.Logger, nil)
 	if err != nil {
 		t.Fatalf("inboxtest: %v", err)

@@ -11,31 +11,46 @@ import (
 	"github.com/onceflow/onceflow/inbox"
 )
 
-// injector rolls back the first max transactions of each key and step that the handler
-// finished.
+// injector rolls back the transactions of each key the handler finished: of each key's
+// transactions, max are rolled back, then one is let through to commit, then max again...
+// So every step of a multi-step handler (each in a transaction of its own) is rolled back
+// max times before it commits, whatever the step index the inbox gives it on the retry.
 type injector struct {
 	max  int
 	mu   sync.Mutex
-	seen map[string]int
+	keys map[string]*keyState
 	n    int
 }
 
-// after is called once the handler finished d's work in its transaction: it returns
-// ErrInjectedRollback while the key and step (kind "step", or "batch" for HandleBatch) has
-// rollbacks left.
-func (in *injector) after(kind string, d *inbox.Delivery) error {
+type keyState struct {
+	tx     *sql.Tx // the last transaction let through (kept referenced: its address stays its own)
+	streak int     // rollbacks since
+}
+
+// after is called once the handler finished d's work in tx: it returns ErrInjectedRollback
+// when tx is to be rolled back. A later call in a transaction let through (more steps in it,
+// StepsPerTx) lets it through again.
+func (in *injector) after(tx *sql.Tx, d *inbox.Delivery) error {
 	if in.max <= 0 {
 		return nil
 	}
-	k := fmt.Sprintf("%s\x00%s\x00%d", d.Key, kind, d.Step)
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if in.seen[k] >= in.max {
+	k := in.keys[d.Key]
+	if k == nil {
+		k = &keyState{}
+		in.keys[d.Key] = k
+	}
+	if tx == k.tx {
 		return nil
 	}
-	in.seen[k]++
-	in.n++
-	return fmt.Errorf("%w (key %q, %s %d)", ErrInjectedRollback, d.Key, kind, d.Step)
+	if k.streak < in.max {
+		k.streak++
+		in.n++
+		return fmt.Errorf("%w (key %q, step %d)", ErrInjectedRollback, d.Key, d.Step)
+	}
+	k.tx, k.streak = tx, 0
+	return nil
 }
 
 func (in *injector) total() int {
@@ -83,7 +98,7 @@ func (b *base) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox
 	if err != nil {
 		return p, err
 	}
-	if err := b.in.after("step", d); err != nil {
+	if err := b.in.after(tx, d); err != nil {
 		return p, err
 	}
 	return p, nil
@@ -103,8 +118,8 @@ type batch struct {
 	b inbox.BatchHandler
 }
 
-// HandleBatch rolls the whole batch back when one of its deliveries has a rollback left:
-// the Batcher then runs each of them one at a time (where Handle rolls back too).
+// HandleBatch rolls the whole batch back when one of its deliveries' transactions is to be
+// rolled back: the Batcher then runs each of them one at a time.
 func (w *batch) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Delivery) ([]inbox.Progress, error) {
 	ps, err := w.b.HandleBatch(ctx, tx, ds)
 	if err != nil {
@@ -112,7 +127,7 @@ func (w *batch) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Deliver
 	}
 	var injected error
 	for _, d := range ds {
-		if err := w.in.after("batch", d); err != nil && injected == nil {
+		if err := w.in.after(tx, d); err != nil && injected == nil {
 			injected = err
 		}
 	}
