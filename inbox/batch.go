@@ -166,6 +166,8 @@ type Batcher struct {
 
 	returning atomic.Int32 // 0 not yet known, 1 the claim reads its rows back with RETURNING, -1 it cannot
 
+	savepointsUntil atomic.Int64 // plain handlers: batches set savepoints from the start until then (Unix ns; grouped.go)
+
 	mu    sync.Mutex
 	stats BatchStats
 }
@@ -522,7 +524,8 @@ func (b *Batcher) run(batch []*pending) {
 			it.d.Step, it.d.Prepared = 0, it.p.prepared
 		}
 		tctx, cancel := context.WithTimeout(ctx, ib.cfg.HandlerTimeout)
-		err = dbx.InTx(tctx, ib.db, func(tx *sql.Tx) error { return b.runTx(tctx, tx, items) })
+		sp := len(blamed) > 0 || b.savepointsFirst() // a plain handler's deliveries behind savepoints (grouped.go)
+		err = dbx.InTx(tctx, ib.db, func(tx *sql.Tx) error { return b.runTx(tctx, tx, items, sp) })
 		cancel()
 		if err == nil {
 			break
@@ -533,6 +536,7 @@ func (b *Batcher) run(batch []*pending) {
 			// others run once more without it, in a new transaction; should that fail the
 			// same way, they fall back too.
 			b.count(func(s *BatchStats) { s.Rollbacks++ })
+			b.failedInBatch()
 			blamed = append(blamed, bl)
 			items = slices.DeleteFunc(items, func(it *item) bool { return it == bl.it })
 			if len(blamed) == 1 && len(items) > 0 {
@@ -581,6 +585,9 @@ func (b *Batcher) run(batch []*pending) {
 		}
 		batched += int64(1 + len(it.copies))
 	}
+	if isolated > 0 {
+		b.failedInBatch()
+	}
 	b.count(func(s *BatchStats) {
 		s.Batches++
 		s.Batched += batched
@@ -617,7 +624,7 @@ func (b *Batcher) count(f func(*BatchStats)) {
 // an existing row the claim's update counts the delivery as a duplicate and takes the row
 // lock; a new row is told from an existing one by that counter (0 only on a row this
 // statement inserted).
-func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item) error {
+func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item, savepoints bool) error {
 	ib := b.ib
 	// 1. Claim: insert the missing rows, lock (and count a duplicate on) the existing ones.
 	args := make([]any, 0, len(items)*claimWidth)
@@ -697,7 +704,7 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item) error {
 		}
 	}
 	if len(run) > 0 {
-		if err := b.handle(ctx, tx, run, counts); err != nil {
+		if err := b.handle(ctx, tx, run, counts, savepoints); err != nil {
 			return err
 		}
 	}
@@ -764,9 +771,9 @@ func returningSupported(version string) bool {
 
 // handle runs the handler on the rows that are ours to run (sorted by key) and brings the
 // rows' status in line with what it finished; copies of a finished delivery are counted.
-func (b *Batcher) handle(ctx context.Context, tx *sql.Tx, run []*item, counts map[int][]any) error {
+func (b *Batcher) handle(ctx context.Context, tx *sql.Tx, run []*item, counts map[int][]any, savepoints bool) error {
 	if b.bh == nil {
-		return b.handleGrouped(ctx, tx, run, counts)
+		return b.handleGrouped(ctx, tx, run, counts, savepoints)
 	}
 	ib := b.ib
 	ds := make([]*Delivery, len(run))

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -25,18 +26,28 @@ import (
 // exists replaces it, so no RELEASE SAVEPOINT is sent (a round trip per delivery less);
 // the last one goes with the commit.
 //
+// Savepoints only when they are needed. A SAVEPOINT is a round trip as dear as a small
+// INSERT (`make bench`, plain mode=savepoint_cost): always set, it cost ≈25 % of a one-step
+// plain handler's throughput. So a batch first runs without them; should a delivery fail in
+// that run, the batch is rolled back whole and runs again without that delivery, each of
+// the others behind a savepoint, and for savepointsAfterFailure the Batcher's batches set
+// savepoints from their first run (a stream with failures pays the savepoints rather than
+// reruns). The deliveries before the failing one run twice then, in two transactions of
+// which one is rolled back, as after a deadlock.
+//
 // A delivery whose Handle returns an error, panics or returns an invalid Progress is rolled
-// back to its savepoint alone: its row is set back to 'processing' with the attempt counted
-// on it (attempts, last_error — as countFailure does on the one-at-a-time path), the batch
-// goes on, and once it has committed the delivery is quarantined (Permanent, or attempts
-// used up: ReasonPermanent, ReasonPanic, ReasonRetriesExhausted) or retried alone by
-// Process after its backoff. What is not the delivery's fault fails the whole batch as
-// with a BatchHandler: a lock conflict (InnoDB rolls back the whole transaction on a
-// deadlock) is retried whole, a lost connection falls every delivery back. A Handle that
-// does not return within inbox.handler_timeout (counted from the batch's start), or whose
-// failure leaves the savepoint unusable, is taken out of the batch: its attempt is counted
-// in a transaction of its own (countFailure), and the others run once more without it in a
-// new transaction; should that happen again, they all fall back.
+// back alone: to its savepoint — its row set back to 'processing' with the attempt counted
+// on it (attempts, last_error — as countFailure does on the one-at-a-time path) — or, in a
+// run without savepoints, with the run, its attempt then counted in a transaction of its
+// own (countFailure). Once the batch has committed it is quarantined (Permanent, or
+// attempts used up: ReasonPermanent, ReasonPanic, ReasonTimeout, ReasonRetriesExhausted) or
+// retried alone by Process after its backoff, its attempts so far counted. What is not a
+// delivery's fault fails the whole batch as with a BatchHandler: a lock conflict (InnoDB
+// rolls back the whole transaction on a deadlock) is retried whole, a lost connection falls
+// every delivery back. A Handle that does not return within inbox.handler_timeout (counted
+// from the batch's start), or whose failure leaves the savepoint unusable, is taken out of
+// the batch like a failure in a run without savepoints; should a second delivery of the
+// batch need taking out, the others fall back to the one-at-a-time path.
 //
 // Multi-step handlers: a delivery's Handle runs its first step in the batch and, with
 // inbox.steps_per_transaction above 1, the next ones too, inside its savepoint (exactly the
@@ -51,6 +62,20 @@ import (
 
 // savepointName is the one savepoint of a grouped batch, set before each delivery.
 const savepointName = "onceflow_delivery"
+
+// savepointsAfterFailure is how long a Batcher of a plain handler sets a savepoint before
+// every delivery from its batches' start after one of its deliveries failed in a batch.
+// Otherwise a batch first runs without savepoints: a SAVEPOINT is a round trip that cost
+// ≈25 % of the plain handler's throughput in `make bench` (plain, savepoint_cost).
+const savepointsAfterFailure = 5 * time.Second
+
+// savepointsFirst reports whether a batch should set savepoints from its first run.
+func (b *Batcher) savepointsFirst() bool { return time.Now().UnixNano() < b.savepointsUntil.Load() }
+
+// failedInBatch notes that a delivery failed in a batch: the next ones set savepoints.
+func (b *Batcher) failedInBatch() {
+	b.savepointsUntil.Store(time.Now().Add(savepointsAfterFailure).UnixNano())
+}
 
 // failure is a delivery's failed attempt in a batch, answered after the batch.
 type failure struct {
@@ -72,10 +97,34 @@ func (e *blamedError) Error() string {
 func (e *blamedError) Unwrap() error { return e.err }
 
 // handleGrouped runs a plain handler on the rows that are ours to run (sorted by key), each
-// delivery behind the savepoint, and brings the rows' status in line with what it finished.
-func (b *Batcher) handleGrouped(ctx context.Context, tx *sql.Tx, run []*item, counts map[int][]any) error {
+// delivery behind the savepoint when savepoints is set, and brings the rows' status in line
+// with what it finished.
+//
+// The whole loop runs behind one guard (one goroutine per batch, not per delivery; a panic
+// is recovered per delivery by handleOne). When the batch's time runs out the delivery being
+// handled is blamed, and the loop, which may still be running in an abandoned Handle, stops
+// at its next delivery (ctx is done): until then it touches only that delivery, which is
+// taken out of the batch.
+func (b *Batcher) handleGrouped(ctx context.Context, tx *sql.Tx, run []*item, counts map[int][]any, savepoints bool) error {
+	var cur atomic.Pointer[item] // the delivery being handled
+	err := guard(ctx, "handle", func() error { return b.groupLoop(ctx, tx, run, counts, savepoints, &cur) })
+	if err != nil && errors.Is(err, ErrHandlerTimeout) {
+		if it := cur.Load(); it != nil {
+			if _, blamed := errors.AsType[*blamedError](err); !blamed {
+				return &blamedError{it: it, err: err}
+			}
+		}
+	}
+	return err
+}
+
+func (b *Batcher) groupLoop(ctx context.Context, tx *sql.Tx, run []*item, counts map[int][]any, savepoints bool, cur *atomic.Pointer[item]) error {
 	var done, unfinished []any // resumed rows now done; new rows not finished
 	for _, it := range run {
+		if ctx.Err() != nil {
+			return ctx.Err() // abandoned, or about to be: touch nothing more
+		}
+		cur.Store(it)
 		if b.prep != nil && !it.p.ready {
 			// Not prepared: its slow call must not be made in this transaction.
 			if !it.resumed {
@@ -83,23 +132,25 @@ func (b *Batcher) handleGrouped(ctx context.Context, tx *sql.Tx, run []*item, co
 			}
 			continue
 		}
-		if _, err := tx.ExecContext(ctx, "SAVEPOINT "+savepointName); err != nil {
-			return fmt.Errorf("savepoint: %w", err)
+		if savepoints {
+			if _, err := tx.ExecContext(ctx, "SAVEPOINT "+savepointName); err != nil {
+				return fmt.Errorf("savepoint: %w", err)
+			}
 		}
 		prog, err := b.handleOne(ctx, it.d, tx)
 		if err != nil {
 			switch {
-			case ctx.Err() != nil || errors.Is(err, ErrHandlerTimeout):
-				// The batch's time ran out in this Handle (which may still be running: the
-				// transaction cannot be used again).
-				if !errors.Is(err, ErrHandlerTimeout) {
-					err = fmt.Errorf("%w: %w", ErrHandlerTimeout, err)
-				}
-				return &blamedError{it: it, err: err}
+			case ctx.Err() != nil:
+				// The batch's time ran out in this Handle: the transaction cannot be used again.
+				return &blamedError{it: it, err: fmt.Errorf("%w: %w", ErrHandlerTimeout, err)}
 			case dbx.IsLockConflict(err) || dbx.IsConnError(err):
 				// Not the delivery's fault, and a deadlock has rolled the whole transaction
 				// back: the batch is retried (or falls back) as a whole.
 				return err
+			case !savepoints:
+				// No savepoint to go back to: the batch is rolled back and runs again without
+				// this delivery, each delivery behind a savepoint.
+				return &blamedError{it: it, err: err}
 			}
 			if _, rerr := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT "+savepointName); rerr != nil {
 				return &blamedError{it: it, err: errors.Join(err, fmt.Errorf("rollback to savepoint: %w", rerr))}
@@ -126,27 +177,29 @@ func (b *Batcher) handleGrouped(ctx context.Context, tx *sql.Tx, run []*item, co
 			counts[len(it.copies)] = append(counts[len(it.copies)], it.id)
 		}
 	}
+	cur.Store(nil)
 	return b.markRows(ctx, tx, done, unfinished)
 }
 
-// handleOne runs one delivery's Handle (and, with StepsPerTx > 1, its next steps) in tx
-// behind guard. An invalid Progress is an error.
-func (b *Batcher) handleOne(ctx context.Context, d *Delivery, tx *sql.Tx) (Progress, error) {
+// handleOne runs one delivery's Handle (and, with StepsPerTx > 1, its next steps) in tx,
+// on the caller's goroutine; a panic comes back as a *PanicError, an invalid Progress as
+// an error.
+func (b *Batcher) handleOne(ctx context.Context, d *Delivery, tx *sql.Tx) (prog Progress, err error) {
+	defer func() {
+		if perr := recovered(recover()); perr != nil {
+			prog, err = 0, perr
+		}
+	}()
 	cfg := b.ib.cfg
-	var prog Progress
-	err := guard(ctx, "handle", func() error {
-		var err error
+	prog, err = b.ib.h.Handle(ctx, tx, d)
+	for step := 0; err == nil && prog == Continue && step+1 < cfg.StepsPerTx && step+1 < cfg.MaxSteps; {
+		step++
+		d.Step = step
 		prog, err = b.ib.h.Handle(ctx, tx, d)
-		for step := 0; err == nil && prog == Continue && step+1 < cfg.StepsPerTx && step+1 < cfg.MaxSteps; {
-			step++
-			d.Step = step
-			prog, err = b.ib.h.Handle(ctx, tx, d)
-		}
-		if err == nil && !prog.valid() {
-			err = invalidProgress(prog)
-		}
-		return err
-	})
+	}
+	if err == nil && !prog.valid() {
+		err = invalidProgress(prog)
+	}
 	return prog, err
 }
 

@@ -39,12 +39,14 @@ func TestGroupedPlainHandlerSharesTransactions(t *testing.T) {
 	}
 }
 
-// A delivery whose Handle fails is rolled back to its savepoint alone — its own write
-// undone — while its batch-mates commit in the same transaction; it is then retried
-// alone. One that always fails is quarantined after inbox.max_attempts attempts in all
-// (the batch's attempt counted on its row), one that fails once is processed on its retry,
-// one that returns an invalid Progress is never taken for done, and a Permanent failure is
-// quarantined at once.
+// A delivery whose Handle fails is rolled back alone — its own write undone — while its
+// batch-mates commit; it is then retried alone. The batch's first run sets no savepoints:
+// the first failure (always-1, first in key order) rolls it back, and it runs again without
+// always-1, every delivery behind a savepoint, so the later failures are rolled back to
+// their savepoints in the transaction that commits the good ones. One that always fails is
+// quarantined after inbox.max_attempts attempts in all (the batch's attempt counted on its
+// row), one that fails once is processed on its retry, one that returns an invalid
+// Progress is never taken for done, and a Permanent failure is quarantined at once.
 func TestGroupedFailureRollsBackAlone(t *testing.T) {
 	h := newEffects()
 	h.misbehave = func(_ context.Context, key string, n int) error {
@@ -76,10 +78,13 @@ func TestGroupedFailureRollsBackAlone(t *testing.T) {
 	for _, k := range keys("ok", 30) {
 		okTx[h.firstTx(k)] = true
 	}
-	for _, k := range []string{"always-1", "once-1", "permanent-1", "zero-1"} {
+	for _, k := range []string{"once-1", "permanent-1", "zero-1"} {
 		if !okTx[h.firstTx(k)] {
-			t.Errorf("%s's first attempt did not run in a batch with the good deliveries", k)
+			t.Errorf("%s's first attempt did not run in the transaction of the good deliveries", k)
 		}
+	}
+	if okTx[h.firstTx("always-1")] {
+		t.Error("always-1 failed in the batch's first run, without savepoints: that run must have been rolled back")
 	}
 	db := g.db.DB
 	for key, effects := range map[string]int{"always-1": 0, "once-1": 1, "permanent-1": 0, "zero-1": 0, "ok-0007": 1} {
@@ -105,8 +110,21 @@ func TestGroupedFailureRollsBackAlone(t *testing.T) {
 	if n := count(t, db, "SELECT COUNT(*) FROM inbox WHERE status = 'done'"); n != 31 {
 		t.Errorf("%d done rows, want 31", n)
 	}
-	if st := g.b.Stats(); st.Isolated < 4 {
-		t.Errorf("stats %+v: want the 4 failing deliveries isolated in their batch", st)
+	if st := g.b.Stats(); st.Isolated != 4 || st.Rollbacks != 1 || st.Batches != 1 {
+		t.Errorf("stats %+v: want the 4 failing deliveries isolated, one batch committed after one rolled-back run", st)
+	}
+
+	// Within savepointsAfterFailure of a failure, batches set savepoints from their first
+	// run: a failing delivery is rolled back to its savepoint, and no run is rolled back.
+	rs = g.send(t, append(keys("later", 10), "always-2"))
+	if o := outcomes(rs); o["processed"] != 10 || o["quarantined/retries_exhausted"] != 1 {
+		t.Fatalf("second batch: %v", outcomes(rs))
+	}
+	if st := g.b.Stats(); st.Rollbacks != 1 || st.Isolated != 5 {
+		t.Errorf("stats %+v: want always-2 isolated by its savepoint, without a rolled-back run", st)
+	}
+	if h.firstTx("always-2") != h.firstTx("later-0003") {
+		t.Error("always-2 did not fail in the transaction that committed its batch-mates")
 	}
 }
 
