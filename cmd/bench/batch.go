@@ -168,7 +168,7 @@ func startProfile() (func(), error) {
 	return func() { pprof.StopCPUProfile(); f.Close(); stop() }, nil
 }
 
-var only = flag.String("only", "", "run only these measurement groups (comma separated: batch, single, storm, relay, e2e, seed); empty runs all")
+var only = flag.String("only", "", "run only these measurement groups (comma separated: batch, plain, single, storm, relay, e2e, seed); empty runs all")
 
 // want reports whether the measurement group runs in this invocation.
 func want(group string) bool {

@@ -176,6 +176,14 @@ func run() error {
 			"overhead_pooled_pct", (1-tU/tI)*100, "overhead_cpu_pct", (1-median(cpuU)/median(cpuI))*100,
 			"overhead_pct_vs_handler_only", median(ohH))
 	}
+	if want("plain") {
+		// A plain one-step handler (no batch code): one delivery per transaction, and group
+		// commit (a savepoint per delivery when needed), beside the coupon BatchHandler
+		// (plain.go).
+		if err := benchPlain(ctx, db); err != nil {
+			return err
+		}
+	}
 	// steps_per_tx=1 is the default (each state transition commits on its own); 3 runs the
 	// whole grant in one transaction (inbox.steps_per_transaction), same guarantees.
 	for _, spt := range []int{1, 3} {
