@@ -1,0 +1,126 @@
+package inbox
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Typed handlers: a plugin gives a Codec for its message type T and a function that handles
+// a T, and gets a Handler whose Decode runs the codec and whose Handle hands the function
+// the decoded value — no Delivery.Value.(T) in plugin code.
+//
+//	h := inbox.Typed(inbox.JSON[OrderShipped]{Key: func(o OrderShipped) (string, error) { ... }},
+//		func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery, o OrderShipped) (inbox.Progress, error) { ... })
+//
+// A typed handler is a plain Handler: the Batcher group-commits it (grouped.go). One that
+// also makes slow outside calls embeds *TypedHandler[T] and adds a Prepare method (Preparer).
+
+// Codec decodes the messages of a typed handler into values of T.
+type Codec[T any] interface {
+	// Decode returns the message's value, its business key and its fingerprint ("" for the
+	// sha256 of the raw payload). An error makes the message poison: it is quarantined, never
+	// retried.
+	Decode(msg *message.Message) (v T, key, fingerprint string, err error)
+}
+
+// JSON is the default Codec: the payload is one JSON value decoded into T with
+// encoding/json. Fields T does not know are ignored (a producer may add fields); anything
+// after the value but white space is refused (two values, or a value followed by garbage, is
+// not the message the producer meant). Key and Fingerprint are the plugin's.
+type JSON[T any] struct {
+	// Key returns v's business key (e.g. its order id), or an error when v is not a valid
+	// message — a required field missing, say — which makes it poison. Required.
+	Key func(v T) (string, error)
+	// Fingerprint returns what v means: two deliveries of one key with different
+	// fingerprints are a conflict, quarantined. Nil: the sha256 of the raw payload (then a
+	// producer that re-encodes the same value differently makes a conflict).
+	Fingerprint func(v T) string
+}
+
+// Decode implements Codec.
+func (c JSON[T]) Decode(msg *message.Message) (v T, key, fingerprint string, err error) {
+	var zero T
+	if c.Key == nil {
+		return zero, "", "", errors.New("inbox.JSON: no Key function")
+	}
+	dec := json.NewDecoder(bytes.NewReader(msg.Payload))
+	if err := dec.Decode(&v); err != nil {
+		return zero, "", "", fmt.Errorf("json: %w", err)
+	}
+	end := dec.InputOffset()
+	if _, err := dec.Token(); err != io.EOF {
+		return zero, "", "", fmt.Errorf("json: data after the value, which ends at byte %d", end)
+	}
+	if key, err = c.Key(v); err != nil {
+		return zero, "", "", err
+	}
+	if c.Fingerprint != nil {
+		fingerprint = c.Fingerprint(v)
+	}
+	return v, key, fingerprint, nil
+}
+
+// TypedFunc handles one delivery whose payload decoded to v, as Handler.Handle does: its
+// writes go through tx, an error rolls the step back (Permanent: quarantined at once).
+type TypedFunc[T any] func(ctx context.Context, tx *sql.Tx, d *Delivery, v T) (Progress, error)
+
+// TypedHandler is a Handler for messages of type T: Decode runs its Codec, Handle calls its
+// TypedFunc with the decoded value. Build one with Typed.
+type TypedHandler[T any] struct {
+	codec  Codec[T]
+	handle TypedFunc[T]
+}
+
+var _ Handler = (*TypedHandler[struct{}])(nil)
+
+// Typed returns the Handler of messages that codec decodes into T, handled by handle. It
+// panics when codec or handle is nil, or codec is a JSON without Key: a plugin's mistake,
+// found at start-up rather than by quarantining every message.
+func Typed[T any](codec Codec[T], handle TypedFunc[T]) *TypedHandler[T] {
+	switch c := any(codec).(type) {
+	case nil:
+		panic("inbox.Typed: nil codec")
+	case JSON[T]:
+		if c.Key == nil {
+			panic("inbox.Typed: inbox.JSON without a Key function")
+		}
+	case *JSON[T]:
+		if c == nil || c.Key == nil {
+			panic("inbox.Typed: inbox.JSON without a Key function")
+		}
+	}
+	if handle == nil {
+		panic("inbox.Typed: nil handle function")
+	}
+	return &TypedHandler[T]{codec: codec, handle: handle}
+}
+
+// Decode implements Handler: the codec's value, key and fingerprint. A codec error makes
+// the message poison.
+func (h *TypedHandler[T]) Decode(msg *message.Message) (Decoded, error) {
+	v, key, fp, err := h.codec.Decode(msg)
+	if err != nil {
+		if errors.Is(err, ErrPoison) {
+			return Decoded{}, err
+		}
+		return Decoded{}, fmt.Errorf("%w: %w", ErrPoison, err)
+	}
+	return Decoded{Key: key, Fingerprint: fp, Value: v}, nil
+}
+
+// Handle implements Handler: the TypedFunc with the delivery's decoded value.
+func (h *TypedHandler[T]) Handle(ctx context.Context, tx *sql.Tx, d *Delivery) (Progress, error) {
+	v, ok := d.Value.(T)
+	if !ok {
+		var want T
+		return 0, Permanent(fmt.Errorf("inbox: delivery %q holds a %T, not the %T this handler decodes", d.Key, d.Value, want))
+	}
+	return h.handle(ctx, tx, d, v)
+}

@@ -1,0 +1,56 @@
+package inbox_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/inbox"
+)
+
+// OrderShipped is the payload of order-shipped.
+type OrderShipped struct {
+	OrderID string `json:"orderId"`
+	UserID  string `json:"userId"`
+	Points  int64  `json:"points"`
+}
+
+// A typed handler: the JSON codec decodes each message into an OrderShipped (unknown fields
+// allowed, trailing data refused), the plugin names its business key, and Handle receives
+// the decoded value. In a router, Handle runs with the inbox's transaction.
+func ExampleTyped() {
+	credit := inbox.Typed(
+		inbox.JSON[OrderShipped]{
+			Key: func(o OrderShipped) (string, error) {
+				if o.OrderID == "" || o.UserID == "" {
+					return "", errors.New("orderId and userId are required") // poison
+				}
+				return o.OrderID, nil // credited once per order
+			},
+		},
+		func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery, o OrderShipped) (inbox.Progress, error) {
+			// In the inbox's transaction: tx.ExecContext(ctx, "INSERT INTO points_credit ...", o.OrderID, ...)
+			// and the points-credited event through an outbox.Writer with the same tx.
+			fmt.Printf("credit %d points to %s for %s\n", o.Points, o.UserID, o.OrderID)
+			return inbox.Done, nil
+		})
+
+	d, err := credit.Decode(message.NewMessage("m-1", []byte(`{"orderId":"o-1","userId":"u-7","points":12,"carrier":"dhl"}`)))
+	fmt.Println(d.Key, err)
+	progress, err := credit.Handle(context.Background(), nil, &inbox.Delivery{Key: d.Key, Value: d.Value})
+	fmt.Println(progress, err)
+
+	_, err = credit.Decode(message.NewMessage("m-2", []byte(`{"orderId":"o-2","userId":"u-8"} {"orderId":"o-3"}`)))
+	fmt.Println(err)
+	_, err = credit.Decode(message.NewMessage("m-3", []byte(`{"orderId":"o-4"}`)))
+	fmt.Println(err)
+	// Output:
+	// o-1 <nil>
+	// credit 12 points to u-7 for o-1
+	// done <nil>
+	// poison message: json: data after the value, which ends at byte 32
+	// poison message: orderId and userId are required
+}

@@ -1,0 +1,117 @@
+package inbox_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/inbox"
+)
+
+type shipped struct {
+	OrderID string `json:"orderId"`
+	Points  int64  `json:"points"`
+}
+
+func shippedKey(s shipped) (string, error) {
+	if s.OrderID == "" {
+		return "", errors.New("orderId is required")
+	}
+	return s.OrderID, nil
+}
+
+// The JSON codec: unknown fields allowed, anything after the value refused, the plugin's
+// key (and its refusal) and fingerprint; every refusal is poison.
+func TestJSONCodec(t *testing.T) {
+	h := inbox.Typed(inbox.JSON[shipped]{Key: shippedKey, Fingerprint: func(s shipped) string { return s.OrderID + "/" + string(rune('0'+s.Points%10)) }},
+		func(context.Context, *sql.Tx, *inbox.Delivery, shipped) (inbox.Progress, error) {
+			return inbox.Done, nil
+		})
+	for _, tc := range []struct {
+		name, payload string
+		key, fp       string // want, when valid
+		err           string // want a poison error containing this
+	}{
+		{name: "plain", payload: `{"orderId":"o-1","points":7}`, key: "o-1", fp: "o-1/7"},
+		{name: "unknown fields", payload: `{"orderId":"o-2","points":3,"carrier":{"name":"x"},"extra":[1,2]}`, key: "o-2", fp: "o-2/3"},
+		{name: "white space after", payload: "{\"orderId\":\"o-3\"}\n\t ", key: "o-3", fp: "o-3/0"},
+		{name: "second value", payload: `{"orderId":"o-4"} {"orderId":"o-5"}`, err: "data after the value"},
+		{name: "garbage after", payload: `{"orderId":"o-4"}x`, err: "data after the value"},
+		{name: "closing brace after", payload: `{"orderId":"o-4"}}`, err: "data after the value"},
+		{name: "not JSON", payload: `order o-6`, err: "json"},
+		{name: "empty", payload: ``, err: "json"},
+		{name: "wrong type", payload: `{"orderId":7}`, err: "json"},
+		{name: "key refused", payload: `{"points":1}`, err: "orderId is required"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := h.Decode(message.NewMessage("m", []byte(tc.payload)))
+			if tc.err != "" {
+				if !errors.Is(err, inbox.ErrPoison) || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error %v, want poison containing %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil || d.Key != tc.key || d.Fingerprint != tc.fp {
+				t.Fatalf("decoded %+v %v, want key %q fingerprint %q", d, err, tc.key, tc.fp)
+			}
+			if _, ok := d.Value.(shipped); !ok {
+				t.Fatalf("value %T, want shipped", d.Value)
+			}
+		})
+	}
+}
+
+// A delivery whose value is not the handler's type is a permanent failure, not a panic;
+// nil codecs, functions and JSON without Key panic at construction.
+func TestTypedMisuse(t *testing.T) {
+	h := inbox.Typed(inbox.JSON[shipped]{Key: shippedKey}, func(context.Context, *sql.Tx, *inbox.Delivery, shipped) (inbox.Progress, error) {
+		t.Fatal("called with a value of another type")
+		return inbox.Done, nil
+	})
+	if _, err := h.Handle(context.Background(), nil, &inbox.Delivery{Key: "k", Value: "a string"}); !errors.Is(err, inbox.ErrPermanent) {
+		t.Fatalf("error %v, want permanent", err)
+	}
+	handle := func(context.Context, *sql.Tx, *inbox.Delivery, shipped) (inbox.Progress, error) {
+		return inbox.Done, nil
+	}
+	for name, build := range map[string]func(){
+		"nil codec":    func() { inbox.Typed[shipped](nil, handle) },
+		"JSON no Key":  func() { inbox.Typed(inbox.JSON[shipped]{}, handle) },
+		"*JSON no Key": func() { inbox.Typed[shipped](&inbox.JSON[shipped]{}, handle) },
+		"nil handle":   func() { inbox.Typed[shipped](inbox.JSON[shipped]{Key: shippedKey}, nil) },
+	} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%s: no panic", name)
+				}
+			}()
+			build()
+		}()
+	}
+}
+
+// A typed handler is a plain handler: group-committed, its function handed the decoded
+// value, a payload it refuses quarantined as poison.
+func TestTypedGroupCommitted(t *testing.T) {
+	h := inbox.Typed(inbox.JSON[shipped]{Key: shippedKey}, func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery, s shipped) (inbox.Progress, error) {
+		_, err := tx.ExecContext(ctx, "INSERT INTO grouped_effect (k, step) VALUES (?, ?)", s.OrderID, s.Points)
+		return inbox.Done, err
+	})
+	g := newGrouped(t, h, inbox.Config{}, inbox.BatchConfig{Linger: 50 * time.Millisecond})
+	rs := g.send(t, []string{`{"orderId":"t-1","points":5}`, `{"orderId":"t-2","points":6,"new":true}`, `{"orderId":"t-1","points":5}`, `{"points":1}`})
+	if o := outcomes(rs); o["processed"] != 2 || o["duplicate"] != 1 || o["quarantined/poison"] != 1 {
+		t.Fatalf("outcomes %v", o)
+	}
+	if n := count(t, g.db.DB, "SELECT SUM(step) FROM grouped_effect"); n != 11 {
+		t.Fatalf("points %d, want 11", n)
+	}
+	if st := g.b.Stats(); st.Batched != 3 {
+		t.Fatalf("stats %+v: want the three good deliveries batched", st)
+	}
+}
