@@ -54,8 +54,8 @@ type BatchPreparer interface {
 	PrepareDelivery(ctx context.Context, d *Delivery) error
 }
 
-// StatementPreparer is implemented by batch handlers that keep prepared statements:
-// PrepareStatements runs before each batch's transaction, outside it.
+// StatementPreparer is implemented by handlers (batch or plain) that keep prepared
+// statements: the Batcher calls PrepareStatements before each batch's transaction, outside it.
 type StatementPreparer interface {
 	PrepareStatements(ctx context.Context)
 }
@@ -78,9 +78,10 @@ type BatchConfig struct {
 	// LockRetries is how often a batch rolled back by a deadlock is retried whole before
 	// its deliveries fall back to the one-at-a-time path; default 3.
 	LockRetries int
-	// MaxInFlightCalls bounds the deliveries being prepared at once (BatchPreparer): each
-	// makes its slow calls on its own goroutine. Calls in flight ÷ call time bounds the
-	// throughput of slow calls: 1,000 orders/s with three calls of 0.8–2 s each needs ≈4,200.
+	// MaxInFlightCalls bounds the deliveries being prepared at once (BatchPreparer, or a
+	// plain handler's Preparer): each makes its slow calls on its own goroutine. Calls in
+	// flight ÷ call time bounds the throughput of slow calls: 1,000 orders/s with three
+	// calls of 0.8–2 s each needs ≈4,200.
 	// Default 8192.
 	MaxInFlightCalls int
 	// SelectAfterClaim reads the claimed rows back with a SELECT after the claim instead of
