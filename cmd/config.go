@@ -126,7 +126,7 @@ var defaults = []struct {
 	{"inbox.max_metadata_bytes", 32 << 10, "records whose headers (as JSON) are longer are poison (stored capped); at most 65535"},
 	{"inbox.handler_timeout", "30s", "a plugin call (prepare, handle) that has not returned by then is abandoned and counts as a failed attempt (reason timeout)"},
 	{"inbox.steps_per_transaction", 1, "consecutive handler steps per transaction (1: every state transition commits alone)"},
-	{"inbox.batch_size", 512, "group commit: deliveries per transaction for plugins that implement inbox.BatchHandler; 1 turns it off"},
+	{"inbox.batch_size", 512, "group commit: deliveries per transaction (a BatchHandler's own multi-row path, else a plain handler's deliveries behind savepoints); 1 turns it off"},
 	{"inbox.batch_linger", "2ms", "how long a batch waits for more deliveries after its first"},
 	{"inbox.batch_workers", 2, "batch transactions running at once (a second only for a full batch or one that waited 2× batch_linger; never two with one key)"},
 	{"inbox.max_in_flight_calls", 8192, "outside calls (a plugin's Prepare, or its PrepareDelivery under group commit, each prepared as soon as the delivery arrives) running at once; calls in flight ÷ call time bounds the throughput of slow calls"},

@@ -100,7 +100,11 @@ func (a *app) relayConfig() (outbox.RelayConfig, error) {
 		}
 		txnID = "onceflow-relay-" + mc.DBName + "-" + shard
 	}
-	rc := outbox.RelayConfig{BatchSize: c.BatchSize, PollInterval: c.PollInterval, Linger: c.Linger, LagBound: c.LagBound,
+	linger := c.Linger
+	if linger == 0 {
+		linger = outbox.NoLinger // relay.linger: 0s publishes at once (the library's zero value means its default)
+	}
+	rc := outbox.RelayConfig{BatchSize: c.BatchSize, PollInterval: c.PollInterval, Linger: linger, LagBound: c.LagBound,
 		RetryBackoff: c.RetryBackoff, MaxRetryBackoff: c.MaxRetryBackoff,
 		Retention: c.Retention, CleanupInterval: c.CleanupInterval, CleanupBatch: c.CleanupBatch,
 		Shard: c.Shard, Shards: c.Shards, TransactionalID: txnID, PositionsTopic: c.PositionsTopic, Owner: c.Owner,
