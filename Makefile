@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO    ?= go
 PKGS  := ./...
 
-.PHONY: all build infra infra-down demo test test-short fuzz bench vet clean chaos chaos-broken
+.PHONY: examples all build infra infra-down demo test test-short fuzz bench vet clean chaos chaos-broken
 
 all: build
 
@@ -25,7 +25,15 @@ demo:
 test: infra
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -v -timeout 30m $(PKGS)
+	$(MAKE) examples
 	$(MAKE) fuzz FUZZTIME=30000x
+
+## examples: each module of examples/ (its own go.mod, a replace to this checkout) built,
+## vetted and tested on the real services, as a team's own router is
+EXAMPLES := $(wildcard examples/*/go.mod)
+examples:
+	@for m in $(EXAMPLES); do d=$$(dirname $$m); echo "== $$d"; \
+	  (cd $$d && $(GO) build ./... && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...) || exit 1; done
 
 ## test-short: the quick loop without services (integration tests skip under -short)
 test-short:

@@ -1,0 +1,118 @@
+// Package points is a loyalty-points plugin written outside the onceflow repository's own
+// packages, as a team would write one: it consumes order-shipped, credits the order's points
+// once per order into its own tables, and emits PointsCredited on points-credited through
+// the outbox, in the same transaction.
+package points
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+
+	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/outbox"
+)
+
+// OrderShipped is the order-shipped event: {"orderId": "...", "userId": "...", "points": 40}.
+type OrderShipped struct {
+	OrderID string `json:"orderId"`
+	UserID  string `json:"userId"`
+	Points  int    `json:"points"`
+}
+
+// PointsCredited is the event the plugin emits once per credited order.
+type PointsCredited struct {
+	EventID string `json:"eventId"`
+	OrderID string `json:"orderId"`
+	UserID  string `json:"userId"`
+	Points  int    `json:"points"`
+}
+
+// Config is the plugin's section plugins.loyalty-points of the router configuration.
+type Config struct {
+	CreditedTopic string `mapstructure:"credited_topic"` // default points-credited
+}
+
+//go:embed migrations/*.sql
+var files embed.FS
+
+// Migrations are the plugin's tables, applied by `router migrate`.
+var Migrations, _ = fs.Sub(files, "migrations")
+
+// Name is the plugin's name: its configuration section and its migrations' version table.
+const Name = "loyalty-points"
+
+// codec decodes order-shipped: the order id is the business key; an order without user or
+// with points outside 1..100000 is poison.
+var codec = inbox.JSON[OrderShipped]{
+	Key: func(o OrderShipped) (string, error) {
+		switch {
+		case o.OrderID == "" || len(o.OrderID) > 64:
+			return "", errors.New("orderId missing or longer than 64 bytes")
+		case o.UserID == "" || len(o.UserID) > 64:
+			return "", errors.New("userId missing or longer than 64 bytes")
+		case o.Points < 1 || o.Points > 100000:
+			return "", fmt.Errorf("points %d outside 1..100000", o.Points)
+		}
+		return o.OrderID, nil
+	},
+	Fingerprint: func(o OrderShipped) string { return fmt.Sprintf("%s\x00%s\x00%d", o.OrderID, o.UserID, o.Points) },
+}
+
+// NewHandler returns the plugin's handler, emitting its events to topic.
+func NewHandler(topic string) inbox.Handler {
+	w, err := outbox.NewWriter("outbox")
+	if err != nil {
+		panic(err) // "outbox" is a valid table name
+	}
+	return inbox.Typed(codec, func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery, o OrderShipped) (inbox.Progress, error) {
+		if _, err := tx.ExecContext(ctx, "INSERT INTO points_credit (order_id, user_id, points) VALUES (?, ?, ?)", o.OrderID, o.UserID, o.Points); err != nil {
+			return 0, err
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO points_balance (user_id, points) VALUES (?, ?) ON DUPLICATE KEY UPDATE points = points + VALUES(points)", o.UserID, o.Points); err != nil {
+			return 0, err
+		}
+		ev := PointsCredited{EventID: "points-" + o.OrderID, OrderID: o.OrderID, UserID: o.UserID, Points: o.Points}
+		payload, err := json.Marshal(ev)
+		if err != nil {
+			return 0, err
+		}
+		return inbox.Done, w.Add(ctx, tx, outbox.Event{ID: ev.EventID, Type: "PointsCredited", Topic: topic, Key: o.OrderID, Payload: payload})
+	})
+}
+
+func config(decode func(any) error) (Config, error) {
+	c := Config{CreditedTopic: "points-credited"}
+	if decode != nil {
+		if err := decode(&c); err != nil {
+			return c, err
+		}
+	}
+	return c, nil
+}
+
+// Plugin is the plugin's declaration.
+func Plugin() inbox.Plugin {
+	return inbox.Plugin{
+		Name: Name, Topics: []string{"order-shipped"}, ConsumerGroup: "loyalty-points", BizType: "loyalty", KeyLogField: "order_id",
+		Migrations: Migrations,
+		Tables:     []string{"points_credit", "points_balance"},
+		Writes: func(decode func(any) error) ([]string, error) {
+			c, err := config(decode)
+			return []string{c.CreditedTopic}, err
+		},
+		Build: func(ctx context.Context, env inbox.PluginEnv) (inbox.Handler, error) {
+			c, err := config(env.DecodeConfig)
+			if err != nil {
+				return nil, err
+			}
+			return NewHandler(c.CreditedTopic), nil
+		},
+	}
+}
+
+func init() { inbox.MustRegister(Plugin()) }
