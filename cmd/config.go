@@ -19,13 +19,13 @@ import (
 
 // Config is the router configuration: flags > env (ONCEFLOW_*) > config file > defaults.
 type Config struct {
-	DB      DBConfig                  `mapstructure:"db"`
-	Kafka   KafkaConfig               `mapstructure:"kafka"`
-	Inbox   InboxConfig               `mapstructure:"inbox"`
-	Relay   RelayConfig               `mapstructure:"relay"`
-	Admin   AdminConfig               `mapstructure:"admin"`
-	Log     LogConfig                 `mapstructure:"log"`
-	Runtime RuntimeConfig             `mapstructure:"runtime"`
+	DB      DBConfig      `mapstructure:"db"`
+	Kafka   KafkaConfig   `mapstructure:"kafka"`
+	Inbox   InboxConfig   `mapstructure:"inbox"`
+	Relay   RelayConfig   `mapstructure:"relay"`
+	Admin   AdminConfig   `mapstructure:"admin"`
+	Log     LogConfig     `mapstructure:"log"`
+	Runtime RuntimeConfig `mapstructure:"runtime"`
 	// Plugins holds one section per plugin, plugins.<name>: the reserved keys topics (a list)
 	// and consumer_group override the plugin's declaration for this deployment; the other
 	// keys are the plugin's own settings (inbox.PluginEnv.DecodeConfig).
