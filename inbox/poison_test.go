@@ -474,3 +474,60 @@ func TestAttemptsCountAcrossProcesses(t *testing.T) {
 		t.Fatalf("%d attempts in all, want 3 (inbox.max_attempts)", n)
 	}
 }
+
+// badPrepare is the granter with a PrepareDelivery that misbehaves on keys "bad-*".
+type badPrepare struct {
+	*coupon.Granter
+	misbehave func(ctx context.Context)
+}
+
+func (b badPrepare) PrepareDelivery(ctx context.Context, d *inbox.Delivery) error {
+	if strings.HasPrefix(d.Key, "bad-") {
+		b.misbehave(ctx)
+	}
+	return b.Granter.PrepareDelivery(ctx, d)
+}
+
+// A BatchPreparer that panics or never returns leaves only its own deliveries unprepared:
+// they take the one-at-a-time path (whose own Prepare is sound here) and are granted; the
+// others are batched meanwhile.
+func TestBatchPrepareDeliveryPanicsAndTimeouts(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		misbehave func(ctx context.Context)
+	}{
+		{"panic", func(context.Context) { panic("prepare bug") }},
+		{"block", func(context.Context) { select {} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPipeline(t, pipelineOpts{conns: 8, inboxCfg: inbox.Config{HandlerTimeout: 300 * time.Millisecond},
+				wrap: func(g inbox.Handler) inbox.Handler {
+					return badPrepare{Granter: g.(*coupon.Granter), misbehave: tc.misbehave}
+				}})
+			b, err := p.inbox.NewBatcher(inbox.BatchConfig{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			ids := make([]string, 20)
+			for i := range ids {
+				ids[i] = fmt.Sprintf("ok-%02d", i)
+				if i%5 == 0 {
+					ids[i] = fmt.Sprintf("bad-%02d", i)
+				}
+			}
+			res := submit(t, b, ids, 0)
+			for range ids {
+				if r := <-res; r.Outcome != inbox.OutcomeProcessed {
+					t.Fatalf("%s: %s (%s)", r.Key, r.Outcome, r.Reason)
+				}
+			}
+			if st := b.Stats(); st.PrepareFailed != 4 || st.Prepared != 16 {
+				t.Fatalf("stats %+v: want 4 failed prepares, 16 prepared", st)
+			}
+			if n := count(t, p.db.DB, "SELECT COUNT(*) FROM user_coupon"); n != 20 {
+				t.Fatalf("%d coupons, want 20", n)
+			}
+		})
+	}
+}

@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,11 +22,15 @@ import (
 // quarantined) as on the one-at-a-time path (grouped.go). A BatchPreparer's failure only
 // leaves the delivery unprepared: HandleBatch leaves it at Continue.
 //
-// Per key, one delivery at a time: a delivery whose business key is already in the Batcher
-// (being prepared, queued, in a batch, or on the one-at-a-time path) waits, unprepared,
-// until that one has its final outcome. A key recently finished by this Batcher is not
-// prepared again (its next delivery is a duplicate, found by the claim): no outside calls
-// for duplicates.
+// Per key, calls for one delivery only: a delivery whose business key is already in the
+// Batcher (being prepared, queued, in a batch, or on the one-at-a-time path) is not
+// prepared; it follows that one unprepared — held until that one is queued, then queued
+// right behind it, so that copies arriving together end in one batch, where they are
+// counted as duplicates in the same transaction (or, when the first's batch already runs,
+// in the next batch, which finds the row done). A key recently finished by this Batcher is
+// not prepared again either. No outside calls for duplicates; and an unprepared delivery
+// that turns out not to be a duplicate takes the one-at-a-time path, which prepares each
+// step itself.
 
 // prepareGate is a Batcher's per-delivery preparation.
 type prepareGate struct {
@@ -34,9 +39,9 @@ type prepareGate struct {
 	plain bool                                         // prep is a plain Preparer's: a failure is a failed attempt
 	sem   chan struct{}                                // one slot per prepare running
 
-	mu      sync.Mutex
-	waiting map[string][]*pending // key in the Batcher → deliveries of that key waiting behind it
-	recent  recentKeys            // keys this Batcher finished (done), most recent last
+	mu     sync.Mutex
+	keys   map[string]*gateKey // business keys with a delivery in the Batcher
+	recent recentKeys          // keys this Batcher finished (done), most recent last
 
 	running  atomic.Int64 // prepares running now
 	prepared atomic.Int64 // prepares that succeeded
@@ -46,7 +51,7 @@ type prepareGate struct {
 }
 
 func newPrepareGate(b *Batcher, prep func(context.Context, *Delivery) error, plain bool, inFlight int) *prepareGate {
-	return &prepareGate{b: b, prep: prep, plain: plain, sem: make(chan struct{}, inFlight), waiting: map[string][]*pending{},
+	return &prepareGate{b: b, prep: prep, plain: plain, sem: make(chan struct{}, inFlight), keys: map[string]*gateKey{},
 		recent: newRecentKeys(recentKeysKept)}
 }
 
@@ -54,44 +59,70 @@ func newPrepareGate(b *Batcher, prep func(context.Context, *Delivery) error, pla
 // redeliveries make no outside calls (a rebalance redelivers up to a window per partition).
 const recentKeysKept = 1 << 16
 
-// admit takes a decoded delivery: it is prepared now, or queued behind its key.
-func (g *prepareGate) admit(p *pending) {
-	p.gated.Store(true)
-	g.mu.Lock()
-	if q, busy := g.waiting[p.dec.Key]; busy {
-		g.waiting[p.dec.Key] = append(q, p)
-		g.mu.Unlock()
-		return
-	}
-	g.waiting[p.dec.Key] = nil
-	g.mu.Unlock()
-	go g.run(p)
+// gateKey is a business key with a delivery (the one admitted first) in the Batcher.
+type gateKey struct {
+	queued    bool       // the first delivery went to the collector
+	followers []*pending // later deliveries of the key, held until it does
 }
 
-// release is called once per admitted delivery, when it has its final outcome: the next
-// delivery of its key, if any, is prepared. done says the key's row is 'done' now.
+// admit takes a decoded delivery: the first of its key in the Batcher is prepared; a later
+// one follows it unprepared.
+func (g *prepareGate) admit(p *pending) {
+	g.mu.Lock()
+	k := g.keys[p.dec.Key]
+	switch {
+	case k == nil:
+		g.keys[p.dec.Key] = &gateKey{}
+		p.gated.Store(true)
+		g.mu.Unlock()
+		go g.run(p)
+	case k.queued:
+		g.mu.Unlock()
+		g.skipped.Add(1)
+		go g.queue(p)
+	default:
+		k.followers = append(k.followers, p)
+		g.mu.Unlock()
+		g.skipped.Add(1)
+	}
+}
+
+// queued records that the key's first delivery went to the collector and queues the
+// deliveries that followed it.
+func (g *prepareGate) queued(p *pending) {
+	g.mu.Lock()
+	var fs []*pending
+	if k := g.keys[p.dec.Key]; k != nil {
+		k.queued, fs, k.followers = true, k.followers, nil
+	}
+	g.mu.Unlock()
+	for _, f := range fs {
+		g.queue(f)
+	}
+}
+
+// release is called once per key's first delivery, when it has its final outcome: the key
+// leaves the Batcher. done says the key's row is 'done' now.
 func (g *prepareGate) release(p *pending, done bool) {
 	key := p.dec.Key
 	g.mu.Lock()
 	if done {
 		g.recent.add(key)
 	}
-	q := g.waiting[key]
-	if len(q) == 0 {
-		delete(g.waiting, key)
-		g.mu.Unlock()
-		return
+	var fs []*pending
+	if k := g.keys[key]; k != nil {
+		fs = k.followers // only when the first was answered without being queued
+		delete(g.keys, key)
 	}
-	next := q[0]
-	q[0] = nil
-	g.waiting[key] = q[1:]
 	g.mu.Unlock()
-	go g.run(next)
+	for _, f := range fs {
+		go g.queue(f)
+	}
 }
 
-// run prepares p (unless its key was just finished) and queues it for the collector.
+// run prepares a key's first delivery (unless the key was just finished) and queues it
+// for the collector.
 func (g *prepareGate) run(p *pending) {
-	b := g.b
 	g.mu.Lock()
 	recent := g.recent.has(p.dec.Key)
 	g.mu.Unlock()
@@ -101,51 +132,91 @@ func (g *prepareGate) run(p *pending) {
 	case p.ctx.Err() != nil:
 		// The caller gave up (its claim ended): the batch falls it back unprepared.
 	default:
-		var err error
 		select {
 		case g.sem <- struct{}{}:
-			err = g.prepare(p)
-			<-g.sem
-		case <-b.stop:
+			g.prepare(p) // queues p, or answers it
+			return
+		case <-g.b.stop:
 			p.done <- batchOutcome{fallback: true}
 			return
 		case <-p.ctx.Done():
 		}
-		if err != nil && g.plain && p.ctx.Err() == nil {
-			// A plain handler's attempt failed before its transaction: not batched.
-			p.done <- batchOutcome{failed: &failure{err: err}}
-			return
-		}
 	}
+	g.queueFirst(p)
+}
+
+// queue hands p to the collector.
+func (g *prepareGate) queue(p *pending) {
 	select {
-	case b.queue <- p:
-	case <-b.stop:
+	case g.b.queue <- p:
+	case <-g.b.stop:
 		p.done <- batchOutcome{fallback: true}
 	}
 }
 
-// prepare runs PrepareDelivery (or Prepare) under inbox.handler_timeout and keeps what it
-// prepared. A failure (error, panic, timeout) leaves the delivery unprepared: HandleBatch
-// leaves it to the one-at-a-time path, which retries it with backoff like any failed step;
-// a plain Preparer's failure is returned.
-func (g *prepareGate) prepare(p *pending) error {
+// queueFirst hands a key's first delivery to the collector, then the deliveries that
+// followed it.
+func (g *prepareGate) queueFirst(p *pending) {
+	g.queue(p)
+	g.queued(p)
+}
+
+// prepare runs PrepareDelivery (or Prepare) under inbox.handler_timeout, on this goroutine,
+// then frees its call slot and queues p with what it prepared. A failure (error, panic,
+// timeout) leaves the delivery unprepared: HandleBatch leaves it to the one-at-a-time path,
+// which retries it with backoff like any failed step; a plain Preparer's failure is the
+// delivery's failed attempt. A call still running at the timeout is abandoned: a timer
+// cancels its context and moves p on without it (it keeps its call slot until it returns).
+// A timer rather than a second goroutine per delivery: this runs for every delivery of a
+// BatchPreparer, most of which prepare in microseconds.
+func (g *prepareGate) prepare(p *pending) {
 	g.running.Add(1)
-	defer g.running.Add(-1)
 	start := time.Now()
+	ctx, cancel := context.WithCancel(p.ctx)
+	var state atomic.Int32 // 0 running, 1 returned, 2 timed out
+	timer := time.AfterFunc(g.b.ib.cfg.HandlerTimeout, func() {
+		if state.CompareAndSwap(0, 2) {
+			cancel()
+			g.finish(p, start, fmt.Errorf("prepare delivery: %w", ErrHandlerTimeout), nil)
+		}
+	})
 	d := &Delivery{Message: p.msg, BizType: g.b.ib.cfg.BizType, Key: p.dec.Key, Value: p.dec.Value, Source: p.src, Attempt: 1}
-	ctx, cancel := context.WithTimeout(p.ctx, g.b.ib.cfg.HandlerTimeout)
-	err := guard(ctx, "prepare delivery", func() error { return g.prep(ctx, d) })
+	err := func() (err error) {
+		defer func() {
+			if perr := recovered(recover()); perr != nil {
+				err = perr
+			}
+		}()
+		return g.prep(ctx, d)
+	}()
+	timer.Stop()
 	cancel()
+	<-g.sem
+	if state.CompareAndSwap(0, 1) {
+		g.finish(p, start, err, d)
+	}
+}
+
+// finish records a prepare's outcome and moves p on: d is nil for a prepare abandoned at
+// its timeout (its Delivery may still be written by the abandoned code: nothing of it is
+// used).
+func (g *prepareGate) finish(p *pending, start time.Time, err error, d *Delivery) {
+	g.running.Add(-1)
 	if g.observe != nil {
 		g.observe(time.Since(start), err)
 	}
 	if err != nil {
 		g.failed.Add(1)
-		return err // d may still be written by abandoned code: nothing of it is used
+		if g.plain && p.ctx.Err() == nil {
+			// A plain handler's attempt failed before its transaction: not batched.
+			p.done <- batchOutcome{failed: &failure{err: err}}
+			return
+		}
+	} else {
+		g.prepared.Add(1)
+		p.prepared, p.ready = d.Prepared, true
 	}
-	g.prepared.Add(1)
-	p.prepared, p.ready = d.Prepared, true
-	return nil
+	g.queueFirst(p)
 }
 
 // recentKeys is a bounded set of keys: the oldest is forgotten when a new one is added to
