@@ -17,6 +17,7 @@ var (
 	_ inbox.BatchHandler      = (*Granter)(nil)
 	_ inbox.BatchPreparer     = (*Granter)(nil)
 	_ inbox.StatementPreparer = (*Granter)(nil)
+	_ inbox.InstantPreparer   = (*Granter)(nil)
 )
 
 // batchStatements are HandleBatch's multi-row inserts of its common path as server-side
@@ -92,6 +93,11 @@ func (g *Granter) PrepareDelivery(ctx context.Context, d *inbox.Delivery) error 
 	d.Prepared = batchPrepared{}
 	return nil
 }
+
+// PreparesInstantly implements inbox.InstantPreparer: true when the granter's external
+// service returns at once (none configured, or a simulated one without delay), so the
+// Batcher need not give each delivery a goroutine of its own for its calls.
+func (g *Granter) PreparesInstantly() bool { return instant(g.svc) }
 
 // batchSteps are the steps whose calls PrepareDelivery makes.
 var batchSteps = []string{StateInit.Step(), StateLocked.Step(), StateBudgetDeducted.Step()}

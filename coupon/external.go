@@ -35,6 +35,9 @@ func NewSimulatedService(delay, jitter time.Duration, failureRate float64, seed 
 	return &SimulatedService{Delay: delay, Jitter: jitter, FailureRate: failureRate, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
 }
 
+// Instant reports whether a call returns at once (no delay configured; a nil service).
+func (s *SimulatedService) Instant() bool { return s == nil || s.Delay == 0 && s.Jitter == 0 }
+
 // Call implements ExternalService.
 func (s *SimulatedService) Call(ctx context.Context, step, key string) error {
 	if s == nil {
@@ -68,9 +71,19 @@ type observedService struct {
 	observe func(step string, elapsed time.Duration, err error)
 }
 
+// Instant reports the observed service's (see Granter.PreparesInstantly).
+func (s observedService) Instant() bool { return instant(s.svc) }
+
 func (s observedService) Call(ctx context.Context, step, key string) error {
 	start := time.Now()
 	err := s.svc.Call(ctx, step, key)
 	s.observe(step, time.Since(start), err)
 	return err
+}
+
+// instant reports whether svc says its calls return at once (Instant() true); a service
+// that does not say is taken to be slow.
+func instant(svc ExternalService) bool {
+	i, ok := svc.(interface{ Instant() bool })
+	return ok && i.Instant()
 }

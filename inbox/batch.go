@@ -54,6 +54,16 @@ type BatchPreparer interface {
 	PrepareDelivery(ctx context.Context, d *Delivery) error
 }
 
+// InstantPreparer is implemented by a BatchPreparer whose PrepareDelivery may, in its
+// present configuration, make no slow call at all (no outside service configured, say).
+// When PreparesInstantly reports true, the Batcher calls PrepareDelivery on its decoder and
+// queues the delivery at once — no goroutine, call slot or key gate per delivery, and copies
+// of a key meet in one batch as they arrive. A PrepareDelivery that blocks there holds up a
+// decoder: report true only when it cannot.
+type InstantPreparer interface {
+	PreparesInstantly() bool
+}
+
 // StatementPreparer is implemented by handlers (batch or plain) that keep prepared
 // statements: the Batcher calls PrepareStatements before each batch's transaction, outside it.
 type StatementPreparer interface {
@@ -148,18 +158,21 @@ func (c BatchConfig) Validate() error {
 // of common keys deadlock on InnoDB's duplicate-check locks), and copies of a key within
 // a batch are counted as duplicates in the same transaction.
 type Batcher struct {
-	ib     *Inbox
-	bh     BatchHandler // nil: a plain handler, each delivery's Handle behind a savepoint (grouped.go)
-	prep   Preparer     // a plain handler's Preparer (run by the gate), or nil
-	gate   *prepareGate // nil unless the handler is a BatchPreparer or a plain Preparer
-	cfg    BatchConfig
-	queue  chan *pending // decoded deliveries, for the collector
-	decode chan *pending // deliveries not yet decoded, for the decoders
-	stop   chan struct{}
-	closed chan struct{} // closed once the collector, every worker and decoder have returned
-	wg     sync.WaitGroup
-	once   sync.Once
-	q      batchQueries
+	ib   *Inbox
+	bh   BatchHandler // nil: a plain handler, each delivery's Handle behind a savepoint (grouped.go)
+	prep Preparer     // a plain handler's Preparer (run by the gate), or nil
+	gate *prepareGate // nil unless the handler is a BatchPreparer (not instant) or a plain Preparer
+	// instant is the BatchPreparer's PrepareDelivery when it prepares instantly
+	// (InstantPreparer): called on the decoder.
+	instant func(ctx context.Context, d *Delivery) error
+	cfg     BatchConfig
+	queue   chan *pending // decoded deliveries, for the collector
+	decode  chan *pending // deliveries not yet decoded, for the decoders
+	stop    chan struct{}
+	closed  chan struct{} // closed once the collector, every worker and decoder have returned
+	wg      sync.WaitGroup
+	once    sync.Once
+	q       batchQueries
 
 	// The claim as prepared statements of a few row counts (dbx.MultiRow), with and
 	// without its RETURNING clause; which one runs is decided on the first batch.
@@ -283,7 +296,11 @@ func (ib *Inbox) NewBatcher(cfg BatchConfig) (*Batcher, error) {
 	b.claimPlain = dbx.NewMultiRow(ib.db, claimWidth, claimRows, claimText(false))
 	if bh != nil {
 		if prep, ok := ib.h.(BatchPreparer); ok {
-			b.gate = newPrepareGate(b, prep.PrepareDelivery, false, cfg.MaxInFlightCalls)
+			if ip, ok := ib.h.(InstantPreparer); ok && ip.PreparesInstantly() {
+				b.instant = prep.PrepareDelivery
+			} else {
+				b.gate = newPrepareGate(b, prep.PrepareDelivery, false, cfg.MaxInFlightCalls)
+			}
 		}
 	} else if prep, ok := ib.h.(Preparer); ok {
 		b.prep = prep
@@ -325,6 +342,9 @@ func (b *Batcher) decoder() {
 		if b.gate != nil {
 			b.gate.admit(p)
 			continue
+		}
+		if b.instant != nil {
+			b.prepareInline(p)
 		}
 		select {
 		case b.queue <- p:
@@ -845,4 +865,21 @@ func placeholders(n int) string {
 		panic(errors.New("inbox: placeholders for an empty list"))
 	}
 	return "(?" + strings.Repeat(", ?", n-1) + ")"
+}
+
+// prepareInline runs an instant PrepareDelivery on the decoder (InstantPreparer); a panic
+// or an error leaves the delivery unprepared, for the one-at-a-time path.
+func (b *Batcher) prepareInline(p *pending) {
+	d := &Delivery{Message: p.msg, BizType: b.ib.cfg.BizType, Key: p.dec.Key, Value: p.dec.Value, Source: p.src, Attempt: 1}
+	err := func() (err error) {
+		defer func() {
+			if perr := recovered(recover()); perr != nil {
+				err = perr
+			}
+		}()
+		return b.instant(p.ctx, d)
+	}()
+	if err == nil {
+		p.prepared, p.ready = d.Prepared, true
+	}
 }
