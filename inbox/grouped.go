@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/onceflow/onceflow/pkg/dbx"
+	"github.com/onceflow/onceflow/pkg/txdefer"
 )
 
 // Group commit for plain handlers. A Batcher whose handler is not a BatchHandler claims a
@@ -55,6 +56,11 @@ import (
 // made commit with the batch (its row 'processing') and the one-at-a-time path resumes it
 // after the batch, its own state deciding what is left — as it does for a BatchHandler's
 // Continue.
+//
+// Outbox rows: the batch's context carries a txdefer.Set of its transaction, so the
+// events the deliveries add (outbox.Writer.Add) go out as one multi-row INSERT at the end
+// of the batch instead of one INSERT per delivery; a delivery rolled back to its savepoint
+// drops its rows from the Set. Should that INSERT fail, the batch falls back whole.
 //
 // A plain Preparer's Prepare runs before the batch, outside any transaction (prepare.go);
 // a delivery that is not prepared (its Prepare failed, or was skipped for a key just
@@ -120,6 +126,9 @@ func (b *Batcher) handleGrouped(ctx context.Context, tx *sql.Tx, run []*item, co
 
 func (b *Batcher) groupLoop(ctx context.Context, tx *sql.Tx, run []*item, counts map[int][]any, savepoints bool, cur *atomic.Pointer[item]) error {
 	var done, unfinished []any // resumed rows now done; new rows not finished
+	// Outbox rows the deliveries add wait for the end of the batch (txdefer).
+	deferred := txdefer.New(tx)
+	hctx := txdefer.With(ctx, deferred)
 	for _, it := range run {
 		if ctx.Err() != nil {
 			return ctx.Err() // abandoned, or about to be: touch nothing more
@@ -137,7 +146,8 @@ func (b *Batcher) groupLoop(ctx context.Context, tx *sql.Tx, run []*item, counts
 				return fmt.Errorf("savepoint: %w", err)
 			}
 		}
-		prog, err := b.handleOne(ctx, it.d, tx)
+		mark := deferred.Mark()
+		prog, err := b.handleOne(hctx, it.d, tx)
 		if err != nil {
 			switch {
 			case ctx.Err() != nil:
@@ -155,6 +165,7 @@ func (b *Batcher) groupLoop(ctx context.Context, tx *sql.Tx, run []*item, counts
 			if _, rerr := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT "+savepointName); rerr != nil {
 				return &blamedError{it: it, err: errors.Join(err, fmt.Errorf("rollback to savepoint: %w", rerr))}
 			}
+			deferred.Truncate(mark)
 			total, cerr := b.countFailed(ctx, tx, it, err)
 			if cerr != nil {
 				return cerr
@@ -178,6 +189,11 @@ func (b *Batcher) groupLoop(ctx context.Context, tx *sql.Tx, run []*item, counts
 		}
 	}
 	cur.Store(nil)
+	if err := deferred.Flush(ctx); err != nil {
+		// Not one delivery's fault that can be told (a duplicate event id, say): the batch
+		// falls back, and each delivery's Add writes at once and sees its own error.
+		return fmt.Errorf("write the batch's deferred rows: %w", err)
+	}
 	return b.markRows(ctx, tx, done, unfinished)
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/onceflow/onceflow/pkg/dbx"
 	"github.com/onceflow/onceflow/pkg/kafkax"
+	"github.com/onceflow/onceflow/pkg/txdefer"
 )
 
 // HeaderEventID and HeaderEventType are the Kafka headers every relayed event carries.
@@ -134,10 +135,21 @@ func rowArgs(e Event) ([]any, error) {
 }
 
 // Add stores e in tx. It commits or rolls back with the caller's business change.
+//
+// In a batch of the inbox's group commit (a plain handler run by an inbox.Batcher), ctx
+// carries the batch's txdefer.Set: Add checks e at once and its row is written with the
+// batch's other events in one multi-row INSERT at the end of the batch, before it commits
+// (docs/BENCHMARKS.md, "Deferred outbox rows"). A duplicate event id then fails the batch,
+// whose deliveries run again one transaction each, where Add returns ErrDuplicateEvent as
+// here. So a Handle must not read back, in the same transaction, the outbox rows it added.
 func (w *Writer) Add(ctx context.Context, tx *sql.Tx, e Event) error {
 	args, err := rowArgs(e)
 	if err != nil {
 		return err
+	}
+	if s := txdefer.From(ctx, tx); s != nil {
+		s.Add(w, args)
+		return nil
 	}
 	if _, err := tx.ExecContext(ctx, w.insert, args...); err != nil {
 		if dbx.IsDuplicate(err) {

@@ -25,12 +25,25 @@ func (w *Writer) AddBatch(ctx context.Context, tx *sql.Tx, events []Event) error
 		}
 		args = append(args, row...)
 	}
-	_, err := w.batch.Exec(ctx, tx, args)
-	if err != nil {
+	return w.insertRows(ctx, tx, args, len(events))
+}
+
+// insertRows writes n rows whose values are args, in multi-row INSERTs.
+func (w *Writer) insertRows(ctx context.Context, tx *sql.Tx, args []any, n int) error {
+	if _, err := w.batch.Exec(ctx, tx, args); err != nil {
 		if dbx.IsDuplicate(err) {
 			return fmt.Errorf("%w: %w", ErrDuplicateEvent, err)
 		}
-		return fmt.Errorf("outbox: insert %d events: %w", len(events), err)
+		return fmt.Errorf("outbox: insert %d events: %w", n, err)
 	}
 	return nil
+}
+
+// FlushDeferred writes the rows Add deferred into a txdefer.Set (txdefer.Flusher).
+func (w *Writer) FlushDeferred(ctx context.Context, tx *sql.Tx, rows [][]any) error {
+	args := make([]any, 0, len(rows)*6)
+	for _, r := range rows {
+		args = append(args, r...)
+	}
+	return w.insertRows(ctx, tx, args, len(rows))
 }
