@@ -2,10 +2,14 @@ package onceflowcmd
 
 import (
 	"context"
+	"crypto/subtle"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -33,15 +37,19 @@ func (a *app) startAdmin(ctx context.Context, db *sql.DB, kc kafkax.Config, m *m
 	if err != nil {
 		return nil, err
 	}
+	token, err := a.cfg.Admin.token()
+	if err != nil {
+		return nil, badInput(err)
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.Handle("/readyz", ready)
-	mux.Handle("/metrics", m.Handler())
+	mux.Handle("/readyz", requireToken(token, ready))
+	mux.Handle("/metrics", requireToken(token, m.Handler()))
 	ln, err := net.Listen("tcp", a.cfg.Admin.Listen)
 	if err != nil {
 		return nil, badInput(fmt.Errorf("admin.listen %s: %w (set admin.listen to a free port, or empty to disable)", a.cfg.Admin.Listen, err))
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := newAdminServer(mux)
 	go func() { _ = srv.Serve(ln) }()
 	checkCtx, stopChecks := context.WithCancel(ctx)
 	checksDone := make(chan struct{})
@@ -54,4 +62,91 @@ func (a *app) startAdmin(ctx context.Context, db *sql.DB, kc kafkax.Config, m *m
 		stopChecks()
 		<-checksDone
 	}, nil
+}
+
+// The admin server's timeouts: a client that sends its request slowly, reads its answer
+// slowly or keeps an idle connection open holds a goroutine and a socket for this long at
+// most. /metrics is the longest answer (a few hundred KB).
+const (
+	adminReadHeaderTimeout = 5 * time.Second
+	adminReadTimeout       = 10 * time.Second
+	adminWriteTimeout      = 30 * time.Second
+	adminIdleTimeout       = 60 * time.Second
+)
+
+func newAdminServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: adminReadHeaderTimeout, ReadTimeout: adminReadTimeout,
+		WriteTimeout: adminWriteTimeout, IdleTimeout: adminIdleTimeout, MaxHeaderBytes: 64 << 10}
+}
+
+// requireToken serves h only to requests that carry "Authorization: Bearer <token>"; with
+// an empty token every request is served (a loopback listener, see AdminConfig.validate).
+func requireToken(token string, h http.Handler) http.Handler {
+	if token == "" {
+		return h
+	}
+	want := []byte("Bearer " + token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="onceflow admin"`)
+			http.Error(w, "unauthorized: send Authorization: Bearer <admin.token>", http.StatusUnauthorized)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// isLoopback reports whether listen (host:port) accepts connections from this machine
+// only: a loopback IP or "localhost". An empty host or 0.0.0.0 / :: listen on every
+// interface.
+func isLoopback(listen string) bool {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// token returns the admin bearer token: admin.token, or the first line of admin.token_file.
+func (c AdminConfig) token() (string, error) {
+	if c.TokenFile == "" {
+		return c.Token, nil
+	}
+	b, err := os.ReadFile(c.TokenFile)
+	if err != nil {
+		return "", fmt.Errorf("admin.token_file: %w", err)
+	}
+	t, _, _ := strings.Cut(string(b), "\n")
+	return strings.TrimSpace(t), nil
+}
+
+// minAdminToken is the shortest admin token accepted: a guessable token protects nothing.
+const minAdminToken = 16
+
+// validate checks the admin section: a listener beyond loopback needs a token.
+func (c AdminConfig) validate() error {
+	if c.Token != "" && c.TokenFile != "" {
+		return errors.New("admin.token and admin.token_file: set one, not both")
+	}
+	if c.Listen == "" {
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		return fmt.Errorf("admin.listen %q: want host:port (e.g. 127.0.0.1:9464): %v", c.Listen, err)
+	}
+	tok, err := c.token()
+	if err != nil {
+		return err
+	}
+	switch {
+	case tok != "" && (len(tok) < minAdminToken || strings.ContainsFunc(tok, func(r rune) bool { return r <= ' ' || r == 0x7f })):
+		return fmt.Errorf("admin.token: want at least %d printable characters without spaces (got %d)", minAdminToken, len(tok))
+	case tok == "" && !isLoopback(c.Listen):
+		return fmt.Errorf("admin.listen %q is reachable beyond this machine: set admin.token (or admin.token_file, or ONCEFLOW_ADMIN_TOKEN) so /metrics and /readyz ask for it, or listen on 127.0.0.1", c.Listen)
+	}
+	return nil
 }

@@ -87,7 +87,9 @@ type RelayConfig struct {
 }
 
 type AdminConfig struct {
-	Listen string `mapstructure:"listen"`
+	Listen    string `mapstructure:"listen"`
+	Token     string `mapstructure:"token"`
+	TokenFile string `mapstructure:"token_file"`
 }
 
 // RuntimeConfig is the Go garbage collector's setting for this process (pkg/gcx); GOGC and
@@ -151,7 +153,9 @@ var defaults = []struct {
 	{"relay.cleanup_interval", "1m", "how often published rows past the retention are deleted"},
 	{"relay.cleanup_batch", 500, "rows per cleanup DELETE"},
 	{"relay.check_topics", true, "`run` exits 1 at start when a topic its plugins write to does not exist (false: their events are parked until it does)"},
-	{"admin.listen", "127.0.0.1:9464", "health and metrics listener (empty disables)"},
+	{"admin.listen", "127.0.0.1:9464", "health and metrics listener (empty disables); an address beyond loopback requires admin.token"},
+	{"admin.token", "", "bearer token /metrics and /readyz ask for (Authorization: Bearer …), at least 16 characters; better from ONCEFLOW_ADMIN_TOKEN or admin.token_file"},
+	{"admin.token_file", "", "file whose first line is admin.token"},
 	{"log.level", "info", "debug, info, warn, error"},
 	{"log.format", "text", "text or json"},
 	{"runtime.gogc", gcx.DefaultPercent, "Go GC target percentage (GOGC; the environment's GOGC wins); -1 off, with runtime.memory_limit_mb"},
@@ -275,6 +279,9 @@ func (c Config) validate() error {
 	}
 	if err := c.batchConfig().Validate(); err != nil {
 		return fmt.Errorf("inbox.batch_*: %w", err)
+	}
+	if err := c.Admin.validate(); err != nil {
+		return err
 	}
 	if err := gcx.Validate(c.Runtime.GOGC, c.Runtime.MemoryLimitMB); err != nil {
 		return err

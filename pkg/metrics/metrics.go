@@ -6,6 +6,8 @@ import (
 	"context"
 	"database/sql"
 	"net/http"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,10 +25,13 @@ type Metrics struct {
 	Consumers      *ConsumerCollector       // per-partition consumer gauges; Add the subscribers
 	PrepareSeconds *prometheus.HistogramVec // biz_type, outcome: a delivery's outside calls (BatchPreparer)
 	CallSeconds    *prometheus.HistogramVec // plugin, step, outcome: one outside call
+
+	db *dbCollector // nil without a database
 }
 
-// New registers the collectors. db, when not nil, feeds the gauges read at scrape time
-// (inbox rows by status, oldest unpublished outbox row, parked outbox rows).
+// New registers the collectors. db, when not nil, feeds the database gauges (inbox rows by
+// status, oldest unpublished outbox row, parked outbox rows), read in the background at
+// most every dbRefresh.
 func New(db *sql.DB) *Metrics {
 	r := prometheus.NewRegistry()
 	m := &Metrics{
@@ -61,14 +66,15 @@ func New(db *sql.DB) *Metrics {
 	r.MustRegister(m.Deliveries, m.HandlerSeconds, m.RelayPublished, m.RelayErrors, m.Consumers, m.PrepareSeconds, m.CallSeconds,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if db != nil {
-		r.MustRegister(&dbCollector{db: db,
+		m.db = &dbCollector{db: db,
 			inboxRows: prometheus.NewDesc("onceflow_inbox_rows", "Inbox rows by biz type and status.", []string{"biz_type", "status"}, nil),
 			oldest:    prometheus.NewDesc("onceflow_outbox_oldest_unpublished_seconds", "Age of the oldest unpublished outbox row (0 when none).", nil, nil),
 			pending:   prometheus.NewDesc("onceflow_outbox_unpublished_rows", "Unpublished outbox rows.", nil, nil),
 			parked: prometheus.NewDesc("onceflow_outbox_parked_rows",
 				"Outbox events the relay parked (outbox_parked), not published: held=false Kafka refuses them for good, held=true they wait behind one of their key that it refuses.",
 				[]string{"held"}, nil),
-		})
+		}
+		r.MustRegister(m.db)
 	}
 	return m
 }
@@ -78,9 +84,24 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
 }
 
+// dbRefresh is how old the database gauges may get: a scrape serves the latest values
+// and, when they are older than this, starts one refresh in the background. However often
+// /metrics is scraped, the queries (a GROUP BY over the inbox among them) run at most once
+// per dbRefresh.
+const dbRefresh = 15 * time.Second
+
+// dbQueryTimeout bounds one refresh; the first scrape waits for the first refresh this long.
+const dbQueryTimeout = 5 * time.Second
+
 type dbCollector struct {
 	db                                 *sql.DB
 	inboxRows, oldest, pending, parked *prometheus.Desc
+
+	mu         sync.Mutex
+	cached     []prometheus.Metric
+	at         time.Time     // when cached was read
+	refreshing chan struct{} // closed when the refresh in flight ends; nil: none
+	queries    atomic.Int64  // refreshes run (tests)
 }
 
 func (c *dbCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -90,15 +111,47 @@ func (c *dbCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.parked
 }
 
+// Collect serves the cached gauges, refreshing them in the background when stale (the
+// first scrape waits for the first refresh).
 func (c *dbCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	c.mu.Lock()
+	if time.Since(c.at) > dbRefresh && c.refreshing == nil {
+		done := make(chan struct{})
+		c.refreshing = done
+		go func() {
+			ms := c.query()
+			c.mu.Lock()
+			c.cached, c.at, c.refreshing = ms, time.Now(), nil
+			c.mu.Unlock()
+			close(done)
+		}()
+	}
+	wait := c.refreshing
+	first := c.at.IsZero()
+	c.mu.Unlock()
+	if first && wait != nil {
+		<-wait
+	}
+	c.mu.Lock()
+	ms := c.cached
+	c.mu.Unlock()
+	for _, m := range ms {
+		ch <- m
+	}
+}
+
+// query reads the gauges; a query that fails leaves its gauges out.
+func (c *dbCollector) query() []prometheus.Metric {
+	ctx, cancel := context.WithTimeout(context.Background(), dbQueryTimeout)
 	defer cancel()
+	c.queries.Add(1)
+	var ms []prometheus.Metric
 	if rows, err := c.db.QueryContext(ctx, `SELECT biz_type, status, COUNT(*) FROM inbox GROUP BY biz_type, status`); err == nil {
 		for rows.Next() {
 			var biz, st string
 			var n float64
 			if rows.Scan(&biz, &st, &n) == nil {
-				ch <- prometheus.MustNewConstMetric(c.inboxRows, prometheus.GaugeValue, n, biz, st)
+				ms = append(ms, prometheus.MustNewConstMetric(c.inboxRows, prometheus.GaugeValue, n, biz, st))
 			}
 		}
 		rows.Close()
@@ -110,12 +163,13 @@ func (c *dbCollector) Collect(ch chan<- prometheus.Metric) {
 		if oldest.Valid {
 			age = max(time.Since(oldest.Time).Seconds(), 0)
 		}
-		ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, age)
-		ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, pending)
+		ms = append(ms, prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, age),
+			prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, pending))
 	}
 	var refused, held float64
 	if err := c.db.QueryRowContext(ctx, `SELECT COALESCE(SUM(held_behind IS NULL), 0), COALESCE(SUM(held_behind IS NOT NULL), 0) FROM outbox_parked`).Scan(&refused, &held); err == nil {
-		ch <- prometheus.MustNewConstMetric(c.parked, prometheus.GaugeValue, refused, "false")
-		ch <- prometheus.MustNewConstMetric(c.parked, prometheus.GaugeValue, held, "true")
+		ms = append(ms, prometheus.MustNewConstMetric(c.parked, prometheus.GaugeValue, refused, "false"),
+			prometheus.MustNewConstMetric(c.parked, prometheus.GaugeValue, held, "true"))
 	}
+	return ms
 }
