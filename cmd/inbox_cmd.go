@@ -3,7 +3,6 @@ package onceflowcmd
 import (
 	"context"
 	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"os"
 	"text/tabwriter"
@@ -59,7 +58,7 @@ func (a *app) inboxLs(ctx context.Context, ff filterFlags) error {
 		for _, r := range rows {
 			out = append(out, toRowJSON(r, false))
 		}
-		return json.NewEncoder(os.Stdout).Encode(out)
+		return writeJSON(out)
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tBIZ_TYPE\tDEDUP_KEY\tSTATUS\tREASON\tATTEMPTS\tDUPS\tREPLAY\tSOURCE\tUPDATED\tLAST_ERROR")
@@ -68,8 +67,8 @@ func (a *app) inboxLs(ctx context.Context, ff filterFlags) error {
 		if r.ReplayID > 0 {
 			replay = fmt.Sprint(r.ReplayID)
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s/%d@%d\t%s\t%s\n", r.ID, r.BizType, r.DedupKey, r.Status, dash(r.Reason),
-			r.Attempts, r.Duplicates, replay, r.Topic, r.Partition, r.Offset, r.UpdatedAt.Format(time.RFC3339), dash(oneLineString(r.LastError, 60)))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s/%d@%d\t%s\t%s\n", r.ID, safeText(r.BizType), safeText(r.DedupKey), r.Status, safeText(dash(string(r.Reason))),
+			r.Attempts, r.Duplicates, replay, safeText(r.Topic), r.Partition, r.Offset, r.UpdatedAt.Format(time.RFC3339), safeText(dash(oneLineString(r.LastError, 60))))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -114,7 +113,7 @@ func (a *app) inboxShow(ctx context.Context, ff filterFlags, ref string) error {
 		for _, r := range rows {
 			out = append(out, toRowJSON(r, true))
 		}
-		return json.NewEncoder(os.Stdout).Encode(out)
+		return writeJSON(out)
 	}
 	for i, r := range rows {
 		if i > 0 {
@@ -131,12 +130,16 @@ func (a *app) inboxShow(ctx context.Context, ff filterFlags, ref string) error {
 			{"metadata", headersLine(r.Metadata)}, {"last_error", dash(r.LastError)},
 		}
 		for _, kv := range fields {
-			printf("%-13s %s\n", kv.k+":", kv.v)
+			v := kv.v
+			if kv.k != "metadata" { // headersLine escapes already
+				v = safeText(v)
+			}
+			printf("%-13s %s\n", kv.k+":", v)
 		}
 		if j.PayloadBase64 != "" {
 			printf("%-13s (%d bytes, not UTF-8, base64) %s\n", "payload:", len(r.Payload), j.PayloadBase64)
 		} else {
-			printf("%-13s (%d bytes) %s\n", "payload:", len(r.Payload), j.Payload)
+			printf("%-13s (%d bytes) %s\n", "payload:", len(r.Payload), safeText(j.Payload))
 		}
 	}
 	return nil

@@ -3,10 +3,8 @@ package onceflowcmd
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -268,7 +266,7 @@ func (a *app) replay(ctx context.Context, r replayFlags, refs []string) error {
 	}
 	rep, runErr := ib.Replay(ctx, inbox.ReplayOptions{Filter: f, DryRun: r.dryRun, Rate: r.rate, OnRow: func(row inbox.Row, res inbox.Result) {
 		if table {
-			printf("%-8d %-10s %-36s %-10s %-18s %s\n", row.ID, row.BizType, row.DedupKey, row.Status, dash(row.Reason), replayResult(row, res, r.dryRun))
+			printf("%-8d %-10s %-36s %-10s %-18s %s\n", row.ID, safeText(row.BizType), safeText(row.DedupKey), row.Status, safeText(dash(string(row.Reason))), safeText(replayResult(row, res, r.dryRun)))
 		}
 	}})
 	if rep.ID == 0 {
@@ -286,7 +284,7 @@ func (a *app) replay(ctx context.Context, r replayFlags, refs []string) error {
 				Was: rr.Row.Status, WasReason: rr.Row.Reason, Outcome: string(rr.Result.Outcome), Reason: string(rr.Result.Reason),
 				Result: replayResult(rr.Row, rr.Result, r.dryRun), Error: errText(rr.Result.Err)})
 		}
-		if err := json.NewEncoder(os.Stdout).Encode(out); err != nil {
+		if err := writeJSON(out); err != nil {
 			return err
 		}
 	}
