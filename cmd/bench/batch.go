@@ -2,12 +2,8 @@ package main
 
 import (
 	"context"
-	"database/sql"
-	"flag"
 	"fmt"
-	"os"
-	"runtime/pprof"
-	"strings"
+	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -17,112 +13,167 @@ import (
 	"github.com/onceflow/onceflow/inbox"
 )
 
-var (
-	batchSize    = flag.Int("batch-size", 512, "inbox.batch_size of the group-commit measurements")
-	batchLanes   = flag.Int("batch-workers", 2, "inbox.batch_workers of the group-commit measurements")
-	batchLinger  = flag.Duration("batch-linger", 0, "inbox.batch_linger of the group-commit measurements (0: the default, 2ms)")
-	batchOrders  = flag.Int("batch-orders", 15000, "orders per group-commit database measurement")
-	batchRounds  = flag.Int("batch-rounds", 15, "rounds of the group-commit measurements (baseline and inbox back to back, alternating which goes first); medians reported, and the overhead also pooled over all rounds")
-	batchSenders = flag.Int("batch-senders", 2048, "concurrent deliveries offered to the Batcher (a router's in-flight messages)")
-)
+// batchGroup measures group commit (inbox.Batcher): many deliveries per transaction,
+// multi-row statements. Two baselines: the handler alone on pre-built batches (a ceiling),
+// and the same delivery path as the Batcher's without the inbox (the overhead baseline).
+// Run in -batch-rounds back-to-back triples; the overhead is the median of the rounds'
+// overheads, and pooled: 1 − (the baseline's total time) / (the inbox's total time).
+// Odd rounds run the baseline before the inbox, even rounds after it, so neither always
+// inherits the other's background work (InnoDB flushing the last run's pages). Many short
+// rounds (15 of 15,000 orders) rather than a few long ones: the machine's speed drifts over
+// seconds, and the two sides of a short round see the same speed.
+func (s *suite) batchGroup(ctx context.Context) error {
+	var hs, us, is, ohU, ohH []float64
+	var tU, tI float64       // total seconds, for the pooled overhead
+	var cpuU, cpuI []float64 // CPU µs per order of each round (all processes): on a CPU-bound
+	// machine 1 − CPU_baseline/CPU_inbox is the throughput the inbox costs, and CPU time
+	// does not count the waits in which the machine's drift shows most
+	n := s.cfg.batchOrders
+	for r := 1; r <= s.cfg.batchRounds; r++ {
+		s.round = r
+		h, err := s.benchUnsafeBatch(ctx)
+		if err != nil {
+			return fmt.Errorf("unsafe batch: %w", err)
+		}
+		var u, i float64
+		var printInbox func(unsafe, handlerOnly float64)
+		for _, inboxFirst := range []bool{r%2 == 0, r%2 == 1} {
+			if inboxFirst {
+				var ib inboxBatchRun
+				if ib, err = s.benchInboxBatch(ctx); err != nil {
+					return fmt.Errorf("inbox batch: %w", err)
+				}
+				i, printInbox = ib.rate, ib.print
+				cpuI = append(cpuI, ib.cpu)
+			} else {
+				var cpu float64
+				if u, cpu, err = s.benchUnsafeSamePath(ctx); err != nil {
+					return fmt.Errorf("unsafe batch: %w", err)
+				}
+				cpuU = append(cpuU, cpu)
+			}
+		}
+		printInbox(u, h)
+		hs, us, is = append(hs, h), append(us, u), append(is, i)
+		ohU, ohH = append(ohU, (u-i)/u*100), append(ohH, (h-i)/h*100)
+		tU, tI = tU+float64(n)/u, tI+float64(n)/i
+	}
+	s.round = 0
+	rounds := s.cfg.batchRounds
+	s.report("unsafe", "mode", "handler_only", "orders_per_s", median(hs), "min", slices.Min(hs), "max", slices.Max(hs), "rounds", rounds)
+	s.report("unsafe", "mode", "batch", "orders_per_s", median(us), "min", slices.Min(us), "max", slices.Max(us), "rounds", rounds)
+	s.report("inbox", "mode", "batch", "orders_per_s", median(is), "min", slices.Min(is), "max", slices.Max(is), "rounds", rounds,
+		"overhead_pct_vs_unsafe", median(ohU), "overhead_min", slices.Min(ohU), "overhead_max", slices.Max(ohU),
+		"overhead_pooled_pct", (1-tU/tI)*100, "overhead_cpu_pct", (1-median(cpuU)/median(cpuI))*100,
+		"overhead_pct_vs_handler_only", median(ohH))
+	return nil
+}
 
 // benchUnsafeBatch: the batched handler alone — the same multi-row grant statements, one
 // transaction per batch-size orders, on batches built beforehand: no messages, no decode,
 // no dedup record. A ceiling for the group-commit path ("handler_only"); its overhead
 // baseline is benchUnsafeSamePath.
-func benchUnsafeBatch(ctx context.Context, db *sql.DB) (float64, error) {
-	if err := truncate(ctx); err != nil {
+func (s *suite) benchUnsafeBatch(ctx context.Context) (float64, error) {
+	if err := s.truncate(ctx); err != nil {
 		return 0, err
 	}
-	g, _, err := granter(ctx, db, "")
+	g, _, err := s.granter(ctx, "")
 	if err != nil {
 		return 0, err
 	}
 	defer g.Close()
-	n := *batchOrders
-	batches := (n + *batchSize - 1) / *batchSize
-	defer withWorkers(*batchLanes)()
+	n, size := s.cfg.batchOrders, s.cfg.batchSize
+	batches := (n + size - 1) / size
+	defer s.withWorkers(s.cfg.batchLanes)()
 	cpu := newCPUMeter()
-	el, err := parallel(batches, func(b int) error {
+	el, err := s.parallel(batches, func(b int) error {
 		var ds []*inbox.Delivery
-		for i := b * *batchSize; i < min(n, (b+1)**batchSize); i++ {
+		for i := b * size; i < min(n, (b+1)*size); i++ {
 			o := order("unsafe-batch", i)
 			ds = append(ds, &inbox.Delivery{Key: o.OrderID, Value: o})
 		}
-		return grantBatch(ctx, db, g, ds)
+		return grantBatch(ctx, s.db, g, ds)
 	})
 	if err != nil {
 		return 0, err
 	}
 	rate := float64(n) / el.Seconds()
-	report("unsafe", append([]any{"mode", "handler_only", "batch_size", *batchSize, "orders_per_s", rate, "orders", n, "seconds", el.Seconds()}, cpu.perOrder(n)...)...)
+	s.report("unsafe", append([]any{"mode", "handler_only", "batch_size", size, "orders_per_s", rate, "orders", n, "seconds", el.Seconds()}, cpu.perOrder(n)...)...)
 	return rate, nil
 }
 
 // benchInboxBatch: every order through the Batcher (inbox claim, handler, done mark in
 // shared transactions), offered by many concurrent senders like a router's in-flight
-// messages, then 30 % duplicate deliveries. Its line is printed by the returned func, once
+// messages, then 30 % duplicate deliveries. Its line is printed by the run's print, once
 // the round's baselines are known (rounds alternate which runs first).
-func benchInboxBatch(ctx context.Context, db *sql.DB) (float64, func(unsafe, handlerOnly float64), error) {
-	if err := truncate(ctx); err != nil {
-		return 0, nil, err
+func (s *suite) benchInboxBatch(ctx context.Context) (inboxBatchRun, error) {
+	if err := s.truncate(ctx); err != nil {
+		return inboxBatchRun{}, err
 	}
-	b, cfg, closeBatcher, err := newBatcher(ctx, db)
+	b, cfg, closeBatcher, err := s.newBatcher(ctx)
 	if err != nil {
-		return 0, nil, err
+		return inboxBatchRun{}, err
 	}
 	defer closeBatcher()
-	n := *batchOrders
-	defer withWorkers(*batchSenders)()
+	n := s.cfg.batchOrders
+	defer s.withWorkers(s.cfg.batchSenders)()
 	send := func(i int) error {
 		o := order("batch", i)
 		_, err := b.Process(ctx, message.NewMessage(watermill.NewUUID(), o.Encode()), inbox.Source{Topic: "bench"})
 		return err
 	}
 	cpu := newCPUMeter()
-	el, err := parallel(n, send)
+	el, err := s.parallel(n, send)
 	if err != nil {
-		return 0, nil, err
+		return inboxBatchRun{}, err
 	}
 	cpuKV := cpu.perOrder(n)
 	rate := float64(n) / el.Seconds()
 	dups := n * 3 / 10
-	del, err := parallel(dups, func(i int) error { return send(i * 3) })
+	del, err := s.parallel(dups, func(i int) error { return send(i * 3) })
 	if err != nil {
-		return 0, nil, err
+		return inboxBatchRun{}, err
 	}
-	a, err := coupon.Verify(ctx, db, cfg.CampaignID, time.Hour)
+	a, err := coupon.Verify(ctx, s.db, cfg.CampaignID, time.Hour)
 	if err != nil {
-		return 0, nil, err
+		return inboxBatchRun{}, err
 	}
 	if a.DuplicateCoupons > 0 || len(a.Violations) > 0 {
-		return 0, nil, fmt.Errorf("the audit failed: %d duplicate coupons, violations %v", a.DuplicateCoupons, a.Violations)
+		return inboxBatchRun{}, fmt.Errorf("the audit failed: %d duplicate coupons, violations %v", a.DuplicateCoupons, a.Violations)
 	}
 	st := b.Stats()
-	return rate, func(unsafe, handlerOnly float64) {
+	printLines := func(unsafe, handlerOnly float64) {
 		overhead := func(base float64) float64 { return (base - rate) / max(base, 1) * 100 }
-		report("inbox", "mode", "batch", "batch_size", *batchSize, "orders_per_s", rate, "overhead_pct_vs_unsafe", overhead(unsafe), "overhead_pct_vs_handler_only", overhead(handlerOnly),
+		s.report("inbox", "mode", "batch", "batch_size", s.cfg.batchSize, "orders_per_s", rate, "overhead_pct_vs_unsafe", overhead(unsafe), "overhead_pct_vs_handler_only", overhead(handlerOnly),
 			"duplicates_per_s", float64(dups)/del.Seconds(), "coupons", a.Coupons, "duplicate_coupons", a.DuplicateCoupons,
 			"avg_batch", float64(st.Batched)/float64(max(st.Batches, 1)), "fallbacks", st.Fallbacks, "violations", len(a.Violations), "returning", st.Returning)
-		report("inbox_cpu", append([]any{"mode", "batch"}, cpuKV...)...)
-	}, nil
+		s.report("inbox_cpu", append([]any{"mode", "batch"}, cpuKV...)...)
+	}
+	return inboxBatchRun{rate: rate, cpu: cpuMap(cpuKV)["total_cpu_us_per_order"], print: printLines}, nil
+}
+
+// inboxBatchRun is one benchInboxBatch: orders/s, CPU µs per order (all processes), and
+// what prints its lines.
+type inboxBatchRun struct {
+	rate, cpu float64
+	print     func(unsafe, handlerOnly float64)
 }
 
 // newBatcher builds the coupon granter's group-commit path (the router's default) on a
 // fresh campaign, as the measurements of that path use it.
 // Close the returned func when done: it closes the Batcher, then the granter's prepared
 // statements (left open, each round's would pile up on the pool's connections).
-func newBatcher(ctx context.Context, db *sql.DB) (*inbox.Batcher, coupon.Config, func(), error) {
-	g, cfg, err := granter(ctx, db, "")
+func (s *suite) newBatcher(ctx context.Context) (*inbox.Batcher, coupon.Config, func(), error) {
+	g, cfg, err := s.granter(ctx, "")
 	if err != nil {
 		return nil, cfg, nil, err
 	}
-	ib, err := inbox.New(db, g, inbox.Config{BizType: coupon.BizType}, nil, nil)
+	ib, err := inbox.New(s.db, g, inbox.Config{BizType: coupon.BizType}, nil, nil)
 	if err != nil {
 		_ = g.Close()
 		return nil, cfg, nil, err
 	}
-	b, err := ib.NewBatcher(inbox.BatchConfig{MaxSize: *batchSize, Workers: *batchLanes, Linger: *batchLinger})
+	b, err := ib.NewBatcher(s.batchConfig())
 	if err != nil {
 		_ = g.Close()
 		return nil, cfg, nil, err
@@ -130,55 +181,7 @@ func newBatcher(ctx context.Context, db *sql.DB) (*inbox.Batcher, coupon.Config,
 	return b, cfg, func() { _ = b.Close(); _ = g.Close() }, nil
 }
 
-// withWorkers sets how many goroutines parallel uses; the returned func restores it.
-func withWorkers(n int) (restore func()) {
-	saved := *workers
-	*workers = n
-	return func() { *workers = saved }
-}
-
-var (
-	cpuProfile = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
-	memProfile = flag.String("memprofile", "", "write an allocation profile of the whole run to this file (go tool pprof -sample_index=alloc_space)")
-)
-
-// startProfile starts the CPU profile when -cpuprofile is set; the returned func stops it
-// and writes the allocation profile when -memprofile is set.
-func startProfile() (func(), error) {
-	stop := func() {
-		if *memProfile == "" {
-			return
-		}
-		if f, err := os.Create(*memProfile); err == nil {
-			_ = pprof.Lookup("allocs").WriteTo(f, 0)
-			f.Close()
-		}
-	}
-	if *cpuProfile == "" {
-		return stop, nil
-	}
-	f, err := os.Create(*cpuProfile)
-	if err != nil {
-		return nil, err
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		f.Close()
-		return nil, err
-	}
-	return func() { pprof.StopCPUProfile(); f.Close(); stop() }, nil
-}
-
-var only = flag.String("only", "", "run only these measurement groups (comma separated: batch, plain, single, storm, relay, e2e, seed); empty runs all")
-
-// want reports whether the measurement group runs in this invocation.
-func want(group string) bool {
-	if *only == "" {
-		return true
-	}
-	for _, g := range strings.Split(*only, ",") {
-		if strings.TrimSpace(g) == group {
-			return true
-		}
-	}
-	return false
+// batchConfig is the Batcher settings of the group-commit measurements.
+func (s *suite) batchConfig() inbox.BatchConfig {
+	return inbox.BatchConfig{MaxSize: s.cfg.batchSize, Workers: s.cfg.batchLanes, Linger: s.cfg.batchLinger}
 }

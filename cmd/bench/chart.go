@@ -30,7 +30,7 @@ type panel struct {
 
 // chartPanels turns the run's results into the chart's panels: orders/s of every
 // throughput measurement, events/s of the relays, and latency percentiles per offered load.
-func chartPanels() []panel {
+func chartPanels(results []result) []panel {
 	get := func(r result, k string) (string, bool) {
 		for _, kv := range r.fields {
 			if kv[0] == k {

@@ -55,13 +55,8 @@ func (m *cpuMeter) perOrder(orders int) []any {
 		total += us
 		kv = append(kv, role+"_cpu_us_per_order", us)
 	}
-	lastTotalCPU = total
 	return append(kv, "total_cpu_us_per_order", total)
 }
-
-// lastTotalCPU is the total of the last perOrder call (µs per order, all roles): the
-// group-commit rounds read it after each measurement for the CPU-based overhead.
-var lastTotalCPU float64
 
 // procCPU is the user + system CPU time of a process (/proc/PID/stat, clock ticks of 10 ms).
 func procCPU(pid string) time.Duration {
@@ -85,7 +80,7 @@ func procCPU(pid string) time.Duration {
 // work takes up to twice as long, and every figure of the run moves with it. The bench
 // reports it at the start, before the end-to-end runs and at the end, so a run can be
 // read against it.
-func calibrate(when string) {
+func (s *suite) calibrate(when string) {
 	type item struct {
 		OrderID string `json:"orderId"`
 		UserID  string `json:"userId"`
@@ -100,5 +95,5 @@ func calibrate(when string) {
 		keys = append(keys, back.OrderID)
 	}
 	sort.Strings(keys)
-	report("calibration", "when", when, "work_ms", float64(time.Since(start).Microseconds())/1000)
+	s.report("calibration", "when", when, "work_ms", float64(time.Since(start).Microseconds())/1000)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"flag"
 	"fmt"
 	"time"
 
@@ -19,8 +18,6 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-var forwarderN = flag.Int("forwarder-events", 20000, "events for the Watermill forwarder comparison (0 skips it)")
-
 // forwarderTopic is the watermill-sql topic the forwarder reads: the rows live in the table
 // watermill_<topic>, its consumer offset in watermill_offsets_<topic>.
 const forwarderTopic = "onceflow_bench_forwarder"
@@ -34,15 +31,16 @@ const forwarderTopic = "onceflow_bench_forwarder"
 // relay, hash-partitioned on the same keys) — is started and timed until all N events are
 // in Kafka. Delivery is at least once; the figure is events/s, comparable with the BENCH
 // name=relay lines of the same run.
-func benchForwarder(ctx context.Context, db *sql.DB, kc kafkax.Config) error {
-	n := *forwarderN
+func (s *suite) benchForwarder(ctx context.Context) error {
+	db, kc := s.db, s.kc
+	n := s.cfg.forwarderN
 	if n <= 0 {
 		return nil
 	}
 	logger := watermill.NopLogger{}
 	schema := wsql.DefaultMySQLSchema{} // payload JSON (the envelope is JSON), 100 rows per SELECT
 	offsets := wsql.DefaultMySQLOffsetsAdapter{}
-	if err := forwarderTables(ctx, schema, offsets, logger); err != nil {
+	if err := forwarderTables(ctx, s.cfg.adminDSN, schema, offsets, logger); err != nil {
 		return err
 	}
 	topic, cleanup, err := makeTopic(kc, "bench-forwarder", 12)
@@ -107,15 +105,15 @@ func benchForwarder(ctx context.Context, db *sql.DB, kc kafkax.Config) error {
 	if err != nil {
 		return errors.Join(err, runErr)
 	}
-	report("watermill_forwarder", "events_per_s", float64(n)/el.Seconds(), "events", n, "kafka_records", total,
+	s.report("watermill_forwarder", "events_per_s", float64(n)/el.Seconds(), "events", n, "kafka_records", total,
 		"subscriber", "watermill-sql/v4 mysql serializable", "mode", "at_least_once")
 	return nil
 }
 
 // forwarderTables (re)creates the forwarder's watermill-sql tables with the privileged
 // user (the application user has no DDL rights).
-func forwarderTables(ctx context.Context, schema wsql.DefaultMySQLSchema, offsets wsql.DefaultMySQLOffsetsAdapter, logger watermill.LoggerAdapter) error {
-	admin, err := dbx.Open(ctx, dbx.Config{DSN: *adminDSN, MaxOpenConns: 2})
+func forwarderTables(ctx context.Context, adminDSN string, schema wsql.DefaultMySQLSchema, offsets wsql.DefaultMySQLOffsetsAdapter, logger watermill.LoggerAdapter) error {
+	admin, err := dbx.Open(ctx, dbx.Config{DSN: adminDSN, MaxOpenConns: 2})
 	if err != nil {
 		return err
 	}

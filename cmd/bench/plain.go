@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"slices"
 	"time"
@@ -24,11 +23,6 @@ import (
 // failed: inbox/grouped.go; mode=grouped), beside the coupon plugin's
 // hand-written BatchHandler on the same Batcher settings (mode=coupon_batch). Rounds
 // alternate the order of the three; medians reported, then the ratios.
-
-var (
-	plainRounds = flag.Int("plain-rounds", 5, "rounds of the plain-handler measurements (single, grouped and the coupon BatchHandler, in alternating order); medians reported")
-	plainSingle = flag.Int("plain-single-orders", 3000, "orders of each one-delivery-per-transaction plain measurement (16 workers, -workers)")
-)
 
 // plainTable is the plain plugin's own table, created by the bench on its database (not a
 // framework migration): one credit per order.
@@ -83,11 +77,11 @@ func (h plainCredit) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) 
 }
 
 // truncatePlain empties what the plain measurements write.
-func truncatePlain(ctx context.Context) error {
-	if err := truncate(ctx); err != nil {
+func (s *suite) truncatePlain(ctx context.Context) error {
+	if err := s.truncate(ctx); err != nil {
 		return err
 	}
-	_, err := benchLock.ExecContext(ctx, "TRUNCATE TABLE plain_credit")
+	_, err := s.lock.ExecContext(ctx, "TRUNCATE TABLE plain_credit")
 	return err
 }
 
@@ -130,77 +124,77 @@ func cpuMap(kv []any) map[string]float64 {
 
 // benchPlainSingle: every order through Inbox.Process, one delivery per transaction, from
 // -workers concurrent workers, then 30 % duplicates.
-func benchPlainSingle(ctx context.Context, db *sql.DB) (plainMeasure, error) {
-	if err := truncatePlain(ctx); err != nil {
+func (s *suite) benchPlainSingle(ctx context.Context) (plainMeasure, error) {
+	if err := s.truncatePlain(ctx); err != nil {
 		return plainMeasure{}, err
 	}
-	ib, out, err := newPlainInbox(db)
+	ib, out, err := newPlainInbox(s.db)
 	if err != nil {
 		return plainMeasure{}, err
 	}
 	defer out.Close()
-	n := *plainSingle
+	n := s.cfg.plainSingle
 	send := func(i int) error {
 		_, err := ib.Process(ctx, message.NewMessage(watermill.NewUUID(), order("plain-single", i).Encode()), inbox.Source{Topic: "bench"}, inbox.ProcessOptions{})
 		return err
 	}
 	cpu := newCPUMeter()
-	el, err := parallel(n, send)
+	el, err := s.parallel(n, send)
 	if err != nil {
 		return plainMeasure{}, err
 	}
 	kv := cpu.perOrder(n)
 	rate := float64(n) / el.Seconds()
 	dups := n * 3 / 10
-	del, err := parallel(dups, func(i int) error { return send(i * 3) })
+	del, err := s.parallel(dups, func(i int) error { return send(i * 3) })
 	if err != nil {
 		return plainMeasure{}, err
 	}
-	if err := checkPlain(ctx, db, n); err != nil {
+	if err := checkPlain(ctx, s.db, n); err != nil {
 		return plainMeasure{}, err
 	}
-	report("plain", append([]any{"mode", "single", "orders_per_s", rate, "orders", n, "workers", *workers, "duplicates_per_s", float64(dups) / del.Seconds()}, kv...)...)
+	s.report("plain", append([]any{"mode", "single", "orders_per_s", rate, "orders", n, "workers", s.workers, "duplicates_per_s", float64(dups) / del.Seconds()}, kv...)...)
 	return plainMeasure{rate: rate, cpu: cpuMap(kv)}, nil
 }
 
 // benchPlainGrouped: every order through a Batcher on the plain handler (group commit, a
 // savepoint per delivery), offered by -batch-senders concurrent senders exactly as
 // benchInboxBatch offers the coupon orders, then 30 % duplicates.
-func benchPlainGrouped(ctx context.Context, db *sql.DB) (plainMeasure, error) {
-	if err := truncatePlain(ctx); err != nil {
+func (s *suite) benchPlainGrouped(ctx context.Context) (plainMeasure, error) {
+	if err := s.truncatePlain(ctx); err != nil {
 		return plainMeasure{}, err
 	}
-	ib, out, err := newPlainInbox(db)
+	ib, out, err := newPlainInbox(s.db)
 	if err != nil {
 		return plainMeasure{}, err
 	}
 	defer out.Close()
-	b, err := ib.NewBatcher(inbox.BatchConfig{MaxSize: *batchSize, Workers: *batchLanes, Linger: *batchLinger})
+	b, err := ib.NewBatcher(s.batchConfig())
 	if err != nil {
 		return plainMeasure{}, err
 	}
 	defer b.Close()
-	return measureBatcher(ctx, db, b, "grouped", "plain-grouped", func() error { return checkPlain(ctx, db, *batchOrders) })
+	return s.measureBatcher(ctx, b, "grouped", "plain-grouped", func() error { return checkPlain(ctx, s.db, s.cfg.batchOrders) })
 }
 
 // benchPlainCouponBatch: the coupon plugin's BatchHandler through the same Batcher
 // settings and senders (the reference of the ratio).
-func benchPlainCouponBatch(ctx context.Context, db *sql.DB) (plainMeasure, error) {
-	if err := truncatePlain(ctx); err != nil {
+func (s *suite) benchPlainCouponBatch(ctx context.Context) (plainMeasure, error) {
+	if err := s.truncatePlain(ctx); err != nil {
 		return plainMeasure{}, err
 	}
-	b, _, closeBatcher, err := newBatcher(ctx, db)
+	b, _, closeBatcher, err := s.newBatcher(ctx)
 	if err != nil {
 		return plainMeasure{}, err
 	}
 	defer closeBatcher()
-	return measureBatcher(ctx, db, b, "coupon_batch", "plain-coupon", func() error {
+	return s.measureBatcher(ctx, b, "coupon_batch", "plain-coupon", func() error {
 		var granted int
-		if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM coupon_grant WHERE state = 'GRANTED'").Scan(&granted); err != nil {
+		if err := s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM coupon_grant WHERE state = 'GRANTED'").Scan(&granted); err != nil {
 			return err
 		}
-		if granted != *batchOrders {
-			return fmt.Errorf("coupon batch: %d grants, want %d", granted, *batchOrders)
+		if granted != s.cfg.batchOrders {
+			return fmt.Errorf("coupon batch: %d grants, want %d", granted, s.cfg.batchOrders)
 		}
 		return nil
 	})
@@ -208,22 +202,22 @@ func benchPlainCouponBatch(ctx context.Context, db *sql.DB) (plainMeasure, error
 
 // measureBatcher offers -batch-orders orders to b from -batch-senders senders (timed, with
 // CPU per order), then 30 % duplicates, checks the result and reports the line.
-func measureBatcher(ctx context.Context, db *sql.DB, b *inbox.Batcher, mode, prefix string, check func() error) (plainMeasure, error) {
-	n := *batchOrders
-	defer withWorkers(*batchSenders)()
+func (s *suite) measureBatcher(ctx context.Context, b *inbox.Batcher, mode, prefix string, check func() error) (plainMeasure, error) {
+	n := s.cfg.batchOrders
+	defer s.withWorkers(s.cfg.batchSenders)()
 	send := func(i int) error {
 		_, err := b.Process(ctx, message.NewMessage(watermill.NewUUID(), order(prefix, i).Encode()), inbox.Source{Topic: "bench"})
 		return err
 	}
 	cpu := newCPUMeter()
-	el, err := parallel(n, send)
+	el, err := s.parallel(n, send)
 	if err != nil {
 		return plainMeasure{}, err
 	}
 	kv := cpu.perOrder(n)
 	rate := float64(n) / el.Seconds()
 	dups := n * 3 / 10
-	del, err := parallel(dups, func(i int) error { return send(i * 3) })
+	del, err := s.parallel(dups, func(i int) error { return send(i * 3) })
 	if err != nil {
 		return plainMeasure{}, err
 	}
@@ -231,7 +225,7 @@ func measureBatcher(ctx context.Context, db *sql.DB, b *inbox.Batcher, mode, pre
 		return plainMeasure{}, err
 	}
 	st := b.Stats()
-	report("plain", append([]any{"mode", mode, "orders_per_s", rate, "orders", n, "batch_size", *batchSize, "duplicates_per_s", float64(dups) / del.Seconds(),
+	s.report("plain", append([]any{"mode", mode, "orders_per_s", rate, "orders", n, "batch_size", s.cfg.batchSize, "duplicates_per_s", float64(dups) / del.Seconds(),
 		"avg_batch", float64(st.Batched) / float64(max(st.Batches, 1)), "fallbacks", st.Fallbacks, "isolated", st.Isolated, "rollbacks", st.Rollbacks}, kv...)...)
 	return plainMeasure{rate: rate, cpu: cpuMap(kv)}, nil
 }
@@ -240,8 +234,8 @@ func measureBatcher(ctx context.Context, db *sql.DB, b *inbox.Batcher, mode, pre
 // handler, each alone in one transaction of plainSavepoints statements on one connection:
 // SAVEPOINT with one reused name (what the Batcher sends), SAVEPOINT + RELEASE SAVEPOINT
 // (what it does not), and for scale the plain handler's INSERT.
-func benchSavepointCost(ctx context.Context, db *sql.DB) error {
-	if err := truncatePlain(ctx); err != nil {
+func (s *suite) benchSavepointCost(ctx context.Context) error {
+	if err := s.truncatePlain(ctx); err != nil {
 		return err
 	}
 	const n = 20000
@@ -267,7 +261,7 @@ func benchSavepointCost(ctx context.Context, db *sql.DB) error {
 	}
 	kv := []any{"mode", "savepoint_cost", "statements", n}
 	for _, k := range kinds {
-		tx, err := db.BeginTx(ctx, nil)
+		tx, err := s.db.BeginTx(ctx, nil)
 		if err != nil {
 			return err
 		}
@@ -286,40 +280,39 @@ func benchSavepointCost(ctx context.Context, db *sql.DB) error {
 		}
 		kv = append(kv, k.name+"_us", float64(el.Microseconds())/n, k.name+"_cpu_us", c["total_cpu_us_per_order"])
 	}
-	report("plain", kv...)
+	s.report("plain", kv...)
 	return nil
 }
 
-// benchPlain runs the group: the savepoint costs, then -plain-rounds rounds of the three
+// plainGroup runs the group: the savepoint costs, then -plain-rounds rounds of the three
 // measurements, their medians and the ratios.
-func benchPlain(ctx context.Context, db *sql.DB) error {
-	if _, err := benchLock.ExecContext(ctx, plainTable); err != nil {
+func (s *suite) plainGroup(ctx context.Context) error {
+	if _, err := s.lock.ExecContext(ctx, plainTable); err != nil {
 		return fmt.Errorf("create plain_credit: %w", err)
 	}
-	if err := benchSavepointCost(ctx, db); err != nil {
+	if err := s.benchSavepointCost(ctx); err != nil {
 		return fmt.Errorf("savepoint cost: %w", err)
 	}
-	type measure func(context.Context, *sql.DB) (plainMeasure, error)
 	modes := []struct {
 		name string
-		run  measure
-	}{{"single", benchPlainSingle}, {"grouped", benchPlainGrouped}, {"coupon_batch", benchPlainCouponBatch}}
+		run  func(context.Context) (plainMeasure, error)
+	}{{"single", s.benchPlainSingle}, {"grouped", s.benchPlainGrouped}, {"coupon_batch", s.benchPlainCouponBatch}}
 	got := map[string][]plainMeasure{}
-	for r := 1; r <= *plainRounds; r++ {
-		round = r
+	for r := 1; r <= s.cfg.plainRounds; r++ {
+		s.round = r
 		seq := slices.Clone(modes)
 		if r%2 == 0 {
 			slices.Reverse(seq)
 		}
 		for _, m := range seq {
-			res, err := m.run(ctx, db)
+			res, err := m.run(ctx)
 			if err != nil {
 				return fmt.Errorf("plain %s: %w", m.name, err)
 			}
 			got[m.name] = append(got[m.name], res)
 		}
 	}
-	round = 0
+	s.round = 0
 	med := map[string]float64{}
 	for _, m := range modes {
 		ms := got[m.name]
@@ -341,9 +334,9 @@ func benchPlain(ctx context.Context, db *sql.DB) error {
 				kv = append(kv, key, median(vs))
 			}
 		}
-		report("plain", kv...)
+		s.report("plain", kv...)
 	}
 	ratio := func(a, b float64) string { return fmt.Sprintf("%.2f", a/max(b, 1)) }
-	report("ratio", "plain_grouped_vs_single", ratio(med["grouped"], med["single"]), "plain_grouped_vs_coupon_batch", ratio(med["grouped"], med["coupon_batch"]))
+	s.report("ratio", "plain_grouped_vs_single", ratio(med["grouped"], med["single"]), "plain_grouped_vs_coupon_batch", ratio(med["grouped"], med["coupon_batch"]))
 	return nil
 }

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
-	"flag"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -18,23 +16,6 @@ import (
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/pkg/kafkax"
-)
-
-// The incident's own load (seed_load): every grant calls three outside services of
-// 0.8–2 s each, orders arrive in bursts of 500 with 30 % duplicate deliveries. onceflow's
-// router path (parallel subscriber, Batcher preparing each delivery as it arrives, group
-// commit) against it, and beside it the write-up's first consumer (seed_consumer): records
-// one after another, grant then ack, 500 records per poll, a member that overruns the poll
-// interval is kicked and its partitions re-read.
-var (
-	seedOrders   = flag.Int("seed-orders", 20000, "orders of the seed_load run")
-	seedDupRate  = flag.Float64("seed-dup-rate", 0.3, "duplicate deliveries of the seed_load run")
-	seedDelay    = flag.Duration("seed-delay", 800*time.Millisecond, "each outside call's base time (seed: 800ms), before -seed-scale")
-	seedJitter   = flag.Duration("seed-jitter", 1200*time.Millisecond, "each outside call's added random time (seed: up to 1.2s more), before -seed-scale")
-	seedScale    = flag.Float64("seed-scale", 1, "factor on call times (and on the seed consumer's poll interval); 1 is the incident's")
-	seedInFlight = flag.Int("seed-in-flight", 8192, "inbox.max_in_flight_calls of the seed_load run")
-	seedWindow   = flag.Int("seed-window", 1024, "kafka.window of the seed_load run")
-	seedNaiveFor = flag.Duration("seed-consumer-seconds", 30*time.Second, "how long the seed's own consumer runs beside it")
 )
 
 // countingService wraps the simulated calls and tracks how many are in flight.
@@ -66,11 +47,14 @@ func (c claimCounter) Debug(msg string, _ watermill.LogFields) {
 }
 func (c claimCounter) With(watermill.LogFields) watermill.LoggerAdapter { return c }
 
-func scaled(d time.Duration) time.Duration { return time.Duration(float64(d) * *seedScale) }
+// scaled is d times -seed-scale.
+func (c *config) scaled(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * c.seedScale)
+}
 
-// seedMessages is the run's deliveries: every order, 30 % of them twice (the copy a
+// seedMessages is the run's deliveries: every order, dupRate of them twice (the copy a
 // different message a little later), in bursts of 500 as the write-up's polls.
-func seedMessages(prefix string, n int, rng *rand.Rand) []*sarama.ProducerMessage {
+func seedMessages(prefix string, n int, dupRate float64, rng *rand.Rand) []*sarama.ProducerMessage {
 	var msgs []*sarama.ProducerMessage
 	for i := range n {
 		o := order(prefix, i)
@@ -79,7 +63,7 @@ func seedMessages(prefix string, n int, rng *rand.Rand) []*sarama.ProducerMessag
 				Headers: []sarama.RecordHeader{{Key: []byte(wkafka.UUIDHeaderKey), Value: []byte(watermill.NewUUID())}}}
 		}
 		msgs = append(msgs, m())
-		if rng.Float64() < *seedDupRate {
+		if rng.Float64() < dupRate {
 			msgs = append(msgs, m())
 		}
 	}
@@ -107,8 +91,9 @@ func sendAll(p sarama.SyncProducer, topic string, msgs []*sarama.ProducerMessage
 // three calls made by BatchPreparer as soon as it arrives) or "single" (a plain handler:
 // one delivery at a time, Preparer's call before each step's transaction). Both bounded by
 // inbox.max_in_flight_calls.
-func benchSeedLoad(ctx context.Context, db *sql.DB, kc kafkax.Config, mode string) error {
-	if err := truncate(ctx); err != nil {
+func (s *suite) benchSeedLoad(ctx context.Context, mode string) error {
+	db, kc := s.db, s.kc
+	if err := s.truncate(ctx); err != nil {
 		return err
 	}
 	const parts = 12
@@ -119,18 +104,18 @@ func benchSeedLoad(ctx context.Context, db *sql.DB, kc kafkax.Config, mode strin
 	defer cleanIn()
 	cfg := coupon.DefaultConfig()
 	cfg.GrantedTopic, cfg.FailedTopic = "bench-unrelayed-granted", "bench-unrelayed-failed"
-	cfg.StockTotal, cfg.BudgetCents = int64(*seedOrders)*2, int64(*seedOrders)*2*cfg.ValueCents
+	cfg.StockTotal, cfg.BudgetCents = int64(s.cfg.seedOrders)*2, int64(s.cfg.seedOrders)*2*cfg.ValueCents
 	if err := coupon.EnsureCampaign(ctx, db, cfg); err != nil {
 		return err
 	}
-	svc := &countingService{svc: coupon.NewSimulatedService(scaled(*seedDelay), scaled(*seedJitter), 0, 1)}
+	svc := &countingService{svc: coupon.NewSimulatedService(s.cfg.scaled(s.cfg.seedDelay), s.cfg.scaled(s.cfg.seedJitter), 0, 1)}
 	g, err := coupon.NewGranter(cfg, svc, nil)
 	if err != nil {
 		return err
 	}
 	g.UsePrepare(db).UseStatements(db)
 	defer g.Close()
-	ib, err := inbox.New(db, g, inbox.Config{BizType: coupon.BizType, MaxInFlightCalls: *seedInFlight}, nil, nil)
+	ib, err := inbox.New(db, g, inbox.Config{BizType: coupon.BizType, MaxInFlightCalls: s.cfg.seedInFlight}, nil, nil)
 	if err != nil {
 		return err
 	}
@@ -139,20 +124,20 @@ func benchSeedLoad(ctx context.Context, db *sql.DB, kc kafkax.Config, mode strin
 		return err
 	}
 	defer producer.Close()
-	msgs := seedMessages("seed", *seedOrders, rand.New(rand.NewPCG(1, 2)))
+	msgs := seedMessages("seed", s.cfg.seedOrders, s.cfg.seedDupRate, rand.New(rand.NewPCG(1, 2)))
 	if err := sendAll(producer, in, msgs); err != nil {
 		return err
 	}
 
 	var claims atomic.Int64
-	sub, err := kc.NewParallelSubscriber("bench-"+in, kafkax.ParallelConfig{Window: *seedWindow}, claimCounter{LoggerAdapter: watermill.NopLogger{}, claims: &claims})
+	sub, err := kc.NewParallelSubscriber("bench-"+in, kafkax.ParallelConfig{Window: s.cfg.seedWindow}, claimCounter{LoggerAdapter: watermill.NopLogger{}, claims: &claims})
 	if err != nil {
 		return err
 	}
 	handler := ib.HandlerFunc(in)
 	var b *inbox.Batcher
 	if mode == "batch" {
-		if b, err = ib.NewBatcher(inbox.BatchConfig{MaxInFlightCalls: *seedInFlight}); err != nil {
+		if b, err = ib.NewBatcher(inbox.BatchConfig{MaxInFlightCalls: s.cfg.seedInFlight}); err != nil {
 			return err
 		}
 		handler = b.HandlerFunc(in)
@@ -169,7 +154,7 @@ func benchSeedLoad(ctx context.Context, db *sql.DB, kc kafkax.Config, mode strin
 	cpu := newCPUMeter()
 	start := time.Now()
 	var granted int
-	for granted < *seedOrders {
+	for granted < s.cfg.seedOrders {
 		time.Sleep(250 * time.Millisecond)
 		if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM user_coupon").Scan(&granted); err != nil {
 			cancel()
@@ -177,7 +162,7 @@ func benchSeedLoad(ctx context.Context, db *sql.DB, kc kafkax.Config, mode strin
 		}
 		if time.Since(start) > 15*time.Minute {
 			cancel()
-			return fmt.Errorf("seed_load: %d of %d orders granted after 15 minutes", granted, *seedOrders)
+			return fmt.Errorf("seed_load: %d of %d orders granted after 15 minutes", granted, s.cfg.seedOrders)
 		}
 	}
 	el := time.Since(start)
@@ -195,32 +180,27 @@ func benchSeedLoad(ctx context.Context, db *sql.DB, kc kafkax.Config, mode strin
 	// The bound: calls in flight ÷ the time one order's three calls take on average; for a
 	// run of N orders, N ÷ (N ÷ that rate + one order's calls), as the first orders' calls
 	// start together and the last ones finish alone.
-	perOrder := 3 * (scaled(*seedDelay) + scaled(*seedJitter)/2)
-	inFlight := min(*seedInFlight, *seedWindow*parts, *seedOrders)
+	perOrder := 3 * (s.cfg.scaled(s.cfg.seedDelay) + s.cfg.scaled(s.cfg.seedJitter)/2)
+	inFlight := min(s.cfg.seedInFlight, s.cfg.seedWindow*parts, s.cfg.seedOrders)
 	bound := float64(inFlight) / perOrder.Seconds()
-	runBound := float64(*seedOrders) / (float64(*seedOrders)/bound + perOrder.Seconds())
-	rate := float64(*seedOrders) / el.Seconds()
-	report("seed_load", append([]any{"mode", mode, "orders", *seedOrders, "deliveries", len(msgs), "scale", fmt.Sprint(*seedScale), "orders_per_s", rate,
-		"seconds", el.Seconds(), "peak_calls_in_flight", svc.peak.Load(), "max_in_flight_calls", *seedInFlight,
+	runBound := float64(s.cfg.seedOrders) / (float64(s.cfg.seedOrders)/bound + perOrder.Seconds())
+	rate := float64(s.cfg.seedOrders) / el.Seconds()
+	s.report("seed_load", append([]any{"mode", mode, "orders", s.cfg.seedOrders, "deliveries", len(msgs), "scale", fmt.Sprint(s.cfg.seedScale), "orders_per_s", rate,
+		"seconds", el.Seconds(), "peak_calls_in_flight", svc.peak.Load(), "max_in_flight_calls", s.cfg.seedInFlight,
 		"bound_orders_per_s", bound, "run_bound_orders_per_s", runBound, "pct_of_run_bound", rate / runBound * 100, "calls", svc.calls.Load(), "rebalances", claims.Load() - parts, "duplicate_coupons", dupCoupons,
-		"prepared", st.Prepared, "prepare_skipped", st.PrepareSkipped, "batches", st.Batches, "fallbacks", st.Fallbacks}, cpu.perOrder(*seedOrders)...)...)
+		"prepared", st.Prepared, "prepare_skipped", st.PrepareSkipped, "batches", st.Batches, "fallbacks", st.Fallbacks}, cpu.perOrder(s.cfg.seedOrders)...)...)
 	if mode != "batch" {
 		return nil
 	}
 	// Beside it, on the same records: the write-up's consumer as it was (500 records per
 	// poll) and after its fix (20).
 	for _, recs := range []int{500, 20} {
-		if err := benchSeedConsumer(ctx, db, kc, in, recs); err != nil {
+		if err := s.benchSeedConsumer(ctx, in, recs); err != nil {
 			return fmt.Errorf("seed_consumer: %w", err)
 		}
 	}
 	return nil
 }
-
-var (
-	seedConsumerScale    = flag.Float64("seed-consumer-scale", 0.01, "factor on the seed consumer's call times and poll interval (it is too slow to measure unscaled)")
-	seedConsumerInterval = flag.Duration("seed-poll-interval", 5*time.Minute, "the seed consumer's max.poll.interval.ms, before -seed-consumer-scale")
-)
 
 // benchSeedConsumer runs the write-up's first consumer on the run's topic for
 // -seed-consumer-seconds: records one after another (three calls of 0.8–2 s, then a plain
@@ -232,16 +212,17 @@ var (
 // Modelled on the Java consumer's poll loop over real partition consumers of the broker
 // (Sarama has no max.poll.interval); times scaled by -seed-consumer-scale, and the
 // orders/s reported scaled back to the incident's call times.
-func benchSeedConsumer(ctx context.Context, db *sql.DB, kc kafkax.Config, topic string, recsPerPoll int) error {
-	if _, err := benchLock.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS naive_coupon (id BIGINT AUTO_INCREMENT PRIMARY KEY, order_id VARCHAR(64) NOT NULL)"); err != nil {
+func (s *suite) benchSeedConsumer(ctx context.Context, topic string, recsPerPoll int) error {
+	db, kc := s.db, s.kc
+	if _, err := s.lock.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS naive_coupon (id BIGINT AUTO_INCREMENT PRIMARY KEY, order_id VARCHAR(64) NOT NULL)"); err != nil {
 		return err
 	}
-	if _, err := benchLock.ExecContext(ctx, "TRUNCATE TABLE naive_coupon"); err != nil {
+	if _, err := s.lock.ExecContext(ctx, "TRUNCATE TABLE naive_coupon"); err != nil {
 		return err
 	}
-	f := *seedConsumerScale
-	svc := coupon.NewSimulatedService(time.Duration(float64(*seedDelay)*f), time.Duration(float64(*seedJitter)*f), 0, 3)
-	interval := time.Duration(float64(*seedConsumerInterval) * f)
+	f := s.cfg.seedConsumerScale
+	svc := coupon.NewSimulatedService(time.Duration(float64(s.cfg.seedDelay)*f), time.Duration(float64(s.cfg.seedJitter)*f), 0, 3)
+	interval := time.Duration(float64(s.cfg.seedConsumerInterval) * f)
 	client, err := sarama.NewClient(kc.Brokers, kc.ConsumerConfig())
 	if err != nil {
 		return err
@@ -283,7 +264,7 @@ func benchSeedConsumer(ctx context.Context, db *sql.DB, kc kafkax.Config, topic 
 	defer func() { consumer.Close() }()
 	var rebalances, polls int
 	start := time.Now()
-	deadline := start.Add(*seedNaiveFor)
+	deadline := start.Add(s.cfg.seedNaiveFor)
 	for time.Now().Before(deadline) {
 		// poll: up to recsPerPoll records, waiting at most 100 ms for more.
 		var batch []*sarama.ConsumerMessage
@@ -330,7 +311,7 @@ func benchSeedConsumer(ctx context.Context, db *sql.DB, kc kafkax.Config, topic 
 	if err := db.QueryRowContext(ctx, "SELECT COUNT(*), COUNT(DISTINCT order_id) FROM naive_coupon").Scan(&coupons, &distinct); err != nil {
 		return err
 	}
-	report("seed_consumer", "records_per_poll", recsPerPoll, "scale", fmt.Sprint(f), "poll_interval_s", interval.Seconds(), "seconds", el.Seconds(),
+	s.report("seed_consumer", "records_per_poll", recsPerPoll, "scale", fmt.Sprint(f), "poll_interval_s", interval.Seconds(), "seconds", el.Seconds(),
 		"polls", polls, "rebalances", rebalances, "orders", distinct, "coupons", coupons, "duplicate_coupons", coupons-distinct,
 		"orders_per_s_unscaled", fmt.Sprintf("%.2f", float64(distinct)/el.Seconds()*f))
 	return nil
@@ -339,3 +320,20 @@ func benchSeedConsumer(ctx context.Context, db *sql.DB, kc kafkax.Config, topic 
 // seedSteps name the three calls of a grant (the seed's user, marketing and notification
 // centres).
 var seedSteps = []string{"lock-stock", "deduct-budget", "issue-coupon"}
+
+// seedGroup measures the incident's own load (seed_load): every grant calls three outside services of
+// 0.8–2 s each, orders arrive in bursts of 500 with 30 % duplicate deliveries. onceflow's
+// router path (parallel subscriber, Batcher preparing each delivery as it arrives, group
+// commit) against it, and beside it the write-up's first consumer (seed_consumer): records
+// one after another, grant then ack, 500 records per poll, a member that overruns the poll
+// interval is kicked and its partitions re-read. Both modes of benchSeedLoad; the seed
+// consumer runs beside the first.
+func (s *suite) seedGroup(ctx context.Context) error {
+	s.calibrate("before_seed")
+	for _, mode := range []string{"batch", "single"} {
+		if err := s.benchSeedLoad(ctx, mode); err != nil {
+			return fmt.Errorf("seed_load %s: %w", mode, err)
+		}
+	}
+	return nil
+}

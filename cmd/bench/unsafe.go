@@ -36,9 +36,9 @@ type unsafeReq struct {
 	done chan error
 }
 
-func newUnsafeBatcher(db *sql.DB, g *coupon.Granter, size, workers int) *unsafeBatcher {
+func newUnsafeBatcher(db *sql.DB, g *coupon.Granter, size, workers int, linger time.Duration) *unsafeBatcher {
 	u := &unsafeBatcher{db: db, g: g, queue: make(chan *unsafeReq, size), stop: make(chan struct{}), done: make(chan struct{})}
-	linger := *batchLinger // as the Batcher's: its default when 0
+	// linger as the Batcher's: its default when 0
 	if linger == 0 {
 		linger = 2 * time.Millisecond
 	}
@@ -109,27 +109,29 @@ func grantBatch(ctx context.Context, db *sql.DB, g *coupon.Granter, ds []*inbox.
 
 // benchUnsafeSamePath: the baseline of the group-commit overhead — every order through
 // unsafeBatcher, offered exactly as benchInboxBatch offers them to the Batcher.
-func benchUnsafeSamePath(ctx context.Context, db *sql.DB) (float64, error) {
-	if err := truncate(ctx); err != nil {
-		return 0, err
+// It returns orders/s and the CPU µs per order of all processes.
+func (s *suite) benchUnsafeSamePath(ctx context.Context) (rate, cpuPerOrder float64, err error) {
+	if err := s.truncate(ctx); err != nil {
+		return 0, 0, err
 	}
-	g, _, err := granter(ctx, db, "")
+	g, _, err := s.granter(ctx, "")
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer g.Close()
-	u := newUnsafeBatcher(db, g, *batchSize, *batchLanes)
+	u := newUnsafeBatcher(s.db, g, s.cfg.batchSize, s.cfg.batchLanes, s.cfg.batchLinger)
 	defer u.close()
-	n := *batchOrders
-	defer withWorkers(*batchSenders)()
+	n := s.cfg.batchOrders
+	defer s.withWorkers(s.cfg.batchSenders)()
 	cpu := newCPUMeter()
-	el, err := parallel(n, func(i int) error {
+	el, err := s.parallel(n, func(i int) error {
 		return u.process(message.NewMessage(watermill.NewUUID(), order("unsafe-path", i).Encode()))
 	})
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	rate := float64(n) / el.Seconds()
-	report("unsafe", append([]any{"mode", "batch", "batch_size", *batchSize, "orders_per_s", rate, "orders", n, "seconds", el.Seconds()}, cpu.perOrder(n)...)...)
-	return rate, nil
+	rate = float64(n) / el.Seconds()
+	kv := cpu.perOrder(n)
+	s.report("unsafe", append([]any{"mode", "batch", "batch_size", s.cfg.batchSize, "orders_per_s", rate, "orders", n, "seconds", el.Seconds()}, kv...)...)
+	return rate, cpuMap(kv)["total_cpu_us_per_order"], nil
 }

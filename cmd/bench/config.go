@@ -1,0 +1,129 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/onceflow/onceflow/pkg/gcx"
+)
+
+// config is the bench's command line, parsed once; nothing changes it afterwards.
+type config struct {
+	// The database measurements (single, storm, naive).
+	orders, workers int
+	stormN, stormK  int
+
+	// Group commit (batch.go, plain.go, storm and the e2e batch runs).
+	batchSize, batchLanes, batchOrders, batchRounds, batchSenders int
+	batchLinger                                                   time.Duration
+
+	// The plain handler (plain.go).
+	plainRounds, plainSingle int
+
+	// The relays (relay.go, forwarder.go).
+	relayN, relayBatch, relayShards, forwarderN int
+
+	// End to end (e2e.go, latency.go).
+	e2eN, e2eBatchN, e2eSPT, e2eShards, e2eParts int
+	e2eLinger                                    time.Duration
+	loads, batchLoads                            string
+	loadSecs, warmSecs, rounds                   int
+	latencyDump                                  string
+
+	// The incident's own load (seedload.go).
+	seedOrders, seedInFlight, seedWindow int
+	seedDupRate, seedScale               float64
+	seedDelay, seedJitter, seedNaiveFor  time.Duration
+	seedConsumerScale                    float64
+	seedConsumerInterval                 time.Duration
+
+	// The services, the output, the process.
+	adminDSN, appDSN, brokers, outDir string
+	gogc                              int
+	cpuProfile, memProfile            string
+	only                              string
+}
+
+// parseConfig parses the command line (args without the program name) as the flag
+// package's default set would: -h prints the usage, a bad flag exits with status 2.
+func parseConfig(args []string) (*config, error) {
+	c := &config{}
+	fs := flag.NewFlagSet(os.Args[0], flag.ExitOnError)
+	fs.IntVar(&c.orders, "orders", 5000, "orders per database measurement")
+	fs.IntVar(&c.workers, "workers", 16, "concurrent workers (database measurements)")
+	fs.IntVar(&c.e2eN, "e2e-orders", 5000, "orders for the end-to-end throughput run")
+	fs.IntVar(&c.relayN, "relay-events", 50000, "outbox rows for the relay measurement")
+	fs.IntVar(&c.stormN, "storm-orders", 10000, "orders in the duplicate storm")
+	fs.IntVar(&c.relayBatch, "relay-batch", 2000, "relay batch size (events per Kafka transaction)")
+	fs.IntVar(&c.relayShards, "relay-shards", 4, "outbox shards of the sharded exactly-once relay measurement (<2 skips it)")
+	fs.IntVar(&c.stormK, "storm-deliveries", 50, "deliveries of each order in the storm")
+	fs.IntVar(&c.e2eSPT, "e2e-steps-per-tx", 1, "inbox.steps_per_transaction of the end-to-end runs")
+	fs.StringVar(&c.loads, "loads", "100,200", "offered loads (orders/s) for the latency runs, one at a time")
+	fs.StringVar(&c.batchLoads, "batch-loads", "500,1000,2000", "offered loads (orders/s) for the latency runs, group commit")
+	fs.IntVar(&c.e2eShards, "e2e-relay-shards", 1, "relay.shards of the end-to-end runs")
+	fs.IntVar(&c.e2eParts, "e2e-partitions", 12, "partitions of the end-to-end runs' order-paid and coupon-granted topics (scripts/infra.sh creates 12)")
+	fs.DurationVar(&c.e2eLinger, "e2e-relay-linger", 5*time.Millisecond, "relay.linger of the end-to-end runs (configs/router.yaml's)")
+	fs.IntVar(&c.e2eBatchN, "e2e-batch-orders", 50000, "orders for the end-to-end throughput run, group commit")
+	fs.IntVar(&c.loadSecs, "load-seconds", 8, "seconds per latency run")
+	fs.IntVar(&c.rounds, "rounds", 5, "rounds of the e2e group-commit measurements; their medians are reported (the machine is noisy)")
+	fs.IntVar(&c.warmSecs, "warmup-seconds", 2, "seconds each latency run's load runs before it is measured")
+	fs.StringVar(&c.adminDSN, "admin-dsn", "onceflow_admin:onceflow_admin@tcp(127.0.0.1:3306)/onceflow_bench", "privileged DSN of the bench database")
+	fs.StringVar(&c.appDSN, "dsn", "onceflow:onceflow@tcp(127.0.0.1:3306)/onceflow_bench", "application DSN of the bench database")
+	fs.StringVar(&c.brokers, "brokers", "127.0.0.1:9092", "Kafka brokers")
+	fs.StringVar(&c.outDir, "out", "bench/results", "where the CSV goes")
+	fs.IntVar(&c.gogc, "gogc", gcx.DefaultPercent, "Go GC target of the bench process (the router's runtime.gogc default; GOGC in the environment wins)")
+	fs.StringVar(&c.latencyDump, "latency-dump", "", "write every measured order's stage latencies to FILE-<offered rate>.csv (diagnosis of the tail; also times when each order reached the handler, at some CPU cost, and when it was due as Unix ms, to line orders up with other logs)")
+
+	fs.IntVar(&c.batchSize, "batch-size", 512, "inbox.batch_size of the group-commit measurements")
+	fs.IntVar(&c.batchLanes, "batch-workers", 2, "inbox.batch_workers of the group-commit measurements")
+	fs.DurationVar(&c.batchLinger, "batch-linger", 0, "inbox.batch_linger of the group-commit measurements (0: the default, 2ms)")
+	fs.IntVar(&c.batchOrders, "batch-orders", 15000, "orders per group-commit database measurement")
+	fs.IntVar(&c.batchRounds, "batch-rounds", 15, "rounds of the group-commit measurements (baseline and inbox back to back, alternating which goes first); medians reported, and the overhead also pooled over all rounds")
+	fs.IntVar(&c.batchSenders, "batch-senders", 2048, "concurrent deliveries offered to the Batcher (a router's in-flight messages)")
+
+	fs.IntVar(&c.plainRounds, "plain-rounds", 5, "rounds of the plain-handler measurements (single, grouped and the coupon BatchHandler, in alternating order); medians reported")
+	fs.IntVar(&c.plainSingle, "plain-single-orders", 3000, "orders of each one-delivery-per-transaction plain measurement (16 workers, -workers)")
+
+	fs.IntVar(&c.forwarderN, "forwarder-events", 20000, "events for the Watermill forwarder comparison (0 skips it)")
+
+	fs.IntVar(&c.seedOrders, "seed-orders", 20000, "orders of the seed_load run")
+	fs.Float64Var(&c.seedDupRate, "seed-dup-rate", 0.3, "duplicate deliveries of the seed_load run")
+	fs.DurationVar(&c.seedDelay, "seed-delay", 800*time.Millisecond, "each outside call's base time (seed: 800ms), before -seed-scale")
+	fs.DurationVar(&c.seedJitter, "seed-jitter", 1200*time.Millisecond, "each outside call's added random time (seed: up to 1.2s more), before -seed-scale")
+	fs.Float64Var(&c.seedScale, "seed-scale", 1, "factor on call times (and on the seed consumer's poll interval); 1 is the incident's")
+	fs.IntVar(&c.seedInFlight, "seed-in-flight", 8192, "inbox.max_in_flight_calls of the seed_load run")
+	fs.IntVar(&c.seedWindow, "seed-window", 1024, "kafka.window of the seed_load run")
+	fs.DurationVar(&c.seedNaiveFor, "seed-consumer-seconds", 30*time.Second, "how long the seed's own consumer runs beside it")
+	fs.Float64Var(&c.seedConsumerScale, "seed-consumer-scale", 0.01, "factor on the seed consumer's call times and poll interval (it is too slow to measure unscaled)")
+	fs.DurationVar(&c.seedConsumerInterval, "seed-poll-interval", 5*time.Minute, "the seed consumer's max.poll.interval.ms, before -seed-consumer-scale")
+
+	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
+	fs.StringVar(&c.memProfile, "memprofile", "", "write an allocation profile of the whole run to this file (go tool pprof -sample_index=alloc_space)")
+	fs.StringVar(&c.only, "only", "", "run only these measurement groups (comma separated: batch, plain, single, storm, relay, e2e, seed); empty runs all")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if c.rounds < 1 || c.batchRounds < 1 {
+		return nil, fmt.Errorf("-rounds %d, -batch-rounds %d: want at least 1", c.rounds, c.batchRounds)
+	}
+	if err := gcx.Validate(c.gogc, 0); err != nil {
+		return nil, fmt.Errorf("-gogc: %w", err)
+	}
+	return c, nil
+}
+
+// want reports whether the measurement group runs in this invocation.
+func (c *config) want(group string) bool {
+	if c.only == "" {
+		return true
+	}
+	for _, g := range strings.Split(c.only, ",") {
+		if strings.TrimSpace(g) == group {
+			return true
+		}
+	}
+	return false
+}
