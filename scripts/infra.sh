@@ -2,7 +2,10 @@
 # onceflow local infrastructure without Docker and without systemd:
 #   * MariaDB 10.11 (Debian package) on 127.0.0.1:3306
 #   * Apache Kafka (real broker jars from Maven Central, KRaft, one combined
-#     broker+controller node) on 127.0.0.1:9092 (controller on :9093)
+#     broker+controller node) on 127.0.0.1:9092 (controller on :9093), and a SASL_SSL
+#     listener on 127.0.0.1:9094 (TLS with a local CA; SCRAM-SHA-512, SCRAM-SHA-256, PLAIN)
+#   * a local CA and certificates (openssl, made on this machine) in <run dir>/tls: MariaDB
+#     serves TLS with them too (TLS is offered, not required, except for user onceflow_tls)
 #
 # Usage: scripts/infra.sh up|down|status|reset|db-start|db-stop|kafka-start|kafka-stop
 #
@@ -21,6 +24,8 @@
 #   ONCEFLOW_KAFKA_VERSION   default 4.1.1 (org.apache.kafka:kafka_2.13)
 #   ONCEFLOW_RUN_DIR         runtime dir, default <repo>/.run
 #   ONCEFLOW_WAIT_SECONDS    bounded wait per service, default 90
+#   ONCEFLOW_KAFKA_SASL_PORT the SASL_SSL listener's port: default 9094 for the default
+#                            instance (Kafka on 9092), none for any other; empty: none
 #   KAFKA_HEAP_OPTS          default "-Xms256m -Xmx1g"
 #
 # A second, independent instance (the chaos harness restarts its services; scripts/chaos.sh
@@ -46,12 +51,20 @@
 # cannot stop each other's services.
 #
 # Connection facts (also in docker-compose.yml):
-#   app user       onceflow/onceflow               SELECT,INSERT,UPDATE,DELETE on `onceflow%`.*
-#   migration user onceflow_admin/onceflow_admin   ALL on `onceflow%`.*
+#   app user       onceflow/onceflow               SELECT,INSERT,UPDATE,DELETE on each database below
+#   TLS app user   onceflow_tls/onceflow_tls       the app user's grants, REQUIRE SSL (refused without TLS)
+#   migration user onceflow_admin/onceflow_admin   SELECT,INSERT,UPDATE,DELETE,CREATE,DROP,ALTER,INDEX,
+#                                                  REFERENCES on each database below (no GRANT OPTION)
 #   monitor user   onceflow_monitor/onceflow_monitor  PROCESS (reads information_schema.innodb_trx:
 #                                                  tests check that no transaction is left open)
-#   databases      onceflow, onceflow_test
-#   kafka          127.0.0.1:9092
+#   databases      onceflow, onceflow_test (created); grants also on onceflow_demo (make demo),
+#                  onceflow_bench (cmd/bench), onceflow_chaos (cmd/chaos), each by its exact name,
+#                  and on the test databases onceflow_t_* (pkg/testenv; the admin user also gets
+#                  TRIGGER there)
+#   kafka          127.0.0.1:9092 PLAINTEXT
+#   kafka TLS      127.0.0.1:9094 SASL_SSL, user onceflow, password in <run dir>/tls/kafka-onceflow.password
+#   TLS files      <run dir>/tls: ca.pem (trust this), server.pem/.key (broker and MariaDB, SAN
+#                  127.0.0.1 and localhost), client.pem/.key (a client certificate of the CA)
 set -Eeuo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -61,6 +74,11 @@ WAIT_SECONDS="${ONCEFLOW_WAIT_SECONDS:-90}"
 DB_HOST=127.0.0.1
 DB_PORT="${ONCEFLOW_DB_PORT:-3306}"
 DB_NAMES=(onceflow onceflow_test)
+# Databases the users are granted on, each by its exact name (DB_NAMES and the ones the demo,
+# the bench and the chaos harness create), and the test databases of pkg/testenv.
+DB_GRANT_NAMES=(onceflow onceflow_test onceflow_demo onceflow_bench onceflow_chaos)
+DB_TEST_PATTERN='onceflow_t_%'
+DB_TLS_USER=onceflow_tls
 DB_LOG="$RUN_DIR/mariadb.log"
 if [[ "$DB_PORT" == 3306 ]]; then
   # The machine's MariaDB: Debian paths and /etc/mysql config.
@@ -69,6 +87,7 @@ if [[ "$DB_PORT" == 3306 ]]; then
   DB_SOCKET=/run/mysqld/mysqld.sock
   DB_PIDFILE=/run/mysqld/mysqld.pid
   DB_SSD_PIDFILE=/run/mysqld/onceflow-start.pid # written by start-stop-daemon (as root)
+  DB_TLS_DIR=/etc/mysql/onceflow-tls # copies of the TLS files that mariadbd (user mysql) reads
 else
   # A private mariadbd of this run dir: own datadir, config, socket and pid files.
   DB_PRIVATE=1
@@ -78,6 +97,7 @@ else
   DB_SOCKET="$DB_DIR/mysqld.sock"
   DB_PIDFILE="$DB_DIR/mysqld.pid"
   DB_SSD_PIDFILE="$DB_DIR/onceflow-start.pid"
+  DB_TLS_DIR="$DB_DIR/tls"
 fi
 MARIADBD=/usr/sbin/mariadbd
 
@@ -90,6 +110,13 @@ KAFKA_CHAOS_ADVERTISED_PORT="${ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT:-}"
 if [[ -n "$KAFKA_CHAOS_PORT" && -z "$KAFKA_CHAOS_ADVERTISED_PORT" ]]; then
   KAFKA_CHAOS_ADVERTISED_PORT=$((KAFKA_CHAOS_PORT + 1))
 fi
+if [[ "$KAFKA_PORT" == 9092 ]]; then
+  KAFKA_SASL_PORT="${ONCEFLOW_KAFKA_SASL_PORT-9094}"
+else
+  KAFKA_SASL_PORT="${ONCEFLOW_KAFKA_SASL_PORT:-}"
+fi
+KAFKA_SASL_USER=onceflow
+TLS_DIR="$RUN_DIR/tls"
 KAFKA_DIR="$RUN_DIR/kafka"
 KAFKA_LIBS="$KAFKA_DIR/libs"
 KAFKA_DATA="$KAFKA_DIR/data"
@@ -136,6 +163,77 @@ apt_install() {
     || DEBIAN_FRONTEND=noninteractive apt-get install -y "$@"
 }
 
+# ---------------------------------------------------------------- TLS material
+
+# A local CA and the certificates it signs, made with openssl on this machine (nothing is
+# downloaded), in $TLS_DIR: ca.pem/ca.key, server.pem/server.key (the broker's and MariaDB's,
+# SAN 127.0.0.1 and localhost), client.pem/client.key (a client certificate), the broker's
+# PKCS12 keystore and its password, and the Kafka user's SASL password. Idempotent: a file is
+# made again only when it is missing or expires within 30 days (and everything the CA signed
+# when the CA is made again).
+tls_valid() { [[ -s "$1" ]] && openssl x509 -in "$1" -noout -checkend $((30 * 86400)) >/dev/null 2>&1; }
+
+# tls_sign NAME CN EXTENSIONS: a key and a certificate of the CA for NAME.
+tls_sign() {
+  local name="$1" cn="$2" ext="$3" tmp
+  tmp="$(mktemp -d)"
+  openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$tmp/$name.key" 2>/dev/null \
+    || fail tls "openssl genpkey ($name) failed"
+  openssl req -new -key "$tmp/$name.key" -subj "/O=onceflow local/CN=$cn" -out "$tmp/$name.csr" 2>/dev/null \
+    || fail tls "openssl req ($name) failed"
+  printf '%s\n' "$ext" >"$tmp/ext.cnf"
+  openssl x509 -req -in "$tmp/$name.csr" -CA "$TLS_DIR/ca.pem" -CAkey "$TLS_DIR/ca.key" -CAcreateserial \
+    -CAserial "$TLS_DIR/ca.srl" -days 825 -sha256 -extfile "$tmp/ext.cnf" -out "$tmp/$name.pem" 2>/dev/null \
+    || fail tls "openssl x509 -req ($name) failed"
+  install -m 0600 "$tmp/$name.key" "$TLS_DIR/$name.key"
+  install -m 0644 "$tmp/$name.pem" "$TLS_DIR/$name.pem"
+  rm -rf "$tmp"
+}
+
+tls_setup() {
+  command -v openssl >/dev/null || apt_install openssl
+  mkdir -p "$TLS_DIR"
+  chmod 0755 "$TLS_DIR"
+  local renewed=0
+  if ! tls_valid "$TLS_DIR/ca.pem" || [[ ! -s "$TLS_DIR/ca.key" ]]; then
+    log "tls: making a local CA in $TLS_DIR"
+    openssl req -x509 -newkey rsa:2048 -nodes -sha256 -days 3650 -subj "/O=onceflow local/CN=onceflow local CA" \
+      -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+      -keyout "$TLS_DIR/ca.key.tmp" -out "$TLS_DIR/ca.pem.tmp" 2>/dev/null || fail tls "openssl req -x509 (CA) failed"
+    chmod 0600 "$TLS_DIR/ca.key.tmp"
+    mv "$TLS_DIR/ca.key.tmp" "$TLS_DIR/ca.key"
+    mv "$TLS_DIR/ca.pem.tmp" "$TLS_DIR/ca.pem"
+    renewed=1
+  fi
+  if [[ $renewed == 1 ]] || ! tls_valid "$TLS_DIR/server.pem" || [[ ! -s "$TLS_DIR/server.key" ]]; then
+    log "tls: making the server certificate (127.0.0.1, localhost)"
+    tls_sign server 127.0.0.1 "subjectAltName=IP:127.0.0.1,DNS:localhost
+basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth"
+    rm -f "$TLS_DIR/kafka-broker.p12"
+  fi
+  if [[ $renewed == 1 ]] || ! tls_valid "$TLS_DIR/client.pem" || [[ ! -s "$TLS_DIR/client.key" ]]; then
+    log "tls: making a client certificate (CN onceflow)"
+    tls_sign client onceflow "basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=clientAuth"
+  fi
+  local f
+  for f in kafka-keystore.password "kafka-$KAFKA_SASL_USER.password"; do
+    if [[ ! -s "$TLS_DIR/$f" ]]; then
+      (umask 077 && openssl rand -hex 16 >"$TLS_DIR/$f.tmp") && mv "$TLS_DIR/$f.tmp" "$TLS_DIR/$f"
+    fi
+  done
+  if [[ ! -s "$TLS_DIR/kafka-broker.p12" ]]; then
+    openssl pkcs12 -export -name broker -inkey "$TLS_DIR/server.key" -in "$TLS_DIR/server.pem" -certfile "$TLS_DIR/ca.pem" \
+      -passout "file:$TLS_DIR/kafka-keystore.password" -out "$TLS_DIR/kafka-broker.p12.tmp" 2>/dev/null \
+      || fail tls "openssl pkcs12 -export (broker keystore) failed"
+    chmod 0600 "$TLS_DIR/kafka-broker.p12.tmp"
+    mv "$TLS_DIR/kafka-broker.p12.tmp" "$TLS_DIR/kafka-broker.p12"
+  fi
+}
+
 # ---------------------------------------------------------------- MariaDB
 
 db_root() { mariadb --protocol=socket -S "$DB_SOCKET" -uroot --batch --skip-column-names "$@"; }
@@ -157,8 +255,8 @@ db_write_conf() {
   mkdir -p "$(dirname "$DB_CONF")"
   local tmp
   tmp="$(mktemp)"
-  cat >"$tmp" <<'EOF'
-# Written by onceflow scripts/infra.sh; rewritten on every `infra.sh up`.
+  cat >"$tmp" <<EOF
+# Written by onceflow scripts/infra.sh; rewritten on every \`infra.sh up\`.
 [mysqld]
 bind-address                   = 127.0.0.1
 port                           = 3306
@@ -173,6 +271,11 @@ innodb_buffer_pool_size        = 1G
 innodb_log_file_size           = 512M
 character-set-server           = utf8mb4
 collation-server               = utf8mb4_unicode_ci
+# TLS offered to every client (copies of <run dir>/tls, scripts/infra.sh); required only of
+# users created with REQUIRE SSL.
+ssl_ca                         = $DB_TLS_DIR/ca.pem
+ssl_cert                       = $DB_TLS_DIR/server.pem
+ssl_key                        = $DB_TLS_DIR/server.key
 EOF
   if ! cmp -s "$tmp" "$DB_CONF" 2>/dev/null; then
     install -m 0644 "$tmp" "$DB_CONF"
@@ -201,8 +304,60 @@ innodb_buffer_pool_size        = 512M
 innodb_log_file_size           = 256M
 character-set-server           = utf8mb4
 collation-server               = utf8mb4_unicode_ci
+ssl_ca                         = $DB_TLS_DIR/ca.pem
+ssl_cert                       = $DB_TLS_DIR/server.pem
+ssl_key                        = $DB_TLS_DIR/server.key
 EOF
   chmod 0644 "$DB_CONF"
+}
+
+# db_tls_install: copies of the CA, the server certificate and its key where mariadbd (user
+# mysql) reads them; DB_TLS_CHANGED=1 when a copy changed (a running server reloads them).
+DB_TLS_CHANGED=0
+db_tls_install() {
+  mkdir -p "$DB_TLS_DIR"
+  local f owner=root
+  id mysql >/dev/null 2>&1 && owner=mysql
+  chown "$owner:" "$DB_TLS_DIR" 2>/dev/null || true
+  chmod 0750 "$DB_TLS_DIR"
+  for f in ca.pem server.pem server.key; do
+    if ! cmp -s "$TLS_DIR/$f" "$DB_TLS_DIR/$f" 2>/dev/null; then
+      install -m 0600 -o "$owner" "$TLS_DIR/$f" "$DB_TLS_DIR/$f"
+      DB_TLS_CHANGED=1
+    elif [[ "$(stat -c %U "$DB_TLS_DIR/$f")" != "$owner" ]]; then
+      chown "$owner:" "$DB_TLS_DIR/$f"
+      DB_TLS_CHANGED=1
+    fi
+  done
+}
+
+# db_tls_check: a server running without the TLS files of its config (started before they
+# were configured) is restarted once, briefly (then it returns 1: that start did the rest);
+# one whose files changed reloads them.
+DB_TLS_RESTARTED=0
+db_tls_check() {
+  local have cert
+  have="$(db_root -e 'SELECT @@have_ssl' 2>/dev/null || true)"
+  cert="$(db_root -e 'SELECT @@ssl_cert' 2>/dev/null || true)"
+  if [[ "$have" == YES && "$cert" == "$DB_TLS_DIR/server.pem" ]]; then
+    if [[ $DB_TLS_CHANGED == 1 ]]; then
+      log "mariadb: reloading the TLS certificate (FLUSH SSL)"
+      db_root -e 'FLUSH SSL' || warn "mariadb: FLUSH SSL failed"
+    fi
+    return 0
+  fi
+  if [[ $DB_TLS_RESTARTED == 1 ]]; then
+    fail mariadb "TLS still off after a restart (have_ssl=$have, ssl_cert=$cert; config $DB_CONF)" "$DB_LOG"
+  fi
+  if ! db_pid >/dev/null; then
+    warn "mariadb: TLS is off (have_ssl=$have) and the server on $DB_PORT is not one this script can restart; leaving it"
+    return 0
+  fi
+  log "mariadb: TLS is off (have_ssl=${have:-?}, ssl_cert=${cert:-none}): restarting once to load $DB_TLS_DIR"
+  DB_TLS_RESTARTED=1
+  db_stop
+  db_start
+  return 1
 }
 
 db_running() { port_open "$DB_HOST" "$DB_PORT"; }
@@ -240,7 +395,9 @@ db_ping_root() { mariadb-admin --protocol=socket -S "$DB_SOCKET" -uroot ping >/d
 
 db_start() {
   need_root
+  tls_setup
   db_install
+  db_tls_install
   db_write_conf
   local started=0
   if db_running; then
@@ -278,9 +435,13 @@ db_start() {
     sleep 0.5
   done
   db_provision
+  db_tls_check || return 0 # restarted: that db_start checked the rest
   local out
   out="$(mariadb -h"$DB_HOST" -P"$DB_PORT" -uonceflow -ponceflow onceflow --batch --skip-column-names -e 'SELECT 1' 2>&1)" \
     || fail mariadb "app user onceflow cannot connect over TCP: $out" "$DB_LOG"
+  out="$(mariadb -h"$DB_HOST" -P"$DB_PORT" -u"$DB_TLS_USER" -p"$DB_TLS_USER" --ssl --ssl-ca="$TLS_DIR/ca.pem" --ssl-verify-server-cert \
+    onceflow_test --batch --skip-column-names -e "SHOW SESSION STATUS LIKE 'Ssl_version'" 2>&1)" \
+    || fail mariadb "TLS user $DB_TLS_USER cannot connect over TLS: $out" "$DB_LOG"
   local maxc
   maxc="$(db_root -e 'SELECT @@max_connections')"
   [[ "$maxc" == 500 ]] || warn "mariadb: max_connections=$maxc (a server started outside this script? run: $0 db-stop && $0 db-start)"
@@ -306,23 +467,59 @@ db_start_private() {
     || fail mariadb "start-stop-daemon could not start $MARIADBD" "$DB_LOG"
 }
 
+# sql_db_pattern NAME: NAME as a database pattern of GRANT, '_' escaped so that it matches
+# only itself ('_' and '%' are wildcards there); a trailing '%' stays a wildcard.
+sql_db_pattern() {
+  local p="${1//_/\\_}"
+  echo "$p"
+}
+
+# db_provision: databases and users, each user with only what it uses, per database:
+#   onceflow          the application: rows of the framework's and the plugins' tables
+#   onceflow_tls      the same, REQUIRE SSL (refused without TLS)
+#   onceflow_admin    `router migrate` and the tests' fixtures: DDL, no GRANT OPTION
+#   onceflow_monitor  PROCESS only
+# Grants name each database (DB_GRANT_NAMES) and, for pkg/testenv's throw-away databases, the
+# pattern onceflow\_t\_%; nothing else whose name starts with onceflow is reachable. Tables
+# are created by `router migrate` after this runs, so the grants stop at the database level.
+# Every run revokes what a user has and grants the list again (an older install's
+# `onceflow%` grants go).
 db_provision() {
-  local sql="" d
+  local sql="" d h
   for d in "${DB_NAMES[@]}"; do
     sql+="CREATE DATABASE IF NOT EXISTS \`$d\` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci;"$'\n'
   done
-  local h
+  local app_privs="SELECT, INSERT, UPDATE, DELETE"
+  local admin_privs="SELECT, INSERT, UPDATE, DELETE, CREATE, DROP, ALTER, INDEX, REFERENCES"
+  local pats=() pat
+  for d in "${DB_GRANT_NAMES[@]}"; do pats+=("$(sql_db_pattern "$d")"); done
+  local test_pat
+  test_pat="$(sql_db_pattern "${DB_TEST_PATTERN%\%}")%"
   for h in 127.0.0.1 localhost; do
     sql+="CREATE USER IF NOT EXISTS 'onceflow_admin'@'$h' IDENTIFIED BY 'onceflow_admin';
 ALTER USER 'onceflow_admin'@'$h' IDENTIFIED BY 'onceflow_admin';
-GRANT ALL PRIVILEGES ON \`onceflow%\`.* TO 'onceflow_admin'@'$h';
+REVOKE ALL PRIVILEGES, GRANT OPTION FROM 'onceflow_admin'@'$h';
 CREATE USER IF NOT EXISTS 'onceflow'@'$h' IDENTIFIED BY 'onceflow';
 ALTER USER 'onceflow'@'$h' IDENTIFIED BY 'onceflow';
 REVOKE ALL PRIVILEGES, GRANT OPTION FROM 'onceflow'@'$h';
-GRANT SELECT, INSERT, UPDATE, DELETE ON \`onceflow%\`.* TO 'onceflow'@'$h';
+CREATE USER IF NOT EXISTS '$DB_TLS_USER'@'$h' IDENTIFIED BY '$DB_TLS_USER' REQUIRE SSL;
+ALTER USER '$DB_TLS_USER'@'$h' IDENTIFIED BY '$DB_TLS_USER' REQUIRE SSL;
+REVOKE ALL PRIVILEGES, GRANT OPTION FROM '$DB_TLS_USER'@'$h';
 CREATE USER IF NOT EXISTS 'onceflow_monitor'@'$h' IDENTIFIED BY 'onceflow_monitor';
 ALTER USER 'onceflow_monitor'@'$h' IDENTIFIED BY 'onceflow_monitor';
+REVOKE ALL PRIVILEGES, GRANT OPTION FROM 'onceflow_monitor'@'$h';
 GRANT PROCESS ON *.* TO 'onceflow_monitor'@'$h';
+"
+    for pat in "${pats[@]}"; do
+      sql+="GRANT $admin_privs ON \`$pat\`.* TO 'onceflow_admin'@'$h';
+GRANT $app_privs ON \`$pat\`.* TO 'onceflow'@'$h';
+GRANT $app_privs ON \`$pat\`.* TO '$DB_TLS_USER'@'$h';
+"
+    done
+    # Test fixtures also create triggers (a handler's INSERT made to fail).
+    sql+="GRANT $admin_privs, TRIGGER ON \`$test_pat\`.* TO 'onceflow_admin'@'$h';
+GRANT $app_privs ON \`$test_pat\`.* TO 'onceflow'@'$h';
+GRANT $app_privs ON \`$test_pat\`.* TO '$DB_TLS_USER'@'$h';
 "
   done
   sql+="FLUSH PRIVILEGES;"
@@ -437,6 +634,31 @@ kafka_write_config() {
     advertised+=",CHAOS://$KAFKA_HOST:$KAFKA_CHAOS_ADVERTISED_PORT"
     protomap+=",CHAOS:PLAINTEXT"
   fi
+  # Optional SASL_SSL listener: TLS with the local CA's server certificate (PKCS12 keystore),
+  # client certificates verified when presented, and SCRAM-SHA-512/256 (users created with
+  # the admin API by kafka_scram_users) or PLAIN (the user below).
+  local sasl=""
+  if [[ -n "$KAFKA_SASL_PORT" ]]; then
+    listeners+=",SASL_SSL://$KAFKA_HOST:$KAFKA_SASL_PORT"
+    advertised+=",SASL_SSL://$KAFKA_HOST:$KAFKA_SASL_PORT"
+    protomap+=",SASL_SSL:SASL_SSL"
+    local ksp upw
+    ksp="$(cat "$TLS_DIR/kafka-keystore.password")"
+    upw="$(cat "$TLS_DIR/kafka-$KAFKA_SASL_USER.password")"
+    sasl="sasl.enabled.mechanisms=SCRAM-SHA-512,SCRAM-SHA-256,PLAIN
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_$KAFKA_SASL_USER=\"$upw\";
+listener.name.sasl_ssl.ssl.keystore.type=PKCS12
+listener.name.sasl_ssl.ssl.keystore.location=$TLS_DIR/kafka-broker.p12
+listener.name.sasl_ssl.ssl.keystore.password=$ksp
+listener.name.sasl_ssl.ssl.key.password=$ksp
+listener.name.sasl_ssl.ssl.truststore.type=PEM
+listener.name.sasl_ssl.ssl.truststore.location=$TLS_DIR/ca.pem
+listener.name.sasl_ssl.ssl.client.auth=requested"
+  fi
+  (umask 077 && : >"$KAFKA_PROPS") # it holds the keystore and PLAIN passwords
+  chmod 0600 "$KAFKA_PROPS"
   cat >"$KAFKA_PROPS" <<EOF
 # Written by onceflow scripts/infra.sh; rewritten on every start.
 process.roles=broker,controller
@@ -462,6 +684,7 @@ num.network.threads=3
 num.io.threads=8
 log.retention.hours=168
 log.segment.bytes=1073741824
+$sasl
 EOF
   cat >"$KAFKA_LOG4J" <<EOF
 <?xml version="1.0" encoding="UTF-8"?>
@@ -544,8 +767,25 @@ kafka_list_topics() {
   KAFKA_TOOL_TIMEOUT=30 kafka_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$KAFKA_HOST:$KAFKA_PORT" --list
 }
 
+# kafka_sasl_missing: the running broker has no SASL_SSL listener though one is configured
+# (an install from before it existed).
+kafka_sasl_missing() {
+  [[ -n "$KAFKA_SASL_PORT" ]] || return 1
+  ! port_open "$KAFKA_HOST" "$KAFKA_SASL_PORT"
+}
+
 kafka_start() {
   kafka_install
+  [[ -z "$KAFKA_SASL_PORT" ]] || tls_setup
+  if kafka_running && kafka_sasl_missing; then
+    if kafka_pid >/dev/null; then
+      # Upgrade in place: a brief restart with the new listener; 9092 comes back as it was.
+      log "kafka: the running broker has no SASL_SSL listener on $KAFKA_HOST:$KAFKA_SASL_PORT: restarting it with one"
+      kafka_stop
+    else
+      warn "kafka: no SASL_SSL listener on $KAFKA_HOST:$KAFKA_SASL_PORT and the broker on $KAFKA_PORT is not ours to restart"
+    fi
+  fi
   if kafka_running; then
     log "kafka: already listening on $KAFKA_HOST:$KAFKA_PORT, reusing it"
   else
@@ -565,7 +805,8 @@ kafka_start() {
   fi
   local deadline=$((SECONDS + WAIT_SECONDS)) topics="" err=""
   while :; do
-    if kafka_running && topics="$(kafka_list_topics 2>"$KAFKA_DIR/tool.err")"; then break; fi
+    if kafka_running && { [[ -z "$KAFKA_SASL_PORT" ]] || port_open "$KAFKA_HOST" "$KAFKA_SASL_PORT" || ! kafka_pid >/dev/null; } \
+      && topics="$(kafka_list_topics 2>"$KAFKA_DIR/tool.err")"; then break; fi
     if ((SECONDS >= deadline)); then
       err="$(tail -n 3 "$KAFKA_DIR/tool.err" 2>/dev/null || true)"
       fail kafka "no metadata from $KAFKA_HOST:$KAFKA_PORT after ${WAIT_SECONDS}s${err:+ (admin tool: $err)}" "$KAFKA_LOG"
@@ -578,7 +819,31 @@ kafka_start() {
     sleep 1
   done
   kafka_create_topics "$topics"
+  if [[ -n "$KAFKA_SASL_PORT" ]] && port_open "$KAFKA_HOST" "$KAFKA_SASL_PORT"; then
+    kafka_scram_users
+    log "kafka: SASL_SSL on $KAFKA_HOST:$KAFKA_SASL_PORT (user $KAFKA_SASL_USER, password file $TLS_DIR/kafka-$KAFKA_SASL_USER.password, CA $TLS_DIR/ca.pem)"
+  fi
   log "kafka: up on $KAFKA_HOST:$KAFKA_PORT (topics: ${TOPICS[*]}; log: $KAFKA_LOG)"
+}
+
+# kafka_scram_users: the SASL user's SCRAM-SHA-512 and SCRAM-SHA-256 credentials, set with the
+# admin API over the plaintext listener (kafka.admin.ConfigCommand). Skipped when they were
+# set for this password and this cluster already (a marker file holds their digest).
+kafka_scram_users() {
+  local pw mark want
+  pw="$(cat "$TLS_DIR/kafka-$KAFKA_SASL_USER.password")"
+  mark="$KAFKA_DIR/scram-users.done"
+  want="$(printf '%s %s %s' "$(cat "$KAFKA_CLUSTER_ID_FILE" 2>/dev/null)" "$KAFKA_SASL_USER" "$pw" | sha256sum | cut -d' ' -f1)"
+  if [[ -f "$mark" && "$(cat "$mark")" == "$want" ]]; then return 0; fi
+  log "kafka: setting SCRAM-SHA-512/256 credentials of user $KAFKA_SASL_USER"
+  local out m
+  # One mechanism per request: the broker refuses two changes of one user in one request.
+  for m in SCRAM-SHA-512 SCRAM-SHA-256; do
+    out="$(kafka_tool kafka.admin.ConfigCommand --bootstrap-server "$KAFKA_HOST:$KAFKA_PORT" --alter \
+      --add-config "$m=[iterations=8192,password=$pw]" \
+      --entity-type users --entity-name "$KAFKA_SASL_USER" 2>&1)" || fail kafka "setting $m credentials failed: $out" "$KAFKA_LOG"
+  done
+  echo "$want" >"$mark"
 }
 
 kafka_create_topics() {
@@ -623,14 +888,18 @@ kafka_stop() {
 kafka_reset() {
   kafka_stop
   log "kafka: deleting $KAFKA_DATA (re-formatted by the next up)"
-  rm -rf "$KAFKA_DATA" "$KAFKA_CLUSTER_ID_FILE"
+  rm -rf "$KAFKA_DATA" "$KAFKA_CLUSTER_ID_FILE" "$KAFKA_DIR/scram-users.done"
 }
 
 kafka_status() {
   local pid=""
   pid="$(kafka_pid 2>/dev/null || true)"
   if kafka_running; then
-    echo "infra: kafka    up    $KAFKA_HOST:$KAFKA_PORT${pid:+ (pid $pid)} (version $KAFKA_VERSION; log $KAFKA_LOG)${KAFKA_CHAOS_PORT:+ CHAOS listener :$KAFKA_CHAOS_PORT advertised as :$KAFKA_CHAOS_ADVERTISED_PORT}"
+    local sasl=""
+    if [[ -n "$KAFKA_SASL_PORT" ]]; then
+      if port_open "$KAFKA_HOST" "$KAFKA_SASL_PORT"; then sasl=" SASL_SSL :$KAFKA_SASL_PORT"; else sasl=" SASL_SSL :$KAFKA_SASL_PORT down (run: $0 up)"; fi
+    fi
+    echo "infra: kafka    up    $KAFKA_HOST:$KAFKA_PORT${pid:+ (pid $pid)} (version $KAFKA_VERSION; log $KAFKA_LOG)${KAFKA_CHAOS_PORT:+ CHAOS listener :$KAFKA_CHAOS_PORT advertised as :$KAFKA_CHAOS_ADVERTISED_PORT}$sasl"
     return 0
   fi
   echo "infra: kafka    down  $KAFKA_HOST:$KAFKA_PORT"
