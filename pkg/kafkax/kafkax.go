@@ -27,6 +27,8 @@ type Config struct {
 	HeartbeatEvery   time.Duration // default 3s
 	MaxPollWait      time.Duration // fetch max wait; default 100ms
 	DialTimeout      time.Duration // default 5s
+	TLS              TLS           // TLS to the brokers (off by default)
+	SASL             SASL          // SASL authentication (none by default)
 }
 
 func (c *Config) SetDefaults() {
@@ -63,7 +65,7 @@ func (c *Config) Validate() error {
 	if c.HeartbeatEvery >= c.SessionTimeout {
 		return fmt.Errorf("kafka heartbeat (%s) must be shorter than the session timeout (%s)", c.HeartbeatEvery, c.SessionTimeout)
 	}
-	return nil
+	return c.CheckSecurity()
 }
 
 func (c Config) base() *sarama.Config {
@@ -76,8 +78,16 @@ func (c Config) base() *sarama.Config {
 	sc.Metadata.Retry.Max = 3
 	sc.Metadata.Retry.Backoff = 250 * time.Millisecond
 	sc.MetricRegistry = NoMetrics
+	if err := c.applySecurity(sc); err != nil {
+		sc.Net.Proxy.Enable = true
+		sc.Net.Proxy.Dialer = failDialer{err}
+	}
 	return sc
 }
+
+// SaramaConfig is the base Sarama config of c (version, client id, timeouts, TLS, SASL)
+// for a client of a kind this package does not build.
+func (c Config) SaramaConfig() *sarama.Config { return c.base() }
 
 // ConsumerConfig is the Sarama config of a router consumer. Offsets are marked only when
 // the handler acks (after its database commit) and committed by Sarama in the background:
@@ -154,10 +164,37 @@ func (c Config) NewSyncProducer() (sarama.SyncProducer, error) {
 	return p, nil
 }
 
-// Unreachable wraps a connection error with what to do about it.
+// Unreachable wraps a connection error with what to do about it, on one line: a refused
+// certificate or failed authentication is named as such (the broker answered; starting it
+// changes nothing), anything else as the broker being unreachable.
 func Unreachable(brokers []string, err error) error {
-	return fmt.Errorf("kafka %s unreachable: %w (start it with `scripts/infra.sh up`)", strings.Join(brokers, ","), err)
+	if cause := causeOf(err); cause != "" {
+		return &SecurityError{Brokers: strings.Join(brokers, ","), Cause: cause, Err: err}
+	}
+	return &unreachableError{brokers: strings.Join(brokers, ","), err: err}
 }
+
+type unreachableError struct {
+	brokers string
+	err     error
+}
+
+func (e *unreachableError) Error() string {
+	return "kafka " + e.brokers + " unreachable: " + oneLine(e.err.Error()) + " (start it with `scripts/infra.sh up`)"
+}
+func (e *unreachableError) Unwrap() error { return e.err }
+
+// SecurityError is a connection the brokers answered but refused, or that this side refused:
+// TLS verification or SASL authentication. Its message is one line naming the brokers and
+// the cause.
+type SecurityError struct {
+	Brokers string
+	Cause   string
+	Err     error
+}
+
+func (e *SecurityError) Error() string { return "kafka " + e.Brokers + ": " + e.Cause }
+func (e *SecurityError) Unwrap() error { return e.Err }
 
 var topicRe = regexp.MustCompile(`^[A-Za-z0-9._-]{1,249}$`)
 

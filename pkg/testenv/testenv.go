@@ -163,8 +163,7 @@ func Kafka(t testing.TB) kafkax.Config {
 	c := kafkax.Config{Brokers: Brokers(), ClientID: "onceflow-test", SessionTimeout: 6 * time.Second,
 		RebalanceTimeout: 10 * time.Second, HeartbeatEvery: time.Second, MaxPollWait: 50 * time.Millisecond}
 	c.SetDefaults()
-	sc := sarama.NewConfig()
-	sc.Version = kafkax.Version
+	sc := c.SaramaConfig()
 	sc.Net.DialTimeout = 3 * time.Second
 	sc.Metadata.Retry.Max = 1
 	client, err := sarama.NewClient(c.Brokers, sc)
@@ -188,9 +187,7 @@ func TopicWithConfig(t testing.TB, c kafkax.Config, prefix string, partitions in
 	for k, v := range settings {
 		entries[k] = &v
 	}
-	sc := sarama.NewConfig()
-	sc.Version = kafkax.Version
-	admin, err := sarama.NewClusterAdmin(c.Brokers, sc)
+	admin, err := sarama.NewClusterAdmin(c.Brokers, c.SaramaConfig())
 	if err != nil {
 		t.Fatalf("testenv: Kafka unreachable: %v\n%s", err, howToStart)
 	}
@@ -228,9 +225,7 @@ func randHex(n int) string {
 // the partition's end (the whole partition when the group committed nothing there).
 func CommittedLag(t testing.TB, c kafkax.Config, group, topic string) map[int32]int64 {
 	t.Helper()
-	sc := sarama.NewConfig()
-	sc.Version = kafkax.Version
-	client, err := sarama.NewClient(c.Brokers, sc)
+	client, err := sarama.NewClient(c.Brokers, c.SaramaConfig())
 	if err != nil {
 		t.Fatalf("testenv: Kafka unreachable: %v\n%s", err, howToStart)
 	}

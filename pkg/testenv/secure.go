@@ -1,0 +1,71 @@
+package testenv
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/onceflow/onceflow/pkg/kafkax"
+)
+
+// The TLS material and secured endpoints of `scripts/infra.sh up`: a local CA, a server
+// certificate (broker and MariaDB), a client certificate, the Kafka SASL user's password,
+// a SASL_SSL listener and a MariaDB user that must use TLS.
+
+// TLSDir is where scripts/infra.sh writes the CA, the certificates and the Kafka user's
+// password: $ONCEFLOW_TEST_TLS_DIR, else <repository>/.run/tls.
+func TLSDir() string {
+	if d := os.Getenv("ONCEFLOW_TEST_TLS_DIR"); d != "" {
+		return d
+	}
+	root, err := repoRoot()
+	if err != nil {
+		return filepath.Join(".run", "tls")
+	}
+	return filepath.Join(root, ".run", "tls")
+}
+
+// TLSFile is the path of a file of TLSDir: ca.pem, server.pem, client.pem, client.key,
+// kafka-onceflow.password.
+func TLSFile(name string) string { return filepath.Join(TLSDir(), name) }
+
+// SecureBrokers is the SASL_SSL bootstrap list (ONCEFLOW_TEST_SASL_BROKERS, default
+// 127.0.0.1:9094).
+func SecureBrokers() []string {
+	return strings.Split(env("ONCEFLOW_TEST_SASL_BROKERS", "127.0.0.1:9094"), ",")
+}
+
+// SecureKafkaUser is the SASL user of SecureBrokers (ONCEFLOW_TEST_SASL_USER, default
+// onceflow); its password is the first line of TLSFile("kafka-<user>.password").
+func SecureKafkaUser() string { return env("ONCEFLOW_TEST_SASL_USER", "onceflow") }
+
+// SecureKafka returns a client config for the SASL_SSL listener only: TLS verified against
+// the local CA, SCRAM-SHA-512 as SecureKafkaUser. The test fails, saying how to start it,
+// when the files are missing or the listener does not answer.
+func SecureKafka(t testing.TB) kafkax.Config {
+	t.Helper()
+	Integration(t)
+	user := SecureKafkaUser()
+	c := kafkax.Config{Brokers: SecureBrokers(), ClientID: "onceflow-test", SessionTimeout: 6 * time.Second,
+		RebalanceTimeout: 10 * time.Second, HeartbeatEvery: time.Second, MaxPollWait: 50 * time.Millisecond,
+		TLS:  kafkax.TLS{Enabled: true, CAFile: TLSFile("ca.pem")},
+		SASL: kafkax.SASL{Mechanism: kafkax.SASLScramSHA512, User: user, PasswordFile: TLSFile("kafka-" + user + ".password")}}
+	c.SetDefaults()
+	if err := c.Validate(); err != nil {
+		t.Fatalf("testenv: SASL_SSL client settings: %v\n%s (it writes %s)", err, howToStart, TLSDir())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Probe(ctx); err != nil {
+		t.Fatalf("testenv: Kafka SASL_SSL listener at %s: %v\n%s", strings.Join(c.Brokers, ","), err, howToStart)
+	}
+	return c
+}
+
+// TLSAppUser is user:password of the MariaDB user that must connect with TLS (REQUIRE SSL),
+// with the application user's grants (ONCEFLOW_TEST_TLS_APP_USER, default
+// onceflow_tls:onceflow_tls).
+func TLSAppUser() string { return env("ONCEFLOW_TEST_TLS_APP_USER", "onceflow_tls:onceflow_tls") }
