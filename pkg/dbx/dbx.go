@@ -24,6 +24,10 @@ type Config struct {
 	MaxIdleConns    int           // default MaxOpenConns
 	ConnMaxLifetime time.Duration // default 5m
 	PingTimeout     time.Duration // default 5s
+	// Password replaces the DSN's password when set (from a file or the environment, so the
+	// DSN in a config file carries none).
+	Password string
+	TLS      TLS // TLS to the server; off unless a field is set
 }
 
 func (c *Config) setDefaults() {
@@ -95,10 +99,33 @@ func ParseDSN(dsn string) (*mysql.Config, error) {
 	return mc, nil
 }
 
+// DriverConfig is ParseDSN's driver config with cfg's Password and TLS applied (the TLS
+// settings registered with the driver, RegisterTLS).
+func (cfg Config) DriverConfig() (*mysql.Config, error) {
+	mc, err := ParseDSN(cfg.DSN)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Password != "" {
+		mc.Passwd = cfg.Password
+	}
+	if cfg.TLS.Enabled() {
+		if mc.TLSConfig != "" && mc.TLSConfig != "false" {
+			return nil, fmt.Errorf("database dsn %q sets tls=%s and db.tls.* is set too: use one", MaskDSN(cfg.DSN), mc.TLSConfig)
+		}
+		name, err := RegisterTLS(cfg.TLS)
+		if err != nil {
+			return nil, err
+		}
+		mc.TLSConfig, mc.TLS = name, nil
+	}
+	return mc, nil
+}
+
 // Open opens and pings a pool. The error names the server and says how to start it.
 func Open(ctx context.Context, cfg Config) (*sql.DB, error) {
 	cfg.setDefaults()
-	mc, err := ParseDSN(cfg.DSN)
+	mc, err := cfg.DriverConfig()
 	if err != nil {
 		return nil, err
 	}
@@ -114,6 +141,10 @@ func Open(ctx context.Context, cfg Config) (*sql.DB, error) {
 	defer cancel()
 	if err := db.PingContext(pctx); err != nil {
 		_ = db.Close()
+		var me *mysql.MySQLError
+		if errors.As(err, &me) { // the server answered: refused, not unreachable
+			return nil, fmt.Errorf("database %s/%s: %w", mc.Addr, mc.DBName, err)
+		}
 		return nil, fmt.Errorf("database %s/%s unreachable: %w (start it with `scripts/infra.sh up`)", mc.Addr, mc.DBName, err)
 	}
 	if iso, err := SessionIsolation(pctx, db); err != nil || iso != ReadCommitted {
@@ -257,7 +288,13 @@ func IsConnError(err error) bool {
 
 // CreateDatabase creates the DSN's database if it does not exist (privileged DSN only).
 func CreateDatabase(ctx context.Context, dsn string) error {
-	mc, err := ParseDSN(dsn)
+	return EnsureDatabase(ctx, Config{DSN: dsn})
+}
+
+// EnsureDatabase creates the database of cfg's DSN if it does not exist, connected as cfg
+// says (password, TLS); privileged users only.
+func EnsureDatabase(ctx context.Context, cfg Config) error {
+	mc, err := cfg.DriverConfig()
 	if err != nil {
 		return err
 	}

@@ -59,6 +59,10 @@ func TestMaskDSN(t *testing.T) {
 	}{
 		{"plain", "user:s3cret@tcp(h:1)/d", "user:***@tcp(h:1)/d", "s3cret"},
 		{"at in password", "onceflow:p@ssW0rd@tcp(127.0.0.1:3306)/db", "onceflow:***@tcp(127.0.0.1:3306)/db", "ssW0rd"},
+		{"at in password, database x", "onceflow:p@ssW0rd@tcp(127.0.0.1:3306)/x", "onceflow:***@tcp(127.0.0.1:3306)/x", "ssW0rd"},
+		{"ats and colons in password, tls param", "onceflow:p@ss:w@rd@tcp(127.0.0.1:3306)/x?tls=true", "onceflow:***@tcp(127.0.0.1:3306)/x?tls=true", "ss:w"},
+		{"tls name not registered here", "onceflow:p@ss@tcp(127.0.0.1:3306)/x?tls=onceflow-1", "***@tcp(127.0.0.1:3306)/x?tls=onceflow-1", "p@ss"},
+		{"password ends with at", "u:secret@@tcp(h:1)/d", "u:***@tcp(h:1)/d", "secret"},
 		{"colon in password", "u:a:b:c@tcp(h:1)/d", "u:***@tcp(h:1)/d", "a:b:c"},
 		{"slash in password", "u:pa/ss/wd@tcp(h:1)/d", "u:***@tcp(h:1)/d", "pa/ss"},
 		{"paren in password", "u:pa(ss)@tcp(h:1)/d", "u:***@tcp(h:1)/d", "pa(ss)"},
@@ -128,7 +132,7 @@ func FuzzParseDSN(f *testing.F) {
 // own '*'), and the masked DSN parses to the same settings with *** as the password. One
 // it cannot parse shows nothing before its protocol part.
 func FuzzMaskDSN(f *testing.F) {
-	for _, s := range []string{"u:p@tcp(127.0.0.1:3306)/onceflow", "onceflow:p@ssW0rd@tcp(127.0.0.1:3306)/db",
+	for _, s := range []string{"u:p@tcp(127.0.0.1:3306)/onceflow", "onceflow:p@ssW0rd@tcp(127.0.0.1:3306)/db", "onceflow:p@ss:w@rd@tcp(127.0.0.1:3306)/x?tls=true",
 		"u:a:b/c(d)@unix(/tmp/s)/d?parseTime=true", "u:@tcp(h:1)/d", "u@/d", "u:pa@ss@tcp(h:1/d", "u:secret/d", ""} {
 		f.Add(s)
 	}
