@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -203,4 +204,32 @@ func (s *slot) close(grace time.Duration) {
 	s.quit = true
 	s.mu.Unlock()
 	<-s.done
+}
+
+// startFleet creates the run's three router slots (a, b and c, through the proxies) and
+// starts a and b; c joins and leaves during the run.
+func (h *harness) startFleet() {
+	routerEnv := append(cleanEnv(), "ONCEFLOW_CONFIG="+h.cfgPath, "ONCEFLOW_KAFKA_BROKERS="+h.routerBrokers,
+		"ONCEFLOW_DB_ADMIN_DSN="+h.adminDSN, "ONCEFLOW_DB_DSN="+dsn("onceflow:onceflow", h.px.Addr(), h.o.dbName))
+	if h.o.routerEnv != "" {
+		routerEnv = append(routerEnv, strings.Split(h.o.routerEnv, ",")...)
+		h.logf("router environment: %s", h.o.routerEnv)
+	}
+	for _, n := range []string{"a", "b", "c"} {
+		h.slots = append(h.slots, newSlot(n, h.bin, []string{"run", "--plugins", "coupon-granter," + misbehaverPlugin}, routerEnv, h.o.runDir, h.logf))
+	}
+	h.slots[0].start()
+	h.slots[1].start()
+	h.logf("routers a and b starting (c joins and leaves during the run); logs %s/router-*.log", h.o.runDir)
+	time.Sleep(3 * time.Second)
+}
+
+// closeFleet stops every router and its supervisor, all at once.
+func (h *harness) closeFleet() {
+	var wg sync.WaitGroup
+	for _, s := range h.slots {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.close(40 * time.Second) }()
+	}
+	wg.Wait()
 }

@@ -1,0 +1,206 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+)
+
+// injectFaults plays the run's fault schedule while the producer sends the orders, and
+// returns once both are done (an error only when the harness was interrupted).
+func (h *harness) injectFaults(ctx context.Context) error {
+	rng := rand.New(rand.NewPCG(h.o.seed, 0xc4a05))
+	events := schedule(h.p, rng)
+	writeSchedule(filepath.Join(h.o.runDir, "schedule.txt"), events)
+	h.logf("schedule: %d fault events over %s (schedule.txt)", len(events), h.p.window)
+
+	fctx, fcancel := context.WithCancel(ctx)
+	defer fcancel()
+	var fwg sync.WaitGroup
+	start := time.Now()
+	fwg.Add(1)
+	go func() {
+		defer fwg.Done()
+		for _, e := range events {
+			select {
+			case <-fctx.Done():
+				return
+			case <-time.After(time.Until(start.Add(e.at))):
+			}
+			fwg.Add(1)
+			go func() {
+				defer fwg.Done()
+				h.fault(e)
+			}()
+		}
+	}()
+
+	produced, err := h.produce(ctx)
+	if err != nil {
+		h.harnessErr("producer: %v", err)
+	}
+	h.logf("producer done: %d orders in %d segments", produced, len(h.info.Ledgers))
+	fwg.Wait()
+	fcancel()
+	if ctx.Err() != nil {
+		return errors.New("interrupted")
+	}
+	return nil
+}
+
+// produce sends the run's orders: segments of orders, each a `router produce` run with its
+// own ledger (added to the run's ledgers once sent); a segment that fails (broker
+// restarting) is sent again in full with the same seed: the same orders and payloads, i.e.
+// more duplicate deliveries, which is what a producer retry is. It returns the orders of the
+// segments sent.
+func (h *harness) produce(ctx context.Context) (int, error) {
+	perSeg := h.p.orders / h.p.segments
+	produced := 0
+	for seg := 0; seg < h.p.segments; seg++ {
+		prefix := fmt.Sprintf("%s-s%02d", h.info.Prefix, seg)
+		ledger := filepath.Join(h.o.runDir, fmt.Sprintf("ledger-s%02d.txt", seg))
+		deadline := time.Now().Add(3 * time.Minute)
+		for attempt := 1; ; attempt++ {
+			cmd := exec.CommandContext(ctx, h.bin, "produce", "--orders", fmt.Sprint(perSeg), "--dup-rate", "0.3",
+				"--poison", fmt.Sprint(max(perSeg/100, 2*len(poisonKinds))), "--rate", fmt.Sprint(h.p.rate), "--prefix", prefix,
+				"--seed", fmt.Sprint(h.o.seed*1000+uint64(seg)), "--ledger", ledger)
+			cmd.Env = append(h.baseEnv, "ONCEFLOW_DB_DSN="+h.appDSN)
+			out, err := cmd.CombinedOutput()
+			if err == nil {
+				produced += perSeg
+				h.logf("segment %d/%d: %s", seg+1, h.p.segments, strings.TrimSpace(lastLine(string(out))))
+				break
+			}
+			if ctx.Err() != nil || time.Now().After(deadline) {
+				return produced, fmt.Errorf("segment %s: %v: %s", prefix, err, lastLine(string(out)))
+			}
+			h.logf("segment %d attempt %d failed (%s): sending it again in 2s", seg+1, attempt, strings.TrimSpace(lastLine(string(out))))
+			time.Sleep(2 * time.Second)
+		}
+		h.info.Ledgers = append(h.info.Ledgers, ledger)
+	}
+	return produced, nil
+}
+
+// fault injects one event of the schedule.
+func (h *harness) fault(e event) {
+	slots := h.slots
+	switch e.kind {
+	case "kill":
+		// An armed router (relay-crash fault pending) is spared: killing it would
+		// only postpone its crash point.
+		victim := slots[e.victim]
+		if !victim.running() || victim.isArmed() {
+			for _, s := range slots {
+				if s.running() && !s.isArmed() {
+					victim = s
+					break
+				}
+			}
+		}
+		if pid, ok := victim.kill(e.dur); ok {
+			h.scheduledKills.Add(1)
+			h.logf("SIGKILL router %s (pid %d), restart in %s", victim.name, pid, e.dur.Round(10*time.Millisecond))
+		} else {
+			h.logf("kill: no router running at this moment (skipped)")
+		}
+	case "join":
+		h.logf("router c joins")
+		slots[2].start()
+	case "leave":
+		h.logf("router c leaves (SIGTERM)")
+		slots[2].stop(40 * time.Second)
+	case "db-latency", "kafka-latency", "db-reset", "kafka-reset", "db-cut", "kafka-cut":
+		target, what, _ := strings.Cut(e.kind, "-")
+		x := h.px
+		if target == "kafka" {
+			x = h.kpx
+		}
+		h.netFault(x, target, what, e)
+	case "relay-crash":
+		// Not while a service restarts (the armed router would only fail to start):
+		// it holds the infra lock until the crash happened or 25 s passed.
+		h.infraMu.Lock()
+		h.relayCrash(e, 25*time.Second)
+		h.infraMu.Unlock()
+	case "kafka":
+		h.restart("kafka", e.dur, &h.brokerRestarts)
+	case "db":
+		h.restart("db", e.dur, &h.dbRestarts)
+	}
+}
+
+// netFault runs one network fault on x (the db or kafka proxy) and logs it.
+func (h *harness) netFault(x *proxy, target, what string, e event) {
+	if x == nil {
+		return
+	}
+	var err error
+	switch what {
+	case "latency":
+		h.logf("%s proxy: +%s latency per chunk each way for %s", target, e.val.Round(time.Millisecond), e.dur.Round(100*time.Millisecond))
+		if err = x.SetLatency(e.val); err == nil {
+			time.Sleep(e.dur)
+			err = x.SetLatency(0)
+		}
+	case "reset":
+		h.logf("%s proxy: resetting every connection that carries data in the next %s", target, e.dur.Round(100*time.Millisecond))
+		err = x.Reset(e.dur)
+	case "cut":
+		h.logf("%s proxy: cut (all traffic dropped) for %s", target, e.dur.Round(100*time.Millisecond))
+		if err = x.SetCut(true); err == nil {
+			time.Sleep(e.dur)
+			err = x.SetCut(false)
+			h.logf("%s proxy: cut healed (connections that lived through it closed)", target)
+		}
+	}
+	if err != nil {
+		h.logf("%s proxy: %s: %v", target, what, err)
+	}
+}
+
+// relayCrash makes the relay crash between a Kafka commit and the database mark, the moment
+// its reconciliation exists for: the victim router restarts at once armed with
+// ONCEFLOW_RELAY_CRASH_POINT=after-kafka-commit:n (it exits with 137 right after its n-th
+// Kafka commit, before marking the rows; its restarts stay armed until one does), every
+// other router is SIGKILLed too and kept down until the dead owner's lease has expired, so
+// the victim is the one that takes the lease.
+// The next relay session (any router) must reconcile that batch rather than publish it again.
+// It waits up to wait for the crash.
+func (h *harness) relayCrash(e event, wait time.Duration) {
+	slots := h.slots
+	victim := slots[e.victim]
+	n := int(e.val)
+	victim.arm(fmt.Sprintf("ONCEFLOW_RELAY_CRASH_POINT=after-kafka-commit:%d", n))
+	others := leaseTTL + 1500*time.Millisecond
+	var killed []string
+	for _, s := range slots {
+		delay := others
+		if s == victim {
+			delay = 300 * time.Millisecond
+		} else {
+			s.delayStart(time.Now().Add(others))
+		}
+		if pid, ok := s.kill(delay); ok {
+			killed = append(killed, fmt.Sprintf("%s (pid %d)", s.name, pid))
+		}
+	}
+	h.logf("relay crash: SIGKILL %s; router %s restarts armed to crash right after its Kafka commit #%d (before the mark), the others in %s",
+		strings.Join(killed, ", "), victim.name, n, others)
+	crashes := func() int { victim.mu.Lock(); defer victim.mu.Unlock(); return victim.crashes }
+	before := crashes()
+	deadline := time.Now().Add(wait)
+	for crashes() == before {
+		if time.Now().After(deadline) {
+			h.logf("relay crash: router %s did not reach its crash point within %s (its starts stay armed until one does)", victim.name, wait)
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

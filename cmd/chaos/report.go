@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+)
+
+// audit runs the checker on what the run left (then, with -inject, injects the faults and
+// requires the checker to report each), prints its report and the CHAOS line, and returns
+// the exit code: 0 for CHAOS ok, 1 for CHAOS FAIL.
+func audit(ctx context.Context, c clock, o options, info runInfo, appDSN, adminDSN string, kinds []string, harnessErrs []string) (int, error) {
+	cc := CheckConfig{DSN: appDSN, Brokers: info.Brokers, GrantedTopic: grantedTopic, OrderTopic: orderTopic,
+		StartOffsets: info.StartOffsets, Prefix: info.Prefix, Ledgers: info.Ledgers,
+		Misbehaver: misbehaverBiz, Groups: runGroups, LagWait: 30 * time.Second}
+	rep, err := Check(ctx, cc)
+	if err != nil {
+		return 2, err
+	}
+	c.printReport(rep)
+	extra := []string{}
+	for _, h := range harnessErrs {
+		extra = append(extra, "harness("+strings.ReplaceAll(h, " ", "_")+")")
+	}
+	for _, k := range poisonKinds {
+		if rep.PoisonKinds[k] == 0 {
+			extra = append(extra, "harness(no_"+k+"_poison_record_on_"+orderTopic+")")
+		}
+	}
+	if len(kinds) > 0 {
+		c.logf("before injection: %s", summary(rep, info.Kills, info.BrokerRestar, info.DBRestarts, extra))
+		admin, err := sql.Open("mysql", adminDSN)
+		if err != nil {
+			return 2, err
+		}
+		defer admin.Close()
+		done, err := inject(ctx, admin, info.Prefix, kinds, injectTarget{Brokers: info.Brokers, GrantedTopic: grantedTopic,
+			OrderTopic: orderTopic, Misbehaver: misbehaverBiz})
+		for _, d := range done {
+			c.logf("injected %s", d)
+		}
+		if err != nil {
+			return 2, err
+		}
+		if rep, err = Check(ctx, cc); err != nil {
+			return 2, err
+		}
+		c.printReport(rep)
+		for _, k := range kinds {
+			if rep.Has(injectKinds[k]) {
+				c.logf("injected %s → reported as %s", k, injectKinds[k])
+			} else {
+				c.logf("injected %s → NOT REPORTED (checker bug)", k)
+				extra = append(extra, "undetected-injection("+k+")")
+			}
+		}
+	}
+	fmt.Printf("chaos: runtime %.0fs (run dir %s)\n", time.Since(c.t0).Seconds(), o.runDir)
+	line := summary(rep, info.Kills, info.BrokerRestar, info.DBRestarts, extra)
+	fmt.Println(line)
+	if strings.HasPrefix(line, "CHAOS ok") {
+		return 0, nil
+	}
+	return 1, nil
+}
+
+// checkOnly audits an earlier run again (-check-only), from its run.json.
+func checkOnly(ctx context.Context, c clock, o options, kinds []string) (int, error) {
+	if o.runDir == "" {
+		o.runDir = filepath.Join(o.root, ".run", "chaos", "last")
+	}
+	b, err := os.ReadFile(filepath.Join(o.runDir, "run.json"))
+	if err != nil {
+		return 2, fmt.Errorf("-check-only: %w", err)
+	}
+	var info runInfo
+	if err := json.Unmarshal(b, &info); err != nil {
+		return 2, fmt.Errorf("-check-only: %s/run.json: %w", o.runDir, err)
+	}
+	c.logf("auditing run %s (prefix %s, database %s)", o.runDir, info.Prefix, info.DB)
+	return audit(ctx, c, o, info, dsn("onceflow:onceflow", info.DBAddr, info.DB), dsn("onceflow_admin:onceflow_admin", info.DBAddr, info.DB), kinds, nil)
+}
+
+// printReport logs the checker's figures and prints its violations.
+func (c clock) printReport(r Report) {
+	var reasons []string
+	for k, n := range r.QuarantineReasons {
+		reasons = append(reasons, fmt.Sprintf("%s=%d", k, n))
+	}
+	sort.Strings(reasons)
+	c.logf("checker: orders=%d granted=%d failed=%d quarantined=%d %v lost=%d", r.Orders, r.Granted, r.Failed, r.Quarantined, reasons, r.Lost)
+	c.logf("checker: deliveries=%d (order-paid messages of the run on Kafka; ledgers declare %d, segment re-sends add to it) duplicates_blocked=%d redeliveries≈%d poison=%d quarantined_as_poison=%d",
+		r.KafkaDeliveries, r.LedgerDeliveries, r.DuplicatesBlocked, r.Redeliveries(), r.LedgerPoison, r.PoisonQuarantined)
+	c.logf("checker: grant_events=%d (distinct CouponGranted event ids, read_committed) duplicate_events=%d duplicate_coupons=%d transitions=%d",
+		r.GrantEvents, r.DupEvents, r.DupCoupons, r.Transitions)
+	if len(r.PoisonKinds) > 0 {
+		var kinds []string
+		for _, k := range poisonKinds {
+			kinds = append(kinds, fmt.Sprintf("%s=%d", k, r.PoisonKinds[k]))
+		}
+		c.logf("checker: poison records of the run on %s: %d (%s); inbox rows quarantined as poison: %s %d, %s %d",
+			orderTopic, r.PoisonOnKafka, strings.Join(kinds, " "), "coupon", r.PoisonQuarantined, misbehaverBiz, r.MisbehaverPoison)
+	}
+	if r.MisbehaverWant != nil {
+		c.logf("checker: %s (biz type %s) outcomes as planned: %s", misbehaverPlugin, misbehaverBiz, misbehaverSummary(r))
+	}
+	if r.LagChecked {
+		c.logf("checker: committed lag %d: %s", r.LagTotal, lagSummary(r.Lags))
+	}
+	for _, v := range r.Violations {
+		fmt.Printf("VIOLATION %s (%d): %s\n", v.Kind, v.Count, strings.Join(v.Examples, "; "))
+	}
+}
