@@ -15,6 +15,7 @@ import (
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/pkg/dbx"
 	"github.com/onceflow/onceflow/pkg/gcx"
+	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
 // Config is the router configuration: flags > env (ONCEFLOW_*) > config file > defaults.
@@ -33,18 +34,49 @@ type Config struct {
 }
 
 type DBConfig struct {
-	DSN          string `mapstructure:"dsn"`
-	AdminDSN     string `mapstructure:"admin_dsn"`
-	MaxOpenConns int    `mapstructure:"max_open_conns"`
+	DSN               string      `mapstructure:"dsn"`
+	AdminDSN          string      `mapstructure:"admin_dsn"`
+	Password          string      `mapstructure:"password"`
+	PasswordFile      string      `mapstructure:"password_file"`
+	AdminPassword     string      `mapstructure:"admin_password"`
+	AdminPasswordFile string      `mapstructure:"admin_password_file"`
+	MaxOpenConns      int         `mapstructure:"max_open_conns"`
+	TLS               DBTLSConfig `mapstructure:"tls"`
+}
+
+// DBTLSConfig is TLS to the database server: any key set turns it on, always verified.
+type DBTLSConfig struct {
+	CAFile     string `mapstructure:"ca_file"`
+	CertFile   string `mapstructure:"cert_file"`
+	KeyFile    string `mapstructure:"key_file"`
+	ServerName string `mapstructure:"server_name"`
 }
 
 type KafkaConfig struct {
-	Brokers          []string      `mapstructure:"brokers"`
-	SessionTimeout   time.Duration `mapstructure:"session_timeout"`
-	RebalanceTimeout time.Duration `mapstructure:"rebalance_timeout"`
-	Heartbeat        time.Duration `mapstructure:"heartbeat"`
-	MaxPollWait      time.Duration `mapstructure:"max_poll_wait"`
-	Window           int           `mapstructure:"window"`
+	Brokers          []string        `mapstructure:"brokers"`
+	SessionTimeout   time.Duration   `mapstructure:"session_timeout"`
+	RebalanceTimeout time.Duration   `mapstructure:"rebalance_timeout"`
+	Heartbeat        time.Duration   `mapstructure:"heartbeat"`
+	MaxPollWait      time.Duration   `mapstructure:"max_poll_wait"`
+	Window           int             `mapstructure:"window"`
+	TLS              KafkaTLSConfig  `mapstructure:"tls"`
+	SASL             KafkaSASLConfig `mapstructure:"sasl"`
+}
+
+type KafkaTLSConfig struct {
+	Enabled            bool   `mapstructure:"enabled"`
+	CAFile             string `mapstructure:"ca_file"`
+	CertFile           string `mapstructure:"cert_file"`
+	KeyFile            string `mapstructure:"key_file"`
+	ServerName         string `mapstructure:"server_name"`
+	InsecureSkipVerify bool   `mapstructure:"insecure_skip_verify"`
+}
+
+type KafkaSASLConfig struct {
+	Mechanism    string `mapstructure:"mechanism"`
+	User         string `mapstructure:"user"`
+	Password     string `mapstructure:"password"`
+	PasswordFile string `mapstructure:"password_file"`
 }
 
 type InboxConfig struct {
@@ -111,10 +143,28 @@ var defaults = []struct {
 	value any
 	help  string
 }{
-	{"db.dsn", "onceflow:onceflow@tcp(127.0.0.1:3306)/onceflow", "application DSN (least privilege)"},
-	{"db.admin_dsn", "onceflow_admin:onceflow_admin@tcp(127.0.0.1:3306)/onceflow", "privileged DSN used by `migrate` only"},
+	{"db.dsn", "", "application DSN (least privilege), user@tcp(host:port)/db; required (no built-in credentials)"},
+	{"db.admin_dsn", "", "privileged DSN used by `migrate` only; required there"},
+	{"db.password", "", "password of db.dsn's user, replacing the DSN's; better from ONCEFLOW_DB_PASSWORD or db.password_file"},
+	{"db.password_file", "", "file whose first line is db.password"},
+	{"db.admin_password", "", "password of db.admin_dsn's user, replacing the DSN's; better from ONCEFLOW_DB_ADMIN_PASSWORD or db.admin_password_file"},
+	{"db.admin_password_file", "", "file whose first line is db.admin_password"},
 	{"db.max_open_conns", 32, "connection pool size"},
+	{"db.tls.ca_file", "", "TLS to the database (any db.tls.* key turns it on, always verified): PEM CA certificates the server's must chain to (empty: the system's)"},
+	{"db.tls.cert_file", "", "PEM client certificate, for servers that ask for one (with db.tls.key_file)"},
+	{"db.tls.key_file", "", "PEM private key of db.tls.cert_file"},
+	{"db.tls.server_name", "", "name the server's certificate must carry (empty: the DSN's host)"},
 	{"kafka.brokers", []string{"127.0.0.1:9092"}, "bootstrap brokers"},
+	{"kafka.tls.enabled", false, "TLS to the brokers (every client: consumer, relay producer, admin, readback, probe)"},
+	{"kafka.tls.ca_file", "", "PEM CA certificates the brokers' must chain to (empty: the system's)"},
+	{"kafka.tls.cert_file", "", "PEM client certificate, for brokers that ask for one (with kafka.tls.key_file)"},
+	{"kafka.tls.key_file", "", "PEM private key of kafka.tls.cert_file"},
+	{"kafka.tls.server_name", "", "name the brokers' certificates must carry (empty: each broker's host)"},
+	{"kafka.tls.insecure_skip_verify", false, "accept any broker certificate (a throw-away test broker only)"},
+	{"kafka.sasl.mechanism", "", "SASL authentication: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (empty: none)"},
+	{"kafka.sasl.user", "", "SASL user"},
+	{"kafka.sasl.password", "", "SASL password; better from ONCEFLOW_KAFKA_SASL_PASSWORD or kafka.sasl.password_file"},
+	{"kafka.sasl.password_file", "", "file whose first line is the SASL password (read again at each client start)"},
 	{"kafka.session_timeout", "10s", "consumer group session timeout"},
 	{"kafka.rebalance_timeout", "30s", "time a member has to rejoin during a rebalance"},
 	{"kafka.heartbeat", "3s", "consumer heartbeat interval"},
@@ -259,14 +309,24 @@ func strictDuration(from, to reflect.Type, data any) (any, error) {
 }
 
 func (c Config) validate() error {
-	if _, err := dbx.ParseDSN(c.DB.DSN); err != nil {
-		return fmt.Errorf("db.dsn: %w", err)
+	// No DSN is built in: an empty db.dsn is refused (exit 2, naming the key) by the commands
+	// that connect (openDB); commands that do not (plugins, config) run without one.
+	if c.DB.DSN != "" {
+		if _, err := dbx.ParseDSN(c.DB.DSN); err != nil {
+			return fmt.Errorf("db.dsn: %w", err)
+		}
+	}
+	if err := c.DB.validate(); err != nil {
+		return err
 	}
 	if c.DB.MaxOpenConns < 1 || c.DB.MaxOpenConns > 1000 {
 		return fmt.Errorf("db.max_open_conns %d outside 1..1000", c.DB.MaxOpenConns)
 	}
 	if len(c.Kafka.Brokers) == 0 {
 		return errors.New("kafka.brokers is empty")
+	}
+	if err := c.kafkaConfig().CheckSecurity(); err != nil {
+		return err
 	}
 	if c.Kafka.Window < 1 || c.Kafka.Window > 100000 {
 		return fmt.Errorf("kafka.window %d outside 1..100000", c.Kafka.Window)
@@ -340,4 +400,58 @@ func oneLine(err error) string {
 		}
 	}
 	return strings.Join(parts, "; ")
+}
+
+// validate checks the db section's secrets and TLS: one source per password, files readable.
+func (c DBConfig) validate() error {
+	if _, err := c.password(false); err != nil {
+		return err
+	}
+	if _, err := c.password(true); err != nil {
+		return err
+	}
+	if t := c.tls(); t.Enabled() {
+		if _, err := t.Config(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// password is db.password or the first line of db.password_file (admin: db.admin_*); empty
+// leaves the DSN's own.
+func (c DBConfig) password(admin bool) (string, error) {
+	key, pw, file := "db.password", c.Password, c.PasswordFile
+	if admin {
+		key, pw, file = "db.admin_password", c.AdminPassword, c.AdminPasswordFile
+	}
+	if file == "" {
+		return pw, nil
+	}
+	if pw != "" {
+		return "", fmt.Errorf("%s and %s_file: set one, not both", key, key)
+	}
+	return dbx.ReadSecretFile(key+"_file", file)
+}
+
+func (c DBConfig) tls() dbx.TLS {
+	return dbx.TLS{CAFile: c.TLS.CAFile, CertFile: c.TLS.CertFile, KeyFile: c.TLS.KeyFile, ServerName: c.TLS.ServerName}
+}
+
+// kafkaConfig maps kafka.* onto the client settings of package kafkax (defaults applied).
+func (c Config) kafkaConfig() kafkax.Config {
+	k := c.Kafka
+	kc := kafkax.Config{
+		Brokers:          k.Brokers,
+		SessionTimeout:   k.SessionTimeout,
+		RebalanceTimeout: k.RebalanceTimeout,
+		HeartbeatEvery:   k.Heartbeat,
+		MaxPollWait:      k.MaxPollWait,
+		ClientID:         "onceflow-router",
+		TLS: kafkax.TLS{Enabled: k.TLS.Enabled, CAFile: k.TLS.CAFile, CertFile: k.TLS.CertFile, KeyFile: k.TLS.KeyFile,
+			ServerName: k.TLS.ServerName, InsecureSkipVerify: k.TLS.InsecureSkipVerify},
+		SASL: kafkax.SASL{Mechanism: k.SASL.Mechanism, User: k.SASL.User, Password: k.SASL.Password, PasswordFile: k.SASL.PasswordFile},
+	}
+	kc.SetDefaults()
+	return kc
 }

@@ -20,12 +20,12 @@ func (a *app) migrateCmd() *cobra.Command {
 			if adminDSN != "" {
 				dsn = adminDSN
 			}
-			c, err := a.openDB(ctx, dsn)
+			c, err := a.openDB(ctx, dsn, true)
 			if err != nil {
 				return err
 			}
 			c.MaxOpenConns = 2
-			if err := dbx.CreateDatabase(ctx, dsn); err != nil {
+			if err := dbx.EnsureDatabase(ctx, *c); err != nil {
 				return err
 			}
 			db, err := dbx.Open(ctx, *c)

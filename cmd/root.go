@@ -107,31 +107,33 @@ func newLogger(c LogConfig) watermill.LoggerAdapter {
 	return watermill.NewSlogLogger(slog.New(h))
 }
 
-func (a *app) kafka() kafkax.Config {
-	k := kafkax.Config{
-		Brokers:          a.cfg.Kafka.Brokers,
-		SessionTimeout:   a.cfg.Kafka.SessionTimeout,
-		RebalanceTimeout: a.cfg.Kafka.RebalanceTimeout,
-		HeartbeatEvery:   a.cfg.Kafka.Heartbeat,
-		MaxPollWait:      a.cfg.Kafka.MaxPollWait,
-		ClientID:         "onceflow-router",
-	}
-	k.SetDefaults()
-	return k
-}
+func (a *app) kafka() kafkax.Config { return a.cfg.kafkaConfig() }
 
-func (a *app) openDB(ctx context.Context, dsn string) (*dbx.Config, error) {
-	c := &dbx.Config{DSN: dsn, MaxOpenConns: a.cfg.DB.MaxOpenConns}
+// openDB is the pool config of dsn: db.dsn's (admin false) or db.admin_dsn's, with that
+// user's password from db.password / db.admin_password (or their files) and db.tls.*.
+func (a *app) openDB(ctx context.Context, dsn string, admin bool) (*dbx.Config, error) {
+	key := "db.dsn"
+	if admin {
+		key = "db.admin_dsn"
+	}
+	if dsn == "" {
+		return nil, badInput(fmt.Errorf("%s is empty: set it (config file, env ONCEFLOW_%s), e.g. onceflow@tcp(127.0.0.1:3306)/onceflow with the password in db.password_file; no DSN is built in",
+			key, strings.ToUpper(strings.ReplaceAll(key, ".", "_"))))
+	}
 	if _, err := dbx.ParseDSN(dsn); err != nil {
+		return nil, badInput(fmt.Errorf("%s: %w", key, err))
+	}
+	pw, err := a.cfg.DB.password(admin)
+	if err != nil {
 		return nil, badInput(err)
 	}
-	return c, nil
+	return &dbx.Config{DSN: dsn, MaxOpenConns: a.cfg.DB.MaxOpenConns, Password: pw, TLS: a.cfg.DB.tls()}, nil
 }
 
 // openAppDB opens the application database (pool of maxConns, 0 = db.max_open_conns) and
 // checks that the given tables exist, so a missing migration is one clear error up front.
 func (a *app) openAppDB(ctx context.Context, maxConns int, tables ...string) (*sql.DB, error) {
-	dc, err := a.openDB(ctx, a.cfg.DB.DSN)
+	dc, err := a.openDB(ctx, a.cfg.DB.DSN, false)
 	if err != nil {
 		return nil, err
 	}
