@@ -435,7 +435,8 @@ db_start() {
     sleep 0.5
   done
   db_provision
-  db_tls_check || return 0 # restarted: that db_start checked the rest
+  [[ $started == 0 ]] || DB_TLS_CHANGED=0 # a server started just now read the current files
+  db_tls_check || return 0               # restarted: that db_start checked the rest
   local out
   out="$(mariadb -h"$DB_HOST" -P"$DB_PORT" -uonceflow -ponceflow onceflow --batch --skip-column-names -e 'SELECT 1' 2>&1)" \
     || fail mariadb "app user onceflow cannot connect over TCP: $out" "$DB_LOG"
