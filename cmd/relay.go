@@ -109,7 +109,7 @@ func (a *app) relayConfig() (outbox.RelayConfig, error) {
 		Retention: c.Retention, CleanupInterval: c.CleanupInterval, CleanupBatch: c.CleanupBatch,
 		Shard: c.Shard, Shards: c.Shards, TransactionalID: txnID, PositionsTopic: c.PositionsTopic, Owner: c.Owner,
 		LeaseTTL: c.LeaseTTL, TxnTimeout: c.TxnTimeout, Hook: hook}
-	if err := rc.Validate(); err != nil {
+	if err := rc.WithDefaults().Validate(); err != nil {
 		return outbox.RelayConfig{}, badInput(err)
 	}
 	return rc, nil

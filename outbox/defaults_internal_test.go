@@ -25,14 +25,21 @@ func TestRelayConfigDefaultsAreTheRouters(t *testing.T) {
 		c.TxnTimeout != want.TxnTimeout || c.Retention != 0 {
 		t.Fatalf("defaults\n got %+v\nwant %+v", c, want)
 	}
-	if err := c.validate(); err != nil {
+	if err := c.Validate(); err != nil {
 		t.Fatalf("the defaults do not validate: %v", err)
+	}
+	// Validate only checks: the zero config is invalid until its defaults are filled.
+	if err := (RelayConfig{}).Validate(); err == nil {
+		t.Fatal("the zero config validates: Validate filled in defaults")
+	}
+	if err := (RelayConfig{}).WithDefaults().Validate(); err != nil {
+		t.Fatalf("WithDefaults().Validate() = %v", err)
 	}
 	// NoLinger (any negative value) turns lingering off; the zero value is the default.
 	off := RelayConfig{Linger: NoLinger}
 	off.setDefaults()
-	if off.Linger >= 0 || off.validate() != nil {
-		t.Fatalf("NoLinger became %s (%v)", off.Linger, off.validate())
+	if off.Linger >= 0 || off.Validate() != nil {
+		t.Fatalf("NoLinger became %s (%v)", off.Linger, off.Validate())
 	}
 }
 

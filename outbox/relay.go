@@ -90,6 +90,7 @@ type RelayConfig struct {
 // does; the zero value stands for the default).
 const NoLinger time.Duration = -1
 
+// setDefaults fills the zero settings with their defaults.
 func (c *RelayConfig) setDefaults() {
 	if c.Table == "" {
 		c.Table = "outbox"
@@ -139,14 +140,17 @@ func (c *RelayConfig) setDefaults() {
 	}
 }
 
-// Validate reports the first invalid setting; zero values stand for their defaults.
-func (c *RelayConfig) Validate() error {
-	d := *c
-	d.setDefaults()
-	return d.validate()
+// WithDefaults returns c with every zero setting replaced by its default, as NewRelay and
+// NewExactlyOnceRelay use it; WithDefaults().Validate() checks a config before a relay is
+// built from it.
+func (c RelayConfig) WithDefaults() RelayConfig {
+	c.setDefaults()
+	return c
 }
 
-func (c *RelayConfig) validate() error {
+// Validate reports the first invalid setting. It only checks: a zero setting that stands
+// for a default is invalid here until the default is filled in (WithDefaults).
+func (c RelayConfig) Validate() error {
 	if err := dbx.CheckIdent("outbox table", c.Table); err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}
@@ -297,7 +301,7 @@ func NewRelay(db *sql.DB, producer Producer, cfg RelayConfig, logger watermill.L
 
 func newRelay(db *sql.DB, producer Producer, cfg RelayConfig, logger watermill.LoggerAdapter) (*Relay, error) {
 	cfg.setDefaults()
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if logger == nil {

@@ -250,7 +250,7 @@ func TestRelayConfigShards(t *testing.T) {
 		{outbox.RelayConfig{Shard: "g/1"}, false},
 		{outbox.RelayConfig{Shard: strings.Repeat("s", 53)}, false},
 	} {
-		if err := c.cfg.Validate(); (err == nil) != c.ok {
+		if err := c.cfg.WithDefaults().Validate(); (err == nil) != c.ok {
 			t.Errorf("Validate(shard %q, shards %d) = %v, want ok=%v", c.cfg.Shard, c.cfg.Shards, err, c.ok)
 		}
 	}
