@@ -1,0 +1,131 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+const sampleCSV = `name,key,value
+calibration,when,start
+calibration,work_ms,160.2
+inbox,round,1
+inbox,mode,batch
+inbox,orders_per_s,20000.0
+inbox,round,2
+inbox,mode,batch
+inbox,orders_per_s,21000.0
+inbox,mode,batch
+inbox,orders_per_s,20500.0
+inbox,min,20000.0
+inbox,max,21000.0
+inbox,rounds,2
+inbox,overhead_pct_vs_unsafe,16.5
+inbox,overhead_min,1.0
+inbox,overhead_max,20.0
+inbox,overhead_pooled_pct,12.0
+inbox,overhead_cpu_pct,12.1
+e2e,mode,batch
+e2e,orders_per_s,13397.7
+e2e,min,12952.0
+e2e,max,13865.1
+e2e,rounds,5
+e2e,offered,preloaded
+e2e,steady_orders_per_s,14248.9
+e2e,steady_min,13810.1
+e2e,steady_max,14760.3
+e2e,mode,batch
+e2e,offered_per_s,2000
+e2e,p50_ms,22.2
+e2e,p99_ms,43.3
+e2e,p99_min,40.6
+e2e,p99_max,47.4
+e2e,rounds,5
+plain,mode,grouped
+plain,orders_per_s,2613.0
+plain,rounds,5
+plain,total_cpu_us_per_order,498.0
+ratio,plain_grouped_vs_single,2.40
+ratio,plain_grouped_vs_coupon_batch,0.26
+calibration,when,end
+calibration,work_ms,156.3
+`
+
+func TestBenchTable(t *testing.T) {
+	recs, err := parseBenchCSV(strings.NewReader(sampleCSV))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Lines split where a key repeats: 2 calibration, 3 inbox, 2 e2e, 1 plain, 1 ratio.
+	if len(recs) != 9 {
+		t.Fatalf("%d lines, want 9: %+v", len(recs), recs)
+	}
+	b := benchRun{source: "x.csv", recs: recs}
+	table, err := b.table()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"**160.2 ms at the start, — before the e2e runs, 156.3 at the end**",
+		"**13,398 orders/s** (rounds 12,952–13,865); steady 14,249",
+		"20,500 orders/s (20,000–21,000); overhead median **16.5 %**", // the median line, not a round's
+		"≤ 15 %: **not met** (all three)",
+		"p99 **43.3** (40.6–47.4)", "p99 ≤ 100 ms at 2,000/s: met",
+		"grouped 2,613 orders/s (498 µs CPU per order)", "2.40×; 0.26", "≥ 10×: **not met**; ≥ 0.5: **not met**",
+	} {
+		if !strings.Contains(table, want) {
+			t.Errorf("table lacks %q:\n%s", want, table)
+		}
+	}
+	if _, err := (benchRun{recs: recs[:2]}).table(); err == nil {
+		t.Error("a CSV without the e2e and inbox medians made a table")
+	}
+}
+
+func TestReplaceRegion(t *testing.T) {
+	doc := "a\n<!-- t:start -->\nold\nlines\n<!-- t:end -->\nb\n"
+	out, err := replaceRegion([]byte(doc), "t", "new\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := string(out), "a\n<!-- t:start -->\nnew\n<!-- t:end -->\nb\n"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if _, err := replaceRegion([]byte(doc), "other", "x"); err == nil {
+		t.Error("a missing region was not an error")
+	}
+}
+
+const sampleChaos = `chaos: router built from the working tree at 09b4fd5
+chaos: [   0.1s] profile short seed 1 prefix chaos1-1 run dir .run/chaos/last
+chaos: [ 110.0s] faults over: kills=8 broker_restarts=1 db_restarts=1 relay_crashes=1/1 unplanned_router_exits=11; healing and draining (≤ 2m30s)
+chaos: [ 110.0s] network faults: db proxy connections=4296 latency=2 resets=2 cuts=1; kafka proxy connections=511 latency=2 resets=2 cuts=1
+chaos: [ 150.0s] checker: orders=3000 granted=2994 failed=0 quarantined=6 [retries_exhausted=6] lost=0
+chaos: [ 150.0s] checker: deliveries=4077 (order-paid messages of the run on Kafka; ledgers declare 3887, segment re-sends add to it) duplicates_blocked=1295 redeliveries≈218 poison=96 quarantined_as_poison=102
+chaos: [ 150.0s] checker: grant_events=2994 (distinct CouponGranted event ids, read_committed) duplicate_events=0 duplicate_coupons=0 transitions=8993
+chaos: [ 150.0s] checker: committed lag 0: coupon-sender 0, chaos-misbehaver 0
+chaos: runtime 153s (run dir .run/chaos/last)
+CHAOS ok orders=3000 kills=8 broker_restarts=1 db_restarts=1 lost=0 duplicates=0 lag=0
+`
+
+func TestChaosTable(t *testing.T) {
+	c, err := parseChaosLog(sampleChaos)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := c.table()
+	for _, want := range []string{
+		"Profile `short`, seed 1, router built from the working tree at 09b4fd5; 153 s.",
+		"| outcome | **ok** |", "| orders | 3000 (4077 order-paid",
+		"| relay crashes between the Kafka commit and the database mark | 1/1",
+		"| lost | **0** |", "**0** / **0** (2994 distinct", "1295 (≈218)",
+		"| committed lag | 0: coupon-sender 0",
+		"```\nCHAOS ok orders=3000 kills=8 broker_restarts=1 db_restarts=1 lost=0 duplicates=0 lag=0\n```",
+	} {
+		if !strings.Contains(table, want) {
+			t.Errorf("table lacks %q:\n%s", want, table)
+		}
+	}
+	if _, err := parseChaosLog("chaos: building\n"); err == nil {
+		t.Error("output without a CHAOS line parsed")
+	}
+}
