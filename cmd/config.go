@@ -136,8 +136,9 @@ type LogConfig struct {
 	Format string `mapstructure:"format"`
 }
 
-// defaults is the single table of configuration keys and their defaults (README's
-// configuration table is generated from the same names).
+// defaults is the single table of configuration keys, their defaults and what they mean:
+// the router and DefaultConfig take their defaults from it, and README's configuration
+// table is its rendering (configTable; TestConfigTable fails when they differ).
 var defaults = []struct {
 	key   string
 	value any
@@ -173,11 +174,11 @@ var defaults = []struct {
 	{"inbox.max_attempts", 5, "handler attempts before a message is quarantined"},
 	{"inbox.backoff_initial", "100ms", "first retry backoff (doubles)"},
 	{"inbox.backoff_max", "5s", "retry backoff cap"},
-	{"inbox.retention", "720h", "inbox rows expire after this (must cover Kafka's retention)"},
+	{"inbox.retention", "720h", "inbox rows expire after this (30 days); must cover how far back Kafka can replay: a warning is logged at start when a topic keeps messages longer"},
 	{"inbox.max_payload_bytes", 1 << 20, "larger payloads are poison (quarantined with a 64 KiB prefix, size and sha256); checked against the server's max_allowed_packet at start"},
 	{"inbox.max_metadata_bytes", 32 << 10, "records whose headers (as JSON) are longer are poison (stored capped); at most 65535"},
 	{"inbox.handler_timeout", "30s", "a plugin call (prepare, handle) that has not returned by then is abandoned and counts as a failed attempt (reason timeout)"},
-	{"inbox.steps_per_transaction", 1, "consecutive handler steps per transaction (1: every state transition commits alone)"},
+	{"inbox.steps_per_transaction", 1, "consecutive handler steps per transaction; 1: every state transition commits alone (no lock held across the next step's slow call); 3: a whole coupon grant in one commit, same guarantees"},
 	{"inbox.batch_size", 512, "group commit: deliveries per transaction (a BatchHandler's own multi-row path, else a plain handler's deliveries behind savepoints); 1 turns it off"},
 	{"inbox.batch_linger", "2ms", "how long a batch waits for more deliveries after its first"},
 	{"inbox.batch_workers", 2, "batch transactions running at once (a second only for a full batch or one that waited 2× batch_linger; never two with one key)"},
@@ -185,14 +186,14 @@ var defaults = []struct {
 	{"inbox.cleanup_interval", "1h", "how often expired done rows are deleted"},
 	{"inbox.cleanup_batch", 500, "rows per cleanup DELETE"},
 	{"relay.enabled", true, "run the outbox relay in this process"},
-	{"relay.batch_size", 2000, "events per Kafka transaction (larger: fewer commits, more republished after an abort)"},
+	{"relay.batch_size", 2000, "events per Kafka transaction (larger: fewer commits, more republished after an abort; docs/BENCHMARKS.md, Why the defaults)"},
 	{"relay.poll_interval", "50ms", "relay sleep when nothing is pending"},
 	{"relay.linger", "5ms", "a partial batch waits this long once for more rows before it is published (as Kafka's linger.ms); 0 publishes at once"},
 	{"relay.lag_bound", "1m", "verify: unpublished rows older than this are a violation"},
 	{"relay.exactly_once", true, "transactional producer + positions topic + lease; false: idempotent producer, at least once"},
 	{"relay.shard", "default", "shard group of the outbox (one lease and one transactional.id per shard)"},
 	{"relay.shards", 1, "outbox shards (hash of the key mod shards): the group's relays spread them; change only with a drained outbox"},
-	{"relay.transactional_id", "", "Kafka transactional.id (default onceflow-relay-<database>-<shard>); the same on every instance"},
+	{"relay.transactional_id", "", "Kafka transactional.id (default onceflow-relay-<database>-<shard>, so two databases never share positions or fence each other); the same on every instance of the shard"},
 	{"relay.positions_topic", "onceflow-relay-positions", "compacted topic of batch positions (created if missing)"},
 	{"relay.owner", "", "lease owner name (default host-pid-random)"},
 	{"relay.lease_ttl", "10s", "a crashed relay's shard is taken over after this"},
@@ -203,13 +204,36 @@ var defaults = []struct {
 	{"relay.cleanup_interval", "1m", "how often published rows past the retention are deleted"},
 	{"relay.cleanup_batch", 500, "rows per cleanup DELETE"},
 	{"relay.check_topics", true, "`run` exits 1 at start when a topic its plugins write to does not exist (false: their events are parked until it does)"},
-	{"admin.listen", "127.0.0.1:9464", "health and metrics listener (empty disables); an address beyond loopback requires admin.token"},
+	{"admin.listen", "127.0.0.1:9464", "/healthz, /readyz and /metrics listener (empty disables); an address beyond loopback requires admin.token"},
 	{"admin.token", "", "bearer token /metrics and /readyz ask for (Authorization: Bearer …), at least 16 characters; better from ONCEFLOW_ADMIN_TOKEN or admin.token_file"},
 	{"admin.token_file", "", "file whose first line is admin.token"},
-	{"log.level", "info", "debug, info, warn, error"},
+	{"log.level", "info", "debug, info, warn, error (slog through Watermill's adapter)"},
 	{"log.format", "text", "text or json"},
-	{"runtime.gogc", gcx.DefaultPercent, "Go GC target percentage (GOGC; the environment's GOGC wins); -1 off, with runtime.memory_limit_mb"},
-	{"runtime.memory_limit_mb", 0, "Go soft memory limit in MiB (GOMEMLIMIT; the environment's wins); 0: none"},
+	{"runtime.gogc", gcx.DefaultPercent, "Go GC target percentage (GOGC; the environment's GOGC wins); -1 off, with runtime.memory_limit_mb. A router holds many parked goroutines and a small live heap: see docs/BENCHMARKS.md, Why the defaults"},
+	{"runtime.memory_limit_mb", 0, "Go soft memory limit in MiB (GOMEMLIMIT; the environment's wins); 0: none. Set it in a memory-limited container so the collector works harder before the limit"},
+}
+
+// configTable renders the defaults table as README's configuration table (markdown: key,
+// environment variable, default, meaning). `go test ./cmd -run TestConfigTable -update`
+// writes it into README.
+func configTable() string {
+	cell := func(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
+	var b strings.Builder
+	b.WriteString("| key | env | default | meaning |\n|---|---|---|---|\n")
+	for _, d := range defaults {
+		def := "—"
+		switch v := d.value.(type) {
+		case []string:
+			def = "`" + strings.Join(v, ",") + "`"
+		default:
+			if s := fmt.Sprint(v); s != "" {
+				def = "`" + s + "`"
+			}
+		}
+		env := "ONCEFLOW_" + strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(d.key))
+		fmt.Fprintf(&b, "| `%s` | `%s` | %s | %s |\n", d.key, env, cell(def), cell(d.help))
+	}
+	return b.String()
 }
 
 // DefaultConfig is the configuration with every key at its default (the defaults table;
