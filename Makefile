@@ -56,9 +56,12 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzConfigFile$$' -fuzztime=$(FUZZTIME) ./cmd/
 	$(GO) test -run='^$$' -fuzz='^FuzzProcess$$' -fuzztime=$(FUZZTIME_DB) ./inbox/
 
-## bench: throughput measured on the real services (never asserted in a test)
+## bench: throughput measured on the real services (never asserted in a test); a full run
+## (no -only in BENCH_FLAGS) regenerates docs/BENCHMARKS.md's table and README's summary
 bench: infra
 	bash scripts/bench.sh
+	@case " $(BENCH_FLAGS) " in *" -only"*) echo "bench: an -only run: the documents are left as they are" ;; \
+	  *) $(GO) run ./scripts/doctable -bench "$$(ls -t bench/results/bench-*.csv | head -n 1)" ;; esac
 
 vet:
 	$(GO) vet $(PKGS)
@@ -66,9 +69,12 @@ vet:
 ## chaos: kill -9, relay crashes, rebalances, broker/database restarts, DB and Kafka network
 ## faults, then an independent checker; ends with one CHAOS line. Runs on a second, private
 ## MariaDB + Kafka (scripts/chaos.sh), never on the shared services. CHAOS_PROFILE=long for
-## the long run, CHAOS_SEED=N.
+## the long run, CHAOS_SEED=N. The output is kept in .run/chaos/chaos.log, and docs/RELIABILITY.md's
+## table is regenerated from it when the checker reported (whatever the outcome).
 chaos:
-	bash scripts/chaos.sh
+	@rm -f .run/chaos/chaos.log; rc=0; bash scripts/chaos.sh || rc=$$?; \
+	  $(GO) run ./scripts/doctable -chaos .run/chaos/chaos.log || echo "chaos: docs/RELIABILITY.md left as it is"; \
+	  exit $$rc
 
 ## chaos-broken: the router built deliberately broken (the relay skips its reconcile); passes
 ## only if the checker reports the duplicate events (CHAOS_BROKEN=inbox for the other break)

@@ -6,7 +6,8 @@
 // message and its Watermill handler) and a small live heap, so with Go's default GOGC=100
 // it collects every few megabytes and each cycle scans every goroutine stack. In the e2e
 // bench on 2 cores the collector took 14–18 % of the router process's CPU at GOGC=100 and
-// 5 % at 400 (heap ≈ 5× the live ≈ 50–70 MB then; README, Benchmarks).
+// 5 % at 400 (heap ≈ 5× the live ≈ 50–70 MB then; docs/BENCHMARKS.md, "Why the defaults":
+// runtime.gogc 400).
 package gcx
 
 import (

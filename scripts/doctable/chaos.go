@@ -67,6 +67,9 @@ func parseChaosLog(out string) (chaosRun, error) {
 	if c.line == "" {
 		return c, errors.New("no CHAOS line: not the output of a finished make chaos run")
 	}
+	if _, ok := c.fields["granted"]; !ok {
+		return c, errors.New("the checker reported nothing (the harness failed before it ran): " + c.line)
+	}
 	c.ok = strings.HasPrefix(c.line, "CHAOS ok")
 	head, _, _ := strings.Cut(c.line, " violations: ")
 	kv(head)

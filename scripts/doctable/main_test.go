@@ -128,4 +128,7 @@ func TestChaosTable(t *testing.T) {
 	if _, err := parseChaosLog("chaos: building\n"); err == nil {
 		t.Error("output without a CHAOS line parsed")
 	}
+	if _, err := parseChaosLog("CHAOS FAIL harness: infra.sh up: exit 1\n"); err == nil {
+		t.Error("a run whose checker did not report parsed")
+	}
 }
