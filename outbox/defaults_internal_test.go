@@ -6,7 +6,7 @@ import (
 )
 
 // TestRelayConfigDefaultsAreTheRouters: a relay wired by hand gets the stock router's
-// settings (cmd/router's defaults table: relay.*), not older library values.
+// settings (cmd/router's defaults table: relay.*).
 func TestRelayConfigDefaultsAreTheRouters(t *testing.T) {
 	var c RelayConfig
 	c.setDefaults()

@@ -28,7 +28,7 @@ var ErrShardCountMismatch = errors.New("outbox relay: relays of this shard group
 // relays with different views for a moment at worst both want a shard (the lease decides)
 // or neither does (it waits one refresh).
 type membership struct {
-	r  *Relay
+	r  *eosRelay
 	mu sync.Mutex // serialises refresh and leave
 
 	refreshed time.Time
@@ -36,7 +36,7 @@ type membership struct {
 	q         struct{ upsert, list, leave, purge string }
 }
 
-func newMembership(r *Relay) *membership {
+func newMembership(r *eosRelay) *membership {
 	m := &membership{r: r}
 	m.q.upsert = `INSERT INTO ` + MemberTable + ` (grp, owner, shards, expires_at) VALUES (?, ?, ?, NOW(6) + INTERVAL ? MICROSECOND)
  ON DUPLICATE KEY UPDATE shards = VALUES(shards), expires_at = VALUES(expires_at)`
@@ -88,7 +88,7 @@ func (m *membership) refresh(ctx context.Context) error {
 	}
 	m.refreshed = t0
 	if len(others) > 0 {
-		for _, e := range m.r.eos {
+		for _, e := range m.r.shards {
 			e.wanted.Store(false)
 		}
 		view := fmt.Sprintf("mismatch %v", others)
@@ -104,7 +104,7 @@ func (m *membership) refresh(ctx context.Context) error {
 		slices.Sort(members)
 	}
 	var owned []int
-	for _, e := range m.r.eos {
+	for _, e := range m.r.shards {
 		want := members[e.index%len(members)] == cfg.Owner
 		e.wanted.Store(want)
 		if want {
@@ -150,7 +150,7 @@ func (m *membership) list(ctx context.Context) (members, others []string, err er
 func (m *membership) leave(ctx context.Context) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for _, e := range m.r.eos {
+	for _, e := range m.r.shards {
 		e.wanted.Store(false)
 	}
 	m.view = ""
@@ -166,7 +166,7 @@ func (m *membership) leave(ctx context.Context) error {
 // different transactional ids (no fencing between them). It covers relays with one shard,
 // which keep no membership. Each relay takes its lease before it checks, so of two
 // relays starting together at least one sees the other.
-func (e *exactlyOnce) checkShardCount(ctx context.Context) error {
+func (e *eosShard) checkShardCount(ctx context.Context) error {
 	group, n := e.r.cfg.Shard, e.r.cfg.Shards
 	rows, err := e.r.db.QueryContext(ctx, `SELECT shard, owner FROM `+LeaseTable+` WHERE expires_at > NOW(6)`)
 	if err != nil {

@@ -263,7 +263,7 @@ type parkEntry struct {
 
 // parkedKeys reads the keys that have parked events, each with the event its later events
 // wait behind. The table is small: refused events and their keys' followers only.
-func (r *Relay) parkedKeys(ctx context.Context, q queryer) (map[string]string, error) {
+func (r *relayBase) parkedKeys(ctx context.Context, q queryer) (map[string]string, error) {
 	rows, err := q.QueryContext(ctx, r.q.parkedKeys)
 	if err != nil {
 		return nil, fmt.Errorf("read parked outbox keys (migration 00010 creates %s): %w", parkedTable(r.cfg.Table), err)
@@ -294,7 +294,7 @@ type queryer interface {
 // this batch are moved only if that event is still parked, checked under its row lock (the
 // lock Retry and Drop take): otherwise they stay in the outbox, and their keys are returned
 // in kept (the caller leaves those keys' rows for the next batch).
-func (r *Relay) park(ctx context.Context, tx *sql.Tx, entries []parkEntry) (moved []parkEntry, kept map[string]bool, err error) {
+func (r *relayBase) park(ctx context.Context, tx *sql.Tx, entries []parkEntry) (moved []parkEntry, kept map[string]bool, err error) {
 	if len(entries) == 0 {
 		return nil, nil, nil
 	}

@@ -15,16 +15,6 @@ type Metadata interface {
 	RefreshMetadata(topics ...string) error
 }
 
-// CheckWith makes the at-least-once relay check every batch before sending it: rows for a
-// topic md does not know (after a forced metadata refresh) and rows larger than
-// maxMessageBytes (the producer's Producer.MaxMessageBytes; 0: not checked) are parked, not
-// sent. Without it such rows are parked only when Kafka refuses them, and a missing topic is
-// retried. The exactly-once relay checks with its own producer's client. Call it before Run.
-func (r *Relay) CheckWith(md Metadata, maxMessageBytes int) *Relay {
-	r.md, r.maxBytes = md, maxMessageBytes
-	return r
-}
-
 // outRow is an outbox row on its way to Kafka.
 type outRow struct {
 	id      int64

@@ -1,0 +1,319 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/onceflow/onceflow/pkg/dbx"
+)
+
+// relayBase is what both engines of a Relay share: the configuration, the database, the
+// counters, the wake-ups, the idle and backoff loop, the retention cleanup and parking
+// (parked.go).
+type relayBase struct {
+	db     *sql.DB
+	cfg    RelayConfig
+	logger watermill.LoggerAdapter
+	q      relayQueries
+
+	checkMu sync.Mutex  // serialises checkServer
+	checked atomic.Bool // checkServer succeeded
+
+	published atomic.Int64
+	parked    atomic.Int64
+	batches   atomic.Int64
+	lingers   atomic.Int64
+	failures  atomic.Int64
+	deleted   atomic.Int64
+	wakes     atomic.Int64
+
+	wakeMu sync.Mutex
+	wakeCh chan struct{} // closed by Wake; replaced once a loop has seen it closed
+	woken  bool
+}
+
+type relayQueries struct {
+	oldestPending, markPrefix string
+	cleanup                   string
+	parkedKeys                string
+}
+
+// newRelayBase fills cfg's defaults, checks it and prepares the shared queries.
+func newRelayBase(db *sql.DB, cfg RelayConfig, logger watermill.LoggerAdapter) (*relayBase, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	t := cfg.Table
+	return &relayBase{db: db, cfg: cfg, logger: logger, q: relayQueries{
+		oldestPending: fmt.Sprintf(`SELECT MIN(created_at) FROM %s WHERE published_at IS NULL`, t),
+		markPrefix:    fmt.Sprintf(`UPDATE %s SET published_at = NOW(6) WHERE `, t),
+		cleanup:       fmt.Sprintf(`DELETE FROM %s WHERE published_at < NOW(6) - INTERVAL ? MICROSECOND LIMIT %d`, t, cfg.CleanupBatch),
+		parkedKeys:    fmt.Sprintf(`SELECT msg_key, COALESCE(held_behind, event_id) FROM %s ORDER BY id`, parkedTable(t)),
+	}}, nil
+}
+
+// Wake tells an idle relay that rows were just committed, so it reads them now instead of
+// after its poll interval (the router calls it after every delivery that committed work).
+// It never blocks; many calls between two reads cost one read.
+func (r *relayBase) Wake() {
+	r.wakeMu.Lock()
+	if !r.woken {
+		if r.wakeCh == nil {
+			r.wakeCh = make(chan struct{})
+		}
+		close(r.wakeCh)
+		r.woken = true
+	}
+	r.wakeMu.Unlock()
+}
+
+// Wakes returns how many idle waits Wake cut short.
+func (r *relayBase) Wakes() int64 { return r.wakes.Load() }
+
+// wakeC returns the channel the next Wake closes.
+func (r *relayBase) wakeC() <-chan struct{} {
+	r.wakeMu.Lock()
+	defer r.wakeMu.Unlock()
+	if r.wakeCh == nil || r.woken {
+		r.wakeCh, r.woken = make(chan struct{}), false
+	}
+	return r.wakeCh
+}
+
+// Published is the number of events this relay has published.
+func (r *relayBase) Published() int64 { return r.published.Load() }
+
+// Batches is the number of batches this relay has published: Kafka transactions in
+// exactly-once mode, SendMessages calls in at-least-once mode.
+func (r *relayBase) Batches() int64 { return r.batches.Load() }
+
+// Parked is the number of rows this relay has moved to the parked table: events Kafka
+// refuses for good and the later events of their keys (held behind them).
+func (r *relayBase) Parked() int64 { return r.parked.Load() }
+
+// Lingers is the number of times a partial batch waited Linger for more rows.
+func (r *relayBase) Lingers() int64 { return r.lingers.Load() }
+
+// Failures is the number of failed (and retried) batches.
+func (r *relayBase) Failures() int64 { return r.failures.Load() }
+
+// Deleted is the number of published rows the retention cleanup has deleted.
+func (r *relayBase) Deleted() int64 { return r.deleted.Load() }
+
+// checkServer makes CheckServer's checks once (again after a failure): the pool's
+// isolation, then complete, the engine's own part (nil: none), under checkMu and before
+// checked is set.
+func (r *relayBase) checkServer(ctx context.Context, complete func(context.Context) error) error {
+	if r.checked.Load() {
+		return nil
+	}
+	r.checkMu.Lock()
+	defer r.checkMu.Unlock()
+	if r.checked.Load() {
+		return nil
+	}
+	if err := dbx.CheckIsolation(ctx, r.db); err != nil {
+		return fmt.Errorf("outbox relay: %w", err)
+	}
+	if complete != nil {
+		if err := complete(ctx); err != nil {
+			return err
+		}
+	}
+	r.checked.Store(true)
+	return nil
+}
+
+// loop calls once until ctx ends, backing off after failures and sleeping idle() when
+// there was nothing to publish; cleans reports whether this loop runs the retention cleanup.
+//
+// An idle wait ends early on Wake when wakeable reports true (the loop publishes: not a
+// standby, not backing off after a failure).
+func (r *relayBase) loop(ctx context.Context, shard string, once func(context.Context) (int, error), idle func() time.Duration, cleans, wakeable func() bool) {
+	backoff := r.cfg.RetryBackoff
+	var nextCleanup time.Time
+	for {
+		woke := r.wakeC() // taken before the read: a Wake during it cuts the next wait short
+		n, err := once(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		wait := time.Duration(0)
+		switch {
+		case err != nil:
+			r.failures.Add(1)
+			fields := watermill.LogFields{"backoff": backoff.String()}
+			if shard != "" {
+				fields["shard"] = shard
+			}
+			r.logger.Error("outbox relay batch failed, will retry", err, fields)
+			wait = backoff
+			backoff = min(2*backoff, r.cfg.MaxRetryBackoff)
+		case n == 0:
+			backoff = r.cfg.RetryBackoff
+			wait = idle()
+		default:
+			backoff = r.cfg.RetryBackoff
+		}
+		if r.cfg.Retention > 0 && time.Now().After(nextCleanup) && cleans() {
+			if _, err := r.Cleanup(ctx); err != nil && ctx.Err() == nil {
+				r.logger.Error("outbox cleanup failed, will retry", err, nil)
+			}
+			nextCleanup = time.Now().Add(r.cfg.CleanupInterval)
+		}
+		if wait > 0 {
+			var wake <-chan struct{}
+			if err == nil && wakeable() {
+				wake = woke
+			}
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			case <-wake:
+				// Rows committed since the read: read again now. A partial batch lingers in
+				// the read itself, so a burst of wakes (one per delivery) still costs one
+				// batch, and a woken row waits one Linger: the wake adds no wait of its own.
+				t.Stop()
+				r.wakes.Add(1)
+			}
+		}
+	}
+}
+
+// Cleanup deletes published rows older than the retention, CleanupBatch rows per statement,
+// and returns how many it deleted. It never touches unpublished rows.
+func (r *relayBase) Cleanup(ctx context.Context) (int64, error) {
+	if r.cfg.Retention <= 0 {
+		return 0, nil
+	}
+	var total int64
+	for {
+		res, err := r.db.ExecContext(ctx, r.q.cleanup, r.cfg.Retention.Microseconds())
+		if err != nil {
+			return total, fmt.Errorf("delete published outbox rows: %w", err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return total, err
+		}
+		total += n
+		r.deleted.Add(n)
+		if n < int64(r.cfg.CleanupBatch) {
+			return total, nil
+		}
+	}
+}
+
+func (r *relayBase) hook(point string) {
+	if r.cfg.Hook != nil {
+		r.cfg.Hook(point)
+	}
+}
+
+// linger reports whether a read that found n pending rows should wait for more; if so it
+// waits Linger (returning ctx's error if ctx ends first) and the caller reads again from
+// the start, so rows that committed out of id order meanwhile take their place in id order.
+func (r *relayBase) linger(ctx context.Context, n int) (bool, error) {
+	if r.cfg.Linger <= 0 || n == 0 || n >= r.cfg.BatchSize {
+		return false, nil
+	}
+	r.lingers.Add(1)
+	r.hook("linger")
+	t := time.NewTimer(r.cfg.Linger)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false, ctx.Err()
+	case <-t.C:
+		return true, nil
+	}
+}
+
+// logParked logs what park moved and counts it.
+func (r *relayBase) logParked(moved []parkEntry, shard string) {
+	type heldKey struct{ behind, key string }
+	var (
+		held  map[heldKey]int
+		order []heldKey
+	)
+	for _, e := range moved {
+		r.parked.Add(1)
+		if e.reason == ReasonHeld {
+			k := heldKey{e.behind, e.row.key}
+			if held == nil {
+				held = map[heldKey]int{}
+			}
+			if held[k] == 0 {
+				order = append(order, k)
+			}
+			held[k]++
+			continue
+		}
+		fields := watermill.LogFields{"event_id": e.row.eventID, "topic": e.row.topic, "key": e.row.key,
+			"outbox_id": e.row.id, "reason": e.reason}
+		if shard != "" {
+			fields["shard"] = shard
+		}
+		r.logger.Error("outbox event PARKED: Kafka refuses it for good; later events of its key wait behind it (router outbox ls, retry, drop)",
+			errors.New(e.err), fields)
+	}
+	for _, k := range order {
+		fields := watermill.LogFields{"behind": k.behind, "key": k.key, "events": held[k]}
+		if shard != "" {
+			fields["shard"] = shard
+		}
+		r.logger.Info("outbox events held behind a parked event of their key", fields)
+	}
+}
+
+// buildMessage turns an outbox row into a Kafka message: key = aggregate id, headers
+// event_id and event_type first, then the row's extra headers.
+func buildMessage(id int64, eventID, typ, topic, key string, payload []byte, headers sql.NullString) (*sarama.ProducerMessage, error) {
+	m := &sarama.ProducerMessage{
+		Topic: topic,
+		Key:   sarama.StringEncoder(key),
+		Value: sarama.ByteEncoder(payload),
+		Headers: []sarama.RecordHeader{
+			{Key: []byte(HeaderEventID), Value: []byte(eventID)},
+			{Key: []byte(HeaderEventType), Value: []byte(typ)},
+		},
+	}
+	if headers.Valid && headers.String != "" {
+		var extra map[string]string
+		if err := json.Unmarshal([]byte(headers.String), &extra); err != nil {
+			return nil, fmt.Errorf("outbox row %d headers: %w", id, err)
+		}
+		for k, v := range extra {
+			m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(k), Value: []byte(v)})
+		}
+	}
+	return m, nil
+}
+
+// OldestPendingAge returns the age of the oldest unpublished row (0 when none).
+func (r *relayBase) OldestPendingAge(ctx context.Context) (time.Duration, error) {
+	var t sql.NullTime
+	if err := r.db.QueryRowContext(ctx, r.q.oldestPending).Scan(&t); err != nil {
+		return 0, fmt.Errorf("oldest pending outbox row: %w", err)
+	}
+	if !t.Valid {
+		return 0, nil
+	}
+	return max(time.Since(t.Time), 0), nil
+}

@@ -1,0 +1,205 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/onceflow/onceflow/pkg/dbx"
+)
+
+// batch publishes the oldest unpublished rows in one Kafka transaction with their position,
+// then marks them: before it returns, or, pipelined, in the background while the next batch
+// is read and sent (see eosShard).
+//
+// Before sending, rows Kafka would refuse (a topic missing from the metadata after a forced
+// refresh, a record over the producer's max message bytes) and the rows of keys with parked
+// events are parked (parked.go), and the batch is what remains: its position covers exactly
+// the rows sent in its transaction. A send Kafka refuses rows of aborts the transaction
+// (errRefused ends the session): the refused rows are parked, or, when the errors do not say
+// which rows caused them, isolated over the next batches (isolation).
+func (e *eosShard) batch(ctx context.Context, pipelined bool) (int, error) {
+	r, s, cfg := e.r, e.sess, e.r.cfg
+	if m := s.marking; m != nil && isDone(m.done) {
+		if err := e.collect(); err != nil {
+			return 0, err
+		}
+	}
+	// Parked keys before and after the pending read: see atLeastOnce.claim.
+	before, err := r.parkedKeys(ctx, r.db)
+	if err != nil {
+		return 0, err
+	}
+	rows, err := e.pending(ctx)
+	if err != nil || len(rows) == 0 {
+		return 0, err
+	}
+	if again, err := r.linger(ctx, len(rows)); err != nil {
+		return 0, err
+	} else if again {
+		if rows, err = e.pending(ctx); err != nil || len(rows) == 0 {
+			return 0, err
+		}
+	}
+	after, err := r.parkedKeys(ctx, r.db)
+	if err != nil {
+		return 0, err
+	}
+	sc, err := screen(rows, after, releasedKeys(before, after), &checker{md: s.client, maxBytes: s.maxBytes})
+	if err != nil {
+		return 0, err
+	}
+	if len(sc.park) > 0 {
+		var moved []parkEntry
+		if err := dbx.InTx(ctx, r.db, func(tx *sql.Tx) error {
+			var err error
+			moved, _, err = r.park(ctx, tx, sc.park)
+			return err
+		}); err != nil {
+			return 0, err
+		}
+		r.logParked(moved, e.shard)
+	}
+	batch := e.iso.cut(sc.send)
+	if len(batch) == 0 {
+		return 0, nil
+	}
+	ids := make([]int64, len(batch))
+	eventIDs := make([]string, len(batch))
+	msgs := make([]*sarama.ProducerMessage, 0, len(batch)+1)
+	for i, o := range batch {
+		ids[i], eventIDs[i] = o.id, o.eventID
+		msgs = append(msgs, o.msg)
+	}
+	s.seq++
+	pos := Position{V: 1, Kind: "batch", TxnID: e.txnID, Shard: e.shard, Owner: cfg.Owner, Session: s.id,
+		Seq: s.seq, Events: len(ids), IDs: idRanges(ids), Digest: eventDigest(eventIDs), At: time.Now().UTC()}
+	val, err := json.Marshal(pos)
+	if err != nil {
+		return 0, err
+	}
+	posMsg := &sarama.ProducerMessage{Topic: cfg.PositionsTopic, Key: sarama.StringEncoder(e.txnID), Value: sarama.ByteEncoder(val)}
+	msgs = append(msgs, posMsg)
+	if err := s.p.BeginTxn(); err != nil {
+		return 0, fmt.Errorf("begin kafka transaction: %w", err)
+	}
+	if err := s.p.SendMessages(msgs); err != nil {
+		return 0, e.refusedSend(ctx, batch, posMsg, err)
+	}
+	e.iso.outcome(batch, nil)
+	// The previous batch must be marked before this one commits: only the last committed
+	// batch may be unmarked, as the next session reconciles only that one.
+	if err := e.collect(); err != nil {
+		return 0, err
+	}
+	r.hook("before-kafka-commit")
+	if !e.lease.valid() {
+		return 0, errLeaseLost
+	}
+	if err := s.p.CommitTxn(); err != nil {
+		return 0, fmt.Errorf("commit kafka transaction (%d events): %w", len(ids), err)
+	}
+	r.hook("after-kafka-commit")
+	// The batch is in Kafka. Mark it before anything else; if that fails the session ends and
+	// the next one reconciles these rows from the position just committed.
+	m := &markJob{ids: ids, seq: s.seq, done: make(chan struct{})}
+	s.marking = m
+	if !pipelined {
+		e.markBatch(ctx, m)
+		return len(ids), e.collect()
+	}
+	go e.markBatch(ctx, m)
+	return len(ids), nil
+}
+
+// refusedSend handles a failed send of batch (its transaction is open and will be aborted):
+// rows Kafka refused for good are parked, and errRefused is returned, unless no row was
+// refused, when the error is returned as it is (the batch is retried).
+func (e *eosShard) refusedSend(ctx context.Context, batch []outRow, posMsg *sarama.ProducerMessage, err error) error {
+	r := e.r
+	res := sortSend(batch, posMsg, err)
+	if len(res.unknown) > 0 {
+		_ = e.sess.client.RefreshMetadata(res.unknown...) // the next batch's check sees the topic as it is now
+	}
+	if len(res.refused) == 0 {
+		if res.firstFail != "" {
+			return fmt.Errorf("publish %d events: %d failed, first %s: %w", len(batch), res.failed, res.firstFail, err)
+		}
+		return fmt.Errorf("publish %d events: %w", len(batch), err)
+	}
+	guilty := e.iso.outcome(batch, res.refused)
+	if len(guilty) == 0 {
+		r.logger.Error("outbox relay: Kafka refused events of a batch and did not say which; sending them in smaller batches to find out",
+			err, watermill.LogFields{"shard": e.shard, "refused": len(res.refused), "suspects": len(e.iso.suspects), "first": res.firstFail})
+		return fmt.Errorf("%w: isolating %d suspects", errRefused, len(e.iso.suspects))
+	}
+	entries := make([]parkEntry, 0, len(guilty))
+	for _, i := range guilty {
+		o := batch[i]
+		entries = append(entries, parkEntry{row: o, reason: res.reasons[i], err: refusal{res.reasons[i], res.errs[i]}.text(o)})
+	}
+	// The transaction is never committed (it is aborted when the session ends), so these rows
+	// are in no committed batch: parking them leaves every position's rows in the outbox.
+	var moved []parkEntry
+	if perr := dbx.InTx(ctx, r.db, func(tx *sql.Tx) error {
+		var err error
+		moved, _, err = r.park(ctx, tx, entries)
+		return err
+	}); perr != nil {
+		return fmt.Errorf("publish %d events: kafka refused %s; parking it failed: %w", len(batch), batch[guilty[0]], perr)
+	}
+	r.logParked(moved, e.shard)
+	return fmt.Errorf("%w: %d parked", errRefused, len(moved))
+}
+
+func (e *eosShard) pending(ctx context.Context) ([]outRow, error) {
+	// Rows of a batch whose mark is still running are in Kafka already: read past them —
+	// in the query when they form id ranges (the common case: not read twice), else by
+	// reading that many more rows and dropping them here.
+	var skip map[int64]bool
+	query, args := e.pendingQ, []any{e.r.cfg.BatchSize}
+	if m := e.sess.marking; m != nil {
+		if cond, cargs, ranges := idMatch(m.ids); ranges {
+			query, args = e.pendingWhere+" AND NOT "+cond+e.pendingOrder, append(cargs, e.r.cfg.BatchSize)
+		} else {
+			skip = make(map[int64]bool, len(m.ids))
+			for _, id := range m.ids {
+				skip[id] = true
+			}
+			args[0] = e.r.cfg.BatchSize + len(skip)
+		}
+	}
+	rows, err := e.r.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("select pending outbox rows: %w", err)
+	}
+	defer rows.Close()
+	var out []outRow
+	for rows.Next() {
+		var (
+			o       outRow
+			typ     string
+			payload []byte
+			headers sql.NullString
+		)
+		if err := rows.Scan(&o.id, &o.eventID, &typ, &o.topic, &o.key, &payload, &headers); err != nil {
+			return nil, fmt.Errorf("scan outbox row: %w", err)
+		}
+		if skip[o.id] || len(out) == e.r.cfg.BatchSize {
+			continue
+		}
+		if o.msg, err = buildMessage(o.id, o.eventID, typ, o.topic, o.key, payload, headers); err != nil {
+			return nil, err
+		}
+		out = append(out, o)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read outbox rows: %w", err)
+	}
+	return out, nil
+}

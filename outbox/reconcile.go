@@ -1,0 +1,137 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/onceflow/onceflow/pkg/kafkax"
+)
+
+// lastBatchPosition reads the positions partition (read_committed) backwards in growing
+// windows up to this session's init record at offset initOff and returns the last batch
+// record of this transactional id before it.
+func (e *eosShard) lastBatchPosition(ctx context.Context, part int32, initOff int64, sessionID string) (Position, bool, error) {
+	cfg := e.r.cfg
+	sc := e.saramaConfig(e.kc.ConsumerConfig())
+	sc.Consumer.IsolationLevel = sarama.ReadCommitted
+	sc.Consumer.Return.Errors = true
+	client, err := sarama.NewClient(e.kc.Brokers, sc)
+	if err != nil {
+		return Position{}, false, kafkax.Unreachable(e.kc.Brokers, err)
+	}
+	defer client.Close()
+	oldest, err := client.GetOffset(cfg.PositionsTopic, part, sarama.OffsetOldest)
+	if err != nil {
+		return Position{}, false, fmt.Errorf("positions topic oldest offset: %w", err)
+	}
+	consumer, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		return Position{}, false, err
+	}
+	defer consumer.Close()
+	ctx, cancel := context.WithTimeout(ctx, cfg.TxnTimeout+30*time.Second)
+	defer cancel()
+	for window := int64(64); ; window *= 8 {
+		start := max(oldest, initOff-window)
+		pos, found, err := e.scanPositions(ctx, consumer, part, start, initOff, sessionID)
+		if err != nil || found || start == oldest {
+			return pos, found, err
+		}
+	}
+}
+
+func (e *eosShard) scanPositions(ctx context.Context, consumer sarama.Consumer, part int32, start, initOff int64, sessionID string) (Position, bool, error) {
+	cfg := e.r.cfg
+	pc, err := consumer.ConsumePartition(cfg.PositionsTopic, part, start)
+	if err != nil {
+		return Position{}, false, fmt.Errorf("read positions %s/%d from %d: %w", cfg.PositionsTopic, part, start, err)
+	}
+	defer pc.Close()
+	var (
+		last  Position
+		found bool
+	)
+	for {
+		select {
+		case m := <-pc.Messages():
+			if m.Offset >= initOff {
+				var p Position
+				if m.Offset != initOff || json.Unmarshal(m.Value, &p) != nil || p.Session != sessionID {
+					return Position{}, false, fmt.Errorf("positions %s/%d: offset %d is not this session's init record", cfg.PositionsTopic, part, m.Offset)
+				}
+				return last, found, nil
+			}
+			if string(m.Key) != e.txnID {
+				continue
+			}
+			var p Position
+			if err := json.Unmarshal(m.Value, &p); err != nil || p.Kind != "batch" {
+				return Position{}, false, fmt.Errorf("positions %s/%d@%d: bad batch record: %v", cfg.PositionsTopic, part, m.Offset, err)
+			}
+			last, found = p, true
+		case err := <-pc.Errors():
+			return Position{}, false, fmt.Errorf("read positions: %w", err)
+		case <-ctx.Done():
+			return Position{}, false, fmt.Errorf("read positions up to offset %d: %w", initOff, ctx.Err())
+		}
+	}
+}
+
+// reconcile marks the rows of a batch that is committed in Kafka.
+func (e *eosShard) reconcile(ctx context.Context, p Position) (int64, error) {
+	var total int64
+	tx, err := e.r.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("reconcile: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	// Only a position that describes this table's rows may mark them (see Position.Digest).
+	var eventIDs []string
+	sel := fmt.Sprintf(`SELECT event_id FROM %s WHERE id BETWEEN ? AND ? ORDER BY id FOR UPDATE`, e.r.cfg.Table)
+	for _, rg := range p.IDs {
+		rows, err := tx.QueryContext(ctx, sel, rg[0], rg[1])
+		if err != nil {
+			return 0, fmt.Errorf("reconcile ids %d..%d: %w", rg[0], rg[1], err)
+		}
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return 0, fmt.Errorf("reconcile: %w", err)
+			}
+			eventIDs = append(eventIDs, id)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return 0, fmt.Errorf("reconcile: %w", err)
+		}
+	}
+	if p.Digest == "" || len(eventIDs) != p.Events || eventDigest(eventIDs) != p.Digest {
+		e.r.logger.Error("outbox relay: the last committed batch in Kafka does not match this database's outbox rows; not reconciling (its rows, if any, are published again)",
+			errPositionMismatch, watermill.LogFields{"transactional_id": p.TxnID, "session": p.Session, "seq": p.Seq,
+				"events": p.Events, "rows_found": len(eventIDs)})
+		return 0, nil
+	}
+	q := fmt.Sprintf(`UPDATE %s SET published_at = NOW(6) WHERE published_at IS NULL AND id BETWEEN ? AND ?`, e.r.cfg.Table)
+	for _, rg := range p.IDs {
+		res, err := tx.ExecContext(ctx, q, rg[0], rg[1])
+		if err != nil {
+			return 0, fmt.Errorf("reconcile ids %d..%d: %w", rg[0], rg[1], err)
+		}
+		n, _ := res.RowsAffected()
+		total += n
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("reconcile commit: %w", err)
+	}
+	e.reconciled.Add(total)
+	return total, nil
+}
+
+var errPositionMismatch = errors.New("position belongs to another database or an older state of this one")
