@@ -363,7 +363,7 @@ func (ib *Inbox) claim(ctx context.Context, tx *sql.Tx, d *Delivery, dec Decoded
 	var row inboxRow
 	if step == 0 {
 		payload, tombstone := storedPayload(d.Message.Payload)
-		r, err := tx.ExecContext(ctx, brokenClaimSQL(ib.q.claim), // the claim as is, except in the chaos harness's broken build (broken_on.go)
+		r, err := tx.ExecContext(ctx, claimStatement(ib.q.claim), // the claim as is, unless fault hooks change it (faults.go)
 			d.Key, ib.cfg.BizType, string(StatusProcessing), nil, messageUUID(d.Message), d.Source.Topic, d.Source.Partition, d.Source.Offset,
 			payload, dec.meta, dec.Fingerprint, d.Attempt, nil, nullID(d.ReplayID), time.Now().Add(ib.cfg.Retention).UTC(), tombstone, nil)
 		if err != nil {

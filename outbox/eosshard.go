@@ -229,7 +229,7 @@ func (e *eosShard) startSession(ctx context.Context) error {
 		return err
 	}
 	var marked int64
-	if found && !brokenSkipReconcile { // brokenSkipReconcile: false except in the chaos harness's broken build
+	if found && !skipReconcile() { // false unless fault hooks skip it (faults.go)
 		if marked, err = e.reconcile(ctx, last); err != nil {
 			return err
 		}

@@ -1,0 +1,19 @@
+//go:build onceflow_broken_reconcile
+
+package main
+
+// A deliberately broken router, for the chaos harness only (scripts/chaos.sh
+// CHAOS_BROKEN=reconcile, make chaos-broken): the exactly-once relay skips its
+// reconciliation at session start, so a batch that was committed to Kafka but not marked (a
+// crash between the two) is published again. The harness's checker must report the
+// duplicate events.
+
+import "github.com/onceflow/onceflow/outbox"
+
+type skipReconcile struct{}
+
+var _ outbox.FaultHooks = skipReconcile{}
+
+func (skipReconcile) SkipReconcile() bool { return true }
+
+func init() { outbox.SetFaultHooks(skipReconcile{}) }
