@@ -1,12 +1,33 @@
 package outbox_test
 
 import (
+	"context"
+	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 	"testing"
+
+	onceflowcmd "github.com/onceflow/onceflow/cmd"
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(relayChildEnv) == "1" {
+		os.Exit(relayMain())
+	}
 	code := m.Run()
-	removeRouterBinary()
+	removePlainTestBinary()
 	os.Exit(code)
+}
+
+// relayMain is `router relay` as the router's main runs it (onceflowcmd.Main): settings from
+// the ONCEFLOW_* environment, SIGINT and SIGTERM stop it, and an error is its exit code.
+func relayMain() int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := onceflowcmd.Run(ctx, []string{"relay"}); err != nil {
+		fmt.Fprintf(os.Stderr, "router: %v\n", err)
+		return onceflowcmd.ExitCode(err)
+	}
+	return 0
 }

@@ -22,46 +22,21 @@ import (
 )
 
 // ---------------------------------------------------------------------------------------
-// The router binary, built once per test run, so relays can be killed as real processes.
+// Relay processes: this test binary itself, run with relayChildEnv set, in which TestMain
+// runs `router relay` (onceflowcmd.Run) instead of the tests. So the tests kill relays as
+// real processes without building the router.
 
-var (
-	routerOnce sync.Once
-	routerDir  string
-	routerBin  string
-	routerErr  error
-)
+// relayChildEnv set to 1 makes the test binary a `router relay` process (main_test.go).
+const relayChildEnv = "OUTBOX_TEST_RELAY_CHILD"
 
-func routerBinary(t testing.TB) string {
+// relayBinary is the executable the relay processes run: this test binary.
+func relayBinary(t testing.TB) string {
 	t.Helper()
-	routerOnce.Do(func() {
-		routerDir, routerErr = os.MkdirTemp("", "onceflow-router-*")
-		if routerErr != nil {
-			return
-		}
-		routerBin = filepath.Join(routerDir, "router")
-		args := []string{"build"}
-		if raceEnabled {
-			args = append(args, "-race") // reuses the race build cache of this test run
-		}
-		args = append(args, "-o", routerBin, "github.com/onceflow/onceflow/cmd/router")
-		start := time.Now()
-		out, err := exec.Command("go", args...).CombinedOutput()
-		if err != nil {
-			routerErr = fmt.Errorf("go build router: %v\n%s", err, out)
-			return
-		}
-		fmt.Fprintf(os.Stderr, "outbox tests: built %s in %s\n", routerBin, time.Since(start).Round(time.Millisecond))
-	})
-	if routerErr != nil {
-		t.Fatal(routerErr)
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatalf("test binary path: %v", err)
 	}
-	return routerBin
-}
-
-func removeRouterBinary() {
-	if routerDir != "" {
-		_ = os.RemoveAll(routerDir)
-	}
+	return bin
 }
 
 // relayProc is one `router relay` child process.
@@ -77,20 +52,21 @@ type relayProc struct {
 // environment (the parent's ONCEFLOW_* variables are not inherited).
 func startRelayProc(t testing.TB, name string, env map[string]string) *relayProc {
 	t.Helper()
-	bin := routerBinary(t)
+	bin := relayBinary(t)
 	dir := t.TempDir()
 	logPath := filepath.Join(dir, name+".log")
 	f, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "relay")
+	cmd := exec.Command(bin)
 	cmd.Dir = dir // no configs/router.yaml here: defaults + env only
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "ONCEFLOW_") {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
+	cmd.Env = append(cmd.Env, relayChildEnv+"=1")
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
@@ -284,6 +260,7 @@ func countLines(s, substr string) int { return strings.Count(s, substr) }
 
 var (
 	plainTestOnce sync.Once
+	plainTestDir  string
 	plainTestBin  string
 	plainTestErr  error
 )
@@ -299,9 +276,11 @@ func runWithoutRace(t *testing.T) bool {
 	if !raceEnabled {
 		return false
 	}
-	routerBinary(t) // makes routerDir (once; reading it before that Once ends is a race)
 	plainTestOnce.Do(func() {
-		plainTestBin = filepath.Join(routerDir, "outbox.test")
+		if plainTestDir, plainTestErr = os.MkdirTemp("", "onceflow-outbox-test-*"); plainTestErr != nil {
+			return
+		}
+		plainTestBin = filepath.Join(plainTestDir, "outbox.test")
 		out, err := exec.Command("go", "test", "-c", "-o", plainTestBin, "github.com/onceflow/onceflow/outbox").CombinedOutput()
 		if err != nil {
 			plainTestErr = fmt.Errorf("go test -c: %v\n%s", err, out)
@@ -317,4 +296,11 @@ func runWithoutRace(t *testing.T) bool {
 		t.Fatalf("%s without -race: %v", t.Name(), err)
 	}
 	return true
+}
+
+// removePlainTestBinary removes what runWithoutRace built.
+func removePlainTestBinary() {
+	if plainTestDir != "" {
+		_ = os.RemoveAll(plainTestDir)
+	}
 }

@@ -66,7 +66,6 @@ func TestEOSRelayProcessKill9(t *testing.T) {
 	topic := testenv.Topic(t, k, "outbox-kill9", 4)
 	positions := testenv.Topic(t, k, "relay-positions-kill9", 1)
 	txnID := "test-kill9-" + topic
-	routerBinary(t)
 
 	writers := startPacedWriters(t, d.DB, topic, 6, 4*time.Millisecond)
 	n := kills(t)
@@ -153,7 +152,6 @@ func TestAtLeastOnceRelayProcessDuplicatesAtSameCrash(t *testing.T) {
 	d := testenv.DB(t, 8)
 	k := testenv.Kafka(t)
 	topic := testenv.Topic(t, k, "outbox-alo-crash", 4)
-	routerBinary(t)
 	ctx := context.Background()
 	w := newWriter(t)
 	var ids []string
@@ -221,7 +219,6 @@ func TestEOSRelayTwoProcessesFailover(t *testing.T) {
 	topic := testenv.Topic(t, k, "outbox-failover", 4)
 	positions := testenv.Topic(t, k, "relay-positions-failover", 1)
 	txnID := "test-failover-" + topic
-	routerBinary(t)
 
 	writers := startPacedWriters(t, d.DB, topic, 4, 5*time.Millisecond)
 	procs := map[string]*relayProc{}

@@ -190,7 +190,6 @@ func TestEOSShardedRelaysSplitAndTakeOver(t *testing.T) {
 	topic := testenv.Topic(t, k, "outbox-sharded", 4)
 	positions := testenv.Topic(t, k, "relay-positions-sharded", 1)
 	txnID := "test-sharded-" + topic
-	routerBinary(t)
 
 	writers := startPacedWriters(t, d.DB, topic, 4, 5*time.Millisecond)
 	procs := map[string]*relayProc{}
