@@ -22,7 +22,7 @@ var (
 
 // batchStatements are HandleBatch's multi-row inserts of its common path as server-side
 // prepared statements (dbx.MultiRow): MariaDB then parses each shape once per connection
-// instead of lexing every literal of every row (README, "Where the time goes").
+// instead of lexing every literal of every row (docs/BENCHMARKS.md, "Prepared multi-row statements").
 type batchStatements struct {
 	grant, log, coupon *dbx.MultiRow
 }

@@ -72,16 +72,16 @@ type StatementPreparer interface {
 
 // BatchConfig configures a Batcher.
 type BatchConfig struct {
-	// MaxSize is the most deliveries in one transaction; default 512 (e2e on the 2-core test
-	// machine: 4-8 % more orders/s than 256 in three alternating pairs; README).
+	// MaxSize is the most deliveries in one transaction; default 512 (docs/BENCHMARKS.md,
+	// "Why the defaults: inbox.batch_size 512").
 	MaxSize int
 	// Linger is how long a batch waits for more deliveries once it has its first; default
 	// 2ms. While another batch is running it waits for that one, up to another Linger
 	// (groupcommit.Collect). Deliveries that arrive while batches are running wait anyway,
 	// so under load batches fill without lingering.
 	Linger time.Duration
-	// Workers is how many batch transactions run at once; default 2 (on the 2-core test
-	// machine 2 gave more throughput and lower latency than 4, four runs each; README). A
+	// Workers is how many batch transactions run at once; default 2 (docs/BENCHMARKS.md,
+	// "Why the defaults: inbox.batch_workers 2"). A
 	// batch takes a second worker only when it is full or has waited two Lingers: at
 	// moderate load one transaction at a time carries everything that arrived meanwhile.
 	Workers int
@@ -244,7 +244,8 @@ const claimWidth = 10
 // claimRows is the most rows one claim statement carries: a batch claims its rows with
 // prepared statements of claimRows, then of smaller powers of two down to 16 rows, and the
 // rest (fewer than 16) interpolated in one statement (dbx.MultiRow). A prepared 64-row
-// claim costs the server about as much per row as a 512-row one (README).
+// claim costs the server about as much per row as a 512-row one (docs/BENCHMARKS.md,
+// "Prepared multi-row statements").
 const claimRows = 256
 
 // NewBatcher returns a Batcher for ib. A BatchHandler's batches run its HandleBatch; any

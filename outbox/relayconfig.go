@@ -17,8 +17,8 @@ import (
 type RelayConfig struct {
 	Table string // default "outbox"
 	// BatchSize is the most rows per Kafka batch (a Kafka transaction in exactly-once mode);
-	// default 2000 (README's configuration table, relay.batch_size: 1,000 → 10.8k, 2,000 →
-	// 13.6k exactly-once events/s; larger batches republish more after an abort).
+	// default 2000 (docs/BENCHMARKS.md, "Why the defaults: relay.batch_size 2000"; larger
+	// batches republish more after an abort).
 	BatchSize    int
 	PollInterval time.Duration // sleep when nothing is pending; default 50ms
 	RetryBackoff time.Duration // after a failed publish, doubling up to MaxRetryBackoff; default 1s

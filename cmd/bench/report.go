@@ -60,7 +60,8 @@ func (s *suite) writeCSV() error {
 	if err := writeChart(png, chartPanels(s.results)); err != nil {
 		return fmt.Errorf("chart: %w", err)
 	}
-	// The latest full run's chart under a stable name, for README (-only runs leave it).
+	// The latest full run's chart under a stable name, beside the CSV the documents' tables
+	// come from (-only runs leave it).
 	if s.cfg.only == "" {
 		if err := writeChart(filepath.Join(outDir, "latest.png"), chartPanels(s.results)); err != nil {
 			return fmt.Errorf("chart: %w", err)

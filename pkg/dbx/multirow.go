@@ -21,7 +21,7 @@ const maxPlaceholders = 65535
 // each shape once, instead of lexing every literal of every row of every statement as it
 // does with interpolated parameters: the inbox claim of a 512-row batch spent about a
 // third of its server time in the parser, and a prepared claim costs ≈12 µs of server CPU
-// per row against ≈18.5 interpolated (both measured on the 2-core test machine; README).
+// per row against ≈18.5 interpolated (docs/BENCHMARKS.md, "Prepared multi-row statements").
 //
 // n rows go as the fewest such statements: ⌊n/Max⌋ of Max rows, then at most one of each
 // smaller power of two down to MinPrepared (binary decomposition), then what is left as
