@@ -53,10 +53,10 @@ func TestBadInput(t *testing.T) {
 		{"unknown plugin section", []string{"--config", unknownPlugin, "run"}, 2, []string{"plugins.coupon-grantr", "no such plugin"}},
 		{"unknown plugin flag", []string{"--config", admin, "run", "--plugins", "nope"}, 2, []string{"unknown plugin", "nope"}},
 		{"bad log level", []string{"--log-level", "loud", "plugins"}, 2, []string{"log.level"}},
-		{"payload limit above the column", []string{"--config", bigPayload, "plugins"}, 2, []string{"inbox.*", "max payload 16777216"}},
-		{"metadata limit above the column", []string{"--config", bigMeta, "plugins"}, 2, []string{"inbox.*", "max metadata 70000"}},
-		{"handler timeout of 1ns", []string{"--config", tinyTimeout, "plugins"}, 2, []string{"inbox.*", "handler timeout 1ns"}},
-		{"max attempts 1e9", []string{"--config", manyAttempts, "plugins"}, 2, []string{"inbox.*", "max attempts 1000000000"}},
+		{"payload limit above the column", []string{"--config", bigPayload, "plugins"}, 2, []string{"inbox.max_payload_bytes 16777216 outside 1..16777215"}},
+		{"metadata limit above the column", []string{"--config", bigMeta, "plugins"}, 2, []string{"inbox.max_metadata_bytes 70000 outside 256..65535"}},
+		{"handler timeout of 1ns", []string{"--config", tinyTimeout, "plugins"}, 2, []string{"inbox.handler_timeout 1ns outside 1ms..24h0m0s"}},
+		{"max attempts 1e9", []string{"--config", manyAttempts, "plugins"}, 2, []string{"inbox.max_attempts 1000000000 outside 1..1000"}},
 		{"gc off without a memory limit", []string{"--config", gcOff, "plugins"}, 2, []string{"runtime.gogc -1", "runtime.memory_limit_mb"}},
 	}
 	for _, tc := range cases {

@@ -333,6 +333,9 @@ func strictDuration(from, to reflect.Type, data any) (any, error) {
 }
 
 func (c Config) validate() error {
+	if err := c.checkBounds(); err != nil {
+		return err
+	}
 	// No DSN is built in: an empty db.dsn is refused (exit 2, naming the key) by the commands
 	// that connect (openDB); commands that do not (plugins, config) run without one.
 	if c.DB.DSN != "" {
@@ -343,17 +346,11 @@ func (c Config) validate() error {
 	if err := c.DB.validate(); err != nil {
 		return err
 	}
-	if c.DB.MaxOpenConns < 1 || c.DB.MaxOpenConns > 1000 {
-		return fmt.Errorf("db.max_open_conns %d outside 1..1000", c.DB.MaxOpenConns)
-	}
 	if len(c.Kafka.Brokers) == 0 {
 		return errors.New("kafka.brokers is empty")
 	}
 	if err := c.kafkaConfig().CheckSecurity(); err != nil {
 		return err
-	}
-	if c.Kafka.Window < 1 || c.Kafka.Window > 100000 {
-		return fmt.Errorf("kafka.window %d outside 1..100000", c.Kafka.Window)
 	}
 	// The inbox settings are the same for every plugin but the biz type: checked once here,
 	// so bad values exit 2 before anything connects or writes.
