@@ -57,6 +57,10 @@ func TestBadInput(t *testing.T) {
 		{"metadata limit above the column", []string{"--config", bigMeta, "plugins"}, 2, []string{"inbox.max_metadata_bytes 70000 outside 256..65535"}},
 		{"handler timeout of 1ns", []string{"--config", tinyTimeout, "plugins"}, 2, []string{"inbox.handler_timeout 1ns outside 1ms..24h0m0s"}},
 		{"max attempts 1e9", []string{"--config", manyAttempts, "plugins"}, 2, []string{"inbox.max_attempts 1000000000 outside 1..1000"}},
+		{"config file is a directory", []string{"--config", dir, "plugins"}, 2, []string{"is a directory"}},
+		{"config file of no known type", []string{"--config", write("router.conf", "x"), "plugins"}, 2, []string{"unknown type", ".yaml"}},
+		{"replay rate NaN", []string{"--config", admin, "replay", "--rate", "NaN", "--dry-run"}, 2, []string{"--rate NaN"}},
+		{"produce rate NaN", []string{"--config", admin, "produce", "--rate", "NaN"}, 2, []string{"--rate"}},
 		{"gc off without a memory limit", []string{"--config", gcOff, "plugins"}, 2, []string{"runtime.gogc -1", "runtime.memory_limit_mb"}},
 	}
 	for _, tc := range cases {

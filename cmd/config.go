@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"time"
@@ -285,6 +286,14 @@ func loadConfig(file string, flags *pflag.FlagSet, bind map[string]string) (Conf
 		}
 	}
 	if file != "" {
+		if st, err := os.Stat(file); err == nil && st.IsDir() {
+			return Config{}, nil, badInput(fmt.Errorf("config file %s is a directory: name a .yaml file", file))
+		}
+		switch strings.ToLower(filepath.Ext(file)) {
+		case ".yaml", ".yml", ".json", ".toml":
+		default:
+			return Config{}, nil, badInput(fmt.Errorf("config file %s: unknown type %q (name a .yaml, .yml, .json or .toml file)", file, filepath.Ext(file)))
+		}
 		v.SetConfigFile(file)
 		if err := v.ReadInConfig(); err != nil {
 			return Config{}, nil, badInput(fmt.Errorf("config file %s: %s", file, oneLine(err)))

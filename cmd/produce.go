@@ -38,7 +38,7 @@ func (a *app) produceCmd() *cobra.Command {
 		Short: "load generator: N messages of a plugin's input (its Sample), a share of them delivered twice as different Kafka messages",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if o.orders < 0 || o.dupRate < 0 || o.dupRate > 1 || o.poison < 0 || o.batch < 1 || o.rate < 0 {
+			if o.orders < 0 || !(o.dupRate >= 0 && o.dupRate <= 1) || o.poison < 0 || o.batch < 1 || !(o.rate >= 0 && o.rate <= 1e7) { // NaN fails the ranges
 				return badInput(errors.New("produce: --orders, --poison >= 0, --dup-rate in [0,1], --batch >= 1, --rate >= 0"))
 			}
 			if o.prefix == "" {

@@ -236,8 +236,8 @@ func (a *app) replay(ctx context.Context, r replayFlags, refs []string) error {
 	if err != nil {
 		return err
 	}
-	if r.rate < 0 {
-		return badInput(fmt.Errorf("--rate %v is negative", r.rate))
+	if !(r.rate >= 0 && r.rate <= 1e6) { // NaN fails both
+		return badInput(fmt.Errorf("--rate %v outside 0..1000000 (messages per second; 0: no limit)", r.rate))
 	}
 	if slices.Contains(f.Statuses, inbox.StatusProcessing) && f.OlderThan == 0 {
 		return badInput(errors.New("--status processing needs --older-than (a row updated recently may still be in flight)"))
