@@ -671,14 +671,13 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item, savepoin
 			return nil
 		}
 		it.id, it.d.InboxID = r.id, r.id
-		fresh := dups == 0
-		switch {
-		case fresh:
+		switch decideClaim(dups == 0, r, it.p.dec.Fingerprint, true, false) {
+		case claimRun:
 			run = append(run, it)
-		case r.fingerprint != it.p.dec.Fingerprint:
-			// A conflict, not a duplicate: left to Process, which quarantines it.
+		case claimConflict:
+			// Left to Process, which quarantines it.
 			counts[-1] = append(counts[-1], r.id)
-		case r.status == StatusDone || r.status == StatusFailed:
+		case claimDuplicate:
 			if len(it.copies) > 0 {
 				counts[len(it.copies)] = append(counts[len(it.copies)], r.id)
 			}
@@ -686,7 +685,7 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item, savepoin
 			if r.status == StatusFailed {
 				it.res.Reason = Reason(r.reason.String)
 			}
-		default:
+		case claimResume:
 			// 'processing': an earlier delivery's unfinished work, resumed here.
 			counts[-1] = append(counts[-1], r.id)
 			it.resumed, it.d.Resumed = true, true

@@ -277,24 +277,23 @@ func (ib *Inbox) runStep(ctx context.Context, prep Preparer, d *Delivery, dec De
 			return err
 		}
 		d.InboxID = row.id
-		if !fresh {
-			switch {
-			case step == 0 && opts.ReplayID == 0 && row.fingerprint != dec.Fingerprint:
-				// Same key, different meaning: never a silent duplicate.
-				res = &Result{Outcome: OutcomeConflict, InboxID: row.id, Key: d.Key, Reason: ReasonConflict}
-				return nil
-			case row.status == StatusDone || (row.status == StatusFailed && !opts.Reopen):
-				// Done (possibly by a concurrent delivery that resumed this one's work) or
-				// quarantined: this delivery changes nothing but the counter.
-				if _, err := tx.ExecContext(sctx, ib.q.countDuplicate, row.id); err != nil {
-					return fmt.Errorf("count duplicate: %w", err)
-				}
-				res = &Result{Outcome: OutcomeDuplicate, InboxID: row.id, Key: d.Key}
-				if row.status == StatusFailed {
-					res.Reason = Reason(row.reason.String)
-				}
-				return nil
-			case step == 0:
+		// A later step finds its own row: only a delivery's first step checks the fingerprint
+		// (a replay re-runs the row's own payload).
+		switch decideClaim(fresh, row, dec.Fingerprint, step == 0 && opts.ReplayID == 0, opts.Reopen) {
+		case claimConflict:
+			res = &Result{Outcome: OutcomeConflict, InboxID: row.id, Key: d.Key, Reason: ReasonConflict}
+			return nil
+		case claimDuplicate:
+			if _, err := tx.ExecContext(sctx, ib.q.countDuplicate, row.id); err != nil {
+				return fmt.Errorf("count duplicate: %w", err)
+			}
+			res = &Result{Outcome: OutcomeDuplicate, InboxID: row.id, Key: d.Key}
+			if row.status == StatusFailed {
+				res.Reason = Reason(row.reason.String)
+			}
+			return nil
+		case claimResume:
+			if step == 0 {
 				d.Resumed = row.status == StatusProcessing
 				if _, err := tx.ExecContext(sctx, ib.q.reopen, nullID(opts.ReplayID), row.id); err != nil {
 					return fmt.Errorf("reopen inbox row: %w", err)
@@ -352,6 +351,33 @@ type inboxRow struct {
 	status      Status
 	fingerprint string
 	reason      sql.NullString
+}
+
+// claimOutcome is what a delivery does with the inbox row its claim made or found; one
+// decision for both paths (decideClaim: Process, and the Batcher's runTx).
+type claimOutcome int
+
+const (
+	claimRun       claimOutcome = iota // a row this claim inserted: run the handler
+	claimConflict                      // same key, another fingerprint: never a silent duplicate
+	claimDuplicate                     // done (perhaps by a concurrent delivery that resumed this one's work), or quarantined and not reopened: count it, change nothing
+	claimResume                        // 'processing' (an earlier delivery's unfinished work) or reopened: run the handler on it
+)
+
+// decideClaim decides for a claimed row: fresh when this claim inserted it; fingerprint is
+// the delivery's, compared only when checkFingerprint; reopenFailed lets a quarantined row
+// run again (a replay's retry).
+func decideClaim(fresh bool, r inboxRow, fingerprint string, checkFingerprint, reopenFailed bool) claimOutcome {
+	switch {
+	case fresh:
+		return claimRun
+	case checkFingerprint && r.fingerprint != fingerprint:
+		return claimConflict
+	case r.status == StatusDone || (r.status == StatusFailed && !reopenFailed):
+		return claimDuplicate
+	default:
+		return claimResume
+	}
 }
 
 // claim inserts the inbox row or locks the existing one. The insert is an
