@@ -121,7 +121,7 @@ func getReadyz(url string, bound time.Duration) readyz {
 func TestReadyzHungBroker(t *testing.T) {
 	broker := startHungBroker(t)
 	kc := kafkax.Config{Brokers: []string{broker.ln.Addr().String()}}
-	kc.SetDefaults()
+	kc = kc.WithDefaults()
 	url := startTestAdmin(t, kc)
 
 	const requests, parallel = 40, 8
@@ -195,7 +195,7 @@ func TestReadyzReady(t *testing.T) {
 // with kafka.window > 1 only.
 func TestSubscriberPartitionStats(t *testing.T) {
 	kc := kafkax.Config{}
-	kc.SetDefaults()
+	kc = kc.WithDefaults()
 	for _, tc := range []struct {
 		window int
 		want   bool

@@ -482,6 +482,6 @@ func (c Config) kafkaConfig() kafkax.Config {
 			ServerName: k.TLS.ServerName, InsecureSkipVerify: k.TLS.InsecureSkipVerify},
 		SASL: kafkax.SASL{Mechanism: k.SASL.Mechanism, User: k.SASL.User, Password: k.SASL.Password, PasswordFile: k.SASL.PasswordFile},
 	}
-	kc.SetDefaults()
+	kc = kc.WithDefaults()
 	return kc
 }

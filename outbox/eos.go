@@ -44,7 +44,7 @@ func NewExactlyOnceRelay(db *sql.DB, kc kafkax.Config, cfg RelayConfig, logger w
 	if db == nil {
 		return nil, errors.New("relay: db is required")
 	}
-	kc.SetDefaults()
+	kc = kc.WithDefaults()
 	b, err := newRelayBase(db, cfg, logger)
 	if err != nil {
 		return nil, err
@@ -53,7 +53,7 @@ func NewExactlyOnceRelay(db *sql.DB, kc kafkax.Config, cfg RelayConfig, logger w
 	n := r.cfg.Shards
 	for i := range n {
 		e := &eosShard{r: r, kc: kc, index: i, shard: r.cfg.Shard}
-		if r.cfg.TransactionalID != "" { // else CheckServer derives it before the first session
+		if r.cfg.TransactionalID != "" { // else CheckServer derives it before the first relay session
 			e.txnID = shardTxnID(r.cfg.TransactionalID, i, n)
 		}
 		e.pendingWhere = fmt.Sprintf(`SELECT id, event_id, event_type, topic, msg_key, payload, headers FROM %s

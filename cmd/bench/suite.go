@@ -40,7 +40,7 @@ type suite struct {
 
 func newSuite(cfg *config) *suite {
 	kc := kafkax.Config{Brokers: []string{cfg.brokers}, ClientID: "onceflow-bench"}
-	kc.SetDefaults()
+	kc = kc.WithDefaults()
 	return &suite{cfg: cfg, kc: kc, workers: cfg.workers}
 }
 

@@ -31,7 +31,14 @@ type Config struct {
 	SASL             SASL          // SASL authentication (none by default)
 }
 
-func (c *Config) SetDefaults() {
+// WithDefaults returns c with its zero fields set to their defaults; Validate then checks
+// it (the same convention as outbox.RelayConfig).
+func (c Config) WithDefaults() Config {
+	c.setDefaults()
+	return c
+}
+
+func (c *Config) setDefaults() {
 	if len(c.Brokers) == 0 {
 		c.Brokers = []string{"127.0.0.1:9092"}
 	}

@@ -12,7 +12,7 @@ import (
 // no-ops for the kinds Sarama registers (it would otherwise fail its type assertions).
 func TestConfigsKeepNoSaramaMetrics(t *testing.T) {
 	c := kafkax.Config{Brokers: []string{"127.0.0.1:9092"}}
-	c.SetDefaults()
+	c = c.WithDefaults()
 	for name, sc := range map[string]any{
 		"consumer":  c.ConsumerConfig().MetricRegistry,
 		"producer":  c.ProducerConfig().MetricRegistry,

@@ -109,7 +109,7 @@ func (c Config) NewParallelSubscriber(group string, pc ParallelConfig, logger wa
 	if group == "" {
 		return nil, errors.New("kafkax: parallel subscriber needs a consumer group")
 	}
-	c.SetDefaults()
+	c = c.WithDefaults()
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}

@@ -62,7 +62,7 @@ func TestSecurityValidate(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := kafkax.Config{TLS: tc.tls, SASL: tc.sasl}
-			c.SetDefaults()
+			c = c.WithDefaults()
 			err := c.Validate()
 			if tc.want == "" {
 				if err != nil {
@@ -95,7 +95,7 @@ func TestSecurityFileGoneFailsTheClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := kafkax.Config{Brokers: []string{"127.0.0.1:1"}, SASL: kafkax.SASL{Mechanism: "PLAIN", User: "u", PasswordFile: pwFile}}
-	c.SetDefaults()
+	c = c.WithDefaults()
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}

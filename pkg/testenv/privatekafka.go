@@ -80,7 +80,7 @@ func (k *PrivateKafka) Brokers() []string { return []string{fmt.Sprintf("127.0.0
 func (k *PrivateKafka) Config() kafkax.Config {
 	c := kafkax.Config{Brokers: k.Brokers(), ClientID: "onceflow-test", SessionTimeout: 6 * time.Second,
 		RebalanceTimeout: 10 * time.Second, HeartbeatEvery: time.Second, MaxPollWait: 50 * time.Millisecond}
-	c.SetDefaults()
+	c = c.WithDefaults()
 	return c
 }
 

@@ -53,7 +53,7 @@ func SecureKafka(t testing.TB) kafkax.Config {
 		RebalanceTimeout: 10 * time.Second, HeartbeatEvery: time.Second, MaxPollWait: 50 * time.Millisecond,
 		TLS:  kafkax.TLS{Enabled: true, CAFile: TLSFile("ca.pem")},
 		SASL: kafkax.SASL{Mechanism: kafkax.SASLScramSHA512, User: user, PasswordFile: TLSFile("kafka-" + user + ".password")}}
-	c.SetDefaults()
+	c = c.WithDefaults()
 	if err := c.Validate(); err != nil {
 		t.Fatalf("testenv: SASL_SSL client settings: %v\n%s (it writes %s)", err, howToStart, TLSDir())
 	}

@@ -162,7 +162,7 @@ func Kafka(t testing.TB) kafkax.Config {
 	Integration(t)
 	c := kafkax.Config{Brokers: Brokers(), ClientID: "onceflow-test", SessionTimeout: 6 * time.Second,
 		RebalanceTimeout: 10 * time.Second, HeartbeatEvery: time.Second, MaxPollWait: 50 * time.Millisecond}
-	c.SetDefaults()
+	c = c.WithDefaults()
 	sc := c.SaramaConfig()
 	sc.Net.DialTimeout = 3 * time.Second
 	sc.Metadata.Retry.Max = 1
