@@ -93,7 +93,7 @@ func (e *eosShard) batch(ctx context.Context, pipelined bool) (int, error) {
 	}
 	e.iso.outcome(batch, nil)
 	// The previous batch must be marked before this one commits: only the last committed
-	// batch may be unmarked, as the next session reconciles only that one.
+	// batch may be unmarked, as the next relay session reconciles only that one.
 	if err := e.collect(); err != nil {
 		return 0, err
 	}

@@ -23,7 +23,7 @@ func (e *eosShard) producerConfig() *sarama.Config {
 	// transaction would pay. A fixed 100ms backoff with many more retries, each looking the
 	// coordinator up with 3 metadata retries of its own, keeps a batch inside Sarama for
 	// minutes when a broker stops, silently (no failed batch, no log, the lease expiring);
-	// with these settings the batch fails well within a minute, later sessions fail at once,
+	// with these settings the batch fails well within a minute, later relay sessions fail at once,
 	// and the relay's own backoff, log and metrics take over.
 	sc.Producer.Transaction.Retry.Max = 20
 	sc.Producer.Transaction.Retry.BackoffFunc = txnRetryBackoff

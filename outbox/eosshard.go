@@ -29,8 +29,8 @@ import (
 // publishes), one Kafka transaction with the events and the batch position, commit, then
 // the rows are marked in a short database transaction. A batch is marked before the next
 // one commits, so at most the last committed batch can be unmarked, and that is the one the
-// next session reconciles. Any failure ends the session (abort, close the producer); the
-// next session starts from the reconciliation again.
+// next relay session reconciles. Any failure ends the session (abort, close the producer); the
+// next relay session starts from the reconciliation again.
 //
 // Under Run the mark of batch N runs while batch N+1 is read and sent (pipelined): the read
 // leaves out batch N's rows, and batch N+1's Kafka commit waits for batch N's mark, so the
@@ -259,10 +259,10 @@ func (e *eosShard) endSession(why string) {
 	e.sess = nil
 	if m := s.marking; m != nil {
 		// The mark of the last committed batch: let it finish (it is bounded by its own
-		// timeout); should it fail, the next session reconciles that batch.
+		// timeout); should it fail, the next relay session reconciles that batch.
 		<-m.done
 		if m.err != nil {
-			e.r.logger.Error("outbox relay: marking a committed batch failed (the next session reconciles it)", m.err,
+			e.r.logger.Error("outbox relay: marking a committed batch failed (the next relay session reconciles it)", m.err,
 				watermill.LogFields{"session": s.id, "seq": m.seq})
 		}
 	}

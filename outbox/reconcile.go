@@ -14,7 +14,7 @@ import (
 )
 
 // lastBatchPosition reads the positions partition (read_committed) backwards in growing
-// windows up to this session's init record at offset initOff and returns the last batch
+// windows up to this relay session's init record at offset initOff and returns the last batch
 // record of this transactional id before it.
 func (e *eosShard) lastBatchPosition(ctx context.Context, part int32, initOff int64, sessionID string) (Position, bool, error) {
 	cfg := e.r.cfg
@@ -63,7 +63,7 @@ func (e *eosShard) scanPositions(ctx context.Context, consumer sarama.Consumer, 
 			if m.Offset >= initOff {
 				var p Position
 				if m.Offset != initOff || json.Unmarshal(m.Value, &p) != nil || p.Session != sessionID {
-					return Position{}, false, fmt.Errorf("positions %s/%d: offset %d is not this session's init record", cfg.PositionsTopic, part, m.Offset)
+					return Position{}, false, fmt.Errorf("positions %s/%d: offset %d is not this relay session's init record", cfg.PositionsTopic, part, m.Offset)
 				}
 				return last, found, nil
 			}

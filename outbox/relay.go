@@ -134,7 +134,7 @@ func (r *Relay) Owner() bool { return r.engine.owner() }
 // OwnedShards lists the indexes of the shards whose lease this relay holds.
 func (r *Relay) OwnedShards() []int { return r.engine.ownedShards() }
 
-// Fenced reports whether the last session of one of this relay's shards was fenced by
+// Fenced reports whether the last relay session of one of this relay's shards was fenced by
 // another instance and has not published since.
 func (r *Relay) Fenced() bool { return r.engine.fenced() }
 
