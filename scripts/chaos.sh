@@ -60,9 +60,9 @@ if [[ -n "${CHAOS_REV:-}" ]]; then
   mkdir -p "$src"
   git archive "$rev" | tar -x -C "$src"
   router=".run/chaos/router-$rev"
-  echo "chaos: router built from commit $rev (clean export in $src)"
+  built="chaos: router built from commit $rev (clean export in $src)"
 else
-  echo "chaos: router built from the working tree at $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo ' plus uncommitted changes')"
+  built="chaos: router built from the working tree at $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo ' plus uncommitted changes')"
 fi
 case "${CHAOS_BROKEN:-}" in
   "") (cd "$src" && go build -tags onceflow_chaos -o "$ROOT/$router" ./cmd/router) ;;
@@ -86,7 +86,7 @@ esac
 go build -o .run/chaos/chaos ./cmd/chaos
 set +e
 # shellcheck disable=SC2086
-.run/chaos/chaos -profile "$profile" -seed "${CHAOS_SEED:-1}" -router "$router" ${CHAOS_ARGS:-} 2>&1 | tee .run/chaos/chaos.log
+.run/chaos/chaos -profile "$profile" -seed "${CHAOS_SEED:-1}" -router "$router" ${CHAOS_ARGS:-} 2>&1 | { echo "$built"; cat; } | tee .run/chaos/chaos.log
 rc="${PIPESTATUS[0]}"
 set -e
 if [[ -z "$expect" ]]; then
