@@ -68,7 +68,7 @@ func TestBenchTable(t *testing.T) {
 		"**160.2 ms at the start, — before the e2e runs, 156.3 at the end**",
 		"**13,398 orders/s** (rounds 12,952–13,865); steady 14,249",
 		"20,500 orders/s (20,000–21,000); overhead median **16.5 %**", // the median line, not a round's
-		"≤ 15 %: **not met** (all three)",
+		"≤ 15 % by each of the three: **not met**",
 		"p99 **43.3** (40.6–47.4)", "p99 ≤ 100 ms at 2,000/s: met",
 		"grouped 2,613 orders/s (498 µs CPU per order)", "2.40×; 0.26", "≥ 10×: **not met**; ≥ 0.5: **not met**",
 	} {
