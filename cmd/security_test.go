@@ -2,15 +2,8 @@ package onceflowcmd_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"database/sql"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
@@ -171,10 +164,7 @@ func TestRunRefusedBySASLSSL(t *testing.T) {
 	if err := os.WriteFile(wrongPW, []byte("not-the-password\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	otherCA := filepath.Join(dir, "other-ca.pem")
-	if err := os.WriteFile(otherCA, selfSignedCA(t), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	otherCA := testenv.OtherCA(t)
 	broker := kc.Brokers[0]
 	for _, tc := range []struct {
 		name, caFile, pwFile, want string
@@ -219,23 +209,6 @@ plugins:
 			t.Logf("exit 1: %s", msg)
 		})
 	}
-}
-
-// selfSignedCA is a PEM CA certificate that signed nothing the broker has.
-func selfSignedCA(t *testing.T) []byte {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "some other CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }
 
 // No credentials are built in: a command that connects without db.dsn (or db.admin_dsn)

@@ -2,15 +2,9 @@ package dbx_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"database/sql"
-	"encoding/pem"
 	"errors"
-	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
@@ -125,7 +119,7 @@ func TestTLSConnection(t *testing.T) {
 	off := *mc
 	off.TLSConfig = "false"
 	refused("TLS turned off in the DSN", dbx.Config{DSN: off.FormatDSN(), Password: pass}, accessDenied)
-	refused("another CA", dbx.Config{DSN: dsn, Password: pass, TLS: dbx.TLS{CAFile: otherCA(t)}}, func(err error) bool {
+	refused("another CA", dbx.Config{DSN: dsn, Password: pass, TLS: dbx.TLS{CAFile: testenv.OtherCA(t)}}, func(err error) bool {
 		var ua x509.UnknownAuthorityError
 		return errors.As(err, &ua) || strings.Contains(err.Error(), "unknown authority")
 	})
@@ -148,25 +142,4 @@ func TestTLSConnection(t *testing.T) {
 	if err := db.PingContext(ctx); err != nil {
 		t.Fatalf("sql.Open with tls=%s: %v", name, err)
 	}
-}
-
-// otherCA writes a CA certificate that signed nothing the server has.
-func otherCA(t *testing.T) string {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "some other CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := filepath.Join(t.TempDir(), "other-ca.pem")
-	if err := os.WriteFile(f, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return f
 }

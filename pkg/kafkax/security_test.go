@@ -2,14 +2,7 @@ package kafkax_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
-	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
@@ -157,7 +150,7 @@ func TestSASLSSLRefusals(t *testing.T) {
 	wrongPW := good
 	wrongPW.SASL.PasswordFile, wrongPW.SASL.Password = "", "not-the-password"
 	otherCA := good
-	otherCA.TLS.CAFile = writeOtherCA(t)
+	otherCA.TLS.CAFile = testenv.OtherCA(t)
 	wrongName := good
 	wrongName.TLS.ServerName = "not-this-host.example"
 
@@ -186,25 +179,4 @@ func TestSASLSSLRefusals(t *testing.T) {
 			t.Logf("%s: %s", broker, msg)
 		})
 	}
-}
-
-// writeOtherCA writes a CA certificate of its own (not the one that signed the broker's).
-func writeOtherCA(t *testing.T) string {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "some other CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := filepath.Join(t.TempDir(), "other-ca.pem")
-	if err := os.WriteFile(f, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return f
 }

@@ -2,6 +2,13 @@ package testenv
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
@@ -69,3 +76,25 @@ func SecureKafka(t testing.TB) kafkax.Config {
 // with the application user's grants (ONCEFLOW_TEST_TLS_APP_USER, default
 // onceflow_tls:onceflow_tls).
 func TLSAppUser() string { return env("ONCEFLOW_TEST_TLS_APP_USER", "onceflow_tls:onceflow_tls") }
+
+// OtherCA writes a PEM CA certificate of its own, which signed nothing the local services
+// have, and returns its path: a client that trusts only it must refuse them.
+func OtherCA(t testing.TB) string {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "some other CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := filepath.Join(t.TempDir(), "other-ca.pem")
+	if err := os.WriteFile(f, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
