@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -120,35 +121,8 @@ func (a *app) produce(o produceOpts) error {
 		return err
 	}
 	defer producer.Close()
-	rng := rand.New(rand.NewPCG(o.seed, 7))
-
-	var (
-		msgs []record
-		ids  []string
-	)
-	for i := range o.orders {
-		key := fmt.Sprintf("%s-%06d", o.prefix, i)
-		value := p.Sample(key, i, rng)
-		ids = append(ids, key)
-		msgs = append(msgs, keyRecord(key, value))
-		if rng.Float64() < o.dupRate {
-			// The duplicate is a different Kafka message with the same meaning, arriving later.
-			msgs = append(msgs, keyRecord(key, value))
-		}
-	}
-	// Shuffle within a sliding window so duplicates arrive a little later, not adjacent.
-	for i := range msgs {
-		j := i + rng.IntN(min(len(msgs)-i, 50))
-		if string(msgs[i].key) != string(msgs[j].key) {
-			msgs[i], msgs[j] = msgs[j], msgs[i]
-		}
-	}
 	kinds, skipped := poisonKinds(p.Plugin, a.cfg.Inbox.MaxPayloadBytes, kc.ProducerConfig().Producer.MaxMessageBytes)
-	for i := range o.poison {
-		r := kinds[i%len(kinds)].record(o.prefix, i)
-		pos := rng.IntN(len(msgs) + 1)
-		msgs = append(msgs[:pos], append([]record{r}, msgs[pos:]...)...)
-	}
+	seq := newProduceSeq(p.Plugin, o, kinds)
 
 	start := time.Now()
 	var batch []*sarama.ProducerMessage
@@ -162,7 +136,11 @@ func (a *app) produce(o produceOpts) error {
 		batch = batch[:0]
 		return nil
 	}
-	for i, m := range msgs {
+	for i := 0; ; i++ {
+		m, ok := seq.next()
+		if !ok {
+			break
+		}
 		pm := &sarama.ProducerMessage{Topic: o.topic, Key: sarama.ByteEncoder(m.key), Headers: m.headers}
 		if m.value != nil { // nil: a tombstone (a nil Encoder, not an empty one)
 			pm.Value = sarama.ByteEncoder(m.value)
@@ -185,9 +163,9 @@ func (a *app) produce(o produceOpts) error {
 	if err := flush(); err != nil {
 		return err
 	}
-	deliveries := len(msgs) - o.poison
+	deliveries := seq.deliveries
 	if o.ledger != "" {
-		if err := writeLedger(o.ledger, o.prefix, ids, deliveries, o.poison); err != nil {
+		if err := writeLedger(o.ledger, o.prefix, o.orders, deliveries, o.poison); err != nil {
 			return err
 		}
 	}
@@ -205,6 +183,130 @@ func (a *app) produce(o produceOpts) error {
 	printf("PRODUCED orders=%d deliveries=%d duplicates=%d poison=%d%s topic=%s prefix=%s seconds=%.2f\n",
 		o.orders, deliveries, deliveries-o.orders, o.poison, poisonNote, o.topic, o.prefix, time.Since(start).Seconds())
 	return nil
+}
+
+// orderKey is the business (and Kafka) key of the seq-th order of a run.
+func orderKey(prefix string, seq int) string { return fmt.Sprintf("%s-%06d", prefix, seq) }
+
+// shuffleWindow: a record moves at most this many places later, so a duplicate arrives a
+// little after its original, not next to it.
+const shuffleWindow = 50
+
+// produceSeq is the sequence of records a produce run sends, generated a few at a time so
+// that memory stays flat however many orders the run has. The sequence is the one a seed
+// has always meant: each order's value from the plugin's Sample and a draw deciding its
+// duplicate, all from one source seeded by --seed; then, from where that source stands
+// after the last order, a shuffle within a window of shuffleWindow (a record swaps with one
+// of the next 49, never with its own key), and then --poison records inserted at random
+// places of the shuffled sequence.
+//
+// Streaming it needs the source's state after the last order before the first record goes
+// out: newProduceSeq runs through the orders once, drawing as generation does but keeping
+// nothing, and saves that state for the shuffle; the poison places are drawn after the
+// shuffle's draws, so it makes those draws too and turns the insertions into final
+// positions (O(poison²) time, O(poison) memory). next then regenerates the orders from the
+// seed, keeping only the shuffle's window.
+type produceSeq struct {
+	p     inbox.Plugin
+	o     produceOpts
+	kinds []poisonKind
+
+	deliveries int // order records: each order once, its duplicate twice
+	total      int // deliveries + poison
+
+	gen       *rand.Rand // the orders, regenerated: the same draws as the counting pass
+	shuffle   *rand.Rand // the shuffle's draws, from the state generation left
+	nextOrder int        // the next order gen makes
+	window    []record   // the shuffle's window: records shuffled onwards, generated ahead
+	shuffled  int        // records that left the window
+	poison    []poisonPlace
+	emitted   int
+}
+
+// poisonPlace is where the seq-th poison record goes in the whole sequence.
+type poisonPlace struct{ at, seq int }
+
+func newProduceSeq(p inbox.Plugin, o produceOpts, kinds []poisonKind) *produceSeq {
+	s := &produceSeq{p: p, o: o, kinds: kinds}
+	src := rand.NewPCG(o.seed, 7)
+	rng := rand.New(src)
+	for i := range o.orders {
+		p.Sample(orderKey(o.prefix, i), i, rng)
+		s.deliveries++
+		if rng.Float64() < o.dupRate {
+			s.deliveries++
+		}
+	}
+	state, err := src.MarshalBinary()
+	if err != nil {
+		panic(err) // a PCG always marshals
+	}
+	shuffleSrc := new(rand.PCG)
+	if err := shuffleSrc.UnmarshalBinary(state); err != nil {
+		panic(err)
+	}
+	s.shuffle = rand.New(shuffleSrc)
+	n := s.deliveries
+	for i := range n {
+		rng.IntN(min(n-i, shuffleWindow))
+	}
+	// Poison i went to a place among the n+i records there were; each later one inserted
+	// at or before it moved it one place on.
+	at := make([]int, o.poison)
+	for i := range o.poison {
+		pos := rng.IntN(n + i + 1)
+		for j := range i {
+			if at[j] >= pos {
+				at[j]++
+			}
+		}
+		at[i] = pos
+	}
+	for i, a := range at {
+		s.poison = append(s.poison, poisonPlace{at: a, seq: i})
+	}
+	slices.SortFunc(s.poison, func(a, b poisonPlace) int { return a.at - b.at })
+	s.total = n + o.poison
+	s.gen = rand.New(rand.NewPCG(o.seed, 7))
+	return s
+}
+
+// next returns the next record to send; false after the last.
+func (s *produceSeq) next() (record, bool) {
+	if s.emitted == s.total {
+		return record{}, false
+	}
+	s.emitted++
+	if len(s.poison) > 0 && s.poison[0].at == s.emitted-1 {
+		i := s.poison[0].seq
+		s.poison = s.poison[1:]
+		return s.kinds[i%len(s.kinds)].record(s.o.prefix, i), true
+	}
+	span := min(s.deliveries-s.shuffled, shuffleWindow)
+	for len(s.window) < span {
+		s.generate()
+	}
+	if j := s.shuffle.IntN(span); string(s.window[0].key) != string(s.window[j].key) {
+		s.window[0], s.window[j] = s.window[j], s.window[0]
+	}
+	r := s.window[0]
+	s.window[0] = record{}
+	s.window = s.window[1:]
+	s.shuffled++
+	return r, true
+}
+
+// generate appends the next order, and its duplicate when it has one, to the window. The
+// duplicate is a different Kafka message with the same meaning, arriving later.
+func (s *produceSeq) generate() {
+	i := s.nextOrder
+	s.nextOrder++
+	key := orderKey(s.o.prefix, i)
+	value := s.p.Sample(key, i, s.gen)
+	s.window = append(s.window, keyRecord(key, value))
+	if s.gen.Float64() < s.o.dupRate {
+		s.window = append(s.window, keyRecord(key, value))
+	}
 }
 
 // record is one Kafka record to send: key, value (nil: a tombstone) and headers.
@@ -312,15 +414,15 @@ type ledger struct {
 	poison     int
 }
 
-func writeLedger(path, prefix string, ids []string, deliveries, poison int) error {
+func writeLedger(path, prefix string, orders, deliveries, poison int) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("ledger: %w", err)
 	}
 	w := bufio.NewWriter(f)
-	fmt.Fprintf(w, "# prefix=%s orders=%d deliveries=%d poison=%d\n", prefix, len(ids), deliveries, poison)
-	for _, id := range ids {
-		fmt.Fprintln(w, id)
+	fmt.Fprintf(w, "# prefix=%s orders=%d deliveries=%d poison=%d\n", prefix, orders, deliveries, poison)
+	for i := range orders {
+		fmt.Fprintln(w, orderKey(prefix, i))
 	}
 	if err := w.Flush(); err != nil {
 		f.Close()
