@@ -49,6 +49,9 @@ var bounds = map[string]bound{
 	"relay.retention":             durations(0, 10*365*24*time.Hour),
 	"relay.cleanup_interval":      durations(time.Second, 24*time.Hour),
 	"relay.cleanup_batch":         counts(1, 100000),
+	"http.max_body_bytes":         counts(2, 1<<24),
+	"http.request_timeout":        durations(100*time.Millisecond, 10*time.Minute),
+	"http.idempotency_ttl":        durations(time.Minute, 10*365*24*time.Hour),
 	"runtime.gogc":                counts(-1, 100000),
 	"runtime.memory_limit_mb":     counts(0, 1<<30),
 }

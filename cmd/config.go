@@ -26,6 +26,7 @@ type Config struct {
 	Inbox   InboxConfig   `mapstructure:"inbox"`
 	Relay   RelayConfig   `mapstructure:"relay"`
 	Admin   AdminConfig   `mapstructure:"admin"`
+	HTTP    HTTPConfig    `mapstructure:"http"`
 	Log     LogConfig     `mapstructure:"log"`
 	Runtime RuntimeConfig `mapstructure:"runtime"`
 	// Plugins holds one section per plugin, plugins.<name>: the reserved keys topics (a list)
@@ -125,6 +126,16 @@ type AdminConfig struct {
 	TokenFile string `mapstructure:"token_file"`
 }
 
+// HTTPConfig is the listener of the plugins' HTTP commands (inbox.Command).
+type HTTPConfig struct {
+	Listen         string        `mapstructure:"listen"`
+	Token          string        `mapstructure:"token"`
+	TokenFile      string        `mapstructure:"token_file"`
+	MaxBodyBytes   int           `mapstructure:"max_body_bytes"`
+	RequestTimeout time.Duration `mapstructure:"request_timeout"`
+	IdempotencyTTL time.Duration `mapstructure:"idempotency_ttl"`
+}
+
 // RuntimeConfig is the Go garbage collector's setting for this process (pkg/gcx); GOGC and
 // GOMEMLIMIT in the environment win over it.
 type RuntimeConfig struct {
@@ -208,6 +219,12 @@ var defaults = []struct {
 	{"admin.listen", "127.0.0.1:9464", "/healthz, /readyz and /metrics listener (empty disables); an address beyond loopback requires admin.token"},
 	{"admin.token", "", "bearer token /metrics and /readyz ask for (Authorization: Bearer …), at least 16 characters; better from ONCEFLOW_ADMIN_TOKEN or admin.token_file"},
 	{"admin.token_file", "", "file whose first line is admin.token"},
+	{"http.listen", "", "listener of the plugins' HTTP commands (e.g. POST /v1/claims with an Idempotency-Key); empty (the default) disables; an address beyond loopback requires http.token"},
+	{"http.token", "", "bearer token the commands ask for (Authorization: Bearer …), at least 16 characters; better from ONCEFLOW_HTTP_TOKEN or http.token_file"},
+	{"http.token_file", "", "file whose first line is http.token"},
+	{"http.max_body_bytes", 65536, "a larger request body is refused (413)"},
+	{"http.request_timeout", "10s", "bound of one command request; a slower one is not committed and answers 503"},
+	{"http.idempotency_ttl", "24h", "how long a client token (Idempotency-Key) and its response are kept; the inbox cleaner removes them after"},
 	{"log.level", "info", "debug, info, warn, error (slog through Watermill's adapter)"},
 	{"log.format", "text", "text or json"},
 	{"runtime.gogc", gcx.DefaultPercent, "Go GC target percentage (GOGC; the environment's GOGC wins); -1 off, with runtime.memory_limit_mb. A router holds many parked goroutines and a small live heap: see docs/BENCHMARKS.md, Why the defaults"},
@@ -371,6 +388,9 @@ func (c Config) validate() error {
 		return fmt.Errorf("inbox.batch_*: %w", err)
 	}
 	if err := c.Admin.validate(); err != nil {
+		return err
+	}
+	if err := c.HTTP.validate(); err != nil {
 		return err
 	}
 	if err := gcx.Validate(c.Runtime.GOGC, c.Runtime.MemoryLimitMB); err != nil {

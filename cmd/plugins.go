@@ -30,6 +30,7 @@ var groupName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,249}$`)
 type plugin struct {
 	inbox.Plugin
 	section map[string]any
+	command *inbox.Command // set for the plugin's HTTP command run as a plugin of its biz type (commandPlugins)
 }
 
 // decodeConfig decodes the plugin's own section into target (PluginEnv.DecodeConfig).

@@ -97,7 +97,7 @@ func (a *app) bizTypes() (map[string][]plugin, error) {
 		return nil, err
 	}
 	out := map[string][]plugin{}
-	for _, p := range ps {
+	for _, p := range append(ps, commandPlugins(ps)...) {
 		out[p.BizType] = append(out[p.BizType], p)
 	}
 	return out, nil

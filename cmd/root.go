@@ -155,6 +155,6 @@ func (a *app) openAppDB(ctx context.Context, maxConns int, tables ...string) (*s
 
 // frameworkTables are the framework's tables every command that runs plugins needs; each
 // plugin adds its own (inbox.Plugin.Tables).
-var frameworkTables = []string{"inbox", "outbox"}
+var frameworkTables = []string{"inbox", "inbox_response", "outbox"}
 
 func printf(format string, args ...any) { fmt.Fprintf(os.Stdout, format, args...) }

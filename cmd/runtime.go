@@ -168,7 +168,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); errs <- relay.Run(ctx) }()
 	}
-	cleaner, err := inbox.NewCleaner(db, inbox.CleanerConfig{BatchSize: a.cfg.Inbox.CleanupBatch, Interval: a.cfg.Inbox.CleanupInterval}, a.logger)
+	cleaner, err := inbox.NewCleaner(db, inbox.CleanerConfig{BatchSize: a.cfg.Inbox.CleanupBatch, Interval: a.cfg.Inbox.CleanupInterval, Replies: true}, a.logger)
 	if err != nil {
 		return badInput(err)
 	}
@@ -180,6 +180,11 @@ func (r *Runtime) Run(ctx context.Context) error {
 		return err
 	}
 	defer stopAdmin()
+	stopHTTP, err := a.startHTTP(ctx, db, plugins, obs, m)
+	if err != nil {
+		return err
+	}
+	defer stopHTTP() // before the relay and the router stop (deferred calls run last first)
 
 	runErr := router.Run(ctx)
 	cancel()
@@ -217,7 +222,14 @@ func (a *app) buildInbox(ctx context.Context, db *sql.DB, p plugin, obs inbox.Ob
 			}
 		}
 	}
-	ib, err := inbox.New(db, h, a.cfg.inboxConfig(p.BizType, p.KeyLogField), a.logger, obs)
+	var ib *inbox.Inbox
+	if p.command != nil {
+		cfg := a.cfg.inboxConfig(p.BizType, p.KeyLogField)
+		cfg.Retention = a.cfg.HTTP.IdempotencyTTL
+		ib, err = inbox.NewCommand(db, h, cfg, a.logger, obs)
+	} else {
+		ib, err = inbox.New(db, h, a.cfg.inboxConfig(p.BizType, p.KeyLogField), a.logger, obs)
+	}
 	if err != nil {
 		closeHandler()
 		return nil, nil, badInput(fmt.Errorf("plugin %s: %w", p.Name, err))

@@ -57,6 +57,8 @@ func Plugin() inbox.Plugin {
 			}
 			return g.UsePrepare(env.DB).UseStatements(env.DB), nil
 		},
+		// POST /v1/claims: a coupon for a client token (Idempotency-Key), on http.listen.
+		Commands: []inbox.Command{ClaimCommand()},
 		// `router verify`, and `router produce`'s orders and poison.
 		Verify: verifyPlugin,
 		Sample: sampleOrder,

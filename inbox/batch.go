@@ -405,7 +405,7 @@ func (b *Batcher) Process(ctx context.Context, msg *message.Message, src Source)
 	select {
 	case b.decode <- p:
 	case <-b.stop:
-		return b.ib.Process(ctx, msg, src, ProcessOptions{})
+		return b.ib.Process(ctx, msg, src, b.ib.liveOptions())
 	case <-ctx.Done():
 		return Result{}, ctx.Err()
 	}
@@ -419,7 +419,7 @@ func (b *Batcher) Process(ctx context.Context, msg *message.Message, src Source)
 		case o := <-p.done:
 			return b.outcome(ctx, p, o)
 		default:
-			res, err := b.ib.Process(ctx, msg, src, ProcessOptions{})
+			res, err := b.ib.Process(ctx, msg, src, b.ib.liveOptions())
 			b.release(p, res, err)
 			return res, err
 		}
@@ -447,7 +447,7 @@ func (b *Batcher) outcome(ctx context.Context, p *pending, o batchOutcome) (Resu
 	case o.failed != nil:
 		res, err = b.afterFailure(ctx, p, o.failed)
 	case o.fallback:
-		res, err = b.ib.Process(ctx, p.msg, p.src, ProcessOptions{})
+		res, err = b.ib.Process(ctx, p.msg, p.src, b.ib.liveOptions())
 	}
 	b.release(p, res, err)
 	return res, err
@@ -726,6 +726,9 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item, savepoin
 	}
 	if len(run) > 0 {
 		if err := b.handle(ctx, tx, run, counts, savepoints); err != nil {
+			return err
+		}
+		if err := b.saveReplies(ctx, tx, run); err != nil {
 			return err
 		}
 	}

@@ -17,6 +17,9 @@ type CleanerConfig struct {
 	Table     string        // default "inbox"
 	BatchSize int           // rows per DELETE; default 500
 	Interval  time.Duration // between sweeps; default 1h
+	// Replies: also delete the stored responses of HTTP commands (ReplyTable(Table)) with
+	// their rows. Set when a command is served.
+	Replies bool
 }
 
 func (c *CleanerConfig) setDefaults() {
@@ -47,6 +50,7 @@ type Cleaner struct {
 	types  string // the biz types present
 	oldest string // a biz type's oldest 'done' rows, and whether each has expired
 	del    string // the expired ones among them, by id (checked again: a replay may reopen one)
+	delRep string // their stored command responses (CleanerConfig.Replies), deleted first in the same transaction
 }
 
 // NewCleaner builds a Cleaner.
@@ -63,7 +67,11 @@ func NewCleaner(db *sql.DB, cfg CleanerConfig, logger watermill.LoggerAdapter) (
 	}
 	// The DISTINCT jumps from one biz type to the next in the index; oldest reads a range of
 	// it in order (created_at, then the primary key the index ends with).
-	return &Cleaner{db: db, cfg: cfg, logger: logger,
+	var delRep string
+	if cfg.Replies {
+		delRep = fmt.Sprintf("DELETE r FROM %s r JOIN %s i ON i.id = r.inbox_id WHERE i.status = 'done' AND i.expire_at < ? AND i.id IN ", ReplyTable(cfg.Table), cfg.Table)
+	}
+	return &Cleaner{db: db, cfg: cfg, logger: logger, delRep: delRep,
 		types:  fmt.Sprintf("SELECT DISTINCT biz_type FROM %s", cfg.Table),
 		oldest: fmt.Sprintf("SELECT id, expire_at < ? FROM %s WHERE biz_type = ? AND status = 'done' ORDER BY created_at, id LIMIT %d", cfg.Table, cfg.BatchSize),
 		del:    fmt.Sprintf("DELETE FROM %s WHERE status = 'done' AND expire_at < ? AND id IN ", cfg.Table)}, nil
@@ -138,11 +146,22 @@ func (c *Cleaner) sweep(ctx context.Context, bizType string, now time.Time) (del
 	if len(ids) == 0 {
 		return 0, false, nil
 	}
-	r, err := c.db.ExecContext(ctx, c.del+"("+strings.TrimSuffix(strings.Repeat("?,", len(ids)), ",")+")", append([]any{now}, ids...)...)
-	if err != nil {
-		return 0, false, err
-	}
-	n, err := r.RowsAffected()
+	in := "(" + strings.TrimSuffix(strings.Repeat("?,", len(ids)), ",") + ")"
+	args := append([]any{now}, ids...)
+	var n int64
+	err = dbx.InTx(ctx, c.db, func(tx *sql.Tx) error {
+		if c.delRep != "" {
+			if _, err := tx.ExecContext(ctx, c.delRep+in, args...); err != nil {
+				return fmt.Errorf("delete command responses: %w", err)
+			}
+		}
+		r, err := tx.ExecContext(ctx, c.del+in, args...)
+		if err != nil {
+			return err
+		}
+		n, err = r.RowsAffected()
+		return err
+	})
 	if err != nil {
 		return 0, false, err
 	}

@@ -271,7 +271,9 @@ func (b *Batcher) afterFailure(ctx context.Context, p *pending, f *failure) (Res
 	default:
 		ib.logger.Info("handler failed in a batch, will retry alone", fields.Add(watermill.LogFields{"err": validText(f.err.Error(), 1000)}))
 		sleep(ctx, ib.cfg.backoff(total))
-		return ib.Process(ctx, p.msg, p.src, ProcessOptions{failed: total})
+		opts := ib.liveOptions()
+		opts.failed = total
+		return ib.Process(ctx, p.msg, p.src, opts)
 	}
 	res, err := ib.quarantine(ctx, p.msg, p.src, p.dec.Key, p.dec.Fingerprint, reason, f.err, total, ProcessOptions{})
 	if err != nil {

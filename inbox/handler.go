@@ -93,6 +93,8 @@ type Delivery struct {
 	// Prepared is what the handler's Prepare left for the next Handle call (nil without a
 	// Preparer). It is reset before every Prepare.
 	Prepared any
+
+	reply *Reply // set by Respond
 }
 
 // Preparer is implemented by handlers whose steps call slow outside services. Prepare runs

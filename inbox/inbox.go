@@ -56,6 +56,8 @@ type Result struct {
 	Reason   Reason // for quarantined and conflict outcomes
 	Attempts int
 	Err      error // the error that caused a quarantine
+
+	reply *Reply // a command's response (RunCommand)
 }
 
 // Observer receives one call per finished delivery (metrics). Implementations must be safe
@@ -77,6 +79,9 @@ type Inbox struct {
 	obs    Observer
 	q      queries
 	calls  chan struct{} // one slot per Prepare running (MaxInFlightCalls)
+	// replyQuery reads a command's stored response and replySave stores them (NewCommand);
+	// empty for a Kafka inbox.
+	replyQuery, replySave string
 }
 
 // New builds an Inbox. A nil logger logs nothing; a nil observer records nothing.
@@ -112,6 +117,10 @@ type ProcessOptions struct {
 	Reopen bool
 
 	failed int // attempts already made and counted (a Batcher's delivery that failed in its batch)
+	// command: an HTTP command's request (RunCommand): a Decode error is the client's (an
+	// error wrapping ErrBadRequest, nothing written), and so is a conflict (reported, not
+	// quarantined).
+	command bool
 }
 
 // Process runs one delivery to its end: processed, duplicate, conflict or quarantined. It
@@ -129,6 +138,9 @@ func (ib *Inbox) Process(ctx context.Context, msg *message.Message, src Source, 
 func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, opts ProcessOptions) (Result, error) {
 	fields := watermill.LogFields{"topic": src.Topic, "partition": src.Partition, "offset": src.Offset, "message_uuid": validText(msg.UUID, maxUUIDBytes)}
 	dec, derr := ib.decode(msg)
+	if derr != nil && opts.command {
+		return Result{}, fmt.Errorf("%w: %w", ErrBadRequest, derr) // runCommand decoded it first: not reached
+	}
 	if derr != nil {
 		key := poisonKey(src, msg)
 		reason := ReasonPoison
@@ -213,6 +225,9 @@ func (ib *Inbox) decode(msg *message.Message) (dec Decoded, err error) {
 		}
 		return Decoded{}, err
 	}
+	if ib.replyQuery != "" {
+		dec.Key = CommandKey(msg.Metadata.Get(MetadataIdempotencyKey)) // a command's key is its client token
+	}
 	switch {
 	case dec.Key == "":
 		return Decoded{}, PoisonError("empty business key")
@@ -236,7 +251,7 @@ func (ib *Inbox) runSteps(ctx context.Context, d *Delivery, dec Decoded, opts Pr
 	for step := 0; step < ib.cfg.MaxSteps; step++ {
 		res, next, err := ib.runStep(ctx, prep, d, dec, opts, step)
 		if err != nil || res != nil {
-			if res != nil && res.Outcome == OutcomeConflict {
+			if res != nil && res.Outcome == OutcomeConflict && !opts.command {
 				return ib.quarantineConflict(ctx, d, dec, opts)
 			}
 			if res != nil {
@@ -324,10 +339,13 @@ func (ib *Inbox) runStep(ctx context.Context, prep Preparer, d *Delivery, dec De
 			return err
 		}
 		if prog == Done {
+			if err := ib.saveReplies(sctx, tx, []*Delivery{d}); err != nil {
+				return err
+			}
 			if _, err := tx.ExecContext(sctx, ib.q.markDone, d.Attempt, row.id); err != nil {
 				return fmt.Errorf("mark inbox row done: %w", err)
 			}
-			res = &Result{Outcome: OutcomeProcessed, InboxID: row.id, Key: d.Key}
+			res = &Result{Outcome: OutcomeProcessed, InboxID: row.id, Key: d.Key, reply: d.reply}
 		}
 		return nil
 	})

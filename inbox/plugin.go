@@ -52,6 +52,10 @@ type Plugin struct {
 	// runtime calls Close once it no longer uses it: after the router stopped (`router run`),
 	// or after the replay (`router replay`, `router inbox retry`).
 	Build func(ctx context.Context, env PluginEnv) (Handler, error)
+	// Commands are the plugin's HTTP commands (see Command), served on http.listen when it is
+	// set: each with its own biz type, through the same inbox table and outbox as its Kafka
+	// handler.
+	Commands []Command
 
 	// Verify, when set, audits the plugin's invariants for `router verify` (see VerifyEnv).
 	Verify func(ctx context.Context, env VerifyEnv) (Verification, error)
@@ -95,6 +99,14 @@ func (p Plugin) Validate() error {
 		return fmt.Errorf("plugin %q: no biz type", p.Name)
 	case p.Build == nil:
 		return fmt.Errorf("plugin %q: no Build function", p.Name)
+	}
+	for _, c := range p.Commands {
+		if err := c.Validate(); err != nil {
+			return fmt.Errorf("plugin %q: %w", p.Name, err)
+		}
+		if c.BizType == p.BizType {
+			return fmt.Errorf("plugin %q: command %s %s shares the plugin's biz type %q (its tokens need their own)", p.Name, c.Method, c.Path, c.BizType)
+		}
 	}
 	for _, t := range p.Tables {
 		if !tableName.MatchString(t) {

@@ -3,7 +3,11 @@
 #   5,000 paid orders, 30 % of them delivered twice as different Kafka messages, slow and
 #   flaky steps, and a second router joining mid-run so partitions move while messages are
 #   in flight. Then drain, verify, and print one RESULT line (the last line of output).
-# Environment: DEMO_ORDERS (5000), DEMO_DUP_RATE (0.3), DEMO_RATE (1500 msg/s), DEMO_POISON (0).
+#   Meanwhile, DEMO_CLAIMS coupon claims arrive at router A's HTTP listener (POST /v1/claims),
+#   each double-clicked (3 requests at once with one Idempotency-Key); the RESULT line
+#   reports them (claims=, claim_duplicates_blocked=, claim_coupons=).
+# Environment: DEMO_ORDERS (5000), DEMO_DUP_RATE (0.3), DEMO_RATE (1500 msg/s), DEMO_POISON (0),
+#   DEMO_CLAIMS (500), DEMO_HTTP (127.0.0.1:8480).
 set -Eeuo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -11,6 +15,8 @@ ORDERS="${DEMO_ORDERS:-5000}"
 DUP_RATE="${DEMO_DUP_RATE:-0.3}"
 RATE="${DEMO_RATE:-1500}"
 POISON="${DEMO_POISON:-0}"
+CLAIMS="${DEMO_CLAIMS:-500}"
+HTTP="${DEMO_HTTP:-127.0.0.1:8480}"
 OUT="$ROOT/.run/demo"
 mkdir -p "$OUT"
 
@@ -20,6 +26,7 @@ say() { echo "demo: [$((SECONDS - START))s] $*"; }
 bash scripts/infra.sh up
 say "building bin/router"
 go build -o bin/router ./cmd/router
+go build -o bin/claimburst ./scripts/claimburst
 R="$ROOT/bin/router"
 
 export ONCEFLOW_CONFIG="$ROOT/configs/demo.yaml"
@@ -37,8 +44,8 @@ stop_routers() {
 }
 trap stop_routers EXIT
 
-say "router A starting (admin 127.0.0.1:9464, log $OUT/router-a.log)"
-ONCEFLOW_ADMIN_LISTEN=127.0.0.1:9464 "$R" run >"$OUT/router-a.log" 2>&1 &
+say "router A starting (admin 127.0.0.1:9464, HTTP commands $HTTP, log $OUT/router-a.log)"
+ONCEFLOW_ADMIN_LISTEN=127.0.0.1:9464 ONCEFLOW_HTTP_LISTEN="$HTTP" "$R" run >"$OUT/router-a.log" 2>&1 &
 pids+=($!)
 sleep 2
 
@@ -50,6 +57,10 @@ sleep 3
 say "router B joining mid-run (partitions move while messages are in flight)"
 ONCEFLOW_ADMIN_LISTEN=127.0.0.1:9465 "$R" run >"$OUT/router-b.log" 2>&1 &
 pids+=($!)
+say "$CLAIMS coupon claims, each double-clicked (3 requests with one Idempotency-Key) at http://$HTTP/v1/claims"
+"$ROOT/bin/claimburst" -url "http://$HTTP" -claims "$CLAIMS" -clicks 3 -prefix "demo-claim-$(date +%s)" >"$OUT/claims.log" 2>&1 \
+  || { cat "$OUT/claims.log"; exit 1; }
+cat "$OUT/claims.log"
 wait "$producer" || { cat "$OUT/produce.log"; exit 1; }
 cat "$OUT/produce.log"
 
@@ -62,5 +73,7 @@ stop_routers
 trap - EXIT
 say "metrics of router A were at http://127.0.0.1:9464/metrics; logs in $OUT"
 grep -v '^RESULT' "$OUT/verify.log" || true
-grep '^RESULT' "$OUT/verify.log" || { echo "RESULT missing (verify exit $rc)"; exit 1; }
+result="$(grep '^RESULT' "$OUT/verify.log")" || { echo "RESULT missing (verify exit $rc)"; exit 1; }
+claims="$(grep -o 'claims=[0-9]* .*' "$OUT/claims.log" | grep -o 'claims=[0-9]*\|claim_duplicates_blocked=[0-9]*\|claim_coupons=[0-9]*' | tr '\n' ' ')"
+echo "$result ${claims% }"
 exit "$rc"

@@ -14,6 +14,8 @@ import (
 type config struct {
 	// The database measurements (single, storm, naive).
 	orders, workers int
+	httpN           int
+	httpClients     int
 	stormN, stormK  int
 
 	// Group commit (batch.go, plain.go, storm and the e2e batch runs).
@@ -90,6 +92,8 @@ func parseConfig(args []string) (*config, error) {
 	fs.IntVar(&c.forwarderN, "forwarder-events", 20000, "events for the Watermill forwarder comparison (0 skips it)")
 
 	fs.IntVar(&c.seedOrders, "seed-orders", 20000, "orders of the seed_load run")
+	fs.IntVar(&c.httpN, "http-requests", 20000, "requests of the http_claims run (30 % with an earlier request's Idempotency-Key)")
+	fs.IntVar(&c.httpClients, "http-clients", 64, "concurrent clients of the http_claims run, each sending its next request once answered")
 	fs.Float64Var(&c.seedDupRate, "seed-dup-rate", 0.3, "duplicate deliveries of the seed_load run")
 	fs.DurationVar(&c.seedDelay, "seed-delay", 800*time.Millisecond, "each outside call's base time (seed: 800ms), before -seed-scale")
 	fs.DurationVar(&c.seedJitter, "seed-jitter", 1200*time.Millisecond, "each outside call's added random time (seed: up to 1.2s more), before -seed-scale")
@@ -102,7 +106,7 @@ func parseConfig(args []string) (*config, error) {
 
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	fs.StringVar(&c.memProfile, "memprofile", "", "write an allocation profile of the whole run to this file (go tool pprof -sample_index=alloc_space)")
-	fs.StringVar(&c.only, "only", "", "run only these measurement groups (comma separated: batch, plain, single, storm, relay, e2e, seed); empty runs all")
+	fs.StringVar(&c.only, "only", "", "run only these measurement groups (comma separated: batch, plain, single, storm, relay, e2e, seed, http); empty runs all")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}

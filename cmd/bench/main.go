@@ -6,7 +6,7 @@
 //
 // The command line is config.go; the measurements are methods of suite (suite.go), one
 // file per group: batch.go, plain.go, single.go, storm.go, relay.go and forwarder.go,
-// e2e.go and latency.go, seedload.go. report.go prints the BENCH lines and writes the CSV.
+// e2e.go and latency.go, seedload.go, httpclaims.go. report.go prints the BENCH lines and writes the CSV.
 package main
 
 import (
@@ -40,6 +40,7 @@ func (s *suite) groups() []group {
 		{"relay", s.relayGroup},
 		{"e2e", s.e2eGroup},
 		{"seed", s.seedGroup},
+		{"http", s.httpGroup},
 	}
 }
 

@@ -1,0 +1,295 @@
+package inbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Command is an HTTP command a plugin declares next to its Kafka handler: a request that
+// carries a client token (the Idempotency-Key header) and is handled by the same Handler
+// contract as a Kafka message, in the same inbox. The token is the inbox row's business key
+// under the command's own biz type, so the token is claimed in the transaction of the
+// command's effect and its outbox events: the key exists exactly when the effect committed.
+// A retry with the same token gets the first request's response back (Delivery.Respond),
+// never a second effect.
+//
+// The handler's Decode sees a message whose payload is the request body and whose metadata
+// holds the token (MetadataIdempotencyKey); the Key it returns is ignored (the token is the
+// key), its Fingerprint identifies the request's meaning (empty: sha256 of the body) and
+// decides whether a retry with the same token is the same request. A Decode error answers
+// 400 and writes nothing. Handle runs every step in one transaction (a command's key never
+// commits without its effect) and, when it returns Done, states the response with
+// Delivery.Respond.
+type Command struct {
+	Method  string // POST, PUT, PATCH or DELETE
+	Path    string // e.g. "/v1/claims"
+	BizType string // the inbox biz type of its tokens, e.g. "coupon-claim"; not the plugin's own
+	// Build creates the command's handler once the runtime has its database and
+	// configuration (the plugin's, as for Plugin.Build).
+	Build func(ctx context.Context, env PluginEnv) (Handler, error)
+}
+
+// MetadataIdempotencyKey is the metadata key of a command message's client token.
+const MetadataIdempotencyKey = "Idempotency-Key"
+
+// MaxIdempotencyKeyLen is the longest client token accepted. Tokens longer than MaxKeyLen
+// are stored as their sha256 ("sha256:" and 64 hex digits).
+const MaxIdempotencyKeyLen = 255
+
+var commandPath = regexp.MustCompile(`^(/[A-Za-z0-9._~-]+)+$`)
+
+// Validate checks a command declaration.
+func (c Command) Validate() error {
+	switch {
+	case c.Method != "POST" && c.Method != "PUT" && c.Method != "PATCH" && c.Method != "DELETE":
+		return fmt.Errorf("command %s %s: method must be POST, PUT, PATCH or DELETE", c.Method, c.Path)
+	case !commandPath.MatchString(c.Path):
+		return fmt.Errorf("command %s %q: path must be /segment[/segment...] of [A-Za-z0-9._~-]", c.Method, c.Path)
+	case c.BizType == "":
+		return fmt.Errorf("command %s %s: no biz type", c.Method, c.Path)
+	case c.Build == nil:
+		return fmt.Errorf("command %s %s: no Build function", c.Method, c.Path)
+	}
+	return nil
+}
+
+// CheckIdempotencyKey reports why key is not a client token: 1–255 printable ASCII
+// characters (space to ~).
+func CheckIdempotencyKey(key string) error {
+	if key == "" {
+		return errors.New("the Idempotency-Key header is required (1-255 printable ASCII characters, one per intended operation)")
+	}
+	if len(key) > MaxIdempotencyKeyLen {
+		return fmt.Errorf("Idempotency-Key of %d characters is longer than %d", len(key), MaxIdempotencyKeyLen)
+	}
+	if strings.ContainsFunc(key, func(r rune) bool { return r < ' ' || r > '~' }) {
+		return errors.New("Idempotency-Key must be printable ASCII characters (space to ~)")
+	}
+	return nil
+}
+
+// CommandKey is the inbox business key of a client token: the token itself, or, when it is
+// longer than MaxKeyLen, "sha256:" and its hex digest.
+func CommandKey(token string) string {
+	if len(token) <= MaxKeyLen {
+		return token
+	}
+	s := sha256.Sum256([]byte(token))
+	return "sha256:" + hex.EncodeToString(s[:])
+}
+
+// Reply is a command's response: an HTTP status and a JSON body.
+type Reply struct {
+	Status int
+	Body   []byte
+}
+
+// MaxReplyBytes bounds a stored response body.
+const MaxReplyBytes = 64 << 10
+
+// Respond states the response of an HTTP command: status and v as JSON. Handle calls it
+// before returning Done; the response is stored with the inbox row, in the step's
+// transaction, and returned to every retry with the same token. Kafka deliveries have no
+// response: for them Respond only records it.
+func (d *Delivery) Respond(status int, v any) error {
+	if status < 200 || status > 599 {
+		return fmt.Errorf("respond: status %d outside 200..599", status)
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("respond: %w", err)
+	}
+	if len(b) > MaxReplyBytes {
+		return fmt.Errorf("respond: body of %d bytes exceeds %d", len(b), MaxReplyBytes)
+	}
+	d.reply = &Reply{Status: status, Body: b}
+	return nil
+}
+
+// CommandRequest is one HTTP command request.
+type CommandRequest struct {
+	Token    string            // the Idempotency-Key; checked by CheckIdempotencyKey
+	Body     []byte            // the request body
+	Metadata map[string]string // stored with the inbox row (e.g. the client's address); optional
+	Source   Source            // where it came from, e.g. {Topic: "http POST /v1/claims", Partition: -1, Offset: -1}
+}
+
+// CommandResult is what RunCommand did.
+type CommandResult struct {
+	// Outcome: processed (this request ran the command), duplicate (a retry: Reply is the
+	// first request's), conflict (the token was used with another request: nothing written),
+	// quarantined (the command failed; a retry with the token runs it again).
+	Outcome Outcome
+	InboxID int64
+	Reply   Reply  // for processed and duplicate outcomes
+	Reason  Reason // for quarantined outcomes
+	Err     error  // the cause of a quarantine
+}
+
+// ErrBadRequest wraps RunCommand's errors for requests the command refuses before anything
+// is written (a bad token, a body its Decode refuses): the client's to fix (HTTP 400).
+var ErrBadRequest = errors.New("bad request")
+
+// ReplyTable is the table of command responses for inbox table t.
+func ReplyTable(t string) string { return t + "_response" }
+
+// NewCommand builds the inbox of command c: its handler h behind the inbox table under c's
+// biz type, every step of a request in one transaction, the response stored with the row
+// (ReplyTable) in the transaction that makes it done. Its Batcher (NewBatcher) runs
+// requests that arrive together in one transaction, as it does Kafka deliveries.
+func NewCommand(db *sql.DB, h Handler, cfg Config, logger watermill.LoggerAdapter, obs Observer) (*Inbox, error) {
+	cfg.setDefaults()
+	cfg.StepsPerTx = cfg.MaxSteps
+	ib, err := New(db, h, cfg, logger, obs)
+	if err != nil {
+		return nil, err
+	}
+	table := ReplyTable(cfg.Table)
+	ib.replyQuery = fmt.Sprintf(`SELECT status, body FROM %s WHERE inbox_id = ?`, table)
+	ib.replySave = fmt.Sprintf(`INSERT INTO %s (inbox_id, status, body) VALUES `, table)
+	return ib, nil
+}
+
+// saveReplies stores the responses of ds, finished in tx (a command inbox only): what each
+// Handle stated with Respond, 204 without a body when it stated none.
+func (ib *Inbox) saveReplies(ctx context.Context, tx *sql.Tx, ds []*Delivery) error {
+	if ib.replySave == "" || len(ds) == 0 {
+		return nil
+	}
+	args := make([]any, 0, 3*len(ds))
+	for _, d := range ds {
+		if d.reply == nil {
+			d.reply = &Reply{Status: 204}
+		}
+		args = append(args, d.InboxID, d.reply.Status, d.reply.Body)
+	}
+	q := ib.replySave + strings.TrimSuffix(strings.Repeat("(?, ?, ?), ", len(ds)), ", ") +
+		" ON DUPLICATE KEY UPDATE status = VALUES(status), body = VALUES(body)"
+	if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+		return fmt.Errorf("store %d command responses: %w", len(ds), err)
+	}
+	return nil
+}
+
+// liveOptions are the options of a live delivery: none for a Kafka message; for a command's
+// request, its Decode errors and conflicts are the client's, and a quarantined row runs
+// again (the client's retry).
+func (ib *Inbox) liveOptions() ProcessOptions {
+	if ib.replyQuery == "" {
+		return ProcessOptions{}
+	}
+	return ProcessOptions{Reopen: true, command: true}
+}
+
+// RunCommand runs one command request to its end, in a transaction of its own. It returns
+// an error wrapping ErrBadRequest for a request refused before anything is written, and
+// another error when the outcome could not be recorded (database unreachable, ctx
+// cancelled): then nothing committed, and a retry with the token runs the command.
+func (ib *Inbox) RunCommand(ctx context.Context, req CommandRequest) (CommandResult, error) {
+	return ib.runCommand(ctx, req, func(msg *message.Message) (Result, error) {
+		return ib.Process(ctx, msg, req.Source, ib.liveOptions())
+	})
+}
+
+// RunCommand runs one command request to its end as Inbox.RunCommand does, in a
+// transaction shared with the requests that arrive together (group commit).
+func (b *Batcher) RunCommand(ctx context.Context, req CommandRequest) (CommandResult, error) {
+	return b.ib.runCommand(ctx, req, func(msg *message.Message) (Result, error) {
+		return b.Process(ctx, msg, req.Source)
+	})
+}
+
+// BizType returns the biz type of the Batcher's inbox.
+func (b *Batcher) BizType() string { return b.ib.BizType() }
+
+func (ib *Inbox) runCommand(ctx context.Context, req CommandRequest, run func(*message.Message) (Result, error)) (CommandResult, error) {
+	if ib.replyQuery == "" {
+		return CommandResult{}, errors.New("inbox: RunCommand on an inbox not made by NewCommand")
+	}
+	if err := CheckIdempotencyKey(req.Token); err != nil {
+		return CommandResult{}, fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+	md := message.Metadata{}
+	for k, v := range req.Metadata {
+		md.Set(k, v)
+	}
+	md.Set(MetadataIdempotencyKey, req.Token)
+	msg := message.NewMessage(watermill.NewUUID(), req.Body)
+	msg.Metadata = md
+	// Refused here, before a row: a batch would quarantine it as poison.
+	if _, err := ib.decode(msg); err != nil {
+		return CommandResult{}, fmt.Errorf("%w: %s", ErrBadRequest, strings.TrimPrefix(err.Error(), ErrPoison.Error()+": "))
+	}
+	res, err := run(msg)
+	if err == nil && res.Outcome == OutcomeDuplicate && res.Reason != "" {
+		// A quarantined request: the client's retry runs it again.
+		res, err = ib.Process(ctx, msg, req.Source, ib.liveOptions())
+	}
+	if err != nil {
+		return CommandResult{}, err
+	}
+	out := CommandResult{Outcome: res.Outcome, InboxID: res.InboxID, Reason: res.Reason, Err: res.Err}
+	switch res.Outcome {
+	case OutcomeProcessed:
+		if res.reply != nil {
+			out.Reply = *res.reply
+		}
+	case OutcomeDuplicate:
+		r, found, err := ib.storedReply(ctx, res.InboxID)
+		if err != nil {
+			return CommandResult{}, err
+		}
+		if !found {
+			// Done without a stored response (run by a path that stores none).
+			r = Reply{Status: 200, Body: []byte(`{"status":"done"}`)}
+		}
+		out.Reply = r
+	}
+	return out, nil
+}
+
+// storedReply reads the response stored with inbox row id.
+func (ib *Inbox) storedReply(ctx context.Context, id int64) (Reply, bool, error) {
+	var r Reply
+	err := ib.db.QueryRowContext(ctx, ib.replyQuery, id).Scan(&r.Status, &r.Body)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Reply{}, false, nil
+	}
+	if err != nil {
+		return Reply{}, false, fmt.Errorf("read the stored response of inbox row %d: %w", id, err)
+	}
+	return r, true, nil
+}
+
+// saveReplies stores the responses of the batch's deliveries finished in tx (a command
+// inbox's Batcher).
+func (b *Batcher) saveReplies(ctx context.Context, tx *sql.Tx, run []*item) error {
+	if b.ib.replySave == "" {
+		return nil
+	}
+	var ds []*Delivery
+	for _, it := range run {
+		if it.res != nil && it.res.Outcome == OutcomeProcessed {
+			ds = append(ds, it.d)
+		}
+	}
+	if err := b.ib.saveReplies(ctx, tx, ds); err != nil {
+		return err
+	}
+	for _, it := range run {
+		if it.res != nil && it.res.Outcome == OutcomeProcessed {
+			it.res.reply = it.d.reply
+		}
+	}
+	return nil
+}

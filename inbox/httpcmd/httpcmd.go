@@ -1,0 +1,227 @@
+// Package httpcmd serves plugins' HTTP commands (inbox.Command): requests that carry a
+// client token in the Idempotency-Key header, run through the inbox so the token is claimed
+// in the transaction of the command's effect. A retry with the same token gets the first
+// request's status and body back; a retry while the first request is still running gets
+// 409 with Retry-After; the same token with another body gets 422. Nothing is ever run
+// twice.
+package httpcmd
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/onceflow/onceflow/inbox"
+)
+
+// Runner runs a command's requests: its inbox (inbox.NewCommand; a transaction per
+// request) or that inbox's Batcher (requests that arrive together share a transaction).
+type Runner interface {
+	RunCommand(ctx context.Context, req inbox.CommandRequest) (inbox.CommandResult, error)
+	BizType() string
+}
+
+// Route is one command as served: its method and path and what runs it.
+type Route struct {
+	Method string
+	Path   string
+	Runner Runner
+}
+
+// Config configures the handler.
+type Config struct {
+	// MaxBodyBytes: a larger request body is refused with 413; default 64 KiB.
+	MaxBodyBytes int64
+	// RetryAfter is the Retry-After of a 409 (a request with the token is running) and of a
+	// 503 (the outcome could not be recorded); default 1s.
+	RetryAfter time.Duration
+	// RequestTimeout bounds one request's run through the inbox; default 30s.
+	RequestTimeout time.Duration
+	// Observe, when set, is called once per answered request (metrics); path and method are
+	// a route's, or "unmatched" and "-".
+	Observe func(method, path string, status int, elapsed time.Duration)
+}
+
+func (c *Config) setDefaults() {
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = 64 << 10
+	}
+	if c.RetryAfter == 0 {
+		c.RetryAfter = time.Second
+	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = 30 * time.Second
+	}
+}
+
+// Header names.
+const (
+	HeaderKey      = "Idempotency-Key"
+	HeaderReplayed = "Idempotent-Replayed" // "true" on a response returned again to a retry
+)
+
+// Handler serves the routes.
+type Handler struct {
+	cfg    Config
+	routes map[string]map[string]Runner // path → method → inbox
+	logger watermill.LoggerAdapter
+
+	mu      sync.Mutex
+	running map[string]struct{} // biz type + "\x00" + token of the requests running here
+}
+
+// New builds the handler of routes. A nil logger logs nothing.
+func New(routes []Route, cfg Config, logger watermill.LoggerAdapter) (*Handler, error) {
+	cfg.setDefaults()
+	if cfg.MaxBodyBytes < 1 || cfg.RetryAfter < time.Second || cfg.RequestTimeout <= 0 {
+		return nil, fmt.Errorf("httpcmd: max body %d, retry after %s, request timeout %s out of range", cfg.MaxBodyBytes, cfg.RetryAfter, cfg.RequestTimeout)
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	h := &Handler{cfg: cfg, routes: map[string]map[string]Runner{}, logger: logger, running: map[string]struct{}{}}
+	for _, r := range routes {
+		if r.Runner == nil {
+			return nil, fmt.Errorf("httpcmd: %s %s: no runner", r.Method, r.Path)
+		}
+		if h.routes[r.Path] == nil {
+			h.routes[r.Path] = map[string]Runner{}
+		}
+		if _, dup := h.routes[r.Path][r.Method]; dup {
+			return nil, fmt.Errorf("httpcmd: %s %s declared twice", r.Method, r.Path)
+		}
+		h.routes[r.Path][r.Method] = r.Runner
+	}
+	return h, nil
+}
+
+// errorBody is every error answer: {"error": "..."}.
+type errorBody struct {
+	Error   string `json:"error"`
+	Reason  string `json:"reason,omitempty"`
+	InboxID int64  `json:"inboxId,omitempty"`
+}
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	status := h.serve(w, r)
+	if h.cfg.Observe != nil {
+		path, method := r.URL.Path, r.Method
+		if methods, ok := h.routes[path]; !ok {
+			path, method = "unmatched", "-" // no label per client-chosen path
+		} else if _, ok := methods[method]; !ok {
+			method = "-"
+		}
+		h.cfg.Observe(method, path, status, time.Since(start))
+	}
+}
+
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request) int {
+	methods, ok := h.routes[r.URL.Path]
+	if !ok {
+		return writeJSON(w, http.StatusNotFound, errorBody{Error: "no command at " + strconv.Quote(r.URL.Path)})
+	}
+	ib, ok := methods[r.Method]
+	if !ok {
+		for m := range methods {
+			w.Header().Add("Allow", m)
+		}
+		return writeJSON(w, http.StatusMethodNotAllowed, errorBody{Error: "method " + strconv.Quote(r.Method) + " not allowed here"})
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+			return writeJSON(w, http.StatusUnsupportedMediaType, errorBody{Error: "Content-Type must be application/json"})
+		}
+	}
+	token := r.Header.Get(HeaderKey)
+	if err := inbox.CheckIdempotencyKey(token); err != nil {
+		return writeJSON(w, http.StatusBadRequest, errorBody{Error: err.Error()})
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			return writeJSON(w, http.StatusRequestEntityTooLarge, errorBody{Error: fmt.Sprintf("request body exceeds %d bytes", h.cfg.MaxBodyBytes)})
+		}
+		return writeJSON(w, http.StatusBadRequest, errorBody{Error: "reading the request body: " + err.Error()})
+	}
+
+	// A second request with a token whose first request is still running here is told to
+	// come back: it must not wait on the first one's row lock, nor run beside it. (Across
+	// routers, the database's row lock makes the second wait for the first and then return
+	// its response.)
+	slot := ib.BizType() + "\x00" + token
+	h.mu.Lock()
+	_, busy := h.running[slot]
+	if !busy {
+		h.running[slot] = struct{}{}
+	}
+	h.mu.Unlock()
+	if busy {
+		w.Header().Set("Retry-After", h.retryAfter())
+		return writeJSON(w, http.StatusConflict, errorBody{Error: "a request with this Idempotency-Key is still running: retry later with the same key and body"})
+	}
+	defer func() {
+		h.mu.Lock()
+		delete(h.running, slot)
+		h.mu.Unlock()
+	}()
+
+	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.RequestTimeout)
+	defer cancel()
+	res, err := ib.RunCommand(ctx, inbox.CommandRequest{Token: token, Body: body,
+		Source:   inbox.Source{Topic: "http " + r.Method + " " + r.URL.Path, Partition: -1, Offset: -1},
+		Metadata: map[string]string{"remote_addr": r.RemoteAddr}})
+	switch {
+	case errors.Is(err, inbox.ErrBadRequest):
+		return writeJSON(w, http.StatusBadRequest, errorBody{Error: strings.TrimPrefix(err.Error(), inbox.ErrBadRequest.Error()+": ")})
+	case err != nil:
+		h.logger.Error("HTTP command not recorded", err, watermill.LogFields{"path": r.URL.Path, "biz_type": ib.BizType()})
+		w.Header().Set("Retry-After", h.retryAfter())
+		return writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "the command could not be recorded and nothing of it was committed: retry with the same Idempotency-Key"})
+	}
+	switch res.Outcome {
+	case inbox.OutcomeProcessed, inbox.OutcomeDuplicate:
+		if res.Outcome == inbox.OutcomeDuplicate {
+			w.Header().Set(HeaderReplayed, "true")
+		}
+		return writeRaw(w, res.Reply)
+	case inbox.OutcomeConflict:
+		return writeJSON(w, http.StatusUnprocessableEntity, errorBody{Error: "this Idempotency-Key was already used with a different request: use a new key for a new request", InboxID: res.InboxID})
+	default: // quarantined
+		return writeJSON(w, http.StatusInternalServerError, errorBody{Error: "the command failed and nothing of it was committed; it is kept for the operator (router inbox show); a retry with the same Idempotency-Key runs it again",
+			Reason: string(res.Reason), InboxID: res.InboxID})
+	}
+}
+
+func (h *Handler) retryAfter() string {
+	return strconv.Itoa(int((h.cfg.RetryAfter + time.Second - 1) / time.Second))
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) int {
+	b, _ := json.Marshal(v)
+	return writeRaw(w, inbox.Reply{Status: status, Body: b})
+}
+
+func writeRaw(w http.ResponseWriter, r inbox.Reply) int {
+	if len(r.Body) > 0 {
+		w.Header().Set("Content-Type", "application/json")
+	}
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(r.Status)
+	if len(r.Body) > 0 && r.Status != http.StatusNoContent {
+		_, _ = w.Write(r.Body)
+		_, _ = w.Write([]byte("\n"))
+	}
+	return r.Status
+}
