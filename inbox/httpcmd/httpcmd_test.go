@@ -395,3 +395,53 @@ func TestClaimFailsThenRetries(t *testing.T) {
 		t.Fatalf("coupons %d events %d, want 1 and 1", n, e)
 	}
 }
+
+// A client token lives for the command's retention (http.idempotency_ttl): the inbox
+// cleaner deletes the row and its stored response together; the same key is then a new
+// claim. Without CleanerConfig.Replies the response would be left behind: the check sees it.
+func TestClaimKeysExpire(t *testing.T) {
+	srv, d := claimServer(t, true, httpcmd.Config{})
+	first := claim(t, srv.Client(), srv.URL, "old-key", claimBody("u-old"))
+	if first.status != http.StatusCreated {
+		t.Fatalf("claim: %d %s", first.status, first.body)
+	}
+	ctx := context.Background()
+	if _, err := d.DB.ExecContext(ctx, "UPDATE inbox SET expire_at = NOW(6) - INTERVAL 1 MINUTE WHERE biz_type = ?", coupon.ClaimBizType); err != nil {
+		t.Fatal(err)
+	}
+	responses := func() int { return count(t, d.DB, "SELECT COUNT(*) FROM inbox_response") }
+	if responses() != 1 {
+		t.Fatalf("stored responses: %d, want 1", responses())
+	}
+	for _, replies := range []bool{false, true} {
+		c, err := inbox.NewCleaner(d.DB, inbox.CleanerConfig{Replies: replies, Interval: time.Second}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := c.RunOnce(ctx, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case !replies && (n != 1 || responses() != 1):
+			t.Fatalf("without Replies: %d rows deleted, %d responses left; want 1 and 1 (left behind)", n, responses())
+		case !replies:
+			// Put the row back, so the cleaner with Replies has it to delete.
+			if _, err := d.Admin.ExecContext(ctx, "DELETE FROM inbox_response"); err != nil {
+				t.Fatal(err)
+			}
+			claim(t, srv.Client(), srv.URL, "old-key", claimBody("u-old"))
+			if _, err := d.DB.ExecContext(ctx, "UPDATE inbox SET expire_at = NOW(6) - INTERVAL 1 MINUTE WHERE biz_type = ?", coupon.ClaimBizType); err != nil {
+				t.Fatal(err)
+			}
+		case n != 1 || responses() != 0:
+			t.Fatalf("with Replies: %d rows deleted, %d responses left; want 1 and 0", n, responses())
+		}
+	}
+	// The key is free again: a new claim under it (the grant's id is the key's, so the
+	// coupon it already granted answers).
+	again := claim(t, srv.Client(), srv.URL, "old-key", claimBody("u-old"))
+	if again.status != http.StatusCreated || again.replayed {
+		t.Fatalf("after expiry: %d %s replayed=%v", again.status, again.body, again.replayed)
+	}
+}
