@@ -67,8 +67,8 @@ func (a *app) inboxLs(ctx context.Context, ff filterFlags) error {
 		if r.ReplayID > 0 {
 			replay = fmt.Sprint(r.ReplayID)
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s/%d@%d\t%s\t%s\n", r.ID, safeText(r.BizType), safeText(r.DedupKey), r.Status, safeText(dash(string(r.Reason))),
-			r.Attempts, r.Duplicates, replay, safeText(r.Topic), r.Partition, r.Offset, r.UpdatedAt.Format(time.RFC3339), safeText(dash(oneLineString(r.LastError, 60))))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", r.ID, safeText(r.BizType), safeText(r.DedupKey), r.Status, safeText(dash(string(r.Reason))),
+			r.Attempts, r.Duplicates, replay, safeText(sourceText(r)), r.UpdatedAt.Format(time.RFC3339), safeText(dash(oneLineString(r.LastError, 60))))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -124,7 +124,7 @@ func (a *app) inboxShow(ctx context.Context, ff filterFlags, ref string) error {
 			{"id", fmt.Sprint(r.ID)}, {"dedup_key", r.DedupKey}, {"biz_type", r.BizType}, {"status", string(r.Status)},
 			{"reason", dash(r.Reason)}, {"attempts", fmt.Sprint(r.Attempts)}, {"duplicates", fmt.Sprint(r.Duplicates)},
 			{"replay_id", dash(j.replayID())}, {"message_uuid", r.MessageUUID},
-			{"source", fmt.Sprintf("topic=%s partition=%d offset=%d", r.Topic, r.Partition, r.Offset)},
+			{"source", sourceDetail(r)},
 			{"fingerprint", r.Fingerprint}, {"created_at", r.CreatedAt.Format(time.RFC3339Nano)},
 			{"updated_at", r.UpdatedAt.Format(time.RFC3339Nano)}, {"expire_at", r.ExpireAt.Format(time.RFC3339Nano)},
 			{"metadata", headersLine(r.Metadata)}, {"last_error", dash(r.LastError)},
@@ -187,4 +187,21 @@ func toRowJSON(r inbox.Row, payload bool) rowJSON {
 		}
 	}
 	return j
+}
+
+// sourceText is where a row's message came from: topic/partition@offset, or an HTTP
+// command's method and path (its rows have no partition).
+func sourceText(r inbox.Row) string {
+	if r.Partition < 0 {
+		return r.Topic
+	}
+	return fmt.Sprintf("%s/%d@%d", r.Topic, r.Partition, r.Offset)
+}
+
+// sourceDetail is sourceText with the fields named (inbox show).
+func sourceDetail(r inbox.Row) string {
+	if r.Partition < 0 {
+		return r.Topic
+	}
+	return fmt.Sprintf("topic=%s partition=%d offset=%d", r.Topic, r.Partition, r.Offset)
 }
