@@ -61,7 +61,7 @@ func NewRelay(db *sql.DB, producer Producer, cfg RelayConfig, logger watermill.L
 	a := &atLeastOnce{relayBase: b, producer: producer}
 	t := b.cfg.Table
 	a.claimQ.pending = fmt.Sprintf(`SELECT id, msg_key FROM %s WHERE published_at IS NULL ORDER BY id LIMIT %d`, t, b.cfg.BatchSize)
-	a.claimQ.prefix = fmt.Sprintf(`SELECT id, event_id, event_type, topic, msg_key, payload, headers FROM %s
+	a.claimQ.prefix = fmt.Sprintf(`SELECT id, event_id, event_type, topic, msg_key, payload, headers, trace_parent FROM %s
  WHERE published_at IS NULL AND id IN (`, t)
 	a.claimQ.suffix = `) ORDER BY id FOR UPDATE SKIP LOCKED`
 	return &Relay{relayBase: b, engine: a}, nil
@@ -115,7 +115,10 @@ func (r *atLeastOnce) relayOnce(ctx context.Context) (int, error) {
 		for i, o := range batch {
 			msgs[i] = o.msg
 		}
-		if err := r.producer.SendMessages(msgs); err != nil {
+		spans := r.startPublish(ctx, batch, "")
+		err = r.producer.SendMessages(msgs)
+		endPublish(spans, err) // none unless the relay traces
+		if err != nil {
 			var moved []parkEntry
 			n, moved, sendErr, err = r.sentInPart(ctx, tx, batch, err)
 			parked = append(parked, moved...)
@@ -284,10 +287,10 @@ func (r *atLeastOnce) claim(ctx context.Context, tx *sql.Tx) (send []outRow, par
 			payload []byte
 			headers sql.NullString
 		)
-		if err := rows.Scan(&o.id, &o.eventID, &typ, &o.topic, &o.key, &payload, &headers); err != nil {
+		if err := rows.Scan(&o.id, &o.eventID, &typ, &o.topic, &o.key, &payload, &headers, &o.trace); err != nil {
 			return nil, nil, fmt.Errorf("scan outbox row: %w", err)
 		}
-		if o.msg, err = buildMessage(o.id, o.eventID, typ, o.topic, o.key, payload, headers); err != nil {
+		if o.msg, err = buildMessage(o.id, o.eventID, typ, o.topic, o.key, payload, headers, o.trace); err != nil {
 			return nil, nil, err
 		}
 		locked[o.id] = o

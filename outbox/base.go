@@ -12,8 +12,10 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pkg/dbx"
+	"github.com/onceflow/onceflow/pkg/tracex"
 )
 
 // relayBase is what both engines of a Relay share: the configuration, the database, the
@@ -24,6 +26,7 @@ type relayBase struct {
 	cfg    RelayConfig
 	logger watermill.LoggerAdapter
 	q      relayQueries
+	tr     trace.Tracer // nil: the relay does not trace (RelayConfig.TracerProvider)
 
 	checkMu sync.Mutex  // serialises checkServer
 	checked atomic.Bool // checkServer succeeded
@@ -57,7 +60,7 @@ func newRelayBase(db *sql.DB, cfg RelayConfig, logger watermill.LoggerAdapter) (
 		logger = watermill.NopLogger{}
 	}
 	t := cfg.Table
-	return &relayBase{db: db, cfg: cfg, logger: logger, q: relayQueries{
+	return &relayBase{db: db, cfg: cfg, logger: logger, tr: tracex.Tracer(cfg.TracerProvider, tracerScope), q: relayQueries{
 		oldestPending: fmt.Sprintf(`SELECT MIN(created_at) FROM %s WHERE published_at IS NULL`, t),
 		markPrefix:    fmt.Sprintf(`UPDATE %s SET published_at = NOW(6) WHERE `, t),
 		cleanup:       fmt.Sprintf(`DELETE FROM %s WHERE published_at < NOW(6) - INTERVAL ? MICROSECOND LIMIT %d`, t, cfg.CleanupBatch),
@@ -283,8 +286,9 @@ func (r *relayBase) logParked(moved []parkEntry, shard string) {
 }
 
 // buildMessage turns an outbox row into a Kafka message: key = aggregate id, headers
-// event_id and event_type first, then the row's extra headers.
-func buildMessage(id int64, eventID, typ, topic, key string, payload []byte, headers sql.NullString) (*sarama.ProducerMessage, error) {
+// event_id and event_type first, then traceparent (the row's trace_parent, when it has one:
+// it replaces an extra header of that name), then the row's extra headers.
+func buildMessage(id int64, eventID, typ, topic, key string, payload []byte, headers, traceParent sql.NullString) (*sarama.ProducerMessage, error) {
 	m := &sarama.ProducerMessage{
 		Topic: topic,
 		Key:   sarama.StringEncoder(key),
@@ -294,12 +298,19 @@ func buildMessage(id int64, eventID, typ, topic, key string, payload []byte, hea
 			{Key: []byte(HeaderEventType), Value: []byte(typ)},
 		},
 	}
+	traced := traceParent.Valid && traceParent.String != ""
+	if traced {
+		m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(tracex.Header), Value: []byte(traceParent.String)})
+	}
 	if headers.Valid && headers.String != "" {
 		var extra map[string]string
 		if err := json.Unmarshal([]byte(headers.String), &extra); err != nil {
 			return nil, fmt.Errorf("outbox row %d headers: %w", id, err)
 		}
 		for k, v := range extra {
+			if traced && k == tracex.Header {
+				continue
+			}
 			m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(k), Value: []byte(v)})
 		}
 	}

@@ -56,7 +56,7 @@ func NewExactlyOnceRelay(db *sql.DB, kc kafkax.Config, cfg RelayConfig, logger w
 		if r.cfg.TransactionalID != "" { // else CheckServer derives it before the first relay session
 			e.txnID = shardTxnID(r.cfg.TransactionalID, i, n)
 		}
-		e.pendingWhere = fmt.Sprintf(`SELECT id, event_id, event_type, topic, msg_key, payload, headers FROM %s
+		e.pendingWhere = fmt.Sprintf(`SELECT id, event_id, event_type, topic, msg_key, payload, headers, trace_parent FROM %s
  WHERE published_at IS NULL`, r.cfg.Table)
 		e.pendingOrder = " ORDER BY id LIMIT ?"
 		if n > 1 {

@@ -23,7 +23,7 @@ import (
 // the rows sent in its transaction. A send Kafka refuses rows of aborts the transaction
 // (errRefused ends the session): the refused rows are parked, or, when the errors do not say
 // which rows caused them, isolated over the next batches (isolation).
-func (e *eosShard) batch(ctx context.Context, pipelined bool) (int, error) {
+func (e *eosShard) batch(ctx context.Context, pipelined bool) (_ int, err error) {
 	r, s, cfg := e.r, e.sess, e.r.cfg
 	if m := s.marking; m != nil && isDone(m.done) {
 		if err := e.collect(); err != nil {
@@ -85,6 +85,9 @@ func (e *eosShard) batch(ctx context.Context, pipelined bool) (int, error) {
 	}
 	posMsg := &sarama.ProducerMessage{Topic: cfg.PositionsTopic, Key: sarama.StringEncoder(e.txnID), Value: sarama.ByteEncoder(val)}
 	msgs = append(msgs, posMsg)
+	if spans := r.startPublish(ctx, batch, e.shard); spans != nil { // the relay traces
+		defer func() { endPublish(spans, err) }() // ended at the Kafka commit, or with the batch's error
+	}
 	if err := s.p.BeginTxn(); err != nil {
 		return 0, fmt.Errorf("begin kafka transaction: %w", err)
 	}
@@ -187,13 +190,13 @@ func (e *eosShard) pending(ctx context.Context) ([]outRow, error) {
 			payload []byte
 			headers sql.NullString
 		)
-		if err := rows.Scan(&o.id, &o.eventID, &typ, &o.topic, &o.key, &payload, &headers); err != nil {
+		if err := rows.Scan(&o.id, &o.eventID, &typ, &o.topic, &o.key, &payload, &headers, &o.trace); err != nil {
 			return nil, fmt.Errorf("scan outbox row: %w", err)
 		}
 		if skip[o.id] || len(out) == e.r.cfg.BatchSize {
 			continue
 		}
-		if o.msg, err = buildMessage(o.id, o.eventID, typ, o.topic, o.key, payload, headers); err != nil {
+		if o.msg, err = buildMessage(o.id, o.eventID, typ, o.topic, o.key, payload, headers, o.trace); err != nil {
 			return nil, err
 		}
 		out = append(out, o)

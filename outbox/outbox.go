@@ -15,8 +15,11 @@ import (
 	"fmt"
 	"strings"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/onceflow/onceflow/pkg/dbx"
 	"github.com/onceflow/onceflow/pkg/kafkax"
+	"github.com/onceflow/onceflow/pkg/tracex"
 	"github.com/onceflow/onceflow/pkg/txdefer"
 )
 
@@ -34,6 +37,12 @@ type Event struct {
 	Key     string            // Kafka key: the aggregate id
 	Payload []byte            // message value
 	Headers map[string]string // extra headers
+	// TraceParent is the W3C traceparent stored with the event (column trace_parent) and
+	// written by the relay as the record's traceparent header. Empty: the span context of the
+	// ctx given to Add or AddBatch, if it has one (an inbox that traces puts the handler's
+	// span there); none, and the record has no such header. A BatchHandler sets it per event
+	// from its delivery (inbox.Delivery.TraceParent), as its one ctx is the whole batch's.
+	TraceParent string
 }
 
 // Validate checks an event before it is stored.
@@ -48,6 +57,9 @@ func (e Event) Validate() error {
 	}
 	if err := kafkax.CheckTopicName(e.Topic); err != nil {
 		return fmt.Errorf("outbox: %w", err)
+	}
+	if _, ok := tracex.Parse(e.TraceParent); e.TraceParent != "" && (!ok || len(e.TraceParent) != tracex.Len) {
+		return fmt.Errorf("outbox: event %s: trace parent %q is not a version 00 W3C traceparent", e.ID, e.TraceParent)
 	}
 	// The relay appends the extra headers after its own: a second event_id would shadow
 	// the real one for readers that keep the last value (watermill metadata, ReadAll).
@@ -84,7 +96,7 @@ func (w *Writer) UseStatements(db *sql.DB) *Writer {
 func (w *Writer) newBatch(db *sql.DB) *dbx.MultiRow {
 	i := strings.LastIndex(w.insert, "VALUES ")
 	head, group := w.insert[:i+len("VALUES ")], w.insert[i+len("VALUES "):]
-	return dbx.NewMultiRow(db, 6, batchRows, func(n int) string {
+	return dbx.NewMultiRow(db, rowWidth, batchRows, func(n int) string {
 		return head + strings.TrimSuffix(strings.Repeat(group+", ", n), ", ")
 	})
 }
@@ -109,13 +121,17 @@ func NewWriter(table string) (*Writer, error) {
 		return nil, err
 	}
 	w := &Writer{insert: fmt.Sprintf(
-		"INSERT INTO %s (event_id, event_type, topic, msg_key, payload, headers) VALUES (?, ?, ?, ?, ?, ?)", table)}
+		"INSERT INTO %s (event_id, event_type, topic, msg_key, payload, headers, trace_parent) VALUES (?, ?, ?, ?, ?, ?, ?)", table)}
 	w.batch = w.newBatch(nil)
 	return w, nil
 }
 
-// rowArgs validates e and returns the values of its row, in the insert's column order.
-func rowArgs(e Event) ([]any, error) {
+// rowWidth is the number of columns the insert writes per event.
+const rowWidth = 7
+
+// rowArgs validates e and returns the values of its row, in the insert's column order; the
+// trace parent is e's, else that of ctx's span (NULL when neither has one).
+func rowArgs(ctx context.Context, e Event) ([]any, error) {
 	if err := e.Validate(); err != nil {
 		return nil, err
 	}
@@ -131,7 +147,13 @@ func rowArgs(e Event) ([]any, error) {
 	if payload == nil {
 		payload = []byte{} // a nil []byte is sent as NULL, and payload is NOT NULL
 	}
-	return []any{e.ID, e.Type, e.Topic, e.Key, payload, headers}, nil
+	var traceParent any
+	if e.TraceParent != "" {
+		traceParent = e.TraceParent
+	} else if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		traceParent = tracex.TraceParent(sc)
+	}
+	return []any{e.ID, e.Type, e.Topic, e.Key, payload, headers, traceParent}, nil
 }
 
 // Add stores e in tx. It commits or rolls back with the caller's business change.
@@ -143,7 +165,7 @@ func rowArgs(e Event) ([]any, error) {
 // whose deliveries run again one transaction each, where Add returns ErrDuplicateEvent as
 // here. So a Handle must not read back, in the same transaction, the outbox rows it added.
 func (w *Writer) Add(ctx context.Context, tx *sql.Tx, e Event) error {
-	args, err := rowArgs(e)
+	args, err := rowArgs(ctx, e)
 	if err != nil {
 		return err
 	}

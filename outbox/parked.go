@@ -73,7 +73,7 @@ func parkedTable(t string) string { return t + "_parked" }
 
 // outboxColumns are the columns a row keeps when it moves between outbox and the parked
 // table (key_hash is computed, published_at stays NULL).
-const outboxColumns = "id, event_id, event_type, topic, msg_key, payload, headers, created_at"
+const outboxColumns = "id, event_id, event_type, topic, msg_key, payload, headers, created_at, trace_parent"
 
 // NewParked opens the parked events of outbox table table (default "outbox"; migration
 // 00010 creates outbox_parked).

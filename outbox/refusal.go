@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
@@ -22,6 +23,7 @@ type outRow struct {
 	topic   string
 	key     string
 	msg     *sarama.ProducerMessage
+	trace   sql.NullString // trace_parent: the writer's traceparent, NULL when it was not traced
 }
 
 func (o outRow) String() string {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pkg/dbx"
 	"github.com/onceflow/onceflow/pkg/kafkax"
@@ -72,6 +73,14 @@ type RelayConfig struct {
 	// Tune, when set, adjusts the Sarama config of the transactional producer and of the
 	// position reader (tests use it to inject a failing dialer).
 	Tune func(*sarama.Config)
+
+	// TracerProvider, when set, traces the relay: one span ("send <topic>", a producer span)
+	// per published event whose row has a trace parent (trace_parent: its writer was
+	// traced), a child of that stored context, from the batch's send to its Kafka commit
+	// (exactly once) or ack (at least once); the record's traceparent header then carries
+	// the send span's context. Nil (the default): no span, and the header carries the stored
+	// trace parent as it is, so traces still cross the relay.
+	TracerProvider trace.TracerProvider
 
 	// Hook, when set, is called at named points of a batch ("linger" just before a partial
 	// batch waits, "before-kafka-commit", "after-kafka-commit", "before-mark", "after-mark";

@@ -17,9 +17,9 @@ func (w *Writer) AddBatch(ctx context.Context, tx *sql.Tx, events []Event) error
 	if len(events) == 0 {
 		return nil
 	}
-	args := make([]any, 0, len(events)*6)
+	args := make([]any, 0, len(events)*rowWidth)
 	for _, e := range events {
-		row, err := rowArgs(e)
+		row, err := rowArgs(ctx, e)
 		if err != nil {
 			return err
 		}
@@ -41,7 +41,7 @@ func (w *Writer) insertRows(ctx context.Context, tx *sql.Tx, args []any, n int) 
 
 // FlushDeferred writes the rows Add deferred into a txdefer.Set (txdefer.Flusher).
 func (w *Writer) FlushDeferred(ctx context.Context, tx *sql.Tx, rows [][]any) error {
-	args := make([]any, 0, len(rows)*6)
+	args := make([]any, 0, len(rows)*rowWidth)
 	for _, r := range rows {
 		args = append(args, r...)
 	}
