@@ -3,6 +3,7 @@ package metrics
 import (
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -61,49 +62,62 @@ func (c *ConsumerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.inFlight
 }
 
-type partitionKey struct {
-	group, topic string
-	partition    int32
+// PartitionSummary is one partition claimed by this process, as the collector exports it.
+type PartitionSummary struct {
+	Group     string
+	Topic     string
+	Partition int32
+	// Lag is the committed lag (high water mark minus marked offset); LagKnown is false
+	// before a new group's first message of the partition.
+	Lag      int64
+	LagKnown bool
+	// OldestUnacked is the age of the oldest delivery not acked yet; 0 when none.
+	OldestUnacked time.Duration
+	InFlight      int
 }
 
-// Collect emits one series per group, topic and partition. Two claims of the same
-// partition in this process (two subscribers of one group and topic, for the moment one
-// hands it to the other) make one series: the larger lag and age, the sum in flight.
-func (c *ConsumerCollector) Collect(ch chan<- prometheus.Metric) {
+// Partitions returns the partitions claimed now, in the order the sources report them.
+// Two claims of the same partition in this process (two subscribers of one group and
+// topic, for the moment one hands it to the other) make one entry: the larger lag and
+// age, the sum in flight.
+func (c *ConsumerCollector) Partitions() []PartitionSummary {
 	c.mu.Lock()
 	sources := append([]PartitionStatsSource(nil), c.sources...)
 	c.mu.Unlock()
-	type agg struct {
-		lag      int64
-		lagKnown bool
-		oldest   float64
-		inFlight int
+	type partitionKey struct {
+		group, topic string
+		partition    int32
 	}
-	var order []partitionKey
-	byKey := map[partitionKey]*agg{}
+	var out []PartitionSummary
+	index := map[partitionKey]int{}
 	for _, src := range sources {
 		for _, st := range src.PartitionStats() {
 			k := partitionKey{st.Group, st.Topic, st.Partition}
-			a := byKey[k]
-			if a == nil {
-				a = &agg{}
-				byKey[k] = a
-				order = append(order, k)
+			i, ok := index[k]
+			if !ok {
+				i = len(out)
+				index[k] = i
+				out = append(out, PartitionSummary{Group: st.Group, Topic: st.Topic, Partition: st.Partition})
 			}
+			a := &out[i]
 			if lag, ok := st.Lag(); ok {
-				a.lag, a.lagKnown = max(a.lag, lag), true
+				a.Lag, a.LagKnown = max(a.Lag, lag), true
 			}
-			a.oldest = max(a.oldest, st.OldestUnackedAge.Seconds())
-			a.inFlight += st.InFlight
+			a.OldestUnacked = max(a.OldestUnacked, st.OldestUnackedAge)
+			a.InFlight += st.InFlight
 		}
 	}
-	for _, k := range order {
-		a := byKey[k]
-		lv := []string{k.group, k.topic, strconv.FormatInt(int64(k.partition), 10)}
-		if a.lagKnown {
-			ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(a.lag), lv...)
+	return out
+}
+
+// Collect emits one series per group, topic and partition (see Partitions).
+func (c *ConsumerCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, p := range c.Partitions() {
+		lv := []string{p.Group, p.Topic, strconv.FormatInt(int64(p.Partition), 10)}
+		if p.LagKnown {
+			ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(p.Lag), lv...)
 		}
-		ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, a.oldest, lv...)
-		ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(a.inFlight), lv...)
+		ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, p.OldestUnacked.Seconds(), lv...)
+		ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(p.InFlight), lv...)
 	}
 }

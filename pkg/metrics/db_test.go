@@ -52,7 +52,7 @@ func TestDBGaugesCached(t *testing.T) {
 		t.Fatalf("onceflow_inbox_rows{biz_type=cached} = %v, want 1", n)
 	}
 	m.db.mu.Lock()
-	m.db.at = time.Now().Add(-2 * dbRefresh)
+	m.db.cached.At = time.Now().Add(-2 * dbRefresh)
 	m.db.mu.Unlock()
 	inboxRows()
 	for deadline := time.Now().Add(10 * time.Second); m.db.queries.Load() < 2 && time.Now().Before(deadline); {

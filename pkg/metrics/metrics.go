@@ -26,7 +26,8 @@ type Metrics struct {
 	PrepareSeconds *prometheus.HistogramVec // biz_type, outcome: a delivery's outside calls (BatchPreparer)
 	CallSeconds    *prometheus.HistogramVec // plugin, step, outcome: one outside call
 
-	db *dbCollector // nil without a database
+	db         *dbCollector // nil without a database
+	throughput *throughput  // per-minute deliveries of the last hour (Observe), for the console
 }
 
 // New registers the collectors. db, when not nil, feeds the database gauges (inbox rows by
@@ -62,6 +63,7 @@ func New(db *sql.DB) *Metrics {
 			Help:    "One outside call of a plugin's step (plugins that report them through PluginEnv.ObserveCall).",
 			Buckets: callBuckets,
 		}, []string{"plugin", "step", "outcome"}),
+		throughput: newThroughput(time.Now()),
 	}
 	r.MustRegister(m.Deliveries, m.HandlerSeconds, m.RelayPublished, m.RelayErrors, m.Consumers, m.PrepareSeconds, m.CallSeconds,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -98,8 +100,7 @@ type dbCollector struct {
 	inboxRows, oldest, pending, parked *prometheus.Desc
 
 	mu         sync.Mutex
-	cached     []prometheus.Metric
-	at         time.Time     // when cached was read
+	cached     DBStats
 	refreshing chan struct{} // closed when the refresh in flight ends; nil: none
 	queries    atomic.Int64  // refreshes run (tests)
 }
@@ -114,62 +115,72 @@ func (c *dbCollector) Describe(ch chan<- *prometheus.Desc) {
 // Collect serves the cached gauges, refreshing them in the background when stale (the
 // first scrape waits for the first refresh).
 func (c *dbCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.stats()
+	for _, r := range s.InboxRows {
+		ch <- prometheus.MustNewConstMetric(c.inboxRows, prometheus.GaugeValue, float64(r.Rows), r.BizType, r.Status)
+	}
+	if s.OutboxRead {
+		ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, s.OldestUnpublished.Seconds())
+		ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(s.Unpublished))
+	}
+	if s.ParkedRead {
+		ch <- prometheus.MustNewConstMetric(c.parked, prometheus.GaugeValue, float64(s.ParkedRefused), "false")
+		ch <- prometheus.MustNewConstMetric(c.parked, prometheus.GaugeValue, float64(s.ParkedHeld), "true")
+	}
+}
+
+// stats returns the cached figures and, when they are older than dbRefresh, starts one
+// refresh in the background; the first call waits for the first refresh.
+func (c *dbCollector) stats() DBStats {
 	c.mu.Lock()
-	if time.Since(c.at) > dbRefresh && c.refreshing == nil {
+	if time.Since(c.cached.At) > dbRefresh && c.refreshing == nil {
 		done := make(chan struct{})
 		c.refreshing = done
 		go func() {
-			ms := c.query()
+			s := c.query()
 			c.mu.Lock()
-			c.cached, c.at, c.refreshing = ms, time.Now(), nil
+			c.cached, c.refreshing = s, nil
 			c.mu.Unlock()
 			close(done)
 		}()
 	}
 	wait := c.refreshing
-	first := c.at.IsZero()
+	first := c.cached.At.IsZero()
 	c.mu.Unlock()
 	if first && wait != nil {
 		<-wait
 	}
 	c.mu.Lock()
-	ms := c.cached
-	c.mu.Unlock()
-	for _, m := range ms {
-		ch <- m
-	}
+	defer c.mu.Unlock()
+	return c.cached
 }
 
-// query reads the gauges; a query that fails leaves its gauges out.
-func (c *dbCollector) query() []prometheus.Metric {
+// query reads the figures; a query that fails leaves its figures out.
+func (c *dbCollector) query() DBStats {
 	ctx, cancel := context.WithTimeout(context.Background(), dbQueryTimeout)
 	defer cancel()
 	c.queries.Add(1)
-	var ms []prometheus.Metric
+	var s DBStats
 	if rows, err := c.db.QueryContext(ctx, `SELECT biz_type, status, COUNT(*) FROM inbox GROUP BY biz_type, status`); err == nil {
 		for rows.Next() {
-			var biz, st string
-			var n float64
-			if rows.Scan(&biz, &st, &n) == nil {
-				ms = append(ms, prometheus.MustNewConstMetric(c.inboxRows, prometheus.GaugeValue, n, biz, st))
+			var r InboxCount
+			if rows.Scan(&r.BizType, &r.Status, &r.Rows) == nil {
+				s.InboxRows = append(s.InboxRows, r)
 			}
 		}
 		rows.Close()
 	}
+	s.FailedReasons = failedReasons(ctx, c.db, s.InboxRows)
 	var oldest sql.NullTime
-	var pending float64
-	if err := c.db.QueryRowContext(ctx, `SELECT MIN(created_at), COUNT(*) FROM outbox WHERE published_at IS NULL`).Scan(&oldest, &pending); err == nil {
-		age := 0.0
+	if err := c.db.QueryRowContext(ctx, `SELECT MIN(created_at), COUNT(*) FROM outbox WHERE published_at IS NULL`).Scan(&oldest, &s.Unpublished); err == nil {
+		s.OutboxRead = true
 		if oldest.Valid {
-			age = max(time.Since(oldest.Time).Seconds(), 0)
+			s.OldestUnpublished = max(time.Since(oldest.Time), 0)
 		}
-		ms = append(ms, prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, age),
-			prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, pending))
 	}
-	var refused, held float64
-	if err := c.db.QueryRowContext(ctx, `SELECT COALESCE(SUM(held_behind IS NULL), 0), COALESCE(SUM(held_behind IS NOT NULL), 0) FROM outbox_parked`).Scan(&refused, &held); err == nil {
-		ms = append(ms, prometheus.MustNewConstMetric(c.parked, prometheus.GaugeValue, refused, "false"),
-			prometheus.MustNewConstMetric(c.parked, prometheus.GaugeValue, held, "true"))
+	if err := c.db.QueryRowContext(ctx, `SELECT COALESCE(SUM(held_behind IS NULL), 0), COALESCE(SUM(held_behind IS NOT NULL), 0) FROM outbox_parked`).Scan(&s.ParkedRefused, &s.ParkedHeld); err == nil {
+		s.ParkedRead = true
 	}
-	return ms
+	s.At = time.Now()
+	return s
 }

@@ -1,0 +1,75 @@
+package metrics
+
+import (
+	"context"
+	"database/sql"
+	"time"
+)
+
+// DBStats are the database figures behind the gauges, as the background refresh read them
+// (at most every dbRefresh, whoever asks: a scrape or the operator console).
+type DBStats struct {
+	// At is when they were read; zero when never (no database).
+	At time.Time
+	// InboxRows counts the inbox rows per biz type and status.
+	InboxRows []InboxCount
+	// FailedReasons counts the failed rows per biz type and reason, for the biz types
+	// InboxRows has failed rows of.
+	FailedReasons []ReasonCount
+	// OutboxRead: Unpublished and OldestUnpublished were read.
+	OutboxRead        bool
+	Unpublished       int64
+	OldestUnpublished time.Duration // age of the oldest unpublished row when read; 0: none
+	// ParkedRead: ParkedRefused and ParkedHeld were read.
+	ParkedRead    bool
+	ParkedRefused int64 // parked events Kafka refuses for good
+	ParkedHeld    int64 // parked events held behind one of their key
+}
+
+// InboxCount is the number of inbox rows of one biz type and status.
+type InboxCount struct {
+	BizType string
+	Status  string
+	Rows    int64
+}
+
+// ReasonCount is the number of failed inbox rows of one biz type and reason.
+type ReasonCount struct {
+	BizType string
+	Reason  string // "" for failed rows without a reason
+	Rows    int64
+}
+
+// DBStats returns the cached database figures, starting a refresh in the background when
+// they are older than the refresh interval (the first call waits for the first refresh). A
+// Metrics without a database returns zero figures.
+func (m *Metrics) DBStats() DBStats {
+	if m.db == nil {
+		return DBStats{}
+	}
+	return m.db.stats()
+}
+
+// failedReasons counts the failed rows by reason, one query per biz type that has failed
+// rows: each reads the (biz_type, 'failed') range of the inbox's index (biz_type, status,
+// created_at), the quarantined rows only, never the done ones.
+func failedReasons(ctx context.Context, db *sql.DB, counts []InboxCount) []ReasonCount {
+	var out []ReasonCount
+	for _, c := range counts {
+		if c.Status != "failed" || c.Rows == 0 {
+			continue
+		}
+		rows, err := db.QueryContext(ctx, `SELECT COALESCE(reason, ''), COUNT(*) FROM inbox WHERE biz_type = ? AND status = 'failed' GROUP BY reason`, c.BizType)
+		if err != nil {
+			continue
+		}
+		for rows.Next() {
+			r := ReasonCount{BizType: c.BizType}
+			if rows.Scan(&r.Reason, &r.Rows) == nil {
+				out = append(out, r)
+			}
+		}
+		rows.Close()
+	}
+	return out
+}
