@@ -59,6 +59,9 @@ type Plugin struct {
 
 	// Verify, when set, audits the plugin's invariants for `router verify` (see VerifyEnv).
 	Verify func(ctx context.Context, env VerifyEnv) (Verification, error)
+	// History, when set, returns what the plugin recorded for a business key (its state
+	// machine's transitions, say): the operator console shows it on the inbox row's page.
+	History HistoryFunc
 	// Sample, when set, is test input for `router produce`: the value of the seq-th distinct
 	// message of a load run, whose business key (and Kafka key) is key. A duplicate delivery
 	// is the same value sent again; rng (seeded by the run) varies the other fields.
