@@ -63,6 +63,9 @@ func Plugin() inbox.Plugin {
 		Verify: verifyPlugin,
 		Sample: sampleOrder,
 		Poison: poisonOrders,
+
+		// The operator console's row page: the grant's transitions for the order.
+		History: History,
 	}
 }
 

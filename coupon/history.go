@@ -1,0 +1,52 @@
+package coupon
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/onceflow/onceflow/inbox"
+)
+
+// historyLimit bounds the transitions History returns for one order: a grant makes four
+// per campaign.
+const historyLimit = 200
+
+// History is the plugin's inbox.HistoryFunc: the grant state machine's committed
+// transitions for an order (the inbox's dedup key), oldest first, from coupon_grant_log
+// (its index idx_order), each with its campaign and, for the terminal ones, the coupon
+// granted or the reason it failed (coupon_grant).
+func History(ctx context.Context, db *sql.DB, orderID string) ([]inbox.HistoryEntry, error) {
+	rows, err := db.QueryContext(ctx, `SELECT l.created_at, l.from_state, l.to_state, l.campaign_id, g.coupon_id, g.reason
+ FROM coupon_grant_log l LEFT JOIN coupon_grant g ON g.order_id = l.order_id AND g.campaign_id = l.campaign_id
+ WHERE l.order_id = ? ORDER BY l.id LIMIT ?`, orderID, historyLimit)
+	if err != nil {
+		return nil, fmt.Errorf("coupon history: %w", err)
+	}
+	defer rows.Close()
+	var out []inbox.HistoryEntry
+	for rows.Next() {
+		var e inbox.HistoryEntry
+		var campaign string
+		var couponID, reason sql.NullString
+		if err := rows.Scan(&e.At, &e.From, &e.To, &campaign, &couponID, &reason); err != nil {
+			return nil, fmt.Errorf("coupon history: %w", err)
+		}
+		e.Detail = "campaign " + campaign
+		switch State(e.To) {
+		case StateGranted:
+			if couponID.Valid {
+				e.Detail += ", coupon " + couponID.String
+			}
+		case StateFailed:
+			if reason.Valid {
+				e.Detail += ": " + reason.String
+			}
+		}
+		out = append(out, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("coupon history: %w", err)
+	}
+	return out, nil
+}
