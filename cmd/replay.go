@@ -1,10 +1,13 @@
 package onceflowcmd
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -260,35 +263,73 @@ func (a *app) replay(ctx context.Context, r replayFlags, refs []string) error {
 	}
 	defer closeHandler()
 
+	// Each row is printed as it is replayed (the table's line, or the JSON output's element),
+	// and nothing of it is kept: memory holds one page of rows however many are selected.
 	table := r.output == "table"
 	if table {
 		printf("%-8s %-10s %-36s %-10s %-18s %s\n", "ID", "BIZ_TYPE", "DEDUP_KEY", "WAS", "REASON", "RESULT")
 	}
+	var rows jsonStream
 	rep, runErr := ib.Replay(ctx, inbox.ReplayOptions{Filter: f, DryRun: r.dryRun, Rate: r.rate, OnRow: func(row inbox.Row, res inbox.Result) {
 		if table {
 			printf("%-8d %-10s %-36s %-10s %-18s %s\n", row.ID, safeText(row.BizType), safeText(row.DedupKey), row.Status, safeText(dash(string(row.Reason))), safeText(replayResult(row, res, r.dryRun)))
+			return
 		}
+		rows.add(replayRowJSON{ID: row.ID, DedupKey: row.DedupKey, BizType: row.BizType,
+			Was: row.Status, WasReason: row.Reason, Outcome: string(res.Outcome), Reason: string(res.Reason),
+			Result: replayResult(row, res, r.dryRun), Error: errText(res.Err)})
 	}})
 	if rep.ID == 0 {
 		return runErr // nothing was recorded: selection or bookkeeping failed
 	}
 	if table {
 		printReplayNotes(rep)
-	} else {
-		out := struct {
-			Replay inbox.ReplayReport `json:"replay"`
-			Rows   []replayRowJSON    `json:"rows"`
-		}{Replay: rep, Rows: []replayRowJSON{}}
-		for _, rr := range rep.Rows {
-			out.Rows = append(out.Rows, replayRowJSON{ID: rr.Row.ID, DedupKey: rr.Row.DedupKey, BizType: rr.Row.BizType,
-				Was: rr.Row.Status, WasReason: rr.Row.Reason, Outcome: string(rr.Result.Outcome), Reason: string(rr.Result.Reason),
-				Result: replayResult(rr.Row, rr.Result, r.dryRun), Error: errText(rr.Result.Err)})
-		}
-		if err := writeJSON(out); err != nil {
-			return err
-		}
+	} else if err := rows.close("replay", rep); err != nil {
+		return err
 	}
 	return runErr
+}
+
+// jsonStream writes {"rows":[...],"<key>":<value>} on one line of stdout, each row as it
+// comes (escaped as writeJSON escapes), so that a long list is never held in memory.
+type jsonStream struct {
+	n   int
+	err error
+}
+
+func (s *jsonStream) write(str string) {
+	if s.err == nil {
+		_, s.err = os.Stdout.WriteString(str)
+	}
+}
+
+func (s *jsonStream) add(row any) {
+	b, err := safeJSON(row)
+	if err != nil {
+		s.err = cmp.Or(s.err, err)
+		return
+	}
+	if s.n == 0 {
+		s.write(`{"rows":[`)
+	} else {
+		s.write(",")
+	}
+	s.write(b)
+	s.n++
+}
+
+// close ends the list and writes key: v after it.
+func (s *jsonStream) close(key string, v any) error {
+	if s.n == 0 {
+		s.write(`{"rows":[`)
+	}
+	b, err := safeJSON(v)
+	if err != nil {
+		return cmp.Or(s.err, err)
+	}
+	k, _ := json.Marshal(key)
+	s.write("]," + string(k) + ":" + b + "}\n")
+	return s.err
 }
 
 type replayRowJSON struct {

@@ -223,3 +223,33 @@ func TestReplayBadInput(t *testing.T) {
 		t.Fatalf("bad input changed the database: %s -> %s", before, after)
 	}
 }
+
+// `replay --output json` writes each row as it is replayed: one line holding every selected
+// row in id order and the replay's report after them, valid JSON also when nothing matched.
+func TestReplayJSONListsEveryRow(t *testing.T) {
+	d := quarantinedDB(t)
+	out, err := capture(t, "--dsn", d.DSN, "replay", "--biz-type", "coupon", "--dry-run", "--output", "json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var rep struct {
+		Replay inbox.ReplayReport `json:"replay"`
+		Rows   []replayRowJSON    `json:"rows"`
+	}
+	if strings.Count(out, "\n") != 1 || !strings.HasPrefix(out, `{"rows":[{`) {
+		t.Fatalf("not one line of rows then the report:\n%s", out)
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.Replay.Selected != 2 || !rep.Replay.DryRun || len(rep.Rows) != 2 ||
+		rep.Rows[0].DedupKey != "o-cli" || rep.Rows[0].Result != "would run again" || rep.Rows[1].ID <= rep.Rows[0].ID ||
+		!strings.HasPrefix(rep.Rows[1].Result, "would be quarantined again") {
+		t.Fatalf("%+v %v\n%s", rep, err, out)
+	}
+	out, err = capture(t, "--dsn", d.DSN, "replay", "--biz-type", "coupon", "--order-id", "no-such-order", "--output", "json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	rep.Rows = nil
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.Replay.Selected != 0 || rep.Rows == nil || len(rep.Rows) != 0 {
+		t.Fatalf("nothing matched: %+v %v\n%s", rep, err, out)
+	}
+}

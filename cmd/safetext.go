@@ -54,9 +54,19 @@ func safeText(s string) string {
 // the rest of the line on a terminal): those are escaped too (\u202e), which is still the
 // same JSON string.
 func writeJSON(v any) error {
-	b, err := json.Marshal(v)
+	s, err := safeJSON(v)
 	if err != nil {
 		return err
+	}
+	_, err = os.Stdout.WriteString(s + "\n")
+	return err
+}
+
+// safeJSON is v as JSON with the format characters escaped too (see writeJSON).
+func safeJSON(v any) (string, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return "", err
 	}
 	var out strings.Builder
 	for _, r := range string(b) {
@@ -70,7 +80,5 @@ func writeJSON(v any) error {
 			fmt.Fprintf(&out, `\u%04x`, r)
 		}
 	}
-	out.WriteByte('\n')
-	_, err = os.Stdout.WriteString(out.String())
-	return err
+	return out.String(), nil
 }

@@ -33,34 +33,31 @@ type ReplayOptions struct {
 	DryRun bool
 	// Rate limits replayed messages per second; 0 means no limit.
 	Rate float64
-	// OnRow, when set, is called after each row (dry runs: with a zero Result).
+	// OnRow, when set, is called after each row (dry runs: with a zero Result). The replay
+	// keeps no row: what a caller wants to show of them, it takes here.
 	OnRow func(Row, Result)
-}
-
-// ReplayedRow is one selected row and what the replay did with it.
-type ReplayedRow struct {
-	Row    Row    `json:"row"`
-	Result Result `json:"-"`
+	// PageSize is how many rows one query reads; 0 means 200. A page is replayed before the
+	// next is read, so memory holds one page whatever the selection's size.
+	PageSize int
 }
 
 // ReplayReport summarises a replay. It is also what the replay table holds.
 type ReplayReport struct {
-	ID          int64         `json:"id"`
-	BizType     string        `json:"biz_type"`
-	DryRun      bool          `json:"dry_run"`
-	Filter      Filter        `json:"filter"`
-	Selected    int           `json:"selected"`
-	Processed   int           `json:"processed"`
-	Duplicates  int           `json:"duplicates"`
-	Quarantined int           `json:"quarantined"`
-	Conflicts   int           `json:"conflicts"`
-	Poison      int           `json:"poison"`   // selected rows that cannot be decoded (re-quarantined)
-	WasDone     int           `json:"was_done"` // selected rows already done (come back as duplicates)
-	Outcome     string        `json:"outcome"`  // ok, partial, interrupted, dry_run
-	Error       string        `json:"error,omitempty"`
-	Rows        []ReplayedRow `json:"-"`
-	StartedAt   time.Time     `json:"started_at"`
-	FinishedAt  time.Time     `json:"finished_at"`
+	ID          int64     `json:"id"`
+	BizType     string    `json:"biz_type"`
+	DryRun      bool      `json:"dry_run"`
+	Filter      Filter    `json:"filter"`
+	Selected    int       `json:"selected"`
+	Processed   int       `json:"processed"`
+	Duplicates  int       `json:"duplicates"`
+	Quarantined int       `json:"quarantined"`
+	Conflicts   int       `json:"conflicts"`
+	Poison      int       `json:"poison"`   // selected rows that cannot be decoded (re-quarantined)
+	WasDone     int       `json:"was_done"` // selected rows already done (come back as duplicates)
+	Outcome     string    `json:"outcome"`  // ok, partial, interrupted, dry_run
+	Error       string    `json:"error,omitempty"`
+	StartedAt   time.Time `json:"started_at"`
+	FinishedAt  time.Time `json:"finished_at"`
 }
 
 // Replay re-runs the stored messages f selects through this inbox's handler, exactly as a
@@ -86,6 +83,9 @@ func (ib *Inbox) Replay(ctx context.Context, opts ReplayOptions) (ReplayReport, 
 	}
 	if opts.Rate < 0 {
 		return rep, fmt.Errorf("replay: rate %v is negative", opts.Rate)
+	}
+	if opts.PageSize < 0 {
+		return rep, fmt.Errorf("replay: page size %d is negative", opts.PageSize)
 	}
 	store, err := NewStore(ib.db, ib.cfg.Table)
 	if err != nil {
@@ -127,13 +127,17 @@ func (ib *Inbox) Replay(ctx context.Context, opts ReplayOptions) (ReplayReport, 
 		ferr = fmt.Errorf("replay %d: record end: %w", rep.ID, ferr)
 	}
 	if runErr != nil {
-		return rep, errors.Join(fmt.Errorf("replay %d interrupted after %d of the selected rows: %w", rep.ID, len(rep.Rows), runErr), ferr)
+		return rep, errors.Join(fmt.Errorf("replay %d interrupted after %d of the selected rows: %w", rep.ID, rep.Selected, runErr), ferr)
 	}
 	return rep, ferr
 }
 
-const replayPage = 200
+// defaultReplayPage is ReplayOptions.PageSize's default.
+const defaultReplayPage = 200
 
+// replayRows pages through the rows f selects by id — id > the last row seen, id <= maxID,
+// ORDER BY id LIMIT page — and replays each page before reading the next: memory holds one
+// page, however many rows match.
 func (ib *Inbox) replayRows(ctx context.Context, store *Store, f Filter, maxID int64, opts ReplayOptions, rep *ReplayReport) error {
 	if maxID == 0 {
 		return nil
@@ -142,13 +146,17 @@ func (ib *Inbox) replayRows(ctx context.Context, store *Store, f Filter, maxID i
 	if opts.Rate > 0 {
 		interval = time.Duration(float64(time.Second) / opts.Rate)
 	}
+	size := opts.PageSize
+	if size == 0 {
+		size = defaultReplayPage
+	}
 	next := time.Now()
 	var after int64
 	for f.Limit == 0 || rep.Selected < f.Limit {
 		page := f
-		page.Limit = replayPage
+		page.Limit = size
 		if f.Limit > 0 {
-			page.Limit = min(replayPage, f.Limit-rep.Selected)
+			page.Limit = min(size, f.Limit-rep.Selected)
 		}
 		// Keyset paging: rows change status as they are replayed, so an OFFSET would skip
 		// some; rows created after the start (id > maxID) are not part of this replay.
@@ -169,7 +177,6 @@ func (ib *Inbox) replayRows(ctx context.Context, store *Store, f Filter, maxID i
 				rep.Poison++
 			}
 			if opts.DryRun {
-				rep.Rows = append(rep.Rows, ReplayedRow{Row: row})
 				if opts.OnRow != nil {
 					opts.OnRow(row, Result{})
 				}
@@ -205,7 +212,6 @@ func (ib *Inbox) replayRows(ctx context.Context, store *Store, f Filter, maxID i
 			case OutcomeConflict:
 				rep.Conflicts++
 			}
-			rep.Rows = append(rep.Rows, ReplayedRow{Row: row, Result: r})
 			if opts.OnRow != nil {
 				opts.OnRow(row, r)
 			}

@@ -335,3 +335,113 @@ func TestStoreFilters(t *testing.T) {
 		t.Errorf("rejected replays were recorded: %d", n)
 	}
 }
+
+// quarantineOrders processes orders while the handler is broken: each ends 'failed'.
+func quarantineOrders(t *testing.T, p *pipeline, broken *atomic.Bool, ids ...string) {
+	t.Helper()
+	was := broken.Swap(true)
+	defer broken.Store(was)
+	for _, id := range ids {
+		r, err := p.inbox.Process(context.Background(), orderMsg(id, "u-"+id), src, inbox.ProcessOptions{})
+		if err != nil || r.Outcome != inbox.OutcomeQuarantined {
+			t.Fatalf("%s: %+v %v, want quarantined", id, r, err)
+		}
+	}
+}
+
+// A replay reads its selection a page at a time: with pages of 2 it replays all 5 failed
+// rows, and a row that fails during the replay (an id above the last one at its start) is
+// not selected; the replay table counts the 5 rows, and replay_row lists them.
+func TestReplayPagesThroughTheSelection(t *testing.T) {
+	var broken atomic.Bool
+	p := newPipeline(t, pipelineOpts{inboxCfg: inbox.Config{MaxAttempts: 1}, wrap: failUntilFixed(&broken)})
+	ctx := context.Background()
+	quarantineOrders(t, p, &broken, "pg-1", "pg-2", "pg-3", "pg-4", "pg-5")
+
+	var seen []string
+	rep, err := p.inbox.Replay(ctx, inbox.ReplayOptions{Filter: failedFilter(), PageSize: 2, OnRow: func(row inbox.Row, res inbox.Result) {
+		seen = append(seen, row.DedupKey+"="+string(res.Outcome))
+		if len(seen) == 1 {
+			quarantineOrders(t, p, &broken, "pg-late") // fails while the replay runs
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "pg-1=processed pg-2=processed pg-3=processed pg-4=processed pg-5=processed"
+	if got := strings.Join(seen, " "); got != want {
+		t.Fatalf("replayed %s, want %s", got, want)
+	}
+	if rep.Selected != 5 || rep.Processed != 5 || rep.Outcome != inbox.ReplayOK {
+		t.Fatalf("report %+v", rep)
+	}
+	store, err := inbox.NewStore(p.db.DB, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := store.LoadReplay(ctx, rep.ID)
+	if err != nil || rec.Selected != 5 || rec.Processed != 5 || rec.Outcome != inbox.ReplayOK {
+		t.Fatalf("replay table: %+v %v", rec, err)
+	}
+	if n := count(t, p.db.DB, "SELECT COUNT(*) FROM replay_row WHERE replay_id = ?", rep.ID); n != 5 {
+		t.Fatalf("replay_row lists %d rows, want 5", n)
+	}
+	var status string
+	var replayID sql.NullInt64
+	if err := p.db.DB.QueryRow("SELECT status, replay_id FROM inbox WHERE dedup_key = 'pg-late'").Scan(&status, &replayID); err != nil {
+		t.Fatal(err)
+	}
+	if status != "failed" || replayID.Valid {
+		t.Fatalf("the row that failed during the replay: %s, replay %v; want failed and not replayed", status, replayID)
+	}
+}
+
+// Each page is replayed before the next is read: a row of the second page fixed by hand
+// while the first page runs no longer matches --status failed when its page is read, and
+// is not selected (read all at once, it would have been).
+func TestReplayReadsAPageAfterReplayingThePrevious(t *testing.T) {
+	var broken atomic.Bool
+	p := newPipeline(t, pipelineOpts{inboxCfg: inbox.Config{MaxAttempts: 1}, wrap: failUntilFixed(&broken)})
+	ctx := context.Background()
+	quarantineOrders(t, p, &broken, "pp-1", "pp-2", "pp-3", "pp-4", "pp-5")
+	var seen []string
+	rep, err := p.inbox.Replay(ctx, inbox.ReplayOptions{Filter: failedFilter(), PageSize: 2, OnRow: func(row inbox.Row, _ inbox.Result) {
+		seen = append(seen, row.DedupKey)
+		if len(seen) == 1 {
+			p.db.AdminExec(t, "UPDATE inbox SET status = 'done', reason = NULL WHERE dedup_key = 'pp-4'")
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(seen, " "); got != "pp-1 pp-2 pp-3 pp-5" || rep.Selected != 4 || rep.Processed != 4 {
+		t.Fatalf("replayed %s (%+v), want pp-1 pp-2 pp-3 pp-5", got, rep)
+	}
+}
+
+// A dry run pages the same way and counts right: 5 rows of which one is done and one poison,
+// in pages of 2, all listed, nothing changed.
+func TestReplayDryRunPages(t *testing.T) {
+	var broken atomic.Bool
+	p := newPipeline(t, pipelineOpts{inboxCfg: inbox.Config{MaxAttempts: 1}, wrap: failUntilFixed(&broken)})
+	ctx := context.Background()
+	quarantineOrders(t, p, &broken, "dp-1", "dp-2", "dp-3")
+	if r, err := p.inbox.Process(ctx, orderMsg("dp-ok", "u1"), src, inbox.ProcessOptions{}); err != nil || r.Outcome != inbox.OutcomeProcessed {
+		t.Fatalf("%+v %v", r, err)
+	}
+	if r, err := p.inbox.Process(ctx, message.NewMessage(watermill.NewUUID(), []byte("not json")), src, inbox.ProcessOptions{}); err != nil || r.Reason != inbox.ReasonPoison {
+		t.Fatalf("%+v %v", r, err)
+	}
+	before := snapshot(t, p.db.DB, true)
+	var seen int
+	rep, err := p.inbox.Replay(ctx, inbox.ReplayOptions{DryRun: true, PageSize: 2, OnRow: func(inbox.Row, inbox.Result) { seen++ }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seen != 5 || rep.Selected != 5 || rep.WasDone != 1 || rep.Poison != 1 || rep.Processed != 0 || rep.Outcome != inbox.ReplayDryRun {
+		t.Fatalf("dry run: %d rows seen, report %+v", seen, rep)
+	}
+	if after := snapshot(t, p.db.DB, true); after != before {
+		t.Fatalf("a dry run changed:\n%s\nto\n%s", before, after)
+	}
+}
