@@ -23,10 +23,11 @@ import (
 // one call at a time, each call bounded by Timeout.
 var readiness = health.Config{Interval: 5 * time.Second, Timeout: 3 * time.Second}
 
-// startAdmin serves /healthz, /readyz and /metrics on a dedicated mux. /readyz answers from
-// the latest results of background checks of MariaDB and Kafka (health.Checker), never
-// from a check of its own: a request costs no connection and cannot hang on a broker that
-// accepts connections and never answers. The returned func stops the server and the checks.
+// startAdmin serves /healthz, /readyz, /metrics and the operator console (every other path:
+// cmd/console) on a dedicated mux. /readyz answers from the latest results of background
+// checks of MariaDB and Kafka (health.Checker), never from a check of its own: a request
+// costs no connection and cannot hang on a broker that accepts connections and never
+// answers. The returned func stops the server, the console's replays and the checks.
 func (a *app) startAdmin(ctx context.Context, db *sql.DB, kc kafkax.Config, m *metrics.Metrics) (func(), error) {
 	if a.cfg.Admin.Listen == "" {
 		return func() {}, nil
@@ -45,8 +46,14 @@ func (a *app) startAdmin(ctx context.Context, db *sql.DB, kc kafkax.Config, m *m
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.Handle("/readyz", requireToken(token, ready))
 	mux.Handle("/metrics", requireToken(token, m.Handler()))
+	con, err := a.newConsole(ctx, db, m, token)
+	if err != nil {
+		return nil, err
+	}
+	mux.Handle("/", con)
 	ln, err := net.Listen("tcp", a.cfg.Admin.Listen)
 	if err != nil {
+		con.Close()
 		return nil, badInput(fmt.Errorf("admin.listen %s: %w (set admin.listen to a free port, or empty to disable)", a.cfg.Admin.Listen, err))
 	}
 	srv := newAdminServer(mux)
@@ -59,6 +66,7 @@ func (a *app) startAdmin(ctx context.Context, db *sql.DB, kc kafkax.Config, m *m
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(sctx)
+		con.Close()
 		stopChecks()
 		<-checksDone
 	}, nil
