@@ -8,4 +8,9 @@ cd "$ROOT"
 bash scripts/infra.sh up
 go build -o bin/bench ./cmd/bench
 # shellcheck disable=SC2086
-./bin/bench ${BENCH_FLAGS:-} | tee "$ROOT/.run/bench.log"
+./bin/bench -memprofile "$ROOT/.run/bench-allocs.prof" ${BENCH_FLAGS:-} | tee "$ROOT/.run/bench.log"
+# Where the run's memory went: the five functions that allocated most (the whole run, every
+# group but the calibration's fixed work; the pipelines under test run in this process).
+echo "bench: the five sites that allocated most in this run (go tool pprof -sample_index=alloc_space):"
+go tool pprof -top -nodecount=5 -sample_index=alloc_space -ignore='calibrate' bin/bench "$ROOT/.run/bench-allocs.prof" 2>/dev/null \
+  | sed -n '/flat%/,$p' | tee -a "$ROOT/.run/bench.log"
