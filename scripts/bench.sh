@@ -13,4 +13,4 @@ go build -o bin/bench ./cmd/bench
 # group but the calibration's fixed work; the pipelines under test run in this process).
 echo "bench: the five sites that allocated most in this run (go tool pprof -sample_index=alloc_space):"
 go tool pprof -top -nodecount=5 -sample_index=alloc_space -ignore='calibrate' bin/bench "$ROOT/.run/bench-allocs.prof" 2>/dev/null \
-  | sed -n '/flat%/,$p' | tee -a "$ROOT/.run/bench.log"
+  | sed -n '/flat%/,$p' | tee -a "$ROOT/.run/bench.log" || true
