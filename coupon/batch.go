@@ -133,7 +133,8 @@ func (g *Granter) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Deliv
 	progs := make([]inbox.Progress, len(ds))
 	var orders []OrderPaid
 	var idx []int
-	resumed := false // some delivery resumes a row an earlier delivery left unfinished
+	var traces map[string]string // order id → its delivery's traceparent, when the inbox traces
+	resumed := false             // some delivery resumes a row an earlier delivery left unfinished
 	for i, d := range ds {
 		progs[i] = inbox.Continue
 		o, ok := d.Value.(OrderPaid)
@@ -141,6 +142,12 @@ func (g *Granter) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Deliv
 			orders = append(orders, o)
 			idx = append(idx, i)
 			resumed = resumed || d.Resumed
+			if tp := d.TraceParent(); tp != "" {
+				if traces == nil {
+					traces = make(map[string]string, len(ds))
+				}
+				traces[o.OrderID] = tp
+			}
 		}
 		// d.Prepared stays: a batch retried after a deadlock needs it again. Deliveries left
 		// to the one-at-a-time path get a fresh Delivery there.
@@ -155,7 +162,7 @@ func (g *Granter) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Deliv
 	}
 	if !resumed {
 		// New inbox rows: their grants almost never exist yet. Write them GRANTED at once.
-		ok, err := g.grantNew(ctx, tx, repo, orders, shards)
+		ok, err := g.grantNew(ctx, tx, repo, orders, shards, traces)
 		if err != nil || ok {
 			if ok {
 				for _, i := range idx {
@@ -195,7 +202,7 @@ func (g *Granter) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Deliv
 	if err := repo.grantMany(ctx, fresh); err != nil {
 		return nil, err
 	}
-	if err := g.out.AddBatch(ctx, tx, g.grantedEvents(fresh)); err != nil {
+	if err := g.out.AddBatch(ctx, tx, g.grantedEvents(fresh, traces)); err != nil {
 		return nil, err
 	}
 	for _, i := range freshIdx {
@@ -212,7 +219,7 @@ func (g *Granter) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Deliv
 // row expired), the insert leaves it alone, everything since the savepoint is rolled back,
 // and it reports false: the caller then takes the general path. It also reports false,
 // having changed nothing, when no shard covers the batch.
-func (g *Granter) grantNew(ctx context.Context, tx *sql.Tx, repo mysqlRepo, orders []OrderPaid, shards int) (bool, error) {
+func (g *Granter) grantNew(ctx context.Context, tx *sql.Tx, repo mysqlRepo, orders []OrderPaid, shards int, traces map[string]string) (bool, error) {
 	if _, err := tx.ExecContext(ctx, "SAVEPOINT grant_new"); err != nil {
 		return false, fmt.Errorf("savepoint: %w", err)
 	}
@@ -240,21 +247,23 @@ func (g *Granter) grantNew(ctx context.Context, tx *sql.Tx, repo mysqlRepo, orde
 	if err := repo.logAndIssue(ctx, gs); err != nil {
 		return false, err
 	}
-	if err := g.out.AddBatch(ctx, tx, g.grantedEvents(gs)); err != nil {
+	if err := g.out.AddBatch(ctx, tx, g.grantedEvents(gs, traces)); err != nil {
 		return false, err
 	}
 	return true, nil
 }
 
-// grantedEvents are the CouponGranted events of grants.
-func (g *Granter) grantedEvents(gs []grantRow) []outbox.Event {
+// grantedEvents are the CouponGranted events of grants, each with the trace of its order's
+// delivery (traces: order id → traceparent; nil when the inbox does not trace).
+func (g *Granter) grantedEvents(gs []grantRow, traces map[string]string) []outbox.Event {
 	now := g.now().UTC()
 	events := make([]outbox.Event, len(gs))
 	for j, gr := range gs {
 		couponID := CouponID(gr.OrderID, gr.CampaignID)
 		ev := GrantEvent{EventID: EventID(EventGranted, gr.OrderID, gr.CampaignID), OrderID: gr.OrderID, UserID: gr.UserID,
 			CampaignID: gr.CampaignID, CouponID: couponID, ValueCents: gr.ValueCents, GrantedAt: now}
-		events[j] = outbox.Event{ID: ev.EventID, Type: EventGranted, Topic: g.cfg.GrantedTopic, Key: gr.OrderID, Payload: ev.Encode()}
+		events[j] = outbox.Event{ID: ev.EventID, Type: EventGranted, Topic: g.cfg.GrantedTopic, Key: gr.OrderID, Payload: ev.Encode(),
+			TraceParent: traces[gr.OrderID]}
 	}
 	return events
 }

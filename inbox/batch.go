@@ -15,9 +15,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pkg/dbx"
 	"github.com/onceflow/onceflow/pkg/groupcommit"
+	"github.com/onceflow/onceflow/pkg/tracex"
 )
 
 // BatchHandler is implemented by handlers that can finish many deliveries in one
@@ -218,6 +220,7 @@ type pending struct {
 	gated    atomic.Bool // admitted by the prepare gate: released once it has its outcome
 	prepared any         // what PrepareDelivery (or a plain Prepare) left in Delivery.Prepared
 	ready    bool        // a plain Preparer's Prepare succeeded: Handle may run in a batch
+	span     trace.Span  // the delivery's span (nil: no tracing)
 }
 
 type batchOutcome struct {
@@ -401,7 +404,15 @@ func (b *Batcher) HandlerFunc(topic string) message.NoPublishHandlerFunc {
 // Process runs one live delivery, in a shared transaction when it can: it returns what
 // Inbox.Process would, once the outcome is committed.
 func (b *Batcher) Process(ctx context.Context, msg *message.Message, src Source) (Result, error) {
-	p := &pending{ctx: ctx, msg: msg, src: src, start: time.Now(), done: make(chan batchOutcome, 1)}
+	if b.ib.tr != nil {
+		return b.processTraced(ctx, msg, src)
+	}
+	return b.process(ctx, msg, src, nil)
+}
+
+// process is Process; span is the delivery's (nil: no tracing).
+func (b *Batcher) process(ctx context.Context, msg *message.Message, src Source, span trace.Span) (Result, error) {
+	p := &pending{ctx: ctx, msg: msg, src: src, start: time.Now(), done: make(chan batchOutcome, 1), span: span}
 	select {
 	case b.decode <- p:
 	case <-b.stop:
@@ -531,12 +542,14 @@ func (b *Batcher) run(batch []*pending) {
 	}
 	// One lock order for every batch and for the handler's own rows, keyed alike.
 	sort.Slice(items, func(i, j int) bool { return items[i].p.dec.Key < items[j].p.dec.Key })
-	ctx := context.WithoutCancel(items[0].p.ctx)
+	ctx, span := b.startBatch(context.WithoutCancel(items[0].p.ctx), items)
 	b.prepareClaim(ctx)
 	if sp, ok := b.ib.h.(StatementPreparer); ok {
 		sp.PrepareStatements(ctx)
 	}
 	var err error
+	// The batch's span (none without tracing) ends with the batch's final outcome.
+	defer func() { tracex.End(span, err) }()
 	var blamed []*blamedError // plain handlers: deliveries taken out of the batch (grouped.go)
 	defer func() { b.answerBlamed(blamed) }()
 	for try := 0; ; try++ {
@@ -547,7 +560,9 @@ func (b *Batcher) run(batch []*pending) {
 		}
 		tctx, cancel := context.WithTimeout(ctx, ib.cfg.HandlerTimeout)
 		sp := len(blamed) > 0 || b.savepointsFirst() // a plain handler's deliveries behind savepoints (grouped.go)
-		err = dbx.InTx(tctx, ib.db, func(tx *sql.Tx) error { return b.runTx(tctx, tx, items, sp) })
+		body, endCommit := ib.committing(tctx, func(tx *sql.Tx) error { return b.runTx(tctx, tx, items, sp) })
+		err = dbx.InTx(tctx, ib.db, body)
+		endCommit(err)
 		cancel()
 		if err == nil {
 			break
@@ -696,6 +711,34 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item, savepoin
 	// 2. Read the claimed rows back: with the claim's RETURNING clause (each row as the claim
 	// left it), else with a plain SELECT — the claim locked them all, so a plain read sees
 	// their current state (a locking read here only adds deadlocks).
+	if err := b.claimRows(ctx, tx, items, args, scan); err != nil {
+		return err
+	}
+	if len(run) > 0 {
+		if err := b.handle(ctx, tx, run, counts, savepoints); err != nil {
+			return err
+		}
+		if err := b.saveReplies(ctx, tx, run); err != nil {
+			return err
+		}
+	}
+	for n, ids := range counts {
+		if _, err := tx.ExecContext(ctx, b.q.dupHead+placeholders(len(ids)), append([]any{n}, ids...)...); err != nil {
+			return fmt.Errorf("count duplicates of %d rows: %w", len(ids), err)
+		}
+	}
+	return nil
+}
+
+// claimRows runs the batch's claim and reads the claimed rows back, calling scan for each
+// (runTx), under the "inbox claim" span when the inbox traces.
+func (b *Batcher) claimRows(ctx context.Context, tx *sql.Tx, items []*item, args []any, scan func(*sql.Rows) error) (err error) {
+	ib := b.ib
+	if ib.tr != nil {
+		var span trace.Span
+		ctx, span = ib.startSpan(ctx, "inbox claim")
+		defer func() { tracex.End(span, err) }()
+	}
 	if b.useReturning(ctx, tx) {
 		if err := b.claimReturning.Query(ctx, tx, args, scan); err != nil {
 			return fmt.Errorf("claim %d inbox rows: %w", len(items), err)
@@ -722,19 +765,6 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item, savepoin
 		rows.Close()
 		if err := rows.Err(); err != nil {
 			return fmt.Errorf("read claimed inbox rows: %w", err)
-		}
-	}
-	if len(run) > 0 {
-		if err := b.handle(ctx, tx, run, counts, savepoints); err != nil {
-			return err
-		}
-		if err := b.saveReplies(ctx, tx, run); err != nil {
-			return err
-		}
-	}
-	for n, ids := range counts {
-		if _, err := tx.ExecContext(ctx, b.q.dupHead+placeholders(len(ids)), append([]any{n}, ids...)...); err != nil {
-			return fmt.Errorf("count duplicates of %d rows: %w", len(ids), err)
 		}
 	}
 	return nil
@@ -805,11 +835,13 @@ func (b *Batcher) handle(ctx context.Context, tx *sql.Tx, run []*item, counts ma
 		ds[i] = it.d
 	}
 	var progs []Progress
-	err := guard(ctx, "handle batch", func() error {
+	hctx, span := ib.startSpan(ctx, "inbox handle")
+	err := guard(hctx, "handle batch", func() error {
 		var err error
-		progs, err = b.bh.HandleBatch(ctx, tx, ds)
+		progs, err = b.bh.HandleBatch(hctx, tx, ds)
 		return err
 	})
+	tracex.End(span, err)
 	if err != nil {
 		return err
 	}

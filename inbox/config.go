@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
@@ -46,6 +48,10 @@ type Config struct {
 	MaxInFlightCalls int
 	// KeyLogField names the business key in log lines (e.g. "order_id"); default "dedup_key".
 	KeyLogField string
+	// TracerProvider, when set, traces every delivery (trace.go): its span continues the trace
+	// of the record's traceparent header, and the handler's ctx carries the span of its step,
+	// which outbox.Writer.Add stores with the events. Nil (the default): nothing is traced.
+	TracerProvider trace.TracerProvider
 }
 
 func (c *Config) setDefaults() {

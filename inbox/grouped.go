@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/onceflow/onceflow/pkg/dbx"
+	"github.com/onceflow/onceflow/pkg/tracex"
 	"github.com/onceflow/onceflow/pkg/txdefer"
 )
 
@@ -147,7 +148,9 @@ func (b *Batcher) groupLoop(ctx context.Context, tx *sql.Tx, run []*item, counts
 			}
 		}
 		mark := deferred.Mark()
-		prog, err := b.handleOne(hctx, it.d, tx)
+		dctx, span := b.startHandleOne(hctx, it) // in the delivery's trace (none without tracing)
+		prog, err := b.handleOne(dctx, it.d, tx)
+		tracex.End(span, err)
 		if err != nil {
 			switch {
 			case ctx.Err() != nil:

@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pkg/msgsource"
 )
@@ -93,6 +94,8 @@ type Delivery struct {
 	// Prepared is what the handler's Prepare left for the next Handle call (nil without a
 	// Preparer). It is reset before every Prepare.
 	Prepared any
+
+	trace trace.SpanContext // the delivery's span, when the inbox traces (TraceParent)
 
 	reply *Reply // set by Respond
 }

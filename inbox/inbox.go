@@ -13,8 +13,10 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pkg/dbx"
+	"github.com/onceflow/onceflow/pkg/tracex"
 )
 
 // Status of an inbox row.
@@ -79,6 +81,7 @@ type Inbox struct {
 	obs    Observer
 	q      queries
 	calls  chan struct{} // one slot per Prepare running (MaxInFlightCalls)
+	tr     trace.Tracer  // nil: no tracing (Config.TracerProvider; trace.go)
 	// replyQuery reads a command's stored response and replySave stores them (NewCommand);
 	// empty for a Kafka inbox.
 	replyQuery, replySave string
@@ -100,7 +103,7 @@ func New(db *sql.DB, h Handler, cfg Config, logger watermill.LoggerAdapter, obs 
 		obs = nopObserver{}
 	}
 	return &Inbox{db: db, h: h, cfg: cfg, logger: logger.With(watermill.LogFields{"biz_type": cfg.BizType}), obs: obs, q: newQueries(cfg.Table),
-		calls: make(chan struct{}, cfg.MaxInFlightCalls)}, nil
+		calls: make(chan struct{}, cfg.MaxInFlightCalls), tr: tracex.Tracer(cfg.TracerProvider, tracerScope)}, nil
 }
 
 // BizType returns the biz type this inbox deduplicates for.
@@ -127,6 +130,9 @@ type ProcessOptions struct {
 // returns an error only when the outcome could not be recorded (database unreachable,
 // context cancelled); the caller must then NOT ack the message, so it is redelivered.
 func (ib *Inbox) Process(ctx context.Context, msg *message.Message, src Source, opts ProcessOptions) (Result, error) {
+	if ib.tr != nil && ctx.Value(tracedKey{}) != msg {
+		return ib.processTraced(ctx, msg, src, opts) // this again, under the delivery's span
+	}
 	start := time.Now()
 	res, err := ib.process(ctx, msg, src, opts)
 	if err == nil {
@@ -161,6 +167,9 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, 
 		// A fresh Delivery per attempt: plugin code abandoned by a timeout may still hold
 		// the previous one.
 		d = &Delivery{Message: msg, BizType: ib.cfg.BizType, Key: dec.Key, Value: dec.Value, Source: src, ReplayID: opts.ReplayID, Attempt: attempt}
+		if ib.tr != nil {
+			d.trace = trace.SpanContextFromContext(ctx)
+		}
 		res, err := ib.runSteps(ctx, d, dec, opts)
 		if err == nil {
 			res.Attempts = attempt
@@ -277,7 +286,9 @@ func (ib *Inbox) runStep(ctx context.Context, prep Preparer, d *Delivery, dec De
 		case <-sctx.Done():
 			return nil, first, stepError(ctx, sctx, timeoutError(sctx, "prepare: waiting for a call slot"))
 		}
-		err := guard(sctx, "prepare", func() error { return prep.Prepare(sctx, d) })
+		pctx, span := ib.startSpan(sctx, "inbox prepare")
+		err := guard(pctx, "prepare", func() error { return prep.Prepare(pctx, d) })
+		tracex.End(span, err)
 		<-ib.calls
 		if err != nil {
 			return nil, first, stepError(ctx, sctx, err)
@@ -285,9 +296,12 @@ func (ib *Inbox) runStep(ctx context.Context, prep Preparer, d *Delivery, dec De
 	}
 	var res *Result
 	step := first
-	err := dbx.InTx(sctx, ib.db, func(tx *sql.Tx) error {
+	tctx, txSpan := ib.startSpan(sctx, "inbox transaction")
+	body, endCommit := ib.committing(tctx, func(tx *sql.Tx) error {
 		step = first // a retried closure must not keep the previous try's count
-		row, fresh, err := ib.claim(sctx, tx, d, dec, step)
+		cctx, span := ib.startSpan(tctx, "inbox claim")
+		row, fresh, err := ib.claim(cctx, tx, d, dec, step)
+		tracex.End(span, err)
 		if err != nil {
 			return err
 		}
@@ -321,14 +335,14 @@ func (ib *Inbox) runStep(ctx context.Context, prep Preparer, d *Delivery, dec De
 		var prog Progress
 		err = guard(sctx, "handle", func() error {
 			var err error
-			prog, err = ib.h.Handle(sctx, tx, d)
+			prog, err = ib.handleStep(tctx, tx, d)
 			// StepsPerTx > 1: further steps share this transaction (one commit instead of
 			// several). Each step's side effect and transition still commit together; they
 			// also commit with the next steps, or roll back with them.
 			for err == nil && prog == Continue && step-first+1 < ib.cfg.StepsPerTx && step+1 < ib.cfg.MaxSteps {
 				step++
 				d.Step = step
-				prog, err = ib.h.Handle(sctx, tx, d)
+				prog, err = ib.handleStep(tctx, tx, d)
 			}
 			if err == nil && !prog.valid() {
 				err = invalidProgress(prog) // never taken for Done: the step rolls back
@@ -349,6 +363,9 @@ func (ib *Inbox) runStep(ctx context.Context, prep Preparer, d *Delivery, dec De
 		}
 		return nil
 	})
+	err := dbx.InTx(tctx, ib.db, body)
+	endCommit(err)
+	tracex.End(txSpan, err)
 	if err != nil {
 		return nil, step, stepError(ctx, sctx, err)
 	}

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/onceflow/onceflow/pkg/tracex"
 )
 
 // Slow outside calls belong to the delivery, not to the batch. A Batcher whose handler is a
@@ -181,6 +183,7 @@ func (g *prepareGate) prepare(p *pending) {
 		}
 	})
 	d := &Delivery{Message: p.msg, BizType: g.b.ib.cfg.BizType, Key: p.dec.Key, Value: p.dec.Value, Source: p.src, Attempt: 1}
+	ctx, span := g.b.ib.startSpan(ctx, "inbox prepare") // in the delivery's trace (none without tracing)
 	err := func() (err error) {
 		defer func() {
 			if perr := recovered(recover()); perr != nil {
@@ -189,6 +192,7 @@ func (g *prepareGate) prepare(p *pending) {
 		}()
 		return g.prep(ctx, d)
 	}()
+	tracex.End(span, err)
 	timer.Stop()
 	cancel()
 	<-g.sem
