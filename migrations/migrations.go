@@ -19,7 +19,7 @@ import (
 	"github.com/pressly/goose/v3"
 )
 
-//go:embed *.sql
+//go:embed *.sql grants.txt
 var FS embed.FS
 
 // FrameworkTable is the goose version table of the framework's migrations (goose's default).

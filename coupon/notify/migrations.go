@@ -5,12 +5,13 @@ import (
 	"io/fs"
 )
 
-//go:embed migrations/*.sql
+//go:embed migrations/*.sql migrations/grants.txt
 var migrationFiles embed.FS
 
 // Migrations are the notifier's table (notification): goose SQL files numbered by this
 // plugin, applied by `router migrate` after the framework's, with the version table
-// goose_db_version_coupon_notifier.
+// goose_db_version_coupon_notifier, and grants.txt, what the application user may do on it
+// (migrations.GrantsFile).
 var Migrations fs.FS = func() fs.FS {
 	s, err := fs.Sub(migrationFiles, "migrations")
 	if err != nil {

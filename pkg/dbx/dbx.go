@@ -317,3 +317,33 @@ func EnsureDatabase(ctx context.Context, cfg Config) error {
 	}
 	return nil
 }
+
+// Account logs in as cfg says without choosing a database (so it works before any grant on
+// one) and returns the account the server matched (CURRENT_USER()), quoted for GRANT:
+// `user`@`host`, e.g. `onceflow`@`127.0.0.1` or `onceflow`@`%`.
+func Account(ctx context.Context, cfg Config) (string, error) {
+	mc, err := cfg.DriverConfig()
+	if err != nil {
+		return "", err
+	}
+	mc.DBName = ""
+	conn, err := mysql.NewConnector(mc)
+	if err != nil {
+		return "", err
+	}
+	db := sql.OpenDB(conn)
+	defer db.Close()
+	var cur string
+	if err := db.QueryRowContext(ctx, "SELECT CURRENT_USER()").Scan(&cur); err != nil {
+		if IsConnError(err) {
+			return "", fmt.Errorf("database %s unreachable: %w (start it with `scripts/infra.sh up`)", mc.Addr, err)
+		}
+		return "", fmt.Errorf("log in as %s: %w", mc.User, err)
+	}
+	i := strings.LastIndexByte(cur, '@')
+	if i < 0 {
+		return "", fmt.Errorf("current user %q has no host part", cur)
+	}
+	q := func(s string) string { return "`" + strings.ReplaceAll(s, "`", "``") + "`" }
+	return q(cur[:i]) + "@" + q(cur[i+1:]), nil
+}
