@@ -29,19 +29,19 @@ func (r *relayBase) startPublish(ctx context.Context, batch []outRow, shard stri
 		if !ok || o.msg == nil {
 			continue
 		}
-		attrs := []attribute.KeyValue{
-			attribute.String("messaging.system", "kafka"),
-			attribute.String("messaging.operation.type", "send"),
-			attribute.String("messaging.destination.name", o.topic),
-			attribute.String("messaging.message.id", o.eventID),
-			attribute.Int("messaging.batch.message_count", len(batch)),
-			attribute.Int64("onceflow.outbox.id", o.id),
+		_, span := r.tr.Start(trace.ContextWithRemoteSpanContext(ctx, parent), "send "+o.topic, trace.WithSpanKind(trace.SpanKindProducer))
+		if span.IsRecording() { // attributes only for a span that is recorded (its trace sampled)
+			span.SetAttributes(
+				attribute.String("messaging.system", "kafka"),
+				attribute.String("messaging.operation.type", "send"),
+				attribute.String("messaging.destination.name", o.topic),
+				attribute.String("messaging.message.id", o.eventID),
+				attribute.Int("messaging.batch.message_count", len(batch)),
+				attribute.Int64("onceflow.outbox.id", o.id))
+			if shard != "" {
+				span.SetAttributes(attribute.String("onceflow.relay.shard", shard))
+			}
 		}
-		if shard != "" {
-			attrs = append(attrs, attribute.String("onceflow.relay.shard", shard))
-		}
-		_, span := r.tr.Start(trace.ContextWithRemoteSpanContext(ctx, parent), "send "+o.topic,
-			trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
 		if tp := tracex.TraceParent(span.SpanContext()); tp != "" {
 			for i, h := range o.msg.Headers {
 				if string(h.Key) == tracex.Header {
