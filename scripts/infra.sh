@@ -16,6 +16,10 @@
 #   reset        stop Kafka and wipe its data (re-formatted by the next up), drop and
 #                re-create the databases; leaves both services down
 #   db-start / db-stop / kafka-start / kafka-stop   one service only (chaos tests)
+#   cluster-up|cluster-down|cluster-status|cluster-reset, cluster-start|cluster-stop|cluster-kill N
+#                a separate three-broker KRaft cluster on 127.0.0.1:19092-19094 (replication
+#                factor 3, min.insync.replicas 2; scripts/infra-cluster.sh); with
+#                ONCEFLOW_KAFKA_BROKERS=3, up / down / status act on MariaDB and the cluster
 #
 # Environment:
 #   ONCEFLOW_TOPICS          topics to create (space or comma separated)
@@ -907,6 +911,11 @@ kafka_status() {
   return 1
 }
 
+# ---------------------------------------------------------------- the three-broker cluster
+
+# shellcheck source=scripts/infra-cluster.sh
+source "$ROOT/scripts/infra-cluster.sh"
+
 # ---------------------------------------------------------------- main
 
 usage() {
@@ -921,18 +930,18 @@ main() {
       need_root
       local t0=$SECONDS
       db_start
-      kafka_start
+      if cluster_mode; then cluster_up; else kafka_start; fi
       log "all up in $((SECONDS - t0))s"
       ;;
     down)
       need_root
-      kafka_stop || true
+      if cluster_mode; then cluster_down; else kafka_stop || true; fi
       db_stop
       ;;
     status)
       local rc=0
       db_status || rc=1
-      kafka_status || rc=1
+      if cluster_mode; then cluster_status || rc=1; else kafka_status || rc=1; fi
       exit $rc
       ;;
     reset)
@@ -945,6 +954,13 @@ main() {
     db-stop) db_stop ;;
     kafka-start) kafka_start ;;
     kafka-stop) kafka_stop ;;
+    cluster-up) cluster_up ;;
+    cluster-down) cluster_down ;;
+    cluster-status) cluster_status ;;
+    cluster-reset) cluster_reset ;;
+    cluster-start) cluster_node_start "${2:-}" ;;
+    cluster-stop) cluster_check_node "${2:-}" && cluster_node_stop "$2" TERM ;;
+    cluster-kill) cluster_check_node "${2:-}" && cluster_node_stop "$2" KILL ;;
     -h | --help | help) usage ;;
     *) usage >&2; exit 2 ;;
   esac
