@@ -109,6 +109,7 @@ type RelayConfig struct {
 	Shards          int           `mapstructure:"shards"`
 	TransactionalID string        `mapstructure:"transactional_id"`
 	PositionsTopic  string        `mapstructure:"positions_topic"`
+	PositionsMinRF  int           `mapstructure:"positions_min_replicas"`
 	Owner           string        `mapstructure:"owner"`
 	LeaseTTL        time.Duration `mapstructure:"lease_ttl"`
 	TxnTimeout      time.Duration `mapstructure:"txn_timeout"`
@@ -207,6 +208,7 @@ var defaults = []struct {
 	{"relay.shards", 1, "outbox shards (hash of the key mod shards): the group's relays spread them; change only with a drained outbox"},
 	{"relay.transactional_id", "", "Kafka transactional.id (default onceflow-relay-<database>-<shard>, so two databases never share positions or fence each other); the same on every instance of the shard"},
 	{"relay.positions_topic", "onceflow-relay-positions", "compacted topic of batch positions (created if missing)"},
+	{"relay.positions_min_replicas", 3, "the relay refuses a positions topic with fewer replicas than this on a cluster of at least this many brokers (as many as it has on a smaller one); it creates a missing one with min(3, brokers) replicas, min.insync.replicas 2; 1 accepts any"},
 	{"relay.owner", "", "lease owner name (default host-pid-random)"},
 	{"relay.lease_ttl", "10s", "a crashed relay's shard is taken over after this"},
 	{"relay.txn_timeout", "30s", "Kafka transaction timeout"},

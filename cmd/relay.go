@@ -107,7 +107,7 @@ func (a *app) relayConfig() (outbox.RelayConfig, error) {
 	rc := outbox.RelayConfig{BatchSize: c.BatchSize, PollInterval: c.PollInterval, Linger: linger, LagBound: c.LagBound,
 		RetryBackoff: c.RetryBackoff, MaxRetryBackoff: c.MaxRetryBackoff,
 		Retention: c.Retention, CleanupInterval: c.CleanupInterval, CleanupBatch: c.CleanupBatch,
-		Shard: c.Shard, Shards: c.Shards, TransactionalID: txnID, PositionsTopic: c.PositionsTopic, Owner: c.Owner,
+		Shard: c.Shard, Shards: c.Shards, TransactionalID: txnID, PositionsTopic: c.PositionsTopic, PositionsMinReplicas: c.PositionsMinRF, Owner: c.Owner,
 		LeaseTTL: c.LeaseTTL, TxnTimeout: c.TxnTimeout, Hook: hook}
 	if err := rc.WithDefaults().Validate(); err != nil {
 		return outbox.RelayConfig{}, badInput(err)

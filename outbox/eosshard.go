@@ -131,7 +131,7 @@ func (e *eosShard) relayOnce(ctx context.Context, pipelined bool) (int, error) {
 	if e.sess == nil {
 		if err := e.startSession(ctx); err != nil {
 			e.endSession("session start failed")
-			if errors.Is(err, ErrShardCountMismatch) {
+			if errors.Is(err, ErrShardCountMismatch) || errors.Is(err, ErrPositionsReplication) {
 				// Give the lease back: the relays of the other count keep seeing a live lease
 				// of ours only while we hold it.
 				e.owner.Store(false)

@@ -65,10 +65,17 @@ type RelayConfig struct {
 	// every relay of the old count stopped (relays that disagree refuse to publish).
 	Shards int
 
-	PositionsTopic string        // compacted topic of relay positions; default "onceflow-relay-positions"
-	Owner          string        // lease owner name; default host-pid-random
-	LeaseTTL       time.Duration // lease lifetime, renewed every LeaseTTL/4; default 10s
-	TxnTimeout     time.Duration // Kafka transaction timeout; default 30s
+	PositionsTopic string // compacted topic of relay positions; default "onceflow-relay-positions"
+	// PositionsMinReplicas is the least replication factor the positions topic must have on
+	// a cluster of at least that many brokers (on a smaller one: as many as it has). An
+	// exactly-once relay checks it at each start: it creates a missing topic with
+	// replication factor min(3, brokers) — and min.insync.replicas=2 when that is 3 or more
+	// — and refuses (ErrPositionsReplication) an existing one below it. Default 3; 1 accepts
+	// any topic.
+	PositionsMinReplicas int
+	Owner                string        // lease owner name; default host-pid-random
+	LeaseTTL             time.Duration // lease lifetime, renewed every LeaseTTL/4; default 10s
+	TxnTimeout           time.Duration // Kafka transaction timeout; default 30s
 
 	// Tune, when set, adjusts the Sarama config of the transactional producer and of the
 	// position reader (tests use it to inject a failing dialer).
@@ -132,6 +139,9 @@ func (c *RelayConfig) setDefaults() {
 	if c.PositionsTopic == "" {
 		c.PositionsTopic = DefaultPositionsTopic
 	}
+	if c.PositionsMinReplicas == 0 {
+		c.PositionsMinReplicas = 3
+	}
 	if c.Owner == "" {
 		c.Owner = defaultOwner()
 	}
@@ -184,6 +194,9 @@ func (c RelayConfig) Validate() error {
 	}
 	if err := kafkax.CheckTopicName(c.PositionsTopic); err != nil {
 		return fmt.Errorf("relay: positions topic: %w", err)
+	}
+	if c.PositionsMinReplicas < 1 || c.PositionsMinReplicas > 16 {
+		return fmt.Errorf("relay: positions min replicas %d outside 1..16", c.PositionsMinReplicas)
 	}
 	if c.LeaseTTL < 100*time.Millisecond {
 		return fmt.Errorf("relay: lease ttl %s: at least 100ms", c.LeaseTTL)
