@@ -37,6 +37,11 @@ type PrivateKafka struct {
 	port    int
 	ctrl    int
 	startup time.Duration
+	// In a cluster (StartPrivateCluster): this node's id, the quorum's voters and the
+	// cluster's replication settings; a single broker has id 1 and is its own quorum.
+	id       int
+	voters   string
+	replicas int
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -61,12 +66,13 @@ func StartPrivateKafka(t testing.TB) *PrivateKafka {
 	if err != nil {
 		t.Fatalf("testenv: private Kafka: %v", err)
 	}
-	k := &PrivateKafka{t: t, dir: t.TempDir(), libs: libs, port: ports[0], ctrl: ports[1], startup: 120 * time.Second}
+	k := &PrivateKafka{t: t, dir: t.TempDir(), libs: libs, port: ports[0], ctrl: ports[1], startup: 120 * time.Second,
+		id: 1, voters: fmt.Sprintf("1@127.0.0.1:%d", ports[1]), replicas: 1}
 	t.Cleanup(k.Kill) // registered after TempDir: runs before the dir is removed
 	if err := k.writeConfig(); err != nil {
 		t.Fatalf("testenv: private Kafka: %v", err)
 	}
-	if err := k.format(); err != nil {
+	if err := k.format(newClusterID()); err != nil {
 		t.Fatalf("testenv: private Kafka: %v", err)
 	}
 	k.Start()
@@ -74,7 +80,13 @@ func StartPrivateKafka(t testing.TB) *PrivateKafka {
 }
 
 // Brokers is the broker's bootstrap address.
-func (k *PrivateKafka) Brokers() []string { return []string{fmt.Sprintf("127.0.0.1:%d", k.port)} }
+func (k *PrivateKafka) Brokers() []string { return []string{k.Addr()} }
+
+// Addr is the broker's address.
+func (k *PrivateKafka) Addr() string { return fmt.Sprintf("127.0.0.1:%d", k.port) }
+
+// ID is the broker's node id (1 for a single broker; 1..n in a cluster).
+func (k *PrivateKafka) ID() int32 { return int32(k.id) }
 
 // Config is a client config for this broker (as Kafka returns for the shared one).
 func (k *PrivateKafka) Config() kafkax.Config {
@@ -110,6 +122,13 @@ func (k *PrivateKafka) aliveLocked() bool {
 // metadata requests. It fails the test if the broker does not come up.
 func (k *PrivateKafka) Start() {
 	k.t.Helper()
+	k.launch()
+	k.waitReady()
+}
+
+// launch starts the broker process.
+func (k *PrivateKafka) launch() {
+	k.t.Helper()
 	k.mu.Lock()
 	if k.aliveLocked() {
 		k.mu.Unlock()
@@ -141,7 +160,14 @@ func (k *PrivateKafka) Start() {
 	}()
 	k.cmd, k.done = cmd, done
 	k.mu.Unlock()
+}
 
+// waitReady waits until the broker answers metadata requests with itself in the cluster.
+func (k *PrivateKafka) waitReady() {
+	k.t.Helper()
+	k.mu.Lock()
+	done := k.done
+	k.mu.Unlock()
 	deadline := time.Now().Add(k.startup)
 	for {
 		err := k.ping()
@@ -178,10 +204,12 @@ func (k *PrivateKafka) ping() error {
 	if err != nil {
 		return err
 	}
-	if len(brokers) != 1 {
-		return fmt.Errorf("%d brokers in the cluster metadata", len(brokers))
+	for _, b := range brokers {
+		if b.ID() == int32(k.id) {
+			return nil
+		}
 	}
-	return nil
+	return fmt.Errorf("node %d not among the %d brokers of the cluster metadata", k.id, len(brokers))
 }
 
 // Stop stops the broker as an operator would: SIGTERM (controlled shutdown), SIGKILL if it
@@ -223,32 +251,33 @@ func (k *PrivateKafka) writeConfig() error {
 		return err
 	}
 	k.props = filepath.Join(k.dir, "server.properties")
+	isr := max(1, k.replicas-1) // 1 of 1, 2 of 3
 	props := fmt.Sprintf(`# private test broker (onceflow pkg/testenv)
 process.roles=broker,controller
-node.id=1
+node.id=%[4]d
 listeners=PLAINTEXT://127.0.0.1:%[1]d,CONTROLLER://127.0.0.1:%[2]d
 advertised.listeners=PLAINTEXT://127.0.0.1:%[1]d
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
-controller.quorum.voters=1@127.0.0.1:%[2]d
+controller.quorum.voters=%[5]s
 log.dirs=%[3]s
 num.partitions=1
-default.replication.factor=1
-min.insync.replicas=1
-offsets.topic.replication.factor=1
+default.replication.factor=%[6]d
+min.insync.replicas=%[7]d
+offsets.topic.replication.factor=%[6]d
 offsets.topic.num.partitions=4
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
+transaction.state.log.replication.factor=%[6]d
+transaction.state.log.min.isr=%[7]d
 transaction.state.log.num.partitions=4
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.replication.factor=%[6]d
+share.coordinator.state.topic.min.isr=%[7]d
 group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=false
 num.network.threads=2
 num.io.threads=2
 log.segment.bytes=104857600
-`, k.port, k.ctrl, data)
+`, k.port, k.ctrl, data, k.id, k.voters, k.replicas, isr)
 	if err := os.WriteFile(k.props, []byte(props), 0o644); err != nil {
 		return err
 	}
@@ -267,15 +296,20 @@ log.segment.bytes=104857600
 	return os.WriteFile(filepath.Join(k.dir, "log4j2.xml"), []byte(log4j), 0o644)
 }
 
-// format writes the KRaft meta.properties of a new single-node cluster (kafka-storage
-// format, as scripts/infra.sh does).
-func (k *PrivateKafka) format() error {
+// newClusterID is a random KRaft cluster id (Kafka's Uuid string form).
+func newClusterID() string {
 	var cid string
 	for cid == "" || cid[0] == '-' { // a leading '-' would read as an option
 		id := make([]byte, 16)
 		_, _ = rand.Read(id)
-		cid = base64.RawURLEncoding.EncodeToString(id) // Kafka's Uuid string form
+		cid = base64.RawURLEncoding.EncodeToString(id)
 	}
+	return cid
+}
+
+// format writes the KRaft meta.properties of the node of cluster cid (kafka-storage
+// format, as scripts/infra.sh does).
+func (k *PrivateKafka) format(cid string) error {
 	cmd := exec.Command("java", "-Xmx256m", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true",
 		"-Dlog4j2.configurationFile="+filepath.Join(k.dir, "log4j2.xml"),
 		"-cp", filepath.Join(k.libs, "*"), "kafka.tools.StorageTool", "format", "-t", cid, "-c", k.props)
@@ -369,4 +403,85 @@ func freePorts(n int) ([]int, error) {
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
+}
+
+// PrivateCluster is a KRaft cluster of Nodes (each broker and controller, a static quorum
+// of all of them: a majority keeps it) that belongs to one test, as PrivateKafka is: child
+// processes of the test binary on free ports, data in the test's temp dir, killed when the
+// test ends. Its internal topics (consumer offsets, transaction state) have a replica on
+// every node and min.insync.replicas of one less, as the broker default for new topics.
+type PrivateCluster struct {
+	Nodes []*PrivateKafka
+}
+
+// StartPrivateCluster formats and starts an n-node cluster (n ≥ 3 for replication
+// factor 3 with min.insync.replicas 2) and returns once every node answers with itself in
+// the cluster's metadata. It fails the test when java or the jars are missing, and skips
+// it under -short.
+func StartPrivateCluster(t testing.TB, n int) *PrivateCluster {
+	t.Helper()
+	Integration(t)
+	libs, err := kafkaLibs()
+	if err != nil {
+		t.Fatalf("testenv: private Kafka cluster: %v; %s", err, howToGetJars)
+	}
+	if _, err := exec.LookPath("java"); err != nil {
+		t.Fatalf("testenv: private Kafka cluster needs java (17+) on PATH: %v; %s", err, howToGetJars)
+	}
+	ports, err := freePorts(2 * n)
+	if err != nil {
+		t.Fatalf("testenv: private Kafka cluster: %v", err)
+	}
+	var voters []string
+	for i := range n {
+		voters = append(voters, fmt.Sprintf("%d@127.0.0.1:%d", i+1, ports[n+i]))
+	}
+	c := &PrivateCluster{}
+	cid := newClusterID()
+	for i := range n {
+		k := &PrivateKafka{t: t, dir: t.TempDir(), libs: libs, port: ports[i], ctrl: ports[n+i], startup: 120 * time.Second,
+			id: i + 1, voters: strings.Join(voters, ","), replicas: n}
+		t.Cleanup(k.Kill)
+		if err := k.writeConfig(); err != nil {
+			t.Fatalf("testenv: private Kafka cluster: %v", err)
+		}
+		if err := k.format(cid); err != nil {
+			t.Fatalf("testenv: private Kafka cluster: %v", err)
+		}
+		c.Nodes = append(c.Nodes, k)
+	}
+	// A node waits for a quorum of controllers: start them all, then wait for each.
+	for _, k := range c.Nodes {
+		k.launch()
+	}
+	for _, k := range c.Nodes {
+		k.waitReady()
+	}
+	return c
+}
+
+// Brokers is the cluster's bootstrap list (every node).
+func (c *PrivateCluster) Brokers() []string {
+	var out []string
+	for _, k := range c.Nodes {
+		out = append(out, k.Addr())
+	}
+	return out
+}
+
+// Config is a client config for the cluster.
+func (c *PrivateCluster) Config() kafkax.Config {
+	k := c.Nodes[0].Config()
+	k.Brokers = c.Brokers()
+	return k
+}
+
+// Node is the node with broker id id (nil if none).
+func (c *PrivateCluster) Node(id int32) *PrivateKafka {
+	for _, k := range c.Nodes {
+		if k.ID() == id {
+			return k
+		}
+	}
+	return nil
 }
