@@ -5,6 +5,10 @@
 # services it runs against.
 #
 #   CHAOS_PROFILE=short|long|broken (default short, ~2 min; long ~12 min), CHAOS_SEED (default 1),
+#   CHAOS_PROFILE=cluster|soak: on a three-broker cluster of the chaos instance (scripts/infra.sh
+#     ONCEFLOW_KAFKA_BROKERS=3; brokers on CHAOS_CLUSTER_PORT 29092-29094, controllers on
+#     CHAOS_CLUSTER_CONTROLLER_PORT 29192-29194) instead of its one broker, not proxied;
+#     soak (make soak): CHAOS_SOAK_ORDERS (1000000) over CHAOS_SOAK_MINUTES (30).
 #   CHAOS_ARGS (extra flags of cmd/chaos, e.g. "-inject all" to show the checker failing).
 #   The router is built with -tags onceflow_chaos: it then has the chaos-misbehaver test plugin
 #   (cmd/router/chaosplugin_on.go), which the harness runs beside the coupon granter.
@@ -33,6 +37,16 @@ export ONCEFLOW_KAFKA_CONTROLLER_PORT="${CHAOS_KAFKA_CONTROLLER_PORT:-9193}"
 export ONCEFLOW_KAFKA_CHAOS_PORT="${CHAOS_KAFKA_CHAOS_PORT:-9194}"
 export ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT="${CHAOS_KAFKA_PROXY_PORT:-9195}"
 export KAFKA_HEAP_OPTS="${KAFKA_HEAP_OPTS:--Xms256m -Xmx768m}"
+cluster_args=""
+case "${CHAOS_PROFILE:-}" in
+  cluster | soak)
+    export ONCEFLOW_KAFKA_BROKERS=3
+    export ONCEFLOW_CLUSTER_PORT="${CHAOS_CLUSTER_PORT:-29092}"
+    export ONCEFLOW_CLUSTER_CONTROLLER_PORT="${CHAOS_CLUSTER_CONTROLLER_PORT:-29192}"
+    unset ONCEFLOW_KAFKA_CHAOS_PORT ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT
+    cluster_args="-brokers 127.0.0.1:$ONCEFLOW_CLUSTER_PORT,127.0.0.1:$((ONCEFLOW_CLUSTER_PORT + 1)),127.0.0.1:$((ONCEFLOW_CLUSTER_PORT + 2))"
+    ;;
+esac
 if [[ "$ONCEFLOW_DB_PORT" == 3306 || "$ONCEFLOW_KAFKA_PORT" == 9092 ]]; then
   echo "chaos: refusing to run against the shared services (3306 / 9092)" >&2
   exit 2
@@ -46,7 +60,11 @@ at_exit() {
   fi
 }
 trap at_exit EXIT
-echo "chaos: instance $ONCEFLOW_RUN_DIR: mariadb :$ONCEFLOW_DB_PORT, kafka :$ONCEFLOW_KAFKA_PORT (CHAOS listener :$ONCEFLOW_KAFKA_CHAOS_PORT advertised as :$ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT)"
+if [[ -n "$cluster_args" ]]; then
+  echo "chaos: instance $ONCEFLOW_RUN_DIR: mariadb :$ONCEFLOW_DB_PORT, three-broker kafka cluster ${cluster_args#-brokers }"
+else
+  echo "chaos: instance $ONCEFLOW_RUN_DIR: mariadb :$ONCEFLOW_DB_PORT, kafka :$ONCEFLOW_KAFKA_PORT (CHAOS listener :$ONCEFLOW_KAFKA_CHAOS_PORT advertised as :$ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT)"
+fi
 bash scripts/infra.sh up
 mkdir -p .run/chaos
 profile="${CHAOS_PROFILE:-short}"
@@ -86,7 +104,7 @@ esac
 go build -o .run/chaos/chaos ./cmd/chaos
 set +e
 # shellcheck disable=SC2086
-.run/chaos/chaos -profile "$profile" -seed "${CHAOS_SEED:-1}" -router "$router" ${CHAOS_ARGS:-} 2>&1 | { echo "$built"; cat; } | tee .run/chaos/chaos.log
+.run/chaos/chaos -profile "$profile" -seed "${CHAOS_SEED:-1}" -router "$router" $cluster_args ${CHAOS_ARGS:-} 2>&1 | { echo "$built"; cat; } | tee .run/chaos/chaos.log
 rc="${PIPESTATUS[0]}"
 set -e
 if [[ -z "$expect" ]]; then

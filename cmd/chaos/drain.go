@@ -10,8 +10,8 @@ import (
 	"time"
 )
 
-// heal ends every fault: no proxy faults, both services up, routers a and b running, c
-// gone.
+// heal ends every fault: no proxy faults, the services up, the routers that are always
+// wanted running, the one that joins and leaves gone.
 func (h *harness) heal() {
 	h.px.Heal()
 	if h.kpx != nil {
@@ -25,9 +25,10 @@ func (h *harness) heal() {
 		h.harnessErr("infra.sh up after the faults: %v", err)
 	}
 	h.infraMu.Unlock()
-	h.slots[2].stop(40 * time.Second)
-	h.slots[0].start()
-	h.slots[1].start()
+	h.slots[len(h.slots)-1].stop(40 * time.Second)
+	for _, s := range h.slots[:len(h.slots)-1] {
+		s.start()
+	}
 }
 
 // recordFaults counts what the faults did into the run's info, logs it and saves run.json.
@@ -55,6 +56,15 @@ func (h *harness) recordFaults() {
 	h.logf("faults over: kills=%d broker_restarts=%d db_restarts=%d relay_crashes=%d/%d unplanned_router_exits=%d; healing and draining (≤ %s)",
 		kills, info.BrokerRestar, info.DBRestarts, crashes, armed, unplanned, h.p.drain)
 	h.logf("network faults: db proxy %s; kafka proxy %s", info.Faults["db_proxy"], info.Faults["kafka_proxy"])
+	if h.p.cluster {
+		h.cl.mu.Lock()
+		c := h.cl.counts
+		h.cl.mu.Unlock()
+		c.Rebalances = int(h.cl.churns.Load())
+		info.Cluster = &c
+		h.logf("cluster faults: broker_kills=%d order_paid_leader_kills=%d coupon_granted_leader_kills=%d coordinator_kills=%d mid_transaction_kills=%d node_restarts=%d rebalances=%d",
+			c.brokerKills(), c.LeaderKills[orderTopic], c.LeaderKills[grantedTopic], c.CoordKills, c.MidTxnKills, c.NodeRestarts, c.Rebalances)
+	}
 	saveInfo(h.o.runDir, *info)
 }
 
@@ -63,12 +73,17 @@ func (h *harness) recordFaults() {
 func (h *harness) settle(ctx context.Context) {
 	drainStart := time.Now()
 	drained, why := drain(ctx, h.appDSN, h.info, h.p.drain)
+	if h.rssStop != nil {
+		close(h.rssStop)
+		h.rssStop = nil
+		time.Sleep(100 * time.Millisecond)
+	}
 	if drained {
 		h.logf("drained: %s", why)
 		// Offsets are committed every second: wait (bounded) until every group of the run
 		// has committed the end of every partition while the routers still run. The checker
 		// reads them again after the routers stopped.
-		lags, err := waitLag(ctx, h.o.brokers, runGroups, h.info.StartOffsets, max(h.p.drain-time.Since(drainStart), 30*time.Second))
+		lags, err := waitLag(ctx, h.o.brokers, groupsOf(h.info), h.info.StartOffsets, max(h.p.drain-time.Since(drainStart), 30*time.Second))
 		if err != nil {
 			h.logf("committed offsets: %v", err)
 		} else {
@@ -89,6 +104,12 @@ func (h *harness) checkFaultCounts() {
 	}
 	if h.info.BrokerRestar < h.p.brokerRestarts || h.info.DBRestarts < h.p.dbRestarts {
 		h.harnessErr("restarts: broker %d/%d, db %d/%d", h.info.BrokerRestar, h.p.brokerRestarts, h.info.DBRestarts, h.p.dbRestarts)
+	}
+	if c := h.info.Cluster; c != nil {
+		if c.LeaderKills[orderTopic] < h.p.leaderKills || c.LeaderKills[grantedTopic] < h.p.leaderKills || c.CoordKills < h.p.coordKills {
+			h.harnessErr("broker kills: leader of %s %d/%d, leader of %s %d/%d, coordinator %d/%d", orderTopic, c.LeaderKills[orderTopic], h.p.leaderKills,
+				grantedTopic, c.LeaderKills[grantedTopic], h.p.leaderKills, c.CoordKills, h.p.coordKills)
+		}
 	}
 }
 
@@ -124,7 +145,7 @@ func drain(ctx context.Context, appDSN string, info runInfo, bound time.Duration
 		if err == nil {
 			why = fmt.Sprintf("%d/%d orders terminal, %d quarantined, %d/%d ended in %s's inbox, %d processing, %d outbox rows unpublished",
 				terminal, total, quarantined, misbehaved, total, misbehaverPlugin, processing, pending)
-			if terminal+quarantined >= total && misbehaved >= total && processing == 0 && pending == 0 {
+			if terminal+quarantined >= total && (misbehaved >= total || info.NoMisbehaver) && processing == 0 && pending == 0 {
 				return true, why
 			}
 		} else {

@@ -24,6 +24,17 @@ func (h *harness) injectFaults(ctx context.Context) error {
 	defer fcancel()
 	var fwg sync.WaitGroup
 	start := time.Now()
+	if h.p.rssEvery > 0 {
+		h.rssStop = make(chan struct{})
+		go h.sampleRSS(h.p.rssEvery, h.rssStop)
+	}
+	churnStop := make(chan struct{})
+	var churnDone sync.WaitGroup
+	if h.p.churn > 0 {
+		churnDone.Add(1)
+		go func() { defer churnDone.Done(); h.churn(h.p.churn, churnStop) }()
+		h.logf("router %s joins and leaves every %s while the producer sends", h.slots[len(h.slots)-1].name, h.p.churn)
+	}
 	fwg.Add(1)
 	go func() {
 		defer fwg.Done()
@@ -46,6 +57,8 @@ func (h *harness) injectFaults(ctx context.Context) error {
 		h.harnessErr("producer: %v", err)
 	}
 	h.logf("producer done: %d orders in %d segments", produced, len(h.info.Ledgers))
+	close(churnStop)
+	churnDone.Wait()
 	fwg.Wait()
 	fcancel()
 	if ctx.Err() != nil {
@@ -61,13 +74,17 @@ func (h *harness) injectFaults(ctx context.Context) error {
 // segments sent.
 func (h *harness) produce(ctx context.Context) (int, error) {
 	perSeg := h.p.orders / h.p.segments
+	dupRate := h.p.dupRate
+	if dupRate == 0 {
+		dupRate = 0.3
+	}
 	produced := 0
 	for seg := 0; seg < h.p.segments; seg++ {
 		prefix := fmt.Sprintf("%s-s%02d", h.info.Prefix, seg)
 		ledger := filepath.Join(h.o.runDir, fmt.Sprintf("ledger-s%02d.txt", seg))
-		deadline := time.Now().Add(3 * time.Minute)
+		deadline := time.Now().Add(3*time.Minute + time.Duration(float64(perSeg)*1.3/h.p.rate*float64(time.Second)))
 		for attempt := 1; ; attempt++ {
-			cmd := exec.CommandContext(ctx, h.bin, "produce", "--orders", fmt.Sprint(perSeg), "--dup-rate", "0.3",
+			cmd := exec.CommandContext(ctx, h.bin, "produce", "--orders", fmt.Sprint(perSeg), "--dup-rate", fmt.Sprint(dupRate),
 				"--poison", fmt.Sprint(max(perSeg/100, 2*len(poisonKinds))), "--rate", fmt.Sprint(h.p.rate), "--prefix", prefix,
 				"--seed", fmt.Sprint(h.o.seed*1000+uint64(seg)), "--ledger", ledger)
 			cmd.Env = append(h.baseEnv, "ONCEFLOW_DB_DSN="+h.appDSN)
@@ -111,11 +128,15 @@ func (h *harness) fault(e event) {
 			h.logf("kill: no router running at this moment (skipped)")
 		}
 	case "join":
-		h.logf("router c joins")
-		slots[2].start()
+		j := slots[len(slots)-1]
+		h.logf("router %s joins", j.name)
+		j.start()
 	case "leave":
-		h.logf("router c leaves (SIGTERM)")
-		slots[2].stop(40 * time.Second)
+		j := slots[len(slots)-1]
+		h.logf("router %s leaves (SIGTERM)", j.name)
+		j.stop(40 * time.Second)
+	case "leader-kill", "coord-kill", "node-restart":
+		h.clusterFault(e)
 	case "db-latency", "kafka-latency", "db-reset", "kafka-reset", "db-cut", "kafka-cut":
 		target, what, _ := strings.Cut(e.kind, "-")
 		x := h.px

@@ -215,12 +215,22 @@ func (h *harness) startFleet() {
 		routerEnv = append(routerEnv, strings.Split(h.o.routerEnv, ",")...)
 		h.logf("router environment: %s", h.o.routerEnv)
 	}
-	for _, n := range []string{"a", "b", "c"} {
-		h.slots = append(h.slots, newSlot(n, h.bin, []string{"run", "--plugins", "coupon-granter," + misbehaverPlugin}, routerEnv, h.o.runDir, h.logf))
+	plugins := "coupon-granter," + misbehaverPlugin
+	if h.p.noMisbehaver {
+		plugins = "coupon-granter"
 	}
-	h.slots[0].start()
-	h.slots[1].start()
-	h.logf("routers a and b starting (c joins and leaves during the run); logs %s/router-*.log", h.o.runDir)
+	on := h.p.alwaysOn()
+	var names []string
+	for i := range on + 1 {
+		n := string(rune('a' + i))
+		h.slots = append(h.slots, newSlot(n, h.bin, []string{"run", "--plugins", plugins}, routerEnv, h.o.runDir, h.logf))
+		if i < on {
+			h.slots[i].start()
+			names = append(names, n)
+		}
+	}
+	h.logf("routers %s starting (%s joins and leaves during the run; plugins %s); logs %s/router-*.log",
+		strings.Join(names, ", "), h.slots[on].name, plugins, h.o.runDir)
 	time.Sleep(3 * time.Second)
 }
 

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,6 +42,9 @@ type harness struct {
 	infraMu                                    sync.Mutex // one scripts/infra.sh operation at a time
 	brokerRestarts, dbRestarts, scheduledKills atomic.Int64
 
+	cl      clusterState  // the cluster faults' counts (profiles with cluster set)
+	rssStop chan struct{} // closed when the RSS sampler is to stop (nil: no sampler)
+
 	errMu sync.Mutex
 	errs  []string // the harness's own failures, reported in the CHAOS line
 }
@@ -52,7 +56,7 @@ func newHarness(c clock, o options, p profile, kinds []string) (*harness, error)
 		return nil, err
 	}
 	info := runInfo{Prefix: fmt.Sprintf("chaos%d-%d", o.seed, time.Now().Unix()), Seed: o.seed, Profile: p.name,
-		DB: o.dbName, DBAddr: o.dbAddr, Brokers: o.brokers, Started: time.Now().UTC()}
+		DB: o.dbName, DBAddr: o.dbAddr, Brokers: o.brokers, Started: time.Now().UTC(), NoMisbehaver: p.noMisbehaver}
 	if o.runDir == "" {
 		o.runDir = filepath.Join(root, ".run", "chaos", info.Prefix)
 	}
@@ -75,8 +79,9 @@ func (h *harness) harnessErr(format string, args ...any) {
 }
 
 // infra runs one scripts/infra.sh operation, its output appended to the run's infra.log.
-func (h *harness) infra(what string) error {
-	out, err := exec.Command("bash", filepath.Join(h.root, "scripts", "infra.sh"), what).CombinedOutput()
+func (h *harness) infra(args ...string) error {
+	what := strings.Join(args, " ")
+	out, err := exec.Command("bash", append([]string{filepath.Join(h.root, "scripts", "infra.sh")}, args...)...).CombinedOutput()
 	f, _ := os.OpenFile(filepath.Join(h.o.runDir, "infra.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if f != nil {
 		fmt.Fprintf(f, "== %s %s (err=%v)\n%s", time.Now().Format(time.RFC3339), what, err, out)

@@ -49,6 +49,8 @@ type options struct {
 	routerEnv                                             string
 	brokers                                               []string
 	seed                                                  uint64
+	soakOrders                                            int
+	soakWindow                                            time.Duration
 	checkOnly, allowShared                                bool
 }
 
@@ -65,7 +67,9 @@ type runInfo struct {
 	Kills        int                        `json:"kills"`
 	BrokerRestar int                        `json:"broker_restarts"`
 	DBRestarts   int                        `json:"db_restarts"`
-	Faults       map[string]string          `json:"faults,omitempty"` // what was injected, by kind
+	Faults       map[string]string          `json:"faults,omitempty"`        // what was injected, by kind
+	Cluster      *clusterCounts             `json:"cluster,omitempty"`       // the cluster faults (cluster, soak)
+	NoMisbehaver bool                       `json:"no_misbehaver,omitempty"` // only the coupon granter ran
 	Started      time.Time                  `json:"started"`
 }
 
@@ -96,6 +100,14 @@ var poisonKinds = []string{"bad-json", "tombstone", "empty", "utf8-value", "utf8
 // runGroups are the consumer groups of the run's routers and what they consume.
 var runGroups = []GroupTopic{{group, orderTopic}, {misbehaverGroup, orderTopic}}
 
+// groupsOf is runGroups, without the misbehaving plugin's when it did not run.
+func groupsOf(info runInfo) []GroupTopic {
+	if info.NoMisbehaver {
+		return runGroups[:1]
+	}
+	return runGroups
+}
+
 func main() {
 	c := clock{t0: time.Now()}
 	var o options
@@ -104,7 +116,7 @@ func main() {
 	if prof == "" {
 		prof = "short"
 	}
-	flag.StringVar(&o.profile, "profile", prof, "short (~3 min) or long (~12 min); env CHAOS_PROFILE")
+	flag.StringVar(&o.profile, "profile", prof, "short (~3 min), long (~12 min), cluster (~7 min, on the three-broker cluster) or soak (-soak-window); env CHAOS_PROFILE")
 	flag.Uint64Var(&o.seed, "seed", envUint("CHAOS_SEED", 1), "seed of every fault time, victim and duration; env CHAOS_SEED")
 	flag.StringVar(&o.root, "root", ".", "repository root (scripts/infra.sh)")
 	flag.StringVar(&o.router, "router", ".run/chaos/router", "router binary, built with -tags "+routerTags+" (copied into the run directory at start; built if missing)")
@@ -130,6 +142,8 @@ func main() {
 	flag.BoolVar(&o.allowShared, "allow-shared", false, "allow restarting the default scripts/infra.sh instance (127.0.0.1:3306 / :9092), which other tests may be using")
 	flag.StringVar(&o.inject, "inject", "", "after the run, inject faults into what it left (dup-coupon,lost-order,illegal-transition,dup-event or all): the checker must FAIL")
 	flag.BoolVar(&o.checkOnly, "check-only", false, "do not run: audit -run-dir (the last run by default) again")
+	flag.IntVar(&o.soakOrders, "soak-orders", int(envUint("CHAOS_SOAK_ORDERS", 1000000)), "orders of the soak profile; env CHAOS_SOAK_ORDERS")
+	flag.DurationVar(&o.soakWindow, "soak-window", time.Duration(envUint("CHAOS_SOAK_MINUTES", 30))*time.Minute, "how long the soak profile sends and injects faults; env CHAOS_SOAK_MINUTES (minutes)")
 	flag.Parse()
 	o.brokers = strings.Split(brokers, ",")
 
@@ -176,8 +190,11 @@ func run(ctx context.Context, c clock, o options) (int, error) {
 		return checkOnly(ctx, c, o, kinds)
 	}
 	p, ok := profiles[o.profile]
+	if o.profile == "soak" {
+		p, ok = soakProfile(o.soakOrders, o.soakWindow), true
+	}
 	if !ok {
-		return 2, fmt.Errorf("-profile %q: use short or long", o.profile)
+		return 2, fmt.Errorf("-profile %q: use short, long, cluster or soak", o.profile)
 	}
 	h, err := newHarness(c, o, p, kinds)
 	if err != nil {

@@ -18,7 +18,10 @@ import (
 func audit(ctx context.Context, c clock, o options, info runInfo, appDSN, adminDSN string, kinds []string, harnessErrs []string) (int, error) {
 	cc := CheckConfig{DSN: appDSN, Brokers: info.Brokers, GrantedTopic: grantedTopic, OrderTopic: orderTopic,
 		StartOffsets: info.StartOffsets, Prefix: info.Prefix, Ledgers: info.Ledgers,
-		Misbehaver: misbehaverBiz, Groups: runGroups, LagWait: 30 * time.Second}
+		Misbehaver: misbehaverBiz, Groups: groupsOf(info), LagWait: 30 * time.Second}
+	if info.NoMisbehaver {
+		cc.Misbehaver = ""
+	}
 	rep, err := Check(ctx, cc)
 	if err != nil {
 		return 2, err
@@ -34,7 +37,7 @@ func audit(ctx context.Context, c clock, o options, info runInfo, appDSN, adminD
 		}
 	}
 	if len(kinds) > 0 {
-		c.logf("before injection: %s", summary(rep, info.Kills, info.BrokerRestar, info.DBRestarts, extra))
+		c.logf("before injection: %s", runSummary(rep, info, extra))
 		admin, err := sql.Open("mysql", adminDSN)
 		if err != nil {
 			return 2, err
@@ -62,7 +65,7 @@ func audit(ctx context.Context, c clock, o options, info runInfo, appDSN, adminD
 		}
 	}
 	fmt.Printf("chaos: runtime %.0fs (run dir %s)\n", time.Since(c.t0).Seconds(), o.runDir)
-	line := summary(rep, info.Kills, info.BrokerRestar, info.DBRestarts, extra)
+	line := runSummary(rep, info, extra)
 	fmt.Println(line)
 	if strings.HasPrefix(line, "CHAOS ok") {
 		return 0, nil
@@ -116,4 +119,33 @@ func (c clock) printReport(r Report) {
 	for _, v := range r.Violations {
 		fmt.Printf("VIOLATION %s (%d): %s\n", v.Kind, v.Count, strings.Join(v.Examples, "; "))
 	}
+}
+
+// runSummary is the CHAOS line: summary's for the one-broker profiles; on the cluster it
+// names the profile and counts broker kills (coordinator kills among them), controlled
+// broker restarts and router kills, and for the soak the rebalances and the routers' RSS.
+func runSummary(rep Report, info runInfo, extra []string) string {
+	c := info.Cluster
+	if c == nil {
+		return summary(rep, info.Kills, info.BrokerRestar, info.DBRestarts, extra)
+	}
+	lag := ""
+	if rep.LagChecked {
+		lag = fmt.Sprintf(" lag=%d", rep.LagTotal)
+	}
+	soak := ""
+	if info.Profile == "soak" {
+		soak = fmt.Sprintf(" rebalances=%d router_rss_max_mb=%.0f rss_growth_mb_per_100k=%.1f", c.Rebalances, c.RSSMaxMB, c.RSSGrowthMB)
+	}
+	head := fmt.Sprintf("profile=%s orders=%d broker_kills=%d coordinator_kills=%d broker_restarts=%d router_kills=%d db_restarts=%d%s lost=%d duplicates=%d%s",
+		info.Profile, rep.Orders, c.brokerKills(), c.CoordKills, c.NodeRestarts, info.Kills, info.DBRestarts, soak, rep.Lost, rep.Duplicates(), lag)
+	if len(rep.Violations) == 0 && len(extra) == 0 {
+		return "CHAOS ok " + head
+	}
+	var parts []string
+	for _, v := range rep.Violations {
+		parts = append(parts, fmt.Sprintf("%s=%d", v.Kind, v.Count))
+	}
+	parts = append(parts, extra...)
+	return "CHAOS FAIL " + head + " violations: " + strings.Join(parts, " ")
 }

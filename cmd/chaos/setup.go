@@ -92,6 +92,10 @@ func (h *harness) startProxies() error {
 	h.px = px
 	h.logf("db proxy %s → %s (routers connect through it)", h.px.Addr(), h.o.dbAddr)
 	h.routerBrokers = strings.Join(h.o.brokers, ",")
+	if h.p.cluster && h.o.kafkaChaos != "" {
+		h.logf("the cluster is not proxied: routers talk to its three brokers directly (Kafka network faults are not injected)")
+		h.o.kafkaChaos = ""
+	}
 	if h.o.kafkaChaos != "" {
 		if h.p.brokerRestarts > 0 && os.Getenv("ONCEFLOW_KAFKA_CHAOS_PORT") == "" {
 			return errors.New("-kafka-chaos-listener without ONCEFLOW_KAFKA_CHAOS_PORT in the environment: scripts/infra.sh kafka-start would restart the broker without its CHAOS listener")
@@ -128,7 +132,11 @@ func (h *harness) closeProxies() {
 // and records where the run starts on Kafka (the misbehaving plugin's group moved there).
 func (h *harness) freshState(ctx context.Context) error {
 	h.cfgPath = filepath.Join(h.o.runDir, "chaos.yaml")
-	if err := os.WriteFile(h.cfgPath, []byte(chaosConfig(h.info.Prefix, h.o.seed)), 0o644); err != nil {
+	cfg := chaosConfig(h.info.Prefix, h.o.seed)
+	if h.p.shards > 1 {
+		cfg = strings.Replace(cfg, "relay:\n", fmt.Sprintf("relay:\n  shards: %d\n", h.p.shards), 1)
+	}
+	if err := os.WriteFile(h.cfgPath, []byte(cfg), 0o644); err != nil {
 		return err
 	}
 	h.adminDSN = dsn("onceflow_admin:onceflow_admin", h.o.dbAddr, h.o.dbName)

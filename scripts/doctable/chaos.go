@@ -47,6 +47,10 @@ func parseChaosLog(out string) (chaosRun, error) {
 		case msg != l && strings.HasPrefix(msg, "faults over: "):
 			s, _, _ := strings.Cut(strings.TrimPrefix(msg, "faults over: "), ";")
 			kv(s)
+		case msg != l && strings.HasPrefix(msg, "cluster faults: "):
+			kv(strings.TrimPrefix(msg, "cluster faults: "))
+		case msg != l && strings.HasPrefix(msg, "router RSS: "):
+			c.text["rss"] = strings.TrimPrefix(msg, "router RSS: ")
 		case msg != l && strings.HasPrefix(msg, "network faults: "):
 			c.text["network"] = strings.TrimPrefix(msg, "network faults: ")
 		case msg != l && strings.HasPrefix(msg, "checker: "):
@@ -76,7 +80,19 @@ func parseChaosLog(out string) (chaosRun, error) {
 	return c, nil
 }
 
-// table is the chaos-table region of docs/RELIABILITY.md.
+// region is the region of docs/RELIABILITY.md the run's table goes to: chaos-table for the
+// one-broker profiles, chaos-cluster-table and soak-table for the cluster's.
+func (c chaosRun) region() string {
+	switch c.text["profile"] {
+	case "cluster":
+		return "chaos-cluster-table"
+	case "soak":
+		return "soak-table"
+	}
+	return "chaos-table"
+}
+
+// table is the run's table (region) of docs/RELIABILITY.md.
 func (c chaosRun) table() string {
 	var w strings.Builder
 	get := func(k string) string {
@@ -96,9 +112,22 @@ func (c chaosRun) table() string {
 	row := func(k, v string) { fmt.Fprintf(&w, "| %s | %s |\n", k, v) }
 	row("outcome", "**"+strings.Fields(c.line)[1]+"**")
 	row("orders", fmt.Sprintf("%s (%s order-paid deliveries of the run on Kafka)", get("orders"), get("deliveries")))
-	row("SIGKILLs", get("kills"))
+	if _, cluster := c.fields["coordinator_kills"]; cluster {
+		row("router SIGKILLs", get("router_kills"))
+		row("broker SIGKILLs (three-broker cluster)", fmt.Sprintf("%s: leader of most order-paid partitions %s, of coupon-granted %s, transaction coordinator of a relay shard %s; %s while the outbox had unpublished rows (mid-transaction)",
+			get("broker_kills"), get("order_paid_leader_kills"), get("coupon_granted_leader_kills"), get("coordinator_kills"), get("mid_transaction_kills")))
+		row("controlled broker restarts / database restarts", get("node_restarts")+" / "+get("db_restarts"))
+		if c.text["profile"] == "soak" {
+			row("rebalances (a router joining or leaving)", get("rebalances"))
+			row("routers' RSS (sampled every 10 s)", txt("rss"))
+		}
+	} else {
+		row("SIGKILLs", get("kills"))
+	}
 	row("relay crashes between the Kafka commit and the database mark", get("relay_crashes")+" (crashed / faults)")
-	row("broker restarts / database restarts", get("broker_restarts")+" / "+get("db_restarts"))
+	if _, cluster := c.fields["coordinator_kills"]; !cluster {
+		row("broker restarts / database restarts", get("broker_restarts")+" / "+get("db_restarts"))
+	}
 	row("router exits on their own (restarted)", get("unplanned_router_exits"))
 	row("network faults", txt("network"))
 	row("granted / failed / quarantined", fmt.Sprintf("%s / %s / %s", get("granted"), get("failed"), get("quarantined")))

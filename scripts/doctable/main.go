@@ -71,7 +71,7 @@ func run(args []string) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", *chaosLog, err)
 		}
-		if err := rewrite(filepath.Join(*root, "docs", "RELIABILITY.md"), "chaos-table", c.table()); err != nil {
+		if err := rewrite(filepath.Join(*root, "docs", "RELIABILITY.md"), c.region(), c.table()); err != nil {
 			return err
 		}
 		fmt.Printf("doctable: docs/RELIABILITY.md from %s\n", *chaosLog)
