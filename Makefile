@@ -88,7 +88,7 @@ chaos-broken:
 ## test; docs/RELIABILITY.md's soak table is regenerated from its output.
 .PHONY: soak
 soak:
-	@mkdir -p .run/chaos; rc=0; CHAOS_PROFILE=soak bash scripts/chaos.sh || rc=$$?; \
+	@mkdir -p .run/chaos; rm -f .run/chaos/chaos.log; rc=0; CHAOS_PROFILE=soak bash scripts/chaos.sh || rc=$$?; \
 	  cp .run/chaos/chaos.log .run/chaos/soak.log 2>/dev/null; \
 	  $(GO) run ./scripts/doctable -chaos .run/chaos/soak.log || echo "soak: docs/RELIABILITY.md left as it is"; \
 	  exit $$rc

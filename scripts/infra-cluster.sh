@@ -126,8 +126,8 @@ cluster_node_pid() {
   dir="$(cluster_node_dir "$n")"
   props="$dir/server.properties"
   for pid in $(cat "$dir/kafka.pid" 2>/dev/null) $(ss -ltnpH "sport = :$(cluster_port "$n")" 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
-    if tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | grep -qxF -- "$props" \
-      && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'kafka\.Kafka '; then
+    if tr '\0' '\n' 2>/dev/null <"/proc/$pid/cmdline" | grep -qxF -- "$props" \
+      && tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -q 'kafka\.Kafka '; then
       echo "$pid"
       return 0
     fi
