@@ -1,12 +1,14 @@
 package outbox_test
 
 import (
+	"errors"
 	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/kafkax"
@@ -31,7 +33,7 @@ func TestEOSRelayClusterLeaderKilledMidTransaction(t *testing.T) {
 	d := testenv.DB(t, 12)
 	pc := testenv.StartPrivateCluster(t, 3)
 	k := pc.Config()
-	topic := clusterTopic(t, k, "outbox-cluster", 6)
+	topic := clusterTopic(t, k, "outbox-cluster", 6, 3)
 	positions := "relay-positions-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 
 	// victim, when set, is killed at the next before-kafka-commit; killed then holds it.
@@ -102,7 +104,43 @@ func TestEOSRelayClusterLeaderKilledMidTransaction(t *testing.T) {
 	if err != nil || len(entries) != 1 || entries[0].Value != "2" {
 		t.Errorf("positions topic %s: min.insync.replicas %v (%v), want 2", positions, entries, err)
 	}
+
+	// A positions topic with one replica on this cluster of three is refused (the default
+	// relay.positions_min_replicas, 3): the relay publishes nothing and says why.
+	rf1 := clusterTopic(t, k, "relay-positions-rf1", 1, 1)
+	caught := &refusalLogger{t: t}
+	r2, err := outbox.NewExactlyOnceRelay(d.DB, k, eosConfig(t, k, outbox.RelayConfig{Shard: "rf1", PositionsTopic: rf1,
+		RetryBackoff: 200 * time.Millisecond}), caught)
+	if err != nil {
+		t.Fatalf("NewExactlyOnceRelay: %v", err)
+	}
+	t.Cleanup(func() { _ = r2.Close() })
+	stop2 := runRelay(t, r2)
+	waitFor(t, 60*time.Second, "the relay to refuse the positions topic with one replica", caught.refused)
+	stop2()
+	if r2.Published() != 0 {
+		t.Errorf("the relay published %d events with a positions topic of one replica", r2.Published())
+	}
 }
+
+// refusalLogger records whether the relay logged ErrPositionsReplication.
+type refusalLogger struct {
+	t   testing.TB
+	hit atomic.Bool
+}
+
+func (l *refusalLogger) Error(msg string, err error, fields watermill.LogFields) {
+	if errors.Is(err, outbox.ErrPositionsReplication) {
+		if !l.hit.Swap(true) {
+			l.t.Logf("relay refused: %s: %v", msg, err)
+		}
+	}
+}
+func (l *refusalLogger) Info(string, watermill.LogFields)                 {}
+func (l *refusalLogger) Debug(string, watermill.LogFields)                {}
+func (l *refusalLogger) Trace(string, watermill.LogFields)                {}
+func (l *refusalLogger) With(watermill.LogFields) watermill.LoggerAdapter { return l }
+func (l *refusalLogger) refused() bool                                    { return l.hit.Load() }
 
 func clusterAdmin(t *testing.T, k kafkax.Config) sarama.ClusterAdmin {
 	t.Helper()
@@ -114,12 +152,12 @@ func clusterAdmin(t *testing.T, k kafkax.Config) sarama.ClusterAdmin {
 	return admin
 }
 
-// clusterTopic creates a topic with three replicas and min.insync.replicas 2.
-func clusterTopic(t *testing.T, k kafkax.Config, prefix string, partitions int32) string {
+// clusterTopic creates a topic with rf replicas and min.insync.replicas rf-1 (at least 1).
+func clusterTopic(t *testing.T, k kafkax.Config, prefix string, partitions int32, rf int16) string {
 	t.Helper()
 	name := prefix + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	isr := "2"
-	err := clusterAdmin(t, k).CreateTopic(name, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 3,
+	isr := strconv.Itoa(max(1, int(rf)-1))
+	err := clusterAdmin(t, k).CreateTopic(name, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: rf,
 		ConfigEntries: map[string]*string{"min.insync.replicas": &isr}}, false)
 	if err != nil {
 		t.Fatalf("create topic %s: %v", name, err)
