@@ -135,7 +135,7 @@ func runSummary(rep Report, info runInfo, extra []string) string {
 	}
 	soak := ""
 	if info.Profile == "soak" {
-		soak = fmt.Sprintf(" rebalances=%d router_rss_max_mb=%.0f rss_growth_mb_per_100k=%.1f", c.Rebalances, c.RSSMaxMB, c.RSSGrowthMB)
+		soak = fmt.Sprintf(" rebalances=%d router_rss_max_mb=%.0f rss_growth_mb_per_100k_orders=%.1f", c.Rebalances, c.RSSMaxMB, c.RSSGrowthMB)
 	}
 	head := fmt.Sprintf("profile=%s orders=%d broker_kills=%d coordinator_kills=%d broker_restarts=%d router_kills=%d db_restarts=%d%s lost=%d duplicates=%d%s",
 		info.Profile, rep.Orders, c.brokerKills(), c.CoordKills, c.NodeRestarts, info.Kills, info.DBRestarts, soak, rep.Lost, rep.Duplicates(), lag)
