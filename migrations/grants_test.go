@@ -1,14 +1,19 @@
 package migrations_test
 
 import (
+	"context"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
 	"testing/fstest"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/coupon/notify"
 	"github.com/onceflow/onceflow/migrations"
+	"github.com/onceflow/onceflow/pkg/dbx"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
@@ -68,5 +73,64 @@ func TestEveryMigratedTableIsGranted(t *testing.T) {
 	twice := migrations.Set{Name: "twice", FS: fstest.MapFS{migrations.GrantsFile: {Data: []byte("inbox SELECT\n")}}}
 	if _, err := migrations.Grants(twice); err == nil || !strings.Contains(err.Error(), "inbox") {
 		t.Errorf("a plugin listing the framework's inbox: %v, want an error", err)
+	}
+}
+
+// ApplyGrants grants exactly the listed privileges on the tables that exist, takes back the
+// ones a shorter list no longer has, and reports the listed tables not created yet and the
+// tables no list names.
+func TestApplyGrants(t *testing.T) {
+	g := testenv.GrantsDB(t)
+	ctx := context.Background()
+	admin, err := dbx.Open(ctx, dbx.Config{DSN: g.AdminDSN, MaxOpenConns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	for _, q := range []string{"CREATE TABLE kept (id INT PRIMARY KEY)", "CREATE TABLE other (id INT PRIMARY KEY)"} {
+		if _, err := admin.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	apply := func(privs ...string) migrations.GrantReport {
+		t.Helper()
+		rep, err := migrations.ApplyGrants(ctx, admin, g.Account, []migrations.Grant{{Table: "kept", Privileges: privs}, {Table: "later", Privileges: []string{"SELECT"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep
+	}
+	rep := apply("SELECT", "INSERT", "DELETE")
+	if strings.Join(rep.Granted, ",") != "kept" || strings.Join(rep.Missing, ",") != "later" || strings.Join(rep.Unlisted, ",") != "other" {
+		t.Fatalf("%+v", rep)
+	}
+	app, err := dbx.Open(ctx, dbx.Config{DSN: g.DSN, MaxOpenConns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close()
+	mustRun := func(q string, ok bool) {
+		t.Helper()
+		_, err := app.Exec(q)
+		var me *mysql.MySQLError
+		switch {
+		case ok && err != nil:
+			t.Errorf("%s: %v", q, err)
+		case !ok && !(errors.As(err, &me) && me.Number == 1142):
+			t.Errorf("%s: %v, want access denied", q, err)
+		}
+	}
+	mustRun("INSERT INTO kept VALUES (1)", true)
+	mustRun("DELETE FROM kept", true)
+	mustRun("UPDATE kept SET id = 2", false)
+	mustRun("SELECT * FROM other", false)
+
+	apply("SELECT") // the list shrank: INSERT and DELETE go
+	mustRun("SELECT * FROM kept", true)
+	mustRun("INSERT INTO kept VALUES (1)", false)
+	mustRun("DELETE FROM kept", false)
+	stmts := migrations.GrantStatements(g.Account, []migrations.Grant{{Table: "kept", Privileges: []string{"SELECT", "UPDATE"}}})
+	if want := "GRANT SELECT, UPDATE ON `kept` TO " + g.Account; len(stmts) != 1 || stmts[0] != want {
+		t.Errorf("statements %q, want %q", stmts, want)
 	}
 }

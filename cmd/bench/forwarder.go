@@ -43,6 +43,9 @@ func (s *suite) benchForwarder(ctx context.Context) error {
 	if err := forwarderTables(ctx, s.cfg.adminDSN, schema, offsets, logger); err != nil {
 		return err
 	}
+	if err := s.grantOwn(ctx, schema.MessagesTable(forwarderTopic), offsets.MessagesOffsetsTable(forwarderTopic)); err != nil {
+		return err
+	}
 	topic, cleanup, err := makeTopic(kc, "bench-forwarder", 12)
 	if err != nil {
 		return err

@@ -290,6 +290,9 @@ func (s *suite) plainGroup(ctx context.Context) error {
 	if _, err := s.lock.ExecContext(ctx, plainTable); err != nil {
 		return fmt.Errorf("create plain_credit: %w", err)
 	}
+	if err := s.grantOwn(ctx, "plain_credit"); err != nil {
+		return err
+	}
 	if err := s.benchSavepointCost(ctx); err != nil {
 		return fmt.Errorf("savepoint cost: %w", err)
 	}

@@ -217,6 +217,9 @@ func (s *suite) benchSeedConsumer(ctx context.Context, topic string, recsPerPoll
 	if _, err := s.lock.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS naive_coupon (id BIGINT AUTO_INCREMENT PRIMARY KEY, order_id VARCHAR(64) NOT NULL)"); err != nil {
 		return err
 	}
+	if err := s.grantOwn(ctx, "naive_coupon"); err != nil {
+		return err
+	}
 	if _, err := s.lock.ExecContext(ctx, "TRUNCATE TABLE naive_coupon"); err != nil {
 		return err
 	}

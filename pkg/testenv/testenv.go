@@ -256,3 +256,69 @@ func CommittedLag(t testing.TB, c kafkax.Config, group, topic string) map[int32]
 	}
 	return lag
 }
+
+// GrantsDatabase is a fresh database with no table and no privilege of the application user
+// on it (onceflow_g_…: scripts/infra.sh gives the admin user DDL and GRANT OPTION there, the
+// application user nothing as a whole): `router migrate` run on it grants the application
+// user its tables as on a deployment's database, which is what the tests of those grants
+// need. The test databases of DB instead give the application user every table's rows.
+type GrantsDatabase struct {
+	Name     string
+	DSN      string // application user
+	AdminDSN string // privileged user
+	Account  string // the application user's account, as GRANT names it (dbx.Account)
+}
+
+// GrantsDB creates a GrantsDatabase. When the test ends the application user's grants on its
+// tables are revoked (table grants outlive a dropped database) and the database is dropped.
+func GrantsDB(t testing.TB) GrantsDatabase {
+	t.Helper()
+	Integration(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	mc, err := mysql.ParseDSN(AdminDSN())
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	mc.DBName = "onceflow_g_" + randHex(6)
+	g := GrantsDatabase{Name: mc.DBName, AdminDSN: mc.FormatDSN()}
+	user, pass, _ := strings.Cut(AppUser(), ":")
+	app := *mc
+	app.User, app.Passwd = user, pass
+	g.DSN = app.FormatDSN()
+	if g.Account, err = dbx.Account(ctx, dbx.Config{DSN: g.DSN}); err != nil {
+		t.Fatalf("testenv: %v\n%s", err, howToStart)
+	}
+	if err := dbx.CreateDatabase(ctx, g.AdminDSN); err != nil {
+		t.Fatalf("testenv: %v (scripts/infra.sh up gives %s the onceflow_g_%% databases)\n%s", err, mc.User, howToStart)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		admin, err := sql.Open("mysql", g.AdminDSN)
+		if err != nil {
+			t.Logf("testenv: %v", err)
+			return
+		}
+		defer admin.Close()
+		var tables []string
+		rows, err := admin.QueryContext(ctx, "SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE()")
+		if err == nil {
+			for rows.Next() {
+				var s string
+				if rows.Scan(&s) == nil {
+					tables = append(tables, s)
+				}
+			}
+			rows.Close()
+		}
+		for _, tb := range tables {
+			// Error 1147 (no such grant) for a table the user was never granted.
+			_, _ = admin.ExecContext(ctx, "REVOKE SELECT, INSERT, UPDATE, DELETE ON `"+tb+"` FROM "+g.Account)
+		}
+		if _, err := admin.ExecContext(ctx, "DROP DATABASE IF EXISTS "+g.Name); err != nil {
+			t.Logf("testenv: drop database %s: %v", g.Name, err)
+		}
+	})
+	return g
+}
