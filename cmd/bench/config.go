@@ -16,6 +16,7 @@ type config struct {
 	orders, workers int
 	httpN           int
 	httpClients     int
+	peerN, peerRate int
 	stormN, stormK  int
 
 	// Group commit (batch.go, plain.go, storm and the e2e batch runs).
@@ -93,6 +94,8 @@ func parseConfig(args []string) (*config, error) {
 
 	fs.IntVar(&c.seedOrders, "seed-orders", 20000, "orders of the seed_load run")
 	fs.IntVar(&c.httpN, "http-requests", 20000, "requests of the http_claims run (30 % with an earlier request's Idempotency-Key)")
+	fs.IntVar(&c.peerN, "peer-orders", 50000, "orders of the peer comparison (a plain Watermill pipeline and onceflow on the same input, 30 % delivered twice; 0 skips it)")
+	fs.IntVar(&c.peerRate, "peer-rate", 800, "offered load (orders/s) of the peer comparison's latency phase, -load-seconds long: below what the peer sustains")
 	fs.IntVar(&c.httpClients, "http-clients", 64, "concurrent clients of the http_claims run, each sending its next request once answered")
 	fs.Float64Var(&c.seedDupRate, "seed-dup-rate", 0.3, "duplicate deliveries of the seed_load run")
 	fs.DurationVar(&c.seedDelay, "seed-delay", 800*time.Millisecond, "each outside call's base time (seed: 800ms), before -seed-scale")
@@ -106,7 +109,7 @@ func parseConfig(args []string) (*config, error) {
 
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	fs.StringVar(&c.memProfile, "memprofile", "", "write an allocation profile of the whole run to this file (go tool pprof -sample_index=alloc_space)")
-	fs.StringVar(&c.only, "only", "", "run only these measurement groups (comma separated: batch, plain, single, storm, relay, e2e, seed, http); empty runs all")
+	fs.StringVar(&c.only, "only", "", "run only these measurement groups (comma separated: batch, plain, single, storm, relay, e2e, seed, http, peer, targets); empty runs all")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}

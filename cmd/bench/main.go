@@ -6,7 +6,7 @@
 //
 // The command line is config.go; the measurements are methods of suite (suite.go), one
 // file per group: batch.go, plain.go, single.go, storm.go, relay.go and forwarder.go,
-// e2e.go and latency.go, seedload.go, httpclaims.go. report.go prints the BENCH lines and writes the CSV.
+// e2e.go and latency.go, seedload.go, httpclaims.go, peer.go; targets.go runs last. report.go prints the BENCH lines and writes the CSV.
 package main
 
 import (
@@ -41,6 +41,8 @@ func (s *suite) groups() []group {
 		{"e2e", s.e2eGroup},
 		{"seed", s.seedGroup},
 		{"http", s.httpGroup},
+		{"peer", s.peerGroup},
+		{"targets", s.targetsGroup}, // last: it reads the figures of the groups before it
 	}
 }
 

@@ -285,6 +285,7 @@ func (b benchRun) table() (string, error) {
 	}
 	b.plainRows(row)
 	b.seedRows(row)
+	b.peerRows(row)
 	return w.String(), nil
 }
 

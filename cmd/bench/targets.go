@@ -1,0 +1,108 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// targetsGroup runs last: one more latency run at 30 % of this run's own peak end-to-end
+// rate, then the targets, each computed from this run's figures so they hold on a slower or
+// faster machine alike:
+//
+//   - e2e exactly once ≥ 10× the peer pipeline on the same input (ratio e2e_vs_peer);
+//   - inbox overhead ≤ 15 %, the median of the interleaved rounds (with their spread);
+//   - p99 ≤ 100 ms at 30 % of the run's peak e2e rate, and at 2,000 orders/s;
+//   - relay exactly once ≥ 20× the Watermill forwarder;
+//
+// printed as BENCH name=targets with pass, fail or missing (the measurement did not run in
+// this invocation) for each, and the bench process's peak resident memory.
+func (s *suite) targetsGroup(ctx context.Context) error {
+	peak := s.field("e2e", "orders_per_s", map[string]string{"mode": "batch", "offered": "preloaded"})
+	p99Peak30 := -1.0
+	if peak > 0 {
+		rate := int(0.3 * peak)
+		res, err := s.benchE2E(ctx, "batch", 5000, strconv.Itoa(rate))
+		if err != nil {
+			return fmt.Errorf("targets: latency at 30 %% of the peak: %w", err)
+		}
+		p99Peak30 = res.lat[rate][1]
+	}
+	vsPeer := s.field("ratio", "e2e_vs_peer", nil)
+	overhead := s.field("inbox", "overhead_pct_vs_unsafe", map[string]string{"mode": "batch"})
+	ohMin := s.field("inbox", "overhead_min", map[string]string{"mode": "batch"})
+	ohMax := s.field("inbox", "overhead_max", map[string]string{"mode": "batch"})
+	p99At2000 := s.field("e2e", "p99_ms", map[string]string{"mode": "batch", "offered_per_s": "2000"})
+	relay := s.field("relay", "events_per_s", map[string]string{"mode": "exactly_once"})
+	fwd := s.field("watermill_forwarder", "events_per_s", nil)
+	vsFwd := -1.0
+	if relay > 0 && fwd > 0 {
+		vsFwd = relay / fwd
+	}
+	verdict := func(v float64, ok bool) string {
+		switch {
+		case v < 0:
+			return "missing"
+		case ok:
+			return "pass"
+		}
+		return "fail"
+	}
+	s.report("targets",
+		"e2e_vs_peer", vsPeer, "e2e_vs_peer_10x", verdict(vsPeer, vsPeer >= 10),
+		"inbox_overhead_pct", overhead, "overhead_spread", fmt.Sprintf("%.1f..%.1f", ohMin, ohMax), "inbox_overhead_15pct", verdict(overhead, overhead <= 15),
+		"p99_ms_at_30pct_peak", p99Peak30, "p99_30pct_peak_100ms", verdict(p99Peak30, p99Peak30 <= 100),
+		"p99_ms_at_2000", p99At2000, "p99_2000_100ms", verdict(p99At2000, p99At2000 <= 100),
+		"relay_vs_forwarder", vsFwd, "relay_20x_forwarder", verdict(vsFwd, vsFwd >= 20),
+		"bench_max_rss_mb", maxRSSMB())
+	return nil
+}
+
+// field returns the value of key in the last untagged result called name whose fields
+// include every pair of match; -1 when there is none (the group did not run).
+func (s *suite) field(name, key string, match map[string]string) float64 {
+	for i := len(s.results) - 1; i >= 0; i-- {
+		r := s.results[i]
+		if r.name != name {
+			continue
+		}
+		fields := map[string]string{}
+		for _, kv := range r.fields {
+			fields[kv[0]] = kv[1]
+		}
+		if _, tagged := fields["round"]; tagged {
+			continue
+		}
+		ok := true
+		for k, v := range match {
+			ok = ok && fields[k] == v
+		}
+		if !ok {
+			continue
+		}
+		if v, err := strconv.ParseFloat(fields[key], 64); err == nil {
+			return v
+		}
+	}
+	return -1
+}
+
+// maxRSSMB is this process's peak resident memory (VmHWM) in MiB: the pipelines of the
+// e2e, peer and http runs all run in it.
+func maxRSSMB() float64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
+			if err == nil {
+				return kb / 1024
+			}
+		}
+	}
+	return -1
+}

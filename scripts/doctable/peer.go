@@ -1,0 +1,35 @@
+package main
+
+import "fmt"
+
+// peerRows are the HTTP entrance, the peer pipeline beside onceflow on the same input, and
+// the run's targets, when the run measured them.
+func (b benchRun) peerRows(row func(m, r, t string)) {
+	if h, ok := b.one("http_claims", "requests", ""); ok {
+		row(fmt.Sprintf("`http_claims`: POST /v1/claims over HTTP, %s clients, %s of %s requests with an earlier request's Idempotency-Key",
+			h.get("clients"), f(h.num("duplicate_keys"), 0), f(h.num("requests"), 0)),
+			fmt.Sprintf("**%s requests/s**, p50 %s ms, p99 **%s ms**; %s created, %s replayed, %s × 409; %s duplicate coupons",
+				rate(h.num("requests_per_s")), f(h.num("p50_ms"), 1), f(h.num("p99_ms"), 1), f(h.num("created"), 0), f(h.num("replayed"), 0),
+				f(h.num("busy_409"), 0), f(h.num("duplicate_coupons"), 0)),
+			fmt.Sprintf("≥ 2,000 requests/s: %s; p99 ≤ 50 ms: %s; 0 duplicate coupons: %s", verdict(h.num("requests_per_s") >= 2000),
+				verdict(h.num("p99_ms") <= 50), verdict(h.num("duplicate_coupons") == 0)))
+	}
+	peer, ok1 := b.one("peer_watermill", "orders", "")
+	once, ok2 := b.one("peer_onceflow", "orders", "")
+	if ok1 && ok2 {
+		line := func(r record) string {
+			return fmt.Sprintf("%s orders/s, %s µs CPU per order, p99 %s ms at %s/s, **%s duplicate events**", rate(r.num("orders_per_s")),
+				f(r.num("cpu_us_per_order"), 0), f(r.num("p99_ms"), 1), f(r.num("offered_per_s"), 0), f(r.num("duplicate_events"), 0))
+		}
+		row(fmt.Sprintf("`peer_watermill` / `peer_onceflow`: %s orders, %s deliveries (30 %% twice); a plain Watermill pipeline (INSERT guarded by a unique key, then a synchronous publish) and onceflow on the same input",
+			f(peer.num("orders"), 0), f(peer.num("deliveries"), 0)), "peer: "+line(peer)+"; onceflow: "+line(once), "—")
+	}
+	if t, ok := b.one("targets", "e2e_vs_peer", ""); ok {
+		row("`targets`: computed from this run's own figures",
+			fmt.Sprintf("e2e vs peer **%s×** (%s); inbox overhead %s %% (rounds %s; %s); p99 at 30 %% of the run's peak %s ms (%s), at 2,000/s %s ms (%s); relay vs forwarder **%s×** (%s); bench process peak RSS %s MB",
+				f(t.num("e2e_vs_peer"), 1), t.get("e2e_vs_peer_10x"), f(t.num("inbox_overhead_pct"), 1), t.get("overhead_spread"), t.get("inbox_overhead_15pct"),
+				f(t.num("p99_ms_at_30pct_peak"), 1), t.get("p99_30pct_peak_100ms"), f(t.num("p99_ms_at_2000"), 1), t.get("p99_2000_100ms"),
+				f(t.num("relay_vs_forwarder"), 1), t.get("relay_20x_forwarder"), f(t.num("bench_max_rss_mb"), 0)),
+			"e2e ≥ 10× peer; overhead ≤ 15 %; p99 ≤ 100 ms; relay ≥ 20× forwarder")
+	}
+}
