@@ -6,6 +6,9 @@
 #     listener on 127.0.0.1:9094 (TLS with a local CA; SCRAM-SHA-512, SCRAM-SHA-256, PLAIN)
 #   * a local CA and certificates (openssl, made on this machine) in <run dir>/tls: MariaDB
 #     serves TLS with them too (TLS is offered, not required, except for user onceflow_tls)
+#   * Debian's chromium, installed when missing: the headless browser the operator
+#     console's browser test drives (cmd/console_browser_test.go; ONCEFLOW_CHROMIUM names
+#     another Chrome or Chromium binary instead)
 #
 # Usage: scripts/infra.sh up|down|status|reset|db-start|db-stop|kafka-start|kafka-stop
 #
@@ -55,16 +58,21 @@
 # cannot stop each other's services.
 #
 # Connection facts (also in docker-compose.yml):
-#   app user       onceflow/onceflow               SELECT,INSERT,UPDATE,DELETE on each database below
-#   TLS app user   onceflow_tls/onceflow_tls       the app user's grants, REQUIRE SSL (refused without TLS)
 #   migration user onceflow_admin/onceflow_admin   SELECT,INSERT,UPDATE,DELETE,CREATE,DROP,ALTER,INDEX,
-#                                                  REFERENCES on each database below (no GRANT OPTION)
+#                                                  REFERENCES on each database below, WITH GRANT OPTION
+#                                                  (`router migrate` grants the app user its tables)
+#   app user       onceflow/onceflow               nothing here on the databases below: `router migrate`
+#                                                  grants it, table by table, what the migrations'
+#                                                  grants.txt files list (docs/SECURITY.md)
+#   TLS app user   onceflow_tls/onceflow_tls       REQUIRE SSL (refused without TLS); test databases only
 #   monitor user   onceflow_monitor/onceflow_monitor  PROCESS (reads information_schema.innodb_trx:
 #                                                  tests check that no transaction is left open)
 #   databases      onceflow, onceflow_test (created); grants also on onceflow_demo (make demo),
-#                  onceflow_bench (cmd/bench), onceflow_chaos (cmd/chaos), each by its exact name,
-#                  and on the test databases onceflow_t_* (pkg/testenv; the admin user also gets
-#                  TRIGGER there)
+#                  onceflow_bench (cmd/bench), onceflow_stream (cmd/streamrss), onceflow_chaos
+#                  (cmd/chaos), each by its exact name. Test databases: onceflow_t_* (pkg/testenv,
+#                  throw-away: the app and TLS users get SELECT,INSERT,UPDATE,DELETE on each as a
+#                  whole, the migration user TRIGGER too) and onceflow_g_* (testenv.GrantedDB: as
+#                  the named ones, for the tests of the grants)
 #   kafka          127.0.0.1:9092 PLAINTEXT
 #   kafka TLS      127.0.0.1:9094 SASL_SSL, user onceflow, password in <run dir>/tls/kafka-onceflow.password
 #   TLS files      <run dir>/tls: ca.pem (trust this), server.pem/.key (broker and MariaDB, SAN
@@ -79,9 +87,10 @@ DB_HOST=127.0.0.1
 DB_PORT="${ONCEFLOW_DB_PORT:-3306}"
 DB_NAMES=(onceflow onceflow_test)
 # Databases the users are granted on, each by its exact name (DB_NAMES and the ones the demo,
-# the bench and the chaos harness create), and the test databases of pkg/testenv.
-DB_GRANT_NAMES=(onceflow onceflow_test onceflow_demo onceflow_bench onceflow_chaos)
+# the benches and the chaos harness create), and the test databases of pkg/testenv.
+DB_GRANT_NAMES=(onceflow onceflow_test onceflow_demo onceflow_bench onceflow_stream onceflow_chaos)
 DB_TEST_PATTERN='onceflow_t_%'
+DB_GRANTS_TEST_PATTERN='onceflow_g_%'
 DB_TLS_USER=onceflow_tls
 DB_LOG="$RUN_DIR/mariadb.log"
 if [[ "$DB_PORT" == 3306 ]]; then
@@ -442,10 +451,11 @@ db_start() {
   [[ $started == 0 ]] || DB_TLS_CHANGED=0 # a server started just now read the current files
   db_tls_check || return 0               # restarted: that db_start checked the rest
   local out
-  out="$(mariadb -h"$DB_HOST" -P"$DB_PORT" -uonceflow -ponceflow onceflow --batch --skip-column-names -e 'SELECT 1' 2>&1)" \
+  # No database named: the app user has none of its own until `router migrate` grants it tables.
+  out="$(mariadb -h"$DB_HOST" -P"$DB_PORT" -uonceflow -ponceflow --batch --skip-column-names -e 'SELECT 1' 2>&1)" \
     || fail mariadb "app user onceflow cannot connect over TCP: $out" "$DB_LOG"
   out="$(mariadb -h"$DB_HOST" -P"$DB_PORT" -u"$DB_TLS_USER" -p"$DB_TLS_USER" --ssl --ssl-ca="$TLS_DIR/ca.pem" --ssl-verify-server-cert \
-    onceflow_test --batch --skip-column-names -e "SHOW SESSION STATUS LIKE 'Ssl_version'" 2>&1)" \
+    --batch --skip-column-names -e "SHOW SESSION STATUS LIKE 'Ssl_version'" 2>&1)" \
     || fail mariadb "TLS user $DB_TLS_USER cannot connect over TLS: $out" "$DB_LOG"
   local maxc
   maxc="$(db_root -e 'SELECT @@max_connections')"
@@ -479,16 +489,22 @@ sql_db_pattern() {
   echo "$p"
 }
 
-# db_provision: databases and users, each user with only what it uses, per database:
-#   onceflow          the application: rows of the framework's and the plugins' tables
-#   onceflow_tls      the same, REQUIRE SSL (refused without TLS)
-#   onceflow_admin    `router migrate` and the tests' fixtures: DDL, no GRANT OPTION
+# db_provision: databases and users, each user with only what it uses:
+#   onceflow_admin    `router migrate` and the tests' fixtures: DDL on each database, and GRANT
+#                     OPTION there, with which `router migrate` grants the application user
+#                     (on the test databases too, where the tests run `router migrate`)
+#   onceflow          the application: on the databases by name, only the table grants that
+#                     `router migrate` gives it (the migrations' grants.txt); on pkg/testenv's
+#                     throw-away onceflow\_t\_% databases, rows of every table (tests create
+#                     tables of their own there)
+#   onceflow_tls      REQUIRE SSL (refused without TLS); the app user's grants on onceflow\_t\_%
 #   onceflow_monitor  PROCESS only
-# Grants name each database (DB_GRANT_NAMES) and, for pkg/testenv's throw-away databases, the
-# pattern onceflow\_t\_%; nothing else whose name starts with onceflow is reachable. Tables
-# are created by `router migrate` after this runs, so the grants stop at the database level.
-# Every run revokes what a user has and grants the list again (an older install's
-# `onceflow%` grants go).
+# Grants name each database (DB_GRANT_NAMES) and the test patterns; nothing else whose name
+# starts with onceflow is reachable. Every run revokes what the admin, TLS and monitor users
+# have and grants the list again (an older install's `onceflow%` grants go). The app user
+# keeps its table grants (`router migrate` made them, on tables this script never sees);
+# every database-level grant it has other than the test pattern's is revoked, and so are the
+# table grants left behind by dropped test databases (a grant outlives its database).
 db_provision() {
   local sql="" d h
   for d in "${DB_NAMES[@]}"; do
@@ -498,15 +514,16 @@ db_provision() {
   local admin_privs="SELECT, INSERT, UPDATE, DELETE, CREATE, DROP, ALTER, INDEX, REFERENCES"
   local pats=() pat
   for d in "${DB_GRANT_NAMES[@]}"; do pats+=("$(sql_db_pattern "$d")"); done
-  local test_pat
+  local test_pat grants_pat
   test_pat="$(sql_db_pattern "${DB_TEST_PATTERN%\%}")%"
+  grants_pat="$(sql_db_pattern "${DB_GRANTS_TEST_PATTERN%\%}")%"
   for h in 127.0.0.1 localhost; do
     sql+="CREATE USER IF NOT EXISTS 'onceflow_admin'@'$h' IDENTIFIED BY 'onceflow_admin';
 ALTER USER 'onceflow_admin'@'$h' IDENTIFIED BY 'onceflow_admin';
 REVOKE ALL PRIVILEGES, GRANT OPTION FROM 'onceflow_admin'@'$h';
 CREATE USER IF NOT EXISTS 'onceflow'@'$h' IDENTIFIED BY 'onceflow';
 ALTER USER 'onceflow'@'$h' IDENTIFIED BY 'onceflow';
-REVOKE ALL PRIVILEGES, GRANT OPTION FROM 'onceflow'@'$h';
+REVOKE ALL PRIVILEGES ON *.* FROM 'onceflow'@'$h';
 CREATE USER IF NOT EXISTS '$DB_TLS_USER'@'$h' IDENTIFIED BY '$DB_TLS_USER' REQUIRE SSL;
 ALTER USER '$DB_TLS_USER'@'$h' IDENTIFIED BY '$DB_TLS_USER' REQUIRE SSL;
 REVOKE ALL PRIVILEGES, GRANT OPTION FROM '$DB_TLS_USER'@'$h';
@@ -515,21 +532,32 @@ ALTER USER 'onceflow_monitor'@'$h' IDENTIFIED BY 'onceflow_monitor';
 REVOKE ALL PRIVILEGES, GRANT OPTION FROM 'onceflow_monitor'@'$h';
 GRANT PROCESS ON *.* TO 'onceflow_monitor'@'$h';
 "
-    for pat in "${pats[@]}"; do
-      sql+="GRANT $admin_privs ON \`$pat\`.* TO 'onceflow_admin'@'$h';
-GRANT $app_privs ON \`$pat\`.* TO 'onceflow'@'$h';
-GRANT $app_privs ON \`$pat\`.* TO '$DB_TLS_USER'@'$h';
+    for pat in "${pats[@]}" "$grants_pat"; do
+      sql+="GRANT $admin_privs ON \`$pat\`.* TO 'onceflow_admin'@'$h' WITH GRANT OPTION;
 "
     done
     # Test fixtures also create triggers (a handler's INSERT made to fail).
-    sql+="GRANT $admin_privs, TRIGGER ON \`$test_pat\`.* TO 'onceflow_admin'@'$h';
+    sql+="GRANT $admin_privs, TRIGGER ON \`$test_pat\`.* TO 'onceflow_admin'@'$h' WITH GRANT OPTION;
 GRANT $app_privs ON \`$test_pat\`.* TO 'onceflow'@'$h';
 GRANT $app_privs ON \`$test_pat\`.* TO '$DB_TLS_USER'@'$h';
 "
   done
-  sql+="FLUSH PRIVILEGES;"
   local out
   out="$(db_root -e "$sql" 2>&1)" || fail mariadb "provisioning (databases/users as root via $DB_SOCKET) failed: $out" "$DB_LOG"
+  # Statements revoking the app user's database-level grants other than the test pattern's
+  # (an older install's per-database grants), and the table grants that `router migrate` made
+  # in test databases that are gone. mysql.db holds the patterns as granted ('_' escaped).
+  local q revokes
+  q="SELECT CONCAT('REVOKE ALL PRIVILEGES ON \`', Db, '\`.* FROM ''', User, '''@''', Host, ''';') FROM mysql.db
+ WHERE User = 'onceflow' AND Db <> '${test_pat//\\/\\\\}'
+UNION ALL
+SELECT CONCAT('REVOKE ALL PRIVILEGES ON \`', Db, '\`.\`', Table_name, '\` FROM ''', User, '''@''', Host, ''';') FROM mysql.tables_priv
+ WHERE (Db LIKE '${grants_pat//\\/\\\\}' OR Db LIKE '${test_pat//\\/\\\\}')
+ AND Db NOT IN (SELECT SCHEMA_NAME FROM information_schema.SCHEMATA)"
+  revokes="$(db_root --raw -e "$q" 2>&1)" || fail mariadb "reading the app user's grants failed: $revokes" "$DB_LOG"
+  if [[ -n "$revokes" ]]; then
+    out="$(db_root -e "$revokes" 2>&1)" || fail mariadb "revoking stale grants failed: $out" "$DB_LOG"
+  fi
 }
 
 db_stop() {
@@ -911,6 +939,18 @@ kafka_status() {
   return 1
 }
 
+# ---------------------------------------------------------------- browser
+
+# browser_install installs Debian's chromium unless a browser is there already; `make test`
+# drives it headless (the console's browser test fails, saying how to install it, without).
+browser_install() {
+  if [[ -n "${ONCEFLOW_CHROMIUM:-}" ]] || command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then
+    return 0
+  fi
+  apt_install chromium
+  command -v chromium >/dev/null 2>&1 || fail browser "apt-get install chromium left no chromium on the PATH"
+}
+
 # ---------------------------------------------------------------- the three-broker cluster
 
 # shellcheck source=scripts/infra-cluster.sh
@@ -929,6 +969,7 @@ main() {
     up)
       need_root
       local t0=$SECONDS
+      browser_install
       db_start
       if cluster_mode; then cluster_up; else kafka_start; fi
       log "all up in $((SECONDS - t0))s"
