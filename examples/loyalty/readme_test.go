@@ -9,8 +9,9 @@ import (
 )
 
 // The plugin guide in the repository's README shows this module's files: each code block of
-// its "Writing a handler plugin" section but the shell one is one of them, verbatim, so the
-// README's examples compile (this module builds them) and cannot drift from them.
+// its "Writing a handler plugin" section but the shell one is one of them (the main package,
+// the plugin and its grants file), verbatim, so the README's examples compile (this module
+// builds them) and cannot drift from them; the migration it describes is named.
 func TestREADMEShowsTheExampleFiles(t *testing.T) {
 	readme, err := os.ReadFile("../../README.md")
 	if err != nil {
@@ -26,16 +27,21 @@ func TestREADMEShowsTheExampleFiles(t *testing.T) {
 		section = section[:end]
 	}
 	files := map[string]string{}
-	for _, f := range []string{"main.go", "points/points.go", "points/migrations/00001_loyalty.sql"} {
+	for _, f := range []string{"points/migrations/00001_loyalty.sql", "points_credit", "points_balance"} {
+		if !strings.Contains(section, f) {
+			t.Errorf("the plugin guide does not name %s", f)
+		}
+	}
+	for _, f := range []string{"main.go", "points/points.go", "points/migrations/grants.txt"} {
 		b, err := os.ReadFile(filepath.FromSlash(f))
 		if err != nil {
 			t.Fatal(err)
 		}
 		files[f] = string(b)
 	}
-	blocks := regexp.MustCompile("(?s)```(go|sql)\n(.*?)```").FindAllStringSubmatch(section, -1)
+	blocks := regexp.MustCompile("(?s)```(go|sql|text)\n(.*?)```").FindAllStringSubmatch(section, -1)
 	if len(blocks) != len(files) {
-		t.Fatalf("the plugin guide has %d go/sql code blocks, want %d (the example's files)", len(blocks), len(files))
+		t.Fatalf("the plugin guide has %d go/sql/text code blocks, want %d (the example's files)", len(blocks), len(files))
 	}
 	for i, b := range blocks {
 		found := false

@@ -37,7 +37,7 @@ type Config struct {
 	CreditedTopic string `mapstructure:"credited_topic"` // default points-credited
 }
 
-//go:embed migrations/*.sql
+//go:embed migrations/*.sql migrations/grants.txt
 var files embed.FS
 
 // Migrations are the plugin's tables, applied by `router migrate`.
