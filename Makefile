@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO    ?= go
 PKGS  := ./...
 
-.PHONY: examples all build infra infra-down demo test test-short fuzz bench vet clean chaos chaos-broken
+.PHONY: examples all build infra infra-down demo test test-short fuzz bench bench-stream vet clean chaos chaos-broken
 
 all: build
 
@@ -64,6 +64,15 @@ bench: infra
 	  *) $(GO) run ./scripts/doctable -bench "$$(ls -t bench/results/bench-*.csv | head -n 1)" ;; esac
 
 vet:
+## bench-stream: the peak memory (max RSS) of `router produce` and `router replay` as child
+## processes at 10,000 and 1,000,000 orders / inbox rows (the replay through the handler at
+## 5,000 and 50,000: one transaction per row), on the real services, in a database
+## (onceflow_stream) and topics of its own: BENCH name=stream_rss lines and their ratios
+## (docs/BENCHMARKS.md, "Memory of produce and replay"). STREAM_FLAGS go to cmd/streamrss.
+bench-stream: infra
+	$(GO) build -o bin/router ./cmd/router
+	set -o pipefail; $(GO) run ./cmd/streamrss $(STREAM_FLAGS) | tee .run/bench-stream.log
+
 	$(GO) vet $(PKGS)
 
 ## chaos: kill -9, relay crashes, rebalances, broker/database restarts, DB and Kafka network
