@@ -40,11 +40,11 @@ test-short:
 	$(GO) test -short -count=1 $(PKGS)
 
 ## fuzz: every decoder of outside input (order-paid payload, coupon-granted record and
-## header, DSN, config file), FUZZTIME each, and whole deliveries of random bytes through
-## the inbox on the real database (FuzzProcess, FUZZTIME_DB). A count ("200000x"), not a
-## duration: Go 1.26's fuzz coordinator can fail a clean run with "context deadline
-## exceeded" when a duration runs out under CPU load (golang/go#75804, fixed in Go 1.27);
-## a count has no deadline.
+## header, DSN, config file, a record's traceparent), FUZZTIME each, and whole deliveries of
+## random bytes through the inbox on the real database (FuzzProcess, FUZZTIME_DB). A count
+## ("200000x"), not a duration: Go 1.26's fuzz coordinator can fail a clean run with
+## "context deadline exceeded" when a duration runs out under CPU load (golang/go#75804,
+## fixed in Go 1.27); a count has no deadline.
 FUZZTIME ?= 200000x
 ## FuzzProcess runs every input through the real database (a few ms each): fewer inputs.
 FUZZTIME_DB ?= 5000x
@@ -54,6 +54,7 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzParseDSN$$' -fuzztime=$(FUZZTIME) ./pkg/dbx/
 	$(GO) test -run='^$$' -fuzz='^FuzzMaskDSN$$' -fuzztime=$(FUZZTIME) ./pkg/dbx/
 	$(GO) test -run='^$$' -fuzz='^FuzzConfigFile$$' -fuzztime=$(FUZZTIME) ./cmd/
+	$(GO) test -run='^$$' -fuzz='^FuzzParseTraceParent$$' -fuzztime=$(FUZZTIME) ./pkg/tracex/
 	$(GO) test -run='^$$' -fuzz='^FuzzProcess$$' -fuzztime=$(FUZZTIME_DB) ./inbox/
 
 ## bench: throughput measured on the real services (never asserted in a test); a full run
@@ -63,7 +64,6 @@ bench: infra
 	@case " $(BENCH_FLAGS) " in *" -only"*) echo "bench: an -only run: the documents are left as they are" ;; \
 	  *) $(GO) run ./scripts/doctable -bench "$$(ls -t bench/results/bench-*.csv | head -n 1)" ;; esac
 
-vet:
 ## bench-stream: the peak memory (max RSS) of `router produce` and `router replay` as child
 ## processes at 10,000 and 1,000,000 orders / inbox rows (the replay through the handler at
 ## 5,000 and 50,000: one transaction per row), on the real services, in a database
@@ -73,6 +73,7 @@ bench-stream: infra
 	$(GO) build -o bin/router ./cmd/router
 	set -o pipefail; $(GO) run ./cmd/streamrss $(STREAM_FLAGS) | tee .run/bench-stream.log
 
+vet:
 	$(GO) vet $(PKGS)
 
 ## chaos: kill -9, relay crashes, rebalances, broker/database restarts, DB and Kafka network
