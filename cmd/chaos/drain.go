@@ -74,9 +74,17 @@ func (h *harness) settle(ctx context.Context) {
 	drainStart := time.Now()
 	drained, why := drain(ctx, h.appDSN, h.info, h.p.drain)
 	if h.rssStop != nil {
+		// The RSS figures go into the run's info (recorded before the drain) once summarized.
 		close(h.rssStop)
 		h.rssStop = nil
-		time.Sleep(100 * time.Millisecond)
+		<-h.rssDone
+		if c := h.info.Cluster; c != nil {
+			h.cl.mu.Lock()
+			r := h.cl.counts
+			h.cl.mu.Unlock()
+			c.RSSMaxMB, c.RSSGrowthMB, c.RSSBuckets, c.RSSSamples, c.Processed, c.BrokerRSSMaxMB = r.RSSMaxMB, r.RSSGrowthMB, r.RSSBuckets, r.RSSSamples, r.Processed, r.BrokerRSSMaxMB
+			saveInfo(h.o.runDir, h.info)
+		}
 	}
 	if drained {
 		h.logf("drained: %s", why)

@@ -25,8 +25,8 @@ func (h *harness) injectFaults(ctx context.Context) error {
 	var fwg sync.WaitGroup
 	start := time.Now()
 	if h.p.rssEvery > 0 {
-		h.rssStop = make(chan struct{})
-		go h.sampleRSS(h.p.rssEvery, h.rssStop)
+		h.rssStop, h.rssDone = make(chan struct{}), make(chan struct{})
+		go func() { defer close(h.rssDone); h.sampleRSS(h.p.rssEvery, h.rssStop) }()
 	}
 	churnStop := make(chan struct{})
 	var churnDone sync.WaitGroup

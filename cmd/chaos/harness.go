@@ -44,6 +44,7 @@ type harness struct {
 
 	cl      clusterState  // the cluster faults' counts (profiles with cluster set)
 	rssStop chan struct{} // closed when the RSS sampler is to stop (nil: no sampler)
+	rssDone chan struct{} // closed by the sampler once it has summarized
 
 	errMu sync.Mutex
 	errs  []string // the harness's own failures, reported in the CHAOS line
