@@ -7,11 +7,17 @@ import (
 	"time"
 )
 
-// bound is the range a numeric or duration setting may take, inclusive.
-type bound struct{ min, max int64 }
+// bound is the range a numeric or duration setting may take, inclusive: min..max, or
+// fmin..fmax for a fraction (float).
+type bound struct {
+	min, max   int64
+	fmin, fmax float64
+	float      bool
+}
 
-func durations(lo, hi time.Duration) bound { return bound{int64(lo), int64(hi)} }
-func counts(lo, hi int64) bound            { return bound{lo, hi} }
+func durations(lo, hi time.Duration) bound { return bound{min: int64(lo), max: int64(hi)} }
+func counts(lo, hi int64) bound            { return bound{min: lo, max: hi} }
+func fractions(lo, hi float64) bound       { return bound{fmin: lo, fmax: hi, float: true} }
 
 // bounds gives every numeric and duration setting its range; validate checks them all in
 // one pass before anything connects, each failure one line naming the key, its value and
@@ -53,6 +59,7 @@ var bounds = map[string]bound{
 	"http.max_body_bytes":          counts(2, 1<<24),
 	"http.request_timeout":         durations(100*time.Millisecond, 10*time.Minute),
 	"http.idempotency_ttl":         durations(time.Minute, 10*365*24*time.Hour),
+	"otel.sample_ratio":            fractions(0, 1),
 	"runtime.gogc":                 counts(-1, 100000),
 	"runtime.memory_limit_mb":      counts(0, 1<<30),
 }
@@ -90,6 +97,12 @@ func (c Config) checkBounds() error {
 		if !ok {
 			return fmt.Errorf("%s: no such setting in the configuration", d.key) // TestEveryNumberHasABound
 		}
+		if b.float {
+			if x := v.Float(); !(x >= b.fmin && x <= b.fmax) { // NaN is outside too
+				return fmt.Errorf("%s %g outside %g..%g", d.key, x, b.fmin, b.fmax)
+			}
+			continue
+		}
 		if v.Type() == reflect.TypeOf(time.Duration(0)) {
 			if x := v.Int(); x < b.min || x > b.max {
 				return fmt.Errorf("%s %s outside %s..%s", d.key, time.Duration(x), time.Duration(b.min), time.Duration(b.max))
@@ -106,4 +119,5 @@ func (c Config) checkBounds() error {
 var (
 	reflectDuration = reflect.TypeOf(time.Duration(0))
 	reflectInt      = reflect.Int
+	reflectFloat    = reflect.Float64
 )

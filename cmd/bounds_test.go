@@ -19,7 +19,7 @@ func TestEveryNumberHasABound(t *testing.T) {
 			t.Errorf("%s: not found in Config by its mapstructure tags", d.key)
 			continue
 		}
-		isNumber := v.Type() == reflectDuration || v.Kind() == reflectInt
+		isNumber := v.Type() == reflectDuration || v.Kind() == reflectInt || v.Kind() == reflectFloat
 		if _, has := bounds[d.key]; isNumber != has {
 			t.Errorf("%s: numeric or duration %t, has a bound %t", d.key, isNumber, has)
 		}
@@ -47,6 +47,9 @@ func TestOutOfRangeSettings(t *testing.T) {
 		{"inbox:\n  retention: 5m\n", "inbox.retention 5m0s outside 1h0m0s.."},
 		{"inbox:\n  cleanup_batch: -3\n", "inbox.cleanup_batch -3 outside 1..100000"},
 		{"db:\n  max_open_conns: 5000\n", "db.max_open_conns 5000 outside 1..1000"},
+		{"otel:\n  sample_ratio: 1.5\n", "otel.sample_ratio 1.5 outside 0..1"},
+		{"otel:\n  sample_ratio: .nan\n", "otel.sample_ratio NaN outside 0..1"},
+		{"otel:\n  sample_ratio: 0\n", ""},
 		{"relay:\n  linger: 0s\n  retention: 0s\n", ""},
 	}
 	for i, tc := range cases {

@@ -12,6 +12,7 @@ import (
 	"github.com/go-viper/mapstructure/v2"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/pkg/dbx"
@@ -28,11 +29,14 @@ type Config struct {
 	Admin   AdminConfig   `mapstructure:"admin"`
 	HTTP    HTTPConfig    `mapstructure:"http"`
 	Log     LogConfig     `mapstructure:"log"`
+	Otel    OtelConfig    `mapstructure:"otel"`
 	Runtime RuntimeConfig `mapstructure:"runtime"`
 	// Plugins holds one section per plugin, plugins.<name>: the reserved keys topics (a list)
 	// and consumer_group override the plugin's declaration for this deployment; the other
 	// keys are the plugin's own settings (inbox.PluginEnv.DecodeConfig).
 	Plugins map[string]map[string]any `mapstructure:"plugins"`
+
+	tracing trace.TracerProvider // built from Otel by startTracing; nil: nothing is traced
 }
 
 type DBConfig struct {
@@ -227,6 +231,9 @@ var defaults = []struct {
 	{"http.max_body_bytes", 65536, "a larger request body is refused (413)"},
 	{"http.request_timeout", "10s", "bound of one command request; a slower one is not committed and answers 503"},
 	{"http.idempotency_ttl", "24h", "how long a client token (Idempotency-Key) and its response are kept; the inbox cleaner removes them after"},
+	{"otel.exporter", "none", "tracing: none (no span is created) or otlp (OpenTelemetry spans over OTLP/HTTP from `run` and `relay`: a delivery continues its record's traceparent header, the outbox keeps the trace, the relay writes it on the event; docs/ARCHITECTURE.md, Tracing)"},
+	{"otel.endpoint", "", "OTLP/HTTP collector URL, e.g. http://127.0.0.1:4318 (/v1/traces added when it has no path; https: verified with the system's CAs); empty: the OTEL_EXPORTER_OTLP_* environment, else https://localhost:4318"},
+	{"otel.sample_ratio", 1.0, "share of new traces recorded, 0..1; a record whose traceparent says sampled (or not) decides for its own trace"},
 	{"log.level", "info", "debug, info, warn, error (slog through Watermill's adapter)"},
 	{"log.format", "text", "text or json"},
 	{"runtime.gogc", gcx.DefaultPercent, "Go GC target percentage (GOGC; the environment's GOGC wins); -1 off, with runtime.memory_limit_mb. A router holds many parked goroutines and a small live heap: see docs/BENCHMARKS.md, Why the defaults"},
@@ -395,6 +402,9 @@ func (c Config) validate() error {
 	if err := c.HTTP.validate(); err != nil {
 		return err
 	}
+	if err := c.Otel.validate(); err != nil {
+		return err
+	}
 	if err := gcx.Validate(c.Runtime.GOGC, c.Runtime.MemoryLimitMB); err != nil {
 		return err
 	}
@@ -416,7 +426,7 @@ func (c Config) inboxConfig(bizType, keyLogField string) inbox.Config {
 	i := c.Inbox
 	return inbox.Config{BizType: bizType, KeyLogField: keyLogField, MaxAttempts: i.MaxAttempts, BackoffInitial: i.BackoffInitial,
 		BackoffMax: i.BackoffMax, Retention: i.Retention, MaxPayloadBytes: i.MaxPayloadBytes, MaxMetadataBytes: i.MaxMetadataBytes,
-		HandlerTimeout: i.HandlerTimeout, StepsPerTx: i.StepsPerTx, MaxInFlightCalls: i.MaxInFlightCalls}
+		HandlerTimeout: i.HandlerTimeout, StepsPerTx: i.StepsPerTx, MaxInFlightCalls: i.MaxInFlightCalls, TracerProvider: c.tracing}
 }
 
 // batchConfig maps inbox.batch_* onto the inbox package's group-commit settings.

@@ -58,6 +58,11 @@ func (a *app) runRelayOnly(ctx context.Context) error {
 		return err
 	}
 	defer db.Close()
+	stopTracing, err := a.startTracing(ctx) // otel.*: the relay built below traces
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	m := metrics.New(db)
 	relay, closeRelay, err := a.newRelay(db, kc)
 	if err != nil {
@@ -108,7 +113,7 @@ func (a *app) relayConfig() (outbox.RelayConfig, error) {
 		RetryBackoff: c.RetryBackoff, MaxRetryBackoff: c.MaxRetryBackoff,
 		Retention: c.Retention, CleanupInterval: c.CleanupInterval, CleanupBatch: c.CleanupBatch,
 		Shard: c.Shard, Shards: c.Shards, TransactionalID: txnID, PositionsTopic: c.PositionsTopic, PositionsMinReplicas: c.PositionsMinRF, Owner: c.Owner,
-		LeaseTTL: c.LeaseTTL, TxnTimeout: c.TxnTimeout, Hook: hook}
+		LeaseTTL: c.LeaseTTL, TxnTimeout: c.TxnTimeout, Hook: hook, TracerProvider: a.cfg.tracing}
 	if err := rc.WithDefaults().Validate(); err != nil {
 		return outbox.RelayConfig{}, badInput(err)
 	}

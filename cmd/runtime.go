@@ -112,6 +112,11 @@ func (r *Runtime) Run(ctx context.Context) error {
 	a.logger.Info("router starting", watermill.LogFields{"dsn": dbx.MaskDSN(a.cfg.DB.DSN), "brokers": kc.Brokers,
 		"session_timeout": kc.SessionTimeout, "rebalance_timeout": kc.RebalanceTimeout, "relay": withRelay, "gc": a.gc})
 	a.warnRetention(kc, topics)
+	stopTracing, err := a.startTracing(ctx) // otel.*: the inboxes and the relay built below trace
+	if err != nil {
+		return err
+	}
+	defer stopTracing() // deferred early, so run late: flushes the spans once everything stopped
 
 	m := metrics.New(db)
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, a.logger)
