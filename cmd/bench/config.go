@@ -36,6 +36,9 @@ type config struct {
 	loadSecs, warmSecs, rounds                   int
 	latencyDump                                  string
 
+	// Tracing off against on (trace.go).
+	traceOrders, traceRounds int
+
 	// The incident's own load (seedload.go).
 	seedOrders, seedInFlight, seedWindow int
 	seedDupRate, seedScale               float64
@@ -92,6 +95,9 @@ func parseConfig(args []string) (*config, error) {
 
 	fs.IntVar(&c.forwarderN, "forwarder-events", 20000, "events for the Watermill forwarder comparison (0 skips it)")
 
+	fs.IntVar(&c.traceOrders, "trace-orders", 20000, "orders of each end-to-end run of the tracing measurement")
+	fs.IntVar(&c.traceRounds, "trace-rounds", 3, "rounds of the tracing measurement, each one run off, on and on with unsampled traces; medians reported")
+
 	fs.IntVar(&c.seedOrders, "seed-orders", 20000, "orders of the seed_load run")
 	fs.IntVar(&c.httpN, "http-requests", 20000, "requests of the http_claims run (30 % with an earlier request's Idempotency-Key)")
 	fs.IntVar(&c.peerN, "peer-orders", 50000, "orders of the peer comparison (a plain Watermill pipeline and onceflow on the same input, 30 % delivered twice; 0 skips it)")
@@ -109,12 +115,12 @@ func parseConfig(args []string) (*config, error) {
 
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	fs.StringVar(&c.memProfile, "memprofile", "", "write an allocation profile of the whole run to this file (go tool pprof -sample_index=alloc_space)")
-	fs.StringVar(&c.only, "only", "", "run only these measurement groups (comma separated: batch, plain, single, storm, relay, e2e, seed, http, peer, targets); empty runs all")
+	fs.StringVar(&c.only, "only", "", "run only these measurement groups (comma separated: batch, plain, single, storm, relay, e2e, tracing, seed, http, peer, targets); empty runs all")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
-	if c.rounds < 1 || c.batchRounds < 1 {
-		return nil, fmt.Errorf("-rounds %d, -batch-rounds %d: want at least 1", c.rounds, c.batchRounds)
+	if c.rounds < 1 || c.batchRounds < 1 || c.traceRounds < 1 || c.traceOrders < 1 {
+		return nil, fmt.Errorf("-rounds %d, -batch-rounds %d, -trace-rounds %d, -trace-orders %d: want at least 1", c.rounds, c.batchRounds, c.traceRounds, c.traceOrders)
 	}
 	if err := gcx.Validate(c.gogc, 0); err != nil {
 		return nil, fmt.Errorf("-gogc: %w", err)

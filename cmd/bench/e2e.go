@@ -14,11 +14,13 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/kafkax"
+	"github.com/onceflow/onceflow/pkg/tracex"
 )
 
 // e2eGroup runs the end-to-end measurements: group commit -rounds times, then the medians
@@ -67,6 +69,11 @@ type e2eRun struct {
 	s    *suite
 	mode string
 	wake waker
+	// tp traces the relay (the inbox's is its Config's); nil: no tracing. traced gives each
+	// produced order a traceparent header, sampled unless unsampled. The tracing group
+	// (trace.go) sets them.
+	tp                trace.TracerProvider
+	traced, unsampled bool
 	// When the producer's request with each order of a latency run returned (the broker
 	// has it), and, with -latency-dump, when each order was first handed to the handler.
 	producedAt, handedAt sync.Map
@@ -222,8 +229,12 @@ func splitInts(s string) []int {
 func (e *e2eRun) produceOrders(p sarama.SyncProducer, topic, prefix string, from, n int, rate float64) error {
 	msg := func(i int) *sarama.ProducerMessage {
 		o := order(prefix, i)
-		return &sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(o.OrderID), Value: sarama.ByteEncoder(o.Encode()),
+		m := &sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(o.OrderID), Value: sarama.ByteEncoder(o.Encode()),
 			Headers: []sarama.RecordHeader{{Key: []byte(wkafka.UUIDHeaderKey), Value: []byte(watermill.NewUUID())}}}
+		if e.traced {
+			m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(tracex.Header), Value: []byte(traceParentOf(i, !e.unsampled))})
+		}
+		return m
 	}
 	if rate <= 0 {
 		var batch []*sarama.ProducerMessage
@@ -340,7 +351,7 @@ func (e *e2eRun) startPipeline(ctx context.Context, topic string, ib *inbox.Inbo
 	// with configs/router.yaml's batch size and linger, woken after each committed delivery.
 	positions, dropPositions := positionsTopic(kc)
 	relay, err := outbox.NewExactlyOnceRelay(db, kc, outbox.RelayConfig{Shards: s.cfg.e2eShards, Shard: "e2e",
-		BatchSize: 2000, Linger: s.cfg.e2eLinger, PositionsTopic: positions,
+		BatchSize: 2000, Linger: s.cfg.e2eLinger, PositionsTopic: positions, TracerProvider: e.tp,
 		TransactionalID: fmt.Sprintf("bench-e2e-%d", time.Now().UnixNano())}, nil)
 	if err != nil {
 		return nil, err

@@ -39,6 +39,7 @@ func (s *suite) groups() []group {
 		{"storm", s.stormGroup},
 		{"relay", s.relayGroup},
 		{"e2e", s.e2eGroup},
+		{"tracing", s.traceGroup},
 		{"seed", s.seedGroup},
 		{"http", s.httpGroup},
 		{"peer", s.peerGroup},

@@ -283,10 +283,28 @@ func (b benchRun) table() (string, error) {
 		}
 		row("`e2e` `single`: one-at-a-time subscriber, one delivery per transaction (`kafka.window` 1, `inbox.batch_size` 1)", fmt.Sprintf("%s orders/s; %s", rate(s.num("orders_per_s")), strings.Join(lat, ", ")), "—")
 	}
+	b.tracingRow(row)
 	b.plainRows(row)
 	b.seedRows(row)
 	b.peerRows(row)
 	return w.String(), nil
+}
+
+// tracingRow is the e2e path with tracing off and on, when the run measured it.
+func (b benchRun) tracingRow(row func(m, r, t string)) {
+	off, ok := b.one("tracing", "mode", "off", "rounds", "")
+	if !ok {
+		return
+	}
+	res := []string{fmt.Sprintf("off %s orders/s (%s µs CPU per order)", rate(off.num("orders_per_s")), f(off.num("total_cpu_us_per_order"), 0))}
+	for _, m := range []string{"on", "unsampled"} {
+		if r, ok := b.one("tracing", "mode", m, "rounds", ""); ok {
+			res = append(res, fmt.Sprintf("%s %s (overhead **%s %%**, by CPU per order %s %%; the pipeline's process %s µs more per order)", m,
+				rate(r.num("orders_per_s")), f(r.num("overhead_pct"), 1), f(r.num("cpu_overhead_pct"), 1), f(r.num("bench_cpu_added_us_per_order"), 1)))
+		}
+	}
+	row(fmt.Sprintf("`tracing`: the `e2e` path, tracing off / on (every trace sampled) / on, none sampled; %s rounds (medians)", off.get("rounds")),
+		strings.Join(res, "; "), "—")
 }
 
 // plainRows are the plain handler's medians and ratios, when the run measured them.
