@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/subtle"
 	"database/sql"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -121,40 +120,59 @@ func isLoopback(listen string) bool {
 
 // token returns the admin bearer token: admin.token, or the first line of admin.token_file.
 func (c AdminConfig) token() (string, error) {
-	if c.TokenFile == "" {
-		return c.Token, nil
+	return listener{"admin", c.Listen, c.Token, c.TokenFile}.token()
+}
+
+// validate checks the admin section: a listener beyond loopback needs a token.
+func (c AdminConfig) validate() error {
+	return listener{"admin", c.Listen, c.Token, c.TokenFile}.validate("127.0.0.1:9464", "/metrics and /readyz ask")
+}
+
+// minAdminToken is the shortest listener token accepted: a guessable token protects nothing.
+const minAdminToken = 16
+
+// listener is the part of a listener's section (admin, http) its access rules need.
+type listener struct {
+	section, listen, tok, tokenFile string
+}
+
+// token returns <section>.token, or the first line of <section>.token_file.
+func (l listener) token() (string, error) {
+	if l.tokenFile == "" {
+		return l.tok, nil
 	}
-	b, err := os.ReadFile(c.TokenFile)
+	b, err := os.ReadFile(l.tokenFile)
 	if err != nil {
-		return "", fmt.Errorf("admin.token_file: %w", err)
+		return "", fmt.Errorf("%s.token_file: %w", l.section, err)
 	}
 	t, _, _ := strings.Cut(string(b), "\n")
 	return strings.TrimSpace(t), nil
 }
 
-// minAdminToken is the shortest admin token accepted: a guessable token protects nothing.
-const minAdminToken = 16
-
-// validate checks the admin section: a listener beyond loopback needs a token.
-func (c AdminConfig) validate() error {
-	if c.Token != "" && c.TokenFile != "" {
-		return errors.New("admin.token and admin.token_file: set one, not both")
+// validate checks a listener's section: host:port, one token source at most, a token of at
+// least minAdminToken printable characters, and a token whenever the address is reachable
+// beyond this machine. example is a loopback address for the message; asks says what the
+// token protects.
+func (l listener) validate(example, asks string) error {
+	if l.tok != "" && l.tokenFile != "" {
+		return fmt.Errorf("%[1]s.token and %[1]s.token_file: set one, not both", l.section)
 	}
-	if c.Listen == "" {
+	if l.listen == "" {
 		return nil
 	}
-	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
-		return fmt.Errorf("admin.listen %q: want host:port (e.g. 127.0.0.1:9464): %v", c.Listen, err)
+	if _, _, err := net.SplitHostPort(l.listen); err != nil {
+		return fmt.Errorf("%s.listen %q: want host:port (e.g. %s): %v", l.section, l.listen, example, err)
 	}
-	tok, err := c.token()
+	tok, err := l.token()
 	if err != nil {
 		return err
 	}
 	switch {
 	case tok != "" && (len(tok) < minAdminToken || strings.ContainsFunc(tok, func(r rune) bool { return r <= ' ' || r == 0x7f })):
-		return fmt.Errorf("admin.token: want at least %d printable characters without spaces (got %d)", minAdminToken, len(tok))
-	case tok == "" && !isLoopback(c.Listen):
-		return fmt.Errorf("admin.listen %q is reachable beyond this machine: set admin.token (or admin.token_file, or ONCEFLOW_ADMIN_TOKEN) so /metrics and /readyz ask for it, or listen on 127.0.0.1", c.Listen)
+		return fmt.Errorf("%s.token: want at least %d printable characters without spaces (got %d)", l.section, minAdminToken, len(tok))
+	case tok == "" && !isLoopback(l.listen):
+		return fmt.Errorf("%[1]s.listen %[2]q is reachable beyond this machine: set %[1]s.token (or %[1]s.token_file, or ONCEFLOW_%[3]s_TOKEN) so %[4]s for it, or listen on 127.0.0.1",
+			l.section, l.listen, strings.ToUpper(l.section), asks)
 	}
 	return nil
 }

@@ -4,12 +4,9 @@ import (
 	"context"
 	"crypto/subtle"
 	"database/sql"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
-	"os"
-	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -128,38 +125,11 @@ func requireBearer(token string, h http.Handler) http.Handler {
 // token returns the commands' bearer token: http.token, or the first line of
 // http.token_file.
 func (c HTTPConfig) token() (string, error) {
-	if c.TokenFile == "" {
-		return c.Token, nil
-	}
-	b, err := os.ReadFile(c.TokenFile)
-	if err != nil {
-		return "", fmt.Errorf("http.token_file: %w", err)
-	}
-	t, _, _ := strings.Cut(string(b), "\n")
-	return strings.TrimSpace(t), nil
+	return listener{"http", c.Listen, c.Token, c.TokenFile}.token()
 }
 
 // validate checks the http section: the admin listener's rules (a listener beyond loopback
 // needs a token).
 func (c HTTPConfig) validate() error {
-	if c.Token != "" && c.TokenFile != "" {
-		return errors.New("http.token and http.token_file: set one, not both")
-	}
-	if c.Listen == "" {
-		return nil
-	}
-	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
-		return fmt.Errorf("http.listen %q: want host:port (e.g. 127.0.0.1:8080): %v", c.Listen, err)
-	}
-	tok, err := c.token()
-	if err != nil {
-		return err
-	}
-	switch {
-	case tok != "" && (len(tok) < minAdminToken || strings.ContainsFunc(tok, func(r rune) bool { return r <= ' ' || r == 0x7f })):
-		return fmt.Errorf("http.token: want at least %d printable characters without spaces (got %d)", minAdminToken, len(tok))
-	case tok == "" && !isLoopback(c.Listen):
-		return fmt.Errorf("http.listen %q is reachable beyond this machine: set http.token (or http.token_file, or ONCEFLOW_HTTP_TOKEN) so the commands ask for it, or listen on 127.0.0.1", c.Listen)
-	}
-	return nil
+	return listener{"http", c.Listen, c.Token, c.TokenFile}.validate("127.0.0.1:8080", "the commands ask")
 }
