@@ -27,9 +27,11 @@ import (
 // holds the token (MetadataIdempotencyKey); the Key it returns is ignored (the token is the
 // key), its Fingerprint identifies the request's meaning (empty: sha256 of the body) and
 // decides whether a retry with the same token is the same request. A Decode error answers
-// 400 and writes nothing. Handle runs every step in one transaction (a command's key never
-// commits without its effect) and, when it returns Done, states the response with
-// Delivery.Respond.
+// 400 and writes nothing. Handle states the response with Delivery.Respond when it returns
+// Done. A handler that finishes a request in one Handle call (or HandleBatch) commits the key
+// with the whole effect; one that returns Continue has its steps committed as they go, as
+// for a Kafka delivery (one transaction per request runs them all together; group commit
+// commits the first with its batch), and a retry with the token resumes what is left.
 type Command struct {
 	Method  string // POST, PUT, PATCH or DELETE
 	Path    string // e.g. "/v1/claims"
