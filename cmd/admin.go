@@ -89,14 +89,22 @@ func newAdminServer(h http.Handler) *http.Server {
 // requireToken serves h only to requests that carry "Authorization: Bearer <token>"; with
 // an empty token every request is served (a loopback listener, see AdminConfig.validate).
 func requireToken(token string, h http.Handler) http.Handler {
+	return withBearer(token, h, func(w http.ResponseWriter) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="onceflow admin"`)
+		http.Error(w, "unauthorized: send Authorization: Bearer <admin.token>", http.StatusUnauthorized)
+	})
+}
+
+// withBearer serves h to requests that carry "Authorization: Bearer <token>" (compared in
+// constant time) and answers the others with deny; an empty token serves every request.
+func withBearer(token string, h http.Handler, deny func(http.ResponseWriter)) http.Handler {
 	if token == "" {
 		return h
 	}
 	want := []byte("Bearer " + token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="onceflow admin"`)
-			http.Error(w, "unauthorized: send Authorization: Bearer <admin.token>", http.StatusUnauthorized)
+			deny(w)
 			return
 		}
 		h.ServeHTTP(w, r)

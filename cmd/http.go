@@ -2,7 +2,6 @@ package onceflowcmd
 
 import (
 	"context"
-	"crypto/subtle"
 	"database/sql"
 	"fmt"
 	"net"
@@ -106,19 +105,11 @@ func (a *app) startHTTP(ctx context.Context, db *sql.DB, plugins []plugin, obs i
 // requireBearer serves h only to requests that carry "Authorization: Bearer <token>"
 // (http.token), answering others 401 with a JSON error; an empty token serves every request.
 func requireBearer(token string, h http.Handler) http.Handler {
-	if token == "" {
-		return h
-	}
-	want := []byte("Bearer " + token)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="onceflow commands"`)
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusUnauthorized)
-			fmt.Fprintln(w, `{"error":"unauthorized: send Authorization: Bearer <http.token>"}`)
-			return
-		}
-		h.ServeHTTP(w, r)
+	return withBearer(token, h, func(w http.ResponseWriter) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="onceflow commands"`)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusUnauthorized)
+		fmt.Fprintln(w, `{"error":"unauthorized: send Authorization: Bearer <http.token>"}`)
 	})
 }
 
