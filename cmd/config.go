@@ -15,6 +15,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/httpcmd"
+	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/dbx"
 	"github.com/onceflow/onceflow/pkg/gcx"
 	"github.com/onceflow/onceflow/pkg/kafkax"
@@ -153,9 +155,36 @@ type LogConfig struct {
 	Format string `mapstructure:"format"`
 }
 
+// The libraries' defaults, read from the packages themselves: a setting the router shares
+// with a library has the library's default, so a program wired by hand and the stock router
+// start from the same values.
+var (
+	libDB      = dbx.Config{}.WithDefaults()
+	libKafka   = kafkax.Config{}.WithDefaults()
+	libInbox   = inbox.Config{}.WithDefaults()
+	libBatch   = inbox.BatchConfig{}.WithDefaults()
+	libCleaner = inbox.CleanerConfig{}.WithDefaults()
+	libRelay   = outbox.RelayConfig{}.WithDefaults()
+	libHTTP    = httpcmd.Config{}.WithDefaults()
+)
+
+// dur is d as a settings value: "100ms", "1m", "720h" (time.Duration's text without its
+// trailing zero units).
+func dur(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
 // defaults is the single table of configuration keys, their defaults and what they mean:
-// the router and DefaultConfig take their defaults from it, and README's configuration
-// table is its rendering (configTable; TestConfigTable fails when they differ).
+// the router and DefaultConfig take their defaults from it (those it shares with a library
+// from the library: libInbox, libRelay, …), and README's configuration table is its
+// rendering (configTable; TestConfigTable fails when they differ).
 var defaults = []struct {
 	key   string
 	value any
@@ -167,12 +196,12 @@ var defaults = []struct {
 	{"db.password_file", "", "file whose first line is db.password"},
 	{"db.admin_password", "", "password of db.admin_dsn's user, replacing the DSN's; better from ONCEFLOW_DB_ADMIN_PASSWORD or db.admin_password_file"},
 	{"db.admin_password_file", "", "file whose first line is db.admin_password"},
-	{"db.max_open_conns", 32, "connection pool size"},
+	{"db.max_open_conns", libDB.MaxOpenConns, "connection pool size"},
 	{"db.tls.ca_file", "", "TLS to the database (any db.tls.* key turns it on, always verified): PEM CA certificates the server's must chain to (empty: the system's)"},
 	{"db.tls.cert_file", "", "PEM client certificate, for servers that ask for one (with db.tls.key_file)"},
 	{"db.tls.key_file", "", "PEM private key of db.tls.cert_file"},
 	{"db.tls.server_name", "", "name the server's certificate must carry (empty: the DSN's host)"},
-	{"kafka.brokers", []string{"127.0.0.1:9092"}, "bootstrap brokers"},
+	{"kafka.brokers", libKafka.Brokers, "bootstrap brokers"},
 	{"kafka.tls.enabled", false, "TLS to the brokers (every client: consumer, relay producer, admin, readback, probe)"},
 	{"kafka.tls.ca_file", "", "PEM CA certificates the brokers' must chain to (empty: the system's)"},
 	{"kafka.tls.cert_file", "", "PEM client certificate, for brokers that ask for one (with kafka.tls.key_file)"},
@@ -183,44 +212,44 @@ var defaults = []struct {
 	{"kafka.sasl.user", "", "SASL user"},
 	{"kafka.sasl.password", "", "SASL password; better from ONCEFLOW_KAFKA_SASL_PASSWORD or kafka.sasl.password_file"},
 	{"kafka.sasl.password_file", "", "file whose first line is the SASL password (read again at each client start)"},
-	{"kafka.session_timeout", "10s", "consumer group session timeout"},
-	{"kafka.rebalance_timeout", "30s", "time a member has to rejoin during a rebalance"},
-	{"kafka.heartbeat", "3s", "consumer heartbeat interval"},
-	{"kafka.max_poll_wait", "100ms", "fetch max wait"},
+	{"kafka.session_timeout", dur(libKafka.SessionTimeout), "consumer group session timeout"},
+	{"kafka.rebalance_timeout", dur(libKafka.RebalanceTimeout), "time a member has to rejoin during a rebalance"},
+	{"kafka.heartbeat", dur(libKafka.HeartbeatEvery), "consumer heartbeat interval"},
+	{"kafka.max_poll_wait", dur(libKafka.MaxPollWait), "fetch max wait"},
 	{"kafka.window", 1024, "un-acked messages handed out per partition at once (per-key order kept; offsets committed only past acked messages); 1: watermill-kafka's one-at-a-time subscriber"},
-	{"inbox.max_attempts", 5, "handler attempts before a message is quarantined"},
-	{"inbox.backoff_initial", "100ms", "first retry backoff (doubles)"},
-	{"inbox.backoff_max", "5s", "retry backoff cap"},
-	{"inbox.retention", "720h", "inbox rows expire after this (30 days); must cover how far back Kafka can replay: a warning is logged at start when a topic keeps messages longer"},
-	{"inbox.max_payload_bytes", 1 << 20, "larger payloads are poison (quarantined with a 64 KiB prefix, size and sha256); checked against the server's max_allowed_packet at start"},
-	{"inbox.max_metadata_bytes", 32 << 10, "records whose headers (as JSON) are longer are poison (stored capped); at most 65535"},
-	{"inbox.handler_timeout", "30s", "a plugin call (prepare, handle) that has not returned by then is abandoned and counts as a failed attempt (reason timeout)"},
-	{"inbox.steps_per_transaction", 1, "consecutive handler steps per transaction; 1: every state transition commits alone (no lock held across the next step's slow call); 3: a whole coupon grant in one commit, same guarantees"},
-	{"inbox.batch_size", 512, "group commit: deliveries per transaction (a BatchHandler's own multi-row path, else a plain handler's deliveries behind savepoints); 1 turns it off"},
-	{"inbox.batch_linger", "2ms", "how long a batch waits for more deliveries after its first"},
-	{"inbox.batch_workers", 2, "batch transactions running at once (a second only for a full batch or one that waited 2× batch_linger; never two with one key)"},
-	{"inbox.max_in_flight_calls", 8192, "outside calls (a plugin's Prepare, or its PrepareDelivery under group commit, each prepared as soon as the delivery arrives) running at once; calls in flight ÷ call time bounds the throughput of slow calls"},
-	{"inbox.cleanup_interval", "1h", "how often expired done rows are deleted"},
-	{"inbox.cleanup_batch", 500, "rows per cleanup DELETE"},
+	{"inbox.max_attempts", libInbox.MaxAttempts, "handler attempts before a message is quarantined"},
+	{"inbox.backoff_initial", dur(libInbox.BackoffInitial), "first retry backoff (doubles)"},
+	{"inbox.backoff_max", dur(libInbox.BackoffMax), "retry backoff cap"},
+	{"inbox.retention", dur(libInbox.Retention), "inbox rows expire after this (30 days); must cover how far back Kafka can replay: a warning is logged at start when a topic keeps messages longer"},
+	{"inbox.max_payload_bytes", libInbox.MaxPayloadBytes, "larger payloads are poison (quarantined with a 64 KiB prefix, size and sha256); checked against the server's max_allowed_packet at start"},
+	{"inbox.max_metadata_bytes", libInbox.MaxMetadataBytes, "records whose headers (as JSON) are longer are poison (stored capped); at most 65535"},
+	{"inbox.handler_timeout", dur(libInbox.HandlerTimeout), "a plugin call (prepare, handle) that has not returned by then is abandoned and counts as a failed attempt (reason timeout)"},
+	{"inbox.steps_per_transaction", libInbox.StepsPerTx, "consecutive handler steps per transaction; 1: every state transition commits alone (no lock held across the next step's slow call); 3: a whole coupon grant in one commit, same guarantees"},
+	{"inbox.batch_size", libBatch.MaxSize, "group commit: deliveries per transaction (a BatchHandler's own multi-row path, else a plain handler's deliveries behind savepoints); 1 turns it off"},
+	{"inbox.batch_linger", dur(libBatch.Linger), "how long a batch waits for more deliveries after its first"},
+	{"inbox.batch_workers", libBatch.Workers, "batch transactions running at once (a second only for a full batch or one that waited 2× batch_linger; never two with one key)"},
+	{"inbox.max_in_flight_calls", libInbox.MaxInFlightCalls, "outside calls (a plugin's Prepare, or its PrepareDelivery under group commit, each prepared as soon as the delivery arrives) running at once; calls in flight ÷ call time bounds the throughput of slow calls"},
+	{"inbox.cleanup_interval", dur(libCleaner.Interval), "how often expired done rows are deleted"},
+	{"inbox.cleanup_batch", libCleaner.BatchSize, "rows per cleanup DELETE"},
 	{"relay.enabled", true, "run the outbox relay in this process"},
-	{"relay.batch_size", 2000, "events per Kafka transaction (larger: fewer commits, more republished after an abort; docs/BENCHMARKS.md, Why the defaults)"},
-	{"relay.poll_interval", "50ms", "relay sleep when nothing is pending"},
-	{"relay.linger", "5ms", "a partial batch waits this long once for more rows before it is published (as Kafka's linger.ms); 0 publishes at once"},
-	{"relay.lag_bound", "1m", "verify: unpublished rows older than this are a violation"},
+	{"relay.batch_size", libRelay.BatchSize, "events per Kafka transaction (larger: fewer commits, more republished after an abort; docs/BENCHMARKS.md, Why the defaults)"},
+	{"relay.poll_interval", dur(libRelay.PollInterval), "relay sleep when nothing is pending"},
+	{"relay.linger", dur(libRelay.Linger), "a partial batch waits this long once for more rows before it is published (as Kafka's linger.ms); 0 publishes at once"},
+	{"relay.lag_bound", dur(libRelay.LagBound), "verify: unpublished rows older than this are a violation"},
 	{"relay.exactly_once", true, "transactional producer + positions topic + lease; false: idempotent producer, at least once"},
-	{"relay.shard", "default", "shard group of the outbox (one lease and one transactional.id per shard)"},
-	{"relay.shards", 1, "outbox shards (hash of the key mod shards): the group's relays spread them; change only with a drained outbox"},
+	{"relay.shard", libRelay.Shard, "shard group of the outbox (one lease and one transactional.id per shard)"},
+	{"relay.shards", libRelay.Shards, "outbox shards (hash of the key mod shards): the group's relays spread them; change only with a drained outbox"},
 	{"relay.transactional_id", "", "Kafka transactional.id (default onceflow-relay-<database>-<shard>, so two databases never share positions or fence each other); the same on every instance of the shard"},
-	{"relay.positions_topic", "onceflow-relay-positions", "compacted topic of batch positions (created if missing)"},
-	{"relay.positions_min_replicas", 3, "the relay refuses a positions topic with fewer replicas than this on a cluster of at least this many brokers (as many as it has on a smaller one); it creates a missing one with min(3, brokers) replicas, min.insync.replicas 2; 1 accepts any"},
+	{"relay.positions_topic", libRelay.PositionsTopic, "compacted topic of batch positions (created if missing)"},
+	{"relay.positions_min_replicas", libRelay.PositionsMinReplicas, "the relay refuses a positions topic with fewer replicas than this on a cluster of at least this many brokers (as many as it has on a smaller one); it creates a missing one with min(3, brokers) replicas, min.insync.replicas 2; 1 accepts any"},
 	{"relay.owner", "", "lease owner name (default host-pid-random)"},
-	{"relay.lease_ttl", "10s", "a crashed relay's shard is taken over after this"},
-	{"relay.txn_timeout", "30s", "Kafka transaction timeout"},
-	{"relay.retry_backoff", "1s", "first retry backoff after a failed batch (doubles)"},
-	{"relay.max_retry_backoff", "5s", "retry backoff cap"},
-	{"relay.retention", "168h", "published outbox rows are deleted after this (0 keeps them)"},
-	{"relay.cleanup_interval", "1m", "how often published rows past the retention are deleted"},
-	{"relay.cleanup_batch", 500, "rows per cleanup DELETE"},
+	{"relay.lease_ttl", dur(libRelay.LeaseTTL), "a crashed relay's shard is taken over after this"},
+	{"relay.txn_timeout", dur(libRelay.TxnTimeout), "Kafka transaction timeout"},
+	{"relay.retry_backoff", dur(libRelay.RetryBackoff), "first retry backoff after a failed batch (doubles)"},
+	{"relay.max_retry_backoff", dur(libRelay.MaxRetryBackoff), "retry backoff cap"},
+	{"relay.retention", dur(libRelay.Retention), "published outbox rows are deleted after this (0 keeps them)"},
+	{"relay.cleanup_interval", dur(libRelay.CleanupInterval), "how often published rows past the retention are deleted"},
+	{"relay.cleanup_batch", libRelay.CleanupBatch, "rows per cleanup DELETE"},
 	{"relay.check_topics", true, "`run` exits 1 at start when a topic its plugins write to does not exist (false: their events are parked until it does)"},
 	{"admin.listen", "127.0.0.1:9464", "/healthz, /readyz and /metrics listener (empty disables); an address beyond loopback requires admin.token"},
 	{"admin.token", "", "bearer token /metrics and /readyz ask for (Authorization: Bearer …), at least 16 characters; better from ONCEFLOW_ADMIN_TOKEN or admin.token_file"},
@@ -228,9 +257,9 @@ var defaults = []struct {
 	{"http.listen", "", "listener of the plugins' HTTP commands (e.g. POST /v1/claims with an Idempotency-Key); empty (the default) disables; an address beyond loopback requires http.token"},
 	{"http.token", "", "bearer token the commands ask for (Authorization: Bearer …), at least 16 characters; better from ONCEFLOW_HTTP_TOKEN or http.token_file"},
 	{"http.token_file", "", "file whose first line is http.token"},
-	{"http.max_body_bytes", 65536, "a larger request body is refused (413)"},
-	{"http.request_timeout", "10s", "bound of one command request; a slower one is not committed and answers 503"},
-	{"http.idempotency_ttl", "24h", "how long a client token (Idempotency-Key) and its response are kept; the inbox cleaner removes them after"},
+	{"http.max_body_bytes", libHTTP.MaxBodyBytes, "a larger request body is refused (413)"},
+	{"http.request_timeout", dur(libHTTP.RequestTimeout), "bound of one command request; a slower one is not committed and answers 503"},
+	{"http.idempotency_ttl", dur(inbox.DefaultCommandRetention), "how long a client token (Idempotency-Key) and its response are kept; the inbox cleaner removes them after"},
 	{"otel.exporter", "none", "tracing: none (no span is created) or otlp (OpenTelemetry spans over OTLP/HTTP from `run` and `relay`: a delivery continues its record's traceparent header, the outbox keeps the trace, the relay writes it on the event; docs/ARCHITECTURE.md, Tracing)"},
 	{"otel.endpoint", "", "OTLP/HTTP collector URL, e.g. http://127.0.0.1:4318 (/v1/traces added when it has no path; https: verified with the system's CAs); empty: the OTEL_EXPORTER_OTLP_* environment, else https://localhost:4318"},
 	{"otel.sample_ratio", 1.0, "share of new traces recorded, 0..1; a record whose traceparent says sampled (or not) decides for its own trace"},
@@ -390,7 +419,7 @@ func (c Config) validate() error {
 	// The inbox settings are the same for every plugin but the biz type: checked once here,
 	// so bad values exit 2 before anything connects or writes.
 	probe := c.inboxConfig("probe", "")
-	if err := probe.Validate(); err != nil {
+	if err := probe.WithDefaults().Validate(); err != nil {
 		return fmt.Errorf("inbox.*: %w", err)
 	}
 	if err := c.batchConfig().Validate(); err != nil {

@@ -101,17 +101,21 @@ func (a *app) relayConfig() (outbox.RelayConfig, error) {
 		}
 		shard := c.Shard
 		if shard == "" {
-			shard = "default"
+			shard = outbox.RelayConfig{}.WithDefaults().Shard
 		}
-		txnID = "onceflow-relay-" + mc.DBName + "-" + shard
+		txnID = outbox.DefaultTransactionalID(mc.DBName, shard)
 	}
 	linger := c.Linger
 	if linger == 0 {
 		linger = outbox.NoLinger // relay.linger: 0s publishes at once (the library's zero value means its default)
 	}
+	retention := c.Retention
+	if retention == 0 {
+		retention = outbox.KeepPublished // relay.retention: 0 keeps published rows
+	}
 	rc := outbox.RelayConfig{BatchSize: c.BatchSize, PollInterval: c.PollInterval, Linger: linger, LagBound: c.LagBound,
 		RetryBackoff: c.RetryBackoff, MaxRetryBackoff: c.MaxRetryBackoff,
-		Retention: c.Retention, CleanupInterval: c.CleanupInterval, CleanupBatch: c.CleanupBatch,
+		Retention: retention, CleanupInterval: c.CleanupInterval, CleanupBatch: c.CleanupBatch,
 		Shard: c.Shard, Shards: c.Shards, TransactionalID: txnID, PositionsTopic: c.PositionsTopic, PositionsMinReplicas: c.PositionsMinRF, Owner: c.Owner,
 		LeaseTTL: c.LeaseTTL, TxnTimeout: c.TxnTimeout, Hook: hook, TracerProvider: a.cfg.tracing}
 	if err := rc.WithDefaults().Validate(); err != nil {

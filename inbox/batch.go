@@ -103,6 +103,13 @@ type BatchConfig struct {
 	SelectAfterClaim bool
 }
 
+// WithDefaults returns c with its zero settings set to their defaults, as NewBatcher uses
+// it; the stock router's inbox.batch_* defaults are these values.
+func (c BatchConfig) WithDefaults() BatchConfig {
+	c.setDefaults()
+	return c
+}
+
 func (c *BatchConfig) setDefaults() {
 	if c.MaxSize == 0 {
 		c.MaxSize = 512

@@ -22,6 +22,13 @@ type CleanerConfig struct {
 	Replies bool
 }
 
+// WithDefaults returns c with its zero settings set to their defaults, as the cleaner uses
+// it; the stock router's inbox.cleanup_* defaults are these values.
+func (c CleanerConfig) WithDefaults() CleanerConfig {
+	c.setDefaults()
+	return c
+}
+
 func (c *CleanerConfig) setDefaults() {
 	if c.Table == "" {
 		c.Table = "inbox"

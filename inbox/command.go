@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -142,6 +143,11 @@ type CommandResult struct {
 // is written (a bad token, a body its Decode refuses): the client's to fix (HTTP 400).
 var ErrBadRequest = errors.New("bad request")
 
+// DefaultCommandRetention is how long a command's client token and its stored response are
+// kept by default (the stock router's http.idempotency_ttl): a client retries within hours,
+// not the days a Kafka topic can be replayed over.
+const DefaultCommandRetention = 24 * time.Hour
+
 // ReplyTable is the table of command responses for inbox table t.
 func ReplyTable(t string) string { return t + "_response" }
 
@@ -149,7 +155,13 @@ func ReplyTable(t string) string { return t + "_response" }
 // biz type, every step of a request in one transaction, the response stored with the row
 // (ReplyTable) in the transaction that makes it done. Its Batcher (NewBatcher) runs
 // requests that arrive together in one transaction, as it does Kafka deliveries.
+//
+// A command's rows (its clients' tokens and the stored responses) are kept for
+// cfg.Retention; zero stands for DefaultCommandRetention, not the Kafka inbox's default.
 func NewCommand(db *sql.DB, h Handler, cfg Config, logger watermill.LoggerAdapter, obs Observer) (*Inbox, error) {
+	if cfg.Retention == 0 {
+		cfg.Retention = DefaultCommandRetention
+	}
 	cfg.setDefaults()
 	cfg.StepsPerTx = cfg.MaxSteps
 	ib, err := New(db, h, cfg, logger, obs)

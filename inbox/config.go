@@ -96,11 +96,17 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Validate reports the first invalid setting; zero values stand for their defaults.
-func (c Config) Validate() error {
+// WithDefaults returns c with its zero settings set to their defaults, as New uses it; the
+// stock router's defaults (inbox.* in its settings list) are these values.
+// WithDefaults().Validate() checks a config before an Inbox is built from it.
+func (c Config) WithDefaults() Config {
 	c.setDefaults()
-	return c.validate()
+	return c
 }
+
+// Validate reports the first invalid setting. It only checks: a zero setting that stands
+// for a default is invalid here until the default is filled in (WithDefaults).
+func (c Config) Validate() error { return c.validate() }
 
 func (c *Config) validate() error {
 	if c.BizType == "" {

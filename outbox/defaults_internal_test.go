@@ -5,14 +5,14 @@ import (
 	"time"
 )
 
-// TestRelayConfigDefaultsAreTheRouters: a relay wired by hand gets the stock router's
-// settings (cmd/router's defaults table: relay.*).
+// TestRelayConfigDefaultsAreTheRouters pins the relay's defaults: the stock router's relay.*
+// defaults are read from them (cmd/config.go), so a relay wired by hand runs as the router's.
 func TestRelayConfigDefaultsAreTheRouters(t *testing.T) {
 	var c RelayConfig
 	c.setDefaults()
 	want := RelayConfig{Table: "outbox", BatchSize: 2000, Linger: 5 * time.Millisecond, PollInterval: 50 * time.Millisecond,
 		RetryBackoff: time.Second, MaxRetryBackoff: 5 * time.Second, LagBound: time.Minute,
-		CleanupInterval: time.Minute, CleanupBatch: 500, Shard: "default", Shards: 1,
+		Retention: 7 * 24 * time.Hour, CleanupInterval: time.Minute, CleanupBatch: 500, Shard: "default", Shards: 1,
 		PositionsTopic: "onceflow-relay-positions", LeaseTTL: 10 * time.Second, TxnTimeout: 30 * time.Second}
 	c.Owner = "" // host-pid-random, as the router's
 	if c.TransactionalID != "" {
@@ -22,7 +22,7 @@ func TestRelayConfigDefaultsAreTheRouters(t *testing.T) {
 		c.RetryBackoff != want.RetryBackoff || c.MaxRetryBackoff != want.MaxRetryBackoff || c.LagBound != want.LagBound ||
 		c.CleanupInterval != want.CleanupInterval || c.CleanupBatch != want.CleanupBatch || c.Shard != want.Shard ||
 		c.Shards != want.Shards || c.PositionsTopic != want.PositionsTopic || c.LeaseTTL != want.LeaseTTL ||
-		c.TxnTimeout != want.TxnTimeout || c.Retention != 0 {
+		c.TxnTimeout != want.TxnTimeout || c.Retention != want.Retention || c.PositionsMinReplicas != 3 {
 		t.Fatalf("defaults\n got %+v\nwant %+v", c, want)
 	}
 	if err := c.Validate(); err != nil {
@@ -34,6 +34,11 @@ func TestRelayConfigDefaultsAreTheRouters(t *testing.T) {
 	}
 	if err := (RelayConfig{}).WithDefaults().Validate(); err != nil {
 		t.Fatalf("WithDefaults().Validate() = %v", err)
+	}
+	// KeepPublished (any negative value) keeps published rows; the zero value is the default.
+	keep := RelayConfig{Retention: KeepPublished}.WithDefaults()
+	if keep.Retention >= 0 || keep.Validate() != nil {
+		t.Fatalf("KeepPublished became %s (%v)", keep.Retention, keep.Validate())
 	}
 	// NoLinger (any negative value) turns lingering off; the zero value is the default.
 	off := RelayConfig{Linger: NoLinger}

@@ -38,7 +38,8 @@ type RelayConfig struct {
 	MaxRetryBackoff time.Duration
 
 	// Retention deletes published rows older than this, CleanupBatch rows per DELETE, every
-	// CleanupInterval (defaults 1m and 500). 0 keeps published rows forever.
+	// CleanupInterval (defaults 168h, 1m and 500). KeepPublished (any negative value) keeps
+	// published rows forever; the zero value stands for the default.
 	Retention       time.Duration
 	CleanupInterval time.Duration
 	CleanupBatch    int
@@ -96,6 +97,10 @@ type RelayConfig struct {
 	Hook func(point string)
 }
 
+// KeepPublished as RelayConfig.Retention keeps published rows forever (any negative value
+// does; the zero value stands for the default).
+const KeepPublished time.Duration = -1
+
 // NoLinger as RelayConfig.Linger publishes a partial batch at once (any negative value
 // does; the zero value stands for the default).
 const NoLinger time.Duration = -1
@@ -124,6 +129,9 @@ func (c *RelayConfig) setDefaults() {
 		c.MaxRetryBackoff = 5 * time.Second
 	}
 	c.MaxRetryBackoff = max(c.MaxRetryBackoff, c.RetryBackoff)
+	if c.Retention == 0 {
+		c.Retention = 7 * 24 * time.Hour
+	}
 	if c.CleanupInterval == 0 {
 		c.CleanupInterval = time.Minute
 	}
@@ -179,7 +187,7 @@ func (c RelayConfig) Validate() error {
 	if c.Linger > 10*time.Second || c.Linger >= c.LeaseTTL/2 {
 		return fmt.Errorf("relay: linger %s must be at most 10s and below half the lease ttl (%s)", c.Linger, c.LeaseTTL)
 	}
-	if c.Retention < 0 || c.CleanupInterval <= 0 || c.CleanupBatch < 1 || c.CleanupBatch > 100000 {
+	if c.CleanupInterval <= 0 || c.CleanupBatch < 1 || c.CleanupBatch > 100000 {
 		return fmt.Errorf("relay: retention %s must not be negative, cleanup interval %s positive, cleanup batch %d within 1..100000",
 			c.Retention, c.CleanupInterval, c.CleanupBatch)
 	}

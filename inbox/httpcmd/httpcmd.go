@@ -45,11 +45,18 @@ type Config struct {
 	// RetryAfter is the Retry-After of a 409 (a request with the token is running) and of a
 	// 503 (the outcome could not be recorded); default 1s.
 	RetryAfter time.Duration
-	// RequestTimeout bounds one request's run through the inbox; default 30s.
+	// RequestTimeout bounds one request's run through the inbox; default 10s.
 	RequestTimeout time.Duration
 	// Observe, when set, is called once per answered request (metrics); path and method are
 	// a route's, or "unmatched" and "-".
 	Observe func(method, path string, status int, elapsed time.Duration)
+}
+
+// WithDefaults returns c with its zero settings set to their defaults, as New uses it; the
+// stock router's http.* defaults are these values.
+func (c Config) WithDefaults() Config {
+	c.setDefaults()
+	return c
 }
 
 func (c *Config) setDefaults() {
@@ -60,7 +67,7 @@ func (c *Config) setDefaults() {
 		c.RetryAfter = time.Second
 	}
 	if c.RequestTimeout == 0 {
-		c.RequestTimeout = 30 * time.Second
+		c.RequestTimeout = 10 * time.Second
 	}
 }
 

@@ -30,6 +30,13 @@ type Config struct {
 	TLS      TLS // TLS to the server; off unless a field is set
 }
 
+// WithDefaults returns c with its zero settings set to their defaults, as Open uses it; the
+// stock router's db.* defaults are these values.
+func (c Config) WithDefaults() Config {
+	c.setDefaults()
+	return c
+}
+
 func (c *Config) setDefaults() {
 	if c.MaxOpenConns == 0 {
 		c.MaxOpenConns = 32
