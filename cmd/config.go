@@ -161,6 +161,7 @@ type LogConfig struct {
 var (
 	libDB      = dbx.Config{}.WithDefaults()
 	libKafka   = kafkax.Config{}.WithDefaults()
+	libWindow  = kafkax.ParallelConfig{}.WithDefaults().Window
 	libInbox   = inbox.Config{}.WithDefaults()
 	libBatch   = inbox.BatchConfig{}.WithDefaults()
 	libCleaner = inbox.CleanerConfig{}.WithDefaults()
@@ -216,7 +217,7 @@ var defaults = []struct {
 	{"kafka.rebalance_timeout", dur(libKafka.RebalanceTimeout), "time a member has to rejoin during a rebalance"},
 	{"kafka.heartbeat", dur(libKafka.HeartbeatEvery), "consumer heartbeat interval"},
 	{"kafka.max_poll_wait", dur(libKafka.MaxPollWait), "fetch max wait"},
-	{"kafka.window", 1024, "un-acked messages handed out per partition at once (per-key order kept; offsets committed only past acked messages); 1: watermill-kafka's one-at-a-time subscriber"},
+	{"kafka.window", libWindow, "un-acked messages handed out per partition at once (per-key order kept; offsets committed only past acked messages); 1: watermill-kafka's one-at-a-time subscriber"},
 	{"inbox.max_attempts", libInbox.MaxAttempts, "handler attempts before a message is quarantined"},
 	{"inbox.backoff_initial", dur(libInbox.BackoffInitial), "first retry backoff (doubles)"},
 	{"inbox.backoff_max", dur(libInbox.BackoffMax), "retry backoff cap"},

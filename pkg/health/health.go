@@ -38,6 +38,12 @@ type Config struct {
 	MaxAge time.Duration
 }
 
+// WithDefaults returns c with its zero settings set to their defaults, as the checker uses it.
+func (c Config) WithDefaults() Config {
+	c.setDefaults()
+	return c
+}
+
 func (c *Config) setDefaults() {
 	if c.Interval <= 0 {
 		c.Interval = 5 * time.Second

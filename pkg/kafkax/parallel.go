@@ -37,6 +37,13 @@ const (
 	reconnectRetrySleep    = time.Second
 )
 
+// WithDefaults returns pc with its zero settings set to their defaults, as
+// NewParallelSubscriber uses it; the stock router's kafka.window default is its Window.
+func (pc ParallelConfig) WithDefaults() ParallelConfig {
+	pc.setDefaults()
+	return pc
+}
+
 func (pc *ParallelConfig) setDefaults() {
 	if pc.Window <= 0 {
 		pc.Window = defaultWindow
