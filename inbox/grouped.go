@@ -28,9 +28,9 @@ import (
 // exists replaces it, so no RELEASE SAVEPOINT is sent (a round trip per delivery less);
 // the last one goes with the commit.
 //
-// Savepoints only when they are needed. A SAVEPOINT is a round trip as dear as a small
-// INSERT (`make bench`, plain mode=savepoint_cost): always set, it cost ≈25 % of a one-step
-// plain handler's throughput. So a batch first runs without them; should a delivery fail in
+// Savepoints only when they are needed. A SAVEPOINT is a round trip at least as dear as
+// the small INSERT of a one-step handler (docs/BENCHMARKS.md, "Savepoints only after a
+// failure"). So a batch first runs without them; should a delivery fail in
 // that run, the batch is rolled back whole and runs again without that delivery, each of
 // the others behind a savepoint, and for savepointsAfterFailure the Batcher's batches set
 // savepoints from their first run (a stream with failures pays the savepoints rather than
@@ -72,8 +72,7 @@ const savepointName = "onceflow_delivery"
 
 // savepointsAfterFailure is how long a Batcher of a plain handler sets a savepoint before
 // every delivery from its batches' start after one of its deliveries failed in a batch.
-// Otherwise a batch first runs without savepoints: a SAVEPOINT is a round trip that cost
-// ≈25 % of the plain handler's throughput in `make bench` (plain, savepoint_cost).
+// Otherwise a batch first runs without savepoints (see the comment at the top).
 const savepointsAfterFailure = 5 * time.Second
 
 // savepointsFirst reports whether a batch should set savepoints from its first run.
