@@ -4,7 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"testing"
+
+	"github.com/google/uuid"
 
 	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/pkg/dbx"
@@ -44,5 +47,23 @@ func TestCASRejectsStaleState(t *testing.T) {
 	}
 	if state != string(StateBudgetDeducted) || version != 1 || logged != 1 {
 		t.Fatalf("state %s version %d log rows %d, want BUDGET_DEDUCTED 1 1", state, version, logged)
+	}
+}
+
+// TestNameIDIsUUIDv5: the ids hashed on the stack are uuid.NewSHA1's, so coupons and events
+// keep the ids they had.
+func TestNameIDIsUUIDv5(t *testing.T) {
+	long := strings.Repeat("x", 300) // past the stack buffer
+	for _, c := range [][3]string{{"coupon", "c1", "o1"}, {EventGranted, "summer", "order-42"}, {"coupon", long, long}, {"", "", ""}} {
+		want := uuid.NewSHA1(namespace, []byte(c[0]+"\x00"+c[1]+"\x00"+c[2])).String()
+		if got := nameID(c[0], c[1], c[2]); got != want {
+			t.Errorf("nameID%q = %s, want %s", c, got, want)
+		}
+	}
+	if got := CouponID("o1", "c1"); got != uuid.NewSHA1(namespace, []byte("coupon\x00c1\x00o1")).String() {
+		t.Errorf("CouponID changed: %s", got)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = CouponID("order-123456", "campaign") }); n > 1 {
+		t.Errorf("CouponID allocates %.0f times, want 1 (its text)", n)
 	}
 }
