@@ -285,22 +285,29 @@ func (r *relayBase) logParked(moved []parkEntry, shard string) {
 	}
 }
 
+// The fixed header names as bytes, shared by every message (the producer only reads them).
+var (
+	headerEventIDKey   = []byte(HeaderEventID)
+	headerEventTypeKey = []byte(HeaderEventType)
+	headerTraceKey     = []byte(tracex.Header)
+)
+
 // buildMessage turns an outbox row into a Kafka message: key = aggregate id, headers
 // event_id and event_type first, then traceparent (the row's trace_parent, when it has one:
 // it replaces an extra header of that name), then the row's extra headers.
 func buildMessage(id int64, eventID, typ, topic, key string, payload []byte, headers, traceParent sql.NullString) (*sarama.ProducerMessage, error) {
-	m := &sarama.ProducerMessage{
-		Topic: topic,
-		Key:   sarama.StringEncoder(key),
-		Value: sarama.ByteEncoder(payload),
-		Headers: []sarama.RecordHeader{
-			{Key: []byte(HeaderEventID), Value: []byte(eventID)},
-			{Key: []byte(HeaderEventType), Value: []byte(typ)},
-		},
-	}
 	traced := traceParent.Valid && traceParent.String != ""
+	hs := make([]sarama.RecordHeader, 2, 3)
+	hs[0] = sarama.RecordHeader{Key: headerEventIDKey, Value: []byte(eventID)}
+	hs[1] = sarama.RecordHeader{Key: headerEventTypeKey, Value: []byte(typ)}
 	if traced {
-		m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(tracex.Header), Value: []byte(traceParent.String)})
+		hs = append(hs, sarama.RecordHeader{Key: headerTraceKey, Value: []byte(traceParent.String)})
+	}
+	m := &sarama.ProducerMessage{
+		Topic:   topic,
+		Key:     sarama.StringEncoder(key),
+		Value:   sarama.ByteEncoder(payload),
+		Headers: hs,
 	}
 	if headers.Valid && headers.String != "" {
 		var extra map[string]string
