@@ -2,17 +2,23 @@ package main
 
 import (
 	"encoding/json"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 )
 
 // cpuMeter reads the CPU time (user + system) used by the processes of a measurement on
 // this host: MariaDB, the Kafka broker, and this process (router side: consumer, inbox,
-// relay, watcher). CPU per order is steadier than throughput on a shared, noisy machine,
+// relay, watcher) — or, in the router group (router.go), the router binary as a child
+// process ("router"), the bench then left out. CPU per order is steadier than throughput on a shared, noisy machine,
 // and says where the 2 cores go.
 type cpuMeter struct {
 	pids  map[string]string // role → pid
@@ -21,18 +27,27 @@ type cpuMeter struct {
 
 func newCPUMeter() *cpuMeter {
 	m := &cpuMeter{pids: map[string]string{"bench": "self"}, start: map[string]time.Duration{}}
-	dirs, _ := filepath.Glob("/proc/[0-9]*")
-	for _, d := range dirs {
-		cmd, err := os.ReadFile(filepath.Join(d, "cmdline"))
-		if err != nil {
-			continue
-		}
-		c := string(cmd)
-		switch {
-		case strings.HasPrefix(c, "/usr/sbin/mariadbd") || strings.HasPrefix(c, "/usr/sbin/mysqld"):
-			m.pids["db"] = filepath.Base(d)
-		case strings.Contains(c, "kafka.Kafka"):
-			m.pids["kafka"] = filepath.Base(d)
+	for role, pid := range servicePIDs {
+		m.pids[role] = pid
+	}
+	if len(servicePIDs) < 2 {
+		dirs, _ := filepath.Glob("/proc/[0-9]*")
+		for _, d := range dirs {
+			cmd, err := os.ReadFile(filepath.Join(d, "cmdline"))
+			if err != nil {
+				continue
+			}
+			c := string(cmd)
+			switch {
+			case servicePIDs["db"] != "":
+			case strings.HasPrefix(c, "/usr/sbin/mariadbd") || strings.HasPrefix(c, "/usr/sbin/mysqld"):
+				m.pids["db"] = filepath.Base(d)
+			}
+			switch {
+			case servicePIDs["kafka"] != "":
+			case strings.Contains(c, "kafka.Kafka"):
+				m.pids["kafka"] = filepath.Base(d)
+			}
 		}
 	}
 	for role, pid := range m.pids {
@@ -41,12 +56,48 @@ func newCPUMeter() *cpuMeter {
 	return m
 }
 
+// servicePIDs are the MariaDB ("db") and Kafka ("kafka") processes the bench measures on:
+// those listening on the port of -dsn and of the first of -brokers (findServices). When one
+// is not found, newCPUMeter takes the last process of its kind on this host — wrong when a
+// second MariaDB or broker runs beside (e.g. the chaos instance's).
+var servicePIDs = map[string]string{}
+
+// findServices fills servicePIDs from `ss -ltnpH` (the listening socket's process).
+func findServices(cfg *config) {
+	if dsn, err := mysql.ParseDSN(cfg.appDSN); err == nil {
+		if pid := listener(dsn.Addr); pid != "" {
+			servicePIDs["db"] = pid
+		}
+	}
+	if pid := listener(strings.Split(cfg.brokers, ",")[0]); pid != "" {
+		servicePIDs["kafka"] = pid
+	}
+}
+
+var pidRe = regexp.MustCompile(`pid=(\d+)`)
+
+// listener is the pid of the process listening on addr's port, "" when it cannot be told.
+func listener(addr string) string {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return ""
+	}
+	out, err := exec.Command("ss", "-ltnpH", "sport = :"+port).Output()
+	if err != nil {
+		return ""
+	}
+	if m := pidRe.FindStringSubmatch(string(out)); m != nil {
+		return m[1]
+	}
+	return ""
+}
+
 // perOrder returns the CPU µs per order each role used since the meter started, keyed as
 // BENCH fields ("db_cpu_us_per_order" …), then the total.
 func (m *cpuMeter) perOrder(orders int) []any {
 	var kv []any
 	var total float64
-	for _, role := range []string{"db", "kafka", "bench"} {
+	for _, role := range []string{"db", "kafka", "router", "bench"} {
 		pid, ok := m.pids[role]
 		if !ok {
 			continue
