@@ -7,6 +7,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash scripts/infra.sh up
 go build -o bin/bench ./cmd/bench
+# The router group measures the binary itself, as a child process: built from this tree.
+go build -o bin/router ./cmd/router
 # shellcheck disable=SC2086
 ./bin/bench -memprofile "$ROOT/.run/bench-allocs.prof" ${BENCH_FLAGS:-} | tee "$ROOT/.run/bench.log"
 # Where the run's memory went: the five functions that allocated most (the whole run, every

@@ -46,6 +46,10 @@ type config struct {
 	seedConsumerScale                    float64
 	seedConsumerInterval                 time.Duration
 
+	// The router binary as a child process (router.go).
+	routerN, routerRate, routerSecs int
+	routerBin, routerEnv            string
+
 	// The services, the output, the process.
 	adminDSN, appDSN, brokers, outDir string
 	gogc                              int
@@ -113,9 +117,14 @@ func parseConfig(args []string) (*config, error) {
 	fs.Float64Var(&c.seedConsumerScale, "seed-consumer-scale", 0.01, "factor on the seed consumer's call times and poll interval (it is too slow to measure unscaled)")
 	fs.DurationVar(&c.seedConsumerInterval, "seed-poll-interval", 5*time.Minute, "the seed consumer's max.poll.interval.ms, before -seed-consumer-scale")
 
+	fs.IntVar(&c.routerN, "router-orders", 50000, "orders pre-loaded for the router binary's peak run (30 % delivered twice; 0 skips it)")
+	fs.IntVar(&c.routerRate, "router-rate", 2000, "offered load (orders/s) of the router binary's paced run (0 skips it)")
+	fs.IntVar(&c.routerSecs, "router-seconds", 20, "measured seconds of the router binary's paced run (after -warmup-seconds)")
+	fs.StringVar(&c.routerBin, "router-bin", "bin/router", "the router binary measured by the router group (make build)")
+	fs.StringVar(&c.routerEnv, "router-env", "", "extra environment of the measured router, comma separated (e.g. GOGC=100,GOMEMLIMIT=120MiB)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	fs.StringVar(&c.memProfile, "memprofile", "", "write an allocation profile of the whole run to this file (go tool pprof -sample_index=alloc_space)")
-	fs.StringVar(&c.only, "only", "", "run only these measurement groups (comma separated: batch, plain, single, storm, relay, e2e, tracing, seed, http, peer, targets); empty runs all")
+	fs.StringVar(&c.only, "only", "", "run only these measurement groups (comma separated: batch, plain, single, storm, relay, e2e, tracing, seed, http, peer, router, targets); empty runs all")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}

@@ -16,6 +16,8 @@ import (
 //   - inbox overhead ≤ 15 %, the median of the interleaved rounds (with their spread);
 //   - p99 ≤ 100 ms at 30 % of the run's peak e2e rate, and at 2,000 orders/s;
 //   - relay exactly once ≥ 20× the Watermill forwarder;
+//   - the router binary's peak resident memory ≤ 150 MB, at its peak rate and at 2,000
+//     orders/s (router.go);
 //
 // printed as BENCH name=targets with pass, fail or missing (the measurement did not run in
 // this invocation) for each, and the bench process's peak resident memory.
@@ -41,6 +43,8 @@ func (s *suite) targetsGroup(ctx context.Context) error {
 	if relay > 0 && fwd > 0 {
 		vsFwd = relay / fwd
 	}
+	rssPeak := s.field("router", "max_rss_mb", map[string]string{"mode": "peak"})
+	rss2000 := s.field("router", "max_rss_mb", map[string]string{"mode": "rate2000"})
 	verdict := func(v float64, ok bool) string {
 		switch {
 		case v < 0:
@@ -56,7 +60,9 @@ func (s *suite) targetsGroup(ctx context.Context) error {
 		"p99_ms_at_30pct_peak", p99Peak30, "p99_30pct_peak_100ms", verdict(p99Peak30, p99Peak30 <= 100),
 		"p99_ms_at_2000", p99At2000, "p99_2000_100ms", verdict(p99At2000, p99At2000 <= 100),
 		"relay_vs_forwarder", vsFwd, "relay_20x_forwarder", verdict(vsFwd, vsFwd >= 20),
-		"bench_max_rss_mb", maxRSSMB())
+		"bench_max_rss_mb", maxRSSMB(),
+		"router_rss_peak_mb", rssPeak, "router_rss_2000_mb", rss2000,
+		"router_rss", verdict(min(rssPeak, rss2000), rssPeak <= 150 && rss2000 <= 150))
 	return nil
 }
 

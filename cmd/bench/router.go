@@ -1,0 +1,419 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/onceflow/onceflow/pkg/kafkax"
+)
+
+// routerGroup measures the real router binary (-router-bin, bin/router) as a child process,
+// with the stock coupon plugin and the router's default settings (group commit, the
+// exactly-once relay), on topics, a consumer group, a transactional id and a positions topic
+// of the bench's own, on the bench database:
+//
+//   - mode=peak: -router-orders orders pre-loaded, 30 % of them delivered twice (the peer
+//     group's input), then the router started and timed until a read_committed watcher has
+//     seen every order's event;
+//   - mode=rate<N>: a second, fresh router; once its consumer group is stable, a generator
+//     offers -router-rate orders/s (-warmup-seconds unmeasured, then -router-seconds).
+//
+// Each run samples the child's VmRSS every 100 ms and reads its VmHWM (the kernel's
+// high-water mark) and its user + system CPU (/proc/<pid>/stat) once every event was seen,
+// then stops it with SIGTERM and checks the database (every order granted, nothing left
+// unpublished).
+func (s *suite) routerGroup(ctx context.Context) error {
+	if s.cfg.routerN <= 0 && s.cfg.routerRate <= 0 {
+		return nil
+	}
+	bin, err := filepath.Abs(s.cfg.routerBin)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(bin); err != nil {
+		return fmt.Errorf("router: %v (build it: make build)", err)
+	}
+	if s.cfg.routerN > 0 {
+		if err := s.routerPeak(ctx, bin); err != nil {
+			return fmt.Errorf("router peak: %w", err)
+		}
+	}
+	if s.cfg.routerRate > 0 {
+		if err := s.routerAtRate(ctx, bin); err != nil {
+			return fmt.Errorf("router rate: %w", err)
+		}
+	}
+	return nil
+}
+
+// routerTopics empties the bench tables and creates the run's input and output topics; the
+// returned func deletes them.
+func (s *suite) routerTopics(ctx context.Context) (in, out string, clean func(), err error) {
+	if err := s.truncate(ctx); err != nil {
+		return "", "", nil, err
+	}
+	in, cleanIn, err := makeTopic(s.kc, "bench-router-order-paid", int32(s.cfg.e2eParts))
+	if err != nil {
+		return "", "", nil, err
+	}
+	out, cleanOut, err := makeTopic(s.kc, "bench-router-granted", int32(s.cfg.e2eParts))
+	if err != nil {
+		cleanIn()
+		return "", "", nil, err
+	}
+	return in, out, func() { cleanOut(); cleanIn() }, nil
+}
+
+func (s *suite) routerPeak(ctx context.Context, bin string) error {
+	n := s.cfg.routerN
+	in, out, clean, err := s.routerTopics(ctx)
+	if err != nil {
+		return err
+	}
+	defer clean()
+	deliveries, err := s.loadPeerInput(in, n)
+	if err != nil {
+		return err
+	}
+	w, err := watch(s.kc, out)
+	if err != nil {
+		return err
+	}
+	defer w.close()
+	cpu := newCPUMeter()
+	delete(cpu.pids, "bench") // the bench only watches here: its CPU is not the pipeline's
+	start := time.Now()
+	c, err := s.startRouter(bin, "peak", in, out)
+	if err != nil {
+		return err
+	}
+	defer c.stop()
+	cpu.pids["router"], cpu.start["router"] = c.pidStr(), 0 // from its start
+	if err := c.waitSeen(w, n, 10*time.Minute); err != nil {
+		return err
+	}
+	el := time.Since(start)
+	kv := cpu.perOrder(n)
+	hwm := c.hwmMB()
+	routerUS := float64(procCPU(c.pidStr()).Microseconds()) / float64(n)
+	startMs := float64(w.first().Sub(start).Microseconds()) / 1000
+	if err := c.stop(); err != nil {
+		return err
+	}
+	if err := checkGranted(ctx, s.db, n); err != nil {
+		return err
+	}
+	s.report("router", append([]any{"mode", "peak", "orders_per_s", float64(n) / el.Seconds(), "max_rss_mb", hwm, "cpu_us_per_order", routerUS,
+		"orders", n, "deliveries", deliveries, "start_ms", startMs, "steady_orders_per_s", float64(n) / (el.Seconds() - startMs/1000),
+		"rss_sampled_max_mb", c.sampledMaxMB()}, kv...)...)
+	return nil
+}
+
+func (s *suite) routerAtRate(ctx context.Context, bin string) error {
+	rate := s.cfg.routerRate
+	in, out, clean, err := s.routerTopics(ctx)
+	if err != nil {
+		return err
+	}
+	defer clean()
+	w, err := watch(s.kc, out)
+	if err != nil {
+		return err
+	}
+	defer w.close()
+	producer, err := s.kc.NewSyncProducer()
+	if err != nil {
+		return err
+	}
+	defer producer.Close()
+	mode := fmt.Sprintf("rate%d", rate)
+	c, err := s.startRouter(bin, mode, in, out)
+	if err != nil {
+		return err
+	}
+	defer c.stop()
+	if err := waitGroupStable(s.kc, routerGroupName(in), 2*time.Minute, c); err != nil {
+		return err
+	}
+	e := &e2eRun{s: s}
+	warm, count := rate*s.cfg.warmSecs, rate*s.cfg.routerSecs
+	if err := e.produceOrders(producer, in, "rwarm", 0, warm, float64(rate)); err != nil {
+		return err
+	}
+	cpu := newCPUMeter()
+	delete(cpu.pids, "bench")
+	cpu.pids["router"], cpu.start["router"] = c.pidStr(), procCPU(c.pidStr())
+	t0 := time.Now()
+	if err := e.produceOrders(producer, in, "rlat", 0, count, float64(rate)); err != nil {
+		return err
+	}
+	if err := c.waitSeen(w, warm+count, 5*time.Minute); err != nil {
+		return err
+	}
+	achieved := float64(count) / time.Since(t0).Seconds()
+	// The measured orders and the warm-up's tail, as the e2e latency runs count them.
+	kv := cpu.perOrder(count)
+	hwm := c.hwmMB()
+	if err := c.stop(); err != nil {
+		return err
+	}
+	if err := checkGranted(ctx, s.db, warm+count); err != nil {
+		return err
+	}
+	p50, p99, _, err := latencies(s.kc, in, w, "rlat", 0, count)
+	if err != nil {
+		return err
+	}
+	s.report("router", append([]any{"mode", mode, "offered_per_s", rate, "orders_per_s", achieved, "max_rss_mb", hwm,
+		"cpu_us_per_order", kv[slicesIndex(kv, "router_cpu_us_per_order")+1], "orders", count, "seconds", s.cfg.routerSecs,
+		"p50_ms", p50, "p99_ms", p99, "rss_sampled_max_mb", c.sampledMaxMB()}, kv...)...)
+	return nil
+}
+
+// slicesIndex is the index of key in kv (alternating keys and values); -1 when absent.
+func slicesIndex(kv []any, key string) int {
+	for i := 0; i < len(kv); i += 2 {
+		if kv[i] == key {
+			return i
+		}
+	}
+	return -1
+}
+
+// routerGroupName is the consumer group of a router run on topic in.
+func routerGroupName(in string) string { return "bench-router-" + in }
+
+// child is one running `router run`: its process, its RSS sampler, its log.
+type child struct {
+	cmd     *exec.Cmd
+	logPath string
+	exited  chan struct{}
+	waitErr error
+
+	mu        sync.Mutex
+	maxRSSKB  float64
+	stopOnce  sync.Once
+	stopErr   error
+	samplerWG sync.WaitGroup
+}
+
+// startRouter writes the run's configuration and starts `bin run --plugins coupon-granter`
+// with it; its output goes to .run/bench-router-<mode>.log.
+func (s *suite) startRouter(bin, mode, in, out string) (*child, error) {
+	dir, err := os.MkdirTemp("", "bench-router-")
+	if err != nil {
+		return nil, err
+	}
+	positions, dropPositions := positionsTopic(s.kc)
+	yaml := fmt.Sprintf(`db:
+  dsn: '%s'
+  admin_dsn: '%s'
+kafka:
+  brokers: [%s]
+relay:
+  transactional_id: bench-router-%d
+  positions_topic: %s
+admin:
+  listen: ''
+log:
+  level: warn
+plugins:
+  coupon-granter:
+    topics: [%s]
+    consumer_group: %s
+    granted_topic: %s
+    failed_topic: %s
+`, s.cfg.appDSN, s.cfg.adminDSN, s.cfg.brokers, time.Now().UnixNano(), positions, in, routerGroupName(in), out, out)
+	cfgPath := filepath.Join(dir, "router.yaml")
+	if err := os.WriteFile(cfgPath, []byte(yaml), 0o600); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(".run", 0o755); err != nil {
+		return nil, err
+	}
+	logPath := filepath.Join(".run", "bench-router-"+mode+".log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, "--config", cfgPath, "run", "--plugins", "coupon-granter")
+	for _, e := range os.Environ() {
+		if !strings.HasPrefix(e, "ONCEFLOW_") {
+			cmd.Env = append(cmd.Env, e)
+		}
+	}
+	if s.cfg.routerEnv != "" {
+		cmd.Env = append(cmd.Env, strings.Split(s.cfg.routerEnv, ",")...)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // a ^C goes to the bench, which stops it
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, err
+	}
+	c := &child{cmd: cmd, logPath: logPath, exited: make(chan struct{})}
+	go func() {
+		c.waitErr = cmd.Wait()
+		logf.Close()
+		os.RemoveAll(dir)
+		dropPositions()
+		close(c.exited)
+	}()
+	c.samplerWG.Add(1)
+	go c.sample()
+	fmt.Printf("bench: router %s started (pid %d, log %s)\n", mode, cmd.Process.Pid, logPath)
+	return c, nil
+}
+
+func (c *child) pidStr() string { return strconv.Itoa(c.cmd.Process.Pid) }
+
+// sample reads the child's VmRSS every 100 ms until it exits.
+func (c *child) sample() {
+	defer c.samplerWG.Done()
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if kb := procStatusKB(c.pidStr(), "VmRSS:"); kb > 0 {
+			c.mu.Lock()
+			c.maxRSSKB = max(c.maxRSSKB, kb)
+			c.mu.Unlock()
+		}
+		select {
+		case <-c.exited:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (c *child) sampledMaxMB() float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.maxRSSKB / 1024
+}
+
+// hwmMB is the child's peak resident set so far (VmHWM), in MiB.
+func (c *child) hwmMB() float64 { return procStatusKB(c.pidStr(), "VmHWM:") / 1024 }
+
+// waitSeen waits until w has seen n events; it fails at once if the router exits.
+func (c *child) waitSeen(w *watcher, n int, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		w.mu.Lock()
+		seen := len(w.seen)
+		w.mu.Unlock()
+		if seen >= n {
+			return nil
+		}
+		select {
+		case <-c.exited:
+			return fmt.Errorf("the router exited (%v) after %d of %d events; its log: %s%s", c.waitErr, seen, n, c.logPath, c.logTail())
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out: a read_committed consumer saw %d of %d events (router log %s)", seen, n, c.logPath)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (c *child) logTail() string {
+	b, _ := os.ReadFile(c.logPath)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > 10 {
+		lines = lines[len(lines)-10:]
+	}
+	return "\n  " + strings.Join(lines, "\n  ")
+}
+
+// first is when the watcher saw its first event (the zero time before it saw one).
+func (w *watcher) first() time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var t time.Time
+	for _, at := range w.seen {
+		if t.IsZero() || at.Before(t) {
+			t = at
+		}
+	}
+	return t
+}
+
+// stop ends the router with SIGTERM (SIGKILL after 40 s) and waits for it; an exit status
+// other than 0 is an error. Later calls return the first's result.
+func (c *child) stop() error {
+	c.stopOnce.Do(func() {
+		select {
+		case <-c.exited:
+		default:
+			_ = c.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-c.exited:
+			case <-time.After(40 * time.Second):
+				_ = c.cmd.Process.Signal(syscall.SIGKILL)
+				<-c.exited
+				c.stopErr = fmt.Errorf("the router did not stop within 40 s of SIGTERM (log %s)", c.logPath)
+			}
+		}
+		c.samplerWG.Wait()
+		if c.stopErr == nil && c.waitErr != nil {
+			c.stopErr = fmt.Errorf("router: %v (log %s)%s", c.waitErr, c.logPath, c.logTail())
+		}
+	})
+	return c.stopErr
+}
+
+// procStatusKB is a "kB" field of /proc/<pid>/status (VmRSS:, VmHWM:); 0 when unreadable.
+func procStatusKB(pid, field string) float64 {
+	b, err := os.ReadFile("/proc/" + pid + "/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, field); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
+			if err == nil {
+				return kb
+			}
+		}
+	}
+	return 0
+}
+
+// waitGroupStable waits until the consumer group is Stable with at least one member: the
+// router has joined and been given its partitions.
+func waitGroupStable(kc kafkax.Config, group string, limit time.Duration, c *child) error {
+	sc := sarama.NewConfig()
+	sc.Version = kafkax.Version
+	admin, err := sarama.NewClusterAdmin(kc.Brokers, sc)
+	if err != nil {
+		return kafkax.Unreachable(kc.Brokers, err)
+	}
+	defer admin.Close()
+	deadline := time.Now().Add(limit)
+	for {
+		gs, err := admin.DescribeConsumerGroups([]string{group})
+		if err == nil && len(gs) == 1 && gs[0].State == "Stable" && len(gs[0].Members) > 0 {
+			return nil
+		}
+		select {
+		case <-c.exited:
+			return fmt.Errorf("the router exited (%v) before its group %s was stable; its log: %s%s", c.waitErr, group, c.logPath, c.logTail())
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("consumer group %s not stable after %s (router log %s)", group, limit, c.logPath)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
