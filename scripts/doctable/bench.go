@@ -287,6 +287,8 @@ func (b benchRun) table() (string, error) {
 	b.plainRows(row)
 	b.seedRows(row)
 	b.peerRows(row)
+	b.routerRows(row)
+	b.targetsRow(row)
 	return w.String(), nil
 }
 

@@ -46,6 +46,35 @@ plain,rounds,5
 plain,total_cpu_us_per_order,498.0
 ratio,plain_grouped_vs_single,2.40
 ratio,plain_grouped_vs_coupon_batch,0.26
+router,mode,peak
+router,orders_per_s,9000.0
+router,max_rss_mb,124.4
+router,cpu_us_per_order,84.0
+router,orders,50000
+router,deliveries,65204
+router,start_ms,900.0
+router,steady_orders_per_s,10000.0
+router,db_cpu_us_per_order,60.0
+router,kafka_cpu_us_per_order,10.0
+router,router_cpu_us_per_order,84.0
+router,total_cpu_us_per_order,154.0
+router,mode,rate2000
+router,offered_per_s,2000
+router,orders_per_s,1999.0
+router,max_rss_mb,152.8
+router,cpu_us_per_order,68.0
+router,seconds,20
+router,p50_ms,20.1
+router,p99_ms,40.2
+router,db_cpu_us_per_order,180.0
+router,kafka_cpu_us_per_order,150.0
+router,router_cpu_us_per_order,68.0
+router,total_cpu_us_per_order,398.0
+targets,e2e_vs_peer,11.0
+targets,e2e_vs_peer_10x,pass
+targets,router_rss_peak_mb,124.4
+targets,router_rss_2000_mb,152.8
+targets,router_rss,fail
 calibration,when,end
 calibration,work_ms,156.3
 `
@@ -55,9 +84,10 @@ func TestBenchTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Lines split where a key repeats: 2 calibration, 3 inbox, 2 e2e, 1 plain, 1 ratio.
-	if len(recs) != 9 {
-		t.Fatalf("%d lines, want 9: %+v", len(recs), recs)
+	// Lines split where a key repeats: 2 calibration, 3 inbox, 2 e2e, 1 plain, 1 ratio,
+	// 2 router, 1 targets.
+	if len(recs) != 12 {
+		t.Fatalf("%d lines, want 12: %+v", len(recs), recs)
 	}
 	b := benchRun{source: "x.csv", recs: recs}
 	table, err := b.table()
@@ -71,6 +101,9 @@ func TestBenchTable(t *testing.T) {
 		"≤ 15 % by each of the three: **not met**",
 		"p99 **43.3** (40.6–47.4)", "p99 ≤ 100 ms at 2,000/s: met",
 		"grouped 2,613 orders/s (498 µs CPU per order)", "2.40×; 0.26", "≥ 10×: **not met**; ≥ 0.5: **not met**",
+		"50,000 orders pre-loaded (65,204 deliveries", "9,000 orders/s (steady 10,000); peak RSS **124.4 MB**; router 84 µs CPU per order (MariaDB 60, Kafka 10; 154 in all) | ≤ 150 MB: met",
+		"`router` `rate2000`: the same binary at 2,000 orders/s offered, 20 s measured", "p99 40.2 ms; peak RSS **152.8 MB**", "≤ 150 MB: **not met**",
+		"router binary peak RSS 124 MB at its peak rate, 153 MB at 2,000/s (fail)",
 	} {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q:\n%s", want, table)

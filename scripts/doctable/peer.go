@@ -2,8 +2,8 @@ package main
 
 import "fmt"
 
-// peerRows are the HTTP entrance, the peer pipeline beside onceflow on the same input, and
-// the run's targets, when the run measured them.
+// peerRows are the HTTP entrance and the peer pipeline beside onceflow on the same input,
+// when the run measured them.
 func (b benchRun) peerRows(row func(m, r, t string)) {
 	if h, ok := b.one("http_claims", "requests", ""); ok {
 		row(fmt.Sprintf("`http_claims`: POST /v1/claims over HTTP, %s clients, %s of %s requests with an earlier request's Idempotency-Key",
@@ -24,12 +24,23 @@ func (b benchRun) peerRows(row func(m, r, t string)) {
 		row(fmt.Sprintf("`peer_watermill` / `peer_onceflow`: %s orders, %s deliveries (30 %% twice); a plain Watermill pipeline (INSERT guarded by a unique key, then a synchronous publish) and onceflow on the same input",
 			f(peer.num("orders"), 0), f(peer.num("deliveries"), 0)), "peer: "+line(peer)+"; onceflow: "+line(once), "—")
 	}
-	if t, ok := b.one("targets", "e2e_vs_peer", ""); ok {
-		row("`targets`: computed from this run's own figures",
-			fmt.Sprintf("e2e vs peer **%s×** (%s); inbox overhead %s %% (rounds %s; %s); p99 at 30 %% of the run's peak %s ms (%s), at 2,000/s %s ms (%s); relay vs forwarder **%s×** (%s); bench process peak RSS %s MB",
-				f(t.num("e2e_vs_peer"), 1), t.get("e2e_vs_peer_10x"), f(t.num("inbox_overhead_pct"), 1), t.get("overhead_spread"), t.get("inbox_overhead_15pct"),
-				f(t.num("p99_ms_at_30pct_peak"), 1), t.get("p99_30pct_peak_100ms"), f(t.num("p99_ms_at_2000"), 1), t.get("p99_2000_100ms"),
-				f(t.num("relay_vs_forwarder"), 1), t.get("relay_20x_forwarder"), f(t.num("bench_max_rss_mb"), 0)),
-			"e2e ≥ 10× peer; overhead ≤ 15 %; p99 ≤ 100 ms; relay ≥ 20× forwarder")
+}
+
+// targetsRow is the run's targets line, when the run computed it.
+func (b benchRun) targetsRow(row func(m, r, t string)) {
+	t, ok := b.one("targets", "e2e_vs_peer", "")
+	if !ok {
+		return
 	}
+	rss := ""
+	if t.has("router_rss") {
+		rss = fmt.Sprintf("; router binary peak RSS %s MB at its peak rate, %s MB at 2,000/s (%s)",
+			f(t.num("router_rss_peak_mb"), 0), f(t.num("router_rss_2000_mb"), 0), t.get("router_rss"))
+	}
+	row("`targets`: computed from this run's own figures",
+		fmt.Sprintf("e2e vs peer **%s×** (%s); inbox overhead %s %% (rounds %s; %s); p99 at 30 %% of the run's peak %s ms (%s), at 2,000/s %s ms (%s); relay vs forwarder **%s×** (%s); bench process peak RSS %s MB%s",
+			f(t.num("e2e_vs_peer"), 1), t.get("e2e_vs_peer_10x"), f(t.num("inbox_overhead_pct"), 1), t.get("overhead_spread"), t.get("inbox_overhead_15pct"),
+			f(t.num("p99_ms_at_30pct_peak"), 1), t.get("p99_30pct_peak_100ms"), f(t.num("p99_ms_at_2000"), 1), t.get("p99_2000_100ms"),
+			f(t.num("relay_vs_forwarder"), 1), t.get("relay_20x_forwarder"), f(t.num("bench_max_rss_mb"), 0), rss),
+		"e2e ≥ 10× peer; overhead ≤ 15 %; p99 ≤ 100 ms; relay ≥ 20× forwarder; router RSS ≤ 150 MB")
 }

@@ -1,0 +1,27 @@
+package main
+
+import "fmt"
+
+// routerRows are the router binary's runs as a child process (cmd/bench/router.go), when the
+// run measured them: its peak resident memory and its own CPU per order, at its peak rate
+// and at an offered load.
+func (b benchRun) routerRows(row func(m, r, t string)) {
+	cpu := func(r record) string {
+		return fmt.Sprintf("router %s µs CPU per order (MariaDB %s, Kafka %s; %s in all)", f(r.num("router_cpu_us_per_order"), 0),
+			f(r.num("db_cpu_us_per_order"), 0), f(r.num("kafka_cpu_us_per_order"), 0), f(r.num("total_cpu_us_per_order"), 0))
+	}
+	rss := func(r record) string {
+		return fmt.Sprintf("≤ 150 MB: %s", verdict(r.num("max_rss_mb") <= 150))
+	}
+	if r, ok := b.one("router", "mode", "peak"); ok {
+		row(fmt.Sprintf("`router` `peak`: `bin/router run` as a child process, %s orders pre-loaded (%s deliveries, 30 %% twice), default settings",
+			f(r.num("orders"), 0), f(r.num("deliveries"), 0)),
+			fmt.Sprintf("%s orders/s (steady %s); peak RSS **%s MB**; %s", rate(r.num("orders_per_s")), rate(r.num("steady_orders_per_s")),
+				f(r.num("max_rss_mb"), 1), cpu(r)), rss(r))
+	}
+	for _, r := range b.find("router", "offered_per_s", "") {
+		row(fmt.Sprintf("`router` `%s`: the same binary at %s orders/s offered, %s s measured", r.get("mode"), f(r.num("offered_per_s"), 0), r.get("seconds")),
+			fmt.Sprintf("%s orders/s, p50 %s ms, p99 %s ms; peak RSS **%s MB**; %s", rate(r.num("orders_per_s")), f(r.num("p50_ms"), 1),
+				f(r.num("p99_ms"), 1), f(r.num("max_rss_mb"), 1), cpu(r)), rss(r))
+	}
+}
