@@ -131,6 +131,9 @@ func parseConfig(args []string) (*config, error) {
 	if c.rounds < 1 || c.batchRounds < 1 || c.traceRounds < 1 || c.traceOrders < 1 {
 		return nil, fmt.Errorf("-rounds %d, -batch-rounds %d, -trace-rounds %d, -trace-orders %d: want at least 1", c.rounds, c.batchRounds, c.traceRounds, c.traceOrders)
 	}
+	if c.routerRate > 0 && c.routerSecs < 1 {
+		return nil, fmt.Errorf("-router-seconds %d: want at least 1 (or -router-rate 0)", c.routerSecs)
+	}
 	if err := gcx.Validate(c.gogc, 0); err != nil {
 		return nil, fmt.Errorf("-gogc: %w", err)
 	}
