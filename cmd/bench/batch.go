@@ -85,7 +85,7 @@ func (s *suite) benchUnsafeBatch(ctx context.Context) (float64, error) {
 	n, size := s.cfg.batchOrders, s.cfg.batchSize
 	batches := (n + size - 1) / size
 	defer s.withWorkers(s.cfg.batchLanes)()
-	cpu := newCPUMeter()
+	cpu := newCPUMeter(s.services)
 	el, err := s.parallel(batches, func(b int) error {
 		var ds []*inbox.Delivery
 		for i := b * size; i < min(n, (b+1)*size); i++ {
@@ -122,7 +122,7 @@ func (s *suite) benchInboxBatch(ctx context.Context) (inboxBatchRun, error) {
 		_, err := b.Process(ctx, message.NewMessage(watermill.NewUUID(), o.Encode()), inbox.Source{Topic: "bench"})
 		return err
 	}
-	cpu := newCPUMeter()
+	cpu := newCPUMeter(s.services)
 	el, err := s.parallel(n, send)
 	if err != nil {
 		return inboxBatchRun{}, err

@@ -25,12 +25,14 @@ type cpuMeter struct {
 	start map[string]time.Duration
 }
 
-func newCPUMeter() *cpuMeter {
+// newCPUMeter starts a meter on the bench and the services (findServices; a role it did not
+// find: the last process of its kind on this host).
+func newCPUMeter(services map[string]string) *cpuMeter {
 	m := &cpuMeter{pids: map[string]string{"bench": "self"}, start: map[string]time.Duration{}}
-	for role, pid := range servicePIDs {
+	for role, pid := range services {
 		m.pids[role] = pid
 	}
-	if len(servicePIDs) < 2 {
+	if len(services) < 2 {
 		dirs, _ := filepath.Glob("/proc/[0-9]*")
 		for _, d := range dirs {
 			cmd, err := os.ReadFile(filepath.Join(d, "cmdline"))
@@ -39,12 +41,12 @@ func newCPUMeter() *cpuMeter {
 			}
 			c := string(cmd)
 			switch {
-			case servicePIDs["db"] != "":
+			case services["db"] != "":
 			case strings.HasPrefix(c, "/usr/sbin/mariadbd") || strings.HasPrefix(c, "/usr/sbin/mysqld"):
 				m.pids["db"] = filepath.Base(d)
 			}
 			switch {
-			case servicePIDs["kafka"] != "":
+			case services["kafka"] != "":
 			case strings.Contains(c, "kafka.Kafka"):
 				m.pids["kafka"] = filepath.Base(d)
 			}
@@ -56,22 +58,22 @@ func newCPUMeter() *cpuMeter {
 	return m
 }
 
-// servicePIDs are the MariaDB ("db") and Kafka ("kafka") processes the bench measures on:
-// those listening on the port of -dsn and of the first of -brokers (findServices). When one
-// is not found, newCPUMeter takes the last process of its kind on this host — wrong when a
-// second MariaDB or broker runs beside (e.g. the chaos instance's).
-var servicePIDs = map[string]string{}
-
-// findServices fills servicePIDs from `ss -ltnpH` (the listening socket's process).
-func findServices(cfg *config) {
+// findServices returns the MariaDB ("db") and Kafka ("kafka") processes the bench measures
+// on: those listening on the port of -dsn and of the first of -brokers (`ss -ltnpH`, the
+// listening socket's process). When one is not found, newCPUMeter takes the last process
+// of its kind on this host — wrong when a second MariaDB or broker runs beside (e.g. the
+// chaos instance's).
+func findServices(cfg *config) map[string]string {
+	pids := map[string]string{}
 	if dsn, err := mysql.ParseDSN(cfg.appDSN); err == nil {
 		if pid := listener(dsn.Addr); pid != "" {
-			servicePIDs["db"] = pid
+			pids["db"] = pid
 		}
 	}
 	if pid := listener(strings.Split(cfg.brokers, ",")[0]); pid != "" {
-		servicePIDs["kafka"] = pid
+		pids["kafka"] = pid
 	}
+	return pids
 }
 
 var pidRe = regexp.MustCompile(`pid=(\d+)`)

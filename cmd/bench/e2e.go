@@ -129,7 +129,7 @@ func (s *suite) benchE2E(ctx context.Context, mode string, n int, loadList strin
 		w0.close()
 		return res, err
 	}
-	cpu := newCPUMeter()
+	cpu := newCPUMeter(s.services)
 	start := time.Now()
 	e.wake.first.Store(0)
 	err = w0.wait(n, 5*time.Minute)
@@ -168,7 +168,7 @@ func (s *suite) benchE2E(ctx context.Context, mode string, n int, loadList strin
 			stop()
 			return res, err
 		}
-		t0, lcpu := time.Now(), newCPUMeter()
+		t0, lcpu := time.Now(), newCPUMeter(s.services)
 		if err := e.produceOrders(producer, in, "lat", base, count, float64(rate)); err != nil {
 			stop()
 			return res, err

@@ -59,8 +59,8 @@ func run() error {
 	fmt.Printf("bench: %s\n", gcx.Apply(cfg.gogc, 0))
 	ctx := context.Background()
 	s := newSuite(cfg)
-	findServices(cfg)
-	fmt.Printf("bench: CPU of MariaDB pid %s, Kafka pid %s (listening on -dsn's and -brokers' ports)\n", servicePIDs["db"], servicePIDs["kafka"])
+	s.services = findServices(cfg)
+	fmt.Printf("bench: CPU of MariaDB pid %s, Kafka pid %s (listening on -dsn's and -brokers' ports)\n", s.services["db"], s.services["kafka"])
 	fmt.Printf("bench: %d workers, GOMAXPROCS=%d; MariaDB and Kafka share this machine\n", cfg.workers, runtimeProcs())
 	stopProfile, err := cfg.startProfile()
 	if err != nil {

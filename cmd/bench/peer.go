@@ -229,7 +229,7 @@ func (s *suite) runPeer(ctx context.Context, in, out string, n, deliveries int) 
 	defer w.close()
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	cpu := newCPUMeter()
+	cpu := newCPUMeter(s.services)
 	start := time.Now()
 	errc := make(chan error, 1)
 	go func() { errc <- r.Run(cctx) }()
@@ -302,7 +302,7 @@ func (s *suite) runOnceflowOn(ctx context.Context, in, out string, n int) (peerR
 	if err != nil {
 		return peerResult{}, err
 	}
-	cpu := newCPUMeter()
+	cpu := newCPUMeter(s.services)
 	start := time.Now()
 	err = w.wait(n, 10*time.Minute)
 	el := time.Since(start)

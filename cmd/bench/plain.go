@@ -138,7 +138,7 @@ func (s *suite) benchPlainSingle(ctx context.Context) (plainMeasure, error) {
 		_, err := ib.Process(ctx, message.NewMessage(watermill.NewUUID(), order("plain-single", i).Encode()), inbox.Source{Topic: "bench"}, inbox.ProcessOptions{})
 		return err
 	}
-	cpu := newCPUMeter()
+	cpu := newCPUMeter(s.services)
 	el, err := s.parallel(n, send)
 	if err != nil {
 		return plainMeasure{}, err
@@ -209,7 +209,7 @@ func (s *suite) measureBatcher(ctx context.Context, b *inbox.Batcher, mode, pref
 		_, err := b.Process(ctx, message.NewMessage(watermill.NewUUID(), order(prefix, i).Encode()), inbox.Source{Topic: "bench"})
 		return err
 	}
-	cpu := newCPUMeter()
+	cpu := newCPUMeter(s.services)
 	el, err := s.parallel(n, send)
 	if err != nil {
 		return plainMeasure{}, err
@@ -265,7 +265,7 @@ func (s *suite) benchSavepointCost(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		cpu := newCPUMeter()
+		cpu := newCPUMeter(s.services)
 		start := time.Now()
 		for i := range n {
 			if err := k.stmts(tx, i); err != nil {

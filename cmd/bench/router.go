@@ -90,7 +90,7 @@ func (s *suite) routerPeak(ctx context.Context, bin string) error {
 		return err
 	}
 	defer w.close()
-	cpu := newCPUMeter()
+	cpu := newCPUMeter(s.services)
 	delete(cpu.pids, "bench") // the bench only watches here: its CPU is not the pipeline's
 	start := time.Now()
 	c, err := s.startRouter(bin, "peak", in, out)
@@ -150,7 +150,7 @@ func (s *suite) routerAtRate(ctx context.Context, bin string) error {
 	if err := e.produceOrders(producer, in, "rwarm", 0, warm, float64(rate)); err != nil {
 		return err
 	}
-	cpu := newCPUMeter()
+	cpu := newCPUMeter(s.services)
 	delete(cpu.pids, "bench")
 	cpu.pids["router"], cpu.start["router"] = c.pidStr(), procCPU(c.pidStr())
 	t0 := time.Now()

@@ -151,7 +151,7 @@ func (s *suite) benchSeedLoad(ctx context.Context, mode string) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = r.Run(cctx) })
 	<-r.Running()
-	cpu := newCPUMeter()
+	cpu := newCPUMeter(s.services)
 	start := time.Now()
 	var granted int
 	for granted < s.cfg.seedOrders {

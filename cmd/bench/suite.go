@@ -30,6 +30,9 @@ type suite struct {
 	// account is the application user's account (dbx.Account), which the grants name.
 	account string
 
+	// services are the pids of the MariaDB and Kafka the CPU meters read (findServices).
+	services map[string]string
+
 	// workers is how many goroutines parallel uses: -workers, unless a measurement set
 	// another for its duration (withWorkers).
 	workers int

@@ -117,7 +117,7 @@ func (s *suite) benchTraced(ctx context.Context, mode string, n int) (perS, tota
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	meter := newCPUMeter()
+	meter := newCPUMeter(s.services)
 	start := time.Now()
 	err = w.wait(n, 5*time.Minute)
 	el := time.Since(start)

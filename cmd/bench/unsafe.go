@@ -123,7 +123,7 @@ func (s *suite) benchUnsafeSamePath(ctx context.Context) (rate, cpuPerOrder floa
 	defer u.close()
 	n := s.cfg.batchOrders
 	defer s.withWorkers(s.cfg.batchSenders)()
-	cpu := newCPUMeter()
+	cpu := newCPUMeter(s.services)
 	el, err := s.parallel(n, func(i int) error {
 		return u.process(message.NewMessage(watermill.NewUUID(), order("unsafe-path", i).Encode()))
 	})
