@@ -217,7 +217,7 @@ var defaults = []struct {
 	{"kafka.rebalance_timeout", dur(libKafka.RebalanceTimeout), "time a member has to rejoin during a rebalance"},
 	{"kafka.heartbeat", dur(libKafka.HeartbeatEvery), "consumer heartbeat interval"},
 	{"kafka.max_poll_wait", dur(libKafka.MaxPollWait), "fetch max wait"},
-	{"kafka.window", libWindow, "un-acked messages handed out per partition at once (per-key order kept; offsets committed only past acked messages); 1: watermill-kafka's one-at-a-time subscriber"},
+	{"kafka.window", libWindow, "un-acked messages handed out per partition at once (per-key order kept; offsets committed only past acked messages); 1: watermill-kafka's one-at-a-time subscriber; handlers waiting on slow calls need more"},
 	{"inbox.max_attempts", libInbox.MaxAttempts, "handler attempts before a message is quarantined"},
 	{"inbox.backoff_initial", dur(libInbox.BackoffInitial), "first retry backoff (doubles)"},
 	{"inbox.backoff_max", dur(libInbox.BackoffMax), "retry backoff cap"},
@@ -266,7 +266,7 @@ var defaults = []struct {
 	{"otel.sample_ratio", 1.0, "share of new traces recorded, 0..1; a record whose traceparent says sampled (or not) decides for its own trace"},
 	{"log.level", "info", "debug, info, warn, error (slog through Watermill's adapter)"},
 	{"log.format", "text", "text or json"},
-	{"runtime.gogc", gcx.DefaultPercent, "Go GC target percentage (GOGC; the environment's GOGC wins); -1 off, with runtime.memory_limit_mb. A router holds many parked goroutines and a small live heap: see docs/BENCHMARKS.md, Why the defaults"},
+	{"runtime.gogc", gcx.DefaultPercent, "Go GC target percentage (GOGC; the environment's GOGC wins); -1 off, with runtime.memory_limit_mb. higher trades memory for fewer collections: see docs/BENCHMARKS.md, Why the defaults"},
 	{"runtime.memory_limit_mb", 0, "Go soft memory limit in MiB (GOMEMLIMIT; the environment's wins); 0: none. Set it in a memory-limited container so the collector works harder before the limit"},
 }
 

@@ -24,7 +24,8 @@ type ParallelConfig struct {
 	// marked (committable) offset: the span from the oldest un-acked message to the newest
 	// message handed out. It bounds both the un-acked messages per partition and how many
 	// messages a crash can redeliver (plus those acked within the last auto-commit
-	// interval). Default 1024.
+	// interval). Default 256; handlers that wait on slow calls inside
+	// the window need more (docs/BENCHMARKS.md, "Why the defaults": kafka.window 256).
 	Window int
 	// NackResendSleep is how long a nacked message waits before it is handed out again.
 	// Default 100ms, like watermill-kafka; negative means no wait.
@@ -32,7 +33,7 @@ type ParallelConfig struct {
 }
 
 const (
-	defaultWindow          = 1024
+	defaultWindow          = 256
 	defaultNackResendSleep = 100 * time.Millisecond
 	reconnectRetrySleep    = time.Second
 )
