@@ -4,7 +4,8 @@
 //
 // The default is Go's own (100): with kafka.window 256 a router's heap stays within
 // ≈2× its live heap and its RSS near 125 MB at full load, at no measurable cost in CPU
-// per order against 200 or 400 (docs/BENCHMARKS.md, "Why the defaults": runtime.gogc 100).
+// per order against 200 or 400 (docs/BENCHMARKS.md, "Why the defaults":
+// kafka.window 256 and runtime.gogc 100).
 // Raise it to trade memory for fewer collections; set runtime.memory_limit_mb in a
 // memory-limited container.
 package gcx
