@@ -83,10 +83,12 @@ func (c Config) ReadAll(ctx context.Context, topic string, idle time.Duration) (
 // readPartition reads partition p of topic from oldest to the high-water mark hwm seen at
 // the start, or until idle passes without a record.
 func readPartition(ctx context.Context, consumer sarama.Consumer, topic string, p int32, oldest, hwm int64, idle time.Duration) ([]Record, error) {
-	var out []Record
 	if hwm <= oldest {
 		return nil, nil
 	}
+	// Sized from the offsets (transaction markers and aborted records make it a bound, not a
+	// count): a read-back of a large partition would otherwise copy its records on every growth.
+	out := make([]Record, 0, min(hwm-oldest, 1<<20))
 	pc, err := consumer.ConsumePartition(topic, p, oldest)
 	if err != nil {
 		return nil, fmt.Errorf("consume %s/%d: %w", topic, p, err)
@@ -96,7 +98,7 @@ loop:
 	for {
 		select {
 		case m := <-pc.Messages():
-			r := Record{Partition: m.Partition, Offset: m.Offset, Key: string(m.Key), Value: m.Value, Headers: map[string]string{}, Timestamp: m.Timestamp}
+			r := Record{Partition: m.Partition, Offset: m.Offset, Key: string(m.Key), Value: m.Value, Headers: make(map[string]string, len(m.Headers)), Timestamp: m.Timestamp}
 			for _, h := range m.Headers {
 				r.Headers[string(h.Key)] = string(h.Value)
 			}
