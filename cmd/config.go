@@ -266,7 +266,7 @@ var defaults = []struct {
 	{"otel.sample_ratio", 1.0, "share of new traces recorded, 0..1; a record whose traceparent says sampled (or not) decides for its own trace"},
 	{"log.level", "info", "debug, info, warn, error (slog through Watermill's adapter)"},
 	{"log.format", "text", "text or json"},
-	{"runtime.gogc", gcx.DefaultPercent, "Go GC target percentage (GOGC; the environment's GOGC wins); -1 off, with runtime.memory_limit_mb. higher trades memory for fewer collections: see docs/BENCHMARKS.md, Why the defaults"},
+	{"runtime.gogc", gcx.DefaultPercent, "Go GC target percentage (GOGC; the environment's GOGC wins); -1 off, with runtime.memory_limit_mb. Higher trades memory for fewer collections: see docs/BENCHMARKS.md, Why the defaults"},
 	{"runtime.memory_limit_mb", 0, "Go soft memory limit in MiB (GOMEMLIMIT; the environment's wins); 0: none. Set it in a memory-limited container so the collector works harder before the limit"},
 }
 

@@ -24,8 +24,8 @@ type ParallelConfig struct {
 	// marked (committable) offset: the span from the oldest un-acked message to the newest
 	// message handed out. It bounds both the un-acked messages per partition and how many
 	// messages a crash can redeliver (plus those acked within the last auto-commit
-	// interval). Default 256; handlers that wait on slow calls inside
-	// the window need more (docs/BENCHMARKS.md, "Why the defaults": kafka.window 256 and runtime.gogc 100).
+	// interval). Default 256; handlers that wait on slow calls inside the window need more
+	// (docs/BENCHMARKS.md, "Why the defaults": kafka.window 256 and runtime.gogc 100).
 	Window int
 	// NackResendSleep is how long a nacked message waits before it is handed out again.
 	// Default 100ms, like watermill-kafka; negative means no wait.
