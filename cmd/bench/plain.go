@@ -20,9 +20,11 @@ import (
 // into its own table and one outbox event per order, no batch code — one delivery per
 // transaction (Inbox.Process, mode=single) and group-committed by the Batcher (each
 // delivery's Handle in the batch's transaction, behind a savepoint once a delivery has
-// failed: inbox/grouped.go; mode=grouped), beside the coupon plugin's
-// hand-written BatchHandler on the same Batcher settings (mode=coupon_batch). Rounds
-// alternate the order of the three; medians reported, then the ratios.
+// failed: inbox/grouped.go), its INSERT sent by tx.ExecContext (mode=grouped) or through an
+// inbox.Inserter, which defers it to the batch's multi-row INSERT (mode=grouped_inserter),
+// beside the coupon plugin's hand-written BatchHandler on the same Batcher settings
+// (mode=coupon_batch). Rounds alternate the order of the four; medians reported, then the
+// ratios.
 
 // plainTable is the plain plugin's own table, created by the bench on its database (not a
 // framework migration): one credit per order.
@@ -35,9 +37,12 @@ const plainTable = `CREATE TABLE IF NOT EXISTS plain_credit (
  UNIQUE KEY uk_order (order_id)
 ) ENGINE=InnoDB`
 
-// plainCredit is the plain plugin: what a user writes with the inbox.Handler API.
+// plainCredit is the plain plugin: what a user writes with the inbox.Handler API. With ins
+// set (mode=grouped_inserter) it writes its credit through an inbox.Inserter instead of
+// tx.ExecContext: the same row, deferred to the end of a group-committed batch.
 type plainCredit struct {
 	out *outbox.Writer
+	ins *inbox.Inserter
 }
 
 var _ inbox.Handler = (*plainCredit)(nil)
@@ -65,7 +70,11 @@ func (h plainCredit) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) 
 		return inbox.Done, inbox.Permanent(fmt.Errorf("unexpected value %T", d.Value))
 	}
 	points := o.AmountCents / 100
-	if _, err := tx.ExecContext(ctx, "INSERT INTO plain_credit (order_id, user_id, points) VALUES (?, ?, ?)", o.OrderID, o.UserID, points); err != nil {
+	if h.ins != nil {
+		if err := h.ins.Insert(ctx, tx, o.OrderID, o.UserID, points); err != nil {
+			return inbox.Done, fmt.Errorf("credit %s: %w", o.OrderID, err)
+		}
+	} else if _, err := tx.ExecContext(ctx, "INSERT INTO plain_credit (order_id, user_id, points) VALUES (?, ?, ?)", o.OrderID, o.UserID, points); err != nil {
 		return inbox.Done, fmt.Errorf("credit %s: %w", o.OrderID, err)
 	}
 	payload := fmt.Appendf(nil, `{"orderId":%q,"userId":%q,"points":%d}`, o.OrderID, o.UserID, points)
@@ -97,12 +106,20 @@ func checkPlain(ctx context.Context, db *sql.DB, n int) error {
 	return nil
 }
 
-func newPlainInbox(db *sql.DB) (*inbox.Inbox, *outbox.Writer, error) {
+// newPlainInbox builds the plain plugin's inbox; inserter: its credit through an
+// inbox.Inserter.
+func newPlainInbox(db *sql.DB, inserter bool) (*inbox.Inbox, *outbox.Writer, error) {
 	out, err := outbox.NewWriter("outbox")
 	if err != nil {
 		return nil, nil, err
 	}
-	ib, err := inbox.New(db, plainCredit{out: out}, inbox.Config{BizType: "plain"}, nil, nil)
+	h := plainCredit{out: out}
+	if inserter {
+		if h.ins, err = inbox.NewInserter("plain_credit", "order_id", "user_id", "points"); err != nil {
+			return nil, nil, err
+		}
+	}
+	ib, err := inbox.New(db, h, inbox.Config{BizType: "plain"}, nil, nil)
 	return ib, out, err
 }
 
@@ -128,7 +145,7 @@ func (s *suite) benchPlainSingle(ctx context.Context) (plainMeasure, error) {
 	if err := s.truncatePlain(ctx); err != nil {
 		return plainMeasure{}, err
 	}
-	ib, out, err := newPlainInbox(s.db)
+	ib, out, err := newPlainInbox(s.db, false)
 	if err != nil {
 		return plainMeasure{}, err
 	}
@@ -157,14 +174,15 @@ func (s *suite) benchPlainSingle(ctx context.Context) (plainMeasure, error) {
 	return plainMeasure{rate: rate, cpu: cpuMap(kv)}, nil
 }
 
-// benchPlainGrouped: every order through a Batcher on the plain handler (group commit, a
-// savepoint per delivery), offered by -batch-senders concurrent senders exactly as
-// benchInboxBatch offers the coupon orders, then 30 % duplicates.
-func (s *suite) benchPlainGrouped(ctx context.Context) (plainMeasure, error) {
+// benchPlainGrouped: every order through a Batcher on the plain handler (group commit),
+// offered by -batch-senders concurrent senders exactly as benchInboxBatch offers the coupon
+// orders, then 30 % duplicates; inserter: the handler writes its credit through an
+// inbox.Inserter (mode=grouped_inserter).
+func (s *suite) benchPlainGrouped(ctx context.Context, inserter bool) (plainMeasure, error) {
 	if err := s.truncatePlain(ctx); err != nil {
 		return plainMeasure{}, err
 	}
-	ib, out, err := newPlainInbox(s.db)
+	ib, out, err := newPlainInbox(s.db, inserter)
 	if err != nil {
 		return plainMeasure{}, err
 	}
@@ -174,7 +192,11 @@ func (s *suite) benchPlainGrouped(ctx context.Context) (plainMeasure, error) {
 		return plainMeasure{}, err
 	}
 	defer b.Close()
-	return s.measureBatcher(ctx, b, "grouped", "plain-grouped", func() error { return checkPlain(ctx, s.db, s.cfg.batchOrders) })
+	mode := "grouped"
+	if inserter {
+		mode = "grouped_inserter"
+	}
+	return s.measureBatcher(ctx, b, mode, "plain-"+mode, func() error { return checkPlain(ctx, s.db, s.cfg.batchOrders) })
 }
 
 // benchPlainCouponBatch: the coupon plugin's BatchHandler through the same Batcher
@@ -299,7 +321,10 @@ func (s *suite) plainGroup(ctx context.Context) error {
 	modes := []struct {
 		name string
 		run  func(context.Context) (plainMeasure, error)
-	}{{"single", s.benchPlainSingle}, {"grouped", s.benchPlainGrouped}, {"coupon_batch", s.benchPlainCouponBatch}}
+	}{{"single", s.benchPlainSingle},
+		{"grouped", func(ctx context.Context) (plainMeasure, error) { return s.benchPlainGrouped(ctx, false) }},
+		{"grouped_inserter", func(ctx context.Context) (plainMeasure, error) { return s.benchPlainGrouped(ctx, true) }},
+		{"coupon_batch", s.benchPlainCouponBatch}}
 	got := map[string][]plainMeasure{}
 	for r := 1; r <= s.cfg.plainRounds; r++ {
 		s.round = r
@@ -340,6 +365,7 @@ func (s *suite) plainGroup(ctx context.Context) error {
 		s.report("plain", kv...)
 	}
 	ratio := func(a, b float64) string { return fmt.Sprintf("%.2f", a/max(b, 1)) }
-	s.report("ratio", "plain_grouped_vs_single", ratio(med["grouped"], med["single"]), "plain_grouped_vs_coupon_batch", ratio(med["grouped"], med["coupon_batch"]))
+	s.report("ratio", "plain_grouped_vs_single", ratio(med["grouped"], med["single"]), "plain_grouped_vs_coupon_batch", ratio(med["grouped"], med["coupon_batch"]),
+		"plain_inserter_vs_single", ratio(med["grouped_inserter"], med["single"]), "plain_inserter_vs_coupon_batch", ratio(med["grouped_inserter"], med["coupon_batch"]))
 	return nil
 }

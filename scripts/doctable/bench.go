@@ -312,7 +312,7 @@ func (b benchRun) tracingRow(row func(m, r, t string)) {
 // plainRows are the plain handler's medians and ratios, when the run measured them.
 func (b benchRun) plainRows(row func(m, r, t string)) {
 	var modes []string
-	for _, m := range []string{"single", "grouped", "coupon_batch"} {
+	for _, m := range []string{"single", "grouped", "grouped_inserter", "coupon_batch"} {
 		if p, ok := b.one("plain", "mode", m, "rounds", ""); ok {
 			modes = append(modes, fmt.Sprintf("%s %s orders/s (%s µs CPU per order)", strings.ReplaceAll(m, "_", " "),
 				rate(p.num("orders_per_s")), f(p.num("total_cpu_us_per_order"), 0)))
@@ -324,8 +324,13 @@ func (b benchRun) plainRows(row func(m, r, t string)) {
 	row("`plain`: a one-step plain `inbox.Handler` (medians)", strings.Join(modes, "; "), "—")
 	if r, ok := b.one("ratio", "plain_grouped_vs_single", ""); ok {
 		gs, gc := r.num("plain_grouped_vs_single"), r.num("plain_grouped_vs_coupon_batch")
-		row("`ratio`: plain grouped vs single; vs the coupon `BatchHandler`", fmt.Sprintf("%s×; %s", f(gs, 2), f(gc, 2)),
+		row("`ratio`: plain grouped (`tx.ExecContext`) vs single; vs the coupon `BatchHandler`", fmt.Sprintf("%s×; %s", f(gs, 2), f(gc, 2)),
 			fmt.Sprintf("≥ 10×: %s; ≥ 0.5: %s", verdict(gs >= 10), verdict(gc >= 0.5)))
+	}
+	if r, ok := b.one("ratio", "plain_inserter_vs_single", ""); ok {
+		is, ic := r.num("plain_inserter_vs_single"), r.num("plain_inserter_vs_coupon_batch")
+		row("`ratio`: plain grouped (`inbox.Inserter`) vs single; vs the coupon `BatchHandler`", fmt.Sprintf("%s×; %s", f(is, 2), f(ic, 2)),
+			fmt.Sprintf("≥ 10×: %s; ≥ 0.5: %s", verdict(is >= 10), verdict(ic >= 0.5)))
 	}
 }
 
