@@ -1,7 +1,5 @@
-// Package points is a loyalty-points plugin written outside the onceflow repository's own
-// packages, as a team would write one: it consumes order-shipped, credits the order's points
-// once per order into its own tables, and emits PointsCredited on points-credited through
-// the outbox, in the same transaction.
+// Package points is a loyalty-points plugin, written as a team outside onceflow would: it
+// credits each shipped order's points once and emits PointsCredited through the outbox.
 package points
 
 import (
@@ -65,15 +63,18 @@ var codec = inbox.JSON[OrderShipped]{
 
 // NewHandler returns the plugin's handler, emitting its events to topic.
 func NewHandler(topic string) inbox.Handler {
-	w, err := outbox.NewWriter("outbox")
-	if err != nil {
-		panic(err) // "outbox" is a valid table name
+	w, err1 := outbox.NewWriter("outbox")
+	credits, err2 := inbox.NewInserter("points_credit", "order_id", "user_id", "points")
+	balances, err3 := inbox.NewInserter("points_balance", "user_id", "points")
+	if err := errors.Join(err1, err2, err3); err != nil {
+		panic(err) // the names above are valid
 	}
+	balances.OnDuplicateKeyUpdate("points = points + VALUES(points)")
 	return inbox.Typed(codec, func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery, o OrderShipped) (inbox.Progress, error) {
-		if _, err := tx.ExecContext(ctx, "INSERT INTO points_credit (order_id, user_id, points) VALUES (?, ?, ?)", o.OrderID, o.UserID, o.Points); err != nil {
+		if err := credits.Insert(ctx, tx, o.OrderID, o.UserID, o.Points); err != nil {
 			return 0, err
 		}
-		if _, err := tx.ExecContext(ctx, "INSERT INTO points_balance (user_id, points) VALUES (?, ?) ON DUPLICATE KEY UPDATE points = points + VALUES(points)", o.UserID, o.Points); err != nil {
+		if err := balances.Insert(ctx, tx, o.UserID, o.Points); err != nil {
 			return 0, err
 		}
 		ev := PointsCredited{EventID: "points-" + o.OrderID, OrderID: o.OrderID, UserID: o.UserID, Points: o.Points}
