@@ -45,8 +45,10 @@
 // transaction, behind a savepoint once a delivery has failed, so a delivery that fails,
 // panics or times out is rolled back alone and retried or quarantined alone, its attempts
 // counted on its row; per-key order and every guarantee above are Process's. A Preparer's
-// Prepare runs before the batch, outside it. A BatchHandler does a batch's work with its own
-// multi-row statements (HandleBatch), the fastest path for a hot plugin.
+// Prepare runs before the batch, outside it. Rows a Handle inserts through an Inserter (and
+// events it adds with outbox.Writer.Add) wait for the end of the batch and go out in
+// multi-row INSERTs, so a one-step plain handler costs the batch no round trip of its own.
+// A BatchHandler does a batch's work with its own multi-row statements (HandleBatch).
 //
 // The package knows no domain and no other onceflow layer: a plugin implements Handler.
 package inbox

@@ -54,3 +54,30 @@ func ExampleTyped() {
 	// poison message: json: data after the value, which ends at byte 32
 	// poison message: orderId and userId are required
 }
+
+// A plain handler's rows through Inserters: written at once when a delivery runs alone, or
+// at the end of a group-committed batch in multi-row INSERTs. The handler never reads them
+// back in the same transaction (in a batch they are not written yet).
+func ExampleInserter() {
+	credits, err := inbox.NewInserter("points_credit", "order_id", "user_id", "points")
+	if err != nil {
+		panic(err)
+	}
+	balances, err := inbox.NewInserter("points_balance", "user_id", "points")
+	if err != nil {
+		panic(err)
+	}
+	balances.OnDuplicateKeyUpdate("points = points + VALUES(points)") // add to the user's balance
+	_ = inbox.Typed(
+		inbox.JSON[OrderShipped]{Key: func(o OrderShipped) (string, error) { return o.OrderID, nil }},
+		func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery, o OrderShipped) (inbox.Progress, error) {
+			if err := credits.Insert(ctx, tx, o.OrderID, o.UserID, o.Points); err != nil {
+				return 0, err
+			}
+			return inbox.Done, balances.Insert(ctx, tx, o.UserID, o.Points)
+		})
+	// A value missing is the handler's bug, refused before any round trip (and permanent).
+	fmt.Println(credits.Insert(context.Background(), nil, "o-1", "u-1"))
+	// Output:
+	// insert into points_credit: 2 values for 3 columns (order_id, user_id, points)
+}
