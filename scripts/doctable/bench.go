@@ -322,15 +322,12 @@ func (b benchRun) plainRows(row func(m, r, t string)) {
 		return
 	}
 	row("`plain`: a one-step plain `inbox.Handler` (medians)", strings.Join(modes, "; "), "—")
-	if r, ok := b.one("ratio", "plain_grouped_vs_single", ""); ok {
-		gs, gc := r.num("plain_grouped_vs_single"), r.num("plain_grouped_vs_coupon_batch")
-		row("`ratio`: plain grouped (`tx.ExecContext`) vs single; vs the coupon `BatchHandler`", fmt.Sprintf("%s×; %s", f(gs, 2), f(gc, 2)),
-			fmt.Sprintf("≥ 10×: %s; ≥ 0.5: %s", verdict(gs >= 10), verdict(gc >= 0.5)))
-	}
-	if r, ok := b.one("ratio", "plain_inserter_vs_single", ""); ok {
-		is, ic := r.num("plain_inserter_vs_single"), r.num("plain_inserter_vs_coupon_batch")
-		row("`ratio`: plain grouped (`inbox.Inserter`) vs single; vs the coupon `BatchHandler`", fmt.Sprintf("%s×; %s", f(is, 2), f(ic, 2)),
-			fmt.Sprintf("≥ 10×: %s; ≥ 0.5: %s", verdict(is >= 10), verdict(ic >= 0.5)))
+	for _, r := range []struct{ how, vs string }{{"tx.ExecContext", "plain_grouped"}, {"inbox.Inserter", "plain_inserter"}} {
+		if p, ok := b.one("ratio", r.vs+"_vs_single", ""); ok {
+			single, batch := p.num(r.vs+"_vs_single"), p.num(r.vs+"_vs_coupon_batch")
+			row("`ratio`: plain grouped (`"+r.how+"`) vs single; vs the coupon `BatchHandler`", fmt.Sprintf("%s×; %s", f(single, 2), f(batch, 2)),
+				fmt.Sprintf("≥ 10×: %s; ≥ 0.5: %s", verdict(single >= 10), verdict(batch >= 0.5)))
+		}
 	}
 }
 
