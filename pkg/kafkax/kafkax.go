@@ -111,8 +111,15 @@ func (c Config) ConsumerConfig() *sarama.Config {
 	sc.Consumer.Group.Heartbeat.Interval = c.HeartbeatEvery
 	sc.Consumer.MaxWaitTime = c.MaxPollWait
 	sc.Consumer.IsolationLevel = sarama.ReadCommitted
+	// What Sarama reads ahead of a partition's consumer waits in this channel (and in one
+	// fetch response) whatever its size, outside the subscriber's byte budget: 32 records
+	// instead of Sarama's 256 keep that small for big records.
+	sc.ChannelBufferSize = ConsumerChannelBuffer
 	return sc
 }
+
+// ConsumerChannelBuffer is the records Sarama buffers per consumed partition.
+const ConsumerChannelBuffer = 32
 
 // ProducerConfig is an idempotent producer: acks=all, one in-flight request, retries on.
 // A SendMessages call goes out as one produce request (up to Flush.MaxMessages): Sarama

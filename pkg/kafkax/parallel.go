@@ -1,8 +1,10 @@
 package kafkax
 
 import (
+	"bytes"
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"slices"
@@ -30,12 +32,25 @@ type ParallelConfig struct {
 	// NackResendSleep is how long a nacked message waits before it is handed out again.
 	// Default 100ms, like watermill-kafka; negative means no wait.
 	NackResendSleep time.Duration
+	// MaxInFlightBytes bounds the records handed out and not yet acked, in bytes (each its
+	// value, key and headers plus RecordOverhead): many small records may wait on slow
+	// calls while few big ones do. Default 64 MiB. Ignored when Budget is set.
+	MaxInFlightBytes int64
+	// Budget, when set, is the byte budget shared with other subscribers (one for a
+	// router) instead of one of MaxInFlightBytes for this subscriber.
+	Budget *Budget
+	// MaxValueBytes: a record value longer than this is cut as soon as it is read, before it
+	// waits in the window: the message's payload is a copy of its first bytes (at most
+	// msgsource.CutPrefixBytes) and its context carries the value's size and sha256
+	// (msgsource.CutFrom), for the inbox to quarantine it. 0 never cuts.
+	MaxValueBytes int
 }
 
 const (
-	defaultWindow          = 256
-	defaultNackResendSleep = 100 * time.Millisecond
-	reconnectRetrySleep    = time.Second
+	defaultWindow           = 256
+	defaultMaxInFlightBytes = 64 << 20
+	defaultNackResendSleep  = 100 * time.Millisecond
+	reconnectRetrySleep     = time.Second
 )
 
 // WithDefaults returns pc with its zero settings set to their defaults, as
@@ -51,6 +66,9 @@ func (pc *ParallelConfig) setDefaults() {
 	}
 	if pc.NackResendSleep == 0 {
 		pc.NackResendSleep = defaultNackResendSleep
+	}
+	if pc.MaxInFlightBytes == 0 {
+		pc.MaxInFlightBytes = defaultMaxInFlightBytes
 	}
 }
 
@@ -96,6 +114,7 @@ type ParallelSubscriber struct {
 	group   string
 	sarama  *sarama.Config
 	pc      ParallelConfig
+	budget  *Budget
 	grace   time.Duration
 	logger  watermill.LoggerAdapter
 
@@ -122,6 +141,13 @@ func (c Config) NewParallelSubscriber(group string, pc ParallelConfig, logger wa
 		return nil, err
 	}
 	pc.setDefaults()
+	if pc.Window < 1 || pc.MaxInFlightBytes < 1 || pc.MaxValueBytes < 0 {
+		return nil, fmt.Errorf("kafkax: window %d, max in-flight bytes %d, max value bytes %d out of range", pc.Window, pc.MaxInFlightBytes, pc.MaxValueBytes)
+	}
+	budget := pc.Budget
+	if budget == nil {
+		budget = NewBudget(pc.MaxInFlightBytes)
+	}
 	sc := c.ConsumerConfig()
 	if err := sc.Validate(); err != nil {
 		return nil, fmt.Errorf("kafkax: consumer config: %w", err)
@@ -134,6 +160,7 @@ func (c Config) NewParallelSubscriber(group string, pc ParallelConfig, logger wa
 		group:   group,
 		sarama:  sc,
 		pc:      pc,
+		budget:  budget,
 		grace:   sc.Consumer.Group.Rebalance.Timeout / 2,
 		logger:  logger.With(watermill.LogFields{"subscriber_uuid": watermill.NewShortUUID()}),
 		closing: make(chan struct{}),
@@ -325,7 +352,8 @@ func (h *parallelHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim s
 
 // slot is one message handed out (or about to be) from a claimed partition.
 type slot struct {
-	km      *sarama.ConsumerMessage
+	offset  int64
+	cost    int64 // charged to the budget until settled
 	key     string
 	keyed   bool
 	since   time.Time // when it took its place in the window, just before it was handed out
@@ -375,6 +403,7 @@ func (r *claimRun) run(msgs <-chan *sarama.ConsumerMessage) error {
 	r.settleWaiting()
 	close(r.abandon)
 	r.watchers.Wait()
+	r.releaseAbandoned()
 	r.h.s.logger.Debug("Partition claim done", r.logFields)
 	return err
 }
@@ -397,14 +426,57 @@ func (r *claimRun) read(msgs <-chan *sarama.ConsumerMessage) error {
 			// Resending makes no sense; like watermill-kafka, give up the claim.
 			return fmt.Errorf("message unmarshal failed: %w", err)
 		}
-		sl := &slot{km: km, key: string(km.Key), keyed: len(km.Key) > 0}
-		msg.SetContext(msgsource.With(r.ctx, msgsource.Source{Topic: km.Topic, Partition: km.Partition, Offset: km.Offset}))
+		ctx := msgsource.With(r.ctx, msgsource.Source{Topic: km.Topic, Partition: km.Partition, Offset: km.Offset})
+		msg.Payload, ctx = r.h.s.ownValue(ctx, km.Value)
+		msg.SetContext(ctx)
+		sl := &slot{offset: km.Offset, key: string(km.Key), keyed: len(km.Key) > 0, cost: recordCost(msg, len(km.Key))}
+		km = nil
+		if sl.cost = r.h.s.budget.acquire(r.sess.Context(), sl.cost); sl.cost == 0 {
+			return nil // the session ended while the record waited for the budget
+		}
 		out, ok := r.admit(sl, msg)
 		if !ok {
+			r.h.s.budget.release(sl.cost)
 			return nil
 		}
 		if out && !r.handOut(sl, msg, r.stop) {
 			return nil
+		}
+	}
+}
+
+// ownValue returns the payload a record's value is handed out with: a copy, so that no
+// message pins the fetch response its value was decoded from, or, for a value over
+// MaxValueBytes, a copy of its first bytes, with ctx carrying the value's size and sha256.
+func (s *ParallelSubscriber) ownValue(ctx context.Context, v []byte) ([]byte, context.Context) {
+	if limit := s.pc.MaxValueBytes; limit > 0 && len(v) > limit {
+		cut := msgsource.Cut{Size: len(v), SHA256: sha256.Sum256(v)}
+		return bytes.Clone(v[:min(limit, msgsource.CutPrefixBytes)]), msgsource.WithCut(ctx, cut)
+	}
+	return bytes.Clone(v), ctx // nil (a tombstone) stays nil
+}
+
+// recordCost is what a message costs the budget: its payload, key and headers, and
+// RecordOverhead.
+func recordCost(msg *message.Message, keyLen int) int64 {
+	n := len(msg.Payload) + keyLen + RecordOverhead
+	for k, v := range msg.Metadata {
+		n += len(k) + len(v)
+	}
+	return int64(n)
+}
+
+// releaseAbandoned gives back the budget of the messages no ack settled once the claim
+// stopped watching them (their handlers may still be running: redelivered to the next
+// owner anyway).
+func (r *claimRun) releaseAbandoned() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, sl := range r.queue {
+		if !sl.settled {
+			sl.settled = true
+			r.unsettled--
+			r.h.s.budget.release(sl.cost)
 		}
 	}
 }
@@ -419,7 +491,7 @@ func (r *claimRun) admit(sl *slot, msg *message.Message) (handOut, ok bool) {
 			sl.since = time.Now()
 			if r.marked < 0 {
 				// A new group's first message: nothing before it is to be consumed.
-				r.marked = sl.km.Offset
+				r.marked = sl.offset
 			}
 			r.queue = append(r.queue, sl)
 			r.unsettled++
@@ -547,10 +619,11 @@ func (r *claimRun) ack(sl *slot) {
 	if !sl.settled {
 		sl.settled = true
 		r.unsettled--
+		r.h.s.budget.release(sl.cost)
 	}
 	last := int64(-1)
 	for len(r.queue) > 0 && r.queue[0].acked {
-		last = r.queue[0].km.Offset
+		last = r.queue[0].offset
 		r.queue[0] = nil
 		r.queue = r.queue[1:]
 	}
@@ -573,6 +646,7 @@ func (r *claimRun) settle(sl *slot) {
 	if !sl.settled {
 		sl.settled = true
 		r.unsettled--
+		r.h.s.budget.release(sl.cost)
 	}
 	r.mu.Unlock()
 	r.signal()
@@ -627,6 +701,8 @@ type PartitionStat struct {
 	Marked int64
 	// InFlight is the messages handed out (or about to be) and not acked yet.
 	InFlight int
+	// InFlightBytes is what they cost the subscriber's Budget (bytes and RecordOverhead).
+	InFlightBytes int64
 	// OldestUnackedAge is how long ago the oldest of them was handed out the first time
 	// (nacks and resends do not reset it); 0 when none is in flight.
 	OldestUnackedAge time.Duration
@@ -684,6 +760,7 @@ func (r *claimRun) stat(now time.Time) PartitionStat {
 	for _, sl := range r.queue {
 		if !sl.acked {
 			st.InFlight++
+			st.InFlightBytes += sl.cost
 		}
 	}
 	if len(r.queue) > 0 { // the acked prefix is gone: the first is the oldest un-acked

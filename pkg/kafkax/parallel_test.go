@@ -129,7 +129,7 @@ func quiet(t *testing.T, ch <-chan *message.Message, d time.Duration, what strin
 	select {
 	case m := <-ch:
 		src := inbox.SourceOf(m, "")
-		t.Fatalf("%s: unexpected message %q at %d/%d", what, m.Payload, src.Partition, src.Offset)
+		t.Fatalf("%s: unexpected message %q (%d bytes) at %d/%d", what, m.Payload[:min(len(m.Payload), 40)], len(m.Payload), src.Partition, src.Offset)
 	case <-time.After(d):
 	}
 }

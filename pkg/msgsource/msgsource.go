@@ -24,3 +24,29 @@ func From(ctx context.Context) (Source, bool) {
 	s, ok := ctx.Value(key{}).(Source)
 	return s, ok
 }
+
+// CutPrefixBytes is how much of a record value over the consumer's limit is kept when it
+// is cut (Cut).
+const CutPrefixBytes = 64 << 10
+
+// Cut records that a subscriber cut a record's value before the record waited to be
+// handled, because it was over the limit the inbox refuses anyway: the message's payload
+// holds only the value's first bytes (at most CutPrefixBytes), and Cut its original size
+// and sha256, which the inbox quarantines it with.
+type Cut struct {
+	Size   int
+	SHA256 [32]byte
+}
+
+type cutKey struct{}
+
+// WithCut returns ctx carrying c.
+func WithCut(ctx context.Context, c Cut) context.Context {
+	return context.WithValue(ctx, cutKey{}, c)
+}
+
+// CutFrom returns the Cut ctx carries, if any.
+func CutFrom(ctx context.Context) (Cut, bool) {
+	c, ok := ctx.Value(cutKey{}).(Cut)
+	return c, ok
+}

@@ -1,0 +1,56 @@
+package kafkax
+
+import (
+	"context"
+	"sync/atomic"
+
+	"golang.org/x/sync/semaphore"
+)
+
+// RecordOverhead is what a record handed out costs beyond its bytes (value, key, headers),
+// charged to the Budget with each: its Watermill message, context and handler goroutine,
+// the watcher of its ack and its place in the window, as measured on a router with many
+// records waiting (docs/BENCHMARKS.md, "Why the defaults": kafka.max_in_flight_bytes).
+const RecordOverhead = 4 << 10
+
+// Budget bounds the bytes of the records handed out and not yet acked by every
+// ParallelSubscriber sharing it (one budget for a router): a record waits to be handed out
+// until its cost fits. A record costs its value, key and headers plus RecordOverhead; one
+// costing more than the whole budget takes all of it. Waiting is first come, first served,
+// so a big record is not starved by small ones.
+type Budget struct {
+	sem   *semaphore.Weighted
+	limit int64
+	used  atomic.Int64
+}
+
+// NewBudget returns a budget of limit bytes (at least 1).
+func NewBudget(limit int64) *Budget {
+	limit = max(limit, 1)
+	return &Budget{sem: semaphore.NewWeighted(limit), limit: limit}
+}
+
+// Limit is the budget's size in bytes.
+func (b *Budget) Limit() int64 { return b.limit }
+
+// InUse is the bytes charged now.
+func (b *Budget) InUse() int64 { return b.used.Load() }
+
+// acquire charges n bytes (capped at the limit), waiting until they fit or ctx ends; it
+// returns what it charged, 0 when ctx ended first.
+func (b *Budget) acquire(ctx context.Context, n int64) int64 {
+	n = min(max(n, 1), b.limit)
+	if err := b.sem.Acquire(ctx, n); err != nil {
+		return 0
+	}
+	b.used.Add(n)
+	return n
+}
+
+// release gives back n bytes charged by acquire.
+func (b *Budget) release(n int64) {
+	if n > 0 {
+		b.used.Add(-n)
+		b.sem.Release(n)
+	}
+}

@@ -1,0 +1,7 @@
+package kafkax
+
+import "context"
+
+// BudgetAcquire and BudgetRelease expose the budget's charge for its tests.
+func BudgetAcquire(b *Budget, ctx context.Context, n int64) int64 { return b.acquire(ctx, n) }
+func BudgetRelease(b *Budget, n int64)                          { b.release(n) }
