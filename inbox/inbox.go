@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/pkg/dbx"
+	"github.com/onceflow/onceflow/pkg/msgsource"
 	"github.com/onceflow/onceflow/pkg/tracex"
 )
 
@@ -153,7 +154,7 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, 
 		if failureReason(derr) == ReasonPanic {
 			reason = ReasonPanic // the plugin's decoder panicked on these bytes: no retry will differ
 		}
-		r, err := ib.quarantine(ctx, msg, src, key, fingerprint(msg.Payload), reason, derr, 0, opts)
+		r, err := ib.quarantine(ctx, msg, src, key, payloadFingerprint(msg), reason, derr, 0, opts)
 		if err == nil {
 			ib.logger.Error("poison message quarantined", derr, fields.Add(watermill.LogFields{ib.cfg.KeyLogField: key, "reason": string(reason)}))
 		}
@@ -215,6 +216,9 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, 
 // error it returns makes the message poison (a panic in Decode comes back as a *PanicError
 // wrapped in ErrPoison).
 func (ib *Inbox) decode(msg *message.Message) (dec Decoded, err error) {
+	if cut, ok := msgsource.CutFrom(msg.Context()); ok {
+		return Decoded{}, PoisonError("payload of %d bytes exceeds the limit of %d", cut.Size, ib.cfg.MaxPayloadBytes)
+	}
 	if len(msg.Payload) > ib.cfg.MaxPayloadBytes {
 		return Decoded{}, PoisonError("payload of %d bytes exceeds the limit of %d", len(msg.Payload), ib.cfg.MaxPayloadBytes)
 	}
@@ -473,6 +477,23 @@ func poisonKey(src Source, msg *message.Message) string {
 		return "poison:" + messageUUID(msg)
 	}
 	return fmt.Sprintf("poison:%s/%d/%d", src.Topic, src.Partition, src.Offset)
+}
+
+// payloadFingerprint is the fingerprint of a record's whole value: its payload's, or, when
+// the subscriber cut the value before it waited, the sha256 it recorded of the value.
+func payloadFingerprint(msg *message.Message) string {
+	if cut, ok := msgsource.CutFrom(msg.Context()); ok {
+		return hex.EncodeToString(cut.SHA256[:])
+	}
+	return fingerprint(msg.Payload)
+}
+
+// payloadSize is the size of a record's whole value (what was cut included).
+func payloadSize(msg *message.Message) int {
+	if cut, ok := msgsource.CutFrom(msg.Context()); ok {
+		return cut.Size
+	}
+	return len(msg.Payload)
 }
 
 func fingerprint(b []byte) string {

@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/pkg/dbx"
+	"github.com/onceflow/onceflow/pkg/msgsource"
 )
 
 // A quarantine must not fail on what the record holds: whatever its bytes, the row is made
@@ -18,8 +19,9 @@ import (
 // source, reason, hash, size) is written instead. Only an unreachable database, or a
 // cancelled context, leaves the message un-acked.
 
-// poisonPrefixBytes is how much of a payload over inbox.max_payload_bytes is kept.
-const poisonPrefixBytes = 64 << 10
+// poisonPrefixBytes is how much of a payload over inbox.max_payload_bytes is kept: as much
+// as a subscriber keeps of a value it cut before it waited.
+const poisonPrefixBytes = msgsource.CutPrefixBytes
 
 // storedPayload returns the payload column's value for a record value: a nil value (a
 // Kafka tombstone) is stored empty and flagged, since the column is NOT NULL.
@@ -42,9 +44,9 @@ type quarantineRow struct {
 func (ib *Inbox) newQuarantineRow(msg *message.Message, key, fp string, cause error) quarantineRow {
 	q := quarantineRow{key: key, uuid: messageUUID(msg), fp: fp, errText: errorText(cause)}
 	q.payload, q.tombstone = storedPayload(msg.Payload)
-	if len(q.payload) > ib.cfg.MaxPayloadBytes {
-		q.size = len(q.payload)
-		q.payload = q.payload[:min(poisonPrefixBytes, ib.cfg.MaxPayloadBytes)]
+	if size := payloadSize(msg); size > ib.cfg.MaxPayloadBytes {
+		q.size = size
+		q.payload = q.payload[:min(len(q.payload), poisonPrefixBytes, ib.cfg.MaxPayloadBytes)]
 	}
 	q.meta, _ = metadataJSON(msg.Metadata, ib.cfg.MaxMetadataBytes)
 	return q
@@ -53,7 +55,7 @@ func (ib *Inbox) newQuarantineRow(msg *message.Message, key, fp string, cause er
 // minimal is q without content: what is left when the database refused q (refusal).
 func (q quarantineRow) minimal(msg *message.Message, refusal error) quarantineRow {
 	m := q
-	m.payload, m.meta, m.size = []byte{}, nil, len(msg.Payload)
+	m.payload, m.meta, m.size = []byte{}, nil, payloadSize(msg)
 	m.errText = validText(fmt.Sprintf("stored without its payload and metadata: the database refused the full row (%v); cause: %s", refusal, q.errText), maxErrorBytes)
 	return m
 }
