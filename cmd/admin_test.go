@@ -201,7 +201,7 @@ func TestSubscriberPartitionStats(t *testing.T) {
 		want   bool
 	}{{1024, true}, {1, false}} {
 		a := &app{cfg: Config{Kafka: KafkaConfig{Window: tc.window}}, logger: watermill.NopLogger{}}
-		sub, err := a.subscriber(kc, "g")
+		sub, err := a.subscriber(kc, "g", kafkax.NewBudget(1<<20))
 		if err != nil {
 			t.Fatal(err)
 		}

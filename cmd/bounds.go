@@ -29,6 +29,7 @@ var bounds = map[string]bound{
 	"kafka.heartbeat":              durations(100*time.Millisecond, time.Minute),
 	"kafka.max_poll_wait":          durations(time.Millisecond, 30*time.Second),
 	"kafka.window":                 counts(1, 100000),
+	"kafka.max_in_flight_bytes":    counts(1<<20, 1<<40),
 	"inbox.max_attempts":           counts(1, 1000),
 	"inbox.backoff_initial":        durations(time.Millisecond, time.Hour),
 	"inbox.backoff_max":            durations(time.Millisecond, 24*time.Hour),

@@ -67,6 +67,7 @@ type KafkaConfig struct {
 	Heartbeat        time.Duration   `mapstructure:"heartbeat"`
 	MaxPollWait      time.Duration   `mapstructure:"max_poll_wait"`
 	Window           int             `mapstructure:"window"`
+	MaxInFlightBytes int             `mapstructure:"max_in_flight_bytes"`
 	TLS              KafkaTLSConfig  `mapstructure:"tls"`
 	SASL             KafkaSASLConfig `mapstructure:"sasl"`
 }
@@ -159,14 +160,14 @@ type LogConfig struct {
 // with a library has the library's default, so a program wired by hand and the stock router
 // start from the same values.
 var (
-	libDB      = dbx.Config{}.WithDefaults()
-	libKafka   = kafkax.Config{}.WithDefaults()
-	libWindow  = kafkax.ParallelConfig{}.WithDefaults().Window
-	libInbox   = inbox.Config{}.WithDefaults()
-	libBatch   = inbox.BatchConfig{}.WithDefaults()
-	libCleaner = inbox.CleanerConfig{}.WithDefaults()
-	libRelay   = outbox.RelayConfig{}.WithDefaults()
-	libHTTP    = httpcmd.Config{}.WithDefaults()
+	libDB       = dbx.Config{}.WithDefaults()
+	libKafka    = kafkax.Config{}.WithDefaults()
+	libParallel = kafkax.ParallelConfig{}.WithDefaults()
+	libInbox    = inbox.Config{}.WithDefaults()
+	libBatch    = inbox.BatchConfig{}.WithDefaults()
+	libCleaner  = inbox.CleanerConfig{}.WithDefaults()
+	libRelay    = outbox.RelayConfig{}.WithDefaults()
+	libHTTP     = httpcmd.Config{}.WithDefaults()
 )
 
 // dur is d as a settings value: "100ms", "1m", "720h" (time.Duration's text without its
@@ -217,7 +218,8 @@ var defaults = []struct {
 	{"kafka.rebalance_timeout", dur(libKafka.RebalanceTimeout), "time a member has to rejoin during a rebalance"},
 	{"kafka.heartbeat", dur(libKafka.HeartbeatEvery), "consumer heartbeat interval"},
 	{"kafka.max_poll_wait", dur(libKafka.MaxPollWait), "fetch max wait"},
-	{"kafka.window", libWindow, "un-acked messages handed out per partition at once (per-key order kept; offsets committed only past acked messages); 1: watermill-kafka's one-at-a-time subscriber; handlers waiting on slow calls need more"},
+	{"kafka.window", libParallel.Window, "most un-acked messages handed out per partition at once (per-key order kept; offsets committed only past acked messages; a crash redelivers at most this many per partition); 1: watermill-kafka's one-at-a-time subscriber"},
+	{"kafka.max_in_flight_bytes", int(libParallel.MaxInFlightBytes), "one budget for the router: bytes of the records handed out and not acked (value, key, headers and 4 KiB each), so many small records wait on slow calls while few big ones do; a value over inbox.max_payload_bytes waits cut to its quarantine form"},
 	{"inbox.max_attempts", libInbox.MaxAttempts, "handler attempts before a message is quarantined"},
 	{"inbox.backoff_initial", dur(libInbox.BackoffInitial), "first retry backoff (doubles)"},
 	{"inbox.backoff_max", dur(libInbox.BackoffMax), "retry backoff cap"},

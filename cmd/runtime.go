@@ -125,6 +125,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	}
 	router.AddMiddleware(middleware.Recoverer)
 	obs := &observer{m: m}
+	budget := kafkax.NewBudget(int64(a.cfg.Kafka.MaxInFlightBytes)) // one for every subscriber of the router
 	for _, p := range plugins {
 		ib, closeHandler, err := a.buildInbox(ctx, db, p, obs)
 		if err != nil {
@@ -145,7 +146,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 			}
 		}
 		for _, t := range p.Topics {
-			sub, err := a.subscriber(kc, p.ConsumerGroup)
+			sub, err := a.subscriber(kc, p.ConsumerGroup, budget)
 			if err != nil {
 				return kafkax.Unreachable(kc.Brokers, err)
 			}
@@ -248,12 +249,13 @@ func (a *app) buildInbox(ctx context.Context, db *sql.DB, p plugin, obs inbox.Ob
 	return ib, closeHandler, nil
 }
 
-// subscriber returns the consumer of a plugin's topic: the parallel one (kafka.window
-// messages per partition in flight, which group commit needs to fill its batches) or, with
-// kafka.window 1, watermill-kafka's.
-func (a *app) subscriber(kc kafkax.Config, group string) (message.Subscriber, error) {
+// subscriber returns the consumer of a plugin's topic: the parallel one (up to kafka.window
+// messages per partition in flight within the router's byte budget, which group commit
+// needs to fill its batches and slow calls need to overlap; values over
+// inbox.max_payload_bytes cut before they wait) or, with kafka.window 1, watermill-kafka's.
+func (a *app) subscriber(kc kafkax.Config, group string, budget *kafkax.Budget) (message.Subscriber, error) {
 	if a.cfg.Kafka.Window > 1 {
-		return kc.NewParallelSubscriber(group, kafkax.ParallelConfig{Window: a.cfg.Kafka.Window}, a.logger)
+		return kc.NewParallelSubscriber(group, kafkax.ParallelConfig{Window: a.cfg.Kafka.Window, Budget: budget, MaxValueBytes: a.cfg.Inbox.MaxPayloadBytes}, a.logger)
 	}
 	return kc.NewSubscriber(group, a.logger)
 }

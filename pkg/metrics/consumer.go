@@ -26,7 +26,7 @@ type ConsumerCollector struct {
 	mu      sync.Mutex
 	sources []PartitionStatsSource
 
-	lag, oldest, inFlight *prometheus.Desc
+	lag, oldest, inFlight, inFlightBytes *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*ConsumerCollector)(nil)
@@ -46,6 +46,9 @@ func NewConsumerCollector() *ConsumerCollector {
 		inFlight: prometheus.NewDesc("onceflow_consumer_in_flight",
 			"Deliveries of the partition handed out and not acked yet (at most kafka.window)."+only,
 			labels, nil),
+		inFlightBytes: prometheus.NewDesc("onceflow_consumer_in_flight_bytes",
+			"What the partition's deliveries in flight cost the router's kafka.max_in_flight_bytes budget: their values (cut ones as cut), keys and headers, plus a fixed overhead each."+only,
+			labels, nil),
 	}
 }
 
@@ -60,6 +63,7 @@ func (c *ConsumerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.lag
 	ch <- c.oldest
 	ch <- c.inFlight
+	ch <- c.inFlightBytes
 }
 
 // PartitionSummary is one partition claimed by this process, as the collector exports it.
@@ -74,6 +78,7 @@ type PartitionSummary struct {
 	// OldestUnacked is the age of the oldest delivery not acked yet; 0 when none.
 	OldestUnacked time.Duration
 	InFlight      int
+	InFlightBytes int64
 }
 
 // Partitions returns the partitions claimed now, in the order the sources report them.
@@ -105,6 +110,7 @@ func (c *ConsumerCollector) Partitions() []PartitionSummary {
 			}
 			a.OldestUnacked = max(a.OldestUnacked, st.OldestUnackedAge)
 			a.InFlight += st.InFlight
+			a.InFlightBytes += st.InFlightBytes
 		}
 	}
 	return out
@@ -119,5 +125,6 @@ func (c *ConsumerCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, p.OldestUnacked.Seconds(), lv...)
 		ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(p.InFlight), lv...)
+		ch <- prometheus.MustNewConstMetric(c.inFlightBytes, prometheus.GaugeValue, float64(p.InFlightBytes), lv...)
 	}
 }

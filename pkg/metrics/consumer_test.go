@@ -67,15 +67,18 @@ func TestConsumerCollector(t *testing.T) {
 	}
 
 	a.set(
-		kafkax.PartitionStat{Group: "g", Topic: "t", Partition: 0, HighWater: 120, Marked: 100, InFlight: 3, OldestUnackedAge: 1500 * time.Millisecond},
+		kafkax.PartitionStat{Group: "g", Topic: "t", Partition: 0, HighWater: 120, Marked: 100, InFlight: 3, InFlightBytes: 12000, OldestUnackedAge: 1500 * time.Millisecond},
 		kafkax.PartitionStat{Group: "g", Topic: "t", Partition: 1, HighWater: 50, Marked: 50},
 		kafkax.PartitionStat{Group: "g", Topic: "t", Partition: 2, HighWater: 7, Marked: -1}, // a new group, nothing fetched yet
 	)
 	// b holds partition 0 too for a moment (a hand-over inside this process): one series.
-	b.set(kafkax.PartitionStat{Group: "g", Topic: "t", Partition: 0, HighWater: 120, Marked: 90, InFlight: 2, OldestUnackedAge: 4 * time.Second})
+	b.set(kafkax.PartitionStat{Group: "g", Topic: "t", Partition: 0, HighWater: 120, Marked: 90, InFlight: 2, InFlightBytes: 9000, OldestUnackedAge: 4 * time.Second})
 	want := `onceflow_consumer_in_flight{group=g,partition=0,topic=t} 5
 onceflow_consumer_in_flight{group=g,partition=1,topic=t} 0
 onceflow_consumer_in_flight{group=g,partition=2,topic=t} 0
+onceflow_consumer_in_flight_bytes{group=g,partition=0,topic=t} 21000
+onceflow_consumer_in_flight_bytes{group=g,partition=1,topic=t} 0
+onceflow_consumer_in_flight_bytes{group=g,partition=2,topic=t} 0
 onceflow_consumer_lag_messages{group=g,partition=0,topic=t} 30
 onceflow_consumer_lag_messages{group=g,partition=1,topic=t} 0
 onceflow_consumer_oldest_unacked_seconds{group=g,partition=0,topic=t} 4
@@ -87,9 +90,10 @@ onceflow_consumer_oldest_unacked_seconds{group=g,partition=2,topic=t} 0
 	}
 
 	// A rebalance took partitions 0 and 2 away: their series go with them.
-	a.set(kafkax.PartitionStat{Group: "g", Topic: "t", Partition: 1, HighWater: 60, Marked: 55, InFlight: 5, OldestUnackedAge: 250 * time.Millisecond})
+	a.set(kafkax.PartitionStat{Group: "g", Topic: "t", Partition: 1, HighWater: 60, Marked: 55, InFlight: 5, InFlightBytes: 20480, OldestUnackedAge: 250 * time.Millisecond})
 	b.set()
 	want = `onceflow_consumer_in_flight{group=g,partition=1,topic=t} 5
+onceflow_consumer_in_flight_bytes{group=g,partition=1,topic=t} 20480
 onceflow_consumer_lag_messages{group=g,partition=1,topic=t} 5
 onceflow_consumer_oldest_unacked_seconds{group=g,partition=1,topic=t} 0.25
 `
