@@ -13,6 +13,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/onceflow/onceflow/cmd/internal/loopback"
 	"github.com/onceflow/onceflow/pkg/health"
 	"github.com/onceflow/onceflow/pkg/kafkax"
 	"github.com/onceflow/onceflow/pkg/metrics"
@@ -26,7 +27,9 @@ var readiness = health.Config{Interval: 5 * time.Second, Timeout: 3 * time.Secon
 // cmd/console) on a dedicated mux. /readyz answers from the latest results of background
 // checks of MariaDB and Kafka (health.Checker), never from a check of its own: a request
 // costs no connection and cannot hang on a broker that accepts connections and never
-// answers. The returned func stops the server, the console's replays and the checks.
+// answers. Without admin.token (a loopback listener) every path, /healthz included, answers
+// only requests addressed to a loopback name (tokenless). The returned func stops the
+// server, the console's replays and the checks.
 func (a *app) startAdmin(ctx context.Context, db *sql.DB, kc kafkax.Config, m *metrics.Metrics) (func(), error) {
 	if a.cfg.Admin.Listen == "" {
 		return func() {}, nil
@@ -55,7 +58,7 @@ func (a *app) startAdmin(ctx context.Context, db *sql.DB, kc kafkax.Config, m *m
 		con.Close()
 		return nil, badInput(fmt.Errorf("admin.listen %s: %w (set admin.listen to a free port, or empty to disable)", a.cfg.Admin.Listen, err))
 	}
-	srv := newAdminServer(mux)
+	srv := newAdminServer(tokenless(token, mux, nil))
 	go func() { _ = srv.Serve(ln) }()
 	checkCtx, stopChecks := context.WithCancel(ctx)
 	checksDone := make(chan struct{})
@@ -111,19 +114,23 @@ func withBearer(token string, h http.Handler, deny func(http.ResponseWriter)) ht
 	})
 }
 
+// tokenless guards a listener without a token (bound to loopback: listener.validate): it
+// serves h only to requests addressed to a loopback name, so a page whose DNS name is
+// re-pointed to 127.0.0.1 cannot use a browser on this machine to reach it; refuse answers
+// the others (nil: 421 with a fixed text). With a token the bearer check guards instead.
+func tokenless(token string, h http.Handler, refuse func(http.ResponseWriter)) http.Handler {
+	if token != "" {
+		return h
+	}
+	return loopback.Only(h, refuse)
+}
+
 // isLoopback reports whether listen (host:port) accepts connections from this machine
 // only: a loopback IP or "localhost". An empty host or 0.0.0.0 / :: listen on every
 // interface.
 func isLoopback(listen string) bool {
 	host, _, err := net.SplitHostPort(listen)
-	if err != nil {
-		return false
-	}
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
+	return err == nil && loopback.Name(host)
 }
 
 // token returns the admin bearer token: admin.token, or the first line of admin.token_file.

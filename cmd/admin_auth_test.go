@@ -1,7 +1,10 @@
 package onceflowcmd
 
 import (
+	"bufio"
 	"context"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -10,6 +13,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/onceflow/onceflow/cmd/internal/loopback"
 	"github.com/onceflow/onceflow/pkg/metrics"
 	"github.com/onceflow/onceflow/pkg/testenv"
 )
@@ -107,5 +111,115 @@ func TestAdminToken(t *testing.T) {
 	srv := newAdminServer(http.NewServeMux())
 	if srv.ReadHeaderTimeout <= 0 || srv.ReadTimeout <= 0 || srv.WriteTimeout <= 0 || srv.IdleTimeout <= 0 {
 		t.Errorf("admin server timeouts %v/%v/%v/%v: want all four set", srv.ReadHeaderTimeout, srv.ReadTimeout, srv.WriteTimeout, srv.IdleTimeout)
+	}
+}
+
+// hostGet sends method path to the listener at addr with the Host header host and returns
+// the status, the body and the Content-Type.
+func hostGet(t *testing.T, method, addr, path, host string, body io.Reader, hdr map[string]string) (int, string, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, "http://"+addr+path, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Host = host
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	c := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), resp.Header.Get("Content-Type")
+}
+
+// rawRequest writes req to addr as it is and returns the answer's status line.
+func rawRequest(t *testing.T, addr, req string) string {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, req); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		t.Fatalf("%q: %v", req, err)
+	}
+	return strings.TrimSpace(line)
+}
+
+// foreignHosts are Host headers of requests a page of another site makes a browser on this
+// machine send to a loopback listener once it re-points its DNS name to 127.0.0.1.
+func foreignHosts(port string) []string {
+	return []string{"rebind.example:" + port, "rebind.example", "127.0.0.1.rebind.example:" + port,
+		"localhost.rebind.example:" + port, "10.0.0.5:" + port, "0.0.0.0:" + port}
+}
+
+// Without admin.token the admin listener answers every path — /healthz, /readyz,
+// /metrics, the console — only to requests addressed to a loopback name: a foreign Host
+// (DNS rebinding) gets 421 and a fixed text, the same request for localhost, 127.0.0.1 or
+// [::1] is served. With a token the bearer guards instead, and a probe of the pod's IP
+// reaches /healthz.
+func TestAdminLoopbackHostOnly(t *testing.T) {
+	testenv.Integration(t)
+	base := startTestAdminWith(t, testenv.Kafka(t), metrics.New(nil))
+	addr := strings.TrimPrefix(base, "http://")
+	_, port, _ := net.SplitHostPort(addr)
+	paths := []string{"/healthz", "/readyz", "/metrics", "/", "/inbox", "/static/console.css", "/login", "/no-such-page"}
+	for _, path := range paths {
+		for _, host := range foreignHosts(port) {
+			code, body, ctype := hostGet(t, http.MethodGet, addr, path, host, nil, nil)
+			if code != http.StatusMisdirectedRequest || body != loopback.Message+"\n" || !strings.HasPrefix(ctype, "text/plain") {
+				t.Errorf("GET %s Host %s: %d %s %q, want 421 and the fixed text", path, host, code, ctype, body)
+			}
+		}
+		for _, host := range []string{"localhost:" + port, "127.0.0.1:" + port, "[::1]:" + port, "LocalHost:" + port} {
+			if code, body, _ := hostGet(t, http.MethodGet, addr, path, host, nil, nil); code == http.StatusMisdirectedRequest {
+				t.Errorf("GET %s Host %s: 421, want it served: %q", path, host, body)
+			}
+		}
+	}
+	for name, want := range map[string]string{"/healthz": "ok\n", "/metrics": "go_goroutines"} {
+		if code, body, _ := hostGet(t, http.MethodGet, addr, name, "127.0.0.1:"+port, nil, nil); code != http.StatusOK || !strings.Contains(body, want) {
+			t.Errorf("GET %s for 127.0.0.1: %d, want 200 with %q", name, code, want)
+		}
+	}
+	// A POST of the console is refused before its form is read; an absolute request URI
+	// names the host it asks for whatever the Host header says; HTTP/1.0 without a Host.
+	if code, _, _ := hostGet(t, http.MethodPost, addr, "/logout", "rebind.example:"+port, strings.NewReader("csrf=x"),
+		map[string]string{"Content-Type": "application/x-www-form-urlencoded"}); code != http.StatusMisdirectedRequest {
+		t.Errorf("POST /logout for rebind.example: %d, want 421", code)
+	}
+	for _, req := range []string{
+		"GET http://rebind.example:" + port + "/metrics HTTP/1.1\r\nHost: 127.0.0.1:" + port + "\r\nConnection: close\r\n\r\n",
+		"GET /metrics HTTP/1.0\r\n\r\n",
+	} {
+		if line := rawRequest(t, addr, req); !strings.Contains(line, " 421 ") {
+			t.Errorf("%q: %s, want 421", req, line)
+		}
+	}
+
+	d := testenv.DB(t, 2)
+	taddr := freeAddr(t)
+	_, tport, _ := net.SplitHostPort(taddr)
+	const token = "s3cret-token-0123456789"
+	a := &app{cfg: Config{Admin: AdminConfig{Listen: taddr, Token: token}}, logger: watermill.NopLogger{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	stop, err := a.startAdmin(ctx, d.DB, testenv.Kafka(t), metrics.New(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); stop() })
+	if code, body, _ := hostGet(t, http.MethodGet, taddr, "/healthz", "10.0.0.5:"+tport, nil, nil); code != http.StatusOK || body != "ok\n" {
+		t.Errorf("with a token, /healthz for the pod's IP: %d %q, want 200 ok", code, body)
+	}
+	if code, _, _ := hostGet(t, http.MethodGet, taddr, "/metrics", "10.0.0.5:"+tport, nil, map[string]string{"Authorization": "Bearer " + token}); code != http.StatusOK {
+		t.Errorf("with a token, /metrics for the pod's IP with the token: %d, want 200", code)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/onceflow/onceflow/cmd/internal/loopback"
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/inbox/httpcmd"
 	"github.com/onceflow/onceflow/pkg/metrics"
@@ -35,8 +36,9 @@ func commandPlugins(ps []plugin) []plugin {
 	return out
 }
 
-// startHTTP serves the plugins' commands on http.listen (nothing when it is empty). The
-// returned func stops the listener, letting running requests finish first.
+// startHTTP serves the plugins' commands on http.listen (nothing when it is empty); without
+// http.token only to requests addressed to a loopback name (tokenless). The returned func
+// stops the listener, letting running requests finish first.
 func (a *app) startHTTP(ctx context.Context, db *sql.DB, plugins []plugin, obs inbox.Observer, m *metrics.Metrics) (func(), error) {
 	cmds := commandPlugins(plugins)
 	if a.cfg.HTTP.Listen == "" {
@@ -89,7 +91,7 @@ func (a *app) startHTTP(ctx context.Context, db *sql.DB, plugins []plugin, obs i
 		closeAll()
 		return nil, badInput(fmt.Errorf("http.listen %s: %w (set http.listen to a free port, or empty to disable)", a.cfg.HTTP.Listen, err))
 	}
-	srv := &http.Server{Handler: requireBearer(token, h), ReadHeaderTimeout: adminReadHeaderTimeout, ReadTimeout: adminReadTimeout,
+	srv := &http.Server{Handler: tokenless(token, requireBearer(token, h), misdirected), ReadHeaderTimeout: adminReadHeaderTimeout, ReadTimeout: adminReadTimeout,
 		WriteTimeout: a.cfg.HTTP.RequestTimeout + 5*time.Second, IdleTimeout: adminIdleTimeout, MaxHeaderBytes: 64 << 10,
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
 	go func() { _ = srv.Serve(ln) }()
@@ -111,6 +113,14 @@ func requireBearer(token string, h http.Handler) http.Handler {
 		w.WriteHeader(http.StatusUnauthorized)
 		fmt.Fprintln(w, `{"error":"unauthorized: send Authorization: Bearer <http.token>"}`)
 	})
+}
+
+// misdirected answers a command addressed to another name than a loopback one on a
+// listener without http.token (tokenless): 421 with a fixed JSON error.
+func misdirected(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(loopback.Refused)
+	fmt.Fprintln(w, `{"error":"`+loopback.Message+`"}`)
 }
 
 // token returns the commands' bearer token: http.token, or the first line of

@@ -2,13 +2,24 @@ package onceflowcmd
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/onceflow/onceflow/cmd/internal/loopback"
+	"github.com/onceflow/onceflow/coupon"
+	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/pkg/metrics"
+	"github.com/onceflow/onceflow/pkg/registry"
+	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // The HTTP commands' listener follows the admin listener's rules: beyond loopback only with
@@ -85,5 +96,66 @@ func TestHTTPBearer(t *testing.T) {
 	h.ServeHTTP(rec, req)
 	if reached != 1 {
 		t.Fatalf("the right token reached the handler %d times, want 1", reached)
+	}
+}
+
+// Without http.token the commands' listener answers only requests addressed to a loopback
+// name: a claim whose Host is another name (a page re-pointing its DNS name to 127.0.0.1)
+// gets 421 and a fixed JSON error and writes nothing; the same claim for localhost,
+// 127.0.0.1 or [::1] is granted.
+func TestHTTPCommandsLoopbackHostOnly(t *testing.T) {
+	testenv.Integration(t)
+	reg := registry.New[inbox.Plugin]("plugin")
+	inbox.RegisterIn(reg, coupon.Plugin())
+	d := testenv.DB(t, 4, migrationSets(reg)...)
+	addr := freeAddr(t)
+	_, port, _ := net.SplitHostPort(addr)
+	cfg := DefaultConfig()
+	cfg.HTTP.Listen = addr
+	a := &app{cfg: cfg, logger: watermill.NopLogger{}, plugins: reg}
+	ps, err := a.allPlugins()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stop, err := a.startHTTP(ctx, d.DB, ps, nil, metrics.New(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); stop() })
+
+	n := 0
+	claim := func(host string) (int, string, string) {
+		t.Helper()
+		n++
+		body := fmt.Sprintf(`{"userId":"u-%d","campaignId":%q}`, n, coupon.DefaultConfig().CampaignID)
+		return hostGet(t, http.MethodPost, addr, coupon.ClaimPath, host, strings.NewReader(body),
+			map[string]string{"Content-Type": "application/json", "Idempotency-Key": fmt.Sprintf("rebind-%d", n)})
+	}
+	for _, host := range foreignHosts(port) {
+		code, body, ctype := claim(host)
+		if code != http.StatusMisdirectedRequest || ctype != "application/json" || body != `{"error":"`+loopback.Message+`"}`+"\n" {
+			t.Errorf("claim for Host %s: %d %s %q, want 421 and the fixed JSON error", host, code, ctype, body)
+		}
+	}
+	for _, req := range []string{
+		"POST http://rebind.example:" + port + coupon.ClaimPath + " HTTP/1.1\r\nHost: 127.0.0.1:" + port + "\r\nIdempotency-Key: rebind-abs\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+		"POST " + coupon.ClaimPath + " HTTP/1.0\r\nIdempotency-Key: rebind-nohost\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+	} {
+		if line := rawRequest(t, addr, req); !strings.Contains(line, " 421 ") {
+			t.Errorf("%q: %s, want 421", req, line)
+		}
+	}
+	if rows := dbCount(t, d.DB, "SELECT COUNT(*) FROM inbox"); rows != 0 {
+		t.Fatalf("refused claims wrote %d inbox rows", rows)
+	}
+	hosts := []string{"localhost:" + port, "127.0.0.1:" + port, "[::1]:" + port}
+	for _, host := range hosts {
+		if code, body, _ := claim(host); code != http.StatusCreated {
+			t.Errorf("claim for Host %s: %d %q, want 201", host, code, body)
+		}
+	}
+	if c := dbCount(t, d.DB, "SELECT COUNT(*) FROM user_coupon"); c != len(hosts) {
+		t.Errorf("%d coupons, want %d (one per claim for a loopback name)", c, len(hosts))
 	}
 }

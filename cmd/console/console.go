@@ -26,7 +26,6 @@ import (
 	"fmt"
 	"html/template"
 	"io/fs"
-	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -36,6 +35,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/onceflow/onceflow/cmd/internal/loopback"
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/metrics"
@@ -77,6 +77,7 @@ type Console struct {
 	store   *inbox.Store
 	parked  *outbox.Parked
 	mux     *http.ServeMux
+	handler http.Handler // mux, behind the loopback-name check without a token
 	pages   map[string]*template.Template
 	csrfKey []byte // per process: a form token is good until the process restarts
 	biz     map[string]BizType
@@ -162,6 +163,10 @@ func (c *Console) routes() {
 	m.Handle("POST /outbox/{id}/retry", c.auth(c.parkedAction))
 	m.Handle("POST /outbox/{id}/drop", c.auth(c.parkedAction))
 	c.mux = m
+	c.handler = m
+	if c.cfg.Token == "" {
+		c.handler = loopback.Only(m, nil) // 421 to a request for another name
+	}
 }
 
 // ServeHTTP serves the console. Every answer forbids framing, sniffing and caching, and
@@ -173,25 +178,7 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("Referrer-Policy", "same-origin")
 	h.Set("Cache-Control", "no-store")
-	if c.cfg.Token == "" && !loopbackHost(r.Host) {
-		http.Error(w, fmt.Sprintf("console: this listener has no admin.token and answers only requests for a loopback name (http://127.0.0.1:<port>/ or http://localhost:<port>/), not %q", r.Host), http.StatusForbidden)
-		return
-	}
-	c.mux.ServeHTTP(w, r)
-}
-
-// loopbackHost reports whether the Host header names this machine: localhost or a
-// loopback IP, with or without a port.
-func loopbackHost(host string) bool {
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
+	c.handler.ServeHTTP(w, r)
 }
 
 // ---------------------------------------------------------------- authentication

@@ -163,16 +163,16 @@ func TestCSRFRefused(t *testing.T) {
 }
 
 // Without admin.token the console answers only requests addressed to a loopback name: a
-// page that rebinds its DNS name to 127.0.0.1 gets nothing.
+// page that rebinds its DNS name to 127.0.0.1 gets 421 (and the console's headers).
 func TestNoTokenLoopbackHostOnly(t *testing.T) {
 	_, base := testConsole(t, Config{DB: offlineDB(t)})
 	c := browser(t)
-	for host, want := range map[string]int{"attacker.example:80": http.StatusForbidden, "attacker.example": http.StatusForbidden,
-		"10.0.0.5:9464": http.StatusForbidden, "localhost:9464": http.StatusOK, "[::1]:9464": http.StatusOK, "127.0.0.1": http.StatusOK} {
+	for host, want := range map[string]int{"attacker.example:80": http.StatusMisdirectedRequest, "attacker.example": http.StatusMisdirectedRequest,
+		"10.0.0.5:9464": http.StatusMisdirectedRequest, "localhost:9464": http.StatusOK, "[::1]:9464": http.StatusOK, "127.0.0.1": http.StatusOK} {
 		req, _ := http.NewRequest(http.MethodGet, base+"/static/console.css", nil)
 		req.Host = host
-		if code, _, _ := do(t, c, req); code != want {
-			t.Errorf("Host %s: %d, want %d", host, code, want)
+		if code, _, h := do(t, c, req); code != want || h.Get("X-Frame-Options") != "DENY" {
+			t.Errorf("Host %s: %d (X-Frame-Options %q), want %d and the console's headers", host, code, h.Get("X-Frame-Options"), want)
 		}
 	}
 }
