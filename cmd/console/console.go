@@ -32,6 +32,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 
@@ -375,10 +377,21 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
 }
 
-// localPath returns p when it is a path of this server ("/…", not "//…"), else "/": a
-// login never sends the browser elsewhere.
+// localPath returns p when it is a plain path of this server, else "/": a login never sends
+// the browser elsewhere. Browsers drop tabs and newlines from a Location and read a
+// backslash as a slash, so "/\t/evil" and "/\\evil" are "//evil" to them, another host: p
+// must be valid UTF-8 without control characters or backslashes, start with one "/", and
+// parse (url.Parse) to no scheme, host or user, with a path that, decoded, is just as plain.
 func localPath(p string) string {
-	if !strings.HasPrefix(p, "/") || strings.HasPrefix(p, "//") || strings.HasPrefix(p, "/\\") || strings.ContainsAny(p, "\r\n") {
+	plain := func(s string) bool {
+		return strings.HasPrefix(s, "/") && !strings.HasPrefix(s, "//") && utf8.ValidString(s) &&
+			!strings.ContainsFunc(s, func(r rune) bool { return r == '\\' || unicode.IsControl(r) })
+	}
+	if !plain(p) {
+		return "/"
+	}
+	u, err := url.Parse(p)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Opaque != "" || !plain(u.Path) {
 		return "/"
 	}
 	return p

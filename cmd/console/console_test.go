@@ -177,6 +177,71 @@ func TestNoTokenLoopbackHostOnly(t *testing.T) {
 	}
 }
 
+// loginNexts are next= values of the login: the hostile ones must land on "/", the others
+// where they say. Browsers drop tabs and newlines and read "\\" as "/", so "/\t/evil" and
+// "/\\evil" would be "//evil", another host.
+var loginNexts = []struct{ next, want string }{
+	{"//evil.example/x", "/"},
+	{"///evil.example", "/"},
+	{"//evil", "/"},
+	{"/\\evil", "/"},
+	{"\\\\evil", "/"},
+	{"/\t/evil", "/"},
+	{"/\t/127.0.0.1:19998/pwned", "/"},
+	{"/\n/evil", "/"},
+	{"/\r\n/evil", "/"},
+	{"\t//evil", "/"},
+	{"/\x00/evil", "/"},
+	{"/\x7f/evil", "/"},
+	{"/\u0085/evil", "/"},
+	{"/%09/evil", "/"},
+	{"/%0a/evil", "/"},
+	{"/%2F%2Fevil", "/"},
+	{"/%2f/evil", "/"},
+	{"/%5Cevil", "/"},
+	{"/%zz", "/"},
+	{"/\xff", "/"},
+	{"https://evil", "/"},
+	{"HTTPS://evil", "/"},
+	{"http:evil", "/"},
+	{"javascript:alert(1)", "/"},
+	{"JavaScript:alert(document.cookie)", "/"},
+	{"data:text/html,<script>alert(1)</script>", "/"},
+	{"evil", "/"},
+	{" /outbox", "/"},
+	{"", "/"},
+	{"/", "/"},
+	{"/outbox", "/outbox"},
+	{"/outbox?x=1", "/outbox?x=1"},
+	{"/inbox/42", "/inbox/42"},
+	{"/inbox?biz_type=coupon&status=failed&key=a%2Fb", "/inbox?biz_type=coupon&status=failed&key=a%2Fb"},
+	{"/inbox?key=%2F%2Fevil", "/inbox?key=%2F%2Fevil"},
+	{"/replays", "/replays"},
+}
+
+// localPath keeps a plain local path and turns everything else into "/".
+func TestLocalPath(t *testing.T) {
+	for _, tc := range loginNexts {
+		if got := localPath(tc.next); got != tc.want {
+			t.Errorf("localPath(%q) = %q, want %q", tc.next, got, tc.want)
+		}
+	}
+}
+
+// The login sends the browser where next= says only when it is a plain local path: the
+// hostile ones, posted as a browser posts the form, get Location: /.
+func TestLoginRedirectStaysLocal(t *testing.T) {
+	_, base := testConsole(t, Config{DB: offlineDB(t), Token: testToken})
+	c := browser(t)
+	tok := csrf(t, c, base, "/login")
+	for _, tc := range loginNexts {
+		code, _, h := post(t, c, base, "/login", url.Values{"csrf": {tok}, "token": {testToken}, "next": {tc.next}})
+		if code != http.StatusSeeOther || h.Get("Location") != tc.want {
+			t.Errorf("login with next=%q: %d → %q, want 303 to %q", tc.next, code, h.Get("Location"), tc.want)
+		}
+	}
+}
+
 // With a token: a page sends a browser to the login form; the form takes the token once
 // and sets an HttpOnly, SameSite=Strict cookie that is not the token; a wrong token, a
 // forged or expired cookie get nothing; Bearer works for scripts, without CSRF; logout
