@@ -182,7 +182,7 @@ func (a *app) verify(ctx context.Context, o verifyOpts) error {
 		if o.allowFailed {
 			accepted = ", accepted by --allow-failed"
 		}
-		printf("FAILED inbox rows: %d (%s)%s; router inbox ls --status failed lists them, router replay runs them again once the cause is fixed\n",
+		printf("FAILED inbox rows: %d (%s)%s; router inbox ls --status failed lists them; router replay runs them again once their cause is fixed (poison: the record itself, so its producer)\n",
 			failed, failedBy, accepted)
 	}
 	for _, v := range violations {
