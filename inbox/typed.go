@@ -33,7 +33,8 @@ type Codec[T any] interface {
 // JSON is the default Codec: the payload is one JSON value decoded into T with
 // encoding/json. Fields T does not know are ignored (a producer may add fields); anything
 // after the value but white space is refused (two values, or a value followed by garbage, is
-// not the message the producer meant). Key and Fingerprint are the plugin's.
+// not the message the producer meant), and so is a payload encoding/json would not decode as
+// sent (CheckJSONText: bytes that are not UTF-8). Key and Fingerprint are the plugin's.
 type JSON[T any] struct {
 	// Key returns v's business key (e.g. its order id), or an error when v is not a valid
 	// message — a required field missing, say — which makes it poison. Required.
@@ -49,6 +50,9 @@ func (c JSON[T]) Decode(msg *message.Message) (v T, key, fingerprint string, err
 	var zero T
 	if c.Key == nil {
 		return zero, "", "", errors.New("inbox.JSON: no Key function")
+	}
+	if err := CheckJSONText(msg.Payload); err != nil {
+		return zero, "", "", err
 	}
 	dec := json.NewDecoder(bytes.NewReader(msg.Payload))
 	if err := dec.Decode(&v); err != nil {

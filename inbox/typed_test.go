@@ -3,7 +3,9 @@ package inbox_test
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -47,6 +49,10 @@ func TestJSONCodec(t *testing.T) {
 		{name: "empty", payload: ``, err: "json"},
 		{name: "wrong type", payload: `{"orderId":7}`, err: "json"},
 		{name: "key refused", payload: `{"points":1}`, err: "orderId is required"},
+		{name: "key not UTF-8", payload: "{\"orderId\":\"u8-\xff\"}", err: "payload is not valid UTF-8 at byte 15"},
+		{name: "key with a lone surrogate", payload: `{"orderId":"u8-\ud800"}`, err: "payload is not valid UTF-8 at byte 15"},
+		{name: "unknown field not UTF-8", payload: "{\"orderId\":\"o-7\",\"note\":\"\xfe\"}", err: "payload is not valid UTF-8 at byte 25"},
+		{name: "key with a surrogate pair", payload: `{"orderId":"o-\ud83d\ude00"}`, key: "o-\U0001F600", fp: "o-\U0001F600/0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d, err := h.Decode(message.NewMessage("m", []byte(tc.payload)))
@@ -113,5 +119,34 @@ func TestTypedGroupCommitted(t *testing.T) {
 	}
 	if st := g.b.Stats(); st.Batched != 3 {
 		t.Fatalf("stats %+v: want the three good deliveries batched", st)
+	}
+}
+
+// Two orders whose keys differ only in a byte that is not UTF-8 are two poison messages,
+// quarantined with the reason, nothing handled: encoding/json alone (the codec without
+// CheckJSONText) decodes both to one key, one processed and one duplicate.
+func TestTypedInvalidUTF8IsPoison(t *testing.T) {
+	payloads := []string{"{\"orderId\":\"u8-\xff\",\"points\":5}", "{\"orderId\":\"u8-\xfe\",\"points\":5}"}
+	var a, b shipped
+	if json.Unmarshal([]byte(payloads[0]), &a) != nil || json.Unmarshal([]byte(payloads[1]), &b) != nil || a != b {
+		t.Fatalf("encoding/json decodes the two orders as %+v and %+v, want one value (what the codec must not do)", a, b)
+	}
+	h := inbox.Typed(inbox.JSON[shipped]{Key: shippedKey, Fingerprint: func(s shipped) string { return fmt.Sprintf("%s/%d", s.OrderID, s.Points) }},
+		func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery, s shipped) (inbox.Progress, error) {
+			_, err := tx.ExecContext(ctx, "INSERT INTO grouped_effect (k, step) VALUES (?, ?)", s.OrderID, s.Points)
+			return inbox.Done, err
+		})
+	g := newGrouped(t, h, inbox.Config{}, inbox.BatchConfig{Linger: 50 * time.Millisecond})
+	if o := outcomes(g.send(t, payloads)); o["quarantined/poison"] != 2 || len(o) != 1 {
+		t.Fatalf("outcomes %v, want 2 quarantined as poison", o)
+	}
+	if n := count(t, g.db.DB, "SELECT COUNT(*) FROM grouped_effect"); n != 0 {
+		t.Fatalf("%d effects, want 0", n)
+	}
+	if n := count(t, g.db.DB, "SELECT COUNT(*) FROM inbox WHERE status = 'failed' AND reason = 'poison' AND dedup_key LIKE 'poison:grouped/%' AND last_error LIKE '%payload is not valid UTF-8 at byte 15%'"); n != 2 {
+		t.Fatalf("%d poison rows naming the byte, want 2", n)
+	}
+	if n := count(t, g.db.DB, "SELECT COUNT(*) FROM inbox"); n != 2 {
+		t.Fatalf("%d inbox rows, want the 2 poison ones", n)
 	}
 }
