@@ -76,10 +76,14 @@ var (
 	_ inbox.Preparer      = (*Claimer)(nil)
 )
 
-// Decode implements inbox.Handler: a JSON body naming the user and this router's campaign.
+// Decode implements inbox.Handler: a JSON body naming the user and this router's campaign;
+// one that is not UTF-8 is refused, never decoded into another user's id.
 // The inbox key is the client token; the fingerprint is the request's meaning (user and
 // campaign), so a retry that only reorders or respaces the JSON is the same request.
 func (c *Claimer) Decode(msg *message.Message) (inbox.Decoded, error) {
+	if err := inbox.CheckJSONText(msg.Payload); err != nil {
+		return inbox.Decoded{}, fmt.Errorf("%w: body: %w", inbox.ErrPoison, err)
+	}
 	var req ClaimRequest
 	if err := json.Unmarshal(msg.Payload, &req); err != nil {
 		return inbox.Decoded{}, inbox.PoisonError("body: %v (want {\"userId\": \"...\", \"campaignId\": \"...\"})", err)

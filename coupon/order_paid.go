@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"time"
 	"unicode/utf8"
+
+	"github.com/onceflow/onceflow/inbox"
 )
 
 // OrderPaid is the order-paid event: JSON
@@ -27,9 +29,13 @@ const MaxIDLen = 64
 var ErrBadOrderPaid = errors.New("bad order-paid payload")
 
 // DecodeOrderPaid parses and validates a payload. Unknown fields are allowed (producers may
-// add some); wrong types, a missing orderId or userId, a negative amount, or trailing data
-// are not.
+// add some); wrong types, a missing orderId or userId, a negative amount, trailing data, or
+// bytes that are not UTF-8 (inbox.CheckJSONText: decoded, they would become U+FFFD and two
+// orders one) are not.
 func DecodeOrderPaid(b []byte) (OrderPaid, error) {
+	if err := inbox.CheckJSONText(b); err != nil {
+		return OrderPaid{}, fmt.Errorf("%w: %w", ErrBadOrderPaid, err)
+	}
 	var raw struct {
 		OrderID     *string          `json:"orderId"`
 		UserID      *string          `json:"userId"`

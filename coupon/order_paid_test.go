@@ -1,6 +1,7 @@
 package coupon_test
 
 import (
+	"bytes"
 	"errors"
 	"strings"
 	"testing"
@@ -44,6 +45,8 @@ var decodeCases = []decodeCase{
 		want: coupon.OrderPaid{OrderID: "o", UserID: "u", AmountCents: 1<<63 - 1}},
 	{name: "null amount and paidAt mean absent", payload: `{"orderId":"o","userId":"u","amountCents":null,"paidAt":null}`,
 		want: coupon.OrderPaid{OrderID: "o", UserID: "u"}},
+	{name: "ids with escapes that decode as sent", payload: `{"orderId":"o-\u00e9\ud83d\ude00","userId":"u-\ufffd"}`,
+		want: coupon.OrderPaid{OrderID: "o-é😀", UserID: "u-\uFFFD"}},
 
 	// poison
 	{name: "invalid JSON", payload: `{orderId: o-1}`, bad: true},
@@ -76,6 +79,11 @@ var decodeCases = []decodeCase{
 	{name: "orderId over 64 bytes", payload: `{"orderId":"` + id65 + `","userId":"u-1"}`, bad: true},
 	{name: "userId over 64 bytes", payload: `{"orderId":"o-1","userId":"` + id65 + `"}`, bad: true},
 	{name: "orderId of 33 runes but 66 bytes", payload: `{"orderId":"` + strings.Repeat("é", 33) + `","userId":"u-1"}`, bad: true},
+	{name: "orderId not UTF-8", payload: "{\"orderId\":\"u8-\xff\",\"userId\":\"u-1\",\"amountCents\":100}", bad: true},
+	{name: "userId not UTF-8", payload: "{\"orderId\":\"o-1\",\"userId\":\"u-\xfe\"}", bad: true},
+	{name: "unknown field not UTF-8", payload: "{\"orderId\":\"o-1\",\"userId\":\"u-1\",\"note\":\"\xc3\"}", bad: true},
+	{name: "orderId with a lone surrogate", payload: `{"orderId":"u8-\ud800","userId":"u-1"}`, bad: true},
+	{name: "userId with a lone low surrogate", payload: `{"orderId":"o-1","userId":"u-\udfff"}`, bad: true},
 	{name: "JSON null", payload: `null`, bad: true},
 	{name: "JSON array", payload: `[{"orderId":"o-1","userId":"u-1"}]`, bad: true},
 	{name: "JSON string", payload: `"o-1"`, bad: true},
@@ -184,6 +192,7 @@ func FuzzDecodeOrderPaid(f *testing.F) {
 	for _, c := range decodeCases {
 		f.Add([]byte(c.payload))
 	}
+	f.Add([]byte(`{"orderId":"o-\ud800\udc00\uDBFF","userId":"u"}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		o, err := coupon.DecodeOrderPaid(b)
 		if err != nil {
@@ -196,6 +205,16 @@ func FuzzDecodeOrderPaid(f *testing.F) {
 			if id == "" || len(id) > coupon.MaxIDLen || !utf8.ValidString(id) {
 				t.Fatalf("%s %q: want 1..%d bytes of UTF-8", name, id, coupon.MaxIDLen)
 			}
+		}
+		// A decoded key is never a rewritten form of the input: what encoding/json makes of
+		// bytes that are not UTF-8 or of lone surrogates is U+FFFD, so the ids hold no more
+		// U+FFFD than were sent as such.
+		if !utf8.Valid(b) {
+			t.Fatalf("accepted %q, which is not UTF-8", b)
+		}
+		got := strings.Count(o.OrderID, "\uFFFD") + strings.Count(o.UserID, "\uFFFD")
+		if sent := bytes.Count(b, []byte("\uFFFD")) + bytes.Count(bytes.ToLower(b), []byte(`\ufffd`)); got > sent {
+			t.Fatalf("%q decoded to ids %q and %q: %d U+FFFD, %d sent", b, o.OrderID, o.UserID, got, sent)
 		}
 		if o.AmountCents < 0 {
 			t.Fatalf("AmountCents %d < 0", o.AmountCents)

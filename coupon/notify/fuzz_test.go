@@ -2,6 +2,7 @@ package notify_test
 
 import (
 	"testing"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -10,7 +11,7 @@ import (
 )
 
 // FuzzDecode: a coupon-granted record (payload and event_type header, both outside input)
-// never panics the decoder; whatever it accepts has a bounded key.
+// never panics the decoder; whatever it accepts is UTF-8 and has a bounded key.
 func FuzzDecode(f *testing.F) {
 	f.Add([]byte(`{"eventId":"e","orderId":"o","userId":"u","campaignId":"c","couponId":"k","valueCents":500}`), "CouponGranted")
 	f.Add([]byte(`{"eventId":"e","orderId":"o"}`), "")
@@ -29,7 +30,7 @@ func FuzzDecode(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if d.Key == "" || len(d.Key) > 64 || d.Fingerprint == "" {
+		if d.Key == "" || len(d.Key) > 64 || d.Fingerprint == "" || !utf8.Valid(payload) {
 			t.Fatalf("accepted %q as %+v", payload, d)
 		}
 	})

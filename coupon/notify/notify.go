@@ -73,10 +73,14 @@ func New(cfg Config, logger watermill.LoggerAdapter) (*Notifier, error) {
 	return &Notifier{cfg: cfg, logger: logger}, nil
 }
 
-// DecodeGrant parses a coupon-granted payload. Unknown fields are allowed; bad JSON, trailing
-// data, wrong types and a missing eventId, orderId, userId, campaignId or couponId are not.
+// DecodeGrant parses a coupon-granted payload. Unknown fields are allowed; bad JSON, bytes
+// that are not UTF-8 (inbox.CheckJSONText), trailing data, wrong types and a missing eventId,
+// orderId, userId, campaignId or couponId are not.
 func DecodeGrant(b []byte) (coupon.GrantEvent, error) {
 	var e coupon.GrantEvent
+	if err := inbox.CheckJSONText(b); err != nil {
+		return e, fmt.Errorf("coupon-granted: %w", err)
+	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	if err := dec.Decode(&e); err != nil {
 		return e, fmt.Errorf("coupon-granted: %v", err)

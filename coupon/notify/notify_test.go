@@ -55,6 +55,8 @@ func TestDecode(t *testing.T) {
 		{"zero value", message.NewMessage("p", []byte(`{"eventId":"e","orderId":"o","userId":"u","campaignId":"c","couponId":"x","valueCents":0}`)), "valueCents"},
 		{"bad grantedAt", message.NewMessage("p", []byte(`{"eventId":"e","orderId":"o","userId":"u","campaignId":"c","couponId":"x","valueCents":5,"grantedAt":"soon"}`)), "soon"},
 		{"failed event on the topic", failedEvt, coupon.EventGrantFailed},
+		{"orderId not UTF-8", message.NewMessage("p", []byte("{\"eventId\":\"e\",\"orderId\":\"o\xff\",\"userId\":\"u\",\"campaignId\":\"c\",\"couponId\":\"x\",\"valueCents\":5}")), "payload is not valid UTF-8 at byte 27"},
+		{"orderId with a lone surrogate", message.NewMessage("p", []byte(`{"eventId":"e","orderId":"o\udbff","userId":"u","campaignId":"c","couponId":"x","valueCents":5}`)), "payload is not valid UTF-8 at byte 27"},
 	}
 	for _, tc := range poison {
 		t.Run(tc.name, func(t *testing.T) {

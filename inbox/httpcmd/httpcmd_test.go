@@ -298,6 +298,40 @@ func TestClaimBadRequests(t *testing.T) {
 	}
 }
 
+// A body that is not UTF-8 is refused with 400 and writes nothing. encoding/json alone
+// decodes the two bodies below as one user (each byte becomes U+FFFD): that granted a coupon
+// to a user id no client sent, and made the second request a replay of the first.
+func TestClaimBodyNotUTF8(t *testing.T) {
+	campaign := coupon.DefaultConfig().CampaignID
+	bodies := []struct{ body, answer string }{
+		{"{\"userId\": \"u8-\xff\", \"campaignId\": \"" + campaign + "\"}", "body: payload is not valid UTF-8 at byte 15"},
+		{"{\"userId\": \"u8-\xfe\", \"campaignId\": \"" + campaign + "\"}", "body: payload is not valid UTF-8 at byte 15"},
+		{`{"userId": "u8-\ud800", "campaignId": "` + campaign + `"}`, "body: payload is not valid UTF-8 at byte 15: a \\u escape of a lone surrogate"},
+	}
+	var a, b coupon.ClaimRequest
+	if json.Unmarshal([]byte(bodies[0].body), &a) != nil || json.Unmarshal([]byte(bodies[1].body), &b) != nil || a != b {
+		t.Fatalf("json.Unmarshal decodes the bodies as %+v and %+v: want one request (what the command must not do)", a, b)
+	}
+	for _, batch := range []bool{false, true} {
+		t.Run(mode(batch), func(t *testing.T) {
+			srv, d := claimServer(t, batch, httpcmd.Config{})
+			for i, tc := range bodies {
+				got := claim(t, srv.Client(), srv.URL, fmt.Sprintf("u8-key-%d", i), tc.body)
+				var e struct{ Error string }
+				if got.status != http.StatusBadRequest || json.Unmarshal([]byte(got.body), &e) != nil || e.Error != tc.answer {
+					t.Fatalf("body %q: %d %s, want 400 %q", tc.body, got.status, got.body, tc.answer)
+				}
+			}
+			if n := count(t, d.DB, "SELECT COUNT(*) FROM inbox"); n != 0 {
+				t.Fatalf("%d inbox rows, want none", n)
+			}
+			if n := count(t, d.DB, "SELECT (SELECT COUNT(*) FROM user_coupon) + (SELECT COUNT(*) FROM coupon_grant) + (SELECT COUNT(*) FROM outbox)"); n != 0 {
+				t.Fatalf("%d coupons, grants and events, want none", n)
+			}
+		})
+	}
+}
+
 // A key longer than the inbox key column is stored as its sha256; the same long key is
 // still one claim.
 func TestClaimLongKey(t *testing.T) {

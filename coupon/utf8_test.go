@@ -1,0 +1,94 @@
+package coupon_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/coupon"
+	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/pkg/testenv"
+)
+
+// Two orders whose ids differ only in a byte that is not UTF-8 (same user and amount) are
+// two poison messages, quarantined with the reason and their bytes as sent, and grant
+// nothing. encoding/json alone decodes both as one order (the byte becomes U+FFFD): that
+// made them one inbox row, one coupon and one "duplicate".
+func TestInvalidUTF8OrdersArePoison(t *testing.T) {
+	payloads := [][]byte{
+		[]byte("{\"orderId\":\"u8-\xff\",\"userId\":\"u-1\",\"amountCents\":100}"),
+		[]byte("{\"orderId\":\"u8-\xfe\",\"userId\":\"u-1\",\"amountCents\":100}"),
+	}
+	var a, b coupon.OrderPaid
+	if json.Unmarshal(payloads[0], &a) != nil || json.Unmarshal(payloads[1], &b) != nil || a.OrderID != b.OrderID || a.Fingerprint() != b.Fingerprint() {
+		t.Fatalf("json.Unmarshal decodes the two orders as %+v and %+v: want one key and fingerprint (what the decoder must not do)", a, b)
+	}
+	for _, p := range payloads {
+		if _, err := coupon.DecodeOrderPaid(p); !errors.Is(err, coupon.ErrBadOrderPaid) || !errors.Is(err, inbox.ErrNotUTF8) {
+			t.Fatalf("DecodeOrderPaid(%q): %v, want ErrBadOrderPaid and ErrNotUTF8", p, err)
+		}
+	}
+	for _, batch := range []bool{false, true} {
+		name := "one delivery per transaction"
+		if batch {
+			name = "group commit"
+		}
+		t.Run(name, func(t *testing.T) {
+			d := testenv.DB(t, 4, couponSchema)
+			cfg := campaign("u8", 100, 100*valueCents)
+			ib, err := inbox.New(d.DB, setup(t, d.DB, cfg, nil), inbox.Config{BizType: coupon.BizType}, nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			process := func(msg *message.Message, src inbox.Source) (inbox.Result, error) {
+				return ib.Process(context.Background(), msg, src, inbox.ProcessOptions{})
+			}
+			if batch {
+				b := newBatcher(t, ib, inbox.BatchConfig{})
+				process = func(msg *message.Message, src inbox.Source) (inbox.Result, error) {
+					return b.Process(context.Background(), msg, src)
+				}
+			}
+			for i, p := range payloads {
+				res, err := process(message.NewMessage(watermill.NewUUID(), p), inbox.Source{Topic: "order-paid", Partition: 3, Offset: int64(i)})
+				if err != nil || res.Outcome != inbox.OutcomeQuarantined || res.Reason != inbox.ReasonPoison {
+					t.Fatalf("order %q: %+v %v, want quarantined as poison", p, res, err)
+				}
+			}
+			rows, err := d.DB.Query(`SELECT dedup_key, status, reason, duplicates, payload, last_error FROM inbox ORDER BY kafka_offset`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rows.Close()
+			var n int
+			for ; rows.Next(); n++ {
+				var key, status, reason, lastErr string
+				var dups int
+				var payload []byte
+				if err := rows.Scan(&key, &status, &reason, &dups, &payload, &lastErr); err != nil {
+					t.Fatal(err)
+				}
+				want := "poison:order-paid/3/" + string(rune('0'+n))
+				if n >= len(payloads) || key != want || status != "failed" || reason != "poison" || dups != 0 ||
+					!bytes.Equal(payload, payloads[n]) || !bytes.Contains([]byte(lastErr), []byte("payload is not valid UTF-8 at byte 15")) {
+					t.Fatalf("inbox row %d: %s %s %s duplicates=%d payload=%q error=%q; want %s failed poison, the payload as sent, the byte named",
+						n, key, status, reason, dups, payload, lastErr, want)
+				}
+			}
+			if err := rows.Err(); err != nil {
+				t.Fatal(err)
+			}
+			if n != len(payloads) {
+				t.Fatalf("%d inbox rows, want %d", n, len(payloads))
+			}
+			if c := count(t, d.DB, `SELECT (SELECT COUNT(*) FROM user_coupon) + (SELECT COUNT(*) FROM coupon_grant) + (SELECT COUNT(*) FROM outbox)`); c != 0 {
+				t.Fatalf("%d coupons, grants and events, want none", c)
+			}
+		})
+	}
+}
