@@ -55,10 +55,11 @@ func (a *app) produceCmd() *cobra.Command {
 	f.IntVar(&o.poison, "poison", 0, "poison records to add, each of which must end quarantined as poison; they cycle through "+
 		"the kinds: a value the plugin refuses (its Poison: for the coupon granter truncated JSON, a missing orderId or userId, "+
 		"a wrong type, not JSON), a tombstone (nil value), an empty value, such a value behind bytes that are not UTF-8, under an "+
-		"invalid-UTF-8 key, with invalid-UTF-8 header key, value and message id, a good value under 70 KiB of headers (over "+
-		"inbox.max_metadata_bytes), and a good value padded to 1 KiB over the loaded inbox.max_payload_bytes — that last kind "+
-		"only when it fits the producer's max message size (1,000,000 bytes), so not with the default 1 MiB limit, and the "+
-		"first four only for a plugin with a Poison (the PRODUCED line says which kinds were sent)")
+		"invalid-UTF-8 key, with invalid-UTF-8 header key, value and message id, a good value whose business key has a byte that "+
+		"is not UTF-8, a good value under 70 KiB of headers (over inbox.max_metadata_bytes), and a good value padded to 1 KiB "+
+		"over the loaded inbox.max_payload_bytes — that last kind only when it fits the producer's max message size (1,000,000 "+
+		"bytes), so not with the default 1 MiB limit, and the refused values and their UTF-8 variants only for a plugin with a "+
+		"Poison (the PRODUCED line says which kinds were sent)")
 	f.StringVar(&o.topic, "topic", "", "topic (default: the plugin's first topic, as configured)")
 	f.StringVar(&o.prefix, "prefix", "", "order id prefix (default ord-<unix nanos>)")
 	f.Uint64Var(&o.seed, "seed", 1, "random seed (repeatable runs)")
@@ -362,7 +363,7 @@ func poisonKinds(p inbox.Plugin, maxPayload, maxMessage int) (kinds []poisonKind
 			return record{key: key(i), value: bad(prefix, i), headers: []sarama.RecordHeader{uuidHeader(watermill.NewUUID())}}
 		}})
 	} else {
-		skips = append(skips, "bad-value,utf8-value,utf8-key,utf8-headers=skipped(plugin_"+p.Name+"_has_no_Poison)")
+		skips = append(skips, "bad-value,utf8-value,utf8-key,utf8-headers,utf8-string=skipped(plugin_"+p.Name+"_has_no_Poison)")
 	}
 	kinds = append(kinds,
 		poisonKind{"tombstone", func(_ string, i int) record {
@@ -385,6 +386,19 @@ func poisonKinds(p inbox.Plugin, maxPayload, maxMessage int) (kinds []poisonKind
 			poisonKind{"utf8-headers", func(prefix string, i int) record {
 				return record{key: key(i), value: bad(prefix, i), headers: []sarama.RecordHeader{
 					{Key: []byte("trace\xff"), Value: []byte("v\xfe\xfd")}, uuidHeader("\xff\xfe" + watermill.NewUUID())}}
+			}},
+			// A good value with a byte that is not UTF-8 right after its business key (at its
+			// end if the value does not hold the key): a decoder that made the byte U+FFFD
+			// would take it for an order of the run's prefix, which no ledger lists.
+			poisonKind{"utf8-string", func(prefix string, i int) record {
+				k := []byte(fmt.Sprintf("%s-poison-u8-%d", prefix, i))
+				v := good(string(k), i)
+				if at := bytes.Index(v, k); at >= 0 {
+					v = slices.Insert(v, at+len(k), 0xff)
+				} else {
+					v = append(v, 0xff)
+				}
+				return record{key: key(i), value: v, headers: []sarama.RecordHeader{uuidHeader(watermill.NewUUID())}}
 			}})
 	}
 	kinds = append(kinds, poisonKind{"big-headers", func(prefix string, i int) record {

@@ -2,6 +2,7 @@ package onceflowcmd
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -27,7 +28,7 @@ func TestPoisonKinds(t *testing.T) {
 		return strings.Join(n, ",")
 	}
 	granter, _ := inbox.Plugins.Get(coupon.PluginName)
-	all := "bad-value,tombstone,empty,utf8-value,utf8-key,utf8-headers,big-headers,oversized"
+	all := "bad-value,tombstone,empty,utf8-value,utf8-key,utf8-headers,utf8-string,big-headers,oversized"
 	ks, skipped := poisonKinds(granter, 256<<10, producerMax)
 	if names(ks) != all || skipped != "" {
 		t.Fatalf("256 KiB limit: kinds %s, skipped %q; want %s", names(ks), skipped, all)
@@ -64,6 +65,12 @@ func TestPoisonKinds(t *testing.T) {
 		case "utf8-value":
 			if utf8.Valid(r.value) {
 				t.Errorf("utf8-value: value %q is valid UTF-8", r.value)
+			}
+		case "utf8-string":
+			// JSON but for one byte, which encoding/json alone would decode as U+FFFD.
+			var o coupon.OrderPaid
+			if utf8.Valid(r.value) || json.Unmarshal(r.value, &o) != nil || o.OrderID != "p-poison-u8-3\uFFFD" {
+				t.Errorf("utf8-string: value %q decodes with encoding/json alone as %+v, want order p-poison-u8-3\uFFFD", r.value, o)
 			}
 		}
 	}

@@ -95,7 +95,7 @@ const (
 
 // poisonKinds are the kinds of poison record the checker must find on order-paid (its own
 // names, poisonKindOf): `router produce --poison` cycles through all of them.
-var poisonKinds = []string{"bad-json", "tombstone", "empty", "utf8-value", "utf8-key", "utf8-headers", "big-headers", "oversized"}
+var poisonKinds = []string{"bad-json", "tombstone", "empty", "utf8-value", "utf8-key", "utf8-headers", "utf8-string", "big-headers", "oversized"}
 
 // runGroups are the consumer groups of the run's routers and what they consume.
 var runGroups = []GroupTopic{{group, orderTopic}, {misbehaverGroup, orderTopic}}

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"unicode/utf8"
 
@@ -40,6 +42,8 @@ func poisonKindOf(m *sarama.ConsumerMessage) string {
 		return "big-headers"
 	case len(m.Value) > 64<<10:
 		return "oversized"
+	case !utf8.Valid(m.Value) && json.Valid(bytes.ToValidUTF8(m.Value, []byte("\uFFFD"))):
+		return "utf8-string" // JSON once its bytes that are not UTF-8 are made U+FFFD
 	case !utf8.Valid(m.Value):
 		return "utf8-value"
 	}
