@@ -24,7 +24,8 @@
 //
 // Most plugins need not write Decode nor cast Delivery.Value: Typed builds the Handler from
 // a Codec and a function that receives the decoded value. JSON is the default codec (fields
-// the type does not know are allowed, data after the value is refused); the plugin gives
+// the type does not know are allowed, data after the value and bytes that are not UTF-8 are
+// refused: CheckJSONText, which a plugin's own JSON decoder calls too); the plugin gives
 // the business key, and optionally the fingerprint:
 //
 //	h := inbox.Typed(
