@@ -115,7 +115,10 @@ func (s *suite) benchSeedLoad(ctx context.Context, mode string) error {
 	}
 	g.UsePrepare(db).UseStatements(db)
 	defer g.Close()
-	ib, err := inbox.New(db, g, inbox.Config{BizType: coupon.BizType, MaxInFlightCalls: s.cfg.seedInFlight}, nil, nil)
+	// The router's defaults, unless a -seed-* flag says otherwise.
+	pc := kafkax.ParallelConfig{Window: s.cfg.seedWindow, MaxInFlightBytes: s.cfg.seedBudget}.WithDefaults()
+	calls := inbox.BatchConfig{MaxInFlightCalls: s.cfg.seedInFlight}.WithDefaults().MaxInFlightCalls
+	ib, err := inbox.New(db, g, inbox.Config{BizType: coupon.BizType, MaxInFlightCalls: calls}, nil, nil)
 	if err != nil {
 		return err
 	}
@@ -130,14 +133,14 @@ func (s *suite) benchSeedLoad(ctx context.Context, mode string) error {
 	}
 
 	var claims atomic.Int64
-	sub, err := kc.NewParallelSubscriber("bench-"+in, kafkax.ParallelConfig{Window: s.cfg.seedWindow}, claimCounter{LoggerAdapter: watermill.NopLogger{}, claims: &claims})
+	sub, err := kc.NewParallelSubscriber("bench-"+in, pc, claimCounter{LoggerAdapter: watermill.NopLogger{}, claims: &claims})
 	if err != nil {
 		return err
 	}
 	handler := ib.HandlerFunc(in)
 	var b *inbox.Batcher
 	if mode == "batch" {
-		if b, err = ib.NewBatcher(inbox.BatchConfig{MaxInFlightCalls: s.cfg.seedInFlight}); err != nil {
+		if b, err = ib.NewBatcher(inbox.BatchConfig{MaxInFlightCalls: calls}); err != nil {
 			return err
 		}
 		handler = b.HandlerFunc(in)
@@ -153,9 +156,14 @@ func (s *suite) benchSeedLoad(ctx context.Context, mode string) error {
 	<-r.Running()
 	cpu := newCPUMeter(s.services)
 	start := time.Now()
-	var granted int
+	var granted, peakRecords int
 	for granted < s.cfg.seedOrders {
 		time.Sleep(250 * time.Millisecond)
+		n := 0
+		for _, st := range sub.PartitionStats() {
+			n += st.InFlight
+		}
+		peakRecords = max(peakRecords, n)
 		if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM user_coupon").Scan(&granted); err != nil {
 			cancel()
 			return err
@@ -181,12 +189,16 @@ func (s *suite) benchSeedLoad(ctx context.Context, mode string) error {
 	// run of N orders, N ÷ (N ÷ that rate + one order's calls), as the first orders' calls
 	// start together and the last ones finish alone.
 	perOrder := 3 * (s.cfg.scaled(s.cfg.seedDelay) + s.cfg.scaled(s.cfg.seedJitter)/2)
-	inFlight := min(s.cfg.seedInFlight, s.cfg.seedWindow*parts, s.cfg.seedOrders)
+	// Records in flight: the window's, the budget's (a record's bytes and RecordOverhead)
+	// and the calls' limits.
+	recBytes := int64(len(msgs[0].Value.(sarama.ByteEncoder))+len(string(msgs[0].Key.(sarama.StringEncoder)))+100) + kafkax.RecordOverhead
+	inFlight := min(calls, pc.Window*parts, int(pc.MaxInFlightBytes/recBytes), s.cfg.seedOrders)
 	bound := float64(inFlight) / perOrder.Seconds()
 	runBound := float64(s.cfg.seedOrders) / (float64(s.cfg.seedOrders)/bound + perOrder.Seconds())
 	rate := float64(s.cfg.seedOrders) / el.Seconds()
 	s.report("seed_load", append([]any{"mode", mode, "orders", s.cfg.seedOrders, "deliveries", len(msgs), "scale", fmt.Sprint(s.cfg.seedScale), "orders_per_s", rate,
-		"seconds", el.Seconds(), "peak_calls_in_flight", svc.peak.Load(), "max_in_flight_calls", s.cfg.seedInFlight,
+		"seconds", el.Seconds(), "peak_calls_in_flight", svc.peak.Load(), "max_in_flight_calls", calls,
+		"window", pc.Window, "budget_mb", pc.MaxInFlightBytes>>20, "peak_records_in_flight", peakRecords,
 		"bound_orders_per_s", bound, "run_bound_orders_per_s", runBound, "pct_of_run_bound", rate / runBound * 100, "calls", svc.calls.Load(), "rebalances", claims.Load() - parts, "duplicate_coupons", dupCoupons,
 		"prepared", st.Prepared, "prepare_skipped", st.PrepareSkipped, "batches", st.Batches, "fallbacks", st.Fallbacks}, cpu.perOrder(s.cfg.seedOrders)...)...)
 	if mode != "batch" {
