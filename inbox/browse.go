@@ -93,9 +93,10 @@ type Page struct {
 const maxPage = 500
 
 // browseColumns are rowColumns of the table aliased i, without the payload and the
-// metadata: a page of rows reads no value, however large the stored ones are.
+// metadata: a page of rows reads no value, however large the stored ones are. The metadata
+// reads as JSON null (no headers), not as SQL NULL, which marks a minimal row.
 var browseColumns = func() string {
-	c := strings.Replace(rowColumns, "payload, metadata,", "'' AS payload, NULL AS metadata,", 1)
+	c := strings.Replace(rowColumns, "payload, metadata,", "'' AS payload, 'null' AS metadata,", 1)
 	if c == rowColumns {
 		panic("inbox: rowColumns no longer lists payload, metadata: update browseColumns")
 	}

@@ -49,6 +49,9 @@ const (
 	OutcomeDuplicate   Outcome = "duplicate"
 	OutcomeQuarantined Outcome = "quarantined"
 	OutcomeConflict    Outcome = "conflict"
+	// OutcomeRefused is a replay's, never a delivery's: the row holds less than the message
+	// as delivered (Row.Replayable), so it was not run and is left as it is.
+	OutcomeRefused Outcome = "refused"
 )
 
 // Result describes what Process did.

@@ -19,7 +19,7 @@ const ReplayRowTable = "replay_row"
 // Replay outcomes, as stored in replay.outcome.
 const (
 	ReplayOK          = "ok"          // every selected row ran; none came back quarantined
-	ReplayPartial     = "partial"     // some rows were quarantined again (cause not fixed, or poison)
+	ReplayPartial     = "partial"     // some rows were quarantined again (cause not fixed, or poison) or refused
 	ReplayInterrupted = "interrupted" // stopped early: database unreachable or cancelled
 	ReplayDryRun      = "dry_run"     // nothing ran
 )
@@ -33,8 +33,10 @@ type ReplayOptions struct {
 	DryRun bool
 	// Rate limits replayed messages per second; 0 means no limit.
 	Rate float64
-	// OnRow, when set, is called after each row (dry runs: with a zero Result). The replay
-	// keeps no row: what a caller wants to show of them, it takes here.
+	// OnRow, when set, is called after each row with its Result; a dry run's is the outcome
+	// known before running: refused, quarantined (it does not decode), duplicate (done),
+	// else none (Outcome "": the handler decides). The replay keeps no row: what a caller
+	// wants to show of them, it takes here.
 	OnRow func(Row, Result)
 	// PageSize is how many rows one query reads; 0 means 200. A page is replayed before the
 	// next is read, so memory holds one page whatever the selection's size.
@@ -43,28 +45,34 @@ type ReplayOptions struct {
 
 // ReplayReport summarises a replay. It is also what the replay table holds.
 type ReplayReport struct {
-	ID          int64     `json:"id"`
-	BizType     string    `json:"biz_type"`
-	DryRun      bool      `json:"dry_run"`
-	Filter      Filter    `json:"filter"`
-	Selected    int       `json:"selected"`
-	Processed   int       `json:"processed"`
-	Duplicates  int       `json:"duplicates"`
-	Quarantined int       `json:"quarantined"`
-	Conflicts   int       `json:"conflicts"`
-	Poison      int       `json:"poison"`   // selected rows that cannot be decoded (re-quarantined)
-	WasDone     int       `json:"was_done"` // selected rows already done (come back as duplicates)
-	Outcome     string    `json:"outcome"`  // ok, partial, interrupted, dry_run
-	Error       string    `json:"error,omitempty"`
-	StartedAt   time.Time `json:"started_at"`
-	FinishedAt  time.Time `json:"finished_at"`
+	ID          int64  `json:"id"`
+	BizType     string `json:"biz_type"`
+	DryRun      bool   `json:"dry_run"`
+	Filter      Filter `json:"filter"`
+	Selected    int    `json:"selected"`
+	Processed   int    `json:"processed"`
+	Duplicates  int    `json:"duplicates"`
+	Quarantined int    `json:"quarantined"`
+	Conflicts   int    `json:"conflicts"`
+	Poison      int    `json:"poison"`   // selected rows that cannot be decoded (re-quarantined)
+	WasDone     int    `json:"was_done"` // selected rows already done (come back as duplicates)
+	// Refused: selected rows not run, as they hold less than the delivered message
+	// (Row.Replayable); they stay quarantined. The replay table has no column for them: a
+	// loaded replay that ran counts them as the selected rows no other count holds.
+	Refused    int       `json:"refused"`
+	Outcome    string    `json:"outcome"` // ok, partial, interrupted, dry_run
+	Error      string    `json:"error,omitempty"`
+	StartedAt  time.Time `json:"started_at"`
+	FinishedAt time.Time `json:"finished_at"`
 }
 
 // Replay re-runs the stored messages f selects through this inbox's handler, exactly as a
 // live delivery runs (Process with Reopen and the replay's id): a 'failed' row runs again, a
 // 'processing' row resumes where its handler left it, a 'done' row is a duplicate and
-// changes nothing, a poison row cannot be decoded and is quarantined again. The replay is
-// recorded in the replay table and its id stamped on the rows it re-ran.
+// changes nothing, a poison row cannot be decoded and is quarantined again, and a row that
+// holds less than the delivered message (Row.Replayable) is refused: not run, left as it
+// is. A dry run reports, row by row, what the replay decides by the same decision. The
+// replay is recorded in the replay table and its id stamped on the rows it re-ran.
 //
 // The returned error is non-nil only when the replay could not run to its end (selection or
 // bookkeeping failed, database unreachable, context cancelled); the report then says how far
@@ -111,7 +119,7 @@ func (ib *Inbox) Replay(ctx context.Context, opts ReplayOptions) (ReplayReport, 
 		rep.Outcome, rep.Error = ReplayInterrupted, runErr.Error()
 	case opts.DryRun:
 		rep.Outcome = ReplayDryRun
-	case rep.Quarantined+rep.Conflicts > 0:
+	case rep.Quarantined+rep.Conflicts+rep.Refused > 0:
 		rep.Outcome = ReplayPartial
 	default:
 		rep.Outcome = ReplayOK
@@ -173,12 +181,16 @@ func (ib *Inbox) replayRows(ctx context.Context, store *Store, f Filter, maxID i
 			if row.Status == StatusDone {
 				rep.WasDone++
 			}
-			if row.Poison() || row.Truncated() {
+			run, known := ib.replayPlan(row)
+			switch {
+			case known.Outcome == OutcomeRefused:
+				rep.Refused++
+			case known.Outcome == OutcomeQuarantined:
 				rep.Poison++
 			}
 			if opts.DryRun {
 				if opts.OnRow != nil {
-					opts.OnRow(row, Result{})
+					opts.OnRow(row, known)
 				}
 				continue
 			}
@@ -192,15 +204,12 @@ func (ib *Inbox) replayRows(ctx context.Context, store *Store, f Filter, maxID i
 				rep.Selected--
 				return err
 			}
-			var r Result
-			if row.Truncated() {
-				// Only a prefix of the value is stored: running it would not be the message.
-				// The row stays as it is (quarantined).
-				r = Result{Outcome: OutcomeQuarantined, InboxID: row.ID, Key: row.DedupKey, Reason: Reason(row.Reason),
-					Err: fmt.Errorf("inbox row %d holds %d of the value's %d bytes and cannot be replayed", row.ID, len(row.Payload), row.PayloadSize)}
-			} else if r, err = ib.Process(ctx, row.Message(), row.Source(), ProcessOptions{Reopen: true, ReplayID: rep.ID}); err != nil {
-				rep.Selected--
-				return err
+			r := known
+			if run {
+				if r, err = ib.Process(ctx, row.Message(), row.Source(), ProcessOptions{Reopen: true, ReplayID: rep.ID}); err != nil {
+					rep.Selected--
+					return err
+				}
 			}
 			switch r.Outcome {
 			case OutcomeProcessed:
@@ -218,6 +227,30 @@ func (ib *Inbox) replayRows(ctx context.Context, store *Store, f Filter, maxID i
 		}
 	}
 	return nil
+}
+
+// replayPlan is the one decision of what a replay does with row, for the dry run and the
+// replay alike: run reports whether it goes through Process; known is the outcome known
+// before running, in Process's order — refused (the row holds less than the delivered
+// message: never run), quarantined again (it does not decode), duplicate (done) — else a
+// Result without an Outcome (the handler decides).
+func (ib *Inbox) replayPlan(row Row) (run bool, known Result) {
+	known = Result{InboxID: row.ID, Key: row.DedupKey}
+	if err := row.Replayable(); err != nil {
+		known.Outcome, known.Reason, known.Err = OutcomeRefused, Reason(row.Reason), err
+		return false, known
+	}
+	if _, err := ib.decode(row.Message()); err != nil {
+		known.Outcome, known.Reason, known.Err = OutcomeQuarantined, ReasonPoison, err
+		if failureReason(err) == ReasonPanic {
+			known.Reason = ReasonPanic
+		}
+		return true, known
+	}
+	if row.Status == StatusDone {
+		known.Outcome = OutcomeDuplicate
+	}
+	return true, known
 }
 
 func nullString(s string) any {
@@ -240,6 +273,9 @@ func (s *Store) LoadReplay(ctx context.Context, id int64) (ReplayReport, error) 
 		return r, fmt.Errorf("load replay %d: %w", id, err)
 	}
 	r.FinishedAt, r.Error = finished.Time, errText.String
+	if !r.DryRun {
+		r.Refused = max(0, r.Selected-r.Processed-r.Duplicates-r.Quarantined-r.Conflicts)
+	}
 	if err := json.Unmarshal([]byte(filter), &r.Filter); err != nil {
 		return r, fmt.Errorf("load replay %d: filter: %w", id, err)
 	}

@@ -445,3 +445,92 @@ func TestReplayDryRunPages(t *testing.T) {
 		t.Fatalf("a dry run changed:\n%s\nto\n%s", before, after)
 	}
 }
+
+// A row that holds less than the delivered message — headers over max_metadata_bytes
+// (stored capped), a value over max_payload_bytes (a prefix stored), a minimal row (neither
+// stored) — is refused by a replay, with its reason, in the dry run and in the replay
+// alike: nothing runs and the row stays as it was. Each of the three would otherwise run:
+// the capped headers and the value's prefix (the order, then padding) decode as an order.
+func TestReplayRefusesRowsThatHoldLessThanTheMessage(t *testing.T) {
+	var broken atomic.Bool
+	// A permanent failure quarantines at once, with no row before (a row left 'processing'
+	// by a counted attempt would keep its content).
+	refuse := func(g inbox.Handler) inbox.Handler {
+		return handlerFunc{inner: g, handle: func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error) {
+			if broken.Load() {
+				return inbox.Continue, inbox.Permanent(errors.New("wallet refused"))
+			}
+			return g.Handle(ctx, tx, d)
+		}}
+	}
+	p := newPipeline(t, pipelineOpts{conns: 4, wrap: refuse})
+	ctx := context.Background()
+	db := p.db.DB
+	deliver := func(msg *message.Message, offset int64) int64 {
+		t.Helper()
+		r, err := p.inbox.Process(ctx, msg, inbox.Source{Topic: "order-paid", Offset: offset}, inbox.ProcessOptions{})
+		if err != nil || r.Outcome != inbox.OutcomeQuarantined {
+			t.Fatalf("offset %d: %+v %v, want quarantined", offset, r, err)
+		}
+		return r.InboxID
+	}
+	headers := orderMsg("o-headers", "u1")
+	for i := range 70 {
+		headers.Metadata.Set(fmt.Sprintf("h%02d", i), strings.Repeat("v", 600))
+	}
+	big := orderMsg("o-big", "u2")
+	big.Payload = append(big.Payload, strings.Repeat(" ", 2<<20)...)
+	ids := map[string]int64{"headers": deliver(headers, 1), "value": deliver(big, 2)}
+	// The database refuses a quarantined row that carries a payload: a minimal row is
+	// written (TestQuarantineFallsBackToMinimalRow).
+	p.db.AdminExec(t, `CREATE TRIGGER refuse_payload BEFORE INSERT ON inbox FOR EACH ROW
+ IF NEW.status = 'failed' AND LENGTH(NEW.payload) > 0 THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'payload refused'; END IF`)
+	broken.Store(true)
+	ids["minimal"] = deliver(orderMsg("o-minimal", "u3"), 3)
+	broken.Store(false) // every cause fixed: a row that ran now would be granted
+	p.db.AdminExec(t, "DROP TRIGGER refuse_payload")
+
+	store, err := inbox.NewStore(db, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	why := map[string]string{"headers": "headers are stored cut", "value": "prefix of its", "minimal": "without its value and headers"}
+	for name, id := range ids {
+		row, err := store.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := row.Replayable(); !errors.Is(err, inbox.ErrNotReplayable) || !strings.Contains(err.Error(), why[name]) {
+			t.Errorf("%s row: Replayable() = %v, want not replayable: %s", name, err, why[name])
+		}
+	}
+	before := snapshot(t, db, true)
+	for _, dry := range []bool{true, false} {
+		got := map[int64]inbox.Result{}
+		rep, err := p.inbox.Replay(ctx, inbox.ReplayOptions{Filter: failedFilter(), DryRun: dry, OnRow: func(row inbox.Row, r inbox.Result) { got[row.ID] = r }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := inbox.ReplayPartial
+		if dry {
+			want = inbox.ReplayDryRun
+		}
+		if rep.Selected != 3 || rep.Refused != 3 || rep.Processed+rep.Duplicates+rep.Quarantined+rep.Conflicts != 0 || rep.Outcome != want {
+			t.Errorf("dry run %v: report %+v, want 3 refused", dry, rep)
+		}
+		for name, id := range ids {
+			if r := got[id]; r.Outcome != inbox.OutcomeRefused || !errors.Is(r.Err, inbox.ErrNotReplayable) || !strings.Contains(r.Err.Error(), why[name]) {
+				t.Errorf("dry run %v, %s row: %+v, want refused: %s", dry, name, r, why[name])
+			}
+		}
+		if after := snapshot(t, db, true); after != before {
+			t.Fatalf("dry run %v changed the database:\nbefore:\n%s\nafter:\n%s", dry, before, after)
+		}
+		if loaded, err := store.LoadReplay(ctx, rep.ID); err != nil || loaded.Refused != rep.Refused*map[bool]int{true: 0, false: 1}[dry] {
+			t.Errorf("replay %d as loaded: %+v %v", rep.ID, loaded, err)
+		}
+	}
+	if n := count(t, db, "SELECT COUNT(*) FROM user_coupon"); n != 0 {
+		t.Fatalf("%d coupons granted from rows that hold less than their message", n)
+	}
+}

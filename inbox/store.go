@@ -95,6 +95,33 @@ type Row struct {
 	CreatedAt   time.Time         `json:"created_at"`
 	UpdatedAt   time.Time         `json:"updated_at"`
 	ExpireAt    time.Time         `json:"expire_at"`
+
+	sized bool // payload_size is set: a prefix of the value, or a minimal row
+	bare  bool // metadata is NULL: a minimal row (read in full: a Page's rows carry none)
+}
+
+// ErrNotReplayable is what Row.Replayable wraps.
+var ErrNotReplayable = errors.New("not replayable")
+
+// Replayable returns nil when r holds its message as it was delivered, else an error
+// wrapping ErrNotReplayable that says what was cut: a value over inbox.max_payload_bytes
+// (a prefix is stored), headers over inbox.max_metadata_bytes (stored capped), or a minimal
+// row (neither stored). Running what is left would run a message nobody sent, so a replay
+// refuses such a row and leaves it quarantined for inspection. r must be read in full
+// (Store.Get, List): a Page's rows carry no metadata.
+func (r Row) Replayable() error {
+	_, capped := r.Metadata[MetadataTruncatedKey]
+	switch {
+	case r.sized && r.bare:
+		return fmt.Errorf("%w: stored without its value and headers (the database refused the full row)", ErrNotReplayable)
+	case r.PayloadSize > 0:
+		return fmt.Errorf("%w: only a %d-byte prefix of its %d-byte value is stored (over inbox.max_payload_bytes)", ErrNotReplayable, len(r.Payload), r.PayloadSize)
+	case r.sized:
+		return fmt.Errorf("%w: stored without its headers (the database refused the full row)", ErrNotReplayable)
+	case capped:
+		return fmt.Errorf("%w: its headers are stored cut to inbox.max_metadata_bytes (%s)", ErrNotReplayable, validText(r.Metadata[MetadataTruncatedKey], 200))
+	}
+	return nil
 }
 
 // Poison reports whether the row holds a message that could not be decoded: replaying it
@@ -300,6 +327,7 @@ func scanRow(sc scanner) (Row, error) {
 		return r, fmt.Errorf("scan inbox row: %w", err)
 	}
 	r.Reason, r.LastError, r.ReplayID, r.PayloadSize = reason.String, lastErr.String, replay.Int64, size.Int64
+	r.sized, r.bare = size.Valid, !meta.Valid
 	if meta.Valid && meta.String != "" && meta.String != "null" {
 		if err := json.Unmarshal([]byte(meta.String), &r.Metadata); err != nil {
 			return r, fmt.Errorf("inbox row %d: metadata: %w", r.ID, err)
