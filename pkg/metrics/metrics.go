@@ -39,7 +39,7 @@ func New(db *sql.DB) *Metrics {
 		Registry: r,
 		Deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "onceflow", Name: "inbox_deliveries_total",
-			Help: "Deliveries by outcome: processed, duplicate (blocked), conflict, quarantined.",
+			Help: "Deliveries by outcome: processed, duplicate (blocked), held (the key is quarantined: not run until a replay), conflict, quarantined.",
 		}, []string{"biz_type", "outcome"}),
 		HandlerSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "onceflow", Name: "inbox_handler_seconds",

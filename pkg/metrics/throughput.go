@@ -7,7 +7,7 @@ import (
 )
 
 // Outcomes the throughput ring counts (inbox.Outcome values); any other is left out.
-var ringOutcomes = [...]string{"processed", "duplicate", "quarantined", "conflict"}
+var ringOutcomes = [...]string{"processed", "duplicate", "quarantined", "conflict", "held"}
 
 // ringMinutes is how far back the ring remembers: the console's last hour.
 const ringMinutes = 60
@@ -69,10 +69,13 @@ type MinuteCount struct {
 	Duplicate   int64 // blocked as duplicates
 	Quarantined int64
 	Conflict    int64
+	Held        int64 // not run: the key is quarantined until a replay releases it
 }
 
 // Total is the minute's deliveries of every counted outcome.
-func (c MinuteCount) Total() int64 { return c.Processed + c.Duplicate + c.Quarantined + c.Conflict }
+func (c MinuteCount) Total() int64 {
+	return c.Processed + c.Duplicate + c.Quarantined + c.Conflict + c.Held
+}
 
 // Throughput is the deliveries this process observed: per minute over the last hour, and
 // in total since it started.
@@ -94,11 +97,11 @@ func (m *Metrics) Throughput(now time.Time) Throughput {
 		b := &t.buckets[minute%ringMinutes]
 		if b.minute.Load() == minute {
 			c.Processed, c.Duplicate = b.counts[0].Load(), b.counts[1].Load()
-			c.Quarantined, c.Conflict = b.counts[2].Load(), b.counts[3].Load()
+			c.Quarantined, c.Conflict, c.Held = b.counts[2].Load(), b.counts[3].Load(), b.counts[4].Load()
 		}
 		out.Minutes[k] = c
 	}
 	out.Totals = MinuteCount{Processed: t.totals[0].Load(), Duplicate: t.totals[1].Load(),
-		Quarantined: t.totals[2].Load(), Conflict: t.totals[3].Load()}
+		Quarantined: t.totals[2].Load(), Conflict: t.totals[3].Load(), Held: t.totals[4].Load()}
 	return out
 }

@@ -27,6 +27,7 @@ func TestThroughputRing(t *testing.T) {
 	wg.Wait()
 	tp.add("quarantined", t0.Add(2*time.Minute))
 	tp.add("conflict", t0.Add(2*time.Minute))
+	tp.add("held", t0.Add(2*time.Minute))
 	tp.add("not-an-outcome", t0)
 
 	got := m.Throughput(t0.Add(2 * time.Minute))
@@ -34,8 +35,8 @@ func TestThroughputRing(t *testing.T) {
 		t.Fatalf("%d minutes, want 60", len(got.Minutes))
 	}
 	last := got.Minutes[59]
-	if !last.Minute.Equal(time.Date(2026, 11, 11, 10, 2, 0, 0, time.UTC)) || last.Quarantined != 1 || last.Conflict != 1 {
-		t.Fatalf("current minute %+v, want 10:02 with 1 quarantined and 1 conflict", last)
+	if !last.Minute.Equal(time.Date(2026, 11, 11, 10, 2, 0, 0, time.UTC)) || last.Quarantined != 1 || last.Conflict != 1 || last.Held != 1 || last.Total() != 3 {
+		t.Fatalf("current minute %+v, want 10:02 with 1 quarantined, 1 conflict and 1 held", last)
 	}
 	if m := got.Minutes[58]; m.Duplicate != 800 || m.Processed != 0 {
 		t.Fatalf("10:01 %+v, want 800 duplicates", m)
@@ -43,7 +44,7 @@ func TestThroughputRing(t *testing.T) {
 	if m := got.Minutes[57]; m.Processed != 800 || m.Total() != 800 {
 		t.Fatalf("10:00 %+v, want 800 processed", m)
 	}
-	if got.Totals.Processed != 800 || got.Totals.Duplicate != 800 || got.Totals.Quarantined != 1 || got.Totals.Conflict != 1 {
+	if got.Totals.Processed != 800 || got.Totals.Duplicate != 800 || got.Totals.Quarantined != 1 || got.Totals.Conflict != 1 || got.Totals.Held != 1 {
 		t.Fatalf("totals %+v", got.Totals)
 	}
 	// An hour later the old minutes read as zero, even before their buckets are reused,
