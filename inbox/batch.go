@@ -476,7 +476,7 @@ func (b *Batcher) release(p *pending, res Result, err error) {
 	if !p.gated.CompareAndSwap(true, false) {
 		return
 	}
-	done := err == nil && (res.Outcome == OutcomeProcessed || res.Outcome == OutcomeDuplicate && res.Reason == "")
+	done := err == nil && (res.Outcome == OutcomeProcessed || res.Outcome == OutcomeDuplicate)
 	b.gate.release(p, done)
 }
 
@@ -623,6 +623,9 @@ func (b *Batcher) run(batch []*pending) {
 		ib.obs.Delivered(ib.cfg.BizType, res, time.Since(it.p.start))
 		it.p.done <- batchOutcome{res: res}
 		dup := Result{Outcome: OutcomeDuplicate, InboxID: res.InboxID, Key: res.Key, Reason: res.Reason, Attempts: 1}
+		if res.Outcome == OutcomeHeld {
+			dup.Outcome = OutcomeHeld // copies of a held key are held with it
+		}
 		for _, c := range it.copies {
 			ib.obs.Delivered(ib.cfg.BizType, dup, time.Since(c.start))
 			c.done <- batchOutcome{res: dup}
@@ -705,7 +708,7 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item, savepoin
 			}
 			it.res = &Result{Outcome: OutcomeDuplicate, InboxID: r.id, Key: key}
 			if r.status == StatusFailed {
-				it.res.Reason = Reason(r.reason.String)
+				it.res.Outcome, it.res.Reason = OutcomeHeld, Reason(r.reason.String)
 			}
 		case claimResume:
 			// 'processing': an earlier delivery's unfinished work, resumed here.

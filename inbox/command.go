@@ -245,7 +245,7 @@ func (ib *Inbox) runCommand(ctx context.Context, req CommandRequest, run func(*m
 		return CommandResult{}, fmt.Errorf("%w: %s", ErrBadRequest, strings.TrimPrefix(err.Error(), ErrPoison.Error()+": "))
 	}
 	res, err := run(msg)
-	if err == nil && res.Outcome == OutcomeDuplicate && res.Reason != "" {
+	if err == nil && res.Outcome == OutcomeHeld {
 		// A quarantined request: the client's retry runs it again.
 		res, err = ib.Process(ctx, msg, req.Source, ib.liveOptions())
 	}

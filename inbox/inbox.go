@@ -49,6 +49,9 @@ const (
 	OutcomeDuplicate   Outcome = "duplicate"
 	OutcomeQuarantined Outcome = "quarantined"
 	OutcomeConflict    Outcome = "conflict"
+	// OutcomeHeld: the key's row is quarantined ('failed'), so this delivery is not run; it
+	// is counted on the row (duplicates) and the key stays held until a replay releases it.
+	OutcomeHeld Outcome = "held"
 	// OutcomeRefused is a replay's, never a delivery's: the row holds less than the message
 	// as delivered (Row.Replayable), so it was not run and is left as it is.
 	OutcomeRefused Outcome = "refused"
@@ -59,7 +62,7 @@ type Result struct {
 	Outcome  Outcome
 	InboxID  int64
 	Key      string
-	Reason   Reason // for quarantined and conflict outcomes
+	Reason   Reason // for quarantined, conflict and held outcomes
 	Attempts int
 	Err      error // the error that caused a quarantine
 
@@ -130,7 +133,7 @@ type ProcessOptions struct {
 	command bool
 }
 
-// Process runs one delivery to its end: processed, duplicate, conflict or quarantined. It
+// Process runs one delivery to its end: processed, duplicate, held, conflict or quarantined. It
 // returns an error only when the outcome could not be recorded (database unreachable,
 // context cancelled); the caller must then NOT ack the message, so it is redelivered.
 func (ib *Inbox) Process(ctx context.Context, msg *message.Message, src Source, opts ProcessOptions) (Result, error) {
@@ -325,7 +328,7 @@ func (ib *Inbox) runStep(ctx context.Context, prep Preparer, d *Delivery, dec De
 			}
 			res = &Result{Outcome: OutcomeDuplicate, InboxID: row.id, Key: d.Key}
 			if row.status == StatusFailed {
-				res.Reason = Reason(row.reason.String)
+				res.Outcome, res.Reason = OutcomeHeld, Reason(row.reason.String)
 			}
 			return nil
 		case claimResume:
@@ -402,7 +405,7 @@ type claimOutcome int
 const (
 	claimRun       claimOutcome = iota // a row this claim inserted: run the handler
 	claimConflict                      // same key, another fingerprint: never a silent duplicate
-	claimDuplicate                     // done (perhaps by a concurrent delivery that resumed this one's work), or quarantined and not reopened: count it, change nothing
+	claimDuplicate                     // done (perhaps by a concurrent delivery that resumed this one's work), or quarantined and not reopened (held): count it, change nothing
 	claimResume                        // 'processing' (an earlier delivery's unfinished work) or reopened: run the handler on it
 )
 

@@ -382,8 +382,8 @@ func TestRetriesExhaustedQuarantinesAndMovesOn(t *testing.T) {
 	if status != "failed" || reason != "retries_exhausted" || !strings.Contains(lastErr, "marketing centre down") || attempts != 3 {
 		t.Fatalf("row %s %s %q %d", status, reason, lastErr, attempts)
 	}
-	// A later delivery of the quarantined key is counted, not re-run.
-	if r, _ := p.inbox.Process(ctx, orderMsg("o-broken", "u1"), src, inbox.ProcessOptions{}); r.Outcome != inbox.OutcomeDuplicate {
+	// A later delivery of the quarantined key is held: counted, not re-run.
+	if r, _ := p.inbox.Process(ctx, orderMsg("o-broken", "u1"), src, inbox.ProcessOptions{}); r.Outcome != inbox.OutcomeHeld {
 		t.Fatalf("redelivery of a quarantined key: %+v", r)
 	}
 	// The partition moves on.

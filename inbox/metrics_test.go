@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -99,5 +100,89 @@ func TestMetricsMoveWithDeliveries(t *testing.T) {
 	}
 	if age, ok := s["onceflow_outbox_oldest_unpublished_seconds"]; !ok || age < 0 {
 		t.Errorf("oldest unpublished age = %v (present %v)", age, ok)
+	}
+}
+
+// A new delivery of a quarantined key is held — not run, the row left failed — and counted
+// as held, not as a duplicate, on both paths (one delivery per transaction, and the
+// group-commit Batcher); after a replay releases the key, the next delivery is a
+// duplicate. The outcome label keeps its fixed set of values.
+func TestHeldDeliveryOfQuarantinedKey(t *testing.T) {
+	var broken atomic.Bool
+	broken.Store(true)
+	p := newPipeline(t, pipelineOpts{conns: 4})
+	m := metrics.New(p.db.DB)
+	ib, err := inbox.New(p.db.DB, failUntilFixed(&broken)(p.granter), inbox.Config{BizType: coupon.BizType, MaxAttempts: 1}, watermill.NopLogger{}, metricsObserver{m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := ib.NewBatcher(inbox.BatchConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	ctx := context.Background()
+	src := inbox.Source{Topic: "order-paid", Offset: 1}
+	if r, err := ib.Process(ctx, orderMsg("o-held", "u1"), src, inbox.ProcessOptions{}); err != nil || r.Outcome != inbox.OutcomeQuarantined {
+		t.Fatalf("first delivery: %+v %v, want quarantined", r, err)
+	}
+	broken.Store(false) // fixed: a delivery that ran now would be granted
+	deliveries := []struct {
+		name    string
+		process func() (inbox.Result, error)
+	}{
+		{"one at a time", func() (inbox.Result, error) {
+			return ib.Process(ctx, orderMsg("o-held", "u1"), src, inbox.ProcessOptions{})
+		}},
+		{"batched", func() (inbox.Result, error) { return b.Process(ctx, orderMsg("o-held", "u1"), src) }},
+	}
+	for _, d := range deliveries {
+		r, err := d.process()
+		if err != nil || r.Outcome != inbox.OutcomeHeld || r.Reason != inbox.ReasonRetriesExhausted {
+			t.Fatalf("%s: later delivery of the quarantined key: %+v %v, want held (retries_exhausted)", d.name, r, err)
+		}
+	}
+	if n := count(t, p.db.DB, "SELECT COUNT(*) FROM inbox WHERE dedup_key = 'o-held' AND status = 'failed' AND duplicates = 2"); n != 1 {
+		t.Fatal("the held key's row is not failed with its 2 held deliveries counted")
+	}
+	if n := count(t, p.db.DB, "SELECT COUNT(*) FROM user_coupon"); n != 0 {
+		t.Fatalf("%d coupons from held deliveries, want 0", n)
+	}
+	s := scrape(t, m)
+	for k, v := range map[string]float64{
+		`onceflow_inbox_deliveries_total{biz_type="coupon",outcome="quarantined"}`: 1,
+		`onceflow_inbox_deliveries_total{biz_type="coupon",outcome="held"}`:        2,
+		`onceflow_inbox_deliveries_total{biz_type="coupon",outcome="duplicate"}`:   0,
+	} {
+		if s[k] != v {
+			t.Errorf("%s = %v, want %v", k, s[k], v)
+		}
+	}
+	if tp := m.Throughput(time.Now()).Totals; tp.Held != 2 || tp.Duplicate != 0 {
+		t.Errorf("console throughput totals %+v, want 2 held and no duplicate", tp)
+	}
+
+	// The operator releases the key: the replay runs the row; later deliveries are
+	// duplicates.
+	if rep, err := ib.Replay(ctx, inbox.ReplayOptions{Filter: failedFilter()}); err != nil || rep.Processed != 1 {
+		t.Fatalf("replay: %+v %v", rep, err)
+	}
+	for _, d := range deliveries {
+		if r, err := d.process(); err != nil || r.Outcome != inbox.OutcomeDuplicate || r.Reason != "" {
+			t.Fatalf("%s: delivery after the replay: %+v %v, want duplicate", d.name, r, err)
+		}
+	}
+	if n := count(t, p.db.DB, "SELECT COUNT(*) FROM user_coupon WHERE order_id = 'o-held'"); n != 1 {
+		t.Fatalf("coupons = %d, want 1", n)
+	}
+	s = scrape(t, m)
+	if k := `onceflow_inbox_deliveries_total{biz_type="coupon",outcome="duplicate"}`; s[k] != 2 {
+		t.Errorf("%s = %v, want 2", k, s[k])
+	}
+	known := map[string]bool{"processed": true, "duplicate": true, "held": true, "quarantined": true, "conflict": true}
+	for k := range s {
+		if rest, ok := strings.CutPrefix(k, `onceflow_inbox_deliveries_total{biz_type="coupon",outcome="`); ok && !known[strings.TrimSuffix(rest, `"}`)] {
+			t.Errorf("outcome label value outside the fixed set: %s", k)
+		}
 	}
 }

@@ -98,7 +98,7 @@ func (r *Report) OncePerKey(count Counter) error {
 	}
 	for j, results := range r.Poison {
 		for i, res := range results {
-			quarantined := res.Outcome == inbox.OutcomeQuarantined || (i > 0 && res.Outcome == inbox.OutcomeDuplicate && res.Reason != "")
+			quarantined := res.Outcome == inbox.OutcomeQuarantined || (i > 0 && res.Outcome == inbox.OutcomeHeld)
 			if !quarantined {
 				add("poison message %d, delivery %d: %s, want quarantined", j, i+1, describe(res))
 			}
@@ -121,7 +121,7 @@ func (r *Report) OncePerKey(count Counter) error {
 				add("key %s: Decode read key %q from its message (Options.Message must carry the key it is given)", key, res.Key)
 			case res.Outcome == inbox.OutcomeProcessed:
 				processed++
-			case res.Outcome == inbox.OutcomeDuplicate && res.Reason == "":
+			case res.Outcome == inbox.OutcomeDuplicate:
 			default:
 				add("key %s: %s", key, describe(res))
 			}
