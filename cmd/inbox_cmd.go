@@ -61,14 +61,20 @@ func (a *app) inboxLs(ctx context.Context, ff filterFlags) error {
 		return writeJSON(out)
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tBIZ_TYPE\tDEDUP_KEY\tSTATUS\tREASON\tATTEMPTS\tDUPS\tREPLAY\tSOURCE\tUPDATED\tLAST_ERROR")
+	fmt.Fprintln(tw, "ID\tBIZ_TYPE\tDEDUP_KEY\tSTATUS\tREASON\tATTEMPTS\tDUPS\tHELD\tREPLAY\tSOURCE\tUPDATED\tLAST_ERROR")
 	for _, r := range rows {
 		replay := "-"
 		if r.ReplayID > 0 {
 			replay = fmt.Sprint(r.ReplayID)
+		} else if r.Status == inbox.StatusFailed && r.Replayable() != nil {
+			replay = "refused" // a replay would not run it (inbox show says why)
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", r.ID, safeText(r.BizType), safeText(r.DedupKey), r.Status, safeText(dash(string(r.Reason))),
-			r.Attempts, r.Duplicates, replay, safeText(sourceText(r)), r.UpdatedAt.Format(time.RFC3339), safeText(dash(oneLineString(r.LastError, 60))))
+		dups, held := fmt.Sprint(r.Duplicates), "-"
+		if r.Status == inbox.StatusFailed {
+			dups, held = "-", fmt.Sprint(r.Duplicates)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, safeText(r.BizType), safeText(r.DedupKey), r.Status, safeText(dash(string(r.Reason))),
+			r.Attempts, dups, held, replay, safeText(sourceText(r)), r.UpdatedAt.Format(time.RFC3339), safeText(dash(oneLineString(r.LastError, 60))))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -120,10 +126,14 @@ func (a *app) inboxShow(ctx context.Context, ff filterFlags, ref string) error {
 			printf("\n")
 		}
 		j := toRowJSON(r, true)
+		counted := struct{ k, v string }{"duplicates", fmt.Sprint(r.Duplicates)}
+		if r.Status == inbox.StatusFailed {
+			counted = struct{ k, v string }{"held", fmt.Sprintf("%d later deliveries, not run (a replay releases the key)", r.Duplicates)}
+		}
 		fields := []struct{ k, v string }{
 			{"id", fmt.Sprint(r.ID)}, {"dedup_key", r.DedupKey}, {"biz_type", r.BizType}, {"status", string(r.Status)},
-			{"reason", dash(r.Reason)}, {"attempts", fmt.Sprint(r.Attempts)}, {"duplicates", fmt.Sprint(r.Duplicates)},
-			{"replay_id", dash(j.replayID())}, {"message_uuid", r.MessageUUID},
+			{"reason", dash(r.Reason)}, {"attempts", fmt.Sprint(r.Attempts)}, counted,
+			{"replay_id", dash(j.replayID())}, {"replayable", replayableText(j.NotReplayable)}, {"message_uuid", r.MessageUUID},
 			{"source", sourceDetail(r)},
 			{"fingerprint", r.Fingerprint}, {"created_at", r.CreatedAt.Format(time.RFC3339Nano)},
 			{"updated_at", r.UpdatedAt.Format(time.RFC3339Nano)}, {"expire_at", r.ExpireAt.Format(time.RFC3339Nano)},
@@ -168,6 +178,11 @@ type rowJSON struct {
 	Payload       string `json:"payload,omitempty"`
 	PayloadBase64 string `json:"payload_base64,omitempty"`
 	PayloadBytes  int    `json:"payload_bytes"`
+	// Held: the later deliveries of a failed row's key, not run (its duplicates counter,
+	// which counts nothing else while the row is not done).
+	Held int `json:"held,omitempty"`
+	// NotReplayable: why a replay refuses the row (inbox.Row.Replayable).
+	NotReplayable string `json:"not_replayable,omitempty"`
 }
 
 func (j rowJSON) replayID() string {
@@ -178,7 +193,10 @@ func (j rowJSON) replayID() string {
 }
 
 func toRowJSON(r inbox.Row, payload bool) rowJSON {
-	j := rowJSON{Row: r, PayloadBytes: len(r.Payload)}
+	j := rowJSON{Row: r, PayloadBytes: len(r.Payload), NotReplayable: errText(r.Replayable())}
+	if r.Status == inbox.StatusFailed {
+		j.Held = r.Duplicates
+	}
 	if payload {
 		if utf8.Valid(r.Payload) {
 			j.Payload = string(r.Payload)
@@ -187,6 +205,14 @@ func toRowJSON(r inbox.Row, payload bool) rowJSON {
 		}
 	}
 	return j
+}
+
+// replayableText is inbox show's answer to whether a replay would run the row.
+func replayableText(why string) string {
+	if why == "" {
+		return "yes"
+	}
+	return "no, a replay refuses it: " + why
 }
 
 // sourceText is where a row's message came from: topic/partition@offset, or an HTTP

@@ -358,14 +358,18 @@ func dash(s string) string {
 	return s
 }
 
-// replayResult says in words what happened (or would happen) to one row.
+// replayResult says in words what happened (or would happen) to one row. A dry run's res
+// is what the replay decides before running the row (inbox.ReplayOptions.OnRow).
 func replayResult(row inbox.Row, res inbox.Result, dryRun bool) string {
+	if res.Outcome == inbox.OutcomeRefused {
+		return "refused, left quarantined: " + errText(res.Err)
+	}
 	if dryRun {
 		switch {
-		case row.Status == inbox.StatusDone:
+		case res.Outcome == inbox.OutcomeQuarantined:
+			return "would be quarantined again (" + string(res.Reason) + ": cannot be decoded)"
+		case res.Outcome == inbox.OutcomeDuplicate:
 			return "would be a duplicate (done: no change)"
-		case row.Poison():
-			return "would be quarantined again (poison: cannot be decoded)"
 		case row.Reason == string(inbox.ReasonConflict):
 			return "would run under its original key (conflict)"
 		case row.Status == inbox.StatusProcessing:
@@ -406,11 +410,14 @@ func printReplayNotes(rep inbox.ReplayReport) {
 	if rep.Poison > 0 {
 		printf("note: %d poison rows cannot be decoded: replaying them quarantines them again (fix the producer; they stay for inspection)\n", rep.Poison)
 	}
+	if rep.Refused > 0 {
+		printf("note: %d rows hold less than the delivered message (a value or headers over inbox.max_payload_bytes / max_metadata_bytes, or a minimal row): a replay refuses them; they stay quarantined for inspection (router inbox show <id>)\n", rep.Refused)
+	}
 	if rep.DryRun {
 		printf("dry run: nothing was changed (logged as replay %d with dry_run=1)\n", rep.ID)
 	}
-	printf("REPLAY id=%d biz_type=%s dry_run=%t selected=%d processed=%d duplicates=%d quarantined=%d conflicts=%d outcome=%s\n",
-		rep.ID, rep.BizType, rep.DryRun, rep.Selected, rep.Processed, rep.Duplicates, rep.Quarantined, rep.Conflicts, rep.Outcome)
+	printf("REPLAY id=%d biz_type=%s dry_run=%t selected=%d processed=%d duplicates=%d quarantined=%d conflicts=%d refused=%d outcome=%s\n",
+		rep.ID, rep.BizType, rep.DryRun, rep.Selected, rep.Processed, rep.Duplicates, rep.Quarantined, rep.Conflicts, rep.Refused, rep.Outcome)
 }
 
 // oneLineString flattens s to one line of at most n runes.

@@ -135,7 +135,7 @@ func TestReplayCommand(t *testing.T) {
 	}
 
 	out = cli("replay", "--biz-type", "coupon", "--rate", "50")
-	mustContain(t, out, "REPLAY id=2 biz_type=coupon dry_run=false selected=2 processed=1 duplicates=0 quarantined=1 conflicts=0 outcome=partial",
+	mustContain(t, out, "REPLAY id=2 biz_type=coupon dry_run=false selected=2 processed=1 duplicates=0 quarantined=1 conflicts=0 refused=0 outcome=partial",
 		"1 poison rows cannot be decoded: replaying them quarantines them again")
 	if n := dbCount(t, db, "SELECT COUNT(*) FROM user_coupon WHERE order_id = 'o-cli'"); n != 1 {
 		t.Fatalf("coupons after replay = %d, want 1", n)
@@ -251,5 +251,93 @@ func TestReplayJSONListsEveryRow(t *testing.T) {
 	rep.Rows = nil
 	if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.Replay.Selected != 0 || rep.Rows == nil || len(rep.Rows) != 0 {
 		t.Fatalf("nothing matched: %+v %v\n%s", rep, err, out)
+	}
+}
+
+// Rows that hold less than the delivered message — headers over inbox.max_metadata_bytes,
+// a value over inbox.max_payload_bytes, both quarantined through the real inbox — are
+// refused, with the reason, by `router replay` (dry run and real) and `router inbox retry`;
+// nothing runs and the rows stay as they were. A later delivery of a quarantined key shows
+// as held in `inbox ls` and `inbox show`.
+func TestReplayRefusesCutRows(t *testing.T) {
+	d := quarantinedDB(t) // o-cli failed (retries exhausted), a poison row
+	db := d.DB
+	ctx := context.Background()
+	g, err := coupon.NewGranter(coupon.DefaultConfig(), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ib, err := inbox.New(db, g, inbox.Config{BizType: coupon.BizType}, watermill.NopLogger{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	order := func(id string) *message.Message {
+		o := coupon.OrderPaid{OrderID: id, UserID: "u1", AmountCents: 990, PaidAt: time.Date(2026, 11, 11, 0, 0, 0, 0, time.UTC)}
+		return message.NewMessage(watermill.NewUUID(), o.Encode())
+	}
+	headers := order("o-headers")
+	for i := range 70 {
+		headers.Metadata.Set(fmt.Sprintf("h%02d", i), strings.Repeat("v", 600))
+	}
+	big := order("o-big")
+	big.Payload = append(big.Payload, strings.Repeat(" ", 2<<20)...) // the order, then padding: its prefix decodes
+	ids := map[string]int64{}
+	for name, m := range map[string]*message.Message{"headers": headers, "value": big} {
+		r, err := ib.Process(ctx, m, inbox.Source{Topic: "order-paid", Partition: 2, Offset: int64(len(ids))}, inbox.ProcessOptions{})
+		if err != nil || r.Outcome != inbox.OutcomeQuarantined || r.Reason != inbox.ReasonPoison {
+			t.Fatalf("%s: %+v %v", name, r, err)
+		}
+		ids[name] = r.InboxID
+	}
+	// o-cli's cause is fixed by now, but it stays quarantined: a new delivery is held.
+	if r, err := ib.Process(ctx, order("o-cli"), inbox.Source{Topic: "order-paid", Partition: 1, Offset: 9}, inbox.ProcessOptions{}); err != nil || r.Outcome != inbox.OutcomeHeld {
+		t.Fatalf("redelivery of o-cli: %+v %v, want held", r, err)
+	}
+	state := func() string {
+		var b strings.Builder
+		for _, q := range []string{"SELECT COUNT(*) FROM user_coupon", "SELECT COUNT(*) FROM replay_row",
+			"SELECT COUNT(*) FROM inbox WHERE status = 'failed' AND replay_id IS NULL AND attempts = 0 AND dedup_key LIKE 'poison:order-paid/2/%'"} {
+			fmt.Fprintf(&b, "%d ", dbCount(t, db, q))
+		}
+		return b.String()
+	}
+	before := state()
+	dsn := []string{"--dsn", d.DSN}
+	cli := func(args ...string) string {
+		t.Helper()
+		out, err := capture(t, append(dsn, args...)...)
+		if err != nil {
+			t.Fatalf("router %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		t.Logf("router %s\n%s", strings.Join(args, " "), out)
+		return out
+	}
+	refusals := []string{"refused, left quarantined: not replayable: its headers are stored cut to inbox.max_metadata_bytes",
+		fmt.Sprintf("refused, left quarantined: not replayable: only a 65536-byte prefix of its %d-byte value is stored", len(big.Payload))}
+	byKey := []string{"--order-id", fmt.Sprintf("poison:order-paid/2/%d", 0), "--order-id", fmt.Sprintf("poison:order-paid/2/%d", 1)}
+	out := cli(append([]string{"replay", "--biz-type", "coupon", "--dry-run"}, byKey...)...)
+	mustContain(t, out, append(refusals, "2 rows hold less than the delivered message", "selected=2 processed=0 duplicates=0 quarantined=0 conflicts=0 refused=2 outcome=dry_run")...)
+	out = cli(append([]string{"replay", "--biz-type", "coupon"}, byKey...)...)
+	mustContain(t, out, append(refusals, "selected=2 processed=0 duplicates=0 quarantined=0 conflicts=0 refused=2 outcome=partial")...)
+	out = cli("inbox", "retry", "--biz-type", "coupon", fmt.Sprint(ids["headers"]), fmt.Sprint(ids["value"]))
+	mustContain(t, out, append(refusals, "refused=2 outcome=partial")...)
+	if after := state(); after != before {
+		t.Fatalf("the refused replays changed the database: %s, want %s", after, before)
+	}
+	out = cli("inbox", "show", fmt.Sprint(ids["headers"]))
+	mustContain(t, out, "replayable:   no, a replay refuses it: not replayable: its headers are stored cut")
+	out = cli("inbox", "show", "o-cli")
+	mustContain(t, out, "held:", "1 later deliveries, not run (a replay releases the key)", "replayable:   yes")
+	var rows []rowJSON
+	if err := json.Unmarshal([]byte(cli("inbox", "ls", "--status", "failed", "--output", "json")), &rows); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		switch {
+		case r.DedupKey == "o-cli" && (r.Held != 1 || r.NotReplayable != ""):
+			t.Errorf("o-cli in ls --output json: held %d, not_replayable %q; want 1 held, replayable", r.Held, r.NotReplayable)
+		case r.ID == ids["value"] && !strings.Contains(r.NotReplayable, "prefix"):
+			t.Errorf("the cut value's row in ls --output json: not_replayable %q", r.NotReplayable)
+		}
 	}
 }
