@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"html"
@@ -10,6 +11,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/pkg/metrics"
@@ -74,6 +78,87 @@ func TestRetryRow(t *testing.T) {
 	}
 	if code, _, _ := post(t, c, base, "/inbox/999999/retry", url.Values{"csrf": {tok}}); code != http.StatusNotFound {
 		t.Fatalf("retry of a missing row: %d, want 404", code)
+	}
+}
+
+// A row that holds less than the delivered message (headers over max_metadata_bytes, a
+// value over max_payload_bytes) offers no Retry and says why; a forged retry is refused
+// and changes nothing, and the dry run of a replay says the replay refuses it. A failed
+// row that holds its message offers Retry, and shows its held deliveries.
+func TestRetryRefusesCutRow(t *testing.T) {
+	d := testenv.DB(t, 4)
+	ib := failingInbox(t, d.DB, "cut")
+	deliver := func(payload string, meta map[string]string, offset int64, want inbox.Outcome) int64 {
+		t.Helper()
+		msg := message.NewMessage(watermill.NewUUID(), []byte(payload))
+		for k, v := range meta {
+			msg.Metadata.Set(k, v)
+		}
+		r, err := ib.Process(context.Background(), msg, inbox.Source{Topic: "t", Partition: 0, Offset: offset}, inbox.ProcessOptions{})
+		if err != nil || r.Outcome != want {
+			t.Fatalf("offset %d: %+v %v, want %s", offset, r, err, want)
+		}
+		return r.InboxID
+	}
+	headers := map[string]string{}
+	for i := range 70 {
+		headers[fmt.Sprintf("h%02d", i)] = strings.Repeat("v", 600)
+	}
+	cut := map[int64]string{
+		deliver("k-headers|x", headers, 1, inbox.OutcomeQuarantined):                   "headers are stored cut to inbox.max_metadata_bytes",
+		deliver("k-big|"+strings.Repeat("x", 2<<20), nil, 2, inbox.OutcomeQuarantined): "prefix of its",
+	}
+	ok := deliver("k-ok|x", nil, 3, inbox.OutcomeQuarantined)
+	deliver("k-ok|x", nil, 4, inbox.OutcomeHeld)
+	ib.broken.Store(false) // every cause fixed: a row that ran now would be done
+	_, base := testConsole(t, Config{DB: d.DB, BizTypes: []BizType{{Name: "cut"}}, Replay: replayWith(ib)})
+	c := browser(t)
+	snapshot := func() string {
+		var b strings.Builder
+		rows, err := d.DB.Query("SELECT id, status, COALESCE(replay_id, 0), attempts, duplicates, updated_at FROM inbox ORDER BY id")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var id, replay, attempts, dups int64
+			var status string
+			var updated time.Time
+			if err := rows.Scan(&id, &status, &replay, &attempts, &dups, &updated); err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(&b, "%d %s %d %d %d %s\n", id, status, replay, attempts, dups, updated.Format(time.RFC3339Nano))
+		}
+		return b.String()
+	}
+	before := snapshot()
+
+	_, page, _ := get(t, c, fmt.Sprintf("%s/inbox/%d", base, ok))
+	if !strings.Contains(page, `id="retry"`) || strings.Contains(page, `id="not-replayable"`) || !strings.Contains(page, `id="held">1 `) {
+		t.Errorf("row %d (holds its message, one delivery held): no Retry, or no held count:\n%s", ok, page)
+	}
+	tok := csrf(t, c, base, fmt.Sprintf("/inbox/%d", ok)) // the cut rows' pages have no form
+	for id, why := range cut {
+		_, page, _ := get(t, c, fmt.Sprintf("%s/inbox/%d", base, id))
+		if strings.Contains(page, `id="retry"`) || strings.Contains(page, `action="/inbox/`) || !strings.Contains(page, `id="not-replayable"`) || !strings.Contains(page, why) {
+			t.Errorf("row %d: the page offers Retry or does not say why not (%s):\n%s", id, why, page)
+		}
+		code, body, _ := post(t, c, base, fmt.Sprintf("/inbox/%d/retry", id), url.Values{"csrf": {tok}})
+		if code != http.StatusConflict || !strings.Contains(body, "cannot be replayed") || !strings.Contains(body, why) {
+			t.Errorf("forged retry of row %d: %d, want 409 saying why:\n%s", id, code, body)
+		}
+	}
+	if n := count(t, d, "SELECT COUNT(*) FROM replay"); n != 0 {
+		t.Fatalf("%d replays after the refused retries, want 0", n)
+	}
+	if after := snapshot(); after != before {
+		t.Fatalf("the refused retries changed rows:\n%s\nwant\n%s", after, before)
+	}
+	// The dry run of a replay of every failed row says the replay refuses them.
+	_, list, _ := get(t, c, base+"/inbox?biz=cut&status=failed")
+	code, page, _ := post(t, c, base, "/replay", formOf(t, list, "/replay"))
+	if code != http.StatusOK || strings.Count(page, "refused, left quarantined") != 2 || !strings.Contains(page, "2 hold less than the delivered message") {
+		t.Errorf("dry run: %d, want the 2 cut rows refused:\n%s", code, page)
 	}
 }
 
@@ -238,9 +323,11 @@ func TestOverview(t *testing.T) {
 	m := metrics.New(d.DB)
 	m.Observe("ov", "duplicate", time.Millisecond)
 	m.Observe("ov", "processed", time.Millisecond)
+	m.Observe("ov", "held", time.Millisecond)
+	m.Observe("ov", "held", time.Millisecond)
 	_, base := testConsole(t, Config{DB: d.DB, Metrics: m, BizTypes: []BizType{{Name: "ov", Plugins: []string{"ov-plugin"}}}})
 	_, page, _ := get(t, browser(t), base+"/")
-	for _, want := range []string{"ov-plugin", "retries_exhausted 2", "relay-host-1", "held,", `id="dups-total">1<`, "No replay yet", "<svg"} {
+	for _, want := range []string{"ov-plugin", "retries_exhausted 2", "relay-host-1", "held,", `id="dups-total">1<`, `id="held-total">2<`, `class="bad">2</strong> held`, "No replay yet", "<svg"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("overview lacks %q", want)
 		}

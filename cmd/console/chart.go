@@ -7,8 +7,8 @@ import (
 )
 
 // chart is the overview's deliveries per minute over the last hour, drawn on the server as
-// SVG: one stacked bar per minute (processed, blocked duplicates, quarantined and
-// conflicts), each with a title giving its figures.
+// SVG: one stacked bar per minute (processed, blocked duplicates, held deliveries,
+// quarantined and conflicts), each with a title giving its figures.
 type chart struct {
 	Width, Height int
 	Left, Base    int // the plot's left edge and baseline
@@ -55,13 +55,13 @@ func newChart(minutes []metrics.MinuteCount) chart {
 	}
 	for i, m := range minutes {
 		b := bar{X: chartLeft + i*chartBarW + 1, W: chartBarW - 2,
-			Title: fmt.Sprintf("%s UTC: %d processed, %d duplicates blocked, %d quarantined, %d conflicts",
-				m.Minute.Format("15:04"), m.Processed, m.Duplicate, m.Quarantined, m.Conflict)}
+			Title: fmt.Sprintf("%s UTC: %d processed, %d duplicates blocked, %d held, %d quarantined, %d conflicts",
+				m.Minute.Format("15:04"), m.Processed, m.Duplicate, m.Held, m.Quarantined, m.Conflict)}
 		y := c.Base
 		for _, s := range []struct {
 			n     int64
 			class string
-		}{{m.Processed, "processed"}, {m.Duplicate, "duplicate"}, {m.Quarantined + m.Conflict, "failed"}} {
+		}{{m.Processed, "processed"}, {m.Duplicate, "duplicate"}, {m.Held, "held"}, {m.Quarantined + m.Conflict, "failed"}} {
 			if h := scale(s.n); h > 0 {
 				y -= h
 				b.Segs = append(b.Segs, seg{Y: y, H: h, Class: s.class})

@@ -98,6 +98,7 @@ func (c *Console) loadOverview(ctx context.Context) overviewData {
 		d.LastHour.Duplicate += m.Duplicate
 		d.LastHour.Quarantined += m.Quarantined
 		d.LastHour.Conflict += m.Conflict
+		d.LastHour.Held += m.Held
 	}
 	d.Chart = newChart(d.Throughput.Minutes)
 	for _, name := range c.bizTypes(d.Stats) {

@@ -231,6 +231,9 @@ type rowData struct {
 	Replay     *inbox.ReplayReport // the replay the page was opened after (?replay=)
 	CanRetry   bool
 	Offered    bool
+	// NotReplayable says why a replay refuses the row (it holds less than the delivered
+	// message): no Retry then.
+	NotReplayable string
 }
 
 func (c *Console) inboxRow(w http.ResponseWriter, r *http.Request, by who) {
@@ -252,7 +255,8 @@ func (c *Console) inboxRow(w http.ResponseWriter, r *http.Request, by who) {
 	}
 	b := c.biz[row.BizType]
 	d := rowData{Row: row, Plugins: b.Plugins, Payload: viewPayload(row.Payload, row.PayloadSize, row.Tombstone), Headers: sortedHeaders(row.Metadata),
-		Offered: c.cfg.Replay != nil && b.Name != "", CanRetry: row.Status == inbox.StatusFailed}
+		Offered: c.cfg.Replay != nil && b.Name != "", NotReplayable: refusal(row)}
+	d.CanRetry = row.Status == inbox.StatusFailed && d.NotReplayable == ""
 	if b.History != nil {
 		d.HasHistory = true
 		if d.History, err = b.History(ctx, c.cfg.DB, row.DedupKey); err != nil {
@@ -305,7 +309,8 @@ func (c *Console) startReplay(r *http.Request, action string, opts inbox.ReplayO
 	opts.OnRow = func(row inbox.Row, res inbox.Result) {
 		if len(o.Rows) < keepRows {
 			row.Payload, row.Metadata = nil, nil
-			o.Rows = append(o.Rows, replayed{Row: row, Result: resultText(row, res, opts.DryRun), Failed: res.Outcome == inbox.OutcomeQuarantined || res.Outcome == inbox.OutcomeConflict})
+			o.Rows = append(o.Rows, replayed{Row: row, Result: resultText(row, res, opts.DryRun),
+				Failed: res.Outcome == inbox.OutcomeQuarantined || res.Outcome == inbox.OutcomeConflict || res.Outcome == inbox.OutcomeRefused})
 		}
 	}
 	fields := watermill.LogFields{"action": action, "remote": r.RemoteAddr, "biz_type": opts.Filter.BizType, "dry_run": opts.DryRun}
@@ -342,16 +347,18 @@ func (c *Console) wait(w http.ResponseWriter, r *http.Request, by who, ch <-chan
 	return replayOutcome{}, false
 }
 
-// resultText says in words what happened (or would happen) to one replayed row.
+// resultText says in words what happened (or would happen) to one replayed row. A dry
+// run's res is what the replay decides before running the row (inbox.ReplayOptions.OnRow).
 func resultText(row inbox.Row, res inbox.Result, dryRun bool) string {
+	if res.Outcome == inbox.OutcomeRefused {
+		return "refused, left quarantined: " + cut(errText(res.Err), 200)
+	}
 	if dryRun {
 		switch {
-		case row.Status == inbox.StatusDone:
+		case res.Outcome == inbox.OutcomeQuarantined:
+			return "would be quarantined again (" + string(res.Reason) + ": cannot be decoded)"
+		case res.Outcome == inbox.OutcomeDuplicate:
 			return "would be a duplicate (done: no change)"
-		case row.Poison():
-			return "would be quarantined again (poison: cannot be decoded)"
-		case row.Truncated():
-			return "cannot run: only a prefix of the value is stored"
 		case row.Status == inbox.StatusProcessing:
 			return "would resume"
 		}
@@ -389,6 +396,10 @@ func (c *Console) retryRow(w http.ResponseWriter, r *http.Request, by who) {
 		c.message(w, r, http.StatusConflict, by, "Not retried", []string{fmt.Sprintf("Row %d is %s: only failed rows are retried here (a stuck processing row: replay status processing with an older-than).", id, row.Status)}, back)
 		return
 	}
+	if why := refusal(row); why != "" {
+		c.message(w, r, http.StatusConflict, by, "Not retried", []string{fmt.Sprintf("Row %d cannot be replayed: %s. It stays quarantined for inspection.", id, why)}, back)
+		return
+	}
 	// `router inbox retry --biz-type B --order-id K`: this row only (the unique key), and
 	// only while it is still failed (a second press changes nothing).
 	f := inbox.Filter{BizType: row.BizType, Statuses: []inbox.Status{inbox.StatusFailed}, Keys: []string{row.DedupKey}}
@@ -406,6 +417,16 @@ func (c *Console) retryRow(w http.ResponseWriter, r *http.Request, by who) {
 		return
 	}
 	http.Redirect(w, r, fmt.Sprintf("/inbox/%d?replay=%d", id, o.Report.ID), http.StatusSeeOther)
+}
+
+// refusal says why a replay refuses row ("" when it runs it): what of the delivered
+// message the row does not hold.
+func refusal(row inbox.Row) string {
+	err := row.Replayable()
+	if err == nil {
+		return ""
+	}
+	return strings.TrimPrefix(err.Error(), inbox.ErrNotReplayable.Error()+": ")
 }
 
 func errText(err error) string {

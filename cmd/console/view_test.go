@@ -92,20 +92,20 @@ func TestFormats(t *testing.T) {
 // The chart: one bar per minute, scaled to the busiest, segments stacked from the base.
 func TestChart(t *testing.T) {
 	minutes := make([]metrics.MinuteCount, 60)
-	minutes[59] = metrics.MinuteCount{Processed: 60, Duplicate: 30, Quarantined: 5, Conflict: 5}
+	minutes[59] = metrics.MinuteCount{Processed: 60, Duplicate: 20, Held: 10, Quarantined: 5, Conflict: 5}
 	minutes[30] = metrics.MinuteCount{Processed: 50}
 	c := newChart(minutes)
 	if len(c.Bars) != 60 || c.Max != 100 || len(c.Ticks) != 3 {
 		t.Fatalf("chart: %d bars, max %d, %d ticks", len(c.Bars), c.Max, len(c.Ticks))
 	}
 	last := c.Bars[59]
-	if len(last.Segs) != 3 || last.Segs[0].Y+last.Segs[0].H != c.Base || last.Segs[2].Y != c.Base-chartPlotH {
-		t.Fatalf("busiest bar %+v: want three segments from the base to the top", last)
+	if len(last.Segs) != 4 || last.Segs[0].Y+last.Segs[0].H != c.Base || last.Segs[3].Y != c.Base-chartPlotH || last.Segs[2].Class != "held" {
+		t.Fatalf("busiest bar %+v: want four segments from the base to the top, held third", last)
 	}
 	if h := c.Bars[30].Segs[0].H; h != chartPlotH/2 {
 		t.Fatalf("half the busiest minute is %d high, want %d", h, chartPlotH/2)
 	}
-	if len(c.Bars[0].Segs) != 0 || !strings.Contains(last.Title, "60 processed, 30 duplicates blocked, 5 quarantined, 5 conflicts") {
+	if len(c.Bars[0].Segs) != 0 || !strings.Contains(last.Title, "60 processed, 20 duplicates blocked, 10 held, 5 quarantined, 5 conflicts") {
 		t.Fatalf("empty minute %+v, title %q", c.Bars[0], last.Title)
 	}
 }
