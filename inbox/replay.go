@@ -260,6 +260,16 @@ func nullString(s string) any {
 	return s
 }
 
+// StoredRefused returns the refused rows of a replay as read from the replay table, which
+// keeps no count of them: the selected rows no other count holds (every row a replay runs
+// ends processed, duplicate, quarantined or conflict); 0 for a dry run.
+func StoredRefused(r ReplayReport) int {
+	if r.DryRun {
+		return 0
+	}
+	return max(0, r.Selected-r.Processed-r.Duplicates-r.Quarantined-r.Conflicts)
+}
+
 // LoadReplay reads one row of the replay table.
 func (s *Store) LoadReplay(ctx context.Context, id int64) (ReplayReport, error) {
 	var r ReplayReport
@@ -273,9 +283,7 @@ func (s *Store) LoadReplay(ctx context.Context, id int64) (ReplayReport, error) 
 		return r, fmt.Errorf("load replay %d: %w", id, err)
 	}
 	r.FinishedAt, r.Error = finished.Time, errText.String
-	if !r.DryRun {
-		r.Refused = max(0, r.Selected-r.Processed-r.Duplicates-r.Quarantined-r.Conflicts)
-	}
+	r.Refused = StoredRefused(r)
 	if err := json.Unmarshal([]byte(filter), &r.Filter); err != nil {
 		return r, fmt.Errorf("load replay %d: filter: %w", id, err)
 	}

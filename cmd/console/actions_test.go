@@ -158,7 +158,21 @@ func TestRetryRefusesCutRow(t *testing.T) {
 	_, list, _ := get(t, c, base+"/inbox?biz=cut&status=failed")
 	code, page, _ := post(t, c, base, "/replay", formOf(t, list, "/replay"))
 	if code != http.StatusOK || strings.Count(page, "refused, left quarantined") != 2 || !strings.Contains(page, "2 hold less than the delivered message") {
-		t.Errorf("dry run: %d, want the 2 cut rows refused:\n%s", code, page)
+		t.Fatalf("dry run: %d, want the 2 cut rows refused:\n%s", code, page)
+	}
+	// The replay runs the row that holds its message and refuses the two others, as its
+	// dry run said; the replays page counts them.
+	code, page, _ = post(t, c, base, "/replay", formOf(t, page, "/replay"))
+	if code != http.StatusOK || !strings.Contains(page, "1 processed, 0 duplicates, 0 quarantined, 0 conflicts, 2 refused — outcome <strong>partial</strong>") {
+		t.Fatalf("the replay: %d:\n%s", code, page)
+	}
+	for id := range cut {
+		if n := count(t, d, "SELECT COUNT(*) FROM inbox WHERE id = ? AND status = 'failed' AND replay_id IS NULL", id); n != 1 {
+			t.Errorf("row %d was touched by the replay", id)
+		}
+	}
+	if _, replays, _ := get(t, c, base+"/replays"); !strings.Contains(replays, `<td class="n">2</td><td>partial`) {
+		t.Errorf("the replays page does not count the 2 refused rows:\n%s", replays)
 	}
 }
 

@@ -210,6 +210,7 @@ func (c *Console) recentReplays(ctx context.Context, before int64, n int) ([]rep
 			return nil, fmt.Errorf("replays: %w", err)
 		}
 		r.FinishedAt, r.Error, r.Running = finished.Time, errText.String, !finished.Valid
+		r.Refused = inbox.StoredRefused(r.ReplayReport)
 		var f inbox.Filter
 		if json.Unmarshal([]byte(r.FilterText), &f) == nil {
 			r.Filter = f
