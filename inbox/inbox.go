@@ -64,7 +64,7 @@ type Result struct {
 	Key      string
 	Reason   Reason // for quarantined, conflict and held outcomes
 	Attempts int
-	Err      error // the error that caused a quarantine
+	Err      error // the error that caused a quarantine, or why a replay refused the row
 
 	reply *Reply // a command's response (RunCommand)
 }

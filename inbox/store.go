@@ -97,7 +97,7 @@ type Row struct {
 	ExpireAt    time.Time         `json:"expire_at"`
 
 	sized bool // payload_size is set: a prefix of the value, or a minimal row
-	bare  bool // metadata is NULL: a minimal row (read in full: a Page's rows carry none)
+	bare  bool // metadata is SQL NULL: a minimal row (a Page's rows read JSON null instead)
 }
 
 // ErrNotReplayable is what Row.Replayable wraps.
