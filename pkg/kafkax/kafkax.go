@@ -115,11 +115,17 @@ func (c Config) ConsumerConfig() *sarama.Config {
 	// fetch response) whatever its size, outside the subscriber's byte budget: 32 records
 	// instead of Sarama's 256 keep that small for big records.
 	sc.ChannelBufferSize = ConsumerChannelBuffer
+	sc.Consumer.Fetch.Default = ConsumerFetchBytes
 	return sc
 }
 
 // ConsumerChannelBuffer is the records Sarama buffers per consumed partition.
 const ConsumerChannelBuffer = 32
+
+// ConsumerFetchBytes is how much a fetch asks of each partition (Sarama's default is 1 MiB):
+// a fetch response and the records decoded from it are held until the partition's consumer
+// has read them all, outside the byte budget. A record larger than this still comes whole.
+const ConsumerFetchBytes = 256 << 10
 
 // ProducerConfig is an idempotent producer: acks=all, one in-flight request, retries on.
 // A SendMessages call goes out as one produce request (up to Flush.MaxMessages): Sarama

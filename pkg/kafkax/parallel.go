@@ -47,7 +47,7 @@ type ParallelConfig struct {
 }
 
 const (
-	defaultWindow           = 256
+	defaultWindow           = 1024
 	defaultMaxInFlightBytes = 64 << 20
 	defaultNackResendSleep  = 100 * time.Millisecond
 	reconnectRetrySleep     = time.Second
@@ -340,7 +340,7 @@ func (h *parallelHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim s
 		stop:     sess.Context().Done(),
 		ending:   make(chan struct{}),
 		abandon:  make(chan struct{}),
-		busyKeys: map[string]struct{}{},
+		busyKeys: map[string]*slot{},
 		waiting:  map[string][]waitingMsg{},
 		changed:  make(chan struct{}, 1),
 		marked:   max(claim.InitialOffset(), -1), // Sarama's OffsetOldest/Newest (< 0): not known yet
@@ -356,10 +356,19 @@ type slot struct {
 	cost    int64 // charged to the budget until settled
 	key     string
 	keyed   bool
-	since   time.Time // when it took its place in the window, just before it was handed out
+	since   time.Time        // when it took its place in the window, just before it was handed out
+	msg     *message.Message // as handed out (its latest copy after a nack); nil once acked
+	out     bool             // handed out: its ack is looked for
+	watched bool             // a goroutine of its own watches it (sweep leaves it alone)
 	acked   bool
 	settled bool // acked, or abandoned by a nack after the claim ended / never handed out
 }
+
+// sweepEvery is how often a claim looks at the messages it handed out for their acks and
+// nacks. A goroutine per message waiting on its ack (and its stack) would cost more memory
+// than the message itself; only a message whose key holds later messages back, or that was
+// nacked, gets one, so that its ack frees the key (or its resend comes) at once.
+const sweepEvery = 20 * time.Millisecond
 
 // waitingMsg is a message in the window whose key is busy: handed out when it is freed.
 type waitingMsg struct {
@@ -386,17 +395,19 @@ type claimRun struct {
 	mu        sync.Mutex
 	queue     []*slot // handed out and not yet covered by the marked offset, in offset order
 	marked    int64   // the offset marked for commit (all before it acked); -1: not known yet
-	busyKeys  map[string]struct{}
+	busyKeys  map[string]*slot          // the slot of each key handed out and not acked yet
 	waiting   map[string][]waitingMsg // keyed messages in the window behind a busy key, in offset order
 	unsettled int
 	changed   chan struct{} // a slot was acked or settled (capacity 1, coalescing)
 
-	watchers sync.WaitGroup
+	watchers sync.WaitGroup // the sweep and the slots' own watchers
 }
 
 func (r *claimRun) run(msgs <-chan *sarama.ConsumerMessage) error {
 	defer r.cancel()
 	r.h.s.logger.Debug("Partition claimed", r.logFields)
+	r.watchers.Add(1)
+	go r.sweep()
 	err := r.read(msgs)
 	close(r.ending)
 	r.drain() // messages waiting behind a key are still handed out as their keys free up
@@ -495,16 +506,17 @@ func (r *claimRun) admit(sl *slot, msg *message.Message) (handOut, ok bool) {
 			}
 			r.queue = append(r.queue, sl)
 			r.unsettled++
-			_, busy := r.busyKeys[sl.key]
+			busy := r.busyKeys[sl.key]
 			switch {
 			case !sl.keyed:
-			case busy:
+			case busy != nil:
 				r.waiting[sl.key] = append(r.waiting[sl.key], waitingMsg{sl: sl, msg: msg})
+				r.watchLocked(busy) // its ack now frees sl: noticed at once, not at the next sweep
 			default:
-				r.busyKeys[sl.key] = struct{}{}
+				r.busyKeys[sl.key] = sl
 			}
 			r.mu.Unlock()
-			return !(sl.keyed && busy), true
+			return !(sl.keyed && busy != nil), true
 		}
 		r.mu.Unlock()
 		select {
@@ -515,18 +527,71 @@ func (r *claimRun) admit(sl *slot, msg *message.Message) (handOut, ok bool) {
 	}
 }
 
-// handOut sends msg to the router and watches for its ack. It returns false, leaving sl
-// un-acked (so nothing past it is marked), when stop closes first.
+// handOut sends msg to the router; the sweep (or, while later messages of its key wait, a
+// goroutine of its own) looks for its ack. It returns false, leaving sl un-acked (so nothing
+// past it is marked), when stop closes first.
 func (r *claimRun) handOut(sl *slot, msg *message.Message, stop <-chan struct{}) bool {
+	r.mu.Lock()
+	sl.msg, sl.out = msg, true
+	if sl.keyed && len(r.waiting[sl.key]) > 0 {
+		r.watchLocked(sl)
+	}
+	r.mu.Unlock()
 	select {
 	case r.h.output <- msg:
+		return true
 	case <-stop:
 		r.settle(sl) // never handed out: stays un-acked, so nothing past it is marked
 		return false
 	}
-	r.watchers.Add(1)
-	go r.watch(sl, msg)
-	return true
+}
+
+// watchLocked gives sl, handed out and not acked, a goroutine of its own watching it. r.mu
+// is held.
+func (r *claimRun) watchLocked(sl *slot) {
+	if sl.out && !sl.watched && !sl.acked {
+		sl.watched = true
+		r.watchers.Add(1)
+		go r.watch(sl, sl.msg)
+	}
+}
+
+// sweep looks for acks and nacks of the messages no goroutine of their own watches, every
+// sweepEvery and once more when the claim stops waiting for acks.
+func (r *claimRun) sweep() {
+	defer r.watchers.Done()
+	t := time.NewTicker(sweepEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			r.sweepOnce()
+		case <-r.abandon:
+			r.sweepOnce()
+			return
+		}
+	}
+}
+
+func (r *claimRun) sweepOnce() {
+	var acked []*slot
+	r.mu.Lock()
+	for _, sl := range r.queue {
+		if !sl.out || sl.watched || sl.acked {
+			continue
+		}
+		select {
+		case <-sl.msg.Acked():
+			acked = append(acked, sl)
+		case <-sl.msg.Nacked():
+			r.watchLocked(sl) // its watcher resends it
+		default:
+		}
+	}
+	r.mu.Unlock()
+	for _, sl := range acked {
+		r.ack(sl)
+	}
 }
 
 // settleWaiting gives up the messages still waiting behind a busy key once the claim has
@@ -560,6 +625,9 @@ func (r *claimRun) watch(sl *slot, msg *message.Message) {
 				r.settle(sl)
 				return
 			}
+			r.mu.Lock()
+			sl.msg = msg
+			r.mu.Unlock()
 		case <-r.abandon:
 			select {
 			case <-msg.Acked(): // acked before the claim gave up (e.g. just before Close)
@@ -600,7 +668,7 @@ func (r *claimRun) ack(sl *slot) {
 	r.mu.Lock()
 	var next *waitingMsg
 	if !sl.acked {
-		sl.acked = true
+		sl.acked, sl.msg = true, nil
 		if sl.keyed {
 			delete(r.busyKeys, sl.key)
 			if ws := r.waiting[sl.key]; len(ws) > 0 {
@@ -612,7 +680,7 @@ func (r *claimRun) ack(sl *slot) {
 					ws[0] = waitingMsg{}
 					r.waiting[sl.key] = ws[1:]
 				}
-				r.busyKeys[sl.key] = struct{}{}
+				r.busyKeys[sl.key] = next.sl
 			}
 		}
 	}
@@ -634,8 +702,8 @@ func (r *claimRun) ack(sl *slot) {
 	r.mu.Unlock()
 	r.signal()
 	if next != nil {
-		// From the acked message's watcher, which keeps the watchers' count above zero;
-		// also while the claim drains, so that what it acks is contiguous.
+		// From the acked message's watcher or the sweep, which keep the watchers' count
+		// above zero; also while the claim drains, so that what it acks is contiguous.
 		r.handOut(next.sl, next.msg, r.abandon)
 	}
 }
