@@ -59,6 +59,7 @@ var bounds = map[string]bound{
 	"relay.cleanup_batch":          counts(1, 100000),
 	"http.max_body_bytes":          counts(2, 1<<24),
 	"http.request_timeout":         durations(100*time.Millisecond, 10*time.Minute),
+	"http.outcome_wait":            durations(time.Millisecond, 10*time.Minute),
 	"http.idempotency_ttl":         durations(time.Minute, 10*365*24*time.Hour),
 	"otel.sample_ratio":            fractions(0, 1),
 	"runtime.gogc":                 counts(-1, 100000),

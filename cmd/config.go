@@ -141,6 +141,7 @@ type HTTPConfig struct {
 	TokenFile      string        `mapstructure:"token_file"`
 	MaxBodyBytes   int           `mapstructure:"max_body_bytes"`
 	RequestTimeout time.Duration `mapstructure:"request_timeout"`
+	OutcomeWait    time.Duration `mapstructure:"outcome_wait"`
 	IdempotencyTTL time.Duration `mapstructure:"idempotency_ttl"`
 }
 
@@ -261,7 +262,8 @@ var defaults = []struct {
 	{"http.token", "", "bearer token the commands ask for (Authorization: Bearer …), at least 16 characters; better from ONCEFLOW_HTTP_TOKEN or http.token_file"},
 	{"http.token_file", "", "file whose first line is http.token"},
 	{"http.max_body_bytes", libHTTP.MaxBodyBytes, "a larger request body is refused (413)"},
-	{"http.request_timeout", dur(libHTTP.RequestTimeout), "bound of one command request; a slower one is not committed and answers 503"},
+	{"http.request_timeout", dur(libHTTP.RequestTimeout), "bound of one command request; a slower one answers 503 when nothing of it committed, else waits up to http.outcome_wait for its transaction"},
+	{"http.outcome_wait", dur(libHTTP.OutcomeWait), "how much longer a request past http.request_timeout waits for the transaction it is part of (group commit); then it answers 504: outcome unknown, retry with the same Idempotency-Key"},
 	{"http.idempotency_ttl", dur(inbox.DefaultCommandRetention), "how long a client token (Idempotency-Key) and its response are kept; the inbox cleaner removes them after"},
 	{"otel.exporter", "none", "tracing: none (no span is created) or otlp (OpenTelemetry spans over OTLP/HTTP from `run` and `relay`: a delivery continues its record's traceparent header, the outbox keeps the trace, the relay writes it on the event; docs/ARCHITECTURE.md, Tracing)"},
 	{"otel.endpoint", "", "OTLP/HTTP collector URL, e.g. http://127.0.0.1:4318 (/v1/traces added when it has no path; https: verified with the system's CAs); empty: the OTEL_EXPORTER_OTLP_* environment, else https://localhost:4318"},

@@ -81,7 +81,7 @@ func (a *app) startHTTP(ctx context.Context, db *sql.DB, plugins []plugin, obs i
 		a.logger.Info("HTTP command", watermill.LogFields{"plugin": p.Name, "method": p.command.Method, "path": p.command.Path, "biz_type": p.BizType})
 	}
 	h, err := httpcmd.New(routes, httpcmd.Config{MaxBodyBytes: int64(a.cfg.HTTP.MaxBodyBytes), RequestTimeout: a.cfg.HTTP.RequestTimeout,
-		Observe: m.ObserveHTTP}, a.logger)
+		OutcomeWait: a.cfg.HTTP.OutcomeWait, Observe: m.ObserveHTTP}, a.logger)
 	if err != nil {
 		closeAll()
 		return nil, badInput(err)
@@ -91,13 +91,14 @@ func (a *app) startHTTP(ctx context.Context, db *sql.DB, plugins []plugin, obs i
 		closeAll()
 		return nil, badInput(fmt.Errorf("http.listen %s: %w (set http.listen to a free port, or empty to disable)", a.cfg.HTTP.Listen, err))
 	}
+	answerBy := a.cfg.HTTP.RequestTimeout + a.cfg.HTTP.OutcomeWait + 5*time.Second // a request's longest run, and a margin
 	srv := &http.Server{Handler: tokenless(token, requireBearer(token, h), misdirected), ReadHeaderTimeout: adminReadHeaderTimeout, ReadTimeout: adminReadTimeout,
-		WriteTimeout: a.cfg.HTTP.RequestTimeout + 5*time.Second, IdleTimeout: adminIdleTimeout, MaxHeaderBytes: 64 << 10,
+		WriteTimeout: answerBy, IdleTimeout: adminIdleTimeout, MaxHeaderBytes: 64 << 10,
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
 	go func() { _ = srv.Serve(ln) }()
 	a.logger.Info("HTTP listener", watermill.LogFields{"addr": ln.Addr().String(), "idempotency_ttl": a.cfg.HTTP.IdempotencyTTL})
 	return func() {
-		sctx, cancel := context.WithTimeout(context.Background(), a.cfg.HTTP.RequestTimeout+5*time.Second)
+		sctx, cancel := context.WithTimeout(context.Background(), answerBy)
 		defer cancel()
 		_ = srv.Shutdown(sctx) // running requests finish; none starts
 		closeAll()

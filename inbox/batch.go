@@ -234,6 +234,9 @@ type batchOutcome struct {
 	res      Result
 	fallback bool
 	failed   *failure // the delivery's attempt failed (grouped.go): count, then retry or quarantine alone
+	// uncertain: the batch committed some of a fallen-back delivery's work (it was left at
+	// Continue), or may have (its commit got no answer).
+	uncertain bool
 }
 
 type batchQueries struct {
@@ -409,16 +412,24 @@ func (b *Batcher) HandlerFunc(topic string) message.NoPublishHandlerFunc {
 }
 
 // Process runs one live delivery, in a shared transaction when it can: it returns what
-// Inbox.Process would, once the outcome is committed.
+// Inbox.Process would, once the outcome is committed. When ctx ends while the delivery's
+// batch runs, it returns at once with an error wrapping ErrOutcomeUnknown: the batch may
+// still commit it.
 func (b *Batcher) Process(ctx context.Context, msg *message.Message, src Source) (Result, error) {
-	if b.ib.tr != nil {
-		return b.processTraced(ctx, msg, src)
-	}
-	return b.process(ctx, msg, src, nil)
+	return b.processWaiting(ctx, msg, src, 0)
 }
 
-// process is Process; span is the delivery's (nil: no tracing).
-func (b *Batcher) process(ctx context.Context, msg *message.Message, src Source, span trace.Span) (Result, error) {
+// processWaiting is Process waiting up to wait, once ctx has ended, for the outcome of a
+// batch the delivery is in (RunCommand).
+func (b *Batcher) processWaiting(ctx context.Context, msg *message.Message, src Source, wait time.Duration) (Result, error) {
+	if b.ib.tr != nil {
+		return b.processTraced(ctx, msg, src, wait)
+	}
+	return b.process(ctx, msg, src, nil, wait)
+}
+
+// process is processWaiting; span is the delivery's (nil: no tracing).
+func (b *Batcher) process(ctx context.Context, msg *message.Message, src Source, span trace.Span, wait time.Duration) (Result, error) {
 	p := &pending{ctx: ctx, msg: msg, src: src, start: time.Now(), done: make(chan batchOutcome, 1), span: span}
 	select {
 	case b.decode <- p:
@@ -442,9 +453,13 @@ func (b *Batcher) process(ctx context.Context, msg *message.Message, src Source,
 			return res, err
 		}
 	case <-ctx.Done():
-		// The batch may still commit this delivery; an error means "not acked", and a
-		// redelivery finds the row done and counts a duplicate. Its key stays taken until
-		// then.
+		// The batch may still commit this delivery: wait up to wait for its outcome (a
+		// fallback then fails at once on the ended ctx; only then is nothing committed).
+		if o, ok := b.await(p, wait); ok {
+			return b.outcome(ctx, p, o)
+		}
+		// Still running: an error means "not acked", and a redelivery (a retry with the
+		// token) finds the row done and counts a duplicate. Its key stays taken until then.
 		if b.gate != nil { // it may be admitted (and take its key) after this returns
 			go func() {
 				select {
@@ -455,7 +470,29 @@ func (b *Batcher) process(ctx context.Context, msg *message.Message, src Source,
 				}
 			}()
 		}
-		return Result{}, ctx.Err()
+		return Result{}, outcomeUnknown(ctx.Err())
+	}
+}
+
+// await waits up to wait for p's outcome.
+func (b *Batcher) await(p *pending, wait time.Duration) (batchOutcome, bool) {
+	if wait <= 0 {
+		return batchOutcome{}, false
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case o := <-p.done:
+		return o, true
+	case <-b.closed:
+		select {
+		case o := <-p.done:
+			return o, true
+		default:
+			return batchOutcome{fallback: true}, true // never taken
+		}
+	case <-t.C:
+		return batchOutcome{}, false
 	}
 }
 
@@ -466,6 +503,9 @@ func (b *Batcher) outcome(ctx context.Context, p *pending, o batchOutcome) (Resu
 		res, err = b.afterFailure(ctx, p, o.failed)
 	case o.fallback:
 		res, err = b.ib.Process(ctx, p.msg, p.src, b.ib.liveOptions())
+		if err != nil && o.uncertain {
+			err = outcomeUnknown(err)
+		}
 	}
 	b.release(p, res, err)
 	return res, err
@@ -508,6 +548,14 @@ func fallBack(ps []*pending) {
 	}
 }
 
+// fallBackUncertain hands ps to the one-at-a-time path, their batch having committed some
+// of their work, or perhaps (batchOutcome.uncertain).
+func fallBackUncertain(ps []*pending) {
+	for _, p := range ps {
+		p.done <- batchOutcome{fallback: true, uncertain: true}
+	}
+}
+
 // item is one business key of a batch: its first delivery, and later copies with the same
 // payload (duplicates within the batch).
 type item struct {
@@ -516,6 +564,7 @@ type item struct {
 	d       *Delivery
 	id      int64
 	resumed bool     // the row was 'processing' before this batch
+	ran     bool     // the handler ran on it in this batch
 	res     *Result  // set when finished in the batch
 	failed  *failure // a plain handler's Handle failed in the batch, rolled back to its savepoint (grouped.go)
 }
@@ -561,7 +610,7 @@ func (b *Batcher) run(batch []*pending) {
 	defer func() { b.answerBlamed(blamed) }()
 	for try := 0; ; try++ {
 		for _, it := range items {
-			it.res, it.id, it.resumed, it.d.Resumed, it.failed = nil, 0, false, false, nil
+			it.res, it.id, it.resumed, it.d.Resumed, it.failed, it.ran = nil, 0, false, false, nil, false
 			// A retried batch starts its deliveries afresh (Handle may consume Prepared).
 			it.d.Step, it.d.Prepared = 0, it.p.prepared
 		}
@@ -615,7 +664,11 @@ func (b *Batcher) run(batch []*pending) {
 		}
 		if it.res == nil {
 			fell += int64(1 + len(it.copies))
-			fallBack(append(it.copies, it.p))
+			if it.ran {
+				fallBackUncertain(append(it.copies, it.p)) // left at Continue: its first steps committed
+			} else {
+				fallBack(append(it.copies, it.p))
+			}
 			continue
 		}
 		res := *it.res
@@ -650,7 +703,11 @@ func (b *Batcher) fallBackItems(items []*item, rest []*pending, why string, err 
 	b.ib.logger.Info(why+", its deliveries run one at a time", watermill.LogFields{"size": len(items), "err": validText(err.Error(), 1000)})
 	var n int64
 	for _, it := range items {
-		fallBack(append(it.copies, it.p))
+		if errors.Is(err, dbx.ErrCommitUnknown) {
+			fallBackUncertain(append(it.copies, it.p))
+		} else {
+			fallBack(append(it.copies, it.p))
+		}
 		n += int64(1 + len(it.copies))
 	}
 	b.count(func(s *BatchStats) { s.Fallbacks += n + int64(len(rest)) })
@@ -725,6 +782,9 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item, savepoin
 		return err
 	}
 	if len(run) > 0 {
+		for _, it := range run {
+			it.ran = true
+		}
 		if err := b.handle(ctx, tx, run, counts, savepoints); err != nil {
 			return err
 		}

@@ -125,6 +125,11 @@ type CommandRequest struct {
 	Body     []byte            // the request body
 	Metadata map[string]string // stored with the inbox row (e.g. the client's address); optional
 	Source   Source            // where it came from, e.g. {Topic: "http POST /v1/claims", Partition: -1, Offset: -1}
+	// OutcomeWait: once ctx is done, how much longer a request already handed to a batch
+	// (Batcher.RunCommand) waits for its batch's outcome before giving up with an error
+	// wrapping ErrOutcomeUnknown; zero waits no longer. Inbox.RunCommand ignores it: its
+	// transaction ends with ctx.
+	OutcomeWait time.Duration
 }
 
 // CommandResult is what RunCommand did.
@@ -142,6 +147,21 @@ type CommandResult struct {
 // ErrBadRequest wraps RunCommand's errors for requests the command refuses before anything
 // is written (a bad token, a body its Decode refuses): the client's to fix (HTTP 400).
 var ErrBadRequest = errors.New("bad request")
+
+// ErrOutcomeUnknown wraps the errors of Process and RunCommand returned while the
+// delivery's work may be committed, in whole or in part, or may still commit: a commit that
+// got no answer, a batch that was still running when ctx ended, a step committed before a
+// later one failed. Only a retry with the same key tells what happened (it finds the row
+// done, or resumes or runs what is left); a new key could run the work twice.
+var ErrOutcomeUnknown = errors.New("outcome unknown: the work may have committed")
+
+// outcomeUnknown wraps err in ErrOutcomeUnknown (once).
+func outcomeUnknown(err error) error {
+	if errors.Is(err, ErrOutcomeUnknown) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+}
 
 // DefaultCommandRetention is how long a command's client token and its stored response are
 // kept by default (the stock router's http.idempotency_ttl): a client retries within hours,
@@ -206,9 +226,12 @@ func (ib *Inbox) liveOptions() ProcessOptions {
 }
 
 // RunCommand runs one command request to its end, in a transaction of its own. It returns
-// an error wrapping ErrBadRequest for a request refused before anything is written, and
-// another error when the outcome could not be recorded (database unreachable, ctx
-// cancelled): then nothing committed, and a retry with the token runs the command.
+// an error wrapping ErrBadRequest for a request refused before anything is written; one
+// wrapping ErrOutcomeUnknown when the request may have committed (its commit got no answer,
+// or it committed and its response could not be read); and another error when the outcome
+// could not be recorded (database unreachable, ctx cancelled): then nothing of it
+// committed. After either of the last two a retry with the token runs the command, or
+// returns its response.
 func (ib *Inbox) RunCommand(ctx context.Context, req CommandRequest) (CommandResult, error) {
 	return ib.runCommand(ctx, req, func(msg *message.Message) (Result, error) {
 		return ib.Process(ctx, msg, req.Source, ib.liveOptions())
@@ -216,10 +239,13 @@ func (ib *Inbox) RunCommand(ctx context.Context, req CommandRequest) (CommandRes
 }
 
 // RunCommand runs one command request to its end as Inbox.RunCommand does, in a
-// transaction shared with the requests that arrive together (group commit).
+// transaction shared with the requests that arrive together (group commit). That
+// transaction does not end with ctx: when ctx ends first, RunCommand waits up to
+// req.OutcomeWait for it, then returns an error wrapping ErrOutcomeUnknown. It returns an
+// error that does not wrap it only when nothing of the request committed.
 func (b *Batcher) RunCommand(ctx context.Context, req CommandRequest) (CommandResult, error) {
 	return b.ib.runCommand(ctx, req, func(msg *message.Message) (Result, error) {
-		return b.Process(ctx, msg, req.Source)
+		return b.processWaiting(ctx, msg, req.Source, req.OutcomeWait)
 	})
 }
 
@@ -261,7 +287,7 @@ func (ib *Inbox) runCommand(ctx context.Context, req CommandRequest, run func(*m
 	case OutcomeDuplicate:
 		r, found, err := ib.storedReply(ctx, res.InboxID)
 		if err != nil {
-			return CommandResult{}, err
+			return CommandResult{}, outcomeUnknown(err) // done, but its response is not at hand
 		}
 		if !found {
 			// Done without a stored response (run by a path that stores none).

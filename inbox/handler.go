@@ -98,6 +98,9 @@ type Delivery struct {
 	trace trace.SpanContext // the delivery's span, when the inbox traces (TraceParent)
 
 	reply *Reply // set by Respond
+	// uncertain: a transaction of this attempt committed some of the delivery's work, or
+	// may have (its commit got no answer), so an error after it leaves the outcome open.
+	uncertain bool
 }
 
 // Preparer is implemented by handlers whose steps call slow outside services. Prepare runs

@@ -135,7 +135,9 @@ type ProcessOptions struct {
 
 // Process runs one delivery to its end: processed, duplicate, held, conflict or quarantined. It
 // returns an error only when the outcome could not be recorded (database unreachable,
-// context cancelled); the caller must then NOT ack the message, so it is redelivered.
+// context cancelled); the caller must then NOT ack the message, so it is redelivered. The
+// error wraps ErrOutcomeUnknown when some of the delivery's work committed, or may have,
+// before it (a commit that got no answer, a step committed before the next one failed).
 func (ib *Inbox) Process(ctx context.Context, msg *message.Message, src Source, opts ProcessOptions) (Result, error) {
 	if ib.tr != nil && ctx.Value(tracedKey{}) != msg {
 		return ib.processTraced(ctx, msg, src, opts) // this again, under the delivery's span
@@ -148,7 +150,13 @@ func (ib *Inbox) Process(ctx context.Context, msg *message.Message, src Source, 
 	return res, err
 }
 
-func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, opts ProcessOptions) (Result, error) {
+func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, opts ProcessOptions) (_ Result, err error) {
+	uncertain := false // an attempt committed some of the work, or may have
+	defer func() {
+		if err != nil && uncertain {
+			err = outcomeUnknown(err)
+		}
+	}()
 	fields := watermill.LogFields{"topic": src.Topic, "partition": src.Partition, "offset": src.Offset, "message_uuid": validText(msg.UUID, maxUUIDBytes)}
 	dec, derr := ib.decode(msg)
 	if derr != nil && opts.command {
@@ -182,6 +190,7 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, 
 			res.Attempts = attempt
 			return res, nil
 		}
+		uncertain = uncertain || d.uncertain
 		if ctx.Err() != nil {
 			return Result{}, fmt.Errorf("inbox %s %q: %w", ib.cfg.BizType, dec.Key, errors.Join(ctx.Err(), err))
 		}
@@ -377,8 +386,10 @@ func (ib *Inbox) runStep(ctx context.Context, prep Preparer, d *Delivery, dec De
 	endCommit(err)
 	tracex.End(txSpan, err)
 	if err != nil {
+		d.uncertain = d.uncertain || errors.Is(err, dbx.ErrCommitUnknown)
 		return nil, step, stepError(ctx, sctx, err)
 	}
+	d.uncertain = d.uncertain || res == nil // steps committed, the delivery not finished
 	return res, step, nil
 }
 

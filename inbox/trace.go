@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"strconv"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/attribute"
@@ -50,10 +51,10 @@ func (ib *Inbox) processTraced(ctx context.Context, msg *message.Message, src So
 	return res, err
 }
 
-// processTraced is Batcher.Process under a delivery span.
-func (b *Batcher) processTraced(ctx context.Context, msg *message.Message, src Source) (Result, error) {
+// processTraced is Batcher.processWaiting under a delivery span.
+func (b *Batcher) processTraced(ctx context.Context, msg *message.Message, src Source, wait time.Duration) (Result, error) {
 	ctx, span := b.ib.startDelivery(ctx, msg, src)
-	res, err := b.process(ctx, msg, src, span)
+	res, err := b.process(ctx, msg, src, span, wait)
 	endDelivery(span, res, err)
 	return res, err
 }

@@ -201,7 +201,7 @@ plugins:
 	retry := func(key string) answer {
 		for range 50 {
 			a := claim(t, c, url, key, claimBody("u-"+key))
-			if a.status != http.StatusConflict && a.status != http.StatusServiceUnavailable {
+			if a.status != http.StatusConflict && a.status != http.StatusServiceUnavailable && a.status != http.StatusGatewayTimeout {
 				return a
 			}
 			time.Sleep(100 * time.Millisecond)

@@ -4,6 +4,10 @@
 // request's status and body back; a retry while the first request is still running gets
 // 409 with Retry-After; the same token with another body gets 422. Nothing is ever run
 // twice.
+//
+// A request that could not finish answers 503 only when nothing of it committed, and 504
+// when its outcome is unknown (it may have committed, or may still): after either, the
+// client retries with the same token until it gets another answer, never with a new one.
 package httpcmd
 
 import (
@@ -42,11 +46,15 @@ type Route struct {
 type Config struct {
 	// MaxBodyBytes: a larger request body is refused with 413; default 64 KiB.
 	MaxBodyBytes int64
-	// RetryAfter is the Retry-After of a 409 (a request with the token is running) and of a
-	// 503 (the outcome could not be recorded); default 1s.
+	// RetryAfter is the Retry-After of a 409 (a request with the token is running), a 503
+	// (nothing committed) and a 504 (outcome unknown); default 1s.
 	RetryAfter time.Duration
 	// RequestTimeout bounds one request's run through the inbox; default 10s.
 	RequestTimeout time.Duration
+	// OutcomeWait is how much longer a request whose RequestTimeout passed while its
+	// transaction was running waits for that transaction's outcome (group commit: the
+	// batch's transaction is not the request's to cancel) before answering 504; default 5s.
+	OutcomeWait time.Duration
 	// Observe, when set, is called once per answered request (metrics); path and method are
 	// a route's, or "unmatched" and "-".
 	Observe func(method, path string, status int, elapsed time.Duration)
@@ -69,6 +77,9 @@ func (c *Config) setDefaults() {
 	if c.RequestTimeout == 0 {
 		c.RequestTimeout = 10 * time.Second
 	}
+	if c.OutcomeWait == 0 {
+		c.OutcomeWait = 5 * time.Second
+	}
 }
 
 // Header names.
@@ -90,8 +101,9 @@ type Handler struct {
 // New builds the handler of routes. A nil logger logs nothing.
 func New(routes []Route, cfg Config, logger watermill.LoggerAdapter) (*Handler, error) {
 	cfg.setDefaults()
-	if cfg.MaxBodyBytes < 1 || cfg.RetryAfter < time.Second || cfg.RequestTimeout <= 0 {
-		return nil, fmt.Errorf("httpcmd: max body %d, retry after %s, request timeout %s out of range", cfg.MaxBodyBytes, cfg.RetryAfter, cfg.RequestTimeout)
+	if cfg.MaxBodyBytes < 1 || cfg.RetryAfter < time.Second || cfg.RequestTimeout <= 0 || cfg.OutcomeWait < 0 {
+		return nil, fmt.Errorf("httpcmd: max body %d, retry after %s, request timeout %s, outcome wait %s out of range",
+			cfg.MaxBodyBytes, cfg.RetryAfter, cfg.RequestTimeout, cfg.OutcomeWait)
 	}
 	if logger == nil {
 		logger = watermill.NopLogger{}
@@ -111,6 +123,14 @@ func New(routes []Route, cfg Config, logger watermill.LoggerAdapter) (*Handler, 
 	}
 	return h, nil
 }
+
+// The texts of the answers that end a request without its outcome. Each says whether
+// anything committed, and what the client does next.
+const (
+	textNotCommitted = "the command could not be recorded and nothing of it was committed: retry with the same Idempotency-Key"
+	textUnknown      = "the outcome of the command is unknown: it may have been committed, or may still be. Retry with the same Idempotency-Key and body until another answer comes; never with a new key, which could run the command twice"
+	textFailed       = "the command failed and was not completed; it is kept for the operator (router inbox show). A retry with the same Idempotency-Key runs it again; a new key could run what it had done twice"
+)
 
 // errorBody is every error answer: {"error": "..."}.
 type errorBody struct {
@@ -187,15 +207,20 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) int {
 	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.RequestTimeout)
 	defer cancel()
 	res, err := ib.RunCommand(ctx, inbox.CommandRequest{Token: token, Body: body,
-		Source:   inbox.Source{Topic: "http " + r.Method + " " + r.URL.Path, Partition: -1, Offset: -1},
-		Metadata: map[string]string{"remote_addr": r.RemoteAddr}})
+		Source:      inbox.Source{Topic: "http " + r.Method + " " + r.URL.Path, Partition: -1, Offset: -1},
+		Metadata:    map[string]string{"remote_addr": r.RemoteAddr},
+		OutcomeWait: h.cfg.OutcomeWait})
 	switch {
 	case errors.Is(err, inbox.ErrBadRequest):
 		return writeJSON(w, http.StatusBadRequest, errorBody{Error: strings.TrimPrefix(err.Error(), inbox.ErrBadRequest.Error()+": ")})
+	case errors.Is(err, inbox.ErrOutcomeUnknown):
+		h.logger.Error("HTTP command outcome unknown", err, watermill.LogFields{"path": r.URL.Path, "biz_type": ib.BizType()})
+		w.Header().Set("Retry-After", h.retryAfter())
+		return writeJSON(w, http.StatusGatewayTimeout, errorBody{Error: textUnknown})
 	case err != nil:
 		h.logger.Error("HTTP command not recorded", err, watermill.LogFields{"path": r.URL.Path, "biz_type": ib.BizType()})
 		w.Header().Set("Retry-After", h.retryAfter())
-		return writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "the command could not be recorded and nothing of it was committed: retry with the same Idempotency-Key"})
+		return writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: textNotCommitted})
 	}
 	switch res.Outcome {
 	case inbox.OutcomeProcessed, inbox.OutcomeDuplicate:
@@ -206,8 +231,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) int {
 	case inbox.OutcomeConflict:
 		return writeJSON(w, http.StatusUnprocessableEntity, errorBody{Error: "this Idempotency-Key was already used with a different request: use a new key for a new request", InboxID: res.InboxID})
 	default: // quarantined
-		return writeJSON(w, http.StatusInternalServerError, errorBody{Error: "the command failed and nothing of it was committed; it is kept for the operator (router inbox show); a retry with the same Idempotency-Key runs it again",
-			Reason: string(res.Reason), InboxID: res.InboxID})
+		return writeJSON(w, http.StatusInternalServerError, errorBody{Error: textFailed, Reason: string(res.Reason), InboxID: res.InboxID})
 	}
 }
 

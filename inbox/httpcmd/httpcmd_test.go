@@ -38,12 +38,18 @@ func claimServer(t *testing.T, batch bool, cfg httpcmd.Config) (*httptest.Server
 // else a transaction per request.
 func serveClaims(t *testing.T, d testenv.Database, svc coupon.ExternalService, batch bool, cfg httpcmd.Config) *httptest.Server {
 	t.Helper()
+	return serveClaimsOn(t, d.DB, inbox.Config{MaxAttempts: 2, BackoffInitial: time.Millisecond}, svc, batch, cfg)
+}
+
+// serveClaimsOn is serveClaims on pool db, its inbox configured by icfg (biz type set here).
+func serveClaimsOn(t *testing.T, db *sql.DB, icfg inbox.Config, svc coupon.ExternalService, batch bool, cfg httpcmd.Config) *httptest.Server {
+	t.Helper()
 	g, err := coupon.NewGranter(coupon.DefaultConfig(), svc, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ib, err := inbox.NewCommand(d.DB, coupon.NewClaimer(g.UsePrepare(d.DB)),
-		inbox.Config{BizType: coupon.ClaimBizType, MaxAttempts: 2, BackoffInitial: time.Millisecond}, nil, nil)
+	icfg.BizType = coupon.ClaimBizType
+	ib, err := inbox.NewCommand(db, coupon.NewClaimer(g.UsePrepare(db)), icfg, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -215,7 +215,7 @@ var TxOptions = &sql.TxOptions{}
 
 // InTx runs fn in a READ COMMITTED transaction and commits it. A failure of fn rolls back;
 // a failed rollback is joined to fn's error; a failed commit is returned as such (never
-// swallowed).
+// swallowed), wrapping ErrCommitUnknown when the COMMIT got no answer from the server.
 //
 // The first time InTx sees a pool it checks that its sessions run at READ COMMITTED
 // (CheckIsolation, one query per pool and process) and refuses to begin, with an error
@@ -237,9 +237,26 @@ func InTx(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error) error {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
+		if commitUnknown(err) {
+			return fmt.Errorf("commit: %w: %w", ErrCommitUnknown, err)
+		}
 		return fmt.Errorf("commit: %w", err)
 	}
 	return nil
+}
+
+// ErrCommitUnknown is wrapped by InTx's error when the COMMIT was sent and no answer came
+// back (the connection broke while it ran): the transaction may have committed or not, and
+// only a later read tells.
+var ErrCommitUnknown = errors.New("the outcome of the commit is unknown")
+
+// commitUnknown reports whether a failed Commit may still have committed: not when the
+// server answered with an error, nor when database/sql rolled back before sending COMMIT
+// (the context was done, or the transaction was already over).
+func commitUnknown(err error) bool {
+	var me *mysql.MySQLError
+	return !errors.As(err, &me) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) &&
+		!errors.Is(err, sql.ErrTxDone)
 }
 
 // MySQL error numbers onceflow reacts to.

@@ -4,8 +4,9 @@
 //	go run ./scripts/claimburst -url http://127.0.0.1:8080 -claims 200 -clicks 3
 //
 // Each claim is one Idempotency-Key sent -clicks times at once; a click answered 409 (the
-// key's first request still running) is retried after its Retry-After, as a client would,
-// until it gets the claim's answer. Every click of a claim must get the same 201 body, and
+// key's first request still running), 503 (nothing committed) or 504 (outcome unknown) is
+// retried with the same key after its Retry-After, as a client must, until it gets the
+// claim's answer. Every click of a claim must get the same 201 body, and
 // no two claims the same coupon. It prints one line,
 //
 //	CLAIMS claims=200 claim_requests=… claim_created=200 claim_duplicates_blocked=… claim_coupons=200 claim_errors=0
@@ -84,7 +85,8 @@ func main() {
 						case err != nil:
 							fail("%s: %v", key, err)
 							return
-						case status == http.StatusConflict || status == http.StatusServiceUnavailable:
+						case status == http.StatusConflict || status == http.StatusServiceUnavailable || status == http.StatusGatewayTimeout:
+							// Retried with the same key, as the answer says (never a new key).
 							time.Sleep(retry)
 							continue
 						case status != http.StatusCreated:
