@@ -85,14 +85,15 @@ func (c *Claimer) Decode(msg *message.Message) (inbox.Decoded, error) {
 		return inbox.Decoded{}, fmt.Errorf("%w: body: %w", inbox.ErrPoison, err)
 	}
 	var req ClaimRequest
+	// The errors' texts are the client's 400 answers: fixed, never the JSON decoder's.
 	if err := json.Unmarshal(msg.Payload, &req); err != nil {
-		return inbox.Decoded{}, inbox.PoisonError("body: %v (want {\"userId\": \"...\", \"campaignId\": \"...\"})", err)
+		return inbox.Decoded{}, inbox.PoisonError(`body: not a JSON object {"userId": "...", "campaignId": "..."} of strings`)
 	}
 	switch {
 	case req.UserID == "" || len(req.UserID) > MaxIDLen || !utf8.ValidString(req.UserID):
 		return inbox.Decoded{}, inbox.PoisonError("userId: want 1..%d bytes of UTF-8", MaxIDLen)
 	case req.CampaignID != c.cfg.CampaignID:
-		return inbox.Decoded{}, inbox.PoisonError("campaignId %q: unknown campaign (this router grants %q)", req.CampaignID, c.cfg.CampaignID)
+		return inbox.Decoded{}, inbox.PoisonError("campaignId: unknown campaign (this router grants %q)", c.cfg.CampaignID)
 	}
 	s := sha256.Sum256([]byte(req.UserID + "\x00" + req.CampaignID))
 	token := msg.Metadata.Get(inbox.MetadataIdempotencyKey)

@@ -28,7 +28,8 @@ import (
 // holds the token (MetadataIdempotencyKey); the Key it returns is ignored (the token is the
 // key), its Fingerprint identifies the request's meaning (empty: sha256 of the body) and
 // decides whether a retry with the same token is the same request. A Decode error answers
-// 400 and writes nothing. Handle states the response with Delivery.Respond when it returns
+// 400 and writes nothing; its text is the answer's, so it is written for the client (a fixed
+// text, never a wrapped Go error; a panic answers a fixed text of the inbox's). Handle states the response with Delivery.Respond when it returns
 // Done. A handler that finishes a request in one Handle call (or HandleBatch) commits the key
 // with the whole effect; one that returns Continue has its steps committed as they go, as
 // for a Kafka delivery (one transaction per request runs them all together; group commit
@@ -266,8 +267,13 @@ func (ib *Inbox) runCommand(ctx context.Context, req CommandRequest, run func(*m
 	md.Set(MetadataIdempotencyKey, req.Token)
 	msg := message.NewMessage(watermill.NewUUID(), req.Body)
 	msg.Metadata = md
-	// Refused here, before a row: a batch would quarantine it as poison.
+	// Refused here, before a row: a batch would quarantine it as poison. The client is told
+	// the Decode error's text (the plugin's reason), but never a panic's value and stack.
 	if _, err := ib.decode(msg); err != nil {
+		if failureReason(err) == ReasonPanic {
+			ib.logger.Error("command's Decode panicked", err, watermill.LogFields{"topic": req.Source.Topic})
+			return CommandResult{}, fmt.Errorf("%w: the request body could not be decoded", ErrBadRequest)
+		}
 		return CommandResult{}, fmt.Errorf("%w: %s", ErrBadRequest, strings.TrimPrefix(err.Error(), ErrPoison.Error()+": "))
 	}
 	res, err := run(msg)

@@ -8,6 +8,7 @@
 // A request that could not finish answers 503 only when nothing of it committed, and 504
 // when its outcome is unknown (it may have committed, or may still): after either, the
 // client retries with the same token until it gets another answer, never with a new one.
+// Every error answer's text is fixed: no Go, network or database error reaches a client.
 package httpcmd
 
 import (
@@ -17,7 +18,9 @@ import (
 	"fmt"
 	"io"
 	"mime"
+	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -156,14 +159,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request) int {
 	methods, ok := h.routes[r.URL.Path]
 	if !ok {
-		return writeJSON(w, http.StatusNotFound, errorBody{Error: "no command at " + strconv.Quote(r.URL.Path)})
+		return writeJSON(w, http.StatusNotFound, errorBody{Error: "no command at this path"})
 	}
 	ib, ok := methods[r.Method]
 	if !ok {
 		for m := range methods {
 			w.Header().Add("Allow", m)
 		}
-		return writeJSON(w, http.StatusMethodNotAllowed, errorBody{Error: "method " + strconv.Quote(r.Method) + " not allowed here"})
+		return writeJSON(w, http.StatusMethodNotAllowed, errorBody{Error: "method not allowed here: see the Allow header"})
 	}
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
@@ -176,11 +179,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) int {
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
 	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			return writeJSON(w, http.StatusRequestEntityTooLarge, errorBody{Error: fmt.Sprintf("request body exceeds %d bytes", h.cfg.MaxBodyBytes)})
-		}
-		return writeJSON(w, http.StatusBadRequest, errorBody{Error: "reading the request body: " + err.Error()})
+		return h.bodyError(w, r, err)
 	}
 
 	// A second request with a token whose first request is still running here is told to
@@ -212,6 +211,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) int {
 		OutcomeWait: h.cfg.OutcomeWait})
 	switch {
 	case errors.Is(err, inbox.ErrBadRequest):
+		// The command's own reason (CheckIdempotencyKey, the plugin's Decode error text).
 		return writeJSON(w, http.StatusBadRequest, errorBody{Error: strings.TrimPrefix(err.Error(), inbox.ErrBadRequest.Error()+": ")})
 	case errors.Is(err, inbox.ErrOutcomeUnknown):
 		h.logger.Error("HTTP command outcome unknown", err, watermill.LogFields{"path": r.URL.Path, "biz_type": ib.BizType()})
@@ -232,6 +232,25 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) int {
 		return writeJSON(w, http.StatusUnprocessableEntity, errorBody{Error: "this Idempotency-Key was already used with a different request: use a new key for a new request", InboxID: res.InboxID})
 	default: // quarantined
 		return writeJSON(w, http.StatusInternalServerError, errorBody{Error: textFailed, Reason: string(res.Reason), InboxID: res.InboxID})
+	}
+}
+
+// bodyError answers a request whose body could not be read, with a fixed text: the read's
+// error (addresses, Go's wording) goes to the log only.
+func (h *Handler) bodyError(w http.ResponseWriter, r *http.Request, err error) int {
+	var tooLarge *http.MaxBytesError
+	var ne net.Error
+	switch {
+	case errors.As(err, &tooLarge):
+		return writeJSON(w, http.StatusRequestEntityTooLarge, errorBody{Error: fmt.Sprintf("request body exceeds %d bytes", h.cfg.MaxBodyBytes)})
+	case errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout():
+		h.logger.Info("HTTP command: request body not received in time", watermill.LogFields{"path": r.URL.Path, "err": err.Error()})
+		return writeJSON(w, http.StatusRequestTimeout, errorBody{Error: "the request body did not arrive in time: nothing was run"})
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return writeJSON(w, http.StatusBadRequest, errorBody{Error: "the request body ended before its declared length: nothing was run"})
+	default: // a malformed chunked body, a connection reset
+		h.logger.Info("HTTP command: request body unreadable", watermill.LogFields{"path": r.URL.Path, "err": err.Error()})
+		return writeJSON(w, http.StatusBadRequest, errorBody{Error: "the request body could not be read: nothing was run"})
 	}
 }
 
