@@ -46,9 +46,13 @@ type Command struct {
 // MetadataIdempotencyKey is the metadata key of a command message's client token.
 const MetadataIdempotencyKey = "Idempotency-Key"
 
-// MaxIdempotencyKeyLen is the longest client token accepted. Tokens longer than MaxKeyLen
-// are stored as their sha256 ("sha256:" and 64 hex digits).
+// MaxIdempotencyKeyLen is the longest client token accepted. Tokens longer than MaxKeyLen,
+// and tokens that begin with "sha256:", are stored as their sha256 (CommandKey).
 const MaxIdempotencyKeyLen = 255
+
+// digestPrefix begins the stored form of a token kept as its sha256, and no token kept as
+// itself: CommandKey hashes every token that begins with it.
+const digestPrefix = "sha256:"
 
 var commandPath = regexp.MustCompile(`^(/[A-Za-z0-9._~-]+)+$`)
 
@@ -82,14 +86,18 @@ func CheckIdempotencyKey(key string) error {
 	return nil
 }
 
-// CommandKey is the inbox business key of a client token: the token itself, or, when it is
-// longer than MaxKeyLen, "sha256:" and its hex digest.
+// CommandKey is the inbox business key of a client token: the token itself; or, when it is
+// longer than MaxKeyLen or begins with "sha256:", "sha256:" and the hex digest of its
+// sha256. So two tokens never share a key: a token stored as itself never begins with
+// "sha256:", and one stored as its digest always does (a client's token "sha256:<64 hex>"
+// is hashed too, never taken for the digest of another's long token). Keys stored under an
+// earlier rule, which kept such a token as itself, are rewritten by migration 00013.
 func CommandKey(token string) string {
-	if len(token) <= MaxKeyLen {
+	if len(token) <= MaxKeyLen && !strings.HasPrefix(token, digestPrefix) {
 		return token
 	}
 	s := sha256.Sum256([]byte(token))
-	return "sha256:" + hex.EncodeToString(s[:])
+	return digestPrefix + hex.EncodeToString(s[:])
 }
 
 // Reply is a command's response: an HTTP status and a JSON body.

@@ -199,3 +199,28 @@ func (b breakable) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (i
 	}
 	return b.Handler.Handle(ctx, tx, d)
 }
+
+// Order ids compare exactly: grants of "o-9" and "o-9 " are two notifications (a PAD SPACE
+// collation, the schema before the notifier's 00002 and the framework's 00013, took the
+// second for the first's duplicate).
+func TestOrderIDsCompareExactly(t *testing.T) {
+	d := testenv.DB(t, 4, migrations.Set{Name: coupon.PluginName, FS: coupon.Migrations},
+		migrations.Set{Name: notify.PluginName, FS: notify.Migrations})
+	n, err := notify.New(notify.DefaultConfig(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ib, err := inbox.New(d.DB, n, inbox.Config{BizType: notify.BizType, MaxAttempts: 1}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"o-9", "o-9 ", "O-9"} {
+		r, err := ib.Process(context.Background(), message.NewMessage(watermill.NewUUID(), grantEvent(id).Encode()), inbox.Source{Topic: "t"}, inbox.ProcessOptions{})
+		if err != nil || r.Outcome != inbox.OutcomeProcessed {
+			t.Errorf("grant of %q: %+v %v, want processed", id, r, err)
+		}
+	}
+	if got := count(t, d.DB, "SELECT COUNT(*) FROM notification"); got != 3 {
+		t.Fatalf("notifications: %d, want 3", got)
+	}
+}

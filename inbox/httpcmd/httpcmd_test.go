@@ -3,7 +3,9 @@ package httpcmd_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -483,5 +485,84 @@ func TestClaimKeysExpire(t *testing.T) {
 	again := claim(t, srv.Client(), srv.URL, "old-key", claimBody("u-old"))
 	if again.status != http.StatusCreated || again.replayed {
 		t.Fatalf("after expiry: %d %s replayed=%v", again.status, again.body, again.replayed)
+	}
+}
+
+// Two client tokens never share a row, nor a response: not a token and the stored form of
+// a long one ("sha256:" and 64 hex digits, inbox.CommandKey), not tokens that differ only in
+// case or trailing spaces. Each claim is its own: 201, not replayed, a claim id and coupon of
+// its own. (HTTP trims a header's trailing spaces, so those tokens are sent through the
+// runner itself.) Before CommandKey hashed every token that begins with "sha256:" the second
+// token of the first pair got the first's stored response; under a PAD SPACE collation
+// "h1-g1 " got "h1-g1"'s.
+func TestClaimKeysNeverShareARow(t *testing.T) {
+	storedForm := func(token string) string {
+		s := sha256.Sum256([]byte(token))
+		return "sha256:" + hex.EncodeToString(s[:])
+	}
+	long1, long2 := strings.Repeat("L", 200), strings.Repeat("M", 129)
+	for _, batch := range []bool{false, true} {
+		t.Run(mode(batch), func(t *testing.T) {
+			d := testenv.DB(t, 8, migrations.Set{Name: coupon.PluginName, FS: coupon.Migrations})
+			ctx := context.Background()
+			if err := coupon.EnsureCampaign(ctx, d.DB, coupon.DefaultConfig()); err != nil {
+				t.Fatal(err)
+			}
+			srv := serveClaims(t, d, nil, batch, httpcmd.Config{})
+			g, err := coupon.NewGranter(coupon.DefaultConfig(), nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ib, err := inbox.NewCommand(d.DB, coupon.NewClaimer(g), inbox.Config{BizType: coupon.ClaimBizType}, nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var runner httpcmd.Runner = ib
+			if batch {
+				b, err := ib.NewBatcher(inbox.BatchConfig{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { b.Close() })
+				runner = b
+			}
+			direct := func(key, body string) answer {
+				res, err := runner.RunCommand(ctx, inbox.CommandRequest{Token: key, Body: []byte(body), Source: inbox.Source{Topic: "test", Partition: -1, Offset: -1}})
+				if err != nil {
+					t.Fatalf("token %q: %v", key, err)
+				}
+				if res.Outcome == inbox.OutcomeConflict {
+					return answer{status: http.StatusUnprocessableEntity, body: "conflict"}
+				}
+				return answer{status: res.Reply.Status, body: string(res.Reply.Body), replayed: res.Outcome == inbox.OutcomeDuplicate}
+			}
+			viaHTTP := func(key, body string) answer { return claim(t, srv.Client(), srv.URL, key, body) }
+			for _, pair := range []struct {
+				name string
+				a, b string
+				send func(key, body string) answer
+			}{
+				{"a long token, then its stored form", long1, storedForm(long1), viaHTTP},
+				{"a long token's stored form, then the token", storedForm(long2), long2, viaHTTP},
+				{"case", "K-upper", "k-upper", viaHTTP},
+				{"trailing space", "h1-g1", "h1-g1 ", direct},
+				{"trailing spaces", "h2-g2 ", "h2-g2  ", direct},
+			} {
+				user := "u-" + strings.ReplaceAll(pair.name, " ", "-")
+				before := coupons(t, d.DB, user)
+				a, b := pair.send(pair.a, claimBody(user)), pair.send(pair.b, claimBody(user))
+				for _, x := range []answer{a, b} {
+					if x.status != http.StatusCreated {
+						t.Fatalf("%s: answer %d %s, want 201", pair.name, x.status, x.body)
+					}
+				}
+				if b.replayed || a.body == b.body {
+					t.Errorf("%s: the second token got the first's response (replayed=%v): %s", pair.name, b.replayed, b.body)
+				}
+				if n := coupons(t, d.DB, user) - before; n != 2 {
+					t.Errorf("%s: %d coupons, want 2", pair.name, n)
+				}
+			}
+		})
 	}
 }

@@ -1,0 +1,69 @@
+package inbox_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/onceflow/onceflow/inbox"
+)
+
+// Business keys compare exactly, byte for byte: orders whose ids differ only in trailing
+// spaces or in case are different orders, each with its inbox row and its coupon, one at a
+// time and in one batch. Under a PAD SPACE collation (utf8mb4_bin, the schema before
+// migrations/00013 and coupon's 00002) "h1-g1 " was "h1-g1": a conflict or a duplicate, no
+// coupon of its own.
+func TestKeysCompareExactly(t *testing.T) {
+	keys := []string{"h1-g1", "h1-g1 ", "h1-g1  ", "A", "a"}
+	for _, batch := range []bool{false, true} {
+		name := "one at a time"
+		if batch {
+			name = "in one batch"
+		}
+		t.Run(name, func(t *testing.T) {
+			p := newPipeline(t, pipelineOpts{conns: 8})
+			ctx := context.Background()
+			process := func(key string) (inbox.Result, error) {
+				return p.inbox.Process(ctx, orderMsg(key, "u-"+key), inbox.Source{Topic: "order-paid"}, inbox.ProcessOptions{})
+			}
+			if batch {
+				b, err := p.inbox.NewBatcher(inbox.BatchConfig{Linger: 50 * time.Millisecond})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { b.Close() })
+				process = func(key string) (inbox.Result, error) {
+					return b.Process(ctx, orderMsg(key, "u-"+key), inbox.Source{Topic: "order-paid"})
+				}
+			}
+			results := make([]inbox.Result, len(keys))
+			var wg sync.WaitGroup
+			for i, k := range keys {
+				wg.Go(func() {
+					r, err := process(k)
+					if err != nil {
+						t.Error(err)
+					}
+					results[i] = r
+				})
+			}
+			wg.Wait()
+			for i, r := range results {
+				if r.Outcome != inbox.OutcomeProcessed || r.Key != keys[i] {
+					t.Errorf("order %q: %s of key %q (reason %s), want processed", keys[i], r.Outcome, r.Key, r.Reason)
+				}
+			}
+			for _, k := range keys {
+				rows := count(t, p.db.DB, "SELECT COUNT(*) FROM inbox WHERE dedup_key = ? AND biz_type = ? AND status = 'done'", k, p.inbox.BizType())
+				coupons := count(t, p.db.DB, "SELECT COUNT(*) FROM user_coupon WHERE order_id = ?", k)
+				if rows != 1 || coupons != 1 {
+					t.Errorf("order %q: %d done inbox rows, %d coupons, want 1 and 1", k, rows, coupons)
+				}
+			}
+			if n := count(t, p.db.DB, "SELECT COUNT(*) FROM user_coupon"); n != len(keys) {
+				t.Errorf("coupons: %d, want %d", n, len(keys))
+			}
+		})
+	}
+}
