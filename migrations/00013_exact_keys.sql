@@ -7,6 +7,9 @@
 -- uk_dedup (dedup_key, biz_type) and idx_biz_status_created are rebuilt in place while the
 -- inbox stays readable and writable (NOCOPY, LOCK=NONE: the statement fails rather than
 -- block the consumers). VARCHAR(191) of utf8mb4 and VARCHAR(64) fit the index as before.
+-- MariaDB refuses to compare two columns of different collations: a query that joins these
+-- with a utf8mb4_bin column (a plugin table not migrated likewise) names the collation,
+-- e.g. ON p.order_id = i.dedup_key COLLATE utf8mb4_nopad_bin.
 ALTER TABLE inbox
     MODIFY dedup_key VARCHAR(191) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NOT NULL,
     MODIFY biz_type  VARCHAR(64)  CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NOT NULL,
