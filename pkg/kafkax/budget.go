@@ -11,7 +11,7 @@ import (
 // charged to the Budget with each: its Watermill message, context and handler goroutine,
 // the watcher of its ack and its place in the window, as measured on a router with many
 // records waiting (docs/BENCHMARKS.md, "Why the defaults": kafka.max_in_flight_bytes).
-const RecordOverhead = 4 << 10
+const RecordOverhead = 8 << 10
 
 // Budget bounds the bytes of the records handed out and not yet acked by every
 // ParallelSubscriber sharing it (one budget for a router): a record waits to be handed out
