@@ -49,6 +49,8 @@ type config struct {
 
 	// The router binary as a child process (router.go).
 	routerN, routerRate, routerSecs int
+	routerBig, routerBigBytes       int
+	routerStall                     time.Duration
 	routerBin, routerEnv            string
 
 	// The services, the output, the process.
@@ -122,6 +124,9 @@ func parseConfig(args []string) (*config, error) {
 	fs.IntVar(&c.routerN, "router-orders", 50000, "orders pre-loaded for the router binary's peak run (30 % delivered twice; 0 skips it)")
 	fs.IntVar(&c.routerRate, "router-rate", 2000, "offered load (orders/s) of the router binary's paced run (0 skips it)")
 	fs.IntVar(&c.routerSecs, "router-seconds", 20, "measured seconds of the router binary's paced run (after -warmup-seconds)")
+	fs.IntVar(&c.routerBig, "router-big", 600, "records over inbox.max_payload_bytes sent to the router binary's stalled run while its database is stalled (0 skips it)")
+	fs.IntVar(&c.routerBigBytes, "router-big-bytes", 1536000, "size of each of them")
+	fs.DurationVar(&c.routerStall, "router-stall", 25*time.Second, "how long the stalled run holds the inbox's index range locked")
 	fs.StringVar(&c.routerBin, "router-bin", "bin/router", "the router binary measured by the router group (make build)")
 	fs.StringVar(&c.routerEnv, "router-env", "", "extra environment of the measured router, comma separated (e.g. GOGC=100,GOMEMLIMIT=120MiB)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"os"
 	"os/exec"
@@ -33,7 +34,7 @@ import (
 // then stops it with SIGTERM and checks the database (every order granted, nothing left
 // unpublished).
 func (s *suite) routerGroup(ctx context.Context) error {
-	if s.cfg.routerN <= 0 && s.cfg.routerRate <= 0 {
+	if s.cfg.routerN <= 0 && s.cfg.routerRate <= 0 && s.cfg.routerBig <= 0 {
 		return nil
 	}
 	bin, err := filepath.Abs(s.cfg.routerBin)
@@ -53,6 +54,105 @@ func (s *suite) routerGroup(ctx context.Context) error {
 			return fmt.Errorf("router rate: %w", err)
 		}
 	}
+	if s.cfg.routerBig > 0 {
+		if err := s.routerStalled(ctx, bin); err != nil {
+			return fmt.Errorf("router stalled: %w", err)
+		}
+	}
+	return nil
+}
+
+// routerStalled (mode=stalled): -router-big records of -router-big-bytes (over
+// inbox.max_payload_bytes) and as many good orders reach a router whose database is
+// stalled — a transaction holds the inbox's whole index range, so no delivery can be
+// recorded — for -router-stall; its peak RSS shows what waiting records cost it. Once the
+// database is back, every good order must be granted and every big record quarantined.
+func (s *suite) routerStalled(ctx context.Context, bin string) error {
+	if err := s.truncate(ctx); err != nil {
+		return err
+	}
+	maxMsg := fmt.Sprint(s.cfg.routerBigBytes + 64<<10)
+	in, cleanIn, err := makeTopicWith(s.kc, "bench-router-big", int32(s.cfg.e2eParts), map[string]*string{"max.message.bytes": &maxMsg})
+	if err != nil {
+		return err
+	}
+	defer cleanIn()
+	out, cleanOut, err := makeTopic(s.kc, "bench-router-granted", int32(s.cfg.e2eParts))
+	if err != nil {
+		return err
+	}
+	defer cleanOut()
+	sc := s.kc.ProducerConfig()
+	sc.Producer.MaxMessageBytes = s.cfg.routerBigBytes + 64<<10
+	producer, err := sarama.NewSyncProducer(s.kc.Brokers, sc)
+	if err != nil {
+		return err
+	}
+	defer producer.Close()
+	n := s.cfg.routerBig
+	for i := range n {
+		o := order("good", i)
+		big := o.Encode()
+		big = append(big[:len(big)-1], []byte(`,"pad":"`+strings.Repeat("x", s.cfg.routerBigBytes-len(big)-10)+`"}`)...)
+		msgs := []*sarama.ProducerMessage{
+			{Topic: in, Key: sarama.StringEncoder(o.OrderID), Value: sarama.ByteEncoder(o.Encode())},
+			{Topic: in, Key: sarama.StringEncoder(fmt.Sprintf("big-%d", i)), Value: sarama.ByteEncoder(big)},
+		}
+		if err := producer.SendMessages(msgs); err != nil {
+			return err
+		}
+	}
+	// The stall: every claim of an inbox row waits (and times out, and retries) behind it.
+	stall, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead}) // gap locks: no insert passes
+	if err != nil {
+		return err
+	}
+	defer stall.Rollback()
+	if _, err := stall.ExecContext(ctx, "SELECT id FROM inbox WHERE id >= 0 FOR UPDATE"); err != nil {
+		return err
+	}
+	w, err := watch(s.kc, out)
+	if err != nil {
+		return err
+	}
+	defer w.close()
+	c, err := s.startRouter(bin, "stalled", in, out)
+	if err != nil {
+		return err
+	}
+	defer c.stop()
+	time.Sleep(s.cfg.routerStall)
+	stalledMB := c.hwmMB()
+	if err := stall.Rollback(); err != nil {
+		return err
+	}
+	t0 := time.Now()
+	if err := c.waitSeen(w, n, 5*time.Minute); err != nil {
+		return err
+	}
+	var quarantined int
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		if err := s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM inbox WHERE status = 'failed' AND payload_size IS NOT NULL").Scan(&quarantined); err != nil {
+			return err
+		}
+		if quarantined >= n || time.Now().After(deadline) {
+			break
+		}
+	}
+	recovered := time.Since(t0)
+	hwm := c.hwmMB()
+	if err := c.stop(); err != nil {
+		return err
+	}
+	if err := checkGranted(ctx, s.db, n); err != nil {
+		return err
+	}
+	if quarantined != n {
+		return fmt.Errorf("%d of %d big records quarantined", quarantined, n)
+	}
+	s.report("router", "mode", "stalled", "big_records", n, "big_bytes", s.cfg.routerBigBytes, "orders", n, "stall_s", s.cfg.routerStall.Seconds(),
+		"max_rss_mb", hwm, "max_rss_stalled_mb", stalledMB, "recovered_s", recovered.Seconds(), "quarantined", quarantined, "granted", n,
+		"rss_sampled_max_mb", c.sampledMaxMB())
 	return nil
 }
 

@@ -12,6 +12,11 @@ import (
 // makeTopic creates a topic of parts partitions named prefix-<time>, once every partition
 // has a leader; the returned func deletes it.
 func makeTopic(kc kafkax.Config, prefix string, parts int32) (string, func(), error) {
+	return makeTopicWith(kc, prefix, parts, nil)
+}
+
+// makeTopicWith is makeTopic with topic settings (e.g. max.message.bytes).
+func makeTopicWith(kc kafkax.Config, prefix string, parts int32, settings map[string]*string) (string, func(), error) {
 	sc := sarama.NewConfig()
 	sc.Version = kafkax.Version
 	admin, err := sarama.NewClusterAdmin(kc.Brokers, sc)
@@ -19,7 +24,7 @@ func makeTopic(kc kafkax.Config, prefix string, parts int32) (string, func(), er
 		return "", nil, kafkax.Unreachable(kc.Brokers, err)
 	}
 	name := fmt.Sprintf("%s-%d", prefix, time.Now().UnixNano())
-	if err := admin.CreateTopic(name, &sarama.TopicDetail{NumPartitions: parts, ReplicationFactor: 1}, false); err != nil {
+	if err := admin.CreateTopic(name, &sarama.TopicDetail{NumPartitions: parts, ReplicationFactor: 1, ConfigEntries: settings}, false); err != nil {
 		admin.Close()
 		return "", nil, err
 	}
