@@ -17,7 +17,10 @@ import (
 //   - p99 ≤ 100 ms at 30 % of the run's peak e2e rate, and at 2,000 orders/s;
 //   - relay exactly once ≥ 20× the Watermill forwarder;
 //   - the router binary's peak resident memory ≤ 150 MB, at its peak rate and at 2,000
-//     orders/s (router.go);
+//     orders/s, and ≤ 300 MB with big records waiting for a stalled database, every one of
+//     them quarantined once it is back (router.go);
+//   - the incident's load (seed_load, the router's default settings) ≥ 1,000 orders/s with
+//     no rebalance and no duplicate coupon;
 //
 // printed as BENCH name=targets with pass, fail or missing (the measurement did not run in
 // this invocation) for each, and the bench process's peak resident memory.
@@ -45,6 +48,10 @@ func (s *suite) targetsGroup(ctx context.Context) error {
 	}
 	rssPeak := s.field("router", "max_rss_mb", map[string]string{"mode": "peak"})
 	rss2000 := s.field("router", "max_rss_mb", map[string]string{"mode": "rate2000"})
+	rssStalled := s.field("router", "max_rss_mb", map[string]string{"mode": "stalled"})
+	stalledOK := s.field("router", "quarantined", map[string]string{"mode": "stalled"}) == s.field("router", "big_records", map[string]string{"mode": "stalled"})
+	seed := s.field("seed_load", "orders_per_s", map[string]string{"mode": "batch"})
+	seedClean := s.field("seed_load", "rebalances", map[string]string{"mode": "batch"}) == 0 && s.field("seed_load", "duplicate_coupons", map[string]string{"mode": "batch"}) == 0
 	verdict := func(v float64, ok bool) string {
 		switch {
 		case v < 0:
@@ -62,7 +69,9 @@ func (s *suite) targetsGroup(ctx context.Context) error {
 		"relay_vs_forwarder", vsFwd, "relay_20x_forwarder", verdict(vsFwd, vsFwd >= 20),
 		"bench_max_rss_mb", maxRSSMB(),
 		"router_rss_peak_mb", rssPeak, "router_rss_2000_mb", rss2000,
-		"router_rss", verdict(min(rssPeak, rss2000), rssPeak <= 150 && rss2000 <= 150))
+		"router_rss", verdict(min(rssPeak, rss2000), rssPeak <= 150 && rss2000 <= 150),
+		"router_rss_stalled_mb", rssStalled, "router_rss_stalled_300", verdict(rssStalled, rssStalled <= 300 && stalledOK),
+		"seed_orders_per_s", seed, "seed_1000", verdict(seed, seed >= 1000 && seedClean))
 	return nil
 }
 

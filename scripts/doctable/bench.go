@@ -335,9 +335,10 @@ func (b benchRun) plainRows(row func(m, r, t string)) {
 func (b benchRun) seedRows(row func(m, r, t string)) {
 	for _, s := range b.find("seed_load", "mode", "") {
 		row(fmt.Sprintf("`seed_load` `%s`: the incident's unscaled calls (%s orders)", s.get("mode"), f(s.num("orders"), 0)),
-			fmt.Sprintf("%s orders/s, %s %% of the run's bound (%s); %s rebalances, %s duplicate coupons; peak calls in flight %s",
+			fmt.Sprintf("%s orders/s, %s %% of the run's bound (%s); %s rebalances, %s duplicate coupons; peak calls in flight %s, records in flight %s (window %s, budget %s MiB)",
 				rate(s.num("orders_per_s")), f(s.num("pct_of_run_bound"), 0), rate(s.num("run_bound_orders_per_s")),
-				f(s.num("rebalances"), 0), f(s.num("duplicate_coupons"), 0), f(s.num("peak_calls_in_flight"), 0)), "—")
+				f(s.num("rebalances"), 0), f(s.num("duplicate_coupons"), 0), f(s.num("peak_calls_in_flight"), 0),
+				f(s.num("peak_records_in_flight"), 0), f(s.num("window"), 0), f(s.num("budget_mb"), 0)), "—")
 	}
 	for _, s := range b.find("seed_consumer", "records_per_poll", "") {
 		row(fmt.Sprintf("`seed_consumer`: the write-up's consumer, %s records per poll (a model)", s.get("records_per_poll")),

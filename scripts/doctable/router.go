@@ -19,6 +19,13 @@ func (b benchRun) routerRows(row func(m, r, t string)) {
 			fmt.Sprintf("%s orders/s (steady %s); peak RSS **%s MB**; %s", rate(r.num("orders_per_s")), rate(r.num("steady_orders_per_s")),
 				f(r.num("max_rss_mb"), 1), cpu(r)), rss(r))
 	}
+	if r, ok := b.one("router", "mode", "stalled"); ok {
+		row(fmt.Sprintf("`router` `stalled`: %s records of %s MB and %s orders while a transaction holds the inbox for %s s",
+			f(r.num("big_records"), 0), f(r.num("big_bytes")/1e6, 2), f(r.num("orders"), 0), f(r.num("stall_s"), 0)),
+			fmt.Sprintf("peak RSS **%s MB**; %s quarantined, %s granted, %s s after the database came back", f(r.num("max_rss_mb"), 1),
+				f(r.num("quarantined"), 0), f(r.num("granted"), 0), f(r.num("recovered_s"), 1)),
+			fmt.Sprintf("≤ 300 MB, all quarantined: %s", verdict(r.num("max_rss_mb") <= 300 && r.num("quarantined") == r.num("big_records"))))
+	}
 	for _, r := range b.find("router", "offered_per_s", "") {
 		row(fmt.Sprintf("`router` `%s`: the same binary at %s orders/s offered, %s s measured", r.get("mode"), f(r.num("offered_per_s"), 0), r.get("seconds")),
 			fmt.Sprintf("%s orders/s, p50 %s ms, p99 %s ms; peak RSS **%s MB**; %s", rate(r.num("orders_per_s")), f(r.num("p50_ms"), 1),
