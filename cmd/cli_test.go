@@ -143,7 +143,7 @@ func TestDefaultConfig(t *testing.T) {
 	if err := c.validate(); err != nil {
 		t.Fatal(err)
 	}
-	if c.Relay.BatchSize != 2000 || c.Kafka.Window != 256 || !c.Relay.Enabled || c.Admin.Listen != "127.0.0.1:9464" {
+	if c.Relay.BatchSize != 2000 || c.Kafka.Window != 1024 || c.Kafka.MaxInFlightBytes != 64<<20 || !c.Relay.Enabled || c.Admin.Listen != "127.0.0.1:9464" {
 		t.Fatalf("defaults: %+v", c)
 	}
 }

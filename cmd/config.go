@@ -220,7 +220,7 @@ var defaults = []struct {
 	{"kafka.heartbeat", dur(libKafka.HeartbeatEvery), "consumer heartbeat interval"},
 	{"kafka.max_poll_wait", dur(libKafka.MaxPollWait), "fetch max wait"},
 	{"kafka.window", libParallel.Window, "most un-acked messages handed out per partition at once (per-key order kept; offsets committed only past acked messages; a crash redelivers at most this many per partition); 1: watermill-kafka's one-at-a-time subscriber"},
-	{"kafka.max_in_flight_bytes", int(libParallel.MaxInFlightBytes), "one budget for the router: bytes of the records handed out and not acked (value, key, headers and 4 KiB each), so many small records wait on slow calls while few big ones do; a value over inbox.max_payload_bytes waits cut to its quarantine form"},
+	{"kafka.max_in_flight_bytes", int(libParallel.MaxInFlightBytes), "one budget for the router: bytes of the records handed out and not acked (value, key, headers and 8 KiB each), so many small records wait on slow calls while few big ones do; a value over inbox.max_payload_bytes waits cut to its quarantine form"},
 	{"inbox.max_attempts", libInbox.MaxAttempts, "handler attempts before a message is quarantined"},
 	{"inbox.backoff_initial", dur(libInbox.BackoffInitial), "first retry backoff (doubles)"},
 	{"inbox.backoff_max", dur(libInbox.BackoffMax), "retry backoff cap"},
