@@ -42,6 +42,7 @@ type config struct {
 	// The incident's own load (seedload.go).
 	seedOrders, seedInFlight, seedWindow int
 	seedBudget                           int64
+	seedModes                            string
 	seedDupRate, seedScale               float64
 	seedDelay, seedJitter, seedNaiveFor  time.Duration
 	seedConsumerScale                    float64
@@ -116,6 +117,7 @@ func parseConfig(args []string) (*config, error) {
 	fs.Float64Var(&c.seedScale, "seed-scale", 1, "factor on call times (and on the seed consumer's poll interval); 1 is the incident's")
 	fs.IntVar(&c.seedInFlight, "seed-in-flight", 0, "inbox.max_in_flight_calls of the seed_load run (0: the router's default)")
 	fs.IntVar(&c.seedWindow, "seed-window", 0, "kafka.window of the seed_load run (0: the router's default)")
+	fs.StringVar(&c.seedModes, "seed-modes", "batch,single", "seed_load modes to run (comma separated: batch, single)")
 	fs.Int64Var(&c.seedBudget, "seed-budget", 0, "kafka.max_in_flight_bytes of the seed_load run (0: the router's default)")
 	fs.DurationVar(&c.seedNaiveFor, "seed-consumer-seconds", 30*time.Second, "how long the seed's own consumer runs beside it")
 	fs.Float64Var(&c.seedConsumerScale, "seed-consumer-scale", 0.01, "factor on the seed consumer's call times and poll interval (it is too slow to measure unscaled)")

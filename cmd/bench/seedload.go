@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -345,7 +346,7 @@ var seedSteps = []string{"lock-stock", "deduct-budget", "issue-coupon"}
 // consumer runs beside the first.
 func (s *suite) seedGroup(ctx context.Context) error {
 	s.calibrate("before_seed")
-	for _, mode := range []string{"batch", "single"} {
+	for _, mode := range strings.Split(s.cfg.seedModes, ",") {
 		if err := s.benchSeedLoad(ctx, mode); err != nil {
 			return fmt.Errorf("seed_load %s: %w", mode, err)
 		}
