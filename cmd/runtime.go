@@ -123,7 +123,9 @@ func (r *Runtime) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	router.AddMiddleware(middleware.Recoverer)
+	// Outermost: a parallel subscriber's claim learns of each ack or nack from the handler's
+	// goroutine (a panic recovered by Recoverer is a nack), instead of sweeping its window.
+	router.AddMiddleware(kafkax.AckOnReturn, middleware.Recoverer)
 	obs := &observer{m: m}
 	budget := kafkax.NewBudget(int64(a.cfg.Kafka.MaxInFlightBytes)) // one for every subscriber of the router
 	for _, p := range plugins {

@@ -330,6 +330,7 @@ func (e *e2eRun) startPipeline(ctx context.Context, topic string, ib *inbox.Inbo
 	if err != nil {
 		return nil, err
 	}
+	r.AddMiddleware(kafkax.AckOnReturn) // as the router binary does
 	e.producedAt.Clear()
 	if s.cfg.latencyDump != "" {
 		// -latency-dump splits Kafka → inbox claim at the moment the subscriber hands an order

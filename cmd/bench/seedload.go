@@ -150,6 +150,7 @@ func (s *suite) benchSeedLoad(ctx context.Context, mode string) error {
 	if err != nil {
 		return err
 	}
+	r.AddMiddleware(kafkax.AckOnReturn) // as the router binary does
 	r.AddConsumerHandler("seed", in, sub, handler)
 	cctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup

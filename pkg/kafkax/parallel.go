@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -352,6 +353,7 @@ func (h *parallelHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim s
 
 // slot is one message handed out (or about to be) from a claimed partition.
 type slot struct {
+	r       *claimRun
 	offset  int64
 	cost    int64 // charged to the budget until settled
 	key     string
@@ -364,11 +366,38 @@ type slot struct {
 	settled bool // acked, or abandoned by a nack after the claim ended / never handed out
 }
 
-// sweepEvery is how often a claim looks at the messages it handed out for their acks and
-// nacks. A goroutine per message waiting on its ack (and its stack) would cost more memory
-// than the message itself; only a message whose key holds later messages back, or that was
-// nacked, gets one, so that its ack frees the key (or its resend comes) at once.
-const sweepEvery = 20 * time.Millisecond
+// How a claim learns of acks and nacks. A goroutine per message waiting on its ack (and its
+// stack) would cost more memory than the message itself. A handler wrapped in AckOnReturn
+// tells the claim itself; otherwise a sweep of the window finds them, every sweepEvery —
+// every sweepIdleEvery only, as a safety net, once handlers have been telling it (a sweep
+// costs CPU for every message in flight). A message whose key holds later ones back, or
+// that was nacked, gets a goroutine of its own, so that its ack frees the key (or its
+// resend comes) at once.
+const (
+	sweepEvery     = 20 * time.Millisecond
+	sweepIdleEvery = time.Second
+)
+
+type slotKey struct{}
+
+// AckOnReturn is Watermill router middleware for the handlers of a ParallelSubscriber's
+// messages: when the handler returns with nothing to publish, it acks the message (no error)
+// or nacks it itself, as the router would right after, and tells the claim of its partition
+// at once. Without it the subscriber finds acks by sweeping its window every 20 ms.
+func AckOnReturn(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		out, err := h(msg)
+		if sl, ok := msg.Context().Value(slotKey{}).(*slot); ok && len(out) == 0 {
+			if err != nil {
+				msg.Nack()
+			} else {
+				msg.Ack()
+			}
+			sl.r.returned(sl, err == nil)
+		}
+		return out, err
+	}
+}
 
 // waitingMsg is a message in the window whose key is busy: handed out when it is freed.
 type waitingMsg struct {
@@ -401,6 +430,7 @@ type claimRun struct {
 	changed   chan struct{} // a slot was acked or settled (capacity 1, coalescing)
 
 	watchers sync.WaitGroup // the sweep and the slots' own watchers
+	told     atomic.Bool    // AckOnReturn has told of an ack or nack
 }
 
 func (r *claimRun) run(msgs <-chan *sarama.ConsumerMessage) error {
@@ -437,10 +467,11 @@ func (r *claimRun) read(msgs <-chan *sarama.ConsumerMessage) error {
 			// Resending makes no sense; like watermill-kafka, give up the claim.
 			return fmt.Errorf("message unmarshal failed: %w", err)
 		}
+		sl := &slot{r: r, offset: km.Offset, key: string(km.Key), keyed: len(km.Key) > 0}
 		ctx := msgsource.With(r.ctx, msgsource.Source{Topic: km.Topic, Partition: km.Partition, Offset: km.Offset})
 		msg.Payload, ctx = r.h.s.ownValue(ctx, km.Value)
-		msg.SetContext(ctx)
-		sl := &slot{offset: km.Offset, key: string(km.Key), keyed: len(km.Key) > 0, cost: recordCost(msg, len(km.Key))}
+		msg.SetContext(context.WithValue(ctx, slotKey{}, sl)) // for AckOnReturn
+		sl.cost = recordCost(msg, len(km.Key))
 		km = nil
 		if sl.cost = r.h.s.budget.acquire(r.sess.Context(), sl.cost); sl.cost == 0 {
 			return nil // the session ended while the record waited for the budget
@@ -562,9 +593,14 @@ func (r *claimRun) sweep() {
 	defer r.watchers.Done()
 	t := time.NewTicker(sweepEvery)
 	defer t.Stop()
+	last := time.Now()
 	for {
 		select {
-		case <-t.C:
+		case now := <-t.C:
+			if r.told.Load() && now.Sub(last) < sweepIdleEvery {
+				continue
+			}
+			last = now
 			r.sweepOnce()
 		case <-r.abandon:
 			r.sweepOnce()
@@ -609,6 +645,28 @@ func (r *claimRun) settleWaiting() {
 	for _, sl := range left {
 		r.settle(sl)
 	}
+}
+
+// returned is AckOnReturn's news of sl's message: acked, or nacked (its watcher resends
+// it). Once the claim stopped waiting for acks it changes nothing, as a late ack does not.
+func (r *claimRun) returned(sl *slot, acked bool) {
+	r.told.Store(true)
+	select {
+	case <-r.abandon:
+		return
+	default:
+	}
+	if acked {
+		r.ack(sl)
+		return
+	}
+	r.mu.Lock()
+	select {
+	case <-r.abandon: // no goroutine is started once run waits for them
+	default:
+		r.watchLocked(sl)
+	}
+	r.mu.Unlock()
 }
 
 // watch waits for the message's ack or nack, resending after a nack.

@@ -1,0 +1,103 @@
+package kafkax_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/pkg/kafkax"
+	"github.com/onceflow/onceflow/pkg/testenv"
+)
+
+// TestParallelSubscriberAckOnReturn runs a Watermill router with AckOnReturn over a window
+// of 4: every message is handled, a nacked one (an error) and one whose handler panicked
+// (the router recovers and nacks) are handed out again, each key's messages never run at
+// once, the claim was told of acks by the middleware, and the committed offset reaches the
+// end of the partition.
+func TestParallelSubscriberAckOnReturn(t *testing.T) {
+	c := testenv.Kafka(t)
+	topic := testenv.Topic(t, c, "parallel-ackonreturn", 1)
+	var recs []rec
+	for i := range 40 {
+		k := fmt.Sprintf("k%d", i%8)
+		recs = append(recs, rec{0, k, fmt.Sprintf("%s/%d", k, i)})
+	}
+	produce(t, c, topic, true, recs)
+	group := uniqueGroup("parallel-ackonreturn")
+	sub, err := c.NewParallelSubscriber(group, kafkax.ParallelConfig{Window: 4}, tlog{t: t})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.AddMiddleware(kafkax.AckOnReturn)
+	var mu sync.Mutex
+	seen, running := map[string]int{}, map[string]bool{}
+	done := make(chan struct{})
+	var once sync.Once
+	r.AddConsumerHandler("h", topic, sub, func(m *message.Message) error {
+		p, k := string(m.Payload), keyOf(m)
+		mu.Lock()
+		if running[k] {
+			mu.Unlock()
+			t.Errorf("two messages of key %s at once", k)
+			return nil
+		}
+		running[k] = true
+		seen[p]++
+		n := seen[p]
+		mu.Unlock()
+		defer func() {
+			mu.Lock()
+			running[k] = false
+			if len(seen) == len(recs) {
+				once.Do(func() { close(done) })
+			}
+			mu.Unlock()
+		}()
+		switch {
+		case p == "k3/3" && n == 1:
+			return errors.New("nack once")
+		case p == "k5/13" && n == 1:
+			panic("panic once")
+		}
+		return nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() { defer close(stopped); _ = r.Run(ctx) }()
+	defer func() { cancel(); <-stopped }()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		mu.Lock()
+		t.Fatalf("handled %d of %d messages", len(seen), len(recs))
+	}
+	mu.Lock()
+	if seen["k3/3"] != 2 || seen["k5/13"] != 2 {
+		t.Errorf("the nacked message ran %d times, the panicking one %d; want 2 each", seen["k3/3"], seen["k5/13"])
+	}
+	mu.Unlock()
+	if !kafkax.Told(sub) {
+		t.Error("the claim was never told of an ack by AckOnReturn")
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		lag := testenv.CommittedLag(t, c, group, topic)
+		if lag[0] == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("committed lag %v, want 0", lag)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
