@@ -4,7 +4,7 @@ import "context"
 
 // BudgetAcquire and BudgetRelease expose the budget's charge for its tests.
 func BudgetAcquire(b *Budget, ctx context.Context, n int64) int64 { return b.acquire(ctx, n) }
-func BudgetRelease(b *Budget, n int64)                          { b.release(n) }
+func BudgetRelease(b *Budget, n int64)                            { b.release(n) }
 
 // Told reports whether AckOnReturn has told any claim of sub of an ack or nack.
 func Told(sub *ParallelSubscriber) bool {

@@ -422,9 +422,9 @@ type claimRun struct {
 	abandon chan struct{}   // closed when the claim stops waiting for acks
 
 	mu        sync.Mutex
-	queue     []*slot // handed out and not yet covered by the marked offset, in offset order
-	marked    int64   // the offset marked for commit (all before it acked); -1: not known yet
-	busyKeys  map[string]*slot          // the slot of each key handed out and not acked yet
+	queue     []*slot                 // handed out and not yet covered by the marked offset, in offset order
+	marked    int64                   // the offset marked for commit (all before it acked); -1: not known yet
+	busyKeys  map[string]*slot        // the slot of each key handed out and not acked yet
 	waiting   map[string][]waitingMsg // keyed messages in the window behind a busy key, in offset order
 	unsettled int
 	changed   chan struct{} // a slot was acked or settled (capacity 1, coalescing)
