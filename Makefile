@@ -2,8 +2,10 @@
 SHELL := /bin/bash
 GO    ?= go
 PKGS  := ./...
+# doc generator of the tools module, run from the repository root
+DOCTABLE := $(GO) build -C tools -o ../bin/doctable ./doctable && bin/doctable
 
-.PHONY: examples all build infra infra-down demo test test-short fuzz bench bench-stream vet clean chaos chaos-broken
+.PHONY: examples all build infra infra-down demo test test-tools test-short fuzz bench bench-stream vet clean chaos chaos-broken
 
 all: build
 
@@ -21,12 +23,19 @@ infra-down:
 demo:
 	bash scripts/demo.sh
 
-## test: start the services, then vet, unit + integration tests (-race), and short fuzzing
+## test: start the services, then vet, unit + integration tests (-race) of this module, of
+## the tools module and of the examples, and short fuzzing
 test: infra
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -v -timeout 30m $(PKGS)
+	$(MAKE) test-tools
 	$(MAKE) examples
 	$(MAKE) fuzz FUZZTIME=30000x
+
+## test-tools: the tools module (tools/: bench, chaos, doc generators, the console's browser
+## test; its own go.mod, a replace to this checkout) built, vetted and tested on the real services
+test-tools:
+	cd tools && $(GO) build ./... && $(GO) vet ./... && $(GO) test -race -count=1 -v -timeout 30m ./...
 
 ## examples: each module of examples/ (its own go.mod, a replace to this checkout) built,
 ## vetted and tested on the real services, as a team's own router is
@@ -63,19 +72,21 @@ fuzz:
 bench: infra
 	bash scripts/bench.sh
 	@case " $(BENCH_FLAGS) " in *" -only"*) echo "bench: an -only run: the documents are left as they are" ;; \
-	  *) $(GO) run ./scripts/doctable -bench "$$(ls -t bench/results/bench-*.csv | head -n 1)" ;; esac
+	  *) $(DOCTABLE) -bench "$$(ls -t bench/results/bench-*.csv | head -n 1)" ;; esac
 
 ## bench-stream: the peak memory (max RSS) of `router produce` and `router replay` as child
 ## processes at 10,000 and 1,000,000 orders / inbox rows (the replay through the handler at
 ## 5,000 and 50,000: one transaction per row), on the real services, in a database
 ## (onceflow_stream) and topics of its own: BENCH name=stream_rss lines and their ratios
-## (docs/BENCHMARKS.md, "Memory of produce and replay"). STREAM_FLAGS go to cmd/streamrss.
+## (docs/BENCHMARKS.md, "Memory of produce and replay"). STREAM_FLAGS go to tools/streamrss.
 bench-stream: infra
 	$(GO) build -o bin/router ./cmd/router
-	set -o pipefail; $(GO) run ./cmd/streamrss $(STREAM_FLAGS) | tee .run/bench-stream.log
+	$(GO) build -C tools -o ../bin/streamrss ./streamrss
+	set -o pipefail; bin/streamrss $(STREAM_FLAGS) | tee .run/bench-stream.log
 
 vet:
 	$(GO) vet $(PKGS)
+	cd tools && $(GO) vet ./...
 
 ## chaos: kill -9, relay crashes, rebalances, broker/database restarts, DB and Kafka network
 ## faults, then an independent checker; ends with one CHAOS line. Runs on a second, private
@@ -84,7 +95,7 @@ vet:
 ## table is regenerated from it when the checker reported (whatever the outcome).
 chaos:
 	@rm -f .run/chaos/chaos.log; rc=0; bash scripts/chaos.sh || rc=$$?; \
-	  $(GO) run ./scripts/doctable -chaos .run/chaos/chaos.log || echo "chaos: docs/RELIABILITY.md left as it is"; \
+	  $(DOCTABLE) -chaos .run/chaos/chaos.log || echo "chaos: docs/RELIABILITY.md left as it is"; \
 	  exit $$rc
 
 ## chaos-broken: the router built deliberately broken (the relay skips its reconcile); passes
@@ -101,7 +112,7 @@ chaos-broken:
 soak:
 	@mkdir -p .run/chaos; rm -f .run/chaos/chaos.log; rc=0; CHAOS_PROFILE=soak bash scripts/chaos.sh || rc=$$?; \
 	  cp .run/chaos/chaos.log .run/chaos/soak.log 2>/dev/null; \
-	  $(GO) run ./scripts/doctable -chaos .run/chaos/soak.log || echo "soak: docs/RELIABILITY.md left as it is"; \
+	  $(DOCTABLE) -chaos .run/chaos/soak.log || echo "soak: docs/RELIABILITY.md left as it is"; \
 	  exit $$rc
 
 clean:

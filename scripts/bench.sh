@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # make bench: measure on the real MariaDB and Kafka (never asserted in a test).
-# Prints BENCH lines and writes a CSV under bench/results/. Extra flags go to cmd/bench,
+# Prints BENCH lines and writes a CSV under bench/results/. Extra flags go to tools/bench,
 # e.g. BENCH_FLAGS="-orders 20000 -loads 500,1000".
 set -Eeuo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash scripts/infra.sh up
-go build -o bin/bench ./cmd/bench
+go build -C tools -o ../bin/bench ./bench
 # The router group measures the binary itself, as a child process: built from this tree.
 go build -o bin/router ./cmd/router
 # shellcheck disable=SC2086

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make chaos: the chaos harness (cmd/chaos) on a second, private instance of MariaDB and Kafka
+# make chaos: the chaos harness (tools/chaos) on a second, private instance of MariaDB and Kafka
 # (scripts/infra.sh with its own run dir and ports), never on the shared services
 # (127.0.0.1:3306 / :9092) that `make test` and `make demo` use: the harness restarts the
 # services it runs against.
@@ -9,9 +9,9 @@
 #     ONCEFLOW_KAFKA_BROKERS=3; brokers on CHAOS_CLUSTER_PORT 29092-29094, controllers on
 #     CHAOS_CLUSTER_CONTROLLER_PORT 29192-29194) instead of its one broker, not proxied;
 #     soak (make soak): CHAOS_SOAK_ORDERS (1000000) over CHAOS_SOAK_MINUTES (30).
-#   CHAOS_ARGS (extra flags of cmd/chaos, e.g. "-inject all" to show the checker failing).
-#   The router is built with -tags onceflow_chaos: it then has the chaos-misbehaver test plugin
-#   (cmd/router/chaosplugin_on.go), which the harness runs beside the coupon granter.
+#   CHAOS_ARGS (extra flags of tools/chaos, e.g. "-inject all" to show the checker failing).
+#   The router is the chaos build, tools/chaosrouter: the bundled plugins and the chaos-misbehaver
+#   test plugin (tools/chaosrouter/chaosplugin.go), which the harness runs beside the coupon granter.
 #   CHAOS_BROKEN=reconcile|inbox: build the router deliberately broken (-tags onceflow_broken_<kind>:
 #     reconcile = the exactly-once relay skips its start-up reconcile; inbox = the claim never
 #     finds the existing row), run the `broken` profile, and succeed only if the checker FAILS
@@ -83,10 +83,10 @@ else
   built="chaos: router built from the working tree at $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo ' plus uncommitted changes')"
 fi
 case "${CHAOS_BROKEN:-}" in
-  "") (cd "$src" && go build -tags onceflow_chaos -o "$ROOT/$router" ./cmd/router) ;;
+  "") (cd "$src/tools" && go build -o "$ROOT/$router" ./chaosrouter) ;;
   reconcile | inbox)
     router=".run/chaos/router-broken-$CHAOS_BROKEN"
-    (cd "$src" && go build -tags "onceflow_chaos,onceflow_broken_$CHAOS_BROKEN" -o "$ROOT/$router" ./cmd/router)
+    (cd "$src/tools" && go build -tags "onceflow_broken_$CHAOS_BROKEN" -o "$ROOT/$router" ./chaosrouter)
     profile="${CHAOS_PROFILE:-broken}"
     expect=duplicate-event
     if [[ "$CHAOS_BROKEN" == inbox ]]; then
@@ -94,14 +94,14 @@ case "${CHAOS_BROKEN:-}" in
       # The break is in the one-delivery claim (inbox.Process); group commit has its own.
       CHAOS_ARGS="${CHAOS_ARGS:-} -router-env ONCEFLOW_INBOX_BATCH_SIZE=1"
     fi
-    echo "chaos: router built with -tags onceflow_chaos,onceflow_broken_$CHAOS_BROKEN: the checker must report $expect"
+    echo "chaos: router built with -tags onceflow_broken_$CHAOS_BROKEN: the checker must report $expect"
     ;;
   *)
     echo "chaos: CHAOS_BROKEN=$CHAOS_BROKEN: use reconcile or inbox" >&2
     exit 2
     ;;
 esac
-go build -o .run/chaos/chaos ./cmd/chaos
+go build -C tools -o ../.run/chaos/chaos ./chaos
 set +e
 # shellcheck disable=SC2086
 .run/chaos/chaos -profile "$profile" -seed "${CHAOS_SEED:-1}" -router "$router" $cluster_args ${CHAOS_ARGS:-} 2>&1 | { echo "$built"; cat; } | tee .run/chaos/chaos.log

@@ -26,7 +26,7 @@ say() { echo "demo: [$((SECONDS - START))s] $*"; }
 bash scripts/infra.sh up
 say "building bin/router"
 go build -o bin/router ./cmd/router
-go build -o bin/claimburst ./scripts/claimburst
+go build -C tools -o ../bin/claimburst ./claimburst
 R="$ROOT/bin/router"
 
 export ONCEFLOW_CONFIG="$ROOT/configs/demo.yaml"

@@ -7,7 +7,7 @@
 #   * a local CA and certificates (openssl, made on this machine) in <run dir>/tls: MariaDB
 #     serves TLS with them too (TLS is offered, not required, except for user onceflow_tls)
 #   * Debian's chromium, installed when missing: the headless browser the operator
-#     console's browser test drives (cmd/console_browser_test.go; ONCEFLOW_CHROMIUM names
+#     console's browser test drives (tools/consoletest; ONCEFLOW_CHROMIUM names
 #     another Chrome or Chromium binary instead)
 #
 # Usage: scripts/infra.sh up|down|status|reset|db-start|db-stop|kafka-start|kafka-stop
@@ -47,7 +47,7 @@
 #   ONCEFLOW_KAFKA_CONTROLLER_PORT   default 9093
 #   ONCEFLOW_KAFKA_CHAOS_PORT        default none: a third listener CHAOS on this port, ...
 #   ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT  ... advertised on this port (default CHAOS port + 1),
-#                                    where cmd/chaos's fault-injecting proxy listens: clients
+#                                    where tools/chaos's fault-injecting proxy listens: clients
 #                                    bootstrapped through the proxy then fetch and produce
 #                                    through it too
 # e.g. ONCEFLOW_RUN_DIR=$PWD/.run/chaos-infra ONCEFLOW_DB_PORT=3307 ONCEFLOW_KAFKA_PORT=9192 \
@@ -68,8 +68,8 @@
 #   monitor user   onceflow_monitor/onceflow_monitor  PROCESS (reads information_schema.innodb_trx:
 #                                                  tests check that no transaction is left open)
 #   databases      onceflow, onceflow_test (created); grants also on onceflow_demo (make demo),
-#                  onceflow_bench (cmd/bench), onceflow_stream (cmd/streamrss), onceflow_chaos
-#                  (cmd/chaos), each by its exact name. Test databases: onceflow_t_* (pkg/testenv,
+#                  onceflow_bench (tools/bench), onceflow_stream (tools/streamrss), onceflow_chaos
+#                  (tools/chaos), each by its exact name. Test databases: onceflow_t_* (pkg/testenv,
 #                  throw-away: the app and TLS users get SELECT,INSERT,UPDATE,DELETE on each as a
 #                  whole, the migration user TRIGGER too) and onceflow_g_* (testenv.GrantedDB: as
 #                  the named ones, for the tests of the grants)
@@ -657,7 +657,7 @@ kafka_install() {
 
 kafka_write_config() {
   mkdir -p "$KAFKA_DIR" "$KAFKA_DATA"
-  # Optional CHAOS listener: advertised on the port of cmd/chaos's proxy, so that a client
+  # Optional CHAOS listener: advertised on the port of tools/chaos's proxy, so that a client
   # bootstrapped through the proxy keeps talking through it.
   local listeners="PLAINTEXT://$KAFKA_HOST:$KAFKA_PORT,CONTROLLER://$KAFKA_HOST:$KAFKA_CONTROLLER_PORT"
   local advertised="PLAINTEXT://$KAFKA_HOST:$KAFKA_PORT"

@@ -1,8 +1,9 @@
 // Command doctable rewrites the generated tables of the documents from a run's results, so
 // that the figures the documents show are the figures a run wrote:
 //
-//	go run ./scripts/doctable -bench bench/results/bench-<time>.csv
-//	go run ./scripts/doctable -chaos .run/chaos/chaos.log
+//	go build -C tools -o ../bin/doctable ./doctable
+//	bin/doctable -bench bench/results/bench-<time>.csv
+//	bin/doctable -chaos .run/chaos/chaos.log
 //
 // -bench rewrites the region between <!-- bench-table:start --> and <!-- bench-table:end -->
 // of docs/BENCHMARKS.md and the region between <!-- bench-summary:start --> and

@@ -1,7 +1,7 @@
 // Command claimburst double-clicks coupon claims at a router's HTTP listener, as impatient
 // users and retrying clients do, and checks what came back:
 //
-//	go run ./scripts/claimburst -url http://127.0.0.1:8080 -claims 200 -clicks 3
+//	go run -C tools ./claimburst -url http://127.0.0.1:8080 -claims 200 -clicks 3
 //
 // Each claim is one Idempotency-Key sent -clicks times at once; a click answered 409 (the
 // key's first request still running), 503 (nothing committed) or 504 (outcome unknown) is

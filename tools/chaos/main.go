@@ -8,8 +8,8 @@
 // coupon-granted and the consumer groups' committed offsets, and the run ends with one line:
 // `CHAOS ok ...` or `CHAOS FAIL ...`.
 //
-// Beside the coupon granter every router runs chaos-misbehaver, a test plugin compiled in
-// only with -tags onceflow_chaos (cmd/router/chaosplugin_on.go): it consumes the same
+// Beside the coupon granter every router runs chaos-misbehaver, a test plugin only the
+// chaos build of the router has (tools/chaosrouter/chaosplugin.go): it consumes the same
 // orders in its own group and biz type and panics resp. blocks for ever on the orders
 // pkg/chaosplan picks; the checker predicts which and checks they ended quarantined with
 // reason panic resp. timeout, and the rest done.
@@ -19,7 +19,7 @@
 // refuses to restart the default instance (3306 / 9092) unless -allow-shared.
 //
 //	scripts/chaos.sh                                   # or make chaos; CHAOS_PROFILE=long
-//	go run ./cmd/chaos -check-only -run-dir .run/chaos/<run> -inject all   # the checker must FAIL
+//	.run/chaos/chaos -check-only -run-dir .run/chaos/<run> -inject all   # the checker must FAIL
 //
 // Every fault time, victim and duration comes from -seed (the order-id prefix also carries
 // the start time, so runs never share ids on the shared topics).
@@ -77,9 +77,9 @@ const (
 	orderTopic   = "order-paid"
 	grantedTopic = "coupon-granted"
 	group        = "coupon-sender"
-	// The misbehaving plugin (cmd/router/chaosplugin_on.go), in routers built with
-	// -tags onceflow_chaos.
-	routerTags       = "onceflow_chaos"
+	// The misbehaving plugin (tools/chaosrouter/chaosplugin.go), in the chaos build of the
+	// router (routerPkg, a package of the tools module).
+	routerPkg        = "./chaosrouter"
 	misbehaverPlugin = "chaos-misbehaver"
 	misbehaverGroup  = "chaos-misbehaver"
 	misbehaverBiz    = "chaos"
@@ -119,7 +119,7 @@ func main() {
 	flag.StringVar(&o.profile, "profile", prof, "short (~3 min), long (~12 min), cluster (~7 min, on the three-broker cluster) or soak (-soak-window); env CHAOS_PROFILE")
 	flag.Uint64Var(&o.seed, "seed", envUint("CHAOS_SEED", 1), "seed of every fault time, victim and duration; env CHAOS_SEED")
 	flag.StringVar(&o.root, "root", ".", "repository root (scripts/infra.sh)")
-	flag.StringVar(&o.router, "router", ".run/chaos/router", "router binary, built with -tags "+routerTags+" (copied into the run directory at start; built if missing)")
+	flag.StringVar(&o.router, "router", ".run/chaos/router", "router binary, built from tools/"+routerPkg[2:]+" (copied into the run directory at start; built if missing)")
 	flag.StringVar(&o.runDir, "run-dir", "", "run directory (default .run/chaos/<prefix>); with -check-only: the run to audit")
 	flag.StringVar(&o.dbName, "db", "onceflow_chaos", "database of the run (dropped and migrated at start)")
 	flag.StringVar(&o.dbAddr, "db-addr", "127.0.0.1:"+envOr("ONCEFLOW_DB_PORT", "3306"), "MariaDB address (default from ONCEFLOW_DB_PORT, as scripts/infra.sh)")

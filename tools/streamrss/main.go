@@ -4,7 +4,7 @@
 // it exited. `make bench-stream` runs it; docs/BENCHMARKS.md ("Memory of produce and
 // replay") has the method and the figures.
 //
-//	go run ./cmd/streamrss [-sizes 10000,1000000] [-replay-sizes 10000,100000]
+//	go build -C tools -o ../bin/streamrss ./streamrss && bin/streamrss [-sizes 10000,1000000] [-replay-sizes 10000,100000]
 //
 // produce sends -sizes orders (30 % of them twice) of the coupon granter's input to a topic
 // of its own, deleted afterwards. replay runs over as many inbox rows, in a database of its

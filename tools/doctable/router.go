@@ -2,7 +2,7 @@ package main
 
 import "fmt"
 
-// routerRows are the router binary's runs as a child process (cmd/bench/router.go), when the
+// routerRows are the router binary's runs as a child process (tools/bench/router.go), when the
 // run measured them: its peak resident memory and its own CPU per order, at its peak rate
 // and at an offered load.
 func (b benchRun) routerRows(row func(m, r, t string)) {

@@ -2,7 +2,7 @@
 // scripts/infra.sh, and prints one machine-readable BENCH line per measurement (plus a CSV
 // under bench/results/). Speed is measured here, never asserted in a test.
 //
-//	go run ./cmd/bench [-orders 20000] [-workers 16]
+//	go build -C tools -o ../bin/bench ./bench && bin/bench [-orders 20000] [-workers 16]
 //
 // The command line is config.go; the measurements are methods of suite (suite.go), one
 // file per group: batch.go, plain.go, single.go, storm.go, relay.go and forwarder.go,

@@ -200,7 +200,7 @@ func (s *suite) benchSeedLoad(ctx context.Context, mode string) error {
 	rate := float64(s.cfg.seedOrders) / el.Seconds()
 	s.report("seed_load", append([]any{"mode", mode, "orders", s.cfg.seedOrders, "deliveries", len(msgs), "scale", fmt.Sprint(s.cfg.seedScale), "orders_per_s", rate,
 		"seconds", el.Seconds(), "peak_calls_in_flight", svc.peak.Load(), "max_in_flight_calls", calls,
-		"window", pc.Window, "budget_mb", pc.MaxInFlightBytes>>20, "peak_records_in_flight", peakRecords,
+		"window", pc.Window, "budget_mb", pc.MaxInFlightBytes >> 20, "peak_records_in_flight", peakRecords,
 		"bound_orders_per_s", bound, "run_bound_orders_per_s", runBound, "pct_of_run_bound", rate / runBound * 100, "calls", svc.calls.Load(), "rebalances", claims.Load() - parts, "duplicate_coupons", dupCoupons,
 		"prepared", st.Prepared, "prepare_skipped", st.PrepareSkipped, "batches", st.Batches, "fallbacks", st.Fallbacks}, cpu.perOrder(s.cfg.seedOrders)...)...)
 	if mode != "batch" {

@@ -1,15 +1,12 @@
-//go:build onceflow_chaos
-
 package main
 
-// The chaos harness's misbehaving plugin, compiled into the router only with the
-// onceflow_chaos build tag (scripts/chaos.sh builds with it; the default build has no such
+// The chaos harness's misbehaving plugin (the stock router, cmd/router, has no such
 // plugin). It consumes order-paid in a consumer group and biz type of its own, decodes
 // orders as the coupon granter does (key = order id), writes nothing and returns Done —
 // except that, chosen by chaosplan.For from the order id, ~2 % of the orders make it panic
 // and ~0.5 % make it block for ever, ignoring its context. The inbox must end those
 // quarantined with reason panic resp. timeout, and the partitions must move on; the
-// checker (cmd/chaos) predicts both subsets with the same function.
+// checker (tools/chaos) predicts both subsets with the same function.
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package onceflowcmd_test
+package consoletest_test
 
 import (
 	"context"

@@ -9,7 +9,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/chaosplan"
 )
 
-// The misbehaving plugin (cmd/router/chaosplugin_on.go, biz type "chaos" in the run)
+// The misbehaving plugin (tools/chaosrouter/chaosplugin.go, biz type "chaos" in the run)
 // consumes the same orders as the coupon granter, writes nothing, and panics resp. blocks
 // for ever on the orders chaosplan.For picks. The checker's prediction comes from that one
 // function (pkg/chaosplan imports nothing); the outcome it checks is read with its own SQL.

@@ -2,7 +2,7 @@
 // without waiting for one: each of -n goroutines is busy for -busy out of every -period.
 // Run it beside a measurement (docs/BENCHMARKS.md, "Method"), e.g.
 //
-//	go run ./cmd/burn -n 2 -busy 4.5ms -period 10ms &
+//	go run -C tools ./burn -n 2 -busy 4.5ms -period 10ms &
 //	./bin/bench -only e2e -rounds 1 -e2e-batch-orders 0 -batch-loads 2000 -load-seconds 20
 //	kill %1
 package main
