@@ -64,7 +64,7 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzParseDSN$$' -fuzztime=$(FUZZTIME) ./pkg/dbx/
 	$(GO) test -run='^$$' -fuzz='^FuzzMaskDSN$$' -fuzztime=$(FUZZTIME) ./pkg/dbx/
 	$(GO) test -run='^$$' -fuzz='^FuzzConfigFile$$' -fuzztime=$(FUZZTIME) ./cmd/
-	$(GO) test -run='^$$' -fuzz='^FuzzParseTraceParent$$' -fuzztime=$(FUZZTIME) ./pkg/tracex/
+	$(GO) test -run='^$$' -fuzz='^FuzzParseTraceParent$$' -fuzztime=$(FUZZTIME) ./internal/tracex/
 	$(GO) test -run='^$$' -fuzz='^FuzzProcess$$' -fuzztime=$(FUZZTIME_DB) ./inbox/
 
 ## bench: throughput measured on the real services (never asserted in a test); a full run

@@ -13,10 +13,10 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/onceflow/onceflow/cmd/internal/loopback"
-	"github.com/onceflow/onceflow/pkg/health"
+	"github.com/onceflow/onceflow/internal/health"
+	"github.com/onceflow/onceflow/internal/loopback"
+	"github.com/onceflow/onceflow/internal/metrics"
 	"github.com/onceflow/onceflow/pkg/kafkax"
-	"github.com/onceflow/onceflow/pkg/metrics"
 )
 
 // readiness paces /readyz's background checks: each check runs every Interval, at most

@@ -13,9 +13,9 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/onceflow/onceflow/cmd/internal/loopback"
-	"github.com/onceflow/onceflow/pkg/metrics"
-	"github.com/onceflow/onceflow/pkg/testenv"
+	"github.com/onceflow/onceflow/internal/loopback"
+	"github.com/onceflow/onceflow/internal/metrics"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 // An admin listener beyond loopback without a token is refused before anything starts

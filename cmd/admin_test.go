@@ -14,9 +14,9 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/onceflow/onceflow/internal/metrics"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/pkg/kafkax"
-	"github.com/onceflow/onceflow/pkg/metrics"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // hungBroker accepts TCP connections and never answers: a broker that is up as far as the

@@ -23,9 +23,9 @@ import (
 	"syscall"
 )
 
-// Main runs the router command line on os.Args with the plugins registered in inbox.Plugins,
-// stops on SIGINT or SIGTERM, and exits: 0 on success, 2 for bad input (flags,
-// configuration, DSN; nothing was changed), 1 for any other failure.
+// Main runs the router command line on os.Args with the plugins registered with
+// inbox.MustRegister, stops on SIGINT or SIGTERM, and exits: 0 on success, 2 for bad input
+// (flags, configuration, DSN; nothing was changed), 1 for any other failure.
 func Main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := Run(ctx, os.Args[1:])

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/onceflow/onceflow/pkg/testenv"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 // Bad input: a one-line error naming the thing and how to fix it, exit code 2 for input

@@ -16,9 +16,9 @@ import (
 
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/inbox/httpcmd"
+	"github.com/onceflow/onceflow/internal/gcx"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/dbx"
-	"github.com/onceflow/onceflow/pkg/gcx"
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
@@ -145,7 +145,7 @@ type HTTPConfig struct {
 	IdempotencyTTL time.Duration `mapstructure:"idempotency_ttl"`
 }
 
-// RuntimeConfig is the Go garbage collector's setting for this process (pkg/gcx); GOGC and
+// RuntimeConfig is the Go garbage collector's setting for this process (internal/gcx); GOGC and
 // GOMEMLIMIT in the environment win over it.
 type RuntimeConfig struct {
 	GOGC          int `mapstructure:"gogc"`

@@ -6,7 +6,7 @@ import (
 
 	"github.com/onceflow/onceflow/cmd/console"
 	"github.com/onceflow/onceflow/inbox"
-	"github.com/onceflow/onceflow/pkg/metrics"
+	"github.com/onceflow/onceflow/internal/metrics"
 )
 
 // newConsole returns the operator console the admin listener serves at /. Its biz types

@@ -22,10 +22,9 @@ import (
 
 	onceflowcmd "github.com/onceflow/onceflow/cmd"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/pkg/kafkax"
-	"github.com/onceflow/onceflow/pkg/registry"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // tally is an out-of-tree plugin as a team would write it: its own table (its own
@@ -93,7 +92,7 @@ func migrationsOf(p inbox.Plugin) migrations.Set {
 }
 
 // cli runs the command line with the test's plugins and returns its stdout.
-func cli(t *testing.T, reg *registry.Registry[inbox.Plugin], args ...string) (string, error) {
+func cli(t *testing.T, reg []inbox.Plugin, args ...string) (string, error) {
 	t.Helper()
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -106,7 +105,7 @@ func cli(t *testing.T, reg *registry.Registry[inbox.Plugin], args ...string) (st
 		b, _ := io.ReadAll(r)
 		done <- string(b)
 	}()
-	runErr := onceflowcmd.Run(context.Background(), args, onceflowcmd.WithPlugins(reg))
+	runErr := onceflowcmd.Run(context.Background(), args, onceflowcmd.WithPlugins(reg...))
 	w.Close()
 	os.Stdout = old
 	return <-done, runErr
@@ -139,7 +138,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 // A binary of one's own, as a team builds it from its own module: the runtime's command line
-// with a plugin of its own (here an isolated registry instead of a blank import). `migrate`
+// with a plugin of its own (here WithPlugins instead of a blank import). `migrate`
 // applies the plugin's migrations after the framework's, in the plugin's own version table;
 // `plugins` shows the topic and group the deployment configured; `run` consumes that topic
 // in that group (the declaration's topic does not even exist), counts every key once, and
@@ -150,8 +149,7 @@ func TestCustomBinary(t *testing.T) {
 	topic := testenv.Topic(t, kc, "tally-in", 2)
 	group := "tally-" + topic
 	var built []*tally
-	reg := registry.New[inbox.Plugin]("plugin")
-	inbox.RegisterIn(reg, tallyPlugin(&built))
+	reg := []inbox.Plugin{tallyPlugin(&built)}
 
 	mc, err := mysql.ParseDSN(testenv.AdminDSN())
 	if err != nil {
@@ -223,7 +221,7 @@ plugins:
 	ctx, cancel := context.WithCancel(context.Background())
 	runErr := make(chan error, 1)
 	go func() {
-		runErr <- onceflowcmd.Run(ctx, []string{"--config", cfgFile, "run"}, onceflowcmd.WithPlugins(reg))
+		runErr <- onceflowcmd.Run(ctx, []string{"--config", cfgFile, "run"}, onceflowcmd.WithPlugins(reg...))
 	}()
 	count := func(q string) int {
 		var n int
@@ -276,8 +274,7 @@ plugins:
 // connects.
 func TestPluginOverridesChecked(t *testing.T) {
 	var built []*tally
-	reg := registry.New[inbox.Plugin]("plugin")
-	inbox.RegisterIn(reg, tallyPlugin(&built))
+	reg := []inbox.Plugin{tallyPlugin(&built)}
 	for _, tc := range []struct {
 		name, section, want string
 	}{
@@ -370,8 +367,7 @@ func TestVerifyPluginInvariants(t *testing.T) {
 			}
 			return v, nil
 		}}
-	reg := registry.New[inbox.Plugin]("plugin")
-	inbox.RegisterIn(reg, p)
+	reg := []inbox.Plugin{p}
 	ledger := filepath.Join(t.TempDir(), "ledger.txt")
 	if err := os.WriteFile(ledger, []byte("# prefix=p orders=2 deliveries=3 poison=1\nk-1\nbad\n"), 0o600); err != nil {
 		t.Fatal(err)

@@ -19,11 +19,10 @@ import (
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/coupon/notify"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/pkg/dbx"
 	"github.com/onceflow/onceflow/pkg/kafkax"
-	"github.com/onceflow/onceflow/pkg/registry"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // grantedEcho is the echo plugin with its grants file: the echo handler only inserts.
@@ -56,14 +55,13 @@ func TestMigrateGrantsLeastPrivilege(t *testing.T) {
 	out := testenv.Topic(t, kc, "grants-out", 3)
 	positions := testenv.TopicWithConfig(t, kc, "grants-positions", 1, map[string]string{"cleanup.policy": "compact"})
 	echo := grantedEcho(in, out)
-	reg := registry.New[inbox.Plugin]("plugin")
-	inbox.RegisterIn(reg, echo)
+	reg := []inbox.Plugin{echo}
 	for _, name := range []string{coupon.PluginName, notify.PluginName} {
-		p, ok := inbox.Plugins.Get(name)
-		if !ok {
+		i := slices.IndexFunc(inbox.RegisteredPlugins(), func(p inbox.Plugin) bool { return p.Name == name })
+		if i < 0 {
 			t.Fatalf("plugin %s is not registered", name)
 		}
-		inbox.RegisterIn(reg, p)
+		reg = append(reg, inbox.RegisteredPlugins()[i])
 	}
 
 	// Before: the application user cannot even choose the database.
@@ -223,11 +221,11 @@ func TestMigrateGrantsLeastPrivilege(t *testing.T) {
 	}
 }
 
-// migrationSetsOf is what `router migrate` applies for the plugins of reg.
-func migrationSetsOf(reg *registry.Registry[inbox.Plugin]) []migrations.Set {
+// migrationSetsOf is what `router migrate` applies for the plugins of reg (in name order).
+func migrationSetsOf(reg []inbox.Plugin) []migrations.Set {
 	var sets []migrations.Set
-	for _, n := range reg.Names() {
-		if p, _ := reg.Get(n); p.Migrations != nil {
+	for _, p := range slices.SortedFunc(slices.Values(reg), func(a, b inbox.Plugin) int { return strings.Compare(a.Name, b.Name) }) {
+		if p.Migrations != nil {
 			sets = append(sets, migrations.Set{Name: p.Name, FS: p.Migrations})
 		}
 	}
@@ -253,8 +251,7 @@ func scanStrings(ctx context.Context, db *sql.DB, out *[]string, q string, args 
 // `router migrate --print-grants` prints the statements a DBA runs, for the user of db.dsn,
 // without connecting; without db.dsn it exits 2 naming the key.
 func TestMigratePrintGrants(t *testing.T) {
-	reg := registry.New[inbox.Plugin]("plugin")
-	inbox.RegisterIn(reg, grantedEcho("in", "out"))
+	reg := []inbox.Plugin{grantedEcho("in", "out")}
 	out, err := cli(t, reg, "--dsn", "app:secret@tcp(127.0.0.1:1)/db", "migrate", "--print-grants")
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)

@@ -10,10 +10,10 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/onceflow/onceflow/cmd/internal/loopback"
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/inbox/httpcmd"
-	"github.com/onceflow/onceflow/pkg/metrics"
+	"github.com/onceflow/onceflow/internal/loopback"
+	"github.com/onceflow/onceflow/internal/metrics"
 )
 
 // commandKeyField names a command's business key (its client token) in log lines.

@@ -14,12 +14,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/onceflow/onceflow/cmd/internal/loopback"
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
-	"github.com/onceflow/onceflow/pkg/metrics"
-	"github.com/onceflow/onceflow/pkg/registry"
-	"github.com/onceflow/onceflow/pkg/testenv"
+	"github.com/onceflow/onceflow/internal/loopback"
+	"github.com/onceflow/onceflow/internal/metrics"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 // The HTTP commands' listener follows the admin listener's rules: beyond loopback only with
@@ -105,8 +104,7 @@ func TestHTTPBearer(t *testing.T) {
 // 127.0.0.1 or [::1] is granted.
 func TestHTTPCommandsLoopbackHostOnly(t *testing.T) {
 	testenv.Integration(t)
-	reg := registry.New[inbox.Plugin]("plugin")
-	inbox.RegisterIn(reg, coupon.Plugin())
+	reg := pluginRegistry([]inbox.Plugin{coupon.Plugin()})
 	d := testenv.DB(t, 4, migrationSets(reg)...)
 	addr := freeAddr(t)
 	_, port, _ := net.SplitHostPort(addr)

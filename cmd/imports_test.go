@@ -22,6 +22,7 @@ type importRule struct {
 // under cmd/ other than the runtime (bench, chaos, router) may import what they need.
 var importRules = []importRule{
 	{"pkg/...", []string{"inbox/...", "outbox/...", "coupon/...", "cmd/..."}, "pkg/ knows no layer above it"},
+	{"internal/...", []string{"inbox/...", "outbox/...", "coupon/...", "cmd/..."}, "internal/ knows no layer above it"},
 	{"inbox/...", []string{"outbox/...", "coupon/...", "cmd/..."}, "inbox knows no domain, no runtime, and not the outbox (a handler uses both)"},
 	{"outbox/...", []string{"inbox/...", "coupon/...", "cmd/..."}, "outbox knows no domain, no runtime, and not the inbox"},
 	{"migrations/...", []string{"inbox/...", "outbox/...", "coupon/...", "cmd/..."}, "the framework's schema depends on no layer"},

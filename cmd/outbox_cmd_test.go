@@ -6,16 +6,15 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/onceflow/onceflow/inbox"
-	"github.com/onceflow/onceflow/pkg/metrics"
-	"github.com/onceflow/onceflow/pkg/testenv"
+	"github.com/onceflow/onceflow/internal/metrics"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 // parkedDB is a database with two parked events (one with an event held behind it), as the
 // relay leaves them: a key and an error with control characters, a payload that is not UTF-8.
 func parkedDB(t *testing.T) testenv.Database {
 	t.Helper()
-	d := testenv.DB(t, 4, migrationSets(inbox.Plugins)...) // verify reads the plugins' tables too
+	d := testenv.DB(t, 4, migrationSets(registered())...) // verify reads the plugins' tables too
 	ins := `INSERT INTO outbox_parked (id, event_id, event_type, topic, msg_key, payload, headers, created_at, reason, error, held_behind)
  VALUES (?, ?, 'T', ?, ?, ?, ?, NOW(6), ?, ?, ?)`
 	rows := [][]any{

@@ -10,9 +10,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/registry"
 	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/pkg/kafkax"
-	"github.com/onceflow/onceflow/pkg/registry"
 )
 
 // The keys of a plugins.<name> section that belong to the runtime, not to the plugin: a

@@ -18,7 +18,7 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
-	"github.com/onceflow/onceflow/pkg/testenv"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 // legacyProduce is how `produce` chose its records before it streamed them, kept verbatim
@@ -124,7 +124,7 @@ func sameSequence(t *testing.T, what string, got, want []record) {
 // memory: the same keys, values, duplicates and poison in the same order (the digests were
 // taken from that implementation).
 func TestProduceSequencePinned(t *testing.T) {
-	granter, _ := inbox.Plugins.Get(coupon.PluginName)
+	granter, _ := registered().Get(coupon.PluginName)
 	kinds, _ := poisonKinds(granter, 256<<10, 1_000_000)
 	for _, c := range produceCases {
 		legacy := legacyProduce(granter, c.o, kinds)
@@ -146,7 +146,7 @@ func TestProduceSequencePinned(t *testing.T) {
 // a varying number of values (the shuffle's draws start where the last order's left the
 // source).
 func TestProduceSequenceStreamsTheReference(t *testing.T) {
-	granter, _ := inbox.Plugins.Get(coupon.PluginName)
+	granter, _ := registered().Get(coupon.PluginName)
 	kinds, _ := poisonKinds(granter, 256<<10, 1_000_000)
 	greedy := granter
 	greedy.Sample = func(key string, seq int, rng *rand.Rand) []byte {
@@ -172,7 +172,7 @@ func TestProduceSequenceStreamsTheReference(t *testing.T) {
 // However many orders a run has, the sequence holds no more than the shuffle's window of
 // them at a time.
 func TestProduceSequenceIsBounded(t *testing.T) {
-	granter, _ := inbox.Plugins.Get(coupon.PluginName)
+	granter, _ := registered().Get(coupon.PluginName)
 	kinds, _ := poisonKinds(granter, 256<<10, 1_000_000)
 	s := newProduceSeq(granter, produceOpts{orders: 100_000, dupRate: 1, poison: 10, seed: 1, prefix: "b"}, kinds)
 	most := 0
@@ -204,7 +204,7 @@ func TestProduceSendsTheSequence(t *testing.T) {
 	if err != nil {
 		t.Fatalf("produce: %v\n%s", err, out)
 	}
-	granter, _ := inbox.Plugins.Get(coupon.PluginName)
+	granter, _ := registered().Get(coupon.PluginName)
 	kinds, _ := poisonKinds(granter, DefaultConfig().Inbox.MaxPayloadBytes, 1_000_000)
 	want := legacyProduce(granter, o, kinds)
 	dups := len(want) - o.poison - o.orders

@@ -13,7 +13,7 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
-	"github.com/onceflow/onceflow/pkg/testenv"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 // The oversized kind is produced only when a value 1 KiB over the inbox limit fits the
@@ -27,7 +27,7 @@ func TestPoisonKinds(t *testing.T) {
 		}
 		return strings.Join(n, ",")
 	}
-	granter, _ := inbox.Plugins.Get(coupon.PluginName)
+	granter, _ := registered().Get(coupon.PluginName)
 	all := "bad-value,tombstone,empty,utf8-value,utf8-key,utf8-headers,utf8-string,big-headers,oversized"
 	ks, skipped := poisonKinds(granter, 256<<10, producerMax)
 	if names(ks) != all || skipped != "" {
@@ -81,7 +81,7 @@ func TestPoisonKinds(t *testing.T) {
 // inbox, with the limits of the chaos harness's configuration (256 KiB payloads, 32 KiB of
 // metadata), and nothing is granted.
 func TestPoisonKindsAreQuarantined(t *testing.T) {
-	d := testenv.DB(t, 4, migrationSets(inbox.Plugins)...)
+	d := testenv.DB(t, 4, migrationSets(registered())...)
 	ctx := context.Background()
 	cfg := coupon.DefaultConfig()
 	if err := coupon.EnsureCampaign(ctx, d.DB, cfg); err != nil {
@@ -95,7 +95,7 @@ func TestPoisonKindsAreQuarantined(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	granter, _ := inbox.Plugins.Get(coupon.PluginName)
+	granter, _ := registered().Get(coupon.PluginName)
 	kinds, _ := poisonKinds(granter, 256<<10, 1_000_000)
 	for i := range 2 * len(kinds) { // twice round: the bad payloads differ by i
 		k := kinds[i%len(kinds)]

@@ -18,7 +18,7 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
-	"github.com/onceflow/onceflow/pkg/testenv"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 // capture runs the command in-process and returns its stdout.
@@ -58,7 +58,7 @@ func (f failingGranter) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Deliver
 // (o-cli) and one poison message.
 func quarantinedDB(t *testing.T) testenv.Database {
 	t.Helper()
-	d := testenv.DB(t, 4, migrationSets(inbox.Plugins)...)
+	d := testenv.DB(t, 4, migrationSets(registered())...)
 	ctx := context.Background()
 	cfg := coupon.DefaultConfig() // what the router's plugin builds with no config file
 	if err := coupon.EnsureCampaign(ctx, d.DB, cfg); err != nil {

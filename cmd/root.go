@@ -12,10 +12,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/gcx"
+	"github.com/onceflow/onceflow/internal/registry"
 	"github.com/onceflow/onceflow/pkg/dbx"
-	"github.com/onceflow/onceflow/pkg/gcx"
 	"github.com/onceflow/onceflow/pkg/kafkax"
-	"github.com/onceflow/onceflow/pkg/registry"
 )
 
 // app carries what every subcommand resolves from flags and configuration.
@@ -24,16 +24,30 @@ type app struct {
 	cfg        Config
 	logger     watermill.LoggerAdapter
 	gc         string                           // the garbage collector's settings in effect (gcx.Apply)
-	plugins    *registry.Registry[inbox.Plugin] // the binary's plugins (inbox.Plugins unless WithPlugins)
+	plugins    *registry.Registry[inbox.Plugin] // the binary's plugins (inbox.RegisteredPlugins unless WithPlugins)
 }
 
 // Option configures Run.
 type Option func(*app)
 
-// WithPlugins makes Run use the plugins of r instead of the global registry inbox.Plugins:
-// a test runs the command line with plugins of its own, as a binary with other imports would.
-func WithPlugins(r *registry.Registry[inbox.Plugin]) Option {
+// WithPlugins makes Run use plugins instead of those registered with inbox.MustRegister: a
+// test runs the command line with plugins of its own, as a binary with other imports would.
+// It panics on an invalid plugin or a name given twice, as inbox.MustRegister does.
+func WithPlugins(plugins ...inbox.Plugin) Option {
+	r := pluginRegistry(plugins)
 	return func(a *app) { a.plugins = r }
+}
+
+// pluginRegistry holds plugins by name, panicking on an invalid plugin or a name given twice.
+func pluginRegistry(plugins []inbox.Plugin) *registry.Registry[inbox.Plugin] {
+	r := registry.New[inbox.Plugin]("plugin")
+	for _, p := range plugins {
+		if err := p.Validate(); err != nil {
+			panic(err)
+		}
+		r.MustRegister(p.Name, p)
+	}
+	return r
 }
 
 // commonBindings maps configuration keys to the persistent flags that override them.
@@ -46,7 +60,7 @@ var commonBindings = map[string]string{
 // Run runs the router command line on args (without the program name) and returns what
 // Main would report; ExitCode maps the error to an exit code.
 func Run(ctx context.Context, args []string, opts ...Option) error {
-	a := &app{plugins: inbox.Plugins}
+	a := &app{plugins: pluginRegistry(inbox.RegisteredPlugins())}
 	for _, o := range opts {
 		o(a)
 	}

@@ -5,8 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/onceflow/onceflow/inbox"
-	"github.com/onceflow/onceflow/pkg/testenv"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 // Outside data reaches the operator's terminal escaped: a dedup key, an error text, a
@@ -17,7 +16,7 @@ func TestCLIEscapesOutsideData(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: needs MariaDB")
 	}
-	d := testenv.DB(t, 4, migrationSets(inbox.Plugins)...)
+	d := testenv.DB(t, 4, migrationSets(registered())...)
 	const key = "ord\x1b[2J\x1b]0;pwned\x07-\u202eevil"
 	if _, err := d.DB.Exec(`INSERT INTO inbox (dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset, payload, metadata, fingerprint, attempts, last_error, expire_at)
 		VALUES (?, 'coupon', 'failed', 'poison', 'm-1', 'order-paid', 0, 7, ?, ?, '', 1, ?, NOW() + INTERVAL 1 DAY)`,

@@ -16,10 +16,9 @@ import (
 
 	onceflowcmd "github.com/onceflow/onceflow/cmd"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/kafkax"
-	"github.com/onceflow/onceflow/pkg/registry"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // echo is a plugin that records each key once and emits one outbox event per key.
@@ -157,8 +156,7 @@ func TestRunRefusedBySASLSSL(t *testing.T) {
 	in := testenv.Topic(t, kc, "sasl-refused", 1)
 	p := echoPlugin(in, in)
 	d := testenv.DB(t, 2, migrationsOf(p))
-	reg := registry.New[inbox.Plugin]("plugin")
-	inbox.RegisterIn(reg, p)
+	reg := []inbox.Plugin{p}
 	dir := t.TempDir()
 	wrongPW := filepath.Join(dir, "wrong.password")
 	if err := os.WriteFile(wrongPW, []byte("not-the-password\n"), 0o600); err != nil {
@@ -215,7 +213,7 @@ plugins:
 // exits 2 naming the key. Passwords come from the environment or a file instead of the DSN.
 func TestDatabaseSecrets(t *testing.T) {
 	d := testenv.DB(t, 1)
-	reg := registry.New[inbox.Plugin]("plugin")
+	var reg []inbox.Plugin
 	t.Setenv("ONCEFLOW_CONFIG", "")
 	t.Setenv("ONCEFLOW_DB_DSN", "")
 	t.Setenv("ONCEFLOW_DB_ADMIN_DSN", "")

@@ -7,15 +7,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/pkg/kafkax"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // `router run` exits 1 naming the topic when one its plugins write to does not exist, before
 // consuming anything; relay.check_topics=false skips the check.
 func TestRunChecksWrittenTopics(t *testing.T) {
-	d := testenv.DB(t, 4, migrationSets(inbox.Plugins)...)
+	d := testenv.DB(t, 4, migrationSets(registered())...)
 	cfg := filepath.Join(t.TempDir(), "router.yaml")
 	body := "admin:\n  listen: ''\nplugins:\n  coupon-granter:\n    granted_topic: onceflow-no-such-granted-topic\n"
 	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
@@ -31,7 +30,7 @@ func TestRunChecksWrittenTopics(t *testing.T) {
 		}
 	}
 
-	a := &app{plugins: inbox.Plugins}
+	a := &app{plugins: registered()}
 	granter := func() []plugin {
 		t.Helper()
 		p, ok, err := a.plugin("coupon-granter")

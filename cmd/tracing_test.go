@@ -27,11 +27,10 @@ import (
 
 	onceflowcmd "github.com/onceflow/onceflow/cmd"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/internal/tracex"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/kafkax"
-	"github.com/onceflow/onceflow/pkg/registry"
-	"github.com/onceflow/onceflow/pkg/testenv"
-	"github.com/onceflow/onceflow/pkg/tracex"
 )
 
 // echoer is a plugin that writes each delivery's key as an event to its out topic, through
@@ -133,8 +132,7 @@ func TestRunExportsTraces(t *testing.T) {
 			kc := testenv.Kafka(t)
 			in := testenv.Topic(t, kc, "echo-in", 2)
 			out := testenv.Topic(t, kc, "echo-out", 2)
-			reg := registry.New[inbox.Plugin]("plugin")
-			inbox.RegisterIn(reg, echoerPlugin(in, out))
+			reg := []inbox.Plugin{echoerPlugin(in, out)}
 			col := &collector{spans: map[string][]*tracepb.Span{}, services: map[string]bool{}}
 			srv := httptest.NewServer(col)
 			defer srv.Close()
@@ -181,7 +179,7 @@ otel:
 			ctx, cancel := context.WithCancel(context.Background())
 			runErr := make(chan error, 1)
 			go func() {
-				runErr <- onceflowcmd.Run(ctx, []string{"--config", cfgFile, "run"}, onceflowcmd.WithPlugins(reg))
+				runErr <- onceflowcmd.Run(ctx, []string{"--config", cfgFile, "run"}, onceflowcmd.WithPlugins(reg...))
 			}()
 			var recs []kafkax.Record
 			waitFor(t, "three events on "+out, func() bool {

@@ -4,8 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/onceflow/onceflow/inbox"
-	"github.com/onceflow/onceflow/pkg/testenv"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 // Failed (quarantined) inbox rows are a finding of `router verify`: exit 1 with a line
@@ -41,7 +40,7 @@ func TestVerifyFailedInboxRows(t *testing.T) {
 	}
 	mustContain(t, out, "FAILED inbox rows: 1 (poison 1);")
 
-	clean := testenv.DB(t, 4, migrationSets(inbox.Plugins)...)
+	clean := testenv.DB(t, 4, migrationSets(registered())...)
 	if out, err := capture(t, "--dsn", clean.DSN, "verify"); err != nil || strings.Contains(out, "FAILED") {
 		t.Fatalf("verify without failed rows: %v (exit %d), want exit 0\n%s", err, ExitCode(err), out)
 	}

@@ -7,8 +7,8 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/migrations"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // History lists an order's committed transitions, oldest first, with the coupon granted or

@@ -8,7 +8,6 @@ import (
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/inbox/inboxtest"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // TestGranterOncePerOrderKit runs the coupon granter through the plugin authors' test kit
@@ -18,7 +17,7 @@ import (
 func TestGranterOncePerOrderKit(t *testing.T) {
 	for _, grouped := range []bool{false, true} {
 		t.Run(map[bool]string{false: "single", true: "grouped"}[grouped], func(t *testing.T) {
-			d := testenv.DB(t, 16, couponSchema)
+			d := inboxtest.DB(t, 16, couponSchema)
 			cfg := campaign("kit", 1000, 1000*valueCents)
 			g := setup(t, d.DB, cfg, nil)
 			rep := inboxtest.Run(t, g, inboxtest.Options{

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/onceflow/onceflow/coupon"
-	"github.com/onceflow/onceflow/pkg/testenv"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 // Stock and budget are split over shards; an order whose own shard is empty takes from the

@@ -12,7 +12,7 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
-	"github.com/onceflow/onceflow/pkg/testenv"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 // Two orders whose ids differ only in a byte that is not UTF-8 (same user and amount) are

@@ -17,9 +17,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/onceflow/onceflow/internal/groupcommit"
+	"github.com/onceflow/onceflow/internal/tracex"
 	"github.com/onceflow/onceflow/pkg/dbx"
-	"github.com/onceflow/onceflow/pkg/groupcommit"
-	"github.com/onceflow/onceflow/pkg/tracex"
 )
 
 // BatchHandler is implemented by handlers that can finish many deliveries in one

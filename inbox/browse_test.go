@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/inbox"
-	"github.com/onceflow/onceflow/pkg/testenv"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 // seedBrowse inserts n rows: two biz types (one row in ten is notify), mostly done, one in

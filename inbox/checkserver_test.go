@@ -11,8 +11,8 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/pkg/dbx"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // csHandler records one row per key in the inbox's own transaction.

@@ -14,9 +14,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/msgsource"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/pkg/kafkax"
-	"github.com/onceflow/onceflow/pkg/msgsource"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // Records over inbox.max_payload_bytes wait for a stalled database cut to their quarantine

@@ -10,7 +10,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/inbox"
-	"github.com/onceflow/onceflow/pkg/registry"
 )
 
 // greeter greets each user once, however often user-signed-up is delivered.
@@ -36,26 +35,27 @@ CREATE TABLE greeting (user_id VARCHAR(64) NOT NULL PRIMARY KEY);
 DROP TABLE greeting;
 `)}}
 
-// A minimal plugin: a handler and its declaration. A plugin package registers with
-// inbox.MustRegister from init(); tests use an isolated registry. `router migrate` applies
+// A minimal plugin: a handler and its declaration. A plugin package registers it with
+// inbox.MustRegister from init(), which checks it as Validate does. `router migrate` applies
 // its Migrations (version table goose_db_version_greeter); a deployment may rename its
 // topics and group (plugins.greeter.topics, plugins.greeter.consumer_group).
 func Example_plugin() {
-	plugins := registry.New[inbox.Plugin]("plugin")
-	inbox.RegisterIn(plugins, inbox.Plugin{
+	p := inbox.Plugin{
 		Name: "greeter", Topics: []string{"user-signed-up"}, ConsumerGroup: "greeter", BizType: "greet",
 		Migrations: greeterMigrations,
 		Tables:     []string{"greeting"},
 		Build:      func(context.Context, inbox.PluginEnv) (inbox.Handler, error) { return greeter{}, nil },
-	})
+	}
+	if err := p.Validate(); err != nil {
+		panic(err)
+	}
 
-	p, _ := plugins.Get("greeter")
 	h, _ := p.Build(context.Background(), inbox.PluginEnv{})
 	d, err := h.Decode(message.NewMessage("m-1", []byte("user-7")))
-	fmt.Println(plugins.Names(), p.BizType, d.Key, err)
+	fmt.Println(p.Name, p.BizType, d.Key, err)
 	_, err = h.Decode(message.NewMessage("m-2", nil))
 	fmt.Println(err)
 	// Output:
-	// [greeter] greet user-7 <nil>
+	// greeter greet user-7 <nil>
 	// poison message: empty payload
 }

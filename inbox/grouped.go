@@ -10,9 +10,9 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/onceflow/onceflow/internal/tracex"
+	"github.com/onceflow/onceflow/internal/txdefer"
 	"github.com/onceflow/onceflow/pkg/dbx"
-	"github.com/onceflow/onceflow/pkg/tracex"
-	"github.com/onceflow/onceflow/pkg/txdefer"
 )
 
 // Group commit for plain handlers. A Batcher whose handler is not a BatchHandler claims a

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/inbox"
-	"github.com/onceflow/onceflow/pkg/testenv"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 // A plain handler is group-committed: 200 deliveries that arrive together run in a few

@@ -8,8 +8,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/onceflow/onceflow/pkg/msgsource"
 )
 
 // Progress tells the inbox what to do after a successful Handle call. Its zero value is
@@ -77,7 +75,11 @@ type Handler interface {
 }
 
 // Source is where a delivery came from.
-type Source = msgsource.Source
+type Source struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+}
 
 // Delivery is one message being processed.
 type Delivery struct {

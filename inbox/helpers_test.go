@@ -11,8 +11,8 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/migrations"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // couponSchema is the coupon plugin's migrations, applied by testenv.DB after the

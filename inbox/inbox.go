@@ -15,9 +15,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/onceflow/onceflow/internal/faults"
+	"github.com/onceflow/onceflow/internal/msgsource"
+	"github.com/onceflow/onceflow/internal/tracex"
 	"github.com/onceflow/onceflow/pkg/dbx"
-	"github.com/onceflow/onceflow/pkg/msgsource"
-	"github.com/onceflow/onceflow/pkg/tracex"
 )
 
 // Status of an inbox row.
@@ -445,7 +446,7 @@ func (ib *Inbox) claim(ctx context.Context, tx *sql.Tx, d *Delivery, dec Decoded
 	var row inboxRow
 	if step == 0 {
 		payload, tombstone := storedPayload(d.Message.Payload)
-		r, err := tx.ExecContext(ctx, claimStatement(ib.q.claim), // the claim as is, unless fault hooks change it (faults.go)
+		r, err := tx.ExecContext(ctx, faults.ClaimStatement(ib.q.claim), // the claim as is, unless fault hooks change it (internal/faults)
 			d.Key, ib.cfg.BizType, string(StatusProcessing), nil, messageUUID(d.Message), d.Source.Topic, d.Source.Partition, d.Source.Offset,
 			payload, dec.meta, dec.Fingerprint, d.Attempt, nil, nullID(d.ReplayID), time.Now().Add(ib.cfg.Retention).UTC(), tombstone, nil)
 		if err != nil {

@@ -7,8 +7,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/onceflow/onceflow/internal/txdefer"
 	"github.com/onceflow/onceflow/pkg/dbx"
-	"github.com/onceflow/onceflow/pkg/txdefer"
 )
 
 // Inserter inserts rows into one table of a plugin from a plain Handler, the way

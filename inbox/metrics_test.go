@@ -15,7 +15,7 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
-	"github.com/onceflow/onceflow/pkg/metrics"
+	"github.com/onceflow/onceflow/internal/metrics"
 )
 
 // metricsObserver is how cmd/router feeds the inbox's outcomes to Prometheus.

@@ -12,7 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/onceflow/onceflow/pkg/registry"
+	"github.com/onceflow/onceflow/internal/registry"
 )
 
 // Plugin declares a handler to the runtime (package onceflowcmd, the router binary). A
@@ -119,17 +119,27 @@ func (p Plugin) Validate() error {
 	return nil
 }
 
-// Plugins is the binary's global plugin registry. Tests use registry.New for isolation.
-var Plugins = registry.New[Plugin]("plugin")
+// plugins are the binary's plugins: the packages it imports register them from init().
+var plugins = registry.New[Plugin]("plugin")
 
-// MustRegister validates p and registers it in Plugins; for a plugin package's init().
+// MustRegister validates p and registers it for the binary; for a plugin package's init().
 // It panics on an invalid, empty or duplicate name.
 func MustRegister(p Plugin) {
-	RegisterIn(Plugins, p)
+	registerIn(plugins, p)
 }
 
-// RegisterIn validates p and registers it in r, panicking on failure.
-func RegisterIn(r *registry.Registry[Plugin], p Plugin) {
+// RegisteredPlugins returns the plugins registered with MustRegister, in name order.
+func RegisteredPlugins() []Plugin {
+	var out []Plugin
+	for _, n := range plugins.Names() {
+		p, _ := plugins.Get(n)
+		out = append(out, p)
+	}
+	return out
+}
+
+// registerIn validates p and registers it in r, panicking on failure.
+func registerIn(r *registry.Registry[Plugin], p Plugin) {
 	if err := p.Validate(); err != nil {
 		panic(err)
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/inbox"
-	"github.com/onceflow/onceflow/pkg/registry"
+	"github.com/onceflow/onceflow/internal/registry"
 )
 
 type nopHandler struct{}

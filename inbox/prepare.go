@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/onceflow/onceflow/pkg/tracex"
+	"github.com/onceflow/onceflow/internal/tracex"
 )
 
 // Slow outside calls belong to the delivery, not to the batch. A Batcher whose handler is a

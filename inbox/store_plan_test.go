@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/inbox"
-	"github.com/onceflow/onceflow/pkg/testenv"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 // A time range reads a range of the inbox's one secondary index, (biz_type, status,

@@ -11,7 +11,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/onceflow/onceflow/pkg/tracex"
+	"github.com/onceflow/onceflow/internal/tracex"
 )
 
 // Tracing (Config.TracerProvider). Every delivery gets a consumer span, "process <topic>",

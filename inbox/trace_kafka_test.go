@@ -18,10 +18,10 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/internal/tracex"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/kafkax"
-	"github.com/onceflow/onceflow/pkg/testenv"
-	"github.com/onceflow/onceflow/pkg/tracex"
 )
 
 // tracedOrder is one produced order and the trace its record carries (none for an untraced

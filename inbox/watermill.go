@@ -6,7 +6,7 @@ import (
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/onceflow/onceflow/pkg/msgsource"
+	"github.com/onceflow/onceflow/internal/msgsource"
 )
 
 // HandlerFunc adapts the inbox to a Watermill router handler for messages consumed from
@@ -23,14 +23,15 @@ func (ib *Inbox) HandlerFunc(topic string) message.NoPublishHandlerFunc {
 // watermill-kafka's (which records it in its own context keys); kafkax.ParallelSubscriber
 // sets it.
 func ContextWithSource(ctx context.Context, src Source) context.Context {
-	return msgsource.With(ctx, src)
+	return msgsource.With(ctx, msgsource.Source(src))
 }
 
 // SourceOf returns where msg was consumed from: the Source set by ContextWithSource, else
 // watermill-kafka's partition and offset, with topic as the topic.
 func SourceOf(msg *message.Message, topic string) Source {
 	ctx := msg.Context()
-	if s, ok := msgsource.From(ctx); ok {
+	if ms, ok := msgsource.From(ctx); ok {
+		s := Source(ms)
 		if s.Topic == "" {
 			s.Topic = topic
 		}

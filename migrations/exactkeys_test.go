@@ -8,9 +8,9 @@ import (
 	"github.com/pressly/goose/v3"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/pkg/dbx"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // 00013: inbox keys compare exactly, and the HTTP listener's rows of client tokens that

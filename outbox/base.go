@@ -14,8 +14,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/onceflow/onceflow/internal/tracex"
 	"github.com/onceflow/onceflow/pkg/dbx"
-	"github.com/onceflow/onceflow/pkg/tracex"
 )
 
 // relayBase is what both engines of a Relay share: the configuration, the database, the

@@ -11,9 +11,9 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/kafkax"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // outageDuration is ONCEFLOW_TEST_OUTAGE, default 30s.

@@ -11,9 +11,9 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/dbx"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // ownPool opens the test database as a user of the library would, with sql.Open; params

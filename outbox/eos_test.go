@@ -12,9 +12,9 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/kafkax"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // eosConfig is an exactly-once relay config with a fresh transactional id and positions

@@ -12,6 +12,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/onceflow/onceflow/internal/faults"
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
@@ -229,7 +230,7 @@ func (e *eosShard) startSession(ctx context.Context) error {
 		return err
 	}
 	var marked int64
-	if found && !skipReconcile() { // false unless fault hooks skip it (faults.go)
+	if found && !faults.SkipReconcile() { // false unless fault hooks skip it (internal/faults)
 		if marked, err = e.reconcile(ctx, last); err != nil {
 			return err
 		}

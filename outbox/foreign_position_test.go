@@ -8,8 +8,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/outbox"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // A relay starting on a fresh (reset or restored) database finds, in the positions topic,

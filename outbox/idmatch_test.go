@@ -7,7 +7,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/onceflow/onceflow/pkg/testenv"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 func TestIDMatchForm(t *testing.T) {

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/outbox"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // lingerScenario commits one event, then runs one RelayOnce whose "linger" hook commits

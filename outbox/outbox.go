@@ -17,10 +17,10 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/onceflow/onceflow/internal/tracex"
+	"github.com/onceflow/onceflow/internal/txdefer"
 	"github.com/onceflow/onceflow/pkg/dbx"
 	"github.com/onceflow/onceflow/pkg/kafkax"
-	"github.com/onceflow/onceflow/pkg/tracex"
-	"github.com/onceflow/onceflow/pkg/txdefer"
 )
 
 // HeaderEventID and HeaderEventType are the Kafka headers every relayed event carries.

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/kafkax"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 var reconciledRe = regexp.MustCompile(`outbox relay reconciled[^\n]* rows=(\d+)`)

@@ -11,8 +11,8 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/pkg/dbx"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 func row(id int64, key, topic string) outRow {

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/outbox"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 func TestShardName(t *testing.T) {

@@ -6,7 +6,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/onceflow/onceflow/pkg/tracex"
+	"github.com/onceflow/onceflow/internal/tracex"
 )
 
 // tracerScope names the relay's spans' instrumentation scope.

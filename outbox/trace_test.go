@@ -10,10 +10,10 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/internal/tracex"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/dbx"
-	"github.com/onceflow/onceflow/pkg/testenv"
-	"github.com/onceflow/onceflow/pkg/tracex"
 )
 
 // spanContext is a sampled span context of trace t, span s.

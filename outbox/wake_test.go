@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/outbox"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // TestRelayWakeEndsIdleWait: an idle relay polling once a minute does not see a new row by

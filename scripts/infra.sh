@@ -69,7 +69,7 @@
 #                                                  tests check that no transaction is left open)
 #   databases      onceflow, onceflow_test (created); grants also on onceflow_demo (make demo),
 #                  onceflow_bench (tools/bench), onceflow_stream (tools/streamrss), onceflow_chaos
-#                  (tools/chaos), each by its exact name. Test databases: onceflow_t_* (pkg/testenv,
+#                  (tools/chaos), each by its exact name. Test databases: onceflow_t_* (internal/testenv,
 #                  throw-away: the app and TLS users get SELECT,INSERT,UPDATE,DELETE on each as a
 #                  whole, the migration user TRIGGER too) and onceflow_g_* (testenv.GrantedDB: as
 #                  the named ones, for the tests of the grants)
@@ -87,7 +87,7 @@ DB_HOST=127.0.0.1
 DB_PORT="${ONCEFLOW_DB_PORT:-3306}"
 DB_NAMES=(onceflow onceflow_test)
 # Databases the users are granted on, each by its exact name (DB_NAMES and the ones the demo,
-# the benches and the chaos harness create), and the test databases of pkg/testenv.
+# the benches and the chaos harness create), and the test databases of internal/testenv.
 DB_GRANT_NAMES=(onceflow onceflow_test onceflow_demo onceflow_bench onceflow_stream onceflow_chaos)
 DB_TEST_PATTERN='onceflow_t_%'
 DB_GRANTS_TEST_PATTERN='onceflow_g_%'
@@ -494,7 +494,7 @@ sql_db_pattern() {
 #                     OPTION there, with which `router migrate` grants the application user
 #                     (on the test databases too, where the tests run `router migrate`)
 #   onceflow          the application: on the databases by name, only the table grants that
-#                     `router migrate` gives it (the migrations' grants.txt); on pkg/testenv's
+#                     `router migrate` gives it (the migrations' grants.txt); on internal/testenv's
 #                     throw-away onceflow\_t\_% databases, rows of every table (tests create
 #                     tables of their own there)
 #   onceflow_tls      REQUIRE SSL (refused without TLS); the app user's grants on onceflow\_t\_%

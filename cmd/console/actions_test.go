@@ -16,8 +16,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/inbox"
-	"github.com/onceflow/onceflow/pkg/metrics"
-	"github.com/onceflow/onceflow/pkg/testenv"
+	"github.com/onceflow/onceflow/internal/metrics"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 func count(t *testing.T, d testenv.Database, q string, args ...any) int {

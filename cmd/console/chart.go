@@ -3,7 +3,7 @@ package console
 import (
 	"fmt"
 
-	"github.com/onceflow/onceflow/pkg/metrics"
+	"github.com/onceflow/onceflow/internal/metrics"
 )
 
 // chart is the overview's deliveries per minute over the last hour, drawn on the server as

@@ -37,10 +37,10 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/onceflow/onceflow/cmd/internal/loopback"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/loopback"
+	"github.com/onceflow/onceflow/internal/metrics"
 	"github.com/onceflow/onceflow/outbox"
-	"github.com/onceflow/onceflow/pkg/metrics"
 )
 
 //go:embed templates/*.html static/*

@@ -21,7 +21,7 @@ import (
 	_ "github.com/go-sql-driver/mysql"
 
 	"github.com/onceflow/onceflow/inbox"
-	"github.com/onceflow/onceflow/pkg/testenv"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 const testToken = "console-unit-token-0123456789"

@@ -14,8 +14,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/metrics"
 	"github.com/onceflow/onceflow/outbox"
-	"github.com/onceflow/onceflow/pkg/metrics"
 )
 
 // ---------------------------------------------------------------- overview

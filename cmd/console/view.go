@@ -13,7 +13,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/onceflow/onceflow/pkg/metrics"
+	"github.com/onceflow/onceflow/internal/metrics"
 )
 
 // pageNames are the templates of templates/, each rendered inside layout.html.

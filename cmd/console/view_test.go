@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceflow/onceflow/pkg/metrics"
+	"github.com/onceflow/onceflow/internal/metrics"
 )
 
 func TestVisible(t *testing.T) {

@@ -15,9 +15,9 @@ import (
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/coupon/notify"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/outbox"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 func grantEvent(orderID string) coupon.GrantEvent {
@@ -69,7 +69,13 @@ func TestDecode(t *testing.T) {
 }
 
 func TestRegistered(t *testing.T) {
-	p, ok := inbox.Plugins.Get(notify.PluginName)
+	var p inbox.Plugin
+	ok := false
+	for _, r := range inbox.RegisteredPlugins() {
+		if r.Name == notify.PluginName {
+			p, ok = r, true
+		}
+	}
 	if !ok || p.BizType != "notify" || p.ConsumerGroup != "coupon-notifier" || len(p.Topics) != 1 || p.Topics[0] != "coupon-granted" {
 		t.Fatalf("plugin: %+v %v", p, ok)
 	}

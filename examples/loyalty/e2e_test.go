@@ -12,11 +12,10 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
-	"github.com/go-sql-driver/mysql"
 
 	onceflowcmd "github.com/onceflow/onceflow/cmd"
+	"github.com/onceflow/onceflow/inbox/inboxtest"
 	"github.com/onceflow/onceflow/pkg/kafkax"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // The team's router end to end on the real MariaDB and Kafka, through its own command line
@@ -26,16 +25,11 @@ import (
 // event on points-credited for a read_committed consumer; the poison is quarantined, and
 // the group's committed offsets reach the end of every partition.
 func TestLoyaltyRouterEndToEnd(t *testing.T) {
-	kc := testenv.Kafka(t)
-	in := testenv.Topic(t, kc, "order-shipped", 6)
-	out := testenv.Topic(t, kc, "points-credited", 3)
-	d := testenv.DB(t, 4) // the framework's tables only: the plugin's come from `migrate`
+	kc := inboxtest.Kafka(t)
+	in := inboxtest.NewTopic(t, kc, "order-shipped", 6)
+	out := inboxtest.NewTopic(t, kc, "points-credited", 3)
+	d := inboxtest.DB(t, 4) // the framework's tables only: the plugin's come from `migrate`
 
-	admin, err := mysql.ParseDSN(testenv.AdminDSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin.DBName = d.Name
 	group := "g-" + in
 	cfg := filepath.Join(t.TempDir(), "loyalty.yaml")
 	writeFile(t, cfg, fmt.Sprintf(`db:
@@ -57,7 +51,7 @@ plugins:
     topics: [%q]
     consumer_group: %q
     credited_topic: %q
-`, d.DSN, admin.FormatDSN(), strings.Join(testenv.Brokers(), ","), in, in, group, out))
+`, d.DSN, d.AdminDSN, strings.Join(kc.Brokers, ","), in, in, group, out))
 
 	ctx := context.Background()
 	if err := onceflowcmd.Run(ctx, []string{"--config", cfg, "migrate"}); err != nil {
@@ -112,7 +106,7 @@ plugins:
 		if err != nil {
 			t.Fatal(err)
 		}
-		lag := testenv.CommittedLag(t, kc, group, in)
+		lag := inboxtest.CommittedLag(t, kc, group, in)
 		behind := int64(0)
 		for _, l := range lag {
 			behind += l
@@ -138,10 +132,7 @@ plugins:
 	if err := d.DB.QueryRow("SELECT COUNT(*) - COUNT(DISTINCT order_id) FROM points_credit").Scan(&dupCredits); err != nil || dupCredits != 0 {
 		t.Fatalf("%d duplicate credits (%v)", dupCredits, err)
 	}
-	recs, err := kc.ReadAll(ctx, out, 3*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	recs := inboxtest.ReadTopic(t, kc, out)
 	if bad := oneEventPerOrder(recs, orders); len(bad) > 0 {
 		t.Fatalf("points-credited: %v", bad[:min(5, len(bad))])
 	}

@@ -17,8 +17,8 @@ import (
 
 	onceflowcmd "github.com/onceflow/onceflow/cmd"
 	"github.com/onceflow/onceflow/coupon"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/migrations"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // routerChildEnv set to 1 makes this test binary a `router run` process (the stock

@@ -21,8 +21,8 @@ import (
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/inbox/httpcmd"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/migrations"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // claimServer serves the coupon plugin's claim command on a fresh database.

@@ -1,5 +1,5 @@
 // Package inboxtest is the test kit for plugin authors: it runs a handler behind a real
-// inbox, on a real database (a fresh pkg/testenv database), with the deliveries Kafka makes
+// inbox, on a real database (a fresh one of DB), with the deliveries Kafka makes
 // in practice, and checks that every business key took effect exactly once.
 //
 // Run delivers, for each of Options.Keys business keys, the message Options.Message builds
@@ -21,7 +21,7 @@
 // or CountEvents("PointsCredited") — is exactly 1 for each key and 0 for each refused one.
 //
 //	func TestCreditOncePerOrder(t *testing.T) {
-//		d := testenv.DB(t, 8, migrations.Set{Name: "loyalty", FS: loyalty.Migrations})
+//		d := inboxtest.DB(t, 8, migrations.Set{Name: "loyalty", FS: loyalty.Migrations})
 //		rep := inboxtest.Run(t, loyalty.NewHandler(), inboxtest.Options{
 //			DB:      &d,
 //			Message: func(order string) *message.Message { return shipped(order) },
@@ -49,7 +49,6 @@ import (
 
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/migrations"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // Options describe a Run. Only Message is required; the zero value of every other field
@@ -89,13 +88,13 @@ type Options struct {
 	// MaxAttempts 10 (the injected rollbacks count as attempts), backoff 1ms to 10ms.
 	Inbox inbox.Config
 
-	// DB is the database to run in, made by testenv.DB with the plugin's migrations; nil: a
-	// fresh one with the framework's migrations and Migrations.
-	DB         *testenv.Database
+	// DB is the database to run in, made by DB with the plugin's migrations; nil: a fresh
+	// one with the framework's migrations and Migrations.
+	DB         *Database
 	Migrations []migrations.Set
 	// Setup, when set, runs on the database before the first delivery (tables of a plugin
 	// without migrations, rows the handler expects).
-	Setup func(t testing.TB, db testenv.Database)
+	Setup func(t testing.TB, db Database)
 
 	// Timeout bounds the whole run; default 2m. Logger receives the inbox's log lines;
 	// default none.
@@ -151,11 +150,11 @@ func Run(t testing.TB, h inbox.Handler, opts Options) *Report {
 	if opts.Keys < 1 || opts.Concurrent < 1 {
 		t.Fatalf("inboxtest: Options.Keys (%d) and Options.Concurrent (%d) must be positive", opts.Keys, opts.Concurrent)
 	}
-	var d testenv.Database
+	var d Database
 	if opts.DB != nil {
 		d = *opts.DB
 	} else {
-		d = testenv.DB(t, 8, opts.Migrations...)
+		d = DB(t, 8, opts.Migrations...)
 	}
 	if opts.Setup != nil {
 		opts.Setup(t, d)

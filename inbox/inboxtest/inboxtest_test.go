@@ -14,7 +14,6 @@ import (
 	"github.com/onceflow/onceflow/inbox/inboxtest"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/dbx"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // greeter greets each user once: a row in greeting and a Greeted event, in the inbox's
@@ -87,13 +86,13 @@ func newGreeter(t *testing.T) *greeter {
 	return &greeter{w: w}
 }
 
-func greetingTable(t testing.TB, d testenv.Database) {
+func greetingTable(t testing.TB, d inboxtest.Database) {
 	d.AdminExec(t, "CREATE TABLE greeting (id BIGINT AUTO_INCREMENT PRIMARY KEY, user_id VARCHAR(128) NOT NULL, KEY (user_id)) ENGINE=InnoDB")
 }
 
 // otherPool is a second pool on d: the leaking greeter's writes must not wait for a
 // connection of the pool whose connections the inbox's transactions hold.
-func otherPool(t testing.TB, d testenv.Database) *sql.DB {
+func otherPool(t testing.TB, d inboxtest.Database) *sql.DB {
 	db, err := dbx.Open(context.Background(), dbx.Config{DSN: d.DSN, MaxOpenConns: 4})
 	if err != nil {
 		t.Fatal(err)
@@ -166,7 +165,7 @@ func TestOutsideTransactionCaught(t *testing.T) {
 			g := newGreeter(t)
 			opts := options(m.grouped)
 			setup := opts.Setup
-			opts.Setup = func(t testing.TB, d testenv.Database) {
+			opts.Setup = func(t testing.TB, d inboxtest.Database) {
 				setup(t, d)
 				g.leak = otherPool(t, d)
 			}
@@ -195,7 +194,7 @@ func TestRollbacksOff(t *testing.T) {
 	opts := options(false)
 	opts.Poison = nil
 	opts.Rollbacks = -1
-	opts.Setup = func(t testing.TB, d testenv.Database) {
+	opts.Setup = func(t testing.TB, d inboxtest.Database) {
 		greetingTable(t, d)
 		g.leak = otherPool(t, d)
 	}
@@ -235,7 +234,7 @@ func TestEveryStepRolledBack(t *testing.T) {
 			rep := inboxtest.Run(t, twoSteps{}, inboxtest.Options{
 				Message: func(key string) *message.Message { return message.NewMessage("", []byte(key)) },
 				Inbox:   inbox.Config{StepsPerTx: perTx},
-				Setup: func(t testing.TB, d testenv.Database) {
+				Setup: func(t testing.TB, d inboxtest.Database) {
 					d.AdminExec(t, "CREATE TABLE step_log (id BIGINT AUTO_INCREMENT PRIMARY KEY, k VARCHAR(128) NOT NULL, s CHAR(1) NOT NULL, KEY (k)) ENGINE=InnoDB")
 				},
 			})

@@ -11,13 +11,12 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/inbox"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // Report is what a Run did.
 type Report struct {
-	DB      testenv.Database // the database the run used (still open until the test ends)
-	BizType string           // the inbox's biz type and table
+	DB      Database // the database the run used (still open until the test ends)
+	BizType string   // the inbox's biz type and table
 	Table   string
 
 	Keys       []string                  // the business keys delivered, in order

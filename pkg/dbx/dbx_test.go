@@ -9,8 +9,8 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/pkg/dbx"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 func TestParseDSN(t *testing.T) {

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/pkg/dbx"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 func TestMultiRowSizes(t *testing.T) {

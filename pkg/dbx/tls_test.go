@@ -13,8 +13,8 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/pkg/dbx"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // Bad db.tls.* settings are refused before anything connects, naming the key.

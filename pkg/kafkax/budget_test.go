@@ -10,9 +10,9 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/onceflow/onceflow/internal/msgsource"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/pkg/kafkax"
-	"github.com/onceflow/onceflow/pkg/msgsource"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // payloadOf is a value of n bytes starting with name and a slash (keyOf reads the name).

@@ -18,7 +18,7 @@ import (
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/onceflow/onceflow/pkg/msgsource"
+	"github.com/onceflow/onceflow/internal/msgsource"
 )
 
 // ParallelConfig tunes a ParallelSubscriber.

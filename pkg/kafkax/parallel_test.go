@@ -18,9 +18,9 @@ import (
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/msgsource"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/pkg/kafkax"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // tlog forwards the subscriber's errors and infos to the test log.
@@ -128,7 +128,7 @@ func quiet(t *testing.T, ch <-chan *message.Message, d time.Duration, what strin
 	t.Helper()
 	select {
 	case m := <-ch:
-		src := inbox.SourceOf(m, "")
+		src := sourceOf(m)
 		t.Fatalf("%s: unexpected message %q (%d bytes) at %d/%d", what, m.Payload[:min(len(m.Payload), 40)], len(m.Payload), src.Partition, src.Offset)
 	case <-time.After(d):
 	}
@@ -190,7 +190,7 @@ func TestParallelSubscriberKeyOrderWindowConcurrency(t *testing.T) {
 		case <-deadline:
 			t.Fatalf("received %d of %d distinct messages before the deadline", n, total)
 		}
-		src := inbox.SourceOf(m, "")
+		src := sourceOf(m)
 		key := keyOf(m)
 		seq, _ := strconv.Atoi(strings.SplitN(string(m.Payload), "/", 2)[1])
 		p := pos{src.Partition, src.Offset}
@@ -346,7 +346,7 @@ func TestParallelSubscriberCommitsOnlyContiguousAcks(t *testing.T) {
 	msgs := map[pos]*message.Message{}
 	for len(msgs) < 2*perPartition {
 		m := receive(t, ch1, 20*time.Second, fmt.Sprintf("first subscriber, %d received", len(msgs)))
-		src := inbox.SourceOf(m, "")
+		src := sourceOf(m)
 		msgs[pos{src.Partition, src.Offset}] = m
 	}
 	held := pos{0, 10}
@@ -372,7 +372,7 @@ func TestParallelSubscriberCommitsOnlyContiguousAcks(t *testing.T) {
 	again := map[int64]bool{}
 	for len(again) < perPartition-int(held.offset) {
 		m := receive(t, ch2, 20*time.Second, "redelivery")
-		src := inbox.SourceOf(m, "")
+		src := sourceOf(m)
 		if src.Partition != held.partition || src.Offset < held.offset {
 			t.Fatalf("redelivered %d/%d (%q), which was acked before %v", src.Partition, src.Offset, m.Payload, held)
 		}
@@ -402,7 +402,7 @@ func TestParallelSubscriberNackRedelivers(t *testing.T) {
 	if string(first.Payload) != "x/0" {
 		t.Fatalf("got %q first, want x/0", first.Payload)
 	}
-	firstSrc := inbox.SourceOf(first, "")
+	firstSrc := sourceOf(first)
 	first.Nack()
 
 	var redelivered *message.Message
@@ -427,7 +427,7 @@ func TestParallelSubscriberNackRedelivers(t *testing.T) {
 	if redelivered.UUID != first.UUID || redelivered.Metadata.Get("seq") != first.Metadata.Get("seq") {
 		t.Fatalf("redelivered %s %v, first %s %v", redelivered.UUID, redelivered.Metadata, first.UUID, first.Metadata)
 	}
-	if src := inbox.SourceOf(redelivered, ""); src != firstSrc || src.Topic != topic || src.Offset != 0 {
+	if src := sourceOf(redelivered); src != firstSrc || src.Topic != topic || src.Offset != 0 {
 		t.Fatalf("redelivered source %+v, first %+v", src, firstSrc)
 	}
 	if others["y/0"] == nil || others["/0"] == nil {
@@ -481,7 +481,7 @@ func TestParallelSubscriberRebalance(t *testing.T) {
 	all := make(chan struct{})
 	consume := func(member int, ch <-chan *message.Message) {
 		for m := range ch {
-			src := inbox.SourceOf(m, "")
+			src := sourceOf(m)
 			k, s, _ := strings.Cut(string(m.Payload), "/")
 			seq, _ := strconv.Atoi(s)
 			p := pos{src.Partition, src.Offset}
@@ -555,4 +555,11 @@ func TestParallelSubscriberRebalance(t *testing.T) {
 		t.Errorf("%d deliveries for %d messages: the drained claims' acks were not committed", deliveries, total)
 	}
 	t.Logf("deliveries %d for %d messages (%d redelivered); per member %v", deliveries, total, deliveries-total, perMember)
+}
+
+// sourceOf is where the subscriber says m came from: the source its context carries for
+// the inbox (inbox.SourceOf).
+func sourceOf(m *message.Message) msgsource.Source {
+	s, _ := msgsource.From(m.Context())
+	return s
 }

@@ -7,9 +7,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/pkg/kafkax"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // waitStats polls sub.PartitionStats until ok accepts them.
@@ -66,7 +65,7 @@ func TestParallelSubscriberPartitionStats(t *testing.T) {
 	held := map[pos]*message.Message{}
 	for len(held) < len(recs) {
 		m := receive(t, ch1, 20*time.Second, fmt.Sprintf("%d received", len(held)))
-		src := inbox.SourceOf(m, "")
+		src := sourceOf(m)
 		held[pos{src.Partition, src.Offset}] = m
 	}
 	// Nothing acked: everything is in flight and lagging (a new group: the marked offset

@@ -7,8 +7,8 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/rcrowley/go-metrics"
 
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/pkg/kafkax"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // produceRequests sends batches batches of n messages (keys spread over every partition of

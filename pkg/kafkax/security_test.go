@@ -11,8 +11,8 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/pkg/kafkax"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // Bad kafka.tls.* / kafka.sasl.* settings are refused by Validate, naming the key, before

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/onceflow/onceflow/pkg/gcx"
+	"github.com/onceflow/onceflow/internal/gcx"
 )
 
 // config is the bench's command line, parsed once; nothing changes it afterwards.

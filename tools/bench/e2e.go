@@ -18,9 +18,9 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/tracex"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/kafkax"
-	"github.com/onceflow/onceflow/pkg/tracex"
 )
 
 // e2eGroup runs the end-to-end measurements: group commit -rounds times, then the medians

@@ -15,7 +15,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/onceflow/onceflow/pkg/gcx"
+	"github.com/onceflow/onceflow/internal/gcx"
 )
 
 func main() {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
-	"github.com/onceflow/onceflow/pkg/tracex"
+	"github.com/onceflow/onceflow/internal/tracex"
 )
 
 // traceModes are the tracing group's runs: off, on (every trace sampled), and on with every

@@ -13,8 +13,8 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/groupcommit"
 	"github.com/onceflow/onceflow/pkg/dbx"
-	"github.com/onceflow/onceflow/pkg/groupcommit"
 )
 
 // unsafeBatcher is the group-commit delivery path without the inbox, the baseline its

@@ -5,7 +5,7 @@ package main
 // none of the inbox/outbox/coupon packages) and Kafka with its own read_committed consumer
 // (IBM/sarama directly, not pkg/kafkax). What it knows about the schema and the wire format
 // is written out here, so a bug in the router's code paths cannot hide itself from it. The
-// one thing it shares with the router is pkg/chaosplan, the plan of the misbehaving test
+// one thing it shares with the router is internal/chaosplan, the plan of the misbehaving test
 // plugin: which orders it must have panicked or blocked on (misbehaver.go).
 
 import (

@@ -13,9 +13,9 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/onceflow/onceflow/coupon"
+	"github.com/onceflow/onceflow/internal/chaosplan"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/migrations"
-	"github.com/onceflow/onceflow/pkg/chaosplan"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // synthRun is where a synthetic run's data is.

@@ -11,7 +11,7 @@
 // Beside the coupon granter every router runs chaos-misbehaver, a test plugin only the
 // chaos build of the router has (tools/chaosrouter/chaosplugin.go): it consumes the same
 // orders in its own group and biz type and panics resp. blocks for ever on the orders
-// pkg/chaosplan picks; the checker predicts which and checks they ended quarantined with
+// internal/chaosplan picks; the checker predicts which and checks they ended quarantined with
 // reason panic resp. timeout, and the rest done.
 //
 // It restarts the services it runs against: scripts/chaos.sh points it at a second instance

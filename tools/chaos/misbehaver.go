@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/onceflow/onceflow/pkg/chaosplan"
+	"github.com/onceflow/onceflow/internal/chaosplan"
 )
 
 // The misbehaving plugin (tools/chaosrouter/chaosplugin.go, biz type "chaos" in the run)
 // consumes the same orders as the coupon granter, writes nothing, and panics resp. blocks
 // for ever on the orders chaosplan.For picks. The checker's prediction comes from that one
-// function (pkg/chaosplan imports nothing); the outcome it checks is read with its own SQL.
+// function (internal/chaosplan imports nothing); the outcome it checks is read with its own SQL.
 
 // checkMisbehaver checks that every ledger order has exactly one inbox row of bizType:
 // 'done' for the orders chaosplan.For lets behave, 'failed' with reason panic resp. timeout

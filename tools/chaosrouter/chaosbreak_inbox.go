@@ -13,13 +13,13 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/faults"
 )
 
 // noDedupClaim makes the claim's dedup key unique: the first value of its VALUES list.
 type noDedupClaim struct{}
 
-var _ inbox.FaultHooks = noDedupClaim{}
+var _ faults.Inbox = noDedupClaim{}
 
 const claimValues = "VALUES (?,"
 
@@ -32,4 +32,4 @@ func (noDedupClaim) ClaimSQL(q string) string {
 	return strings.Replace(q, claimValues, "VALUES (LEFT(CONCAT(?, '#nodedup-', UUID()), 191),", 1)
 }
 
-func init() { inbox.SetFaultHooks(noDedupClaim{}) }
+func init() { faults.SetInbox(noDedupClaim{}) }

@@ -8,12 +8,12 @@ package main
 // crash between the two) is published again. The harness's checker must report the
 // duplicate events.
 
-import "github.com/onceflow/onceflow/outbox"
+import "github.com/onceflow/onceflow/internal/faults"
 
 type skipReconcile struct{}
 
-var _ outbox.FaultHooks = skipReconcile{}
+var _ faults.Outbox = skipReconcile{}
 
 func (skipReconcile) SkipReconcile() bool { return true }
 
-func init() { outbox.SetFaultHooks(skipReconcile{}) }
+func init() { faults.SetOutbox(skipReconcile{}) }

@@ -17,7 +17,7 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
-	"github.com/onceflow/onceflow/pkg/chaosplan"
+	"github.com/onceflow/onceflow/internal/chaosplan"
 )
 
 const (

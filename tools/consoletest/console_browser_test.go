@@ -20,10 +20,9 @@ import (
 	onceflowcmd "github.com/onceflow/onceflow/cmd"
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/pkg/kafkax"
-	"github.com/onceflow/onceflow/pkg/registry"
-	"github.com/onceflow/onceflow/pkg/testenv"
 )
 
 // screenshotsEnv names a directory: when set, the browser test saves the console's
@@ -67,8 +66,7 @@ func TestConsoleRetryInBrowser(t *testing.T) {
 	granted := testenv.Topic(t, kc, "console-granted", 1)
 	failedTopic := testenv.Topic(t, kc, "console-grant-failed", 1)
 	group := "console-" + in
-	reg := registry.New[inbox.Plugin]("plugin")
-	inbox.RegisterIn(reg, coupon.Plugin())
+	reg := []inbox.Plugin{coupon.Plugin()}
 
 	addr := freeLoopbackAddr(t)
 	base := "http://" + addr
@@ -111,7 +109,7 @@ plugins:
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() {
-			done <- onceflowcmd.Run(ctx, []string{"--config", cfgFile, "run"}, onceflowcmd.WithPlugins(reg))
+			done <- onceflowcmd.Run(ctx, []string{"--config", cfgFile, "run"}, onceflowcmd.WithPlugins(reg...))
 		}()
 		waitUntil(t, "the admin listener", func() bool {
 			c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)

@@ -9,7 +9,6 @@ import (
 
 	"github.com/onceflow/onceflow/inbox/inboxtest"
 	"github.com/onceflow/onceflow/migrations"
-	"github.com/onceflow/onceflow/pkg/testenv"
 
 	"example.com/loyalty/points"
 )
@@ -24,7 +23,7 @@ func shipped(order string) *message.Message {
 func TestCreditOncePerOrder(t *testing.T) {
 	for _, grouped := range []bool{false, true} {
 		t.Run(map[bool]string{false: "single", true: "grouped"}[grouped], func(t *testing.T) {
-			d := testenv.DB(t, 8, migrations.Set{Name: points.Name, FS: points.Migrations})
+			d := inboxtest.DB(t, 8, migrations.Set{Name: points.Name, FS: points.Migrations})
 			rep := inboxtest.Run(t, points.NewHandler("points-credited"), inboxtest.Options{
 				DB: &d, Grouped: grouped, Message: shipped,
 				Poison: []*message.Message{

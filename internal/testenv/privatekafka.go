@@ -252,7 +252,7 @@ func (k *PrivateKafka) writeConfig() error {
 	}
 	k.props = filepath.Join(k.dir, "server.properties")
 	isr := max(1, k.replicas-1) // 1 of 1, 2 of 3
-	props := fmt.Sprintf(`# private test broker (onceflow pkg/testenv)
+	props := fmt.Sprintf(`# private test broker (onceflow internal/testenv)
 process.roles=broker,controller
 node.id=%[4]d
 listeners=PLAINTEXT://127.0.0.1:%[1]d,CONTROLLER://127.0.0.1:%[2]d

@@ -3,7 +3,7 @@ package testenv_test
 import (
 	"testing"
 
-	"github.com/onceflow/onceflow/pkg/testenv"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 func TestDBAndTopic(t *testing.T) {

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceflow/onceflow/pkg/groupcommit"
+	"github.com/onceflow/onceflow/internal/groupcommit"
 )
 
 type item struct {

@@ -88,6 +88,8 @@ type Database struct {
 	DSN   string  // application user
 	DB    *sql.DB // application user pool
 	Admin *sql.DB // privileged pool on the same database (DDL for tests that need it)
+	// AdminDSN is the privileged user's DSN of the database (a router's db.admin_dsn).
+	AdminDSN string
 }
 
 // AdminExec runs a privileged statement (e.g. CREATE TABLE for a naive comparison table).
@@ -153,7 +155,7 @@ func DB(t testing.TB, maxConns int, plugins ...migrations.Set) Database {
 		t.Fatalf("testenv: %v\n%s", err, howToStart)
 	}
 	t.Cleanup(func() { db.Close() })
-	return Database{Name: name, DSN: dsn, DB: db, Admin: mig}
+	return Database{Name: name, DSN: dsn, DB: db, Admin: mig, AdminDSN: mc.FormatDSN()}
 }
 
 // Kafka returns a client config for the test broker, failing when it is unreachable.

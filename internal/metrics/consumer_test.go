@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/internal/metrics"
 	"github.com/onceflow/onceflow/pkg/kafkax"
-	"github.com/onceflow/onceflow/pkg/metrics"
 )
 
 // fakeSource reports whatever partitions the test sets.

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceflow/onceflow/pkg/health"
+	"github.com/onceflow/onceflow/internal/health"
 )
 
 // start runs a Checker until the test ends.

@@ -6,7 +6,7 @@ import (
 	"net/http/httptest"
 	"testing"
 
-	"github.com/onceflow/onceflow/cmd/internal/loopback"
+	"github.com/onceflow/onceflow/internal/loopback"
 )
 
 // A loopback name is localhost or a loopback IP, with or without a port; any other name,

@@ -7,7 +7,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/onceflow/onceflow/pkg/tracex"
+	"github.com/onceflow/onceflow/internal/tracex"
 )
 
 // TraceParent writes what the W3C propagator writes, Parse reads it back, and both refuse

@@ -8,7 +8,7 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"github.com/onceflow/onceflow/pkg/testenv"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 // TestPrivateKafkaStopStart: a private broker serves a topic, is stopped (its port then

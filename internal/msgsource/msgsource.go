@@ -1,6 +1,7 @@
 // Package msgsource records where a consumed message came from (topic, partition, offset)
-// in its context: subscribers set it, the inbox reads it. It sits in pkg so that a
-// subscriber (pkg/kafkax) and the inbox share it without importing each other.
+// in its context: subscribers set it, the inbox reads it (as inbox.Source). It is a package
+// of its own so that a subscriber (pkg/kafkax) and the inbox share it without importing each
+// other.
 package msgsource
 
 import "context"

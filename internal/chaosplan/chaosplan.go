@@ -1,7 +1,7 @@
 // Package chaosplan decides, from an order id alone, how the chaos harness's misbehaving
-// plugin treats that order. The plugin (cmd/router/chaosplugin_on.go, compiled only with
-// the onceflow_chaos build tag) and the harness's checker (cmd/chaos) both call For, so the
-// checker knows which orders must end quarantined, and why, without asking the router.
+// plugin treats that order. The plugin (tools/chaosrouter/chaosplugin.go) and the harness's
+// checker (tools/chaos) both call For, so the checker knows which orders must end
+// quarantined, and why, without asking the router.
 package chaosplan
 
 import "hash/fnv"
