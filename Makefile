@@ -63,7 +63,7 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzCheckJSONText$$' -fuzztime=$(FUZZTIME) ./inbox/
 	$(GO) test -run='^$$' -fuzz='^FuzzParseDSN$$' -fuzztime=$(FUZZTIME) ./pkg/dbx/
 	$(GO) test -run='^$$' -fuzz='^FuzzMaskDSN$$' -fuzztime=$(FUZZTIME) ./pkg/dbx/
-	$(GO) test -run='^$$' -fuzz='^FuzzConfigFile$$' -fuzztime=$(FUZZTIME) ./cmd/
+	$(GO) test -run='^$$' -fuzz='^FuzzConfigFile$$' -fuzztime=$(FUZZTIME) .
 	$(GO) test -run='^$$' -fuzz='^FuzzParseTraceParent$$' -fuzztime=$(FUZZTIME) ./internal/tracex/
 	$(GO) test -run='^$$' -fuzz='^FuzzProcess$$' -fuzztime=$(FUZZTIME_DB) ./inbox/
 

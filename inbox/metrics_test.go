@@ -18,7 +18,7 @@ import (
 	"github.com/onceflow/onceflow/internal/metrics"
 )
 
-// metricsObserver is how cmd/router feeds the inbox's outcomes to Prometheus.
+// metricsObserver is how the runtime feeds the inbox's outcomes to Prometheus.
 type metricsObserver struct{ m *metrics.Metrics }
 
 func (o metricsObserver) Delivered(biz string, r inbox.Result, d time.Duration) {

@@ -15,7 +15,7 @@ import (
 	"github.com/onceflow/onceflow/internal/registry"
 )
 
-// Plugin declares a handler to the runtime (package onceflowcmd, the router binary). A
+// Plugin declares a handler to the runtime (package onceflow, the router binary). A
 // plugin package registers it from init() with MustRegister; the binary that imports the
 // package runs it.
 //

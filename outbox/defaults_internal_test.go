@@ -6,7 +6,8 @@ import (
 )
 
 // TestRelayConfigDefaultsAreTheRouters pins the relay's defaults: the stock router's relay.*
-// defaults are read from them (cmd/config.go), so a relay wired by hand runs as the router's.
+// defaults are read from them (the runtime's config.go), so a relay wired by hand runs as
+// the router's.
 func TestRelayConfigDefaultsAreTheRouters(t *testing.T) {
 	var c RelayConfig
 	c.setDefaults()

@@ -8,7 +8,7 @@ import (
 	"syscall"
 	"testing"
 
-	onceflowcmd "github.com/onceflow/onceflow/cmd"
+	"github.com/onceflow/onceflow"
 )
 
 func TestMain(m *testing.M) {
@@ -20,14 +20,14 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// relayMain is `router relay` as the router's main runs it (onceflowcmd.Main): settings from
+// relayMain is `router relay` as the router's main runs it (onceflow.Main): settings from
 // the ONCEFLOW_* environment, SIGINT and SIGTERM stop it, and an error is its exit code.
 func relayMain() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := onceflowcmd.Run(ctx, []string{"relay"}); err != nil {
+	if err := onceflow.Run(ctx, []string{"relay"}); err != nil {
 		fmt.Fprintf(os.Stderr, "router: %v\n", err)
-		return onceflowcmd.ExitCode(err)
+		return onceflow.ExitCode(err)
 	}
 	return 0
 }

@@ -23,7 +23,7 @@ import (
 
 // ---------------------------------------------------------------------------------------
 // Relay processes: this test binary itself, run with relayChildEnv set, in which TestMain
-// runs `router relay` (onceflowcmd.Run) instead of the tests. So the tests kill relays as
+// runs `router relay` (onceflow.Run) instead of the tests. So the tests kill relays as
 // real processes without building the router.
 
 // relayChildEnv set to 1 makes the test binary a `router relay` process (main_test.go).

@@ -1,13 +1,13 @@
-// Command router is the stock onceflow binary: the runtime (package onceflowcmd) with the
+// Command router is the stock onceflow binary: the runtime (package onceflow) with the
 // bundled plugins. A team builds its own binary the same way, from its own module.
 package main
 
 import (
-	onceflowcmd "github.com/onceflow/onceflow/cmd"
+	"github.com/onceflow/onceflow"
 
 	// Plugins register themselves from init(); the binary is where they are chosen.
 	_ "github.com/onceflow/onceflow/coupon"
 	_ "github.com/onceflow/onceflow/coupon/notify"
 )
 
-func main() { onceflowcmd.Main() }
+func main() { onceflow.Main() }

@@ -13,7 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 
-	onceflowcmd "github.com/onceflow/onceflow/cmd"
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/inbox/inboxtest"
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
@@ -54,7 +54,7 @@ plugins:
 `, d.DSN, d.AdminDSN, strings.Join(kc.Brokers, ","), in, in, group, out))
 
 	ctx := context.Background()
-	if err := onceflowcmd.Run(ctx, []string{"--config", cfg, "migrate"}); err != nil {
+	if err := onceflow.Run(ctx, []string{"--config", cfg, "migrate"}); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	var versions int
@@ -97,7 +97,7 @@ plugins:
 
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- onceflowcmd.Run(rctx, []string{"--config", cfg, "run"}) }()
+	go func() { done <- onceflow.Run(rctx, []string{"--config", cfg, "run"}) }()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		var credits, quarantined, pending int

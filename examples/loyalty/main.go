@@ -4,9 +4,9 @@
 package main
 
 import (
-	onceflowcmd "github.com/onceflow/onceflow/cmd"
+	"github.com/onceflow/onceflow"
 
 	_ "example.com/loyalty/points" // the plugin registers itself from init()
 )
 
-func main() { onceflowcmd.Main() }
+func main() { onceflow.Main() }

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	onceflowcmd "github.com/onceflow/onceflow/cmd"
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/migrations"
@@ -28,11 +28,11 @@ const routerChildEnv = "HTTPCMD_TEST_ROUTER_CHILD"
 func TestMain(m *testing.M) {
 	if os.Getenv(routerChildEnv) == "1" {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		err := onceflowcmd.Run(ctx, os.Args[1:])
+		err := onceflow.Run(ctx, os.Args[1:])
 		stop()
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "router: %v\n", err)
-			os.Exit(onceflowcmd.ExitCode(err))
+			os.Exit(onceflow.ExitCode(err))
 		}
 		os.Exit(0)
 	}

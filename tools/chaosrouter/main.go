@@ -5,10 +5,10 @@
 package main
 
 import (
-	onceflowcmd "github.com/onceflow/onceflow/cmd"
+	"github.com/onceflow/onceflow"
 
 	_ "github.com/onceflow/onceflow/coupon"
 	_ "github.com/onceflow/onceflow/coupon/notify"
 )
 
-func main() { onceflowcmd.Main() }
+func main() { onceflow.Main() }

@@ -17,7 +17,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/go-sql-driver/mysql"
 
-	onceflowcmd "github.com/onceflow/onceflow/cmd"
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/internal/testenv"
@@ -109,7 +109,7 @@ plugins:
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() {
-			done <- onceflowcmd.Run(ctx, []string{"--config", cfgFile, "run"}, onceflowcmd.WithPlugins(reg...))
+			done <- onceflow.Run(ctx, []string{"--config", cfgFile, "run"}, onceflow.WithPlugins(reg...))
 		}()
 		waitUntil(t, "the admin listener", func() bool {
 			c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)

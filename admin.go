@@ -1,0 +1,193 @@
+package onceflow
+
+import (
+	"context"
+	"crypto/subtle"
+	"database/sql"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/onceflow/onceflow/internal/health"
+	"github.com/onceflow/onceflow/internal/loopback"
+	"github.com/onceflow/onceflow/internal/metrics"
+	"github.com/onceflow/onceflow/pkg/kafkax"
+)
+
+// readiness paces /readyz's background checks: each check runs every Interval, at most
+// one call at a time, each call bounded by Timeout.
+var readiness = health.Config{Interval: 5 * time.Second, Timeout: 3 * time.Second}
+
+// startAdmin serves /healthz, /readyz, /metrics and the operator console (every other path:
+// console*.go) on a dedicated mux. /readyz answers from the latest results of background
+// checks of MariaDB and Kafka (health.Checker), never from a check of its own: a request
+// costs no connection and cannot hang on a broker that accepts connections and never
+// answers. Without admin.token (a loopback listener) every path, /healthz included, answers
+// only requests addressed to a loopback name (tokenless). The returned func stops the
+// server, the console's replays and the checks.
+func (a *app) startAdmin(ctx context.Context, db *sql.DB, kc kafkax.Config, m *metrics.Metrics) (func(), error) {
+	if a.cfg.Admin.Listen == "" {
+		return func() {}, nil
+	}
+	ready, err := health.New(readiness, a.logger,
+		health.Check{Name: "mariadb", Func: db.PingContext},
+		health.Check{Name: "kafka", Func: kc.Probe})
+	if err != nil {
+		return nil, err
+	}
+	token, err := a.cfg.Admin.token()
+	if err != nil {
+		return nil, badInput(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.Handle("/readyz", requireToken(token, ready))
+	mux.Handle("/metrics", requireToken(token, m.Handler()))
+	con, err := a.newConsole(ctx, db, m, token)
+	if err != nil {
+		return nil, err
+	}
+	mux.Handle("/", con)
+	ln, err := net.Listen("tcp", a.cfg.Admin.Listen)
+	if err != nil {
+		con.Close()
+		return nil, badInput(fmt.Errorf("admin.listen %s: %w (set admin.listen to a free port, or empty to disable)", a.cfg.Admin.Listen, err))
+	}
+	srv := newAdminServer(tokenless(token, mux, nil))
+	go func() { _ = srv.Serve(ln) }()
+	checkCtx, stopChecks := context.WithCancel(ctx)
+	checksDone := make(chan struct{})
+	go func() { defer close(checksDone); ready.Run(checkCtx) }()
+	a.logger.Info("admin listener", watermill.LogFields{"addr": ln.Addr().String()})
+	return func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		con.Close()
+		stopChecks()
+		<-checksDone
+	}, nil
+}
+
+// The admin server's timeouts: a client that sends its request slowly, reads its answer
+// slowly or keeps an idle connection open holds a goroutine and a socket for this long at
+// most. /metrics is the longest answer (a few hundred KB).
+const (
+	adminReadHeaderTimeout = 5 * time.Second
+	adminReadTimeout       = 10 * time.Second
+	adminWriteTimeout      = 30 * time.Second
+	adminIdleTimeout       = 60 * time.Second
+)
+
+func newAdminServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: adminReadHeaderTimeout, ReadTimeout: adminReadTimeout,
+		WriteTimeout: adminWriteTimeout, IdleTimeout: adminIdleTimeout, MaxHeaderBytes: 64 << 10}
+}
+
+// requireToken serves h only to requests that carry "Authorization: Bearer <token>"; with
+// an empty token every request is served (a loopback listener, see AdminConfig.validate).
+func requireToken(token string, h http.Handler) http.Handler {
+	return withBearer(token, h, func(w http.ResponseWriter) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="onceflow admin"`)
+		http.Error(w, "unauthorized: send Authorization: Bearer <admin.token>", http.StatusUnauthorized)
+	})
+}
+
+// withBearer serves h to requests that carry "Authorization: Bearer <token>" (compared in
+// constant time) and answers the others with deny; an empty token serves every request.
+func withBearer(token string, h http.Handler, deny func(http.ResponseWriter)) http.Handler {
+	if token == "" {
+		return h
+	}
+	want := []byte("Bearer " + token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			deny(w)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// tokenless guards a listener without a token (bound to loopback: listener.validate): it
+// serves h only to requests addressed to a loopback name, so a page whose DNS name is
+// re-pointed to 127.0.0.1 cannot use a browser on this machine to reach it; refuse answers
+// the others (nil: 421 with a fixed text). With a token the bearer check guards instead.
+func tokenless(token string, h http.Handler, refuse func(http.ResponseWriter)) http.Handler {
+	if token != "" {
+		return h
+	}
+	return loopback.Only(h, refuse)
+}
+
+// isLoopback reports whether listen (host:port) accepts connections from this machine
+// only: a loopback IP or "localhost". An empty host or 0.0.0.0 / :: listen on every
+// interface.
+func isLoopback(listen string) bool {
+	host, _, err := net.SplitHostPort(listen)
+	return err == nil && loopback.Name(host)
+}
+
+// token returns the admin bearer token: admin.token, or the first line of admin.token_file.
+func (c AdminConfig) token() (string, error) {
+	return listener{"admin", c.Listen, c.Token, c.TokenFile}.token()
+}
+
+// validate checks the admin section: a listener beyond loopback needs a token.
+func (c AdminConfig) validate() error {
+	return listener{"admin", c.Listen, c.Token, c.TokenFile}.validate("127.0.0.1:9464", "/metrics and /readyz ask")
+}
+
+// minAdminToken is the shortest listener token accepted: a guessable token protects nothing.
+const minAdminToken = 16
+
+// listener is the part of a listener's section (admin, http) its access rules need.
+type listener struct {
+	section, listen, tok, tokenFile string
+}
+
+// token returns <section>.token, or the first line of <section>.token_file.
+func (l listener) token() (string, error) {
+	if l.tokenFile == "" {
+		return l.tok, nil
+	}
+	b, err := os.ReadFile(l.tokenFile)
+	if err != nil {
+		return "", fmt.Errorf("%s.token_file: %w", l.section, err)
+	}
+	t, _, _ := strings.Cut(string(b), "\n")
+	return strings.TrimSpace(t), nil
+}
+
+// validate checks a listener's section: host:port, one token source at most, a token of at
+// least minAdminToken printable characters, and a token whenever the address is reachable
+// beyond this machine. example is a loopback address for the message; asks says what the
+// token protects.
+func (l listener) validate(example, asks string) error {
+	if l.tok != "" && l.tokenFile != "" {
+		return fmt.Errorf("%[1]s.token and %[1]s.token_file: set one, not both", l.section)
+	}
+	if l.listen == "" {
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(l.listen); err != nil {
+		return fmt.Errorf("%s.listen %q: want host:port (e.g. %s): %v", l.section, l.listen, example, err)
+	}
+	tok, err := l.token()
+	if err != nil {
+		return err
+	}
+	switch {
+	case tok != "" && (len(tok) < minAdminToken || strings.ContainsFunc(tok, func(r rune) bool { return r <= ' ' || r == 0x7f })):
+		return fmt.Errorf("%s.token: want at least %d printable characters without spaces (got %d)", l.section, minAdminToken, len(tok))
+	case tok == "" && !isLoopback(l.listen):
+		return fmt.Errorf("%[1]s.listen %[2]q is reachable beyond this machine: set %[1]s.token (or %[1]s.token_file, or ONCEFLOW_%[3]s_TOKEN) so %[4]s for it, or listen on 127.0.0.1",
+			l.section, l.listen, strings.ToUpper(l.section), asks)
+	}
+	return nil
+}

@@ -1,0 +1,51 @@
+package onceflow
+
+import (
+	"context"
+	"database/sql"
+
+	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/metrics"
+)
+
+// newConsole returns the operator console the admin listener serves at /. Its biz types
+// are the registered plugins' (as `router replay` resolves them), and its replays run the
+// way `router replay` and `router inbox retry` run theirs: the plugin of the biz type
+// (pluginFor), its handler and inbox built by buildInbox, inbox.Inbox.Replay recording the
+// run in the replay table.
+func (a *app) newConsole(ctx context.Context, db *sql.DB, m *metrics.Metrics, token string) (*console, error) {
+	cfg := consoleConfig{DB: db, Metrics: m, Token: token, Logger: a.logger}
+	if a.plugins != nil { // nil: a Runtime built with New, not by the command line
+		all, err := a.bizTypes()
+		if err != nil {
+			return nil, err
+		}
+		for _, bt := range sortedKeys(all) {
+			b := consoleBizType{Name: bt}
+			for _, p := range all[bt] {
+				b.Plugins = append(b.Plugins, p.Name)
+				if p.History != nil {
+					b.History = p.History
+				}
+			}
+			cfg.BizTypes = append(cfg.BizTypes, b)
+		}
+		store, err := inbox.NewStore(db, "inbox")
+		if err != nil {
+			return nil, err
+		}
+		cfg.Replay = func(ctx context.Context, opts inbox.ReplayOptions) (inbox.ReplayReport, error) {
+			p, err := a.pluginFor(ctx, store, &opts.Filter)
+			if err != nil {
+				return inbox.ReplayReport{}, err
+			}
+			ib, closeHandler, err := a.buildInbox(ctx, db, p, nil)
+			if err != nil {
+				return inbox.ReplayReport{}, err
+			}
+			defer closeHandler()
+			return ib.Replay(ctx, opts)
+		}
+	}
+	return openConsole(ctx, cfg)
+}

@@ -1,0 +1,390 @@
+package onceflow
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"html"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/metrics"
+	"github.com/onceflow/onceflow/internal/testenv"
+)
+
+func count(t *testing.T, d testenv.Database, q string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := d.DB.QueryRow(q, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	return n
+}
+
+func rowID(t *testing.T, d testenv.Database, biz, key string) int64 {
+	t.Helper()
+	var id int64
+	if err := d.DB.QueryRow("SELECT id FROM inbox WHERE biz_type = ? AND dedup_key = ?", biz, key).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// Retry runs one failed row through the handler as `router inbox retry` does, recorded in
+// the replay table, and shows the row done; a second press finds it done and changes
+// nothing.
+func TestRetryRow(t *testing.T) {
+	d := testenv.DB(t, 4)
+	ib := failingInbox(t, d.DB, "rt")
+	quarantine(t, ib, "k-1", "one", nil)
+	quarantine(t, ib, "k-2", "two", nil)
+	_, base := testConsole(t, consoleConfig{DB: d.DB, BizTypes: []consoleBizType{{Name: "rt"}}, Replay: replayWith(ib)})
+	c := browser(t)
+	id := rowID(t, d, "rt", "k-1")
+	tok := csrf(t, c, base, fmt.Sprintf("/inbox/%d", id))
+	ib.broken.Store(false) // the cause fixed
+	code, _, h := post(t, c, base, fmt.Sprintf("/inbox/%d/retry", id), url.Values{"csrf": {tok}})
+	if code != http.StatusSeeOther || !strings.HasPrefix(h.Get("Location"), fmt.Sprintf("/inbox/%d?replay=", id)) {
+		t.Fatalf("retry: %d → %q, want 303 to the row with its replay", code, h.Get("Location"))
+	}
+	_, body, _ := get(t, c, base+h.Get("Location"))
+	if !strings.Contains(body, `id="status">done<`) || !strings.Contains(body, "1 selected, 1 processed") {
+		t.Fatalf("row page after the retry: not done, or no replay summary:\n%s", body)
+	}
+	if n := count(t, d, "SELECT COUNT(*) FROM inbox WHERE biz_type = 'rt' AND status = 'failed'"); n != 1 {
+		t.Fatalf("%d failed rows after retrying one of two, want 1 (k-2 untouched)", n)
+	}
+	var filter string
+	if err := d.DB.QueryRow("SELECT filter FROM replay WHERE dry_run = 0 AND selected = 1 AND processed = 1 AND outcome = 'ok'").Scan(&filter); err != nil {
+		t.Fatalf("the retry is not in the replay table: %v", err)
+	}
+	var f inbox.Filter
+	if err := json.Unmarshal([]byte(filter), &f); err != nil || f.BizType != "rt" || len(f.Keys) != 1 || f.Keys[0] != "k-1" || len(f.Statuses) != 1 || f.Statuses[0] != inbox.StatusFailed {
+		t.Fatalf("replay filter %s (%v): want biz rt, status failed, key k-1", filter, err)
+	}
+	if code, body, _ := post(t, c, base, fmt.Sprintf("/inbox/%d/retry", id), url.Values{"csrf": {tok}}); code != http.StatusConflict || !strings.Contains(body, "is done") {
+		t.Fatalf("retry of a done row: %d, want 409 saying it is done:\n%s", code, body)
+	}
+	if n := count(t, d, "SELECT COUNT(*) FROM replay"); n != 1 {
+		t.Fatalf("%d replays after retrying a done row, want still 1", n)
+	}
+	if code, _, _ := post(t, c, base, "/inbox/999999/retry", url.Values{"csrf": {tok}}); code != http.StatusNotFound {
+		t.Fatalf("retry of a missing row: %d, want 404", code)
+	}
+}
+
+// A row that holds less than the delivered message (headers over max_metadata_bytes, a
+// value over max_payload_bytes) offers no Retry and says why; a forged retry is refused
+// and changes nothing, and the dry run of a replay says the replay refuses it. A failed
+// row that holds its message offers Retry, and shows its held deliveries.
+func TestRetryRefusesCutRow(t *testing.T) {
+	d := testenv.DB(t, 4)
+	ib := failingInbox(t, d.DB, "cut")
+	deliver := func(payload string, meta map[string]string, offset int64, want inbox.Outcome) int64 {
+		t.Helper()
+		msg := message.NewMessage(watermill.NewUUID(), []byte(payload))
+		for k, v := range meta {
+			msg.Metadata.Set(k, v)
+		}
+		r, err := ib.Process(context.Background(), msg, inbox.Source{Topic: "t", Partition: 0, Offset: offset}, inbox.ProcessOptions{})
+		if err != nil || r.Outcome != want {
+			t.Fatalf("offset %d: %+v %v, want %s", offset, r, err, want)
+		}
+		return r.InboxID
+	}
+	headers := map[string]string{}
+	for i := range 70 {
+		headers[fmt.Sprintf("h%02d", i)] = strings.Repeat("v", 600)
+	}
+	cut := map[int64]string{
+		deliver("k-headers|x", headers, 1, inbox.OutcomeQuarantined):                   "headers are stored cut to inbox.max_metadata_bytes",
+		deliver("k-big|"+strings.Repeat("x", 2<<20), nil, 2, inbox.OutcomeQuarantined): "prefix of its",
+	}
+	ok := deliver("k-ok|x", nil, 3, inbox.OutcomeQuarantined)
+	deliver("k-ok|x", nil, 4, inbox.OutcomeHeld)
+	ib.broken.Store(false) // every cause fixed: a row that ran now would be done
+	_, base := testConsole(t, consoleConfig{DB: d.DB, BizTypes: []consoleBizType{{Name: "cut"}}, Replay: replayWith(ib)})
+	c := browser(t)
+	snapshot := func() string {
+		var b strings.Builder
+		rows, err := d.DB.Query("SELECT id, status, COALESCE(replay_id, 0), attempts, duplicates, updated_at FROM inbox ORDER BY id")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var id, replay, attempts, dups int64
+			var status string
+			var updated time.Time
+			if err := rows.Scan(&id, &status, &replay, &attempts, &dups, &updated); err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(&b, "%d %s %d %d %d %s\n", id, status, replay, attempts, dups, updated.Format(time.RFC3339Nano))
+		}
+		return b.String()
+	}
+	before := snapshot()
+
+	_, page, _ := get(t, c, fmt.Sprintf("%s/inbox/%d", base, ok))
+	if !strings.Contains(page, `id="retry"`) || strings.Contains(page, `id="not-replayable"`) || !strings.Contains(page, `id="held">1 `) {
+		t.Errorf("row %d (holds its message, one delivery held): no Retry, or no held count:\n%s", ok, page)
+	}
+	tok := csrf(t, c, base, fmt.Sprintf("/inbox/%d", ok)) // the cut rows' pages have no form
+	for id, why := range cut {
+		_, page, _ := get(t, c, fmt.Sprintf("%s/inbox/%d", base, id))
+		if strings.Contains(page, `id="retry"`) || strings.Contains(page, `action="/inbox/`) || !strings.Contains(page, `id="not-replayable"`) || !strings.Contains(page, why) {
+			t.Errorf("row %d: the page offers Retry or does not say why not (%s):\n%s", id, why, page)
+		}
+		code, body, _ := post(t, c, base, fmt.Sprintf("/inbox/%d/retry", id), url.Values{"csrf": {tok}})
+		if code != http.StatusConflict || !strings.Contains(body, "cannot be replayed") || !strings.Contains(body, why) {
+			t.Errorf("forged retry of row %d: %d, want 409 saying why:\n%s", id, code, body)
+		}
+	}
+	if n := count(t, d, "SELECT COUNT(*) FROM replay"); n != 0 {
+		t.Fatalf("%d replays after the refused retries, want 0", n)
+	}
+	if after := snapshot(); after != before {
+		t.Fatalf("the refused retries changed rows:\n%s\nwant\n%s", after, before)
+	}
+	// The dry run of a replay of every failed row says the replay refuses them.
+	_, list, _ := get(t, c, base+"/inbox?biz=cut&status=failed")
+	code, page, _ := post(t, c, base, "/replay", formOf(t, list, "/replay"))
+	if code != http.StatusOK || strings.Count(page, "refused, left quarantined") != 2 || !strings.Contains(page, "2 hold less than the delivered message") {
+		t.Fatalf("dry run: %d, want the 2 cut rows refused:\n%s", code, page)
+	}
+	// The replay runs the row that holds its message and refuses the two others, as its
+	// dry run said; the replays page counts them.
+	code, page, _ = post(t, c, base, "/replay", formOf(t, page, "/replay"))
+	if code != http.StatusOK || !strings.Contains(page, "1 processed, 0 duplicates, 0 quarantined, 0 conflicts, 2 refused — outcome <strong>partial</strong>") {
+		t.Fatalf("the replay: %d:\n%s", code, page)
+	}
+	for id := range cut {
+		if n := count(t, d, "SELECT COUNT(*) FROM inbox WHERE id = ? AND status = 'failed' AND replay_id IS NULL", id); n != 1 {
+			t.Errorf("row %d was touched by the replay", id)
+		}
+	}
+	if _, replays, _ := get(t, c, base+"/replays"); !strings.Contains(replays, `<td class="n">2</td><td>partial`) {
+		t.Errorf("the replays page does not count the 2 refused rows:\n%s", replays)
+	}
+}
+
+var hiddenRE = regexp.MustCompile(`<input type="hidden" name="([a-z_]+)" value="([^"]*)">`)
+
+// formOf returns the hidden fields of the form posting to action in page.
+func formOf(t *testing.T, page, action string) url.Values {
+	t.Helper()
+	i := strings.Index(page, `action="`+action+`"`)
+	if i < 0 {
+		t.Fatalf("no form to %s in:\n%s", action, page)
+	}
+	end := strings.Index(page[i:], "</form>")
+	v := url.Values{}
+	for _, m := range hiddenRE.FindAllStringSubmatch(page[i:i+end], -1) {
+		v.Set(m[1], html.UnescapeString(m[2]))
+	}
+	return v
+}
+
+// A replay of a filtered set runs only after its dry run, with the dry run's selection:
+// the dry run changes nothing and is recorded (dry_run = 1); a run without it, with
+// another selection, or naming a replay that was not a dry run is refused; the run leaves
+// out rows received after the preview.
+func TestReplayAfterItsDryRun(t *testing.T) {
+	d := testenv.DB(t, 4)
+	ib := failingInbox(t, d.DB, "rp")
+	for _, k := range []string{"a", "b", "c"} {
+		quarantine(t, ib, k, k, nil)
+	}
+	other := failingInbox(t, d.DB, "other")
+	quarantine(t, other, "a", "a", nil)
+	_, base := testConsole(t, consoleConfig{DB: d.DB, BizTypes: []consoleBizType{{Name: "rp"}, {Name: "other"}}, Replay: replayWith(ib)})
+	c := browser(t)
+
+	_, list, _ := get(t, c, base+"/inbox?biz=rp&status=failed")
+	preview := formOf(t, list, "/replay")
+	code, page, _ := post(t, c, base, "/replay", preview)
+	if code != http.StatusOK || !strings.Contains(page, "Dry run") || !strings.Contains(page, "would run again") {
+		t.Fatalf("dry run: %d:\n%s", code, page)
+	}
+	if n := count(t, d, "SELECT COUNT(*) FROM replay WHERE dry_run = 1 AND outcome = 'dry_run' AND selected = 3"); n != 1 {
+		t.Fatalf("the dry run is not recorded with its 3 rows")
+	}
+	if n := count(t, d, "SELECT COUNT(*) FROM inbox WHERE biz_type = 'rp' AND status = 'failed'"); n != 3 {
+		t.Fatalf("the dry run changed rows: %d failed, want 3", n)
+	}
+	run := formOf(t, page, "/replay")
+	if run.Get("run") != "1" || run.Get("preview") == "" || run.Get("until") == "" {
+		t.Fatalf("the dry run's page offers no run of its selection: %v", run)
+	}
+
+	// A row received after the preview is not part of the replay it offers.
+	time.Sleep(5 * time.Millisecond)
+	quarantine(t, ib, "late", "late", nil)
+	ib.broken.Store(false)
+
+	refused := map[string]url.Values{}
+	noPreview := url.Values{}
+	for k, v := range run {
+		noPreview[k] = v
+	}
+	noPreview.Del("preview")
+	refused["without its dry run"] = noPreview
+	otherSel := url.Values{}
+	for k, v := range run {
+		otherSel[k] = v
+	}
+	otherSel.Set("key", "a")
+	refused["with another selection"] = otherSel
+	processing := url.Values{}
+	for k, v := range run {
+		processing[k] = v
+	}
+	processing.Set("status", "processing")
+	refused["of processing rows without an older-than"] = processing
+	for name, form := range refused {
+		if code, body, _ := post(t, c, base, "/replay", form); code != http.StatusBadRequest {
+			t.Errorf("a replay %s: %d, want 400:\n%s", name, code, body)
+		}
+	}
+	code, page, _ = post(t, c, base, "/replay", run)
+	if code != http.StatusOK || !strings.Contains(page, "outcome <strong>ok</strong>") {
+		t.Fatalf("the replay: %d:\n%s", code, page)
+	}
+	if n := count(t, d, "SELECT COUNT(*) FROM replay WHERE dry_run = 0 AND outcome = 'ok' AND selected = 3 AND processed = 3"); n != 1 {
+		t.Fatalf("the replay is not recorded with its 3 rows processed")
+	}
+	for key, want := range map[string]string{"a": "done", "b": "done", "c": "done", "late": "failed"} {
+		var got string
+		if err := d.DB.QueryRow("SELECT status FROM inbox WHERE biz_type = 'rp' AND dedup_key = ?", key).Scan(&got); err != nil || got != want {
+			t.Errorf("row %s: %q (%v), want %s", key, got, err, want)
+		}
+	}
+	if n := count(t, d, "SELECT COUNT(*) FROM inbox WHERE biz_type = 'other' AND status = 'failed'"); n != 1 {
+		t.Errorf("the other biz type's failed row was touched")
+	}
+	// The dry run's id cannot run a second replay's worth as a replay id of a real run.
+	var realID int64
+	if err := d.DB.QueryRow("SELECT id FROM replay WHERE dry_run = 0").Scan(&realID); err != nil {
+		t.Fatal(err)
+	}
+	run.Set("preview", fmt.Sprint(realID))
+	if code, _, _ := post(t, c, base, "/replay", run); code != http.StatusBadRequest {
+		t.Errorf("a run naming a replay that is not a dry run: %d, want 400", code)
+	}
+	_, replays, _ := get(t, c, base+"/replays")
+	if !strings.Contains(replays, "dry run") || !strings.Contains(replays, "--biz-type rp --status failed") {
+		t.Errorf("the replays page lacks the runs:\n%s", replays)
+	}
+}
+
+// Parked events: retry puts the event and those held behind it back in the outbox, as
+// `router outbox retry` does; drop asks for a confirmation; the page lists both, with
+// actions only on the refused one.
+func TestParkedActions(t *testing.T) {
+	d := testenv.DB(t, 4)
+	d.AdminExec(t, `INSERT INTO outbox_parked (id, event_id, event_type, topic, msg_key, payload, created_at, reason, error, held_behind) VALUES
+ (41, 'ev-41', 'CouponGranted', 'missing-topic', 'o-1', '{}', NOW(6), 'unknown_topic', 'kafka: topic missing-topic <b>does not exist</b>', NULL),
+ (42, 'ev-42', 'CouponGranted', 'missing-topic', 'o-1', '{}', NOW(6), 'held', 'held behind ev-41', 'ev-41'),
+ (43, 'ev-43', 'CouponGranted', 'missing-topic', 'o-2', '{}', NOW(6), 'unknown_topic', 'kafka: topic missing', NULL)`)
+	_, base := testConsole(t, consoleConfig{DB: d.DB})
+	c := browser(t)
+	_, page, _ := get(t, c, base+"/outbox")
+	if !strings.Contains(page, "ev-42") || !strings.Contains(page, `action="/outbox/41/retry"`) || strings.Contains(page, `action="/outbox/42/retry"`) ||
+		!strings.Contains(page, "&lt;b&gt;does not exist&lt;/b&gt;") {
+		t.Fatalf("parked page: want ev-41 with actions, ev-42 listed without, the error escaped:\n%s", page)
+	}
+	tok := csrf(t, c, base, "/outbox")
+	if code, _, _ := post(t, c, base, "/outbox/43/drop", url.Values{"csrf": {tok}}); code != http.StatusBadRequest {
+		t.Fatalf("drop without the confirmation: %d, want 400", code)
+	}
+	if code, _, _ := post(t, c, base, "/outbox/42/retry", url.Values{"csrf": {tok}}); code != http.StatusConflict {
+		t.Fatalf("retry of a held event: %d, want 409", code)
+	}
+	code, body, _ := post(t, c, base, "/outbox/41/retry", url.Values{"csrf": {tok}})
+	if code != http.StatusOK || !strings.Contains(body, "2 events back in the outbox") {
+		t.Fatalf("retry: %d:\n%s", code, body)
+	}
+	if n := count(t, d, "SELECT COUNT(*) FROM outbox WHERE id IN (41, 42) AND published_at IS NULL"); n != 2 {
+		t.Fatalf("%d of the retried event and its held one back in the outbox, want 2", n)
+	}
+	if code, _, _ := post(t, c, base, "/outbox/41/retry", url.Values{"csrf": {tok}}); code != http.StatusConflict {
+		t.Fatalf("retry of an event no longer parked: %d, want 409", code)
+	}
+	if code, body, _ := post(t, c, base, "/outbox/43/drop", url.Values{"csrf": {tok}, "confirm": {"yes"}}); code != http.StatusOK || !strings.Contains(body, "Dropped event ev-43") {
+		t.Fatalf("drop: %d:\n%s", code, body)
+	}
+	if n := count(t, d, "SELECT COUNT(*) FROM outbox_parked"); n != 0 {
+		t.Fatalf("%d parked events left, want 0", n)
+	}
+}
+
+// The overview: rows by biz type and status with the failed ones by reason (the metrics'
+// cached figures), the relay's lease, and the recent replays.
+func TestOverview(t *testing.T) {
+	d := testenv.DB(t, 4)
+	ib := failingInbox(t, d.DB, "ov")
+	quarantine(t, ib, "k-1", "one", nil)
+	quarantine(t, ib, "k-2", "two", nil)
+	d.AdminExec(t, `INSERT INTO relay_lease (shard, owner, expires_at) VALUES ('default', 'relay-host-1', NOW(6) + INTERVAL 10 SECOND)`)
+	m := metrics.New(d.DB)
+	m.Observe("ov", "duplicate", time.Millisecond)
+	m.Observe("ov", "processed", time.Millisecond)
+	m.Observe("ov", "held", time.Millisecond)
+	m.Observe("ov", "held", time.Millisecond)
+	_, base := testConsole(t, consoleConfig{DB: d.DB, Metrics: m, BizTypes: []consoleBizType{{Name: "ov", Plugins: []string{"ov-plugin"}}}})
+	_, page, _ := get(t, browser(t), base+"/")
+	for _, want := range []string{"ov-plugin", "retries_exhausted 2", "relay-host-1", "held,", `id="dups-total">1<`, `id="held-total">2<`, `class="bad">2</strong> held`, "No replay yet", "<svg"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("overview lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Log(page)
+	}
+}
+
+// The inbox page pages by key: "older" links walk every row once, newest first.
+func TestInboxPages(t *testing.T) {
+	d := testenv.DB(t, 4)
+	d.AdminExec(t, `INSERT INTO inbox (dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, created_at, expire_at)
+		SELECT CONCAT('k-', seq), 'pg', ELT(1 + seq % 3, 'done', 'failed', 'processing'), IF(seq % 3 = 1, 'permanent', NULL), 'x', 't', 0, seq, '', '',
+		       NOW(6) - INTERVAL (seq DIV 4) SECOND, NOW(6) + INTERVAL 1 DAY FROM seq_1_to_130`)
+	_, base := testConsole(t, consoleConfig{DB: d.DB, BizTypes: []consoleBizType{{Name: "pg"}}})
+	c := browser(t)
+	linkRE := regexp.MustCompile(`<a href="/inbox/(\d+)">\d+</a>`)
+	olderRE := regexp.MustCompile(`<a href="([^"]+)" id="older">`)
+	seen := map[string]bool{}
+	next, pages := "/inbox?biz=pg", 0
+	for next != "" {
+		pages++
+		code, page, _ := get(t, c, base+html.UnescapeString(next))
+		if code != http.StatusOK {
+			t.Fatalf("GET %s: %d", next, code)
+		}
+		for _, m := range linkRE.FindAllStringSubmatch(page, -1) {
+			if seen[m[1]] {
+				t.Fatalf("row %s on two pages", m[1])
+			}
+			seen[m[1]] = true
+		}
+		next = ""
+		if m := olderRE.FindStringSubmatch(page); m != nil {
+			next = m[1]
+		}
+	}
+	if len(seen) != 130 || pages != 3 {
+		t.Fatalf("%d rows on %d pages, want 130 on 3", len(seen), pages)
+	}
+	_, page, _ := get(t, c, base+"/inbox?biz=pg&status=failed&reason=permanent")
+	if n := len(linkRE.FindAllStringSubmatch(page, -1)); n != 44 {
+		t.Fatalf("failed, permanent: %d rows, want 44", n)
+	}
+}

@@ -1,0 +1,256 @@
+package onceflow
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/consoleui"
+	"github.com/onceflow/onceflow/internal/metrics"
+	"github.com/onceflow/onceflow/outbox"
+)
+
+// bizCounts is one biz type's row of the overview.
+type bizCounts struct {
+	Name                     string
+	Plugins                  []string
+	Done, Processing, Failed int64
+	Reasons                  []metrics.ReasonCount
+}
+
+// overviewData is the overview page.
+type overviewData struct {
+	Stats      metrics.DBStats
+	StatsAge   time.Duration
+	Biz        []bizCounts
+	Throughput metrics.Throughput
+	LastHour   metrics.MinuteCount
+	Chart      consoleui.Chart
+	Partitions []metrics.PartitionSummary
+	Leases     []leaseRow
+	Members    []memberRow
+	Replays    []replayRow
+	Errors     []string
+}
+
+type leaseRow struct {
+	Shard, Owner string
+	Live         bool
+	ExpiresIn    time.Duration // negative: expired that long ago
+	AcquiredAt   time.Time
+	Takeovers    int64
+}
+
+type memberRow struct {
+	Group, Owner string
+	Shards       int
+	Live         bool
+}
+
+// bizTypes returns the biz types to show: the configured ones and any the inbox holds
+// rows of (a plugin no longer registered), sorted.
+func (c *console) bizTypes(stats metrics.DBStats) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, b := range c.cfg.BizTypes {
+		if !seen[b.Name] {
+			seen[b.Name] = true
+			out = append(out, b.Name)
+		}
+	}
+	for _, r := range stats.InboxRows {
+		if !seen[r.BizType] {
+			seen[r.BizType] = true
+			out = append(out, r.BizType)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (c *console) loadOverview(ctx context.Context) overviewData {
+	var d overviewData
+	now := time.Now()
+	if c.cfg.Metrics != nil {
+		d.Stats = c.cfg.Metrics.DBStats()
+		d.Throughput = c.cfg.Metrics.Throughput(now)
+		d.Partitions = c.cfg.Metrics.Consumers.Partitions()
+		sort.Slice(d.Partitions, func(i, j int) bool {
+			a, b := d.Partitions[i], d.Partitions[j]
+			if a.Group != b.Group {
+				return a.Group < b.Group
+			}
+			if a.Topic != b.Topic {
+				return a.Topic < b.Topic
+			}
+			return a.Partition < b.Partition
+		})
+	}
+	if !d.Stats.At.IsZero() {
+		d.StatsAge = now.Sub(d.Stats.At)
+	}
+	for _, m := range d.Throughput.Minutes {
+		d.LastHour.Processed += m.Processed
+		d.LastHour.Duplicate += m.Duplicate
+		d.LastHour.Quarantined += m.Quarantined
+		d.LastHour.Conflict += m.Conflict
+		d.LastHour.Held += m.Held
+	}
+	d.Chart = consoleui.NewChart(d.Throughput.Minutes)
+	for _, name := range c.bizTypes(d.Stats) {
+		b := bizCounts{Name: name, Plugins: c.biz[name].Plugins}
+		for _, r := range d.Stats.InboxRows {
+			if r.BizType != name {
+				continue
+			}
+			switch inbox.Status(r.Status) {
+			case inbox.StatusDone:
+				b.Done = r.Rows
+			case inbox.StatusProcessing:
+				b.Processing = r.Rows
+			case inbox.StatusFailed:
+				b.Failed = r.Rows
+			}
+		}
+		for _, r := range d.Stats.FailedReasons {
+			if r.BizType == name {
+				b.Reasons = append(b.Reasons, r)
+			}
+		}
+		slices.SortFunc(b.Reasons, func(x, y metrics.ReasonCount) int { return int(y.Rows - x.Rows) })
+		d.Biz = append(d.Biz, b)
+	}
+	var err error
+	if d.Leases, err = c.leases(ctx); err != nil {
+		d.Errors = append(d.Errors, err.Error())
+	}
+	if d.Members, err = c.members(ctx); err != nil {
+		d.Errors = append(d.Errors, err.Error())
+	}
+	if d.Replays, err = c.recentReplays(ctx, 0, 5); err != nil {
+		d.Errors = append(d.Errors, err.Error())
+	}
+	return d
+}
+
+// leases reads the relay's lease rows (one per shard: a small table, read whole), judged
+// live by the database's clock, as the relays judge them.
+func (c *console) leases(ctx context.Context) ([]leaseRow, error) {
+	rows, err := c.cfg.DB.QueryContext(ctx, `SELECT shard, owner, expires_at > NOW(6), TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), acquired_at, takeovers
+ FROM `+outbox.LeaseTable+` ORDER BY shard LIMIT 1024`)
+	if err != nil {
+		return nil, fmt.Errorf("relay leases: %w", err)
+	}
+	defer rows.Close()
+	var out []leaseRow
+	for rows.Next() {
+		var l leaseRow
+		var us int64
+		if err := rows.Scan(&l.Shard, &l.Owner, &l.Live, &us, &l.AcquiredAt, &l.Takeovers); err != nil {
+			return nil, fmt.Errorf("relay leases: %w", err)
+		}
+		l.ExpiresIn = time.Duration(us) * time.Microsecond
+		out = append(out, l)
+	}
+	return out, rows.Err()
+}
+
+// members reads the relays registered in a sharded group (relay.shards > 1).
+func (c *console) members(ctx context.Context) ([]memberRow, error) {
+	rows, err := c.cfg.DB.QueryContext(ctx, `SELECT grp, owner, shards, expires_at > NOW(6) FROM `+outbox.MemberTable+` ORDER BY grp, owner LIMIT 1024`)
+	if err != nil {
+		return nil, fmt.Errorf("relay members: %w", err)
+	}
+	defer rows.Close()
+	var out []memberRow
+	for rows.Next() {
+		var m memberRow
+		if err := rows.Scan(&m.Group, &m.Owner, &m.Shards, &m.Live); err != nil {
+			return nil, fmt.Errorf("relay members: %w", err)
+		}
+		out = append(out, m)
+	}
+	return out, rows.Err()
+}
+
+// replayRow is one row of the replay table.
+type replayRow struct {
+	inbox.ReplayReport
+	Running    bool
+	FilterText string
+}
+
+// recentReplays reads the replay table newest first, below id before (0: from the
+// newest), by its primary key.
+func (c *console) recentReplays(ctx context.Context, before int64, n int) ([]replayRow, error) {
+	q := `SELECT id, biz_type, filter, dry_run, started_at, finished_at, selected, processed, duplicate, quarantined, conflict, outcome, error FROM ` + inbox.ReplayTable
+	var args []any
+	if before > 0 {
+		q += ` WHERE id < ?`
+		args = append(args, before)
+	}
+	q += ` ORDER BY id DESC LIMIT ?`
+	args = append(args, n)
+	rows, err := c.cfg.DB.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("replays: %w", err)
+	}
+	defer rows.Close()
+	var out []replayRow
+	for rows.Next() {
+		var r replayRow
+		var finished sql.NullTime
+		var errText sql.NullString
+		if err := rows.Scan(&r.ID, &r.BizType, &r.FilterText, &r.DryRun, &r.StartedAt, &finished, &r.Selected, &r.Processed,
+			&r.Duplicates, &r.Quarantined, &r.Conflicts, &r.Outcome, &errText); err != nil {
+			return nil, fmt.Errorf("replays: %w", err)
+		}
+		r.FinishedAt, r.Error, r.Running = finished.Time, errText.String, !finished.Valid
+		r.Refused = inbox.StoredRefused(r.ReplayReport)
+		var f inbox.Filter
+		if json.Unmarshal([]byte(r.FilterText), &f) == nil {
+			r.Filter = f
+			r.FilterText = filterText(f)
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// filterText writes a replay's selection as `router replay` flags.
+func filterText(f inbox.Filter) string {
+	s := "--biz-type " + f.BizType
+	if len(f.Statuses) == 0 {
+		s += " --status all"
+	}
+	for _, st := range f.Statuses {
+		s += " --status " + string(st)
+	}
+	if f.OlderThan > 0 {
+		s += " --older-than " + f.OlderThan.String()
+	}
+	for _, k := range f.Keys {
+		s += " --order-id " + k
+	}
+	for _, k := range f.Refs {
+		s += " " + k
+	}
+	if !f.Since.IsZero() {
+		s += " --since " + f.Since.UTC().Format(time.RFC3339Nano)
+	}
+	if !f.Until.IsZero() {
+		s += " --until " + f.Until.UTC().Format(time.RFC3339Nano)
+	}
+	if f.ReplayID > 0 {
+		s += fmt.Sprintf(" --replay-id %d", f.ReplayID)
+	}
+	if f.Limit > 0 {
+		s += fmt.Sprintf(" --limit %d", f.Limit)
+	}
+	return s
+}

@@ -1,0 +1,666 @@
+package onceflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/consoleui"
+	"github.com/onceflow/onceflow/internal/metrics"
+	"github.com/onceflow/onceflow/outbox"
+)
+
+// ---------------------------------------------------------------- overview
+
+func (c *console) overview(w http.ResponseWriter, r *http.Request, by who) {
+	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
+	defer cancel()
+	c.render(w, r, http.StatusOK, "overview", "Overview", by, c.loadOverview(ctx))
+}
+
+// ---------------------------------------------------------------- inbox list
+
+// pageSize is the rows of one inbox page.
+const pageSize = 50
+
+// reasons are the reasons a failed row can have (inbox.Reason).
+var reasons = []string{string(inbox.ReasonPoison), string(inbox.ReasonConflict), string(inbox.ReasonRetriesExhausted),
+	string(inbox.ReasonPermanent), string(inbox.ReasonPanic), string(inbox.ReasonTimeout)}
+
+// listFilter is the inbox page's filter, as typed and as parsed.
+type listFilter struct {
+	Biz, Status, Reason, Key, Since, Until string
+
+	since, until  time.Time
+	before, after inbox.Cursor
+}
+
+func parseListFilter(q url.Values, now time.Time) (listFilter, error) {
+	f := listFilter{Biz: strings.TrimSpace(q.Get("biz")), Status: q.Get("status"), Reason: q.Get("reason"), Key: q.Get("key"),
+		Since: strings.TrimSpace(q.Get("since")), Until: strings.TrimSpace(q.Get("until"))}
+	var err error
+	switch f.Status {
+	case "", "processing", "done", "failed":
+	default:
+		return f, fmt.Errorf("status %q: use processing, done or failed", f.Status)
+	}
+	switch {
+	case len(f.Biz) > 64:
+		return f, errors.New("biz type longer than 64 bytes")
+	case len(f.Key) > 191:
+		return f, errors.New("key longer than 191 bytes")
+	case len(f.Reason) > 32:
+		return f, errors.New("reason longer than 32 bytes")
+	}
+	if f.since, err = consoleParseWhen("since", f.Since, now); err != nil {
+		return f, err
+	}
+	if f.until, err = consoleParseWhen("until", f.Until, now); err != nil {
+		return f, err
+	}
+	if !f.since.IsZero() && !f.until.IsZero() && !f.since.Before(f.until) {
+		return f, errors.New("since is not before until")
+	}
+	if f.before, err = inbox.ParseCursor(q.Get("before")); err != nil {
+		return f, err
+	}
+	if f.after, err = inbox.ParseCursor(q.Get("after")); err != nil {
+		return f, err
+	}
+	return f, nil
+}
+
+// values is the filter as a query string, without a cursor.
+func (f listFilter) values() url.Values {
+	v := url.Values{}
+	for k, s := range map[string]string{"biz": f.Biz, "status": f.Status, "reason": f.Reason, "key": f.Key, "since": f.Since, "until": f.Until} {
+		if s != "" {
+			v.Set(k, s)
+		}
+	}
+	return v
+}
+
+func (f listFilter) url(cursorName string, cur inbox.Cursor) string {
+	v := f.values()
+	if !cur.IsZero() {
+		v.Set(cursorName, cur.String())
+	}
+	if len(v) == 0 {
+		return "/inbox"
+	}
+	return "/inbox?" + v.Encode()
+}
+
+// keyCandidates returns the keys a typed key filter matches: the text as typed and, when
+// it holds Go escapes (\x1b, \u202e — the way the console shows characters that do not
+// show as themselves), the key they spell. nil for "".
+func keyCandidates(s string) []string {
+	if s == "" {
+		return nil
+	}
+	out := []string{s}
+	if strings.Contains(s, `\`) {
+		if u, err := strconv.Unquote(`"` + strings.ReplaceAll(s, `"`, `\"`) + `"`); err == nil && u != s && u != "" {
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
+// consoleParseWhen accepts what `router replay --since` does — an RFC3339 time or a duration ago
+// ("2h", "2h ago") — and a date with a time or alone, read as UTC.
+func consoleParseWhen(name, s string, now time.Time) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t.UTC(), nil
+	}
+	for _, layout := range []string{"2006-01-02T15:04:05", "2006-01-02T15:04", "2006-01-02 15:04:05", "2006-01-02 15:04", "2006-01-02"} {
+		if t, err := time.ParseInLocation(layout, s, time.UTC); err == nil {
+			return t, nil
+		}
+	}
+	if d, err := time.ParseDuration(strings.TrimSpace(strings.TrimSuffix(s, "ago"))); err == nil && d > 0 {
+		return now.Add(-d).UTC(), nil
+	}
+	return time.Time{}, fmt.Errorf("%s %q: use a time (2026-11-11T10:00:00Z, 2026-11-11 10:00, UTC) or a duration ago (2h)", name, s)
+}
+
+type inboxData struct {
+	F                             listFilter
+	BizTypes, Statuses, Reasons   []string
+	Rows                          []inbox.Row
+	NewestURL, OlderURL, NewerURL string
+	Paged                         bool
+	Err                           string
+	Replay                        replayForm
+}
+
+// replayForm is the inbox page's offer to replay what the filter selects.
+type replayForm struct {
+	Offered                        bool   // a replay handler is configured
+	Allowed                        bool   // the filter is one a replay can select
+	Note                           string // why not, when not
+	Biz, Status, Key, Since, Until string
+}
+
+func (c *console) inboxList(w http.ResponseWriter, r *http.Request, by who) {
+	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
+	defer cancel()
+	now := time.Now()
+	d := inboxData{BizTypes: c.bizTypes(c.statsOrZero()), Statuses: []string{"failed", "processing", "done"}, Reasons: reasons}
+	f, err := parseListFilter(r.URL.Query(), now)
+	d.F = f
+	status := http.StatusOK
+	if err != nil {
+		d.Err, status = err.Error(), http.StatusBadRequest
+		c.render(w, r, status, "inbox", "Inbox", by, d)
+		return
+	}
+	q := inbox.PageQuery{BizTypes: d.BizTypes, Reason: f.Reason, Keys: keyCandidates(f.Key), Since: f.since, Until: f.until,
+		Before: f.before, After: f.after, Limit: pageSize}
+	if f.Biz != "" {
+		q.BizTypes = []string{f.Biz}
+	}
+	if f.Status != "" {
+		q.Statuses = []inbox.Status{inbox.Status(f.Status)}
+	}
+	if len(q.BizTypes) > 0 {
+		p, err := c.store.Page(ctx, q)
+		if err != nil {
+			d.Err, status = err.Error(), http.StatusInternalServerError
+		}
+		d.Rows = p.Rows
+		if !p.Older.IsZero() {
+			d.OlderURL = f.url("before", p.Older)
+		}
+		if !p.Newer.IsZero() {
+			d.NewerURL = f.url("after", p.Newer)
+		}
+	}
+	d.Paged = !f.before.IsZero() || !f.after.IsZero()
+	d.NewestURL = f.url("", inbox.Cursor{})
+	d.Replay = c.replayOffer(f)
+	c.render(w, r, status, "inbox", "Inbox", by, d)
+}
+
+func (c *console) replayOffer(f listFilter) replayForm {
+	rf := replayForm{Offered: c.cfg.Replay != nil, Biz: f.Biz, Status: f.Status, Key: f.Key, Since: f.Since, Until: f.Until}
+	switch {
+	case f.Biz == "":
+		rf.Note = "Choose a biz type to replay what this filter selects."
+	case c.biz[f.Biz].Name == "":
+		rf.Note = "No plugin of this router runs biz type " + consoleui.Visible(f.Biz) + ": its rows cannot be replayed here."
+	case f.Status != "failed" && f.Status != "processing":
+		rf.Note = "Choose status failed (or processing, for stuck rows) to replay."
+	case f.Reason != "":
+		rf.Note = "A replay selects by biz type, status, key and receive time, not by reason: clear the reason to replay."
+	default:
+		rf.Allowed = true
+	}
+	return rf
+}
+
+func (c *console) statsOrZero() metrics.DBStats {
+	if c.cfg.Metrics != nil {
+		return c.cfg.Metrics.DBStats()
+	}
+	return metrics.DBStats{}
+}
+
+// ---------------------------------------------------------------- one row
+
+type rowData struct {
+	Row        inbox.Row
+	Plugins    []string
+	Payload    consoleui.PayloadView
+	Headers    []consoleui.KV
+	History    []inbox.HistoryEntry
+	HasHistory bool
+	HistoryErr string
+	Replay     *inbox.ReplayReport // the replay the page was opened after (?replay=)
+	CanRetry   bool
+	Offered    bool
+	// NotReplayable says why a replay refuses the row (it holds less than the delivered
+	// message): no Retry then.
+	NotReplayable string
+}
+
+func (c *console) inboxRow(w http.ResponseWriter, r *http.Request, by who) {
+	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
+	defer cancel()
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id <= 0 {
+		c.message(w, r, http.StatusBadRequest, by, "No such row", []string{"An inbox row id is a positive number."}, link{"/inbox", "Inbox"})
+		return
+	}
+	row, err := c.store.Get(ctx, id)
+	if errors.Is(err, inbox.ErrNoRow) {
+		c.message(w, r, http.StatusNotFound, by, "No such row", []string{fmt.Sprintf("There is no inbox row %d (the cleaner deletes done rows after inbox.retention).", id)}, link{"/inbox", "Inbox"})
+		return
+	}
+	if err != nil {
+		c.message(w, r, http.StatusInternalServerError, by, "Inbox unreadable", []string{err.Error()}, link{"/inbox", "Inbox"})
+		return
+	}
+	b := c.biz[row.BizType]
+	d := rowData{Row: row, Plugins: b.Plugins, Payload: consoleui.ViewPayload(row.Payload, row.PayloadSize, row.Tombstone), Headers: consoleui.SortedHeaders(row.Metadata),
+		Offered: c.cfg.Replay != nil && b.Name != "", NotReplayable: refusal(row)}
+	d.CanRetry = row.Status == inbox.StatusFailed && d.NotReplayable == ""
+	if b.History != nil {
+		d.HasHistory = true
+		if d.History, err = b.History(ctx, c.cfg.DB, row.DedupKey); err != nil {
+			d.HistoryErr = err.Error()
+		}
+	}
+	if rid, err := strconv.ParseInt(r.URL.Query().Get("replay"), 10, 64); err == nil && rid > 0 {
+		if rep, err := c.store.LoadReplay(ctx, rid); err == nil {
+			d.Replay = &rep
+		}
+	}
+	c.render(w, r, http.StatusOK, "row", fmt.Sprintf("Inbox row %d", row.ID), by, d)
+}
+
+// ---------------------------------------------------------------- actions: replays
+
+// replayed is one row of a replay (or dry run) as a result page shows it.
+type replayed struct {
+	Row    inbox.Row
+	Result string
+	Failed bool
+}
+
+type replayOutcome struct {
+	Report inbox.ReplayReport
+	Rows   []replayed // the first keepRows rows
+	Err    error
+}
+
+// keepRows is how many rows of a replay its page lists.
+const keepRows = 100
+
+// errBusy: another replay of this console is running.
+var errBusy = errors.New("another replay started from this console is still running: see Replays")
+
+// startReplay runs opts in the background, under the console's context (not the
+// request's: a replay the browser stopped waiting for goes on to its end and records it),
+// one at a time. The returned channel gets the outcome.
+func (c *console) startReplay(r *http.Request, action string, opts inbox.ReplayOptions) (<-chan replayOutcome, error) {
+	if c.cfg.Replay == nil {
+		return nil, errors.New("this console has no replay handler (the process was not started by the router command line)")
+	}
+	select {
+	case c.busy <- struct{}{}:
+	default:
+		return nil, errBusy
+	}
+	out := make(chan replayOutcome, 1)
+	var o replayOutcome
+	opts.OnRow = func(row inbox.Row, res inbox.Result) {
+		if len(o.Rows) < keepRows {
+			row.Payload, row.Metadata = nil, nil
+			o.Rows = append(o.Rows, replayed{Row: row, Result: resultText(row, res, opts.DryRun),
+				Failed: res.Outcome == inbox.OutcomeQuarantined || res.Outcome == inbox.OutcomeConflict || res.Outcome == inbox.OutcomeRefused})
+		}
+	}
+	fields := watermill.LogFields{"action": action, "remote": r.RemoteAddr, "biz_type": opts.Filter.BizType, "dry_run": opts.DryRun}
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		defer func() { <-c.busy }()
+		o.Report, o.Err = c.cfg.Replay(c.ctx, opts)
+		fields["replay_id"], fields["selected"], fields["outcome"] = o.Report.ID, o.Report.Selected, o.Report.Outcome
+		if o.Err != nil {
+			c.cfg.Logger.Error("console action", o.Err, fields)
+		} else {
+			c.cfg.Logger.Info("console action", fields)
+		}
+		out <- o
+	}()
+	return out, nil
+}
+
+// wait waits for a replay's outcome at most replayWait; ok is false when the replay goes
+// on in the background (the page then says so) or the browser left.
+func (c *console) wait(w http.ResponseWriter, r *http.Request, by who, ch <-chan replayOutcome) (replayOutcome, bool) {
+	t := time.NewTimer(replayWait)
+	defer t.Stop()
+	select {
+	case o := <-ch:
+		return o, true
+	case <-t.C:
+		c.message(w, r, http.StatusAccepted, by, "Replay running", []string{
+			fmt.Sprintf("The replay has run for %s and goes on in the background; it is recorded in the replay table when it ends.", replayWait)},
+			link{"/replays", "Replays"})
+	case <-r.Context().Done():
+	}
+	return replayOutcome{}, false
+}
+
+// resultText says in words what happened (or would happen) to one replayed row. A dry
+// run's res is what the replay decides before running the row (inbox.ReplayOptions.OnRow).
+func resultText(row inbox.Row, res inbox.Result, dryRun bool) string {
+	if res.Outcome == inbox.OutcomeRefused {
+		return "refused, left quarantined: " + consoleui.Cut(errText(res.Err), 200)
+	}
+	if dryRun {
+		switch {
+		case res.Outcome == inbox.OutcomeQuarantined:
+			return "would be quarantined again (" + string(res.Reason) + ": cannot be decoded)"
+		case res.Outcome == inbox.OutcomeDuplicate:
+			return "would be a duplicate (done: no change)"
+		case row.Status == inbox.StatusProcessing:
+			return "would resume"
+		}
+		return "would run again"
+	}
+	s := string(res.Outcome)
+	if res.Reason != "" {
+		s += " (" + string(res.Reason) + ")"
+	}
+	if res.Err != nil && res.Outcome != inbox.OutcomeProcessed {
+		s += ": " + consoleui.Cut(res.Err.Error(), 120)
+	}
+	return s
+}
+
+func (c *console) retryRow(w http.ResponseWriter, r *http.Request, by who) {
+	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
+	defer cancel()
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id <= 0 {
+		c.message(w, r, http.StatusBadRequest, by, "No such row", []string{"An inbox row id is a positive number."})
+		return
+	}
+	row, err := c.store.Get(ctx, id)
+	if err != nil {
+		status := http.StatusInternalServerError
+		if errors.Is(err, inbox.ErrNoRow) {
+			status = http.StatusNotFound
+		}
+		c.message(w, r, status, by, "Not retried", []string{err.Error()}, link{"/inbox", "Inbox"})
+		return
+	}
+	back := link{fmt.Sprintf("/inbox/%d", id), fmt.Sprintf("Row %d", id)}
+	if row.Status != inbox.StatusFailed {
+		c.message(w, r, http.StatusConflict, by, "Not retried", []string{fmt.Sprintf("Row %d is %s: only failed rows are retried here (a stuck processing row: replay status processing with an older-than).", id, row.Status)}, back)
+		return
+	}
+	if why := refusal(row); why != "" {
+		c.message(w, r, http.StatusConflict, by, "Not retried", []string{fmt.Sprintf("Row %d cannot be replayed: %s. It stays quarantined for inspection.", id, why)}, back)
+		return
+	}
+	// `router inbox retry --biz-type B --order-id K`: this row only (the unique key), and
+	// only while it is still failed (a second press changes nothing).
+	f := inbox.Filter{BizType: row.BizType, Statuses: []inbox.Status{inbox.StatusFailed}, Keys: []string{row.DedupKey}}
+	ch, err := c.startReplay(r, "retry", inbox.ReplayOptions{Filter: f})
+	if err != nil {
+		c.message(w, r, http.StatusConflict, by, "Not retried", []string{err.Error()}, back)
+		return
+	}
+	o, ok := c.wait(w, r, by, ch)
+	if !ok {
+		return
+	}
+	if o.Report.ID == 0 {
+		c.message(w, r, http.StatusInternalServerError, by, "Not retried", []string{errText(o.Err)}, back)
+		return
+	}
+	http.Redirect(w, r, fmt.Sprintf("/inbox/%d?replay=%d", id, o.Report.ID), http.StatusSeeOther)
+}
+
+// refusal says why a replay refuses row ("" when it runs it): what of the delivered
+// message the row does not hold.
+func refusal(row inbox.Row) string {
+	err := row.Replayable()
+	if err == nil {
+		return ""
+	}
+	return strings.TrimPrefix(err.Error(), inbox.ErrNotReplayable.Error()+": ")
+}
+
+// replayData is the page of a dry run (with the form that runs it) or of a replay.
+type replayData struct {
+	Report inbox.ReplayReport
+	Rows   []replayed
+	More   int // selected rows not listed
+	Err    string
+	Filter string // as `router replay` flags
+	Run    runForm
+}
+
+// runForm carries a previewed selection to the replay that runs it.
+type runForm struct {
+	Biz, Status, Key, Since, Until, OlderThan string
+	Preview                                   int64
+}
+
+// replayFilter reads the replay form into the selection a replay runs.
+func (c *console) replayFilter(r *http.Request, now time.Time) (inbox.Filter, runForm, error) {
+	p := r.PostForm
+	rf := runForm{Biz: p.Get("biz"), Status: p.Get("status"), Key: p.Get("key"), Since: strings.TrimSpace(p.Get("since")),
+		Until: strings.TrimSpace(p.Get("until")), OlderThan: strings.TrimSpace(p.Get("older_than"))}
+	f := inbox.Filter{BizType: rf.Biz}
+	if c.biz[rf.Biz].Name == "" {
+		return f, rf, fmt.Errorf("biz type %q: not one this router runs", consoleui.Visible(rf.Biz))
+	}
+	switch rf.Status {
+	case "failed", "processing":
+		f.Statuses = []inbox.Status{inbox.Status(rf.Status)}
+	default:
+		return f, rf, fmt.Errorf("status %q: a replay here selects failed rows, or processing ones with an older-than", consoleui.Visible(rf.Status))
+	}
+	if rf.OlderThan != "" {
+		d, err := time.ParseDuration(rf.OlderThan)
+		if err != nil || d <= 0 {
+			return f, rf, fmt.Errorf("older than %q: a positive duration (10m)", consoleui.Visible(rf.OlderThan))
+		}
+		f.OlderThan = d
+	}
+	if rf.Status == "processing" && f.OlderThan == 0 {
+		return f, rf, errors.New("status processing needs an older-than (a row updated recently may still be in flight)")
+	}
+	f.Keys = keyCandidates(rf.Key)
+	var err error
+	if f.Since, err = consoleParseWhen("since", rf.Since, now); err != nil {
+		return f, rf, err
+	}
+	if f.Until, err = consoleParseWhen("until", rf.Until, now); err != nil {
+		return f, rf, err
+	}
+	if err := f.Validate(); err != nil {
+		return f, rf, err
+	}
+	return f, rf, nil
+}
+
+func (c *console) replay(w http.ResponseWriter, r *http.Request, by who) {
+	if err := r.ParseForm(); err != nil {
+		c.message(w, r, http.StatusBadRequest, by, "Not replayed", []string{err.Error()})
+		return
+	}
+	now := time.Now().UTC()
+	f, rf, err := c.replayFilter(r, now)
+	if err != nil {
+		c.message(w, r, http.StatusBadRequest, by, "Not replayed", []string{err.Error()}, link{"/inbox", "Inbox"})
+		return
+	}
+	run := r.PostForm.Get("run") == "1"
+	if !run {
+		// The dry run comes first, and pins the end of the selection: the replay it
+		// offers never takes rows received after the operator saw the preview.
+		if f.Until.IsZero() {
+			f.Until = now.Truncate(time.Microsecond)
+		}
+	} else if err := c.checkPreview(r, f); err != nil {
+		c.message(w, r, http.StatusBadRequest, by, "Not replayed", []string{err.Error()}, link{"/inbox", "Inbox"})
+		return
+	}
+	action := "replay"
+	if !run {
+		action = "replay dry run"
+	}
+	ch, err := c.startReplay(r, action, inbox.ReplayOptions{Filter: f, DryRun: !run})
+	if err != nil {
+		c.message(w, r, http.StatusConflict, by, "Not replayed", []string{err.Error()}, link{"/replays", "Replays"})
+		return
+	}
+	o, ok := c.wait(w, r, by, ch)
+	if !ok {
+		return
+	}
+	d := replayData{Report: o.Report, Rows: o.Rows, More: o.Report.Selected - len(o.Rows), Err: errText(o.Err), Filter: filterText(f)}
+	status := http.StatusOK
+	if o.Report.ID == 0 {
+		status = http.StatusInternalServerError
+	}
+	title := fmt.Sprintf("Replay %d", o.Report.ID)
+	if !run {
+		title = fmt.Sprintf("Dry run %d", o.Report.ID)
+		rf.Since, rf.Until = "", ""
+		if !f.Since.IsZero() {
+			rf.Since = f.Since.Format(time.RFC3339Nano)
+		}
+		rf.Until = f.Until.Format(time.RFC3339Nano)
+		rf.Preview = o.Report.ID
+		d.Run = rf
+	}
+	c.render(w, r, status, "replay", title, by, d)
+}
+
+// checkPreview refuses a replay that does not run the selection of a recent dry run of
+// this form (the preview comes first).
+func (c *console) checkPreview(r *http.Request, f inbox.Filter) error {
+	id, err := strconv.ParseInt(r.PostForm.Get("preview"), 10, 64)
+	if err != nil || id <= 0 {
+		return errors.New("a replay runs after its dry run: preview it first")
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
+	defer cancel()
+	prev, err := c.store.LoadReplay(ctx, id)
+	if err != nil {
+		return err
+	}
+	want, _ := json.Marshal(f)
+	got, _ := json.Marshal(prev.Filter)
+	switch {
+	case !prev.DryRun || prev.Outcome != inbox.ReplayDryRun:
+		return fmt.Errorf("replay %d is not a finished dry run: preview the replay first", id)
+	case string(want) != string(got):
+		return fmt.Errorf("the selection differs from dry run %d's: preview it again", id)
+	case time.Since(prev.StartedAt) > previewTTL:
+		return fmt.Errorf("dry run %d is older than %s: preview it again", id, previewTTL)
+	}
+	return nil
+}
+
+// ---------------------------------------------------------------- replays list
+
+type replaysData struct {
+	Replays  []replayRow
+	OlderURL string
+	Err      string
+}
+
+func (c *console) replays(w http.ResponseWriter, r *http.Request, by who) {
+	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
+	defer cancel()
+	before, _ := strconv.ParseInt(r.URL.Query().Get("before"), 10, 64)
+	var d replaysData
+	rows, err := c.recentReplays(ctx, max(before, 0), pageSize+1)
+	if err != nil {
+		d.Err = err.Error()
+	}
+	if len(rows) > pageSize {
+		rows = rows[:pageSize]
+		d.OlderURL = fmt.Sprintf("/replays?before=%d", rows[len(rows)-1].ID)
+	}
+	d.Replays = rows
+	c.render(w, r, http.StatusOK, "replays", "Replays", by, d)
+}
+
+// ---------------------------------------------------------------- parked events
+
+type parkedData struct {
+	Rows          []outbox.ParkedRow
+	Refused, Held int64
+	Err           string
+}
+
+// parkedPage is how many parked events the page lists.
+const parkedPage = 200
+
+func (c *console) parkedList(w http.ResponseWriter, r *http.Request, by who) {
+	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
+	defer cancel()
+	var d parkedData
+	var err error
+	if d.Rows, err = c.parked.List(ctx, parkedPage); err == nil {
+		d.Refused, d.Held, err = c.parked.Count(ctx)
+	}
+	if err != nil {
+		d.Err = err.Error()
+	}
+	c.render(w, r, http.StatusOK, "outbox", "Parked events", by, d)
+}
+
+// parkedAction is `router outbox retry <id>` and `router outbox drop <id> --yes`.
+func (c *console) parkedAction(w http.ResponseWriter, r *http.Request, by who) {
+	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
+	defer cancel()
+	if err := r.ParseForm(); err != nil {
+		c.message(w, r, http.StatusBadRequest, by, "Not done", []string{err.Error()})
+		return
+	}
+	ref := r.PathValue("id")
+	drop := strings.HasSuffix(r.URL.Path, "/drop")
+	back := link{"/outbox", "Parked events"}
+	if _, err := strconv.ParseUint(ref, 10, 64); err != nil {
+		c.message(w, r, http.StatusBadRequest, by, "Not done", []string{"A parked event is named by its outbox id here."}, back)
+		return
+	}
+	action, verb := "outbox retry", "Retried"
+	var rel outbox.Release
+	var err error
+	if drop {
+		action, verb = "outbox drop", "Dropped"
+		if r.PostForm.Get("confirm") != "yes" {
+			c.message(w, r, http.StatusBadRequest, by, "Not dropped", []string{"Dropping deletes the event for good: tick the box to confirm."}, back)
+			return
+		}
+		rel, err = c.parked.Drop(ctx, ref)
+	} else {
+		rel, err = c.parked.Retry(ctx, ref)
+	}
+	fields := watermill.LogFields{"action": action, "remote": r.RemoteAddr, "outbox_id": ref}
+	if err != nil {
+		c.cfg.Logger.Error("console action", err, fields)
+		status := http.StatusInternalServerError
+		if errors.Is(err, outbox.ErrNotParked) || errors.Is(err, outbox.ErrHeld) || errors.Is(err, outbox.ErrBadRef) {
+			status = http.StatusConflict
+		}
+		c.message(w, r, status, by, "Not done", []string{err.Error()}, back)
+		return
+	}
+	fields["event_id"], fields["moved"] = rel.Event.EventID, rel.Moved
+	c.cfg.Logger.Info("console action", fields)
+	e := rel.Event
+	line := fmt.Sprintf("Retried event %s (topic %s, key %s): %d events back in the outbox (it and %d held behind it); the relay publishes them in their original order.",
+		consoleui.Visible(e.EventID), consoleui.Visible(e.Topic), consoleui.Visible(e.Key), rel.Moved, rel.Moved-1)
+	if drop {
+		line = fmt.Sprintf("Dropped event %s (topic %s, key %s, %d bytes) for good; %d events held behind it are back in the outbox.",
+			consoleui.Visible(e.EventID), consoleui.Visible(e.Topic), consoleui.Visible(e.Key), e.Size, rel.Moved)
+	}
+	c.message(w, r, http.StatusOK, by, verb+" event "+ref, []string{line}, back)
+}

@@ -1,0 +1,137 @@
+package onceflow
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/httpcmd"
+	"github.com/onceflow/onceflow/internal/loopback"
+	"github.com/onceflow/onceflow/internal/metrics"
+)
+
+// commandKeyField names a command's business key (its client token) in log lines.
+const commandKeyField = "idempotency_key"
+
+// commandPlugins returns the plugins' HTTP commands as plugins of their own biz type: the
+// handler a command's rows run through, in `router run` and in `router replay` / `inbox
+// retry` alike.
+func commandPlugins(ps []plugin) []plugin {
+	var out []plugin
+	for _, p := range ps {
+		for _, c := range p.Commands {
+			cp := p
+			cp.Plugin = inbox.Plugin{Name: p.Name, Topics: p.Topics, ConsumerGroup: p.ConsumerGroup, BizType: c.BizType,
+				KeyLogField: commandKeyField, Build: c.Build, Tables: p.Tables}
+			cp.command = &c
+			out = append(out, cp)
+		}
+	}
+	return out
+}
+
+// startHTTP serves the plugins' commands on http.listen (nothing when it is empty); without
+// http.token only to requests addressed to a loopback name (tokenless). The returned func
+// stops the listener, letting running requests finish first.
+func (a *app) startHTTP(ctx context.Context, db *sql.DB, plugins []plugin, obs inbox.Observer, m *metrics.Metrics) (func(), error) {
+	cmds := commandPlugins(plugins)
+	if a.cfg.HTTP.Listen == "" {
+		if len(cmds) > 0 {
+			a.logger.Info("HTTP commands off (http.listen is empty)", watermill.LogFields{"commands": len(cmds)})
+		}
+		return func() {}, nil
+	}
+	if len(cmds) == 0 {
+		return nil, badInput(fmt.Errorf("http.listen %s is set, but no plugin declares an HTTP command", a.cfg.HTTP.Listen))
+	}
+	token, err := a.cfg.HTTP.token()
+	if err != nil {
+		return nil, badInput(err)
+	}
+	var routes []httpcmd.Route
+	var closers []func()
+	closeAll := func() {
+		for _, c := range closers {
+			c()
+		}
+	}
+	for _, p := range cmds {
+		ib, closeHandler, err := a.buildInbox(ctx, db, p, obs)
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		closers = append(closers, closeHandler)
+		var runner httpcmd.Runner = ib
+		if bc := a.cfg.batchConfig(); bc.MaxSize > 1 {
+			// Group commit, as for the plugin's Kafka deliveries: requests that arrive
+			// together share a transaction, each behind its savepoint.
+			if b, err := ib.NewBatcher(bc); err == nil {
+				runner = b
+				closers = append([]func(){func() { _ = b.Close() }}, closers...) // before its handler
+			}
+		}
+		routes = append(routes, httpcmd.Route{Method: p.command.Method, Path: p.command.Path, Runner: runner})
+		a.logger.Info("HTTP command", watermill.LogFields{"plugin": p.Name, "method": p.command.Method, "path": p.command.Path, "biz_type": p.BizType})
+	}
+	h, err := httpcmd.New(routes, httpcmd.Config{MaxBodyBytes: int64(a.cfg.HTTP.MaxBodyBytes), RequestTimeout: a.cfg.HTTP.RequestTimeout,
+		OutcomeWait: a.cfg.HTTP.OutcomeWait, Observe: m.ObserveHTTP}, a.logger)
+	if err != nil {
+		closeAll()
+		return nil, badInput(err)
+	}
+	ln, err := net.Listen("tcp", a.cfg.HTTP.Listen)
+	if err != nil {
+		closeAll()
+		return nil, badInput(fmt.Errorf("http.listen %s: %w (set http.listen to a free port, or empty to disable)", a.cfg.HTTP.Listen, err))
+	}
+	answerBy := a.cfg.HTTP.RequestTimeout + a.cfg.HTTP.OutcomeWait + 5*time.Second // a request's longest run, and a margin
+	srv := &http.Server{Handler: tokenless(token, requireBearer(token, h), misdirected), ReadHeaderTimeout: adminReadHeaderTimeout, ReadTimeout: adminReadTimeout,
+		WriteTimeout: answerBy, IdleTimeout: adminIdleTimeout, MaxHeaderBytes: 64 << 10,
+		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
+	go func() { _ = srv.Serve(ln) }()
+	a.logger.Info("HTTP listener", watermill.LogFields{"addr": ln.Addr().String(), "idempotency_ttl": a.cfg.HTTP.IdempotencyTTL})
+	return func() {
+		sctx, cancel := context.WithTimeout(context.Background(), answerBy)
+		defer cancel()
+		_ = srv.Shutdown(sctx) // running requests finish; none starts
+		closeAll()
+	}, nil
+}
+
+// requireBearer serves h only to requests that carry "Authorization: Bearer <token>"
+// (http.token), answering others 401 with a JSON error; an empty token serves every request.
+func requireBearer(token string, h http.Handler) http.Handler {
+	return withBearer(token, h, func(w http.ResponseWriter) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="onceflow commands"`)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusUnauthorized)
+		fmt.Fprintln(w, `{"error":"unauthorized: send Authorization: Bearer <http.token>"}`)
+	})
+}
+
+// misdirected answers a command addressed to another name than a loopback one on a
+// listener without http.token (tokenless): 421 with a fixed JSON error.
+func misdirected(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(loopback.Refused)
+	fmt.Fprintln(w, `{"error":"`+loopback.Message+`"}`)
+}
+
+// token returns the commands' bearer token: http.token, or the first line of
+// http.token_file.
+func (c HTTPConfig) token() (string, error) {
+	return listener{"http", c.Listen, c.Token, c.TokenFile}.token()
+}
+
+// validate checks the http section: the admin listener's rules (a listener beyond loopback
+// needs a token).
+func (c HTTPConfig) validate() error {
+	return listener{"http", c.Listen, c.Token, c.TokenFile}.validate("127.0.0.1:8080", "the commands ask")
+}

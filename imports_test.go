@@ -1,0 +1,166 @@
+package onceflow_test
+
+import (
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/onceflow/onceflow"
+
+// importRule: no package matching from depends (directly or through others) on a package
+// matching any of forbidden. A pattern is a path in the module: "." is the root package (the
+// runtime), "x/..." is x and below it, "..." every package of the module.
+type importRule struct {
+	from      string
+	forbidden []string
+	why       string
+}
+
+// importRules are the directions of docs/ARCHITECTURE.md: cmd/router → the runtime (the root
+// package) and plugins (coupon, examples) → inbox, outbox → pkg, internal. The tools module
+// (tools/) may import what it needs; nothing here imports it.
+var importRules = []importRule{
+	{"pkg/...", []string{"inbox/...", "outbox/...", "coupon/...", ".", "cmd/..."}, "pkg/ knows no layer above it"},
+	{"internal/...", []string{"inbox/...", "outbox/...", "coupon/...", ".", "cmd/..."}, "internal/ knows no layer above it"},
+	{"inbox/...", []string{"outbox/...", "coupon/...", ".", "cmd/..."}, "inbox knows no domain, no runtime, and not the outbox (a handler uses both)"},
+	{"outbox/...", []string{"inbox/...", "coupon/...", ".", "cmd/..."}, "outbox knows no domain, no runtime, and not the inbox"},
+	{"migrations/...", []string{"inbox/...", "outbox/...", "coupon/...", ".", "cmd/..."}, "the framework's schema depends on no layer"},
+	{"coupon/...", []string{".", "cmd/..."}, "a plugin never imports the runtime"},
+	{".", []string{"coupon/...", "examples/...", "cmd/..."}, "the runtime imports no plugin: binaries choose them"},
+	{"...", []string{"tools/..."}, "the library never imports the tools module"},
+}
+
+// testImportRules hold for the tests of a package too (go list's TestImports and
+// XTestImports): a helper's tests use no layer above it either.
+var testImportRules = importRules[:2]
+
+func matches(pattern, pkg string) bool {
+	switch pattern {
+	case ".":
+		return pkg == module
+	case "...":
+		return pkg == module || strings.HasPrefix(pkg, module+"/")
+	}
+	rel, ok := strings.CutPrefix(pkg, module+"/")
+	if !ok {
+		return false
+	}
+	if base, ok := strings.CutSuffix(pattern, "/..."); ok {
+		return rel == base || strings.HasPrefix(rel, base+"/")
+	}
+	return rel == pattern
+}
+
+// importViolations lists "pkg → dep (why)" for every dependency a rule forbids.
+func importViolations(rules []importRule, deps map[string][]string) []string {
+	var out []string
+	for pkg, ds := range deps {
+		for _, r := range rules {
+			if !matches(r.from, pkg) {
+				continue
+			}
+			for _, d := range ds {
+				for _, f := range r.forbidden {
+					if matches(f, d) {
+						out = append(out, pkg+" → "+d+" ("+r.why+")")
+					}
+				}
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// The rules catch an upward import, directly or through another package, and accept the
+// directions they describe.
+func TestImportRules(t *testing.T) {
+	m := func(p string) string { return module + "/" + p }
+	cases := []struct {
+		name string
+		deps map[string][]string
+		want int
+	}{
+		{"allowed directions", map[string][]string{
+			module:                  {m("inbox"), m("outbox"), m("pkg/dbx"), m("internal/consoleui")},
+			m("internal/consoleui"): {m("internal/metrics")},
+			m("cmd/router"):         {module, m("coupon"), m("coupon/notify")},
+			m("coupon"):             {m("inbox"), m("outbox"), m("pkg/dbx")},
+			m("inbox"):              {m("pkg/dbx"), m("pkg/kafkax"), m("internal/txdefer")},
+			m("inbox/inboxtest"):    {m("inbox"), m("internal/testenv")},
+			m("internal/testenv"):   {m("migrations"), m("pkg/dbx")},
+		}, 0},
+		{"pkg imports inbox", map[string][]string{m("pkg/dbx"): {m("inbox")}}, 1},
+		{"internal imports outbox and coupon", map[string][]string{m("internal/testenv"): {m("outbox"), m("coupon")}}, 2},
+		{"internal imports the runtime", map[string][]string{m("internal/consoleui"): {module}}, 1},
+		{"pkg depends on the runtime through another package", map[string][]string{m("pkg/kafkax"): {m("internal/metrics"), module}}, 1},
+		{"inbox imports outbox", map[string][]string{m("inbox"): {m("outbox")}}, 1},
+		{"outbox imports inbox and coupon", map[string][]string{m("outbox"): {m("inbox"), m("coupon")}}, 2},
+		{"inboxtest imports coupon", map[string][]string{m("inbox/inboxtest"): {m("coupon")}}, 1},
+		{"the runtime imports a plugin", map[string][]string{module: {m("coupon/notify")}}, 1},
+		{"a plugin imports the runtime", map[string][]string{m("coupon"): {module}}, 1},
+		{"the library imports the tools module", map[string][]string{module: {m("tools/chaos")}, m("coupon"): {m("tools/bench")}}, 2},
+		{"a package named like a layer is not one", map[string][]string{m("pkg/dbx"): {m("inboxes"), "example.com/inbox", module + "x"}}, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := importViolations(importRules, tc.deps); len(got) != tc.want {
+				t.Errorf("%d violations, want %d: %v", len(got), tc.want, got)
+			}
+		})
+	}
+}
+
+// goList runs go list on the module's packages and returns, per package, the fields format
+// lists after its import path.
+func goList(t *testing.T, format string) map[string][]string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-e", "-f", "{{.ImportPath}} "+format, module+"/...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	res := map[string][]string{}
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(l)
+		res[f[0]] = f[1:]
+	}
+	return res
+}
+
+// The module's packages follow the rules (go list: each package's dependencies, transitive,
+// tests left out), and the tests of pkg/ and internal/ import no layer above them either.
+func TestImports(t *testing.T) {
+	deps := goList(t, `{{join .Deps " "}}`)
+	for _, p := range []string{"", "/inbox", "/outbox", "/pkg/dbx", "/internal/testenv", "/coupon", "/cmd/router"} {
+		if _, ok := deps[module+p]; !ok {
+			t.Fatalf("go list did not list %s: %v", module+p, deps)
+		}
+	}
+	for _, v := range importViolations(importRules, deps) {
+		t.Error(v)
+	}
+	tests := goList(t, `{{join .TestImports " "}} {{join .XTestImports " "}}`)
+	for _, v := range importViolations(testImportRules, tests) {
+		t.Error("test: " + v)
+	}
+}
+
+// cmd/ holds only main packages: what a user imports lives elsewhere.
+func TestCmdHoldsOnlyMainPackages(t *testing.T) {
+	names := goList(t, "{{.Name}}")
+	n := 0
+	for pkg, name := range names {
+		if !matches("cmd/...", pkg) {
+			continue
+		}
+		n++
+		if len(name) != 1 || name[0] != "main" {
+			t.Errorf("%s is package %v, not a main package", pkg, name)
+		}
+	}
+	if n == 0 {
+		t.Fatalf("go list found no package under cmd/: %v", names)
+	}
+}

@@ -1,0 +1,139 @@
+package onceflow
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/onceflow/onceflow/migrations"
+	"github.com/onceflow/onceflow/pkg/dbx"
+)
+
+func (a *app) migrateCmd() *cobra.Command {
+	var reset, status, grants, printGrants bool
+	var adminDSN string
+	cmd := &cobra.Command{
+		Use:   "migrate",
+		Short: "apply the framework's schema migrations, then each plugin's (privileged DSN: db.admin_dsn)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			if printGrants {
+				return a.printGrants(ctx)
+			}
+			dsn := a.cfg.DB.AdminDSN
+			if adminDSN != "" {
+				dsn = adminDSN
+			}
+			c, err := a.openDB(ctx, dsn, true)
+			if err != nil {
+				return err
+			}
+			c.MaxOpenConns = 2
+			if err := dbx.EnsureDatabase(ctx, *c); err != nil {
+				return err
+			}
+			db, err := dbx.Open(ctx, *c)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			sets := migrationSets(a.plugins)
+			if status {
+				lines, err := migrations.Status(ctx, db, sets...)
+				if err != nil {
+					return err
+				}
+				for _, l := range lines {
+					printf("%s\n", l)
+				}
+				return nil
+			}
+			if reset {
+				if err := migrations.Reset(ctx, db, sets...); err != nil {
+					return err
+				}
+				printf("migrate: schema dropped\n")
+			}
+			if err := migrations.Up(ctx, db, sets...); err != nil {
+				return err
+			}
+			printf("migrate: schema up to date (%s)\n", dbx.MaskDSN(dsn))
+			if !grants {
+				printf("migrate: grants left as they are (--grants=false)\n")
+				return nil
+			}
+			return a.grantApp(ctx, db, *c)
+		},
+	}
+	cmd.Flags().BoolVar(&reset, "reset", false, "roll every migration back first, the plugins' before the framework's (drops the tables: destroys data)")
+	cmd.Flags().BoolVar(&status, "status", false, "list applied and pending migrations")
+	cmd.Flags().StringVar(&adminDSN, "admin-dsn", "", "privileged DSN (overrides db.admin_dsn)")
+	cmd.Flags().BoolVar(&grants, "grants", true, "then grant the application user (the account db.dsn logs in as) its privileges, table by table, "+
+		"as the migrations' grants.txt files list them (the migration user needs GRANT OPTION); false leaves grants to the DBA")
+	cmd.Flags().BoolVar(&printGrants, "print-grants", false, "print the GRANT statements of every listed table for the user of db.dsn, and connect to nothing")
+	return cmd
+}
+
+// grantApp gives the account db.dsn logs in as its privileges on the tables of the database
+// admin (the migration user's pool) is on, and says what it granted.
+func (a *app) grantApp(ctx context.Context, admin *sql.DB, adminCfg dbx.Config) error {
+	list, err := migrations.Grants(migrationSets(a.plugins)...)
+	if err != nil {
+		return err
+	}
+	if a.cfg.DB.DSN == "" {
+		printf("migrate: no db.dsn, so no application user to grant to: `router migrate --print-grants` with db.dsn set prints the statements\n")
+		return nil
+	}
+	appCfg, err := a.openDB(ctx, a.cfg.DB.DSN, false)
+	if err != nil {
+		return err
+	}
+	account, err := dbx.Account(ctx, *appCfg)
+	if err != nil {
+		return fmt.Errorf("migrate: the application user (db.dsn): %w", err)
+	}
+	if self, err := dbx.Account(ctx, adminCfg); err == nil && self == account {
+		printf("migrate: db.dsn logs in as the migration user %s: nothing to grant\n", account)
+		return nil
+	}
+	rep, err := migrations.ApplyGrants(ctx, admin, account, list)
+	if err != nil {
+		return err
+	}
+	printf("migrate: granted %s its privileges on %d tables (%s)\n", account, len(rep.Granted), strings.Join(rep.Granted, ", "))
+	if len(rep.Missing) > 0 {
+		printf("migrate: listed but not in the database, nothing granted: %s\n", strings.Join(rep.Missing, ", "))
+	}
+	if len(rep.Unlisted) > 0 {
+		printf("migrate: WARNING: no grants file lists %s: the application user cannot use them\n", strings.Join(rep.Unlisted, ", "))
+	}
+	return nil
+}
+
+// printGrants prints the GRANT statements for the user of db.dsn, for a DBA who keeps the
+// grants: to run in the application's database after `router migrate --grants=false`. It
+// connects to nothing, so the account's host is written as '%'.
+func (a *app) printGrants(ctx context.Context) error {
+	list, err := migrations.Grants(migrationSets(a.plugins)...)
+	if err != nil {
+		return err
+	}
+	if _, err := a.openDB(ctx, a.cfg.DB.DSN, false); err != nil {
+		return err
+	}
+	mc, err := dbx.ParseDSN(a.cfg.DB.DSN)
+	if err != nil {
+		return badInput(fmt.Errorf("db.dsn: %w", err))
+	}
+	account := "`" + strings.ReplaceAll(mc.User, "`", "``") + "`@`%`"
+	printf("-- the application user's privileges, table by table (write its host as your account has it)\n")
+	for _, q := range migrations.GrantStatements(account, list) {
+		printf("%s;\n", q)
+	}
+	return nil
+}

@@ -1,0 +1,247 @@
+package onceflow
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+
+	"github.com/onceflow/onceflow/internal/metrics"
+	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/pkg/dbx"
+	"github.com/onceflow/onceflow/pkg/kafkax"
+)
+
+// crashPointEnv names a test-only hook: "<point>[:n]" makes the process exit with status 137
+// (as if killed) the n-th time (default 1st) a batch reaches point: before-kafka-commit,
+// after-kafka-commit (Kafka committed or acked, rows not yet marked) or after-mark.
+const crashPointEnv = "ONCEFLOW_RELAY_CRASH_POINT"
+
+func (a *app) relayCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "relay",
+		Short: "run only the outbox relay (exactly-once by default); SIGINT/SIGTERM stop it and release its lease",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.runRelayOnly(cmd.Context())
+		},
+	}
+}
+
+func (a *app) runRelayOnly(ctx context.Context) error {
+	kc := a.kafka()
+	if err := kc.Validate(); err != nil {
+		return badInput(err)
+	}
+	if _, err := a.relayConfig(); err != nil { // bad relay.* settings: exit 2 before connecting
+		return err
+	}
+	tables := []string{"outbox"}
+	if a.cfg.Relay.ExactlyOnce {
+		tables = append(tables, outbox.LeaseTable)
+	}
+	if a.cfg.Relay.Shards > 1 {
+		tables = append(tables, outbox.MemberTable)
+	}
+	db, err := a.openAppDB(ctx, 0, tables...)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	stopTracing, err := a.startTracing(ctx) // otel.*: the relay built below traces
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
+	m := metrics.New(db)
+	relay, closeRelay, err := a.newRelay(db, kc)
+	if err != nil {
+		return err
+	}
+	defer closeRelay()
+	stopMetrics := relayMetrics(ctx, m, relay)
+	defer stopMetrics()
+	stopAdmin, err := a.startAdmin(ctx, db, kc, m)
+	if err != nil {
+		return err
+	}
+	defer stopAdmin()
+	a.logger.Info("relay starting", watermill.LogFields{"dsn": dbx.MaskDSN(a.cfg.DB.DSN), "brokers": kc.Brokers,
+		"exactly_once": a.cfg.Relay.ExactlyOnce, "shard": a.cfg.Relay.Shard, "shards": a.cfg.Relay.Shards, "gc": a.gc})
+	err = relay.Run(ctx)
+	a.logger.Info("relay stopped", watermill.LogFields{"published": relay.Published(), "reconciled": relay.Reconciled()})
+	return err
+}
+
+// relayConfig maps relay.* onto the outbox package's config.
+func (a *app) relayConfig() (outbox.RelayConfig, error) {
+	c := a.cfg.Relay
+	hook, err := crashHook(os.Getenv(crashPointEnv))
+	if err != nil {
+		return outbox.RelayConfig{}, badInput(err)
+	}
+	txnID := c.TransactionalID
+	if txnID == "" {
+		// One transactional id per database and shard: relays of two databases (a demo and
+		// production, say) never fence each other, and a position is only read back by
+		// relays of the same database.
+		mc, err := dbx.ParseDSN(a.cfg.DB.DSN)
+		if err != nil {
+			return outbox.RelayConfig{}, badInput(err)
+		}
+		shard := c.Shard
+		if shard == "" {
+			shard = outbox.RelayConfig{}.WithDefaults().Shard
+		}
+		txnID = outbox.DefaultTransactionalID(mc.DBName, shard)
+	}
+	linger := c.Linger
+	if linger == 0 {
+		linger = outbox.NoLinger // relay.linger: 0s publishes at once (the library's zero value means its default)
+	}
+	retention := c.Retention
+	if retention == 0 {
+		retention = outbox.KeepPublished // relay.retention: 0 keeps published rows
+	}
+	rc := outbox.RelayConfig{BatchSize: c.BatchSize, PollInterval: c.PollInterval, Linger: linger, LagBound: c.LagBound,
+		RetryBackoff: c.RetryBackoff, MaxRetryBackoff: c.MaxRetryBackoff,
+		Retention: retention, CleanupInterval: c.CleanupInterval, CleanupBatch: c.CleanupBatch,
+		Shard: c.Shard, Shards: c.Shards, TransactionalID: txnID, PositionsTopic: c.PositionsTopic, PositionsMinReplicas: c.PositionsMinRF, Owner: c.Owner,
+		LeaseTTL: c.LeaseTTL, TxnTimeout: c.TxnTimeout, Hook: hook, TracerProvider: a.cfg.tracing}
+	if err := rc.WithDefaults().Validate(); err != nil {
+		return outbox.RelayConfig{}, badInput(err)
+	}
+	return rc, nil
+}
+
+// newRelay builds the configured relay: exactly-once (transactional producer, lease) or at
+// least once (idempotent producer). The returned func releases what it holds.
+func (a *app) newRelay(db *sql.DB, kc kafkax.Config) (*outbox.Relay, func(), error) {
+	rc, err := a.relayConfig()
+	if err != nil {
+		return nil, nil, err
+	}
+	if a.cfg.Relay.ExactlyOnce {
+		r, err := outbox.NewExactlyOnceRelay(db, kc, rc, a.logger)
+		if err != nil {
+			return nil, nil, badInput(err)
+		}
+		return r, func() { _ = r.Close() }, nil
+	}
+	// The producer's own client answers the relay's check before each batch (topics exist,
+	// records within Producer.MaxMessageBytes), so what Kafka refuses is parked unsent.
+	pc := kc.ProducerConfig()
+	client, err := sarama.NewClient(kc.Brokers, pc)
+	if err != nil {
+		return nil, nil, kafkax.Unreachable(kc.Brokers, err)
+	}
+	producer, err := sarama.NewSyncProducerFromClient(client)
+	if err != nil {
+		_ = client.Close()
+		return nil, nil, kafkax.Unreachable(kc.Brokers, err)
+	}
+	closeAll := func() {
+		_ = producer.Close()
+		_ = client.Close()
+	}
+	r, err := outbox.NewRelay(db, producer, rc, a.logger)
+	if err != nil {
+		closeAll()
+		return nil, nil, badInput(err)
+	}
+	r.CheckWith(client, pc.Producer.MaxMessageBytes)
+	a.logger.Info("relay runs AT LEAST ONCE (relay.exactly_once=false): a crash between Kafka's ack and the database mark republishes that batch", nil)
+	return r, closeAll, nil
+}
+
+// relayMetrics feeds the relay's counters into the registry and adds its state gauges.
+func relayMetrics(ctx context.Context, m *metrics.Metrics, relay *outbox.Relay) (stop func()) {
+	b2f := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	m.Registry.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "onceflow", Name: "relay_exactly_once",
+			Help: "1 when the relay runs in exactly-once (transactional) mode."}, func() float64 { return b2f(relay.ExactlyOnce()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "onceflow", Name: "relay_lease_owner",
+			Help: "1 while this relay holds its shard's lease and publishes."}, func() float64 { return b2f(relay.Owner()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "onceflow", Name: "relay_fenced",
+			Help: "1 when this relay was fenced by another producer with its transactional.id and has stopped publishing."},
+			func() float64 { return b2f(relay.Fenced()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "onceflow", Name: "relay_shards_owned",
+			Help: "Outbox shards whose lease this relay holds (relay.shards)."}, func() float64 { return float64(len(relay.OwnedShards())) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "onceflow", Name: "relay_fencings_total",
+			Help: "Times this relay was fenced."}, func() float64 { return float64(relay.Fencings()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "onceflow", Name: "relay_reconciled_total",
+			Help: "Rows found already committed to Kafka at session start and marked without republishing."},
+			func() float64 { return float64(relay.Reconciled()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "onceflow", Name: "relay_batches_total",
+			Help: "Batches published: Kafka transactions in exactly-once mode (relay.batch_size and relay.linger shape them)."},
+			func() float64 { return float64(relay.Batches()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "onceflow", Name: "relay_parked_total",
+			Help: "Outbox events this relay parked: Kafka refuses them for good, or they wait behind one of their key that it refuses (router outbox ls)."},
+			func() float64 { return float64(relay.Parked()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "onceflow", Name: "relay_cleaned_total",
+			Help: "Published outbox rows deleted after relay.retention."}, func() float64 { return float64(relay.Deleted()) }),
+	)
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var lastPub, lastErr int64
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				n, e := relay.Published(), relay.Failures()
+				m.RelayPublished.Add(float64(n - lastPub))
+				m.RelayErrors.Add(float64(e - lastErr))
+				lastPub, lastErr = n, e
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+// crashHook parses ONCEFLOW_RELAY_CRASH_POINT ("point[:n]"); empty means no hook.
+func crashHook(spec string) (func(string), error) {
+	if spec == "" {
+		return nil, nil
+	}
+	point, nth, _ := strings.Cut(spec, ":")
+	switch point {
+	case "before-kafka-commit", "after-kafka-commit", "after-mark":
+	default:
+		return nil, fmt.Errorf("%s=%q: unknown point (before-kafka-commit, after-kafka-commit, after-mark)", crashPointEnv, spec)
+	}
+	n := int64(1)
+	if nth != "" {
+		v, err := strconv.ParseInt(nth, 10, 64)
+		if err != nil || v < 1 {
+			return nil, errors.New(crashPointEnv + ": the count after ':' must be a positive integer")
+		}
+		n = v
+	}
+	var seen atomic.Int64
+	return func(p string) {
+		if p == point && seen.Add(1) == n {
+			fmt.Fprintf(os.Stderr, "router: %s: crashing at %s (#%d)\n", crashPointEnv, p, n)
+			os.Exit(137)
+		}
+	}, nil
+}

@@ -1,0 +1,109 @@
+package onceflow
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// OtelConfig is tracing (otel.*): off unless Exporter is otlp.
+type OtelConfig struct {
+	Exporter    string  `mapstructure:"exporter"`
+	Endpoint    string  `mapstructure:"endpoint"`
+	SampleRatio float64 `mapstructure:"sample_ratio"`
+}
+
+func (c OtelConfig) validate() error {
+	switch c.Exporter {
+	case "none", "otlp":
+	default:
+		return fmt.Errorf("otel.exporter %q: use none or otlp", c.Exporter)
+	}
+	if c.Endpoint != "" {
+		u, err := url.Parse(c.Endpoint)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
+			return fmt.Errorf("otel.endpoint %q: want the collector's http:// or https:// URL without credentials, e.g. http://127.0.0.1:4318", c.Endpoint)
+		}
+	}
+	return nil
+}
+
+// startTracing builds the tracer provider of otel.* into a.cfg (inboxes and relays built
+// afterwards trace with it): with otel.exporter none it builds nothing, so nothing is traced
+// and no span is ever created. With otlp, an SDK provider exports spans in batches over
+// OTLP/HTTP to otel.endpoint, sampling new traces at otel.sample_ratio and following a
+// sampled (or not) parent, and becomes the process's global provider and propagator, so a
+// plugin's own spans (otel.Tracer) join its handler's trace. The service name is
+// onceflow-router unless OTEL_SERVICE_NAME or OTEL_RESOURCE_ATTRIBUTES say otherwise; the
+// exporter reads its other OTEL_EXPORTER_OTLP_* settings (headers, timeout) from the
+// environment. The returned func flushes the spans still queued and shuts the provider down:
+// call it once the traced parts have stopped.
+func (a *app) startTracing(ctx context.Context) (func(), error) {
+	c := a.cfg.Otel
+	if c.Exporter != "otlp" {
+		return func() {}, nil
+	}
+	var opts []otlptracehttp.Option
+	if c.Endpoint != "" {
+		u, err := url.Parse(c.Endpoint) // checked by validate
+		if err != nil {
+			return nil, badInput(fmt.Errorf("otel.endpoint: %w", err))
+		}
+		if u.Path == "" || u.Path == "/" {
+			u.Path = "/v1/traces" // a collector's base URL, as OTEL_EXPORTER_OTLP_ENDPOINT is
+		}
+		opts = append(opts, otlptracehttp.WithEndpointURL(u.String()))
+	}
+	exp, err := otlptracehttp.New(ctx, opts...)
+	if err != nil {
+		return nil, badInput(fmt.Errorf("otel: %w", err))
+	}
+	res, err := resource.New(ctx, resource.WithAttributes(attribute.String("service.name", "onceflow-router")),
+		resource.WithFromEnv(), resource.WithTelemetrySDK())
+	if err != nil {
+		return nil, badInput(fmt.Errorf("otel: resource: %w", err))
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res),
+		sdktrace.WithSampler(sdktrace.ParentBased(linkedSampler{sdktrace.TraceIDRatioBased(c.SampleRatio)})))
+	otel.SetTracerProvider(tp)
+	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
+	a.cfg.tracing = tp
+	a.logger.Info("tracing on", watermill.LogFields{"exporter": "otlp", "endpoint": c.Endpoint, "sample_ratio": c.SampleRatio})
+	return func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tp.Shutdown(sctx); err != nil {
+			a.logger.Error("tracing: spans not exported at shutdown", err, nil)
+		}
+		a.cfg.tracing = nil
+	}, nil
+}
+
+// linkedSampler decides for a new trace (a span without a parent): sampled when one of its
+// links is, else by ratio. A group-committed batch's span starts a trace linked to its
+// deliveries' spans: it is recorded whenever one of theirs is, so a sampled delivery's link
+// to its batch never points at a span that was dropped.
+type linkedSampler struct{ ratio sdktrace.Sampler }
+
+func (s linkedSampler) ShouldSample(p sdktrace.SamplingParameters) sdktrace.SamplingResult {
+	for _, l := range p.Links {
+		if l.SpanContext.IsSampled() {
+			return sdktrace.SamplingResult{Decision: sdktrace.RecordAndSample, Tracestate: trace.SpanContextFromContext(p.ParentContext).TraceState()}
+		}
+	}
+	return s.ratio.ShouldSample(p)
+}
+
+func (s linkedSampler) Description() string {
+	return "LinkedOr{" + s.ratio.Description() + "}"
+}
