@@ -275,7 +275,7 @@ var defaults = []struct {
 }
 
 // configTable renders the defaults table as README's configuration table (markdown: key,
-// environment variable, default, meaning). `go test ./cmd -run TestConfigTable -update`
+// environment variable, default, meaning). `go test . -run TestConfigTable -update`
 // writes it into README.
 func configTable() string {
 	cell := func(s string) string { return strings.ReplaceAll(s, "|", `\|`) }

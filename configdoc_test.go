@@ -46,7 +46,7 @@ func TestConfigTable(t *testing.T) {
 			break
 		}
 	}
-	t.Errorf("README.md's configuration table is not the rendering of the defaults table: regenerate it with\n\tgo test ./cmd -run TestConfigTable -update")
+	t.Errorf("README.md's configuration table is not the rendering of the defaults table: regenerate it with\n\tgo test . -run TestConfigTable -update")
 }
 
 func at(lines []string, i int) string {
