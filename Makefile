@@ -72,7 +72,8 @@ fuzz:
 bench: infra
 	bash scripts/bench.sh
 	@case " $(BENCH_FLAGS) " in *" -only"*) echo "bench: an -only run: the documents are left as they are" ;; \
-	  *) $(DOCTABLE) -bench "$$(ls -t bench/results/bench-*.csv | head -n 1)" ;; esac
+	  *) f=$$(ls -t bench/results/bench-*.csv | head -n 1); cp "$$f" bench/results/latest.csv; \
+	     $(DOCTABLE) -bench "$$f" ;; esac
 
 ## bench-stream: the peak memory (max RSS) of `router produce` and `router replay` as child
 ## processes at 10,000 and 1,000,000 orders / inbox rows (the replay through the handler at

@@ -50,7 +50,7 @@ func run(args []string) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", *benchCSV, err)
 		}
-		run := benchRun{source: filepath.ToSlash(*benchCSV), recs: recs}
+		run := benchRun{source: strings.TrimSuffix(filepath.Base(*benchCSV), ".csv"), recs: recs}
 		table, err := run.table()
 		if err != nil {
 			return fmt.Errorf("%s: %w", *benchCSV, err)
