@@ -72,7 +72,7 @@ fuzz:
 bench: infra
 	bash scripts/bench.sh
 	@case " $(BENCH_FLAGS) " in *" -only"*) echo "bench: an -only run: the documents are left as they are" ;; \
-	  *) f=$$(ls -t bench/results/bench-*.csv | head -n 1); cp "$$f" bench/results/latest.csv; \
+	  *) f=$$(ls -t tools/bench/results/bench-*.csv | head -n 1); cp "$$f" tools/bench/results/latest.csv; \
 	     $(DOCTABLE) -bench "$$f" ;; esac
 
 ## bench-stream: the peak memory (max RSS) of `router produce` and `router replay` as child

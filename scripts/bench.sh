@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make bench: measure on the real MariaDB and Kafka (never asserted in a test).
-# Prints BENCH lines and writes a CSV under bench/results/. Extra flags go to tools/bench,
+# Prints BENCH lines and writes a CSV under tools/bench/results/. Extra flags go to tools/bench,
 # e.g. BENCH_FLAGS="-orders 20000 -loads 500,1000".
 set -Eeuo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -87,7 +87,7 @@ func parseConfig(args []string) (*config, error) {
 	fs.StringVar(&c.adminDSN, "admin-dsn", "onceflow_admin:onceflow_admin@tcp(127.0.0.1:3306)/onceflow_bench", "privileged DSN of the bench database")
 	fs.StringVar(&c.appDSN, "dsn", "onceflow:onceflow@tcp(127.0.0.1:3306)/onceflow_bench", "application DSN of the bench database")
 	fs.StringVar(&c.brokers, "brokers", "127.0.0.1:9092", "Kafka brokers")
-	fs.StringVar(&c.outDir, "out", "bench/results", "where the CSV goes")
+	fs.StringVar(&c.outDir, "out", "tools/bench/results", "where the CSV goes")
 	fs.IntVar(&c.gogc, "gogc", gcx.DefaultPercent, "Go GC target of the bench process (the router's runtime.gogc default; GOGC in the environment wins)")
 	fs.StringVar(&c.latencyDump, "latency-dump", "", "write every measured order's stage latencies to FILE-<offered rate>.csv (diagnosis of the tail; also times when each order reached the handler, at some CPU cost, and when it was due as Unix ms, to line orders up with other logs)")
 

@@ -1,6 +1,6 @@
 // Command bench measures onceflow on the real MariaDB and Kafka started by
 // scripts/infra.sh, and prints one machine-readable BENCH line per measurement (plus a CSV
-// under bench/results/). Speed is measured here, never asserted in a test.
+// under tools/bench/results/). Speed is measured here, never asserted in a test.
 //
 //	go build -C tools -o ../bin/bench ./bench && bin/bench [-orders 20000] [-workers 16]
 //

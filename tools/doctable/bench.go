@@ -183,7 +183,7 @@ func (b benchRun) table() (string, error) {
 		return "", errors.New("no median inbox line (mode=batch): not a full run of make bench")
 	}
 	var w strings.Builder
-	fmt.Fprintf(&w, "Run `%s` (its CSV: `bench/results/latest.csv`); calibration (`work_ms`, the same fixed piece of CPU work) **%s ms at the start, %s before the e2e runs, %s at the end**.\n\n",
+	fmt.Fprintf(&w, "Run `%s` (its CSV: `tools/bench/results/latest.csv`); calibration (`work_ms`, the same fixed piece of CPU work) **%s ms at the start, %s before the e2e runs, %s at the end**.\n\n",
 		b.source, b.calibration("start"), b.calibration("before_e2e"), b.calibration("end"))
 	w.WriteString("| measurement | result | target |\n|---|---|---|\n")
 	row := func(m, r, t string) { fmt.Fprintf(&w, "| %s | %s | %s |\n", m, r, t) }

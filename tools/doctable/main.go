@@ -2,7 +2,7 @@
 // that the figures the documents show are the figures a run wrote:
 //
 //	go build -C tools -o ../bin/doctable ./doctable
-//	bin/doctable -bench bench/results/bench-<time>.csv
+//	bin/doctable -bench tools/bench/results/bench-<time>.csv
 //	bin/doctable -chaos .run/chaos/chaos.log
 //
 // -bench rewrites the region between <!-- bench-table:start --> and <!-- bench-table:end -->
@@ -31,7 +31,7 @@ func main() {
 
 func run(args []string) error {
 	fs := flag.NewFlagSet("doctable", flag.ContinueOnError)
-	benchCSV := fs.String("bench", "", "a CSV of make bench (bench/results/bench-<time>.csv)")
+	benchCSV := fs.String("bench", "", "a CSV of make bench (tools/bench/results/bench-<time>.csv)")
 	chaosLog := fs.String("chaos", "", "the output of make chaos (.run/chaos/chaos.log)")
 	root := fs.String("root", ".", "the repository root")
 	if err := fs.Parse(args); err != nil {
