@@ -1,0 +1,331 @@
+// Package settings reads the configuration settings declared by struct tags. A field that
+// is a setting carries its key, default, range and help beside it, and the defaults, the
+// range checks and the configuration table are generated from those tags:
+//
+//		MaxAttempts int `key:"max_attempts" default:"5" range:"1..1000" help:"handler attempts before …"`
+//
+//	  - key: the setting's name in its section. A struct-typed field with a key is a section
+//	    (its settings are key.name); with ",squash" its settings join the enclosing section.
+//	    A map field is left to its owner (plugins.<name>). Fields without a key are not settings.
+//	  - default: the value a zero field takes, in the configuration's syntax (10s, 512, a,b).
+//	  - range: min..max, inclusive, for numbers and durations.
+//	  - zero: the field's value for a configured 0 where the field's own zero stands for its
+//	    default (the library's "off" value, e.g. -1ns for no linger).
+//	  - help: the table's one line.
+//
+// Types: string, bool, int, int64, float64, time.Duration, []string.
+package settings
+
+import (
+	"fmt"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Setting is one key declared by a field's tags.
+type Setting struct {
+	Key  string // section.name from the walked struct
+	Help string
+	// Default is the default of the field's type (its zero value when the tag has none).
+	Default any
+	// HasRange reports a range tag; Min and Max are then of the field's type.
+	HasRange bool
+	Min, Max any
+	// Zero is the field's value for a configured 0 (nil: 0 is stored as 0).
+	Zero any
+
+	index []int
+	typ   reflect.Type
+}
+
+var durationType = reflect.TypeOf(time.Duration(0))
+
+var cache sync.Map // reflect.Type → []Setting
+
+// List returns the settings of v (a struct or a pointer to one), in field order. It panics
+// on a malformed tag or a key declared twice: a programming error every test meets.
+func List(v any) []Setting {
+	t := reflect.TypeOf(v)
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if s, ok := cache.Load(t); ok {
+		return s.([]Setting)
+	}
+	var out []Setting
+	walk(t, "", nil, &out)
+	seen := map[string]bool{}
+	for _, s := range out {
+		if seen[s.Key] {
+			panic(fmt.Sprintf("settings: %s: key %s declared twice", t, s.Key))
+		}
+		seen[s.Key] = true
+	}
+	cache.Store(t, out)
+	return out
+}
+
+func walk(t reflect.Type, prefix string, index []int, out *[]Setting) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag, ok := f.Tag.Lookup("key")
+		if !ok {
+			continue
+		}
+		name, opt, _ := strings.Cut(tag, ",")
+		idx := append(append([]int(nil), index...), i)
+		switch {
+		case opt == "squash":
+			if f.Type.Kind() != reflect.Struct {
+				panic(fmt.Sprintf("settings: %s.%s: squash of a %s", t, f.Name, f.Type))
+			}
+			walk(f.Type, prefix, idx, out)
+		case f.Type.Kind() == reflect.Struct:
+			walk(f.Type, prefix+name+".", idx, out)
+		case f.Type.Kind() == reflect.Map:
+		default:
+			s, err := parse(f, prefix+name, idx)
+			if err != nil {
+				panic(fmt.Sprintf("settings: %s.%s: %v", t, f.Name, err))
+			}
+			*out = append(*out, s)
+		}
+	}
+}
+
+func parse(f reflect.StructField, key string, idx []int) (Setting, error) {
+	s := Setting{Key: key, Help: f.Tag.Get("help"), index: idx, typ: f.Type}
+	if !supported(f.Type) {
+		return s, fmt.Errorf("type %s is not a setting's", f.Type)
+	}
+	s.Default = reflect.Zero(f.Type).Interface()
+	if d, ok := f.Tag.Lookup("default"); ok {
+		v, err := value(f.Type, d)
+		if err != nil {
+			return s, fmt.Errorf("default: %w", err)
+		}
+		s.Default = v
+	}
+	if r, ok := f.Tag.Lookup("range"); ok {
+		if !numeric(f.Type) {
+			return s, fmt.Errorf("range on a %s", f.Type)
+		}
+		lo, hi, ok := strings.Cut(r, "..")
+		if !ok {
+			return s, fmt.Errorf("range %q: want min..max", r)
+		}
+		var err error
+		if s.Min, err = value(f.Type, lo); err != nil {
+			return s, fmt.Errorf("range: %w", err)
+		}
+		if s.Max, err = value(f.Type, hi); err != nil {
+			return s, fmt.Errorf("range: %w", err)
+		}
+		if compare(s.Min, s.Max) > 0 {
+			return s, fmt.Errorf("range %q is empty", r)
+		}
+		s.HasRange = true
+	}
+	if z, ok := f.Tag.Lookup("zero"); ok {
+		v, err := value(f.Type, z)
+		if err != nil {
+			return s, fmt.Errorf("zero: %w", err)
+		}
+		s.Zero = v
+	}
+	if s.HasRange && !s.IsZero(s.Default) && !s.within(s.Default) {
+		return s, fmt.Errorf("default %v outside its range", s.Default)
+	}
+	return s, nil
+}
+
+func supported(t reflect.Type) bool {
+	switch t.Kind() {
+	case reflect.String, reflect.Bool, reflect.Int, reflect.Int64, reflect.Float64:
+		return true
+	case reflect.Slice:
+		return t.Elem().Kind() == reflect.String
+	}
+	return false
+}
+
+func numeric(t reflect.Type) bool {
+	switch t.Kind() {
+	case reflect.Int, reflect.Int64, reflect.Float64:
+		return true
+	}
+	return false
+}
+
+// value parses s, a value in the configuration's syntax, as a value of type t.
+func value(t reflect.Type, s string) (any, error) {
+	v := reflect.New(t).Elem()
+	switch {
+	case t == durationType:
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return nil, err
+		}
+		v.SetInt(int64(d))
+	case t.Kind() == reflect.String:
+		v.SetString(s)
+	case t.Kind() == reflect.Bool:
+		b, err := strconv.ParseBool(s)
+		if err != nil {
+			return nil, err
+		}
+		v.SetBool(b)
+	case t.Kind() == reflect.Int || t.Kind() == reflect.Int64:
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return nil, err
+		}
+		v.SetInt(n)
+	case t.Kind() == reflect.Float64:
+		x, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return nil, err
+		}
+		v.SetFloat(x)
+	case t.Kind() == reflect.Slice:
+		v.Set(reflect.ValueOf(strings.Split(s, ",")))
+	}
+	return v.Interface(), nil
+}
+
+// compare orders two numbers of one setting's type: -1, 0 or 1 (NaN compares unequal to
+// everything, as 2).
+func compare(a, b any) int {
+	va, vb := reflect.ValueOf(a), reflect.ValueOf(b)
+	if va.Kind() == reflect.Float64 {
+		x, y := va.Float(), vb.Float()
+		switch {
+		case x < y:
+			return -1
+		case x > y:
+			return 1
+		case x == y:
+			return 0
+		}
+		return 2
+	}
+	x, y := va.Int(), vb.Int()
+	switch {
+	case x < y:
+		return -1
+	case x > y:
+		return 1
+	}
+	return 0
+}
+
+func (s Setting) within(v any) bool {
+	lo, hi := compare(s.Min, v), compare(v, s.Max)
+	return (lo == -1 || lo == 0) && (hi == -1 || hi == 0)
+}
+
+// IsZero reports whether v is the field's value for a configured 0 (its zero tag).
+func (s Setting) IsZero(v any) bool {
+	return s.Zero != nil && reflect.DeepEqual(v, s.Zero)
+}
+
+// Get returns the setting's field in v (the struct List was given, or a pointer to it).
+func (s Setting) Get(v any) any { return s.field(reflect.ValueOf(v)).Interface() }
+
+// Set sets the setting's field in ptr (a pointer to the struct List was given) to x, a
+// value of the field's type.
+func (s Setting) Set(ptr any, x any) {
+	s.field(reflect.ValueOf(ptr)).Set(reflect.ValueOf(x).Convert(s.typ))
+}
+
+// Type is the field's type.
+func (s Setting) Type() reflect.Type { return s.typ }
+
+func (s Setting) field(v reflect.Value) reflect.Value {
+	for v.Kind() == reflect.Pointer {
+		v = v.Elem()
+	}
+	return v.FieldByIndex(s.index)
+}
+
+// SetDefaults sets every zero setting of ptr (a pointer to a struct) to its default.
+func SetDefaults(ptr any) {
+	v := reflect.ValueOf(ptr)
+	for _, s := range List(ptr) {
+		if f := s.field(v); f.IsZero() {
+			d := reflect.ValueOf(s.Default)
+			if d.Kind() == reflect.Slice { // a copy: the caller may change its own
+				d = reflect.AppendSlice(reflect.MakeSlice(d.Type(), 0, d.Len()), d)
+			}
+			f.Set(d)
+		}
+	}
+}
+
+// Resolve stores a configured 0 as the field's zero value (the zero tag), for settings
+// whose field reads 0 as its default: call it on a configuration as decoded, before it
+// reaches the libraries.
+func Resolve(ptr any) {
+	v := reflect.ValueOf(ptr)
+	for _, s := range List(ptr) {
+		if f := s.field(v); s.Zero != nil && f.IsZero() {
+			f.Set(reflect.ValueOf(s.Zero))
+		}
+	}
+}
+
+// Check reports the first setting of v outside its range: one line naming the key (from
+// v's own level: max_attempts in an inbox.Config, inbox.max_attempts in the router's), the
+// value and the range. A field holding its zero value (zero tag) is a configured 0.
+func Check(v any) error {
+	for _, s := range List(v) {
+		if !s.HasRange {
+			continue
+		}
+		x := s.Get(v)
+		if s.IsZero(x) {
+			x = reflect.Zero(s.typ).Interface()
+		}
+		if !s.within(x) {
+			return &OutsideError{Key: s.Key, Value: show(x), Range: show(s.Min) + ".." + show(s.Max)}
+		}
+	}
+	return nil
+}
+
+// OutsideError is Check's error.
+type OutsideError struct {
+	Key, Value, Range string
+}
+
+func (e *OutsideError) Error() string { return e.Key + " " + e.Value + " outside " + e.Range }
+
+// show is a value as a range check shows it: durations as time.Duration prints them.
+func show(v any) string {
+	if d, ok := v.(time.Duration); ok {
+		return d.String()
+	}
+	return fmt.Sprint(v)
+}
+
+// Text is v as the configuration table shows a default: durations without trailing zero
+// units (100ms, 1m, 720h), lists joined by commas, empty for an empty string.
+func Text(v any) string {
+	switch x := v.(type) {
+	case time.Duration:
+		s := x.String()
+		if strings.HasSuffix(s, "m0s") {
+			s = strings.TrimSuffix(s, "0s")
+		}
+		if strings.HasSuffix(s, "h0m") {
+			s = strings.TrimSuffix(s, "0m")
+		}
+		return s
+	case []string:
+		return strings.Join(x, ",")
+	}
+	return fmt.Sprint(v)
+}
