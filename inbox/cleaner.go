@@ -9,14 +9,16 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/onceflow/onceflow/internal/settings"
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// CleanerConfig configures the retention cleaner.
+// CleanerConfig configures the retention cleaner. The tags declare the stock router's
+// inbox.cleanup_* settings (internal/settings): key, default, range and help.
 type CleanerConfig struct {
 	Table     string        // default "inbox"
-	BatchSize int           // rows per DELETE; default 500
-	Interval  time.Duration // between sweeps; default 1h
+	Interval  time.Duration `key:"cleanup_interval" default:"1h" range:"1s..24h" help:"how often expired done rows are deleted"` // between sweeps
+	BatchSize int           `key:"cleanup_batch" default:"500" range:"1..100000" help:"rows per cleanup DELETE"`                 // rows per DELETE
 	// Replies: also delete the stored responses of HTTP commands (ReplyTable(Table)) with
 	// their rows. Set when a command is served.
 	Replies bool
@@ -30,15 +32,21 @@ func (c CleanerConfig) WithDefaults() CleanerConfig {
 }
 
 func (c *CleanerConfig) setDefaults() {
+	settings.SetDefaults(c)
 	if c.Table == "" {
 		c.Table = "inbox"
 	}
-	if c.BatchSize == 0 {
-		c.BatchSize = 500
+}
+
+// Validate reports the first invalid setting; it only checks (WithDefaults first).
+func (c CleanerConfig) Validate() error {
+	if err := dbx.CheckIdent("inbox table", c.Table); err != nil {
+		return fmt.Errorf("inbox cleaner: %w", err)
 	}
-	if c.Interval == 0 {
-		c.Interval = time.Hour
+	if err := settings.Check(c); err != nil {
+		return fmt.Errorf("inbox cleaner: %w", err)
 	}
+	return nil
 }
 
 // Cleaner deletes expired 'done' rows in small batches so the inbox never becomes a second
@@ -63,11 +71,8 @@ type Cleaner struct {
 // NewCleaner builds a Cleaner.
 func NewCleaner(db *sql.DB, cfg CleanerConfig, logger watermill.LoggerAdapter) (*Cleaner, error) {
 	cfg.setDefaults()
-	if err := dbx.CheckIdent("inbox table", cfg.Table); err != nil {
-		return nil, fmt.Errorf("inbox cleaner: %w", err)
-	}
-	if cfg.BatchSize < 1 || cfg.Interval < time.Second {
-		return nil, fmt.Errorf("inbox cleaner: batch %d / interval %s out of range", cfg.BatchSize, cfg.Interval)
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	if logger == nil {
 		logger = watermill.NopLogger{}

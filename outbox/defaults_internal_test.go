@@ -14,7 +14,7 @@ func TestRelayConfigDefaultsAreTheRouters(t *testing.T) {
 	want := RelayConfig{Table: "outbox", BatchSize: 2000, Linger: 5 * time.Millisecond, PollInterval: 50 * time.Millisecond,
 		RetryBackoff: time.Second, MaxRetryBackoff: 5 * time.Second, LagBound: time.Minute,
 		Retention: 7 * 24 * time.Hour, CleanupInterval: time.Minute, CleanupBatch: 500, Shard: "default", Shards: 1,
-		PositionsTopic: "onceflow-relay-positions", LeaseTTL: 10 * time.Second, TxnTimeout: 30 * time.Second}
+		PositionsTopic: DefaultPositionsTopic, LeaseTTL: 10 * time.Second, TxnTimeout: 30 * time.Second}
 	c.Owner = "" // host-pid-random, as the router's
 	if c.TransactionalID != "" {
 		t.Fatalf("default transactional id %q set before the database is known", c.TransactionalID)

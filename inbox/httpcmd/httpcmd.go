@@ -29,6 +29,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/settings"
 )
 
 // Runner runs a command's requests: its inbox (inbox.NewCommand; a transaction per
@@ -45,19 +46,20 @@ type Route struct {
 	Runner Runner
 }
 
-// Config configures the handler.
+// Config configures the handler. The tags declare the stock router's http.* settings of
+// the handler (internal/settings): key, default, range and help.
 type Config struct {
-	// MaxBodyBytes: a larger request body is refused with 413; default 64 KiB.
-	MaxBodyBytes int64
+	// MaxBodyBytes: a larger request body is refused with 413.
+	MaxBodyBytes int64 `key:"max_body_bytes" default:"65536" range:"1..16777216" help:"a larger request body is refused (413)"`
 	// RetryAfter is the Retry-After of a 409 (a request with the token is running), a 503
 	// (nothing committed) and a 504 (outcome unknown); default 1s.
 	RetryAfter time.Duration
-	// RequestTimeout bounds one request's run through the inbox; default 10s.
-	RequestTimeout time.Duration
+	// RequestTimeout bounds one request's run through the inbox.
+	RequestTimeout time.Duration `key:"request_timeout" default:"10s" range:"100ms..10m" help:"bound of one command request; a slower one answers 503 when nothing of it committed, else waits up to http.outcome_wait for its transaction"`
 	// OutcomeWait is how much longer a request whose RequestTimeout passed while its
 	// transaction was running waits for that transaction's outcome (group commit: the
-	// batch's transaction is not the request's to cancel) before answering 504; default 5s.
-	OutcomeWait time.Duration
+	// batch's transaction is not the request's to cancel) before answering 504.
+	OutcomeWait time.Duration `key:"outcome_wait" default:"5s" range:"1ms..10m" help:"how much longer a request past http.request_timeout waits for the transaction it is part of (group commit); then it answers 504: outcome unknown, retry with the same Idempotency-Key"`
 	// Observe, when set, is called once per answered request (metrics); path and method are
 	// a route's, or "unmatched" and "-".
 	Observe func(method, path string, status int, elapsed time.Duration)
@@ -71,18 +73,21 @@ func (c Config) WithDefaults() Config {
 }
 
 func (c *Config) setDefaults() {
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = 64 << 10
-	}
+	settings.SetDefaults(c)
 	if c.RetryAfter == 0 {
 		c.RetryAfter = time.Second
 	}
-	if c.RequestTimeout == 0 {
-		c.RequestTimeout = 10 * time.Second
+}
+
+// Validate reports the first invalid setting; it only checks (WithDefaults first).
+func (c Config) Validate() error {
+	if err := settings.Check(c); err != nil {
+		return fmt.Errorf("httpcmd: %w", err)
 	}
-	if c.OutcomeWait == 0 {
-		c.OutcomeWait = 5 * time.Second
+	if c.RetryAfter < time.Second {
+		return fmt.Errorf("httpcmd: retry after %s: at least 1s", c.RetryAfter)
 	}
+	return nil
 }
 
 // Header names.
@@ -104,9 +109,8 @@ type Handler struct {
 // New builds the handler of routes. A nil logger logs nothing.
 func New(routes []Route, cfg Config, logger watermill.LoggerAdapter) (*Handler, error) {
 	cfg.setDefaults()
-	if cfg.MaxBodyBytes < 1 || cfg.RetryAfter < time.Second || cfg.RequestTimeout <= 0 || cfg.OutcomeWait < 0 {
-		return nil, fmt.Errorf("httpcmd: max body %d, retry after %s, request timeout %s, outcome wait %s out of range",
-			cfg.MaxBodyBytes, cfg.RetryAfter, cfg.RequestTimeout, cfg.OutcomeWait)
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	if logger == nil {
 		logger = watermill.NopLogger{}

@@ -15,19 +15,23 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/onceflow/onceflow/internal/settings"
 )
 
-// Config describes one connection pool.
+// Config describes one connection pool. The tags declare the stock router's db.* settings
+// (internal/settings): key, default, range and help.
 type Config struct {
-	DSN             string        // go-sql-driver DSN: user:pass@tcp(host:port)/db?params
-	MaxOpenConns    int           // default 32
+	// DSN is go-sql-driver's: user:pass@tcp(host:port)/db?params.
+	DSN             string        `key:"dsn" help:"application DSN (least privilege), user@tcp(host:port)/db; required (no built-in credentials)"`
+	MaxOpenConns    int           `key:"max_open_conns" default:"32" range:"1..1000" help:"connection pool size"`
 	MaxIdleConns    int           // default MaxOpenConns
 	ConnMaxLifetime time.Duration // default 5m
 	PingTimeout     time.Duration // default 5s
+	TLS             TLS           `key:"tls"` // TLS to the server; off unless a field is set
 	// Password replaces the DSN's password when set (from a file or the environment, so the
 	// DSN in a config file carries none).
-	Password string
-	TLS      TLS // TLS to the server; off unless a field is set
+	Password string `key:"password" help:"password of db.dsn's user, replacing the DSN's; better from ONCEFLOW_DB_PASSWORD or db.password_file"`
 }
 
 // WithDefaults returns c with its zero settings set to their defaults, as Open uses it; the
@@ -37,10 +41,16 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-func (c *Config) setDefaults() {
-	if c.MaxOpenConns == 0 {
-		c.MaxOpenConns = 32
+// Validate reports a setting outside its range; it only checks (WithDefaults first).
+func (c Config) Validate() error {
+	if err := settings.Check(c); err != nil {
+		return fmt.Errorf("database: %w", err)
 	}
+	return nil
+}
+
+func (c *Config) setDefaults() {
+	settings.SetDefaults(c)
 	if c.MaxIdleConns == 0 {
 		c.MaxIdleConns = c.MaxOpenConns
 	}
@@ -132,6 +142,9 @@ func (cfg Config) DriverConfig() (*mysql.Config, error) {
 // Open opens and pings a pool. The error names the server and says how to start it.
 func Open(ctx context.Context, cfg Config) (*sql.DB, error) {
 	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	mc, err := cfg.DriverConfig()
 	if err != nil {
 		return nil, err

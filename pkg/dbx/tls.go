@@ -18,10 +18,10 @@ import (
 // TLS on, always verified: the server's certificate must chain to CAFile (the system's roots
 // when empty) and carry ServerName (the DSN's host when empty).
 type TLS struct {
-	CAFile     string // PEM certificates the server's must chain to
-	CertFile   string // PEM client certificate, for servers that ask for one (with KeyFile)
-	KeyFile    string // its PEM private key
-	ServerName string // name the server's certificate must carry
+	CAFile     string `key:"ca_file" help:"TLS to the database (any db.tls.* key turns it on, always verified): PEM CA certificates the server's must chain to (empty: the system's)"`
+	CertFile   string `key:"cert_file" help:"PEM client certificate, for servers that ask for one (with db.tls.key_file)"`
+	KeyFile    string `key:"key_file" help:"PEM private key of db.tls.cert_file"`
+	ServerName string `key:"server_name" help:"name the server's certificate must carry (empty: the DSN's host)"`
 }
 
 // Enabled reports whether any field is set.

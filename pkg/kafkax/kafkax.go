@@ -12,23 +12,26 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+
+	"github.com/onceflow/onceflow/internal/settings"
 )
 
 // Version is the protocol version spoken to the broker. Kafka 4.x removed the request
 // versions older than 2.1, so nothing lower works.
 var Version = sarama.V3_6_0_0
 
-// Config is the Kafka part of the router configuration.
+// Config is the Kafka part of the router configuration. The tags declare the stock
+// router's kafka.* settings (internal/settings): key, default, range and help.
 type Config struct {
-	Brokers          []string
-	ClientID         string
-	SessionTimeout   time.Duration // consumer group session timeout; default 10s
-	RebalanceTimeout time.Duration // how long a member may take to rejoin; default 30s
-	HeartbeatEvery   time.Duration // default 3s
-	MaxPollWait      time.Duration // fetch max wait; default 100ms
+	Brokers          []string      `key:"brokers" default:"127.0.0.1:9092" help:"bootstrap brokers"`
+	TLS              TLS           `key:"tls"`  // TLS to the brokers (off by default)
+	SASL             SASL          `key:"sasl"` // SASL authentication (none by default)
+	ClientID         string        // default "onceflow"
+	SessionTimeout   time.Duration `key:"session_timeout" default:"10s" range:"1s..30m" help:"consumer group session timeout"`
+	RebalanceTimeout time.Duration `key:"rebalance_timeout" default:"30s" range:"1s..30m" help:"time a member has to rejoin during a rebalance"`
+	HeartbeatEvery   time.Duration `key:"heartbeat" default:"3s" range:"100ms..1m" help:"consumer heartbeat interval"`
+	MaxPollWait      time.Duration `key:"max_poll_wait" default:"100ms" range:"1ms..30s" help:"fetch max wait"`
 	DialTimeout      time.Duration // default 5s
-	TLS              TLS           // TLS to the brokers (off by default)
-	SASL             SASL          // SASL authentication (none by default)
 }
 
 // WithDefaults returns c with its zero fields set to their defaults; Validate then checks
@@ -39,31 +42,21 @@ func (c Config) WithDefaults() Config {
 }
 
 func (c *Config) setDefaults() {
-	if len(c.Brokers) == 0 {
-		c.Brokers = []string{"127.0.0.1:9092"}
-	}
+	settings.SetDefaults(c)
 	if c.ClientID == "" {
 		c.ClientID = "onceflow"
-	}
-	if c.SessionTimeout == 0 {
-		c.SessionTimeout = 10 * time.Second
-	}
-	if c.RebalanceTimeout == 0 {
-		c.RebalanceTimeout = 30 * time.Second
-	}
-	if c.HeartbeatEvery == 0 {
-		c.HeartbeatEvery = 3 * time.Second
-	}
-	if c.MaxPollWait == 0 {
-		c.MaxPollWait = 100 * time.Millisecond
 	}
 	if c.DialTimeout == 0 {
 		c.DialTimeout = 5 * time.Second
 	}
 }
 
-// Validate checks the broker list.
+// Validate checks the settings' ranges, the broker list and the security settings; it
+// only checks (WithDefaults first).
 func (c *Config) Validate() error {
+	if err := settings.Check(c); err != nil {
+		return fmt.Errorf("kafka: %w", err)
+	}
 	for _, b := range c.Brokers {
 		if !strings.Contains(b, ":") {
 			return fmt.Errorf("kafka broker %q: expected host:port", b)

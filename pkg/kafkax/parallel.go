@@ -19,24 +19,26 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/internal/msgsource"
+	"github.com/onceflow/onceflow/internal/settings"
 )
 
-// ParallelConfig tunes a ParallelSubscriber.
+// ParallelConfig tunes a ParallelSubscriber. The tags declare the stock router's
+// kafka.window and kafka.max_in_flight_bytes (internal/settings).
 type ParallelConfig struct {
 	// Window is the most messages of one partition handed out beyond the partition's
 	// marked (committable) offset: the span from the oldest un-acked message to the newest
 	// message handed out. It bounds both the un-acked messages per partition and how many
 	// messages a crash can redeliver (plus those acked within the last auto-commit
-	// interval). Default 256; handlers that wait on slow calls inside the window need more
-	// (docs/BENCHMARKS.md, "Why the defaults": kafka.window 256 and runtime.gogc 100).
-	Window int
+	// interval). Handlers that wait on slow calls inside the window need a large one
+	// (docs/BENCHMARKS.md, "Why the defaults").
+	Window int `key:"window" default:"1024" range:"1..100000" help:"most un-acked messages handed out per partition at once (per-key order kept; offsets committed only past acked messages; a crash redelivers at most this many per partition); 1: watermill-kafka's one-at-a-time subscriber"`
 	// NackResendSleep is how long a nacked message waits before it is handed out again.
 	// Default 100ms, like watermill-kafka; negative means no wait.
 	NackResendSleep time.Duration
 	// MaxInFlightBytes bounds the records handed out and not yet acked, in bytes (each its
 	// value, key and headers plus RecordOverhead): many small records may wait on slow
-	// calls while few big ones do. Default 64 MiB. Ignored when Budget is set.
-	MaxInFlightBytes int64
+	// calls while few big ones do. Ignored when Budget is set.
+	MaxInFlightBytes int64 `key:"max_in_flight_bytes" default:"67108864" range:"1..1099511627776" help:"one budget for the router: bytes of the records handed out and not acked (value, key, headers and 8 KiB each), so many small records wait on slow calls while few big ones do; a value over inbox.max_payload_bytes waits cut to its quarantine form"`
 	// Budget, when set, is the byte budget shared with other subscribers (one for a
 	// router) instead of one of MaxInFlightBytes for this subscriber.
 	Budget *Budget
@@ -48,10 +50,8 @@ type ParallelConfig struct {
 }
 
 const (
-	defaultWindow           = 1024
-	defaultMaxInFlightBytes = 64 << 20
-	defaultNackResendSleep  = 100 * time.Millisecond
-	reconnectRetrySleep     = time.Second
+	defaultNackResendSleep = 100 * time.Millisecond
+	reconnectRetrySleep    = time.Second
 )
 
 // WithDefaults returns pc with its zero settings set to their defaults, as
@@ -62,15 +62,21 @@ func (pc ParallelConfig) WithDefaults() ParallelConfig {
 }
 
 func (pc *ParallelConfig) setDefaults() {
-	if pc.Window <= 0 {
-		pc.Window = defaultWindow
-	}
+	settings.SetDefaults(pc)
 	if pc.NackResendSleep == 0 {
 		pc.NackResendSleep = defaultNackResendSleep
 	}
-	if pc.MaxInFlightBytes == 0 {
-		pc.MaxInFlightBytes = defaultMaxInFlightBytes
+}
+
+// Validate reports a setting outside its range; it only checks (WithDefaults first).
+func (pc ParallelConfig) Validate() error {
+	if err := settings.Check(pc); err != nil {
+		return fmt.Errorf("kafka: %w", err)
 	}
+	if pc.MaxValueBytes < 0 {
+		return fmt.Errorf("kafka: max value bytes %d is negative", pc.MaxValueBytes)
+	}
+	return nil
 }
 
 // ParallelSubscriber is a Watermill subscriber for a Kafka consumer group that hands out
@@ -142,8 +148,8 @@ func (c Config) NewParallelSubscriber(group string, pc ParallelConfig, logger wa
 		return nil, err
 	}
 	pc.setDefaults()
-	if pc.Window < 1 || pc.MaxInFlightBytes < 1 || pc.MaxValueBytes < 0 {
-		return nil, fmt.Errorf("kafkax: window %d, max in-flight bytes %d, max value bytes %d out of range", pc.Window, pc.MaxInFlightBytes, pc.MaxValueBytes)
+	if err := pc.Validate(); err != nil {
+		return nil, err
 	}
 	budget := pc.Budget
 	if budget == nil {

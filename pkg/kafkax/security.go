@@ -17,12 +17,12 @@ import (
 
 // TLS is the client side of TLS to the brokers (kafka.tls.*).
 type TLS struct {
-	Enabled            bool
-	CAFile             string // PEM certificates the brokers' must chain to; empty: the system's roots
-	CertFile           string // PEM client certificate, for brokers that ask for one (with KeyFile)
-	KeyFile            string // its PEM private key
-	ServerName         string // name the brokers' certificates must carry; empty: each broker's host
-	InsecureSkipVerify bool   // accept any certificate (tests against a throw-away broker only)
+	Enabled            bool   `key:"enabled" help:"TLS to the brokers (every client: consumer, relay producer, admin, readback, probe)"`
+	CAFile             string `key:"ca_file" help:"PEM CA certificates the brokers' must chain to (empty: the system's)"`
+	CertFile           string `key:"cert_file" help:"PEM client certificate, for brokers that ask for one (with kafka.tls.key_file)"`
+	KeyFile            string `key:"key_file" help:"PEM private key of kafka.tls.cert_file"`
+	ServerName         string `key:"server_name" help:"name the brokers' certificates must carry (empty: each broker's host)"`
+	InsecureSkipVerify bool   `key:"insecure_skip_verify" help:"accept any broker certificate (a throw-away test broker only)"`
 }
 
 // SASL mechanisms a Config accepts (kafka.sasl.mechanism).
@@ -34,10 +34,10 @@ const (
 
 // SASL is the authentication to the brokers (kafka.sasl.*). An empty Mechanism means none.
 type SASL struct {
-	Mechanism    string
-	User         string
-	Password     string // better from PasswordFile or the environment than from a config file
-	PasswordFile string // file whose first line is the password, read at every client start
+	Mechanism    string `key:"mechanism" help:"SASL authentication: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (empty: none)"`
+	User         string `key:"user" help:"SASL user"`
+	Password     string `key:"password" help:"SASL password; better from ONCEFLOW_KAFKA_SASL_PASSWORD or kafka.sasl.password_file"`
+	PasswordFile string `key:"password_file" help:"file whose first line is the SASL password (read again at each client start)"`
 }
 
 // Config (TLS, SASL) is applied by base(), so every client built from a Config — consumer,
