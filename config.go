@@ -469,7 +469,7 @@ func (c Config) inboxConfig(bizType, keyLogField string) inbox.Config {
 
 // batchConfig maps inbox.batch_* onto the inbox package's group-commit settings.
 func (c Config) batchConfig() inbox.BatchConfig {
-	return inbox.BatchConfig{MaxSize: c.Inbox.BatchSize, Linger: c.Inbox.BatchLinger, Workers: c.Inbox.BatchWorkers, MaxInFlightCalls: c.Inbox.MaxInFlightCalls}
+	return inbox.BatchConfig{MaxSize: c.Inbox.BatchSize, Linger: c.Inbox.BatchLinger, Workers: c.Inbox.BatchWorkers}
 }
 
 // decodePluginConfig decodes raw (a plugins.<name> section) into target, refusing unknown keys.

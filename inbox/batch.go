@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/internal/groupcommit"
+	"github.com/onceflow/onceflow/internal/settings"
 	"github.com/onceflow/onceflow/internal/tracex"
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
@@ -44,7 +45,7 @@ type BatchHandler interface {
 // BatchPreparer is implemented by batch handlers whose work calls slow outside services
 // (the seed incident's 800 ms–2 s calls). The Batcher calls PrepareDelivery for each
 // delivery as soon as it is decoded — on its own goroutine, outside any transaction and
-// lock, at most BatchConfig.MaxInFlightCalls at once, one delivery per business key at a
+// lock, at most Config.MaxInFlightCalls at once, one delivery per business key at a
 // time — and puts a delivery into a batch only once PrepareDelivery has returned, so a
 // batch's transaction never waits on a call and a slow call delays only its own delivery.
 // PrepareDelivery makes the delivery's (idempotent, keyed by business key and step) calls
@@ -72,30 +73,27 @@ type StatementPreparer interface {
 	PrepareStatements(ctx context.Context)
 }
 
-// BatchConfig configures a Batcher.
+// BatchConfig configures a Batcher. The tags declare the stock router's inbox.batch_*
+// settings (internal/settings): key, default, range and help. The calls a Batcher makes
+// in flight are bounded by its inbox's Config.MaxInFlightCalls.
 type BatchConfig struct {
-	// MaxSize is the most deliveries in one transaction; default 512 (docs/BENCHMARKS.md,
-	// "Why the defaults: inbox.batch_size 512").
-	MaxSize int
-	// Linger is how long a batch waits for more deliveries once it has its first; default
-	// 2ms. While another batch is running it waits for that one, up to another Linger
+	// MaxSize is the most deliveries in one transaction (docs/BENCHMARKS.md, "Why the
+	// defaults: inbox.batch_size 512").
+	MaxSize int `key:"batch_size" default:"512" range:"1..10000" help:"group commit: deliveries per transaction (a BatchHandler's own multi-row path, else a plain handler's deliveries behind savepoints); 1 turns it off"`
+	// Linger is how long a batch waits for more deliveries once it has its first. While
+	// another batch is running it waits for that one, up to another Linger
 	// (groupcommit.Collect). Deliveries that arrive while batches are running wait anyway,
-	// so under load batches fill without lingering.
-	Linger time.Duration
-	// Workers is how many batch transactions run at once; default 2 (docs/BENCHMARKS.md,
-	// "Why the defaults: inbox.batch_workers 2"). A
-	// batch takes a second worker only when it is full or has waited two Lingers: at
-	// moderate load one transaction at a time carries everything that arrived meanwhile.
-	Workers int
+	// so under load batches fill without lingering. A negative Linger: none (the zero value
+	// stands for the default).
+	Linger time.Duration `key:"batch_linger" default:"2ms" range:"0..1s" zero:"-1ns" help:"how long a batch waits for more deliveries after its first"`
+	// Workers is how many batch transactions run at once (docs/BENCHMARKS.md, "Why the
+	// defaults: inbox.batch_workers 2"). A batch takes a second worker only when it is full
+	// or has waited two Lingers: at moderate load one transaction at a time carries
+	// everything that arrived meanwhile.
+	Workers int `key:"batch_workers" default:"2" range:"1..64" help:"batch transactions running at once (a second only for a full batch or one that waited 2× batch_linger; never two with one key)"`
 	// LockRetries is how often a batch rolled back by a deadlock is retried whole before
 	// its deliveries fall back to the one-at-a-time path; default 3.
 	LockRetries int
-	// MaxInFlightCalls bounds the deliveries being prepared at once (BatchPreparer, or a
-	// plain handler's Preparer): each makes its slow calls on its own goroutine. Calls in
-	// flight ÷ call time bounds the throughput of slow calls: 1,000 orders/s with three
-	// calls of 0.8–2 s each needs ≈4,200.
-	// Default 8192.
-	MaxInFlightCalls int
 	// SelectAfterClaim reads the claimed rows back with a SELECT after the claim instead of
 	// the claim's own RETURNING clause. Servers without INSERT … RETURNING (MySQL, MariaDB
 	// before 10.5) always take this path; on MariaDB it costs a statement and a lookup per
@@ -111,36 +109,25 @@ func (c BatchConfig) WithDefaults() BatchConfig {
 }
 
 func (c *BatchConfig) setDefaults() {
-	if c.MaxSize == 0 {
-		c.MaxSize = 512
-	}
-	if c.Linger == 0 {
-		c.Linger = 2 * time.Millisecond
-	}
-	if c.Workers == 0 {
-		c.Workers = 2
+	settings.SetDefaults(c)
+	if c.Linger < 0 {
+		c.Linger = noLinger
 	}
 	if c.LockRetries == 0 {
 		c.LockRetries = 3
 	}
-	if c.MaxInFlightCalls == 0 {
-		c.MaxInFlightCalls = 8192
-	}
 }
+
+// noLinger is a Linger of none (the batch_linger tag's zero value).
+const noLinger time.Duration = -1
 
 // Validate reports the first invalid setting.
 func (c BatchConfig) Validate() error {
-	switch {
-	case c.MaxSize < 1 || c.MaxSize > 10000:
-		return fmt.Errorf("inbox: batch size %d outside 1..10000", c.MaxSize)
-	case c.Linger < 0 || c.Linger > time.Second:
-		return fmt.Errorf("inbox: batch linger %s outside 0..1s", c.Linger)
-	case c.Workers < 1 || c.Workers > 64:
-		return fmt.Errorf("inbox: batch workers %d outside 1..64", c.Workers)
-	case c.LockRetries < 0:
+	if err := settings.Check(c); err != nil {
+		return fmt.Errorf("inbox: %w", err)
+	}
+	if c.LockRetries < 0 {
 		return fmt.Errorf("inbox: batch lock retries %d is negative", c.LockRetries)
-	case c.MaxInFlightCalls < 0 || c.MaxInFlightCalls > 1_000_000:
-		return fmt.Errorf("inbox: max in-flight calls %d outside 1..1000000", c.MaxInFlightCalls)
 	}
 	return nil
 }
@@ -313,12 +300,12 @@ func (ib *Inbox) NewBatcher(cfg BatchConfig) (*Batcher, error) {
 			if ip, ok := ib.h.(InstantPreparer); ok && ip.PreparesInstantly() {
 				b.instant = prep.PrepareDelivery
 			} else {
-				b.gate = newPrepareGate(b, prep.PrepareDelivery, false, cfg.MaxInFlightCalls)
+				b.gate = newPrepareGate(b, prep.PrepareDelivery, false, ib.calls)
 			}
 		}
 	} else if prep, ok := ib.h.(Preparer); ok {
 		b.prep = prep
-		b.gate = newPrepareGate(b, prep.Prepare, true, cfg.MaxInFlightCalls)
+		b.gate = newPrepareGate(b, prep.Prepare, true, ib.calls)
 	}
 	b.queue = make(chan *pending, cfg.MaxSize)
 	b.wg.Go(b.collect)

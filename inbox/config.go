@@ -8,44 +8,46 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/onceflow/onceflow/internal/settings"
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
 // MaxKeyLen is the longest business key accepted (the unique index must hold key+suffix).
 const MaxKeyLen = 128
 
-// Config configures one Inbox (one biz type).
+// Config configures one Inbox (one biz type). The tags declare the stock router's inbox.*
+// settings (internal/settings): key, default, range and help.
 type Config struct {
 	BizType        string        // required, e.g. "coupon"
 	Table          string        // default "inbox"
-	MaxAttempts    int           // handler attempts before quarantine; default 5
-	BackoffInitial time.Duration // default 100ms, doubled per attempt
-	BackoffMax     time.Duration // default 5s
+	MaxAttempts    int           `key:"max_attempts" default:"5" range:"1..1000" help:"handler attempts before a message is quarantined"`
+	BackoffInitial time.Duration `key:"backoff_initial" default:"100ms" range:"1ms..1h" help:"first retry backoff (doubles)"` // doubled per attempt
+	BackoffMax     time.Duration `key:"backoff_max" default:"5s" range:"1ms..24h" help:"retry backoff cap"`
 	MaxLockRetries int           // deadlock / lock-wait retries per delivery, not counted as attempts; default 100
 	MaxSteps       int           // Continue results allowed per attempt; default 32
-	// StepsPerTx runs up to this many consecutive steps of a multi-step handler in one
-	// transaction. Default 1: every step commits on its own, so no lock is held across the
-	// next step's slow external call. Raise it when steps make no slow calls: fewer commits,
-	// the same guarantees (each step's effect and transition still commit together).
-	StepsPerTx int
-	Retention  time.Duration // expire_at = now + Retention; default 30 days
+	Retention      time.Duration `key:"retention" default:"720h" range:"1h..87600h" help:"inbox rows expire after this (30 days); must cover how far back Kafka can replay: a warning is logged at start when a topic keeps messages longer"` // expire_at = now + Retention
 	// MaxPayloadBytes: larger payloads are poison, quarantined with a bounded prefix, their
-	// size and sha256; default 1 MiB, at most MaxPayloadLimit. CheckServer checks that the
-	// server's max_allowed_packet can carry it.
-	MaxPayloadBytes int
+	// size and sha256; at most MaxPayloadLimit. CheckServer checks that the server's
+	// max_allowed_packet can carry it.
+	MaxPayloadBytes int `key:"max_payload_bytes" default:"1048576" range:"1..16777215" help:"larger payloads are poison (quarantined with a 64 KiB prefix, size and sha256); checked against the server's max_allowed_packet at start"`
 	// MaxMetadataBytes: a record whose headers (metadata, as JSON) are longer is poison, its
-	// metadata stored capped (MetadataTruncatedKey); default 32 KiB, at most 65,535 (the
-	// metadata column).
-	MaxMetadataBytes int
+	// metadata stored capped (MetadataTruncatedKey); at most 65,535 (the metadata column).
+	MaxMetadataBytes int `key:"max_metadata_bytes" default:"32768" range:"256..65535" help:"records whose headers (as JSON) are longer are poison (stored capped); at most 65535"`
 	// HandlerTimeout bounds each call into the plugin (Prepare, Handle, HandleBatch). One
 	// that has not returned by then is abandoned: its context is cancelled, its transaction
 	// rolled back, and the attempt counts as failed (ReasonTimeout once attempts run out).
-	// Default 30s.
-	HandlerTimeout time.Duration
-	// MaxInFlightCalls bounds the Preparer.Prepare calls (a plain handler's slow outside
-	// calls) running at once in this inbox's deliveries; default 8192. The Batcher has its
-	// own bound for BatchPreparer (BatchConfig.MaxInFlightCalls).
-	MaxInFlightCalls int
+	HandlerTimeout time.Duration `key:"handler_timeout" default:"30s" range:"1ms..24h" help:"a plugin call (prepare, handle) that has not returned by then is abandoned and counts as a failed attempt (reason timeout)"`
+	// StepsPerTx runs up to this many consecutive steps of a multi-step handler in one
+	// transaction (at most MaxSteps). 1: every step commits on its own, so no lock is held
+	// across the next step's slow external call. Raise it when steps make no slow calls:
+	// fewer commits, the same guarantees (each step's effect and transition still commit
+	// together).
+	StepsPerTx int `key:"steps_per_transaction" default:"1" range:"1..32" help:"consecutive handler steps per transaction; 1: every state transition commits alone (no lock held across the next step's slow call); 3: a whole coupon grant in one commit, same guarantees"`
+	// MaxInFlightCalls bounds the outside calls of this inbox's deliveries running at once:
+	// a Preparer's Prepare on the one-at-a-time path (Process) and, under the inbox's
+	// Batcher, each delivery's PrepareDelivery (BatchPreparer) or Prepare. Both paths take
+	// their slots from this one bound.
+	MaxInFlightCalls int `key:"max_in_flight_calls" default:"8192" range:"1..1000000" help:"outside calls running at once per plugin (its Prepare, or its PrepareDelivery under group commit, each prepared as soon as the delivery arrives): group commit and the one-at-a-time path share them; calls in flight ÷ call time bounds the throughput of slow calls"`
 	// KeyLogField names the business key in log lines (e.g. "order_id"); default "dedup_key".
 	KeyLogField string
 	// TracerProvider, when set, traces every delivery (trace.go): its span continues the trace
@@ -55,41 +57,15 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
+	settings.SetDefaults(c)
 	if c.Table == "" {
 		c.Table = "inbox"
-	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = 5
-	}
-	if c.BackoffInitial == 0 {
-		c.BackoffInitial = 100 * time.Millisecond
-	}
-	if c.BackoffMax == 0 {
-		c.BackoffMax = 5 * time.Second
 	}
 	if c.MaxLockRetries == 0 {
 		c.MaxLockRetries = 100
 	}
 	if c.MaxSteps == 0 {
 		c.MaxSteps = 32
-	}
-	if c.StepsPerTx == 0 {
-		c.StepsPerTx = 1
-	}
-	if c.Retention == 0 {
-		c.Retention = 30 * 24 * time.Hour
-	}
-	if c.MaxPayloadBytes == 0 {
-		c.MaxPayloadBytes = 1 << 20
-	}
-	if c.MaxMetadataBytes == 0 {
-		c.MaxMetadataBytes = 32 << 10
-	}
-	if c.HandlerTimeout == 0 {
-		c.HandlerTimeout = 30 * time.Second
-	}
-	if c.MaxInFlightCalls == 0 {
-		c.MaxInFlightCalls = 8192
 	}
 	if c.KeyLogField == "" {
 		c.KeyLogField = "dedup_key"
@@ -118,32 +94,14 @@ func (c *Config) validate() error {
 	if err := dbx.CheckIdent("inbox table", c.Table); err != nil {
 		return fmt.Errorf("inbox: %w", err)
 	}
-	if c.StepsPerTx < 1 || c.StepsPerTx > c.MaxSteps {
-		return fmt.Errorf("inbox: steps per transaction %d outside 1..%d", c.StepsPerTx, c.MaxSteps)
+	if err := settings.Check(c); err != nil {
+		return fmt.Errorf("inbox: %w", err)
 	}
-	if c.MaxAttempts < 1 {
-		return fmt.Errorf("inbox: max attempts %d < 1", c.MaxAttempts)
+	if c.StepsPerTx > c.MaxSteps {
+		return fmt.Errorf("inbox: steps per transaction %d above max steps %d", c.StepsPerTx, c.MaxSteps)
 	}
-	if c.BackoffInitial < 0 || c.BackoffMax < c.BackoffInitial {
+	if c.BackoffMax < c.BackoffInitial {
 		return fmt.Errorf("inbox: backoff %s..%s is not a range", c.BackoffInitial, c.BackoffMax)
-	}
-	if c.Retention < time.Hour {
-		return fmt.Errorf("inbox: retention %s is shorter than an hour", c.Retention)
-	}
-	if c.MaxPayloadBytes < 1 || c.MaxPayloadBytes > MaxPayloadLimit {
-		return fmt.Errorf("inbox: max payload %d bytes outside 1..%d (the payload column's size)", c.MaxPayloadBytes, MaxPayloadLimit)
-	}
-	if c.MaxMetadataBytes < 256 || c.MaxMetadataBytes > maxMetadataLimit {
-		return fmt.Errorf("inbox: max metadata %d bytes outside 256..%d (the metadata column's size)", c.MaxMetadataBytes, maxMetadataLimit)
-	}
-	if c.HandlerTimeout < time.Millisecond || c.HandlerTimeout > 24*time.Hour {
-		return fmt.Errorf("inbox: handler timeout %s outside 1ms..24h", c.HandlerTimeout)
-	}
-	if c.MaxInFlightCalls < 1 || c.MaxInFlightCalls > 1_000_000 {
-		return fmt.Errorf("inbox: max in-flight calls %d outside 1..1000000", c.MaxInFlightCalls)
-	}
-	if c.MaxAttempts > 1000 {
-		return fmt.Errorf("inbox: max attempts %d above 1000", c.MaxAttempts)
 	}
 	return nil
 }
@@ -151,9 +109,6 @@ func (c *Config) validate() error {
 // MaxPayloadLimit is the largest inbox.max_payload_bytes: the payload column is a
 // MEDIUMBLOB (16 MiB - 1).
 const MaxPayloadLimit = 1<<24 - 1
-
-// maxMetadataLimit is the metadata column's size (TEXT).
-const maxMetadataLimit = 1<<16 - 1
 
 // packetBytes is the largest statement the inbox sends for one delivery: parameters are
 // interpolated into the statement, which can double binary bytes (escaping), plus the

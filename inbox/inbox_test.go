@@ -477,9 +477,10 @@ func TestConfigValidation(t *testing.T) {
 	}{
 		{"no biz type", inbox.Config{}, "biz type is empty"},
 		{"bad table", inbox.Config{BizType: "x", Table: "inbox; DROP TABLE inbox"}, "invalid inbox table"},
-		{"short retention", inbox.Config{BizType: "x", Retention: time.Minute}, "shorter than an hour"},
+		{"short retention", inbox.Config{BizType: "x", Retention: time.Minute}, "retention 1m0s outside 1h0m0s..87600h0m0s"},
 		{"bad backoff", inbox.Config{BizType: "x", BackoffInitial: time.Second, BackoffMax: time.Millisecond}, "not a range"},
-		{"huge payload", inbox.Config{BizType: "x", MaxPayloadBytes: 64 << 20}, "max payload"},
+		{"huge payload", inbox.Config{BizType: "x", MaxPayloadBytes: 64 << 20}, "max_payload_bytes 67108864 outside 1..16777215"},
+		{"steps above max steps", inbox.Config{BizType: "x", MaxSteps: 2, StepsPerTx: 3}, "steps per transaction 3 above max steps 2"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

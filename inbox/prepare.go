@@ -12,10 +12,10 @@ import (
 
 // Slow outside calls belong to the delivery, not to the batch. A Batcher whose handler is a
 // BatchPreparer, or a plain handler that is a Preparer, prepares every delivery as soon as
-// it is decoded — on its own goroutine, without any lock, at most
-// BatchConfig.MaxInFlightCalls at once — and hands it to the collector only once prepared,
-// so a batch's transaction never waits on a call and one slow call delays only its own
-// delivery.
+// it is decoded — on its own goroutine, without any lock, at most Config.MaxInFlightCalls
+// at once (the inbox's slots, shared with Process) — and hands it to the collector only
+// once prepared, so a batch's transaction never waits on a call and one slow call delays
+// only its own delivery.
 //
 // A plain Preparer's Prepare is called for the delivery's first step (Step 0, Attempt 1),
 // as Process would before the step's transaction; Handle then finds what it prepared in
@@ -39,7 +39,7 @@ type prepareGate struct {
 	b     *Batcher
 	prep  func(ctx context.Context, d *Delivery) error // PrepareDelivery, or a plain handler's Prepare
 	plain bool                                         // prep is a plain Preparer's: a failure is a failed attempt
-	sem   chan struct{}                                // one slot per prepare running
+	sem   chan struct{}                                // the inbox's call slots (Config.MaxInFlightCalls)
 
 	mu     sync.Mutex
 	keys   map[string]*gateKey // business keys with a delivery in the Batcher
@@ -52,8 +52,8 @@ type prepareGate struct {
 	observe  func(elapsed time.Duration, err error)
 }
 
-func newPrepareGate(b *Batcher, prep func(context.Context, *Delivery) error, plain bool, inFlight int) *prepareGate {
-	return &prepareGate{b: b, prep: prep, plain: plain, sem: make(chan struct{}, inFlight), keys: map[string]*gateKey{},
+func newPrepareGate(b *Batcher, prep func(context.Context, *Delivery) error, plain bool, slots chan struct{}) *prepareGate {
+	return &prepareGate{b: b, prep: prep, plain: plain, sem: slots, keys: map[string]*gateKey{},
 		recent: newRecentKeys(recentKeysKept)}
 }
 

@@ -98,8 +98,8 @@ func TestSlowCallsInFlightFollowTheSetting(t *testing.T) {
 	for _, limit := range []int{16, 256} {
 		t.Run(fmt.Sprint(limit), func(t *testing.T) {
 			svc := newSlowService(func(string) time.Duration { return 200 * time.Millisecond })
-			p := newPipeline(t, pipelineOpts{conns: 16, svc: svc})
-			b, err := p.inbox.NewBatcher(inbox.BatchConfig{MaxInFlightCalls: limit})
+			p := newPipeline(t, pipelineOpts{conns: 16, svc: svc, inboxCfg: inbox.Config{MaxInFlightCalls: limit}})
+			b, err := p.inbox.NewBatcher(inbox.BatchConfig{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -237,7 +237,7 @@ func TestSlowBurstCausesNoRebalance(t *testing.T) {
 		h.Write([]byte(order))
 		return 100*time.Millisecond + time.Duration(h.Sum32()%200)*time.Millisecond
 	})
-	p := newPipeline(t, pipelineOpts{conns: 16, svc: svc})
+	p := newPipeline(t, pipelineOpts{conns: 16, svc: svc, inboxCfg: inbox.Config{MaxInFlightCalls: 64}})
 	var msgs [][2]string
 	for i := range orders {
 		id := fmt.Sprintf("burst-%04d", i)
@@ -252,7 +252,7 @@ func TestSlowBurstCausesNoRebalance(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		b, err := p.inbox.NewBatcher(inbox.BatchConfig{MaxInFlightCalls: 64})
+		b, err := p.inbox.NewBatcher(inbox.BatchConfig{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -118,8 +118,9 @@ func (s *suite) benchSeedLoad(ctx context.Context, mode string) error {
 	defer g.Close()
 	// The router's defaults, unless a -seed-* flag says otherwise.
 	pc := kafkax.ParallelConfig{Window: s.cfg.seedWindow, MaxInFlightBytes: s.cfg.seedBudget}.WithDefaults()
-	calls := inbox.BatchConfig{MaxInFlightCalls: s.cfg.seedInFlight}.WithDefaults().MaxInFlightCalls
-	ib, err := inbox.New(db, g, inbox.Config{BizType: coupon.BizType, MaxInFlightCalls: calls}, nil, nil)
+	ic := inbox.Config{BizType: coupon.BizType, MaxInFlightCalls: s.cfg.seedInFlight}.WithDefaults()
+	calls := ic.MaxInFlightCalls
+	ib, err := inbox.New(db, g, ic, nil, nil)
 	if err != nil {
 		return err
 	}
@@ -141,7 +142,7 @@ func (s *suite) benchSeedLoad(ctx context.Context, mode string) error {
 	handler := ib.HandlerFunc(in)
 	var b *inbox.Batcher
 	if mode == "batch" {
-		if b, err = ib.NewBatcher(inbox.BatchConfig{MaxInFlightCalls: calls}); err != nil {
+		if b, err = ib.NewBatcher(inbox.BatchConfig{}); err != nil {
 			return err
 		}
 		handler = b.HandlerFunc(in)
