@@ -11,6 +11,9 @@
 //	  - range: min..max, inclusive, for numbers and durations.
 //	  - zero: the field's value for a configured 0 where the field's own zero stands for its
 //	    default (the library's "off" value, e.g. -1ns for no linger).
+//	  - after: the key (in the same section) this setting follows in the list, where it does
+//	    not follow the field before it (a section made of several structs); where that key
+//	    is not listed (a library's struct on its own), the setting stays in field order.
 //	  - help: the table's one line.
 //
 // Types: string, bool, int, int64, float64, time.Duration, []string.
@@ -19,6 +22,7 @@ package settings
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -39,6 +43,7 @@ type Setting struct {
 
 	index []int
 	typ   reflect.Type
+	after string // the full key this setting follows (after tag)
 }
 
 var durationType = reflect.TypeOf(time.Duration(0))
@@ -57,6 +62,7 @@ func List(v any) []Setting {
 	}
 	var out []Setting
 	walk(t, "", nil, &out)
+	out = reorder(out)
 	seen := map[string]bool{}
 	for _, s := range out {
 		if seen[s.Key] {
@@ -96,8 +102,29 @@ func walk(t reflect.Type, prefix string, index []int, out *[]Setting) {
 	}
 }
 
+// reorder moves each setting with an after tag behind the setting it names, in field order.
+func reorder(in []Setting) []Setting {
+	out := append([]Setting(nil), in...)
+	for _, s := range in {
+		if s.after == "" {
+			continue
+		}
+		from := slices.IndexFunc(out, func(o Setting) bool { return o.Key == s.Key })
+		out = slices.Delete(out, from, from+1)
+		to := slices.IndexFunc(out, func(o Setting) bool { return o.Key == s.after }) + 1
+		if to == 0 {
+			to = from
+		}
+		out = slices.Insert(out, to, s)
+	}
+	return out
+}
+
 func parse(f reflect.StructField, key string, idx []int) (Setting, error) {
 	s := Setting{Key: key, Help: f.Tag.Get("help"), index: idx, typ: f.Type}
+	if a, ok := f.Tag.Lookup("after"); ok {
+		s.after = key[:strings.LastIndex(key, ".")+1] + a
+	}
 	if !supported(f.Type) {
 		return s, fmt.Errorf("type %s is not a setting's", f.Type)
 	}

@@ -33,6 +33,8 @@ type root struct {
 	On      bool                      `key:"on" default:"true" help:"on"`
 	Lib     lib                       `key:",squash"`
 	Other   other                     `key:",squash"`
+	Own     string                    `key:"own" after:"size" help:"own"`
+	Last    string                    `key:"last" after:"own" help:"last"`
 	Plugins map[string]map[string]any `key:"plugins"`
 }
 
@@ -50,13 +52,21 @@ func keys(ss []Setting) []string {
 
 func TestList(t *testing.T) {
 	got := keys(List(wrapper{}))
-	want := []string{"section.on", "section.size", "section.linger", "section.ratio", "section.budget", "section.brokers",
-		"section.tls.enabled", "section.tls.ca_file", "section.workers"}
+	want := []string{"section.on", "section.size", "section.own", "section.last", "section.linger", "section.ratio", "section.budget",
+		"section.brokers", "section.tls.enabled", "section.tls.ca_file", "section.workers"}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("keys\n got %v\nwant %v", got, want)
 	}
 	if got := keys(List(&lib{})); got[0] != "size" || got[6] != "tls.ca_file" {
 		t.Errorf("a library's own keys: %v", got)
+	}
+	type alone struct {
+		A string `key:"a" help:"a"`
+		B string `key:"b" after:"elsewhere" help:"b"`
+		C string `key:"c" help:"c"`
+	}
+	if got := keys(List(alone{})); !reflect.DeepEqual(got, []string{"a", "b", "c"}) {
+		t.Errorf("after a key not listed: %v, want field order", got)
 	}
 }
 
