@@ -164,7 +164,7 @@ func (r *relayBase) loop(ctx context.Context, shard string, once func(context.Co
 			}
 			r.logger.Error("outbox relay batch failed, will retry", err, fields)
 			wait = backoff
-			backoff = min(2*backoff, r.cfg.MaxRetryBackoff)
+			backoff = min(2*backoff, max(r.cfg.MaxRetryBackoff, r.cfg.RetryBackoff))
 		case n == 0:
 			backoff = r.cfg.RetryBackoff
 			wait = idle()

@@ -120,7 +120,6 @@ func (c *RelayConfig) setDefaults() {
 	if c.Retention < 0 {
 		c.Retention = KeepPublished
 	}
-	c.MaxRetryBackoff = max(c.MaxRetryBackoff, c.RetryBackoff)
 	if c.Owner == "" {
 		c.Owner = defaultOwner()
 	}
