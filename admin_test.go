@@ -200,7 +200,7 @@ func TestSubscriberPartitionStats(t *testing.T) {
 		window int
 		want   bool
 	}{{1024, true}, {1, false}} {
-		a := &app{cfg: Config{Kafka: KafkaConfig{Window: tc.window}}, logger: watermill.NopLogger{}}
+		a := &app{cfg: Config{Kafka: KafkaConfig{Parallel: kafkax.ParallelConfig{Window: tc.window}}}, logger: watermill.NopLogger{}}
 		sub, err := a.subscriber(kc, "g", kafkax.NewBudget(1<<20))
 		if err != nil {
 			t.Fatal(err)

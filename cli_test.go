@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -136,14 +137,21 @@ func TestPluginsListsCoupon(t *testing.T) {
 	}
 }
 
-// DefaultConfig is the defaults table decoded: valid, and what an embedding program starts
-// from.
+// DefaultConfig is every setting at its default: valid, what the router resolves with no
+// file and no environment, and what an embedding program starts from.
 func TestDefaultConfig(t *testing.T) {
 	c := DefaultConfig()
 	if err := c.validate(); err != nil {
 		t.Fatal(err)
 	}
-	if c.Relay.BatchSize != 2000 || c.Kafka.Window != 1024 || c.Kafka.MaxInFlightBytes != 64<<20 || !c.Relay.Enabled || c.Admin.Listen != "127.0.0.1:9464" {
+	if c.Relay.BatchSize != 2000 || c.Kafka.Parallel.Window != 1024 || c.Kafka.Parallel.MaxInFlightBytes != 64<<20 || !c.Relay.Enabled || c.Admin.Listen != "127.0.0.1:9464" {
 		t.Fatalf("defaults: %+v", c)
+	}
+	loaded, err := LoadConfig("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(loaded, c) {
+		t.Fatalf("LoadConfig without file or environment\n got %+v\nwant %+v", loaded, c)
 	}
 }

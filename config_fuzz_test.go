@@ -20,6 +20,8 @@ func FuzzConfigFile(f *testing.F) {
 		"plugins:\n  coupon-granter:\n    step_delay: 5ms\n",
 		"log: [1, 2]\n",
 		"db: {dsn: 3}\n",
+		"inbox:\n  table: other\n",
+		"relay:\n  linger: -5ms\n",
 		"\x00\xff",
 		"0",
 	} {

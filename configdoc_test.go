@@ -7,15 +7,15 @@ import (
 	"testing"
 )
 
-var update = flag.Bool("update", false, "rewrite README's configuration table from the defaults table")
+var update = flag.Bool("update", false, "rewrite README's configuration table from the settings")
 
 const (
 	configTableStart = "<!-- config-table:start -->"
 	configTableEnd   = "<!-- config-table:end -->"
 )
 
-// README's configuration table is the defaults table's rendering: a key, default or help
-// text changed in config.go and not in README (or the reverse) fails here.
+// README's configuration table is the settings' rendering: a key, default or help text
+// changed in a tag and not in README (or the reverse) fails here.
 func TestConfigTable(t *testing.T) {
 	const path = "README.md"
 	b, err := os.ReadFile(path)
@@ -42,11 +42,11 @@ func TestConfigTable(t *testing.T) {
 	got := strings.Split(readme[s:e], "\n")
 	for i, l := range strings.Split(want, "\n") {
 		if i >= len(got) || got[i] != l {
-			t.Errorf("README.md's configuration table differs from config.go's defaults at line %d:\n got: %s\nwant: %s", i, at(got, i), l)
+			t.Errorf("README.md's configuration table differs from the settings at line %d:\n got: %s\nwant: %s", i, at(got, i), l)
 			break
 		}
 	}
-	t.Errorf("README.md's configuration table is not the rendering of the defaults table: regenerate it with\n\tgo test . -run TestConfigTable -update")
+	t.Errorf("README.md's configuration table is not the rendering of the settings: regenerate it with\n\tgo test . -run TestConfigTable -update")
 }
 
 func at(lines []string, i int) string {
@@ -54,14 +54,4 @@ func at(lines []string, i int) string {
 		return lines[i]
 	}
 	return "(missing)"
-}
-
-// Every key of the table has a meaning, and every key is one Config decodes (UnmarshalExact
-// in DefaultConfig refuses unknown keys; this names the key without help).
-func TestConfigTableHelp(t *testing.T) {
-	for _, d := range defaults {
-		if strings.TrimSpace(d.help) == "" {
-			t.Errorf("%s has no help text", d.key)
-		}
-	}
 }

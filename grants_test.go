@@ -162,7 +162,7 @@ func TestMigrateGrantsLeastPrivilege(t *testing.T) {
 	cfg := onceflow.DefaultConfig()
 	cfg.DB.DSN = g.DSN
 	cfg.Kafka.Brokers = kc.Brokers
-	cfg.Kafka.SessionTimeout, cfg.Kafka.RebalanceTimeout, cfg.Kafka.Heartbeat = 6*time.Second, 10*time.Second, time.Second
+	cfg.Kafka.SessionTimeout, cfg.Kafka.RebalanceTimeout, cfg.Kafka.HeartbeatEvery = 6*time.Second, 10*time.Second, time.Second
 	cfg.Admin.Listen = ""
 	cfg.Relay.Enabled, cfg.Relay.ExactlyOnce = true, true
 	cfg.Relay.PositionsTopic = positions

@@ -69,7 +69,7 @@ func (a *app) startHTTP(ctx context.Context, db *sql.DB, plugins []plugin, obs i
 		}
 		closers = append(closers, closeHandler)
 		var runner httpcmd.Runner = ib
-		if bc := a.cfg.batchConfig(); bc.MaxSize > 1 {
+		if bc := a.cfg.Inbox.Batch; bc.MaxSize > 1 {
 			// Group commit, as for the plugin's Kafka deliveries: requests that arrive
 			// together share a transaction, each behind its savepoint.
 			if b, err := ib.NewBatcher(bc); err == nil {
@@ -80,8 +80,9 @@ func (a *app) startHTTP(ctx context.Context, db *sql.DB, plugins []plugin, obs i
 		routes = append(routes, httpcmd.Route{Method: p.command.Method, Path: p.command.Path, Runner: runner})
 		a.logger.Info("HTTP command", watermill.LogFields{"plugin": p.Name, "method": p.command.Method, "path": p.command.Path, "biz_type": p.BizType})
 	}
-	h, err := httpcmd.New(routes, httpcmd.Config{MaxBodyBytes: int64(a.cfg.HTTP.MaxBodyBytes), RequestTimeout: a.cfg.HTTP.RequestTimeout,
-		OutcomeWait: a.cfg.HTTP.OutcomeWait, Observe: m.ObserveHTTP}, a.logger)
+	hc := a.cfg.HTTP.Config
+	hc.Observe = m.ObserveHTTP
+	h, err := httpcmd.New(routes, hc, a.logger)
 	if err != nil {
 		closeAll()
 		return nil, badInput(err)

@@ -83,15 +83,15 @@ func (a *app) runRelayOnly(ctx context.Context) error {
 	return err
 }
 
-// relayConfig maps relay.* onto the outbox package's config.
+// relayConfig is the relay's config: relay.*, with the transactional id of this database
+// and shard unless relay.transactional_id names one, the tracer and the tests' crash hook.
 func (a *app) relayConfig() (outbox.RelayConfig, error) {
-	c := a.cfg.Relay
+	rc := a.cfg.Relay.RelayConfig
 	hook, err := crashHook(os.Getenv(crashPointEnv))
 	if err != nil {
 		return outbox.RelayConfig{}, badInput(err)
 	}
-	txnID := c.TransactionalID
-	if txnID == "" {
+	if rc.TransactionalID == "" {
 		// One transactional id per database and shard: relays of two databases (a demo and
 		// production, say) never fence each other, and a position is only read back by
 		// relays of the same database.
@@ -99,25 +99,9 @@ func (a *app) relayConfig() (outbox.RelayConfig, error) {
 		if err != nil {
 			return outbox.RelayConfig{}, badInput(err)
 		}
-		shard := c.Shard
-		if shard == "" {
-			shard = outbox.RelayConfig{}.WithDefaults().Shard
-		}
-		txnID = outbox.DefaultTransactionalID(mc.DBName, shard)
+		rc.TransactionalID = outbox.DefaultTransactionalID(mc.DBName, rc.WithDefaults().Shard)
 	}
-	linger := c.Linger
-	if linger == 0 {
-		linger = outbox.NoLinger // relay.linger: 0s publishes at once (the library's zero value means its default)
-	}
-	retention := c.Retention
-	if retention == 0 {
-		retention = outbox.KeepPublished // relay.retention: 0 keeps published rows
-	}
-	rc := outbox.RelayConfig{BatchSize: c.BatchSize, PollInterval: c.PollInterval, Linger: linger, LagBound: c.LagBound,
-		RetryBackoff: c.RetryBackoff, MaxRetryBackoff: c.MaxRetryBackoff,
-		Retention: retention, CleanupInterval: c.CleanupInterval, CleanupBatch: c.CleanupBatch,
-		Shard: c.Shard, Shards: c.Shards, TransactionalID: txnID, PositionsTopic: c.PositionsTopic, PositionsMinReplicas: c.PositionsMinRF, Owner: c.Owner,
-		LeaseTTL: c.LeaseTTL, TxnTimeout: c.TxnTimeout, Hook: hook, TracerProvider: a.cfg.tracing}
+	rc.Hook, rc.TracerProvider = hook, a.cfg.tracing
 	if err := rc.WithDefaults().Validate(); err != nil {
 		return outbox.RelayConfig{}, badInput(err)
 	}

@@ -141,7 +141,9 @@ func (a *app) openDB(ctx context.Context, dsn string, admin bool) (*dbx.Config, 
 	if err != nil {
 		return nil, badInput(err)
 	}
-	return &dbx.Config{DSN: dsn, MaxOpenConns: a.cfg.DB.MaxOpenConns, Password: pw, TLS: a.cfg.DB.tls()}, nil
+	dc := a.cfg.DB.Config
+	dc.DSN, dc.Password = dsn, pw
+	return &dc, nil
 }
 
 // openAppDB opens the application database (pool of maxConns, 0 = db.max_open_conns) and

@@ -15,6 +15,7 @@ import (
 
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/internal/metrics"
+	"github.com/onceflow/onceflow/internal/settings"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/dbx"
 	"github.com/onceflow/onceflow/pkg/kafkax"
@@ -33,9 +34,11 @@ type Runtime struct {
 // New returns the runtime of plugins under cfg: each plugin's section of cfg.Plugins is
 // applied (topics and consumer_group replace the declaration's; the rest is the plugin's own
 // configuration). It checks cfg and the plugins and connects to nothing; Run does. Start
-// from DefaultConfig (or LoadConfig). A nil logger logs nothing. Errors of bad input are
+// from DefaultConfig (or LoadConfig); a 0 means what it means in the configuration file
+// (relay.linger 0 publishes at once). A nil logger logs nothing. Errors of bad input are
 // marked as such (ExitCode 2).
 func New(cfg Config, plugins []inbox.Plugin, logger watermill.LoggerAdapter) (*Runtime, error) {
+	settings.Resolve(&cfg)
 	if err := cfg.validate(); err != nil {
 		return nil, badInput(fmt.Errorf("config: %w", err))
 	}
@@ -127,7 +130,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	// goroutine (a panic recovered by Recoverer is a nack), instead of sweeping its window.
 	router.AddMiddleware(kafkax.AckOnReturn, middleware.Recoverer)
 	obs := &observer{m: m}
-	budget := kafkax.NewBudget(int64(a.cfg.Kafka.MaxInFlightBytes)) // one for every subscriber of the router
+	budget := kafkax.NewBudget(a.cfg.Kafka.Parallel.MaxInFlightBytes) // one for every subscriber of the router
 	for _, p := range plugins {
 		ib, closeHandler, err := a.buildInbox(ctx, db, p, obs)
 		if err != nil {
@@ -135,7 +138,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 		}
 		defer closeHandler() // deferred first, so run last: after the router and the Batcher stopped
 		handler := ib.HandlerFunc
-		if bc := a.cfg.batchConfig(); bc.MaxSize > 1 {
+		if bc := a.cfg.Inbox.Batch; bc.MaxSize > 1 {
 			if b, err := ib.NewBatcher(bc); err == nil {
 				defer b.Close() // after the router stopped: its handlers are done
 				biz := p.BizType
@@ -176,7 +179,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); errs <- relay.Run(ctx) }()
 	}
-	cleaner, err := inbox.NewCleaner(db, inbox.CleanerConfig{BatchSize: a.cfg.Inbox.CleanupBatch, Interval: a.cfg.Inbox.CleanupInterval, Replies: true}, a.logger)
+	cleaner, err := inbox.NewCleaner(db, a.cfg.cleanerConfig(), a.logger)
 	if err != nil {
 		return badInput(err)
 	}
@@ -232,11 +235,9 @@ func (a *app) buildInbox(ctx context.Context, db *sql.DB, p plugin, obs inbox.Ob
 	}
 	var ib *inbox.Inbox
 	if p.command != nil {
-		cfg := a.cfg.inboxConfig(p.BizType, p.KeyLogField)
-		cfg.Retention = a.cfg.HTTP.IdempotencyTTL
-		ib, err = inbox.NewCommand(db, h, cfg, a.logger, obs)
+		ib, err = inbox.NewCommand(db, h, a.cfg.inboxConfig(p.BizType, p.KeyLogField, true), a.logger, obs)
 	} else {
-		ib, err = inbox.New(db, h, a.cfg.inboxConfig(p.BizType, p.KeyLogField), a.logger, obs)
+		ib, err = inbox.New(db, h, a.cfg.inboxConfig(p.BizType, p.KeyLogField, false), a.logger, obs)
 	}
 	if err != nil {
 		closeHandler()
@@ -256,8 +257,8 @@ func (a *app) buildInbox(ctx context.Context, db *sql.DB, p plugin, obs inbox.Ob
 // needs to fill its batches and slow calls need to overlap; values over
 // inbox.max_payload_bytes cut before they wait) or, with kafka.window 1, watermill-kafka's.
 func (a *app) subscriber(kc kafkax.Config, group string, budget *kafkax.Budget) (message.Subscriber, error) {
-	if a.cfg.Kafka.Window > 1 {
-		return kc.NewParallelSubscriber(group, kafkax.ParallelConfig{Window: a.cfg.Kafka.Window, Budget: budget, MaxValueBytes: a.cfg.Inbox.MaxPayloadBytes}, a.logger)
+	if a.cfg.Kafka.Parallel.Window > 1 {
+		return kc.NewParallelSubscriber(group, a.cfg.parallelConfig(budget), a.logger)
 	}
 	return kc.NewSubscriber(group, a.logger)
 }

@@ -74,9 +74,9 @@ func secureConfig(t *testing.T, d testenv.Database, kc kafkax.Config) onceflow.C
 	cfg.DB.PasswordFile = pwFile
 	cfg.DB.TLS.CAFile = testenv.TLSFile("ca.pem")
 	cfg.Kafka.Brokers = kc.Brokers
-	cfg.Kafka.TLS = onceflow.KafkaTLSConfig{Enabled: true, CAFile: kc.TLS.CAFile}
-	cfg.Kafka.SASL = onceflow.KafkaSASLConfig{Mechanism: kc.SASL.Mechanism, User: kc.SASL.User, PasswordFile: kc.SASL.PasswordFile}
-	cfg.Kafka.SessionTimeout, cfg.Kafka.RebalanceTimeout, cfg.Kafka.Heartbeat = 6*time.Second, 10*time.Second, time.Second
+	cfg.Kafka.TLS = kafkax.TLS{Enabled: true, CAFile: kc.TLS.CAFile}
+	cfg.Kafka.SASL = kafkax.SASL{Mechanism: kc.SASL.Mechanism, User: kc.SASL.User, PasswordFile: kc.SASL.PasswordFile}
+	cfg.Kafka.SessionTimeout, cfg.Kafka.RebalanceTimeout, cfg.Kafka.HeartbeatEvery = 6*time.Second, 10*time.Second, time.Second
 	cfg.Admin.Listen = ""
 	return cfg
 }

@@ -18,9 +18,9 @@ import (
 
 // OtelConfig is tracing (otel.*): off unless Exporter is otlp.
 type OtelConfig struct {
-	Exporter    string  `mapstructure:"exporter"`
-	Endpoint    string  `mapstructure:"endpoint"`
-	SampleRatio float64 `mapstructure:"sample_ratio"`
+	Exporter    string  `key:"exporter" default:"none" help:"tracing: none (no span is created) or otlp (OpenTelemetry spans over OTLP/HTTP from \x60run\x60 and \x60relay\x60: a delivery continues its record's traceparent header, the outbox keeps the trace, the relay writes it on the event; docs/ARCHITECTURE.md, Tracing)"`
+	Endpoint    string  `key:"endpoint" help:"OTLP/HTTP collector URL, e.g. http://127.0.0.1:4318 (/v1/traces added when it has no path; https: verified with the system's CAs); empty: the OTEL_EXPORTER_OTLP_* environment, else https://localhost:4318"`
+	SampleRatio float64 `key:"sample_ratio" default:"1" range:"0..1" help:"share of new traces recorded, 0..1; a record whose traceparent says sampled (or not) decides for its own trace"`
 }
 
 func (c OtelConfig) validate() error {

@@ -47,7 +47,7 @@ type Config struct {
 	// a Preparer's Prepare on the one-at-a-time path (Process) and, under the inbox's
 	// Batcher, each delivery's PrepareDelivery (BatchPreparer) or Prepare. Both paths take
 	// their slots from this one bound.
-	MaxInFlightCalls int `key:"max_in_flight_calls" default:"8192" range:"1..1000000" help:"outside calls running at once per plugin (its Prepare, or its PrepareDelivery under group commit, each prepared as soon as the delivery arrives): group commit and the one-at-a-time path share them; calls in flight ÷ call time bounds the throughput of slow calls"`
+	MaxInFlightCalls int `key:"max_in_flight_calls" default:"8192" range:"1..1000000" after:"batch_workers" help:"outside calls running at once per plugin (its Prepare, or its PrepareDelivery under group commit, each prepared as soon as the delivery arrives): group commit and the one-at-a-time path share them; calls in flight ÷ call time bounds the throughput of slow calls"`
 	// KeyLogField names the business key in log lines (e.g. "order_id"); default "dedup_key".
 	KeyLogField string
 	// TracerProvider, when set, traces every delivery (trace.go): its span continues the trace

@@ -23,15 +23,15 @@ import (
 // (internal/settings): key, default, range and help.
 type Config struct {
 	// DSN is go-sql-driver's: user:pass@tcp(host:port)/db?params.
-	DSN             string        `key:"dsn" help:"application DSN (least privilege), user@tcp(host:port)/db; required (no built-in credentials)"`
+	DSN string `key:"dsn" help:"application DSN (least privilege), user@tcp(host:port)/db; required (no built-in credentials)"`
+	// Password replaces the DSN's password when set (from a file or the environment, so the
+	// DSN in a config file carries none).
+	Password        string        `key:"password" help:"password of db.dsn's user, replacing the DSN's; better from ONCEFLOW_DB_PASSWORD or db.password_file"`
 	MaxOpenConns    int           `key:"max_open_conns" default:"32" range:"1..1000" help:"connection pool size"`
 	MaxIdleConns    int           // default MaxOpenConns
 	ConnMaxLifetime time.Duration // default 5m
 	PingTimeout     time.Duration // default 5s
 	TLS             TLS           `key:"tls"` // TLS to the server; off unless a field is set
-	// Password replaces the DSN's password when set (from a file or the environment, so the
-	// DSN in a config file carries none).
-	Password string `key:"password" help:"password of db.dsn's user, replacing the DSN's; better from ONCEFLOW_DB_PASSWORD or db.password_file"`
 }
 
 // WithDefaults returns c with its zero settings set to their defaults, as Open uses it; the
