@@ -3,12 +3,6 @@ package onceflow
 import (
 	"context"
 	"database/sql"
-	"errors"
-	"fmt"
-	"os"
-	"strconv"
-	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -16,16 +10,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
+	"github.com/onceflow/onceflow/internal/faults"
 	"github.com/onceflow/onceflow/internal/metrics"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/dbx"
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
-
-// crashPointEnv names a test-only hook: "<point>[:n]" makes the process exit with status 137
-// (as if killed) the n-th time (default 1st) a batch reaches point: before-kafka-commit,
-// after-kafka-commit (Kafka committed or acked, rows not yet marked) or after-mark.
-const crashPointEnv = "ONCEFLOW_RELAY_CRASH_POINT"
 
 func (a *app) relayCmd() *cobra.Command {
 	return &cobra.Command{
@@ -84,13 +74,10 @@ func (a *app) runRelayOnly(ctx context.Context) error {
 }
 
 // relayConfig is the relay's config: relay.*, with the transactional id of this database
-// and shard unless relay.transactional_id names one, the tracer and the tests' crash hook.
+// and shard unless relay.transactional_id names one, the tracer and a chaos build's crash
+// hook (internal/faults).
 func (a *app) relayConfig() (outbox.RelayConfig, error) {
 	rc := a.cfg.Relay.RelayConfig
-	hook, err := crashHook(os.Getenv(crashPointEnv))
-	if err != nil {
-		return outbox.RelayConfig{}, badInput(err)
-	}
 	if rc.TransactionalID == "" {
 		// One transactional id per database and shard: relays of two databases (a demo and
 		// production, say) never fence each other, and a position is only read back by
@@ -101,7 +88,7 @@ func (a *app) relayConfig() (outbox.RelayConfig, error) {
 		}
 		rc.TransactionalID = outbox.DefaultTransactionalID(mc.DBName, rc.WithDefaults().Shard)
 	}
-	rc.Hook, rc.TracerProvider = hook, a.cfg.tracing
+	rc.Hook, rc.TracerProvider = faults.RelayPoint(), a.cfg.tracing
 	if err := rc.WithDefaults().Validate(); err != nil {
 		return outbox.RelayConfig{}, badInput(err)
 	}
@@ -200,32 +187,4 @@ func relayMetrics(ctx context.Context, m *metrics.Metrics, relay *outbox.Relay) 
 		}
 	}()
 	return func() { cancel(); <-done }
-}
-
-// crashHook parses ONCEFLOW_RELAY_CRASH_POINT ("point[:n]"); empty means no hook.
-func crashHook(spec string) (func(string), error) {
-	if spec == "" {
-		return nil, nil
-	}
-	point, nth, _ := strings.Cut(spec, ":")
-	switch point {
-	case "before-kafka-commit", "after-kafka-commit", "after-mark":
-	default:
-		return nil, fmt.Errorf("%s=%q: unknown point (before-kafka-commit, after-kafka-commit, after-mark)", crashPointEnv, spec)
-	}
-	n := int64(1)
-	if nth != "" {
-		v, err := strconv.ParseInt(nth, 10, 64)
-		if err != nil || v < 1 {
-			return nil, errors.New(crashPointEnv + ": the count after ':' must be a positive integer")
-		}
-		n = v
-	}
-	var seen atomic.Int64
-	return func(p string) {
-		if p == point && seen.Add(1) == n {
-			fmt.Fprintf(os.Stderr, "router: %s: crashing at %s (#%d)\n", crashPointEnv, p, n)
-			os.Exit(137)
-		}
-	}, nil
 }

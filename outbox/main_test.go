@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/internal/faults"
 )
 
 func TestMain(m *testing.M) {
@@ -23,6 +24,10 @@ func TestMain(m *testing.M) {
 // relayMain is `router relay` as the router's main runs it (onceflow.Main): settings from
 // the ONCEFLOW_* environment, SIGINT and SIGTERM stop it, and an error is its exit code.
 func relayMain() int {
+	if err := faults.SetRelayCrash(os.Getenv(faults.RelayCrashEnv)); err != nil { // as the chaos build does
+		fmt.Fprintf(os.Stderr, "router: %v\n", err)
+		return 2
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := onceflow.Run(ctx, []string{"relay"}); err != nil {
