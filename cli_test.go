@@ -40,6 +40,9 @@ func TestBadInput(t *testing.T) {
 		want []string
 	}{
 		{"unknown command", []string{"frobnicate"}, 2, []string{"unknown command"}},
+		{"unknown subcommand", []string{"inbox", "frobnicate"}, 2, []string{"unknown command"}},
+		{"an argument too many", []string{"--config", admin, "plugins", "extra"}, 2, []string{"unknown command"}},
+		{"an argument missing", []string{"--config", admin, "outbox", "show"}, 2, []string{"accepts 1 arg"}},
 		{"unknown flag", []string{"produce", "--orderz", "3"}, 2, []string{"unknown flag", "--orderz"}},
 		{"invalid flag duration", []string{"verify", "--wait", "soon"}, 2, []string{"invalid argument", "soon"}},
 		{"unknown config key", []string{"--config", unknownKey, "plugins"}, 2, []string{"max_open_connz"}},

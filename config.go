@@ -248,7 +248,7 @@ func (c Config) validate() error {
 		return err
 	}
 	// No DSN is built in: an empty db.dsn is refused (exit 2, naming the key) by the commands
-	// that connect (openDB); commands that do not (plugins, config) run without one.
+	// that connect (dbConfig); commands that do not (plugins, config) run without one.
 	if c.DB.DSN != "" {
 		if _, err := dbx.ParseDSN(c.DB.DSN); err != nil {
 			return fmt.Errorf("db.dsn: %w", err)

@@ -28,7 +28,7 @@ func (a *app) migrateCmd() *cobra.Command {
 			if adminDSN != "" {
 				dsn = adminDSN
 			}
-			c, err := a.openDB(ctx, dsn, true)
+			c, err := a.dbConfig(dsn, true)
 			if err != nil {
 				return err
 			}
@@ -89,7 +89,7 @@ func (a *app) grantApp(ctx context.Context, admin *sql.DB, adminCfg dbx.Config) 
 		printf("migrate: no db.dsn, so no application user to grant to: `router migrate --print-grants` with db.dsn set prints the statements\n")
 		return nil
 	}
-	appCfg, err := a.openDB(ctx, a.cfg.DB.DSN, false)
+	appCfg, err := a.dbConfig(a.cfg.DB.DSN, false)
 	if err != nil {
 		return err
 	}
@@ -123,7 +123,7 @@ func (a *app) printGrants(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, err := a.openDB(ctx, a.cfg.DB.DSN, false); err != nil {
+	if _, err := a.dbConfig(a.cfg.DB.DSN, false); err != nil {
 		return err
 	}
 	mc, err := dbx.ParseDSN(a.cfg.DB.DSN)

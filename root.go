@@ -88,26 +88,24 @@ func Run(ctx context.Context, args []string, opts ...Option) error {
 	pf.String("log-level", "", "log level (overrides log.level)")
 
 	root.AddCommand(a.runCmd(), a.relayCmd(), a.migrateCmd(), a.produceCmd(), a.verifyCmd(), a.pluginsCmd(), a.replayCmd(), a.inboxCmd(), a.outboxCmd())
+	typeArgErrors(root)
 	root.SetArgs(args)
-	cmd, err := root.ExecuteContextC(ctx)
-	if err != nil && cmd != nil && isCobraUsage(err) {
-		return badInput(err)
+	if _, _, err := root.Find(args); err != nil {
+		return badInput(err) // an unknown command
 	}
+	_, err := root.ExecuteContextC(ctx)
 	return err
 }
 
-// isCobraUsage reports cobra's own argument errors (unknown command, bad arg count).
-func isCobraUsage(err error) bool {
-	if _, ok := err.(usageError); ok {
-		return true
+// typeArgErrors makes the argument checks of cmd and its subcommands (a wrong number of
+// arguments, a bad value) bad input: exit code 2, as flag errors are (SetFlagErrorFunc).
+func typeArgErrors(cmd *cobra.Command) {
+	if check := cmd.Args; check != nil {
+		cmd.Args = func(c *cobra.Command, args []string) error { return badInput(check(c, args)) }
 	}
-	msg := err.Error()
-	for _, p := range []string{"unknown command", "unknown flag", "unknown shorthand", "accepts ", "requires ", "invalid argument"} {
-		if strings.Contains(msg, p) {
-			return true
-		}
+	for _, sub := range cmd.Commands() {
+		typeArgErrors(sub)
 	}
-	return false
 }
 
 func newLogger(c LogConfig) watermill.LoggerAdapter {
@@ -123,9 +121,10 @@ func newLogger(c LogConfig) watermill.LoggerAdapter {
 
 func (a *app) kafka() kafkax.Config { return a.cfg.kafkaConfig() }
 
-// openDB is the pool config of dsn: db.dsn's (admin false) or db.admin_dsn's, with that
-// user's password from db.password / db.admin_password (or their files) and db.tls.*.
-func (a *app) openDB(ctx context.Context, dsn string, admin bool) (*dbx.Config, error) {
+// dbConfig is the pool config of dsn: db.dsn's (admin false) or db.admin_dsn's, with that
+// user's password from db.password / db.admin_password (or their files) and db.tls.*. It
+// opens nothing.
+func (a *app) dbConfig(dsn string, admin bool) (*dbx.Config, error) {
 	key := "db.dsn"
 	if admin {
 		key = "db.admin_dsn"
@@ -149,7 +148,7 @@ func (a *app) openDB(ctx context.Context, dsn string, admin bool) (*dbx.Config, 
 // openAppDB opens the application database (pool of maxConns, 0 = db.max_open_conns) and
 // checks that the given tables exist, so a missing migration is one clear error up front.
 func (a *app) openAppDB(ctx context.Context, maxConns int, tables ...string) (*sql.DB, error) {
-	dc, err := a.openDB(ctx, a.cfg.DB.DSN, false)
+	dc, err := a.dbConfig(a.cfg.DB.DSN, false)
 	if err != nil {
 		return nil, err
 	}

@@ -192,7 +192,7 @@ var companions = map[string]func(c *Config, edge any){
 func libraries(t *testing.T, cfg Config) error {
 	t.Helper()
 	a := &app{cfg: cfg, logger: watermill.NopLogger{}}
-	dc, err := a.openDB(context.Background(), cfg.DB.DSN, false)
+	dc, err := a.dbConfig(cfg.DB.DSN, false)
 	if err != nil {
 		return err
 	}
