@@ -53,13 +53,7 @@ func (a *app) produceCmd() *cobra.Command {
 	f.IntVar(&o.orders, "orders", 1000, "distinct messages (business keys <prefix>-000000, ...)")
 	f.Float64Var(&o.dupRate, "dup-rate", 0.3, "share of keys delivered a second time (a different Kafka message, same meaning)")
 	f.IntVar(&o.poison, "poison", 0, "poison records to add, each of which must end quarantined as poison; they cycle through "+
-		"the kinds: a value the plugin refuses (its Poison: for the coupon granter truncated JSON, a missing orderId or userId, "+
-		"a wrong type, not JSON), a tombstone (nil value), an empty value, such a value behind bytes that are not UTF-8, under an "+
-		"invalid-UTF-8 key, with invalid-UTF-8 header key, value and message id, a good value whose business key has a byte that "+
-		"is not UTF-8, a good value under 70 KiB of headers (over inbox.max_metadata_bytes), and a good value padded to 1 KiB "+
-		"over the loaded inbox.max_payload_bytes — that last kind only when it fits the producer's max message size (1,000,000 "+
-		"bytes), so not with the default 1 MiB limit, and the refused values and their UTF-8 variants only for a plugin with a "+
-		"Poison (the PRODUCED line says which kinds were sent)")
+		"the hostile kinds of docs/RELIABILITY.md's chaos harness (the PRODUCED line says which were sent)")
 	f.StringVar(&o.topic, "topic", "", "topic (default: the plugin's first topic, as configured)")
 	f.StringVar(&o.prefix, "prefix", "", "order id prefix (default ord-<unix nanos>)")
 	f.Uint64Var(&o.seed, "seed", 1, "random seed (repeatable runs)")
