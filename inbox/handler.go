@@ -118,10 +118,11 @@ type Preparer interface {
 // ErrPermanent marks an error that retrying cannot fix.
 var ErrPermanent = errors.New("permanent failure")
 
+// permanentError is err marked permanent: it unwraps to err, and is ErrPermanent.
 type permanentError struct{ err error }
 
 func (e permanentError) Error() string        { return e.err.Error() }
-func (e permanentError) Unwrap() []error      { return []error{e.err, ErrPermanent} }
+func (e permanentError) Unwrap() error        { return e.err }
 func (e permanentError) Is(target error) bool { return target == ErrPermanent }
 
 // Permanent wraps err so the inbox quarantines the message without further retries.
