@@ -25,8 +25,10 @@ const maxPlaceholders = 65535
 //
 // n rows go as the fewest such statements: ⌊n/Max⌋ of Max rows, then at most one of each
 // smaller power of two down to MinPrepared (binary decomposition), then what is left as
-// one interpolated statement, in order, so rows keep their order and lock order. Until Prepare has prepared them (and should preparing fail: max_prepared_stmt_count
-// reached, say) the statements run interpolated, as before: correct either way, slower.
+// one interpolated statement, in order, so rows keep their order and lock order. A MultiRow
+// on a pool prepares its statements itself, in the background, when it is first used (or
+// when Prepare is called); until then, and should preparing fail (max_prepared_stmt_count
+// reached, say), the statements run interpolated: correct either way, slower.
 type MultiRow struct {
 	db    *sql.DB
 	width int                // parameters per row
@@ -36,10 +38,11 @@ type MultiRow struct {
 
 	prepMu sync.Mutex // one Prepare at a time
 	mu     sync.Mutex // guards the fields below; never held across a round trip
-	stmts  map[int]*sql.Stmt
-	ready  bool      // every size prepared
-	failed time.Time // the last failed Prepare
-	closed bool
+	stmts     map[int]*sql.Stmt
+	ready     bool      // every size prepared
+	failed    time.Time // the last failed Prepare
+	closed    bool
+	preparing bool // a background Prepare is running (prepareSoon)
 }
 
 // NewMultiRow returns a MultiRow on db for rows of width parameters; text(n) is the
@@ -162,6 +165,7 @@ func (m *MultiRow) each(ctx context.Context, tx *sql.Tx, args []any, run func(st
 		ps := m.stmts[n]
 		m.mu.Unlock()
 		if ps == nil {
+			m.prepareSoon()
 			if err := run(st, part); err != nil {
 				return err
 			}
@@ -190,10 +194,40 @@ func (m *MultiRow) each(ctx context.Context, tx *sql.Tx, args []any, run func(st
 // prepareRetry is how long Prepare waits after a failure before it tries again.
 const prepareRetry = time.Minute
 
+// prepareTimeout bounds a background Prepare (prepareSoon).
+const prepareTimeout = 30 * time.Second
+
+// prepareSoon starts a Prepare on a goroutine of its own, unless the statements are
+// prepared, being prepared, closed, or failed within prepareRetry: a transaction using the
+// MultiRow never waits for it (it would need a second pooled connection).
+func (m *MultiRow) prepareSoon() {
+	if m.db == nil {
+		return
+	}
+	m.mu.Lock()
+	start := !m.ready && !m.closed && !m.preparing && time.Since(m.failed) >= prepareRetry
+	if start {
+		m.preparing = true
+	}
+	m.mu.Unlock()
+	if !start {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), prepareTimeout)
+		_ = m.Prepare(ctx) // a failure is remembered: no new try within prepareRetry
+		cancel()
+		m.mu.Lock()
+		m.preparing = false
+		m.mu.Unlock()
+	}()
+}
+
 // Prepare prepares the statements of every size not prepared yet, each on whatever pooled
 // connection is free (later transactions prepare them on their own connections from
-// these). Call it outside any transaction of the pool; until it has succeeded, the
-// statements run interpolated. After a failure it does nothing for a minute.
+// these), as the MultiRow does by itself at its first use. Call it outside any transaction
+// of the pool; until it has succeeded, the statements run interpolated. After a failure it
+// does nothing for a minute.
 func (m *MultiRow) Prepare(ctx context.Context) error {
 	// One Prepare at a time, but without holding mu across the round trips: a transaction
 	// looking up a statement (each) never waits for a Prepare that waits for a connection.

@@ -168,3 +168,54 @@ func TestMultiRow(t *testing.T) {
 		t.Fatalf("%d rows (want 77), v=%q", total, v)
 	}
 }
+
+// TestMultiRowPreparesItself: a MultiRow on a pool prepares its statements in the
+// background after its first use, with no Prepare call: a later transaction runs them
+// prepared. One pooled connection, so the first transaction holds it while the background
+// Prepare waits for it (and must not wait for the Prepare).
+func TestMultiRowPreparesItself(t *testing.T) {
+	d := testenv.DB(t, 1)
+	d.AdminExec(t, "CREATE TABLE mr (id BIGINT AUTO_INCREMENT PRIMARY KEY, k VARCHAR(32) NOT NULL UNIQUE)")
+	m := dbx.NewMultiRow(d.DB, 1, 256, func(n int) string { return "INSERT INTO mr (k) VALUES " + strings.TrimSuffix(strings.Repeat("(?), ", n), ", ") })
+	defer m.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	execs := func(tx *sql.Tx) int {
+		var k string
+		var n int
+		if err := tx.QueryRowContext(ctx, "SHOW SESSION STATUS LIKE 'Com_stmt_execute'").Scan(&k, &n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	insert := func(round int) (prepared int) {
+		err := dbx.InTx(ctx, d.DB, func(tx *sql.Tx) error {
+			args := make([]any, 128)
+			for i := range args {
+				args[i] = fmt.Sprintf("r%d-%03d", round, i)
+			}
+			before := execs(tx)
+			if _, err := m.Exec(ctx, tx, args); err != nil {
+				return err
+			}
+			prepared = execs(tx) - before
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		return prepared
+	}
+	if n := insert(0); n != 0 {
+		t.Fatalf("first use: %d prepared executions, want 0 (interpolated while it prepares)", n)
+	}
+	for round := 1; ; round++ {
+		if n := insert(round); n == 1 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the statements were never prepared")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
