@@ -421,7 +421,7 @@ func (b *Batcher) process(ctx context.Context, msg *message.Message, src Source,
 	select {
 	case b.decode <- p:
 	case <-b.stop:
-		return b.ib.Process(ctx, msg, src, b.ib.liveOptions())
+		return b.ib.run(ctx, msg, src, b.ib.liveOptions())
 	case <-ctx.Done():
 		return Result{}, ctx.Err()
 	}
@@ -435,7 +435,7 @@ func (b *Batcher) process(ctx context.Context, msg *message.Message, src Source,
 		case o := <-p.done:
 			return b.outcome(ctx, p, o)
 		default:
-			res, err := b.ib.Process(ctx, msg, src, b.ib.liveOptions())
+			res, err := b.ib.run(ctx, msg, src, b.ib.liveOptions())
 			b.release(p, res, err)
 			return res, err
 		}
@@ -489,7 +489,7 @@ func (b *Batcher) outcome(ctx context.Context, p *pending, o batchOutcome) (Resu
 	case o.failed != nil:
 		res, err = b.afterFailure(ctx, p, o.failed)
 	case o.fallback:
-		res, err = b.ib.Process(ctx, p.msg, p.src, b.ib.liveOptions())
+		res, err = b.ib.run(ctx, p.msg, p.src, b.ib.liveOptions())
 		if err != nil && o.uncertain {
 			err = outcomeUnknown(err)
 		}

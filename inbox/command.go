@@ -227,11 +227,11 @@ func (ib *Inbox) saveReplies(ctx context.Context, tx *sql.Tx, ds []*Delivery) er
 // liveOptions are the options of a live delivery: none for a Kafka message; for a command's
 // request, its Decode errors and conflicts are the client's, and a quarantined row runs
 // again (the client's retry).
-func (ib *Inbox) liveOptions() ProcessOptions {
+func (ib *Inbox) liveOptions() runOpts {
 	if ib.replyQuery == "" {
-		return ProcessOptions{}
+		return runOpts{}
 	}
-	return ProcessOptions{Reopen: true, command: true}
+	return runOpts{ProcessOptions: ProcessOptions{Reopen: true}, command: true}
 }
 
 // RunCommand runs one command request to its end, in a transaction of its own. It returns
@@ -243,7 +243,7 @@ func (ib *Inbox) liveOptions() ProcessOptions {
 // returns its response.
 func (ib *Inbox) RunCommand(ctx context.Context, req CommandRequest) (CommandResult, error) {
 	return ib.runCommand(ctx, req, func(msg *message.Message) (Result, error) {
-		return ib.Process(ctx, msg, req.Source, ib.liveOptions())
+		return ib.run(ctx, msg, req.Source, ib.liveOptions())
 	})
 }
 
@@ -287,7 +287,7 @@ func (ib *Inbox) runCommand(ctx context.Context, req CommandRequest, run func(*m
 	res, err := run(msg)
 	if err == nil && res.Outcome == OutcomeHeld {
 		// A quarantined request: the client's retry runs it again.
-		res, err = ib.Process(ctx, msg, req.Source, ib.liveOptions())
+		res, err = ib.run(ctx, msg, req.Source, ib.liveOptions())
 	}
 	if err != nil {
 		return CommandResult{}, err

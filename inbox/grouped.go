@@ -262,7 +262,7 @@ func (b *Batcher) afterFailure(ctx context.Context, p *pending, f *failure) (Res
 	}
 	total := f.total
 	if !f.counted {
-		total = ib.countFailure(ctx, p.msg, p.src, p.dec, f.err, 1, ProcessOptions{})
+		total = ib.countFailure(ctx, p.msg, p.src, p.dec, f.err, 1, runOpts{})
 	}
 	fields := watermill.LogFields{"topic": p.src.Topic, "partition": p.src.Partition, "offset": p.src.Offset, ib.cfg.KeyLogField: p.dec.Key, "attempts": total}
 	reason := failureReason(f.err)
@@ -275,9 +275,9 @@ func (b *Batcher) afterFailure(ctx context.Context, p *pending, f *failure) (Res
 		sleep(ctx, ib.cfg.backoff(total))
 		opts := ib.liveOptions()
 		opts.failed = total
-		return ib.Process(ctx, p.msg, p.src, opts)
+		return ib.run(ctx, p.msg, p.src, opts)
 	}
-	res, err := ib.quarantine(ctx, p.msg, p.src, p.dec.Key, p.dec.Fingerprint, reason, f.err, total, ProcessOptions{})
+	res, err := ib.quarantine(ctx, p.msg, p.src, p.dec.Key, p.dec.Fingerprint, reason, f.err, total, runOpts{})
 	if err != nil {
 		return res, err
 	}

@@ -126,7 +126,11 @@ type ProcessOptions struct {
 	ReplayID int64
 	// Reopen lets a 'failed' row run again (replay after its cause was fixed).
 	Reopen bool
+}
 
+// runOpts is how one delivery runs: the caller's options and the inbox's own.
+type runOpts struct {
+	ProcessOptions
 	failed int // attempts already made and counted (a Batcher's delivery that failed in its batch)
 	// command: an HTTP command's request (RunCommand): a Decode error is the client's (an
 	// error wrapping ErrBadRequest, nothing written), and so is a conflict (reported, not
@@ -140,6 +144,11 @@ type ProcessOptions struct {
 // error wraps ErrOutcomeUnknown when some of the delivery's work committed, or may have,
 // before it (a commit that got no answer, a step committed before the next one failed).
 func (ib *Inbox) Process(ctx context.Context, msg *message.Message, src Source, opts ProcessOptions) (Result, error) {
+	return ib.run(ctx, msg, src, runOpts{ProcessOptions: opts})
+}
+
+// run is Process with the inbox's own options.
+func (ib *Inbox) run(ctx context.Context, msg *message.Message, src Source, opts runOpts) (Result, error) {
 	if ib.tr != nil && ctx.Value(tracedKey{}) != msg {
 		return ib.processTraced(ctx, msg, src, opts) // this again, under the delivery's span
 	}
@@ -151,7 +160,7 @@ func (ib *Inbox) Process(ctx context.Context, msg *message.Message, src Source, 
 	return res, err
 }
 
-func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, opts ProcessOptions) (_ Result, err error) {
+func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, opts runOpts) (_ Result, err error) {
 	uncertain := false // an attempt committed some of the work, or may have
 	defer func() {
 		if err != nil && uncertain {
@@ -275,7 +284,7 @@ func (ib *Inbox) decode(msg *message.Message) (dec Decoded, err error) {
 
 // runSteps runs the handler, one transaction per step, until it reports Done. Each step
 // (Prepare and the transaction) runs under inbox.handler_timeout.
-func (ib *Inbox) runSteps(ctx context.Context, d *Delivery, dec Decoded, opts ProcessOptions) (Result, error) {
+func (ib *Inbox) runSteps(ctx context.Context, d *Delivery, dec Decoded, opts runOpts) (Result, error) {
 	prep, _ := ib.h.(Preparer)
 	for step := 0; step < ib.cfg.MaxSteps; step++ {
 		res, next, err := ib.runStep(ctx, prep, d, dec, opts, step)
@@ -295,7 +304,7 @@ func (ib *Inbox) runSteps(ctx context.Context, d *Delivery, dec Decoded, opts Pr
 
 // runStep runs step (and, with StepsPerTx > 1, the steps after it) in one transaction. It
 // returns the delivery's result once it is finished, else the last step it ran.
-func (ib *Inbox) runStep(ctx context.Context, prep Preparer, d *Delivery, dec Decoded, opts ProcessOptions, first int) (*Result, int, error) {
+func (ib *Inbox) runStep(ctx context.Context, prep Preparer, d *Delivery, dec Decoded, opts runOpts, first int) (*Result, int, error) {
 	sctx, cancel := context.WithTimeout(ctx, ib.cfg.HandlerTimeout)
 	defer cancel()
 	d.Step = first

@@ -62,7 +62,7 @@ func (q quarantineRow) minimal(msg *message.Message, refusal error) quarantineRo
 
 // quarantine records a failed row in its own transaction. A row that is already 'done'
 // stays done (another delivery finished it meanwhile).
-func (ib *Inbox) quarantine(ctx context.Context, msg *message.Message, src Source, key, fp string, reason Reason, cause error, attempts int, opts ProcessOptions) (Result, error) {
+func (ib *Inbox) quarantine(ctx context.Context, msg *message.Message, src Source, key, fp string, reason Reason, cause error, attempts int, opts runOpts) (Result, error) {
 	q := ib.newQuarantineRow(msg, key, fp, cause)
 	id, err := ib.insertQuarantine(ctx, q, src, reason, attempts, opts)
 	if err != nil && ctx.Err() == nil && !dbx.IsConnError(err) && !dbx.IsLockConflict(err) {
@@ -81,7 +81,7 @@ func (ib *Inbox) quarantine(ctx context.Context, msg *message.Message, src Sourc
 }
 
 // insertQuarantine writes q, retrying deadlocks and lock waits.
-func (ib *Inbox) insertQuarantine(ctx context.Context, q quarantineRow, src Source, reason Reason, attempts int, opts ProcessOptions) (int64, error) {
+func (ib *Inbox) insertQuarantine(ctx context.Context, q quarantineRow, src Source, reason Reason, attempts int, opts runOpts) (int64, error) {
 	var id int64
 	for try := 0; ; try++ {
 		err := dbx.InTx(ctx, ib.db, func(tx *sql.Tx) error {
@@ -103,7 +103,7 @@ func (ib *Inbox) insertQuarantine(ctx context.Context, q quarantineRow, src Sour
 	}
 }
 
-func (ib *Inbox) quarantineConflict(ctx context.Context, d *Delivery, dec Decoded, opts ProcessOptions) (Result, error) {
+func (ib *Inbox) quarantineConflict(ctx context.Context, d *Delivery, dec Decoded, opts runOpts) (Result, error) {
 	tag := shortFingerprint(dec.Fingerprint)
 	key := d.Key + "#conflict:" + tag
 	cause := fmt.Errorf("key %q already processed with a different payload (fingerprint %s)", d.Key, tag)
@@ -117,7 +117,7 @@ func (ib *Inbox) quarantineConflict(ctx context.Context, d *Delivery, dec Decode
 // killed or lose its partition before their own count runs out. The row it leaves is
 // 'processing' (the redelivery resumes it; nothing of the failed attempt is kept). Should
 // the count not be recorded, this process's attempt number stands in for it.
-func (ib *Inbox) countFailure(ctx context.Context, msg *message.Message, src Source, dec Decoded, cause error, attempt int, opts ProcessOptions) int {
+func (ib *Inbox) countFailure(ctx context.Context, msg *message.Message, src Source, dec Decoded, cause error, attempt int, opts runOpts) int {
 	payload, tombstone := storedPayload(msg.Payload)
 	var status Status
 	var total int

@@ -44,9 +44,9 @@ type tracedKey struct{}
 func (d *Delivery) TraceParent() string { return tracex.TraceParent(d.trace) }
 
 // processTraced is Process under a delivery span.
-func (ib *Inbox) processTraced(ctx context.Context, msg *message.Message, src Source, opts ProcessOptions) (Result, error) {
+func (ib *Inbox) processTraced(ctx context.Context, msg *message.Message, src Source, opts runOpts) (Result, error) {
 	ctx, span := ib.startDelivery(ctx, msg, src)
-	res, err := ib.Process(ctx, msg, src, opts)
+	res, err := ib.run(ctx, msg, src, opts)
 	endDelivery(span, res, err)
 	return res, err
 }
