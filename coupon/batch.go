@@ -6,18 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/dbx"
-)
-
-var (
-	_ inbox.BatchHandler      = (*Granter)(nil)
-	_ inbox.BatchPreparer     = (*Granter)(nil)
-	_ inbox.StatementPreparer = (*Granter)(nil)
-	_ inbox.InstantPreparer   = (*Granter)(nil)
 )
 
 // batchStatements are HandleBatch's multi-row inserts of its common path as server-side
@@ -27,8 +19,8 @@ type batchStatements struct {
 	grant, log, coupon *dbx.MultiRow
 }
 
-// newBatchStatements builds the batch's inserts on pool db; with a nil db (no
-// UseStatements) they run interpolated.
+// newBatchStatements builds the batch's inserts on pool db, prepared there at their first
+// use.
 func newBatchStatements(db *sql.DB) *batchStatements {
 	multi := func(width, max int, head, group, tail string) *dbx.MultiRow {
 		return dbx.NewMultiRow(db, width, max, func(n int) string { return head + groups(group, n) + tail })
@@ -41,95 +33,20 @@ func newBatchStatements(db *sql.DB) *batchStatements {
 	}
 }
 
-// UseStatements makes HandleBatch (and its outbox writes) run their multi-row inserts as
-// prepared statements of pool db — the pool of the transactions HandleBatch is given (the
-// router's; an inbox.Batcher's). PrepareStatements prepares them, outside the transaction; until
-// it has, and should the server refuse, they run interpolated. Call before first use.
-func (g *Granter) UseStatements(db *sql.DB) *Granter {
-	g.st = newBatchStatements(db)
-	g.out.UseStatements(db)
-	return g
+func (st *batchStatements) close() error {
+	return errors.Join(st.grant.Close(), st.log.Close(), st.coupon.Close())
 }
 
-// PrepareStatements implements inbox.StatementPreparer: it prepares the statements of
-// UseStatements (nothing without it), outside any transaction; the Batcher calls it before
-// each batch.
-func (g *Granter) PrepareStatements(ctx context.Context) {
-	for _, m := range []*dbx.MultiRow{g.st.grant, g.st.log, g.st.coupon} {
-		if err := m.Prepare(ctx); err != nil {
-			g.logger.Error("coupon batch: inserts run unprepared (slower); retrying in a minute", err, nil)
-			return
-		}
-	}
-	if err := g.out.PrepareStatements(ctx); err != nil {
-		g.logger.Error("coupon batch: outbox inserts run unprepared (slower); retrying in a minute", err, nil)
-	}
-}
-
-// Close closes the prepared statements of UseStatements.
-func (g *Granter) Close() error {
-	return errors.Join(g.st.grant.Close(), g.st.log.Close(), g.st.coupon.Close(), g.out.Close())
-}
-
-// batchPrepared marks a delivery whose three external calls (lock stock, deduct budget,
-// issue coupon) PrepareDelivery made successfully.
-type batchPrepared struct{}
-
-// PrepareDelivery implements inbox.BatchPreparer: as soon as the Batcher has the delivery,
-// it makes the external calls of all three steps, one after another (idempotent by order
-// id and step, like Prepare's). When one fails the delivery stays unprepared, HandleBatch
-// leaves it to the one-at-a-time path, which retries with backoff step by step and
-// quarantines when attempts run out.
-func (g *Granter) PrepareDelivery(ctx context.Context, d *inbox.Delivery) error {
-	o, ok := d.Value.(OrderPaid)
-	if !ok {
-		return nil
-	}
-	for _, step := range batchSteps {
-		if err := g.svc.Call(ctx, step, o.OrderID+":"+step); err != nil {
-			return err
-		}
-	}
-	d.Prepared = batchPrepared{}
-	return nil
-}
-
-// PreparesInstantly implements inbox.InstantPreparer: true when the granter's external
-// service returns at once (none configured, or a simulated one without delay), so the
-// Batcher need not give each delivery a goroutine of its own for its calls.
-func (g *Granter) PreparesInstantly() bool { return instant(g.svc) }
-
-// batchSteps are the steps whose calls PrepareDelivery makes.
-var batchSteps = []string{StateInit.Step(), StateLocked.Step(), StateBudgetDeducted.Step()}
-
-// PrepareBatch prepares the statements and then every delivery of ds, at most
-// prepareParallelism at once (the bench's unsafe baseline, which has no Batcher).
-func (g *Granter) PrepareBatch(ctx context.Context, ds []*inbox.Delivery) {
-	g.PrepareStatements(ctx)
-	sem := make(chan struct{}, prepareParallelism)
-	var wg sync.WaitGroup
-	for _, d := range ds {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			_ = g.PrepareDelivery(ctx, d)
-		})
-	}
-	wg.Wait()
-}
-
-// prepareParallelism bounds PrepareBatch's concurrent deliveries.
-const prepareParallelism = 64
-
-// HandleBatch implements inbox.BatchHandler: the happy path of many grants in one
-// transaction. Grants still in INIT go straight to GRANTED — one update of stock and
-// budget together for the whole batch, on one counter shard, and multi-row writes of the
-// grants, their transition log (each legal step recorded), the coupons and the
-// CouponGranted events. Grants already terminal are Done. Everything else — a grant some earlier
-// delivery left half-way, a shard that cannot cover the whole batch (the campaign running
-// out), a delivery whose external calls failed — is left at Continue for Handle, which
-// knows every path, exhaustion included.
-func (g *Granter) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Delivery) ([]inbox.Progress, error) {
+// HandleBatch implements inbox.BatchHandler, the expert path of group commit: the happy
+// path of many grants in one transaction. Grants still in INIT whose calls are made go
+// straight to GRANTED — one update of stock and budget together for the whole batch, on one
+// counter shard, and multi-row writes of the grants, their transition log (each legal step
+// recorded), the coupons and the CouponGranted events. Grants already terminal are Done.
+// Everything else — a grant some earlier delivery left half-way, a shard that cannot cover
+// the whole batch (the campaign running out), a delivery whose calls fail here — is left
+// at Continue for Handle, which knows every path, exhaustion included.
+func (h *handler) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Delivery) ([]inbox.Progress, error) {
+	g := h.g
 	progs := make([]inbox.Progress, len(ds))
 	var orders []OrderPaid
 	var idx []int
@@ -138,38 +55,53 @@ func (g *Granter) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Deliv
 	for i, d := range ds {
 		progs[i] = inbox.Continue
 		o, ok := d.Value.(OrderPaid)
-		if _, prepared := d.Prepared.(batchPrepared); ok && prepared {
-			orders = append(orders, o)
-			idx = append(idx, i)
-			resumed = resumed || d.Resumed
-			if tp := d.TraceParent(); tp != "" {
-				if traces == nil {
-					traces = make(map[string]string, len(ds))
-				}
-				traces[o.OrderID] = tp
-			}
+		if from, prepared := d.Prepared.(State); !ok || !h.free && !(prepared && from == StateInit) {
+			continue
 		}
-		// d.Prepared stays: a batch retried after a deadlock needs it again. Deliveries left
-		// to the one-at-a-time path get a fresh Delivery there.
+		if h.free && !h.callAll(ctx, o) {
+			continue
+		}
+		orders = append(orders, o)
+		idx = append(idx, i)
+		resumed = resumed || d.Resumed
+		if tp := d.TraceParent(); tp != "" {
+			if traces == nil {
+				traces = make(map[string]string, len(ds))
+			}
+			traces[o.OrderID] = tp
+		}
 	}
 	if len(orders) == 0 {
 		return progs, nil
 	}
-	repo := mysqlRepo{tx: tx, st: g.st}
+	repo := mysqlRepo{tx: tx, st: h.st}
 	shards, err := g.campaignShards(ctx, repo, g.cfg.CampaignID)
 	if err != nil {
 		return nil, err
 	}
+	done := func(is []int) ([]inbox.Progress, error) {
+		for _, i := range is {
+			progs[i] = inbox.Done
+		}
+		if !h.claims {
+			return progs, nil
+		}
+		var finished []*inbox.Delivery
+		for i, d := range ds {
+			if progs[i] == inbox.Done {
+				finished = append(finished, d)
+			}
+		}
+		return progs, h.respond(ctx, tx, finished)
+	}
 	if !resumed {
 		// New inbox rows: their grants almost never exist yet. Write them GRANTED at once.
-		ok, err := g.grantNew(ctx, tx, repo, orders, shards, traces)
-		if err != nil || ok {
-			if ok {
-				for _, i := range idx {
-					progs[i] = inbox.Done
-				}
-			}
-			return progs, err
+		ok, err := h.grantBatchNew(ctx, tx, repo, orders, shards, traces)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			return done(idx)
 		}
 	}
 	grants, err := repo.loadOrCreateMany(ctx, orders, g.cfg.CampaignID, g.cfg.ValueCents)
@@ -177,12 +109,12 @@ func (g *Granter) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Deliv
 		return nil, err
 	}
 	var fresh []grantRow
-	var freshIdx []int
+	var freshIdx, terminal []int
 	var value int64
 	for j, gr := range grants {
 		switch {
 		case gr.State.Terminal():
-			progs[idx[j]] = inbox.Done
+			terminal = append(terminal, idx[j])
 		case gr.State == StateInit:
 			fresh = append(fresh, gr)
 			freshIdx = append(freshIdx, idx[j])
@@ -190,11 +122,14 @@ func (g *Granter) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Deliv
 		}
 	}
 	if len(fresh) == 0 {
-		return progs, nil
+		return done(terminal)
 	}
-	shard, err := repo.takeBatch(ctx, g.cfg.CampaignID, int64(len(fresh)), value, int(g.batchSeq.Add(1)), shards)
-	if err != nil || shard < 0 {
-		return progs, err // no shard covers the whole batch: one at a time
+	shard, err := repo.takeBatch(ctx, g.cfg.CampaignID, int64(len(fresh)), value, int(h.shards.next.Add(1)), shards)
+	if err != nil {
+		return nil, err
+	}
+	if shard < 0 {
+		return done(terminal) // no shard covers the whole batch: one at a time
 	}
 	for j := range fresh {
 		fresh[j].StockShard, fresh[j].BudgetShard = shard, shard
@@ -202,16 +137,24 @@ func (g *Granter) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Deliv
 	if err := repo.grantMany(ctx, fresh); err != nil {
 		return nil, err
 	}
-	if err := g.out.AddBatch(ctx, tx, g.grantedEvents(fresh, traces)); err != nil {
+	if err := g.out.AddBatch(ctx, tx, h.grantedEvents(fresh, traces)); err != nil {
 		return nil, err
 	}
-	for _, i := range freshIdx {
-		progs[i] = inbox.Done
-	}
-	return progs, nil
+	return done(append(terminal, freshIdx...))
 }
 
-// grantNew is the common case of HandleBatch: deliveries whose inbox rows are new, whose
+// callAll makes the outside calls of every step of o's grant (an instant service: in the
+// batch's transaction); false when one fails (the delivery is left to Handle).
+func (h *handler) callAll(ctx context.Context, o OrderPaid) bool {
+	for _, step := range grantSteps {
+		if err := h.g.svc.Call(ctx, step, o.OrderID+":"+step); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// grantBatchNew is the common case of HandleBatch: deliveries whose inbox rows are new, whose
 // grants therefore do not exist yet. It takes the stock and budget of the whole batch from
 // one counter shard and inserts the grants directly GRANTED — with the transition log of
 // every legal step, the coupons and the events — without first creating them in INIT and
@@ -219,12 +162,13 @@ func (g *Granter) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Deliv
 // row expired), the insert leaves it alone, everything since the savepoint is rolled back,
 // and it reports false: the caller then takes the general path. It also reports false,
 // having changed nothing, when no shard covers the batch.
-func (g *Granter) grantNew(ctx context.Context, tx *sql.Tx, repo mysqlRepo, orders []OrderPaid, shards int, traces map[string]string) (bool, error) {
+func (h *handler) grantBatchNew(ctx context.Context, tx *sql.Tx, repo mysqlRepo, orders []OrderPaid, shards int, traces map[string]string) (bool, error) {
+	g := h.g
 	if _, err := tx.ExecContext(ctx, "SAVEPOINT grant_new"); err != nil {
 		return false, fmt.Errorf("savepoint: %w", err)
 	}
 	n := int64(len(orders))
-	shard, err := repo.takeBatch(ctx, g.cfg.CampaignID, n, n*g.cfg.ValueCents, int(g.batchSeq.Add(1)), shards)
+	shard, err := repo.takeBatch(ctx, g.cfg.CampaignID, n, n*g.cfg.ValueCents, int(h.shards.next.Add(1)), shards)
 	if err != nil || shard < 0 {
 		return false, err
 	}
@@ -234,7 +178,7 @@ func (g *Granter) grantNew(ctx context.Context, tx *sql.Tx, repo mysqlRepo, orde
 		gs[i] = grantRow{OrderID: o.OrderID, CampaignID: g.cfg.CampaignID, UserID: o.UserID, State: StateGranted, ValueCents: g.cfg.ValueCents, StockShard: shard, BudgetShard: shard}
 		args = append(args, o.OrderID, g.cfg.CampaignID, o.UserID, g.cfg.ValueCents, shard, shard, CouponID(o.OrderID, g.cfg.CampaignID))
 	}
-	inserted, err := g.st.grant.Exec(ctx, tx, args)
+	inserted, err := h.st.grant.Exec(ctx, tx, args)
 	if err != nil {
 		return false, fmt.Errorf("grant %d: %w", len(orders), err)
 	}
@@ -247,7 +191,7 @@ func (g *Granter) grantNew(ctx context.Context, tx *sql.Tx, repo mysqlRepo, orde
 	if err := repo.logAndIssue(ctx, gs); err != nil {
 		return false, err
 	}
-	if err := g.out.AddBatch(ctx, tx, g.grantedEvents(gs, traces)); err != nil {
+	if err := g.out.AddBatch(ctx, tx, h.grantedEvents(gs, traces)); err != nil {
 		return false, err
 	}
 	return true, nil
@@ -255,15 +199,10 @@ func (g *Granter) grantNew(ctx context.Context, tx *sql.Tx, repo mysqlRepo, orde
 
 // grantedEvents are the CouponGranted events of grants, each with the trace of its order's
 // delivery (traces: order id → traceparent; nil when the inbox does not trace).
-func (g *Granter) grantedEvents(gs []grantRow, traces map[string]string) []outbox.Event {
-	now := g.now().UTC()
+func (h *handler) grantedEvents(gs []grantRow, traces map[string]string) []outbox.Event {
 	events := make([]outbox.Event, len(gs))
 	for j, gr := range gs {
-		couponID := CouponID(gr.OrderID, gr.CampaignID)
-		ev := GrantEvent{EventID: EventID(EventGranted, gr.OrderID, gr.CampaignID), OrderID: gr.OrderID, UserID: gr.UserID,
-			CampaignID: gr.CampaignID, CouponID: couponID, ValueCents: gr.ValueCents, GrantedAt: now}
-		events[j] = outbox.Event{ID: ev.EventID, Type: EventGranted, Topic: g.cfg.GrantedTopic, Key: gr.OrderID, Payload: ev.Encode(),
-			TraceParent: traces[gr.OrderID]}
+		events[j] = h.g.grantedEvent(gr, CouponID(gr.OrderID, gr.CampaignID), traces[gr.OrderID])
 	}
 	return events
 }

@@ -96,7 +96,7 @@ func testBatchGrantsExactlyOnce(t *testing.T, sel bool) {
 	ctx := context.Background()
 	cfg := campaign("batch-1", 100_000, 100_000*valueCents)
 	g := setup(t, d.DB, cfg, nil)
-	ib, err := inbox.New(d.DB, g, inbox.Config{BizType: coupon.BizType, BackoffInitial: time.Millisecond, BackoffMax: 10 * time.Millisecond}, nil, nil)
+	ib, err := inbox.New(d.DB, plugin(t, d.DB, g), inbox.Config{BizType: coupon.BizType, BackoffInitial: time.Millisecond, BackoffMax: 10 * time.Millisecond}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func TestBatchRunsOutOfStockExactly(t *testing.T) {
 	cfg := campaign("batch-stock", 300, 1000*valueCents)
 	cfg.Shards = 2 // 150 per shard: whole batches fit until the stock runs low
 	g := setup(t, d.DB, cfg, nil)
-	ib, err := inbox.New(d.DB, g, inbox.Config{BizType: coupon.BizType}, nil, nil)
+	ib, err := inbox.New(d.DB, plugin(t, d.DB, g), inbox.Config{BizType: coupon.BizType}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +220,7 @@ func TestBatchFailedCallsFallBack(t *testing.T) {
 	d := testenv.DB(t, 16, couponSchema)
 	cfg := campaign("batch-flaky", 100_000, 100_000*valueCents)
 	g := setup(t, d.DB, cfg, coupon.NewSimulatedService(0, time.Millisecond, 0.1, 7))
-	ib, err := inbox.New(d.DB, g, inbox.Config{BizType: coupon.BizType, BackoffInitial: time.Millisecond, BackoffMax: 5 * time.Millisecond}, nil, nil)
+	ib, err := inbox.New(d.DB, plugin(t, d.DB, g), inbox.Config{BizType: coupon.BizType, BackoffInitial: time.Millisecond, BackoffMax: 5 * time.Millisecond}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,8 +244,8 @@ func TestBatchFailedCallsFallBack(t *testing.T) {
 	if a.Granted+int64(quarantined) != orders || a.Coupons != a.Granted {
 		t.Errorf("audit %+v with %d quarantined, want every one of %d orders granted or quarantined once", a, quarantined, orders)
 	}
-	if st := b.Stats(); st.Fallbacks == 0 {
-		t.Errorf("stats %+v: no delivery took the one-at-a-time path despite failing calls", st)
+	if st := b.Stats(); st.PrepareFailed == 0 {
+		t.Errorf("stats %+v: no delivery's calls failed before its batch: the test proves nothing", st)
 	}
 }
 
@@ -259,7 +259,7 @@ func testBatchResumesUnfinishedRows(t *testing.T, sel bool) {
 	ctx := context.Background()
 	cfg := campaign("batch-resume", 1000, 1000*valueCents)
 	g := setup(t, d.DB, cfg, nil)
-	ib, err := inbox.New(d.DB, g, inbox.Config{BizType: coupon.BizType}, nil, nil)
+	ib, err := inbox.New(d.DB, plugin(t, d.DB, g), inbox.Config{BizType: coupon.BizType}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -305,7 +305,7 @@ func TestBatchNewInboxRowsExistingGrants(t *testing.T) {
 	ctx := context.Background()
 	cfg := campaign("batch-existing", 1000, 1000*valueCents)
 	g := setup(t, d.DB, cfg, nil)
-	ib, err := inbox.New(d.DB, g, inbox.Config{BizType: coupon.BizType}, nil, nil)
+	ib, err := inbox.New(d.DB, plugin(t, d.DB, g), inbox.Config{BizType: coupon.BizType}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -327,24 +327,19 @@ func TestBatchNewInboxRowsExistingGrants(t *testing.T) {
 	}
 }
 
-// TestBatchPreparedStatements: with UseStatements (as the router's plugin builds it) the
-// batch's grant, log, coupon and outbox inserts run as prepared statements of the pool, and
-// the grants are written as without. One pooled connection, so its session counter is the
-// batch's: 100 grants = 64 + 32 prepared + 4 interpolated rows, and 300 log rows = 256 + 32
-// + 12, so 8 prepared executions (none without UseStatements: the check can fail).
+// TestBatchPreparedStatements: the batch's grant, log, coupon and outbox inserts run as
+// prepared statements of the handler's pool, prepared in the background at their first use,
+// and the grants are written as without. One pooled connection, so its session counter is
+// the batch's: 100 grants = 64 + 32 prepared + 4 interpolated rows, and 300 log rows = 256 +
+// 32 + 12, so 8 prepared executions once prepared (none in the first batch, which runs
+// while they prepare: the check can fail).
 func TestBatchPreparedStatements(t *testing.T) {
 	d := testenv.DB(t, 1, couponSchema)
-	ctx := context.Background()
-	cfg := campaign("batch-prep", 10_000, 10_000*valueCents)
-	g := setup(t, d.DB, cfg, nil).UseStatements(d.DB)
-	t.Cleanup(func() { _ = g.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg := campaign("batch-prep", 100_000, 100_000*valueCents)
+	h := plugin(t, d.DB, setup(t, d.DB, cfg, nil)).(inbox.BatchHandler)
 	const orders = 100
-	ds := make([]*inbox.Delivery, orders)
-	for i := range ds {
-		o := order(fmt.Sprintf("bp-%04d", i))
-		ds[i] = &inbox.Delivery{BizType: coupon.BizType, Key: o.OrderID, Value: o}
-	}
-	g.PrepareBatch(ctx, ds) // external calls, and the statements prepared
 	execs := func(tx *sql.Tx) int64 {
 		var name string
 		var n int64
@@ -353,36 +348,56 @@ func TestBatchPreparedStatements(t *testing.T) {
 		}
 		return n
 	}
-	var prepared int64
-	err := dbx.InTx(ctx, d.DB, func(tx *sql.Tx) error {
-		before := execs(tx)
-		progs, err := g.HandleBatch(ctx, tx, ds)
-		if err != nil {
-			return err
+	batch := func(round int) (prepared int64) {
+		ds := make([]*inbox.Delivery, orders)
+		for i := range ds {
+			o := order(fmt.Sprintf("bp-%02d-%04d", round, i))
+			ds[i] = &inbox.Delivery{BizType: coupon.BizType, Key: o.OrderID, Value: o}
 		}
-		for i, p := range progs {
-			if p != inbox.Done {
-				return fmt.Errorf("delivery %d: progress %v, want done", i, p)
+		err := dbx.InTx(ctx, d.DB, func(tx *sql.Tx) error {
+			before := execs(tx)
+			progs, err := h.HandleBatch(ctx, tx, ds)
+			if err != nil {
+				return err
 			}
+			for i, p := range progs {
+				if p != inbox.Done {
+					return fmt.Errorf("delivery %d: progress %v, want done", i, p)
+				}
+			}
+			prepared = execs(tx) - before
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
-		prepared = execs(tx) - before
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
+		return prepared
 	}
-	if prepared != 8 {
-		t.Fatalf("%d prepared executions for 100 grants, want 8 (grant, log, coupon and outbox, two each)", prepared)
+	rounds := 1
+	if n := batch(0); n != 0 {
+		t.Fatalf("the first batch: %d prepared executions, want 0 (interpolated while they prepare)", n)
+	}
+	for ; ; rounds++ {
+		n := batch(rounds)
+		if n == 8 {
+			rounds++
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%d prepared executions for 100 grants after %d batches, want 8 (grant, log, coupon and outbox, two each)", n, rounds)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	a, err := coupon.Verify(ctx, d.DB, cfg.CampaignID, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.Granted != orders || a.Coupons != orders || a.DuplicateCoupons != 0 || a.OutboxEvents != orders || len(a.Violations) != 0 {
-		t.Fatalf("audit: %+v", a)
+	want := int64(orders * rounds)
+	if a.Granted != want || a.Coupons != want || a.DuplicateCoupons != 0 || a.OutboxEvents != want || len(a.Violations) != 0 {
+		t.Fatalf("audit: %+v, want %d grants", a, want)
 	}
-	var logRows int
-	if err := d.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM coupon_grant_log WHERE campaign_id = ?", cfg.CampaignID).Scan(&logRows); err != nil || logRows != 3*orders {
-		t.Fatalf("transition log rows %d (%v), want %d", logRows, err, 3*orders)
+	var logRows int64
+	if err := d.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM coupon_grant_log WHERE campaign_id = ?", cfg.CampaignID).Scan(&logRows); err != nil || logRows != 3*want {
+		t.Fatalf("transition log rows %d (%v), want %d", logRows, err, 3*want)
 	}
 }

@@ -54,96 +54,58 @@ func ClaimID(token string) string {
 func ClaimCommand() inbox.Command {
 	return inbox.Command{Method: http.MethodPost, Path: ClaimPath, BizType: ClaimBizType,
 		Build: func(ctx context.Context, env inbox.PluginEnv) (inbox.Handler, error) {
-			h, err := Plugin().Build(ctx, env)
+			g, err := buildGranter(ctx, env)
 			if err != nil {
 				return nil, err
 			}
-			return NewClaimer(h.(*Granter)), nil
+			return g.ClaimHandler(env.DB)
 		}}
 }
 
-// Claimer is the claim command's handler: a Granter whose orders are claims. It keeps the
-// Granter's outside calls (Prepare, PrepareDelivery) and multi-row statements, so claims
-// that arrive together are granted in one transaction as paid orders are.
-type Claimer struct{ *Granter }
+// ClaimHandler returns the claim command's handler on pool db: the plugin's handler (its
+// outside calls and, under group commit, its multi-row grants), whose orders are claims and
+// which states each claim's answer once its grant is terminal. Close it once it is no longer
+// used.
+func (g *Granter) ClaimHandler(db *sql.DB) (inbox.Handler, error) {
+	return g.handler(db, claimCodec{campaignID: g.cfg.CampaignID}, true)
+}
 
-// NewClaimer returns the claim handler granting with g.
-func NewClaimer(g *Granter) *Claimer { return &Claimer{Granter: g} }
-
-var (
-	_ inbox.BatchHandler  = (*Claimer)(nil)
-	_ inbox.BatchPreparer = (*Claimer)(nil)
-	_ inbox.Preparer      = (*Claimer)(nil)
-)
-
-// Decode implements inbox.Handler: a JSON body naming the user and this router's campaign;
-// one that is not UTF-8 is refused, never decoded into another user's id.
-// The inbox key is the client token; the fingerprint is the request's meaning (user and
+// claimCodec decodes a claim for inbox.Typed: a JSON body naming the user and this
+// router's campaign; one that is not UTF-8 is refused, never decoded into another user's
+// id. The inbox key is the client token; the fingerprint is the request's meaning (user and
 // campaign), so a retry that only reorders or respaces the JSON is the same request.
-func (c *Claimer) Decode(msg *message.Message) (inbox.Decoded, error) {
+type claimCodec struct{ campaignID string }
+
+func (c claimCodec) Decode(msg *message.Message) (OrderPaid, string, string, error) {
 	if err := inbox.CheckJSONText(msg.Payload); err != nil {
-		return inbox.Decoded{}, fmt.Errorf("%w: body: %w", inbox.ErrPoison, err)
+		return OrderPaid{}, "", "", fmt.Errorf("body: %w", err)
 	}
 	var req ClaimRequest
 	// The errors' texts are the client's 400 answers: fixed, never the JSON decoder's.
 	if err := json.Unmarshal(msg.Payload, &req); err != nil {
-		return inbox.Decoded{}, inbox.PoisonError(`body: not a JSON object {"userId": "...", "campaignId": "..."} of strings`)
+		return OrderPaid{}, "", "", inbox.PoisonError(`body: not a JSON object {"userId": "...", "campaignId": "..."} of strings`)
 	}
 	switch {
 	case req.UserID == "" || len(req.UserID) > MaxIDLen || !utf8.ValidString(req.UserID):
-		return inbox.Decoded{}, inbox.PoisonError("userId: want 1..%d bytes of UTF-8", MaxIDLen)
-	case req.CampaignID != c.cfg.CampaignID:
-		return inbox.Decoded{}, inbox.PoisonError("campaignId: unknown campaign (this router grants %q)", c.cfg.CampaignID)
+		return OrderPaid{}, "", "", inbox.PoisonError("userId: want 1..%d bytes of UTF-8", MaxIDLen)
+	case req.CampaignID != c.campaignID:
+		return OrderPaid{}, "", "", inbox.PoisonError("campaignId: unknown campaign (this router grants %q)", c.campaignID)
 	}
 	s := sha256.Sum256([]byte(req.UserID + "\x00" + req.CampaignID))
 	token := msg.Metadata.Get(inbox.MetadataIdempotencyKey)
-	return inbox.Decoded{Key: token, Fingerprint: hex.EncodeToString(s[:]),
-		Value: OrderPaid{OrderID: ClaimID(token), UserID: req.UserID}}, nil
-}
-
-// Handle implements inbox.Handler: the grant's steps, all in tx (a claim's token commits
-// with its whole effect), then the answer from the grant's final state.
-func (c *Claimer) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error) {
-	for steps := 1; ; steps++ {
-		p, err := c.Granter.Handle(ctx, tx, d)
-		if err != nil {
-			return p, err
-		}
-		if p == inbox.Done {
-			break
-		}
-		if steps == len(States) {
-			return p, fmt.Errorf("%w: the grant of claim %s is not terminal after %d steps", ErrIllegalTransition, d.Key, steps)
-		}
-	}
-	return inbox.Done, c.respond(ctx, tx, []*inbox.Delivery{d})
-}
-
-// HandleBatch implements inbox.BatchHandler: the Granter's multi-row grants, then one read
-// of the finished grants for the answers.
-func (c *Claimer) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Delivery) ([]inbox.Progress, error) {
-	progs, err := c.Granter.HandleBatch(ctx, tx, ds)
-	if err != nil {
-		return nil, err
-	}
-	var done []*inbox.Delivery
-	for i, d := range ds {
-		if progs[i] == inbox.Done {
-			done = append(done, d)
-		}
-	}
-	return progs, c.respond(ctx, tx, done)
+	return OrderPaid{OrderID: ClaimID(token), UserID: req.UserID}, token, hex.EncodeToString(s[:]), nil
 }
 
 // respond states the answers of ds, whose grants are terminal in tx: 201 with the coupon,
 // or 410 when the campaign's stock or budget ran out.
-func (c *Claimer) respond(ctx context.Context, tx *sql.Tx, ds []*inbox.Delivery) error {
+func (h *handler) respond(ctx context.Context, tx *sql.Tx, ds []*inbox.Delivery) error {
 	if len(ds) == 0 {
 		return nil
 	}
-	args := []any{c.cfg.CampaignID}
+	campaignID := h.g.cfg.CampaignID
+	args := []any{campaignID}
 	for _, d := range ds {
-		args = append(args, d.Value.(OrderPaid).OrderID) // Granter.Handle(Batch) checked the type
+		args = append(args, d.Value.(OrderPaid).OrderID) // the handler checked the type
 	}
 	rows, err := tx.QueryContext(ctx, `SELECT order_id, user_id, state, value_cents, coupon_id, reason FROM coupon_grant WHERE campaign_id = ? AND order_id IN (?`+
 		strings.Repeat(", ?", len(ds)-1)+`)`, args...)
@@ -153,7 +115,7 @@ func (c *Claimer) respond(ctx context.Context, tx *sql.Tx, ds []*inbox.Delivery)
 	defer rows.Close()
 	answers := make(map[string]ClaimResponse, len(ds))
 	for rows.Next() {
-		r := ClaimResponse{CampaignID: c.cfg.CampaignID}
+		r := ClaimResponse{CampaignID: campaignID}
 		var coupon, reason sql.NullString
 		if err := rows.Scan(&r.ClaimID, &r.UserID, &r.State, &r.ValueCents, &coupon, &reason); err != nil {
 			return fmt.Errorf("read the claims' grants: %w", err)

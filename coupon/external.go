@@ -71,7 +71,7 @@ type observedService struct {
 	observe func(step string, elapsed time.Duration, err error)
 }
 
-// Instant reports the observed service's (see Granter.PreparesInstantly).
+// Instant reports the observed service's (see instant).
 func (s observedService) Instant() bool { return instant(s.svc) }
 
 func (s observedService) Call(ctx context.Context, step, key string) error {
@@ -81,8 +81,9 @@ func (s observedService) Call(ctx context.Context, step, key string) error {
 	return err
 }
 
-// instant reports whether svc says its calls return at once (Instant() true); a service
-// that does not say is taken to be slow.
+// instant reports whether svc says its calls return at once (Instant() true): the plugin's
+// handler then makes them in the transaction and needs no Preparer. A service that does not
+// say is taken to be slow.
 func instant(svc ExternalService) bool {
 	i, ok := svc.(interface{ Instant() bool })
 	return ok && i.Instant()

@@ -72,63 +72,24 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Granter is the inbox handler that grants coupons for paid orders. Each Handle call runs
-// one step of the state machine: the step's side effect and its optimistic-lock transition
-// commit together, or not at all.
+// Granter is the coupon state machine: each step's side effect and its optimistic-lock
+// transition commit together, or not at all. As an inbox.Handler (a typed one, inbox.Typed)
+// it runs one step per Handle call, the step's outside call made in its transaction: the
+// state machine at its own pace, as the inbox's tests drive it. The plugin runs it through
+// Handler, which finishes a grant in one transaction once its calls are made.
 type Granter struct {
+	*inbox.TypedHandler[OrderPaid]
 	cfg    Config
 	svc    ExternalService
 	out    *outbox.Writer
 	logger watermill.LoggerAdapter
 	now    func() time.Time
-	shards atomic.Int64     // the campaign's counter shards, read once from the database
-	db     *sql.DB          // set by UsePrepare: external calls then happen outside transactions
-	st     *batchStatements // HandleBatch's inserts; prepared on a pool after UseStatements
-	// batchSeq rotates the counter shard batches start at, so concurrent batches take
-	// different shard rows.
-	batchSeq atomic.Int64
-}
-
-var (
-	_ inbox.Handler  = (*Granter)(nil)
-	_ inbox.Preparer = (*Granter)(nil)
-)
-
-// UsePrepare makes the granter call its external services in Prepare, before each step's
-// transaction, reading the grant's committed state from db: a slow call then holds no
-// database lock. Without it (tests, the bench's unsafe baseline) the call happens inside the
-// step's transaction.
-func (g *Granter) UsePrepare(db *sql.DB) *Granter {
-	g.db = db
-	return g
-}
-
-// Prepare implements inbox.Preparer: it makes the external call of the step the grant is
-// due for, outside any transaction, and leaves the state it prepared in d.Prepared.
-func (g *Granter) Prepare(ctx context.Context, d *inbox.Delivery) error {
-	o, ok := d.Value.(OrderPaid)
-	if g.db == nil || !ok {
-		return nil
-	}
-	st, err := readState(ctx, g.db, o.OrderID, g.cfg.CampaignID)
-	if err != nil || st.Terminal() {
-		return err
-	}
-	step := st.Step()
-	if err := g.svc.Call(ctx, step, o.OrderID+":"+step); err != nil {
-		return err
-	}
-	d.Prepared = st
-	return nil
+	shards atomic.Int64 // the campaign's counter shards, read once from the database
 }
 
 // NewGranter builds a Granter. A nil svc makes no external calls.
 func NewGranter(cfg Config, svc ExternalService, logger watermill.LoggerAdapter) (*Granter, error) {
 	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	out, err := outbox.NewWriter("outbox")
-	if err != nil {
 		return nil, err
 	}
 	if svc == nil {
@@ -137,103 +98,124 @@ func NewGranter(cfg Config, svc ExternalService, logger watermill.LoggerAdapter)
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	return &Granter{cfg: cfg, svc: svc, out: out, logger: logger, now: time.Now, st: newBatchStatements(nil)}, nil
+	return newGranter(cfg, svc, logger, nil)
+}
+
+// newGranter is NewGranter with validated settings; its outbox writer runs on pool db's
+// prepared statements (nil: interpolated).
+func newGranter(cfg Config, svc ExternalService, logger watermill.LoggerAdapter, db *sql.DB) (*Granter, error) {
+	out, err := outbox.NewWriter("outbox")
+	if err != nil {
+		return nil, err
+	}
+	if db != nil {
+		out.UseStatements(db)
+	}
+	g := &Granter{cfg: cfg, svc: svc, out: out, logger: logger, now: time.Now}
+	g.TypedHandler = inbox.Typed[OrderPaid](orderCodec{}, func(ctx context.Context, tx *sql.Tx, _ *inbox.Delivery, o OrderPaid) (inbox.Progress, error) {
+		return g.Step(ctx, tx, o)
+	})
+	return g, nil
 }
 
 // Config returns the granter's configuration.
 func (g *Granter) Config() Config { return g.cfg }
 
-// Decode implements inbox.Handler: the dedup key is the order id.
-func (g *Granter) Decode(msg *message.Message) (inbox.Decoded, error) {
+// orderCodec decodes order-paid events for inbox.Typed: the dedup key is the order id, the
+// fingerprint the order's meaning.
+type orderCodec struct{}
+
+func (orderCodec) Decode(msg *message.Message) (OrderPaid, string, string, error) {
 	o, err := DecodeOrderPaid(msg.Payload)
 	if err != nil {
-		return inbox.Decoded{}, inbox.PoisonError("%v", err)
+		return OrderPaid{}, "", "", err
 	}
-	return inbox.Decoded{Key: o.OrderID, Fingerprint: o.Fingerprint(), Value: o}, nil
+	return o, o.OrderID, o.Fingerprint(), nil
 }
 
-// Handle implements inbox.Handler: it advances the grant by one step.
-func (g *Granter) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error) {
-	o, ok := d.Value.(OrderPaid)
-	if !ok {
-		return inbox.Done, inbox.Permanent(fmt.Errorf("coupon: unexpected value %T", d.Value))
-	}
-	prepared, _ := d.Prepared.(State)
-	d.Prepared = nil // one prepared call serves one step
-	return g.step(ctx, tx, o, prepared)
-}
-
-// Step advances the grant of o by one step within tx. It is exported so tests can drive the
-// state machine without the inbox (the second line of defence on its own).
+// Step advances the grant of o by one step within tx, its outside call made there. It is
+// exported so tests can drive the state machine without the inbox (the second line of
+// defence on its own).
 func (g *Granter) Step(ctx context.Context, tx *sql.Tx, o OrderPaid) (inbox.Progress, error) {
-	return g.step(ctx, tx, o, "")
+	prog, _, err := g.advance(ctx, tx, o, nil, true)
+	return prog, err
 }
 
-// step advances the grant by one step; prepared is the state whose external call Prepare
-// already made ("" for none).
-func (g *Granter) step(ctx context.Context, tx *sql.Tx, o OrderPaid, prepared State) (inbox.Progress, error) {
+// advance runs the step the grant of o is due for, in tx. made reports whether a state's
+// outside call is made already (nil: none is); one that is not is made here when call is
+// set, else advance does nothing more and reports stepped false.
+func (g *Granter) advance(ctx context.Context, tx *sql.Tx, o OrderPaid, made func(State) bool, call bool) (prog inbox.Progress, stepped bool, err error) {
 	repo := mysqlRepo{tx: tx}
 	gr, err := repo.loadOrCreate(ctx, o, g.cfg.CampaignID, g.cfg.ValueCents)
 	if err != nil {
-		return inbox.Continue, err
+		return inbox.Continue, false, err
 	}
 	if gr.State.Terminal() {
-		return inbox.Done, nil
+		return inbox.Done, true, nil
 	}
 	shards, err := g.campaignShards(ctx, repo, gr.CampaignID)
 	if err != nil {
-		return inbox.Continue, err
+		return inbox.Continue, false, err
 	}
-	if prepared != gr.State {
-		// Not prepared, or another delivery moved the grant on since: make the call here
-		// (idempotent by order id and step).
+	if made == nil || !made(gr.State) {
+		if !call {
+			return inbox.Continue, false, nil
+		}
+		// Not made before the transaction (no Preparer, or another delivery moved the grant
+		// on since): made here, idempotent by order id and step.
 		step := gr.State.Step()
 		if err := g.svc.Call(ctx, step, gr.OrderID+":"+step); err != nil {
-			return inbox.Continue, err
+			return inbox.Continue, false, err
 		}
 	}
 	switch gr.State {
 	case StateInit:
 		shard, err := repo.lockStock(ctx, gr, shards)
 		if err != nil {
-			return inbox.Continue, err
+			return inbox.Continue, true, err
 		}
 		if shard < 0 {
-			return inbox.Done, g.fail(ctx, tx, repo, gr, StateInit, ErrStockExhausted)
+			return inbox.Done, true, g.fail(ctx, tx, repo, gr, StateInit, ErrStockExhausted)
 		}
-		return inbox.Continue, repo.cas(ctx, gr, StateInit, StateLocked, "", "")
+		return inbox.Continue, true, repo.cas(ctx, gr, StateInit, StateLocked, "", "")
 	case StateLocked:
 		shard, err := repo.deductBudget(ctx, gr, shards)
 		if err != nil {
-			return inbox.Continue, err
+			return inbox.Continue, true, err
 		}
 		if shard < 0 {
 			if err := repo.releaseStock(ctx, gr); err != nil {
-				return inbox.Continue, err
+				return inbox.Continue, true, err
 			}
-			return inbox.Done, g.fail(ctx, tx, repo, gr, StateLocked, ErrBudgetExhausted)
+			return inbox.Done, true, g.fail(ctx, tx, repo, gr, StateLocked, ErrBudgetExhausted)
 		}
-		return inbox.Continue, repo.cas(ctx, gr, StateLocked, StateBudgetDeducted, "", "")
+		return inbox.Continue, true, repo.cas(ctx, gr, StateLocked, StateBudgetDeducted, "", "")
 	case StateBudgetDeducted:
 		couponID := CouponID(gr.OrderID, gr.CampaignID)
 		if err := repo.insertCoupon(ctx, gr, couponID); err != nil {
-			return inbox.Continue, err
+			return inbox.Continue, true, err
 		}
 		if err := repo.consumeStock(ctx, gr); err != nil {
-			return inbox.Continue, err
+			return inbox.Continue, true, err
 		}
 		if err := repo.cas(ctx, gr, StateBudgetDeducted, StateGranted, couponID, ""); err != nil {
-			return inbox.Continue, err
+			return inbox.Continue, true, err
 		}
-		ev := GrantEvent{EventID: EventID(EventGranted, gr.OrderID, gr.CampaignID), OrderID: gr.OrderID, UserID: gr.UserID,
-			CampaignID: gr.CampaignID, CouponID: couponID, ValueCents: gr.ValueCents, GrantedAt: g.now().UTC()}
-		if err := g.out.Add(ctx, tx, outbox.Event{ID: ev.EventID, Type: EventGranted, Topic: g.cfg.GrantedTopic, Key: gr.OrderID, Payload: ev.Encode()}); err != nil {
-			return inbox.Continue, err
+		if err := g.out.Add(ctx, tx, g.grantedEvent(gr, couponID, "")); err != nil {
+			return inbox.Continue, true, err
 		}
 		g.logger.Debug("coupon granted", watermill.LogFields{"order_id": gr.OrderID, "coupon_id": couponID})
-		return inbox.Done, nil
+		return inbox.Done, true, nil
 	}
-	return inbox.Continue, fmt.Errorf("%w: no step from %s", ErrIllegalTransition, gr.State)
+	return inbox.Continue, true, fmt.Errorf("%w: no step from %s", ErrIllegalTransition, gr.State)
+}
+
+// grantedEvent is the CouponGranted event of grant gr, with traceParent (empty: the span of
+// the ctx it is added with).
+func (g *Granter) grantedEvent(gr grantRow, couponID, traceParent string) outbox.Event {
+	ev := GrantEvent{EventID: EventID(EventGranted, gr.OrderID, gr.CampaignID), OrderID: gr.OrderID, UserID: gr.UserID,
+		CampaignID: gr.CampaignID, CouponID: couponID, ValueCents: gr.ValueCents, GrantedAt: g.now().UTC()}
+	return outbox.Event{ID: ev.EventID, Type: EventGranted, Topic: g.cfg.GrantedTopic, Key: gr.OrderID, Payload: ev.Encode(), TraceParent: traceParent}
 }
 
 func (g *Granter) campaignShards(ctx context.Context, repo mysqlRepo, campaignID string) (int, error) {

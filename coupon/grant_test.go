@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -41,6 +42,17 @@ func setup(t *testing.T, db *sql.DB, cfg coupon.Config, svc coupon.ExternalServi
 		t.Fatalf("NewGranter: %v", err)
 	}
 	return g
+}
+
+// plugin is g as the plugin runs it on db (Granter.Handler), closed when the test ends.
+func plugin(t *testing.T, db *sql.DB, g *coupon.Granter) inbox.Handler {
+	t.Helper()
+	h, err := g.Handler(db)
+	if err != nil {
+		t.Fatalf("Handler: %v", err)
+	}
+	t.Cleanup(func() { _ = h.(io.Closer).Close() })
+	return h
 }
 
 func order(id string) coupon.OrderPaid {

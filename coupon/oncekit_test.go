@@ -10,19 +10,27 @@ import (
 	"github.com/onceflow/onceflow/inbox/inboxtest"
 )
 
-// TestGranterOncePerOrderKit runs the coupon granter through the plugin authors' test kit
-// (inbox/inboxtest): duplicates, concurrent copies, poison and a rolled-back transaction
-// per order and step, one delivery per transaction and under group commit (HandleBatch);
-// one coupon and one CouponGranted event per order.
+// TestGranterOncePerOrderKit runs the coupon plugin's handler through the plugin authors'
+// test kit (inbox/inboxtest): duplicates, concurrent copies, poison and a rolled-back
+// transaction per order, one delivery per transaction and under group commit (HandleBatch);
+// one coupon and one CouponGranted event per order. The bare Granter (a step per
+// transaction) goes through it one delivery per transaction too.
 func TestGranterOncePerOrderKit(t *testing.T) {
-	for _, grouped := range []bool{false, true} {
-		t.Run(map[bool]string{false: "single", true: "grouped"}[grouped], func(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		grouped, granter bool
+	}{{"single", false, false}, {"grouped", true, false}, {"granter steps", false, true}} {
+		t.Run(tc.name, func(t *testing.T) {
 			d := inboxtest.DB(t, 16, couponSchema)
 			cfg := campaign("kit", 1000, 1000*valueCents)
 			g := setup(t, d.DB, cfg, nil)
-			rep := inboxtest.Run(t, g, inboxtest.Options{
+			var h inbox.Handler = g
+			if !tc.granter {
+				h = plugin(t, d.DB, g)
+			}
+			rep := inboxtest.Run(t, h, inboxtest.Options{
 				DB:      &d,
-				Grouped: grouped,
+				Grouped: tc.grouped,
 				Inbox:   inbox.Config{BizType: coupon.BizType},
 				Message: func(id string) *message.Message { return message.NewMessage("", order(id).Encode()) },
 				Poison: []*message.Message{

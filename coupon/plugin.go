@@ -2,6 +2,7 @@ package coupon
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/onceflow/onceflow/inbox"
@@ -34,28 +35,11 @@ func Plugin() inbox.Plugin {
 		},
 		Tables: []string{"coupon_grant", "coupon_grant_log", "coupon_stock", "coupon_budget", "user_coupon"},
 		Build: func(ctx context.Context, env inbox.PluginEnv) (inbox.Handler, error) {
-			cfg, err := pluginConfig(env.DecodeConfig)
+			g, err := buildGranter(ctx, env)
 			if err != nil {
 				return nil, err
 			}
-			if env.DB != nil {
-				if err := EnsureCampaign(ctx, env.DB, cfg); err != nil {
-					return nil, err
-				}
-			}
-			seed := cfg.Seed
-			if seed == 0 {
-				seed = uint64(time.Now().UnixNano())
-			}
-			var svc ExternalService = NewSimulatedService(cfg.StepDelay, cfg.StepJitter, cfg.StepFailureRate, seed)
-			if env.ObserveCall != nil {
-				svc = observedService{svc: svc, observe: env.ObserveCall}
-			}
-			g, err := NewGranter(cfg, svc, env.Logger)
-			if err != nil || env.DB == nil {
-				return g, err
-			}
-			return g.UsePrepare(env.DB).UseStatements(env.DB), nil
+			return g.Handler(env.DB)
 		},
 		// POST /v1/claims: a coupon for a client token (Idempotency-Key), on http.listen.
 		Commands: []inbox.Command{ClaimCommand()},
@@ -67,6 +51,30 @@ func Plugin() inbox.Plugin {
 		// The operator console's row page: the grant's transitions for the order.
 		History: History,
 	}
+}
+
+// buildGranter builds the plugin's granter from its configuration section, creating the
+// campaign's counters if they do not exist.
+func buildGranter(ctx context.Context, env inbox.PluginEnv) (*Granter, error) {
+	cfg, err := pluginConfig(env.DecodeConfig)
+	if err != nil {
+		return nil, err
+	}
+	if env.DB == nil {
+		return nil, errors.New("coupon: the plugin needs a database")
+	}
+	if err := EnsureCampaign(ctx, env.DB, cfg); err != nil {
+		return nil, err
+	}
+	seed := cfg.Seed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	var svc ExternalService = NewSimulatedService(cfg.StepDelay, cfg.StepJitter, cfg.StepFailureRate, seed)
+	if env.ObserveCall != nil {
+		svc = observedService{svc: svc, observe: env.ObserveCall}
+	}
+	return NewGranter(cfg, svc, env.Logger)
 }
 
 // pluginConfig is the default configuration overlaid with the plugin's section (decode may

@@ -1,10 +1,9 @@
-// Package coupon grants one coupon per paid order: the worked example and first plugin of
-// onceflow. The state machine in this file is pure domain code: no SQL, no Kafka.
 package coupon
 
 import (
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // State of a grant.
@@ -45,6 +44,9 @@ func ParseState(s string) (State, error) {
 	}
 	return "", fmt.Errorf("%w: %q", ErrUnknownState, s)
 }
+
+// index is s's place in States (-1 for a state not in it).
+func (s State) index() int { return slices.Index(States, s) }
 
 // Terminal reports whether s accepts no further transition.
 func (s State) Terminal() bool { return s == StateGranted || s == StateFailed }

@@ -23,59 +23,27 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// BatchHandler is implemented by handlers that can finish many deliveries in one
-// transaction with multi-row statements: the hand-written group-commit path. It is an
-// optimisation of the happy path only; everything unusual still goes through Handle, one
-// delivery at a time. A plain Handler needs none of it to be group-committed: the Batcher
-// then runs each delivery's Handle in the shared transaction behind a savepoint of its own
-// (grouped.go).
+// BatchHandler is the expert path of group commit: a handler that finishes many deliveries
+// in one transaction with multi-row statements of its own. It is an optimisation of the
+// happy path only; everything unusual still goes through Handle, one delivery at a time. A
+// plain Handler needs none of it to be group-committed (grouped.go).
 type BatchHandler interface {
 	Handler
 	// HandleBatch runs in tx, which holds the inbox row locks of every delivery in ds (new or
-	// unfinished rows, with matching fingerprints, distinct keys, sorted by key). It returns one
-	// Progress per delivery: Done when the delivery's work is complete in tx (the inbox marks
-	// its row done in the same transaction), Continue when it left the delivery for the
-	// one-at-a-time path, which then runs Handle after tx committed. A delivery left at
-	// Continue must be in a state Handle can resume from. A slot left at the zero Progress
-	// (or any invalid one) is never taken for Done: it falls back like Continue. An error
-	// rolls the whole batch back, and every delivery then takes the one-at-a-time path.
+	// unfinished rows, with matching fingerprints, distinct keys, sorted by key; with a
+	// Preparer, only deliveries whose Prepare succeeded). It returns one Progress per
+	// delivery: Done when the delivery's work is complete in tx (the inbox marks its row done
+	// in the same transaction), Continue when it left the delivery for the one-at-a-time
+	// path, which then runs Handle after tx committed. A delivery left at Continue must be in
+	// a state Handle can resume from. A slot left at the zero Progress (or any invalid one)
+	// is never taken for Done: it falls back like Continue. An error rolls the whole batch
+	// back, and every delivery then takes the one-at-a-time path.
 	HandleBatch(ctx context.Context, tx *sql.Tx, ds []*Delivery) ([]Progress, error)
 }
 
-// BatchPreparer is implemented by batch handlers whose work calls slow outside services
-// (the seed incident's 800 ms–2 s calls). The Batcher calls PrepareDelivery for each
-// delivery as soon as it is decoded — on its own goroutine, outside any transaction and
-// lock, at most Config.MaxInFlightCalls at once, one delivery per business key at a
-// time — and puts a delivery into a batch only once PrepareDelivery has returned, so a
-// batch's transaction never waits on a call and a slow call delays only its own delivery.
-// PrepareDelivery makes the delivery's (idempotent, keyed by business key and step) calls
-// and records what it prepared in d.Prepared, which HandleBatch then finds on the batch's
-// Delivery. When it fails (error, panic, inbox.handler_timeout) d.Prepared is dropped:
-// HandleBatch should leave such a delivery at Continue, for the one-at-a-time path to retry
-// it step by step with backoff.
-type BatchPreparer interface {
-	PrepareDelivery(ctx context.Context, d *Delivery) error
-}
-
-// InstantPreparer is implemented by a BatchPreparer whose PrepareDelivery may, in its
-// present configuration, make no slow call at all (no outside service configured, say).
-// When PreparesInstantly reports true, the Batcher calls PrepareDelivery on its decoder and
-// queues the delivery at once — no goroutine, call slot or key gate per delivery, and copies
-// of a key meet in one batch as they arrive. A PrepareDelivery that blocks there holds up a
-// decoder: report true only when it cannot.
-type InstantPreparer interface {
-	PreparesInstantly() bool
-}
-
-// StatementPreparer is implemented by handlers (batch or plain) that keep prepared
-// statements: the Batcher calls PrepareStatements before each batch's transaction, outside it.
-type StatementPreparer interface {
-	PrepareStatements(ctx context.Context)
-}
-
 // BatchConfig configures a Batcher. The tags declare the stock router's inbox.batch_*
-// settings (internal/settings): key, default, range and help. The calls a Batcher makes
-// in flight are bounded by its inbox's Config.MaxInFlightCalls.
+// settings (internal/settings): key, default, range and help. The calls a Batcher's
+// Preparer makes in flight are bounded by its inbox's Config.MaxInFlightCalls.
 type BatchConfig struct {
 	// MaxSize is the most deliveries in one transaction (docs/BENCHMARKS.md, "Why the
 	// defaults: inbox.batch_size 512").
@@ -140,10 +108,11 @@ func (c BatchConfig) Validate() error {
 // poison or conflicting message, a delivery the handler left at Continue, a failed batch —
 // is run by Process, one at a time, after the batch.
 //
-// The handler is a BatchHandler (its HandleBatch does the batch's work with multi-row
-// statements) or any plain Handler: its Handle then runs once per delivery in the shared
-// transaction, each delivery behind a savepoint, so a delivery that fails or panics is
-// rolled back alone and retried or quarantined alone (grouped.go).
+// Any Handler is group-committed: its Handle runs once per delivery in the shared
+// transaction, so a delivery that fails or panics is rolled back alone and retried or
+// quarantined alone (grouped.go); a BatchHandler's HandleBatch does a batch's work with its
+// own multi-row statements instead. A Preparer's Prepare runs for each delivery before it
+// joins a batch (prepare.go).
 //
 // One collector forms the batches and hands each to an idle worker (up to Workers
 // transactions at once); while every worker is busy, deliveries gather in the next batch.
@@ -154,21 +123,18 @@ func (c BatchConfig) Validate() error {
 // of common keys deadlock on InnoDB's duplicate-check locks), and copies of a key within
 // a batch are counted as duplicates in the same transaction.
 type Batcher struct {
-	ib   *Inbox
-	bh   BatchHandler // nil: a plain handler, each delivery's Handle behind a savepoint (grouped.go)
-	prep Preparer     // a plain handler's Preparer (run by the gate), or nil
-	gate *prepareGate // nil unless the handler is a BatchPreparer (not instant) or a plain Preparer
-	// instant is the BatchPreparer's PrepareDelivery when it prepares instantly
-	// (InstantPreparer): called on the decoder.
-	instant func(ctx context.Context, d *Delivery) error
-	cfg     BatchConfig
-	queue   chan *pending // decoded deliveries, for the collector
-	decode  chan *pending // deliveries not yet decoded, for the decoders
-	stop    chan struct{}
-	closed  chan struct{} // closed once the collector, every worker and decoder have returned
-	wg      sync.WaitGroup
-	once    sync.Once
-	q       batchQueries
+	ib     *Inbox
+	bh     BatchHandler // nil: a plain handler, each delivery's Handle in the batch (grouped.go)
+	prep   Preparer     // the handler's Preparer (run by the gate), or nil
+	gate   *prepareGate // nil unless the handler is a Preparer
+	cfg    BatchConfig
+	queue  chan *pending // decoded deliveries, for the collector
+	decode chan *pending // deliveries not yet decoded, for the decoders
+	stop   chan struct{}
+	closed chan struct{} // closed once the collector, every worker and decoder have returned
+	wg     sync.WaitGroup
+	once   sync.Once
+	q      batchQueries
 
 	// The claim as prepared statements of a few row counts (dbx.MultiRow), with and
 	// without its RETURNING clause; which one runs is decided on the first batch.
@@ -197,7 +163,7 @@ type BatchStats struct {
 	// Deliveries a HandleBatch left at an invalid Progress (fallen back, never done).
 	InvalidProgress int64
 
-	// BatchPreparer handlers and plain Preparers only:
+	// Handlers with a Preparer only:
 	Preparing      int64 // deliveries being prepared now (calls in flight)
 	Prepared       int64 // deliveries prepared
 	PrepareFailed  int64 // prepares that failed, panicked or timed out
@@ -212,8 +178,8 @@ type pending struct {
 	start    time.Time
 	done     chan batchOutcome
 	gated    atomic.Bool // admitted by the prepare gate: released once it has its outcome
-	prepared any         // what PrepareDelivery (or a plain Prepare) left in Delivery.Prepared
-	ready    bool        // a plain Preparer's Prepare succeeded: Handle may run in a batch
+	prepared any         // what Prepare left in Delivery.Prepared
+	ready    bool        // Prepare succeeded: the handler may run it in a batch
 	span     trace.Span  // the delivery's span (nil: no tracing)
 }
 
@@ -249,9 +215,9 @@ const claimWidth = 10
 const claimRows = 256
 
 // NewBatcher returns a Batcher for ib. A BatchHandler's batches run its HandleBatch; any
-// other handler's run its Handle for each delivery behind a savepoint (grouped.go), its
-// Prepare, if it is a Preparer, made for each delivery before its batch, outside any
-// transaction (prepare.go). It starts its collector and workers; Close stops them.
+// other handler's run its Handle for each delivery (grouped.go). A Preparer's Prepare is
+// made for each delivery before its batch, outside any transaction (prepare.go). It starts
+// its collector and workers; Close stops them.
 func (ib *Inbox) NewBatcher(cfg BatchConfig) (*Batcher, error) {
 	bh, _ := ib.h.(BatchHandler)
 	cfg.setDefaults()
@@ -295,17 +261,9 @@ func (ib *Inbox) NewBatcher(cfg BatchConfig) (*Batcher, error) {
 	}
 	b.claimReturning = dbx.NewMultiRow(ib.db, claimWidth, claimRows, claimText(true))
 	b.claimPlain = dbx.NewMultiRow(ib.db, claimWidth, claimRows, claimText(false))
-	if bh != nil {
-		if prep, ok := ib.h.(BatchPreparer); ok {
-			if ip, ok := ib.h.(InstantPreparer); ok && ip.PreparesInstantly() {
-				b.instant = prep.PrepareDelivery
-			} else {
-				b.gate = newPrepareGate(b, prep.PrepareDelivery, false, ib.calls)
-			}
-		}
-	} else if prep, ok := ib.h.(Preparer); ok {
+	if prep, ok := ib.h.(Preparer); ok {
 		b.prep = prep
-		b.gate = newPrepareGate(b, prep.Prepare, true, ib.calls)
+		b.gate = newPrepareGate(b, prep.Prepare, ib.calls)
 	}
 	b.queue = make(chan *pending, cfg.MaxSize)
 	b.wg.Go(b.collect)
@@ -344,9 +302,6 @@ func (b *Batcher) decoder() {
 			b.gate.admit(p)
 			continue
 		}
-		if b.instant != nil {
-			b.prepareInline(p)
-		}
 		select {
 		case b.queue <- p:
 		case <-b.stop:
@@ -380,8 +335,8 @@ func (b *Batcher) Stats() BatchStats {
 	return st
 }
 
-// ObservePrepares makes the Batcher report each PrepareDelivery call's duration and error
-// to fn (metrics). Call it before the first delivery.
+// ObservePrepares makes the Batcher report each Prepare call's duration and error to fn
+// (metrics). Call it before the first delivery.
 func (b *Batcher) ObservePrepares(fn func(elapsed time.Duration, err error)) {
 	if b.gate != nil {
 		b.gate.observe = fn
@@ -551,7 +506,7 @@ type item struct {
 	d       *Delivery
 	id      int64
 	resumed bool     // the row was 'processing' before this batch
-	ran     bool     // the handler ran on it in this batch
+	ran     bool     // the handler ran on it in this batch (a step of it may have committed with the batch)
 	res     *Result  // set when finished in the batch
 	failed  *failure // a plain handler's Handle failed in the batch, rolled back to its savepoint (grouped.go)
 }
@@ -587,9 +542,6 @@ func (b *Batcher) run(batch []*pending) {
 	sort.Slice(items, func(i, j int) bool { return items[i].p.dec.Key < items[j].p.dec.Key })
 	ctx, span := b.startBatch(context.WithoutCancel(items[0].p.ctx), items)
 	b.prepareClaim(ctx)
-	if sp, ok := b.ib.h.(StatementPreparer); ok {
-		sp.PrepareStatements(ctx)
-	}
 	var err error
 	// The batch's span (none without tracing) ends with the batch's final outcome.
 	defer func() { tracex.End(span, err) }()
@@ -769,9 +721,6 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item, savepoin
 		return err
 	}
 	if len(run) > 0 {
-		for _, it := range run {
-			it.ran = true
-		}
 		if err := b.handle(ctx, tx, run, counts, savepoints); err != nil {
 			return err
 		}
@@ -887,6 +836,23 @@ func (b *Batcher) handle(ctx context.Context, tx *sql.Tx, run []*item, counts ma
 		return b.handleGrouped(ctx, tx, run, counts, savepoints)
 	}
 	ib := b.ib
+	var done, unfinished []any // resumed rows now done; new rows the handler did not finish
+	ready := make([]*item, 0, len(run))
+	for _, it := range run {
+		if b.prep != nil && !it.p.ready {
+			// Not prepared: its calls are not made, so it is not handled here.
+			if !it.resumed {
+				unfinished = append(unfinished, it.id)
+			}
+			continue
+		}
+		it.ran = true
+		ready = append(ready, it)
+	}
+	if len(ready) == 0 {
+		return b.markRows(ctx, tx, done, unfinished)
+	}
+	run = ready
 	ds := make([]*Delivery, len(run))
 	for i, it := range run {
 		ds[i] = it.d
@@ -905,7 +871,6 @@ func (b *Batcher) handle(ctx context.Context, tx *sql.Tx, run []*item, counts ma
 	if len(progs) != len(ds) {
 		return fmt.Errorf("inbox %s: HandleBatch returned %d results for %d deliveries", ib.cfg.BizType, len(progs), len(ds))
 	}
-	var done, unfinished []any // resumed rows now done; new rows the handler did not finish
 	invalid := 0
 	for i, it := range run {
 		if progs[i] != Done {
@@ -957,21 +922,4 @@ func placeholders(n int) string {
 		panic(errors.New("inbox: placeholders for an empty list"))
 	}
 	return "(?" + strings.Repeat(", ?", n-1) + ")"
-}
-
-// prepareInline runs an instant PrepareDelivery on the decoder (InstantPreparer); a panic
-// or an error leaves the delivery unprepared, for the one-at-a-time path.
-func (b *Batcher) prepareInline(p *pending) {
-	d := &Delivery{Message: p.msg, BizType: b.ib.cfg.BizType, Key: p.dec.Key, Value: p.dec.Value, Source: p.src, Attempt: 1}
-	err := func() (err error) {
-		defer func() {
-			if perr := recovered(recover()); perr != nil {
-				err = perr
-			}
-		}()
-		return b.instant(p.ctx, d)
-	}()
-	if err == nil {
-		p.prepared, p.ready = d.Prepared, true
-	}
 }

@@ -63,8 +63,8 @@ import (
 // of the batch instead of one INSERT per delivery; a delivery rolled back to its savepoint
 // drops its rows from the Set. Should that INSERT fail, the batch falls back whole.
 //
-// A plain Preparer's Prepare runs before the batch, outside any transaction (prepare.go);
-// a delivery that is not prepared (its Prepare failed, or was skipped for a key just
+// A Preparer's Prepare runs before the batch, outside any transaction (prepare.go); a
+// delivery that is not prepared (its Prepare failed, or was skipped for a key just
 // finished) never runs Handle in a batch, so no slow call is made inside one.
 
 // savepointName is the one savepoint of a grouped batch, set before each delivery.
@@ -141,6 +141,7 @@ func (b *Batcher) groupLoop(ctx context.Context, tx *sql.Tx, run []*item, counts
 			}
 			continue
 		}
+		it.ran = true
 		if savepoints {
 			if _, err := tx.ExecContext(ctx, "SAVEPOINT "+savepointName); err != nil {
 				return fmt.Errorf("savepoint: %w", err)

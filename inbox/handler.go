@@ -106,11 +106,14 @@ type Delivery struct {
 }
 
 // Preparer is implemented by handlers whose steps call slow outside services. Prepare runs
-// before each step's transaction, outside any transaction and without any lock, so a call
-// of seconds (the seed incident's 800 ms–2 s) never holds a database lock. It may read
-// committed state and must make only idempotent outside calls (keyed by business key and
-// step); Handle then applies the step in the transaction and must re-check that the state
-// it prepared for is still current (another delivery may have moved it on meanwhile).
+// before a step's transaction, outside any transaction and without any lock, so a call of
+// seconds (the seed incident's 800 ms–2 s) never holds a database lock: before every step
+// of a delivery run one at a time, and, under group commit, before the delivery joins a
+// batch (its first step). It may read committed state and must make only idempotent outside
+// calls (keyed by business key and step); it leaves what it prepared in d.Prepared. Handle
+// (or HandleBatch) then applies the step in the transaction and must re-check that the
+// state it prepared for is still current (another delivery may have moved it on). A failed
+// Prepare (error, panic, inbox.handler_timeout) is a failed attempt of the delivery.
 type Preparer interface {
 	Prepare(ctx context.Context, d *Delivery) error
 }

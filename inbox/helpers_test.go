@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"context"
 	"database/sql"
+	"io"
 	"testing"
 	"time"
 
@@ -31,6 +32,7 @@ type pipelineOpts struct {
 	conns        int
 	shared       *testenv.Database // reuse this database (several consumers of one DB)
 	svc          coupon.ExternalService
+	plugin       bool // the plugin's handler (Granter.Handler), not the bare granter (a step per Handle)
 	wrap         func(inbox.Handler) inbox.Handler
 	inboxCfg     inbox.Config
 	couponCfg    func(*coupon.Config)
@@ -60,8 +62,16 @@ func newPipeline(t testing.TB, o pipelineOpts) *pipeline {
 		t.Fatal(err)
 	}
 	var h inbox.Handler = g
+	if o.plugin {
+		ph, err := g.Handler(d.DB)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ph.(io.Closer).Close() })
+		h = ph
+	}
 	if o.wrap != nil {
-		h = o.wrap(g)
+		h = o.wrap(h)
 	}
 	ic := o.inboxCfg
 	ic.BizType = coupon.BizType

@@ -93,18 +93,14 @@ func (ins *Inserter) build() {
 }
 
 // UseStatements makes the deferred inserts run as prepared statements of pool db
-// (dbx.MultiRow), as outbox.Writer.UseStatements does: transactions given to Insert must
-// then be db's. Call it before first use, and PrepareStatements outside any transaction
-// (a handler implementing StatementPreparer does it before each batch); until that has
-// succeeded the inserts run interpolated.
+// (dbx.MultiRow, prepared in the background at their first use), as
+// outbox.Writer.UseStatements does: transactions given to Insert must then be db's. Call it
+// before first use.
 func (ins *Inserter) UseStatements(db *sql.DB) *Inserter {
 	ins.db = db
 	ins.build()
 	return ins
 }
-
-// PrepareStatements prepares the statements of UseStatements; outside any transaction.
-func (ins *Inserter) PrepareStatements(ctx context.Context) error { return ins.multi.Prepare(ctx) }
 
 // Close closes the prepared statements of UseStatements.
 func (ins *Inserter) Close() error { return ins.multi.Close() }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -363,9 +364,10 @@ func sha256hex(b []byte) string {
 	return hex.EncodeToString(s[:])
 }
 
-// badBatch is the granter with a HandleBatch and a Handle that misbehave on keys "bad-*".
+// badBatch is the plugin's handler with a HandleBatch and a Handle that misbehave on keys
+// "bad-*".
 type badBatch struct {
-	*coupon.Granter
+	inbox.BatchHandler
 	misbehave func(ctx context.Context)
 }
 
@@ -375,14 +377,14 @@ func (b badBatch) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Deliv
 			b.misbehave(ctx)
 		}
 	}
-	return b.Granter.HandleBatch(ctx, tx, ds)
+	return b.BatchHandler.HandleBatch(ctx, tx, ds)
 }
 
 func (b badBatch) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error) {
 	if strings.HasPrefix(d.Key, "bad-") {
 		b.misbehave(ctx)
 	}
-	return b.Granter.Handle(ctx, tx, d)
+	return b.BatchHandler.Handle(ctx, tx, d)
 }
 
 // On the group-commit path a panicking or blocking HandleBatch rolls its batch back; every
@@ -397,9 +399,9 @@ func TestBatchPanicsAndTimeouts(t *testing.T) {
 		{"block", func(context.Context) { select {} }, inbox.ReasonTimeout},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := newPipeline(t, pipelineOpts{conns: 8, inboxCfg: inbox.Config{MaxAttempts: 2, HandlerTimeout: 300 * time.Millisecond},
-				wrap: func(g inbox.Handler) inbox.Handler {
-					return badBatch{Granter: g.(*coupon.Granter), misbehave: tc.misbehave}
+			p := newPipeline(t, pipelineOpts{conns: 8, inboxCfg: inbox.Config{MaxAttempts: 2, HandlerTimeout: 300 * time.Millisecond}, plugin: true,
+				wrap: func(h inbox.Handler) inbox.Handler {
+					return badBatch{BatchHandler: h.(inbox.BatchHandler), misbehave: tc.misbehave}
 				}})
 			b, err := p.inbox.NewBatcher(inbox.BatchConfig{Linger: 50 * time.Millisecond})
 			if err != nil {
@@ -475,39 +477,44 @@ func TestAttemptsCountAcrossProcesses(t *testing.T) {
 	}
 }
 
-// badPrepare is the granter with a PrepareDelivery that misbehaves on keys "bad-*".
+// badPrepare is the plugin's handler (its HandleBatch included) with a Prepare that
+// misbehaves on the first call for each key "bad-*".
 type badPrepare struct {
-	*coupon.Granter
+	inbox.BatchHandler
 	misbehave func(ctx context.Context)
-	instant   bool // what it tells the Batcher (inbox.InstantPreparer)
+	mu        sync.Mutex
+	seen      map[string]bool
 }
 
-func (b badPrepare) PreparesInstantly() bool { return b.instant }
-
-func (b badPrepare) PrepareDelivery(ctx context.Context, d *inbox.Delivery) error {
-	if strings.HasPrefix(d.Key, "bad-") {
+func (b *badPrepare) Prepare(ctx context.Context, d *inbox.Delivery) error {
+	b.mu.Lock()
+	first := !b.seen[d.Key]
+	b.seen[d.Key] = true
+	b.mu.Unlock()
+	if first && strings.HasPrefix(d.Key, "bad-") {
 		b.misbehave(ctx)
 	}
-	return b.Granter.PrepareDelivery(ctx, d)
+	if p, ok := b.BatchHandler.(inbox.Preparer); ok {
+		return p.Prepare(ctx, d)
+	}
+	return nil
 }
 
-// A BatchPreparer that panics or never returns leaves only its own deliveries unprepared:
-// they take the one-at-a-time path (whose own Prepare is sound here) and are granted; the
+// A Prepare that panics or never returns under group commit fails only its own delivery's
+// attempt: that delivery is retried alone (where its next Prepare is sound) and granted; the
 // others are batched meanwhile.
-func TestBatchPrepareDeliveryPanicsAndTimeouts(t *testing.T) {
+func TestBatchPreparePanicsAndTimeouts(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		misbehave func(ctx context.Context)
-		instant   bool
 	}{
-		{"panic", func(context.Context) { panic("prepare bug") }, false},
-		{"block", func(context.Context) { select {} }, false},
-		{"panic on the decoder (instant)", func(context.Context) { panic("prepare bug") }, true},
+		{"panic", func(context.Context) { panic("prepare bug") }},
+		{"block", func(context.Context) { select {} }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := newPipeline(t, pipelineOpts{conns: 8, inboxCfg: inbox.Config{HandlerTimeout: 300 * time.Millisecond},
-				wrap: func(g inbox.Handler) inbox.Handler {
-					return badPrepare{Granter: g.(*coupon.Granter), misbehave: tc.misbehave}
+			p := newPipeline(t, pipelineOpts{conns: 8, inboxCfg: inbox.Config{HandlerTimeout: 300 * time.Millisecond, BackoffInitial: time.Millisecond, BackoffMax: 10 * time.Millisecond}, plugin: true,
+				wrap: func(h inbox.Handler) inbox.Handler {
+					return &badPrepare{BatchHandler: h.(inbox.BatchHandler), misbehave: tc.misbehave, seen: map[string]bool{}}
 				}})
 			b, err := p.inbox.NewBatcher(inbox.BatchConfig{})
 			if err != nil {
@@ -527,8 +534,8 @@ func TestBatchPrepareDeliveryPanicsAndTimeouts(t *testing.T) {
 					t.Fatalf("%s: %s (%s)", r.Key, r.Outcome, r.Reason)
 				}
 			}
-			if st := b.Stats(); !tc.instant && (st.PrepareFailed != 4 || st.Prepared != 16) {
-				t.Fatalf("stats %+v: want 4 failed prepares, 16 prepared", st)
+			if st := b.Stats(); st.PrepareFailed != 4 || st.Prepared != 16 || st.Batched < 16 {
+				t.Fatalf("stats %+v: want 4 failed prepares, 16 prepared and batched", st)
 			}
 			if n := count(t, p.db.DB, "SELECT COUNT(*) FROM user_coupon"); n != 20 {
 				t.Fatalf("%d coupons, want 20", n)

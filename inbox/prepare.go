@@ -11,18 +11,16 @@ import (
 )
 
 // Slow outside calls belong to the delivery, not to the batch. A Batcher whose handler is a
-// BatchPreparer, or a plain handler that is a Preparer, prepares every delivery as soon as
-// it is decoded — on its own goroutine, without any lock, at most Config.MaxInFlightCalls
-// at once (the inbox's slots, shared with Process) — and hands it to the collector only
-// once prepared, so a batch's transaction never waits on a call and one slow call delays
-// only its own delivery.
+// Preparer prepares every delivery as soon as it is decoded — on its own goroutine, without
+// any lock, at most Config.MaxInFlightCalls at once (the inbox's slots, shared with
+// Process) — and hands it to the collector only once prepared, so a batch's transaction
+// never waits on a call and one slow call delays only its own delivery.
 //
-// A plain Preparer's Prepare is called for the delivery's first step (Step 0, Attempt 1),
-// as Process would before the step's transaction; Handle then finds what it prepared in
+// Prepare is called for the delivery's first step (Step 0, Attempt 1), as Process would
+// before the step's transaction; Handle (or HandleBatch) then finds what it prepared in
 // Delivery.Prepared. When Prepare fails (error, panic, inbox.handler_timeout) the delivery
 // does not enter a batch: its attempt is counted on its row, and it is retried alone (or
-// quarantined) as on the one-at-a-time path (grouped.go). A BatchPreparer's failure only
-// leaves the delivery unprepared: HandleBatch leaves it at Continue.
+// quarantined) as on the one-at-a-time path (grouped.go).
 //
 // Per key, calls for one delivery only: a delivery whose business key is already in the
 // Batcher (being prepared, queued, in a batch, or on the one-at-a-time path) is not
@@ -36,10 +34,9 @@ import (
 
 // prepareGate is a Batcher's per-delivery preparation.
 type prepareGate struct {
-	b     *Batcher
-	prep  func(ctx context.Context, d *Delivery) error // PrepareDelivery, or a plain handler's Prepare
-	plain bool                                         // prep is a plain Preparer's: a failure is a failed attempt
-	sem   chan struct{}                                // the inbox's call slots (Config.MaxInFlightCalls)
+	b    *Batcher
+	prep func(ctx context.Context, d *Delivery) error // the handler's Prepare
+	sem  chan struct{}                                // the inbox's call slots (Config.MaxInFlightCalls)
 
 	mu     sync.Mutex
 	keys   map[string]*gateKey // business keys with a delivery in the Batcher
@@ -52,8 +49,8 @@ type prepareGate struct {
 	observe  func(elapsed time.Duration, err error)
 }
 
-func newPrepareGate(b *Batcher, prep func(context.Context, *Delivery) error, plain bool, slots chan struct{}) *prepareGate {
-	return &prepareGate{b: b, prep: prep, plain: plain, sem: slots, keys: map[string]*gateKey{},
+func newPrepareGate(b *Batcher, prep func(context.Context, *Delivery) error, slots chan struct{}) *prepareGate {
+	return &prepareGate{b: b, prep: prep, sem: slots, keys: map[string]*gateKey{},
 		recent: newRecentKeys(recentKeysKept)}
 }
 
@@ -163,14 +160,12 @@ func (g *prepareGate) queueFirst(p *pending) {
 	g.queued(p)
 }
 
-// prepare runs PrepareDelivery (or Prepare) under inbox.handler_timeout, on this goroutine,
-// then frees its call slot and queues p with what it prepared. A failure (error, panic,
-// timeout) leaves the delivery unprepared: HandleBatch leaves it to the one-at-a-time path,
-// which retries it with backoff like any failed step; a plain Preparer's failure is the
+// prepare runs Prepare under inbox.handler_timeout, on this goroutine, then frees its call
+// slot and queues p with what it prepared. A failure (error, panic, timeout) is the
 // delivery's failed attempt. A call still running at the timeout is abandoned: a timer
 // cancels its context and moves p on without it (it keeps its call slot until it returns).
-// A timer rather than a second goroutine per delivery: this runs for every delivery of a
-// BatchPreparer, most of which prepare in microseconds.
+// A timer rather than a second goroutine per delivery: this runs for every delivery, most
+// of which prepare in microseconds.
 func (g *prepareGate) prepare(p *pending) {
 	g.running.Add(1)
 	start := time.Now()
@@ -179,7 +174,7 @@ func (g *prepareGate) prepare(p *pending) {
 	timer := time.AfterFunc(g.b.ib.cfg.HandlerTimeout, func() {
 		if state.CompareAndSwap(0, 2) {
 			cancel()
-			g.finish(p, start, fmt.Errorf("prepare delivery: %w", ErrHandlerTimeout), nil)
+			g.finish(p, start, fmt.Errorf("prepare: %w", ErrHandlerTimeout), nil)
 		}
 	})
 	d := &Delivery{Message: p.msg, BizType: g.b.ib.cfg.BizType, Key: p.dec.Key, Value: p.dec.Value, Source: p.src, Attempt: 1}
@@ -211,8 +206,8 @@ func (g *prepareGate) finish(p *pending, start time.Time, err error, d *Delivery
 	}
 	if err != nil {
 		g.failed.Add(1)
-		if g.plain && p.ctx.Err() == nil {
-			// A plain handler's attempt failed before its transaction: not batched.
+		if p.ctx.Err() == nil {
+			// The attempt failed before its transaction: not batched.
 			p.done <- batchOutcome{failed: &failure{err: err}}
 			return
 		}

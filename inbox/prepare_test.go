@@ -30,10 +30,10 @@ func (s *blockingService) Call(ctx context.Context, step, _ string) error {
 	return nil
 }
 
-// The seed's external calls take seconds. With the granter's Prepare, the call happens
-// outside any transaction: while it is in flight, another transaction can lock the order's
-// inbox row and grant at once. The same granter without Prepare (the call inside the step's
-// transaction) holds both locks for the whole call, which the same probe detects.
+// The seed's external calls take seconds. With the plugin's Prepare, the calls happen
+// outside any transaction: while one is in flight, another transaction can lock the order's
+// inbox row and grant at once. The bare granter, without Prepare (each step's call inside
+// its transaction), holds both locks for the whole call, which the same probe detects.
 func TestSlowExternalCallHoldsNoLock(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
@@ -55,10 +55,16 @@ func TestSlowExternalCallHoldsNoLock(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			var h inbox.Handler = g
 			if tc.prepare {
-				g.UsePrepare(d.DB)
+				if h, err = g.Handler(d.DB); err != nil {
+					t.Fatal(err)
+				}
+				if _, ok := h.(inbox.Preparer); !ok {
+					t.Fatal("the plugin's handler with a slow service is no Preparer")
+				}
 			}
-			ib, err := inbox.New(d.DB, g, inbox.Config{BizType: coupon.BizType}, nil, nil)
+			ib, err := inbox.New(d.DB, h, inbox.Config{BizType: coupon.BizType}, nil, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

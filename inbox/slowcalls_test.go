@@ -98,7 +98,7 @@ func TestSlowCallsInFlightFollowTheSetting(t *testing.T) {
 	for _, limit := range []int{16, 256} {
 		t.Run(fmt.Sprint(limit), func(t *testing.T) {
 			svc := newSlowService(func(string) time.Duration { return 200 * time.Millisecond })
-			p := newPipeline(t, pipelineOpts{conns: 16, svc: svc, inboxCfg: inbox.Config{MaxInFlightCalls: limit}})
+			p := newPipeline(t, pipelineOpts{conns: 16, svc: svc, plugin: true, inboxCfg: inbox.Config{MaxInFlightCalls: limit}})
 			b, err := p.inbox.NewBatcher(inbox.BatchConfig{})
 			if err != nil {
 				t.Fatal(err)
@@ -137,7 +137,7 @@ func TestSlowOrderDoesNotHoldBackFastOnes(t *testing.T) {
 	hang := make(chan struct{})
 	svc := newSlowService(func(order string) time.Duration { return 10 * time.Millisecond })
 	svc.hang = map[string]chan struct{}{"slow-1": hang}
-	p := newPipeline(t, pipelineOpts{conns: 16, svc: svc})
+	p := newPipeline(t, pipelineOpts{conns: 16, svc: svc, plugin: true})
 	b, err := p.inbox.NewBatcher(inbox.BatchConfig{Linger: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -180,7 +180,7 @@ func indexOf(xs []string, x string) int {
 // and are counted as duplicates there, answered only once the first has committed.
 func TestSlowCallsKeepPerKeyOrder(t *testing.T) {
 	svc := newSlowService(func(string) time.Duration { return 300 * time.Millisecond })
-	p := newPipeline(t, pipelineOpts{conns: 8, svc: svc})
+	p := newPipeline(t, pipelineOpts{conns: 8, svc: svc, plugin: true})
 	b, err := p.inbox.NewBatcher(inbox.BatchConfig{})
 	if err != nil {
 		t.Fatal(err)
@@ -237,7 +237,7 @@ func TestSlowBurstCausesNoRebalance(t *testing.T) {
 		h.Write([]byte(order))
 		return 100*time.Millisecond + time.Duration(h.Sum32()%200)*time.Millisecond
 	})
-	p := newPipeline(t, pipelineOpts{conns: 16, svc: svc, inboxCfg: inbox.Config{MaxInFlightCalls: 64}})
+	p := newPipeline(t, pipelineOpts{conns: 16, svc: svc, plugin: true, inboxCfg: inbox.Config{MaxInFlightCalls: 64}})
 	var msgs [][2]string
 	for i := range orders {
 		id := fmt.Sprintf("burst-%04d", i)

@@ -83,10 +83,10 @@ type Writer struct {
 // batchRows is the most events one statement of AddBatch carries.
 const batchRows = 512
 
-// UseStatements makes AddBatch run its insert as prepared statements of pool db
-// (dbx.MultiRow): transactions given to AddBatch must then be db's. Call it before first
-// use, and PrepareStatements outside any transaction before each batch; until that has
-// succeeded the inserts run interpolated, as without it.
+// UseStatements makes AddBatch (and the deferred rows of Add in a group-committed batch)
+// run their inserts as prepared statements of pool db (dbx.MultiRow, prepared in the
+// background at their first use): transactions given to the Writer must then be db's.
+// Call it before first use.
 func (w *Writer) UseStatements(db *sql.DB) *Writer {
 	w.batch = w.newBatch(db)
 	return w
@@ -99,12 +99,6 @@ func (w *Writer) newBatch(db *sql.DB) *dbx.MultiRow {
 	return dbx.NewMultiRow(db, rowWidth, batchRows, func(n int) string {
 		return head + strings.TrimSuffix(strings.Repeat(group+", ", n), ", ")
 	})
-}
-
-// PrepareStatements prepares AddBatch's statements (see UseStatements); outside any
-// transaction of the pool.
-func (w *Writer) PrepareStatements(ctx context.Context) error {
-	return w.batch.Prepare(ctx)
 }
 
 // Close closes the prepared statements of UseStatements.

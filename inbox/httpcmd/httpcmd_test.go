@@ -51,7 +51,12 @@ func serveClaimsOn(t *testing.T, db *sql.DB, icfg inbox.Config, svc coupon.Exter
 		t.Fatal(err)
 	}
 	icfg.BizType = coupon.ClaimBizType
-	ib, err := inbox.NewCommand(db, coupon.NewClaimer(g.UsePrepare(db)), icfg, nil, nil)
+	claims, err := g.ClaimHandler(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = claims.(io.Closer).Close() })
+	ib, err := inbox.NewCommand(db, claims, icfg, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -513,7 +518,11 @@ func TestClaimKeysNeverShareARow(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ib, err := inbox.NewCommand(d.DB, coupon.NewClaimer(g), inbox.Config{BizType: coupon.ClaimBizType}, nil, nil)
+			h, err := g.ClaimHandler(d.DB)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ib, err := inbox.NewCommand(d.DB, h, inbox.Config{BizType: coupon.ClaimBizType}, nil, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

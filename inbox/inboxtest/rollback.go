@@ -60,30 +60,20 @@ func (in *injector) total() int {
 }
 
 // wrap returns h with the rollbacks of in injected, implementing the same optional
-// interfaces the inbox looks for (Preparer, BatchHandler, BatchPreparer) and no others.
-// (A BatchHandler's StatementPreparer is not passed on: its statements then run unprepared,
-// as they do until PrepareStatements has succeeded.)
+// interfaces the inbox looks for (Preparer, BatchHandler) and no others.
 func wrap(h inbox.Handler, in *injector) inbox.Handler {
 	b := &base{h: h, in: in}
 	p, isPrep := h.(inbox.Preparer)
 	bh, isBatch := h.(inbox.BatchHandler)
-	if !isBatch {
-		if isPrep {
-			return &withPrepare{base: b, p: p}
-		}
-		return b
-	}
-	bt := &batch{base: b, b: bh}
-	bp, isBatchPrep := h.(inbox.BatchPreparer)
 	switch {
-	case isBatchPrep && isPrep:
-		return &batchBothPrepare{batch: bt, p: p, bp: bp}
-	case isBatchPrep:
-		return &batchWithBatchPrepare{batch: bt, bp: bp}
+	case isBatch && isPrep:
+		return &batchWithPrepare{batch: &batch{base: b, b: bh}, p: p}
+	case isBatch:
+		return &batch{base: b, b: bh}
 	case isPrep:
-		return &batchWithPrepare{batch: bt, p: p}
+		return &withPrepare{base: b, p: p}
 	}
-	return bt
+	return b
 }
 
 type base struct {
@@ -146,34 +136,8 @@ func (w *batchWithPrepare) Prepare(ctx context.Context, d *inbox.Delivery) error
 	return w.p.Prepare(ctx, d)
 }
 
-type batchWithBatchPrepare struct {
-	*batch
-	bp inbox.BatchPreparer
-}
-
-func (w *batchWithBatchPrepare) PrepareDelivery(ctx context.Context, d *inbox.Delivery) error {
-	return w.bp.PrepareDelivery(ctx, d)
-}
-
-type batchBothPrepare struct {
-	*batch
-	p  inbox.Preparer
-	bp inbox.BatchPreparer
-}
-
-func (w *batchBothPrepare) Prepare(ctx context.Context, d *inbox.Delivery) error {
-	return w.p.Prepare(ctx, d)
-}
-
-func (w *batchBothPrepare) PrepareDelivery(ctx context.Context, d *inbox.Delivery) error {
-	return w.bp.PrepareDelivery(ctx, d)
-}
-
 var (
-	_ inbox.Preparer      = (*withPrepare)(nil)
-	_ inbox.BatchHandler  = (*batch)(nil)
-	_ inbox.Preparer      = (*batchWithPrepare)(nil)
-	_ inbox.BatchPreparer = (*batchWithBatchPrepare)(nil)
-	_ inbox.Preparer      = (*batchBothPrepare)(nil)
-	_ inbox.BatchPreparer = (*batchBothPrepare)(nil)
+	_ inbox.Preparer     = (*withPrepare)(nil)
+	_ inbox.BatchHandler = (*batch)(nil)
+	_ inbox.Preparer     = (*batchWithPrepare)(nil)
 )

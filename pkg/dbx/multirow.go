@@ -36,8 +36,8 @@ type MultiRow struct {
 	min   int                // fewest rows of a prepared statement: a power of two ≤ max
 	text  func(n int) string // the statement for n rows
 
-	prepMu sync.Mutex // one Prepare at a time
-	mu     sync.Mutex // guards the fields below; never held across a round trip
+	prepMu    sync.Mutex // one Prepare at a time
+	mu        sync.Mutex // guards the fields below; never held across a round trip
 	stmts     map[int]*sql.Stmt
 	ready     bool      // every size prepared
 	failed    time.Time // the last failed Prepare

@@ -176,7 +176,9 @@ func TestMultiRow(t *testing.T) {
 func TestMultiRowPreparesItself(t *testing.T) {
 	d := testenv.DB(t, 1)
 	d.AdminExec(t, "CREATE TABLE mr (id BIGINT AUTO_INCREMENT PRIMARY KEY, k VARCHAR(32) NOT NULL UNIQUE)")
-	m := dbx.NewMultiRow(d.DB, 1, 256, func(n int) string { return "INSERT INTO mr (k) VALUES " + strings.TrimSuffix(strings.Repeat("(?), ", n), ", ") })
+	m := dbx.NewMultiRow(d.DB, 1, 256, func(n int) string {
+		return "INSERT INTO mr (k) VALUES " + strings.TrimSuffix(strings.Repeat("(?), ", n), ", ")
+	})
 	defer m.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

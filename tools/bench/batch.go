@@ -77,11 +77,11 @@ func (s *suite) benchUnsafeBatch(ctx context.Context) (float64, error) {
 	if err := s.truncate(ctx); err != nil {
 		return 0, err
 	}
-	g, _, err := s.granter(ctx, "")
+	h, _, closeH, err := s.coupon(ctx, "", false)
 	if err != nil {
 		return 0, err
 	}
-	defer g.Close()
+	defer closeH()
 	n, size := s.cfg.batchOrders, s.cfg.batchSize
 	batches := (n + size - 1) / size
 	defer s.withWorkers(s.cfg.batchLanes)()
@@ -92,7 +92,7 @@ func (s *suite) benchUnsafeBatch(ctx context.Context) (float64, error) {
 			o := order("unsafe-batch", i)
 			ds = append(ds, &inbox.Delivery{Key: o.OrderID, Value: o})
 		}
-		return grantBatch(ctx, s.db, g, ds)
+		return grantBatch(ctx, s.db, h.(inbox.BatchHandler), ds)
 	})
 	if err != nil {
 		return 0, err
@@ -110,7 +110,7 @@ func (s *suite) benchInboxBatch(ctx context.Context) (inboxBatchRun, error) {
 	if err := s.truncate(ctx); err != nil {
 		return inboxBatchRun{}, err
 	}
-	b, cfg, closeBatcher, err := s.newBatcher(ctx)
+	b, cfg, closeBatcher, err := s.newBatcher(ctx, false)
 	if err != nil {
 		return inboxBatchRun{}, err
 	}
@@ -159,26 +159,27 @@ type inboxBatchRun struct {
 	print     func(unsafe, handlerOnly float64)
 }
 
-// newBatcher builds the coupon granter's group-commit path (the router's default) on a
-// fresh campaign, as the measurements of that path use it.
-// Close the returned func when done: it closes the Batcher, then the granter's prepared
-// statements (left open, each round's would pile up on the pool's connections).
-func (s *suite) newBatcher(ctx context.Context) (*inbox.Batcher, coupon.Config, func(), error) {
-	g, cfg, err := s.granter(ctx, "")
+// newBatcher builds the coupon plugin's group-commit path (the router's default) on a
+// fresh campaign, as the measurements of that path use it; contract: the plugin's handler
+// without its HandleBatch (see suite.coupon). Call the returned func when done: it closes
+// the Batcher, then the handler's prepared statements (left open, each round's would pile
+// up on the pool's connections).
+func (s *suite) newBatcher(ctx context.Context, contract bool) (*inbox.Batcher, coupon.Config, func(), error) {
+	h, cfg, closeH, err := s.coupon(ctx, "", contract)
 	if err != nil {
 		return nil, cfg, nil, err
 	}
-	ib, err := inbox.New(s.db, g, inbox.Config{BizType: coupon.BizType}, nil, nil)
+	ib, err := inbox.New(s.db, h, inbox.Config{BizType: coupon.BizType}, nil, nil)
 	if err != nil {
-		_ = g.Close()
+		closeH()
 		return nil, cfg, nil, err
 	}
 	b, err := ib.NewBatcher(s.batchConfig())
 	if err != nil {
-		_ = g.Close()
+		closeH()
 		return nil, cfg, nil, err
 	}
-	return b, cfg, func() { _ = b.Close(); _ = g.Close() }, nil
+	return b, cfg, func() { _ = b.Close(); closeH() }, nil
 }
 
 // batchConfig is the Batcher settings of the group-commit measurements.

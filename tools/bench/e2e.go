@@ -100,12 +100,12 @@ func (s *suite) benchE2E(ctx context.Context, mode string, n int, loadList strin
 		return res, err
 	}
 	defer cleanOut()
-	g, _, err := s.granter(ctx, out)
+	h, _, closeH, err := s.coupon(ctx, out, false)
 	if err != nil {
 		return res, err
 	}
-	defer g.Close() // after the pipeline stops (deferred later, runs first)
-	ib, err := inbox.New(db, g, inbox.Config{BizType: coupon.BizType, StepsPerTx: s.cfg.e2eSPT}, nil, &e.wake)
+	defer closeH() // after the pipeline stops (deferred later, runs first)
+	ib, err := inbox.New(db, h, inbox.Config{BizType: coupon.BizType, StepsPerTx: s.cfg.e2eSPT}, nil, &e.wake)
 	if err != nil {
 		return res, err
 	}

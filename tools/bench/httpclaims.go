@@ -39,7 +39,12 @@ func (s *suite) benchHTTPClaims(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	ib, err := inbox.NewCommand(s.db, coupon.NewClaimer(g), inbox.Config{BizType: coupon.ClaimBizType}, nil, nil)
+	claims, err := g.ClaimHandler(s.db)
+	if err != nil {
+		return err
+	}
+	defer claims.(io.Closer).Close()
+	ib, err := inbox.NewCommand(s.db, claims, inbox.Config{BizType: coupon.ClaimBizType}, nil, nil)
 	if err != nil {
 		return err
 	}

@@ -283,13 +283,13 @@ func (s *suite) runOnceflowOn(ctx context.Context, in, out string, n int) (peerR
 	if err := s.truncate(ctx); err != nil {
 		return peerResult{}, err
 	}
-	g, _, err := s.granter(ctx, out)
+	h, _, closeH, err := s.coupon(ctx, out, false)
 	if err != nil {
 		return peerResult{}, err
 	}
-	defer g.Close()
+	defer closeH()
 	e := &e2eRun{s: s, mode: "batch"}
-	ib, err := inbox.New(s.db, g, inbox.Config{BizType: coupon.BizType, StepsPerTx: s.cfg.e2eSPT}, nil, &e.wake)
+	ib, err := inbox.New(s.db, h, inbox.Config{BizType: coupon.BizType, StepsPerTx: s.cfg.e2eSPT}, nil, &e.wake)
 	if err != nil {
 		return peerResult{}, err
 	}

@@ -205,7 +205,7 @@ func (s *suite) benchPlainCouponBatch(ctx context.Context) (plainMeasure, error)
 	if err := s.truncatePlain(ctx); err != nil {
 		return plainMeasure{}, err
 	}
-	b, _, closeBatcher, err := s.newBatcher(ctx)
+	b, _, closeBatcher, err := s.newBatcher(ctx, false)
 	if err != nil {
 		return plainMeasure{}, err
 	}

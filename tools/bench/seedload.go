@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -114,13 +115,16 @@ func (s *suite) benchSeedLoad(ctx context.Context, mode string) error {
 	if err != nil {
 		return err
 	}
-	g.UsePrepare(db).UseStatements(db)
-	defer g.Close()
+	h, err := g.Handler(db) // a Preparer: the calls are slow
+	if err != nil {
+		return err
+	}
+	defer h.(io.Closer).Close()
 	// The router's defaults, unless a -seed-* flag says otherwise.
 	pc := kafkax.ParallelConfig{Window: s.cfg.seedWindow, MaxInFlightBytes: s.cfg.seedBudget}.WithDefaults()
 	ic := inbox.Config{BizType: coupon.BizType, MaxInFlightCalls: s.cfg.seedInFlight}.WithDefaults()
 	calls := ic.MaxInFlightCalls
-	ib, err := inbox.New(db, g, ic, nil, nil)
+	ib, err := inbox.New(db, h, ic, nil, nil)
 	if err != nil {
 		return err
 	}

@@ -47,7 +47,6 @@ func (s *suite) benchUnsafe(ctx context.Context, spt int) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer g.Close()
 	n, db := s.cfg.orders, s.db
 	el, err := s.parallel(n, func(i int) error {
 		o := order("unsafe", i)
@@ -90,7 +89,6 @@ func (s *suite) benchInbox(ctx context.Context, spt int, unsafeRate float64) err
 	if err != nil {
 		return err
 	}
-	defer g.Close()
 	n := s.cfg.orders
 	ib, err := inbox.New(s.db, g, inbox.Config{BizType: coupon.BizType, StepsPerTx: spt}, nil, nil)
 	if err != nil {

@@ -24,7 +24,7 @@ func (s *suite) benchStorm(ctx context.Context) error {
 		return err
 	}
 	// Through the router's default path (group commit), offered by many concurrent senders.
-	b, _, closeBatcher, err := s.newBatcher(ctx)
+	b, _, closeBatcher, err := s.newBatcher(ctx, false)
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"io"
 	"os"
 	"runtime"
 	"runtime/pprof"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/coupon"
+	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/pkg/dbx"
 	"github.com/onceflow/onceflow/pkg/kafkax"
@@ -140,12 +142,40 @@ func (s *suite) granter(ctx context.Context, topic string) (*coupon.Granter, cou
 		return nil, cfg, err
 	}
 	g, err := coupon.NewGranter(cfg, nil, nil)
+	return g, cfg, err
+}
+
+// coupon builds the coupon plugin's handler on the bench's pool, as the router builds it
+// (Granter.Handler: its inserts prepared on the pool), for a fresh campaign whose events go
+// to topic (see granter); contract: only what a plugin author writes (inbox.Typed, the
+// Inserters, the outbox writer, Prepare for slow calls), its HandleBatch left out. The
+// returned func closes it.
+func (s *suite) coupon(ctx context.Context, topic string, contract bool) (inbox.Handler, coupon.Config, func(), error) {
+	g, cfg, err := s.granter(ctx, topic)
 	if err != nil {
-		return nil, cfg, err
+		return nil, cfg, nil, err
 	}
-	// As the router's plugin does: the batched inserts prepared on db, for the inbox and the
-	// unsafe baseline alike.
-	return g.UseStatements(s.db), cfg, nil
+	h, err := g.Handler(s.db)
+	if err != nil {
+		return nil, cfg, nil, err
+	}
+	closeH := func() { _ = h.(io.Closer).Close() }
+	if contract {
+		h = contractOnly(h)
+	}
+	return h, cfg, closeH, nil
+}
+
+// contractOnly is h with only the methods of the plugin author's contract: Decode and Handle,
+// and Prepare when h has one.
+func contractOnly(h inbox.Handler) inbox.Handler {
+	if p, ok := h.(inbox.Preparer); ok {
+		return struct {
+			inbox.Handler
+			inbox.Preparer
+		}{h, p}
+	}
+	return struct{ inbox.Handler }{h}
 }
 
 func order(prefix string, i int) coupon.OrderPaid {

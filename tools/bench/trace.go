@@ -87,16 +87,16 @@ func (s *suite) benchTraced(ctx context.Context, mode string, n int) (perS, tota
 		return 0, 0, 0, err
 	}
 	defer cleanOut()
-	g, _, err := s.granter(ctx, out)
+	h, _, closeH, err := s.coupon(ctx, out, false)
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	defer g.Close()
+	defer closeH()
 	icfg := inbox.Config{BizType: coupon.BizType, StepsPerTx: s.cfg.e2eSPT}
 	if tp != nil {
 		icfg.TracerProvider = tp
 	}
-	ib, err := inbox.New(db, g, icfg, nil, &e.wake)
+	ib, err := inbox.New(db, h, icfg, nil, &e.wake)
 	if err != nil {
 		return 0, 0, 0, err
 	}

@@ -25,7 +25,7 @@ import (
 // record. Bench-only: nothing stops a redelivery here but the grant table's own key.
 type unsafeBatcher struct {
 	db    *sql.DB
-	g     *coupon.Granter
+	h     inbox.BatchHandler
 	queue chan *unsafeReq
 	stop  chan struct{}
 	done  chan struct{}
@@ -36,8 +36,8 @@ type unsafeReq struct {
 	done chan error
 }
 
-func newUnsafeBatcher(db *sql.DB, g *coupon.Granter, size, workers int, linger time.Duration) *unsafeBatcher {
-	u := &unsafeBatcher{db: db, g: g, queue: make(chan *unsafeReq, size), stop: make(chan struct{}), done: make(chan struct{})}
+func newUnsafeBatcher(db *sql.DB, h inbox.BatchHandler, size, workers int, linger time.Duration) *unsafeBatcher {
+	u := &unsafeBatcher{db: db, h: h, queue: make(chan *unsafeReq, size), stop: make(chan struct{}), done: make(chan struct{})}
 	// linger as the Batcher's: its default when 0
 	if linger == 0 {
 		linger = 2 * time.Millisecond
@@ -79,16 +79,16 @@ func (u *unsafeBatcher) run(batch []*unsafeReq) error {
 	for i, r := range batch {
 		ds[i] = r.d
 	}
-	return grantBatch(context.Background(), u.db, u.g, ds)
+	return grantBatch(context.Background(), u.db, u.h, ds)
 }
 
 // grantBatch runs the batched grant of ds in one transaction without the inbox, retried
-// whole after a deadlock; every grant must finish in it.
-func grantBatch(ctx context.Context, db *sql.DB, g *coupon.Granter, ds []*inbox.Delivery) error {
-	g.PrepareBatch(ctx, ds)
+// whole after a deadlock; every grant must finish in it (the bench's service answers at
+// once: HandleBatch makes the calls itself).
+func grantBatch(ctx context.Context, db *sql.DB, h inbox.BatchHandler, ds []*inbox.Delivery) error {
 	for {
 		err := dbx.InTx(ctx, db, func(tx *sql.Tx) error {
-			progs, err := g.HandleBatch(ctx, tx, ds)
+			progs, err := h.HandleBatch(ctx, tx, ds)
 			if err != nil {
 				return err
 			}
@@ -100,7 +100,6 @@ func grantBatch(ctx context.Context, db *sql.DB, g *coupon.Granter, ds []*inbox.
 			return nil
 		})
 		if err != nil && dbx.IsLockConflict(err) {
-			g.PrepareBatch(ctx, ds)
 			continue
 		}
 		return err
@@ -114,12 +113,12 @@ func (s *suite) benchUnsafeSamePath(ctx context.Context) (rate, cpuPerOrder floa
 	if err := s.truncate(ctx); err != nil {
 		return 0, 0, err
 	}
-	g, _, err := s.granter(ctx, "")
+	h, _, closeH, err := s.coupon(ctx, "", false)
 	if err != nil {
 		return 0, 0, err
 	}
-	defer g.Close()
-	u := newUnsafeBatcher(s.db, g, s.cfg.batchSize, s.cfg.batchLanes, s.cfg.batchLinger)
+	defer closeH()
+	u := newUnsafeBatcher(s.db, h.(inbox.BatchHandler), s.cfg.batchSize, s.cfg.batchLanes, s.cfg.batchLinger)
 	defer u.close()
 	n := s.cfg.batchOrders
 	defer s.withWorkers(s.cfg.batchSenders)()
