@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -25,6 +26,7 @@ type config struct {
 
 	// The plain handler (plain.go).
 	plainRounds, plainSingle int
+	plainModes               string
 
 	// The relays (relay.go, forwarder.go).
 	relayN, relayBatch, relayShards, forwarderN int
@@ -33,6 +35,7 @@ type config struct {
 	e2eN, e2eBatchN, e2eSPT, e2eShards, e2eParts int
 	e2eLinger                                    time.Duration
 	loads, batchLoads                            string
+	e2eCoupon                                    string
 	loadSecs, warmSecs, rounds                   int
 	latencyDump                                  string
 
@@ -81,6 +84,7 @@ func parseConfig(args []string) (*config, error) {
 	fs.IntVar(&c.e2eParts, "e2e-partitions", 12, "partitions of the end-to-end runs' order-paid and coupon-granted topics (scripts/infra.sh creates 12)")
 	fs.DurationVar(&c.e2eLinger, "e2e-relay-linger", 5*time.Millisecond, "relay.linger of the end-to-end runs (configs/router.yaml's)")
 	fs.IntVar(&c.e2eBatchN, "e2e-batch-orders", 50000, "orders for the end-to-end throughput run, group commit")
+	fs.StringVar(&c.e2eCoupon, "e2e-coupon", "batch", "the coupon plugin's paths the group-commit e2e rounds run, back to back in each round: batch (its HandleBatch, the router's), plain (only the contract a plugin author writes), or both: batch,plain")
 	fs.IntVar(&c.loadSecs, "load-seconds", 8, "seconds per latency run")
 	fs.IntVar(&c.rounds, "rounds", 5, "rounds of the e2e group-commit measurements; their medians are reported (the machine is noisy)")
 	fs.IntVar(&c.warmSecs, "warmup-seconds", 2, "seconds each latency run's load runs before it is measured")
@@ -98,7 +102,8 @@ func parseConfig(args []string) (*config, error) {
 	fs.IntVar(&c.batchRounds, "batch-rounds", 15, "rounds of the group-commit measurements (baseline and inbox back to back, alternating which goes first); medians reported, and the overhead also pooled over all rounds")
 	fs.IntVar(&c.batchSenders, "batch-senders", 2048, "concurrent deliveries offered to the Batcher (a router's in-flight messages)")
 
-	fs.IntVar(&c.plainRounds, "plain-rounds", 5, "rounds of the plain-handler measurements (single, grouped and the coupon BatchHandler, in alternating order); medians reported")
+	fs.IntVar(&c.plainRounds, "plain-rounds", 5, "rounds of the plain-handler measurements (-plain-modes, in alternating order); medians reported")
+	fs.StringVar(&c.plainModes, "plain-modes", "savepoint_cost,single,grouped,grouped_inserter,coupon_batch,coupon_plain", "measurements of the plain group (comma separated)")
 	fs.IntVar(&c.plainSingle, "plain-single-orders", 3000, "orders of each one-delivery-per-transaction plain measurement (16 workers, -workers)")
 
 	fs.IntVar(&c.forwarderN, "forwarder-events", 20000, "events for the Watermill forwarder comparison (0 skips it)")
@@ -140,6 +145,9 @@ func parseConfig(args []string) (*config, error) {
 	if c.rounds < 1 || c.batchRounds < 1 || c.traceRounds < 1 || c.traceOrders < 1 {
 		return nil, fmt.Errorf("-rounds %d, -batch-rounds %d, -trace-rounds %d, -trace-orders %d: want at least 1", c.rounds, c.batchRounds, c.traceRounds, c.traceOrders)
 	}
+	if vs := splitList(c.e2eCoupon); len(vs) == 0 || len(vs) > 2 || slices.ContainsFunc(vs, func(v string) bool { return v != "batch" && v != "plain" }) || len(vs) == 2 && vs[0] == vs[1] {
+		return nil, fmt.Errorf("-e2e-coupon %q: want batch, plain, or batch,plain", c.e2eCoupon)
+	}
 	if c.routerRate > 0 && c.routerSecs < 1 {
 		return nil, fmt.Errorf("-router-seconds %d: want at least 1 (or -router-rate 0)", c.routerSecs)
 	}
@@ -147,6 +155,27 @@ func parseConfig(args []string) (*config, error) {
 		return nil, fmt.Errorf("-gogc: %w", err)
 	}
 	return c, nil
+}
+
+// splitList is the comma-separated list s, its items trimmed, empty ones left out.
+func splitList(s string) []string {
+	var out []string
+	for _, v := range strings.Split(s, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// plainWants reports whether the plain group runs measurement mode (-plain-modes).
+func (c *config) plainWants(mode string) bool {
+	for _, m := range strings.Split(c.plainModes, ",") {
+		if strings.TrimSpace(m) == mode {
+			return true
+		}
+	}
+	return false
 }
 
 // want reports whether the measurement group runs in this invocation.

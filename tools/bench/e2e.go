@@ -23,37 +23,72 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-// e2eGroup runs the end-to-end measurements: group commit -rounds times, then the medians
-// of the rounds; then one delivery per transaction once (unless -e2e-orders 0).
+// e2eGroup runs the end-to-end measurements: group commit -rounds times (with -e2e-coupon
+// batch,plain, each round runs the coupon plugin through its HandleBatch and through only
+// its plain contract, back to back, alternating which goes first), then the medians of the
+// rounds; then one delivery per transaction once (unless -e2e-orders 0).
 func (s *suite) e2eGroup(ctx context.Context) error {
 	s.calibrate("before_e2e")
-	var tput, steady []float64
-	p50s, p99s, achieved := map[int][]float64{}, map[int][]float64{}, map[int][]float64{}
+	type runs struct {
+		tput, steady         []float64
+		p50s, p99s, achieved map[int][]float64
+	}
+	variants := splitList(s.cfg.e2eCoupon)
+	got := map[string]*runs{}
+	for _, v := range variants {
+		got[v] = &runs{p50s: map[int][]float64{}, p99s: map[int][]float64{}, achieved: map[int][]float64{}}
+	}
 	for r := 1; r <= s.cfg.rounds; r++ {
 		s.round = r
-		res, err := s.benchE2E(ctx, "batch", s.cfg.e2eBatchN, s.cfg.batchLoads)
-		if err != nil {
-			return fmt.Errorf("e2e batch: %w", err)
+		seq := slices.Clone(variants)
+		if r%2 == 0 {
+			slices.Reverse(seq)
 		}
-		tput, steady = append(tput, res.ordersPerS), append(steady, res.steadyPerS)
-		for load, l := range res.lat {
-			p50s[load], p99s[load], achieved[load] = append(p50s[load], l[0]), append(p99s[load], l[1]), append(achieved[load], l[2])
+		for _, v := range seq {
+			res, err := s.benchE2E(ctx, "batch", v == "plain", s.cfg.e2eBatchN, s.cfg.batchLoads)
+			if err != nil {
+				return fmt.Errorf("e2e batch (coupon %s): %w", v, err)
+			}
+			g := got[v]
+			g.tput, g.steady = append(g.tput, res.ordersPerS), append(g.steady, res.steadyPerS)
+			for load, l := range res.lat {
+				g.p50s[load], g.p99s[load], g.achieved[load] = append(g.p50s[load], l[0]), append(g.p99s[load], l[1]), append(g.achieved[load], l[2])
+			}
 		}
 	}
 	s.round = 0
 	rounds := s.cfg.rounds
-	s.report("e2e", "mode", "batch", "orders_per_s", median(tput), "min", slices.Min(tput), "max", slices.Max(tput), "rounds", rounds, "offered", "preloaded",
-		"steady_orders_per_s", median(steady), "steady_min", slices.Min(steady), "steady_max", slices.Max(steady))
-	for _, load := range splitInts(s.cfg.batchLoads) {
-		s.report("e2e", "mode", "batch", "offered_per_s", load, "orders_per_s", median(achieved[load]), "p50_ms", median(p50s[load]), "p99_ms", median(p99s[load]),
-			"p99_min", slices.Min(p99s[load]), "p99_max", slices.Max(p99s[load]), "rounds", rounds)
+	for _, v := range variants {
+		g, mode := got[v], e2eMode("batch", v == "plain")
+		s.report("e2e", "mode", mode, "orders_per_s", median(g.tput), "min", slices.Min(g.tput), "max", slices.Max(g.tput), "rounds", rounds, "offered", "preloaded",
+			"steady_orders_per_s", median(g.steady), "steady_min", slices.Min(g.steady), "steady_max", slices.Max(g.steady))
+		for _, load := range splitInts(s.cfg.batchLoads) {
+			s.report("e2e", "mode", mode, "offered_per_s", load, "orders_per_s", median(g.achieved[load]), "p50_ms", median(g.p50s[load]), "p99_ms", median(g.p99s[load]),
+				"p99_min", slices.Min(g.p99s[load]), "p99_max", slices.Max(g.p99s[load]), "rounds", rounds)
+		}
+	}
+	if b, p := got["batch"], got["plain"]; b != nil && p != nil {
+		var rs []float64
+		for i := range b.tput {
+			rs = append(rs, b.tput[i]/max(p.tput[i], 1))
+		}
+		s.report("ratio", "mode", "e2e_coupon_batch_vs_plain_by_round", "median", median(rs), "min", slices.Min(rs), "max", slices.Max(rs), "rounds", len(rs))
 	}
 	if s.cfg.e2eN > 0 {
-		if _, err := s.benchE2E(ctx, "single", s.cfg.e2eN, s.cfg.loads); err != nil {
+		if _, err := s.benchE2E(ctx, "single", false, s.cfg.e2eN, s.cfg.loads); err != nil {
 			return fmt.Errorf("e2e single: %w", err)
 		}
 	}
 	return nil
+}
+
+// e2eMode is the mode an e2e line reports: mode, or mode_plain for the coupon plugin
+// without its HandleBatch.
+func e2eMode(mode string, contract bool) string {
+	if contract {
+		return mode + "_plain"
+	}
+	return mode
 }
 
 // e2eResult is what one benchE2E run measured: preloaded throughput, and p50/p99 per load.
@@ -66,9 +101,10 @@ type e2eResult struct {
 // e2eRun is one benchE2E: its pipeline's waker, and when each order of its latency runs
 // was produced and handed to the handler.
 type e2eRun struct {
-	s    *suite
-	mode string
-	wake waker
+	s        *suite
+	mode     string
+	contract bool // the coupon plugin's handler without its HandleBatch (suite.coupon)
+	wake     waker
 	// tp traces the relay (the inbox's is its Config's); nil: no tracing. traced gives each
 	// produced order a traceparent header, sampled unless unsampled. The tracing group
 	// (trace.go) sets them.
@@ -83,9 +119,10 @@ type e2eRun struct {
 // the Watermill router, the inbox and the exactly-once relay, all in this process. Mode
 // "batch" is the router's default (parallel subscriber, group commit); "single" is
 // watermill-kafka's one-at-a-time subscriber and one delivery per transaction.
-func (s *suite) benchE2E(ctx context.Context, mode string, n int, loadList string) (e2eResult, error) {
+func (s *suite) benchE2E(ctx context.Context, mode string, contract bool, n int, loadList string) (e2eResult, error) {
 	db, kc := s.db, s.kc
-	e := &e2eRun{s: s, mode: mode}
+	e := &e2eRun{s: s, mode: mode, contract: contract}
+	label := e2eMode(mode, contract)
 	res := e2eResult{lat: map[int][3]float64{}}
 	if err := s.truncate(ctx); err != nil {
 		return res, err
@@ -100,7 +137,7 @@ func (s *suite) benchE2E(ctx context.Context, mode string, n int, loadList strin
 		return res, err
 	}
 	defer cleanOut()
-	h, _, closeH, err := s.coupon(ctx, out, false)
+	h, _, closeH, err := s.coupon(ctx, out, e.contract)
 	if err != nil {
 		return res, err
 	}
@@ -148,9 +185,9 @@ func (s *suite) benchE2E(ctx context.Context, mode string, n int, loadList strin
 	// steady_orders_per_s runs from the first delivery the inbox finished instead.
 	startMs := float64(e.wake.first.Load()-start.UnixNano()) / 1e6
 	res.steadyPerS = float64(n) / (el.Seconds() - startMs/1000)
-	s.report("e2e", "mode", mode, "orders_per_s", res.ordersPerS, "orders", n, "offered", "preloaded",
+	s.report("e2e", "mode", label, "orders_per_s", res.ordersPerS, "orders", n, "offered", "preloaded",
 		"start_ms", startMs, "steady_orders_per_s", res.steadyPerS)
-	s.report("e2e_cpu", append([]any{"mode", mode}, cpu.perOrder(n)...)...)
+	s.report("e2e_cpu", append([]any{"mode", label}, cpu.perOrder(n)...)...)
 
 	// Latency at offered loads: Kafka timestamp of the order (taken by this process's producer)
 	// → this process's live read_committed consumer sees its CouponGranted event. Each load
@@ -193,8 +230,8 @@ func (s *suite) benchE2E(ctx context.Context, mode string, n int, loadList strin
 			return res, err
 		}
 		res.lat[rate] = [3]float64{p50, p99, achieved}
-		s.report("e2e", "mode", mode, "offered_per_s", rate, "orders_per_s", achieved, "p50_ms", p50, "p99_ms", p99, "measured", measured)
-		s.report("e2e_cpu", append([]any{"mode", mode, "offered_per_s", rate}, lcpuKV...)...)
+		s.report("e2e", "mode", label, "offered_per_s", rate, "orders_per_s", achieved, "p50_ms", p50, "p99_ms", p99, "measured", measured)
+		s.report("e2e_cpu", append([]any{"mode", label, "offered_per_s", rate}, lcpuKV...)...)
 		if err := e.stages(ctx, in, w, rate, base, base+count); err != nil {
 			stop()
 			return res, err

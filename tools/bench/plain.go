@@ -21,10 +21,11 @@ import (
 // transaction (Inbox.Process, mode=single) and group-committed by the Batcher (each
 // delivery's Handle in the batch's transaction, behind a savepoint once a delivery has
 // failed: inbox/grouped.go), its INSERT sent by tx.ExecContext (mode=grouped) or through an
-// inbox.Inserter, which defers it to the batch's multi-row INSERT (mode=grouped_inserter),
-// beside the coupon plugin's hand-written BatchHandler on the same Batcher settings
-// (mode=coupon_batch). Rounds alternate the order of the four; medians reported, then the
-// ratios.
+// inbox.Inserter, which defers it to the batch's multi-row INSERT (mode=grouped_inserter);
+// beside them the coupon plugin on the same Batcher settings, through its hand-written
+// BatchHandler (mode=coupon_batch, the router's) and through only the contract a plugin
+// author writes, its HandleBatch left out (mode=coupon_plain). Rounds alternate the order
+// of the modes (-plain-modes); medians reported, then the ratios.
 
 // plainTable is the plain plugin's own table, created by the bench on its database (not a
 // framework migration): one credit per order.
@@ -199,18 +200,23 @@ func (s *suite) benchPlainGrouped(ctx context.Context, inserter bool) (plainMeas
 	return s.measureBatcher(ctx, b, mode, "plain-"+mode, func() error { return checkPlain(ctx, s.db, s.cfg.batchOrders) })
 }
 
-// benchPlainCouponBatch: the coupon plugin's BatchHandler through the same Batcher
-// settings and senders (the reference of the ratio).
-func (s *suite) benchPlainCouponBatch(ctx context.Context) (plainMeasure, error) {
+// benchPlainCoupon: the coupon plugin through the same Batcher settings and senders, its
+// BatchHandler (mode=coupon_batch, the reference of the ratios) or, contract, only the
+// contract a plugin author writes (mode=coupon_plain).
+func (s *suite) benchPlainCoupon(ctx context.Context, contract bool) (plainMeasure, error) {
 	if err := s.truncatePlain(ctx); err != nil {
 		return plainMeasure{}, err
 	}
-	b, _, closeBatcher, err := s.newBatcher(ctx, false)
+	b, _, closeBatcher, err := s.newBatcher(ctx, contract)
 	if err != nil {
 		return plainMeasure{}, err
 	}
 	defer closeBatcher()
-	return s.measureBatcher(ctx, b, "coupon_batch", "plain-coupon", func() error {
+	mode := "coupon_batch"
+	if contract {
+		mode = "coupon_plain"
+	}
+	return s.measureBatcher(ctx, b, mode, "plain-"+mode, func() error {
 		var granted int
 		if err := s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM coupon_grant WHERE state = 'GRANTED'").Scan(&granted); err != nil {
 			return err
@@ -306,8 +312,8 @@ func (s *suite) benchSavepointCost(ctx context.Context) error {
 	return nil
 }
 
-// plainGroup runs the group: the savepoint costs, then -plain-rounds rounds of the three
-// measurements, their medians and the ratios.
+// plainGroup runs the group: the savepoint costs, then -plain-rounds rounds of the
+// measurements -plain-modes names, their medians and the ratios.
 func (s *suite) plainGroup(ctx context.Context) error {
 	if _, err := s.lock.ExecContext(ctx, plainTable); err != nil {
 		return fmt.Errorf("create plain_credit: %w", err)
@@ -315,16 +321,27 @@ func (s *suite) plainGroup(ctx context.Context) error {
 	if err := s.grantOwn(ctx, "plain_credit"); err != nil {
 		return err
 	}
-	if err := s.benchSavepointCost(ctx); err != nil {
-		return fmt.Errorf("savepoint cost: %w", err)
+	if s.cfg.plainWants("savepoint_cost") {
+		if err := s.benchSavepointCost(ctx); err != nil {
+			return fmt.Errorf("savepoint cost: %w", err)
+		}
 	}
-	modes := []struct {
+	var modes []struct {
+		name string
+		run  func(context.Context) (plainMeasure, error)
+	}
+	for _, m := range []struct {
 		name string
 		run  func(context.Context) (plainMeasure, error)
 	}{{"single", s.benchPlainSingle},
 		{"grouped", func(ctx context.Context) (plainMeasure, error) { return s.benchPlainGrouped(ctx, false) }},
 		{"grouped_inserter", func(ctx context.Context) (plainMeasure, error) { return s.benchPlainGrouped(ctx, true) }},
-		{"coupon_batch", s.benchPlainCouponBatch}}
+		{"coupon_batch", func(ctx context.Context) (plainMeasure, error) { return s.benchPlainCoupon(ctx, false) }},
+		{"coupon_plain", func(ctx context.Context) (plainMeasure, error) { return s.benchPlainCoupon(ctx, true) }}} {
+		if s.cfg.plainWants(m.name) {
+			modes = append(modes, m)
+		}
+	}
 	got := map[string][]plainMeasure{}
 	for r := 1; r <= s.cfg.plainRounds; r++ {
 		s.round = r
@@ -365,7 +382,28 @@ func (s *suite) plainGroup(ctx context.Context) error {
 		s.report("plain", kv...)
 	}
 	ratio := func(a, b float64) string { return fmt.Sprintf("%.2f", a/max(b, 1)) }
-	s.report("ratio", "plain_grouped_vs_single", ratio(med["grouped"], med["single"]), "plain_grouped_vs_coupon_batch", ratio(med["grouped"], med["coupon_batch"]),
-		"plain_inserter_vs_single", ratio(med["grouped_inserter"], med["single"]), "plain_inserter_vs_coupon_batch", ratio(med["grouped_inserter"], med["coupon_batch"]))
+	var kv []any
+	for _, r := range []struct{ name, a, b string }{
+		{"plain_grouped_vs_single", "grouped", "single"}, {"plain_grouped_vs_coupon_batch", "grouped", "coupon_batch"},
+		{"plain_inserter_vs_single", "grouped_inserter", "single"}, {"plain_inserter_vs_coupon_batch", "grouped_inserter", "coupon_batch"},
+		{"coupon_batch_vs_plain", "coupon_batch", "coupon_plain"},
+	} {
+		if _, ok := med[r.a]; ok {
+			if _, ok := med[r.b]; ok {
+				kv = append(kv, r.name, ratio(med[r.a], med[r.b]))
+			}
+		}
+	}
+	if len(kv) > 0 {
+		s.report("ratio", kv...)
+	}
+	// The coupon plugin's two paths, round by round (the modes of a round ran back to back).
+	if cb, cp := got["coupon_batch"], got["coupon_plain"]; len(cb) > 0 && len(cb) == len(cp) {
+		var rs []float64
+		for i := range cb {
+			rs = append(rs, cb[i].rate/max(cp[i].rate, 1))
+		}
+		s.report("ratio", "mode", "coupon_batch_vs_plain_by_round", "median", median(rs), "min", slices.Min(rs), "max", slices.Max(rs), "rounds", len(rs))
+	}
 	return nil
 }

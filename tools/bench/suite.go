@@ -159,7 +159,8 @@ func (s *suite) coupon(ctx context.Context, topic string, contract bool) (inbox.
 	if err != nil {
 		return nil, cfg, nil, err
 	}
-	closeH := func() { _ = h.(io.Closer).Close() }
+	closer := h.(io.Closer)
+	closeH := func() { _ = closer.Close() }
 	if contract {
 		h = contractOnly(h)
 	}

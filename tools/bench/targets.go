@@ -29,7 +29,7 @@ func (s *suite) targetsGroup(ctx context.Context) error {
 	p99Peak30 := -1.0
 	if peak > 0 {
 		rate := int(0.3 * peak)
-		res, err := s.benchE2E(ctx, "batch", 5000, strconv.Itoa(rate))
+		res, err := s.benchE2E(ctx, "batch", false, 5000, strconv.Itoa(rate))
 		if err != nil {
 			return fmt.Errorf("targets: latency at 30 %% of the peak: %w", err)
 		}
