@@ -405,12 +405,19 @@ func (e *e2eRun) startPipeline(ctx context.Context, topic string, ib *inbox.Inbo
 }
 
 // checkGranted confirms, once a run's events were all seen, that the database agrees: want
-// grants and nothing left unpublished. (Runs wait on the watcher, not on this query: polled,
-// its index scans took a sizeable share of the 2 cores the pipeline runs on.)
+// grants and nothing left unpublished. The relay marks a batch published just after its
+// Kafka commit, which the watcher may see first: unpublished rows get a few seconds to be
+// marked. (Runs wait on the watcher, not on this query: polled, its index scans took a
+// sizeable share of the 2 cores the pipeline runs on.)
 func checkGranted(ctx context.Context, db *sql.DB, want int) error {
 	var granted, pending int
-	if err := db.QueryRowContext(ctx, "SELECT (SELECT COUNT(*) FROM coupon_grant WHERE state = 'GRANTED'), (SELECT COUNT(*) FROM outbox WHERE published_at IS NULL)").Scan(&granted, &pending); err != nil {
-		return err
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if err := db.QueryRowContext(ctx, "SELECT (SELECT COUNT(*) FROM coupon_grant WHERE state = 'GRANTED'), (SELECT COUNT(*) FROM outbox WHERE published_at IS NULL)").Scan(&granted, &pending); err != nil {
+			return err
+		}
+		if granted != want || pending == 0 || time.Now().After(deadline) {
+			break
+		}
 	}
 	if granted != want || pending != 0 {
 		return fmt.Errorf("all events seen, but the database has %d grants (want %d) and %d unpublished events", granted, want, pending)
