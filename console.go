@@ -4,14 +4,14 @@ import (
 	"context"
 	"database/sql"
 
-	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/metrics"
 )
 
 // newConsole returns the operator console the admin listener serves at /. Its biz types
 // are the registered plugins' (as `router replay` resolves them), and its replays run the
 // way `router replay` and `router inbox retry` run theirs: the plugin of the biz type
-// (pluginFor), its handler and inbox built by buildInbox, inbox.Inbox.Replay recording the
+// (pluginFor), its handler and inbox built by buildInbox, inboxops.Replay recording the
 // run in the replay table.
 func (a *app) newConsole(ctx context.Context, db *sql.DB, m *metrics.Metrics, token string) (*console, error) {
 	cfg := consoleConfig{DB: db, Metrics: m, Token: token, Logger: a.logger}
@@ -30,21 +30,21 @@ func (a *app) newConsole(ctx context.Context, db *sql.DB, m *metrics.Metrics, to
 			}
 			cfg.BizTypes = append(cfg.BizTypes, b)
 		}
-		store, err := inbox.NewStore(db, "inbox")
+		store, err := inboxops.NewStore(db, "inbox")
 		if err != nil {
 			return nil, err
 		}
-		cfg.Replay = func(ctx context.Context, opts inbox.ReplayOptions) (inbox.ReplayReport, error) {
+		cfg.Replay = func(ctx context.Context, opts inboxops.ReplayOptions) (inboxops.ReplayReport, error) {
 			p, err := a.pluginFor(ctx, store, &opts.Filter)
 			if err != nil {
-				return inbox.ReplayReport{}, err
+				return inboxops.ReplayReport{}, err
 			}
 			ib, closeHandler, err := a.buildInbox(ctx, db, p, nil)
 			if err != nil {
-				return inbox.ReplayReport{}, err
+				return inboxops.ReplayReport{}, err
 			}
 			defer closeHandler()
-			return ib.Replay(ctx, opts)
+			return inboxops.Replay(ctx, ib, opts)
 		}
 	}
 	return openConsole(ctx, cfg)

@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/metrics"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
@@ -66,7 +67,7 @@ func TestRetryRow(t *testing.T) {
 	if err := d.DB.QueryRow("SELECT filter FROM replay WHERE dry_run = 0 AND selected = 1 AND processed = 1 AND outcome = 'ok'").Scan(&filter); err != nil {
 		t.Fatalf("the retry is not in the replay table: %v", err)
 	}
-	var f inbox.Filter
+	var f inboxops.Filter
 	if err := json.Unmarshal([]byte(filter), &f); err != nil || f.BizType != "rt" || len(f.Keys) != 1 || f.Keys[0] != "k-1" || len(f.Statuses) != 1 || f.Statuses[0] != inbox.StatusFailed {
 		t.Fatalf("replay filter %s (%v): want biz rt, status failed, key k-1", filter, err)
 	}

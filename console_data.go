@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/consoleui"
 	"github.com/onceflow/onceflow/internal/metrics"
 	"github.com/onceflow/onceflow/outbox"
@@ -180,7 +181,7 @@ func (c *console) members(ctx context.Context) ([]memberRow, error) {
 
 // replayRow is one row of the replay table.
 type replayRow struct {
-	inbox.ReplayReport
+	inboxops.ReplayReport
 	Running    bool
 	FilterText string
 }
@@ -188,7 +189,7 @@ type replayRow struct {
 // recentReplays reads the replay table newest first, below id before (0: from the
 // newest), by its primary key.
 func (c *console) recentReplays(ctx context.Context, before int64, n int) ([]replayRow, error) {
-	q := `SELECT id, biz_type, filter, dry_run, started_at, finished_at, selected, processed, duplicate, quarantined, conflict, outcome, error FROM ` + inbox.ReplayTable
+	q := `SELECT id, biz_type, filter, dry_run, started_at, finished_at, selected, processed, duplicate, quarantined, conflict, outcome, error FROM ` + inboxops.ReplayTable
 	var args []any
 	if before > 0 {
 		q += ` WHERE id < ?`
@@ -211,8 +212,8 @@ func (c *console) recentReplays(ctx context.Context, before int64, n int) ([]rep
 			return nil, fmt.Errorf("replays: %w", err)
 		}
 		r.FinishedAt, r.Error, r.Running = finished.Time, errText.String, !finished.Valid
-		r.Refused = inbox.StoredRefused(r.ReplayReport)
-		var f inbox.Filter
+		r.Refused = inboxops.StoredRefused(r.ReplayReport)
+		var f inboxops.Filter
 		if json.Unmarshal([]byte(r.FilterText), &f) == nil {
 			r.Filter = f
 			r.FilterText = filterText(f)
@@ -223,7 +224,7 @@ func (c *console) recentReplays(ctx context.Context, before int64, n int) ([]rep
 }
 
 // filterText writes a replay's selection as `router replay` flags.
-func filterText(f inbox.Filter) string {
+func filterText(f inboxops.Filter) string {
 	s := "--biz-type " + f.BizType
 	if len(f.Statuses) == 0 {
 		s += " --status all"

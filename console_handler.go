@@ -39,6 +39,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/consoleui"
 	"github.com/onceflow/onceflow/internal/loopback"
 	"github.com/onceflow/onceflow/internal/metrics"
@@ -55,7 +56,7 @@ type consoleBizType struct {
 // consoleReplayFunc runs a replay (or its dry run) through the handler of the filter's biz
 // type and records it in the replay table: the path of `router replay` and `router inbox
 // retry`.
-type consoleReplayFunc func(ctx context.Context, opts inbox.ReplayOptions) (inbox.ReplayReport, error)
+type consoleReplayFunc func(ctx context.Context, opts inboxops.ReplayOptions) (inboxops.ReplayReport, error)
 
 // consoleConfig configures a console.
 type consoleConfig struct {
@@ -76,7 +77,7 @@ type consoleConfig struct {
 // replays still running in the background and waits for them.
 type console struct {
 	cfg     consoleConfig
-	store   *inbox.Store
+	store   *inboxops.Store
 	parked  *outbox.Parked
 	mux     *http.ServeMux
 	handler http.Handler // mux, behind the loopback-name check without a token
@@ -117,7 +118,7 @@ func openConsole(ctx context.Context, cfg consoleConfig) (*console, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = watermill.NopLogger{}
 	}
-	store, err := inbox.NewStore(cfg.DB, "inbox")
+	store, err := inboxops.NewStore(cfg.DB, "inbox")
 	if err != nil {
 		return nil, err
 	}

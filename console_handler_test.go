@@ -21,6 +21,7 @@ import (
 	_ "github.com/go-sql-driver/mysql"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/consoleui"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
@@ -116,9 +117,9 @@ func TestActionsArePostOnly(t *testing.T) {
 // cookie's, or from another origin is refused before anything is read or changed.
 func TestCSRFRefused(t *testing.T) {
 	var replays atomic.Int64
-	replay := func(context.Context, inbox.ReplayOptions) (inbox.ReplayReport, error) {
+	replay := func(context.Context, inboxops.ReplayOptions) (inboxops.ReplayReport, error) {
 		replays.Add(1)
-		return inbox.ReplayReport{}, errors.New("not in this test")
+		return inboxops.ReplayReport{}, errors.New("not in this test")
 	}
 	_, base := testConsole(t, consoleConfig{DB: offlineDB(t), Replay: replay, BizTypes: []consoleBizType{{Name: "coupon"}}})
 	c := browser(t)
@@ -249,9 +250,9 @@ func TestLoginRedirectStaysLocal(t *testing.T) {
 // ends the session.
 func TestLogin(t *testing.T) {
 	var replays atomic.Int64
-	replay := func(context.Context, inbox.ReplayOptions) (inbox.ReplayReport, error) {
+	replay := func(context.Context, inboxops.ReplayOptions) (inboxops.ReplayReport, error) {
 		replays.Add(1)
-		return inbox.ReplayReport{}, errors.New("not in this test")
+		return inboxops.ReplayReport{}, errors.New("not in this test")
 	}
 	con, base := testConsole(t, consoleConfig{DB: offlineDB(t), Token: testToken, Replay: replay, BizTypes: []consoleBizType{{Name: "coupon"}}})
 	c := browser(t)
@@ -437,7 +438,7 @@ func quarantine(t *testing.T, ib brokenInbox, key, payload string, meta map[stri
 }
 
 func replayWith(ib brokenInbox) consoleReplayFunc {
-	return func(ctx context.Context, opts inbox.ReplayOptions) (inbox.ReplayReport, error) {
-		return ib.Replay(ctx, opts)
+	return func(ctx context.Context, opts inboxops.ReplayOptions) (inboxops.ReplayReport, error) {
+		return inboxops.Replay(ctx, ib.Inbox, opts)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/consoleui"
 	"github.com/onceflow/onceflow/internal/metrics"
 	"github.com/onceflow/onceflow/outbox"
@@ -41,7 +42,7 @@ type listFilter struct {
 	Biz, Status, Reason, Key, Since, Until string
 
 	since, until  time.Time
-	before, after inbox.Cursor
+	before, after inboxops.Cursor
 }
 
 func parseListFilter(q url.Values, now time.Time) (listFilter, error) {
@@ -70,10 +71,10 @@ func parseListFilter(q url.Values, now time.Time) (listFilter, error) {
 	if !f.since.IsZero() && !f.until.IsZero() && !f.since.Before(f.until) {
 		return f, errors.New("since is not before until")
 	}
-	if f.before, err = inbox.ParseCursor(q.Get("before")); err != nil {
+	if f.before, err = inboxops.ParseCursor(q.Get("before")); err != nil {
 		return f, err
 	}
-	if f.after, err = inbox.ParseCursor(q.Get("after")); err != nil {
+	if f.after, err = inboxops.ParseCursor(q.Get("after")); err != nil {
 		return f, err
 	}
 	return f, nil
@@ -90,7 +91,7 @@ func (f listFilter) values() url.Values {
 	return v
 }
 
-func (f listFilter) url(cursorName string, cur inbox.Cursor) string {
+func (f listFilter) url(cursorName string, cur inboxops.Cursor) string {
 	v := f.values()
 	if !cur.IsZero() {
 		v.Set(cursorName, cur.String())
@@ -140,7 +141,7 @@ func consoleParseWhen(name, s string, now time.Time) (time.Time, error) {
 type inboxData struct {
 	F                             listFilter
 	BizTypes, Statuses, Reasons   []string
-	Rows                          []inbox.Row
+	Rows                          []inboxops.Row
 	NewestURL, OlderURL, NewerURL string
 	Paged                         bool
 	Err                           string
@@ -168,7 +169,7 @@ func (c *console) inboxList(w http.ResponseWriter, r *http.Request, by who) {
 		c.render(w, r, status, "inbox", "Inbox", by, d)
 		return
 	}
-	q := inbox.PageQuery{BizTypes: d.BizTypes, Reason: f.Reason, Keys: keyCandidates(f.Key), Since: f.since, Until: f.until,
+	q := inboxops.PageQuery{BizTypes: d.BizTypes, Reason: f.Reason, Keys: keyCandidates(f.Key), Since: f.since, Until: f.until,
 		Before: f.before, After: f.after, Limit: pageSize}
 	if f.Biz != "" {
 		q.BizTypes = []string{f.Biz}
@@ -190,7 +191,7 @@ func (c *console) inboxList(w http.ResponseWriter, r *http.Request, by who) {
 		}
 	}
 	d.Paged = !f.before.IsZero() || !f.after.IsZero()
-	d.NewestURL = f.url("", inbox.Cursor{})
+	d.NewestURL = f.url("", inboxops.Cursor{})
 	d.Replay = c.replayOffer(f)
 	c.render(w, r, status, "inbox", "Inbox", by, d)
 }
@@ -222,14 +223,14 @@ func (c *console) statsOrZero() metrics.DBStats {
 // ---------------------------------------------------------------- one row
 
 type rowData struct {
-	Row        inbox.Row
+	Row        inboxops.Row
 	Plugins    []string
 	Payload    consoleui.PayloadView
 	Headers    []consoleui.KV
 	History    []inbox.HistoryEntry
 	HasHistory bool
 	HistoryErr string
-	Replay     *inbox.ReplayReport // the replay the page was opened after (?replay=)
+	Replay     *inboxops.ReplayReport // the replay the page was opened after (?replay=)
 	CanRetry   bool
 	Offered    bool
 	// NotReplayable says why a replay refuses the row (it holds less than the delivered
@@ -246,7 +247,7 @@ func (c *console) inboxRow(w http.ResponseWriter, r *http.Request, by who) {
 		return
 	}
 	row, err := c.store.Get(ctx, id)
-	if errors.Is(err, inbox.ErrNoRow) {
+	if errors.Is(err, inboxops.ErrNoRow) {
 		c.message(w, r, http.StatusNotFound, by, "No such row", []string{fmt.Sprintf("There is no inbox row %d (the cleaner deletes done rows after inbox.retention).", id)}, link{"/inbox", "Inbox"})
 		return
 	}
@@ -276,13 +277,13 @@ func (c *console) inboxRow(w http.ResponseWriter, r *http.Request, by who) {
 
 // replayed is one row of a replay (or dry run) as a result page shows it.
 type replayed struct {
-	Row    inbox.Row
+	Row    inboxops.Row
 	Result string
 	Failed bool
 }
 
 type replayOutcome struct {
-	Report inbox.ReplayReport
+	Report inboxops.ReplayReport
 	Rows   []replayed // the first keepRows rows
 	Err    error
 }
@@ -296,7 +297,7 @@ var errBusy = errors.New("another replay started from this console is still runn
 // startReplay runs opts in the background, under the console's context (not the
 // request's: a replay the browser stopped waiting for goes on to its end and records it),
 // one at a time. The returned channel gets the outcome.
-func (c *console) startReplay(r *http.Request, action string, opts inbox.ReplayOptions) (<-chan replayOutcome, error) {
+func (c *console) startReplay(r *http.Request, action string, opts inboxops.ReplayOptions) (<-chan replayOutcome, error) {
 	if c.cfg.Replay == nil {
 		return nil, errors.New("this console has no replay handler (the process was not started by the router command line)")
 	}
@@ -307,7 +308,7 @@ func (c *console) startReplay(r *http.Request, action string, opts inbox.ReplayO
 	}
 	out := make(chan replayOutcome, 1)
 	var o replayOutcome
-	opts.OnRow = func(row inbox.Row, res inbox.Result) {
+	opts.OnRow = func(row inboxops.Row, res inbox.Result) {
 		if len(o.Rows) < keepRows {
 			row.Payload, row.Metadata = nil, nil
 			o.Rows = append(o.Rows, replayed{Row: row, Result: resultText(row, res, opts.DryRun),
@@ -349,8 +350,8 @@ func (c *console) wait(w http.ResponseWriter, r *http.Request, by who, ch <-chan
 }
 
 // resultText says in words what happened (or would happen) to one replayed row. A dry
-// run's res is what the replay decides before running the row (inbox.ReplayOptions.OnRow).
-func resultText(row inbox.Row, res inbox.Result, dryRun bool) string {
+// run's res is what the replay decides before running the row (inboxops.ReplayOptions.OnRow).
+func resultText(row inboxops.Row, res inbox.Result, dryRun bool) string {
 	if res.Outcome == inbox.OutcomeRefused {
 		return "refused, left quarantined: " + consoleui.Cut(errText(res.Err), 200)
 	}
@@ -386,7 +387,7 @@ func (c *console) retryRow(w http.ResponseWriter, r *http.Request, by who) {
 	row, err := c.store.Get(ctx, id)
 	if err != nil {
 		status := http.StatusInternalServerError
-		if errors.Is(err, inbox.ErrNoRow) {
+		if errors.Is(err, inboxops.ErrNoRow) {
 			status = http.StatusNotFound
 		}
 		c.message(w, r, status, by, "Not retried", []string{err.Error()}, link{"/inbox", "Inbox"})
@@ -403,8 +404,8 @@ func (c *console) retryRow(w http.ResponseWriter, r *http.Request, by who) {
 	}
 	// `router inbox retry --biz-type B --order-id K`: this row only (the unique key), and
 	// only while it is still failed (a second press changes nothing).
-	f := inbox.Filter{BizType: row.BizType, Statuses: []inbox.Status{inbox.StatusFailed}, Keys: []string{row.DedupKey}}
-	ch, err := c.startReplay(r, "retry", inbox.ReplayOptions{Filter: f})
+	f := inboxops.Filter{BizType: row.BizType, Statuses: []inbox.Status{inbox.StatusFailed}, Keys: []string{row.DedupKey}}
+	ch, err := c.startReplay(r, "retry", inboxops.ReplayOptions{Filter: f})
 	if err != nil {
 		c.message(w, r, http.StatusConflict, by, "Not retried", []string{err.Error()}, back)
 		return
@@ -422,17 +423,17 @@ func (c *console) retryRow(w http.ResponseWriter, r *http.Request, by who) {
 
 // refusal says why a replay refuses row ("" when it runs it): what of the delivered
 // message the row does not hold.
-func refusal(row inbox.Row) string {
+func refusal(row inboxops.Row) string {
 	err := row.Replayable()
 	if err == nil {
 		return ""
 	}
-	return strings.TrimPrefix(err.Error(), inbox.ErrNotReplayable.Error()+": ")
+	return strings.TrimPrefix(err.Error(), inboxops.ErrNotReplayable.Error()+": ")
 }
 
 // replayData is the page of a dry run (with the form that runs it) or of a replay.
 type replayData struct {
-	Report inbox.ReplayReport
+	Report inboxops.ReplayReport
 	Rows   []replayed
 	More   int // selected rows not listed
 	Err    string
@@ -447,11 +448,11 @@ type runForm struct {
 }
 
 // replayFilter reads the replay form into the selection a replay runs.
-func (c *console) replayFilter(r *http.Request, now time.Time) (inbox.Filter, runForm, error) {
+func (c *console) replayFilter(r *http.Request, now time.Time) (inboxops.Filter, runForm, error) {
 	p := r.PostForm
 	rf := runForm{Biz: p.Get("biz"), Status: p.Get("status"), Key: p.Get("key"), Since: strings.TrimSpace(p.Get("since")),
 		Until: strings.TrimSpace(p.Get("until")), OlderThan: strings.TrimSpace(p.Get("older_than"))}
-	f := inbox.Filter{BizType: rf.Biz}
+	f := inboxops.Filter{BizType: rf.Biz}
 	if c.biz[rf.Biz].Name == "" {
 		return f, rf, fmt.Errorf("biz type %q: not one this router runs", consoleui.Visible(rf.Biz))
 	}
@@ -511,7 +512,7 @@ func (c *console) replay(w http.ResponseWriter, r *http.Request, by who) {
 	if !run {
 		action = "replay dry run"
 	}
-	ch, err := c.startReplay(r, action, inbox.ReplayOptions{Filter: f, DryRun: !run})
+	ch, err := c.startReplay(r, action, inboxops.ReplayOptions{Filter: f, DryRun: !run})
 	if err != nil {
 		c.message(w, r, http.StatusConflict, by, "Not replayed", []string{err.Error()}, link{"/replays", "Replays"})
 		return
@@ -541,7 +542,7 @@ func (c *console) replay(w http.ResponseWriter, r *http.Request, by who) {
 
 // checkPreview refuses a replay that does not run the selection of a recent dry run of
 // this form (the preview comes first).
-func (c *console) checkPreview(r *http.Request, f inbox.Filter) error {
+func (c *console) checkPreview(r *http.Request, f inboxops.Filter) error {
 	id, err := strconv.ParseInt(r.PostForm.Get("preview"), 10, 64)
 	if err != nil || id <= 0 {
 		return errors.New("a replay runs after its dry run: preview it first")
@@ -555,7 +556,7 @@ func (c *console) checkPreview(r *http.Request, f inbox.Filter) error {
 	want, _ := json.Marshal(f)
 	got, _ := json.Marshal(prev.Filter)
 	switch {
-	case !prev.DryRun || prev.Outcome != inbox.ReplayDryRun:
+	case !prev.DryRun || prev.Outcome != inboxops.ReplayDryRun:
 		return fmt.Errorf("replay %d is not a finished dry run: preview the replay first", id)
 	case string(want) != string(got):
 		return fmt.Errorf("the selection differs from dry run %d's: preview it again", id)

@@ -27,7 +27,7 @@ var importRules = []importRule{
 	{"inbox/...", []string{"outbox/...", "coupon/...", ".", "cmd/..."}, "inbox knows no domain, no runtime, and not the outbox (a handler uses both)"},
 	{"outbox/...", []string{"inbox/...", "coupon/...", ".", "cmd/..."}, "outbox knows no domain, no runtime, and not the inbox"},
 	{"migrations/...", []string{"inbox/...", "outbox/...", "coupon/...", ".", "cmd/..."}, "the framework's schema depends on no layer"},
-	{"coupon/...", []string{".", "cmd/..."}, "a plugin never imports the runtime"},
+	{"coupon/...", []string{".", "cmd/...", "inbox/inboxops"}, "a plugin never imports the runtime, nor the operators' inbox (inboxops)"},
 	{".", []string{"coupon/...", "examples/...", "cmd/..."}, "the runtime imports no plugin: binaries choose them"},
 	{"...", []string{"tools/..."}, "the library never imports the tools module"},
 }
@@ -90,6 +90,7 @@ func TestImportRules(t *testing.T) {
 			m("coupon"):             {m("inbox"), m("outbox"), m("pkg/dbx")},
 			m("inbox"):              {m("pkg/dbx"), m("pkg/kafkax"), m("internal/txdefer")},
 			m("inbox/inboxtest"):    {m("inbox"), m("internal/testenv")},
+			m("inbox/inboxops"):     {m("inbox"), m("pkg/dbx")},
 			m("internal/testenv"):   {m("migrations"), m("pkg/dbx")},
 		}, 0},
 		{"pkg imports inbox", map[string][]string{m("pkg/dbx"): {m("inbox")}}, 1},
@@ -101,6 +102,7 @@ func TestImportRules(t *testing.T) {
 		{"inboxtest imports coupon", map[string][]string{m("inbox/inboxtest"): {m("coupon")}}, 1},
 		{"the runtime imports a plugin", map[string][]string{module: {m("coupon/notify")}}, 1},
 		{"a plugin imports the runtime", map[string][]string{m("coupon"): {module}}, 1},
+		{"a plugin imports the operators' inbox", map[string][]string{m("coupon/notify"): {m("inbox/inboxops")}}, 1},
 		{"the library imports the tools module", map[string][]string{module: {m("tools/chaos")}, m("coupon"): {m("tools/bench")}}, 2},
 		{"a package named like a layer is not one", map[string][]string{m("pkg/dbx"): {m("inboxes"), "example.com/inbox", module + "x"}}, 0},
 	}

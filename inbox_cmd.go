@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/inboxops"
 )
 
 func (a *app) inboxCmd() *cobra.Command {
@@ -174,14 +175,14 @@ func (a *app) inboxRetryCmd() *cobra.Command {
 
 // rowJSON is the --output json form of an inbox row.
 type rowJSON struct {
-	inbox.Row
+	inboxops.Row
 	Payload       string `json:"payload,omitempty"`
 	PayloadBase64 string `json:"payload_base64,omitempty"`
 	PayloadBytes  int    `json:"payload_bytes"`
 	// Held: the later deliveries of a failed row's key, not run (its duplicates counter,
 	// which counts nothing else while the row is not done).
 	Held int `json:"held,omitempty"`
-	// NotReplayable: why a replay refuses the row (inbox.Row.Replayable).
+	// NotReplayable: why a replay refuses the row (inboxops.Row.Replayable).
 	NotReplayable string `json:"not_replayable,omitempty"`
 }
 
@@ -192,7 +193,7 @@ func (j rowJSON) replayID() string {
 	return fmt.Sprint(j.ReplayID)
 }
 
-func toRowJSON(r inbox.Row, payload bool) rowJSON {
+func toRowJSON(r inboxops.Row, payload bool) rowJSON {
 	j := rowJSON{Row: r, PayloadBytes: len(r.Payload), NotReplayable: errText(r.Replayable())}
 	if r.Status == inbox.StatusFailed {
 		j.Held = r.Duplicates
@@ -217,7 +218,7 @@ func replayableText(why string) string {
 
 // sourceText is where a row's message came from: topic/partition@offset, or an HTTP
 // command's method and path (its rows have no partition).
-func sourceText(r inbox.Row) string {
+func sourceText(r inboxops.Row) string {
 	if r.Partition < 0 {
 		return r.Topic
 	}
@@ -225,7 +226,7 @@ func sourceText(r inbox.Row) string {
 }
 
 // sourceDetail is sourceText with the fields named (inbox show).
-func sourceDetail(r inbox.Row) string {
+func sourceDetail(r inboxops.Row) string {
 	if r.Partition < 0 {
 		return r.Topic
 	}

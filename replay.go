@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/inboxops"
 )
 
 // filterFlags are the row filters shared by `replay` and `inbox ls|show|retry`.
@@ -61,13 +62,13 @@ func parseWhen(flag, s string, now time.Time) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("--%s %q: use an RFC3339 time (2026-11-11T00:00:00Z) or a duration ago (2h, 30m)", flag, s)
 }
 
-// filter turns the flags into an inbox.Filter (biz type not yet resolved). Errors are bad input.
-func (f *filterFlags) filter(refs []string) (inbox.Filter, error) {
-	out := inbox.Filter{BizType: f.bizType, OlderThan: f.olderThan, Keys: f.orderIDs, Refs: refs, Limit: f.limit, ReplayID: f.replayID}
+// filter turns the flags into an inboxops.Filter (biz type not yet resolved). Errors are bad input.
+func (f *filterFlags) filter(refs []string) (inboxops.Filter, error) {
+	out := inboxops.Filter{BizType: f.bizType, OlderThan: f.olderThan, Keys: f.orderIDs, Refs: refs, Limit: f.limit, ReplayID: f.replayID}
 	switch s := strings.ToLower(f.status); s {
 	case "", "all", "any":
 	default:
-		st, err := inbox.ParseStatus(s)
+		st, err := inboxops.ParseStatus(s)
 		if err != nil {
 			return out, badInput(fmt.Errorf("--status: %w", err))
 		}
@@ -132,7 +133,7 @@ func (a *app) checkBizType(bt string) error {
 
 // pluginFor resolves the plugin whose handler replays f's rows: by --biz-type, else the only
 // registered biz type, else the only biz type among the matching rows.
-func (a *app) pluginFor(ctx context.Context, store *inbox.Store, f *inbox.Filter) (plugin, error) {
+func (a *app) pluginFor(ctx context.Context, store *inboxops.Store, f *inboxops.Filter) (plugin, error) {
 	all, err := a.bizTypes()
 	if err != nil {
 		return plugin{}, err
@@ -176,7 +177,7 @@ func (a *app) pluginFor(ctx context.Context, store *inbox.Store, f *inbox.Filter
 
 // openFiltered parses the filter flags (refs are order ids or row ids), checks the biz type
 // and opens the inbox store: the common start of `inbox ls|show` and `replay`.
-func (a *app) openFiltered(ctx context.Context, ff filterFlags, refs []string) (inbox.Filter, *sql.DB, *inbox.Store, error) {
+func (a *app) openFiltered(ctx context.Context, ff filterFlags, refs []string) (inboxops.Filter, *sql.DB, *inboxops.Store, error) {
 	f, err := ff.filter(refs)
 	if err != nil {
 		return f, nil, nil, err
@@ -189,12 +190,12 @@ func (a *app) openFiltered(ctx context.Context, ff filterFlags, refs []string) (
 }
 
 // openInboxDB opens the application database and checks the inbox and replay tables.
-func (a *app) openInboxDB(ctx context.Context) (*sql.DB, *inbox.Store, error) {
-	db, err := a.openAppDB(ctx, min(a.cfg.DB.MaxOpenConns, 4), "inbox", inbox.ReplayTable)
+func (a *app) openInboxDB(ctx context.Context) (*sql.DB, *inboxops.Store, error) {
+	db, err := a.openAppDB(ctx, min(a.cfg.DB.MaxOpenConns, 4), "inbox", inboxops.ReplayTable)
 	if err != nil {
 		return nil, nil, err
 	}
-	store, err := inbox.NewStore(db, "inbox")
+	store, err := inboxops.NewStore(db, "inbox")
 	if err != nil {
 		db.Close()
 		return nil, nil, err
@@ -270,7 +271,7 @@ func (a *app) replay(ctx context.Context, r replayFlags, refs []string) error {
 		printf("%-8s %-10s %-36s %-10s %-18s %s\n", "ID", "BIZ_TYPE", "DEDUP_KEY", "WAS", "REASON", "RESULT")
 	}
 	var rows jsonStream
-	rep, runErr := ib.Replay(ctx, inbox.ReplayOptions{Filter: f, DryRun: r.dryRun, Rate: r.rate, OnRow: func(row inbox.Row, res inbox.Result) {
+	rep, runErr := inboxops.Replay(ctx, ib, inboxops.ReplayOptions{Filter: f, DryRun: r.dryRun, Rate: r.rate, OnRow: func(row inboxops.Row, res inbox.Result) {
 		if table {
 			printf("%-8d %-10s %-36s %-10s %-18s %s\n", row.ID, safeText(row.BizType), safeText(row.DedupKey), row.Status, safeText(dash(string(row.Reason))), safeText(replayResult(row, res, r.dryRun)))
 			return
@@ -359,8 +360,8 @@ func dash(s string) string {
 }
 
 // replayResult says in words what happened (or would happen) to one row. A dry run's res
-// is what the replay decides before running the row (inbox.ReplayOptions.OnRow).
-func replayResult(row inbox.Row, res inbox.Result, dryRun bool) string {
+// is what the replay decides before running the row (inboxops.ReplayOptions.OnRow).
+func replayResult(row inboxops.Row, res inbox.Result, dryRun bool) string {
 	if res.Outcome == inbox.OutcomeRefused {
 		return "refused, left quarantined: " + errText(res.Err)
 	}
@@ -397,7 +398,7 @@ func replayResult(row inbox.Row, res inbox.Result, dryRun bool) string {
 	return string(res.Outcome)
 }
 
-func printReplayNotes(rep inbox.ReplayReport) {
+func printReplayNotes(rep inboxops.ReplayReport) {
 	if rep.Selected == 0 {
 		printf("nothing matched the filter\n")
 	}

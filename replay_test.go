@@ -18,6 +18,7 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
@@ -150,8 +151,8 @@ func TestReplayCommand(t *testing.T) {
 	// Done rows: duplicates, nothing granted, and the output says so. Biz type inferred.
 	out = cli("replay", "--status", "done", "--output", "json")
 	var rep struct {
-		Replay inbox.ReplayReport `json:"replay"`
-		Rows   []replayRowJSON    `json:"rows"`
+		Replay inboxops.ReplayReport `json:"replay"`
+		Rows   []replayRowJSON       `json:"rows"`
 	}
 	if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.Replay.Duplicates != 1 || rep.Replay.Processed != 0 || len(rep.Rows) != 1 || rep.Rows[0].Outcome != "duplicate" {
 		t.Fatalf("replay --status done --output json: %+v %v\n%s", rep, err, out)
@@ -233,8 +234,8 @@ func TestReplayJSONListsEveryRow(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	var rep struct {
-		Replay inbox.ReplayReport `json:"replay"`
-		Rows   []replayRowJSON    `json:"rows"`
+		Replay inboxops.ReplayReport `json:"replay"`
+		Rows   []replayRowJSON       `json:"rows"`
 	}
 	if strings.Count(out, "\n") != 1 || !strings.HasPrefix(out, `{"rows":[{`) {
 		t.Fatalf("not one line of rows then the report:\n%s", out)

@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/metrics"
 	"github.com/onceflow/onceflow/internal/settings"
 	"github.com/onceflow/onceflow/outbox"
@@ -179,7 +180,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); errs <- relay.Run(ctx) }()
 	}
-	cleaner, err := inbox.NewCleaner(db, a.cfg.cleanerConfig(), a.logger)
+	cleaner, err := inboxops.NewCleaner(db, a.cfg.cleanerConfig(), a.logger)
 	if err != nil {
 		return badInput(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/inbox/httpcmd"
 	"github.com/onceflow/onceflow/internal/gcx"
 	"github.com/onceflow/onceflow/internal/settings"
@@ -221,7 +222,7 @@ func libraries(t *testing.T, cfg Config) error {
 	if _, err := inbox.NewCommand(&sql.DB{}, h, cfg.inboxConfig("probe-cmd", "", true), nil, nil); err != nil {
 		return err
 	}
-	if _, err := inbox.NewCleaner(&sql.DB{}, cfg.cleanerConfig(), nil); err != nil {
+	if _, err := inboxops.NewCleaner(&sql.DB{}, cfg.cleanerConfig(), nil); err != nil {
 		return err
 	}
 	rc, err := a.relayConfig()

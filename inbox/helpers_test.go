@@ -3,7 +3,9 @@ package inbox_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"io"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/migrations"
 )
@@ -98,6 +101,23 @@ func count(t testing.TB, db *sql.DB, q string, args ...any) int {
 		t.Fatalf("%s: %v", q, err)
 	}
 	return n
+}
+
+// failUntilFixed wraps the granter: every step fails while broken is set (the downstream
+// outage of an incident), so the message is quarantined after MaxAttempts.
+func failUntilFixed(broken *atomic.Bool) func(inbox.Handler) inbox.Handler {
+	return func(g inbox.Handler) inbox.Handler {
+		return handlerFunc{inner: g, handle: func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error) {
+			if broken.Load() {
+				return inbox.Continue, errors.New("wallet service down")
+			}
+			return g.Handle(ctx, tx, d)
+		}}
+	}
+}
+
+func failedFilter() inboxops.Filter {
+	return inboxops.Filter{Statuses: []inbox.Status{inbox.StatusFailed}}
 }
 
 // handlerFunc adapts functions to inbox.Handler for tests that wrap the granter.

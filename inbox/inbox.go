@@ -54,7 +54,7 @@ const (
 	// is counted on the row (duplicates) and the key stays held until a replay releases it.
 	OutcomeHeld Outcome = "held"
 	// OutcomeRefused is a replay's, never a delivery's: the row holds less than the message
-	// as delivered (Row.Replayable), so it was not run and is left as it is.
+	// as delivered (inboxops.Row.Replayable), so it was not run and is left as it is.
 	OutcomeRefused Outcome = "refused"
 )
 
@@ -119,6 +119,14 @@ func (ib *Inbox) BizType() string { return ib.cfg.BizType }
 
 // Config returns the resolved configuration.
 func (ib *Inbox) Config() Config { return ib.cfg }
+
+// DB returns the inbox's pool.
+func (ib *Inbox) DB() *sql.DB { return ib.db }
+
+// Decode checks msg against the inbox's bounds and runs the handler's Decode, as a delivery
+// of msg would, writing nothing: an error (wrapping ErrPoison; a *PanicError for a panic in
+// Decode) means the delivery would be quarantined as poison.
+func (ib *Inbox) Decode(msg *message.Message) (Decoded, error) { return ib.decode(msg) }
 
 // ProcessOptions change how Process treats an existing row; zero for live deliveries.
 type ProcessOptions struct {

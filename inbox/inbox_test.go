@@ -16,6 +16,7 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
@@ -425,7 +426,7 @@ func TestCleanerDeletesOnlyExpiredDoneRows(t *testing.T) {
 	ins("old-failed", "coupon", "failed", 3*day)
 	ins("fresh-done", "coupon", "done", 60)
 	ins("fresh-done", "notify", "done", 60)
-	c, err := inbox.NewCleaner(db, inbox.CleanerConfig{BatchSize: 10}, nil)
+	c, err := inboxops.NewCleaner(db, inbox.CleanerConfig{BatchSize: 10}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/metrics"
 )
 
@@ -164,7 +165,7 @@ func TestHeldDeliveryOfQuarantinedKey(t *testing.T) {
 
 	// The operator releases the key: the replay runs the row; later deliveries are
 	// duplicates.
-	if rep, err := ib.Replay(ctx, inbox.ReplayOptions{Filter: failedFilter()}); err != nil || rep.Processed != 1 {
+	if rep, err := inboxops.Replay(ctx, ib, inboxops.ReplayOptions{Filter: failedFilter()}); err != nil || rep.Processed != 1 {
 		t.Fatalf("replay: %+v %v", rep, err)
 	}
 	for _, d := range deliveries {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
@@ -213,13 +214,13 @@ func TestPoisonNeverLoops(t *testing.T) {
 func TestQuarantineStoresBoundedContent(t *testing.T) {
 	p := newPipeline(t, pipelineOpts{conns: 4})
 	ctx := context.Background()
-	store, err := inbox.NewStore(p.db.DB, "")
+	store, err := inboxops.NewStore(p.db.DB, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	row := func(r inbox.Result) inbox.Row {
+	row := func(r inbox.Result) inboxops.Row {
 		t.Helper()
-		rows, err := store.List(ctx, inbox.Filter{Refs: []string{fmt.Sprint(r.InboxID)}})
+		rows, err := store.List(ctx, inboxops.Filter{Refs: []string{fmt.Sprint(r.InboxID)}})
 		if err != nil || len(rows) != 1 {
 			t.Fatalf("row %d: %v %v", r.InboxID, rows, err)
 		}

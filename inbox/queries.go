@@ -37,6 +37,10 @@ func newQueries(table string) queries {
 		attempts: fmt.Sprintf(`SELECT status, attempts FROM %s WHERE id = ?`, table),
 		markDone: fmt.Sprintf(`UPDATE %s SET status = 'done', attempts = GREATEST(attempts, ?), reason = NULL, last_error = NULL WHERE id = ?`, table),
 		// The row listed as one this replay stamped (inbox.replay_id has no index).
-		stamp: `INSERT INTO ` + ReplayRowTable + ` (replay_id, inbox_id) VALUES (?, ?) ON DUPLICATE KEY UPDATE inbox_id = inbox_id`,
+		stamp: `INSERT INTO ` + replayRowTable + ` (replay_id, inbox_id) VALUES (?, ?) ON DUPLICATE KEY UPDATE inbox_id = inbox_id`,
 	}
 }
+
+// replayRowTable lists the inbox rows each replay stamped (migrations/00007; inboxops reads
+// it), whatever the inbox table.
+const replayRowTable = "replay_row"

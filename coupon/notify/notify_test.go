@@ -15,6 +15,7 @@ import (
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/coupon/notify"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/outbox"
@@ -176,7 +177,7 @@ func TestTwoBizTypesSameOrderEachProcessOnce(t *testing.T) {
 	process(coupons, orderMsg("o-4"), inbox.OutcomeProcessed)
 	broken.Store(false)
 	process(notifier, grantedMsg("o-4"), inbox.OutcomeProcessed)
-	rep, err := notifier.Replay(ctx, inbox.ReplayOptions{Filter: inbox.Filter{Statuses: []inbox.Status{inbox.StatusFailed}}})
+	rep, err := inboxops.Replay(ctx, notifier, inboxops.ReplayOptions{Filter: inboxops.Filter{Statuses: []inbox.Status{inbox.StatusFailed}}})
 	if err != nil || rep.Selected != 1 || rep.Processed != 1 {
 		t.Fatalf("notify replay: %+v %v", rep, err)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/inbox/httpcmd"
+	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/migrations"
 )
@@ -461,7 +462,7 @@ func TestClaimKeysExpire(t *testing.T) {
 		t.Fatalf("stored responses: %d, want 1", responses())
 	}
 	for _, replies := range []bool{false, true} {
-		c, err := inbox.NewCleaner(d.DB, inbox.CleanerConfig{Replies: replies, Interval: time.Second}, nil)
+		c, err := inboxops.NewCleaner(d.DB, inbox.CleanerConfig{Replies: replies, Interval: time.Second}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

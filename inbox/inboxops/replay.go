@@ -1,4 +1,4 @@
-package inbox
+package inboxops
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/onceflow/onceflow/inbox"
 )
 
 // ReplayTable records every replay (see migrations/00002).
@@ -33,11 +35,11 @@ type ReplayOptions struct {
 	DryRun bool
 	// Rate limits replayed messages per second; 0 means no limit.
 	Rate float64
-	// OnRow, when set, is called after each row with its Result; a dry run's is the outcome
+	// OnRow, when set, is called after each row with its inbox.Result; a dry run's is the outcome
 	// known before running: refused, quarantined (it does not decode), duplicate (done),
-	// else none (Outcome "": the handler decides). The replay keeps no row: what a caller
+	// else none (inbox.Outcome "": the handler decides). The replay keeps no row: what a caller
 	// wants to show of them, it takes here.
-	OnRow func(Row, Result)
+	OnRow func(Row, inbox.Result)
 	// PageSize is how many rows one query reads; 0 means 200. A page is replayed before the
 	// next is read, so memory holds one page whatever the selection's size.
 	PageSize int
@@ -66,7 +68,7 @@ type ReplayReport struct {
 	FinishedAt time.Time `json:"finished_at"`
 }
 
-// Replay re-runs the stored messages f selects through this inbox's handler, exactly as a
+// Replay re-runs the stored messages opts.Filter selects through ib's handler, exactly as a
 // live delivery runs (Process with Reopen and the replay's id): a 'failed' row runs again, a
 // 'processing' row resumes where its handler left it, a 'done' row is a duplicate and
 // changes nothing, a poison row cannot be decoded and is quarantined again, and a row that
@@ -77,14 +79,15 @@ type ReplayReport struct {
 // The returned error is non-nil only when the replay could not run to its end (selection or
 // bookkeeping failed, database unreachable, context cancelled); the report then says how far
 // it got.
-func (ib *Inbox) Replay(ctx context.Context, opts ReplayOptions) (ReplayReport, error) {
+func Replay(ctx context.Context, ib *inbox.Inbox, opts ReplayOptions) (ReplayReport, error) {
 	f := opts.Filter
+	biz, db := ib.BizType(), ib.DB()
 	if f.BizType == "" {
-		f.BizType = ib.cfg.BizType
+		f.BizType = biz
 	}
-	rep := ReplayReport{BizType: ib.cfg.BizType, DryRun: opts.DryRun, Filter: f, StartedAt: time.Now().UTC()}
-	if f.BizType != ib.cfg.BizType {
-		return rep, fmt.Errorf("replay: filter biz type %q is not this inbox's %q", f.BizType, ib.cfg.BizType)
+	rep := ReplayReport{BizType: biz, DryRun: opts.DryRun, Filter: f, StartedAt: time.Now().UTC()}
+	if f.BizType != biz {
+		return rep, fmt.Errorf("replay: filter biz type %q is not this inbox's %q", f.BizType, biz)
 	}
 	if err := f.Validate(); err != nil {
 		return rep, fmt.Errorf("replay: %w", err)
@@ -95,7 +98,7 @@ func (ib *Inbox) Replay(ctx context.Context, opts ReplayOptions) (ReplayReport, 
 	if opts.PageSize < 0 {
 		return rep, fmt.Errorf("replay: page size %d is negative", opts.PageSize)
 	}
-	store, err := NewStore(ib.db, ib.cfg.Table)
+	store, err := NewStore(db, ib.Config().Table)
 	if err != nil {
 		return rep, err
 	}
@@ -104,7 +107,7 @@ func (ib *Inbox) Replay(ctx context.Context, opts ReplayOptions) (ReplayReport, 
 		return rep, err
 	}
 	filterJSON, _ := json.Marshal(f)
-	res, err := ib.db.ExecContext(ctx, "INSERT INTO "+ReplayTable+" (biz_type, filter, dry_run, started_at) VALUES (?, ?, ?, ?)",
+	res, err := db.ExecContext(ctx, "INSERT INTO "+ReplayTable+" (biz_type, filter, dry_run, started_at) VALUES (?, ?, ?, ?)",
 		f.BizType, string(filterJSON), opts.DryRun, rep.StartedAt)
 	if err != nil {
 		return rep, fmt.Errorf("replay: record start: %w (run `router migrate`)", err)
@@ -113,7 +116,7 @@ func (ib *Inbox) Replay(ctx context.Context, opts ReplayOptions) (ReplayReport, 
 		return rep, fmt.Errorf("replay: record start: %w", err)
 	}
 
-	runErr := ib.replayRows(ctx, store, f, maxID, opts, &rep)
+	runErr := replayRows(ctx, ib, store, f, maxID, opts, &rep)
 	switch {
 	case runErr != nil:
 		rep.Outcome, rep.Error = ReplayInterrupted, runErr.Error()
@@ -128,7 +131,7 @@ func (ib *Inbox) Replay(ctx context.Context, opts ReplayOptions) (ReplayReport, 
 	// Record the end even when ctx was cancelled: the operator must see how far it got.
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	_, ferr := ib.db.ExecContext(fctx, "UPDATE "+ReplayTable+` SET finished_at = ?, selected = ?, processed = ?, duplicate = ?,
+	_, ferr := db.ExecContext(fctx, "UPDATE "+ReplayTable+` SET finished_at = ?, selected = ?, processed = ?, duplicate = ?,
  quarantined = ?, conflict = ?, outcome = ?, error = ? WHERE id = ?`,
 		rep.FinishedAt, rep.Selected, rep.Processed, rep.Duplicates, rep.Quarantined, rep.Conflicts, rep.Outcome, nullString(rep.Error), rep.ID)
 	if ferr != nil {
@@ -146,7 +149,7 @@ const defaultReplayPage = 200
 // replayRows pages through the rows f selects by id — id > the last row seen, id <= maxID,
 // ORDER BY id LIMIT page — and replays each page before reading the next: memory holds one
 // page, however many rows match.
-func (ib *Inbox) replayRows(ctx context.Context, store *Store, f Filter, maxID int64, opts ReplayOptions, rep *ReplayReport) error {
+func replayRows(ctx context.Context, ib *inbox.Inbox, store *Store, f Filter, maxID int64, opts ReplayOptions, rep *ReplayReport) error {
 	if maxID == 0 {
 		return nil
 	}
@@ -178,14 +181,14 @@ func (ib *Inbox) replayRows(ctx context.Context, store *Store, f Filter, maxID i
 		for _, row := range rows {
 			after = row.ID
 			rep.Selected++
-			if row.Status == StatusDone {
+			if row.Status == inbox.StatusDone {
 				rep.WasDone++
 			}
-			run, known := ib.replayPlan(row)
+			run, known := replayPlan(ib, row)
 			switch {
-			case known.Outcome == OutcomeRefused:
+			case known.Outcome == inbox.OutcomeRefused:
 				rep.Refused++
-			case known.Outcome == OutcomeQuarantined:
+			case known.Outcome == inbox.OutcomeQuarantined:
 				rep.Poison++
 			}
 			if opts.DryRun {
@@ -196,7 +199,12 @@ func (ib *Inbox) replayRows(ctx context.Context, store *Store, f Filter, maxID i
 			}
 			if interval > 0 {
 				if wait := time.Until(next); wait > 0 {
-					sleep(ctx, wait)
+					t := time.NewTimer(wait)
+					select {
+					case <-ctx.Done():
+					case <-t.C:
+					}
+					t.Stop()
 				}
 				next = time.Now().Add(interval)
 			}
@@ -206,19 +214,19 @@ func (ib *Inbox) replayRows(ctx context.Context, store *Store, f Filter, maxID i
 			}
 			r := known
 			if run {
-				if r, err = ib.Process(ctx, row.Message(), row.Source(), ProcessOptions{Reopen: true, ReplayID: rep.ID}); err != nil {
+				if r, err = ib.Process(ctx, row.Message(), row.Source(), inbox.ProcessOptions{Reopen: true, ReplayID: rep.ID}); err != nil {
 					rep.Selected--
 					return err
 				}
 			}
 			switch r.Outcome {
-			case OutcomeProcessed:
+			case inbox.OutcomeProcessed:
 				rep.Processed++
-			case OutcomeDuplicate:
+			case inbox.OutcomeDuplicate:
 				rep.Duplicates++
-			case OutcomeQuarantined:
+			case inbox.OutcomeQuarantined:
 				rep.Quarantined++
-			case OutcomeConflict:
+			case inbox.OutcomeConflict:
 				rep.Conflicts++
 			}
 			if opts.OnRow != nil {
@@ -233,22 +241,22 @@ func (ib *Inbox) replayRows(ctx context.Context, store *Store, f Filter, maxID i
 // replay alike: run reports whether it goes through Process; known is the outcome known
 // before running, in Process's order — refused (the row holds less than the delivered
 // message: never run), quarantined again (it does not decode), duplicate (done) — else a
-// Result without an Outcome (the handler decides).
-func (ib *Inbox) replayPlan(row Row) (run bool, known Result) {
-	known = Result{InboxID: row.ID, Key: row.DedupKey}
+// inbox.Result without an inbox.Outcome (the handler decides).
+func replayPlan(ib *inbox.Inbox, row Row) (run bool, known inbox.Result) {
+	known = inbox.Result{InboxID: row.ID, Key: row.DedupKey}
 	if err := row.Replayable(); err != nil {
-		known.Outcome, known.Reason, known.Err = OutcomeRefused, Reason(row.Reason), err
+		known.Outcome, known.Reason, known.Err = inbox.OutcomeRefused, inbox.Reason(row.Reason), err
 		return false, known
 	}
-	if _, err := ib.decode(row.Message()); err != nil {
-		known.Outcome, known.Reason, known.Err = OutcomeQuarantined, ReasonPoison, err
-		if failureReason(err) == ReasonPanic {
-			known.Reason = ReasonPanic
+	if _, err := ib.Decode(row.Message()); err != nil {
+		known.Outcome, known.Reason, known.Err = inbox.OutcomeQuarantined, inbox.ReasonPoison, err
+		if pe := (*inbox.PanicError)(nil); errors.As(err, &pe) {
+			known.Reason = inbox.ReasonPanic
 		}
 		return true, known
 	}
-	if row.Status == StatusDone {
-		known.Outcome = OutcomeDuplicate
+	if row.Status == inbox.StatusDone {
+		known.Outcome = inbox.OutcomeDuplicate
 	}
 	return true, known
 }

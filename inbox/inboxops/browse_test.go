@@ -1,4 +1,4 @@
-package inbox_test
+package inboxops_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
@@ -31,12 +32,12 @@ func seedBrowse(t *testing.T, d testenv.Database, n int) {
 func TestPageWalksEveryRowOnce(t *testing.T) {
 	d := testenv.DB(t, 2)
 	seedBrowse(t, d, 3000)
-	s, err := inbox.NewStore(d.DB, "")
+	s, err := inboxops.NewStore(d.DB, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	for _, q := range []inbox.PageQuery{
+	for _, q := range []inboxops.PageQuery{
 		{BizTypes: []string{"coupon", "notify"}},
 		{BizTypes: []string{"coupon"}, Statuses: []inbox.Status{inbox.StatusDone}},
 		{BizTypes: []string{"coupon", "notify"}, Statuses: []inbox.Status{inbox.StatusFailed, inbox.StatusProcessing}},
@@ -72,8 +73,8 @@ func TestPageWalksEveryRowOnce(t *testing.T) {
 		q.Limit = min(len(want)/3, 500) // three pages at least
 
 		var got []int64
-		var pages []inbox.Page
-		for p := (inbox.Page{}); ; {
+		var pages []inboxops.Page
+		for p := (inboxops.Page{}); ; {
 			q.Before = p.Older
 			if p, err = s.Page(ctx, q); err != nil {
 				t.Fatal(err)
@@ -93,25 +94,25 @@ func TestPageWalksEveryRowOnce(t *testing.T) {
 			t.Fatalf("%+v: pages older-ward gave %d rows, want %d in (created_at, id) descending order", q, len(got), len(want))
 		}
 		// Newer-ward from the last page gives the same pages back.
-		q.Before = inbox.Cursor{}
+		q.Before = inboxops.Cursor{}
 		for i := len(pages) - 1; i > 0; i-- {
 			q.After = pages[i].Newer
 			p, err := s.Page(ctx, q)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !slices.EqualFunc(p.Rows, pages[i-1].Rows, func(a, b inbox.Row) bool { return a.ID == b.ID }) {
+			if !slices.EqualFunc(p.Rows, pages[i-1].Rows, func(a, b inboxops.Row) bool { return a.ID == b.ID }) {
 				t.Fatalf("%+v: the newer page of page %d is not page %d", q, i, i-1)
 			}
 		}
-		q.After = inbox.Cursor{}
+		q.After = inboxops.Cursor{}
 	}
 	// A key: its rows in every biz type, by the unique key.
-	p, err := s.Page(ctx, inbox.PageQuery{BizTypes: []string{"coupon", "notify"}, Keys: []string{"order-7", "order-10", "nope"}, Limit: 10})
+	p, err := s.Page(ctx, inboxops.PageQuery{BizTypes: []string{"coupon", "notify"}, Keys: []string{"order-7", "order-10", "nope"}, Limit: 10})
 	if err != nil || len(p.Rows) != 2 || p.Rows[0].DedupKey != "order-10" || p.Rows[1].Reason == "" {
 		t.Fatalf("keys: %+v %v, want order-10 then the failed order-7", p.Rows, err)
 	}
-	if _, err := s.Get(ctx, 1<<40); !errors.Is(err, inbox.ErrNoRow) {
+	if _, err := s.Get(ctx, 1<<40); !errors.Is(err, inboxops.ErrNoRow) {
 		t.Fatalf("Get of a missing id: %v, want ErrNoRow", err)
 	}
 	if r, err := s.Get(ctx, p.Rows[0].ID); err != nil || string(r.Payload) != `{"orderId":"x"}` {
@@ -125,7 +126,7 @@ func TestPageWalksEveryRowOnce(t *testing.T) {
 func TestPageReadsLimitedIndexRanges(t *testing.T) {
 	d := testenv.DB(t, 2)
 	seedBrowse(t, d, 60000)
-	s, err := inbox.NewStore(d.DB, "")
+	s, err := inboxops.NewStore(d.DB, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,8 +134,8 @@ func TestPageReadsLimitedIndexRanges(t *testing.T) {
 	if err := d.DB.QueryRow("SELECT COUNT(*) FROM inbox WHERE biz_type = 'coupon' AND status = 'failed'").Scan(&failed); err != nil {
 		t.Fatal(err)
 	}
-	mid := inbox.Cursor{CreatedAt: time.Date(2026, 11, 11, 12, 0, 0, 0, time.UTC), ID: 30000}
-	for _, q := range []inbox.PageQuery{
+	mid := inboxops.Cursor{CreatedAt: time.Date(2026, 11, 11, 12, 0, 0, 0, time.UTC), ID: 30000}
+	for _, q := range []inboxops.PageQuery{
 		{BizTypes: []string{"coupon", "notify"}},
 		{BizTypes: []string{"coupon", "notify"}, Before: mid},
 		{BizTypes: []string{"coupon", "notify"}, After: mid},
@@ -144,7 +145,7 @@ func TestPageReadsLimitedIndexRanges(t *testing.T) {
 		{BizTypes: []string{"coupon", "notify"}, Keys: []string{"order-77"}},
 	} {
 		q.Limit = 50
-		query, args, err := inbox.PageSQL(s, q)
+		query, args, err := inboxops.PageSQL(s, q)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-package inbox
+package inboxops
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/onceflow/onceflow/inbox"
 )
 
 // ErrNoRow is Store.Get's error for an id no inbox row has.
@@ -66,7 +68,7 @@ type PageQuery struct {
 	// BizTypes to read, at least one: a page reads one index range per biz type and status.
 	BizTypes []string
 	// Statuses to read; empty means all three.
-	Statuses []Status
+	Statuses []inbox.Status
 	// Reason: only failed rows with this reason (only failed rows have one).
 	Reason string
 	// Keys: only the rows of these dedup keys (one per key and biz type, by the unique key).
@@ -178,13 +180,13 @@ func (s *Store) pageSQL(q PageQuery) (string, []any, error) {
 	}
 	statuses := q.Statuses
 	if len(statuses) == 0 {
-		statuses = []Status{StatusProcessing, StatusDone, StatusFailed}
+		statuses = []inbox.Status{inbox.StatusProcessing, inbox.StatusDone, inbox.StatusFailed}
 	}
 	if q.Reason != "" {
-		if !slices.Contains(statuses, StatusFailed) {
+		if !slices.Contains(statuses, inbox.StatusFailed) {
 			return "", nil, nil
 		}
-		statuses = []Status{StatusFailed}
+		statuses = []inbox.Status{inbox.StatusFailed}
 	}
 	newer := !q.After.IsZero()
 	dir, cur, cmp := "DESC", q.Before, "<"
@@ -273,4 +275,9 @@ func (q PageQuery) validate() error {
 		}
 	}
 	return nil
+}
+
+// placeholders returns "(?, ?, ..., ?)" with n marks (n > 0).
+func placeholders(n int) string {
+	return "(?" + strings.Repeat(", ?", n-1) + ")"
 }

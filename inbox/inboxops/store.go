@@ -1,4 +1,4 @@
-package inbox
+package inboxops
 
 import (
 	"context"
@@ -9,9 +9,11 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
@@ -19,7 +21,7 @@ import (
 type Filter struct {
 	BizType string `json:"biz_type,omitempty"`
 	// Statuses: any of them; empty means every status.
-	Statuses []Status `json:"statuses,omitempty"`
+	Statuses []inbox.Status `json:"statuses,omitempty"`
 	// OlderThan: rows last updated more than this long ago (for 'processing': stuck rows).
 	OlderThan time.Duration `json:"older_than,omitempty"`
 	// Keys: dedup keys (order ids), any of them.
@@ -36,9 +38,9 @@ type Filter struct {
 }
 
 // ParseStatus accepts processing, done and failed.
-func ParseStatus(s string) (Status, error) {
-	switch st := Status(strings.ToLower(strings.TrimSpace(s))); st {
-	case StatusProcessing, StatusDone, StatusFailed:
+func ParseStatus(s string) (inbox.Status, error) {
+	switch st := inbox.Status(strings.ToLower(strings.TrimSpace(s))); st {
+	case inbox.StatusProcessing, inbox.StatusDone, inbox.StatusFailed:
 		return st, nil
 	}
 	return "", fmt.Errorf("unknown status %q (use failed, processing or done)", s)
@@ -71,16 +73,16 @@ func (f Filter) Validate() error {
 
 // Row is one inbox row as stored.
 type Row struct {
-	ID          int64  `json:"id"`
-	DedupKey    string `json:"dedup_key"`
-	BizType     string `json:"biz_type"`
-	Status      Status `json:"status"`
-	Reason      string `json:"reason,omitempty"`
-	MessageUUID string `json:"message_uuid"`
-	Topic       string `json:"topic"`
-	Partition   int32  `json:"partition"`
-	Offset      int64  `json:"offset"`
-	Payload     []byte `json:"-"`
+	ID          int64        `json:"id"`
+	DedupKey    string       `json:"dedup_key"`
+	BizType     string       `json:"biz_type"`
+	Status      inbox.Status `json:"status"`
+	Reason      string       `json:"reason,omitempty"`
+	MessageUUID string       `json:"message_uuid"`
+	Topic       string       `json:"topic"`
+	Partition   int32        `json:"partition"`
+	Offset      int64        `json:"offset"`
+	Payload     []byte       `json:"-"`
 	// Tombstone: the record had no value (Payload is empty).
 	Tombstone bool `json:"tombstone,omitempty"`
 	// PayloadSize is the value's size when Payload holds less than it (a prefix of a value
@@ -110,7 +112,7 @@ var ErrNotReplayable = errors.New("not replayable")
 // refuses such a row and leaves it quarantined for inspection. r must be read in full
 // (Store.Get, List): a Page's rows carry no metadata.
 func (r Row) Replayable() error {
-	_, capped := r.Metadata[MetadataTruncatedKey]
+	_, capped := r.Metadata[inbox.MetadataTruncatedKey]
 	switch {
 	case r.sized && r.bare:
 		return fmt.Errorf("%w: stored without its value and headers (the database refused the full row)", ErrNotReplayable)
@@ -119,14 +121,14 @@ func (r Row) Replayable() error {
 	case r.sized:
 		return fmt.Errorf("%w: stored without its headers (the database refused the full row)", ErrNotReplayable)
 	case capped:
-		return fmt.Errorf("%w: its headers are stored cut to inbox.max_metadata_bytes (%s)", ErrNotReplayable, validText(r.Metadata[MetadataTruncatedKey], 200))
+		return fmt.Errorf("%w: its headers are stored cut to inbox.max_metadata_bytes (%s)", ErrNotReplayable, validText(r.Metadata[inbox.MetadataTruncatedKey], 200))
 	}
 	return nil
 }
 
 // Poison reports whether the row holds a message that could not be decoded: replaying it
 // quarantines it again.
-func (r Row) Poison() bool { return r.Reason == string(ReasonPoison) }
+func (r Row) Poison() bool { return r.Reason == string(inbox.ReasonPoison) }
 
 // Truncated reports whether the row holds less than the message's value: it cannot be
 // replayed.
@@ -147,11 +149,11 @@ func (r Row) Message() *message.Message {
 }
 
 // Source is where the stored message came from.
-func (r Row) Source() Source {
-	return Source{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}
+func (r Row) Source() inbox.Source {
+	return inbox.Source{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}
 }
 
-// Store reads inbox rows; it never changes them (changes go through Inbox.Process).
+// Store reads inbox rows; it never changes them (changes go through inbox.Inbox.Process).
 type Store struct {
 	db    *sql.DB
 	table string
@@ -262,7 +264,7 @@ func (f Filter) where(now time.Time) ([]string, []any) {
 	if len(statuses) == 0 && (!f.Since.IsZero() || !f.Until.IsZero()) {
 		// Every status, named: the index (biz_type, status, created_at) then serves the
 		// time range as one range per status instead of a scan (migrations/00008).
-		statuses = []Status{StatusProcessing, StatusDone, StatusFailed}
+		statuses = []inbox.Status{inbox.StatusProcessing, inbox.StatusDone, inbox.StatusFailed}
 	}
 	if len(statuses) > 0 {
 		vals := make([]any, len(statuses))
@@ -334,4 +336,20 @@ func scanRow(sc scanner) (Row, error) {
 		}
 	}
 	return r, nil
+}
+
+// validText returns s as valid UTF-8 (each invalid byte sequence replaced by U+FFFD) of at
+// most max bytes, cut on a character boundary.
+func validText(s string, max int) string {
+	if !utf8.ValidString(s) {
+		s = strings.ToValidUTF8(s, "\uFFFD")
+	}
+	if len(s) <= max {
+		return s
+	}
+	cut := max
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
 }

@@ -1,4 +1,4 @@
-package inbox_test
+package inboxops_test
 
 import (
 	"strings"
@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
@@ -24,12 +25,12 @@ func TestTimeRangeReadsTheIndex(t *testing.T) {
 		typ, key, _ = explainPlan(t, d.DB, "SELECT * FROM inbox WHERE "+strings.Join(where, " AND ")+" ORDER BY id", args...)
 		return typ, key
 	}
-	for _, f := range []inbox.Filter{
+	for _, f := range []inboxops.Filter{
 		{BizType: "coupon", Since: now.Add(-30 * time.Minute)},
 		{BizType: "coupon", Since: now.Add(-3 * time.Hour), Until: now.Add(-2 * time.Hour)},
 		{BizType: "coupon", Statuses: []inbox.Status{inbox.StatusFailed}, Until: now.Add(-330 * time.Hour)},
 	} {
-		where, args := inbox.WhereOf(f, now)
+		where, args := inboxops.WhereOf(f, now)
 		if typ, key := plan(where, args); typ != "range" || key != "idx_biz_status_created" {
 			t.Errorf("%+v: %v → type=%s key=%s, want a range of idx_biz_status_created", f, where, typ, key)
 		}

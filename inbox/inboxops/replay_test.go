@@ -1,4 +1,4 @@
-package inbox_test
+package inboxops_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/inboxops"
 )
 
 // failUntilFixed wraps the granter: every step fails while broken is set (the downstream
@@ -66,7 +67,9 @@ func snapshot(t *testing.T, db *sql.DB, strict bool) string {
 	return b.String()
 }
 
-func failedFilter() inbox.Filter { return inbox.Filter{Statuses: []inbox.Status{inbox.StatusFailed}} }
+func failedFilter() inboxops.Filter {
+	return inboxops.Filter{Statuses: []inbox.Status{inbox.StatusFailed}}
+}
 
 // The incident's recovery: an order quarantined while the wallet service was down is
 // replayed after the fix and grants exactly one coupon; the replay is recorded and its id
@@ -88,11 +91,11 @@ func TestReplayQuarantinedAfterFixGrantsOnce(t *testing.T) {
 	}
 
 	broken.Store(false) // the cause is fixed
-	rep, err := p.inbox.Replay(ctx, inbox.ReplayOptions{Filter: failedFilter()})
+	rep, err := inboxops.Replay(ctx, p.inbox, inboxops.ReplayOptions{Filter: failedFilter()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Selected != 1 || rep.Processed != 1 || rep.Duplicates+rep.Quarantined+rep.Conflicts != 0 || rep.Outcome != inbox.ReplayOK {
+	if rep.Selected != 1 || rep.Processed != 1 || rep.Duplicates+rep.Quarantined+rep.Conflicts != 0 || rep.Outcome != inboxops.ReplayOK {
 		t.Fatalf("replay report: %+v", rep)
 	}
 	if n := count(t, db, "SELECT COUNT(*) FROM user_coupon WHERE order_id = 'o-outage'"); n != 1 {
@@ -109,7 +112,7 @@ func TestReplayQuarantinedAfterFixGrantsOnce(t *testing.T) {
 	if status != "done" || replayID.Int64 != rep.ID {
 		t.Fatalf("inbox row status=%s replay_id=%v, want done and %d", status, replayID, rep.ID)
 	}
-	store, err := inbox.NewStore(db, "")
+	store, err := inboxops.NewStore(db, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,20 +120,20 @@ func TestReplayQuarantinedAfterFixGrantsOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rec.Selected != 1 || rec.Processed != 1 || rec.Outcome != inbox.ReplayOK || rec.DryRun || rec.FinishedAt.IsZero() ||
+	if rec.Selected != 1 || rec.Processed != 1 || rec.Outcome != inboxops.ReplayOK || rec.DryRun || rec.FinishedAt.IsZero() ||
 		rec.BizType != "coupon" || len(rec.Filter.Statuses) != 1 || rec.Filter.Statuses[0] != inbox.StatusFailed {
 		t.Fatalf("replay record: %+v", rec)
 	}
-	if rows, err := store.List(ctx, inbox.Filter{ReplayID: rep.ID}); err != nil || len(rows) != 1 || rows[0].DedupKey != "o-outage" {
+	if rows, err := store.List(ctx, inboxops.Filter{ReplayID: rep.ID}); err != nil || len(rows) != 1 || rows[0].DedupKey != "o-outage" {
 		t.Fatalf("rows stamped by replay %d: %+v %v", rep.ID, rows, err)
 	}
 
-	again, err := p.inbox.Replay(ctx, inbox.ReplayOptions{Filter: failedFilter()})
-	if err != nil || again.Selected != 0 || again.Outcome != inbox.ReplayOK {
+	again, err := inboxops.Replay(ctx, p.inbox, inboxops.ReplayOptions{Filter: failedFilter()})
+	if err != nil || again.Selected != 0 || again.Outcome != inboxops.ReplayOK {
 		t.Fatalf("second replay of failed rows: %+v %v", again, err)
 	}
 	before := snapshot(t, db, false)
-	done, err := p.inbox.Replay(ctx, inbox.ReplayOptions{Filter: inbox.Filter{Keys: []string{"o-outage"}}})
+	done, err := inboxops.Replay(ctx, p.inbox, inboxops.ReplayOptions{Filter: inboxops.Filter{Keys: []string{"o-outage"}}})
 	if err != nil || done.Selected != 1 || done.Duplicates != 1 || done.WasDone != 1 || done.Processed != 0 {
 		t.Fatalf("replay of the done row: %+v %v", done, err)
 	}
@@ -149,11 +152,11 @@ func TestReplayDoneGrantsNothing(t *testing.T) {
 		}
 	}
 	before := snapshot(t, p.db.DB, false)
-	rep, err := p.inbox.Replay(ctx, inbox.ReplayOptions{Filter: inbox.Filter{Statuses: []inbox.Status{inbox.StatusDone}}})
+	rep, err := inboxops.Replay(ctx, p.inbox, inboxops.ReplayOptions{Filter: inboxops.Filter{Statuses: []inbox.Status{inbox.StatusDone}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Selected != 5 || rep.Duplicates != 5 || rep.WasDone != 5 || rep.Processed != 0 || rep.Outcome != inbox.ReplayOK {
+	if rep.Selected != 5 || rep.Duplicates != 5 || rep.WasDone != 5 || rep.Processed != 0 || rep.Outcome != inboxops.ReplayOK {
 		t.Fatalf("report: %+v", rep)
 	}
 	if after := snapshot(t, p.db.DB, false); after != before {
@@ -178,12 +181,12 @@ func TestReplayDryRunChangesNothing(t *testing.T) {
 	broken.Store(false)
 	before := snapshot(t, p.db.DB, true)
 	var seen []string
-	rep, err := p.inbox.Replay(ctx, inbox.ReplayOptions{Filter: failedFilter(), DryRun: true,
-		OnRow: func(r inbox.Row, _ inbox.Result) { seen = append(seen, r.DedupKey) }})
+	rep, err := inboxops.Replay(ctx, p.inbox, inboxops.ReplayOptions{Filter: failedFilter(), DryRun: true,
+		OnRow: func(r inboxops.Row, _ inbox.Result) { seen = append(seen, r.DedupKey) }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Selected != 2 || rep.Processed != 0 || rep.Outcome != inbox.ReplayDryRun || strings.Join(seen, ",") != "o-dry-1,o-dry-2" {
+	if rep.Selected != 2 || rep.Processed != 0 || rep.Outcome != inboxops.ReplayDryRun || strings.Join(seen, ",") != "o-dry-1,o-dry-2" {
 		t.Fatalf("dry run: %+v rows %v", rep, seen)
 	}
 	if after := snapshot(t, p.db.DB, true); after != before {
@@ -202,11 +205,11 @@ func TestReplayPoisonIsQuarantinedAgain(t *testing.T) {
 	if r, err := p.inbox.Process(ctx, msg, inbox.Source{Topic: "order-paid", Partition: 2, Offset: 7}, inbox.ProcessOptions{}); err != nil || r.Reason != inbox.ReasonPoison {
 		t.Fatalf("%+v %v", r, err)
 	}
-	rep, err := p.inbox.Replay(ctx, inbox.ReplayOptions{Filter: failedFilter()})
+	rep, err := inboxops.Replay(ctx, p.inbox, inboxops.ReplayOptions{Filter: failedFilter()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Selected != 1 || rep.Poison != 1 || rep.Quarantined != 1 || rep.Outcome != inbox.ReplayPartial {
+	if rep.Selected != 1 || rep.Poison != 1 || rep.Quarantined != 1 || rep.Outcome != inboxops.ReplayPartial {
 		t.Fatalf("report: %+v", rep)
 	}
 	if n := count(t, p.db.DB, "SELECT COUNT(*) FROM inbox WHERE dedup_key = 'poison:order-paid/2/7' AND status = 'failed' AND reason = 'poison' AND replay_id = ?", rep.ID); n != 1 {
@@ -217,19 +220,19 @@ func TestReplayPoisonIsQuarantinedAgain(t *testing.T) {
 	}
 	// A second replay re-stamps the row: --replay-id lists it under the second only, though
 	// replay_row (which --replay-id reads: inbox.replay_id has no index) lists it under both.
-	again, err := p.inbox.Replay(ctx, inbox.ReplayOptions{Filter: failedFilter()})
+	again, err := inboxops.Replay(ctx, p.inbox, inboxops.ReplayOptions{Filter: failedFilter()})
 	if err != nil || again.Quarantined != 1 {
 		t.Fatalf("second replay: %+v %v", again, err)
 	}
 	if n := count(t, p.db.DB, "SELECT COUNT(*) FROM replay_row WHERE replay_id IN (?, ?)", rep.ID, again.ID); n != 2 {
 		t.Fatalf("replay_row entries of the two replays = %d, want 2", n)
 	}
-	store, err := inbox.NewStore(p.db.DB, "")
+	store, err := inboxops.NewStore(p.db.DB, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for id, want := range map[int64]int{rep.ID: 0, again.ID: 1} {
-		rows, err := store.List(ctx, inbox.Filter{ReplayID: id})
+		rows, err := store.List(ctx, inboxops.Filter{ReplayID: id})
 		if err != nil || len(rows) != want {
 			t.Fatalf("rows stamped by replay %d: %d (%v), want %d", id, len(rows), err, want)
 		}
@@ -261,7 +264,7 @@ func TestReplayResumesStuckProcessingRow(t *testing.T) {
 		t.Fatal("no stuck processing row")
 	}
 	time.Sleep(20 * time.Millisecond)
-	rep, err := p.inbox.Replay(context.Background(), inbox.ReplayOptions{Filter: inbox.Filter{
+	rep, err := inboxops.Replay(context.Background(), p.inbox, inboxops.ReplayOptions{Filter: inboxops.Filter{
 		Statuses: []inbox.Status{inbox.StatusProcessing}, OlderThan: 10 * time.Millisecond}})
 	if err != nil || rep.Selected != 1 || rep.Processed != 1 {
 		t.Fatalf("replay: %+v %v", rep, err)
@@ -283,11 +286,11 @@ func TestStoreFilters(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	store, err := inbox.NewStore(p.db.DB, "inbox")
+	store, err := inboxops.NewStore(p.db.DB, "inbox")
 	if err != nil {
 		t.Fatal(err)
 	}
-	all, err := store.List(ctx, inbox.Filter{BizType: "coupon"})
+	all, err := store.List(ctx, inboxops.Filter{BizType: "coupon"})
 	if err != nil || len(all) != 6 {
 		t.Fatalf("all: %d %v", len(all), err)
 	}
@@ -297,20 +300,20 @@ func TestStoreFilters(t *testing.T) {
 	now := time.Now()
 	cases := []struct {
 		name string
-		f    inbox.Filter
+		f    inboxops.Filter
 		want int
 	}{
-		{"keys", inbox.Filter{Keys: []string{"o-f-1", "o-f-3", "nope"}}, 2},
-		{"limit", inbox.Filter{Limit: 4}, 4},
-		{"other biz type", inbox.Filter{BizType: "notify"}, 0},
-		{"status done", inbox.Filter{Statuses: []inbox.Status{inbox.StatusDone}}, 6},
+		{"keys", inboxops.Filter{Keys: []string{"o-f-1", "o-f-3", "nope"}}, 2},
+		{"limit", inboxops.Filter{Limit: 4}, 4},
+		{"other biz type", inboxops.Filter{BizType: "notify"}, 0},
+		{"status done", inboxops.Filter{Statuses: []inbox.Status{inbox.StatusDone}}, 6},
 		{"status failed", failedFilter(), 0},
-		{"since an hour ago", inbox.Filter{Since: now.Add(-time.Hour)}, 6},
-		{"until an hour ago", inbox.Filter{Until: now.Add(-time.Hour)}, 0},
-		{"since in the future", inbox.Filter{Since: now.Add(time.Hour)}, 0},
-		{"ref by id", inbox.Filter{Refs: []string{fmt.Sprint(all[2].ID)}}, 1},
-		{"ref by key", inbox.Filter{Refs: []string{"o-f-5"}}, 1},
-		{"older than an hour", inbox.Filter{OlderThan: time.Hour}, 0},
+		{"since an hour ago", inboxops.Filter{Since: now.Add(-time.Hour)}, 6},
+		{"until an hour ago", inboxops.Filter{Until: now.Add(-time.Hour)}, 0},
+		{"since in the future", inboxops.Filter{Since: now.Add(time.Hour)}, 0},
+		{"ref by id", inboxops.Filter{Refs: []string{fmt.Sprint(all[2].ID)}}, 1},
+		{"ref by key", inboxops.Filter{Refs: []string{"o-f-5"}}, 1},
+		{"older than an hour", inboxops.Filter{OlderThan: time.Hour}, 0},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -320,7 +323,7 @@ func TestStoreFilters(t *testing.T) {
 			}
 		})
 	}
-	for _, bad := range []inbox.Filter{
+	for _, bad := range []inboxops.Filter{
 		{Statuses: []inbox.Status{"stuck"}}, {Limit: -1}, {OlderThan: -time.Second},
 		{Since: now, Until: now.Add(-time.Hour)}, {Keys: []string{""}},
 	} {
@@ -328,7 +331,7 @@ func TestStoreFilters(t *testing.T) {
 			t.Errorf("filter %+v accepted", bad)
 		}
 	}
-	if _, err := p.inbox.Replay(ctx, inbox.ReplayOptions{Filter: inbox.Filter{BizType: "notify"}}); err == nil {
+	if _, err := inboxops.Replay(ctx, p.inbox, inboxops.ReplayOptions{Filter: inboxops.Filter{BizType: "notify"}}); err == nil {
 		t.Error("a coupon inbox replayed a notify filter")
 	}
 	if n := count(t, p.db.DB, "SELECT COUNT(*) FROM replay"); n != 0 {
@@ -359,7 +362,7 @@ func TestReplayPagesThroughTheSelection(t *testing.T) {
 	quarantineOrders(t, p, &broken, "pg-1", "pg-2", "pg-3", "pg-4", "pg-5")
 
 	var seen []string
-	rep, err := p.inbox.Replay(ctx, inbox.ReplayOptions{Filter: failedFilter(), PageSize: 2, OnRow: func(row inbox.Row, res inbox.Result) {
+	rep, err := inboxops.Replay(ctx, p.inbox, inboxops.ReplayOptions{Filter: failedFilter(), PageSize: 2, OnRow: func(row inboxops.Row, res inbox.Result) {
 		seen = append(seen, row.DedupKey+"="+string(res.Outcome))
 		if len(seen) == 1 {
 			quarantineOrders(t, p, &broken, "pg-late") // fails while the replay runs
@@ -372,15 +375,15 @@ func TestReplayPagesThroughTheSelection(t *testing.T) {
 	if got := strings.Join(seen, " "); got != want {
 		t.Fatalf("replayed %s, want %s", got, want)
 	}
-	if rep.Selected != 5 || rep.Processed != 5 || rep.Outcome != inbox.ReplayOK {
+	if rep.Selected != 5 || rep.Processed != 5 || rep.Outcome != inboxops.ReplayOK {
 		t.Fatalf("report %+v", rep)
 	}
-	store, err := inbox.NewStore(p.db.DB, "")
+	store, err := inboxops.NewStore(p.db.DB, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec, err := store.LoadReplay(ctx, rep.ID)
-	if err != nil || rec.Selected != 5 || rec.Processed != 5 || rec.Outcome != inbox.ReplayOK {
+	if err != nil || rec.Selected != 5 || rec.Processed != 5 || rec.Outcome != inboxops.ReplayOK {
 		t.Fatalf("replay table: %+v %v", rec, err)
 	}
 	if n := count(t, p.db.DB, "SELECT COUNT(*) FROM replay_row WHERE replay_id = ?", rep.ID); n != 5 {
@@ -405,7 +408,7 @@ func TestReplayReadsAPageAfterReplayingThePrevious(t *testing.T) {
 	ctx := context.Background()
 	quarantineOrders(t, p, &broken, "pp-1", "pp-2", "pp-3", "pp-4", "pp-5")
 	var seen []string
-	rep, err := p.inbox.Replay(ctx, inbox.ReplayOptions{Filter: failedFilter(), PageSize: 2, OnRow: func(row inbox.Row, _ inbox.Result) {
+	rep, err := inboxops.Replay(ctx, p.inbox, inboxops.ReplayOptions{Filter: failedFilter(), PageSize: 2, OnRow: func(row inboxops.Row, _ inbox.Result) {
 		seen = append(seen, row.DedupKey)
 		if len(seen) == 1 {
 			p.db.AdminExec(t, "UPDATE inbox SET status = 'done', reason = NULL WHERE dedup_key = 'pp-4'")
@@ -434,11 +437,11 @@ func TestReplayDryRunPages(t *testing.T) {
 	}
 	before := snapshot(t, p.db.DB, true)
 	var seen int
-	rep, err := p.inbox.Replay(ctx, inbox.ReplayOptions{DryRun: true, PageSize: 2, OnRow: func(inbox.Row, inbox.Result) { seen++ }})
+	rep, err := inboxops.Replay(ctx, p.inbox, inboxops.ReplayOptions{DryRun: true, PageSize: 2, OnRow: func(inboxops.Row, inbox.Result) { seen++ }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if seen != 5 || rep.Selected != 5 || rep.WasDone != 1 || rep.Poison != 1 || rep.Processed != 0 || rep.Outcome != inbox.ReplayDryRun {
+	if seen != 5 || rep.Selected != 5 || rep.WasDone != 1 || rep.Poison != 1 || rep.Processed != 0 || rep.Outcome != inboxops.ReplayDryRun {
 		t.Fatalf("dry run: %d rows seen, report %+v", seen, rep)
 	}
 	if after := snapshot(t, p.db.DB, true); after != before {
@@ -490,7 +493,7 @@ func TestReplayRefusesRowsThatHoldLessThanTheMessage(t *testing.T) {
 	broken.Store(false) // every cause fixed: a row that ran now would be granted
 	p.db.AdminExec(t, "DROP TRIGGER refuse_payload")
 
-	store, err := inbox.NewStore(db, "")
+	store, err := inboxops.NewStore(db, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -500,26 +503,26 @@ func TestReplayRefusesRowsThatHoldLessThanTheMessage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := row.Replayable(); !errors.Is(err, inbox.ErrNotReplayable) || !strings.Contains(err.Error(), why[name]) {
+		if err := row.Replayable(); !errors.Is(err, inboxops.ErrNotReplayable) || !strings.Contains(err.Error(), why[name]) {
 			t.Errorf("%s row: Replayable() = %v, want not replayable: %s", name, err, why[name])
 		}
 	}
 	before := snapshot(t, db, true)
 	for _, dry := range []bool{true, false} {
 		got := map[int64]inbox.Result{}
-		rep, err := p.inbox.Replay(ctx, inbox.ReplayOptions{Filter: failedFilter(), DryRun: dry, OnRow: func(row inbox.Row, r inbox.Result) { got[row.ID] = r }})
+		rep, err := inboxops.Replay(ctx, p.inbox, inboxops.ReplayOptions{Filter: failedFilter(), DryRun: dry, OnRow: func(row inboxops.Row, r inbox.Result) { got[row.ID] = r }})
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := inbox.ReplayPartial
+		want := inboxops.ReplayPartial
 		if dry {
-			want = inbox.ReplayDryRun
+			want = inboxops.ReplayDryRun
 		}
 		if rep.Selected != 3 || rep.Refused != 3 || rep.Processed+rep.Duplicates+rep.Quarantined+rep.Conflicts != 0 || rep.Outcome != want {
 			t.Errorf("dry run %v: report %+v, want 3 refused", dry, rep)
 		}
 		for name, id := range ids {
-			if r := got[id]; r.Outcome != inbox.OutcomeRefused || !errors.Is(r.Err, inbox.ErrNotReplayable) || !strings.Contains(r.Err.Error(), why[name]) {
+			if r := got[id]; r.Outcome != inbox.OutcomeRefused || !errors.Is(r.Err, inboxops.ErrNotReplayable) || !strings.Contains(r.Err.Error(), why[name]) {
 				t.Errorf("dry run %v, %s row: %+v, want refused: %s", dry, name, r, why[name])
 			}
 		}
