@@ -36,7 +36,7 @@ func (a *app) produceCmd() *cobra.Command {
 	o := produceOpts{}
 	cmd := &cobra.Command{
 		Use:   "produce",
-		Short: "load generator: N messages of a plugin's input (its Sample), a share of them delivered twice as different Kafka messages",
+		Short: "load generator: N messages of a plugin's input (its Sampler), a share of them delivered twice as different Kafka messages",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.orders < 0 || !(o.dupRate >= 0 && o.dupRate <= 1) || o.poison < 0 || o.batch < 1 || !(o.rate >= 0 && o.rate <= 1e7) { // NaN fails the ranges
@@ -49,7 +49,7 @@ func (a *app) produceCmd() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.plugin, "plugin", "", "the plugin whose input to produce (default: the only registered plugin with a Sample)")
+	f.StringVar(&o.plugin, "plugin", "", "the plugin whose input to produce (default: the only registered plugin with a Sampler)")
 	f.IntVar(&o.orders, "orders", 1000, "distinct messages (business keys <prefix>-000000, ...)")
 	f.Float64Var(&o.dupRate, "dup-rate", 0.3, "share of keys delivered a second time (a different Kafka message, same meaning)")
 	f.IntVar(&o.poison, "poison", 0, "poison records to add, each of which must end quarantined as poison; they cycle through "+
@@ -64,7 +64,7 @@ func (a *app) produceCmd() *cobra.Command {
 }
 
 // producePlugin is the plugin `produce` makes input for: --plugin, else the only one with a
-// Sample.
+// Sampler.
 func (a *app) producePlugin(name string) (plugin, error) {
 	if err := a.checkSections(); err != nil {
 		return plugin{}, err
@@ -76,8 +76,8 @@ func (a *app) producePlugin(name string) (plugin, error) {
 			return plugin{}, err
 		case !ok:
 			return plugin{}, badInput(fmt.Errorf("unknown plugin %q (registered: %v)", name, a.plugins.Names()))
-		case p.Sample == nil:
-			return plugin{}, badInput(fmt.Errorf("plugin %s has no Sample: produce cannot make its input", name))
+		case p.Sampler == nil:
+			return plugin{}, badInput(fmt.Errorf("plugin %s has no Sampler: produce cannot make its input", name))
 		}
 		return p, nil
 	}
@@ -88,13 +88,13 @@ func (a *app) producePlugin(name string) (plugin, error) {
 	var with []plugin
 	var names []string
 	for _, p := range all {
-		if p.Sample != nil {
+		if p.Sampler != nil {
 			with = append(with, p)
 			names = append(names, p.Name)
 		}
 	}
 	if len(with) != 1 {
-		return plugin{}, badInput(fmt.Errorf("produce --plugin is required: %d registered plugins have a Sample (%s)", len(with), strings.Join(names, ", ")))
+		return plugin{}, badInput(fmt.Errorf("produce --plugin is required: %d registered plugins have a Sampler (%s)", len(with), strings.Join(names, ", ")))
 	}
 	return with[0], nil
 }
@@ -189,7 +189,7 @@ const shuffleWindow = 50
 
 // produceSeq is the sequence of records a produce run sends, generated a few at a time so
 // that memory stays flat however many orders the run has. The sequence is the one a seed
-// has always meant: each order's value from the plugin's Sample and a draw deciding its
+// has always meant: each order's value from the plugin's Sampler and a draw deciding its
 // duplicate, all from one source seeded by --seed; then, from where that source stands
 // after the last order, a shuffle within a window of shuffleWindow (a record swaps with one
 // of the next 49, never with its own key), and then --poison records inserted at random
@@ -226,7 +226,7 @@ func newProduceSeq(p inbox.Plugin, o produceOpts, kinds []poisonKind) *produceSe
 	src := rand.NewPCG(o.seed, 7)
 	rng := rand.New(src)
 	for i := range o.orders {
-		p.Sample(orderKey(o.prefix, i), i, rng)
+		p.Sampler.Sample(orderKey(o.prefix, i), i, rng)
 		s.deliveries++
 		if rng.Float64() < o.dupRate {
 			s.deliveries++
@@ -297,7 +297,7 @@ func (s *produceSeq) generate() {
 	i := s.nextOrder
 	s.nextOrder++
 	key := orderKey(s.o.prefix, i)
-	value := s.p.Sample(key, i, s.gen)
+	value := s.p.Sampler.Sample(key, i, s.gen)
 	s.window = append(s.window, keyRecord(key, value))
 	if s.gen.Float64() < s.o.dupRate {
 		s.window = append(s.window, keyRecord(key, value))
@@ -337,27 +337,29 @@ var bigHeaders = func() []sarama.RecordHeader {
 }()
 
 // poisonKinds lists the kinds `produce --poison` cycles through for p. The kinds built on a
-// value p refuses (p.Poison) are left out for a plugin without one; the oversized value
+// value p refuses (its Sampler's Poison) are left out for a plugin without one; the oversized value
 // (1 KiB over maxPayload, the router's inbox.max_payload_bytes) is left out when it would
 // not fit maxMessage, the producer's max message size. skipped says what was left out, and
 // why.
 func poisonKinds(p inbox.Plugin, maxPayload, maxMessage int) (kinds []poisonKind, skipped string) {
 	key := func(i int) []byte { return []byte(fmt.Sprintf("poison-%d", i)) }
+	poisoner, _ := p.Sampler.(inbox.Poisoner)
+	refuses := poisoner != nil && len(poisoner.Poison("")) > 0
 	bad := func(prefix string, i int) []byte { // one of the refused values, by i
-		vs := p.Poison(prefix)
+		vs := poisoner.Poison(prefix)
 		return vs[i%len(vs)]
 	}
 	// A good-looking value (a key of the run's prefix that no ledger lists: were it
 	// processed, the chaos checker would report it); its own random source, so the run's
 	// orders do not depend on how many poison records it has.
-	good := func(key string, i int) []byte { return p.Sample(key, i, rand.New(rand.NewPCG(uint64(i), 11))) }
+	good := func(key string, i int) []byte { return p.Sampler.Sample(key, i, rand.New(rand.NewPCG(uint64(i), 11))) }
 	var skips []string
-	if p.Poison != nil && len(p.Poison("")) > 0 {
+	if refuses {
 		kinds = append(kinds, poisonKind{"bad-value", func(prefix string, i int) record {
 			return record{key: key(i), value: bad(prefix, i), headers: []sarama.RecordHeader{uuidHeader(watermill.NewUUID())}}
 		}})
 	} else {
-		skips = append(skips, "bad-value,utf8-value,utf8-key,utf8-headers,utf8-string=skipped(plugin_"+p.Name+"_has_no_Poison)")
+		skips = append(skips, "bad-value,utf8-value,utf8-key,utf8-headers,utf8-string=skipped(plugin_"+p.Name+"_has_no_Poisoner)")
 	}
 	kinds = append(kinds,
 		poisonKind{"tombstone", func(_ string, i int) record {
@@ -366,7 +368,7 @@ func poisonKinds(p inbox.Plugin, maxPayload, maxMessage int) (kinds []poisonKind
 		poisonKind{"empty", func(_ string, i int) record {
 			return record{key: key(i), value: []byte{}, headers: []sarama.RecordHeader{uuidHeader(watermill.NewUUID())}}
 		}})
-	if p.Poison != nil && len(p.Poison("")) > 0 {
+	if refuses {
 		kinds = append(kinds,
 			// A refused value behind two bytes that are not UTF-8: the decoder's error may
 			// quote them, and the stored last_error must still be UTF-8.

@@ -29,7 +29,7 @@ func legacyProduce(p inbox.Plugin, o produceOpts, kinds []poisonKind) []record {
 	var msgs []record
 	for i := range o.orders {
 		key := fmt.Sprintf("%s-%06d", o.prefix, i)
-		value := p.Sample(key, i, rng)
+		value := p.Sampler.Sample(key, i, rng)
 		msgs = append(msgs, keyRecord(key, value))
 		if rng.Float64() < o.dupRate {
 			msgs = append(msgs, keyRecord(key, value))
@@ -142,20 +142,25 @@ func TestProduceSequencePinned(t *testing.T) {
 	}
 }
 
-// The streamed sequence equals the reference for random runs, also for a Sample that draws
+// greedySampler draws a varying number of values per order.
+type greedySampler struct{}
+
+func (greedySampler) Sample(key string, seq int, rng *rand.Rand) []byte {
+	n := rng.IntN(4)
+	for range n {
+		rng.Uint64()
+	}
+	return []byte(fmt.Sprintf("%s/%d/%d", key, seq, n))
+}
+
+// The streamed sequence equals the reference for random runs, also for a Sampler that draws
 // a varying number of values (the shuffle's draws start where the last order's left the
 // source).
 func TestProduceSequenceStreamsTheReference(t *testing.T) {
 	granter, _ := registered().Get(coupon.PluginName)
 	kinds, _ := poisonKinds(granter, 256<<10, 1_000_000)
 	greedy := granter
-	greedy.Sample = func(key string, seq int, rng *rand.Rand) []byte {
-		n := rng.IntN(4)
-		for range n {
-			rng.Uint64()
-		}
-		return []byte(fmt.Sprintf("%s/%d/%d", key, seq, n))
-	}
+	greedy.Sampler = greedySampler{}
 	r := rand.New(rand.NewPCG(5, 5))
 	for i := range 300 {
 		o := produceOpts{orders: r.IntN(400), dupRate: []float64{0, 0.3, 1, r.Float64()}[i%4], poison: r.IntN(30) * (i % 2),

@@ -17,7 +17,8 @@ import (
 )
 
 // The oversized kind is produced only when a value 1 KiB over the inbox limit fits the
-// producer's max message size; then every kind is there once, else it says why not.
+// producer's max message size; then every kind is there once, else it says why not. The
+// kinds built on a value the plugin refuses need its Sampler to be a Poisoner.
 func TestPoisonKinds(t *testing.T) {
 	const producerMax = 1_000_000 // Sarama's default Producer.MaxMessageBytes
 	names := func(ks []poisonKind) string {
@@ -39,6 +40,12 @@ func TestPoisonKinds(t *testing.T) {
 	ks, skipped = poisonKinds(granter, 1<<20, producerMax) // the router's default limit
 	if names(ks) != strings.TrimSuffix(all, ",oversized") || !strings.Contains(skipped, "oversized=skipped") {
 		t.Fatalf("1 MiB limit: kinds %s, skipped %q", names(ks), skipped)
+	}
+	// A Sampler that is no Poisoner: the kinds built on a refused value are left out.
+	noPoison := granter
+	noPoison.Sampler = greedySampler{}
+	if ks, skipped := poisonKinds(noPoison, 256<<10, producerMax); names(ks) != "tombstone,empty,big-headers,oversized" || !strings.Contains(skipped, "has_no_Poisoner") {
+		t.Fatalf("a Sampler without Poison: kinds %s, skipped %q", names(ks), skipped)
 	}
 	for _, k := range ks {
 		r := k.record("p", 3)

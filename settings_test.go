@@ -18,8 +18,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/onceflow/onceflow/inbox"
-	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/inbox/httpcmd"
+	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/gcx"
 	"github.com/onceflow/onceflow/internal/settings"
 	"github.com/onceflow/onceflow/outbox"

@@ -44,9 +44,8 @@ func Plugin() inbox.Plugin {
 		// POST /v1/claims: a coupon for a client token (Idempotency-Key), on http.listen.
 		Commands: []inbox.Command{ClaimCommand()},
 		// `router verify`, and `router produce`'s orders and poison.
-		Verify: verifyPlugin,
-		Sample: sampleOrder,
-		Poison: poisonOrders,
+		Verify:  verifyPlugin,
+		Sampler: traffic{},
 
 		// The operator console's row page: the grant's transitions for the order.
 		History: History,

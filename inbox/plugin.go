@@ -62,15 +62,25 @@ type Plugin struct {
 	// History, when set, returns what the plugin recorded for a business key (its state
 	// machine's transitions, say): the operator console shows it on the inbox row's page.
 	History HistoryFunc
-	// Sample, when set, is test input for `router produce`: the value of the seq-th distinct
-	// message of a load run, whose business key (and Kafka key) is key. A duplicate delivery
-	// is the same value sent again; rng (seeded by the run) varies the other fields.
-	Sample func(key string, seq int, rng *rand.Rand) []byte
-	// Poison, when set, lists values Decode refuses as poison (bad JSON, a missing field):
-	// `router produce --poison` sends them, and variants of them (under a key or headers
-	// that are not UTF-8, behind bytes that are not), among its other kinds of poison.
-	// prefix is the run's key prefix.
-	Poison func(prefix string) [][]byte
+	// Sampler, when set, is the plugin's input for the load tool, `router produce`; one that
+	// is also a Poisoner gives it the values Decode refuses too.
+	Sampler Sampler
+}
+
+// Sampler makes the messages of a plugin for the load tool (`router produce`): the value of
+// the seq-th distinct message of a load run, whose business key (and Kafka key) is key. A
+// duplicate delivery is the same value sent again; rng (seeded by the run) varies the other
+// fields.
+type Sampler interface {
+	Sample(key string, seq int, rng *rand.Rand) []byte
+}
+
+// Poisoner is implemented by a Sampler that knows values Decode refuses as poison (bad
+// JSON, a missing field): `router produce --poison` sends them, and variants of them (under
+// a key or headers that are not UTF-8, behind bytes that are not), among its other kinds of
+// poison. prefix is the run's key prefix.
+type Poisoner interface {
+	Poison(prefix string) [][]byte
 }
 
 // PluginEnv is what a plugin's Build receives.
