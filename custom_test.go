@@ -297,6 +297,39 @@ func TestPluginOverridesChecked(t *testing.T) {
 	}
 }
 
+// A group commit the inbox refuses to build stops Run before anything is consumed, naming
+// the plugin and the setting (it used to fall back, silently, to one delivery per
+// transaction).
+func TestRunFailsWhenGroupCommitCannotStart(t *testing.T) {
+	var built []*tally
+	p := tallyPlugin(&built)
+	d := testenv.DB(t, 4, migrationsOf(p))
+	kc := testenv.Kafka(t)
+	topic := testenv.Topic(t, kc, "tally-nobatch", 1)
+	cfg := onceflow.DefaultConfig()
+	cfg.DB.DSN = d.DSN
+	cfg.Kafka.Brokers = kc.Brokers
+	cfg.Admin.Listen = ""
+	cfg.Relay.Enabled = false
+	cfg.Plugins = map[string]map[string]any{p.Name: {"topics": []any{topic}, "consumer_group": "g-" + topic}}
+	rt, err := onceflow.New(cfg, []inbox.Plugin{p}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	onceflow.SetConfigUnchecked(rt, func(c *onceflow.Config) { c.Inbox.BatchWorkers = 65 }) // inbox.BatchConfig allows 1..64
+	produceKeys(t, kc, topic, "a")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = rt.Run(ctx)
+	if err == nil || onceflow.ExitCode(err) != 2 || !strings.Contains(err.Error(), "group commit") || !strings.Contains(err.Error(), p.Name) {
+		t.Fatalf("run: %v (exit %d), want exit 2 naming the plugin and its group commit", err, onceflow.ExitCode(err))
+	}
+	var n int
+	if err := d.DB.QueryRow("SELECT COUNT(*) FROM tally").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d keys counted (%v), want none: nothing runs without its group commit", n, err)
+	}
+}
+
 // The runtime embedded in a program of one's own (New, Run): the same pipeline as `router
 // run`, the plugin's handler closed once Run returns.
 func TestRuntimeEmbedded(t *testing.T) {

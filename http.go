@@ -71,11 +71,14 @@ func (a *app) startHTTP(ctx context.Context, db *sql.DB, plugins []plugin, obs i
 		var runner httpcmd.Runner = ib
 		if bc := a.cfg.Inbox.Batch; bc.MaxSize > 1 {
 			// Group commit, as for the plugin's Kafka deliveries: requests that arrive
-			// together share a transaction, each behind its savepoint.
-			if b, err := ib.NewBatcher(bc); err == nil {
-				runner = b
-				closers = append([]func(){func() { _ = b.Close() }}, closers...) // before its handler
+			// together share a transaction.
+			b, err := ib.NewBatcher(bc)
+			if err != nil {
+				closeAll()
+				return nil, badInput(fmt.Errorf("plugin %s: group commit: %w", p.Name, err))
 			}
+			runner = b
+			closers = append([]func(){func() { _ = b.Close() }}, closers...) // before its handler
 		}
 		routes = append(routes, httpcmd.Route{Method: p.command.Method, Path: p.command.Path, Runner: runner})
 		a.logger.Info("HTTP command", watermill.LogFields{"plugin": p.Name, "method": p.command.Method, "path": p.command.Path, "biz_type": p.BizType})

@@ -140,16 +140,16 @@ func (r *Runtime) Run(ctx context.Context) error {
 		defer closeHandler() // deferred first, so run last: after the router and the Batcher stopped
 		handler := ib.HandlerFunc
 		if bc := a.cfg.Inbox.Batch; bc.MaxSize > 1 {
-			if b, err := ib.NewBatcher(bc); err == nil {
-				defer b.Close() // after the router stopped: its handlers are done
-				biz := p.BizType
-				b.ObservePrepares(func(elapsed time.Duration, err error) { m.ObservePrepare(biz, elapsed, err) })
-				m.AddPreparing(biz, func() int64 { return b.Stats().Preparing })
-				handler = b.HandlerFunc
-				a.logger.Info("group commit on", watermill.LogFields{"plugin": p.Name, "batch_size": bc.MaxSize, "batch_workers": bc.Workers})
-			} else {
-				a.logger.Info("group commit off: one delivery per transaction", watermill.LogFields{"plugin": p.Name, "reason": err.Error()})
+			b, err := ib.NewBatcher(bc)
+			if err != nil {
+				return badInput(fmt.Errorf("plugin %s: group commit: %w", p.Name, err))
 			}
+			defer b.Close() // after the router stopped: its handlers are done
+			biz := p.BizType
+			b.ObservePrepares(func(elapsed time.Duration, err error) { m.ObservePrepare(biz, elapsed, err) })
+			m.AddPreparing(biz, func() int64 { return b.Stats().Preparing })
+			handler = b.HandlerFunc
+			a.logger.Info("group commit on", watermill.LogFields{"plugin": p.Name, "batch_size": bc.MaxSize, "batch_workers": bc.Workers})
 		}
 		for _, t := range p.Topics {
 			sub, err := a.subscriber(kc, p.ConsumerGroup, budget)
