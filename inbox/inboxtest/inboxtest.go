@@ -20,16 +20,18 @@
 // counts — a Counter, such as CountQuery("SELECT COUNT(*) FROM points WHERE order_id = ?")
 // or CountEvents("PointsCredited") — is exactly 1 for each key and 0 for each refused one.
 //
-//	func TestCreditOncePerOrder(t *testing.T) {
-//		d := inboxtest.DB(t, 8, migrations.Set{Name: "loyalty", FS: loyalty.Migrations})
-//		rep := inboxtest.Run(t, loyalty.NewHandler(), inboxtest.Options{
-//			DB:      &d,
-//			Message: func(order string) *message.Message { return shipped(order) },
-//			Poison:  []*message.Message{message.NewMessage("bad", []byte("{"))},
-//		})
-//		inboxtest.AssertOncePerKey(t, rep, inboxtest.CountQuery("SELECT COUNT(*) FROM points_credit WHERE order_id = ?"))
-//		inboxtest.AssertOncePerKey(t, rep, inboxtest.CountEvents("PointsCredited"))
-//	}
+// From examples/loyalty/points/points_test.go (grouped: one run without group commit, one
+// with it):
+//
+//	d := inboxtest.DB(t, 8, migrations.Set{Name: points.Name, FS: points.Migrations})
+//	rep := inboxtest.Run(t, points.NewHandler("points-credited"), inboxtest.Options{
+//		DB: &d, Grouped: grouped, Message: shipped,
+//		Poison: []*message.Message{
+//			message.NewMessage("bad-json", []byte(`{"orderId": "o-1"`)),
+//		},
+//	})
+//	inboxtest.AssertOncePerKey(t, rep, inboxtest.CountQuery("SELECT COUNT(*) FROM points_credit WHERE order_id = ?"))
+//	inboxtest.AssertOncePerKey(t, rep, inboxtest.CountEvents("PointsCredited"))
 //
 // Options.Grouped runs the same deliveries through the inbox's group commit (a Batcher) as
 // the router does. Like every integration test, Run fails when MariaDB is unreachable and
