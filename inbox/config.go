@@ -44,10 +44,9 @@ type Config struct {
 	// together).
 	StepsPerTx int `key:"steps_per_transaction" default:"1" range:"1..32" help:"consecutive handler steps per transaction; 1: every state transition commits alone (no lock held across the next step's slow call); 3: a whole coupon grant in one commit, same guarantees"`
 	// MaxInFlightCalls bounds the outside calls of this inbox's deliveries running at once:
-	// a Preparer's Prepare on the one-at-a-time path (Process) and, under the inbox's
-	// Batcher, each delivery's PrepareDelivery (BatchPreparer) or Prepare. Both paths take
-	// their slots from this one bound.
-	MaxInFlightCalls int `key:"max_in_flight_calls" default:"8192" range:"1..1000000" after:"batch_workers" help:"outside calls running at once per plugin (its Prepare, or its PrepareDelivery under group commit, each prepared as soon as the delivery arrives): group commit and the one-at-a-time path share them; calls in flight ÷ call time bounds the throughput of slow calls"`
+	// a Preparer's Prepare, on the one-at-a-time path (Process) and under the inbox's
+	// Batcher alike: both take their slots from this one bound.
+	MaxInFlightCalls int `key:"max_in_flight_calls" default:"8192" range:"1..1000000" after:"batch_workers" help:"outside calls running at once per plugin (its Prepare, each prepared as soon as the delivery arrives): group commit and the one-at-a-time path share them; calls in flight ÷ call time bounds the throughput of slow calls"`
 	// KeyLogField names the business key in log lines (e.g. "order_id"); default "dedup_key".
 	KeyLogField string
 	// TracerProvider, when set, traces every delivery (trace.go): its span continues the trace

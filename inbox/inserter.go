@@ -112,7 +112,7 @@ func (ins *Inserter) Insert(ctx context.Context, tx *sql.Tx, values ...any) erro
 		return Permanent(fmt.Errorf("insert into %s: %d values for %d columns (%s)", ins.table, len(values), len(ins.columns), strings.Join(ins.columns, ", ")))
 	}
 	if s := txdefer.From(ctx, tx); s != nil {
-		s.Add(ins, slices.Clone(values))
+		s.Add(deferredInserts{ins}, slices.Clone(values))
 		return nil
 	}
 	if _, err := tx.ExecContext(ctx, ins.insert, values...); err != nil {
@@ -121,8 +121,12 @@ func (ins *Inserter) Insert(ctx context.Context, tx *sql.Tx, values ...any) erro
 	return nil
 }
 
-// FlushDeferred writes the rows Insert deferred into a txdefer.Set (txdefer.Flusher).
-func (ins *Inserter) FlushDeferred(ctx context.Context, tx *sql.Tx, rows [][]any) error {
+// deferredInserts writes the rows an Inserter deferred into a txdefer.Set.
+type deferredInserts struct{ ins *Inserter }
+
+// FlushDeferred implements txdefer.Flusher.
+func (d deferredInserts) FlushDeferred(ctx context.Context, tx *sql.Tx, rows [][]any) error {
+	ins := d.ins
 	args := make([]any, 0, len(rows)*len(ins.columns))
 	for _, r := range rows {
 		args = append(args, r...)

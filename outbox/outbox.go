@@ -164,7 +164,7 @@ func (w *Writer) Add(ctx context.Context, tx *sql.Tx, e Event) error {
 		return err
 	}
 	if s := txdefer.From(ctx, tx); s != nil {
-		s.Add(w, args)
+		s.Add(deferredEvents{w}, args)
 		return nil
 	}
 	if _, err := tx.ExecContext(ctx, w.insert, args...); err != nil {

@@ -39,8 +39,12 @@ func (w *Writer) insertRows(ctx context.Context, tx *sql.Tx, args []any, n int) 
 	return nil
 }
 
-// FlushDeferred writes the rows Add deferred into a txdefer.Set (txdefer.Flusher).
-func (w *Writer) FlushDeferred(ctx context.Context, tx *sql.Tx, rows [][]any) error {
+// deferredEvents writes the rows a Writer's Add deferred into a txdefer.Set.
+type deferredEvents struct{ w *Writer }
+
+// FlushDeferred implements txdefer.Flusher.
+func (d deferredEvents) FlushDeferred(ctx context.Context, tx *sql.Tx, rows [][]any) error {
+	w := d.w
 	args := make([]any, 0, len(rows)*rowWidth)
 	for _, r := range rows {
 		args = append(args, r...)

@@ -23,7 +23,7 @@ type Metrics struct {
 	RelayPublished prometheus.Counter
 	RelayErrors    prometheus.Counter
 	Consumers      *ConsumerCollector       // per-partition consumer gauges; Add the subscribers
-	PrepareSeconds *prometheus.HistogramVec // biz_type, outcome: a delivery's outside calls (BatchPreparer)
+	PrepareSeconds *prometheus.HistogramVec // biz_type, outcome: a delivery's outside calls (its Prepare, before its batch)
 	CallSeconds    *prometheus.HistogramVec // plugin, step, outcome: one outside call
 
 	db         *dbCollector // nil without a database
@@ -55,7 +55,7 @@ func New(db *sql.DB) *Metrics {
 		Consumers: NewConsumerCollector(),
 		PrepareSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "onceflow", Name: "inbox_prepare_seconds",
-			Help:    "Time a delivery's outside calls took before it joined a batch (BatchPreparer); outcome ok or error.",
+			Help:    "Time a delivery's outside calls took before it joined a batch (the plugin's Prepare); outcome ok or error.",
 			Buckets: callBuckets,
 		}, []string{"biz_type", "outcome"}),
 		CallSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{

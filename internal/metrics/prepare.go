@@ -15,7 +15,7 @@ type PrepareStats func() int64
 // AddPreparing registers the gauge onceflow_inbox_prepares_in_flight for bizType.
 func (m *Metrics) AddPreparing(bizType string, running PrepareStats) {
 	m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "onceflow", Name: "inbox_prepares_in_flight",
-		Help:        "Deliveries whose outside calls (BatchPreparer) are running now; at most inbox.max_in_flight_calls.",
+		Help:        "Deliveries whose outside calls (the plugin's Prepare) are running now; at most inbox.max_in_flight_calls.",
 		ConstLabels: prometheus.Labels{"biz_type": bizType}}, func() float64 { return float64(running()) }))
 }
 

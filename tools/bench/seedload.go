@@ -90,8 +90,8 @@ func sendAll(p sarama.SyncProducer, topic string, msgs []*sarama.ProducerMessage
 }
 
 // benchSeedLoad measures mode "batch" (the router's default: group commit, each delivery's
-// three calls made by BatchPreparer as soon as it arrives) or "single" (a plain handler:
-// one delivery at a time, Preparer's call before each step's transaction). Both bounded by
+// three calls made by the plugin's Prepare as soon as it arrives) or "single" (one delivery
+// at a time, Prepare's calls before its transaction). Both bounded by
 // inbox.max_in_flight_calls.
 func (s *suite) benchSeedLoad(ctx context.Context, mode string) error {
 	db, kc := s.db, s.kc
