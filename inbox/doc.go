@@ -17,39 +17,32 @@
 //
 // # Writing a handler
 //
-// A plugin implements Handler: Decode extracts the business key (an error makes the
-// message poison), Handle does the work in the inbox's transaction and returns Done, or
-// Continue after one step of a multi-step handler. The zero Progress is invalid: a Handle
-// that returns it has its attempt failed, never taken for Done.
-//
-// Most plugins need not write Decode nor cast Delivery.Value: Typed builds the Handler from
-// a Codec and a function that receives the decoded value. JSON is the default codec (fields
-// the type does not know are allowed, data after the value and bytes that are not UTF-8 are
-// refused: CheckJSONText, which a plugin's own JSON decoder calls too); the plugin gives
-// the business key, and optionally the fingerprint:
+// A plugin implements Handler — most simply with Typed, a Codec (JSON) and a function of
+// the decoded value — and declares it in a Plugin. Handle writes in the inbox's
+// transaction, its rows through an Inserter and its events through outbox.Writer, and
+// returns Done (or Continue after one step of a multi-step handler):
 //
 //	h := inbox.Typed(
 //		inbox.JSON[OrderShipped]{Key: func(o OrderShipped) (string, error) { return o.OrderID, nil }},
 //		func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery, o OrderShipped) (inbox.Progress, error) {
-//			_, err := tx.ExecContext(ctx, "INSERT INTO points_credit (order_id, points) VALUES (?, ?)", o.OrderID, o.Points)
-//			return inbox.Done, err
+//			return inbox.Done, credits.Insert(ctx, tx, o.OrderID, o.Points)
 //		})
 //
-// A handler whose steps call slow outside services also implements Preparer: Prepare makes
-// the calls before the step's transaction, so no lock is held across them.
+// JSON decodes a payload as sent or not at all: bytes that are not UTF-8 make it poison
+// (CheckJSONText, which a plugin's own JSON decoder calls too).
+//
+// Optional: a Preparer makes slow outside calls before the step's transaction; an
+// io.Closer is closed when the runtime is done with the handler; a BatchHandler is the
+// expert path of group commit (below).
 //
 // # Group commit
 //
 // A Batcher (Inbox.NewBatcher; the router's default) runs deliveries that arrive together
-// in shared transactions: one multi-row claim of their inbox rows, the handler's work, one
-// commit. Any Handler is group-committed: each delivery's Handle runs in the batch's
-// transaction, behind a savepoint once a delivery has failed, so a delivery that fails,
-// panics or times out is rolled back alone and retried or quarantined alone, its attempts
-// counted on its row; per-key order and every guarantee above are Process's. A Preparer's
-// Prepare runs before the batch, outside it. Rows a Handle inserts through an Inserter (and
-// events it adds with outbox.Writer.Add) wait for the end of the batch and go out in
-// multi-row INSERTs, so a one-step plain handler costs the batch no round trip of its own.
-// A BatchHandler does a batch's work with its own multi-row statements (HandleBatch).
+// in shared transactions: one multi-row claim, each delivery's Handle, one commit, with
+// Process's guarantees per delivery (grouped.go). The rows an Inserter and outbox.Writer
+// defer go out in multi-row INSERTs at the end of the batch. A BatchHandler's HandleBatch
+// does a batch's work with its own multi-row statements instead.
 //
-// The package knows no domain and no other onceflow layer: a plugin implements Handler.
+// The package knows no domain and no other onceflow layer; inbox/inboxops is the inbox as
+// an operator's tools use it (rows, replay, cleaner).
 package inbox
