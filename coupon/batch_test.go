@@ -62,6 +62,33 @@ func deliverAll(t *testing.T, b *inbox.Batcher, ds []delivery, goroutines int) m
 	return out
 }
 
+// bothPaths runs f on the coupon plugin's handler under group commit with its HandleBatch
+// (the expert path, the router's) and without it (only the contract a plugin author writes).
+func bothPaths(t *testing.T, f func(t *testing.T, contract bool)) {
+	for _, contract := range []bool{false, true} {
+		name := "batch handler"
+		if contract {
+			name = "contract"
+		}
+		t.Run(name, func(t *testing.T) { f(t, contract) })
+	}
+}
+
+// pathHandler is the plugin's handler on db (plugin), without its HandleBatch when contract.
+func pathHandler(t *testing.T, db *sql.DB, g *coupon.Granter, contract bool) inbox.Handler {
+	h := plugin(t, db, g)
+	if !contract {
+		return h
+	}
+	if p, ok := h.(inbox.Preparer); ok {
+		return struct {
+			inbox.Handler
+			inbox.Preparer
+		}{h, p}
+	}
+	return struct{ inbox.Handler }{h}
+}
+
 func newBatcher(t *testing.T, ib *inbox.Inbox, cfg inbox.BatchConfig) *inbox.Batcher {
 	t.Helper()
 	b, err := ib.NewBatcher(cfg)
@@ -77,7 +104,11 @@ func newBatcher(t *testing.T, ib *inbox.Inbox, cfg inbox.BatchConfig) *inbox.Bat
 // event and the full legal transition log per order, duplicates counted, the odd messages
 // quarantined with their reasons — and the audit that says so catches an injected
 // duplicate event.
-func TestBatchGrantsExactlyOnce(t *testing.T) { bothClaimReads(t, testBatchGrantsExactlyOnce) }
+func TestBatchGrantsExactlyOnce(t *testing.T) {
+	bothPaths(t, func(t *testing.T, contract bool) {
+		bothClaimReads(t, func(t *testing.T, sel bool) { testBatchGrantsExactlyOnce(t, sel, contract) })
+	})
+}
 
 // bothClaimReads runs a test with the claim reading its rows back through RETURNING (the
 // default on MariaDB) and through the SELECT other servers use.
@@ -91,12 +122,12 @@ func bothClaimReads(t *testing.T, f func(t *testing.T, selectAfterClaim bool)) {
 	}
 }
 
-func testBatchGrantsExactlyOnce(t *testing.T, sel bool) {
+func testBatchGrantsExactlyOnce(t *testing.T, sel, contract bool) {
 	d := testenv.DB(t, 16, couponSchema)
 	ctx := context.Background()
 	cfg := campaign("batch-1", 100_000, 100_000*valueCents)
 	g := setup(t, d.DB, cfg, nil)
-	ib, err := inbox.New(d.DB, plugin(t, d.DB, g), inbox.Config{BizType: coupon.BizType, BackoffInitial: time.Millisecond, BackoffMax: 10 * time.Millisecond}, nil, nil)
+	ib, err := inbox.New(d.DB, pathHandler(t, d.DB, g, contract), inbox.Config{BizType: coupon.BizType, BackoffInitial: time.Millisecond, BackoffMax: 10 * time.Millisecond}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,12 +218,14 @@ func testBatchGrantsExactlyOnce(t *testing.T, sel bool) {
 // TestBatchRunsOutOfStockExactly: near exhaustion no shard covers a whole batch, so a
 // batch leaves its grants to the one-at-a-time path: exactly the stock is granted, the rest
 // fail as stock_exhausted, and the counters add up.
-func TestBatchRunsOutOfStockExactly(t *testing.T) {
+func TestBatchRunsOutOfStockExactly(t *testing.T) { bothPaths(t, testBatchRunsOutOfStockExactly) }
+
+func testBatchRunsOutOfStockExactly(t *testing.T, contract bool) {
 	d := testenv.DB(t, 16, couponSchema)
 	cfg := campaign("batch-stock", 300, 1000*valueCents)
 	cfg.Shards = 2 // 150 per shard: whole batches fit until the stock runs low
 	g := setup(t, d.DB, cfg, nil)
-	ib, err := inbox.New(d.DB, plugin(t, d.DB, g), inbox.Config{BizType: coupon.BizType}, nil, nil)
+	ib, err := inbox.New(d.DB, pathHandler(t, d.DB, g, contract), inbox.Config{BizType: coupon.BizType}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,18 +242,22 @@ func TestBatchRunsOutOfStockExactly(t *testing.T) {
 	}
 	st := b.Stats()
 	t.Logf("batcher: %+v", st)
-	if st.Batched == 0 || st.Fallbacks == 0 {
-		t.Errorf("stats %+v: want both batched grants and one-at-a-time ones near exhaustion", st)
+	// HandleBatch leaves what it cannot cover whole to the one-at-a-time path; the contract's
+	// Handle takes one coupon at a time and fails the rest in the batch.
+	if st.Batched == 0 || !contract && st.Fallbacks == 0 {
+		t.Errorf("stats %+v: want batched grants (and, with HandleBatch, one-at-a-time ones near exhaustion)", st)
 	}
 }
 
 // TestBatchFailedCallsFallBack: deliveries whose external calls fail before the batch are
 // retried one at a time with backoff; every order ends granted or quarantined, never twice.
-func TestBatchFailedCallsFallBack(t *testing.T) {
+func TestBatchFailedCallsFallBack(t *testing.T) { bothPaths(t, testBatchFailedCallsFallBack) }
+
+func testBatchFailedCallsFallBack(t *testing.T, contract bool) {
 	d := testenv.DB(t, 16, couponSchema)
 	cfg := campaign("batch-flaky", 100_000, 100_000*valueCents)
 	g := setup(t, d.DB, cfg, coupon.NewSimulatedService(0, time.Millisecond, 0.1, 7))
-	ib, err := inbox.New(d.DB, plugin(t, d.DB, g), inbox.Config{BizType: coupon.BizType, BackoffInitial: time.Millisecond, BackoffMax: 5 * time.Millisecond}, nil, nil)
+	ib, err := inbox.New(d.DB, pathHandler(t, d.DB, g, contract), inbox.Config{BizType: coupon.BizType, BackoffInitial: time.Millisecond, BackoffMax: 5 * time.Millisecond}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,14 +289,18 @@ func TestBatchFailedCallsFallBack(t *testing.T) {
 // TestBatchResumesUnfinishedRows: deliveries whose inbox rows an earlier, crashed delivery
 // left 'processing' — one before any step, one half-way (grant LOCKED) — are finished once,
 // and are not counted as duplicates.
-func TestBatchResumesUnfinishedRows(t *testing.T) { bothClaimReads(t, testBatchResumesUnfinishedRows) }
+func TestBatchResumesUnfinishedRows(t *testing.T) {
+	bothPaths(t, func(t *testing.T, contract bool) {
+		bothClaimReads(t, func(t *testing.T, sel bool) { testBatchResumesUnfinishedRows(t, sel, contract) })
+	})
+}
 
-func testBatchResumesUnfinishedRows(t *testing.T, sel bool) {
+func testBatchResumesUnfinishedRows(t *testing.T, sel, contract bool) {
 	d := testenv.DB(t, 8, couponSchema)
 	ctx := context.Background()
 	cfg := campaign("batch-resume", 1000, 1000*valueCents)
 	g := setup(t, d.DB, cfg, nil)
-	ib, err := inbox.New(d.DB, plugin(t, d.DB, g), inbox.Config{BizType: coupon.BizType}, nil, nil)
+	ib, err := inbox.New(d.DB, pathHandler(t, d.DB, g, contract), inbox.Config{BizType: coupon.BizType}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -300,12 +341,14 @@ func testBatchResumesUnfinishedRows(t *testing.T, sel bool) {
 // message replayed after its inbox row expired): the batch's direct GRANTED insert finds
 // them, rolls back to its savepoint and takes the general path — no second coupon, no
 // counter taken twice, the half-way grant finished once.
-func TestBatchNewInboxRowsExistingGrants(t *testing.T) {
+func TestBatchNewInboxRowsExistingGrants(t *testing.T) { bothPaths(t, testBatchNewInboxRowsExistingGrants) }
+
+func testBatchNewInboxRowsExistingGrants(t *testing.T, contract bool) {
 	d := testenv.DB(t, 8, couponSchema)
 	ctx := context.Background()
 	cfg := campaign("batch-existing", 1000, 1000*valueCents)
 	g := setup(t, d.DB, cfg, nil)
-	ib, err := inbox.New(d.DB, plugin(t, d.DB, g), inbox.Config{BizType: coupon.BizType}, nil, nil)
+	ib, err := inbox.New(d.DB, pathHandler(t, d.DB, g, contract), inbox.Config{BizType: coupon.BizType}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
