@@ -341,7 +341,9 @@ func testBatchResumesUnfinishedRows(t *testing.T, sel, contract bool) {
 // message replayed after its inbox row expired): the batch's direct GRANTED insert finds
 // them, rolls back to its savepoint and takes the general path — no second coupon, no
 // counter taken twice, the half-way grant finished once.
-func TestBatchNewInboxRowsExistingGrants(t *testing.T) { bothPaths(t, testBatchNewInboxRowsExistingGrants) }
+func TestBatchNewInboxRowsExistingGrants(t *testing.T) {
+	bothPaths(t, testBatchNewInboxRowsExistingGrants)
+}
 
 func testBatchNewInboxRowsExistingGrants(t *testing.T, contract bool) {
 	d := testenv.DB(t, 8, couponSchema)
