@@ -15,57 +15,19 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// Group commit for plain handlers. A Batcher whose handler is not a BatchHandler claims a
-// batch's inbox rows as it does for one (one multi-row claim, duplicates and conflicts
-// sorted out from what it returns), then runs the handler's Handle for each delivery that
-// is ours to run, one after another in the batch's transaction, each behind a savepoint:
-//
-//	SAVEPOINT onceflow_delivery        -- one round trip per delivery
-//	Handle(ctx, tx, d)                 -- the plugin's own statements
-//	[ROLLBACK TO SAVEPOINT onceflow_delivery; count the failed attempt on its row]
-//
-// The savepoint has one name, set again before each delivery: setting a savepoint that
-// exists replaces it, so no RELEASE SAVEPOINT is sent (a round trip per delivery less);
-// the last one goes with the commit.
-//
-// Savepoints only when they are needed. A SAVEPOINT is a round trip at least as dear as
-// the small INSERT of a one-step handler (docs/BENCHMARKS.md, "Savepoints only after a
-// failure"). So a batch first runs without them; should a delivery fail in
-// that run, the batch is rolled back whole and runs again without that delivery, each of
-// the others behind a savepoint, and for savepointsAfterFailure the Batcher's batches set
-// savepoints from their first run (a stream with failures pays the savepoints rather than
-// reruns). The deliveries before the failing one run twice then, in two transactions of
-// which one is rolled back, as after a deadlock.
-//
-// A delivery whose Handle returns an error, panics or returns an invalid Progress is rolled
-// back alone: to its savepoint — its row set back to 'processing' with the attempt counted
-// on it (attempts, last_error — as countFailure does on the one-at-a-time path) — or, in a
-// run without savepoints, with the run, its attempt then counted in a transaction of its
-// own (countFailure). Once the batch has committed it is quarantined (Permanent, or
-// attempts used up: ReasonPermanent, ReasonPanic, ReasonTimeout, ReasonRetriesExhausted) or
-// retried alone by Process after its backoff, its attempts so far counted. What is not a
-// delivery's fault fails the whole batch as with a BatchHandler: a lock conflict (InnoDB
-// rolls back the whole transaction on a deadlock) is retried whole, a lost connection falls
-// every delivery back. A Handle that does not return within inbox.handler_timeout (counted
-// from the batch's start), or whose failure leaves the savepoint unusable, is taken out of
-// the batch like a failure in a run without savepoints; should a second delivery of the
-// batch need taking out, the others fall back to the one-at-a-time path.
-//
-// Multi-step handlers: a delivery's Handle runs its first step in the batch and, with
-// inbox.steps_per_transaction above 1, the next ones too, inside its savepoint (exactly the
-// steps runStep would put in one transaction). When it still returns Continue, the steps it
-// made commit with the batch (its row 'processing') and the one-at-a-time path resumes it
-// after the batch, its own state deciding what is left — as it does for a BatchHandler's
-// Continue.
-//
-// Outbox rows: the batch's context carries a txdefer.Set of its transaction, so the
-// events the deliveries add (outbox.Writer.Add) go out as one multi-row INSERT at the end
-// of the batch instead of one INSERT per delivery; a delivery rolled back to its savepoint
-// drops its rows from the Set. Should that INSERT fail, the batch falls back whole.
-//
-// A Preparer's Prepare runs before the batch, outside any transaction (prepare.go); a
-// delivery that is not prepared (its Prepare failed, or was skipped for a key just
-// finished) never runs Handle in a batch, so no slow call is made inside one.
+// Group commit for plain handlers: a Batcher whose handler is not a BatchHandler claims the
+// batch's rows with one multi-row statement, then runs each delivery's Handle, one after
+// another, in the batch's transaction. A batch first runs without savepoints (one costs
+// about what a small INSERT does: docs/BENCHMARKS.md, "Savepoints only after a failure");
+// when a delivery fails, the batch rolls back and runs again without it, each other
+// delivery behind one savepoint set again before each (no RELEASE), and the Batcher keeps
+// savepoints from the first run for a while (savepointsAfterFailure). A delivery that
+// fails, panics, times out or leaves its savepoint unusable is rolled back alone, its
+// attempt counted on its row, then quarantined or retried by Process; a lock conflict
+// retries the batch whole, a lost connection falls every delivery back to Process. A
+// multi-step handler's steps made in the batch commit with it and Process resumes the rest.
+// Outbox rows and Inserter rows wait in the batch's txdefer.Set and go out as multi-row
+// INSERTs at its end. A Preparer's Prepare runs before the batch, never inside it.
 
 // savepointName is the one savepoint of a grouped batch, set before each delivery.
 const savepointName = "onceflow_delivery"
