@@ -250,7 +250,7 @@ func (c Config) validate() error {
 	// No DSN is built in: an empty db.dsn is refused (exit 2, naming the key) by the commands
 	// that connect (dbConfig); commands that do not (plugins, config) run without one.
 	if c.DB.DSN != "" {
-		if _, err := dbx.ParseDSN(c.DB.DSN); err != nil {
+		if _, err := dbx.ParseDSNInfo(c.DB.DSN); err != nil {
 			return fmt.Errorf("db.dsn: %w", err)
 		}
 	}

@@ -94,7 +94,7 @@ func TestMigrateGrantsLeastPrivilege(t *testing.T) {
 
 	// The privileges are the files' and nothing else: none on the database as a whole, and
 	// on each table exactly the listed ones.
-	list, err := migrations.Grants(migrationSetsOf(reg)...)
+	list, err := migrations.Grants(testenv.Dialect(), migrationSetsOf(reg)...)
 	if err != nil {
 		t.Fatal(err)
 	}

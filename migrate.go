@@ -81,7 +81,8 @@ func (a *app) migrateCmd() *cobra.Command {
 // grantApp gives the account db.dsn logs in as its privileges on the tables of the database
 // admin (the migration user's pool) is on, and says what it granted.
 func (a *app) grantApp(ctx context.Context, admin *sql.DB, adminCfg dbx.Config) error {
-	list, err := migrations.Grants(migrationSets(a.plugins)...)
+	d := dbx.DialectOf(admin)
+	list, err := migrations.Grants(d, migrationSets(a.plugins)...)
 	if err != nil {
 		return err
 	}
@@ -101,7 +102,7 @@ func (a *app) grantApp(ctx context.Context, admin *sql.DB, adminCfg dbx.Config) 
 		printf("migrate: db.dsn logs in as the migration user %s: nothing to grant\n", account)
 		return nil
 	}
-	rep, err := migrations.ApplyGrants(ctx, admin, account, list)
+	rep, err := migrations.ApplyGrants(ctx, d, admin, account, list)
 	if err != nil {
 		return err
 	}
@@ -118,21 +119,25 @@ func (a *app) grantApp(ctx context.Context, admin *sql.DB, adminCfg dbx.Config) 
 // printGrants prints the GRANT statements for the user of db.dsn, for a DBA who keeps the
 // grants: to run in the application's database after `router migrate --grants=false`. It
 // connects to nothing, so the account's host is written as '%'.
-func (a *app) printGrants(ctx context.Context) error {
-	list, err := migrations.Grants(migrationSets(a.plugins)...)
-	if err != nil {
-		return err
-	}
+func (a *app) printGrants(context.Context) error {
 	if _, err := a.dbConfig(a.cfg.DB.DSN, false); err != nil {
 		return err
 	}
-	mc, err := dbx.ParseDSN(a.cfg.DB.DSN)
+	info, err := dbx.ParseDSNInfo(a.cfg.DB.DSN)
 	if err != nil {
 		return badInput(fmt.Errorf("db.dsn: %w", err))
 	}
-	account := "`" + strings.ReplaceAll(mc.User, "`", "``") + "`@`%`"
+	d := dbx.MariaDB
+	account := "`" + strings.ReplaceAll(info.User, "`", "``") + "`@`%`"
+	if info.Postgres {
+		d, account = dbx.Postgres, `"`+strings.ReplaceAll(info.User, `"`, `""`)+`"`
+	}
+	list, err := migrations.Grants(d, migrationSets(a.plugins)...)
+	if err != nil {
+		return err
+	}
 	printf("-- the application user's privileges, table by table (write its host as your account has it)\n")
-	for _, q := range migrations.GrantStatements(account, list) {
+	for _, q := range migrations.GrantStatements(d, account, list) {
 		printf("%s;\n", q)
 	}
 	return nil

@@ -82,11 +82,11 @@ func (a *app) relayConfig() (outbox.RelayConfig, error) {
 		// One transactional id per database and shard: relays of two databases (a demo and
 		// production, say) never fence each other, and a position is only read back by
 		// relays of the same database.
-		mc, err := dbx.ParseDSN(a.cfg.DB.DSN)
+		info, err := dbx.ParseDSNInfo(a.cfg.DB.DSN)
 		if err != nil {
 			return outbox.RelayConfig{}, badInput(err)
 		}
-		rc.TransactionalID = outbox.DefaultTransactionalID(mc.DBName, rc.WithDefaults().Shard)
+		rc.TransactionalID = outbox.DefaultTransactionalID(info.DBName, rc.WithDefaults().Shard)
 	}
 	rc.Hook, rc.TracerProvider = faults.RelayPoint(), a.cfg.tracing
 	if err := rc.WithDefaults().Validate(); err != nil {

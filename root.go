@@ -133,7 +133,7 @@ func (a *app) dbConfig(dsn string, admin bool) (*dbx.Config, error) {
 		return nil, badInput(fmt.Errorf("%s is empty: set it (config file, env ONCEFLOW_%s), e.g. onceflow@tcp(127.0.0.1:3306)/onceflow with the password in db.password_file; no DSN is built in",
 			key, strings.ToUpper(strings.ReplaceAll(key, ".", "_"))))
 	}
-	if _, err := dbx.ParseDSN(dsn); err != nil {
+	if _, err := dbx.ParseDSNInfo(dsn); err != nil {
 		return nil, badInput(fmt.Errorf("%s: %w", key, err))
 	}
 	pw, err := a.cfg.DB.password(admin)

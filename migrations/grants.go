@@ -11,6 +11,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+
+	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
 // GrantsFile lists, beside a set's SQL files, what the application user may do on each table
@@ -80,9 +82,13 @@ func ParseGrants(b []byte, source string) ([]Grant, error) {
 	return out, sc.Err()
 }
 
-// setGrants reads s's grants file; a set without one grants nothing.
-func setGrants(s Set) ([]Grant, error) {
-	b, err := fs.ReadFile(s.FS, GrantsFile)
+// setGrants reads s's grants file for dialect d; a set without one grants nothing.
+func setGrants(s Set, d dbx.Dialect) ([]Grant, error) {
+	dir, err := dialectDir(s.FS, d)
+	if err != nil {
+		return nil, fmt.Errorf("grants of %s: %w", s.label(), err)
+	}
+	b, err := fs.ReadFile(dir, GrantsFile)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -92,16 +98,16 @@ func setGrants(s Set) ([]Grant, error) {
 	return ParseGrants(b, s.label()+"/"+GrantsFile)
 }
 
-// Grants returns the grants of the framework's migrations, then of each plugin set's. A table
-// two sets list is an error.
-func Grants(plugins ...Set) ([]Grant, error) {
+// Grants returns the grants of the framework's migrations, then of each plugin set's, for
+// dialect d. A table two sets list is an error.
+func Grants(d dbx.Dialect, plugins ...Set) ([]Grant, error) {
 	if err := checkSets(plugins); err != nil {
 		return nil, err
 	}
 	var out []Grant
 	by := map[string]string{}
 	for _, s := range append([]Set{{Name: "onceflow", FS: FS}}, plugins...) {
-		gs, err := setGrants(s)
+		gs, err := setGrants(s, d)
 		if err != nil {
 			return nil, err
 		}
@@ -116,12 +122,12 @@ func Grants(plugins ...Set) ([]Grant, error) {
 	return out, nil
 }
 
-// GrantStatements are the statements that give account (as Account returns it) grants on
-// the tables of the current database.
-func GrantStatements(account string, grants []Grant) []string {
+// GrantStatements are the statements that give account (as dbx.Account returns it) grants
+// on the tables of the current database, in dialect d.
+func GrantStatements(d dbx.Dialect, account string, grants []Grant) []string {
 	var out []string
 	for _, g := range grants {
-		out = append(out, fmt.Sprintf("GRANT %s ON `%s` TO %s", strings.Join(g.Privileges, ", "), g.Table, account))
+		out = append(out, fmt.Sprintf("GRANT %s ON %s TO %s", strings.Join(g.Privileges, ", "), d.Quote(g.Table), account))
 	}
 	return out
 }
@@ -145,9 +151,13 @@ type GrantReport struct {
 // by a user that may grant them (the migration user, with GRANT OPTION on the database).
 // Grants on a table outlive the table: a table dropped and created again (`router migrate
 // --reset`) keeps them.
-func ApplyGrants(ctx context.Context, db Conn, account string, grants []Grant) (GrantReport, error) {
+func ApplyGrants(ctx context.Context, d dbx.Dialect, db Conn, account string, grants []Grant) (GrantReport, error) {
 	var rep GrantReport
-	rows, err := db.QueryContext(ctx, `SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE() AND table_type = 'BASE TABLE'`)
+	schema := "DATABASE()"
+	if d.IsPostgres() {
+		schema = "current_schema()"
+	}
+	rows, err := db.QueryContext(ctx, `SELECT table_name FROM information_schema.tables WHERE table_schema = `+schema+` AND table_type = 'BASE TABLE'`)
 	if err != nil {
 		return rep, fmt.Errorf("grants: list tables: %w", err)
 	}
@@ -171,7 +181,7 @@ func ApplyGrants(ctx context.Context, db Conn, account string, grants []Grant) (
 			rep.Missing = append(rep.Missing, g.Table)
 			continue
 		}
-		q := fmt.Sprintf("GRANT %s ON `%s` TO %s", strings.Join(g.Privileges, ", "), g.Table, account)
+		q := fmt.Sprintf("GRANT %s ON %s TO %s", strings.Join(g.Privileges, ", "), d.Quote(g.Table), account)
 		if _, err := db.ExecContext(ctx, q); err != nil {
 			return rep, fmt.Errorf("grants: %s: %w (the migration user needs GRANT OPTION on the database; or leave grants to the DBA: `router migrate --grants=false`, and `router migrate --print-grants` for the statements)", q, err)
 		}
@@ -182,7 +192,7 @@ func ApplyGrants(ctx context.Context, db Conn, account string, grants []Grant) (
 			}
 		}
 		if len(extra) > 0 {
-			q := fmt.Sprintf("REVOKE %s ON `%s` FROM %s", strings.Join(extra, ", "), g.Table, account)
+			q := fmt.Sprintf("REVOKE %s ON %s FROM %s", strings.Join(extra, ", "), d.Quote(g.Table), account)
 			if _, err := db.ExecContext(ctx, q); err != nil {
 				return rep, fmt.Errorf("grants: %s: %w", q, err)
 			}

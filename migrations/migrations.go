@@ -4,6 +4,10 @@
 // and recorded in a goose version table of its own (goose_db_version_<plugin>), so a plugin's
 // versions never collide with the framework's or another plugin's. Files are plain SQL with
 // goose annotations.
+//
+// A set's files are per dialect: the MySQL family's (MariaDB, MySQL 8) at the root of its
+// FS, PostgreSQL's in a postgres/ directory beside them, each with its own grants.txt. A set
+// without files for the database's dialect is refused, naming both (ForDialect).
 package migrations
 
 import (
@@ -17,10 +21,52 @@ import (
 	"strings"
 
 	"github.com/pressly/goose/v3"
+
+	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-//go:embed *.sql grants.txt
+//go:embed *.sql grants.txt postgres/*.sql postgres/grants.txt
 var FS embed.FS
+
+// PostgresDir is the directory of a set's PostgreSQL files.
+const PostgresDir = "postgres"
+
+// ForDialect returns the files of fsys for dialect d: its postgres/ directory for
+// PostgreSQL, its root for the MySQL family. name names the set in the error of a set that
+// ships none for d.
+func ForDialect(name string, fsys fs.FS, d dbx.Dialect) (fs.FS, error) {
+	if fsys == nil {
+		return nil, fmt.Errorf("migrations of %s: no files", name)
+	}
+	dir, err := dialectDir(fsys, d)
+	if err != nil {
+		return nil, fmt.Errorf("migrations of %s: %w", name, err)
+	}
+	files, err := fs.Glob(dir, "*.sql")
+	if err != nil || len(files) == 0 {
+		where := "SQL files at the root of its migrations"
+		if d.IsPostgres() {
+			where = "a " + PostgresDir + "/ directory of SQL files beside its MySQL ones"
+		}
+		return nil, fmt.Errorf("%s ships no migrations for %s (the database of db.dsn): it needs %s", name, d, where)
+	}
+	return dir, nil
+}
+
+// dialectDir is the directory of fsys holding d's files.
+func dialectDir(fsys fs.FS, d dbx.Dialect) (fs.FS, error) {
+	if !d.IsPostgres() {
+		return fsys, nil
+	}
+	return fs.Sub(fsys, PostgresDir)
+}
+
+// Supports reports an error naming the plugin and the dialect when a set has no migrations
+// for d: the runtime refuses to start such a plugin.
+func (s Set) Supports(d dbx.Dialect) error {
+	_, err := ForDialect("plugin "+s.Name, s.FS, d)
+	return err
+}
 
 // FrameworkTable is the goose version table of the framework's migrations (goose's default).
 const FrameworkTable = goose.DefaultTablename
@@ -67,7 +113,7 @@ func Up(ctx context.Context, db *sql.DB, plugins ...Set) error {
 	if err := checkSets(plugins); err != nil {
 		return err
 	}
-	p, err := provider(db, FS, FrameworkTable)
+	p, err := provider(db, "the framework", FS, FrameworkTable)
 	if err != nil {
 		return err
 	}
@@ -75,7 +121,7 @@ func Up(ctx context.Context, db *sql.DB, plugins ...Set) error {
 		return fmt.Errorf("migrate up: %w", err)
 	}
 	for _, s := range plugins {
-		p, err := provider(db, s.FS, s.Table())
+		p, err := provider(db, "plugin "+s.Name, s.FS, s.Table())
 		if err != nil {
 			return fmt.Errorf("migrations of plugin %s: %w", s.Name, err)
 		}
@@ -99,7 +145,7 @@ func Status(ctx context.Context, db *sql.DB, plugins ...Set) ([]string, error) {
 		if i == 0 {
 			table = FrameworkTable
 		}
-		p, err := provider(db, s.FS, table)
+		p, err := provider(db, s.label(), s.FS, table)
 		if err != nil {
 			return nil, fmt.Errorf("migrations of %s: %w", s.label(), err)
 		}
@@ -123,7 +169,7 @@ func Reset(ctx context.Context, db *sql.DB, plugins ...Set) error {
 	}
 	for i := len(plugins) - 1; i >= 0; i-- {
 		s := plugins[i]
-		p, err := provider(db, s.FS, s.Table())
+		p, err := provider(db, "plugin "+s.Name, s.FS, s.Table())
 		if err != nil {
 			return fmt.Errorf("migrations of plugin %s: %w", s.Name, err)
 		}
@@ -131,7 +177,7 @@ func Reset(ctx context.Context, db *sql.DB, plugins ...Set) error {
 			return fmt.Errorf("migrate reset plugin %s: %w", s.Name, err)
 		}
 	}
-	p, err := provider(db, FS, FrameworkTable)
+	p, err := provider(db, "the framework", FS, FrameworkTable)
 	if err != nil {
 		return err
 	}
@@ -144,14 +190,23 @@ func Reset(ctx context.Context, db *sql.DB, plugins ...Set) error {
 // NewProvider is the goose provider of one set of migrations recorded in table (for tests
 // that step through versions).
 func NewProvider(db *sql.DB, fsys fs.FS, table string) (*goose.Provider, error) {
-	return provider(db, fsys, table)
+	return provider(db, table, fsys, table)
 }
 
-func provider(db *sql.DB, fsys fs.FS, table string) (*goose.Provider, error) {
+func provider(db *sql.DB, name string, fsys fs.FS, table string) (*goose.Provider, error) {
 	if fsys == nil {
 		return nil, errors.New("migrations: no files")
 	}
-	p, err := goose.NewProvider(goose.DialectMySQL, db, fsys, goose.WithTableName(table),
+	d := dbx.DialectOf(db)
+	files, err := ForDialect(name, fsys, d)
+	if err != nil {
+		return nil, err
+	}
+	gd := goose.DialectMySQL
+	if d.IsPostgres() {
+		gd = goose.DialectPostgres
+	}
+	p, err := goose.NewProvider(gd, db, files, goose.WithTableName(table),
 		goose.WithDisableGlobalRegistry(true))
 	if err != nil {
 		return nil, fmt.Errorf("migrations: %w", err)

@@ -18,7 +18,11 @@
 #   down         stop Kafka (SIGTERM via pid file) and MariaDB (mariadb-admin shutdown)
 #   reset        stop Kafka and wipe its data (re-formatted by the next up), drop and
 #                re-create the databases; leaves both services down
-#   db-start / db-stop / kafka-start / kafka-stop   one service only (chaos tests)
+#   db-start / db-stop / kafka-start / kafka-stop / pg-start / pg-stop   one service only
+#                (chaos tests)
+#   PostgreSQL 15 (Debian package) on 127.0.0.1:5432 is started by up too, from its own data
+#   dir <run dir>/postgres (scripts/infra-postgres.sh; ONCEFLOW_PG_PORT another port;
+#   ONCEFLOW_POSTGRES=0 leaves it out)
 #   cluster-up|cluster-down|cluster-status|cluster-reset, cluster-start|cluster-stop|cluster-kill N
 #                a separate three-broker KRaft cluster on 127.0.0.1:19092-19094 (replication
 #                factor 3, min.insync.replicas 2; scripts/infra-cluster.sh); with
@@ -956,6 +960,11 @@ browser_install() {
 # shellcheck source=scripts/infra-cluster.sh
 source "$ROOT/scripts/infra-cluster.sh"
 
+# ---------------------------------------------------------------- PostgreSQL
+
+# shellcheck source=scripts/infra-postgres.sh
+source "$ROOT/scripts/infra-postgres.sh"
+
 # ---------------------------------------------------------------- main
 
 usage() {
@@ -971,6 +980,7 @@ main() {
       local t0=$SECONDS
       browser_install
       db_start
+      ! pg_wanted || pg_start
       if cluster_mode; then cluster_up; else kafka_start; fi
       log "all up in $((SECONDS - t0))s"
       ;;
@@ -978,10 +988,12 @@ main() {
       need_root
       if cluster_mode; then cluster_down; else kafka_stop || true; fi
       db_stop
+      ! pg_wanted || pg_stop
       ;;
     status)
       local rc=0
       db_status || rc=1
+      ! pg_wanted || pg_status || rc=1
       if cluster_mode; then cluster_status || rc=1; else kafka_status || rc=1; fi
       exit $rc
       ;;
@@ -993,6 +1005,8 @@ main() {
       ;;
     db-start) db_start ;;
     db-stop) db_stop ;;
+    pg-start) need_root; pg_start ;;
+    pg-stop) need_root; pg_stop ;;
     kafka-start) kafka_start ;;
     kafka-stop) kafka_stop ;;
     cluster-up) cluster_up ;;

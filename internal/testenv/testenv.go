@@ -1,6 +1,7 @@
-// Package testenv gives integration tests a real MariaDB database and real Kafka topics,
-// started by `scripts/infra.sh up`. When a service is unreachable the test FAILS and says how
-// to start it; only `go test -short` skips integration tests.
+// Package testenv gives integration tests a real database (MariaDB, or PostgreSQL, or
+// MySQL 8's SQL on MariaDB: ONCEFLOW_TEST_DB) and real Kafka topics, started by
+// `scripts/infra.sh up`. When a service is unreachable the test FAILS and says how to start
+// it; only `go test -short` skips integration tests.
 //
 // Each DB call creates a fresh database (migrated with the framework's schema and the plugin
 // migrations the test names) that is dropped when the test ends, so test packages can run in
@@ -13,6 +14,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
+	"net/url"
 	"os"
 	"strings"
 	"testing"
@@ -20,6 +22,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/go-sql-driver/mysql"
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 
 	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/pkg/dbx"
@@ -44,9 +47,66 @@ func env(name, def string) string {
 	return def
 }
 
-// AdminDSN is the privileged DSN without a database (ONCEFLOW_TEST_ADMIN_DSN).
+// Dialect is the database the integration tests run on, ONCEFLOW_TEST_DB: mariadb (the
+// default), mysql8 (MySQL 8's SQL, db.dialect=mysql8, on the MariaDB server) or postgres.
+func Dialect() dbx.Dialect {
+	d, err := dbx.ParseDialect(os.Getenv("ONCEFLOW_TEST_DB"))
+	if err != nil {
+		panic(fmt.Sprintf("testenv: ONCEFLOW_TEST_DB: %v", err))
+	}
+	if d == "" {
+		return dbx.MariaDB
+	}
+	return d
+}
+
+// AdminDSN is the privileged DSN without a database (ONCEFLOW_TEST_ADMIN_DSN); on
+// PostgreSQL a URL of its "postgres" database (ONCEFLOW_TEST_PG_ADMIN_DSN).
 func AdminDSN() string {
+	if Dialect().IsPostgres() {
+		return env("ONCEFLOW_TEST_PG_ADMIN_DSN", "postgres://onceflow_admin:onceflow_admin@127.0.0.1:5432/postgres")
+	}
 	return env("ONCEFLOW_TEST_ADMIN_DSN", "onceflow_admin:onceflow_admin@tcp(127.0.0.1:3306)/")
+}
+
+// DSN is the DSN of database name as user:pass, in the form of the tests' dialect.
+func DSN(name, userPass string) string {
+	user, pass, _ := strings.Cut(userPass, ":")
+	if Dialect().IsPostgres() {
+		u, err := url.Parse(AdminDSN())
+		if err != nil {
+			panic(fmt.Sprintf("testenv: admin dsn: %v", err))
+		}
+		u.User, u.Path = url.UserPassword(user, pass), "/"+name
+		return u.String()
+	}
+	mc, err := mysql.ParseDSN(AdminDSN())
+	if err != nil {
+		panic(fmt.Sprintf("testenv: admin dsn: %v", err))
+	}
+	mc.User, mc.Passwd, mc.DBName = user, pass, name
+	return mc.FormatDSN()
+}
+
+// adminUser is the privileged user:password of AdminDSN.
+func adminUser() string {
+	if Dialect().IsPostgres() {
+		u, _ := url.Parse(AdminDSN())
+		p, _ := u.User.Password()
+		return u.User.Username() + ":" + p
+	}
+	mc, _ := mysql.ParseDSN(AdminDSN())
+	return mc.User + ":" + mc.Passwd
+}
+
+// Config is the dbx.Config of a DSN under the tests' dialect (db.dialect=mysql8 in that
+// mode).
+func Config(dsn string, maxConns int) dbx.Config {
+	c := dbx.Config{DSN: dsn, MaxOpenConns: maxConns}
+	if Dialect() == dbx.MySQL8 {
+		c.Dialect = string(dbx.MySQL8)
+	}
+	return c
 }
 
 // MonitorDSN is a DSN of a user with the PROCESS privilege only, which reads other
@@ -111,6 +171,48 @@ func DB(t testing.TB, maxConns int, plugins ...migrations.Set) Database {
 	Integration(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	name := "onceflow_t_" + randHex(6)
+	if maxConns == 0 {
+		maxConns = 16
+	}
+	adminDSN := DSN(name, adminUser())
+	if Dialect().IsPostgres() {
+		createPostgres(ctx, t, name)
+	} else {
+		createMySQL(ctx, t, name)
+	}
+	mig, err := dbx.Open(ctx, Config(adminDSN, 4))
+	if err != nil {
+		t.Fatalf("testenv: %v\n%s", err, howToStart)
+	}
+	t.Cleanup(func() { mig.Close() })
+	if Dialect().IsPostgres() {
+		// Every table the admin user creates here (the migrations', a test's own) gives
+		// the application user its rows, as the onceflow_t_% grant does on MariaDB.
+		if _, err := mig.ExecContext(ctx, "ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO "+pgUser(AppUser())); err != nil {
+			t.Fatalf("testenv: default privileges: %v", err)
+		}
+	}
+	if err := migrations.Up(ctx, mig, plugins...); err != nil {
+		t.Fatalf("testenv: migrate %s: %v", name, err)
+	}
+	dsn := DSN(name, AppUser())
+	db, err := dbx.Open(ctx, Config(dsn, maxConns))
+	if err != nil {
+		t.Fatalf("testenv: %v\n%s", err, howToStart)
+	}
+	t.Cleanup(func() { db.Close() })
+	return Database{Name: name, DSN: dsn, DB: db, Admin: mig, AdminDSN: adminDSN}
+}
+
+func pgUser(userPass string) string {
+	u, _, _ := strings.Cut(userPass, ":")
+	return `"` + strings.ReplaceAll(u, `"`, `""`) + `"`
+}
+
+// createMySQL creates database name on MariaDB, dropped when the test ends.
+func createMySQL(ctx context.Context, t testing.TB, name string) {
+	t.Helper()
 	admin, err := sql.Open("mysql", AdminDSN())
 	if err != nil {
 		t.Fatalf("testenv: admin dsn: %v", err)
@@ -119,7 +221,6 @@ func DB(t testing.TB, maxConns int, plugins ...migrations.Set) Database {
 	if err := admin.PingContext(ctx); err != nil {
 		t.Fatalf("testenv: MariaDB unreachable (%s): %v\n%s", dbx.MaskDSN(AdminDSN()), err, howToStart)
 	}
-	name := "onceflow_t_" + randHex(6)
 	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
 		t.Fatalf("testenv: create database: %v", err)
 	}
@@ -130,32 +231,30 @@ func DB(t testing.TB, maxConns int, plugins ...migrations.Set) Database {
 			t.Logf("testenv: drop database %s: %v", name, err)
 		}
 	})
-	mc, err := mysql.ParseDSN(AdminDSN())
+}
+
+// createPostgres creates database name on PostgreSQL, owned by the admin user, dropped
+// (WITH (FORCE): pools a test left open are cut) when the test ends.
+func createPostgres(ctx context.Context, t testing.TB, name string) {
+	t.Helper()
+	admin, err := sql.Open("pgx", AdminDSN())
 	if err != nil {
-		t.Fatalf("testenv: %v", err)
+		t.Fatalf("testenv: admin dsn: %v", err)
 	}
-	mc.DBName = name
-	mig, err := sql.Open("mysql", mc.FormatDSN())
-	if err != nil {
-		t.Fatalf("testenv: %v", err)
+	t.Cleanup(func() { admin.Close() })
+	if err := admin.PingContext(ctx); err != nil {
+		t.Fatalf("testenv: PostgreSQL unreachable (%s): %v\n%s", dbx.MaskDSN(AdminDSN()), err, howToStart)
 	}
-	t.Cleanup(func() { mig.Close() })
-	if err := migrations.Up(ctx, mig, plugins...); err != nil {
-		t.Fatalf("testenv: migrate %s: %v", name, err)
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("testenv: create database: %v", err)
 	}
-	user, pass, _ := strings.Cut(AppUser(), ":")
-	app := *mc
-	app.User, app.Passwd = user, pass
-	dsn := app.FormatDSN()
-	if maxConns == 0 {
-		maxConns = 16
-	}
-	db, err := dbx.Open(ctx, dbx.Config{DSN: dsn, MaxOpenConns: maxConns})
-	if err != nil {
-		t.Fatalf("testenv: %v\n%s", err, howToStart)
-	}
-	t.Cleanup(func() { db.Close() })
-	return Database{Name: name, DSN: dsn, DB: db, Admin: mig, AdminDSN: mc.FormatDSN()}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := admin.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			t.Logf("testenv: drop database %s: %v", name, err)
+		}
+	})
 }
 
 // Kafka returns a client config for the test broker, failing when it is unreachable.
@@ -278,6 +377,16 @@ func GrantsDB(t testing.TB) GrantsDatabase {
 	Integration(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	if Dialect().IsPostgres() {
+		name := "onceflow_g_" + randHex(6)
+		g := GrantsDatabase{Name: name, AdminDSN: DSN(name, adminUser()), DSN: DSN(name, AppUser())}
+		createPostgres(ctx, t, name)
+		var err error
+		if g.Account, err = dbx.Account(ctx, dbx.Config{DSN: g.DSN}); err != nil {
+			t.Fatalf("testenv: %v\n%s", err, howToStart)
+		}
+		return g
+	}
 	mc, err := mysql.ParseDSN(AdminDSN())
 	if err != nil {
 		t.Fatalf("testenv: %v", err)

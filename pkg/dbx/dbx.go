@@ -1,6 +1,7 @@
-// Package dbx holds the small MySQL/MariaDB building blocks shared by inbox, outbox and
-// plugins: opening a pool with safe defaults, running a function in a transaction, and
-// classifying driver errors.
+// Package dbx holds the small database building blocks shared by inbox, outbox and plugins:
+// opening a pool with safe defaults (MariaDB, MySQL 8 or PostgreSQL, chosen from the DSN),
+// the pool's SQL dialect, running a function in a transaction, and classifying driver
+// errors.
 package dbx
 
 import (
@@ -22,8 +23,12 @@ import (
 // Config describes one connection pool. The tags declare the stock router's db.* settings
 // (internal/settings): key, default, range and help.
 type Config struct {
-	// DSN is go-sql-driver's: user:pass@tcp(host:port)/db?params.
-	DSN string `key:"dsn" help:"application DSN (least privilege), user@tcp(host:port)/db; required (no built-in credentials)"`
+	// DSN is go-sql-driver's (user:pass@tcp(host:port)/db?params) for MariaDB and MySQL,
+	// a postgres://user:pass@host:port/db URL for PostgreSQL.
+	DSN string `key:"dsn" help:"application DSN (least privilege): user@tcp(host:port)/db for MariaDB/MySQL, postgres://user@host:port/db for PostgreSQL; required (no built-in credentials)"`
+	// Dialect forces the SQL dialect (mariadb, mysql8, postgres); empty: postgres for a
+	// postgres:// DSN, else mariadb or mysql8 by the server's version.
+	Dialect string `key:"dialect" help:"SQL dialect: mariadb, mysql8 or postgres; empty: from the DSN and the server's version (mysql8 on a MariaDB server runs MySQL 8's SQL there)"`
 	// Password replaces the DSN's password when set (from a file or the environment, so the
 	// DSN in a config file carries none).
 	Password        string        `key:"password" help:"password of db.dsn's user, replacing the DSN's; better from ONCEFLOW_DB_PASSWORD or db.password_file"`
@@ -45,6 +50,13 @@ func (c Config) WithDefaults() Config {
 func (c Config) Validate() error {
 	if err := settings.Check(c); err != nil {
 		return fmt.Errorf("database: %w", err)
+	}
+	d, err := ParseDialect(c.Dialect)
+	if err != nil {
+		return err
+	}
+	if (d == Postgres) != IsPostgresDSN(c.DSN) && d != "" && c.DSN != "" {
+		return fmt.Errorf("db.dialect %s does not match db.dsn %q", d, MaskDSN(c.DSN))
 	}
 	return nil
 }
@@ -68,6 +80,9 @@ func (c *Config) setDefaults() {
 func ParseDSN(dsn string) (*mysql.Config, error) {
 	if dsn == "" {
 		return nil, errors.New("database dsn is empty: set db.dsn (env ONCEFLOW_DB_DSN), e.g. onceflow:onceflow@tcp(127.0.0.1:3306)/onceflow")
+	}
+	if IsPostgresDSN(dsn) {
+		return nil, fmt.Errorf("database dsn %q is PostgreSQL's, not MySQL's", MaskDSN(dsn))
 	}
 	mc, err := mysql.ParseDSN(dsn)
 	if err != nil {
@@ -139,11 +154,16 @@ func (cfg Config) DriverConfig() (*mysql.Config, error) {
 	return mc, nil
 }
 
-// Open opens and pings a pool. The error names the server and says how to start it.
+// Open opens and pings a pool: pgx's database/sql driver for a postgres:// DSN,
+// go-sql-driver/mysql otherwise. The error names the server and says how to start it. The
+// pool's dialect (DialectOf) is db.dialect, else the DSN's and the server's.
 func Open(ctx context.Context, cfg Config) (*sql.DB, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if IsPostgresDSN(cfg.DSN) {
+		return openPostgres(ctx, cfg)
 	}
 	mc, err := cfg.DriverConfig()
 	if err != nil {
@@ -171,6 +191,14 @@ func Open(ctx context.Context, cfg Config) (*sql.DB, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("database %s/%s: %w: session isolation is %q (%v): leave tx_isolation out of the dsn", mc.Addr, mc.DBName, ErrIsolation, iso, err)
 	}
+	d := Dialect(cfg.Dialect)
+	if d == "" {
+		if d, err = serverDialect(pctx, db); err != nil {
+			_ = db.Close()
+			return nil, fmt.Errorf("database %s/%s: %w", mc.Addr, mc.DBName, err)
+		}
+	}
+	setDialect(db, d)
 	return db, nil
 }
 
@@ -183,6 +211,9 @@ func Open(ctx context.Context, cfg Config) (*sql.DB, error) {
 func MaskDSN(dsn string) string {
 	if dsn == "" {
 		return ""
+	}
+	if IsPostgresDSN(dsn) {
+		return maskPostgres(dsn)
 	}
 	mc, err := mysql.ParseDSN(dsn)
 	if err != nil {
@@ -268,7 +299,7 @@ var ErrCommitUnknown = errors.New("the outcome of the commit is unknown")
 // (the context was done, or the transaction was already over).
 func commitUnknown(err error) bool {
 	var me *mysql.MySQLError
-	return !errors.As(err, &me) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) &&
+	return !errors.As(err, &me) && pgCode(err) == "" && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) &&
 		!errors.Is(err, sql.ErrTxDone)
 }
 
@@ -279,12 +310,17 @@ const (
 	ErDupEntry        = 1062
 )
 
-// IsLockConflict reports a deadlock or lock-wait timeout: the transaction was rolled back
-// by the server and may simply be run again.
+// IsLockConflict reports a deadlock or lock-wait timeout (PostgreSQL: a deadlock, a
+// serialization failure or lock_timeout): the transaction was rolled back by the server and
+// may simply be run again.
 func IsLockConflict(err error) bool {
 	var me *mysql.MySQLError
 	if errors.As(err, &me) {
 		return me.Number == ErLockDeadlock || me.Number == ErLockWaitTimeout
+	}
+	switch pgCode(err) {
+	case pgDeadlockDetected, pgSerializationFailure, pgLockNotAvailable:
+		return true
 	}
 	return false
 }
@@ -292,7 +328,14 @@ func IsLockConflict(err error) bool {
 // IsDuplicate reports a unique-key violation.
 func IsDuplicate(err error) bool {
 	var me *mysql.MySQLError
-	return errors.As(err, &me) && me.Number == ErDupEntry
+	return errors.As(err, &me) && me.Number == ErDupEntry || pgCode(err) == pgUniqueViolation
+}
+
+// IsAccessDenied reports a statement the server refused for want of a privilege (MySQL
+// 1142, PostgreSQL 42501).
+func IsAccessDenied(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == 1142 || pgCode(err) == "42501"
 }
 
 var identRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
@@ -331,6 +374,9 @@ func CreateDatabase(ctx context.Context, dsn string) error {
 // EnsureDatabase creates the database of cfg's DSN if it does not exist, connected as cfg
 // says (password, TLS); privileged users only.
 func EnsureDatabase(ctx context.Context, cfg Config) error {
+	if IsPostgresDSN(cfg.DSN) {
+		return ensurePostgresDatabase(ctx, cfg)
+	}
 	mc, err := cfg.DriverConfig()
 	if err != nil {
 		return err
@@ -359,6 +405,9 @@ func EnsureDatabase(ctx context.Context, cfg Config) error {
 // one) and returns the account the server matched (CURRENT_USER()), quoted for GRANT:
 // `user`@`host`, e.g. `onceflow`@`127.0.0.1` or `onceflow`@`%`.
 func Account(ctx context.Context, cfg Config) (string, error) {
+	if IsPostgresDSN(cfg.DSN) {
+		return postgresAccount(ctx, cfg)
+	}
 	mc, err := cfg.DriverConfig()
 	if err != nil {
 		return "", err

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"weak"
 
@@ -33,7 +34,14 @@ type Querier interface {
 // server has no such variable (MySQL 8), @@transaction_isolation.
 func SessionIsolation(ctx context.Context, q Querier) (string, error) {
 	var iso string
+	db, isPool := q.(*sql.DB)
+	if isPool && DialectOf(db) == Postgres {
+		return postgresIsolation(ctx, q)
+	}
 	err := q.QueryRowContext(ctx, "SELECT @@tx_isolation").Scan(&iso)
+	if pgCode(err) != "" {
+		return postgresIsolation(ctx, q)
+	}
 	var me *mysql.MySQLError
 	if errors.As(err, &me) && me.Number == errUnknownVariable {
 		err = q.QueryRowContext(ctx, "SELECT @@transaction_isolation").Scan(&iso)
@@ -42,6 +50,15 @@ func SessionIsolation(ctx context.Context, q Querier) (string, error) {
 		return "", fmt.Errorf("read session isolation: %w", err)
 	}
 	return iso, nil
+}
+
+// postgresIsolation reads PostgreSQL's "read committed" as READ-COMMITTED.
+func postgresIsolation(ctx context.Context, q Querier) (string, error) {
+	var iso string
+	if err := q.QueryRowContext(ctx, "SHOW transaction_isolation").Scan(&iso); err != nil {
+		return "", fmt.Errorf("read session isolation: %w", err)
+	}
+	return strings.ToUpper(strings.ReplaceAll(iso, " ", "-")), nil
 }
 
 // CheckIsolation reports an error wrapping ErrIsolation unless the sessions of db run at

@@ -1,0 +1,174 @@
+package dbx
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"weak"
+
+	"github.com/jackc/pgx/v5/stdlib"
+)
+
+// Dialect is the SQL a database server speaks where onceflow's statements differ:
+// placeholders, upserts, INSERT … RETURNING, error classes. Statements are written with '?'
+// placeholders and MySQL's syntax where it is common to all; code that differs asks the
+// pool's dialect (DialectOf) and Rebind gives PostgreSQL its $n placeholders.
+type Dialect string
+
+const (
+	// MariaDB is MariaDB ≥ 10.6: INSERT … RETURNING, SKIP LOCKED.
+	MariaDB Dialect = "mariadb"
+	// MySQL8 is MySQL 8.0: no RETURNING, nothing MariaDB-only. db.dialect=mysql8 runs this
+	// SQL on a MariaDB server too (how the test suite checks it without a MySQL 8 server).
+	MySQL8 Dialect = "mysql8"
+	// Postgres is PostgreSQL ≥ 15 through pgx's database/sql driver.
+	Postgres Dialect = "postgres"
+)
+
+// Dialects lists the dialects, as db.dialect takes them.
+var Dialects = []Dialect{MariaDB, MySQL8, Postgres}
+
+// ParseDialect reads a db.dialect value; empty is "" (chosen from the DSN and the server).
+func ParseDialect(s string) (Dialect, error) {
+	switch d := Dialect(strings.ToLower(strings.TrimSpace(s))); d {
+	case "", MariaDB, MySQL8, Postgres:
+		return d, nil
+	}
+	return "", fmt.Errorf("db.dialect %q: want one of mariadb, mysql8, postgres (or empty: from the DSN and the server's version)", s)
+}
+
+// MySQLFamily reports MariaDB or MySQL 8 (go-sql-driver/mysql, backquoted identifiers,
+// ON DUPLICATE KEY UPDATE, LAST_INSERT_ID).
+func (d Dialect) MySQLFamily() bool { return d != Postgres }
+
+// IsPostgres reports PostgreSQL.
+func (d Dialect) IsPostgres() bool { return d == Postgres }
+
+// Returning reports INSERT … RETURNING (MariaDB and PostgreSQL, not MySQL 8).
+func (d Dialect) Returning() bool { return d != MySQL8 }
+
+// Rebind rewrites q's '?' placeholders as $1, $2, … for PostgreSQL and returns it unchanged
+// for the MySQL family. A '?' inside a quoted string, a quoted identifier or a comment is
+// left alone.
+func (d Dialect) Rebind(q string) string {
+	if d != Postgres || !strings.Contains(q, "?") {
+		return q
+	}
+	var b strings.Builder
+	b.Grow(len(q) + 16)
+	n := 0
+	for i := 0; i < len(q); i++ {
+		c := q[i]
+		switch {
+		case c == '\'' || c == '"' || c == '`':
+			j := strings.IndexByte(q[i+1:], c)
+			if j < 0 {
+				b.WriteString(q[i:])
+				return b.String()
+			}
+			b.WriteString(q[i : i+j+2])
+			i += j + 1
+		case c == '-' && i+1 < len(q) && q[i+1] == '-':
+			j := strings.IndexByte(q[i:], '\n')
+			if j < 0 {
+				b.WriteString(q[i:])
+				return b.String()
+			}
+			b.WriteString(q[i : i+j+1])
+			i += j
+		case c == '?':
+			n++
+			b.WriteByte('$')
+			b.WriteString(strconv.Itoa(n))
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
+
+// Quote quotes an identifier (already checked with CheckIdent) for d.
+func (d Dialect) Quote(ident string) string {
+	if d == Postgres {
+		return `"` + ident + `"`
+	}
+	return "`" + ident + "`"
+}
+
+// dialects remembers the dialect of each pool Open opened, weakly (like checkedPools).
+var dialects sync.Map // weak.Pointer[sql.DB] → Dialect
+
+func setDialect(db *sql.DB, d Dialect) {
+	k := weak.Make(db)
+	if _, loaded := dialects.LoadOrStore(k, d); !loaded {
+		runtime.AddCleanup(db, func(k weak.Pointer[sql.DB]) { dialects.Delete(k) }, k)
+	}
+}
+
+// DialectOf returns the dialect of a pool: the one Open chose (db.dialect, else the DSN and
+// the server's version); for a pool opened otherwise, PostgreSQL when its driver is pgx's,
+// else the MySQL family told apart by the server's VERSION() (read once per pool).
+func DialectOf(db *sql.DB) Dialect {
+	if v, ok := dialects.Load(weak.Make(db)); ok {
+		return v.(Dialect)
+	}
+	if _, ok := db.Driver().(*stdlib.Driver); ok {
+		setDialect(db, Postgres)
+		return Postgres
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	d, err := serverDialect(ctx, db)
+	if err != nil {
+		return MariaDB // not remembered: asked again next time
+	}
+	setDialect(db, d)
+	return d
+}
+
+// serverDialect tells MariaDB from MySQL by the server's version string.
+func serverDialect(ctx context.Context, db Querier) (Dialect, error) {
+	var v string
+	if err := db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&v); err != nil {
+		return "", fmt.Errorf("read server version: %w", err)
+	}
+	if strings.Contains(strings.ToLower(v), "mariadb") {
+		return MariaDB, nil
+	}
+	return MySQL8, nil
+}
+
+// IsPostgresDSN reports a PostgreSQL URL DSN (postgres:// or postgresql://).
+func IsPostgresDSN(dsn string) bool {
+	return strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
+}
+
+// DSNInfo is what a DSN names, whatever its database.
+type DSNInfo struct {
+	Postgres bool   // a postgres:// DSN
+	User     string // the user it logs in as
+	Addr     string // host:port
+	DBName   string // the database
+}
+
+// ParseDSNInfo validates dsn (ParseDSN's rules for the MySQL family, pgx's for PostgreSQL)
+// and returns what it names.
+func ParseDSNInfo(dsn string) (DSNInfo, error) {
+	if IsPostgresDSN(dsn) {
+		pc, err := parsePostgresDSN(dsn)
+		if err != nil {
+			return DSNInfo{}, err
+		}
+		return DSNInfo{Postgres: true, User: pc.User, Addr: fmt.Sprintf("%s:%d", pc.Host, pc.Port), DBName: pc.Database}, nil
+	}
+	mc, err := ParseDSN(dsn)
+	if err != nil {
+		return DSNInfo{}, err
+	}
+	return DSNInfo{User: mc.User, Addr: mc.Addr, DBName: mc.DBName}, nil
+}

@@ -1,0 +1,179 @@
+package dbx
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
+)
+
+// PostgreSQL error codes (SQLSTATE) onceflow reacts to.
+const (
+	pgUniqueViolation      = "23505"
+	pgSerializationFailure = "40001"
+	pgDeadlockDetected     = "40P01"
+	pgLockNotAvailable     = "55P03"
+	pgDuplicateDatabase    = "42P04"
+)
+
+// parsePostgresDSN validates a postgres:// DSN: a database name is required; the session
+// runs at READ COMMITTED in UTC.
+func parsePostgresDSN(dsn string) (*pgx.ConnConfig, error) {
+	pc, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("bad database dsn %q: %s (expected postgres://user:pass@host:port/db)", MaskDSN(dsn), strings.Join(strings.Fields(err.Error()), " "))
+	}
+	u, err := url.Parse(dsn)
+	if err != nil || strings.Trim(u.Path, "/") == "" {
+		return nil, fmt.Errorf("bad database dsn %q: no database name after the slash", MaskDSN(dsn))
+	}
+	if pc.RuntimeParams == nil {
+		pc.RuntimeParams = map[string]string{}
+	}
+	if _, ok := pc.RuntimeParams["default_transaction_isolation"]; !ok {
+		pc.RuntimeParams["default_transaction_isolation"] = "read committed"
+	}
+	if _, ok := pc.RuntimeParams["timezone"]; !ok {
+		pc.RuntimeParams["timezone"] = "UTC"
+	}
+	if pc.ConnectTimeout == 0 {
+		pc.ConnectTimeout = 5 * time.Second
+	}
+	return pc, nil
+}
+
+// postgresConfig is parsePostgresDSN's config with cfg's Password and TLS applied.
+func (cfg Config) postgresConfig() (*pgx.ConnConfig, error) {
+	pc, err := parsePostgresDSN(cfg.DSN)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Password != "" {
+		pc.Password = cfg.Password
+	}
+	if cfg.TLS.Enabled() {
+		if pc.TLSConfig != nil && !strings.Contains(cfg.DSN, "sslmode=prefer") && !strings.Contains(cfg.DSN, "sslmode=allow") && strings.Contains(cfg.DSN, "sslmode=") {
+			return nil, fmt.Errorf("database dsn %q sets sslmode and db.tls.* is set too: use one", MaskDSN(cfg.DSN))
+		}
+		tc, err := cfg.TLS.Config()
+		if err != nil {
+			return nil, err
+		}
+		if tc.ServerName == "" {
+			tc.ServerName = pc.Host
+		}
+		pc.TLSConfig, pc.Fallbacks = tc, nil
+	}
+	return pc, nil
+}
+
+func openPostgres(ctx context.Context, cfg Config) (*sql.DB, error) {
+	pc, err := cfg.postgresConfig()
+	if err != nil {
+		return nil, err
+	}
+	db := stdlib.OpenDB(*pc)
+	db.SetMaxOpenConns(cfg.MaxOpenConns)
+	db.SetMaxIdleConns(cfg.MaxIdleConns)
+	db.SetConnMaxLifetime(cfg.ConnMaxLifetime)
+	where := fmt.Sprintf("%s:%d/%s", pc.Host, pc.Port, pc.Database)
+	pctx, cancel := context.WithTimeout(ctx, cfg.PingTimeout)
+	defer cancel()
+	if err := db.PingContext(pctx); err != nil {
+		_ = db.Close()
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) {
+			return nil, fmt.Errorf("database %s: %w", where, err)
+		}
+		return nil, fmt.Errorf("database %s unreachable: %w (start it with `scripts/infra.sh up`)", where, err)
+	}
+	if iso, err := SessionIsolation(pctx, db); err != nil || iso != ReadCommitted {
+		_ = db.Close()
+		return nil, fmt.Errorf("database %s: %w: session isolation is %q (%v): leave default_transaction_isolation out of the dsn", where, ErrIsolation, iso, err)
+	}
+	setDialect(db, Postgres)
+	return db, nil
+}
+
+func pgCode(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return ""
+}
+
+// maskPostgres masks the password of a postgres:// URL.
+func maskPostgres(dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return "***"
+	}
+	if _, has := u.User.Password(); has {
+		u.User = url.UserPassword(u.User.Username(), "xxx")
+		return strings.Replace(u.String(), ":xxx@", ":***@", 1)
+	}
+	q := u.Query()
+	if q.Has("password") {
+		q.Set("password", "xxx")
+		u.RawQuery = q.Encode()
+		return strings.Replace(u.String(), "password=xxx", "password=***", 1)
+	}
+	return dsn
+}
+
+// ensurePostgresDatabase creates the DSN's database, connected to the server's "postgres"
+// database, unless it exists.
+func ensurePostgresDatabase(ctx context.Context, cfg Config) error {
+	pc, err := cfg.postgresConfig()
+	if err != nil {
+		return err
+	}
+	name := pc.Database
+	if err := CheckIdent("database name", name); err != nil {
+		return err
+	}
+	pc.Database = "postgres"
+	db := stdlib.OpenDB(*pc)
+	defer db.Close()
+	var one int
+	err = db.QueryRowContext(ctx, "SELECT 1 FROM pg_database WHERE datname = $1", name).Scan(&one)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		if IsConnError(err) {
+			return fmt.Errorf("database %s:%d unreachable: %w (start it with `scripts/infra.sh up`)", pc.Host, pc.Port, err)
+		}
+		return fmt.Errorf("create database %s: %w", name, err)
+	}
+	if _, err := db.ExecContext(ctx, "CREATE DATABASE "+name); err != nil && pgCode(err) != pgDuplicateDatabase {
+		return fmt.Errorf("create database %s: %w", name, err)
+	}
+	return nil
+}
+
+// postgresAccount returns the role cfg logs in as, quoted for GRANT.
+func postgresAccount(ctx context.Context, cfg Config) (string, error) {
+	pc, err := cfg.postgresConfig()
+	if err != nil {
+		return "", err
+	}
+	db := stdlib.OpenDB(*pc)
+	defer db.Close()
+	var cur string
+	if err := db.QueryRowContext(ctx, "SELECT current_user").Scan(&cur); err != nil {
+		if IsConnError(err) {
+			return "", fmt.Errorf("database %s:%d unreachable: %w (start it with `scripts/infra.sh up`)", pc.Host, pc.Port, err)
+		}
+		return "", fmt.Errorf("log in as %s: %w", pc.User, err)
+	}
+	return `"` + strings.ReplaceAll(cur, `"`, `""`) + `"`, nil
+}

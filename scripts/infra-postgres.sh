@@ -1,0 +1,120 @@
+# shellcheck shell=bash
+# PostgreSQL 15 (Debian's postgresql-15) for scripts/infra.sh: a private cluster of the run
+# dir (<run dir>/postgres/data, owned by user postgres), on 127.0.0.1:$PG_PORT, started with
+# pg_ctl (no systemd). Users mirror MariaDB's:
+#   onceflow_admin/onceflow_admin  CREATEDB; owns the databases below and the test databases
+#                                  (onceflow_t_*, onceflow_g_*) it creates: `router migrate`
+#                                  runs as it and grants the application user its tables
+#   onceflow/onceflow              no privilege on any table until `router migrate` grants it
+#                                  what the migrations' grants.txt files list
+#   databases                      onceflow, onceflow_test, onceflow_demo, onceflow_bench,
+#                                  onceflow_chaos, onceflow_stream (owned by onceflow_admin)
+# Sourced by scripts/infra.sh: uses its log, fail, apt_install, port_open, RUN_DIR.
+
+PG_PORT="${ONCEFLOW_PG_PORT:-5432}"
+PG_HOST=127.0.0.1
+PG_VERSION=15
+PG_BIN="/usr/lib/postgresql/$PG_VERSION/bin"
+PG_DIR="$RUN_DIR/postgres"
+PG_DATA="$PG_DIR/data"
+PG_LOG="$PG_DIR/postgres.log"
+PG_DB_NAMES=(onceflow onceflow_test onceflow_demo onceflow_bench onceflow_chaos onceflow_stream)
+
+pg_as() { runuser -u postgres -- "$@"; }
+pg_psql() { pg_as "$PG_BIN/psql" -h "$PG_DIR" -p "$PG_PORT" -U postgres -d postgres -X -q -v ON_ERROR_STOP=1 "$@"; }
+
+pg_install() {
+  [[ -x "$PG_BIN/postgres" ]] && return 0
+  # The package's own cluster (15/main) is neither wanted nor started: a policy-rc.d keeps
+  # the install from starting services.
+  local policy=/usr/sbin/policy-rc.d had_policy=1
+  if [[ ! -e $policy ]]; then
+    had_policy=0
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy"
+  fi
+  apt_install "postgresql-$PG_VERSION"
+  [[ $had_policy == 1 ]] || rm -f "$policy"
+  [[ -x "$PG_BIN/postgres" ]] || fail postgres "apt-get install postgresql-$PG_VERSION left no $PG_BIN/postgres"
+}
+
+pg_running() { port_open "$PG_HOST" "$PG_PORT"; }
+
+pg_ours() { [[ -s "$PG_DATA/postmaster.pid" ]] && kill -0 "$(head -1 "$PG_DATA/postmaster.pid")" 2>/dev/null; }
+
+pg_init() {
+  [[ -s "$PG_DATA/PG_VERSION" ]] && return 0
+  log "postgres: initdb $PG_DATA"
+  mkdir -p "$PG_DIR"
+  chown postgres:postgres "$PG_DIR"
+  chmod 700 "$PG_DIR"
+  local out
+  out="$(pg_as "$PG_BIN/initdb" -D "$PG_DATA" -U postgres --auth-local=peer --auth-host=scram-sha-256 \
+    --encoding=UTF8 --locale=C.UTF-8 2>&1)" || fail postgres "initdb failed: $out"
+  cat >>"$PG_DATA/postgresql.conf" <<CONF
+# onceflow (scripts/infra-postgres.sh)
+listen_addresses = '$PG_HOST'
+port = $PG_PORT
+unix_socket_directories = '$PG_DIR'
+max_connections = 400
+shared_buffers = 256MB
+default_transaction_isolation = 'read committed'
+log_min_messages = warning
+CONF
+}
+
+pg_start() {
+  pg_install
+  pg_init
+  if pg_running; then
+    pg_ours || fail postgres "127.0.0.1:$PG_PORT is taken by another server (not $PG_DATA): stop it or set ONCEFLOW_PG_PORT"
+    log "postgres: already up on $PG_HOST:$PG_PORT"
+  else
+    log "postgres: starting on $PG_HOST:$PG_PORT (data $PG_DATA)"
+    local out
+    out="$(pg_as "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$PG_LOG" -w -t "$WAIT_SECONDS" start 2>&1)" ||
+      fail postgres "pg_ctl start failed: $out" "$PG_LOG"
+  fi
+  pg_provision
+  log "postgres: up on $PG_HOST:$PG_PORT (log: $PG_LOG)"
+}
+
+pg_provision() {
+  local sql d
+  sql="DO \$\$ BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'onceflow_admin') THEN CREATE ROLE onceflow_admin LOGIN CREATEDB; END IF;
+  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'onceflow') THEN CREATE ROLE onceflow LOGIN; END IF;
+END \$\$;
+ALTER ROLE onceflow_admin LOGIN CREATEDB NOSUPERUSER PASSWORD 'onceflow_admin';
+ALTER ROLE onceflow LOGIN NOCREATEDB NOSUPERUSER PASSWORD 'onceflow';"
+  pg_psql -c "$sql" >/dev/null || fail postgres "provisioning users failed" "$PG_LOG"
+  for d in "${PG_DB_NAMES[@]}"; do
+    if [[ -z "$(pg_psql -tAc "SELECT 1 FROM pg_database WHERE datname = '$d'")" ]]; then
+      pg_psql -c "CREATE DATABASE $d OWNER onceflow_admin" >/dev/null || fail postgres "create database $d failed" "$PG_LOG"
+    fi
+  done
+}
+
+pg_stop() {
+  pg_ours || { log "postgres: not running (from $PG_DATA)"; return 0; }
+  pg_as "$PG_BIN/pg_ctl" -D "$PG_DATA" -m fast -w stop >/dev/null && log "postgres: stopped"
+}
+
+pg_status() {
+  if pg_running && pg_ours; then
+    echo "infra: postgres up    $PG_HOST:$PG_PORT (data $PG_DATA; log $PG_LOG)"
+    return 0
+  fi
+  echo "infra: postgres down  $PG_HOST:$PG_PORT"
+  return 1
+}
+
+# pg_wanted: up, down and status include PostgreSQL for the default instance, and for another
+# one (ONCEFLOW_DB_PORT set) only when it names its own ONCEFLOW_PG_PORT; ONCEFLOW_POSTGRES=0
+# leaves it out, =1 keeps it in.
+pg_wanted() {
+  case "${ONCEFLOW_POSTGRES:-}" in
+    0) return 1 ;;
+    1) return 0 ;;
+  esac
+  [[ "$DB_PORT" == 3306 || -n "${ONCEFLOW_PG_PORT:-}" ]]
+}
