@@ -149,13 +149,13 @@ func (s *suite) benchInboxBatch(ctx context.Context) (inboxBatchRun, error) {
 			"avg_batch", float64(st.Batched)/float64(max(st.Batches, 1)), "fallbacks", st.Fallbacks, "violations", len(a.Violations), "returning", st.Returning)
 		s.report("inbox_cpu", append([]any{"mode", "batch"}, cpuKV...)...)
 	}
-	return inboxBatchRun{rate: rate, cpu: cpuMap(cpuKV)["total_cpu_us_per_order"], print: printLines}, nil
+	return inboxBatchRun{rate: rate, cpu: cpuMap(cpuKV)["total_cpu_us_per_order"], dbCPU: cpuMap(cpuKV)["db_cpu_us_per_order"], print: printLines}, nil
 }
 
 // inboxBatchRun is one benchInboxBatch: orders/s, CPU µs per order (all processes), and
 // what prints its lines.
 type inboxBatchRun struct {
-	rate, cpu float64
+	rate, cpu, dbCPU float64
 	print     func(unsafe, handlerOnly float64)
 }
 

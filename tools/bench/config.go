@@ -59,6 +59,9 @@ type config struct {
 
 	// The services, the output, the process.
 	adminDSN, appDSN, brokers, outDir string
+	// The same measurements on PostgreSQL (databases.go).
+	pgAdminDSN, pgDSN     string
+	dbRounds, dbE2EOrders int
 	gogc                              int
 	cpuProfile, memProfile            string
 	only                              string
@@ -90,6 +93,10 @@ func parseConfig(args []string) (*config, error) {
 	fs.IntVar(&c.warmSecs, "warmup-seconds", 2, "seconds each latency run's load runs before it is measured")
 	fs.StringVar(&c.adminDSN, "admin-dsn", "onceflow_admin:onceflow_admin@tcp(127.0.0.1:3306)/onceflow_bench", "privileged DSN of the bench database")
 	fs.StringVar(&c.appDSN, "dsn", "onceflow:onceflow@tcp(127.0.0.1:3306)/onceflow_bench", "application DSN of the bench database")
+	fs.StringVar(&c.pgAdminDSN, "pg-admin-dsn", "postgres://onceflow_admin:onceflow_admin@127.0.0.1:5432/onceflow_bench", "privileged DSN of the PostgreSQL bench database (the databases group)")
+	fs.StringVar(&c.pgDSN, "pg-dsn", "postgres://onceflow:onceflow@127.0.0.1:5432/onceflow_bench", "application DSN of the PostgreSQL bench database")
+	fs.IntVar(&c.dbRounds, "db-rounds", 3, "rounds of the databases group (MariaDB and PostgreSQL back to back, alternating which goes first); medians reported")
+	fs.IntVar(&c.dbE2EOrders, "db-e2e-orders", 30000, "orders of each end-to-end run of the databases group")
 	fs.StringVar(&c.brokers, "brokers", "127.0.0.1:9092", "Kafka brokers")
 	fs.StringVar(&c.outDir, "out", "tools/bench/results", "where the CSV goes")
 	fs.IntVar(&c.gogc, "gogc", gcx.DefaultPercent, "Go GC target of the bench process (the router's runtime.gogc default; GOGC in the environment wins)")

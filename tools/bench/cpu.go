@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
+	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
 // cpuMeter reads the CPU time (user + system) used by the processes of a measurement on
@@ -65,7 +65,7 @@ func newCPUMeter(services map[string]string) *cpuMeter {
 // chaos instance's).
 func findServices(cfg *config) map[string]string {
 	pids := map[string]string{}
-	if dsn, err := mysql.ParseDSN(cfg.appDSN); err == nil {
+	if dsn, err := dbx.ParseDSNInfo(cfg.appDSN); err == nil {
 		if pid := listener(dsn.Addr); pid != "" {
 			pids["db"] = pid
 		}
@@ -112,19 +112,44 @@ func (m *cpuMeter) perOrder(orders int) []any {
 }
 
 // procCPU is the user + system CPU time of a process (/proc/PID/stat, clock ticks of 10 ms).
+// PostgreSQL serves each connection from a process of its own: for its postmaster it is the
+// time of the postmaster, of its live children and of the children it has reaped (a backend
+// whose connection closed), so the difference of two readings is the server's CPU between
+// them.
 func procCPU(pid string) time.Duration {
+	f := procStat(pid)
+	if len(f) < 15 {
+		return 0
+	}
+	num := func(i int) int64 { n, _ := strconv.ParseInt(f[i], 10, 64); return n }
+	ticks := num(11) + num(12)
+	if comm, _ := os.ReadFile("/proc/" + pid + "/comm"); strings.TrimSpace(string(comm)) == "postgres" {
+		ticks += num(13) + num(14) // reaped children
+		dirs, _ := filepath.Glob("/proc/[0-9]*")
+		for _, d := range dirs {
+			if c := procStat(filepath.Base(d)); len(c) >= 13 && c[1] == pid {
+				u, _ := strconv.ParseInt(c[11], 10, 64)
+				k, _ := strconv.ParseInt(c[12], 10, 64)
+				ticks += u + k
+			}
+		}
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond
+}
+
+// procStat is /proc/PID/stat's fields after the command name: state, ppid, … (index 11 is
+// utime, 12 stime, 13 cutime, 14 cstime).
+func procStat(pid string) []string {
 	b, err := os.ReadFile("/proc/" + pid + "/stat")
 	if err != nil {
-		return 0
+		return nil
 	}
 	s := string(b)
-	f := strings.Fields(s[strings.LastIndex(s, ")")+2:])
-	if len(f) < 13 {
-		return 0
+	i := strings.LastIndex(s, ")")
+	if i < 0 || i+2 > len(s) {
+		return nil
 	}
-	u, _ := strconv.ParseInt(f[11], 10, 64)
-	k, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(u+k) * 10 * time.Millisecond
+	return strings.Fields(s[i+2:])
 }
 
 // calibrate times a fixed piece of CPU work (JSON-encoding and decoding 100,000 small

@@ -95,6 +95,7 @@ func e2eMode(mode string, contract bool) string {
 type e2eResult struct {
 	ordersPerS float64
 	steadyPerS float64            // from the first finished delivery (the router's start left out)
+	dbCPU      float64            // the database server's CPU µs per order of the throughput run
 	lat        map[int][3]float64 // p50, p99, achieved orders/s
 }
 
@@ -187,7 +188,9 @@ func (s *suite) benchE2E(ctx context.Context, mode string, contract bool, n int,
 	res.steadyPerS = float64(n) / (el.Seconds() - startMs/1000)
 	s.report("e2e", "mode", label, "orders_per_s", res.ordersPerS, "orders", n, "offered", "preloaded",
 		"start_ms", startMs, "steady_orders_per_s", res.steadyPerS)
-	s.report("e2e_cpu", append([]any{"mode", label}, cpu.perOrder(n)...)...)
+	cpuKV := cpu.perOrder(n)
+	res.dbCPU = cpuMap(cpuKV)["db_cpu_us_per_order"]
+	s.report("e2e_cpu", append([]any{"mode", label}, cpuKV...)...)
 
 	// Latency at offered loads: Kafka timestamp of the order (taken by this process's producer)
 	// → this process's live read_committed consumer sees its CouponGranted event. Each load

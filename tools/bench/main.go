@@ -7,7 +7,7 @@
 // The command line is config.go; the measurements are methods of suite (suite.go), one
 // file per group: batch.go, plain.go, single.go, storm.go, relay.go and forwarder.go,
 // e2e.go and latency.go, seedload.go, httpclaims.go, peer.go, router.go (the router binary
-// as a child process); targets.go runs last. report.go prints the BENCH lines and writes the CSV.
+// as a child process), databases.go (MariaDB against PostgreSQL); targets.go runs last. report.go prints the BENCH lines and writes the CSV.
 package main
 
 import (
@@ -45,6 +45,7 @@ func (s *suite) groups() []group {
 		{"http", s.httpGroup},
 		{"peer", s.peerGroup},
 		{"router", s.routerGroup},
+		{"databases", s.databasesGroup}, // MariaDB and PostgreSQL in the same run
 		{"targets", s.targetsGroup}, // last: it reads the figures of the groups before it
 	}
 }

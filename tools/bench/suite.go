@@ -31,6 +31,8 @@ type suite struct {
 	lock *sql.Conn
 	// account is the application user's account (dbx.Account), which the grants name.
 	account string
+	// dialect is the bench database's (MariaDB unless -dsn is a postgres:// one).
+	dialect dbx.Dialect
 
 	// services are the pids of the MariaDB and Kafka the CPU meters read (findServices).
 	services map[string]string
@@ -74,11 +76,15 @@ func (s *suite) openDB(ctx context.Context) error {
 	if s.lock, err = lockDB.Conn(ctx); err != nil {
 		return err
 	}
-	var got sql.NullInt64
-	if err := s.lock.QueryRowContext(ctx, "SELECT GET_LOCK(CONCAT(DATABASE(), '.onceflow-bench'), 0)").Scan(&got); err != nil {
+	var got sql.NullBool
+	lockQ := "SELECT GET_LOCK(CONCAT(DATABASE(), '.onceflow-bench'), 0) = 1"
+	if s.dialect = dbx.DialectOf(admin); s.dialect.IsPostgres() {
+		lockQ = "SELECT pg_try_advisory_lock(hashtext(current_database() || '.onceflow-bench'))"
+	}
+	if err := s.lock.QueryRowContext(ctx, lockQ).Scan(&got); err != nil {
 		return err
 	}
-	if got.Int64 != 1 {
+	if !got.Bool {
 		return fmt.Errorf("another bench is running against this database (%s); wait for it, or stop it", dbx.MaskDSN(s.cfg.adminDSN))
 	}
 	couponSchema := migrations.Set{Name: coupon.PluginName, FS: coupon.Migrations}
@@ -90,11 +96,11 @@ func (s *suite) openDB(ctx context.Context) error {
 	if s.account, err = dbx.Account(ctx, dbx.Config{DSN: s.cfg.appDSN}); err != nil {
 		return err
 	}
-	grants, err := migrations.Grants(couponSchema)
+	grants, err := migrations.Grants(s.dialect, couponSchema)
 	if err != nil {
 		return err
 	}
-	if _, err := migrations.ApplyGrants(ctx, s.lock, s.account, grants); err != nil {
+	if _, err := migrations.ApplyGrants(ctx, s.dialect, s.lock, s.account, grants); err != nil {
 		return err
 	}
 	s.db, err = dbx.Open(ctx, dbx.Config{DSN: s.cfg.appDSN, MaxOpenConns: s.cfg.workers + 8})
@@ -109,7 +115,7 @@ func (s *suite) grantOwn(ctx context.Context, tables ...string) error {
 	for _, t := range tables {
 		gs = append(gs, migrations.Grant{Table: strings.Trim(t, "`"), Privileges: []string{"SELECT", "INSERT", "UPDATE", "DELETE"}})
 	}
-	rep, err := migrations.ApplyGrants(ctx, s.lock, s.account, gs)
+	rep, err := migrations.ApplyGrants(ctx, s.dialect, s.lock, s.account, gs)
 	if err == nil && len(rep.Missing) > 0 {
 		err = fmt.Errorf("grant %v: no such table", rep.Missing)
 	}
