@@ -122,7 +122,8 @@ func ParseDSN(dsn string) (*mysql.Config, error) {
 	// READ COMMITTED for the whole session, set once per connection: a per-transaction
 	// isolation level costs a SET statement (a round trip) before every BEGIN. Open checks
 	// that the server applied it. (tx_isolation: MariaDB 10.11's name for it.)
-	if _, ok := mc.Params["tx_isolation"]; !ok {
+	_, mysqlName := mc.Params["transaction_isolation"]
+	if _, ok := mc.Params["tx_isolation"]; !ok && !mysqlName {
 		mc.Params["tx_isolation"] = "'READ-COMMITTED'"
 	}
 	if mc.Timeout == 0 {
@@ -173,6 +174,9 @@ func Open(ctx context.Context, cfg Config) (*sql.DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("database dsn: %w", err)
 	}
+	if Dialect(cfg.Dialect) == MySQL8 {
+		conn = mysql8Connector{conn}
+	}
 	db := sql.OpenDB(conn)
 	db.SetMaxOpenConns(cfg.MaxOpenConns)
 	db.SetMaxIdleConns(cfg.MaxIdleConns)
@@ -182,14 +186,16 @@ func Open(ctx context.Context, cfg Config) (*sql.DB, error) {
 	if err := db.PingContext(pctx); err != nil {
 		_ = db.Close()
 		var me *mysql.MySQLError
+		if errors.As(err, &me) && me.Number == errUnknownVariable && mc.Params["tx_isolation"] == "'READ-COMMITTED'" && !strings.Contains(cfg.DSN, "tx_isolation=") {
+			// MySQL 8 names the session's isolation transaction_isolation (MariaDB 10.11
+			// only tx_isolation): the same pool with MySQL's name.
+			cfg.DSN = withParam(cfg.DSN, "transaction_isolation", "%27READ-COMMITTED%27")
+			return Open(ctx, cfg)
+		}
 		if errors.As(err, &me) { // the server answered: refused, not unreachable
 			return nil, fmt.Errorf("database %s/%s: %w", mc.Addr, mc.DBName, err)
 		}
 		return nil, fmt.Errorf("database %s/%s unreachable: %w (start it with `scripts/infra.sh up`)", mc.Addr, mc.DBName, err)
-	}
-	if iso, err := SessionIsolation(pctx, db); err != nil || iso != ReadCommitted {
-		_ = db.Close()
-		return nil, fmt.Errorf("database %s/%s: %w: session isolation is %q (%v): leave tx_isolation out of the dsn", mc.Addr, mc.DBName, ErrIsolation, iso, err)
 	}
 	d := Dialect(cfg.Dialect)
 	if d == "" {
@@ -199,7 +205,20 @@ func Open(ctx context.Context, cfg Config) (*sql.DB, error) {
 		}
 	}
 	setDialect(db, d)
+	if iso, err := SessionIsolation(pctx, db); err != nil || iso != ReadCommitted {
+		_ = db.Close()
+		return nil, fmt.Errorf("database %s/%s: %w: session isolation is %q (%v): leave tx_isolation out of the dsn", mc.Addr, mc.DBName, ErrIsolation, iso, err)
+	}
 	return db, nil
+}
+
+// withParam adds a parameter to a go-sql-driver DSN.
+func withParam(dsn, key, value string) string {
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	return dsn + sep + key + "=" + value
 }
 
 // MaskDSN hides the password of a DSN for logs and errors. A DSN the driver parses is

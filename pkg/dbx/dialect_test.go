@@ -52,3 +52,4 @@ func TestPostgresDSN(t *testing.T) {
 		t.Error("open on a closed port: no error")
 	}
 }
+

@@ -94,11 +94,11 @@ func openPostgres(ctx context.Context, cfg Config) (*sql.DB, error) {
 		}
 		return nil, fmt.Errorf("database %s unreachable: %w (start it with `scripts/infra.sh up`)", where, err)
 	}
+	setDialect(db, Postgres)
 	if iso, err := SessionIsolation(pctx, db); err != nil || iso != ReadCommitted {
 		_ = db.Close()
 		return nil, fmt.Errorf("database %s: %w: session isolation is %q (%v): leave default_transaction_isolation out of the dsn", where, ErrIsolation, iso, err)
 	}
-	setDialect(db, Postgres)
 	return db, nil
 }
 
