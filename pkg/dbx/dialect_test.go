@@ -52,4 +52,3 @@ func TestPostgresDSN(t *testing.T) {
 		t.Error("open on a closed port: no error")
 	}
 }
-
