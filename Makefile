@@ -10,7 +10,7 @@ DOCTABLE := $(GO) build -C tools -o ../bin/doctable ./doctable && bin/doctable
 all: build
 
 build:
-	$(GO) build -o bin/router ./cmd/router
+	$(GO) build -buildvcs=auto -o bin/router ./cmd/router
 
 ## infra: install (if missing) and start MariaDB, PostgreSQL and Kafka on 127.0.0.1 (idempotent)
 infra:
@@ -93,7 +93,7 @@ bench: infra
 ## (onceflow_stream) and topics of its own: BENCH name=stream_rss lines and their ratios
 ## (docs/BENCHMARKS.md, "Memory of produce and replay"). STREAM_FLAGS go to tools/streamrss.
 bench-stream: infra
-	$(GO) build -o bin/router ./cmd/router
+	$(GO) build -buildvcs=auto -o bin/router ./cmd/router
 	$(GO) build -C tools -o ../bin/streamrss ./streamrss
 	set -o pipefail; bin/streamrss $(STREAM_FLAGS) | tee .run/bench-stream.log
 

@@ -1,6 +1,8 @@
 module github.com/onceflow/onceflow/tools
 
-go 1.26.8
+go 1.26.0
+
+toolchain go1.26.8
 
 require (
 	github.com/IBM/sarama v1.61.1

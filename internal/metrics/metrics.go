@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/onceflow/onceflow/internal/buildinfo"
 )
 
 // Metrics is the set of collectors.
@@ -66,7 +68,7 @@ func New(db *sql.DB) *Metrics {
 		throughput: newThroughput(time.Now()),
 	}
 	r.MustRegister(m.Deliveries, m.HandlerSeconds, m.RelayPublished, m.RelayErrors, m.Consumers, m.PrepareSeconds, m.CallSeconds,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), newBuildInfo(buildinfo.Read()))
 	if db != nil {
 		m.db = &dbCollector{db: db,
 			inboxRows: prometheus.NewDesc("onceflow_inbox_rows", "Inbox rows by biz type and status.", []string{"biz_type", "status"}, nil),
