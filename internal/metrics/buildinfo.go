@@ -11,7 +11,7 @@ import (
 func newBuildInfo(in buildinfo.Info) prometheus.Collector {
 	g := prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: "onceflow", Name: "build_info",
-		Help: "The router's build: main module version, commit (vcs.revision) and Go version; always 1.",
+		Help:        "The router's build: main module version, commit (vcs.revision) and Go version; always 1.",
 		ConstLabels: prometheus.Labels{"version": in.Version, "revision": in.Revision, "goversion": in.GoVersion},
 	})
 	g.Set(1)
