@@ -5,7 +5,7 @@ PKGS  := ./...
 # doc generator of the tools module, run from the repository root
 DOCTABLE := $(GO) build -C tools -o ../bin/doctable ./doctable && bin/doctable
 
-.PHONY: examples all build infra infra-down demo test test-postgres test-mysql8 test-tools test-short fuzz bench bench-stream vet clean chaos chaos-broken
+.PHONY: image-test examples all build infra infra-down demo test test-postgres test-mysql8 test-tools test-short fuzz bench bench-stream vet clean chaos chaos-broken
 
 all: build
 
@@ -24,13 +24,20 @@ demo:
 	bash scripts/demo.sh
 
 ## test: start the services, then vet, unit + integration tests (-race) of this module, of
-## the tools module and of the examples, and short fuzzing
+## the tools module and of the examples, short fuzzing, and the container image
 test: infra
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -v -timeout 30m $(PKGS)
 	$(MAKE) test-tools
 	$(MAKE) examples
 	$(MAKE) fuzz FUZZTIME=30000x
+	$(MAKE) image-test
+
+## image-test: the container image (deploy/Dockerfile: the static router on scratch, CA
+## certificates, user 65532) built offline with podman and `router version` and
+## `router run --help` run in it; installs podman and runc when missing (scripts/image-test.sh)
+image-test:
+	bash scripts/image-test.sh
 
 ## test-postgres: the integration suite of this module again, on PostgreSQL
 ## (ONCEFLOW_TEST_DB=postgres). PG_ONLY_MARIADB names the tests of what only the MySQL family
