@@ -124,6 +124,11 @@ func (ins *Inserter) Insert(ctx context.Context, tx *sql.Tx, values ...any) erro
 // deferredInserts writes the rows an Inserter deferred into a txdefer.Set.
 type deferredInserts struct{ ins *Inserter }
 
+// DeferredTarget implements txdefer.Targeted.
+func (d deferredInserts) DeferredTarget() txdefer.Target {
+	return txdefer.Target{Table: d.ins.table, Columns: slices.Clone(d.ins.columns)}
+}
+
 // FlushDeferred implements txdefer.Flusher.
 func (d deferredInserts) FlushDeferred(ctx context.Context, tx *sql.Tx, rows [][]any) error {
 	ins := d.ins

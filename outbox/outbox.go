@@ -76,6 +76,7 @@ var ErrDuplicateEvent = errors.New("outbox: event id already stored")
 
 // Writer adds events to the outbox table within the caller's transaction.
 type Writer struct {
+	table  string
 	insert string
 	batch  *dbx.MultiRow // AddBatch's insert; prepared on a pool after UseStatements
 }
@@ -114,11 +115,13 @@ func NewWriter(table string) (*Writer, error) {
 	if err := dbx.CheckIdent("outbox table", table); err != nil {
 		return nil, err
 	}
-	w := &Writer{insert: fmt.Sprintf(
-		"INSERT INTO %s (event_id, event_type, topic, msg_key, payload, headers, trace_parent) VALUES (?, ?, ?, ?, ?, ?, ?)", table)}
+	w := &Writer{table: table, insert: fmt.Sprintf("INSERT INTO %s (%s) VALUES (?, ?, ?, ?, ?, ?, ?)", table, writerColumns)}
 	w.batch = w.newBatch(nil)
 	return w, nil
 }
+
+// writerColumns are the columns the insert writes per event, in rowArgs' order.
+const writerColumns = "event_id, event_type, topic, msg_key, payload, headers, trace_parent"
 
 // rowWidth is the number of columns the insert writes per event.
 const rowWidth = 7

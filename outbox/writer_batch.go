@@ -4,7 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 
+	"github.com/onceflow/onceflow/internal/txdefer"
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
@@ -41,6 +43,11 @@ func (w *Writer) insertRows(ctx context.Context, tx *sql.Tx, args []any, n int) 
 
 // deferredEvents writes the rows a Writer's Add deferred into a txdefer.Set.
 type deferredEvents struct{ w *Writer }
+
+// DeferredTarget implements txdefer.Targeted.
+func (d deferredEvents) DeferredTarget() txdefer.Target {
+	return txdefer.Target{Table: d.w.table, Columns: strings.Split(writerColumns, ", "), Events: true}
+}
 
 // FlushDeferred implements txdefer.Flusher.
 func (d deferredEvents) FlushDeferred(ctx context.Context, tx *sql.Tx, rows [][]any) error {

@@ -1,6 +1,8 @@
-// Package inboxtest is the test kit for plugin authors: it runs a handler behind a real
-// inbox, on a real database (a fresh one of DB), with the deliveries Kafka makes
-// in practice, and checks that every business key took effect exactly once.
+// Package inboxtest is the test kit for plugin authors. InMemory runs one message through a
+// handler without a database and records the rows and events it wrote: a plugin's first
+// unit test. Run runs a handler behind a real inbox, on a real database (a fresh one of DB),
+// with the deliveries Kafka makes in practice, and checks that every business key took
+// effect exactly once.
 //
 // Run delivers, for each of Options.Keys business keys, the message Options.Message builds
 // for it several times: Concurrent copies at once (two consumers after a rebalance, or a

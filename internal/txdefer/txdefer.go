@@ -24,6 +24,25 @@ type Flusher interface {
 	FlushDeferred(ctx context.Context, tx *sql.Tx, rows [][]any) error
 }
 
+// Target names where a Flusher writes its rows: inbox/inboxtest's in-memory mode reads
+// the rows of a Set instead of flushing it, and records them by target.
+type Target struct {
+	Table   string
+	Columns []string // the order of a row's values
+	Events  bool     // an outbox.Writer's events (columns event_id, event_type, topic, …)
+}
+
+// Targeted is implemented by the Flushers of inbox.Inserter and outbox.Writer.
+type Targeted interface {
+	DeferredTarget() Target
+}
+
+// Row is one deferred row and the Flusher that would write it.
+type Row struct {
+	Flusher Flusher
+	Values  []any
+}
+
 type entry struct {
 	f   Flusher
 	row []any
@@ -77,6 +96,20 @@ func (s *Set) Truncate(mark int) {
 		clear(s.entries[mark:])
 		s.entries = s.entries[:mark]
 	}
+}
+
+// Take returns the waiting rows in the order they were added and empties the Set, writing
+// nothing: the in-memory mode of inbox/inboxtest records them.
+func (s *Set) Take() []Row {
+	s.mu.Lock()
+	entries := s.entries
+	s.entries = nil
+	s.mu.Unlock()
+	rows := make([]Row, len(entries))
+	for i, e := range entries {
+		rows[i] = Row{Flusher: e.f, Values: e.row}
+	}
+	return rows
 }
 
 // Len returns how many rows wait.

@@ -49,3 +49,19 @@ func TestSet(t *testing.T) {
 		t.Fatal("a Flusher's error must come back")
 	}
 }
+
+// Take hands the waiting rows over in order, with their Flushers, and writes nothing.
+func TestTake(t *testing.T) {
+	s := New(&sql.Tx{})
+	var calls []string
+	a := &recorder{name: "a", calls: &calls}
+	s.Add(a, []any{1})
+	s.Add(a, []any{2})
+	rows := s.Take()
+	if len(rows) != 2 || rows[0].Flusher != a || fmt.Sprint(rows[0].Values, rows[1].Values) != "[1] [2]" {
+		t.Fatalf("Take returned %v", rows)
+	}
+	if s.Len() != 0 || len(calls) != 0 {
+		t.Fatalf("after Take: %d rows wait, %d flushes", s.Len(), len(calls))
+	}
+}
