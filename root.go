@@ -87,7 +87,7 @@ func Run(ctx context.Context, args []string, opts ...Option) error {
 	pf.StringSlice("brokers", nil, "Kafka brokers (overrides kafka.brokers)")
 	pf.String("log-level", "", "log level (overrides log.level)")
 
-	root.AddCommand(a.runCmd(), a.relayCmd(), a.migrateCmd(), a.produceCmd(), a.verifyCmd(), a.pluginsCmd(), a.replayCmd(), a.inboxCmd(), a.outboxCmd(), a.versionCmd())
+	root.AddCommand(a.runCmd(), a.relayCmd(), a.migrateCmd(), a.produceCmd(), a.verifyCmd(), a.pluginsCmd(), a.replayCmd(), a.inboxCmd(), a.outboxCmd(), a.topicsCmd(), a.versionCmd())
 	typeArgErrors(root)
 	root.SetArgs(args)
 	if _, _, err := root.Find(args); err != nil {
