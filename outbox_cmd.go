@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -134,7 +135,7 @@ func (a *app) outboxLs(ctx context.Context, limit int, output string) error {
 		printf("%d parked events (%d refused, %d held)\n", total, refused, held)
 	}
 	if refused > 0 {
-		printf("fix the cause, then `router outbox retry <id>` (or `router outbox drop <id> --yes`) per refused event\n")
+		printf("fix the cause, then `router outbox retry <id>` (or `router outbox drop <id> --yes`) per refused event, or choose several with --all, --topic or --reason (--dry-run first)\n")
 	}
 	return nil
 }
@@ -242,14 +243,75 @@ func headersLine(h map[string]string) string {
 	return strings.Join(parts, " ")
 }
 
+// parkedSelection is the flags choosing refused parked events for retry or drop instead of
+// one named event.
+type parkedSelection struct {
+	all           bool
+	topic, reason string
+	dryRun        bool
+}
+
+func (s *parkedSelection) flags(cmd *cobra.Command, verb string) {
+	cmd.Flags().BoolVar(&s.all, "all", false, verb+" every refused parked event")
+	cmd.Flags().StringVar(&s.topic, "topic", "", verb+" the refused parked events of this topic")
+	cmd.Flags().StringVar(&s.reason, "reason", "", verb+" the refused parked events of this reason ("+strings.Join(refusalReasons, ", ")+")")
+	cmd.Flags().BoolVar(&s.dryRun, "dry-run", false, "with --all, --topic or --reason: print the events chosen, change nothing")
+}
+
+// refusalReasons are the reasons --reason accepts.
+var refusalReasons = []string{outbox.ReasonUnknownTopic, outbox.ReasonTooLarge, outbox.ReasonInvalidRecord, outbox.ReasonUnauthorized}
+
+func (s parkedSelection) set() bool { return s.all || s.topic != "" || s.reason != "" }
+
+// check refuses, before connecting, a command that names an event and a selection, or
+// neither, or a selection no parked event can match.
+func (s parkedSelection) check(args []string) error {
+	switch {
+	case len(args) == 1 && s.set():
+		return badInput(errors.New("name one event or choose with --all, --topic or --reason, not both"))
+	case len(args) == 0 && !s.set():
+		return badInput(errors.New("name an event (outbox id or event id) or choose with --all, --topic or --reason"))
+	case len(args) == 1:
+		if s.dryRun {
+			return badInput(errors.New("--dry-run goes with --all, --topic or --reason"))
+		}
+		return checkRef(args[0])
+	case s.all && (s.topic != "" || s.reason != ""):
+		return badInput(errors.New("--all chooses every refused event: leave out --topic and --reason, or --all"))
+	case s.reason != "" && !slices.Contains(refusalReasons, s.reason):
+		return badInput(fmt.Errorf(`--reason "%s": one of %s (held events are released with the event they wait behind)`, safeText(s.reason), strings.Join(refusalReasons, ", ")))
+	case s.topic != "" && (len(s.topic) > 249 || !utf8.ValidString(s.topic) || strings.ContainsFunc(s.topic, unsafeRune)):
+		return badInput(fmt.Errorf(`--topic "%s": not a topic name`, safeText(s.topic)))
+	}
+	return nil
+}
+
+func (s parkedSelection) String() string {
+	if s.all {
+		return "all"
+	}
+	var parts []string
+	if s.topic != "" {
+		parts = append(parts, "topic "+safeText(s.topic))
+	}
+	if s.reason != "" {
+		parts = append(parts, "reason "+s.reason)
+	}
+	return strings.Join(parts, ", ")
+}
+
 func (a *app) outboxRetryCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "retry <id|event-id>",
-		Short: "move a parked event and the events held behind it back into the outbox (original ids and order)",
-		Args:  cobra.ExactArgs(1),
+	var sel parkedSelection
+	cmd := &cobra.Command{
+		Use:   "retry <id|event-id> | --all | --topic <topic> | --reason <reason> [--dry-run]",
+		Short: "move parked events and the events held behind them back into the outbox (original ids and order)",
+		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkRef(args[0]); err != nil {
+			if err := sel.check(args); err != nil {
 				return err
+			}
+			if sel.set() {
+				return a.outboxReleaseSelected(cmd.Context(), sel, true, false)
 			}
 			db, store, err := a.openParked(cmd.Context())
 			if err != nil {
@@ -266,17 +328,25 @@ func (a *app) outboxRetryCmd() *cobra.Command {
 			return nil
 		},
 	}
+	sel.flags(cmd, "retry")
+	return cmd
 }
 
 func (a *app) outboxDropCmd() *cobra.Command {
-	var yes bool
+	var (
+		yes bool
+		sel parkedSelection
+	)
 	cmd := &cobra.Command{
-		Use:   "drop <id|event-id> --yes",
-		Short: "delete a parked event for good and release the events held behind it",
-		Args:  cobra.ExactArgs(1),
+		Use:   "drop <id|event-id> | --all | --topic <topic> | --reason <reason> [--dry-run] --yes",
+		Short: "delete parked events for good and release the events held behind them",
+		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkRef(args[0]); err != nil {
+			if err := sel.check(args); err != nil {
 				return err
+			}
+			if sel.set() {
+				return a.outboxReleaseSelected(cmd.Context(), sel, false, yes)
 			}
 			db, store, err := a.openParked(cmd.Context())
 			if err != nil {
@@ -301,8 +371,74 @@ func (a *app) outboxDropCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&yes, "yes", false, "really delete the event")
+	cmd.Flags().BoolVar(&yes, "yes", false, "really delete the events")
+	sel.flags(cmd, "drop")
 	return cmd
+}
+
+// outboxReleaseSelected retries (or drops) the refused parked events sel chooses, one by
+// one in id order, each with the events held behind it; it prints how many it chose first.
+func (a *app) outboxReleaseSelected(ctx context.Context, sel parkedSelection, retry, yes bool) error {
+	db, store, err := a.openParked(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	rows, err := store.Refused(ctx, outbox.Selection{Topic: sel.topic, Reason: sel.reason})
+	if err != nil {
+		return parkedErr(err)
+	}
+	holding := 0
+	for _, r := range rows {
+		holding += r.Holding
+	}
+	verb := map[bool]string{true: "retry", false: "drop"}[retry]
+	printf("%d refused parked events chosen (%s), %d events held behind them\n", len(rows), sel, holding)
+	if len(rows) == 0 {
+		return nil
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tEVENT_ID\tTOPIC\tKEY\tREASON\tHOLDING")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\n", r.ID, safeText(r.EventID), safeText(r.Topic), safeText(cut(r.Key, 40)), r.Reason, r.Holding)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if sel.dryRun {
+		printf("dry run: nothing done (%s them without --dry-run)\n", verb)
+		return nil
+	}
+	if !retry && !yes {
+		return badInput(fmt.Errorf("drop deletes these %d events for good and releases the %d events held behind them: add --yes", len(rows), holding))
+	}
+	done, moved, gone := 0, 0, 0
+	for _, r := range rows {
+		var rel outbox.Release
+		if retry {
+			rel, err = store.Retry(ctx, r.EventID)
+		} else {
+			rel, err = store.Drop(ctx, r.EventID)
+		}
+		if errors.Is(err, outbox.ErrNotParked) || errors.Is(err, outbox.ErrHeld) {
+			gone++ // released meanwhile, or held behind another one now
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("%s event %s, after %d of %d: %w", verb, safeText(r.EventID), done, len(rows), err)
+		}
+		done, moved = done+1, moved+rel.Moved
+	}
+	if retry {
+		printf("retried %d events: %d events back in the outbox, published in their original order", done, moved)
+	} else {
+		printf("dropped %d events; %d events held behind them are back in the outbox", done, moved)
+	}
+	if gone > 0 {
+		printf(" (%d no longer parked as chosen, left alone)", gone)
+	}
+	printf("\n")
+	return nil
 }
 
 // cut shortens s to n runes, ending it with "…".

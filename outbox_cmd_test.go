@@ -3,6 +3,7 @@ package onceflow
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -91,7 +92,7 @@ func TestOutboxCommands(t *testing.T) {
 		{"drop without --yes", []string{"outbox", "drop", "ev-big"}, []string{"ev-big", "for good", "--yes"}},
 		{"bad output", []string{"outbox", "ls", "--output", "xml"}, []string{"--output", "xml"}},
 		{"negative limit", []string{"outbox", "ls", "--limit", "-1"}, []string{"--limit"}},
-		{"no id", []string{"outbox", "retry"}, []string{"accepts 1 arg"}},
+		{"no id", []string{"outbox", "retry"}, []string{"name an event", "--all"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, err := capture(t, append(append([]string(nil), dsn...), tc.args...)...)
@@ -148,5 +149,68 @@ func TestOutboxCommands(t *testing.T) {
 	mustContain(t, out, "0 parked events (0 refused, 0 held)")
 	if n := dbCount(t, d.DB, "SELECT COUNT(*) FROM outbox WHERE event_id = 'ev-big'"); n != 0 {
 		t.Fatal("the dropped event is in the outbox")
+	}
+}
+
+// retry and drop choose several refused events with --all, --topic or --reason: the count
+// and the events first, nothing changed by --dry-run (nor by drop without --yes), then each
+// released with the events held behind it.
+func TestOutboxSelections(t *testing.T) {
+	d := parkedDB(t)
+	run := func(args ...string) (string, error) {
+		t.Helper()
+		return capture(t, append([]string{"--dsn", d.DSN, "outbox"}, args...)...)
+	}
+	state := func() string {
+		return fmt.Sprintf("parked %d, outbox %d", dbCount(t, d.DB, "SELECT COUNT(*) FROM outbox_parked"), dbCount(t, d.DB, "SELECT COUNT(*) FROM outbox"))
+	}
+	before := state()
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"an event and a selection", []string{"retry", "ev-head", "--all"}, "not both"},
+		{"all and a topic", []string{"drop", "--all", "--topic", "t-good", "--yes"}, "leave out --topic"},
+		{"held is no refusal", []string{"retry", "--reason", "held"}, "one of unknown_topic, too_large"},
+		{"unknown reason", []string{"retry", "--reason", "nope"}, "one of unknown_topic"},
+		{"dry run of one event", []string{"retry", "ev-head", "--dry-run"}, "--dry-run goes with"},
+		{"bad topic", []string{"retry", "--topic", "t\x1b"}, "not a topic name"},
+		{"drop without --yes", []string{"drop", "--reason", "too_large"}, "drop deletes these 1 events for good"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := run(tc.args...)
+			if ExitCode(err) != 2 || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("%v: %v (exit %d), want exit 2 saying %q\n%s", tc.args, err, ExitCode(err), tc.want, out)
+			}
+		})
+	}
+	out, err := run("retry", "--topic", "t-missing", "--dry-run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustContain(t, out, "1 refused parked events chosen (topic t-missing), 1 events held behind them", "ev-head", "dry run: nothing done")
+	out, _ = run("drop", "--all", "--dry-run")
+	mustContain(t, out, "2 refused parked events chosen (all), 1 events held behind them", "ev-head", "ev-big")
+	if after := state(); after != before {
+		t.Fatalf("dry runs and bad input changed the tables: %s -> %s", before, after)
+	}
+	out, err = run("retry", "--reason", "unknown_topic")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustContain(t, out, "1 refused parked events chosen (reason unknown_topic)", "retried 1 events: 2 events back in the outbox")
+	if n := dbCount(t, d.DB, "SELECT COUNT(*) FROM outbox WHERE id IN (10, 12)"); n != 2 {
+		t.Fatalf("%d of the retried events are back in the outbox, want 2", n)
+	}
+	out, err = run("drop", "--all", "--yes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustContain(t, out, "1 refused parked events chosen (all)", "ev-big", "dropped 1 events")
+	out, _ = run("retry", "--all")
+	mustContain(t, out, "0 refused parked events chosen (all)")
+	if got := state(); got != "parked 0, outbox 2" {
+		t.Fatalf("after retry and drop: %s, want parked 0, outbox 2", got)
 	}
 }

@@ -114,6 +114,31 @@ func (p *Parked) List(ctx context.Context, limit int) ([]ParkedRow, error) {
 	return p.query(ctx, q)
 }
 
+// Selection chooses refused parked events (never held ones: they are released with the
+// event they wait behind) by topic and reason; the zero Selection chooses all.
+type Selection struct {
+	Topic  string // "" for any
+	Reason string // one of the Reason constants but ReasonHeld; "" for any
+}
+
+// Refused returns the refused parked events sel chooses, in id order, without payloads.
+func (p *Parked) Refused(ctx context.Context, sel Selection) ([]ParkedRow, error) {
+	if sel.Reason == ReasonHeld {
+		return nil, fmt.Errorf("%w: reason %q: held events are released with the event they wait behind", ErrBadRef, sel.Reason)
+	}
+	q := fmt.Sprintf(parkedSelect, "''", p.table, p.table) + " WHERE p.held_behind IS NULL"
+	var args []any
+	if sel.Topic != "" {
+		q += " AND p.topic = ?"
+		args = append(args, sel.Topic)
+	}
+	if sel.Reason != "" {
+		q += " AND p.reason = ?"
+		args = append(args, sel.Reason)
+	}
+	return p.query(ctx, q+" ORDER BY p.id", args...)
+}
+
 // Get returns one parked event with its payload. ref is its outbox id or its event id.
 func (p *Parked) Get(ctx context.Context, ref string) (ParkedRow, error) {
 	cond, args, err := refMatch(ref, "p.")
