@@ -30,17 +30,26 @@ type produceOpts struct {
 	ledger  string
 	rate    float64
 	batch   int
+	file    string // records from a JSON-lines file instead of a Sampler (produce_file.go)
 }
 
 func (a *app) produceCmd() *cobra.Command {
 	o := produceOpts{}
 	cmd := &cobra.Command{
 		Use:   "produce",
-		Short: "load generator: N messages of a plugin's input (its Sampler), a share of them delivered twice as different Kafka messages",
+		Short: "load generator: N messages of a plugin's input (its Sampler), a share of them delivered twice as different Kafka messages; or the records of a file (--file)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.orders < 0 || !(o.dupRate >= 0 && o.dupRate <= 1) || o.poison < 0 || o.batch < 1 || !(o.rate >= 0 && o.rate <= 1e7) { // NaN fails the ranges
 				return badInput(errors.New("produce: --orders, --poison >= 0, --dup-rate in [0,1], --batch >= 1, --rate >= 0"))
+			}
+			if o.file != "" {
+				for _, f := range []string{"orders", "dup-rate", "poison", "prefix", "seed", "ledger"} {
+					if cmd.Flags().Changed(f) {
+						return badInput(fmt.Errorf("produce --file sends the file's records: --%s does not apply", f))
+					}
+				}
+				return a.produceFile(o)
 			}
 			if o.prefix == "" {
 				o.prefix = fmt.Sprintf("ord-%d", time.Now().UnixNano())
@@ -60,6 +69,7 @@ func (a *app) produceCmd() *cobra.Command {
 	f.StringVar(&o.ledger, "ledger", "", "write the produced order ids to this file (for `verify --ledger`)")
 	f.Float64Var(&o.rate, "rate", 0, "messages per second (0 = as fast as possible)")
 	f.IntVar(&o.batch, "batch", 200, "messages per produce request")
+	f.StringVar(&o.file, "file", "", `send the records of this JSON-lines file instead, one per line: {"key": "...", "value": <JSON, or a string sent as its text>, "headers": {...}} (value_base64 for bytes); to --topic, else --plugin's first topic`)
 	return cmd
 }
 
