@@ -10,8 +10,9 @@ import (
 
 // The plugin guide in the repository's README shows this module's files: each code block of
 // its "Writing a handler plugin" section but the shell one is one of them (the main package,
-// the plugin and its grants file), verbatim, so the README's examples compile (this module
-// builds them) and cannot drift from them; the migration it describes is named.
+// the plugin, its migration and its grants file), verbatim, so the README's examples compile
+// (this module builds them) and cannot drift from them; docs/PLUGINS.md shows the first unit
+// test likewise.
 func TestREADMEShowsTheExampleFiles(t *testing.T) {
 	readme, err := os.ReadFile("../../README.md")
 	if err != nil {
@@ -32,7 +33,7 @@ func TestREADMEShowsTheExampleFiles(t *testing.T) {
 			t.Errorf("the plugin guide does not name %s", f)
 		}
 	}
-	for _, f := range []string{"main.go", "points/points.go", "points/migrations/grants.txt"} {
+	for _, f := range []string{"main.go", "points/points.go", "points/migrations/00001_loyalty.sql", "points/migrations/grants.txt"} {
 		b, err := os.ReadFile(filepath.FromSlash(f))
 		if err != nil {
 			t.Fatal(err)
@@ -55,5 +56,19 @@ func TestREADMEShowsTheExampleFiles(t *testing.T) {
 		if !found {
 			t.Errorf("code block %d of the plugin guide (%s, %d bytes) is none of examples/loyalty's files: copy the file into the README", i+1, b[1], len(b[2]))
 		}
+	}
+}
+
+func TestPluginsGuideShowsTheUnitTest(t *testing.T) {
+	guide, err := os.ReadFile("../../docs/PLUGINS.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	test, err := os.ReadFile(filepath.FromSlash("points/handler_test.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(guide), "```go\n"+string(test)+"```\n") {
+		t.Fatal("docs/PLUGINS.md does not show points/handler_test.go verbatim: copy the file into it")
 	}
 }
