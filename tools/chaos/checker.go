@@ -1,8 +1,9 @@
 package main
 
 // The checker is deliberately independent of the router: it reads the producer's ledger
-// files with its own parser, the database with its own SQL (database/sql + go-sql-driver,
-// none of the inbox/outbox/coupon packages) and Kafka with its own read_committed consumer
+// files with its own parser, the database with its own SQL (database/sql with go-sql-driver
+// or pgx's driver; of the framework only pkg/dbx's dialect and placeholders, none of the
+// inbox/outbox/coupon packages) and Kafka with its own read_committed consumer
 // (IBM/sarama directly, not pkg/kafkax). What it knows about the schema and the wire format
 // is written out here, so a bug in the router's code paths cannot hide itself from it. The
 // one thing it shares with the router is internal/chaosplan, the plan of the misbehaving test
@@ -239,7 +240,7 @@ func Check(ctx context.Context, c CheckConfig) (Report, error) {
 	}
 
 	// 2. The database, scoped to the run's prefix.
-	db, err := sql.Open("mysql", c.DSN)
+	db, err := openDB(c.DSN)
 	if err != nil {
 		return rep, fmt.Errorf("checker: %w", err)
 	}
@@ -318,7 +319,7 @@ func Check(ctx context.Context, c CheckConfig) (Report, error) {
 		if biz == c.Misbehaver {
 			n = &rep.MisbehaverPoison
 		}
-		if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM inbox WHERE biz_type = ? AND reason = 'poison'`, biz).Scan(n); err != nil {
+		if err := db.QueryRowContext(ctx, rebind(db, `SELECT COUNT(*) FROM inbox WHERE biz_type = ? AND reason = 'poison'`), biz).Scan(n); err != nil {
 			return rep, fmt.Errorf("checker: poison: %w", err)
 		}
 		if *n < rep.LedgerPoison {
@@ -580,7 +581,7 @@ func checkCounters(ctx context.Context, db *sql.DB, v *violations) error {
 		return m[k]
 	}
 	if err := query(ctx, db, `SELECT campaign_id,
- COALESCE(SUM(state IN ('LOCKED', 'BUDGET_DEDUCTED')), 0), COALESCE(SUM(state = 'GRANTED'), 0),
+ COALESCE(SUM(CASE WHEN state IN ('LOCKED', 'BUDGET_DEDUCTED') THEN 1 ELSE 0 END), 0), COALESCE(SUM(CASE WHEN state = 'GRANTED' THEN 1 ELSE 0 END), 0),
  COALESCE(SUM(CASE WHEN state IN ('BUDGET_DEDUCTED', 'GRANTED') THEN value_cents ELSE 0 END), 0)
  FROM coupon_grant GROUP BY campaign_id`, nil, func(s scanner) error {
 		var k string
@@ -626,8 +627,9 @@ func checkCounters(ctx context.Context, db *sql.DB, v *violations) error {
 
 type scanner interface{ Scan(dest ...any) error }
 
+// query runs q (rebound for db's dialect) and calls fn for each row.
 func query(ctx context.Context, db *sql.DB, q string, args []any, fn func(scanner) error) error {
-	rows, err := db.QueryContext(ctx, q, args...)
+	rows, err := db.QueryContext(ctx, rebind(db, q), args...)
 	if err != nil {
 		return fmt.Errorf("checker: %s: %w", firstWords(q), err)
 	}

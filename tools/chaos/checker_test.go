@@ -34,13 +34,17 @@ type synthRun struct {
 // chaosplan plans them.
 func dataset(t *testing.T, d testenv.Database, brokers []string, topic, orderTopic, prefix string, n int) synthRun {
 	t.Helper()
+	// The statements run on MariaDB and PostgreSQL (ONCEFLOW_TEST_DB): times, booleans and
+	// bytes are Go values.
 	exec := func(q string, args ...any) {
 		t.Helper()
-		if _, err := d.DB.Exec(q, args...); err != nil {
+		if _, err := d.DB.Exec(rebind(d.DB, q), args...); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
 	const campaign, value = "double11-5yuan", 500
+	now := time.Now().UTC()
+	expire := now.Add(30 * 24 * time.Hour)
 	sc := saramaConfig()
 	sc.Producer.Return.Successes = true
 	prod, err := sarama.NewSyncProducer(brokers, sc)
@@ -65,7 +69,7 @@ func dataset(t *testing.T, d testenv.Database, brokers []string, topic, orderTop
 				r = reason
 			}
 			exec(`INSERT INTO inbox (dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, attempts, duplicates, expire_at)
- VALUES (?, 'coupon', ?, ?, ?, 'order-paid', 0, ?, ?, ?, 1, ?, NOW() + INTERVAL 30 DAY)`, id, status, r, fmt.Sprintf("uuid-%d", i), i, payload, fmt.Sprintf("%064d", i), dups)
+ VALUES (?, 'coupon', ?, ?, ?, 'order-paid', 0, ?, ?, ?, 1, ?, ?)`, id, status, r, fmt.Sprintf("uuid-%d", i), i, []byte(payload), fmt.Sprintf("%064d", i), dups, expire)
 		}
 		grant := func(state, reason string, path ...string) {
 			var r, cid any
@@ -89,9 +93,9 @@ func dataset(t *testing.T, d testenv.Database, brokers []string, topic, orderTop
 			status, reason = "failed", b.String()
 		}
 		exec(`INSERT INTO inbox (dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, attempts, expire_at)
- VALUES (?, 'chaos', ?, ?, ?, 'order-paid', 0, ?, ?, ?, 1, NOW() + INTERVAL 30 DAY)`, id, status, reason, fmt.Sprintf("uuid-%d", i), i, payload, fmt.Sprintf("%064d", i))
+ VALUES (?, 'chaos', ?, ?, ?, 'order-paid', 0, ?, ?, ?, 1, ?)`, id, status, reason, fmt.Sprintf("uuid-%d", i), i, []byte(payload), fmt.Sprintf("%064d", i), expire)
 		outbox := func(typ, eventID, payload string) {
-			exec(`INSERT INTO outbox (event_id, event_type, topic, msg_key, payload, published_at) VALUES (?, ?, ?, ?, ?, NOW(6))`, eventID, typ, topic, id, payload)
+			exec(`INSERT INTO outbox (event_id, event_type, topic, msg_key, payload, published_at) VALUES (?, ?, ?, ?, ?, ?)`, eventID, typ, topic, id, []byte(payload), now)
 		}
 		switch {
 		case i < n-5:
@@ -125,7 +129,7 @@ func dataset(t *testing.T, d testenv.Database, brokers []string, topic, orderTop
 	}
 	for _, biz := range []string{"coupon", "chaos"} {
 		exec(`INSERT INTO inbox (dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset, payload, tombstone, fingerprint, expire_at)
- VALUES (?, ?, 'failed', 'poison', 'p', ?, ?, ?, '', 1, 'f', NOW() + INTERVAL 30 DAY)`, fmt.Sprintf("poison:%s/%d/%d", orderTopic, part, off), biz, orderTopic, part, off)
+ VALUES (?, ?, 'failed', 'poison', 'p', ?, ?, ?, ?, ?, 'f', ?)`, fmt.Sprintf("poison:%s/%d/%d", orderTopic, part, off), biz, orderTopic, part, off, []byte{}, true, expire)
 	}
 	ends, err := TopicEnds(brokers, orderTopic)
 	if err != nil {

@@ -145,7 +145,7 @@ func (h *harness) shardTxnID(i int) string {
 // unpublished is the number of outbox rows not yet published (direct to MariaDB), -1 when
 // it cannot be read.
 func (h *harness) unpublished() int {
-	db, err := sql.Open("mysql", h.appDSN)
+	db, err := openDB(h.appDSN)
 	if err != nil {
 		return -1
 	}
@@ -289,7 +289,7 @@ func (h *harness) sampleRSS(every time.Duration, stop <-chan struct{}) {
 	}
 	defer f.Close()
 	fmt.Fprintln(f, "seconds,orders_processed,process,pid,rss_mb")
-	db, err := sql.Open("mysql", h.appDSN)
+	db, err := openDB(h.appDSN)
 	if err != nil {
 		return
 	}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -123,7 +122,7 @@ func (h *harness) checkFaultCounts() {
 
 // drain waits until every ledger order is terminal or quarantined, has its row done or
 // failed in the misbehaving plugin's inbox, no inbox row of the run is processing, and the
-// outbox is published (own SQL, direct to MariaDB).
+// outbox is published (own SQL, direct to the database).
 func drain(ctx context.Context, appDSN string, info runInfo, bound time.Duration) (bool, string) {
 	total := 0
 	for _, l := range info.Ledgers {
@@ -133,7 +132,7 @@ func drain(ctx context.Context, appDSN string, info runInfo, bound time.Duration
 		}
 		total += len(lf.orders)
 	}
-	db, err := sql.Open("mysql", appDSN)
+	db, err := openDB(appDSN)
 	if err != nil {
 		return false, err.Error()
 	}
@@ -143,12 +142,12 @@ func drain(ctx context.Context, appDSN string, info runInfo, bound time.Duration
 	why := ""
 	for {
 		var terminal, quarantined, processing, pending, misbehaved int
-		err := db.QueryRowContext(ctx, `SELECT
+		err := db.QueryRowContext(ctx, rebind(db, `SELECT
  (SELECT COUNT(*) FROM coupon_grant WHERE order_id LIKE ? AND state IN ('GRANTED', 'FAILED')),
  (SELECT COUNT(*) FROM inbox WHERE biz_type = 'coupon' AND dedup_key LIKE ? AND status = 'failed' AND dedup_key NOT LIKE '%#conflict:%'),
  (SELECT COUNT(*) FROM inbox WHERE biz_type IN ('coupon', ?) AND dedup_key LIKE ? AND status = 'processing'),
  (SELECT COUNT(*) FROM outbox WHERE published_at IS NULL),
- (SELECT COUNT(*) FROM inbox WHERE biz_type = ? AND dedup_key LIKE ? AND status IN ('done', 'failed') AND dedup_key NOT LIKE '%#conflict:%')`,
+ (SELECT COUNT(*) FROM inbox WHERE biz_type = ? AND dedup_key LIKE ? AND status IN ('done', 'failed') AND dedup_key NOT LIKE '%#conflict:%')`),
 			like, like, misbehaverBiz, like, misbehaverBiz, like).Scan(&terminal, &quarantined, &processing, &pending, &misbehaved)
 		if err == nil {
 			why = fmt.Sprintf("%d/%d orders terminal, %d quarantined, %d/%d ended in %s's inbox, %d processing, %d outbox rows unpublished",

@@ -36,7 +36,7 @@ type harness struct {
 	routerBrokers string // what the routers bootstrap from: the Kafka proxy, or the brokers
 
 	cfgPath, adminDSN, appDSN string
-	baseEnv                   []string // of `router migrate` and `router produce`: direct to MariaDB and Kafka
+	baseEnv                   []string // of `router migrate` and `router produce`: direct to the database and Kafka
 	slots                     []*slot  // routers a, b and c
 
 	infraMu                                    sync.Mutex // one scripts/infra.sh operation at a time
@@ -57,7 +57,7 @@ func newHarness(c clock, o options, p profile, kinds []string) (*harness, error)
 		return nil, err
 	}
 	info := runInfo{Prefix: fmt.Sprintf("chaos%d-%d", o.seed, time.Now().Unix()), Seed: o.seed, Profile: p.name,
-		DB: o.dbName, DBAddr: o.dbAddr, Brokers: o.brokers, Started: time.Now().UTC(), NoMisbehaver: p.noMisbehaver}
+		DB: o.dbName, DBAddr: o.dbAddr, Dialect: o.dialect, Brokers: o.brokers, Started: time.Now().UTC(), NoMisbehaver: p.noMisbehaver}
 	if o.runDir == "" {
 		o.runDir = filepath.Join(root, ".run", "chaos", info.Prefix)
 	}
@@ -92,22 +92,27 @@ func (h *harness) infra(args ...string) error {
 }
 
 // restart stops svc (kafka or db) through scripts/infra.sh, keeps it down for down, and
-// starts it again (three tries); counter counts the restarts that came back up.
+// starts it again (three tries); counter counts the restarts that came back up. The
+// database is MariaDB's db-stop/db-start, or PostgreSQL's pg-stop/pg-start.
 func (h *harness) restart(svc string, down time.Duration, counter *atomic.Int64) {
 	h.infraMu.Lock()
 	defer h.infraMu.Unlock()
+	cmd := svc
+	if svc == "db" && h.o.dialect.IsPostgres() {
+		cmd = "pg"
+	}
 	h.logf("%s: stopping (down for %s)", svc, down.Round(100*time.Millisecond))
-	if err := h.infra(svc + "-stop"); err != nil {
-		h.harnessErr("%s-stop: %v (see infra.log)", svc, err)
+	if err := h.infra(cmd + "-stop"); err != nil {
+		h.harnessErr("%s-stop: %v (see infra.log)", cmd, err)
 	}
 	time.Sleep(down)
 	for i := 0; ; i++ {
-		err := h.infra(svc + "-start")
+		err := h.infra(cmd + "-start")
 		if err == nil {
 			break
 		}
 		if i == 2 {
-			h.harnessErr("%s-start failed 3 times: %v (see infra.log)", svc, err)
+			h.harnessErr("%s-start failed 3 times: %v (see infra.log)", cmd, err)
 			return
 		}
 		time.Sleep(2 * time.Second)

@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/IBM/sarama"
+
+	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
 // Faults the harness can inject after a run (mutating what the run left behind), to show
@@ -78,15 +80,16 @@ func inject(ctx context.Context, admin *sql.DB, prefix string, kinds []string, t
 		var stmts []string
 		switch k {
 		case "dup-coupon":
-			var has int
-			if err := admin.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.statistics WHERE table_schema = DATABASE() AND table_name = 'user_coupon' AND index_name = 'uk_order_campaign'`).Scan(&has); err != nil {
+			drop, err := dropOrderCampaignKey(ctx, admin)
+			if err != nil {
 				return done, fmt.Errorf("inject %s: %w", k, err)
 			}
-			if has > 0 {
-				stmts = append(stmts, `ALTER TABLE user_coupon DROP INDEX uk_order_campaign`)
+			uuid := "UUID()"
+			if dbx.DialectOf(admin).IsPostgres() {
+				uuid = "gen_random_uuid()"
 			}
-			stmts = append(stmts, `INSERT INTO user_coupon (coupon_id, order_id, campaign_id, user_id, value_cents)
- SELECT UUID(), order_id, campaign_id, user_id, value_cents FROM user_coupon WHERE order_id = ?`)
+			stmts = append(drop, `INSERT INTO user_coupon (coupon_id, order_id, campaign_id, user_id, value_cents)
+ SELECT `+uuid+`, order_id, campaign_id, user_id, value_cents FROM user_coupon WHERE order_id = ?`)
 		case "lost-order":
 			stmts = []string{`DELETE FROM user_coupon WHERE order_id = ?`, `DELETE FROM coupon_grant_log WHERE order_id = ?`,
 				`DELETE FROM outbox WHERE msg_key = ?`, `DELETE FROM coupon_grant WHERE order_id = ?`}
@@ -106,10 +109,10 @@ func inject(ctx context.Context, admin *sql.DB, prefix string, kinds []string, t
 			continue
 		case "poison-drop":
 			var key string
-			err := admin.QueryRowContext(ctx, `SELECT dedup_key FROM inbox WHERE biz_type = 'coupon' AND reason = 'poison' AND topic = ?
- ORDER BY tombstone DESC, id LIMIT 1`, t.OrderTopic).Scan(&key)
+			err := admin.QueryRowContext(ctx, rebind(admin, `SELECT dedup_key FROM inbox WHERE biz_type = 'coupon' AND reason = 'poison' AND topic = ?
+ ORDER BY tombstone DESC, id LIMIT 1`), t.OrderTopic).Scan(&key)
 			if err == nil {
-				_, err = admin.ExecContext(ctx, `DELETE FROM inbox WHERE biz_type = 'coupon' AND dedup_key = ?`, key)
+				_, err = admin.ExecContext(ctx, rebind(admin, `DELETE FROM inbox WHERE biz_type = 'coupon' AND dedup_key = ?`), key)
 			}
 			if err != nil {
 				return done, fmt.Errorf("inject %s: %w", k, err)
@@ -130,7 +133,7 @@ func inject(ctx context.Context, admin *sql.DB, prefix string, kinds []string, t
 		for _, q := range stmts {
 			var err error
 			if strings.Contains(q, "?") {
-				_, err = admin.ExecContext(ctx, q, id)
+				_, err = admin.ExecContext(ctx, rebind(admin, q), id)
 			} else {
 				_, err = admin.ExecContext(ctx, q)
 			}
@@ -143,12 +146,46 @@ func inject(ctx context.Context, admin *sql.DB, prefix string, kinds []string, t
 	return done, nil
 }
 
+// dropOrderCampaignKey is the DDL that drops user_coupon's unique key on (order_id,
+// campaign_id), if it is there: MariaDB's uk_order_campaign; on PostgreSQL whatever unique
+// constraint or index covers exactly those columns.
+func dropOrderCampaignKey(ctx context.Context, admin *sql.DB) ([]string, error) {
+	if !dbx.DialectOf(admin).IsPostgres() {
+		var has int
+		if err := admin.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.statistics WHERE table_schema = DATABASE() AND table_name = 'user_coupon' AND index_name = 'uk_order_campaign'`).Scan(&has); err != nil {
+			return nil, err
+		}
+		if has == 0 {
+			return nil, nil
+		}
+		return []string{`ALTER TABLE user_coupon DROP INDEX uk_order_campaign`}, nil
+	}
+	var stmts []string
+	err := query(ctx, admin, `SELECT i.relname, COALESCE(c.conname, '') FROM pg_index x
+ JOIN pg_class i ON i.oid = x.indexrelid
+ LEFT JOIN pg_constraint c ON c.conindid = x.indexrelid AND c.conrelid = x.indrelid
+ WHERE x.indrelid = 'user_coupon'::regclass AND x.indisunique
+ AND pg_get_indexdef(x.indexrelid) LIKE '%(order_id, campaign_id)'`, nil, func(s scanner) error {
+		var index, constraint string
+		if err := s.Scan(&index, &constraint); err != nil {
+			return err
+		}
+		if constraint != "" {
+			stmts = append(stmts, `ALTER TABLE user_coupon DROP CONSTRAINT `+dbx.Postgres.Quote(constraint))
+		} else {
+			stmts = append(stmts, `DROP INDEX `+dbx.Postgres.Quote(index))
+		}
+		return nil
+	})
+	return stmts, err
+}
+
 // republish sends the order's CouponGranted event again, as a non-transactional message with
 // the same key, headers and payload (what an at-least-once relay does after a crash).
 func republish(ctx context.Context, db *sql.DB, orderID string, brokers []string, topic string) error {
 	var eventID string
 	var payload []byte
-	if err := db.QueryRowContext(ctx, `SELECT event_id, payload FROM outbox WHERE msg_key = ? AND event_type = 'CouponGranted'`, orderID).Scan(&eventID, &payload); err != nil {
+	if err := db.QueryRowContext(ctx, rebind(db, `SELECT event_id, payload FROM outbox WHERE msg_key = ? AND event_type = 'CouponGranted'`), orderID).Scan(&eventID, &payload); err != nil {
 		return err
 	}
 	sc := saramaConfig()
@@ -176,7 +213,7 @@ func flipMisbehaver(ctx context.Context, admin *sql.DB, prefix, bizType string) 
 	} {
 		var id int64
 		var key string
-		err := admin.QueryRowContext(ctx, `SELECT id, dedup_key FROM inbox WHERE biz_type = ? AND dedup_key LIKE ? AND status = ? ORDER BY dedup_key LIMIT 1`,
+		err := admin.QueryRowContext(ctx, rebind(admin, `SELECT id, dedup_key FROM inbox WHERE biz_type = ? AND dedup_key LIKE ? AND status = ? ORDER BY dedup_key LIMIT 1`),
 			bizType, likePrefix(prefix), f.from).Scan(&id, &key)
 		if errors.Is(err, sql.ErrNoRows) {
 			continue
@@ -184,7 +221,7 @@ func flipMisbehaver(ctx context.Context, admin *sql.DB, prefix, bizType string) 
 		if err != nil {
 			return "", err
 		}
-		if _, err := admin.ExecContext(ctx, `UPDATE inbox SET `+f.set+` WHERE id = ?`, id); err != nil {
+		if _, err := admin.ExecContext(ctx, rebind(admin, `UPDATE inbox SET `+f.set+` WHERE id = ?`), id); err != nil {
 			return "", err
 		}
 		return fmt.Sprintf("biz type %s order %s %s → %s", bizType, key, f.from, f.to), nil

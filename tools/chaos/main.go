@@ -1,9 +1,10 @@
-// Command chaos runs `router run` processes against a real MariaDB and Kafka while
-// `router produce` sends orders with duplicate deliveries and poison, and meanwhile kills
-// routers with SIGKILL, crashes the relay between its Kafka commit and its database mark,
-// makes consumers join and leave, restarts the broker and the database (scripts/infra.sh),
-// and injects latency, connection resets and a cut between the routers and MariaDB and
-// between the routers and Kafka through in-process toxiproxies (proxy.go). After healing and
+// Command chaos runs `router run` processes against a real MariaDB (or, with -dialect
+// postgres, PostgreSQL) and Kafka while `router produce` sends orders with duplicate
+// deliveries and poison, and meanwhile kills routers with SIGKILL, crashes the relay between
+// its Kafka commit and its database mark, makes consumers join and leave, restarts the
+// broker and the database (scripts/infra.sh), and injects latency, connection resets and a
+// cut between the routers and the database and between the routers and Kafka through
+// in-process toxiproxies (proxy.go: plain TCP, whatever the wire protocol). After healing and
 // draining, an independent checker (checker.go) audits the producer's ledger, the database,
 // coupon-granted and the consumer groups' committed offsets, and the run ends with one line:
 // `CHAOS ok ...` or `CHAOS FAIL ...`.
@@ -15,8 +16,8 @@
 // reason panic resp. timeout, and the rest done.
 //
 // It restarts the services it runs against: scripts/chaos.sh points it at a second instance
-// of scripts/infra.sh (ONCEFLOW_RUN_DIR, ONCEFLOW_DB_PORT, ONCEFLOW_KAFKA_PORT, ...), and it
-// refuses to restart the default instance (3306 / 9092) unless -allow-shared.
+// of scripts/infra.sh (ONCEFLOW_RUN_DIR, ONCEFLOW_DB_PORT, ONCEFLOW_PG_PORT, ONCEFLOW_KAFKA_PORT,
+// ...), and it refuses to restart the default instance (3306 / 5432 / 9092) unless -allow-shared.
 //
 //	scripts/chaos.sh                                   # or make chaos; CHAOS_PROFILE=long
 //	.run/chaos/chaos -check-only -run-dir .run/chaos/<run> -inject all   # the checker must FAIL
@@ -41,10 +42,13 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
 type options struct {
 	profile, root, router, runDir, dbName, dbAddr, inject string
+	dialect                                               dbx.Dialect // the database: MariaDB or PostgreSQL
 	kafkaProxy, kafkaChaos                                string
 	routerEnv                                             string
 	brokers                                               []string
@@ -60,6 +64,7 @@ type runInfo struct {
 	Seed         uint64                     `json:"seed"`
 	Profile      string                     `json:"profile"`
 	DB           string                     `json:"db"`
+	Dialect      dbx.Dialect                `json:"dialect,omitempty"` // empty: mariadb
 	DBAddr       string                     `json:"db_addr"`
 	Brokers      []string                   `json:"brokers"`
 	Ledgers      []string                   `json:"ledgers"`
@@ -122,7 +127,8 @@ func main() {
 	flag.StringVar(&o.router, "router", ".run/chaos/router", "router binary, built from tools/"+routerPkg[2:]+" (copied into the run directory at start; built if missing)")
 	flag.StringVar(&o.runDir, "run-dir", "", "run directory (default .run/chaos/<prefix>); with -check-only: the run to audit")
 	flag.StringVar(&o.dbName, "db", "onceflow_chaos", "database of the run (dropped and migrated at start)")
-	flag.StringVar(&o.dbAddr, "db-addr", "127.0.0.1:"+envOr("ONCEFLOW_DB_PORT", "3306"), "MariaDB address (default from ONCEFLOW_DB_PORT, as scripts/infra.sh)")
+	dialect := flag.String("dialect", "mariadb", "the database of the run: mariadb or postgres (scripts/chaos.sh: DB=postgres)")
+	flag.StringVar(&o.dbAddr, "db-addr", "", "database address (default from ONCEFLOW_DB_PORT for MariaDB, ONCEFLOW_PG_PORT for PostgreSQL, as scripts/infra.sh)")
 	flag.StringVar(&brokers, "brokers", "127.0.0.1:"+envOr("ONCEFLOW_KAFKA_PORT", "9092"), "Kafka brokers, direct (default from ONCEFLOW_KAFKA_PORT)")
 	kchaos, kadv := os.Getenv("ONCEFLOW_KAFKA_CHAOS_PORT"), os.Getenv("ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT")
 	if kchaos != "" && kadv == "" {
@@ -146,6 +152,17 @@ func main() {
 	flag.DurationVar(&o.soakWindow, "soak-window", time.Duration(envUint("CHAOS_SOAK_MINUTES", 30))*time.Minute, "how long the soak profile sends and injects faults; env CHAOS_SOAK_MINUTES (minutes)")
 	flag.Parse()
 	o.brokers = strings.Split(brokers, ",")
+	var err error
+	if o.dialect, err = parseDialect(*dialect); err != nil {
+		fmt.Printf("CHAOS FAIL harness: %v\n", err)
+		os.Exit(2)
+	}
+	if o.dbAddr == "" {
+		o.dbAddr = "127.0.0.1:" + envOr("ONCEFLOW_DB_PORT", "3306")
+		if o.dialect.IsPostgres() {
+			o.dbAddr = "127.0.0.1:" + envOr("ONCEFLOW_PG_PORT", "5432")
+		}
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -172,10 +189,6 @@ func envUint(name string, def uint64) uint64 {
 		}
 	}
 	return def
-}
-
-func dsn(user, addr, db string) string {
-	return fmt.Sprintf("%s@tcp(%s)/%s?timeout=5s&readTimeout=60s&writeTimeout=60s", user, addr, db)
 }
 
 // run is one run of the harness, step by step (or, with -check-only, the audit of an

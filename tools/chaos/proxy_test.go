@@ -2,9 +2,14 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"net"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
 // echo serves line echo on a local port.
@@ -120,5 +125,64 @@ func TestProxyLatencyResetCut(t *testing.T) {
 	}
 	if got := p.Stats(); got != "connections=4 latency=1 resets=1 cuts=1" {
 		t.Errorf("stats %q", got)
+	}
+}
+
+// TestProxyCarriesTheDatabase puts the proxy in front of the test database (MariaDB's or,
+// with ONCEFLOW_TEST_DB=postgres, PostgreSQL's wire protocol: the proxy only moves bytes):
+// queries go through it, fail while a reset window or a cut lasts, and work again after.
+func TestProxyCarriesTheDatabase(t *testing.T) {
+	d := testenv.DB(t, 2)
+	info, err := dbx.ParseDSNInfo(d.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := newProxy("db", "127.0.0.1:0", info.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	db, err := openDB(strings.Replace(d.DSN, info.Addr, p.Addr(), 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	count := func(timeout time.Duration) (int, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		var n int
+		err := db.QueryRowContext(ctx, rebind(db, `SELECT COUNT(*) FROM inbox WHERE biz_type = ?`), "none").Scan(&n)
+		return n, err
+	}
+	if _, err := count(5 * time.Second); err != nil {
+		t.Fatalf("through the proxy: %v", err)
+	}
+	if p.accepted.Load() == 0 {
+		t.Fatalf("the query did not go through the proxy: %s", p.Stats())
+	}
+
+	done := make(chan error, 1)
+	go func() { done <- p.Reset(time.Second) }()
+	time.Sleep(100 * time.Millisecond)
+	if _, err := count(5 * time.Second); err == nil {
+		t.Fatal("a query in a reset window worked")
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := count(5 * time.Second); err != nil {
+		t.Fatalf("after the reset window: %v", err)
+	}
+
+	if err := p.SetCut(true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := count(time.Second); err == nil {
+		t.Fatal("a query during a cut worked")
+	}
+	p.Heal()
+	if _, err := count(5 * time.Second); err != nil {
+		t.Fatalf("after healing the cut: %v", err)
 	}
 }

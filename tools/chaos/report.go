@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -10,6 +9,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
 // audit runs the checker on what the run left (then, with -inject, injects the faults and
@@ -38,7 +39,7 @@ func audit(ctx context.Context, c clock, o options, info runInfo, appDSN, adminD
 	}
 	if len(kinds) > 0 {
 		c.logf("before injection: %s", runSummary(rep, info, extra))
-		admin, err := sql.Open("mysql", adminDSN)
+		admin, err := openDB(adminDSN)
 		if err != nil {
 			return 2, err
 		}
@@ -87,7 +88,11 @@ func checkOnly(ctx context.Context, c clock, o options, kinds []string) (int, er
 		return 2, fmt.Errorf("-check-only: %s/run.json: %w", o.runDir, err)
 	}
 	c.logf("auditing run %s (prefix %s, database %s)", o.runDir, info.Prefix, info.DB)
-	return audit(ctx, c, o, info, dsn("onceflow:onceflow", info.DBAddr, info.DB), dsn("onceflow_admin:onceflow_admin", info.DBAddr, info.DB), kinds, nil)
+	d, err := parseDialect(string(info.Dialect))
+	if err != nil {
+		return 2, fmt.Errorf("-check-only: %s/run.json: %w", o.runDir, err)
+	}
+	return audit(ctx, c, o, info, dsn(d, "onceflow:onceflow", info.DBAddr, info.DB), dsn(d, "onceflow_admin:onceflow_admin", info.DBAddr, info.DB), kinds, nil)
 }
 
 // printReport logs the checker's figures and prints its violations.
@@ -121,10 +126,30 @@ func (c clock) printReport(r Report) {
 	}
 }
 
-// runSummary is the CHAOS line: summary's for the one-broker profiles; on the cluster it
-// names the profile and counts broker kills (coordinator kills among them), controlled
-// broker restarts and router kills, and for the soak the rebalances and the routers' RSS.
+// runSummary is the CHAOS line (clusterSummary's), naming the database when not MariaDB.
 func runSummary(rep Report, info runInfo, extra []string) string {
+	return onDB(clusterSummary(rep, info, extra), info.Dialect)
+}
+
+// onDB names the run's database in the CHAOS line when it is not MariaDB, right after
+// ok/FAIL: "CHAOS ok db=postgres orders=…".
+func onDB(line string, d dbx.Dialect) string {
+	if d == "" || d == dbx.MariaDB {
+		return line
+	}
+	for _, p := range []string{"CHAOS ok ", "CHAOS FAIL "} {
+		if rest, ok := strings.CutPrefix(line, p); ok {
+			return p + "db=" + string(d) + " " + rest
+		}
+	}
+	return line
+}
+
+// clusterSummary is the CHAOS line without the database: summary's for the one-broker
+// profiles; on the cluster it names the profile and counts broker kills (coordinator kills
+// among them), controlled broker restarts and router kills, and for the soak the rebalances
+// and the routers' RSS.
+func clusterSummary(rep Report, info runInfo, extra []string) string {
 	c := info.Cluster
 	if c == nil {
 		return summary(rep, info.Kills, info.BrokerRestar, info.DBRestarts, extra)

@@ -47,11 +47,23 @@ func (h *harness) prepareRouter() error {
 // checkServices refuses services the run must not restart, and warns of foreign members
 // in the run's consumer group.
 func (h *harness) checkServices() error {
-	// The harness restarts MariaDB and Kafka: never the default instance that other tests use.
+	// The harness restarts the database and Kafka: never the default instance that other
+	// tests use.
 	if (h.p.brokerRestarts > 0 || h.p.dbRestarts > 0) && !h.o.allowShared {
-		if isDefaultInstance(h.o.dbAddr, "3306") || isDefaultInstance(h.o.brokers[0], "9092") || os.Getenv("ONCEFLOW_RUN_DIR") == "" {
+		defaultDB := "3306"
+		if h.o.dialect.IsPostgres() {
+			defaultDB = "5432"
+		}
+		if isDefaultInstance(h.o.dbAddr, defaultDB) || isDefaultInstance(h.o.brokers[0], "9092") || os.Getenv("ONCEFLOW_RUN_DIR") == "" {
 			return fmt.Errorf("refusing to restart the default scripts/infra.sh instance (db %s, kafka %s, ONCEFLOW_RUN_DIR %q): other tests use it; run through scripts/chaos.sh (a second instance) or pass -allow-shared",
 				h.o.dbAddr, h.o.brokers[0], os.Getenv("ONCEFLOW_RUN_DIR"))
+		}
+	}
+	// scripts/infra.sh pg-stop/pg-start act on the PostgreSQL of ONCEFLOW_PG_PORT (default
+	// 5432): it must be the one the run uses.
+	if h.p.dbRestarts > 0 && h.o.dialect.IsPostgres() {
+		if _, port, _ := net.SplitHostPort(h.o.dbAddr); port != envOr("ONCEFLOW_PG_PORT", "5432") {
+			return fmt.Errorf("-db-addr %s is not the PostgreSQL scripts/infra.sh restarts (ONCEFLOW_PG_PORT %q): set ONCEFLOW_PG_PORT to its port", h.o.dbAddr, os.Getenv("ONCEFLOW_PG_PORT"))
 		}
 	}
 
@@ -83,7 +95,7 @@ func (h *harness) checkServices() error {
 	return nil
 }
 
-// startProxies starts the proxies between the routers and MariaDB, and between the routers
+// startProxies starts the proxies between the routers and the database, and between the routers
 // and Kafka (when the broker has a CHAOS listener; without it the profile's Kafka faults
 // are dropped). closeProxies closes what it started.
 func (h *harness) startProxies() error {
@@ -141,8 +153,8 @@ func (h *harness) freshState(ctx context.Context) error {
 	if err := os.WriteFile(h.cfgPath, []byte(cfg), 0o644); err != nil {
 		return err
 	}
-	h.adminDSN = dsn("onceflow_admin:onceflow_admin", h.o.dbAddr, h.o.dbName)
-	h.appDSN = dsn("onceflow:onceflow", h.o.dbAddr, h.o.dbName)
+	h.adminDSN = dsn(h.o.dialect, "onceflow_admin:onceflow_admin", h.o.dbAddr, h.o.dbName)
+	h.appDSN = dsn(h.o.dialect, "onceflow:onceflow", h.o.dbAddr, h.o.dbName)
 	h.baseEnv = append(cleanEnv(), "ONCEFLOW_CONFIG="+h.cfgPath, "ONCEFLOW_KAFKA_BROKERS="+strings.Join(h.o.brokers, ","),
 		"ONCEFLOW_DB_ADMIN_DSN="+h.adminDSN)
 	migrate := exec.CommandContext(ctx, h.bin, "migrate", "--reset")
@@ -150,7 +162,7 @@ func (h *harness) freshState(ctx context.Context) error {
 	if out, err := migrate.CombinedOutput(); err != nil {
 		return fmt.Errorf("router migrate --reset (%s): %v\n%s", h.o.dbName, err, out)
 	}
-	h.logf("database %s: fresh schema", h.o.dbName)
+	h.logf("database %s (%s, %s): fresh schema", h.o.dbName, h.o.dialect, h.o.dbAddr)
 
 	var err error
 	if h.info.StartOffsets, err = TopicEnds(h.o.brokers, orderTopic, grantedTopic); err != nil {
