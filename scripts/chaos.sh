@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # make chaos: the chaos harness (tools/chaos) on a second, private instance of MariaDB and Kafka
 # (scripts/infra.sh with its own run dir and ports), never on the shared services
-# (127.0.0.1:3306 / :9092) that `make test` and `make demo` use: the harness restarts the
-# services it runs against.
+# (127.0.0.1:3306 / :5432 / :9092) that `make test` and `make demo` use: the harness restarts
+# the services it runs against.
 #
+#   DB=postgres: the routers, the checker and the database restarts on the chaos instance's own
+#     PostgreSQL (CHAOS_PG_PORT, default 5433; scripts/infra.sh pg-stop/pg-start) instead of
+#     its MariaDB; the CHAOS line then says db=postgres. DB=mariadb (default): MariaDB.
 #   CHAOS_PROFILE=short|long|broken (default short, ~2 min; long ~12 min), CHAOS_SEED (default 1),
 #   CHAOS_PROFILE=cluster|soak: on a three-broker cluster of the chaos instance (scripts/infra.sh
 #     ONCEFLOW_KAFKA_BROKERS=3; brokers on CHAOS_CLUSTER_PORT 29092-29094, controllers on
@@ -21,7 +24,8 @@
 #     instead of the working tree, so that the run's figures belong to a known commit.
 #
 # The chaos instance (override with these variables, not with ONCEFLOW_*):
-#   CHAOS_RUN_DIR (default .run/chaos-infra), CHAOS_DB_PORT (3307), CHAOS_KAFKA_PORT (9192),
+#   CHAOS_RUN_DIR (default .run/chaos-infra), CHAOS_DB_PORT (3307), CHAOS_PG_PORT (5433, with
+#   DB=postgres), CHAOS_KAFKA_PORT (9192),
 #   CHAOS_KAFKA_CONTROLLER_PORT (9193), CHAOS_KAFKA_CHAOS_PORT (9194: the broker's CHAOS
 #   listener), CHAOS_KAFKA_PROXY_PORT (9195: where the harness's Kafka proxy listens and what
 #   the CHAOS listener advertises).
@@ -37,6 +41,22 @@ export ONCEFLOW_KAFKA_CONTROLLER_PORT="${CHAOS_KAFKA_CONTROLLER_PORT:-9193}"
 export ONCEFLOW_KAFKA_CHAOS_PORT="${CHAOS_KAFKA_CHAOS_PORT:-9194}"
 export ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT="${CHAOS_KAFKA_PROXY_PORT:-9195}"
 export KAFKA_HEAP_OPTS="${KAFKA_HEAP_OPTS:--Xms256m -Xmx768m}"
+db_args=""
+db_desc="mariadb :$ONCEFLOW_DB_PORT"
+case "${DB:-mariadb}" in
+  mariadb) ;;
+  postgres)
+    # infra.sh up/down/status include the PostgreSQL of a non-default instance when it names
+    # its port (pg_wanted).
+    export ONCEFLOW_PG_PORT="${CHAOS_PG_PORT:-5433}"
+    db_args="-dialect postgres -db-addr 127.0.0.1:$ONCEFLOW_PG_PORT"
+    db_desc="postgres :$ONCEFLOW_PG_PORT"
+    ;;
+  *)
+    echo "chaos: DB=$DB: use mariadb or postgres" >&2
+    exit 2
+    ;;
+esac
 cluster_args=""
 case "${CHAOS_PROFILE:-}" in
   cluster | soak)
@@ -47,8 +67,8 @@ case "${CHAOS_PROFILE:-}" in
     cluster_args="-brokers 127.0.0.1:$ONCEFLOW_CLUSTER_PORT,127.0.0.1:$((ONCEFLOW_CLUSTER_PORT + 1)),127.0.0.1:$((ONCEFLOW_CLUSTER_PORT + 2))"
     ;;
 esac
-if [[ "$ONCEFLOW_DB_PORT" == 3306 || "$ONCEFLOW_KAFKA_PORT" == 9092 ]]; then
-  echo "chaos: refusing to run against the shared services (3306 / 9092)" >&2
+if [[ "$ONCEFLOW_DB_PORT" == 3306 || "${ONCEFLOW_PG_PORT:-}" == 5432 || "$ONCEFLOW_KAFKA_PORT" == 9092 ]]; then
+  echo "chaos: refusing to run against the shared services (3306 / 5432 / 9092)" >&2
   exit 2
 fi
 
@@ -61,9 +81,9 @@ at_exit() {
 }
 trap at_exit EXIT
 if [[ -n "$cluster_args" ]]; then
-  echo "chaos: instance $ONCEFLOW_RUN_DIR: mariadb :$ONCEFLOW_DB_PORT, three-broker kafka cluster ${cluster_args#-brokers }"
+  echo "chaos: instance $ONCEFLOW_RUN_DIR: $db_desc, three-broker kafka cluster ${cluster_args#-brokers }"
 else
-  echo "chaos: instance $ONCEFLOW_RUN_DIR: mariadb :$ONCEFLOW_DB_PORT, kafka :$ONCEFLOW_KAFKA_PORT (CHAOS listener :$ONCEFLOW_KAFKA_CHAOS_PORT advertised as :$ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT)"
+  echo "chaos: instance $ONCEFLOW_RUN_DIR: $db_desc, kafka :$ONCEFLOW_KAFKA_PORT (CHAOS listener :$ONCEFLOW_KAFKA_CHAOS_PORT advertised as :$ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT)"
 fi
 bash scripts/infra.sh up
 mkdir -p .run/chaos
@@ -104,7 +124,7 @@ esac
 go build -C tools -o ../.run/chaos/chaos ./chaos
 set +e
 # shellcheck disable=SC2086
-.run/chaos/chaos -profile "$profile" -seed "${CHAOS_SEED:-1}" -router "$router" $cluster_args ${CHAOS_ARGS:-} 2>&1 | { echo "$built"; cat; } | tee .run/chaos/chaos.log
+.run/chaos/chaos -profile "$profile" -seed "${CHAOS_SEED:-1}" -router "$router" $db_args $cluster_args ${CHAOS_ARGS:-} 2>&1 | { echo "$built"; cat; } | tee .run/chaos/chaos.log
 rc="${PIPESTATUS[0]}"
 set -e
 if [[ -z "$expect" ]]; then
