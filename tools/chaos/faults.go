@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -193,7 +194,11 @@ func (h *harness) netFault(x *proxy, target, what string, e event) {
 // other router is SIGKILLed too and kept down until the dead owner's lease has expired, so
 // the victim is the one that takes the lease.
 // The next relay session (any router) must reconcile that batch rather than publish it again.
-// It waits up to wait for the crash.
+// It waits up to wait for the crash. When the lease went elsewhere all the same (the victim
+// was slow to start, or a router that came back took the shard over through the membership),
+// it SIGKILLs the routers that are not armed, the lease's holder among them, and keeps them
+// down until the victim has crashed (at most wait again): alone, the victim takes the lease
+// and every order, so its relay commits.
 func (h *harness) relayCrash(e event, wait time.Duration) {
 	slots := h.slots
 	victim := slots[e.victim]
@@ -214,14 +219,92 @@ func (h *harness) relayCrash(e event, wait time.Duration) {
 	}
 	h.logf("relay crash: SIGKILL %s; router %s restarts armed to crash right after its Kafka commit #%d (before the mark), the others in %s",
 		strings.Join(killed, ", "), victim.name, n, others)
-	crashes := func() int { victim.mu.Lock(); defer victim.mu.Unlock(); return victim.crashes }
-	before := crashes()
+	before := victim.crashCount()
+	if awaitCrash(victim, before, wait) {
+		return
+	}
+	holders := h.leaseHolders()
+	killed = killed[:0]
+	for _, s := range slots {
+		if s == victim {
+			continue
+		}
+		s.delayStart(time.Now().Add(wait))
+		if pid, ok := s.kill(wait); ok {
+			killed = append(killed, fmt.Sprintf("%s (pid %d)", s.name, pid))
+		}
+	}
+	h.logf("relay crash: router %s did not reach its crash point within %s, the relay lease is held by %s: SIGKILL %s, kept down until %s has crashed (≤ %s) so that it takes the lease over",
+		victim.name, wait, holders, strings.Join(killed, ", "), victim.name, wait)
+	crashed := awaitCrash(victim, before, wait)
+	for _, s := range slots {
+		if s != victim {
+			s.allowStart()
+		}
+	}
+	if crashed {
+		h.logf("relay crash: router %s took the lease over and crashed at its crash point; the others restart now", victim.name)
+		return
+	}
+	h.logf("relay crash: router %s did not reach its crash point alone either (lease held by %s; its starts stay armed until one does)", victim.name, h.leaseHolders())
+}
+
+// awaitCrash waits up to wait for the slot's crash count to pass before.
+func awaitCrash(s *slot, before int, wait time.Duration) bool {
 	deadline := time.Now().Add(wait)
-	for crashes() == before {
+	for s.crashCount() == before {
 		if time.Now().After(deadline) {
-			h.logf("relay crash: router %s did not reach its crash point within %s (its starts stay armed until one does)", victim.name, wait)
-			return
+			return false
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	return true
+}
+
+// leaseHolders says who holds the relay leases (relay_lease, direct to the database): the
+// router whose process is the owner (host-pid-random), else the owner as written.
+func (h *harness) leaseHolders() string {
+	db, err := openDB(h.appDSN)
+	if err != nil {
+		return "unknown (" + err.Error() + ")"
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var out []string
+	err = query(ctx, db, `SELECT shard, owner FROM relay_lease ORDER BY shard`, nil, func(s scanner) error {
+		var shard, owner string
+		if err := s.Scan(&shard, &owner); err != nil {
+			return err
+		}
+		who := "owner " + owner
+		for _, sl := range h.slots {
+			if pid := sl.pid(); pid != 0 && ownerPID(owner) == pid {
+				who = fmt.Sprintf("router %s (owner %s)", sl.name, owner)
+			}
+		}
+		out = append(out, fmt.Sprintf("%s on shard %s", who, shard))
+		return nil
+	})
+	if err != nil {
+		return "unknown (" + err.Error() + ")"
+	}
+	if len(out) == 0 {
+		return "nobody"
+	}
+	return strings.Join(out, ", ")
+}
+
+// ownerPID is the process id in a relay's default lease owner name (host-pid-random), 0 if
+// there is none.
+func ownerPID(owner string) int {
+	f := strings.Split(owner, "-")
+	if len(f) < 3 {
+		return 0
+	}
+	pid, err := strconv.Atoi(f[len(f)-2])
+	if err != nil {
+		return 0
+	}
+	return pid
 }

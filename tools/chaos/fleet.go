@@ -131,6 +131,31 @@ func (s *slot) disarm() {
 	s.mu.Unlock()
 }
 
+// crashCount is the number of processes that hit their crash point.
+func (s *slot) crashCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.crashes
+}
+
+// pid is the running process's id, 0 when none runs.
+func (s *slot) pid() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil || s.cmd.Process == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
+// allowStart lifts delayStart and the restart delay of a kill: the slot starts again now.
+func (s *slot) allowStart() {
+	s.mu.Lock()
+	s.notBefore = time.Now()
+	s.restartDelay = 0
+	s.mu.Unlock()
+}
+
 // delayStart keeps the slot from starting a process before t.
 func (s *slot) delayStart(t time.Time) {
 	s.mu.Lock()
