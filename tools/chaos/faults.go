@@ -112,17 +112,12 @@ func (h *harness) fault(e event) {
 	switch e.kind {
 	case "kill":
 		// An armed router (relay-crash fault pending) is spared: killing it would
-		// only postpone its crash point.
-		victim := slots[e.victim]
-		if !victim.running() || victim.isArmed() {
-			for _, s := range slots {
-				if s.running() && !s.isArmed() {
-					victim = s
-					break
-				}
-			}
-		}
-		if pid, ok := victim.kill(e.dur); ok {
+		// only postpone its crash point. While a relay-crash fault keeps the others down,
+		// the kill waits for one of them (≤ 30 s).
+		victim := killable(slots, slots[e.victim], 30*time.Second)
+		if victim == nil {
+			h.logf("kill: no router that is not armed ran within 30s (skipped)")
+		} else if pid, ok := victim.kill(e.dur); ok {
 			h.scheduledKills.Add(1)
 			h.logf("SIGKILL router %s (pid %d), restart in %s", victim.name, pid, e.dur.Round(10*time.Millisecond))
 		} else {
@@ -155,6 +150,26 @@ func (h *harness) fault(e event) {
 		h.restart("kafka", e.dur, &h.brokerRestarts)
 	case "db":
 		h.restart("db", e.dur, &h.dbRestarts)
+	}
+}
+
+// killable is the router a kill fault hits: first if it runs and is not armed, else the
+// first other one that does, waiting up to wait for one; nil if none did.
+func killable(slots []*slot, first *slot, wait time.Duration) *slot {
+	deadline := time.Now().Add(wait)
+	for {
+		if first.running() && !first.isArmed() {
+			return first
+		}
+		for _, s := range slots {
+			if s.running() && !s.isArmed() {
+				return s
+			}
+		}
+		if time.Now().After(deadline) {
+			return nil
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
 

@@ -51,3 +51,22 @@ func TestLeaseHolders(t *testing.T) {
 		t.Fatalf("holders %q, want %q", got, want)
 	}
 }
+
+// TestKillableSparesTheArmedRouter: a kill fault hits a running router that is not armed,
+// and none when only the armed one runs.
+func TestKillableSparesTheArmedRouter(t *testing.T) {
+	running := &exec.Cmd{}
+	a, b, c := &slot{name: "a"}, &slot{name: "b", cmd: running, armed: []string{"X=1"}}, &slot{name: "c", cmd: running}
+	slots := []*slot{a, b, c}
+	for _, tc := range []struct {
+		first *slot
+		want  *slot
+	}{{a, c}, {b, c}, {c, c}} {
+		if got := killable(slots, tc.first, 0); got != tc.want {
+			t.Errorf("first %s: got %v, want %s", tc.first.name, got, tc.want.name)
+		}
+	}
+	if got := killable([]*slot{a, b}, b, 0); got != nil {
+		t.Errorf("only the armed router runs: got %s", got.name)
+	}
+}
