@@ -4,7 +4,9 @@
 # pg_ctl (no systemd). Users mirror MariaDB's:
 #   onceflow_admin/onceflow_admin  CREATEDB; owns the databases below and the test databases
 #                                  (onceflow_t_*, onceflow_g_*) it creates: `router migrate`
-#                                  runs as it and grants the application user its tables
+#                                  runs as it and grants the application user its tables;
+#                                  pg_signal_backend, so that the tests' DROP DATABASE … WITH
+#                                  (FORCE) ends the application user's sessions too
 #   onceflow/onceflow              no privilege on any table until `router migrate` grants it
 #                                  what the migrations' grants.txt files list
 #   databases                      onceflow, onceflow_test, onceflow_demo, onceflow_bench,
@@ -85,7 +87,8 @@ pg_provision() {
   IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'onceflow') THEN CREATE ROLE onceflow LOGIN; END IF;
 END \$\$;
 ALTER ROLE onceflow_admin LOGIN CREATEDB NOSUPERUSER PASSWORD 'onceflow_admin';
-ALTER ROLE onceflow LOGIN NOCREATEDB NOSUPERUSER PASSWORD 'onceflow';"
+ALTER ROLE onceflow LOGIN NOCREATEDB NOSUPERUSER PASSWORD 'onceflow';
+GRANT pg_signal_backend TO onceflow_admin;"
   pg_psql -c "$sql" >/dev/null || fail postgres "provisioning users failed" "$PG_LOG"
   for d in "${PG_DB_NAMES[@]}"; do
     if [[ -z "$(pg_psql -tAc "SELECT 1 FROM pg_database WHERE datname = '$d'")" ]]; then
