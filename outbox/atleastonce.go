@@ -62,8 +62,8 @@ func NewRelay(db *sql.DB, producer Producer, cfg RelayConfig, logger watermill.L
 	t := b.cfg.Table
 	a.claimQ.pending = fmt.Sprintf(`SELECT id, msg_key FROM %s WHERE published_at IS NULL ORDER BY id LIMIT %d`, t, b.cfg.BatchSize)
 	a.claimQ.prefix = fmt.Sprintf(`SELECT id, event_id, event_type, topic, msg_key, payload, headers, trace_parent FROM %s
- WHERE published_at IS NULL AND id IN (`, t)
-	a.claimQ.suffix = `) ORDER BY id FOR UPDATE SKIP LOCKED`
+ WHERE published_at IS NULL AND `, t)
+	a.claimQ.suffix = ` ORDER BY id FOR UPDATE SKIP LOCKED`
 	return &Relay{relayBase: b, engine: a}, nil
 }
 
@@ -273,8 +273,8 @@ func (r *atLeastOnce) claim(ctx context.Context, tx *sql.Tx) (send []outRow, par
 	for i, c := range cands {
 		ids[i] = c.id
 	}
-	query, args := inList(r.claimQ.prefix, ids, r.claimQ.suffix)
-	rows, err := tx.QueryContext(ctx, query, args...)
+	cond, args := r.dl.idIn("id", ids)
+	rows, err := tx.QueryContext(ctx, r.dl.Rebind(r.claimQ.prefix+cond+r.claimQ.suffix), args...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("lock pending outbox rows: %w", err)
 	}
@@ -320,9 +320,8 @@ func (r *atLeastOnce) claim(ctx context.Context, tx *sql.Tx) (send []outRow, par
 }
 
 func (r *atLeastOnce) mark(ctx context.Context, tx *sql.Tx, ids []int64) error {
-	cond, args, _ := idMatch(ids)
-	query := r.q.markPrefix + cond
-	if _, err := tx.ExecContext(ctx, query, args...); err != nil {
+	cond, args, _ := r.dl.idMatch(ids)
+	if _, err := tx.ExecContext(ctx, r.dl.Rebind(r.q.markPrefix+cond), args...); err != nil {
 		return fmt.Errorf("mark %d outbox rows published: %w", len(ids), err)
 	}
 	return nil

@@ -23,6 +23,7 @@ import (
 // (parked.go).
 type relayBase struct {
 	db     *sql.DB
+	dl     sqlText // the pool's dialect
 	cfg    RelayConfig
 	logger watermill.LoggerAdapter
 	q      relayQueries
@@ -60,10 +61,11 @@ func newRelayBase(db *sql.DB, cfg RelayConfig, logger watermill.LoggerAdapter) (
 		logger = watermill.NopLogger{}
 	}
 	t := cfg.Table
-	return &relayBase{db: db, cfg: cfg, logger: logger, tr: tracex.Tracer(cfg.TracerProvider, tracerScope), q: relayQueries{
+	d := sqlText{dbx.DialectOf(db)}
+	return &relayBase{db: db, dl: d, cfg: cfg, logger: logger, tr: tracex.Tracer(cfg.TracerProvider, tracerScope), q: relayQueries{
 		oldestPending: fmt.Sprintf(`SELECT MIN(created_at) FROM %s WHERE published_at IS NULL`, t),
-		markPrefix:    fmt.Sprintf(`UPDATE %s SET published_at = NOW(6) WHERE `, t),
-		cleanup:       fmt.Sprintf(`DELETE FROM %s WHERE published_at < NOW(6) - INTERVAL ? MICROSECOND LIMIT %d`, t, cfg.CleanupBatch),
+		markPrefix:    fmt.Sprintf(`UPDATE %s SET published_at = %s WHERE `, t, d.now()),
+		cleanup:       d.Rebind(d.deleteLimit(t, "published_at < "+d.now()+" - "+d.micros(), cfg.CleanupBatch)),
 		parkedKeys:    fmt.Sprintf(`SELECT msg_key, COALESCE(held_behind, event_id) FROM %s ORDER BY id`, parkedTable(t)),
 	}}, nil
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -17,9 +18,29 @@ import (
 )
 
 // ownPool opens the test database as a user of the library would, with sql.Open; params
-// are the DSN's (tx_isolation...), dbName replaces the database ("-": none).
+// are the DSN's (tx_isolation...; on PostgreSQL the isolation given as tx_isolation is set
+// as default_transaction_isolation), dbName replaces the database ("-": none, which a
+// PostgreSQL session cannot be without).
 func ownPool(t *testing.T, d testenv.Database, dbName string, params map[string]string) *sql.DB {
 	t.Helper()
+	if testenv.Dialect().IsPostgres() {
+		if dbName == "-" {
+			t.Fatal("a PostgreSQL session always has a database: there is no pool without one")
+		}
+		u, err := url.Parse(d.DSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if iso, ok := params["tx_isolation"]; ok { // %20, not Encode's +: pgx takes + as it is
+			u.RawQuery = "default_transaction_isolation=" + url.PathEscape(strings.ToLower(strings.ReplaceAll(strings.Trim(iso, "'"), "-", " ")))
+		}
+		db, err := sql.Open("pgx", u.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		return db
+	}
 	mc, err := mysql.ParseDSN(d.DSN)
 	if err != nil {
 		t.Fatal(err)

@@ -63,7 +63,7 @@ func NewExactlyOnceRelay(db *sql.DB, kc kafkax.Config, cfg RelayConfig, logger w
 			e.shard = ShardName(r.cfg.Shard, i, n)
 			e.pendingWhere += fmt.Sprintf(" AND MOD(key_hash, %d) = %d", n, i)
 		}
-		e.pendingQ = e.pendingWhere + e.pendingOrder
+		e.pendingQ = b.dl.Rebind(e.pendingWhere + e.pendingOrder)
 		e.lease = newLease(db, e.shard, r.cfg.Owner, r.cfg.LeaseTTL)
 		e.wanted.Store(n == 1)
 		r.shards = append(r.shards, e)
@@ -87,7 +87,7 @@ func (r *eosRelay) deriveTransactionalID(ctx context.Context) error {
 		return nil
 	}
 	var name sql.NullString
-	if err := r.db.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&name); err != nil {
+	if err := r.db.QueryRowContext(ctx, r.dl.currentDatabase()).Scan(&name); err != nil {
 		return fmt.Errorf("outbox relay: read the database name for the default transactional id: %w", err)
 	}
 	if !name.Valid || name.String == "" {

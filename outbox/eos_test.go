@@ -120,7 +120,7 @@ func TestEOSRelayFencedZombieStopsPublishing(t *testing.T) {
 	if n, err := b.RelayOnce(ctx); n != 0 || err != nil || b.Owner() {
 		t.Fatalf("B while A holds the lease: RelayOnce = %d, %v, owner %v; want 0, nil, false", n, err, b.Owner())
 	}
-	d.AdminExec(t, "UPDATE relay_lease SET expires_at = NOW(6) - INTERVAL 1 SECOND")
+	d.AdminExec(t, "UPDATE relay_lease SET expires_at = CURRENT_TIMESTAMP(6) - INTERVAL '1' SECOND")
 	ids = append(ids, addN(t, d.DB, topic, "second", 10)...)
 	if n, err := b.RelayOnce(ctx); n != 10 || err != nil || !b.Owner() {
 		t.Fatalf("B after A's lease expired: RelayOnce = %d, %v, owner %v; want 10, nil, true", n, err, b.Owner())
@@ -256,7 +256,7 @@ func TestRelayRetentionCleanup(t *testing.T) {
 		t.Fatalf("RelayOnce = %d, %v", n, err)
 	}
 	addN(t, d.DB, "t", "pending", 2)
-	d.AdminExec(t, "UPDATE outbox SET published_at = NOW(6) - INTERVAL 2 HOUR WHERE event_id IN ('old-000','old-001','old-002','old-003')")
+	d.AdminExec(t, "UPDATE outbox SET published_at = CURRENT_TIMESTAMP(6) - INTERVAL '2' HOUR WHERE event_id IN ('old-000','old-001','old-002','old-003')")
 	n, err := relay.Cleanup(ctx)
 	if err != nil || n != 4 || relay.Deleted() != 4 {
 		t.Fatalf("Cleanup = %d, %v (total %d); want 4", n, err, relay.Deleted())

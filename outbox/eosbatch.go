@@ -167,8 +167,8 @@ func (e *eosShard) pending(ctx context.Context) ([]outRow, error) {
 	var skip map[int64]bool
 	query, args := e.pendingQ, []any{e.r.cfg.BatchSize}
 	if m := e.sess.marking; m != nil {
-		if cond, cargs, ranges := idMatch(m.ids); ranges {
-			query, args = e.pendingWhere+" AND NOT "+cond+e.pendingOrder, append(cargs, e.r.cfg.BatchSize)
+		if cond, cargs, ranges := e.r.dl.idMatch(m.ids); ranges {
+			query, args = e.r.dl.Rebind(e.pendingWhere+" AND NOT "+cond+e.pendingOrder), append(cargs, e.r.cfg.BatchSize)
 		} else {
 			skip = make(map[int64]bool, len(m.ids))
 			for _, id := range m.ids {

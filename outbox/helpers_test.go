@@ -13,6 +13,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/dbx"
 	"github.com/onceflow/onceflow/pkg/kafkax"
@@ -51,7 +52,7 @@ func newWriter(t testing.TB) *outbox.Writer {
 	if err != nil {
 		t.Fatalf("NewWriter: %v", err)
 	}
-	return w
+	return w.WithDialect(testenv.Dialect())
 }
 
 // newProducer is a real idempotent Sarama producer, closed when the test ends.
@@ -93,6 +94,9 @@ func addCommitted(t testing.TB, ctx context.Context, db *sql.DB, w *outbox.Write
 		t.Fatalf("add events: %v", err)
 	}
 }
+
+// rebind gives q, written with '?' placeholders, the placeholders of db's dialect.
+func rebind(db *sql.DB, q string) string { return dbx.DialectOf(db).Rebind(q) }
 
 func countRows(t testing.TB, db *sql.DB, where string) int {
 	t.Helper()

@@ -6,11 +6,11 @@ import "strings"
 // are mostly consecutive, so it lists their ranges — one range scan each — unless there
 // are more than half as many ranges as ids (a shard's rows interleave with other shards'):
 // then an IN list. (An IN list costs MariaDB one index dive per id; a range, one scan.)
-// ranges reports which.
-func idMatch(ids []int64) (cond string, args []any, ranges bool) {
+// ranges reports which. On PostgreSQL the list is "id = ANY(?)" (sqlText.idIn).
+func (d sqlText) idMatch(ids []int64) (cond string, args []any, ranges bool) {
 	rs := idRanges(ids)
 	if len(rs)*2 > len(ids) {
-		cond, args = inList("id IN (", ids, ")")
+		cond, args = d.idIn("id", ids)
 		return cond, args, false
 	}
 	var b strings.Builder
@@ -30,22 +30,6 @@ func idMatch(ids []int64) (cond string, args []any, ranges bool) {
 	}
 	b.WriteByte(')')
 	return b.String(), args, true
-}
-
-// inList returns prefix + "?,?,...?" + suffix and the ids as arguments.
-func inList(prefix string, ids []int64, suffix string) (string, []any) {
-	var b strings.Builder
-	b.WriteString(prefix)
-	args := make([]any, len(ids))
-	for i, id := range ids {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteByte('?')
-		args[i] = id
-	}
-	b.WriteString(suffix)
-	return b.String(), args
 }
 
 // idRanges compresses ascending ids into inclusive ranges.

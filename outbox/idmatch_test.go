@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
 func TestIDMatchForm(t *testing.T) {
@@ -22,21 +24,33 @@ func TestIDMatchForm(t *testing.T) {
 		{[]int64{7}, "id IN (?)", []any{int64(7)}},
 		{[]int64{7, 8, 10}, "id IN (?,?,?)", []any{int64(7), int64(8), int64(10)}},
 	} {
-		cond, args, _ := idMatch(c.ids)
-		if cond != c.cond || fmt.Sprint(args) != fmt.Sprint(c.args) {
-			t.Errorf("idMatch(%v) = %q %v, want %q %v", c.ids, cond, args, c.cond, c.args)
+		for _, d := range dbx.Dialects {
+			cond, args, _ := sqlText{d}.idMatch(c.ids)
+			want, wantArgs := c.cond, c.args
+			if d.IsPostgres() && strings.HasPrefix(want, "id IN") {
+				want, wantArgs = "id = ANY(?)", []any{c.ids} // one int8[] argument
+			}
+			if cond != want || fmt.Sprint(args) != fmt.Sprint(wantArgs) {
+				t.Errorf("%s: idMatch(%v) = %q %v, want %q %v", d, c.ids, cond, args, want, wantArgs)
+			}
 		}
 	}
 }
 
-// TestIDMatchSelectsExactlyTheIDs runs idMatch's conditions on MariaDB for random id sets
+// TestIDMatchSelectsExactlyTheIDs runs idMatch's conditions on the database for random id sets
 // (runs of consecutive ids, singles, scattered) and checks they match exactly the set; an
 // off-by-one range would mark a row that was never published.
 func TestIDMatchSelectsExactlyTheIDs(t *testing.T) {
 	d := testenv.DB(t, 2)
 	ctx := context.Background()
-	if _, err := d.DB.ExecContext(ctx, `INSERT INTO outbox (id, event_id, event_type, topic, msg_key, payload)
-		SELECT seq, CONCAT('idm-', seq), 'T', 't', 'k', '' FROM seq_1_to_3000`); err != nil {
+	fill := `INSERT INTO outbox (id, event_id, event_type, topic, msg_key, payload)
+		SELECT seq, CONCAT('idm-', seq), 'T', 't', 'k', '' FROM seq_1_to_3000`
+	dl := sqlText{dbx.DialectOf(d.DB)}
+	if dl.IsPostgres() {
+		fill = `INSERT INTO outbox (id, event_id, event_type, topic, msg_key, payload)
+		SELECT seq, CONCAT('idm-', seq), 'T', 't', 'k', '' FROM generate_series(1, 3000) seq`
+	}
+	if _, err := d.DB.ExecContext(ctx, fill); err != nil {
 		t.Fatal(err)
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -50,8 +64,8 @@ func TestIDMatchSelectsExactlyTheIDs(t *testing.T) {
 			}
 			id += int64(1 + rng.IntN(4))
 		}
-		cond, args, _ := idMatch(ids)
-		rows, err := d.DB.QueryContext(ctx, "SELECT id FROM outbox WHERE "+cond+" ORDER BY id", args...)
+		cond, args, _ := dl.idMatch(ids)
+		rows, err := d.DB.QueryContext(ctx, dl.Rebind("SELECT id FROM outbox WHERE "+cond+" ORDER BY id"), args...)
 		if err != nil {
 			t.Fatal(err)
 		}

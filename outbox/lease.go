@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"os"
 	"time"
+
+	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
 // LeaseTable is the table of shard leases (migration 00003).
@@ -30,15 +32,20 @@ type lease struct {
 
 func newLease(db *sql.DB, shard, owner string, ttl time.Duration) *lease {
 	l := &lease{db: db, shard: shard, owner: owner, ttl: ttl}
+	d := sqlText{dbx.DialectOf(db)}
 	// takeovers and acquired_at are assigned before owner: MariaDB evaluates SET left to
-	// right, so they still see the previous owner.
-	l.q.acquire = `UPDATE ` + LeaseTable + ` SET takeovers = takeovers + IF(owner = ?, 0, 1),
- acquired_at = IF(owner = ?, acquired_at, NOW(6)), owner = ?, expires_at = NOW(6) + INTERVAL ? MICROSECOND
- WHERE shard = ? AND (owner = ? OR expires_at < NOW(6))`
-	l.q.insert = `INSERT INTO ` + LeaseTable + ` (shard, owner, expires_at) VALUES (?, '', NOW(6) - INTERVAL 1 SECOND)
- ON DUPLICATE KEY UPDATE shard = shard`
-	l.q.release = `UPDATE ` + LeaseTable + ` SET expires_at = NOW(6) - INTERVAL 1 MICROSECOND WHERE shard = ? AND owner = ?`
-	l.q.who = `SELECT owner, expires_at > NOW(6) FROM ` + LeaseTable + ` WHERE shard = ?`
+	// right, so they still see the previous owner (PostgreSQL's SET sees the old row).
+	l.q.acquire = d.Rebind(`UPDATE ` + LeaseTable + ` SET takeovers = takeovers + CASE WHEN owner = ? THEN 0 ELSE 1 END,
+ acquired_at = CASE WHEN owner = ? THEN acquired_at ELSE ` + d.now() + ` END, owner = ?, expires_at = ` + d.now() + ` + ` + d.micros() + `
+ WHERE shard = ? AND (owner = ? OR expires_at < ` + d.now() + `)`)
+	l.q.insert = `INSERT INTO ` + LeaseTable + ` (shard, owner, expires_at) VALUES (?, '', ` + d.now() + ` - INTERVAL '1' SECOND)`
+	if d.IsPostgres() {
+		l.q.insert = d.Rebind(l.q.insert + ` ON CONFLICT (shard) DO NOTHING`)
+	} else {
+		l.q.insert += ` ON DUPLICATE KEY UPDATE shard = shard`
+	}
+	l.q.release = d.Rebind(`UPDATE ` + LeaseTable + ` SET expires_at = ` + d.now() + ` - ` + d.micros() + ` WHERE shard = ? AND owner = ?`)
+	l.q.who = d.Rebind(`SELECT owner, expires_at > ` + d.now() + ` FROM ` + LeaseTable + ` WHERE shard = ?`)
 	return l
 }
 
@@ -92,7 +99,7 @@ func (l *lease) release(ctx context.Context) error {
 		return nil
 	}
 	l.held = false
-	if _, err := l.db.ExecContext(ctx, l.q.release, l.shard, l.owner); err != nil {
+	if _, err := l.db.ExecContext(ctx, l.q.release, 1, l.shard, l.owner); err != nil {
 		return fmt.Errorf("release relay lease %s: %w", l.shard, err)
 	}
 	return nil

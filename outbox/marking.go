@@ -58,8 +58,8 @@ func isDone(c <-chan struct{}) bool {
 }
 
 func (e *eosShard) mark(ctx context.Context, ids []int64) error {
-	cond, args, _ := idMatch(ids)
-	query := e.r.q.markPrefix + cond + " AND published_at IS NULL"
+	cond, args, _ := e.r.dl.idMatch(ids)
+	query := e.r.dl.Rebind(e.r.q.markPrefix + cond + " AND published_at IS NULL")
 	if _, err := e.r.db.ExecContext(ctx, query, args...); err != nil {
 		return fmt.Errorf("mark %d outbox rows published: %w", len(ids), err)
 	}

@@ -38,11 +38,17 @@ type membership struct {
 
 func newMembership(r *eosRelay) *membership {
 	m := &membership{r: r}
-	m.q.upsert = `INSERT INTO ` + MemberTable + ` (grp, owner, shards, expires_at) VALUES (?, ?, ?, NOW(6) + INTERVAL ? MICROSECOND)
- ON DUPLICATE KEY UPDATE shards = VALUES(shards), expires_at = VALUES(expires_at)`
-	m.q.list = `SELECT owner, shards FROM ` + MemberTable + ` WHERE grp = ? AND expires_at > NOW(6) ORDER BY owner`
-	m.q.leave = `DELETE FROM ` + MemberTable + ` WHERE grp = ? AND owner = ?`
-	m.q.purge = `DELETE FROM ` + MemberTable + ` WHERE grp = ? AND expires_at < NOW(6) - INTERVAL 1 DAY`
+	d := r.dl
+	m.q.upsert = `INSERT INTO ` + MemberTable + ` (grp, owner, shards, expires_at) VALUES (?, ?, ?, ` + d.now() + ` + ` + d.micros() + `)`
+	if d.IsPostgres() {
+		m.q.upsert += ` ON CONFLICT (grp, owner) DO UPDATE SET shards = EXCLUDED.shards, expires_at = EXCLUDED.expires_at`
+	} else {
+		m.q.upsert += ` ON DUPLICATE KEY UPDATE shards = VALUES(shards), expires_at = VALUES(expires_at)`
+	}
+	m.q.upsert = d.Rebind(m.q.upsert)
+	m.q.list = d.Rebind(`SELECT owner, shards FROM ` + MemberTable + ` WHERE grp = ? AND expires_at > ` + d.now() + ` ORDER BY owner`)
+	m.q.leave = d.Rebind(`DELETE FROM ` + MemberTable + ` WHERE grp = ? AND owner = ?`)
+	m.q.purge = d.Rebind(`DELETE FROM ` + MemberTable + ` WHERE grp = ? AND expires_at < ` + d.now() + ` - INTERVAL '1' DAY`)
 	return m
 }
 
@@ -168,7 +174,7 @@ func (m *membership) leave(ctx context.Context) error {
 // relays starting together at least one sees the other.
 func (e *eosShard) checkShardCount(ctx context.Context) error {
 	group, n := e.r.cfg.Shard, e.r.cfg.Shards
-	rows, err := e.r.db.QueryContext(ctx, `SELECT shard, owner FROM `+LeaseTable+` WHERE expires_at > NOW(6)`)
+	rows, err := e.r.db.QueryContext(ctx, `SELECT shard, owner FROM `+LeaseTable+` WHERE expires_at > `+e.r.dl.now())
 	if err != nil {
 		return fmt.Errorf("relay leases: %w", err)
 	}

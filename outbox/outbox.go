@@ -74,11 +74,15 @@ func (e Event) Validate() error {
 // ErrDuplicateEvent is returned by Add when an event with the same id is already stored.
 var ErrDuplicateEvent = errors.New("outbox: event id already stored")
 
-// Writer adds events to the outbox table within the caller's transaction.
+// Writer adds events to the outbox table within the caller's transaction. It writes the
+// MySQL family's SQL until it is given a PostgreSQL pool (UseStatements) or told the
+// dialect (WithDialect): a *sql.Tx does not say which database it belongs to.
 type Writer struct {
 	table  string
-	insert string
-	batch  *dbx.MultiRow // AddBatch's insert; prepared on a pool after UseStatements
+	dl     dbx.Dialect
+	db     *sql.DB       // the pool of UseStatements, if any
+	insert string        // one row, run at once
+	batch  *dbx.MultiRow // AddBatch's insert; prepared on db, if set
 }
 
 // batchRows is the most events one statement of AddBatch carries.
@@ -88,17 +92,30 @@ const batchRows = 512
 // run their inserts as prepared statements of pool db (dbx.MultiRow, prepared in the
 // background at their first use): transactions given to the Writer must then be db's.
 // Call it before first use.
+// It also takes db's dialect (dbx.DialectOf), as WithDialect.
 func (w *Writer) UseStatements(db *sql.DB) *Writer {
-	w.batch = w.newBatch(db)
+	w.db, w.dl = db, dbx.DialectOf(db)
+	w.build()
 	return w
 }
 
-// newBatch builds AddBatch's insert on pool db (nil: interpolated).
-func (w *Writer) newBatch(db *sql.DB) *dbx.MultiRow {
-	i := strings.LastIndex(w.insert, "VALUES ")
-	head, group := w.insert[:i+len("VALUES ")], w.insert[i+len("VALUES "):]
-	return dbx.NewMultiRow(db, rowWidth, batchRows, func(n int) string {
-		return head + strings.TrimSuffix(strings.Repeat(group+", ", n), ", ")
+// WithDialect makes the Writer write d's SQL (PostgreSQL's placeholders): for a Writer
+// whose transactions are a PostgreSQL pool's and that has no UseStatements. Call it before
+// first use.
+func (w *Writer) WithDialect(d dbx.Dialect) *Writer {
+	w.dl = d
+	w.build()
+	return w
+}
+
+// build makes the statements of table in the Writer's dialect, AddBatch's on pool w.db
+// (nil: interpolated).
+func (w *Writer) build() {
+	head := fmt.Sprintf("INSERT INTO %s (%s) VALUES ", w.table, writerColumns)
+	const group = "(?, ?, ?, ?, ?, ?, ?)"
+	w.insert = w.dl.Rebind(head + group)
+	w.batch = dbx.NewMultiRow(w.db, rowWidth, batchRows, func(n int) string {
+		return w.dl.Rebind(head + strings.TrimSuffix(strings.Repeat(group+", ", n), ", "))
 	})
 }
 
@@ -107,7 +124,8 @@ func (w *Writer) Close() error {
 	return w.batch.Close()
 }
 
-// NewWriter builds a Writer for table (default "outbox").
+// NewWriter builds a Writer for table (default "outbox"), in the MySQL family's SQL (see
+// UseStatements and WithDialect for PostgreSQL).
 func NewWriter(table string) (*Writer, error) {
 	if table == "" {
 		table = "outbox"
@@ -115,8 +133,8 @@ func NewWriter(table string) (*Writer, error) {
 	if err := dbx.CheckIdent("outbox table", table); err != nil {
 		return nil, err
 	}
-	w := &Writer{table: table, insert: fmt.Sprintf("INSERT INTO %s (%s) VALUES (?, ?, ?, ?, ?, ?, ?)", table, writerColumns)}
-	w.batch = w.newBatch(nil)
+	w := &Writer{table: table, dl: dbx.MariaDB}
+	w.build()
 	return w, nil
 }
 
@@ -161,6 +179,8 @@ func rowArgs(ctx context.Context, e Event) ([]any, error) {
 // (docs/BENCHMARKS.md, "Deferred outbox rows"). A duplicate event id then fails the batch,
 // whose deliveries run again one transaction each, where Add returns ErrDuplicateEvent as
 // here. So a Handle must not read back, in the same transaction, the outbox rows it added.
+// On PostgreSQL a failed insert (ErrDuplicateEvent too) aborts tx: roll it back (or to a
+// savepoint taken before Add).
 func (w *Writer) Add(ctx context.Context, tx *sql.Tx, e Event) error {
 	args, err := rowArgs(ctx, e)
 	if err != nil {

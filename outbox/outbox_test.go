@@ -203,7 +203,7 @@ func TestWriterAddStoresFields(t *testing.T) {
 		headers         sql.NullString
 		published       sql.NullTime
 	)
-	err := d.DB.QueryRow("SELECT event_type, topic, msg_key, payload, headers, published_at FROM outbox WHERE event_id = ?", withHeaders.ID).
+	err := d.DB.QueryRow(rebind(d.DB, "SELECT event_type, topic, msg_key, payload, headers, published_at FROM outbox WHERE event_id = ?"), withHeaders.ID).
 		Scan(&typ, &topic, &key, &payload, &headers, &published)
 	if err != nil {
 		t.Fatal(err)
@@ -217,7 +217,7 @@ func TestWriterAddStoresFields(t *testing.T) {
 	if published.Valid {
 		t.Fatal("a new row must be unpublished")
 	}
-	if err := d.DB.QueryRow("SELECT headers FROM outbox WHERE event_id = ?", empty.ID).Scan(&headers); err != nil {
+	if err := d.DB.QueryRow(rebind(d.DB, "SELECT headers FROM outbox WHERE event_id = ?"), empty.ID).Scan(&headers); err != nil {
 		t.Fatal(err)
 	}
 	if headers.Valid {

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/onceflow/onceflow/pkg/dbx"
@@ -64,7 +63,8 @@ type Release struct {
 // retry and drop them (`router outbox ls|show|retry|drop`).
 type Parked struct {
 	db     *sql.DB
-	table  string // the parked table: outbox table + "_parked"
+	dl     sqlText // the pool's dialect
+	table  string  // the parked table: outbox table + "_parked"
 	outbox string
 }
 
@@ -87,12 +87,12 @@ func NewParked(db *sql.DB, table string) (*Parked, error) {
 	if err := dbx.CheckIdent("outbox table", table); err != nil {
 		return nil, err
 	}
-	return &Parked{db: db, table: parkedTable(table), outbox: table}, nil
+	return &Parked{db: db, dl: sqlText{dbx.DialectOf(db)}, table: parkedTable(table), outbox: table}, nil
 }
 
 // Count returns how many events are parked: refused ones (heads) and held ones.
 func (p *Parked) Count(ctx context.Context) (refused, held int64, err error) {
-	err = p.db.QueryRowContext(ctx, `SELECT COALESCE(SUM(held_behind IS NULL), 0), COALESCE(SUM(held_behind IS NOT NULL), 0) FROM `+p.table).Scan(&refused, &held)
+	err = p.db.QueryRowContext(ctx, `SELECT COUNT(CASE WHEN held_behind IS NULL THEN 1 END), COUNT(held_behind) FROM `+p.table).Scan(&refused, &held)
 	if err != nil {
 		return 0, 0, fmt.Errorf("count parked outbox events: %w", err)
 	}
@@ -153,7 +153,7 @@ func (p *Parked) Get(ctx context.Context, ref string) (ParkedRow, error) {
 }
 
 func (p *Parked) query(ctx context.Context, q string, args ...any) ([]ParkedRow, error) {
-	rows, err := p.db.QueryContext(ctx, q, args...)
+	rows, err := p.db.QueryContext(ctx, p.dl.Rebind(q), args...)
 	if err != nil {
 		return nil, fmt.Errorf("read parked outbox events: %w", err)
 	}
@@ -231,7 +231,7 @@ func (p *Parked) release(ctx context.Context, ref string, retry bool) (Release, 
 		// its key's events behind it (relay.park): those are moved with it, or the relay
 		// finds it gone and leaves them in the outbox.
 		var held sql.NullString
-		err := tx.QueryRowContext(ctx, `SELECT held_behind FROM `+p.table+` WHERE event_id = ? FOR UPDATE`, head.EventID).Scan(&held)
+		err := tx.QueryRowContext(ctx, p.dl.Rebind(`SELECT held_behind FROM `+p.table+` WHERE event_id = ? FOR UPDATE`), head.EventID).Scan(&held)
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("%w with event id %q (released meanwhile)", ErrNotParked, head.EventID)
 		}
@@ -249,7 +249,7 @@ func (p *Parked) release(ctx context.Context, ref string, retry bool) (Release, 
 		if retry {
 			args = append(args, head.EventID)
 		}
-		res, err := tx.ExecContext(ctx, `INSERT INTO `+p.outbox+` (`+outboxColumns+`) SELECT `+outboxColumns+` FROM `+p.table+` WHERE `+which, args...)
+		res, err := tx.ExecContext(ctx, p.dl.Rebind(`INSERT INTO `+p.outbox+` (`+outboxColumns+`) SELECT `+outboxColumns+` FROM `+p.table+` WHERE `+which), args...)
 		if err != nil {
 			if dbx.IsDuplicate(err) {
 				return fmt.Errorf("outbox: move event %s (or one held behind it) back: its id or event id is in %s already: %w", head.EventID, p.outbox, err)
@@ -258,11 +258,11 @@ func (p *Parked) release(ctx context.Context, ref string, retry bool) (Release, 
 		}
 		moved, _ := res.RowsAffected()
 		if !retry {
-			if _, err := tx.ExecContext(ctx, `DELETE FROM `+p.table+` WHERE event_id = ?`, head.EventID); err != nil {
+			if _, err := tx.ExecContext(ctx, p.dl.Rebind(`DELETE FROM `+p.table+` WHERE event_id = ?`), head.EventID); err != nil {
 				return fmt.Errorf("drop parked event %s: %w", head.EventID, err)
 			}
 		}
-		res, err = tx.ExecContext(ctx, `DELETE FROM `+p.table+` WHERE `+which, args...)
+		res, err = tx.ExecContext(ctx, p.dl.Rebind(`DELETE FROM `+p.table+` WHERE `+which), args...)
 		if err != nil {
 			return fmt.Errorf("remove released events from %s: %w", p.table, err)
 		}
@@ -333,12 +333,8 @@ func (r *relayBase) park(ctx context.Context, tx *sql.Tx, entries []parkEntry) (
 		}
 	}
 	if len(existing) > 0 {
-		q := `SELECT event_id FROM ` + pt + ` WHERE held_behind IS NULL AND event_id IN (` + strings.TrimSuffix(strings.Repeat("?,", len(existing)), ",") + `) FOR UPDATE`
-		args := make([]any, len(existing))
-		for i, id := range existing {
-			args[i] = id
-		}
-		rows, err := tx.QueryContext(ctx, q, args...)
+		cond, args := r.dl.strIn("event_id", existing)
+		rows, err := tx.QueryContext(ctx, r.dl.Rebind(`SELECT event_id FROM `+pt+` WHERE held_behind IS NULL AND `+cond+` FOR UPDATE`), args...)
 		if err != nil {
 			return nil, nil, fmt.Errorf("lock parked events: %w", err)
 		}
@@ -366,7 +362,7 @@ func (r *relayBase) park(ctx context.Context, tx *sql.Tx, entries []parkEntry) (
 	}
 	// Held rows are inserted one statement per event they wait behind, refused rows one each.
 	insert := `INSERT INTO ` + pt + ` (` + outboxColumns + `, reason, error, held_behind) SELECT ` + outboxColumns +
-		`, ?, ?, ? FROM ` + r.cfg.Table + ` WHERE published_at IS NULL AND id IN (`
+		`, ?, ?, ? FROM ` + r.cfg.Table + ` WHERE published_at IS NULL AND `
 	groups := map[string][]int64{}
 	var order []string
 	var inserted int64
@@ -384,7 +380,7 @@ func (r *relayBase) park(ctx context.Context, tx *sql.Tx, entries []parkEntry) (
 			groups[e.behind] = append(groups[e.behind], e.row.id)
 			continue
 		}
-		res, err := tx.ExecContext(ctx, insert+"?)", e.reason, e.err, nil, e.row.id)
+		res, err := tx.ExecContext(ctx, r.dl.Rebind(insert+"id = ?"), e.reason, e.err, nil, e.row.id)
 		if err != nil {
 			return nil, nil, fmt.Errorf("park outbox event %s (topic %s, key %q): %w", e.row.eventID, e.row.topic, e.row.key, err)
 		}
@@ -393,7 +389,7 @@ func (r *relayBase) park(ctx context.Context, tx *sql.Tx, entries []parkEntry) (
 	}
 	for _, behind := range order {
 		group := groups[behind]
-		q, args := inList(insert, group, ")")
+		cond, args := r.dl.idIn("id", group)
 		var key string
 		for _, e := range moved {
 			if e.behind == behind {
@@ -402,7 +398,7 @@ func (r *relayBase) park(ctx context.Context, tx *sql.Tx, entries []parkEntry) (
 			}
 		}
 		msg := fmt.Sprintf("held: waits behind parked event %s of the same key %q", behind, key)
-		res, err := tx.ExecContext(ctx, q, append([]any{ReasonHeld, msg, behind}, args...)...)
+		res, err := tx.ExecContext(ctx, r.dl.Rebind(insert+cond), append([]any{ReasonHeld, msg, behind}, args...)...)
 		if err != nil {
 			return nil, nil, fmt.Errorf("hold %d outbox events behind %s: %w", len(group), behind, err)
 		}
@@ -412,8 +408,8 @@ func (r *relayBase) park(ctx context.Context, tx *sql.Tx, entries []parkEntry) (
 	if len(ids) == 0 {
 		return nil, kept, nil
 	}
-	q, args := inList(`DELETE FROM `+r.cfg.Table+` WHERE published_at IS NULL AND id IN (`, ids, ")")
-	res, err := tx.ExecContext(ctx, q, args...)
+	cond, args := r.dl.idIn("id", ids)
+	res, err := tx.ExecContext(ctx, r.dl.Rebind(`DELETE FROM `+r.cfg.Table+` WHERE published_at IS NULL AND `+cond), args...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("move %d parked events out of %s: %w", len(ids), r.cfg.Table, err)
 	}

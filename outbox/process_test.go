@@ -34,6 +34,9 @@ func relayEnv(d testenv.Database, k kafkax.Config, txnID, positions, owner strin
 		"ONCEFLOW_RELAY_RETRY_BACKOFF":     "100ms",
 		"ONCEFLOW_RELAY_MAX_RETRY_BACKOFF": "1s",
 	}
+	if c := testenv.Config(d.DSN, 0); c.Dialect != "" {
+		env["ONCEFLOW_DB_DIALECT"] = c.Dialect // mysql8 on the MariaDB server
+	}
 	for k, v := range extra {
 		env[k] = v
 	}
@@ -198,7 +201,7 @@ func leaseOwner(t *testing.T, d testenv.Database) (string, bool) {
 	t.Helper()
 	var owner string
 	var live bool
-	err := d.DB.QueryRow("SELECT owner, expires_at > NOW(6) FROM relay_lease WHERE shard = 'default'").Scan(&owner, &live)
+	err := d.DB.QueryRow("SELECT owner, expires_at > CURRENT_TIMESTAMP(6) FROM relay_lease WHERE shard = 'default'").Scan(&owner, &live)
 	if err == sql.ErrNoRows {
 		return "", false
 	}

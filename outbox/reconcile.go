@@ -93,7 +93,7 @@ func (e *eosShard) reconcile(ctx context.Context, p Position) (int64, error) {
 	defer func() { _ = tx.Rollback() }()
 	// Only a position that describes this table's rows may mark them (see Position.Digest).
 	var eventIDs []string
-	sel := fmt.Sprintf(`SELECT event_id FROM %s WHERE id BETWEEN ? AND ? ORDER BY id FOR UPDATE`, e.r.cfg.Table)
+	sel := e.r.dl.Rebind(fmt.Sprintf(`SELECT event_id FROM %s WHERE id BETWEEN ? AND ? ORDER BY id FOR UPDATE`, e.r.cfg.Table))
 	for _, rg := range p.IDs {
 		rows, err := tx.QueryContext(ctx, sel, rg[0], rg[1])
 		if err != nil {
@@ -118,7 +118,7 @@ func (e *eosShard) reconcile(ctx context.Context, p Position) (int64, error) {
 				"events": p.Events, "rows_found": len(eventIDs)})
 		return 0, nil
 	}
-	q := fmt.Sprintf(`UPDATE %s SET published_at = NOW(6) WHERE published_at IS NULL AND id BETWEEN ? AND ?`, e.r.cfg.Table)
+	q := e.r.dl.Rebind(fmt.Sprintf(`UPDATE %s SET published_at = %s WHERE published_at IS NULL AND id BETWEEN ? AND ?`, e.r.cfg.Table, e.r.dl.now()))
 	for _, rg := range p.IDs {
 		res, err := tx.ExecContext(ctx, q, rg[0], rg[1])
 		if err != nil {

@@ -234,6 +234,7 @@ func TestParkChecksTheEventHeldBehind(t *testing.T) {
 	d := testenv.DB(t, 2)
 	ctx := context.Background()
 	w, _ := NewWriter("")
+	w.WithDialect(testenv.Dialect())
 	if err := dbx.InTx(ctx, d.DB, func(tx *sql.Tx) error {
 		return w.AddBatch(ctx, tx, []Event{{ID: "e1", Type: "T", Topic: "t", Key: "k", Payload: []byte("1")},
 			{ID: "e2", Type: "T", Topic: "t", Key: "k", Payload: []byte("2")}})

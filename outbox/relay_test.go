@@ -33,7 +33,7 @@ type naiveRelay struct {
 
 func (r *naiveRelay) RelayOnce(ctx context.Context) (int, error) {
 	rows, err := r.db.QueryContext(ctx,
-		"SELECT id, event_id, event_type, topic, msg_key, payload FROM outbox WHERE id > ? ORDER BY id LIMIT 500", r.lastSeen)
+		rebind(r.db, "SELECT id, event_id, event_type, topic, msg_key, payload FROM outbox WHERE id > ? ORDER BY id LIMIT 500"), r.lastSeen)
 	if err != nil {
 		return 0, err
 	}
@@ -92,11 +92,11 @@ func gapScenario(t *testing.T, db *sql.DB, topic string, r relayOncer) (a, b str
 		t.Fatal(err)
 	}
 	var idA, idB int64
-	if err := txA.QueryRowContext(ctx, "SELECT id FROM outbox WHERE event_id = ?", evA.ID).Scan(&idA); err != nil {
+	if err := txA.QueryRowContext(ctx, rebind(db, "SELECT id FROM outbox WHERE event_id = ?"), evA.ID).Scan(&idA); err != nil {
 		t.Fatal(err)
 	}
 	addCommitted(t, ctx, db, w, evB)
-	if err := db.QueryRowContext(ctx, "SELECT id FROM outbox WHERE event_id = ?", evB.ID).Scan(&idB); err != nil {
+	if err := db.QueryRowContext(ctx, rebind(db, "SELECT id FROM outbox WHERE event_id = ?"), evB.ID).Scan(&idB); err != nil {
 		t.Fatal(err)
 	}
 	if idA >= idB {
@@ -330,7 +330,7 @@ func assertPerKeyOrder(t *testing.T, db *sql.DB, recs []kafkax.Record) {
 			created   time.Time
 			published sql.NullTime
 		)
-		if err := db.QueryRow("SELECT id, created_at, published_at FROM outbox WHERE event_id = ?", eventID).Scan(&id, &created, &published); err != nil {
+		if err := db.QueryRow(rebind(db, "SELECT id, created_at, published_at FROM outbox WHERE event_id = ?"), eventID).Scan(&id, &created, &published); err != nil {
 			return fmt.Sprintf("%s (offset %d): %v", eventID, offset, err)
 		}
 		return fmt.Sprintf("%s (offset %d, row id %d, created %s, published %s)", eventID, offset, id,

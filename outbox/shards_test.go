@@ -78,7 +78,7 @@ func TestEOSShardedRelayPublishesEachShardInItsOwnTransactions(t *testing.T) {
 		}
 		for _, rg := range p.IDs {
 			var other int
-			if err := d.DB.QueryRow("SELECT COUNT(*) FROM outbox WHERE id BETWEEN ? AND ? AND MOD(key_hash, 3) <> ?", rg[0], rg[1], shard).Scan(&other); err != nil {
+			if err := d.DB.QueryRow(rebind(d.DB, "SELECT COUNT(*) FROM outbox WHERE id BETWEEN ? AND ? AND MOD(key_hash, 3) <> ?"), rg[0], rg[1], shard).Scan(&other); err != nil {
 				t.Fatal(err)
 			}
 			if other != 0 {
@@ -145,7 +145,7 @@ func TestEOSShardCountMismatchRefuses(t *testing.T) {
 // liveShardOwners maps each live lease of group#i/n to its owner.
 func liveShardOwners(t *testing.T, d testenv.Database, n int) map[int]string {
 	t.Helper()
-	rows, err := d.DB.Query("SELECT shard, owner FROM relay_lease WHERE expires_at > NOW(6)")
+	rows, err := d.DB.Query("SELECT shard, owner FROM relay_lease WHERE expires_at > CURRENT_TIMESTAMP(6)")
 	if err != nil {
 		t.Fatal(err)
 	}
