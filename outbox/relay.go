@@ -16,9 +16,10 @@ import (
 // cleanup, parking) is relayBase (base.go).
 //
 // Gap safety: the relay does not track a high-water id. It selects rows whose published_at
-// is NULL, so a row whose auto-increment id was allocated early but committed late is
-// simply picked up by the next poll; nothing is skipped and no SERIALIZABLE transaction or
-// range lock is needed.
+// is NULL, so a row whose id (auto-increment, or PostgreSQL identity) was allocated early
+// but committed late is simply picked up by the next poll; nothing is skipped and no
+// SERIALIZABLE transaction or range lock is needed. A batch is marked by its exact id
+// ranges, so such a row inside a batch's id span is not marked with it.
 type Relay struct {
 	*relayBase
 	engine relayEngine

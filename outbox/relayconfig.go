@@ -40,12 +40,13 @@ type RelayConfig struct {
 	Shard string `key:"shard" default:"default" help:"shard group of the outbox (one lease and one transactional.id per shard)"` // shard group (the one shard when Shards is 1)
 
 	// Shards splits the outbox into this many shards: a row belongs to shard
-	// MOD(key_hash, Shards), key_hash being CRC32 of its key (migration 00005), so a key's
-	// events stay in one shard and in order. Each shard has its own lease (Shard#i/n), its
-	// own transactional id (TransactionalID-<i>of<n>) and positions; the relays of a group
-	// spread the shards among themselves (relay_member) and take over a dead one's. All
-	// relays of a group must use the same count: change it only with a drained outbox and
-	// every relay of the old count stopped (relays that disagree refuse to publish).
+	// MOD(key_hash, Shards), key_hash being CRC32 of its key (migration 00005; hashtext on
+	// PostgreSQL), so a key's events stay in one shard and in order. Each shard has its own
+	// lease (Shard#i/n), its own transactional id (TransactionalID-<i>of<n>) and positions;
+	// the relays of a group spread the shards among themselves (relay_member) and take over
+	// a dead one's. All relays of a group must use the same count: change it only with a
+	// drained outbox and every relay of the old count stopped (relays that disagree refuse
+	// to publish).
 	Shards int `key:"shards" default:"1" range:"1..256" help:"outbox shards (hash of the key mod shards): the group's relays spread them; change only with a drained outbox"`
 
 	// TransactionalID is the Kafka transactional.id of the shard group, the same on every
