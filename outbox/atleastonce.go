@@ -60,7 +60,7 @@ func NewRelay(db *sql.DB, producer Producer, cfg RelayConfig, logger watermill.L
 	}
 	a := &atLeastOnce{relayBase: b, producer: producer}
 	t := b.cfg.Table
-	a.claimQ.pending = fmt.Sprintf(`SELECT id, msg_key FROM %s WHERE published_at IS NULL ORDER BY id LIMIT %d`, t, b.cfg.BatchSize)
+	a.claimQ.pending = fmt.Sprintf(`SELECT id, msg_key FROM %s WHERE published_at IS NULL %s LIMIT %d`, t, b.dl.pendingOrder(), b.cfg.BatchSize)
 	a.claimQ.prefix = fmt.Sprintf(`SELECT id, event_id, event_type, topic, msg_key, payload, headers, trace_parent FROM %s
  WHERE published_at IS NULL AND `, t)
 	a.claimQ.suffix = ` ORDER BY id FOR UPDATE SKIP LOCKED`

@@ -23,6 +23,17 @@ func (d sqlText) now() string {
 	return "NOW(6)"
 }
 
+// pendingOrder orders the unpublished rows (published_at IS NULL) by id: on PostgreSQL as
+// ORDER BY published_at, id, the order of idx_unpublished, which its planner does not see
+// in ORDER BY id under published_at IS NULL: it would walk the primary key through every
+// published row kept for the retention instead.
+func (d sqlText) pendingOrder() string {
+	if d.IsPostgres() {
+		return "ORDER BY published_at, id"
+	}
+	return "ORDER BY id"
+}
+
 // micros is an interval of '?' microseconds (an int64 argument).
 func (d sqlText) micros() string {
 	if d.IsPostgres() {

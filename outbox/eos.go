@@ -58,7 +58,7 @@ func NewExactlyOnceRelay(db *sql.DB, kc kafkax.Config, cfg RelayConfig, logger w
 		}
 		e.pendingWhere = fmt.Sprintf(`SELECT id, event_id, event_type, topic, msg_key, payload, headers, trace_parent FROM %s
  WHERE published_at IS NULL`, r.cfg.Table)
-		e.pendingOrder = " ORDER BY id LIMIT ?"
+		e.pendingOrder = " " + b.dl.pendingOrder() + " LIMIT ?"
 		if n > 1 {
 			e.shard = ShardName(r.cfg.Shard, i, n)
 			e.pendingWhere += fmt.Sprintf(" AND MOD(key_hash, %d) = %d", n, i)

@@ -47,7 +47,7 @@ type eosShard struct {
 	txnID    string // TransactionalID, or TransactionalID-<index>of<Shards>
 	pendingQ string // the shard's oldest unpublished rows: pendingWhere + pendingOrder
 	// pendingWhere is pendingQ's SELECT … WHERE (more conditions may follow);
-	// pendingOrder its " ORDER BY id LIMIT ?".
+	// pendingOrder its " ORDER BY id LIMIT ?" (sqlText.pendingOrder).
 	pendingWhere, pendingOrder string
 
 	// wanted is whether this relay should own the shard: always with one shard; with
