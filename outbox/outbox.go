@@ -90,9 +90,8 @@ const batchRows = 512
 
 // UseStatements makes AddBatch (and the deferred rows of Add in a group-committed batch)
 // run their inserts as prepared statements of pool db (dbx.MultiRow, prepared in the
-// background at their first use): transactions given to the Writer must then be db's.
-// Call it before first use.
-// It also takes db's dialect (dbx.DialectOf), as WithDialect.
+// background at their first use): transactions given to the Writer must then be db's. It
+// takes db's dialect too (dbx.DialectOf), as WithDialect. Call it before first use.
 func (w *Writer) UseStatements(db *sql.DB) *Writer {
 	w.db, w.dl = db, dbx.DialectOf(db)
 	w.build()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -222,5 +223,39 @@ func TestWriterAddStoresFields(t *testing.T) {
 	}
 	if headers.Valid {
 		t.Fatalf("an event without extra headers stores NULL headers, got %q", headers.String)
+	}
+}
+
+// TestWriterUseStatementsTakesTheDialect: a Writer given its pool with UseStatements writes
+// that pool's SQL (PostgreSQL's placeholders) without WithDialect, one event at a time and
+// in multi-row batches (prepared once ready, interpolated before), and event ids come back
+// as they were written (PostgreSQL would pad a CHAR(36)).
+func TestWriterUseStatementsTakesTheDialect(t *testing.T) {
+	d := testenv.DB(t, 4)
+	ctx := context.Background()
+	w, err := outbox.NewWriter("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.UseStatements(d.DB)
+	t.Cleanup(func() { _ = w.Close() })
+	one := validEvent()
+	one.ID = "one"
+	addCommitted(t, ctx, d.DB, w, one)
+	for round := range 3 { // the statements are prepared in the background after the first
+		var evs []outbox.Event
+		for i := range 600 {
+			evs = append(evs, outbox.Event{ID: fmt.Sprintf("b%d-%03d", round, i), Type: "T", Topic: "t", Key: "k", Payload: []byte{byte(i)}})
+		}
+		if err := dbx.InTx(ctx, d.DB, func(tx *sql.Tx) error { return w.AddBatch(ctx, tx, evs) }); err != nil {
+			t.Fatalf("AddBatch, round %d: %v", round, err)
+		}
+	}
+	if n := countRows(t, d.DB, "1=1"); n != 1+3*600 {
+		t.Fatalf("outbox holds %d rows, want %d", n, 1+3*600)
+	}
+	var got string
+	if err := d.DB.QueryRow("SELECT event_id FROM outbox ORDER BY id LIMIT 1").Scan(&got); err != nil || got != "one" {
+		t.Fatalf("first event id %q, %v; want %q", got, err, "one")
 	}
 }
