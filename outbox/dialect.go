@@ -12,13 +12,13 @@ import (
 // its $n placeholders. What differs is here.
 type sqlText struct{ dbx.Dialect }
 
-// now is the database clock at the start of the statement, as MySQL's NOW(6): on
-// PostgreSQL statement_timestamp(), not CURRENT_TIMESTAMP, which is the transaction's start
-// (a relay's claim transaction would mark rows published before they were read). The pools
-// run in UTC, so its timestamptz compares with the TIMESTAMP columns as DATETIME does.
+// now is the database clock at the start of the statement, as MySQL's NOW(6) in the pools'
+// UTC: on PostgreSQL statement_timestamp() (not CURRENT_TIMESTAMP, the transaction's start:
+// a relay's claim transaction would mark rows published before it read them), as a UTC
+// TIMESTAMP like the columns it is compared with, whatever the session's time zone.
 func (d sqlText) now() string {
 	if d.IsPostgres() {
-		return "statement_timestamp()"
+		return "(statement_timestamp() AT TIME ZONE 'UTC')"
 	}
 	return "NOW(6)"
 }
