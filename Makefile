@@ -42,7 +42,7 @@ image-test:
 ## test-postgres: the integration suite of this module again, on PostgreSQL
 ## (ONCEFLOW_TEST_DB=postgres). PG_ONLY_MARIADB names the tests of what only the MySQL family
 ## has (the MariaDB migrations' history, its collations, InnoDB's lock views), left out there.
-PG_ONLY_MARIADB ?= ^(TestExactKeysMigration|TestMigrationsRollBackAndReapply|TestPluginMigrationsAdoptTables)$$
+PG_ONLY_MARIADB ?= ^(TestExactKeysMigration|TestMigrationsRollBackAndReapply|TestPluginMigrationsAdoptTables|TestMySQL8RefusesMariaDBOnlySQL|TestEOSRelayDefaultTransactionalIDNeedsDatabase)$$
 test-postgres: infra
 	ONCEFLOW_TEST_DB=postgres $(GO) test -race -count=1 -v -timeout 30m -skip '$(PG_ONLY_MARIADB)' $(PKGS)
 
