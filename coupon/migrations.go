@@ -5,7 +5,7 @@ import (
 	"io/fs"
 )
 
-//go:embed migrations/*.sql migrations/grants.txt
+//go:embed migrations/*.sql migrations/grants.txt migrations/postgres/*.sql migrations/postgres/grants.txt
 var migrationFiles embed.FS
 
 // Migrations are the coupon granter's tables (coupon_grant, coupon_grant_log, coupon_stock,

@@ -5,7 +5,7 @@ import (
 	"io/fs"
 )
 
-//go:embed migrations/*.sql migrations/grants.txt
+//go:embed migrations/*.sql migrations/grants.txt migrations/postgres/*.sql migrations/postgres/grants.txt
 var migrationFiles embed.FS
 
 // Migrations are the notifier's table (notification): goose SQL files numbered by this

@@ -35,7 +35,7 @@ type Config struct {
 	CreditedTopic string `mapstructure:"credited_topic"` // default points-credited
 }
 
-//go:embed migrations/*.sql migrations/grants.txt
+//go:embed migrations/*.sql migrations/grants.txt migrations/postgres/*.sql migrations/postgres/grants.txt
 var files embed.FS
 
 // Migrations are the plugin's tables, applied by `router migrate`.
