@@ -22,12 +22,13 @@ type batchStatements struct {
 // newBatchStatements builds the batch's inserts on pool db, prepared there at their first
 // use.
 func newBatchStatements(db *sql.DB) *batchStatements {
+	q := textFor(dbx.DialectOf(db))
 	multi := func(width, max int, head, group, tail string) *dbx.MultiRow {
-		return dbx.NewMultiRow(db, width, max, func(n int) string { return head + groups(group, n) + tail })
+		return dbx.NewMultiRow(db, width, max, func(n int) string { return q.d.Rebind(head + groups(group, n) + tail) })
 	}
 	return &batchStatements{
 		grant: multi(7, 512, `INSERT INTO coupon_grant (order_id, campaign_id, user_id, state, version, value_cents, stock_shard, budget_shard, coupon_id) VALUES `,
-			"(?, ?, ?, 'GRANTED', 3, ?, ?, ?, ?)", ` ON DUPLICATE KEY UPDATE order_id = order_id`),
+			"(?, ?, ?, 'GRANTED', 3, ?, ?, ?, ?)", q.batchGrantTail),
 		log:    multi(4, 2048, `INSERT INTO coupon_grant_log (order_id, campaign_id, from_state, to_state) VALUES `, "(?, ?, ?, ?)", ""),
 		coupon: multi(5, 512, `INSERT INTO user_coupon (coupon_id, order_id, campaign_id, user_id, value_cents) VALUES `, "(?, ?, ?, ?, ?)", ""),
 	}
@@ -74,7 +75,7 @@ func (h *handler) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Deliv
 	if len(orders) == 0 {
 		return progs, nil
 	}
-	repo := mysqlRepo{tx: tx, st: h.st}
+	repo := sqlRepo{tx: tx, q: g.q.Load(), st: h.st}
 	shards, err := g.campaignShards(ctx, repo, g.cfg.CampaignID)
 	if err != nil {
 		return nil, err
@@ -124,7 +125,7 @@ func (h *handler) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Deliv
 	if len(fresh) == 0 {
 		return done(terminal)
 	}
-	shard, err := repo.takeBatch(ctx, g.cfg.CampaignID, int64(len(fresh)), value, int(h.shards.next.Add(1)), shards)
+	shard, err := repo.takeBatch(ctx, g.cfg.CampaignID, "", int64(len(fresh)), value, int(h.shards.next.Add(1)), shards)
 	if err != nil {
 		return nil, err
 	}
@@ -162,13 +163,13 @@ func (h *handler) callAll(ctx context.Context, o OrderPaid) bool {
 // row expired), the insert leaves it alone, everything since the savepoint is rolled back,
 // and it reports false: the caller then takes the general path. It also reports false,
 // having changed nothing, when no shard covers the batch.
-func (h *handler) grantBatchNew(ctx context.Context, tx *sql.Tx, repo mysqlRepo, orders []OrderPaid, shards int, traces map[string]string) (bool, error) {
+func (h *handler) grantBatchNew(ctx context.Context, tx *sql.Tx, repo sqlRepo, orders []OrderPaid, shards int, traces map[string]string) (bool, error) {
 	g := h.g
 	if _, err := tx.ExecContext(ctx, "SAVEPOINT grant_new"); err != nil {
 		return false, fmt.Errorf("savepoint: %w", err)
 	}
 	n := int64(len(orders))
-	shard, err := repo.takeBatch(ctx, g.cfg.CampaignID, n, n*g.cfg.ValueCents, int(h.shards.next.Add(1)), shards)
+	shard, err := repo.takeBatch(ctx, g.cfg.CampaignID, "", n, n*g.cfg.ValueCents, int(h.shards.next.Add(1)), shards)
 	if err != nil || shard < 0 {
 		return false, err
 	}
@@ -209,13 +210,13 @@ func (h *handler) grantedEvents(gs []grantRow, traces map[string]string) []outbo
 
 // loadOrCreateMany is loadOrCreate for many orders (sorted by order id, the lock order):
 // one insert of the missing grants in INIT, one read of all.
-func (r mysqlRepo) loadOrCreateMany(ctx context.Context, orders []OrderPaid, campaignID string, value int64) ([]grantRow, error) {
+func (r sqlRepo) loadOrCreateMany(ctx context.Context, orders []OrderPaid, campaignID string, value int64) ([]grantRow, error) {
 	args := make([]any, 0, len(orders)*4)
 	for _, o := range orders {
 		args = append(args, o.OrderID, campaignID, o.UserID, value)
 	}
-	if _, err := r.tx.ExecContext(ctx, `INSERT INTO coupon_grant (order_id, campaign_id, user_id, state, value_cents) VALUES `+
-		groups("(?, ?, ?, 'INIT', ?)", len(orders))+` ON DUPLICATE KEY UPDATE order_id = order_id`, args...); err != nil {
+	if _, err := r.tx.ExecContext(ctx, r.q.d.Rebind(`INSERT INTO coupon_grant (order_id, campaign_id, user_id, state, value_cents) VALUES `+
+		groups("(?, ?, ?, 'INIT', ?)", len(orders))+r.q.createTail), args...); err != nil {
 		return nil, fmt.Errorf("create %d grants: %w", len(orders), err)
 	}
 	keys := make([]any, 0, len(orders)+1)
@@ -223,11 +224,12 @@ func (r mysqlRepo) loadOrCreateMany(ctx context.Context, orders []OrderPaid, cam
 	for _, o := range orders {
 		keys = append(keys, o.OrderID)
 	}
-	// The insert locked every row (the new ones implicitly, the existing ones through the
-	// duplicate-key update), so a plain read sees their current state; a locking read of the
-	// IN list only adds deadlocks with concurrent batches.
-	rows, err := r.tx.QueryContext(ctx, `SELECT order_id, user_id, state, value_cents FROM coupon_grant WHERE campaign_id = ? AND order_id IN (`+
-		groups("?", len(orders))+`)`, keys...)
+	// On MariaDB the insert locked every row (the new ones implicitly, the existing ones
+	// through the duplicate-key update), so a plain read sees their current state; a locking
+	// read of the IN list only adds deadlocks with concurrent batches. On PostgreSQL the
+	// insert locked only the new rows: the read locks all, in the order of their ids.
+	rows, err := r.tx.QueryContext(ctx, r.q.d.Rebind(`SELECT order_id, user_id, state, value_cents FROM coupon_grant WHERE campaign_id = ? AND order_id IN (`+
+		groups("?", len(orders))+`)`+r.q.loadManyTail), keys...)
 	if err != nil {
 		return nil, fmt.Errorf("load %d grants: %w", len(orders), err)
 	}
@@ -263,19 +265,22 @@ func (r mysqlRepo) loadOrCreateMany(ctx context.Context, orders []OrderPaid, cam
 // -1 when none can (then nothing was taken). Stock and budget of a shard are taken by one
 // statement (both or neither: the join row matches only when both can cover the batch),
 // one round trip per batch fewer than an update of each and, when the budget falls short,
-// a third giving the stock back.
-func (r mysqlRepo) takeBatch(ctx context.Context, campaignID string, n, value int64, start, shards int) (int, error) {
+// a third giving the stock back. With an order (a single new grant), PostgreSQL takes
+// nothing when that order's grant exists (sqlText.takeNew).
+func (r sqlRepo) takeBatch(ctx context.Context, campaignID, order string, n, value int64, start, shards int) (int, error) {
+	take := r.q.takeBatch
+	if order != "" {
+		take = r.q.takeNew
+	}
 	for i := range shards {
 		shard := (start + i) % shards
-		res, err := r.tx.ExecContext(ctx, `UPDATE coupon_stock s JOIN coupon_budget b ON b.campaign_id = s.campaign_id AND b.shard = s.shard
- SET s.granted = s.granted + ?, b.spent_cents = b.spent_cents + ?
- WHERE s.campaign_id = ? AND s.shard = ? AND s.locked + s.granted + ? <= s.total AND b.spent_cents + ? <= b.total_cents`,
-			n, value, campaignID, shard, n, value)
+		res, err := r.tx.ExecContext(ctx, take, r.q.takeArgs(campaignID, order, shard, n, value)...)
 		if err != nil {
 			return -1, fmt.Errorf("take stock and budget: %w", err)
 		}
 		// Rows changed in both tables: 2, or 1 when value is 0 (the budget row is then left
 		// as it was); 0 when the shard cannot cover the batch. n > 0 always changes the stock.
+		// PostgreSQL counts the budget row: 1 or 0.
 		changed, err := res.RowsAffected()
 		if err != nil {
 			return -1, fmt.Errorf("take stock and budget: %w", err)
@@ -289,7 +294,7 @@ func (r mysqlRepo) takeBatch(ctx context.Context, campaignID string, n, value in
 
 // grantMany moves grants locked in INIT to GRANTED, logging each legal transition, and
 // writes their coupons: three statements for the batch.
-func (r mysqlRepo) grantMany(ctx context.Context, gs []grantRow) error {
+func (r sqlRepo) grantMany(ctx context.Context, gs []grantRow) error {
 	up := make([]any, 0, len(gs)*7)
 	for _, g := range gs {
 		up = append(up, g.OrderID, g.CampaignID, g.UserID, g.ValueCents, g.StockShard, g.BudgetShard, CouponID(g.OrderID, g.CampaignID))
@@ -297,13 +302,8 @@ func (r mysqlRepo) grantMany(ctx context.Context, gs []grantRow) error {
 	// Every row exists and is locked in INIT by this transaction (loadOrCreateMany), so the
 	// upsert only updates; the state guard in the update keeps it a no-op otherwise, and the
 	// coupon insert below would then fail on its unique key and roll the batch back.
-	if _, err := r.tx.ExecContext(ctx, `INSERT INTO coupon_grant (order_id, campaign_id, user_id, state, value_cents, stock_shard, budget_shard, coupon_id) VALUES `+
-		groups("(?, ?, ?, 'GRANTED', ?, ?, ?, ?)", len(gs))+` ON DUPLICATE KEY UPDATE
- version = IF(state = 'INIT', version + 3, version),
- stock_shard = IF(state = 'INIT', VALUES(stock_shard), stock_shard),
- budget_shard = IF(state = 'INIT', VALUES(budget_shard), budget_shard),
- coupon_id = IF(state = 'INIT', VALUES(coupon_id), coupon_id),
- state = IF(state = 'INIT', 'GRANTED', state)`, up...); err != nil {
+	if _, err := r.tx.ExecContext(ctx, r.q.d.Rebind(`INSERT INTO coupon_grant (order_id, campaign_id, user_id, state, value_cents, stock_shard, budget_shard, coupon_id) VALUES `+
+		groups("(?, ?, ?, 'GRANTED', ?, ?, ?, ?)", len(gs))+r.q.grantManyTail), up...); err != nil {
 		return fmt.Errorf("grant %d: %w", len(gs), err)
 	}
 	return r.logAndIssue(ctx, gs)
@@ -311,7 +311,7 @@ func (r mysqlRepo) grantMany(ctx context.Context, gs []grantRow) error {
 
 // logAndIssue writes the transition log of grants that went INIT → GRANTED (each legal
 // step) and their coupons.
-func (r mysqlRepo) logAndIssue(ctx context.Context, gs []grantRow) error {
+func (r sqlRepo) logAndIssue(ctx context.Context, gs []grantRow) error {
 	path := []State{StateInit, StateLocked, StateBudgetDeducted, StateGranted}
 	logArgs := make([]any, 0, len(gs)*12)
 	coupons := make([]any, 0, len(gs)*5)

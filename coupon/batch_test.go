@@ -202,7 +202,7 @@ func testBatchGrantsExactlyOnce(t *testing.T, sel, contract bool) {
 	}
 
 	// The audit can fail: a second event for one order is caught.
-	d.AdminExec(t, `INSERT INTO outbox (event_id, event_type, topic, msg_key, payload) VALUES (UUID(), ?, 'coupon-granted', 'b1-0003', '{}')`, coupon.EventGranted)
+	d.AdminExec(t, rb(`INSERT INTO outbox (event_id, event_type, topic, msg_key, payload) VALUES ('00000000-0000-0000-0000-0000000000b1', ?, 'coupon-granted', 'b1-0003', ?)`), coupon.EventGranted, []byte("{}"))
 	a, err = coupon.Verify(ctx, d.DB, cfg.CampaignID, time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -306,8 +306,8 @@ func testBatchResumesUnfinishedRows(t *testing.T, sel, contract bool) {
 	}
 	early, halfway, fresh := order("br-early"), order("br-halfway"), order("br-fresh")
 	for _, o := range []coupon.OrderPaid{early, halfway} {
-		d.AdminExec(t, `INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, attempts, expire_at)
- VALUES (?, ?, 'processing', 'crashed', 'order-paid', 0, 1, ?, ?, 1, NOW() + INTERVAL 1 DAY)`, o.OrderID, coupon.BizType, o.Encode(), o.Fingerprint())
+		d.AdminExec(t, rb(`INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, attempts, expire_at)
+ VALUES (?, ?, 'processing', 'crashed', 'order-paid', 0, 1, ?, ?, 1, ?)`), o.OrderID, coupon.BizType, o.Encode(), o.Fingerprint(), time.Now().Add(24*time.Hour).UTC())
 	}
 	if p, err := step(ctx, d.DB, g, halfway); err != nil || p != inbox.Continue {
 		t.Fatalf("first step of the half-way order: %v, %v", p, err)
@@ -442,7 +442,7 @@ func TestBatchPreparedStatements(t *testing.T) {
 		t.Fatalf("audit: %+v, want %d grants", a, want)
 	}
 	var logRows int64
-	if err := d.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM coupon_grant_log WHERE campaign_id = ?", cfg.CampaignID).Scan(&logRows); err != nil || logRows != 3*want {
+	if err := d.DB.QueryRowContext(ctx, rb("SELECT COUNT(*) FROM coupon_grant_log WHERE campaign_id = ?"), cfg.CampaignID).Scan(&logRows); err != nil || logRows != 3*want {
 		t.Fatalf("transition log rows %d (%v), want %d", logRows, err, 3*want)
 	}
 }

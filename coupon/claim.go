@@ -107,8 +107,8 @@ func (h *handler) respond(ctx context.Context, tx *sql.Tx, ds []*inbox.Delivery)
 	for _, d := range ds {
 		args = append(args, d.Value.(OrderPaid).OrderID) // the handler checked the type
 	}
-	rows, err := tx.QueryContext(ctx, `SELECT order_id, user_id, state, value_cents, coupon_id, reason FROM coupon_grant WHERE campaign_id = ? AND order_id IN (?`+
-		strings.Repeat(", ?", len(ds)-1)+`)`, args...)
+	rows, err := tx.QueryContext(ctx, h.g.q.Load().d.Rebind(`SELECT order_id, user_id, state, value_cents, coupon_id, reason FROM coupon_grant WHERE campaign_id = ? AND order_id IN (?`+
+		strings.Repeat(", ?", len(ds)-1)+`)`), args...)
 	if err != nil {
 		return fmt.Errorf("read the claims' grants: %w", err)
 	}

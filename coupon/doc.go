@@ -3,7 +3,7 @@
 //
 // The grant is a state machine (state.go: pure domain code, no SQL, no Kafka) whose steps
 // each make an idempotent outside call and move the grant with an optimistic-lock
-// transition (grant.go, grant_mysql.go), on sharded stock and budget counters. The plugin's
+// transition (grant.go, repo.go), on sharded stock and budget counters. The plugin's
 // handler (handler.go) is written on the contract a plugin author sees: inbox.Typed,
 // inbox.Inserter, outbox.Writer and, for slow calls, inbox.Preparer. Its HandleBatch
 // (batch.go) is the expert path of group commit, multi-row statements for a whole batch.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
 // Config configures the granter (router.yaml: plugins.coupon-granter).
@@ -84,7 +85,8 @@ type Granter struct {
 	out    *outbox.Writer
 	logger watermill.LoggerAdapter
 	now    func() time.Time
-	shards atomic.Int64 // the campaign's counter shards, read once from the database
+	shards atomic.Int64            // the campaign's counter shards, read once from the database
+	q      atomic.Pointer[sqlText] // the database's SQL: the pool's, or asked of the server (textOf)
 }
 
 // NewGranter builds a Granter. A nil svc makes no external calls.
@@ -108,10 +110,11 @@ func newGranter(cfg Config, svc ExternalService, logger watermill.LoggerAdapter,
 	if err != nil {
 		return nil, err
 	}
+	g := &Granter{cfg: cfg, svc: svc, out: out, logger: logger, now: time.Now}
 	if db != nil {
 		out.UseStatements(db)
+		g.q.Store(textFor(dbx.DialectOf(db)))
 	}
-	g := &Granter{cfg: cfg, svc: svc, out: out, logger: logger, now: time.Now}
 	g.TypedHandler = inbox.Typed[OrderPaid](orderCodec{}, func(ctx context.Context, tx *sql.Tx, _ *inbox.Delivery, o OrderPaid) (inbox.Progress, error) {
 		return g.Step(ctx, tx, o)
 	})
@@ -145,7 +148,11 @@ func (g *Granter) Step(ctx context.Context, tx *sql.Tx, o OrderPaid) (inbox.Prog
 // outside call is made already (nil: none is); one that is not is made here when call is
 // set, else advance does nothing more and reports stepped false.
 func (g *Granter) advance(ctx context.Context, tx *sql.Tx, o OrderPaid, made func(State) bool, call bool) (prog inbox.Progress, stepped bool, err error) {
-	repo := mysqlRepo{tx: tx}
+	q, err := g.textOf(ctx, tx)
+	if err != nil {
+		return inbox.Continue, false, err
+	}
+	repo := sqlRepo{tx: tx, q: q}
 	gr, err := repo.loadOrCreate(ctx, o, g.cfg.CampaignID, g.cfg.ValueCents)
 	if err != nil {
 		return inbox.Continue, false, err
@@ -218,7 +225,7 @@ func (g *Granter) grantedEvent(gr grantRow, couponID, traceParent string) outbox
 	return outbox.Event{ID: ev.EventID, Type: EventGranted, Topic: g.cfg.GrantedTopic, Key: gr.OrderID, Payload: ev.Encode(), TraceParent: traceParent}
 }
 
-func (g *Granter) campaignShards(ctx context.Context, repo mysqlRepo, campaignID string) (int, error) {
+func (g *Granter) campaignShards(ctx context.Context, repo sqlRepo, campaignID string) (int, error) {
 	if n := g.shards.Load(); n > 0 {
 		return int(n), nil
 	}
@@ -232,7 +239,7 @@ func (g *Granter) campaignShards(ctx context.Context, repo mysqlRepo, campaignID
 
 // fail ends the grant in FAILED (a permanent business outcome, not an error of the step)
 // and emits CouponGrantFailed in the same transaction.
-func (g *Granter) fail(ctx context.Context, tx *sql.Tx, repo mysqlRepo, gr grantRow, from State, cause error) error {
+func (g *Granter) fail(ctx context.Context, tx *sql.Tx, repo sqlRepo, gr grantRow, from State, cause error) error {
 	reason := "stock_exhausted"
 	if errors.Is(cause, ErrBudgetExhausted) {
 		reason = "budget_exhausted"

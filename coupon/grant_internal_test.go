@@ -24,18 +24,22 @@ func TestCASRejectsStaleState(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := grantRow{OrderID: "o", CampaignID: "c", UserID: "u", State: StateInit, ValueCents: 500}
-	err := dbx.InTx(ctx, d.DB, func(tx *sql.Tx) error { return mysqlRepo{tx: tx}.cas(ctx, g, StateInit, StateLocked, "", "") })
+	err := dbx.InTx(ctx, d.DB, func(tx *sql.Tx) error {
+		return sqlRepo{tx: tx, q: textFor(dbx.DialectOf(d.DB))}.cas(ctx, g, StateInit, StateLocked, "", "")
+	})
 	if !errors.Is(err, ErrStaleState) {
 		t.Fatalf("cas from a stale INIT: %v, want ErrStaleState", err)
 	}
 	// An illegal transition is refused before any SQL.
-	err = dbx.InTx(ctx, d.DB, func(tx *sql.Tx) error { return mysqlRepo{tx: tx}.cas(ctx, g, StateLocked, StateGranted, "", "") })
+	err = dbx.InTx(ctx, d.DB, func(tx *sql.Tx) error {
+		return sqlRepo{tx: tx, q: textFor(dbx.DialectOf(d.DB))}.cas(ctx, g, StateLocked, StateGranted, "", "")
+	})
 	if !errors.Is(err, ErrIllegalTransition) {
 		t.Fatalf("cas LOCKED → GRANTED: %v, want ErrIllegalTransition", err)
 	}
 	// The matching state moves on and is logged.
 	err = dbx.InTx(ctx, d.DB, func(tx *sql.Tx) error {
-		return mysqlRepo{tx: tx}.cas(ctx, g, StateLocked, StateBudgetDeducted, "", "")
+		return sqlRepo{tx: tx, q: textFor(dbx.DialectOf(d.DB))}.cas(ctx, g, StateLocked, StateBudgetDeducted, "", "")
 	})
 	if err != nil {
 		t.Fatalf("cas LOCKED → BUDGET_DEDUCTED: %v", err)

@@ -21,6 +21,9 @@ import (
 
 const valueCents = 500
 
+// rb is q with the placeholders of the tests' database.
+func rb(q string) string { return testenv.Dialect().Rebind(q) }
+
 // campaign returns a granter configuration for a fresh campaign.
 func campaign(id string, stock, budget int64) coupon.Config {
 	cfg := coupon.DefaultConfig()
@@ -105,8 +108,8 @@ type counters struct{ Locked, Granted, Spent int64 }
 func readCounters(t *testing.T, db *sql.DB, campaignID string) counters {
 	t.Helper()
 	var c counters
-	if err := db.QueryRow(`SELECT (SELECT SUM(locked) FROM coupon_stock WHERE campaign_id = ?), (SELECT SUM(granted) FROM coupon_stock WHERE campaign_id = ?),
-		(SELECT SUM(spent_cents) FROM coupon_budget WHERE campaign_id = ?)`, campaignID, campaignID, campaignID).Scan(&c.Locked, &c.Granted, &c.Spent); err != nil {
+	if err := db.QueryRow(rb(`SELECT (SELECT SUM(locked) FROM coupon_stock WHERE campaign_id = ?), (SELECT SUM(granted) FROM coupon_stock WHERE campaign_id = ?),
+		(SELECT SUM(spent_cents) FROM coupon_budget WHERE campaign_id = ?)`), campaignID, campaignID, campaignID).Scan(&c.Locked, &c.Granted, &c.Spent); err != nil {
 		t.Fatalf("read counters: %v", err)
 	}
 	return c
@@ -122,7 +125,7 @@ type grantState struct {
 func readGrant(t *testing.T, db *sql.DB, orderID, campaignID string) grantState {
 	t.Helper()
 	var g grantState
-	if err := db.QueryRow(`SELECT state, version, coupon_id, reason FROM coupon_grant WHERE order_id = ? AND campaign_id = ?`,
+	if err := db.QueryRow(rb(`SELECT state, version, coupon_id, reason FROM coupon_grant WHERE order_id = ? AND campaign_id = ?`),
 		orderID, campaignID).Scan(&g.State, &g.Version, &g.CouponID, &g.Reason); err != nil {
 		t.Fatalf("read grant %s: %v", orderID, err)
 	}
@@ -132,7 +135,7 @@ func readGrant(t *testing.T, db *sql.DB, orderID, campaignID string) grantState 
 func count(t *testing.T, db *sql.DB, q string, args ...any) int {
 	t.Helper()
 	var n int
-	if err := db.QueryRow(q, args...).Scan(&n); err != nil {
+	if err := db.QueryRow(rb(q), args...).Scan(&n); err != nil {
 		t.Fatalf("%s: %v", q, err)
 	}
 	return n
@@ -140,7 +143,7 @@ func count(t *testing.T, db *sql.DB, q string, args ...any) int {
 
 func transitions(t *testing.T, db *sql.DB, orderID, campaignID string) []string {
 	t.Helper()
-	rows, err := db.Query(`SELECT from_state, to_state FROM coupon_grant_log WHERE order_id = ? AND campaign_id = ? ORDER BY id`, orderID, campaignID)
+	rows, err := db.Query(rb(`SELECT from_state, to_state FROM coupon_grant_log WHERE order_id = ? AND campaign_id = ? ORDER BY id`), orderID, campaignID)
 	if err != nil {
 		t.Fatalf("read log: %v", err)
 	}
@@ -244,7 +247,7 @@ func TestGrantHappyPath(t *testing.T) {
 	if n := count(t, d.DB, `SELECT COUNT(*) FROM user_coupon`); n != 1 {
 		t.Fatalf("%d user_coupon rows, want 1", n)
 	}
-	if err := d.DB.QueryRow(`SELECT coupon_id, user_id, value_cents FROM user_coupon WHERE order_id = ? AND campaign_id = ?`,
+	if err := d.DB.QueryRow(rb(`SELECT coupon_id, user_id, value_cents FROM user_coupon WHERE order_id = ? AND campaign_id = ?`),
 		o.OrderID, cfg.CampaignID).Scan(&uc.CouponID, &uc.UserID, &uc.Value); err != nil {
 		t.Fatalf("read user_coupon: %v", err)
 	}
@@ -425,7 +428,7 @@ func TestGrantConcurrentSameOrder(t *testing.T) {
 			t.Fatal(err)
 		}
 		o := order("order-naive")
-		if _, err := d.DB.Exec(`INSERT INTO coupon_grant (order_id, campaign_id, user_id, state, value_cents) VALUES (?, ?, ?, 'INIT', ?)`,
+		if _, err := d.DB.Exec(rb(`INSERT INTO coupon_grant (order_id, campaign_id, user_id, state, value_cents) VALUES (?, ?, ?, 'INIT', ?)`),
 			o.OrderID, cfg.CampaignID, o.UserID, valueCents); err != nil {
 			t.Fatal(err)
 		}
@@ -435,7 +438,7 @@ func TestGrantConcurrentSameOrder(t *testing.T) {
 			done := false
 			err := dbx.InTx(ctx, d.DB, func(tx *sql.Tx) error {
 				var st coupon.State
-				if err := tx.QueryRowContext(ctx, `SELECT state FROM coupon_grant WHERE order_id = ? AND campaign_id = ?`,
+				if err := tx.QueryRowContext(ctx, rb(`SELECT state FROM coupon_grant WHERE order_id = ? AND campaign_id = ?`),
 					o.OrderID, cfg.CampaignID).Scan(&st); err != nil {
 					return err
 				}
@@ -449,15 +452,15 @@ func TestGrantConcurrentSameOrder(t *testing.T) {
 				next := st.Next()
 				switch st {
 				case coupon.StateInit:
-					if _, err := tx.ExecContext(ctx, `UPDATE coupon_stock SET locked = locked + 1 WHERE campaign_id = ? AND shard = 0`, cfg.CampaignID); err != nil {
+					if _, err := tx.ExecContext(ctx, rb(`UPDATE coupon_stock SET locked = locked + 1 WHERE campaign_id = ? AND shard = 0`), cfg.CampaignID); err != nil {
 						return err
 					}
 				case coupon.StateLocked:
-					if _, err := tx.ExecContext(ctx, `UPDATE coupon_budget SET spent_cents = spent_cents + ? WHERE campaign_id = ? AND shard = 0`, valueCents, cfg.CampaignID); err != nil {
+					if _, err := tx.ExecContext(ctx, rb(`UPDATE coupon_budget SET spent_cents = spent_cents + ? WHERE campaign_id = ? AND shard = 0`), valueCents, cfg.CampaignID); err != nil {
 						return err
 					}
 				case coupon.StateBudgetDeducted:
-					_, err := tx.ExecContext(ctx, `INSERT INTO user_coupon (coupon_id, order_id, campaign_id, user_id, value_cents) VALUES (?, ?, ?, ?, ?)`,
+					_, err := tx.ExecContext(ctx, rb(`INSERT INTO user_coupon (coupon_id, order_id, campaign_id, user_id, value_cents) VALUES (?, ?, ?, ?, ?)`),
 						coupon.CouponID(o.OrderID, cfg.CampaignID), o.OrderID, cfg.CampaignID, o.UserID, valueCents)
 					switch {
 					case dbx.IsDuplicate(err):
@@ -466,12 +469,12 @@ func TestGrantConcurrentSameOrder(t *testing.T) {
 					case err != nil:
 						return err
 					default:
-						if _, err := tx.ExecContext(ctx, `UPDATE coupon_stock SET locked = locked - 1, granted = granted + 1 WHERE campaign_id = ? AND shard = 0`, cfg.CampaignID); err != nil {
+						if _, err := tx.ExecContext(ctx, rb(`UPDATE coupon_stock SET locked = locked - 1, granted = granted + 1 WHERE campaign_id = ? AND shard = 0`), cfg.CampaignID); err != nil {
 							return err
 						}
 					}
 				}
-				_, err := tx.ExecContext(ctx, `UPDATE coupon_grant SET state = ? WHERE order_id = ? AND campaign_id = ?`,
+				_, err := tx.ExecContext(ctx, rb(`UPDATE coupon_grant SET state = ? WHERE order_id = ? AND campaign_id = ?`),
 					string(next), o.OrderID, cfg.CampaignID)
 				return err
 			})
@@ -655,7 +658,7 @@ func checkFailedEvent(t *testing.T, db *sql.DB, cfg coupon.Config, o coupon.Orde
 	wantID := coupon.EventID(coupon.EventGrantFailed, o.OrderID, cfg.CampaignID)
 	var id, typ, topic string
 	var payload []byte
-	if err := db.QueryRow(`SELECT event_id, event_type, topic, payload FROM outbox WHERE msg_key = ?`, o.OrderID).
+	if err := db.QueryRow(rb(`SELECT event_id, event_type, topic, payload FROM outbox WHERE msg_key = ?`), o.OrderID).
 		Scan(&id, &typ, &topic, &payload); err != nil {
 		t.Fatalf("failed event of %s: %v", o.OrderID, err)
 	}
@@ -744,7 +747,7 @@ func TestVerify(t *testing.T) {
 
 	exec := func(t *testing.T, q string, args ...any) {
 		t.Helper()
-		if _, err := d.DB.ExecContext(ctx, q, args...); err != nil {
+		if _, err := d.DB.ExecContext(ctx, rb(q), args...); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
@@ -754,7 +757,7 @@ func TestVerify(t *testing.T) {
 		Payload         []byte
 		Created         time.Time
 	}
-	if err := d.DB.QueryRow(`SELECT event_id, event_type, topic, payload, created_at FROM outbox WHERE msg_key = ?`, granted).
+	if err := d.DB.QueryRow(rb(`SELECT event_id, event_type, topic, payload, created_at FROM outbox WHERE msg_key = ?`), granted).
 		Scan(&ob.ID, &ob.Type, &ob.Topic, &ob.Payload, &ob.Created); err != nil {
 		t.Fatal(err)
 	}
@@ -780,11 +783,11 @@ func TestVerify(t *testing.T) {
 			`INSERT INTO outbox (event_id, event_type, topic, msg_key, payload, created_at) VALUES (?, ?, ?, ?, ?, ?)`,
 			[]any{ob.ID, ob.Type, ob.Topic, granted, ob.Payload, ob.Created}},
 		{"outbox event of a GRANTED grant written twice", 2, time.Hour,
-			`INSERT INTO outbox (event_id, event_type, topic, msg_key, payload, created_at, published_at) VALUES ('00000000-0000-0000-0000-000000000002', ?, ?, ?, ?, ?, NOW(6))`,
+			`INSERT INTO outbox (event_id, event_type, topic, msg_key, payload, created_at, published_at) VALUES ('00000000-0000-0000-0000-000000000002', ?, ?, ?, ?, ?, CURRENT_TIMESTAMP(6))`,
 			[]any{ob.Type, ob.Topic, granted, ob.Payload, ob.Created},
 			`DELETE FROM outbox WHERE event_id = '00000000-0000-0000-0000-000000000002'`, nil},
 		{"old unpublished outbox row", 4, time.Minute,
-			`INSERT INTO outbox (event_id, event_type, topic, msg_key, payload, created_at) VALUES ('00000000-0000-0000-0000-000000000001', 'Other', 'other', 'other-key', '{}', NOW(6) - INTERVAL 2 MINUTE)`, nil,
+			`INSERT INTO outbox (event_id, event_type, topic, msg_key, payload, created_at) VALUES ('00000000-0000-0000-0000-000000000001', 'Other', 'other', 'other-key', ?, ?)`, []any{[]byte("{}"), time.Now().Add(-2 * time.Minute).UTC()},
 			`DELETE FROM outbox WHERE msg_key = 'other-key'`, nil},
 	}
 	for _, f := range faults {

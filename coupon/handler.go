@@ -167,19 +167,22 @@ func (h *handler) grantNew(ctx context.Context, tx *sql.Tx, o OrderPaid) (bool, 
 			}
 		}
 	}
-	repo := mysqlRepo{tx: tx}
+	repo := sqlRepo{tx: tx, q: g.q.Load()}
 	shards, err := g.campaignShards(ctx, repo, g.cfg.CampaignID)
 	if err != nil {
 		return false, err
 	}
-	shard, err := h.shards.take(ctx, repo, g.cfg.CampaignID, g.cfg.ValueCents, shards)
+	shard, err := h.shards.take(ctx, repo, g.cfg.CampaignID, o.OrderID, g.cfg.ValueCents, shards)
 	if err != nil || shard < 0 {
 		return false, err
 	}
 	gr := grantRow{OrderID: o.OrderID, CampaignID: g.cfg.CampaignID, UserID: o.UserID, State: StateGranted, ValueCents: g.cfg.ValueCents, StockShard: shard, BudgetShard: shard}
 	couponID := CouponID(o.OrderID, gr.CampaignID)
 	err = h.grants.Insert(ctx, tx, gr.OrderID, gr.CampaignID, gr.UserID, string(StateGranted), len(grantPath)-1, gr.ValueCents, shard, shard, couponID)
-	if dbx.IsDuplicate(err) {
+	if dbx.IsDuplicate(err) && repo.q.giveBack != "" {
+		// MySQL family only: on PostgreSQL the failed insert aborted the transaction (and
+		// takeNew took nothing for an order whose grant exists, so only a grant inserted
+		// meanwhile gets here: the delivery is retried and finds it).
 		return false, repo.giveBack(ctx, gr.CampaignID, shard, gr.ValueCents)
 	}
 	if err != nil {
@@ -216,16 +219,17 @@ type txShards struct {
 // txShardsKept bounds the transactions txShards remembers; it forgets them all past it.
 const txShardsKept = 4096
 
-// take takes one coupon of value cents from a shard with enough stock and budget, starting
-// at the one tx took its last from; -1 when no shard has (nothing was taken).
-func (s *txShards) take(ctx context.Context, repo mysqlRepo, campaignID string, value int64, shards int) (int, error) {
+// take takes one coupon of value cents for order from a shard with enough stock and
+// budget, starting at the one tx took its last from; -1 when no shard has (nothing was
+// taken), or, on PostgreSQL, when the order's grant exists.
+func (s *txShards) take(ctx context.Context, repo sqlRepo, campaignID, order string, value int64, shards int) (int, error) {
 	s.mu.Lock()
 	start, ok := s.last[repo.tx]
 	s.mu.Unlock()
 	if !ok {
 		start = int(s.next.Add(1))
 	}
-	shard, err := repo.takeBatch(ctx, campaignID, 1, value, start, shards)
+	shard, err := repo.takeBatch(ctx, campaignID, order, 1, value, start, shards)
 	if err != nil || shard < 0 {
 		return shard, err
 	}
@@ -238,10 +242,9 @@ func (s *txShards) take(ctx context.Context, repo mysqlRepo, campaignID string, 
 	return shard, nil
 }
 
-// giveBack returns one coupon of value cents to shard (takeBatch's undo).
-func (r mysqlRepo) giveBack(ctx context.Context, campaignID string, shard int, value int64) error {
-	if _, err := r.tx.ExecContext(ctx, `UPDATE coupon_stock s JOIN coupon_budget b ON b.campaign_id = s.campaign_id AND b.shard = s.shard
- SET s.granted = s.granted - 1, b.spent_cents = b.spent_cents - ? WHERE s.campaign_id = ? AND s.shard = ?`, value, campaignID, shard); err != nil {
+// giveBack returns one coupon of value cents to shard (takeBatch's undo; MySQL family).
+func (r sqlRepo) giveBack(ctx context.Context, campaignID string, shard int, value int64) error {
+	if _, err := r.tx.ExecContext(ctx, r.q.giveBack, value, campaignID, shard); err != nil {
 		return fmt.Errorf("give back stock and budget: %w", err)
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
 // historyLimit bounds the transitions History returns for one order: a grant makes four
@@ -14,12 +15,10 @@ const historyLimit = 200
 
 // History is the plugin's inbox.HistoryFunc: the grant state machine's committed
 // transitions for an order (the inbox's dedup key), oldest first, from coupon_grant_log
-// (its index idx_order), each with its campaign and, for the terminal ones, the coupon
+// (its index on the order), each with its campaign and, for the terminal ones, the coupon
 // granted or the reason it failed (coupon_grant).
 func History(ctx context.Context, db *sql.DB, orderID string) ([]inbox.HistoryEntry, error) {
-	rows, err := db.QueryContext(ctx, `SELECT l.created_at, l.from_state, l.to_state, l.campaign_id, g.coupon_id, g.reason
- FROM coupon_grant_log l LEFT JOIN coupon_grant g ON g.order_id = l.order_id AND g.campaign_id = l.campaign_id
- WHERE l.order_id = ? ORDER BY l.id LIMIT ?`, orderID, historyLimit)
+	rows, err := db.QueryContext(ctx, textFor(dbx.DialectOf(db)).history, orderID, historyLimit)
 	if err != nil {
 		return nil, fmt.Errorf("coupon history: %w", err)
 	}

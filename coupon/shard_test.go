@@ -59,8 +59,12 @@ func TestShardedCountersExhaustCampaignWide(t *testing.T) {
 			// The check can fail: attribute one grant to another shard (totals unchanged) and
 			// the per-shard audit sees it.
 			if tc.shards > 1 {
-				if _, err := d.DB.Exec(`UPDATE coupon_grant SET stock_shard = MOD(stock_shard + 1, ?) WHERE campaign_id = ? AND state = 'GRANTED' LIMIT 1`,
-					tc.shards, cfg.CampaignID); err != nil {
+				var moved string
+				if err := d.DB.QueryRow(rb(`SELECT MIN(order_id) FROM coupon_grant WHERE campaign_id = ? AND state = 'GRANTED'`), cfg.CampaignID).Scan(&moved); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := d.DB.Exec(rb(`UPDATE coupon_grant SET stock_shard = MOD(stock_shard + 1, ?) WHERE campaign_id = ? AND order_id = ?`),
+					tc.shards, cfg.CampaignID, moved); err != nil {
 					t.Fatal(err)
 				}
 				a, err := coupon.Verify(context.Background(), d.DB, cfg.CampaignID, 0)

@@ -18,6 +18,8 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
+	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -25,6 +27,7 @@ import (
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
 // Plugin identity.
@@ -58,6 +61,35 @@ func (c Config) Validate() error {
 type Notifier struct {
 	cfg    Config
 	logger watermill.LoggerAdapter
+	insert atomic.Pointer[string] // the database's insert, asked of the server once (insertOf)
+}
+
+// The notification's insert: a second notification of an order and channel changes
+// nothing, in the MySQL family's upsert or PostgreSQL's.
+const (
+	insertNotification = `INSERT INTO ` + Table + ` (order_id, channel, user_id, coupon_id, campaign_id, value_cents, event_id, message)
+ VALUES (?, ?, ?, ?, ?, ?, ?, ?)`
+	mysqlInsert = insertNotification + ` ON DUPLICATE KEY UPDATE id = id`
+)
+
+var pgInsert = dbx.Postgres.Rebind(insertNotification + ` ON CONFLICT (order_id, channel) DO NOTHING`)
+
+// insertOf is the insert for the database tx belongs to: PostgreSQL's or the MySQL family's,
+// told apart by the server's version once.
+func (n *Notifier) insertOf(ctx context.Context, tx *sql.Tx) (string, error) {
+	if q := n.insert.Load(); q != nil {
+		return *q, nil
+	}
+	var v string
+	if err := tx.QueryRowContext(ctx, "SELECT VERSION()").Scan(&v); err != nil {
+		return "", fmt.Errorf("notify: database version: %w", err)
+	}
+	q := mysqlInsert
+	if strings.HasPrefix(v, "PostgreSQL") {
+		q = pgInsert
+	}
+	n.insert.Store(&q)
+	return q, nil
 }
 
 var _ inbox.Handler = (*Notifier)(nil)
@@ -126,8 +158,11 @@ func (n *Notifier) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (i
 	text := fmt.Sprintf("You received a coupon worth %d.%02d (campaign %s)", e.ValueCents/100, e.ValueCents%100, e.CampaignID)
 	// The unique key (order_id, channel) is the second line of defence: were the inbox row
 	// cleaned and the event replayed from Kafka, the user is still notified once.
-	r, err := tx.ExecContext(ctx, `INSERT INTO `+Table+` (order_id, channel, user_id, coupon_id, campaign_id, value_cents, event_id, message)
- VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE id = id`,
+	q, err := n.insertOf(ctx, tx)
+	if err != nil {
+		return inbox.Done, err
+	}
+	r, err := tx.ExecContext(ctx, q,
 		e.OrderID, n.cfg.Channel, e.UserID, e.CouponID, e.CampaignID, e.ValueCents, e.EventID, text)
 	if err != nil {
 		return inbox.Done, fmt.Errorf("notify %s: %w", e.OrderID, err)

@@ -88,7 +88,7 @@ func TestRegistered(t *testing.T) {
 func count(t *testing.T, db *sql.DB, q string, args ...any) int {
 	t.Helper()
 	var n int
-	if err := db.QueryRow(q, args...).Scan(&n); err != nil {
+	if err := db.QueryRow(testenv.Dialect().Rebind(q), args...).Scan(&n); err != nil {
 		t.Fatalf("%s: %v", q, err)
 	}
 	return n
@@ -134,7 +134,7 @@ func TestTwoBizTypesSameOrderEachProcessOnce(t *testing.T) {
 	// grantedMsg is what the relay publishes for the order: the outbox row's payload and headers.
 	grantedMsg := func(id string) *message.Message {
 		var payload []byte
-		if err := db.QueryRow("SELECT payload FROM outbox WHERE msg_key = ? AND event_type = ?", id, coupon.EventGranted).Scan(&payload); err != nil {
+		if err := db.QueryRow(testenv.Dialect().Rebind("SELECT payload FROM outbox WHERE msg_key = ? AND event_type = ?"), id, coupon.EventGranted).Scan(&payload); err != nil {
 			t.Fatalf("grant event of %s: %v", id, err)
 		}
 		m := message.NewMessage(watermill.NewUUID(), payload)

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
 // Audit is the result of Verify.
@@ -39,6 +41,7 @@ func (a Audit) OK() bool { return len(a.Violations) == 0 }
 // It uses its own SQL, not the handler's code paths.
 func Verify(ctx context.Context, db *sql.DB, campaignID string, lagBound time.Duration) (Audit, error) {
 	var a Audit
+	rb := dbx.DialectOf(db).Rebind
 	counts := []struct {
 		dst *int64
 		q   string
@@ -48,7 +51,7 @@ func Verify(ctx context.Context, db *sql.DB, campaignID string, lagBound time.Du
 		{&a.Granted, `SELECT COUNT(*) FROM coupon_grant WHERE campaign_id = ? AND state = 'GRANTED'`, []any{campaignID}},
 		{&a.Failed, `SELECT COUNT(*) FROM coupon_grant WHERE campaign_id = ? AND state = 'FAILED'`, []any{campaignID}},
 		{&a.Coupons, `SELECT COUNT(*) FROM user_coupon WHERE campaign_id = ?`, []any{campaignID}},
-		{&a.DuplicateCoupons, `SELECT COALESCE(SUM(n - 1), 0) FROM (SELECT COUNT(*) n FROM user_coupon WHERE campaign_id = ? GROUP BY order_id HAVING n > 1) d`, []any{campaignID}},
+		{&a.DuplicateCoupons, `SELECT COALESCE(SUM(n - 1), 0) FROM (SELECT COUNT(*) AS n FROM user_coupon WHERE campaign_id = ? GROUP BY order_id HAVING COUNT(*) > 1) d`, []any{campaignID}},
 		{&a.InboxDone, `SELECT COUNT(*) FROM inbox WHERE biz_type = ? AND status = 'done'`, []any{BizType}},
 		{&a.InboxFailed, `SELECT COUNT(*) FROM inbox WHERE biz_type = ? AND status = 'failed'`, []any{BizType}},
 		{&a.InboxProcessing, `SELECT COUNT(*) FROM inbox WHERE biz_type = ? AND status = 'processing'`, []any{BizType}},
@@ -57,7 +60,7 @@ func Verify(ctx context.Context, db *sql.DB, campaignID string, lagBound time.Du
 		{&a.OutboxPending, `SELECT COUNT(*) FROM outbox WHERE published_at IS NULL`, nil},
 	}
 	for _, c := range counts {
-		if err := db.QueryRowContext(ctx, c.q, c.arg...).Scan(c.dst); err != nil {
+		if err := db.QueryRowContext(ctx, rb(c.q), c.arg...).Scan(c.dst); err != nil {
 			return a, fmt.Errorf("verify: %w", err)
 		}
 	}
@@ -91,7 +94,7 @@ WHERE i.biz_type = ? AND i.status = 'done' AND (g.state IS NULL OR g.state NOT I
 	// grant's event.
 	if err := listInto(ctx, db, &a, "invariant 2: terminal grant without exactly one outbox event: order %s", `
 SELECT k FROM (
-  SELECT order_id k, IF(state = 'GRANTED', ?, ?) t, 1 g, 0 o FROM coupon_grant WHERE campaign_id = ? AND state IN ('GRANTED', 'FAILED')
+  SELECT order_id AS k, CASE WHEN state = 'GRANTED' THEN ? ELSE ? END AS t, 1 AS g, 0 AS o FROM coupon_grant WHERE campaign_id = ? AND state IN ('GRANTED', 'FAILED')
   UNION ALL
   SELECT msg_key, event_type, 0, 1 FROM outbox WHERE event_type IN (?, ?)
   UNION ALL
@@ -106,9 +109,10 @@ SELECT CONCAT('shard ', s.shard, ': stock.locked=', s.locked, ' granted=', s.gra
   '; grants imply locked=', COALESCE(gs.locked, 0), ' granted=', COALESCE(gs.granted, 0), ' spent=', COALESCE(gb.spent, 0))
 FROM coupon_stock s
 LEFT JOIN coupon_budget b ON b.campaign_id = s.campaign_id AND b.shard = s.shard
-LEFT JOIN (SELECT stock_shard, SUM(state IN ('LOCKED', 'BUDGET_DEDUCTED')) locked, SUM(state = 'GRANTED') granted
+LEFT JOIN (SELECT stock_shard, SUM(CASE WHEN state IN ('LOCKED', 'BUDGET_DEDUCTED') THEN 1 ELSE 0 END) AS locked,
+                  SUM(CASE WHEN state = 'GRANTED' THEN 1 ELSE 0 END) AS granted
            FROM coupon_grant WHERE campaign_id = ? AND stock_shard IS NOT NULL GROUP BY stock_shard) gs ON gs.stock_shard = s.shard
-LEFT JOIN (SELECT budget_shard, SUM(IF(state IN ('BUDGET_DEDUCTED', 'GRANTED'), value_cents, 0)) spent
+LEFT JOIN (SELECT budget_shard, SUM(CASE WHEN state IN ('BUDGET_DEDUCTED', 'GRANTED') THEN value_cents ELSE 0 END) AS spent
            FROM coupon_grant WHERE campaign_id = ? AND budget_shard IS NOT NULL GROUP BY budget_shard) gb ON gb.budget_shard = s.shard
 WHERE s.campaign_id = ?
   AND (s.locked <> COALESCE(gs.locked, 0) OR s.granted <> COALESCE(gs.granted, 0) OR COALESCE(b.spent_cents, 0) <> COALESCE(gb.spent, 0))
@@ -116,14 +120,14 @@ LIMIT 20`, campaignID, campaignID, campaignID); err != nil {
 		return a, err
 	}
 	var locked, granted, spent, lockedWant, grantedWant, spentWant sql.NullInt64
-	if err := db.QueryRowContext(ctx, `SELECT (SELECT SUM(locked) FROM coupon_stock WHERE campaign_id = ?), (SELECT SUM(granted) FROM coupon_stock WHERE campaign_id = ?),
- (SELECT SUM(spent_cents) FROM coupon_budget WHERE campaign_id = ?)`, campaignID, campaignID, campaignID).Scan(&locked, &granted, &spent); err != nil {
+	if err := db.QueryRowContext(ctx, rb(`SELECT (SELECT SUM(locked) FROM coupon_stock WHERE campaign_id = ?), (SELECT SUM(granted) FROM coupon_stock WHERE campaign_id = ?),
+ (SELECT SUM(spent_cents) FROM coupon_budget WHERE campaign_id = ?)`), campaignID, campaignID, campaignID).Scan(&locked, &granted, &spent); err != nil {
 		return a, fmt.Errorf("verify counters: %w", err)
 	}
-	if err := db.QueryRowContext(ctx, `SELECT
- COALESCE(SUM(state IN ('LOCKED', 'BUDGET_DEDUCTED')), 0), COALESCE(SUM(state = 'GRANTED'), 0),
- COALESCE(SUM(IF(state IN ('BUDGET_DEDUCTED', 'GRANTED'), value_cents, 0)), 0)
- FROM coupon_grant WHERE campaign_id = ?`, campaignID).Scan(&lockedWant, &grantedWant, &spentWant); err != nil {
+	if err := db.QueryRowContext(ctx, rb(`SELECT
+ COALESCE(SUM(CASE WHEN state IN ('LOCKED', 'BUDGET_DEDUCTED') THEN 1 ELSE 0 END), 0), COALESCE(SUM(CASE WHEN state = 'GRANTED' THEN 1 ELSE 0 END), 0),
+ COALESCE(SUM(CASE WHEN state IN ('BUDGET_DEDUCTED', 'GRANTED') THEN value_cents ELSE 0 END), 0)
+ FROM coupon_grant WHERE campaign_id = ?`), campaignID).Scan(&lockedWant, &grantedWant, &spentWant); err != nil {
 		return a, fmt.Errorf("verify counters: %w", err)
 	}
 	if locked.Int64 != lockedWant.Int64 || granted.Int64 != grantedWant.Int64 || spent.Int64 != spentWant.Int64 {
@@ -132,7 +136,7 @@ LIMIT 20`, campaignID, campaignID, campaignID); err != nil {
 	}
 	// 4. relay lag
 	var stale int64
-	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM outbox WHERE published_at IS NULL AND created_at < ?`,
+	if err := db.QueryRowContext(ctx, rb(`SELECT COUNT(*) FROM outbox WHERE published_at IS NULL AND created_at < ?`),
 		time.Now().Add(-lagBound).UTC()).Scan(&stale); err != nil {
 		return a, fmt.Errorf("verify relay lag: %w", err)
 	}
@@ -143,7 +147,7 @@ LIMIT 20`, campaignID, campaignID, campaignID); err != nil {
 }
 
 func listInto(ctx context.Context, db *sql.DB, a *Audit, format, q string, args ...any) error {
-	rows, err := db.QueryContext(ctx, q, args...)
+	rows, err := db.QueryContext(ctx, dbx.DialectOf(db).Rebind(q), args...)
 	if err != nil {
 		return fmt.Errorf("verify: %w", err)
 	}
@@ -227,7 +231,7 @@ func LedgerFacts(ctx context.Context, db *sql.DB, campaign string, orders []stri
 }
 
 func scanPairs(ctx context.Context, db *sql.DB, q string, args []any, fn func(k, v string)) error {
-	rows, err := db.QueryContext(ctx, q, args...)
+	rows, err := db.QueryContext(ctx, dbx.DialectOf(db).Rebind(q), args...)
 	if err != nil {
 		return fmt.Errorf("verify: %w", err)
 	}
