@@ -52,9 +52,17 @@ func (h *tally) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbo
 	if h.closed.Load() {
 		h.late.Add(1)
 	}
-	_, err := tx.ExecContext(ctx, "INSERT INTO tally (k, n, note) VALUES (?, 1, ?) ON DUPLICATE KEY UPDATE n = n + 1", d.Key, h.note)
+	_, err := tx.ExecContext(ctx, tallyInsert, d.Key, h.note)
 	return inbox.Done, err
 }
+
+// tallyInsert counts a key, in the tests' dialect.
+var tallyInsert = func() string {
+	if testenv.Dialect().IsPostgres() {
+		return "INSERT INTO tally (k, n, note) VALUES ($1, 1, $2) ON CONFLICT (k) DO UPDATE SET n = tally.n + 1"
+	}
+	return "INSERT INTO tally (k, n, note) VALUES (?, 1, ?) ON DUPLICATE KEY UPDATE n = n + 1"
+}()
 
 func (h *tally) Close() error {
 	h.closed.Store(true)
@@ -64,6 +72,9 @@ func (h *tally) Close() error {
 var tallyMigrations = fstest.MapFS{
 	"00001_tally.sql": {Data: []byte("-- +goose Up\nCREATE TABLE tally (k VARCHAR(64) NOT NULL PRIMARY KEY, n INT NOT NULL) ENGINE = InnoDB;\n-- +goose Down\nDROP TABLE tally;\n")},
 	"00002_tally_note.sql": {Data: []byte("-- +goose Up\nALTER TABLE tally ADD COLUMN note VARCHAR(64) NOT NULL DEFAULT '';\n" +
+		"-- +goose Down\nALTER TABLE tally DROP COLUMN note;\n")},
+	"postgres/00001_tally.sql": {Data: []byte("-- +goose Up\nCREATE TABLE tally (k VARCHAR(64) NOT NULL PRIMARY KEY, n INTEGER NOT NULL);\n-- +goose Down\nDROP TABLE tally;\n")},
+	"postgres/00002_tally_note.sql": {Data: []byte("-- +goose Up\nALTER TABLE tally ADD COLUMN note VARCHAR(64) NOT NULL DEFAULT '';\n" +
 		"-- +goose Down\nALTER TABLE tally DROP COLUMN note;\n")},
 }
 
@@ -327,6 +338,44 @@ func TestRunFailsWhenGroupCommitCannotStart(t *testing.T) {
 	var n int
 	if err := d.DB.QueryRow("SELECT COUNT(*) FROM tally").Scan(&n); err != nil || n != 0 {
 		t.Fatalf("%d keys counted (%v), want none: nothing runs without its group commit", n, err)
+	}
+}
+
+// A plugin whose migrations have no files for the database's dialect is refused at start,
+// exit 2, naming the plugin and the dialect, before anything is consumed.
+func TestRunRefusesPluginWithoutMigrationsForDialect(t *testing.T) {
+	var built []*tally
+	p := tallyPlugin(&built)
+	d := testenv.DB(t, 4, migrationsOf(p))
+	// The plugin as shipped for the other dialects only.
+	other := fstest.MapFS{}
+	for name, f := range tallyMigrations {
+		if strings.HasPrefix(name, migrations.PostgresDir+"/") != testenv.Dialect().IsPostgres() {
+			other[name] = f
+		}
+	}
+	p.Migrations = other
+	kc := testenv.Kafka(t)
+	topic := testenv.Topic(t, kc, "tally-dialect", 1)
+	cfg := onceflow.DefaultConfig()
+	cfg.DB.DSN = d.DSN
+	cfg.DB.Dialect = testenv.Config(d.DSN, 1).Dialect
+	cfg.Kafka.Brokers = kc.Brokers
+	cfg.Admin.Listen = ""
+	cfg.Relay.Enabled = false
+	cfg.Plugins = map[string]map[string]any{p.Name: {"topics": []any{topic}, "consumer_group": "g-" + topic}}
+	rt, err := onceflow.New(cfg, []inbox.Plugin{p}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = rt.Run(ctx)
+	if err == nil || onceflow.ExitCode(err) != 2 || !strings.Contains(err.Error(), "plugin "+p.Name) || !strings.Contains(err.Error(), string(testenv.Dialect())) {
+		t.Fatalf("run: %v (exit %d), want exit 2 naming plugin %s and dialect %s", err, onceflow.ExitCode(err), p.Name, testenv.Dialect())
+	}
+	if len(built) != 0 {
+		t.Fatalf("%d handlers built, want none", len(built))
 	}
 }
 

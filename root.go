@@ -159,13 +159,21 @@ func (a *app) openAppDB(ctx context.Context, maxConns int, tables ...string) (*s
 	if err != nil {
 		return nil, err
 	}
-	for _, t := range tables {
-		if _, err := db.ExecContext(ctx, "SELECT 1 FROM "+t+" LIMIT 0"); err != nil {
-			db.Close()
-			return nil, fmt.Errorf("table %s is missing or unreadable: %w (run `router migrate`)", t, err)
-		}
+	if err := checkTables(ctx, db, tables...); err != nil {
+		db.Close()
+		return nil, err
 	}
 	return db, nil
+}
+
+// checkTables checks that the tables exist and are readable.
+func checkTables(ctx context.Context, db *sql.DB, tables ...string) error {
+	for _, t := range tables {
+		if _, err := db.ExecContext(ctx, "SELECT 1 FROM "+t+" LIMIT 0"); err != nil {
+			return fmt.Errorf("table %s is missing or unreadable: %w (run `router migrate`)", t, err)
+		}
+	}
+	return nil
 }
 
 // frameworkTables are the framework's tables every command that runs plugins needs; each

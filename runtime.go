@@ -17,6 +17,7 @@ import (
 	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/metrics"
 	"github.com/onceflow/onceflow/internal/settings"
+	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/dbx"
 	"github.com/onceflow/onceflow/pkg/kafkax"
@@ -98,11 +99,24 @@ func (r *Runtime) Run(ctx context.Context) error {
 	if withRelay && a.cfg.Relay.Shards > 1 {
 		tables = append(tables, outbox.MemberTable) // checked at start, like `router relay` does
 	}
-	db, err := a.openAppDB(ctx, 0, tables...)
+	db, err := a.openAppDB(ctx, 0)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
+	// A plugin whose tables exist only in another database's dialect is refused before its
+	// tables are looked for.
+	for _, p := range plugins {
+		if p.Migrations == nil {
+			continue
+		}
+		if err := (migrations.Set{Name: p.Name, FS: p.Migrations}).Supports(dbx.DialectOf(db)); err != nil {
+			return badInput(err)
+		}
+	}
+	if err := checkTables(ctx, db, tables...); err != nil {
+		return err
+	}
 	var topics []string
 	for _, p := range plugins {
 		topics = append(topics, p.Topics...)
