@@ -14,6 +14,7 @@ import (
 	"github.com/onceflow/onceflow/internal/consoleui"
 	"github.com/onceflow/onceflow/internal/metrics"
 	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
 // bizCounts is one biz type's row of the overview.
@@ -139,11 +140,23 @@ func (c *console) loadOverview(ctx context.Context) overviewData {
 	return d
 }
 
+// leaseQueries read the relay's lease rows, each judged live by the database's clock with
+// the microseconds it has left: the MySQL family's, PostgreSQL's.
+var leaseQueries = [2]string{
+	`SELECT shard, owner, expires_at > NOW(6), TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), acquired_at, takeovers
+ FROM ` + outbox.LeaseTable + ` ORDER BY shard LIMIT 1024`,
+	`SELECT shard, owner, expires_at > LOCALTIMESTAMP, CAST(EXTRACT(EPOCH FROM expires_at - LOCALTIMESTAMP) * 1000000 AS BIGINT), acquired_at, takeovers
+ FROM ` + outbox.LeaseTable + ` ORDER BY shard LIMIT 1024`,
+}
+
 // leases reads the relay's lease rows (one per shard: a small table, read whole), judged
 // live by the database's clock, as the relays judge them.
 func (c *console) leases(ctx context.Context) ([]leaseRow, error) {
-	rows, err := c.cfg.DB.QueryContext(ctx, `SELECT shard, owner, expires_at > NOW(6), TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), acquired_at, takeovers
- FROM `+outbox.LeaseTable+` ORDER BY shard LIMIT 1024`)
+	q := leaseQueries[0]
+	if dbx.DialectOf(c.cfg.DB).IsPostgres() {
+		q = leaseQueries[1]
+	}
+	rows, err := c.cfg.DB.QueryContext(ctx, q)
 	if err != nil {
 		return nil, fmt.Errorf("relay leases: %w", err)
 	}
@@ -163,7 +176,7 @@ func (c *console) leases(ctx context.Context) ([]leaseRow, error) {
 
 // members reads the relays registered in a sharded group (relay.shards > 1).
 func (c *console) members(ctx context.Context) ([]memberRow, error) {
-	rows, err := c.cfg.DB.QueryContext(ctx, `SELECT grp, owner, shards, expires_at > NOW(6) FROM `+outbox.MemberTable+` ORDER BY grp, owner LIMIT 1024`)
+	rows, err := c.cfg.DB.QueryContext(ctx, `SELECT grp, owner, shards, expires_at > CURRENT_TIMESTAMP(6) FROM `+outbox.MemberTable+` ORDER BY grp, owner LIMIT 1024`)
 	if err != nil {
 		return nil, fmt.Errorf("relay members: %w", err)
 	}
@@ -197,7 +210,7 @@ func (c *console) recentReplays(ctx context.Context, before int64, n int) ([]rep
 	}
 	q += ` ORDER BY id DESC LIMIT ?`
 	args = append(args, n)
-	rows, err := c.cfg.DB.QueryContext(ctx, q, args...)
+	rows, err := c.cfg.DB.QueryContext(ctx, dbx.DialectOf(c.cfg.DB).Rebind(q), args...)
 	if err != nil {
 		return nil, fmt.Errorf("replays: %w", err)
 	}

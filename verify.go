@@ -15,6 +15,7 @@ import (
 
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/pkg/dbx"
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
@@ -215,8 +216,8 @@ func failedRows(ctx context.Context, db *sql.DB, bizTypes []string) (int, string
 	for i, bt := range bizTypes {
 		args[i] = bt
 	}
-	rows, err := db.QueryContext(ctx, `SELECT COALESCE(reason, ''), COUNT(*) FROM inbox
-		WHERE biz_type IN (?`+strings.Repeat(", ?", len(bizTypes)-1)+`) AND status = 'failed' GROUP BY reason`, args...)
+	rows, err := db.QueryContext(ctx, dbx.DialectOf(db).Rebind(`SELECT COALESCE(reason, ''), COUNT(*) FROM inbox
+		WHERE biz_type IN (?`+strings.Repeat(", ?", len(bizTypes)-1)+`) AND status = 'failed' GROUP BY reason`), args...)
 	if err != nil {
 		return 0, "", fmt.Errorf("failed inbox rows: %w", err)
 	}
