@@ -372,6 +372,43 @@ func testBatchNewInboxRowsExistingGrants(t *testing.T, contract bool) {
 	}
 }
 
+// A new delivery (no inbox row before it) of an order whose grant exists already — a
+// message replayed after its inbox row expired — is Done without a second coupon, and the
+// counters are as they were. On PostgreSQL the grant's insert must not fail inside the
+// transaction (it would abort it, and the delivery would fail for ever): the stock and budget
+// statement takes nothing for an order whose grant exists.
+func TestHandleNewDeliveryOfExistingGrant(t *testing.T) {
+	d := testenv.DB(t, 2, couponSchema)
+	ctx := context.Background()
+	cfg := campaign("existing", 10, 10*valueCents)
+	cfg.Shards = 2
+	h := plugin(t, d.DB, setup(t, d.DB, cfg, nil))
+	o := order("ex-1")
+	if _, err := d.DB.Exec(rb(`INSERT INTO coupon_grant (order_id, campaign_id, user_id, state, version, value_cents, stock_shard, budget_shard, coupon_id)
+ VALUES (?, ?, ?, 'GRANTED', 3, ?, 0, 0, ?)`), o.OrderID, cfg.CampaignID, o.UserID, valueCents, coupon.CouponID(o.OrderID, cfg.CampaignID)); err != nil {
+		t.Fatal(err)
+	}
+	before := readCounters(t, d.DB, cfg.CampaignID)
+	var p inbox.Progress
+	err := dbx.InTx(ctx, d.DB, func(tx *sql.Tx) error {
+		var err error
+		p, err = h.Handle(ctx, tx, &inbox.Delivery{BizType: coupon.BizType, Key: o.OrderID, Value: o})
+		return err
+	})
+	if err != nil || p != inbox.Done {
+		t.Fatalf("Handle: %v %v, want done", p, err)
+	}
+	if after := readCounters(t, d.DB, cfg.CampaignID); after != before {
+		t.Errorf("counters %+v, were %+v", after, before)
+	}
+	if g := readGrant(t, d.DB, o.OrderID, cfg.CampaignID); g.State != coupon.StateGranted || g.Version != 3 {
+		t.Errorf("grant %+v, want GRANTED version 3 as it was", g)
+	}
+	if n := count(t, d.DB, `SELECT COUNT(*) FROM user_coupon`) + count(t, d.DB, `SELECT COUNT(*) FROM coupon_grant_log`); n != 0 {
+		t.Errorf("%d coupons and transitions written, want none", n)
+	}
+}
+
 // TestBatchPreparedStatements: the batch's grant, log, coupon and outbox inserts run as
 // prepared statements of the handler's pool, prepared in the background at their first use,
 // and the grants are written as without. One pooled connection, so its session counter is
