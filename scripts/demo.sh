@@ -7,7 +7,8 @@
 #   each double-clicked (3 requests at once with one Idempotency-Key); the RESULT line
 #   reports them (claims=, claim_duplicates_blocked=, claim_coupons=).
 # Environment: DEMO_ORDERS (5000), DEMO_DUP_RATE (0.3), DEMO_RATE (1500 msg/s), DEMO_POISON (0),
-#   DEMO_CLAIMS (500), DEMO_HTTP (127.0.0.1:8480).
+#   DEMO_CLAIMS (500), DEMO_HTTP (127.0.0.1:8480), DB: the database, mariadb (the default),
+#   postgres, or mysql8 (MySQL 8's SQL, db.dialect=mysql8, on the MariaDB server).
 set -Eeuo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -30,10 +31,29 @@ go build -C tools -o ../bin/claimburst ./claimburst
 R="$ROOT/bin/router"
 
 export ONCEFLOW_CONFIG="$ROOT/configs/demo.yaml"
-export ONCEFLOW_DB_DSN='onceflow:onceflow@tcp(127.0.0.1:3306)/onceflow_demo'
-export ONCEFLOW_DB_ADMIN_DSN='onceflow_admin:onceflow_admin@tcp(127.0.0.1:3306)/onceflow_demo'
+case "${DB:-mariadb}" in
+  mariadb | mysql8)
+    export ONCEFLOW_DB_DSN='onceflow:onceflow@tcp(127.0.0.1:3306)/onceflow_demo'
+    export ONCEFLOW_DB_ADMIN_DSN='onceflow_admin:onceflow_admin@tcp(127.0.0.1:3306)/onceflow_demo'
+    if [[ "${DB:-}" == mysql8 ]]; then
+      export ONCEFLOW_DB_DIALECT=mysql8
+      where="MariaDB with MySQL 8's SQL (db.dialect=mysql8)"
+    else
+      where="MariaDB"
+    fi
+    ;;
+  postgres)
+    export ONCEFLOW_DB_DSN='postgres://onceflow:onceflow@127.0.0.1:5432/onceflow_demo'
+    export ONCEFLOW_DB_ADMIN_DSN='postgres://onceflow_admin:onceflow_admin@127.0.0.1:5432/onceflow_demo'
+    where="PostgreSQL"
+    ;;
+  *)
+    echo "demo: DB=$DB: want mariadb, postgres or mysql8" >&2
+    exit 2
+    ;;
+esac
 
-say "fresh schema in database onceflow_demo"
+say "database: $where; fresh schema in database onceflow_demo"
 "$R" migrate --reset >/dev/null
 
 pids=()
