@@ -127,7 +127,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	if err := a.checkWrittenTopics(kc, plugins); err != nil {
 		return err
 	}
-	a.logger.Info("router starting", watermill.LogFields{"dsn": dbx.MaskDSN(a.cfg.DB.DSN), "brokers": kc.Brokers,
+	a.logger.Info("router starting", watermill.LogFields{"dsn": dbx.MaskDSN(a.cfg.DB.DSN), "dialect": dbx.DialectOf(db), "brokers": kc.Brokers,
 		"session_timeout": kc.SessionTimeout, "rebalance_timeout": kc.RebalanceTimeout, "relay": withRelay, "gc": a.gc})
 	a.warnRetention(kc, topics)
 	stopTracing, err := a.startTracing(ctx) // otel.*: the inboxes and the relay built below trace
