@@ -191,6 +191,26 @@ func TestOpenSessionIsolation(t *testing.T) {
 	}
 }
 
+// db.dialect is the pool's dialect (DialectOf), though Open reads the session's isolation,
+// which asks the pool's dialect, before it records it.
+func TestOpenDialectSetting(t *testing.T) {
+	d := testenv.DB(t, 1)
+	want := []dbx.Dialect{dbx.Postgres}
+	if testenv.Dialect().MySQLFamily() {
+		want = []dbx.Dialect{dbx.MySQL8, dbx.MariaDB}
+	}
+	for _, w := range want {
+		db, err := dbx.Open(context.Background(), dbx.Config{DSN: d.DSN, Dialect: string(w)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := dbx.DialectOf(db); got != w {
+			t.Errorf("db.dialect %s: pool's dialect %s", w, got)
+		}
+		db.Close()
+	}
+}
+
 // TestIsolationRefused: a pool of one's own left at the server's REPEATABLE READ (MariaDB's
 // default) never begins an onceflow transaction, and CheckIsolation says why; the same
 // database through a READ COMMITTED pool passes both.

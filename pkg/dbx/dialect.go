@@ -103,9 +103,11 @@ func (d Dialect) Quote(ident string) string {
 // dialects remembers the dialect of each pool Open opened, weakly (like checkedPools).
 var dialects sync.Map // weak.Pointer[sql.DB] → Dialect
 
+// setDialect records d as db's dialect, replacing one DialectOf guessed before (Open's
+// isolation check asks it before Open records db.dialect).
 func setDialect(db *sql.DB, d Dialect) {
 	k := weak.Make(db)
-	if _, loaded := dialects.LoadOrStore(k, d); !loaded {
+	if _, loaded := dialects.Swap(k, d); !loaded {
 		runtime.AddCleanup(db, func(k weak.Pointer[sql.DB]) { dialects.Delete(k) }, k)
 	}
 }
