@@ -36,7 +36,7 @@ case "${DB:-mariadb}" in
     export ONCEFLOW_DB_DSN='onceflow:onceflow@tcp(127.0.0.1:3306)/onceflow_demo'
     export ONCEFLOW_DB_ADMIN_DSN='onceflow_admin:onceflow_admin@tcp(127.0.0.1:3306)/onceflow_demo'
     if [[ "${DB:-}" == mysql8 ]]; then
-      export ONCEFLOW_DB_DIALECT=mysql8
+      dialect=mysql8 # after the migration: its files are MariaDB's (MySQL 8 has its own DDL)
       where="MariaDB with MySQL 8's SQL (db.dialect=mysql8)"
     else
       where="MariaDB"
@@ -55,6 +55,7 @@ esac
 
 say "database: $where; fresh schema in database onceflow_demo"
 "$R" migrate --reset >/dev/null
+if [[ -n "${dialect:-}" ]]; then export ONCEFLOW_DB_DIALECT="$dialect"; fi
 
 pids=()
 stop_routers() {
