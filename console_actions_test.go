@@ -24,7 +24,7 @@ import (
 func count(t *testing.T, d testenv.Database, q string, args ...any) int {
 	t.Helper()
 	var n int
-	if err := d.DB.QueryRow(q, args...).Scan(&n); err != nil {
+	if err := d.DB.QueryRow(testenv.Dialect().Rebind(q), args...).Scan(&n); err != nil {
 		t.Fatalf("%s: %v", q, err)
 	}
 	return n
@@ -33,7 +33,7 @@ func count(t *testing.T, d testenv.Database, q string, args ...any) int {
 func rowID(t *testing.T, d testenv.Database, biz, key string) int64 {
 	t.Helper()
 	var id int64
-	if err := d.DB.QueryRow("SELECT id FROM inbox WHERE biz_type = ? AND dedup_key = ?", biz, key).Scan(&id); err != nil {
+	if err := d.DB.QueryRow(testenv.Dialect().Rebind("SELECT id FROM inbox WHERE biz_type = ? AND dedup_key = ?"), biz, key).Scan(&id); err != nil {
 		t.Fatal(err)
 	}
 	return id
@@ -64,7 +64,7 @@ func TestRetryRow(t *testing.T) {
 		t.Fatalf("%d failed rows after retrying one of two, want 1 (k-2 untouched)", n)
 	}
 	var filter string
-	if err := d.DB.QueryRow("SELECT filter FROM replay WHERE dry_run = 0 AND selected = 1 AND processed = 1 AND outcome = 'ok'").Scan(&filter); err != nil {
+	if err := d.DB.QueryRow("SELECT filter FROM replay WHERE NOT dry_run AND selected = 1 AND processed = 1 AND outcome = 'ok'").Scan(&filter); err != nil {
 		t.Fatalf("the retry is not in the replay table: %v", err)
 	}
 	var f inboxops.Filter
@@ -215,7 +215,7 @@ func TestReplayAfterItsDryRun(t *testing.T) {
 	if code != http.StatusOK || !strings.Contains(page, "Dry run") || !strings.Contains(page, "would run again") {
 		t.Fatalf("dry run: %d:\n%s", code, page)
 	}
-	if n := count(t, d, "SELECT COUNT(*) FROM replay WHERE dry_run = 1 AND outcome = 'dry_run' AND selected = 3"); n != 1 {
+	if n := count(t, d, "SELECT COUNT(*) FROM replay WHERE dry_run AND outcome = 'dry_run' AND selected = 3"); n != 1 {
 		t.Fatalf("the dry run is not recorded with its 3 rows")
 	}
 	if n := count(t, d, "SELECT COUNT(*) FROM inbox WHERE biz_type = 'rp' AND status = 'failed'"); n != 3 {
@@ -259,12 +259,12 @@ func TestReplayAfterItsDryRun(t *testing.T) {
 	if code != http.StatusOK || !strings.Contains(page, "outcome <strong>ok</strong>") {
 		t.Fatalf("the replay: %d:\n%s", code, page)
 	}
-	if n := count(t, d, "SELECT COUNT(*) FROM replay WHERE dry_run = 0 AND outcome = 'ok' AND selected = 3 AND processed = 3"); n != 1 {
+	if n := count(t, d, "SELECT COUNT(*) FROM replay WHERE NOT dry_run AND outcome = 'ok' AND selected = 3 AND processed = 3"); n != 1 {
 		t.Fatalf("the replay is not recorded with its 3 rows processed")
 	}
 	for key, want := range map[string]string{"a": "done", "b": "done", "c": "done", "late": "failed"} {
 		var got string
-		if err := d.DB.QueryRow("SELECT status FROM inbox WHERE biz_type = 'rp' AND dedup_key = ?", key).Scan(&got); err != nil || got != want {
+		if err := d.DB.QueryRow(testenv.Dialect().Rebind("SELECT status FROM inbox WHERE biz_type = 'rp' AND dedup_key = ?"), key).Scan(&got); err != nil || got != want {
 			t.Errorf("row %s: %q (%v), want %s", key, got, err, want)
 		}
 	}
@@ -273,7 +273,7 @@ func TestReplayAfterItsDryRun(t *testing.T) {
 	}
 	// The dry run's id cannot run a second replay's worth as a replay id of a real run.
 	var realID int64
-	if err := d.DB.QueryRow("SELECT id FROM replay WHERE dry_run = 0").Scan(&realID); err != nil {
+	if err := d.DB.QueryRow("SELECT id FROM replay WHERE NOT dry_run").Scan(&realID); err != nil {
 		t.Fatal(err)
 	}
 	run.Set("preview", fmt.Sprint(realID))
@@ -292,9 +292,9 @@ func TestReplayAfterItsDryRun(t *testing.T) {
 func TestParkedActions(t *testing.T) {
 	d := testenv.DB(t, 4)
 	d.AdminExec(t, `INSERT INTO outbox_parked (id, event_id, event_type, topic, msg_key, payload, created_at, reason, error, held_behind) VALUES
- (41, 'ev-41', 'CouponGranted', 'missing-topic', 'o-1', '{}', NOW(6), 'unknown_topic', 'kafka: topic missing-topic <b>does not exist</b>', NULL),
- (42, 'ev-42', 'CouponGranted', 'missing-topic', 'o-1', '{}', NOW(6), 'held', 'held behind ev-41', 'ev-41'),
- (43, 'ev-43', 'CouponGranted', 'missing-topic', 'o-2', '{}', NOW(6), 'unknown_topic', 'kafka: topic missing', NULL)`)
+ (41, 'ev-41', 'CouponGranted', 'missing-topic', 'o-1', '{}', CURRENT_TIMESTAMP(6), 'unknown_topic', 'kafka: topic missing-topic <b>does not exist</b>', NULL),
+ (42, 'ev-42', 'CouponGranted', 'missing-topic', 'o-1', '{}', CURRENT_TIMESTAMP(6), 'held', 'held behind ev-41', 'ev-41'),
+ (43, 'ev-43', 'CouponGranted', 'missing-topic', 'o-2', '{}', CURRENT_TIMESTAMP(6), 'unknown_topic', 'kafka: topic missing', NULL)`)
 	_, base := testConsole(t, consoleConfig{DB: d.DB})
 	c := browser(t)
 	_, page, _ := get(t, c, base+"/outbox")
@@ -334,7 +334,7 @@ func TestOverview(t *testing.T) {
 	ib := failingInbox(t, d.DB, "ov")
 	quarantine(t, ib, "k-1", "one", nil)
 	quarantine(t, ib, "k-2", "two", nil)
-	d.AdminExec(t, `INSERT INTO relay_lease (shard, owner, expires_at) VALUES ('default', 'relay-host-1', NOW(6) + INTERVAL 10 SECOND)`)
+	d.AdminExec(t, testenv.Dialect().Rebind(`INSERT INTO relay_lease (shard, owner, expires_at) VALUES ('default', 'relay-host-1', ?)`), time.Now().Add(10*time.Second).UTC())
 	m := metrics.New(d.DB)
 	m.Observe("ov", "duplicate", time.Millisecond)
 	m.Observe("ov", "processed", time.Millisecond)
@@ -355,9 +355,15 @@ func TestOverview(t *testing.T) {
 // The inbox page pages by key: "older" links walk every row once, newest first.
 func TestInboxPages(t *testing.T) {
 	d := testenv.DB(t, 4)
-	d.AdminExec(t, `INSERT INTO inbox (dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, created_at, expire_at)
+	rows := `INSERT INTO inbox (dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, created_at, expire_at)
 		SELECT CONCAT('k-', seq), 'pg', ELT(1 + seq % 3, 'done', 'failed', 'processing'), IF(seq % 3 = 1, 'permanent', NULL), 'x', 't', 0, seq, '', '',
-		       NOW(6) - INTERVAL (seq DIV 4) SECOND, NOW(6) + INTERVAL 1 DAY FROM seq_1_to_130`)
+		       NOW(6) - INTERVAL (seq DIV 4) SECOND, NOW(6) + INTERVAL 1 DAY FROM seq_1_to_130`
+	if testenv.Dialect().IsPostgres() {
+		rows = `INSERT INTO inbox (dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, created_at, expire_at)
+		SELECT 'k-' || seq, 'pg', (ARRAY['done', 'failed', 'processing'])[1 + seq % 3], CASE WHEN seq % 3 = 1 THEN 'permanent' END, 'x', 't', 0, seq, '', '',
+		       LOCALTIMESTAMP - (seq / 4) * INTERVAL '1 second', LOCALTIMESTAMP + INTERVAL '1 day' FROM generate_series(1, 130) AS seq`
+	}
+	d.AdminExec(t, rows)
 	_, base := testConsole(t, consoleConfig{DB: d.DB, BizTypes: []consoleBizType{{Name: "pg"}}})
 	c := browser(t)
 	linkRE := regexp.MustCompile(`<a href="/inbox/(\d+)">\d+</a>`)

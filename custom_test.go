@@ -18,7 +18,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/go-sql-driver/mysql"
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/inbox"
@@ -162,11 +161,6 @@ func TestCustomBinary(t *testing.T) {
 	var built []*tally
 	reg := []inbox.Plugin{tallyPlugin(&built)}
 
-	mc, err := mysql.ParseDSN(testenv.AdminDSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	mc.DBName = d.Name
 	cfgFile := filepath.Join(t.TempDir(), "router.yaml")
 	body := fmt.Sprintf(`db:
   dsn: %q
@@ -182,7 +176,7 @@ plugins:
     topics: [%q]
     consumer_group: %q
     note: from-config
-`, d.DSN, mc.FormatDSN(), kc.Brokers[0], topic, group)
+`, d.DSN, d.AdminDSN, kc.Brokers[0], topic, group)
 	if err := os.WriteFile(cfgFile, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -203,13 +197,12 @@ plugins:
 	if !strings.Contains(out, "schema up to date") {
 		t.Fatalf("migrate: %s", out)
 	}
-	var versions string
-	if err := d.Admin.QueryRow("SELECT GROUP_CONCAT(version_id ORDER BY version_id) FROM goose_db_version_tally_counter WHERE version_id > 0 AND is_applied").Scan(&versions); err != nil || versions != "1,2" {
-		t.Fatalf("plugin version table: %q %v, want 1,2", versions, err)
+	if versions := appliedVersions(t, d.Admin, "goose_db_version_tally_counter"); versions != "1,2" {
+		t.Fatalf("plugin version table: %q, want 1,2", versions)
 	}
 	var leaked int
 	latest := latestFrameworkMigration(t)
-	if err := d.Admin.QueryRow("SELECT COUNT(*) FROM goose_db_version WHERE version_id > ?", latest).Scan(&leaked); err != nil || leaked != 0 {
+	if err := d.Admin.QueryRow(testenv.Dialect().Rebind("SELECT COUNT(*) FROM goose_db_version WHERE version_id > ?"), latest).Scan(&leaked); err != nil || leaked != 0 {
 		t.Fatalf("framework version table holds %d plugin versions (%v)", leaked, err)
 	}
 	out = run("migrate", "--status")
@@ -276,9 +269,35 @@ plugins:
 
 	run("migrate", "--reset")
 	var tables int
-	if err := d.Admin.QueryRow("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name NOT LIKE 'goose%'").Scan(&tables); err != nil || tables != 8+1 {
+	schema := "DATABASE()"
+	if testenv.Dialect().IsPostgres() {
+		schema = "current_schema()"
+	}
+	if err := d.Admin.QueryRow("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = " + schema + " AND table_name NOT LIKE 'goose%'").Scan(&tables); err != nil || tables != 8+1 {
 		t.Fatalf("tables after migrate --reset (rolled back, then up again): %d %v, want the framework's 8 and tally", tables, err)
 	}
+}
+
+// appliedVersions lists the applied versions of a goose version table, comma separated.
+func appliedVersions(t *testing.T, db *sql.DB, table string) string {
+	t.Helper()
+	rows, err := db.Query("SELECT version_id FROM " + table + " WHERE version_id > 0 AND is_applied ORDER BY version_id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var vs []string
+	for rows.Next() {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		vs = append(vs, v)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(vs, ",")
 }
 
 // A deployment's topics and consumer group are checked: bad input, exit 2, before anything
@@ -474,7 +493,11 @@ func TestVerifyPluginInvariants(t *testing.T) {
 // latestFrameworkMigration is the version of the framework's newest migration file.
 func latestFrameworkMigration(t *testing.T) int {
 	t.Helper()
-	files, err := fs.Glob(migrations.FS, "*.sql")
+	dir, err := migrations.ForDialect("the framework", migrations.FS, testenv.Dialect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := fs.Glob(dir, "*.sql")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("framework migrations: %v %v", files, err)
 	}

@@ -16,8 +16,8 @@ import (
 func parkedDB(t *testing.T) testenv.Database {
 	t.Helper()
 	d := testenv.DB(t, 4, migrationSets(registered())...) // verify reads the plugins' tables too
-	ins := `INSERT INTO outbox_parked (id, event_id, event_type, topic, msg_key, payload, headers, created_at, reason, error, held_behind)
- VALUES (?, ?, 'T', ?, ?, ?, ?, NOW(6), ?, ?, ?)`
+	ins := testenv.Dialect().Rebind(`INSERT INTO outbox_parked (id, event_id, event_type, topic, msg_key, payload, headers, created_at, reason, error, held_behind)
+ VALUES (?, ?, 'T', ?, ?, ?, ?, CURRENT_TIMESTAMP(6), ?, ?, ?)`)
 	rows := [][]any{
 		{10, "ev-head", "t-missing", "k\x1b[2J", []byte(`{"n":1}`), `{"trace":"x\u202ey"}`, "unknown_topic",
 			"kafka refuses event ev-head for topic t-missing (key \"k\\x1b[2J\"): topic t-missing does not exist\nafter a refresh", nil},

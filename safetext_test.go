@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/onceflow/onceflow/internal/testenv"
 )
@@ -18,9 +19,9 @@ func TestCLIEscapesOutsideData(t *testing.T) {
 	}
 	d := testenv.DB(t, 4, migrationSets(registered())...)
 	const key = "ord\x1b[2J\x1b]0;pwned\x07-\u202eevil"
-	if _, err := d.DB.Exec(`INSERT INTO inbox (dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset, payload, metadata, fingerprint, attempts, last_error, expire_at)
-		VALUES (?, 'coupon', 'failed', 'poison', 'm-1', 'order-paid', 0, 7, ?, ?, '', 1, ?, NOW() + INTERVAL 1 DAY)`,
-		key, []byte("{\"orderId\":\"\x1b[31mred\"}"), `{"h":"\u001b[2Jx\u202e"}`, "poison: bad \x1b[1mbold\r\nline"); err != nil {
+	if _, err := d.DB.Exec(testenv.Dialect().Rebind(`INSERT INTO inbox (dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset, payload, metadata, fingerprint, attempts, last_error, expire_at)
+		VALUES (?, 'coupon', 'failed', 'poison', 'm-1', 'order-paid', 0, 7, ?, ?, '', 1, ?, ?)`),
+		key, []byte("{\"orderId\":\"\x1b[31mred\"}"), `{"h":"\u001b[2Jx\u202e"}`, "poison: bad \x1b[1mbold\r\nline", time.Now().Add(24*time.Hour).UTC()); err != nil {
 		t.Fatal(err)
 	}
 	dsn := []string{"--dsn", d.DSN}

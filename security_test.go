@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -35,18 +36,23 @@ func (h *echo) Decode(m *message.Message) (inbox.Decoded, error) {
 }
 
 func (h *echo) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error) {
-	if _, err := tx.ExecContext(ctx, "INSERT INTO echo_seen (k) VALUES (?)", d.Key); err != nil {
+	if _, err := tx.ExecContext(ctx, echoInsert, d.Key); err != nil {
 		return 0, err
 	}
 	return inbox.Done, h.w.Add(ctx, tx, outbox.Event{ID: "echo-" + d.Key, Type: "Echoed", Topic: h.out, Key: d.Key, Payload: []byte(d.Key)})
 }
 
+var echoInsert = testenv.Dialect().Rebind("INSERT INTO echo_seen (k) VALUES (?)")
+
 func echoPlugin(in, out string) inbox.Plugin {
 	return inbox.Plugin{
 		Name: "echo", Topics: []string{in}, ConsumerGroup: "echo-" + in, BizType: "echo",
-		Migrations: fstest.MapFS{"00001_echo.sql": {Data: []byte("-- +goose Up\nCREATE TABLE echo_seen (k VARCHAR(64) NOT NULL PRIMARY KEY) ENGINE = InnoDB;\n-- +goose Down\nDROP TABLE echo_seen;\n")}},
-		Tables:     []string{"echo_seen"},
-		Writes:     func(func(any) error) ([]string, error) { return []string{out}, nil },
+		Migrations: fstest.MapFS{
+			"00001_echo.sql":          {Data: []byte("-- +goose Up\nCREATE TABLE echo_seen (k VARCHAR(64) NOT NULL PRIMARY KEY) ENGINE = InnoDB;\n-- +goose Down\nDROP TABLE echo_seen;\n")},
+			"postgres/00001_echo.sql": {Data: []byte("-- +goose Up\nCREATE TABLE echo_seen (k VARCHAR(64) NOT NULL PRIMARY KEY);\n-- +goose Down\nDROP TABLE echo_seen;\n")},
+		},
+		Tables: []string{"echo_seen"},
+		Writes: func(func(any) error) ([]string, error) { return []string{out}, nil },
 		Build: func(context.Context, inbox.PluginEnv) (inbox.Handler, error) {
 			w, err := outbox.NewWriter("outbox")
 			return &echo{out: out, w: w}, err
@@ -209,6 +215,28 @@ plugins:
 	}
 }
 
+// withoutPassword splits a DSN of the tests' dialect into the DSN without its password and
+// the password.
+func withoutPassword(t *testing.T, dsn string) (string, string) {
+	t.Helper()
+	if testenv.Dialect().IsPostgres() {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pw, _ := u.User.Password()
+		u.User = url.User(u.User.Username())
+		return u.String(), pw
+	}
+	mc, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pw := mc.Passwd
+	mc.Passwd = ""
+	return mc.FormatDSN(), pw
+}
+
 // No credentials are built in: a command that connects without db.dsn (or db.admin_dsn)
 // exits 2 naming the key. Passwords come from the environment or a file instead of the DSN.
 func TestDatabaseSecrets(t *testing.T) {
@@ -230,20 +258,10 @@ func TestDatabaseSecrets(t *testing.T) {
 		}
 	}
 
-	admin, err := mysql.ParseDSN(testenv.AdminDSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	adminPW := admin.Passwd
-	admin.Passwd, admin.DBName = "", d.Name
-	app, err := mysql.ParseDSN(d.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	appPW := app.Passwd
-	app.Passwd = ""
-	t.Setenv("ONCEFLOW_DB_DSN", app.FormatDSN())
-	t.Setenv("ONCEFLOW_DB_ADMIN_DSN", admin.FormatDSN())
+	adminDSN, adminPW := withoutPassword(t, d.AdminDSN)
+	appDSN, appPW := withoutPassword(t, d.DSN)
+	t.Setenv("ONCEFLOW_DB_DSN", appDSN)
+	t.Setenv("ONCEFLOW_DB_ADMIN_DSN", adminDSN)
 
 	// Passwords from the environment.
 	t.Setenv("ONCEFLOW_DB_PASSWORD", appPW)
