@@ -38,9 +38,9 @@ func TestGranterOncePerOrderKit(t *testing.T) {
 					message.NewMessage("", []byte(`{"orderId":"o-no-user","amountCents":1}`)),
 				},
 			})
-			inboxtest.AssertOncePerKey(t, rep, inboxtest.CountQuery("SELECT COUNT(*) FROM user_coupon WHERE order_id = ?"))
+			inboxtest.AssertOncePerKey(t, rep, inboxtest.CountQuery(rb("SELECT COUNT(*) FROM user_coupon WHERE order_id = ?")))
 			inboxtest.AssertOncePerKey(t, rep, inboxtest.CountEvents(coupon.EventGranted))
-			inboxtest.AssertOncePerKey(t, rep, inboxtest.CountQuery("SELECT COUNT(*) FROM coupon_grant WHERE order_id = ? AND state = 'GRANTED'"))
+			inboxtest.AssertOncePerKey(t, rep, inboxtest.CountQuery(rb("SELECT COUNT(*) FROM coupon_grant WHERE order_id = ? AND state = 'GRANTED'")))
 			if rep.Rollbacks < len(rep.Keys) {
 				t.Fatalf("only %d rollbacks injected for %d orders", rep.Rollbacks, len(rep.Keys))
 			}
