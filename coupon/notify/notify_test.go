@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
 func grantEvent(orderID string) coupon.GrantEvent {
@@ -229,5 +231,38 @@ func TestOrderIDsCompareExactly(t *testing.T) {
 	}
 	if got := count(t, d.DB, "SELECT COUNT(*) FROM notification"); got != 3 {
 		t.Fatalf("notifications: %d, want 3", got)
+	}
+}
+
+// The notification's unique key is the second line of defence: a grant handled again
+// without its inbox row (cleaned, then replayed from Kafka) records nothing more and its
+// transaction goes on (on PostgreSQL a failed duplicate insert would abort it); another
+// channel is another notification.
+func TestNotificationOncePerOrderAndChannel(t *testing.T) {
+	d := testenv.DB(t, 2, migrations.Set{Name: notify.PluginName, FS: notify.Migrations})
+	ctx := context.Background()
+	wallet, err := notify.New(notify.DefaultConfig(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sms, err := notify.New(notify.Config{Channel: "sms"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := grantEvent("o-twice")
+	for i, n := range []*notify.Notifier{wallet, wallet, sms} {
+		err := dbx.InTx(ctx, d.DB, func(tx *sql.Tx) error {
+			if p, err := n.Handle(ctx, tx, &inbox.Delivery{BizType: notify.BizType, Key: e.OrderID, Value: e}); err != nil || p != inbox.Done {
+				return fmt.Errorf("handle: %v %w", p, err)
+			}
+			_, err := tx.ExecContext(ctx, "SELECT COUNT(*) FROM "+notify.Table)
+			return err
+		})
+		if err != nil {
+			t.Fatalf("delivery %d: %v", i, err)
+		}
+	}
+	if got := count(t, d.DB, "SELECT COUNT(*) FROM notification WHERE order_id = ?", e.OrderID); got != 2 {
+		t.Fatalf("notifications: %d, want 2 (wallet and sms)", got)
 	}
 }
