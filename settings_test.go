@@ -210,7 +210,14 @@ func libraries(t *testing.T, cfg Config) error {
 	}
 	_ = sub.Close()
 	h := settingsHandler{}
-	ib, err := inbox.New(&sql.DB{}, h, cfg.inboxConfig("probe", "", false), nil, nil)
+	// A pool of a closed port: the libraries are built on it, never run (their dialect read
+	// from it fails, and falls back to MariaDB's).
+	probe, err := sql.Open("mysql", "probe@tcp(127.0.0.1:1)/probe?timeout=1s")
+	if err != nil {
+		return err
+	}
+	defer probe.Close()
+	ib, err := inbox.New(probe, h, cfg.inboxConfig("probe", "", false), nil, nil)
 	if err != nil {
 		return err
 	}
@@ -219,17 +226,17 @@ func libraries(t *testing.T, cfg Config) error {
 		return err
 	}
 	b.Close()
-	if _, err := inbox.NewCommand(&sql.DB{}, h, cfg.inboxConfig("probe-cmd", "", true), nil, nil); err != nil {
+	if _, err := inbox.NewCommand(probe, h, cfg.inboxConfig("probe-cmd", "", true), nil, nil); err != nil {
 		return err
 	}
-	if _, err := inboxops.NewCleaner(&sql.DB{}, cfg.cleanerConfig(), nil); err != nil {
+	if _, err := inboxops.NewCleaner(probe, cfg.cleanerConfig(), nil); err != nil {
 		return err
 	}
 	rc, err := a.relayConfig()
 	if err != nil {
 		return err
 	}
-	if _, err := outbox.NewExactlyOnceRelay(&sql.DB{}, kc, rc, nil); err != nil {
+	if _, err := outbox.NewExactlyOnceRelay(probe, kc, rc, nil); err != nil {
 		return err
 	}
 	if _, err := httpcmd.New(nil, cfg.HTTP.Config, nil); err != nil {
