@@ -195,6 +195,7 @@ type batchOutcome struct {
 type batchQueries struct {
 	claimHead, claimTail, returning, selectHead, dupHead, doneHead, reopenHead string
 	failed                                                                     string
+	d                                                                          dbx.Dialect
 }
 
 // claimGroup is one row of the batch claim, in insertColumns' order. A new row is written
@@ -214,6 +215,32 @@ const claimWidth = 10
 // "Prepared multi-row statements").
 const claimRows = 256
 
+func newBatchQueries(t string, d dbx.Dialect) batchQueries {
+	i := strings.Index(insertColumns, "VALUES ")
+	q := batchQueries{
+		claimHead: fmt.Sprintf("INSERT INTO %s %s", t, insertColumns[:i+len("VALUES ")]),
+		// On an existing row: the exclusive row lock (like claim) and a duplicate counted.
+		claimTail:  " ON DUPLICATE KEY UPDATE duplicates = duplicates + 1",
+		returning:  " RETURNING id, dedup_key, status, fingerprint, reason, duplicates",
+		selectHead: fmt.Sprintf("SELECT id, dedup_key, status, fingerprint, reason, duplicates FROM %s WHERE biz_type = ? AND dedup_key IN ", t),
+		dupHead:    fmt.Sprintf("UPDATE %s SET duplicates = duplicates + ? WHERE id IN ", t),
+		doneHead:   fmt.Sprintf("UPDATE %s SET status = 'done', attempts = GREATEST(attempts, 1), reason = NULL, last_error = NULL WHERE id IN ", t),
+		reopenHead: fmt.Sprintf("UPDATE %s SET status = 'processing' WHERE id IN ", t),
+		// A plain handler's failed attempt, counted on its row in the batch (grouped.go): the
+		// row is left to resume, and the statement's insert id is its count of attempts.
+		failed: fmt.Sprintf("UPDATE %s SET status = 'processing', attempts = LAST_INSERT_ID(attempts + ?), last_error = ? WHERE id = ?", t),
+	}
+	if d.IsPostgres() {
+		q.claimTail = fmt.Sprintf(" ON CONFLICT (dedup_key, biz_type) DO UPDATE SET duplicates = %s.duplicates + 1", t)
+		q.failed = d.Rebind(fmt.Sprintf("UPDATE %s SET status = 'processing', attempts = attempts + ?, last_error = ? WHERE id = ? RETURNING attempts", t))
+	}
+	q.d = d
+	return q
+}
+
+// in is head (a statement ending in "IN ") with a list of n placeholders, in the dialect.
+func (q batchQueries) in(head string, n int) string { return q.d.Rebind(head + placeholders(n)) }
+
 // NewBatcher returns a Batcher for ib. A BatchHandler's batches run its HandleBatch; any
 // other handler's run its Handle for each delivery (grouped.go). A Preparer's Prepare is
 // made for each delivery before its batch, outside any transaction (prepare.go). It starts
@@ -224,24 +251,11 @@ func (ib *Inbox) NewBatcher(cfg BatchConfig) (*Batcher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	t := ib.cfg.Table
-	i := strings.Index(insertColumns, "VALUES ")
 	b := &Batcher{ib: ib, bh: bh, cfg: cfg,
 		stop:   make(chan struct{}),
 		closed: make(chan struct{}),
-		q: batchQueries{
-			claimHead: fmt.Sprintf("INSERT INTO %s %s", t, insertColumns[:i+len("VALUES ")]),
-			// On an existing row: the exclusive row lock (like claim) and a duplicate counted.
-			claimTail:  " ON DUPLICATE KEY UPDATE duplicates = duplicates + 1",
-			returning:  " RETURNING id, dedup_key, status, fingerprint, reason, duplicates",
-			selectHead: fmt.Sprintf("SELECT id, dedup_key, status, fingerprint, reason, duplicates FROM %s WHERE biz_type = ? AND dedup_key IN ", t),
-			dupHead:    fmt.Sprintf("UPDATE %s SET duplicates = duplicates + ? WHERE id IN ", t),
-			doneHead:   fmt.Sprintf("UPDATE %s SET status = 'done', attempts = GREATEST(attempts, 1), reason = NULL, last_error = NULL WHERE id IN ", t),
-			reopenHead: fmt.Sprintf("UPDATE %s SET status = 'processing' WHERE id IN ", t),
-			// A plain handler's failed attempt, counted on its row in the batch (grouped.go): the
-			// row is left to resume, and the statement's insert id is its count of attempts.
-			failed: fmt.Sprintf("UPDATE %s SET status = 'processing', attempts = LAST_INSERT_ID(attempts + ?), last_error = ? WHERE id = ?", t),
-		}}
+		q:      newBatchQueries(ib.cfg.Table, ib.d),
+	}
 	claimText := func(returning bool) func(n int) string {
 		return func(n int) string {
 			var q strings.Builder
@@ -553,7 +567,7 @@ func (b *Batcher) run(batch []*pending) {
 			// A retried batch starts its deliveries afresh (Handle may consume Prepared).
 			it.d.Step, it.d.Prepared = 0, it.p.prepared
 		}
-		tctx, cancel := context.WithTimeout(ctx, ib.cfg.HandlerTimeout)
+		tctx, cancel := context.WithTimeout(withDialect(ctx, ib.d), ib.cfg.HandlerTimeout)
 		sp := len(blamed) > 0 || b.savepointsFirst() // a plain handler's deliveries behind savepoints (grouped.go)
 		body, endCommit := ib.committing(tctx, func(tx *sql.Tx) error { return b.runTx(tctx, tx, items, sp) })
 		err = dbx.InTx(tctx, ib.db, body)
@@ -687,6 +701,7 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item, savepoin
 		if err := rows.Scan(&r.id, &key, &r.status, &r.fingerprint, &r.reason, &dups); err != nil {
 			return fmt.Errorf("read claimed inbox rows: %w", err)
 		}
+		r.fingerprint = storedFingerprint(r.fingerprint)
 		it := byKey[key]
 		if it == nil {
 			return nil
@@ -729,7 +744,7 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item, savepoin
 		}
 	}
 	for n, ids := range counts {
-		if _, err := tx.ExecContext(ctx, b.q.dupHead+placeholders(len(ids)), append([]any{n}, ids...)...); err != nil {
+		if _, err := tx.ExecContext(ctx, b.q.in(b.q.dupHead, len(ids)), append([]any{n}, ids...)...); err != nil {
 			return fmt.Errorf("count duplicates of %d rows: %w", len(ids), err)
 		}
 	}
@@ -758,7 +773,7 @@ func (b *Batcher) claimRows(ctx context.Context, tx *sql.Tx, items []*item, args
 		for _, it := range items {
 			keyArgs = append(keyArgs, it.p.dec.Key)
 		}
-		rows, err := tx.QueryContext(ctx, b.q.selectHead+placeholders(len(items)), keyArgs...)
+		rows, err := tx.QueryContext(ctx, b.q.in(b.q.selectHead, len(items)), keyArgs...)
 		if err != nil {
 			return fmt.Errorf("read claimed inbox rows: %w", err)
 		}
@@ -803,7 +818,11 @@ func (b *Batcher) useReturning(ctx context.Context, tx *sql.Tx) bool {
 		return r == 1
 	}
 	r := int32(-1)
-	if !b.cfg.SelectAfterClaim {
+	switch d := b.ib.d; {
+	case b.cfg.SelectAfterClaim || !d.Returning():
+	case d.IsPostgres():
+		r = 1
+	default:
 		var v string
 		if err := tx.QueryRowContext(ctx, "SELECT VERSION()").Scan(&v); err != nil {
 			return false // the SELECT path works everywhere
@@ -904,12 +923,12 @@ func (b *Batcher) handle(ctx context.Context, tx *sql.Tx, run []*item, counts ma
 // to 'processing' (the claim inserted them 'done').
 func (b *Batcher) markRows(ctx context.Context, tx *sql.Tx, done, unfinished []any) error {
 	if len(done) > 0 {
-		if _, err := tx.ExecContext(ctx, b.q.doneHead+placeholders(len(done)), done...); err != nil {
+		if _, err := tx.ExecContext(ctx, b.q.in(b.q.doneHead, len(done)), done...); err != nil {
 			return fmt.Errorf("mark %d inbox rows done: %w", len(done), err)
 		}
 	}
 	if len(unfinished) > 0 {
-		if _, err := tx.ExecContext(ctx, b.q.reopenHead+placeholders(len(unfinished)), unfinished...); err != nil {
+		if _, err := tx.ExecContext(ctx, b.q.in(b.q.reopenHead, len(unfinished)), unfinished...); err != nil {
 			return fmt.Errorf("reopen %d inbox rows: %w", len(unfinished), err)
 		}
 	}

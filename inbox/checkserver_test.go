@@ -23,7 +23,7 @@ func (csHandler) Decode(m *message.Message) (inbox.Decoded, error) {
 }
 
 func (csHandler) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error) {
-	_, err := tx.ExecContext(ctx, "INSERT INTO cs_effect (k) VALUES (?)", d.Key)
+	_, err := tx.ExecContext(ctx, testenv.Rebind("INSERT INTO cs_effect (k) VALUES (?)"), d.Key)
 	return inbox.Done, err
 }
 

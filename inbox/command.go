@@ -198,7 +198,7 @@ func NewCommand(db *sql.DB, h Handler, cfg Config, logger watermill.LoggerAdapte
 		return nil, err
 	}
 	table := ReplyTable(cfg.Table)
-	ib.replyQuery = fmt.Sprintf(`SELECT status, body FROM %s WHERE inbox_id = ?`, table)
+	ib.replyQuery = ib.d.Rebind(fmt.Sprintf(`SELECT status, body FROM %s WHERE inbox_id = ?`, table))
 	ib.replySave = fmt.Sprintf(`INSERT INTO %s (inbox_id, status, body) VALUES `, table)
 	return ib, nil
 }
@@ -216,8 +216,12 @@ func (ib *Inbox) saveReplies(ctx context.Context, tx *sql.Tx, ds []*Delivery) er
 		}
 		args = append(args, d.InboxID, d.reply.Status, d.reply.Body)
 	}
-	q := ib.replySave + strings.TrimSuffix(strings.Repeat("(?, ?, ?), ", len(ds)), ", ") +
-		" ON DUPLICATE KEY UPDATE status = VALUES(status), body = VALUES(body)"
+	q := ib.replySave + strings.TrimSuffix(strings.Repeat("(?, ?, ?), ", len(ds)), ", ")
+	if ib.d.IsPostgres() {
+		q = ib.d.Rebind(q + " ON CONFLICT (inbox_id) DO UPDATE SET status = EXCLUDED.status, body = EXCLUDED.body")
+	} else {
+		q += " ON DUPLICATE KEY UPDATE status = VALUES(status), body = VALUES(body)"
+	}
 	if _, err := tx.ExecContext(ctx, q, args...); err != nil {
 		return fmt.Errorf("store %d command responses: %w", len(ds), err)
 	}

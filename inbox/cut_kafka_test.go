@@ -136,7 +136,7 @@ func TestKafkaOversizedValuesWaitCut(t *testing.T) {
 		fp := hex.EncodeToString(sum[:])
 		var size, stored int
 		var reason, lastErr string
-		err := db.QueryRow("SELECT payload_size, LENGTH(payload), reason, last_error FROM inbox WHERE fingerprint = ? AND status = 'failed'", fp).Scan(&size, &stored, &reason, &lastErr)
+		err := db.QueryRow(testenv.Rebind("SELECT payload_size, LENGTH(payload), reason, last_error FROM inbox WHERE fingerprint = ? AND status = 'failed'"), fp).Scan(&size, &stored, &reason, &lastErr)
 		if err != nil {
 			t.Fatalf("big value %d: no quarantined row with the sha256 of its whole value: %v", i, err)
 		}

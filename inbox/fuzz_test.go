@@ -82,7 +82,7 @@ func FuzzProcess(f *testing.F) {
 			t.Fatalf("Process returned an error (the record would be redelivered forever): %v", err)
 		}
 		var status string
-		if err := d.DB.QueryRow("SELECT status FROM inbox WHERE id = ?", r.InboxID).Scan(&status); err != nil {
+		if err := d.DB.QueryRow(testenv.Rebind("SELECT status FROM inbox WHERE id = ?"), r.InboxID).Scan(&status); err != nil {
 			t.Fatalf("outcome %s: inbox row %d: %v", r.Outcome, r.InboxID, err)
 		}
 		if status != "done" && status != "failed" {

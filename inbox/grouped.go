@@ -105,7 +105,7 @@ func (b *Batcher) groupLoop(ctx context.Context, tx *sql.Tx, run []*item, counts
 		}
 		it.ran = true
 		if savepoints {
-			if _, err := tx.ExecContext(ctx, "SAVEPOINT "+savepointName); err != nil {
+			if _, err := tx.ExecContext(ctx, "SAVEPOINT "+savepointName); err != nil { // PostgreSQL: a new one of that name hides the last
 				return fmt.Errorf("savepoint: %w", err)
 			}
 		}
@@ -191,6 +191,13 @@ func (b *Batcher) countFailed(ctx context.Context, tx *sql.Tx, it *item, cause e
 	more := 0
 	if it.resumed {
 		more = 1
+	}
+	if b.q.d.IsPostgres() {
+		var n int
+		if err := tx.QueryRowContext(ctx, b.q.failed, more, errorText(cause), it.id).Scan(&n); err != nil {
+			return 0, fmt.Errorf("count the failed attempt of inbox row %d: %w", it.id, err)
+		}
+		return n, nil
 	}
 	r, err := tx.ExecContext(ctx, b.q.failed, more, errorText(cause), it.id)
 	if err != nil {

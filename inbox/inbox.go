@@ -87,6 +87,7 @@ type Inbox struct {
 	cfg    Config
 	logger watermill.LoggerAdapter
 	obs    Observer
+	d      dbx.Dialect // the pool's
 	q      queries
 	calls  chan struct{} // one slot per Prepare running (MaxInFlightCalls)
 	tr     trace.Tracer  // nil: no tracing (Config.TracerProvider; trace.go)
@@ -110,7 +111,8 @@ func New(db *sql.DB, h Handler, cfg Config, logger watermill.LoggerAdapter, obs 
 	if obs == nil {
 		obs = nopObserver{}
 	}
-	return &Inbox{db: db, h: h, cfg: cfg, logger: logger.With(watermill.LogFields{"biz_type": cfg.BizType}), obs: obs, q: newQueries(cfg.Table),
+	d := dbx.DialectOf(db)
+	return &Inbox{db: db, h: h, cfg: cfg, logger: logger.With(watermill.LogFields{"biz_type": cfg.BizType}), obs: obs, d: d, q: newQueries(cfg.Table, d),
 		calls: make(chan struct{}, cfg.MaxInFlightCalls), tr: tracex.Tracer(cfg.TracerProvider, tracerScope)}, nil
 }
 
@@ -313,7 +315,7 @@ func (ib *Inbox) runSteps(ctx context.Context, d *Delivery, dec Decoded, opts ru
 // runStep runs step (and, with StepsPerTx > 1, the steps after it) in one transaction. It
 // returns the delivery's result once it is finished, else the last step it ran.
 func (ib *Inbox) runStep(ctx context.Context, prep Preparer, d *Delivery, dec Decoded, opts runOpts, first int) (*Result, int, error) {
-	sctx, cancel := context.WithTimeout(ctx, ib.cfg.HandlerTimeout)
+	sctx, cancel := context.WithTimeout(withDialect(ctx, ib.d), ib.cfg.HandlerTimeout)
 	defer cancel()
 	d.Step = first
 	if prep != nil {
@@ -463,9 +465,25 @@ func (ib *Inbox) claim(ctx context.Context, tx *sql.Tx, d *Delivery, dec Decoded
 	var row inboxRow
 	if step == 0 {
 		payload, tombstone := storedPayload(d.Message.Payload)
-		r, err := tx.ExecContext(ctx, faults.ClaimStatement(ib.q.claim), // the claim as is, unless fault hooks change it (internal/faults)
-			d.Key, ib.cfg.BizType, string(StatusProcessing), nil, messageUUID(d.Message), d.Source.Topic, d.Source.Partition, d.Source.Offset,
-			payload, dec.meta, dec.Fingerprint, d.Attempt, nil, nullID(d.ReplayID), time.Now().Add(ib.cfg.Retention).UTC(), tombstone, nil)
+		args := []any{d.Key, ib.cfg.BizType, string(StatusProcessing), nil, messageUUID(d.Message), d.Source.Topic, d.Source.Partition, d.Source.Offset,
+			payload, dec.meta, dec.Fingerprint, d.Attempt, nil, nullID(d.ReplayID), time.Now().Add(ib.cfg.Retention).UTC(), tombstone, nil}
+		q := faults.ClaimStatement(ib.q.claim) // the claim as is, unless fault hooks change it (internal/faults)
+		if ib.q.returning {
+			// One round trip: the claim returns the row, inserted or locked.
+			var inserted bool
+			err := tx.QueryRowContext(ctx, q, args...).Scan(&row.id, &inserted, &row.status, &row.fingerprint, &row.reason)
+			if err != nil {
+				return row, false, fmt.Errorf("claim inbox row: %w", err)
+			}
+			row.fingerprint = storedFingerprint(row.fingerprint)
+			if inserted {
+				if err := ib.stamp(ctx, tx, d.ReplayID, row.id); err != nil {
+					return row, false, err
+				}
+			}
+			return row, inserted, nil
+		}
+		r, err := tx.ExecContext(ctx, q, args...)
 		if err != nil {
 			return row, false, fmt.Errorf("claim inbox row: %w", err)
 		}
@@ -491,6 +509,7 @@ func (ib *Inbox) claim(ctx context.Context, tx *sql.Tx, d *Delivery, dec Decoded
 	if err != nil {
 		return row, false, fmt.Errorf("lock inbox row %d: %w", row.id, err)
 	}
+	row.fingerprint = storedFingerprint(row.fingerprint)
 	return row, false, nil
 }
 

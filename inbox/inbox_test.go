@@ -17,6 +17,7 @@ import (
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/inbox/inboxops"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
@@ -59,14 +60,14 @@ func TestSameOrderTwoMessagesGrantsOnce(t *testing.T) {
 // naiveGrant is the pre-incident consumer: SELECT to check, then INSERT, no unique key.
 func naiveGrant(ctx context.Context, db *sql.DB, orderID string) error {
 	var n int
-	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM naive_coupon WHERE order_id = ?", orderID).Scan(&n); err != nil {
+	if err := db.QueryRowContext(ctx, testenv.Rebind("SELECT COUNT(*) FROM naive_coupon WHERE order_id = ?"), orderID).Scan(&n); err != nil {
 		return err
 	}
 	if n > 0 {
 		return nil
 	}
 	time.Sleep(time.Millisecond) // the external call of the seed; widens nothing the real one did not
-	_, err := db.ExecContext(ctx, "INSERT INTO naive_coupon (order_id) VALUES (?)", orderID)
+	_, err := db.ExecContext(ctx, testenv.Rebind("INSERT INTO naive_coupon (order_id) VALUES (?)"), orderID)
 	return err
 }
 
@@ -267,8 +268,8 @@ func TestProcessingRowResumes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := p.db.DB.Exec(`INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, expire_at)
-		VALUES ('o-resume', 'coupon', 'processing', 'x', 'order-paid', 3, 1, ?, ?, NOW() + INTERVAL 1 DAY)`, o.Encode(), o.Fingerprint()); err != nil {
+	if _, err := p.db.DB.Exec(testenv.Rebind(`INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, expire_at)
+		VALUES ('o-resume', 'coupon', 'processing', 'x', 'order-paid', 3, 1, ?, ?, NOW() + INTERVAL 1 DAY)`), o.Encode(), o.Fingerprint()); err != nil {
 		t.Fatal(err)
 	}
 	r, err := p.inbox.Process(ctx, orderMsg("o-resume", "u1"), src, inbox.ProcessOptions{})
@@ -317,7 +318,7 @@ func TestPoisonIsQuarantined(t *testing.T) {
 			}
 			var status, reason, lastErr string
 			var payload []byte
-			err = p.db.DB.QueryRow("SELECT status, reason, last_error, payload FROM inbox WHERE dedup_key = ?",
+			err = p.db.DB.QueryRow(testenv.Rebind("SELECT status, reason, last_error, payload FROM inbox WHERE dedup_key = ?"),
 				fmt.Sprintf("poison:order-paid/1/%d", 100+i)).Scan(&status, &reason, &lastErr, &payload)
 			if err != nil {
 				t.Fatal(err)
@@ -409,8 +410,8 @@ func TestCleanerDeletesOnlyExpiredDoneRows(t *testing.T) {
 	// receive order is expiry order.
 	const day = 24 * 60
 	ins := func(key, bizType, status string, minutesAgo int) {
-		if _, err := db.Exec(`INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, created_at, expire_at)
-			VALUES (?, ?, ?, 'x', 't', 0, 0, '', '', NOW(6) - INTERVAL ? MINUTE, NOW(6) - INTERVAL ? MINUTE + INTERVAL 1 DAY)`,
+		if _, err := db.Exec(testenv.Rebind(`INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, created_at, expire_at)
+			VALUES (?, ?, ?, 'x', 't', 0, 0, '', '', NOW(6) - INTERVAL ? MINUTE, NOW(6) - INTERVAL ? MINUTE + INTERVAL 1 DAY)`),
 			key, bizType, status, minutesAgo, minutesAgo); err != nil {
 			t.Fatal(err)
 		}

@@ -26,13 +26,21 @@ import (
 // the deferred INSERT (a duplicate key, say) fails the batch, whose deliveries then run
 // again one transaction each, where Insert writes at once and returns that error to the
 // delivery it belongs to. A delivery rolled back to its savepoint takes its rows with it.
+//
+// On PostgreSQL (a pool given to UseStatements, or a transaction of an inbox on
+// PostgreSQL) the statements get $n placeholders, and an upsert needs OnConflictUpdate.
 type Inserter struct {
-	table   string
-	columns []string
-	update  string        // the assignments of OnDuplicateKeyUpdate, if any
-	db      *sql.DB       // the pool of UseStatements, if any
-	insert  string        // one row, run at once
-	multi   *dbx.MultiRow // the batch's rows; prepared on db, if set
+	table    string
+	columns  []string
+	update   string // the assignments of OnDuplicateKeyUpdate, if any
+	conflict string // PostgreSQL: "(target) DO UPDATE SET assignments" of OnConflictUpdate, if any
+	target   []int  // the positions in columns of the conflict target's columns
+	db       *sql.DB
+	dialect  dbx.Dialect // db's; "" without UseStatements: the inbox's (dialectFrom)
+	// One row run at once, and the batch's rows (prepared on db, if set), per dialect
+	// family: [0] the MySQL family's, [1] PostgreSQL's.
+	insert [2]string
+	multi  [2]*dbx.MultiRow
 }
 
 // inserterRows is the most rows one statement of a deferred insert carries.
@@ -75,21 +83,62 @@ func (ins *Inserter) OnDuplicateKeyUpdate(assignments string) *Inserter {
 	return ins
 }
 
-// text is the INSERT of n rows.
-func (ins *Inserter) text(n int) string {
-	group := "(" + strings.TrimSuffix(strings.Repeat("?, ", len(ins.columns)), ", ") + ")"
-	q := fmt.Sprintf("INSERT INTO %s (%s) VALUES %s", ins.table, strings.Join(ins.columns, ", "),
-		strings.TrimSuffix(strings.Repeat(group+", ", n), ", "))
-	if ins.update != "" {
-		q += " ON DUPLICATE KEY UPDATE " + ins.update
+// OnConflictUpdate is OnDuplicateKeyUpdate's PostgreSQL form: INSERT … ON CONFLICT
+// (target) DO UPDATE SET assignments, for example OnConflictUpdate("user_id",
+// "points = points_balance.points + EXCLUDED.points") (a column of the row already there is
+// named with the table's name, the new row's with EXCLUDED). On PostgreSQL an Inserter
+// with OnDuplicateKeyUpdate and without this refuses to insert. Rows of one key must not
+// come twice in one batch's statement (PostgreSQL refuses to update a row twice in one
+// statement): keep a batch's rows of a key to one delivery. It panics like
+// OnDuplicateKeyUpdate.
+func (ins *Inserter) OnConflictUpdate(target, assignments string) *Inserter {
+	for _, c := range strings.Split(target, ",") {
+		if err := dbx.CheckIdent("conflict target of inserter "+ins.table, strings.TrimSpace(c)); err != nil {
+			panic(fmt.Sprintf("inbox: %v", err))
+		}
 	}
-	return q
+	if strings.TrimSpace(assignments) == "" || strings.Contains(assignments, ";") {
+		panic(fmt.Sprintf("inbox: inserter of %s: ON CONFLICT DO UPDATE SET %q: want assignments without a semicolon", ins.table, assignments))
+	}
+	ins.conflict = "(" + target + ") DO UPDATE SET " + assignments
+	ins.target = nil
+	for _, c := range strings.Split(target, ",") {
+		if i := slices.Index(ins.columns, strings.TrimSpace(c)); i >= 0 {
+			ins.target = append(ins.target, i)
+		}
+	}
+	ins.build()
+	return ins
 }
 
-// build makes the statements from the settings.
+// text is the INSERT of n rows, in the MySQL family's form or (pg) PostgreSQL's.
+func (ins *Inserter) text(pg bool) func(n int) string {
+	return func(n int) string {
+		group := "(" + strings.TrimSuffix(strings.Repeat("?, ", len(ins.columns)), ", ") + ")"
+		q := fmt.Sprintf("INSERT INTO %s (%s) VALUES %s", ins.table, strings.Join(ins.columns, ", "),
+			strings.TrimSuffix(strings.Repeat(group+", ", n), ", "))
+		switch {
+		case pg && ins.conflict != "":
+			q += " ON CONFLICT " + ins.conflict
+		case !pg && ins.update != "":
+			q += " ON DUPLICATE KEY UPDATE " + ins.update
+		}
+		return q
+	}
+}
+
+// build makes the statements from the settings: the pool's dialect only with
+// UseStatements, else both.
 func (ins *Inserter) build() {
-	ins.insert = ins.text(1)
-	ins.multi = dbx.NewMultiRow(ins.db, len(ins.columns), inserterRows, ins.text)
+	for i, d := range []dbx.Dialect{dbx.MariaDB, dbx.Postgres} {
+		ins.insert[i], ins.multi[i] = "", nil
+		if ins.dialect != "" && ins.dialect.IsPostgres() != d.IsPostgres() {
+			continue
+		}
+		text := ins.text(d.IsPostgres())
+		ins.insert[i] = d.Rebind(text(1))
+		ins.multi[i] = dbx.NewMultiRowFor(d, ins.db, len(ins.columns), inserterRows, text)
+	}
 }
 
 // UseStatements makes the deferred inserts run as prepared statements of pool db
@@ -97,13 +146,40 @@ func (ins *Inserter) build() {
 // outbox.Writer.UseStatements does: transactions given to Insert must then be db's. Call it
 // before first use.
 func (ins *Inserter) UseStatements(db *sql.DB) *Inserter {
-	ins.db = db
+	ins.db, ins.dialect = db, dbx.DialectOf(db)
 	ins.build()
 	return ins
 }
 
 // Close closes the prepared statements of UseStatements.
-func (ins *Inserter) Close() error { return ins.multi.Close() }
+func (ins *Inserter) Close() error {
+	var first error
+	for _, m := range ins.multi {
+		if m == nil {
+			continue
+		}
+		if err := m.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// family is the index of the statements for a transaction of ctx: the pool's
+// (UseStatements), else the inbox's that runs the handler.
+func (ins *Inserter) family(ctx context.Context) (int, error) {
+	d := ins.dialect
+	if d == "" {
+		d = dialectFrom(ctx)
+	}
+	if !d.IsPostgres() {
+		return 0, nil
+	}
+	if ins.update != "" && ins.conflict == "" {
+		return 1, Permanent(fmt.Errorf("insert into %s: an upsert (OnDuplicateKeyUpdate) without its PostgreSQL form (OnConflictUpdate)", ins.table))
+	}
+	return 1, nil
+}
 
 // Insert inserts one row, its values in the order of the Inserter's columns, in tx: at
 // once, or at the end of the group-committed batch ctx belongs to (see Inserter).
@@ -111,18 +187,25 @@ func (ins *Inserter) Insert(ctx context.Context, tx *sql.Tx, values ...any) erro
 	if len(values) != len(ins.columns) {
 		return Permanent(fmt.Errorf("insert into %s: %d values for %d columns (%s)", ins.table, len(values), len(ins.columns), strings.Join(ins.columns, ", ")))
 	}
+	f, err := ins.family(ctx)
+	if err != nil {
+		return err
+	}
 	if s := txdefer.From(ctx, tx); s != nil {
-		s.Add(deferredInserts{ins}, slices.Clone(values))
+		s.Add(deferredInserts{ins, f}, slices.Clone(values))
 		return nil
 	}
-	if _, err := tx.ExecContext(ctx, ins.insert, values...); err != nil {
+	if _, err := tx.ExecContext(ctx, ins.insert[f], values...); err != nil {
 		return fmt.Errorf("insert into %s: %w", ins.table, err)
 	}
 	return nil
 }
 
 // deferredInserts writes the rows an Inserter deferred into a txdefer.Set.
-type deferredInserts struct{ ins *Inserter }
+type deferredInserts struct {
+	ins    *Inserter
+	family int // Inserter.family
+}
 
 // DeferredTarget implements txdefer.Targeted.
 func (d deferredInserts) DeferredTarget() txdefer.Target {
@@ -132,12 +215,59 @@ func (d deferredInserts) DeferredTarget() txdefer.Target {
 // FlushDeferred implements txdefer.Flusher.
 func (d deferredInserts) FlushDeferred(ctx context.Context, tx *sql.Tx, rows [][]any) error {
 	ins := d.ins
-	args := make([]any, 0, len(rows)*len(ins.columns))
-	for _, r := range rows {
-		args = append(args, r...)
-	}
-	if _, err := ins.multi.Exec(ctx, tx, args); err != nil {
-		return fmt.Errorf("insert %d rows into %s: %w", len(rows), ins.table, err)
+	for _, rows := range ins.rounds(d.family, rows) {
+		args := make([]any, 0, len(rows)*len(ins.columns))
+		for _, r := range rows {
+			args = append(args, r...)
+		}
+		if _, err := ins.multi[d.family].Exec(ctx, tx, args); err != nil {
+			return fmt.Errorf("insert %d rows into %s: %w", len(rows), ins.table, err)
+		}
 	}
 	return nil
+}
+
+// rounds splits the rows of a PostgreSQL upsert so that no statement has two rows of one
+// conflict key (ON CONFLICT DO UPDATE cannot update a row twice in one statement): the
+// n-th row of each key goes in the n-th statement, so a key's rows apply in their order.
+// Anything else is one round.
+func (ins *Inserter) rounds(family int, rows [][]any) [][][]any {
+	if family != 1 || ins.conflict == "" {
+		return [][][]any{rows}
+	}
+	seen := make(map[string]int, len(rows))
+	var out [][][]any
+	var key strings.Builder
+	for _, r := range rows {
+		key.Reset()
+		for _, i := range ins.target {
+			fmt.Fprintf(&key, "%T:%v\x00", r[i], r[i])
+		}
+		n := seen[key.String()]
+		seen[key.String()] = n + 1
+		if n == len(out) {
+			out = append(out, nil)
+		}
+		out[n] = append(out[n], r)
+	}
+	return out
+}
+
+type dialectKey struct{}
+
+// withDialect marks ctx, a handler's, with its inbox's dialect (PostgreSQL only: the MySQL
+// family is the default) for the Inserters it uses.
+func withDialect(ctx context.Context, d dbx.Dialect) context.Context {
+	if !d.IsPostgres() {
+		return ctx
+	}
+	return context.WithValue(ctx, dialectKey{}, d)
+}
+
+// dialectFrom is the dialect withDialect left in ctx, else MariaDB.
+func dialectFrom(ctx context.Context) dbx.Dialect {
+	if d, ok := ctx.Value(dialectKey{}).(dbx.Dialect); ok {
+		return d
+	}
+	return dbx.MariaDB
 }

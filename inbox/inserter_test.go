@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
@@ -35,7 +36,7 @@ func newInserting(t *testing.T) *inserting {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &inserting{effects: newEffects(), row: row, total: total.OnDuplicateKeyUpdate("n = n + VALUES(n)"),
+	return &inserting{effects: newEffects(), row: row, total: total.OnDuplicateKeyUpdate("n = n + VALUES(n)").OnConflictUpdate("grp", "n = inserted_total.n + EXCLUDED.n"),
 		seen: map[string][]int{}, errs: map[string][]error{}}
 }
 
@@ -46,9 +47,11 @@ func (h *inserting) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (
 	h.txs[d.Key] = append(h.txs[d.Key], tx)
 	h.effects.mu.Unlock()
 	err := h.row.Insert(ctx, tx, d.Key, d.Step)
-	var seen int
-	if qerr := tx.QueryRowContext(ctx, "SELECT COUNT(*) FROM inserted_effect WHERE k = ?", d.Key).Scan(&seen); qerr != nil {
-		return inbox.Done, qerr
+	seen := -1 // not read after a failed INSERT: PostgreSQL's transaction runs nothing more
+	if err == nil {
+		if qerr := tx.QueryRowContext(ctx, testenv.Rebind("SELECT COUNT(*) FROM inserted_effect WHERE k = ?"), d.Key).Scan(&seen); qerr != nil {
+			return inbox.Done, qerr
+		}
 	}
 	h.mu.Lock()
 	h.errs[d.Key] = append(h.errs[d.Key], err)

@@ -170,7 +170,7 @@ func TestPoisonNeverLoops(t *testing.T) {
 				}
 				var status, lastErr, meta sql.NullString
 				var payloadLen int
-				if err := p.db.DB.QueryRow("SELECT status, last_error, metadata, LENGTH(payload) FROM inbox WHERE id = ?", r.InboxID).Scan(&status, &lastErr, &meta, &payloadLen); err != nil {
+				if err := p.db.DB.QueryRow(testenv.Rebind("SELECT status, last_error, metadata, LENGTH(payload) FROM inbox WHERE id = ?"), r.InboxID).Scan(&status, &lastErr, &meta, &payloadLen); err != nil {
 					t.Fatalf("inbox row %d: %v", r.InboxID, err)
 				}
 				wantStatus := "done"
@@ -270,7 +270,7 @@ func TestQuarantineFallsBackToMinimalRow(t *testing.T) {
 	}
 	var key, fp, lastErr string
 	var size sql.NullInt64
-	if err := p.db.DB.QueryRow("SELECT dedup_key, fingerprint, last_error, payload_size FROM inbox WHERE id = ?", r.InboxID).Scan(&key, &fp, &lastErr, &size); err != nil {
+	if err := p.db.DB.QueryRow(testenv.Rebind("SELECT dedup_key, fingerprint, last_error, payload_size FROM inbox WHERE id = ?"), r.InboxID).Scan(&key, &fp, &lastErr, &size); err != nil {
 		t.Fatal(err)
 	}
 	if key != "poison:order-paid/1/42" || fp != sha256hex(payload) || size.Int64 != int64(len(payload)) || !strings.Contains(lastErr, "payload refused") {

@@ -85,14 +85,20 @@ func (ib *Inbox) insertQuarantine(ctx context.Context, q quarantineRow, src Sour
 	var id int64
 	for try := 0; ; try++ {
 		err := dbx.InTx(ctx, ib.db, func(tx *sql.Tx) error {
-			r, err := tx.ExecContext(ctx, ib.q.quarantine,
-				q.key, ib.cfg.BizType, string(StatusFailed), string(reason), q.uuid, src.Topic, src.Partition, src.Offset,
-				q.payload, q.meta, q.fp, attempts, q.errText, nullID(opts.ReplayID), time.Now().Add(ib.cfg.Retention).UTC(), q.tombstone, q.size)
-			if err != nil {
-				return err
-			}
-			if id, err = r.LastInsertId(); err != nil {
-				return err
+			args := []any{q.key, ib.cfg.BizType, string(StatusFailed), string(reason), q.uuid, src.Topic, src.Partition, src.Offset,
+				q.payload, q.meta, q.fp, attempts, q.errText, nullID(opts.ReplayID), time.Now().Add(ib.cfg.Retention).UTC(), q.tombstone, q.size}
+			if ib.q.returning {
+				if err := tx.QueryRowContext(ctx, ib.q.quarantine, args...).Scan(&id); err != nil {
+					return err
+				}
+			} else {
+				r, err := tx.ExecContext(ctx, ib.q.quarantine, args...)
+				if err != nil {
+					return err
+				}
+				if id, err = r.LastInsertId(); err != nil {
+					return err
+				}
 			}
 			return ib.stamp(ctx, tx, opts.ReplayID, id)
 		})
@@ -122,9 +128,12 @@ func (ib *Inbox) countFailure(ctx context.Context, msg *message.Message, src Sou
 	var status Status
 	var total int
 	err := dbx.InTx(ctx, ib.db, func(tx *sql.Tx) error {
-		r, err := tx.ExecContext(ctx, ib.q.failure,
-			dec.Key, ib.cfg.BizType, string(StatusProcessing), nil, messageUUID(msg), src.Topic, src.Partition, src.Offset,
-			payload, dec.meta, dec.Fingerprint, 1, errorText(cause), nullID(opts.ReplayID), time.Now().Add(ib.cfg.Retention).UTC(), tombstone, nil)
+		args := []any{dec.Key, ib.cfg.BizType, string(StatusProcessing), nil, messageUUID(msg), src.Topic, src.Partition, src.Offset,
+			payload, dec.meta, dec.Fingerprint, 1, errorText(cause), nullID(opts.ReplayID), time.Now().Add(ib.cfg.Retention).UTC(), tombstone, nil}
+		if ib.q.returning {
+			return tx.QueryRowContext(ctx, ib.q.failure, args...).Scan(&status, &total)
+		}
+		r, err := tx.ExecContext(ctx, ib.q.failure, args...)
 		if err != nil {
 			return err
 		}

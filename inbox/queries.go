@@ -1,44 +1,82 @@
 package inbox
 
-import "fmt"
+import (
+	"fmt"
 
-// queries holds the SQL of one inbox table; the table name was validated by Config.
+	"github.com/onceflow/onceflow/pkg/dbx"
+)
+
+// queries holds the SQL of one inbox table, in the pool's dialect; the table name was
+// validated by Config.
 type queries struct {
 	claim, quarantine, lock, countDuplicate, reopen, markDone, stamp string
 	failure, attempts                                                string
+	// returning: claim, quarantine and failure read their row back themselves (PostgreSQL:
+	// INSERT … ON CONFLICT … RETURNING), instead of LAST_INSERT_ID and a SELECT.
+	returning bool
 }
 
 const insertColumns = `(dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset,
  payload, metadata, fingerprint, attempts, last_error, replay_id, expire_at, tombstone, payload_size)
  VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 
-func newQueries(table string) queries {
-	return queries{
-		claim: fmt.Sprintf(`INSERT INTO %s %s ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id)`, table, insertColumns),
+// conflictKey is the inbox's unique key, the target of PostgreSQL's ON CONFLICT.
+const conflictKey = " ON CONFLICT (dedup_key, biz_type) DO UPDATE SET "
+
+func newQueries(table string, d dbx.Dialect) queries {
+	q := queries{
+		lock:           fmt.Sprintf(`SELECT status, fingerprint, reason FROM %s WHERE id = ? FOR UPDATE`, table),
+		countDuplicate: fmt.Sprintf(`UPDATE %s SET duplicates = duplicates + 1 WHERE id = ?`, table),
+		// A quarantined row run again by a replay gets a fresh count of attempts.
+		reopen: fmt.Sprintf(`UPDATE %s SET attempts = CASE WHEN status = 'failed' THEN 0 ELSE attempts END, status = 'processing', reason = NULL,
+ replay_id = COALESCE(?, replay_id) WHERE id = ?`, table),
+		attempts: fmt.Sprintf(`SELECT status, attempts FROM %s WHERE id = ?`, table),
+		markDone: fmt.Sprintf(`UPDATE %s SET status = 'done', attempts = GREATEST(attempts, ?), reason = NULL, last_error = NULL WHERE id = ?`, table),
+	}
+	if d.IsPostgres() {
+		// The same statements as ON CONFLICT upserts, each reading its row back: a SET
+		// expression sees the row as it was (no assignment order to mind), and an existing
+		// row is locked by the update. A row this statement inserted has xmax = 0; the new
+		// version an ON CONFLICT update leaves carries the updating transaction in xmax.
+		// The claim's update assigns nothing new (updated_at moves only on a change).
+		q.returning = true
+		q.claim = fmt.Sprintf(`INSERT INTO %[1]s %[2]s`+conflictKey+`status = %[1]s.status
+ RETURNING id, (xmax = 0) AS inserted, status, fingerprint, reason`, table, insertColumns)
+		q.quarantine = fmt.Sprintf(`INSERT INTO %[1]s %[2]s`+conflictKey+`
+ reason = CASE WHEN %[1]s.status = 'done' THEN %[1]s.reason ELSE EXCLUDED.reason END,
+ last_error = CASE WHEN %[1]s.status = 'done' THEN %[1]s.last_error ELSE EXCLUDED.last_error END,
+ attempts = CASE WHEN %[1]s.status = 'done' THEN %[1]s.attempts ELSE GREATEST(%[1]s.attempts, EXCLUDED.attempts) END,
+ replay_id = CASE WHEN %[1]s.status = 'done' THEN %[1]s.replay_id ELSE COALESCE(EXCLUDED.replay_id, %[1]s.replay_id) END,
+ status = CASE WHEN %[1]s.status = 'done' THEN 'done' ELSE 'failed' END
+ RETURNING id`, table, insertColumns)
+		q.failure = fmt.Sprintf(`INSERT INTO %[1]s %[2]s`+conflictKey+`
+ last_error = CASE WHEN %[1]s.status = 'processing' THEN EXCLUDED.last_error ELSE %[1]s.last_error END,
+ attempts = CASE WHEN %[1]s.status = 'processing' THEN %[1]s.attempts + 1 ELSE %[1]s.attempts END
+ RETURNING status, attempts`, table, insertColumns)
+		q.stamp = `INSERT INTO ` + replayRowTable + ` (replay_id, inbox_id) VALUES (?, ?) ON CONFLICT DO NOTHING`
+	} else {
+		q.claim = fmt.Sprintf(`INSERT INTO %s %s ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id)`, table, insertColumns)
 		// MariaDB evaluates ON DUPLICATE KEY UPDATE assignments left to right, so status,
 		// which the others test, is assigned last.
-		quarantine: fmt.Sprintf(`INSERT INTO %s %s ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id),
+		q.quarantine = fmt.Sprintf(`INSERT INTO %s %s ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id),
  reason = IF(status = 'done', reason, VALUES(reason)),
  last_error = IF(status = 'done', last_error, VALUES(last_error)),
  attempts = IF(status = 'done', attempts, GREATEST(attempts, VALUES(attempts))),
  replay_id = IF(status = 'done', replay_id, COALESCE(VALUES(replay_id), replay_id)),
- status = IF(status = 'done', 'done', 'failed')`, table, insertColumns),
-		lock:           fmt.Sprintf(`SELECT status, fingerprint, reason FROM %s WHERE id = ? FOR UPDATE`, table),
-		countDuplicate: fmt.Sprintf(`UPDATE %s SET duplicates = duplicates + 1 WHERE id = ?`, table),
-		// A quarantined row run again by a replay gets a fresh count of attempts.
-		reopen: fmt.Sprintf(`UPDATE %s SET attempts = IF(status = 'failed', 0, attempts), status = 'processing', reason = NULL,
- replay_id = COALESCE(?, replay_id) WHERE id = ?`, table),
+ status = IF(status = 'done', 'done', 'failed')`, table, insertColumns)
 		// A failed attempt, counted on the row in its own transaction (attempts are bounded
 		// across processes, not per process): inserted 'processing' — a row to resume, never a
 		// dedup mark — or, on an existing 'processing' row, one attempt more.
-		failure: fmt.Sprintf(`INSERT INTO %s %s ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id),
+		q.failure = fmt.Sprintf(`INSERT INTO %s %s ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id),
  last_error = IF(status = 'processing', VALUES(last_error), last_error),
- attempts = IF(status = 'processing', attempts + 1, attempts)`, table, insertColumns),
-		attempts: fmt.Sprintf(`SELECT status, attempts FROM %s WHERE id = ?`, table),
-		markDone: fmt.Sprintf(`UPDATE %s SET status = 'done', attempts = GREATEST(attempts, ?), reason = NULL, last_error = NULL WHERE id = ?`, table),
+ attempts = IF(status = 'processing', attempts + 1, attempts)`, table, insertColumns)
 		// The row listed as one this replay stamped (inbox.replay_id has no index).
-		stamp: `INSERT INTO ` + replayRowTable + ` (replay_id, inbox_id) VALUES (?, ?) ON DUPLICATE KEY UPDATE inbox_id = inbox_id`,
+		q.stamp = `INSERT INTO ` + replayRowTable + ` (replay_id, inbox_id) VALUES (?, ?) ON DUPLICATE KEY UPDATE inbox_id = inbox_id`
 	}
+	for _, s := range []*string{&q.claim, &q.quarantine, &q.lock, &q.countDuplicate, &q.reopen, &q.markDone, &q.stamp, &q.failure, &q.attempts} {
+		*s = d.Rebind(*s)
+	}
+	return q
 }
 
 // replayRowTable lists the inbox rows each replay stamped (migrations/00007; inboxops reads

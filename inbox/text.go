@@ -110,6 +110,10 @@ func storableFingerprint(fp string) string {
 	return fingerprint([]byte(fp))
 }
 
+// storedFingerprint is a fingerprint as read back from its CHAR(64) column, without the
+// padding PostgreSQL returns (MariaDB strips it).
+func storedFingerprint(fp string) string { return strings.TrimRight(fp, " ") }
+
 // shortFingerprint is a 16-character tag of a fingerprint for the key of a conflict row:
 // the first 16 characters of a sha256 hex fingerprint, else of its own sha256.
 func shortFingerprint(fp string) string {

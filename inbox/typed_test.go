@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 type shipped struct {
@@ -106,7 +107,7 @@ func TestTypedMisuse(t *testing.T) {
 // value, a payload it refuses quarantined as poison.
 func TestTypedGroupCommitted(t *testing.T) {
 	h := inbox.Typed(inbox.JSON[shipped]{Key: shippedKey}, func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery, s shipped) (inbox.Progress, error) {
-		_, err := tx.ExecContext(ctx, "INSERT INTO grouped_effect (k, step) VALUES (?, ?)", s.OrderID, s.Points)
+		_, err := tx.ExecContext(ctx, testenv.Rebind("INSERT INTO grouped_effect (k, step) VALUES (?, ?)"), s.OrderID, s.Points)
 		return inbox.Done, err
 	})
 	g := newGrouped(t, h, inbox.Config{}, inbox.BatchConfig{Linger: 50 * time.Millisecond})
@@ -133,7 +134,7 @@ func TestTypedInvalidUTF8IsPoison(t *testing.T) {
 	}
 	h := inbox.Typed(inbox.JSON[shipped]{Key: shippedKey, Fingerprint: func(s shipped) string { return fmt.Sprintf("%s/%d", s.OrderID, s.Points) }},
 		func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery, s shipped) (inbox.Progress, error) {
-			_, err := tx.ExecContext(ctx, "INSERT INTO grouped_effect (k, step) VALUES (?, ?)", s.OrderID, s.Points)
+			_, err := tx.ExecContext(ctx, testenv.Rebind("INSERT INTO grouped_effect (k, step) VALUES (?, ?)"), s.OrderID, s.Points)
 			return inbox.Done, err
 		})
 	g := newGrouped(t, h, inbox.Config{}, inbox.BatchConfig{Linger: 50 * time.Millisecond})

@@ -85,7 +85,7 @@ func testClaimBehindLock(t *testing.T, batch bool) {
 		t.Fatal(err)
 	}
 	var shards int
-	if err := lock.QueryRowContext(ctx, "SELECT COUNT(*) FROM (SELECT shard FROM coupon_stock WHERE campaign_id = ? FOR UPDATE) s",
+	if err := lock.QueryRowContext(ctx, testenv.Rebind("SELECT COUNT(*) FROM (SELECT shard FROM coupon_stock WHERE campaign_id = ? FOR UPDATE) s"),
 		coupon.DefaultConfig().CampaignID).Scan(&shards); err != nil || shards == 0 {
 		t.Fatalf("lock the stock rows: %d %v", shards, err)
 	}

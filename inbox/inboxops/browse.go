@@ -19,7 +19,7 @@ var ErrNoRow = errors.New("no such inbox row")
 // Get returns the inbox row with id, in full (payload and metadata); ErrNoRow when there is
 // none.
 func (s *Store) Get(ctx context.Context, id int64) (Row, error) {
-	r, err := scanRow(s.db.QueryRowContext(ctx, "SELECT "+rowColumns+" FROM "+s.table+" WHERE id = ?", id))
+	r, err := scanRow(s.db.QueryRowContext(ctx, s.d.Rebind("SELECT "+rowColumns+" FROM "+s.table+" WHERE id = ?"), id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return r, fmt.Errorf("inbox row %d: %w", id, ErrNoRow)
 	}
@@ -241,7 +241,7 @@ func (s *Store) pageSQL(q PageQuery) (string, []any, error) {
 		ids = "(" + strings.Join(parts, " UNION ALL ") + " ORDER BY created_at " + dir + ", id " + dir + " LIMIT " + strconv.Itoa(q.Limit+1) + ")"
 	}
 	query := "SELECT " + browseColumns + " FROM " + s.table + " i JOIN " + ids + " p ON i.id = p.id ORDER BY p.created_at " + dir + ", p.id " + dir
-	return query, args, nil
+	return s.d.Rebind(query), args, nil
 }
 
 func (q PageQuery) validate() error {

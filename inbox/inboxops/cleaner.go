@@ -24,6 +24,7 @@ import (
 // the shorter retention wait for the older rows to expire first: deleted late, never early.
 type Cleaner struct {
 	db     *sql.DB
+	d      dbx.Dialect
 	cfg    inbox.CleanerConfig
 	logger watermill.LoggerAdapter
 	types  string // the biz types present
@@ -43,13 +44,17 @@ func NewCleaner(db *sql.DB, cfg inbox.CleanerConfig, logger watermill.LoggerAdap
 	}
 	// The DISTINCT jumps from one biz type to the next in the index; oldest reads a range of
 	// it in order (created_at, then the primary key the index ends with).
+	d := dbx.DialectOf(db)
 	var delRep string
-	if cfg.Replies {
+	switch {
+	case cfg.Replies && d.IsPostgres():
+		delRep = fmt.Sprintf("DELETE FROM %s r USING %s i WHERE i.id = r.inbox_id AND i.status = 'done' AND i.expire_at < ? AND i.id IN ", inbox.ReplyTable(cfg.Table), cfg.Table)
+	case cfg.Replies:
 		delRep = fmt.Sprintf("DELETE r FROM %s r JOIN %s i ON i.id = r.inbox_id WHERE i.status = 'done' AND i.expire_at < ? AND i.id IN ", inbox.ReplyTable(cfg.Table), cfg.Table)
 	}
-	return &Cleaner{db: db, cfg: cfg, logger: logger, delRep: delRep,
+	return &Cleaner{db: db, d: d, cfg: cfg, logger: logger, delRep: delRep,
 		types:  fmt.Sprintf("SELECT DISTINCT biz_type FROM %s", cfg.Table),
-		oldest: fmt.Sprintf("SELECT id, expire_at < ? FROM %s WHERE biz_type = ? AND status = 'done' ORDER BY created_at, id LIMIT %d", cfg.Table, cfg.BatchSize),
+		oldest: d.Rebind(fmt.Sprintf("SELECT id, expire_at < ? FROM %s WHERE biz_type = ? AND status = 'done' ORDER BY created_at, id LIMIT %d", cfg.Table, cfg.BatchSize)),
 		del:    fmt.Sprintf("DELETE FROM %s WHERE status = 'done' AND expire_at < ? AND id IN ", cfg.Table)}, nil
 }
 
@@ -127,11 +132,11 @@ func (c *Cleaner) sweep(ctx context.Context, bizType string, now time.Time) (del
 	var n int64
 	err = dbx.InTx(ctx, c.db, func(tx *sql.Tx) error {
 		if c.delRep != "" {
-			if _, err := tx.ExecContext(ctx, c.delRep+in, args...); err != nil {
+			if _, err := tx.ExecContext(ctx, c.d.Rebind(c.delRep+in), args...); err != nil {
 				return fmt.Errorf("delete command responses: %w", err)
 			}
 		}
-		r, err := tx.ExecContext(ctx, c.del+in, args...)
+		r, err := tx.ExecContext(ctx, c.d.Rebind(c.del+in), args...)
 		if err != nil {
 			return err
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
 // ReplayTable records every replay (see migrations/00002).
@@ -107,13 +108,8 @@ func Replay(ctx context.Context, ib *inbox.Inbox, opts ReplayOptions) (ReplayRep
 		return rep, err
 	}
 	filterJSON, _ := json.Marshal(f)
-	res, err := db.ExecContext(ctx, "INSERT INTO "+ReplayTable+" (biz_type, filter, dry_run, started_at) VALUES (?, ?, ?, ?)",
-		f.BizType, string(filterJSON), opts.DryRun, rep.StartedAt)
-	if err != nil {
-		return rep, fmt.Errorf("replay: record start: %w (run `router migrate`)", err)
-	}
-	if rep.ID, err = res.LastInsertId(); err != nil {
-		return rep, fmt.Errorf("replay: record start: %w", err)
+	if rep.ID, err = recordStart(ctx, db, store.d, f.BizType, string(filterJSON), opts.DryRun, rep.StartedAt); err != nil {
+		return rep, err
 	}
 
 	runErr := replayRows(ctx, ib, store, f, maxID, opts, &rep)
@@ -131,8 +127,8 @@ func Replay(ctx context.Context, ib *inbox.Inbox, opts ReplayOptions) (ReplayRep
 	// Record the end even when ctx was cancelled: the operator must see how far it got.
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	_, ferr := db.ExecContext(fctx, "UPDATE "+ReplayTable+` SET finished_at = ?, selected = ?, processed = ?, duplicate = ?,
- quarantined = ?, conflict = ?, outcome = ?, error = ? WHERE id = ?`,
+	_, ferr := db.ExecContext(fctx, store.d.Rebind("UPDATE "+ReplayTable+` SET finished_at = ?, selected = ?, processed = ?, duplicate = ?,
+ quarantined = ?, conflict = ?, outcome = ?, error = ? WHERE id = ?`),
 		rep.FinishedAt, rep.Selected, rep.Processed, rep.Duplicates, rep.Quarantined, rep.Conflicts, rep.Outcome, nullString(rep.Error), rep.ID)
 	if ferr != nil {
 		ferr = fmt.Errorf("replay %d: record end: %w", rep.ID, ferr)
@@ -284,8 +280,8 @@ func (s *Store) LoadReplay(ctx context.Context, id int64) (ReplayReport, error) 
 	var filter string
 	var finished sql.NullTime
 	var errText sql.NullString
-	err := s.db.QueryRowContext(ctx, `SELECT id, biz_type, filter, dry_run, started_at, finished_at, selected, processed, duplicate,
- quarantined, conflict, outcome, error FROM `+ReplayTable+` WHERE id = ?`, id).Scan(&r.ID, &r.BizType, &filter, &r.DryRun, &r.StartedAt,
+	err := s.db.QueryRowContext(ctx, s.d.Rebind(`SELECT id, biz_type, filter, dry_run, started_at, finished_at, selected, processed, duplicate,
+ quarantined, conflict, outcome, error FROM `+ReplayTable+` WHERE id = ?`), id).Scan(&r.ID, &r.BizType, &filter, &r.DryRun, &r.StartedAt,
 		&finished, &r.Selected, &r.Processed, &r.Duplicates, &r.Quarantined, &r.Conflicts, &r.Outcome, &errText)
 	if err != nil {
 		return r, fmt.Errorf("load replay %d: %w", id, err)
@@ -296,4 +292,24 @@ func (s *Store) LoadReplay(ctx context.Context, id int64) (ReplayReport, error) 
 		return r, fmt.Errorf("load replay %d: filter: %w", id, err)
 	}
 	return r, nil
+}
+
+// recordStart writes the replay's row and returns its id.
+func recordStart(ctx context.Context, db *sql.DB, d dbx.Dialect, bizType, filter string, dryRun bool, started time.Time) (int64, error) {
+	q := "INSERT INTO " + ReplayTable + " (biz_type, filter, dry_run, started_at) VALUES (?, ?, ?, ?)"
+	var id int64
+	if d.IsPostgres() {
+		if err := db.QueryRowContext(ctx, d.Rebind(q+" RETURNING id"), bizType, filter, dryRun, started).Scan(&id); err != nil {
+			return 0, fmt.Errorf("replay: record start: %w (run `router migrate`)", err)
+		}
+		return id, nil
+	}
+	res, err := db.ExecContext(ctx, q, bizType, filter, dryRun, started)
+	if err != nil {
+		return 0, fmt.Errorf("replay: record start: %w (run `router migrate`)", err)
+	}
+	if id, err = res.LastInsertId(); err != nil {
+		return 0, fmt.Errorf("replay: record start: %w", err)
+	}
+	return id, nil
 }

@@ -156,6 +156,7 @@ func (r Row) Source() inbox.Source {
 // Store reads inbox rows; it never changes them (changes go through inbox.Inbox.Process).
 type Store struct {
 	db    *sql.DB
+	d     dbx.Dialect // the pool's: every statement goes through d.Rebind
 	table string
 }
 
@@ -170,7 +171,7 @@ func NewStore(db *sql.DB, table string) (*Store, error) {
 	if err := dbx.CheckIdent("inbox table", table); err != nil {
 		return nil, fmt.Errorf("inbox store: %w", err)
 	}
-	return &Store{db: db, table: table}, nil
+	return &Store{db: db, d: dbx.DialectOf(db), table: table}, nil
 }
 
 const rowColumns = `id, dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset,
@@ -204,7 +205,7 @@ func (s *Store) list(ctx context.Context, f Filter, afterID, maxID int64) ([]Row
 	if f.Limit > 0 {
 		q += " LIMIT " + strconv.Itoa(f.Limit)
 	}
-	rows, err := s.db.QueryContext(ctx, q, args...)
+	rows, err := s.db.QueryContext(ctx, s.d.Rebind(q), args...)
 	if err != nil {
 		return nil, fmt.Errorf("list inbox: %w", err)
 	}
@@ -243,7 +244,7 @@ func (s *Store) Count(ctx context.Context, f Filter) (int, error) {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
 	var n int
-	if err := s.db.QueryRowContext(ctx, q, args...).Scan(&n); err != nil {
+	if err := s.db.QueryRowContext(ctx, s.d.Rebind(q), args...).Scan(&n); err != nil {
 		return 0, fmt.Errorf("count inbox: %w", err)
 	}
 	return n, nil
@@ -328,6 +329,7 @@ func scanRow(sc scanner) (Row, error) {
 	if err != nil {
 		return r, fmt.Errorf("scan inbox row: %w", err)
 	}
+	r.Fingerprint = strings.TrimRight(r.Fingerprint, " ") // PostgreSQL pads CHAR(64); MariaDB strips it
 	r.Reason, r.LastError, r.ReplayID, r.PayloadSize = reason.String, lastErr.String, replay.Int64, size.Int64
 	r.sized, r.bare = size.Valid, !meta.Valid
 	if meta.Valid && meta.String != "" && meta.String != "null" {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/inbox/inboxtest"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
@@ -215,14 +216,14 @@ func (twoSteps) Decode(m *message.Message) (inbox.Decoded, error) {
 
 func (twoSteps) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error) {
 	var done int
-	if err := tx.QueryRowContext(ctx, "SELECT COUNT(*) FROM step_log WHERE k = ?", d.Key).Scan(&done); err != nil {
+	if err := tx.QueryRowContext(ctx, testenv.Rebind("SELECT COUNT(*) FROM step_log WHERE k = ?"), d.Key).Scan(&done); err != nil {
 		return 0, err
 	}
 	step, next := "a", inbox.Continue
 	if done > 0 {
 		step, next = "b", inbox.Done
 	}
-	_, err := tx.ExecContext(ctx, "INSERT INTO step_log (k, s) VALUES (?, ?)", d.Key, step)
+	_, err := tx.ExecContext(ctx, testenv.Rebind("INSERT INTO step_log (k, s) VALUES (?, ?)"), d.Key, step)
 	return next, err
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
 // Report is what a Run did.
@@ -51,11 +52,12 @@ func (r *Report) String() string {
 type Counter func(ctx context.Context, db *sql.DB, key string) (int, error)
 
 // CountQuery counts with query, which takes the key as its one argument and returns one
-// number: "SELECT COUNT(*) FROM points_credit WHERE order_id = ?".
+// number: "SELECT COUNT(*) FROM points_credit WHERE order_id = ?" ('?' whatever the
+// database: it is rebound for PostgreSQL).
 func CountQuery(query string) Counter {
 	return func(ctx context.Context, db *sql.DB, key string) (int, error) {
 		var n int
-		if err := db.QueryRowContext(ctx, query, key).Scan(&n); err != nil {
+		if err := db.QueryRowContext(ctx, dbx.DialectOf(db).Rebind(query), key).Scan(&n); err != nil {
 			return 0, fmt.Errorf("%s: %w", query, err)
 		}
 		return n, nil
@@ -67,7 +69,7 @@ func CountQuery(query string) Counter {
 func CountEvents(eventType string) Counter {
 	return func(ctx context.Context, db *sql.DB, key string) (int, error) {
 		var n int
-		err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM outbox WHERE msg_key = ? AND event_type = ?", key, eventType).Scan(&n)
+		err := db.QueryRowContext(ctx, dbx.DialectOf(db).Rebind("SELECT COUNT(*) FROM outbox WHERE msg_key = ? AND event_type = ?"), key, eventType).Scan(&n)
 		if err != nil {
 			return 0, fmt.Errorf("count %s events in the outbox: %w", eventType, err)
 		}
@@ -129,7 +131,7 @@ func (r *Report) OncePerKey(count Counter) error {
 			add("key %s: processed %d times, want 1", key, processed)
 		}
 		var status string
-		err := r.DB.DB.QueryRowContext(ctx, fmt.Sprintf("SELECT status FROM %s WHERE biz_type = ? AND dedup_key = ?", r.Table), r.BizType, key).Scan(&status)
+		err := r.DB.DB.QueryRowContext(ctx, dbx.DialectOf(r.DB.DB).Rebind(fmt.Sprintf("SELECT status FROM %s WHERE biz_type = ? AND dedup_key = ?", r.Table)), r.BizType, key).Scan(&status)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 			add("key %s: no inbox row", key)

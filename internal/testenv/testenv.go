@@ -118,8 +118,16 @@ func MonitorDSN() string {
 // OpenTransactions returns the number of InnoDB transactions open in database name
 // (information_schema.innodb_trx, read as the monitor user): a test shows with it that no
 // transaction, and so no row lock, outlived what it ran.
+//
+// On PostgreSQL it counts the sessions of database name, other than its own, inside a
+// transaction (pg_stat_activity.xact_start), read as the application user: a role sees the
+// transaction state of its own sessions only, and every session a test runs is the
+// application user's but the migrations' (which hold none open).
 func OpenTransactions(t testing.TB, name string) int {
 	t.Helper()
+	if Dialect().IsPostgres() {
+		return pgOpenTransactions(t, name)
+	}
 	db, err := sql.Open("mysql", MonitorDSN())
 	if err != nil {
 		t.Fatalf("testenv: monitor dsn: %v", err)
@@ -133,6 +141,33 @@ func OpenTransactions(t testing.TB, name string) int {
 	}
 	return n
 }
+
+func pgOpenTransactions(t testing.TB, name string) int {
+	t.Helper()
+	db, err := sql.Open("pgx", DSN(name, AppUser()))
+	if err != nil {
+		t.Fatalf("testenv: app dsn: %v", err)
+	}
+	defer db.Close()
+	var n int
+	err = db.QueryRow(`SELECT COUNT(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid() AND xact_start IS NOT NULL`, name).Scan(&n)
+	if err != nil {
+		t.Fatalf("testenv: read open transactions of %s: %v", name, err)
+	}
+	return n
+}
+
+// SQL returns the statement of the tests' dialect: mysql on MariaDB (and in mysql8 mode),
+// postgres on PostgreSQL; for a test's own DDL and queries where the two differ.
+func SQL(mysql, postgres string) string {
+	if Dialect().IsPostgres() {
+		return postgres
+	}
+	return mysql
+}
+
+// Rebind is q ('?' placeholders) for the tests' dialect (dbx.Dialect.Rebind).
+func Rebind(q string) string { return Dialect().Rebind(q) }
 
 // AppUser is the least-privilege user:password (ONCEFLOW_TEST_APP_USER).
 func AppUser() string { return env("ONCEFLOW_TEST_APP_USER", "onceflow:onceflow") }
@@ -253,9 +288,16 @@ func createPostgres(ctx context.Context, t testing.TB, name string) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if _, err := admin.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
-			t.Logf("testenv: drop database %s: %v", name, err)
+		// FORCE cuts only sessions the admin may signal: another role's (a pool the test
+		// closed a moment ago) may take a moment to go.
+		var err error
+		for try := 0; try < 50; try++ {
+			if _, err = admin.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err == nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
+		t.Logf("testenv: drop database %s: %v", name, err)
 	})
 }
 

@@ -46,11 +46,27 @@ type MultiRow struct {
 }
 
 // NewMultiRow returns a MultiRow on db for rows of width parameters; text(n) is the
-// statement for n rows. With a nil db the statements always run interpolated. max is the most rows per statement, rounded down to a power of two
-// and to what the placeholder limit allows.
+// statement for n rows, with '?' placeholders, rebound for db's dialect (Dialect.Rebind).
+// With a nil db the statements always run interpolated, as text gives them (use
+// NewMultiRowFor). max is the most rows per statement, rounded down to a power of two and
+// to what the placeholder limit allows.
 func NewMultiRow(db *sql.DB, width, max int, text func(n int) string) *MultiRow {
+	d := MariaDB
+	if db != nil {
+		d = DialectOf(db)
+	}
+	return NewMultiRowFor(d, db, width, max, text)
+}
+
+// NewMultiRowFor is NewMultiRow with the dialect given: for a nil db (statements run in
+// transactions of a pool of dialect d) or one whose dialect is known.
+func NewMultiRowFor(d Dialect, db *sql.DB, width, max int, text func(n int) string) *MultiRow {
 	if width < 1 {
 		panic("dbx: MultiRow width below 1")
+	}
+	if d.IsPostgres() {
+		raw := text
+		text = func(n int) string { return d.Rebind(raw(n)) }
 	}
 	max = min(max, maxPlaceholders/width)
 	p := 1
