@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -283,6 +284,8 @@ func (ib *Inbox) decode(msg *message.Message) (dec Decoded, err error) {
 		return Decoded{}, PoisonError("business key of %d bytes exceeds %d", len(dec.Key), MaxKeyLen)
 	case !utf8.ValidString(dec.Key):
 		return Decoded{}, PoisonError("business key %q is not UTF-8", dec.Key)
+	case ib.d.IsPostgres() && strings.IndexByte(dec.Key, 0) >= 0:
+		return Decoded{}, PoisonError("business key %q holds a NUL byte, which PostgreSQL text cannot store", dec.Key)
 	}
 	if dec.Fingerprint == "" {
 		dec.Fingerprint = fingerprint(msg.Payload)

@@ -28,11 +28,14 @@ const maxUUIDBytes = 64
 // the sha256 of the whole encoded metadata.
 const MetadataTruncatedKey = "onceflow_metadata_truncated"
 
-// validText returns s as valid UTF-8 (each invalid byte sequence replaced by U+FFFD) of at
-// most max bytes, cut on a character boundary.
+// validText returns s as valid UTF-8 (each invalid byte sequence, and each NUL, replaced
+// by U+FFFD) of at most max bytes, cut on a character boundary.
 func validText(s string, max int) string {
 	if !utf8.ValidString(s) {
 		s = strings.ToValidUTF8(s, "\uFFFD")
+	}
+	if strings.IndexByte(s, 0) >= 0 {
+		s = strings.ReplaceAll(s, "\x00", "\uFFFD") // no text column of PostgreSQL stores a NUL
 	}
 	if len(s) <= max {
 		return s
@@ -102,9 +105,9 @@ func messageUUID(msg *message.Message) string {
 }
 
 // storableFingerprint returns a plugin's fingerprint as stored: as given when it is valid
-// UTF-8 of at most 64 bytes (the column), else its sha256 in hex.
+// UTF-8 of at most 64 bytes (the column) without a NUL, else its sha256 in hex.
 func storableFingerprint(fp string) string {
-	if len(fp) <= 64 && utf8.ValidString(fp) {
+	if len(fp) <= 64 && utf8.ValidString(fp) && strings.IndexByte(fp, 0) < 0 {
 		return fp
 	}
 	return fingerprint([]byte(fp))
