@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
@@ -369,5 +372,33 @@ func TestGroupedPreparer(t *testing.T) {
 	}
 	if n := count(t, g.db.DB, "SELECT attempts FROM inbox WHERE dedup_key = 'flaky-1'"); n != 2 {
 		t.Fatalf("flaky-1: %d attempts on its row, want 2 (the failed Prepare counted)", n)
+	}
+}
+
+// TestConflictLeavesTheRowAlone: a delivery whose key is taken by another payload is
+// quarantined under a key of its own; the taken row is not changed, its updated_at
+// included (on PostgreSQL the claim's ON CONFLICT update assigns nothing new, and the
+// trigger moves updated_at only on a change).
+func TestConflictLeavesTheRowAlone(t *testing.T) {
+	g := newEffectsInbox(t, newEffects(), inbox.Config{})
+	ctx := context.Background()
+	first, err := g.inbox.Process(ctx, message.NewMessage(watermill.NewUUID(), []byte("k|a")), inbox.Source{Topic: "grouped"}, inbox.ProcessOptions{})
+	if err != nil || first.Outcome != inbox.OutcomeProcessed {
+		t.Fatalf("first: %+v, %v", first, err)
+	}
+	read := func() (at time.Time) {
+		if err := g.db.DB.QueryRow(testenv.Rebind("SELECT updated_at FROM inbox WHERE id = ?"), first.InboxID).Scan(&at); err != nil {
+			t.Fatal(err)
+		}
+		return at
+	}
+	before := read()
+	time.Sleep(5 * time.Millisecond)
+	r, err := g.inbox.Process(ctx, message.NewMessage(watermill.NewUUID(), []byte("k|b")), inbox.Source{Topic: "grouped", Offset: 1}, inbox.ProcessOptions{})
+	if err != nil || r.Outcome != inbox.OutcomeConflict {
+		t.Fatalf("conflict: %+v, %v", r, err)
+	}
+	if after := read(); !after.Equal(before) {
+		t.Fatalf("updated_at of the taken row moved from %v to %v", before, after)
 	}
 }

@@ -40,7 +40,9 @@ CREATE TABLE inbox (
     CONSTRAINT uk_dedup UNIQUE (dedup_key, biz_type)
 );
 CREATE INDEX idx_biz_status_created ON inbox (biz_type, status, created_at);
-CREATE TRIGGER inbox_updated_at BEFORE UPDATE ON inbox FOR EACH ROW EXECUTE FUNCTION onceflow_touch_updated_at();
+-- Only a change moves updated_at, as ON UPDATE CURRENT_TIMESTAMP does on MariaDB: the
+-- claim's ON CONFLICT update of a row it finds assigns nothing new.
+CREATE TRIGGER inbox_updated_at BEFORE UPDATE ON inbox FOR EACH ROW WHEN (OLD.* IS DISTINCT FROM NEW.*) EXECUTE FUNCTION onceflow_touch_updated_at();
 COMMENT ON COLUMN inbox.reason IS 'why failed: poison, conflict, retries_exhausted, permanent';
 COMMENT ON COLUMN inbox.metadata IS 'message metadata as JSON, kept for replay';
 COMMENT ON COLUMN inbox.duplicates IS 'deliveries blocked as duplicates';
