@@ -404,14 +404,15 @@ func TestRetriesExhaustedQuarantinesAndMovesOn(t *testing.T) {
 }
 
 func TestCleanerDeletesOnlyExpiredDoneRows(t *testing.T) {
-	p := newPipeline(t, pipelineOpts{})
-	db := p.db.DB
+	db := testenv.DB(t, 4).DB
 	// Rows as the inbox writes them: expire_at = created_at + retention (here 1 day), so
 	// receive order is expiry order.
 	const day = 24 * 60
 	ins := func(key, bizType, status string, minutesAgo int) {
-		if _, err := db.Exec(testenv.Rebind(`INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, created_at, expire_at)
-			VALUES (?, ?, ?, 'x', 't', 0, 0, '', '', NOW(6) - INTERVAL ? MINUTE, NOW(6) - INTERVAL ? MINUTE + INTERVAL 1 DAY)`),
+		if _, err := db.Exec(testenv.Rebind(testenv.SQL(`INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, created_at, expire_at)
+			VALUES (?, ?, ?, 'x', 't', 0, 0, '', '', NOW(6) - INTERVAL ? MINUTE, NOW(6) - INTERVAL ? MINUTE + INTERVAL 1 DAY)`,
+			`INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, created_at, expire_at)
+			VALUES (?, ?, ?, 'x', 't', 0, 0, '', '', LOCALTIMESTAMP - ? * INTERVAL '1 minute', LOCALTIMESTAMP - ? * INTERVAL '1 minute' + INTERVAL '1 day')`)),
 			key, bizType, status, minutesAgo, minutesAgo); err != nil {
 			t.Fatal(err)
 		}
@@ -442,8 +443,10 @@ func TestCleanerDeletesOnlyExpiredDoneRows(t *testing.T) {
 	// After a retention was shortened: a row received later under the shorter retention is
 	// past its expire_at while an older one is not. The cleaner stops at the older one:
 	// the later row is deleted late, never an unexpired row early.
-	if _, err := db.Exec(`INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, created_at, expire_at)
-		VALUES ('short-retention', 'coupon', 'done', 'x', 't', 0, 0, '', '', NOW(6) - INTERVAL 30 MINUTE, NOW(6) - INTERVAL 1 MINUTE)`); err != nil {
+	if _, err := db.Exec(testenv.SQL(`INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, created_at, expire_at)
+		VALUES ('short-retention', 'coupon', 'done', 'x', 't', 0, 0, '', '', NOW(6) - INTERVAL 30 MINUTE, NOW(6) - INTERVAL 1 MINUTE)`,
+		`INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, created_at, expire_at)
+		VALUES ('short-retention', 'coupon', 'done', 'x', 't', 0, 0, '', '', LOCALTIMESTAMP - INTERVAL '30 minutes', LOCALTIMESTAMP - INTERVAL '1 minute')`)); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := c.RunOnce(context.Background(), time.Now()); err != nil || n != 0 {
@@ -458,14 +461,16 @@ func TestCleanerDeletesOnlyExpiredDoneRows(t *testing.T) {
 
 	// The sweep reads a range of the index in order — no scan, no sort — once there are
 	// enough rows for the plan to matter.
-	if _, err := db.Exec(`INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, expire_at)
-		SELECT CONCAT('bulk-', seq), 'coupon', ELT(1 + seq % 3, 'done', 'failed', 'processing'), 'x', 't', 0, 0, '', '', NOW() + INTERVAL 1 DAY FROM seq_1_to_5000`); err != nil {
+	if _, err := db.Exec(testenv.SQL(`INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, expire_at)
+		SELECT CONCAT('bulk-', seq), 'coupon', ELT(1 + seq % 3, 'done', 'failed', 'processing'), 'x', 't', 0, 0, '', '', NOW() + INTERVAL 1 DAY FROM seq_1_to_5000`,
+		`INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, expire_at)
+		SELECT 'bulk-' || seq, 'coupon', (ARRAY['done', 'failed', 'processing'])[1 + seq % 3], 'x', 't', 0, 0, '', '', LOCALTIMESTAMP + INTERVAL '1 day' FROM generate_series(1, 5000) seq`)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Exec("ANALYZE TABLE inbox"); err != nil {
+	if _, err := db.Exec(testenv.SQL("ANALYZE TABLE inbox", "ANALYZE inbox")); err != nil {
 		t.Fatal(err)
 	}
-	typ, key, extra := explainPlan(t, db, "SELECT id, expire_at < NOW() FROM inbox WHERE biz_type = 'coupon' AND status = 'done' ORDER BY created_at, id LIMIT 10")
+	typ, key, extra := explainPlan(t, db, "SELECT id, expire_at < CURRENT_TIMESTAMP FROM inbox WHERE biz_type = 'coupon' AND status = 'done' ORDER BY created_at, id LIMIT 10")
 	if key != "idx_biz_status_created" || (typ != "ref" && typ != "range") || strings.Contains(extra, "filesort") {
 		t.Fatalf("the cleaner's read: type=%s key=%s extra=%q, want a ref or range of idx_biz_status_created without a filesort", typ, key, extra)
 	}
