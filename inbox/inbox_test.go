@@ -269,7 +269,7 @@ func TestProcessingRowResumes(t *testing.T) {
 		}
 	}
 	if _, err := p.db.DB.Exec(testenv.Rebind(`INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, expire_at)
-		VALUES ('o-resume', 'coupon', 'processing', 'x', 'order-paid', 3, 1, ?, ?, NOW() + INTERVAL 1 DAY)`), o.Encode(), o.Fingerprint()); err != nil {
+		VALUES ('o-resume', 'coupon', 'processing', 'x', 'order-paid', 3, 1, ?, ?, CURRENT_TIMESTAMP + INTERVAL '1' DAY)`), o.Encode(), o.Fingerprint()); err != nil {
 		t.Fatal(err)
 	}
 	r, err := p.inbox.Process(ctx, orderMsg("o-resume", "u1"), src, inbox.ProcessOptions{})

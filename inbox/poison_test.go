@@ -259,8 +259,7 @@ func TestQuarantineStoresBoundedContent(t *testing.T) {
 // source, reason, hash): shown with a trigger that rejects failed rows carrying a payload.
 func TestQuarantineFallsBackToMinimalRow(t *testing.T) {
 	p := newPipeline(t, pipelineOpts{conns: 4})
-	p.db.AdminExec(t, `CREATE TRIGGER refuse_payload BEFORE INSERT ON inbox FOR EACH ROW
- IF NEW.status = 'failed' AND LENGTH(NEW.payload) > 0 THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'payload refused'; END IF`)
+	p.db.RefuseQuarantinePayloads(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	payload := []byte(`{"not":"an order"}`)

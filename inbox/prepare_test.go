@@ -98,8 +98,8 @@ func TestSlowExternalCallHoldsNoLock(t *testing.T) {
 					locked = true
 				}
 			}
-			probe("SELECT COUNT(*) FROM inbox WHERE dedup_key = 'slow-1' FOR UPDATE NOWAIT")
-			probe("SELECT COUNT(*) FROM coupon_grant WHERE order_id = 'slow-1' FOR UPDATE NOWAIT")
+			probe("SELECT COUNT(*) FROM (SELECT id FROM inbox WHERE dedup_key = 'slow-1' FOR UPDATE NOWAIT) r")
+			probe("SELECT COUNT(*) FROM (SELECT order_id FROM coupon_grant WHERE order_id = 'slow-1' FOR UPDATE NOWAIT) r")
 			close(svc.release)
 			r := <-done
 			if r.Outcome != inbox.OutcomeProcessed {

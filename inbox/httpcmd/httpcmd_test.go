@@ -454,7 +454,7 @@ func TestClaimKeysExpire(t *testing.T) {
 		t.Fatalf("claim: %d %s", first.status, first.body)
 	}
 	ctx := context.Background()
-	if _, err := d.DB.ExecContext(ctx, testenv.Rebind("UPDATE inbox SET expire_at = NOW(6) - INTERVAL 1 MINUTE WHERE biz_type = ?"), coupon.ClaimBizType); err != nil {
+	if _, err := d.DB.ExecContext(ctx, testenv.Rebind("UPDATE inbox SET expire_at = CURRENT_TIMESTAMP(6) - INTERVAL '1' MINUTE WHERE biz_type = ?"), coupon.ClaimBizType); err != nil {
 		t.Fatal(err)
 	}
 	responses := func() int { return count(t, d.DB, "SELECT COUNT(*) FROM inbox_response") }
@@ -479,7 +479,7 @@ func TestClaimKeysExpire(t *testing.T) {
 				t.Fatal(err)
 			}
 			claim(t, srv.Client(), srv.URL, "old-key", claimBody("u-old"))
-			if _, err := d.DB.ExecContext(ctx, testenv.Rebind("UPDATE inbox SET expire_at = NOW(6) - INTERVAL 1 MINUTE WHERE biz_type = ?"), coupon.ClaimBizType); err != nil {
+			if _, err := d.DB.ExecContext(ctx, testenv.Rebind("UPDATE inbox SET expire_at = CURRENT_TIMESTAMP(6) - INTERVAL '1' MINUTE WHERE biz_type = ?"), coupon.ClaimBizType); err != nil {
 				t.Fatal(err)
 			}
 		case n != 1 || responses() != 0:

@@ -486,12 +486,11 @@ func TestReplayRefusesRowsThatHoldLessThanTheMessage(t *testing.T) {
 	ids := map[string]int64{"headers": deliver(headers, 1), "value": deliver(big, 2)}
 	// The database refuses a quarantined row that carries a payload: a minimal row is
 	// written (TestQuarantineFallsBackToMinimalRow).
-	p.db.AdminExec(t, `CREATE TRIGGER refuse_payload BEFORE INSERT ON inbox FOR EACH ROW
- IF NEW.status = 'failed' AND LENGTH(NEW.payload) > 0 THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'payload refused'; END IF`)
+	p.db.RefuseQuarantinePayloads(t)
 	broken.Store(true)
 	ids["minimal"] = deliver(orderMsg("o-minimal", "u3"), 3)
 	broken.Store(false) // every cause fixed: a row that ran now would be granted
-	p.db.AdminExec(t, "DROP TRIGGER refuse_payload")
+	p.db.AllowQuarantinePayloads(t)
 
 	store, err := inboxops.NewStore(db, "")
 	if err != nil {
