@@ -253,20 +253,15 @@ func (ins *Inserter) rounds(family int, rows [][]any) [][][]any {
 	return out
 }
 
-type dialectKey struct{}
-
-// withDialect marks ctx, a handler's, with its inbox's dialect (PostgreSQL only: the MySQL
-// family is the default) for the Inserters it uses.
+// withDialect marks ctx, a handler's, with its inbox's dialect (dbx.ContextWithDialect)
+// for the Inserters and outbox Writers it uses.
 func withDialect(ctx context.Context, d dbx.Dialect) context.Context {
-	if !d.IsPostgres() {
-		return ctx
-	}
-	return context.WithValue(ctx, dialectKey{}, d)
+	return dbx.ContextWithDialect(ctx, d)
 }
 
 // dialectFrom is the dialect withDialect left in ctx, else MariaDB.
 func dialectFrom(ctx context.Context) dbx.Dialect {
-	if d, ok := ctx.Value(dialectKey{}).(dbx.Dialect); ok {
+	if d, ok := dbx.DialectFromContext(ctx); ok {
 		return d
 	}
 	return dbx.MariaDB

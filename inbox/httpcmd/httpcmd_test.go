@@ -109,7 +109,7 @@ func claim(t *testing.T, c *http.Client, url, key, body string) answer {
 func count(t *testing.T, db *sql.DB, q string, args ...any) int {
 	t.Helper()
 	var n int
-	if err := db.QueryRow(q, args...).Scan(&n); err != nil {
+	if err := db.QueryRow(testenv.Rebind(q), args...).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -122,7 +122,8 @@ func coupons(t *testing.T, db *sql.DB, user string) int {
 }
 
 func events(t *testing.T, db *sql.DB, user string) int {
-	return count(t, db, "SELECT COUNT(*) FROM outbox WHERE event_type = ? AND JSON_VALUE(payload, '$.userId') = ?", coupon.EventGranted, user)
+	return count(t, db, testenv.SQL("SELECT COUNT(*) FROM outbox WHERE event_type = ? AND JSON_VALUE(payload, '$.userId') = ?",
+		"SELECT COUNT(*) FROM outbox WHERE event_type = ? AND convert_from(payload, 'UTF8')::json->>'userId' = ?"), coupon.EventGranted, user)
 }
 
 func claimBody(user string) string {

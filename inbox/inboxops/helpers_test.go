@@ -68,7 +68,7 @@ func orderMsg(orderID, userID string) *message.Message {
 func count(t testing.TB, db *sql.DB, q string, args ...any) int {
 	t.Helper()
 	var n int
-	if err := db.QueryRow(q, args...).Scan(&n); err != nil {
+	if err := db.QueryRow(testenv.Rebind(q), args...).Scan(&n); err != nil {
 		t.Fatalf("%s: %v", q, err)
 	}
 	return n

@@ -38,7 +38,7 @@ func snapshot(t *testing.T, db *sql.DB, strict bool) string {
 	for _, q := range []string{
 		"SELECT COUNT(*) FROM user_coupon",
 		"SELECT COUNT(*) FROM coupon_grant",
-		"SELECT COALESCE(SUM(state = 'GRANTED'), 0) FROM coupon_grant",
+		"SELECT COUNT(CASE WHEN state = 'GRANTED' THEN 1 END) FROM coupon_grant",
 		"SELECT COUNT(*) FROM outbox",
 		"SELECT COALESCE(SUM(locked), 0) FROM coupon_stock",
 		"SELECT COALESCE(SUM(granted), 0) FROM coupon_stock",
