@@ -122,10 +122,14 @@ func (c Config) packetBytes() int64 {
 // does not is refused with an error wrapping dbx.ErrIsolation (its transactions are refused
 // too, at their first use: dbx.InTx). And a statement carrying a payload of
 // MaxPayloadBytes must fit the server's max_allowed_packet, or the server would close the
-// connection on it and the delivery would be retried forever as "database unreachable".
+// connection on it and the delivery would be retried forever as "database unreachable"
+// (PostgreSQL has no such limit below its 1 GB message: MaxPayloadLimit always fits).
 func (ib *Inbox) CheckServer(ctx context.Context) error {
 	if err := dbx.CheckIsolation(ctx, ib.db); err != nil {
 		return fmt.Errorf("inbox %s: %w", ib.cfg.BizType, err)
+	}
+	if ib.d.IsPostgres() {
+		return nil
 	}
 	var packet int64
 	if err := ib.db.QueryRowContext(ctx, "SELECT @@max_allowed_packet").Scan(&packet); err != nil {
