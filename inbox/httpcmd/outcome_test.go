@@ -2,9 +2,11 @@ package httpcmd_test
 
 import (
 	"context"
+	"encoding/binary"
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -186,6 +188,10 @@ func (p *commitCutter) serve(client net.Conn) {
 		}
 	}()
 	defer stop()
+	if testenv.Dialect().IsPostgres() {
+		p.servePostgres(client, server, &cutting)
+		return
+	}
 	head := make([]byte, 4)
 	for {
 		if _, err := io.ReadFull(client, head); err != nil {
@@ -215,13 +221,9 @@ func TestClaimCommitWithoutAnswer(t *testing.T) {
 	if err := coupon.EnsureCampaign(ctx, d.DB, coupon.DefaultConfig()); err != nil {
 		t.Fatal(err)
 	}
-	mc, err := mysql.ParseDSN(d.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := startCommitCutter(t, mc.Addr)
-	mc.Addr = proxy.ln.Addr().String()
-	db, err := dbx.Open(ctx, dbx.Config{DSN: mc.FormatDSN(), MaxOpenConns: 8})
+	addr, viaProxy := dsnAddr(t, d.DSN)
+	proxy := startCommitCutter(t, addr)
+	db, err := dbx.Open(ctx, testenv.Config(viaProxy(proxy.ln.Addr().String()), 8))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,4 +257,63 @@ func TestClaimCommitWithoutAnswer(t *testing.T) {
 	if n, e := coupons(t, d.DB, user), events(t, d.DB, user); n != 1 || e != 1 {
 		t.Fatalf("after the retry with the same key: %d coupons, %d events, want 1 and 1", n, e)
 	}
+}
+
+// servePostgres forwards the client's messages of PostgreSQL's protocol: the untyped
+// startup ones (an SSL or GSS request, answered with one byte, then the startup message),
+// then typed messages, a simple query "commit" arming the cut of its answer.
+func (p *commitCutter) servePostgres(client, server net.Conn, cutting *atomic.Bool) {
+	const sslRequest, gssRequest = 80877103, 80877104
+	for {
+		head := make([]byte, 4)
+		if _, err := io.ReadFull(client, head); err != nil {
+			return
+		}
+		body := make([]byte, int(binary.BigEndian.Uint32(head))-4)
+		if _, err := io.ReadFull(client, body); err != nil {
+			return
+		}
+		if _, err := server.Write(append(head, body...)); err != nil {
+			return
+		}
+		if len(body) < 4 {
+			return
+		}
+		if code := binary.BigEndian.Uint32(body); code != sslRequest && code != gssRequest {
+			break // the startup message
+		}
+	}
+	for {
+		head := make([]byte, 5)
+		if _, err := io.ReadFull(client, head); err != nil {
+			return
+		}
+		body := make([]byte, int(binary.BigEndian.Uint32(head[1:]))-4)
+		if _, err := io.ReadFull(client, body); err != nil {
+			return
+		}
+		if head[0] == 'Q' && strings.EqualFold(strings.TrimRight(string(body), "\x00"), "COMMIT") && p.armed.CompareAndSwap(true, false) {
+			cutting.Store(true)
+		}
+		if _, err := server.Write(append(head, body...)); err != nil {
+			return
+		}
+	}
+}
+
+// dsnAddr returns the server address of dsn and a function giving dsn with another address.
+func dsnAddr(t *testing.T, dsn string) (string, func(addr string) string) {
+	t.Helper()
+	if testenv.Dialect().IsPostgres() {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u.Host, func(addr string) string { v := *u; v.Host = addr; return v.String() }
+	}
+	mc, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mc.Addr, func(addr string) string { c := mc.Clone(); c.Addr = addr; return c.FormatDSN() }
 }

@@ -192,7 +192,7 @@ func TestReplayDryRunChangesNothing(t *testing.T) {
 	if after := snapshot(t, p.db.DB, true); after != before {
 		t.Fatalf("dry run changed state:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
-	if n := count(t, p.db.DB, "SELECT COUNT(*) FROM replay WHERE id = ? AND dry_run = 1 AND selected = 2 AND outcome = 'dry_run'", rep.ID); n != 1 {
+	if n := count(t, p.db.DB, "SELECT COUNT(*) FROM replay WHERE id = ? AND dry_run = TRUE AND selected = 2 AND outcome = 'dry_run'", rep.ID); n != 1 {
 		t.Fatal("dry run not logged in the replay table")
 	}
 }
