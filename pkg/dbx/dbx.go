@@ -10,12 +10,14 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"regexp"
 	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/onceflow/onceflow/internal/settings"
 )
@@ -375,6 +377,11 @@ func IsConnError(err error) bool {
 		return false
 	}
 	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) {
+		return true
+	}
+	// pgx: the connection broke, or was closed by pgx after a failed read, while a
+	// statement (a COMMIT, say) ran.
+	if errors.Is(err, pgconn.ErrConnClosed) || pgCode(err) == "" && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) {
 		return true
 	}
 	var ne net.Error
