@@ -67,7 +67,8 @@ func ExampleInserter() {
 	if err != nil {
 		panic(err)
 	}
-	balances.OnDuplicateKeyUpdate("points = points + VALUES(points)") // add to the user's balance
+	balances.OnDuplicateKeyUpdate("points = points + VALUES(points)")                        // add to the user's balance
+	balances.OnConflictUpdate("user_id", "points = points_balance.points + EXCLUDED.points") // the same on PostgreSQL
 	_ = inbox.Typed(
 		inbox.JSON[OrderShipped]{Key: func(o OrderShipped) (string, error) { return o.OrderID, nil }},
 		func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery, o OrderShipped) (inbox.Progress, error) {
