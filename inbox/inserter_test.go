@@ -202,4 +202,24 @@ func TestInserterRefusesBadInput(t *testing.T) {
 			ins.OnDuplicateKeyUpdate(clause)
 		}()
 	}
+	for _, c := range [][2]string{{"order_id", ""}, {"order_id", "n = 1; DROP TABLE credit"}, {"order id", "points = 1"}, {"", "points = 1"}} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("OnConflictUpdate(%q, %q) did not panic", c[0], c[1])
+				}
+			}()
+			ins.OnConflictUpdate(c[0], c[1])
+		}()
+	}
+	// An upsert without its PostgreSQL form is refused there, before any round trip.
+	up, err := inbox.NewInserter("balance", "user_id", "points")
+	if err != nil {
+		t.Fatal(err)
+	}
+	up.OnDuplicateKeyUpdate("points = points + VALUES(points)")
+	pg := dbx.ContextWithDialect(context.Background(), dbx.Postgres)
+	if err := up.Insert(pg, nil, "u-1", 1); !errors.Is(err, inbox.ErrPermanent) || !strings.Contains(err.Error(), "OnConflictUpdate") {
+		t.Errorf("an upsert without OnConflictUpdate on PostgreSQL: %v, want a permanent error naming OnConflictUpdate", err)
+	}
 }
