@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"go.opentelemetry.io/otel/trace"
 
@@ -75,14 +76,19 @@ func (e Event) Validate() error {
 var ErrDuplicateEvent = errors.New("outbox: event id already stored")
 
 // Writer adds events to the outbox table within the caller's transaction. It writes the
-// MySQL family's SQL until it is given a PostgreSQL pool (UseStatements) or told the
-// dialect (WithDialect): a *sql.Tx does not say which database it belongs to.
+// MySQL family's SQL unless it is given a pool (UseStatements), told the dialect
+// (WithDialect), or called with a context that carries one (dbx.ContextWithDialect, as the
+// inbox's handlers get): a *sql.Tx does not say which database it belongs to.
 type Writer struct {
 	table  string
 	dl     dbx.Dialect
+	fixed  bool          // dl was given (UseStatements, WithDialect): the context's is not asked
 	db     *sql.DB       // the pool of UseStatements, if any
 	insert string        // one row, run at once
 	batch  *dbx.MultiRow // AddBatch's insert; prepared on db, if set
+
+	pgOnce sync.Once
+	pg     *Writer // the same Writer in PostgreSQL's SQL, for contexts that say so
 }
 
 // batchRows is the most events one statement of AddBatch carries.
@@ -93,7 +99,7 @@ const batchRows = 512
 // background at their first use): transactions given to the Writer must then be db's. It
 // takes db's dialect too (dbx.DialectOf), as WithDialect. Call it before first use.
 func (w *Writer) UseStatements(db *sql.DB) *Writer {
-	w.db, w.dl = db, dbx.DialectOf(db)
+	w.db, w.dl, w.fixed = db, dbx.DialectOf(db), true
 	w.build()
 	return w
 }
@@ -102,8 +108,23 @@ func (w *Writer) UseStatements(db *sql.DB) *Writer {
 // whose transactions are a PostgreSQL pool's and that has no UseStatements. Call it before
 // first use.
 func (w *Writer) WithDialect(d dbx.Dialect) *Writer {
-	w.dl = d
+	w.dl, w.fixed = d, true
 	w.build()
+	return w
+}
+
+// forContext is the Writer whose SQL is the dialect ctx carries, unless w's was given.
+func (w *Writer) forContext(ctx context.Context) *Writer {
+	if w.fixed {
+		return w
+	}
+	if d, ok := dbx.DialectFromContext(ctx); ok && d.IsPostgres() {
+		w.pgOnce.Do(func() {
+			w.pg = &Writer{table: w.table, dl: dbx.Postgres, fixed: true}
+			w.pg.build()
+		})
+		return w.pg
+	}
 	return w
 }
 
@@ -181,6 +202,7 @@ func rowArgs(ctx context.Context, e Event) ([]any, error) {
 // On PostgreSQL a failed insert (ErrDuplicateEvent too) aborts tx: roll it back (or to a
 // savepoint taken before Add).
 func (w *Writer) Add(ctx context.Context, tx *sql.Tx, e Event) error {
+	w = w.forContext(ctx)
 	args, err := rowArgs(ctx, e)
 	if err != nil {
 		return err

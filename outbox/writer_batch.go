@@ -19,6 +19,7 @@ func (w *Writer) AddBatch(ctx context.Context, tx *sql.Tx, events []Event) error
 	if len(events) == 0 {
 		return nil
 	}
+	w = w.forContext(ctx)
 	args := make([]any, 0, len(events)*rowWidth)
 	for _, e := range events {
 		row, err := rowArgs(ctx, e)
@@ -51,7 +52,7 @@ func (d deferredEvents) DeferredTarget() txdefer.Target {
 
 // FlushDeferred implements txdefer.Flusher.
 func (d deferredEvents) FlushDeferred(ctx context.Context, tx *sql.Tx, rows [][]any) error {
-	w := d.w
+	w := d.w.forContext(ctx)
 	args := make([]any, 0, len(rows)*rowWidth)
 	for _, r := range rows {
 		args = append(args, r...)

@@ -69,7 +69,8 @@ func NewHandler(topic string) inbox.Handler {
 	if err := errors.Join(err1, err2, err3); err != nil {
 		panic(err) // the names above are valid
 	}
-	balances.OnDuplicateKeyUpdate("points = points + VALUES(points)")
+	balances.OnDuplicateKeyUpdate("points = points + VALUES(points)").
+		OnConflictUpdate("user_id", "points = points_balance.points + EXCLUDED.points") // on PostgreSQL
 	return inbox.Typed(codec, func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery, o OrderShipped) (inbox.Progress, error) {
 		if err := credits.Insert(ctx, tx, o.OrderID, o.UserID, o.Points); err != nil {
 			return 0, err
