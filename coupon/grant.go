@@ -152,6 +152,9 @@ func (g *Granter) advance(ctx context.Context, tx *sql.Tx, o OrderPaid, made fun
 	if err != nil {
 		return inbox.Continue, false, err
 	}
+	if _, ok := dbx.DialectFromContext(ctx); !ok { // the outbox writer's SQL (a granter without a pool)
+		ctx = dbx.ContextWithDialect(ctx, q.d)
+	}
 	repo := sqlRepo{tx: tx, q: q}
 	gr, err := repo.loadOrCreate(ctx, o, g.cfg.CampaignID, g.cfg.ValueCents)
 	if err != nil {
