@@ -71,7 +71,8 @@ func TestEveryMigratedTableIsGranted(t *testing.T) {
 			t.Errorf("table %s is in no grants file (%s beside its migration)", tb, migrations.GrantsFile)
 		}
 	}
-	twice := migrations.Set{Name: "twice", FS: fstest.MapFS{migrations.GrantsFile: {Data: []byte("inbox SELECT\n")}}}
+	twice := migrations.Set{Name: "twice", FS: fstest.MapFS{migrations.GrantsFile: {Data: []byte("inbox SELECT\n")},
+		migrations.PostgresDir + "/" + migrations.GrantsFile: {Data: []byte("inbox SELECT\n")}}}
 	if _, err := migrations.Grants(testenv.Dialect(), twice); err == nil || !strings.Contains(err.Error(), "inbox") {
 		t.Errorf("a plugin listing the framework's inbox: %v, want an error", err)
 	}

@@ -14,7 +14,7 @@ import (
 func TestDBGaugesCached(t *testing.T) {
 	d := testenv.DB(t, 4)
 	d.AdminExec(t, `INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, expire_at)
-		VALUES ('k', 'cached', 'done', 'm', 't', 0, 0, '{}', '', NOW() + INTERVAL 1 DAY)`)
+		VALUES ('k', 'cached', 'done', 'm', 't', 0, 0, '{}', '', CURRENT_TIMESTAMP(6) + INTERVAL '1' DAY)`)
 	m := New(d.DB)
 	inboxRows := func() float64 {
 		t.Helper()

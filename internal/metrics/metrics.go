@@ -180,7 +180,7 @@ func (c *dbCollector) query() DBStats {
 			s.OldestUnpublished = max(time.Since(oldest.Time), 0)
 		}
 	}
-	if err := c.db.QueryRowContext(ctx, `SELECT COALESCE(SUM(held_behind IS NULL), 0), COALESCE(SUM(held_behind IS NOT NULL), 0) FROM outbox_parked`).Scan(&s.ParkedRefused, &s.ParkedHeld); err == nil {
+	if err := c.db.QueryRowContext(ctx, `SELECT COUNT(*) - COUNT(held_behind), COUNT(held_behind) FROM outbox_parked`).Scan(&s.ParkedRefused, &s.ParkedHeld); err == nil {
 		s.ParkedRead = true
 	}
 	s.At = time.Now()

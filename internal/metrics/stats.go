@@ -1,6 +1,8 @@
 package metrics
 
 import (
+	"github.com/onceflow/onceflow/pkg/dbx"
+
 	"context"
 	"database/sql"
 	"time"
@@ -59,7 +61,7 @@ func failedReasons(ctx context.Context, db *sql.DB, counts []InboxCount) []Reaso
 		if c.Status != "failed" || c.Rows == 0 {
 			continue
 		}
-		rows, err := db.QueryContext(ctx, `SELECT COALESCE(reason, ''), COUNT(*) FROM inbox WHERE biz_type = ? AND status = 'failed' GROUP BY reason`, c.BizType)
+		rows, err := db.QueryContext(ctx, dbx.DialectOf(db).Rebind(`SELECT COALESCE(reason, ''), COUNT(*) FROM inbox WHERE biz_type = ? AND status = 'failed' GROUP BY reason`), c.BizType)
 		if err != nil {
 			continue
 		}

@@ -70,11 +70,11 @@ func TestThroughputRing(t *testing.T) {
 func TestDBStatsReasons(t *testing.T) {
 	d := testenv.DB(t, 4)
 	d.AdminExec(t, `INSERT INTO inbox (dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, expire_at) VALUES
-		('k1', 'st', 'failed', 'poison', 'm', 't', 0, 0, '', '', NOW() + INTERVAL 1 DAY),
-		('k2', 'st', 'failed', 'poison', 'm', 't', 0, 1, '', '', NOW() + INTERVAL 1 DAY),
-		('k3', 'st', 'failed', 'timeout', 'm', 't', 0, 2, '', '', NOW() + INTERVAL 1 DAY),
-		('k4', 'st', 'done', NULL, 'm', 't', 0, 3, '', '', NOW() + INTERVAL 1 DAY),
-		('k5', 'other', 'done', NULL, 'm', 't', 0, 4, '', '', NOW() + INTERVAL 1 DAY)`)
+		('k1', 'st', 'failed', 'poison', 'm', 't', 0, 0, '', '', CURRENT_TIMESTAMP(6) + INTERVAL '1' DAY),
+		('k2', 'st', 'failed', 'poison', 'm', 't', 0, 1, '', '', CURRENT_TIMESTAMP(6) + INTERVAL '1' DAY),
+		('k3', 'st', 'failed', 'timeout', 'm', 't', 0, 2, '', '', CURRENT_TIMESTAMP(6) + INTERVAL '1' DAY),
+		('k4', 'st', 'done', NULL, 'm', 't', 0, 3, '', '', CURRENT_TIMESTAMP(6) + INTERVAL '1' DAY),
+		('k5', 'other', 'done', NULL, 'm', 't', 0, 4, '', '', CURRENT_TIMESTAMP(6) + INTERVAL '1' DAY)`)
 	m := New(d.DB)
 	s := m.DBStats()
 	if s.At.IsZero() || !s.OutboxRead || !s.ParkedRead {
