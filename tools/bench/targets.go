@@ -52,7 +52,7 @@ func (s *suite) targetsGroup(ctx context.Context) error {
 	rssStalled := s.field("router", "max_rss_mb", map[string]string{"mode": "stalled"})
 	stalledOK := s.field("router", "quarantined", map[string]string{"mode": "stalled"}) == s.field("router", "big_records", map[string]string{"mode": "stalled"})
 	seed := s.field("seed_load", "orders_per_s", map[string]string{"mode": "batch"})
-	pgVsMaria := s.field("ratio", "median", map[string]string{"mode": "postgres_vs_mariadb_e2e"})
+	pgVsMaria := s.field("ratio", "median_pct", map[string]string{"mode": "postgres_vs_mariadb_e2e"})
 	seedClean := s.field("seed_load", "rebalances", map[string]string{"mode": "batch"}) == 0 && s.field("seed_load", "duplicate_coupons", map[string]string{"mode": "batch"}) == 0
 	verdict := func(v float64, ok bool) string {
 		switch {
@@ -74,7 +74,7 @@ func (s *suite) targetsGroup(ctx context.Context) error {
 		"router_rss", verdict(min(rssPeak, rss2000), rssPeak <= 150 && rss2000 <= 150),
 		"router_rss_stalled_mb", rssStalled, "router_rss_stalled_300", verdict(rssStalled, rssStalled <= 300 && stalledOK),
 		"seed_orders_per_s", seed, "seed_1000", verdict(seed, seed >= 1000 && seedClean),
-		"postgres_vs_mariadb_e2e", pgVsMaria, "postgres_70pct", verdict(pgVsMaria, pgVsMaria >= 0.7))
+		"postgres_vs_mariadb_e2e_pct", pgVsMaria, "postgres_70pct", verdict(pgVsMaria, pgVsMaria >= 70))
 	return nil
 }
 

@@ -288,6 +288,7 @@ func (b benchRun) table() (string, error) {
 	b.seedRows(row)
 	b.peerRows(row)
 	b.routerRows(row)
+	b.databasesRow(row)
 	b.targetsRow(row)
 	return w.String(), nil
 }

@@ -26,6 +26,25 @@ func (b benchRun) peerRows(row func(m, r, t string)) {
 	}
 }
 
+// databasesRow is the databases group: the same inbox and end-to-end runs on MariaDB and on
+// PostgreSQL, when the run measured them.
+func (b benchRun) databasesRow(row func(m, r, t string)) {
+	m, ok1 := b.one("db_compare", "db", "mariadb")
+	p, ok2 := b.one("db_compare", "db", "postgres")
+	r, ok3 := b.one("ratio", "mode", "postgres_vs_mariadb_e2e")
+	if !ok1 || !ok2 || !ok3 {
+		return
+	}
+	line := func(x record) string {
+		return fmt.Sprintf("inbox %s orders/s (server %s µs CPU per order), end to end %s orders/s (server %s µs)", rate(x.num("inbox_orders_per_s")),
+			f(x.num("inbox_db_cpu_us_per_order"), 0), rate(x.num("e2e_orders_per_s")), f(x.num("e2e_db_cpu_us_per_order"), 0))
+	}
+	row(fmt.Sprintf("`db_compare`: the inbox in-process and the pipeline end to end on MariaDB and on PostgreSQL, %s rounds back to back", m.get("rounds")),
+		fmt.Sprintf("MariaDB: %s; PostgreSQL: %s; PostgreSQL end to end **%s %%** of MariaDB's (rounds %s..%s)", line(m), line(p),
+			f(r.num("median_pct"), 1), f(r.num("min_pct"), 1), f(r.num("max_pct"), 1)),
+		fmt.Sprintf("PostgreSQL ≥ 70 %%: %s", verdict(r.num("median_pct") >= 70)))
+}
+
 // targetsRow is the run's targets line, when the run computed it.
 func (b benchRun) targetsRow(row func(m, r, t string)) {
 	t, ok := b.one("targets", "e2e_vs_peer", "")
