@@ -28,6 +28,8 @@ demo:
 test: infra
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -v -timeout 30m $(PKGS)
+	$(MAKE) test-postgres
+	$(MAKE) test-mysql8
 	$(MAKE) test-tools
 	$(MAKE) examples
 	$(MAKE) fuzz FUZZTIME=30000x
