@@ -45,15 +45,17 @@ image-test:
 ## (ONCEFLOW_TEST_DB=postgres). PG_ONLY_MARIADB names the tests of what only the MySQL family
 ## has, left out there: the MariaDB migrations' history, mysql8's refusals, a DSN without a
 ## database, tx_isolation and the server's statement counters, MariaDB's planner on a range
-## it must not read, its TLS-only user, and a database the application user cannot reach
-## before `router migrate` (PostgreSQL lets every role connect).
+## it must not read, its TLS users, and a database the application user cannot reach before
+## `router migrate` (PostgreSQL lets every role connect).
 PG_ONLY_MARIADB ?= ^(TestExactKeysMigration|TestMigrationsRollBackAndReapply|TestPluginMigrationsAdoptTables|$\
   TestMySQL8RefusesMariaDBOnlySQL|TestEOSRelayDefaultTransactionalIDNeedsDatabase|$\
   TestOpenSessionIsolation|TestIsolationRefused|TestIsolationCheckedOncePerPool|$\
   TestMultiRowPreparesItself|TestBatchPreparedStatements|TestTimeRangeReadsTheIndex|$\
-  TestPipelineOverSASLSSL|TestMigrateGrantsLeastPrivilege)$$
+  TestPipelineOverSASLSSL|TestMigrateGrantsLeastPrivilege|TestTLSConnection)$$
+## The packages that touch the database (the others do not read ONCEFLOW_TEST_DB).
+DB_PKGS := . ./coupon/... ./inbox/... ./outbox/... ./migrations/... ./pkg/dbx/... ./internal/metrics/... ./internal/testenv/...
 test-postgres: infra
-	ONCEFLOW_TEST_DB=postgres $(GO) test -race -count=1 -v -timeout 30m -skip '$(PG_ONLY_MARIADB)' $(PKGS)
+	ONCEFLOW_TEST_DB=postgres $(GO) test -race -count=1 -v -timeout 30m -skip '$(PG_ONLY_MARIADB)' $(DB_PKGS)
 
 ## test-mysql8: the inbox's and the outbox's integration tests with db.dialect=mysql8 (MySQL
 ## 8's SQL: no RETURNING, nothing MariaDB-only) on the MariaDB server
