@@ -156,7 +156,7 @@ func (s *suite) benchInboxBatch(ctx context.Context) (inboxBatchRun, error) {
 // what prints its lines.
 type inboxBatchRun struct {
 	rate, cpu, dbCPU float64
-	print     func(unsafe, handlerOnly float64)
+	print            func(unsafe, handlerOnly float64)
 }
 
 // newBatcher builds the coupon plugin's group-commit path (the router's default) on a

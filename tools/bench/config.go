@@ -60,11 +60,11 @@ type config struct {
 	// The services, the output, the process.
 	adminDSN, appDSN, brokers, outDir string
 	// The same measurements on PostgreSQL (databases.go).
-	pgAdminDSN, pgDSN     string
-	dbRounds, dbE2EOrders int
-	gogc                              int
-	cpuProfile, memProfile            string
-	only                              string
+	pgAdminDSN, pgDSN      string
+	dbRounds, dbE2EOrders  int
+	gogc                   int
+	cpuProfile, memProfile string
+	only                   string
 }
 
 // parseConfig parses the command line (args without the program name) as the flag

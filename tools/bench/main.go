@@ -46,7 +46,7 @@ func (s *suite) groups() []group {
 		{"peer", s.peerGroup},
 		{"router", s.routerGroup},
 		{"databases", s.databasesGroup}, // MariaDB and PostgreSQL in the same run
-		{"targets", s.targetsGroup}, // last: it reads the figures of the groups before it
+		{"targets", s.targetsGroup},     // last: it reads the figures of the groups before it
 	}
 }
 
