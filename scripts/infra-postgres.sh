@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # PostgreSQL 15 (Debian's postgresql-15) for scripts/infra.sh: a private cluster of the run
-# dir (<run dir>/postgres/data, owned by user postgres), on 127.0.0.1:$PG_PORT, started with
-# pg_ctl (no systemd). Users mirror MariaDB's:
+# dir (<run dir>/postgres/data, owned by user postgres; /var/tmp/onceflow-postgres-<hash> when
+# user postgres cannot reach the run dir), on 127.0.0.1:$PG_PORT, started with pg_ctl (no
+# systemd). Users mirror MariaDB's:
 #   onceflow_admin/onceflow_admin  CREATEDB; owns the databases below and the test databases
 #                                  (onceflow_t_*, onceflow_g_*) it creates: `router migrate`
 #                                  runs as it and grants the application user its tables;
@@ -20,6 +21,18 @@ PG_BIN="/usr/lib/postgresql/$PG_VERSION/bin"
 PG_DIR="$RUN_DIR/postgres"
 PG_DATA="$PG_DIR/data"
 PG_LOG="$PG_DIR/postgres.log"
+
+# pg_dirs: the cluster lives in <run dir>/postgres when user postgres can reach the run dir
+# (not a checkout under /root, mode 700): else in /var/tmp, named after the run dir. Asked
+# once user postgres exists (after pg_install).
+pg_dirs() {
+  mkdir -p "$RUN_DIR"
+  if ! runuser -u postgres -- test -x "$RUN_DIR" 2>/dev/null; then
+    PG_DIR="/var/tmp/onceflow-postgres-$(printf '%s' "$RUN_DIR" | sha256sum | cut -c1-12)"
+    PG_DATA="$PG_DIR/data"
+    PG_LOG="$PG_DIR/postgres.log"
+  fi
+}
 PG_DB_NAMES=(onceflow onceflow_test onceflow_demo onceflow_bench onceflow_chaos onceflow_stream)
 
 pg_as() { runuser -u postgres -- "$@"; }
@@ -66,6 +79,7 @@ CONF
 
 pg_start() {
   pg_install
+  pg_dirs
   pg_init
   if pg_running; then
     pg_ours || fail postgres "127.0.0.1:$PG_PORT is taken by another server (not $PG_DATA): stop it or set ONCEFLOW_PG_PORT"
@@ -98,11 +112,14 @@ GRANT pg_signal_backend TO onceflow_admin;"
 }
 
 pg_stop() {
+  id postgres >/dev/null 2>&1 || { log "postgres: not installed"; return 0; }
+  pg_dirs
   pg_ours || { log "postgres: not running (from $PG_DATA)"; return 0; }
   pg_as "$PG_BIN/pg_ctl" -D "$PG_DATA" -m fast -w stop >/dev/null && log "postgres: stopped"
 }
 
 pg_status() {
+  id postgres >/dev/null 2>&1 && pg_dirs
   if pg_running && pg_ours; then
     echo "infra: postgres up    $PG_HOST:$PG_PORT (data $PG_DATA; log $PG_LOG)"
     return 0
