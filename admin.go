@@ -35,7 +35,7 @@ func (a *app) startAdmin(ctx context.Context, db *sql.DB, kc kafkax.Config, m *m
 		return func() {}, nil
 	}
 	ready, err := health.New(readiness, a.logger,
-		health.Check{Name: "mariadb", Func: db.PingContext},
+		health.Check{Name: "database", Func: db.PingContext},
 		health.Check{Name: "kafka", Func: kc.Probe})
 	if err != nil {
 		return nil, err
