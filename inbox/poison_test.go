@@ -461,7 +461,17 @@ func TestAttemptsCountAcrossProcesses(t *testing.T) {
 	a := newPipeline(t, pipelineOpts{conns: 4, inboxCfg: inbox.Config{MaxAttempts: 3, BackoffInitial: 50 * time.Millisecond, BackoffMax: 50 * time.Millisecond}, wrap: wrap})
 	b := newPipeline(t, pipelineOpts{shared: &a.db, inboxCfg: inbox.Config{MaxAttempts: 3}, wrap: wrap})
 	ctx, cancel := context.WithCancel(context.Background())
-	go func() { <-stopAfter; time.Sleep(10 * time.Millisecond); cancel() }()
+	go func() { // A stops once its second attempt is counted, during its backoff
+		<-stopAfter
+		q := testenv.Rebind("SELECT attempts FROM inbox WHERE dedup_key = ?")
+		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(2 * time.Millisecond) {
+			var n int
+			if err := a.db.DB.QueryRow(q, "o-flaky").Scan(&n); err == nil && n >= 2 {
+				break
+			}
+		}
+		cancel()
+	}()
 	if _, err := a.inbox.Process(ctx, orderMsg("o-flaky", "u"), src, inbox.ProcessOptions{}); err == nil {
 		t.Fatal("process A was stopped: its delivery must not be acked")
 	}
