@@ -137,6 +137,12 @@ func (r *Runtime) Run(ctx context.Context) error {
 	defer stopTracing() // deferred early, so run late: flushes the spans once everything stopped
 
 	m := metrics.New(db)
+	lags, err := kc.NewLagReader() // lag without transaction markers: the metric's and the console's
+	if err != nil {
+		return err
+	}
+	defer lags.Close()
+	m.Consumers.JudgeLag(lags)
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, a.logger)
 	if err != nil {
 		return err

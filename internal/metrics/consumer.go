@@ -25,6 +25,7 @@ type PartitionStatsSource interface {
 type ConsumerCollector struct {
 	mu      sync.Mutex
 	sources []PartitionStatsSource
+	lags    LagJudge // nil: the offsets' difference as it is
 
 	lag, oldest, inFlight, inFlightBytes *prometheus.Desc
 }
@@ -37,8 +38,8 @@ func NewConsumerCollector() *ConsumerCollector {
 	const only = " Reported by the parallel subscriber (kafka.window > 1) for the partitions this process has claimed; nothing with kafka.window 1."
 	return &ConsumerCollector{
 		lag: prometheus.NewDesc("onceflow_consumer_lag_messages",
-			"Offsets in the partition past the offset committed (marked) for the group: high water mark minus marked offset."+
-				" Absent before a new group's first message of the partition; 1 or more at rest on a topic written in Kafka transactions (commit markers take offsets)."+only,
+			"Offsets in the partition past the offset committed (marked) for the group: high water mark minus marked offset,"+
+				" 0 when they hold only transaction markers or aborted records (a read_committed fetch finds no record). Absent before a new group's first message of the partition."+only,
 			labels, nil),
 		oldest: prometheus.NewDesc("onceflow_consumer_oldest_unacked_seconds",
 			"Age of the partition's oldest delivery not acked yet, from its first hand-out (nacks do not reset it); 0 when none is in flight."+only,
@@ -50,6 +51,27 @@ func NewConsumerCollector() *ConsumerCollector {
 			"What the partition's deliveries in flight cost the router's kafka.max_in_flight_bytes budget: their values (cut ones as cut), keys and headers, plus a fixed overhead each."+only,
 			labels, nil),
 	}
+}
+
+// LagJudge tells the lag a consumer would see: end - committed, or 0 when only
+// transaction markers lie between them (kafkax.LagReader).
+type LagJudge interface {
+	Lag(topic string, partition int32, committed, end int64) (int64, error)
+}
+
+// JudgeLag makes the lag of every partition the one j tells from now on, so a partition
+// caught up on a transactional topic reads 0 (its commit markers are not waiting records).
+func (c *ConsumerCollector) JudgeLag(j LagJudge) {
+	c.mu.Lock()
+	c.lags = j
+	c.mu.Unlock()
+}
+
+// Judge returns the LagJudge set by JudgeLag (nil: none).
+func (c *ConsumerCollector) Judge() LagJudge {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lags
 }
 
 // Add makes src's partitions part of every scrape from now on.
@@ -71,8 +93,9 @@ type PartitionSummary struct {
 	Group     string
 	Topic     string
 	Partition int32
-	// Lag is the committed lag (high water mark minus marked offset); LagKnown is false
-	// before a new group's first message of the partition.
+	// Lag is the committed lag (high water mark minus marked offset, 0 when only
+	// transaction markers lie between them); LagKnown is false before a new group's
+	// first message of the partition.
 	Lag      int64
 	LagKnown bool
 	// OldestUnacked is the age of the oldest delivery not acked yet; 0 when none.
@@ -88,6 +111,7 @@ type PartitionSummary struct {
 func (c *ConsumerCollector) Partitions() []PartitionSummary {
 	c.mu.Lock()
 	sources := append([]PartitionStatsSource(nil), c.sources...)
+	judge := c.lags
 	c.mu.Unlock()
 	type partitionKey struct {
 		group, topic string
@@ -106,6 +130,9 @@ func (c *ConsumerCollector) Partitions() []PartitionSummary {
 			}
 			a := &out[i]
 			if lag, ok := st.Lag(); ok {
+				if lag > 0 && judge != nil {
+					lag, _ = judge.Lag(st.Topic, st.Partition, st.Marked, st.HighWater) // an error: lag as it was
+				}
 				a.Lag, a.LagKnown = max(a.Lag, lag), true
 			}
 			a.OldestUnacked = max(a.OldestUnacked, st.OldestUnackedAge)
