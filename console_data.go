@@ -245,6 +245,9 @@ func filterText(f inboxops.Filter) string {
 	for _, st := range f.Statuses {
 		s += " --status " + string(st)
 	}
+	for _, r := range f.Reasons {
+		s += " --reason " + string(r)
+	}
 	if f.OlderThan > 0 {
 		s += " --older-than " + f.OlderThan.String()
 	}

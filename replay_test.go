@@ -164,6 +164,14 @@ func TestReplayCommand(t *testing.T) {
 	}
 	out = cli("inbox", "ls", "--replay-id", "2")
 	mustContain(t, out, "o-cli", "poison:order-paid/1/6", "2 rows")
+
+	// By reason: the poison row is still failed, nothing of retries_exhausted is.
+	out = cli("replay", "--biz-type", "coupon", "--reason", "retries_exhausted", "--dry-run")
+	mustContain(t, out, "dry_run=true selected=0")
+	out = cli("replay", "--biz-type", "coupon", "--reason", "poison", "--dry-run")
+	mustContain(t, out, "would be quarantined again (poison", "dry_run=true selected=1")
+	out = cli("inbox", "ls", "--status", "failed", "--reason", "poison")
+	mustContain(t, out, "poison:order-paid/1/6", "1 rows")
 }
 
 // Bad input to replay and inbox: one line, exit 2, nothing changed.
@@ -191,6 +199,7 @@ func TestReplayBadInput(t *testing.T) {
 		{"invalid until", []string{"inbox", "ls", "--until", "2026-13-01T00:00:00Z"}, []string{"--until"}},
 		{"since after until", []string{"replay", "--since", "1h", "--until", "2h"}, []string{"since", "not before until"}},
 		{"bad status", []string{"replay", "--status", "stuck"}, []string{"--status", "stuck"}},
+		{"bad reason", []string{"replay", "--reason", "outage"}, []string{"--reason", "outage"}},
 		{"processing without older-than", []string{"replay", "--status", "processing"}, []string{"needs --older-than"}},
 		{"negative rate", []string{"replay", "--rate", "-1"}, []string{"--rate"}},
 		{"bad rate", []string{"inbox", "retry", "--rate", "fast"}, []string{"invalid argument", "fast"}},

@@ -536,3 +536,47 @@ func TestReplayRefusesRowsThatHoldLessThanTheMessage(t *testing.T) {
 		t.Fatalf("%d coupons granted from rows that hold less than their message", n)
 	}
 }
+
+// A replay selects by reason: of three failed rows, the two quarantined with
+// retries_exhausted run again and the one marked panic stays failed; the replay table
+// records the reason in its filter.
+func TestReplayByReason(t *testing.T) {
+	var broken atomic.Bool
+	p := newPipeline(t, pipelineOpts{inboxCfg: inbox.Config{MaxAttempts: 1}, wrap: failUntilFixed(&broken)})
+	ctx := context.Background()
+	quarantineOrders(t, p, &broken, "rs-1", "rs-2", "rs-3")
+	if _, err := p.db.DB.Exec("UPDATE inbox SET reason = 'panic' WHERE dedup_key = 'rs-2'"); err != nil {
+		t.Fatal(err)
+	}
+	store, err := inboxops.NewStore(p.db.DB, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := failedFilter()
+	f.Reasons = []inbox.Reason{inbox.ReasonRetriesExhausted}
+	if n, err := store.Count(ctx, f); err != nil || n != 2 {
+		t.Fatalf("rows of reason retries_exhausted: %d %v, want 2", n, err)
+	}
+	rep, err := inboxops.Replay(ctx, p.inbox, inboxops.ReplayOptions{Filter: f})
+	if err != nil || rep.Selected != 2 || rep.Processed != 2 || rep.Outcome != inboxops.ReplayOK {
+		t.Fatalf("replay by reason: %+v %v", rep, err)
+	}
+	var failed []string
+	rows, err := store.List(ctx, failedFilter())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		failed = append(failed, r.DedupKey+"/"+r.Reason)
+	}
+	if got := strings.Join(failed, " "); got != "rs-2/panic" {
+		t.Fatalf("failed after the replay: %s, want rs-2/panic", got)
+	}
+	rec, err := store.LoadReplay(ctx, rep.ID)
+	if err != nil || len(rec.Filter.Reasons) != 1 || rec.Filter.Reasons[0] != inbox.ReasonRetriesExhausted {
+		t.Fatalf("replay record's filter: %+v %v", rec.Filter, err)
+	}
+	if err := (inboxops.Filter{Reasons: []inbox.Reason{"Panic"}}).Validate(); err == nil {
+		t.Fatal("reason Panic accepted")
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -24,6 +25,8 @@ type Filter struct {
 	Statuses []inbox.Status `json:"statuses,omitempty"`
 	// OlderThan: rows last updated more than this long ago (for 'processing': stuck rows).
 	OlderThan time.Duration `json:"older_than,omitempty"`
+	// Reasons: failed rows' reasons (inbox.Reason), any of them.
+	Reasons []inbox.Reason `json:"reasons,omitempty"`
 	// Keys: dedup keys (order ids), any of them.
 	Keys []string `json:"keys,omitempty"`
 	// Refs: row ids or dedup keys, any of them (`router inbox show 42`, `show ord-1`).
@@ -46,11 +49,29 @@ func ParseStatus(s string) (inbox.Status, error) {
 	return "", fmt.Errorf("unknown status %q (use failed, processing or done)", s)
 }
 
+// Reasons are the reasons a failed row can have.
+var Reasons = []inbox.Reason{inbox.ReasonPoison, inbox.ReasonConflict, inbox.ReasonRetriesExhausted,
+	inbox.ReasonPermanent, inbox.ReasonPanic, inbox.ReasonTimeout}
+
+// ParseReason accepts the reasons of Reasons.
+func ParseReason(s string) (inbox.Reason, error) {
+	r := inbox.Reason(strings.ToLower(strings.TrimSpace(s)))
+	if slices.Contains(Reasons, r) {
+		return r, nil
+	}
+	return "", fmt.Errorf("unknown reason %q (use poison, conflict, retries_exhausted, permanent, panic or timeout)", s)
+}
+
 // Validate reports the first invalid field.
 func (f Filter) Validate() error {
 	for _, s := range f.Statuses {
 		if _, err := ParseStatus(string(s)); err != nil {
 			return err
+		}
+	}
+	for _, r := range f.Reasons {
+		if p, err := ParseReason(string(r)); err != nil || p != r {
+			return fmt.Errorf("unknown reason %q (use poison, conflict, retries_exhausted, permanent, panic or timeout)", r)
 		}
 	}
 	switch {
@@ -273,6 +294,13 @@ func (f Filter) where(now time.Time) ([]string, []any) {
 			vals[i] = string(s)
 		}
 		in("status", vals)
+	}
+	if len(f.Reasons) > 0 {
+		vals := make([]any, len(f.Reasons))
+		for i, r := range f.Reasons {
+			vals[i] = string(r)
+		}
+		in("reason", vals)
 	}
 	if f.OlderThan > 0 {
 		where = append(where, "updated_at < ?")
