@@ -1,6 +1,9 @@
 package metrics
 
 import (
+	"database/sql"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -60,5 +63,82 @@ func TestDBGaugesCached(t *testing.T) {
 	}
 	if n := m.db.queries.Load(); n != 2 {
 		t.Fatalf("%d refreshes after the cache went stale, want 2", n)
+	}
+}
+
+// After InvalidateDBStats the next read waits for figures read after it: a row failed
+// by hand shows at once, not up to dbRefresh later. Without the invalidation the cache
+// (fresh) serves the old count.
+func TestDBStatsInvalidate(t *testing.T) {
+	d := testenv.DB(t, 4)
+	insert := func(key, status string) {
+		d.AdminExec(t, `INSERT INTO inbox (dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, last_error, expire_at)
+		VALUES ('`+key+`', 'inv', '`+status+`', 'retries_exhausted', 'm', 't', 0, 0, '{}', '', 'injected external failure: lock_stock', CURRENT_TIMESTAMP(6) + INTERVAL '1' DAY)`)
+	}
+	failed := func(s DBStats) int64 {
+		for _, r := range s.InboxRows {
+			if r.BizType == "inv" && r.Status == "failed" {
+				return r.Rows
+			}
+		}
+		return 0
+	}
+	insert("a", "failed")
+	m := New(d.DB)
+	if n := failed(m.DBStats()); n != 1 {
+		t.Fatalf("failed = %d, want 1", n)
+	}
+	insert("b", "failed")
+	if n := failed(m.DBStats()); n != 1 {
+		t.Fatalf("a fresh cache read again: failed = %d", n)
+	}
+	m.InvalidateDBStats()
+	s := m.DBStats()
+	if n := failed(s); n != 2 {
+		t.Fatalf("after the invalidation failed = %d, want 2", n)
+	}
+	if len(s.FailedErrors) != 1 || s.FailedErrors[0] != (ErrorCount{BizType: "inv", Error: "injected external failure: lock_stock", Rows: 2, Of: 2}) {
+		t.Fatalf("failed errors: %+v", s.FailedErrors)
+	}
+}
+
+// The grouping of the last errors reads the newest end of the (biz_type, 'failed') index
+// range in index order (no sort of the failed rows), not the table.
+func TestFailedErrorsPlan(t *testing.T) {
+	if testenv.Dialect().IsPostgres() {
+		t.Skip("EXPLAIN's columns are MariaDB's")
+	}
+	d := testenv.DB(t, 4)
+	rows, err := d.DB.Query("EXPLAIN "+failedErrorQuery, "inv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	cols, _ := rows.Columns()
+	var plan []string
+	for rows.Next() {
+		vals := make([]sql.NullString, len(cols))
+		ptrs := make([]any, len(vals))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		if err := rows.Scan(ptrs...); err != nil {
+			t.Fatal(err)
+		}
+		var b strings.Builder
+		for i, c := range cols {
+			fmt.Fprintf(&b, "%s=%s ", c, vals[i].String)
+		}
+		plan = append(plan, b.String())
+	}
+	t.Logf("plan:\n%s", strings.Join(plan, "\n"))
+	var inner string
+	for _, p := range plan {
+		if strings.Contains(p, "table=inbox ") {
+			inner = p
+		}
+	}
+	if !strings.Contains(inner, "key=idx_biz_status_created ") || strings.Contains(inner, "filesort") {
+		t.Fatalf("the inbox is not read by an index range: %s", inner)
 	}
 }

@@ -105,6 +105,10 @@ type dbCollector struct {
 	cached     DBStats
 	refreshing chan struct{} // closed when the refresh in flight ends; nil: none
 	queries    atomic.Int64  // refreshes run (tests)
+	// want is the generation the next answer must come from; gen, that of the refresh in
+	// flight; cachedGen, that of cached. Invalidate raises want: the figures read before
+	// it are not served again.
+	want, gen, cachedGen int64
 }
 
 func (c *dbCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -132,29 +136,39 @@ func (c *dbCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // stats returns the cached figures and, when they are older than dbRefresh, starts one
-// refresh in the background; the first call waits for the first refresh.
+// refresh in the background; the first call, and the first after Invalidate, waits for a
+// refresh (one started after the invalidation).
 func (c *dbCollector) stats() DBStats {
-	c.mu.Lock()
-	if time.Since(c.cached.At) > dbRefresh && c.refreshing == nil {
-		done := make(chan struct{})
-		c.refreshing = done
-		go func() {
-			s := c.query()
-			c.mu.Lock()
-			c.cached, c.refreshing = s, nil
+	for {
+		c.mu.Lock()
+		fresh := c.cachedGen >= c.want && !c.cached.At.IsZero()
+		if (time.Since(c.cached.At) > dbRefresh || !fresh) && c.refreshing == nil {
+			done := make(chan struct{})
+			c.refreshing, c.gen = done, c.want
+			go func(gen int64) {
+				s := c.query()
+				c.mu.Lock()
+				c.cached, c.cachedGen, c.refreshing = s, gen, nil
+				c.mu.Unlock()
+				close(done)
+			}(c.gen)
+		}
+		wait := c.refreshing
+		if fresh || wait == nil {
+			s := c.cached
 			c.mu.Unlock()
-			close(done)
-		}()
-	}
-	wait := c.refreshing
-	first := c.cached.At.IsZero()
-	c.mu.Unlock()
-	if first && wait != nil {
+			return s
+		}
+		c.mu.Unlock()
 		<-wait
 	}
+}
+
+// invalidate makes the next stats wait for figures read after it.
+func (c *dbCollector) invalidate() {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.cached
+	c.want++
+	c.mu.Unlock()
 }
 
 // query reads the figures; a query that fails leaves its figures out.
@@ -173,6 +187,7 @@ func (c *dbCollector) query() DBStats {
 		rows.Close()
 	}
 	s.FailedReasons = failedReasons(ctx, c.db, s.InboxRows)
+	s.FailedErrors = failedErrors(ctx, c.db, s.InboxRows)
 	var oldest sql.NullTime
 	if err := c.db.QueryRowContext(ctx, `SELECT MIN(created_at), COUNT(*) FROM outbox WHERE published_at IS NULL`).Scan(&oldest, &s.Unpublished); err == nil {
 		s.OutboxRead = true

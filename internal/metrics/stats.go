@@ -5,6 +5,7 @@ import (
 
 	"context"
 	"database/sql"
+	"fmt"
 	"time"
 )
 
@@ -18,6 +19,9 @@ type DBStats struct {
 	// FailedReasons counts the failed rows per biz type and reason, for the biz types
 	// InboxRows has failed rows of.
 	FailedReasons []ReasonCount
+	// FailedErrors groups the last errors of each biz type's newest failed rows (at most
+	// failedErrorRows of them), most frequent first.
+	FailedErrors []ErrorCount
 	// OutboxRead: Unpublished and OldestUnpublished were read.
 	OutboxRead        bool
 	Unpublished       int64
@@ -40,6 +44,26 @@ type ReasonCount struct {
 	BizType string
 	Reason  string // "" for failed rows without a reason
 	Rows    int64
+}
+
+// InvalidateDBStats drops the cached database figures: the next DBStats waits for figures
+// read after this call (after an action changed the rows they count).
+func (m *Metrics) InvalidateDBStats() {
+	if m.db != nil {
+		m.db.invalidate()
+	}
+}
+
+// DBStatsRefresh is how old the cached database figures may get before a read refreshes
+// them.
+const DBStatsRefresh = dbRefresh
+
+// ErrorCount is the number of a biz type's newest failed rows with one last error.
+type ErrorCount struct {
+	BizType string
+	Error   string // its first failedErrorText bytes
+	Rows    int64
+	Of      int64 // the failed rows read (at most failedErrorRows)
 }
 
 // DBStats returns the cached database figures, starting a refresh in the background when
@@ -69,6 +93,44 @@ func failedReasons(ctx context.Context, db *sql.DB, counts []InboxCount) []Reaso
 			r := ReasonCount{BizType: c.BizType}
 			if rows.Scan(&r.Reason, &r.Rows) == nil {
 				out = append(out, r)
+			}
+		}
+		rows.Close()
+	}
+	return out
+}
+
+// failedErrorRows bounds the failed rows whose errors are grouped per biz type;
+// failedErrorText, the bytes of an error compared; failedErrorGroups, the groups kept.
+const (
+	failedErrorRows   = 1000
+	failedErrorText   = 200
+	failedErrorGroups = 5
+)
+
+// failedErrorQuery groups the last errors of a biz type's newest failed rows: the rows come
+// from the newest end of the (biz_type, 'failed') range of the index (biz_type, status,
+// created_at), at most failedErrorRows of them, read by primary key.
+var failedErrorQuery = fmt.Sprintf(`SELECT e, COUNT(*) FROM (SELECT SUBSTR(COALESCE(last_error, ''), 1, %d) AS e FROM inbox
+ WHERE biz_type = ? AND status = 'failed' ORDER BY created_at DESC LIMIT %d) t GROUP BY e ORDER BY COUNT(*) DESC, e LIMIT %d`,
+	failedErrorText, failedErrorRows, failedErrorGroups)
+
+// failedErrors groups the last errors of the newest failed rows of each biz type that has
+// failed rows.
+func failedErrors(ctx context.Context, db *sql.DB, counts []InboxCount) []ErrorCount {
+	var out []ErrorCount
+	for _, c := range counts {
+		if c.Status != "failed" || c.Rows == 0 {
+			continue
+		}
+		rows, err := db.QueryContext(ctx, dbx.DialectOf(db).Rebind(failedErrorQuery), c.BizType)
+		if err != nil {
+			continue
+		}
+		for rows.Next() {
+			e := ErrorCount{BizType: c.BizType, Of: min(c.Rows, failedErrorRows)}
+			if rows.Scan(&e.Error, &e.Rows) == nil {
+				out = append(out, e)
 			}
 		}
 		rows.Close()
