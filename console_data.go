@@ -23,12 +23,15 @@ type bizCounts struct {
 	Plugins                  []string
 	Done, Processing, Failed int64
 	Reasons                  []metrics.ReasonCount
+	Errors                   []metrics.ErrorCount // the newest failed rows' last errors, grouped
+	CanReplay                bool                 // a plugin of this router runs it and a replay handler is set
 }
 
 // overviewData is the overview page.
 type overviewData struct {
 	Stats      metrics.DBStats
 	StatsAge   time.Duration
+	StatsStale bool // older than their refresh interval: the page says "as of"
 	Biz        []bizCounts
 	Throughput metrics.Throughput
 	LastHour   metrics.MinuteCount
@@ -95,6 +98,7 @@ func (c *console) loadOverview(ctx context.Context) overviewData {
 	}
 	if !d.Stats.At.IsZero() {
 		d.StatsAge = now.Sub(d.Stats.At)
+		d.StatsStale = d.StatsAge > metrics.DBStatsRefresh
 	}
 	for _, m := range d.Throughput.Minutes {
 		d.LastHour.Processed += m.Processed
@@ -105,7 +109,7 @@ func (c *console) loadOverview(ctx context.Context) overviewData {
 	}
 	d.Chart = consoleui.NewChart(d.Throughput.Minutes)
 	for _, name := range c.bizTypes(d.Stats) {
-		b := bizCounts{Name: name, Plugins: c.biz[name].Plugins}
+		b := bizCounts{Name: name, Plugins: c.biz[name].Plugins, CanReplay: c.cfg.Replay != nil && c.biz[name].Name != ""}
 		for _, r := range d.Stats.InboxRows {
 			if r.BizType != name {
 				continue
@@ -125,6 +129,11 @@ func (c *console) loadOverview(ctx context.Context) overviewData {
 			}
 		}
 		slices.SortFunc(b.Reasons, func(x, y metrics.ReasonCount) int { return int(y.Rows - x.Rows) })
+		for _, e := range d.Stats.FailedErrors {
+			if e.BizType == name {
+				b.Errors = append(b.Errors, e)
+			}
+		}
 		d.Biz = append(d.Biz, b)
 	}
 	var err error

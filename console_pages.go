@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -34,8 +35,13 @@ func (c *console) overview(w http.ResponseWriter, r *http.Request, by who) {
 const pageSize = 50
 
 // reasons are the reasons a failed row can have (inbox.Reason).
-var reasons = []string{string(inbox.ReasonPoison), string(inbox.ReasonConflict), string(inbox.ReasonRetriesExhausted),
-	string(inbox.ReasonPermanent), string(inbox.ReasonPanic), string(inbox.ReasonTimeout)}
+var reasons = func() []string {
+	var out []string
+	for _, r := range inboxops.Reasons {
+		out = append(out, string(r))
+	}
+	return out
+}()
 
 // listFilter is the inbox page's filter, as typed and as parsed.
 type listFilter struct {
@@ -61,6 +67,11 @@ func parseListFilter(q url.Values, now time.Time) (listFilter, error) {
 		return f, errors.New("key longer than 191 bytes")
 	case len(f.Reason) > 32:
 		return f, errors.New("reason longer than 32 bytes")
+	}
+	if f.Reason != "" {
+		if _, err := inboxops.ParseReason(f.Reason); err != nil || !slices.Contains(reasons, f.Reason) {
+			return f, fmt.Errorf("reason %q: use one of %s", consoleui.Visible(f.Reason), strings.Join(reasons, ", "))
+		}
 	}
 	if f.since, err = consoleParseWhen("since", f.Since, now); err != nil {
 		return f, err
@@ -140,6 +151,7 @@ func consoleParseWhen(name, s string, now time.Time) (time.Time, error) {
 
 type inboxData struct {
 	F                             listFilter
+	Match                         string // "300 match", "10,000+ match"; "" when not counted
 	BizTypes, Statuses, Reasons   []string
 	Rows                          []inboxops.Row
 	NewestURL, OlderURL, NewerURL string
@@ -150,10 +162,10 @@ type inboxData struct {
 
 // replayForm is the inbox page's offer to replay what the filter selects.
 type replayForm struct {
-	Offered                        bool   // a replay handler is configured
-	Allowed                        bool   // the filter is one a replay can select
-	Note                           string // why not, when not
-	Biz, Status, Key, Since, Until string
+	Offered                                bool   // a replay handler is configured
+	Allowed                                bool   // the filter is one a replay can select
+	Note                                   string // why not, when not
+	Biz, Status, Reason, Key, Since, Until string
 }
 
 func (c *console) inboxList(w http.ResponseWriter, r *http.Request, by who) {
@@ -190,14 +202,45 @@ func (c *console) inboxList(w http.ResponseWriter, r *http.Request, by who) {
 			d.NewerURL = f.url("after", p.Newer)
 		}
 	}
+	if len(q.BizTypes) > 0 && d.Err == "" {
+		d.Match = c.match(ctx, f, q.BizTypes)
+	}
 	d.Paged = !f.before.IsZero() || !f.after.IsZero()
 	d.NewestURL = f.url("", inboxops.Cursor{})
 	d.Replay = c.replayOffer(f)
 	c.render(w, r, status, "inbox", "Inbox", by, d)
 }
 
+// matchCap bounds the index entries a list's count reads: more shows as "10,000+".
+const matchCap = 10000
+
+// match counts the rows the list's filter selects, every page, as "N match": over the
+// index ranges the page reads, at most matchCap+1 entries per biz type.
+func (c *console) match(ctx context.Context, f listFilter, bizTypes []string) string {
+	var n int
+	for _, b := range bizTypes {
+		lf := inboxops.Filter{BizType: b, Keys: keyCandidates(f.Key), Since: f.since, Until: f.until, Limit: matchCap + 1}
+		if f.Status != "" {
+			lf.Statuses = []inbox.Status{inbox.Status(f.Status)}
+		} else {
+			lf.Statuses = []inbox.Status{inbox.StatusProcessing, inbox.StatusDone, inbox.StatusFailed}
+		}
+		if f.Reason != "" {
+			lf.Reasons = []inbox.Reason{inbox.Reason(f.Reason)}
+		}
+		k, err := c.store.CountUpTo(ctx, lf)
+		if err != nil {
+			return ""
+		}
+		if n += k; n > matchCap {
+			return consoleui.Num(matchCap) + "+ match"
+		}
+	}
+	return consoleui.Num(int64(n)) + " match"
+}
+
 func (c *console) replayOffer(f listFilter) replayForm {
-	rf := replayForm{Offered: c.cfg.Replay != nil, Biz: f.Biz, Status: f.Status, Key: f.Key, Since: f.Since, Until: f.Until}
+	rf := replayForm{Offered: c.cfg.Replay != nil, Biz: f.Biz, Status: f.Status, Reason: f.Reason, Key: f.Key, Since: f.Since, Until: f.Until}
 	switch {
 	case f.Biz == "":
 		rf.Note = "Choose a biz type to replay what this filter selects."
@@ -205,12 +248,20 @@ func (c *console) replayOffer(f listFilter) replayForm {
 		rf.Note = "No plugin of this router runs biz type " + consoleui.Visible(f.Biz) + ": its rows cannot be replayed here."
 	case f.Status != "failed" && f.Status != "processing":
 		rf.Note = "Choose status failed (or processing, for stuck rows) to replay."
-	case f.Reason != "":
-		rf.Note = "A replay selects by biz type, status, key and receive time, not by reason: clear the reason to replay."
+	case f.Reason != "" && f.Status != "failed":
+		rf.Note = "Only failed rows have a reason: choose status failed to replay them by reason."
 	default:
 		rf.Allowed = true
 	}
 	return rf
+}
+
+// invalidate drops the cached database figures after an action: the next page reads them
+// again.
+func (c *console) invalidate() {
+	if c.cfg.Metrics != nil {
+		c.cfg.Metrics.InvalidateDBStats()
+	}
 }
 
 func (c *console) statsOrZero() metrics.DBStats {
@@ -321,6 +372,9 @@ func (c *console) startReplay(r *http.Request, action string, opts inboxops.Repl
 		defer c.wg.Done()
 		defer func() { <-c.busy }()
 		o.Report, o.Err = c.cfg.Replay(c.ctx, opts)
+		if !opts.DryRun {
+			c.invalidate() // the pages after it count the rows as they are now
+		}
 		fields["replay_id"], fields["selected"], fields["outcome"] = o.Report.ID, o.Report.Selected, o.Report.Outcome
 		if o.Err != nil {
 			c.cfg.Logger.Error("console action", o.Err, fields)
@@ -443,14 +497,14 @@ type replayData struct {
 
 // runForm carries a previewed selection to the replay that runs it.
 type runForm struct {
-	Biz, Status, Key, Since, Until, OlderThan string
-	Preview                                   int64
+	Biz, Status, Reason, Key, Since, Until, OlderThan string
+	Preview                                           int64
 }
 
 // replayFilter reads the replay form into the selection a replay runs.
 func (c *console) replayFilter(r *http.Request, now time.Time) (inboxops.Filter, runForm, error) {
 	p := r.PostForm
-	rf := runForm{Biz: p.Get("biz"), Status: p.Get("status"), Key: p.Get("key"), Since: strings.TrimSpace(p.Get("since")),
+	rf := runForm{Biz: p.Get("biz"), Status: p.Get("status"), Reason: p.Get("reason"), Key: p.Get("key"), Since: strings.TrimSpace(p.Get("since")),
 		Until: strings.TrimSpace(p.Get("until")), OlderThan: strings.TrimSpace(p.Get("older_than"))}
 	f := inboxops.Filter{BizType: rf.Biz}
 	if c.biz[rf.Biz].Name == "" {
@@ -471,6 +525,13 @@ func (c *console) replayFilter(r *http.Request, now time.Time) (inboxops.Filter,
 	}
 	if rf.Status == "processing" && f.OlderThan == 0 {
 		return f, rf, errors.New("status processing needs an older-than (a row updated recently may still be in flight)")
+	}
+	if rf.Reason != "" {
+		r, err := inboxops.ParseReason(rf.Reason)
+		if err != nil || string(r) != rf.Reason || rf.Status != "failed" {
+			return f, rf, fmt.Errorf("reason %q: a replay by reason selects failed rows of one of %s", consoleui.Visible(rf.Reason), strings.Join(reasons, ", "))
+		}
+		f.Reasons = []inbox.Reason{r}
 	}
 	f.Keys = keyCandidates(rf.Key)
 	var err error
@@ -654,6 +715,7 @@ func (c *console) parkedAction(w http.ResponseWriter, r *http.Request, by who) {
 		c.message(w, r, status, by, "Not done", []string{err.Error()}, back)
 		return
 	}
+	c.invalidate()
 	fields["event_id"], fields["moved"] = rel.Event.EventID, rel.Moved
 	c.cfg.Logger.Info("console action", fields)
 	e := rel.Event

@@ -271,6 +271,28 @@ func (s *Store) Count(ctx context.Context, f Filter) (int, error) {
 	return n, nil
 }
 
+// CountUpTo counts the rows f selects, at most f.Limit of them (0: no limit): the count
+// reads no more index entries than that.
+func (s *Store) CountUpTo(ctx context.Context, f Filter) (int, error) {
+	if f.Limit == 0 {
+		return s.Count(ctx, f)
+	}
+	if err := f.Validate(); err != nil {
+		return 0, err
+	}
+	where, args := f.where(time.Now())
+	q := "SELECT 1 FROM " + s.table
+	if len(where) > 0 {
+		q += " WHERE " + strings.Join(where, " AND ")
+	}
+	q = "SELECT COUNT(*) FROM (" + q + " LIMIT " + strconv.Itoa(f.Limit) + ") capped"
+	var n int
+	if err := s.db.QueryRowContext(ctx, s.d.Rebind(q), args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count inbox: %w", err)
+	}
+	return n, nil
+}
+
 func (f Filter) where(now time.Time) ([]string, []any) {
 	var where []string
 	var args []any

@@ -145,6 +145,9 @@ func age(d time.Duration) string {
 }
 
 // num writes n with thousands separators: 1,234,567.
+// Num writes n with thousands separators (12,345).
+func Num(n int64) string { return num(n) }
+
 func num(n int64) string {
 	s := strconv.FormatInt(n, 10)
 	neg := strings.HasPrefix(s, "-")

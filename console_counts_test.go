@@ -1,0 +1,116 @@
+package onceflow
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/onceflow/onceflow/internal/metrics"
+	"github.com/onceflow/onceflow/internal/testenv"
+)
+
+// The drill: failed rows by reason on the overview, "replay these (dry run)" beside the
+// count runs the dry run of exactly that reason's rows, the replay it offers keeps the
+// reason, and the overview after it counts the rows as they are now (its figures are
+// cached for 15 s: without the refresh after the action it would still say 3 failed).
+func TestOverviewReplayByReasonAndFreshCounts(t *testing.T) {
+	d := testenv.DB(t, 4)
+	ib := failingInbox(t, d.DB, "rr")
+	for _, k := range []string{"a", "b", "c"} {
+		quarantine(t, ib, k, k, nil)
+	}
+	d.AdminExec(t, "UPDATE inbox SET reason = 'panic' WHERE dedup_key = 'c'")
+	m := metrics.New(d.DB)
+	_, base := testConsole(t, consoleConfig{DB: d.DB, Metrics: m, BizTypes: []consoleBizType{{Name: "rr"}}, Replay: replayWith(ib)})
+	c := browser(t)
+
+	_, page, _ := get(t, c, base+"/")
+	for _, want := range []string{`status=failed">3</a>`, "retries_exhausted 2", "panic 1", `data-reason="retries_exhausted">replay these (dry run)`,
+		"<strong>3 ×</strong>"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("overview lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Fatal(page)
+	}
+	form := formOf(t, page, "/replay") // the first: retries_exhausted, the larger count
+	if form.Get("reason") != "retries_exhausted" || form.Get("status") != "failed" || form.Get("biz") != "rr" {
+		t.Fatalf("the overview's replay form: %v", form)
+	}
+	code, page, _ := post(t, c, base, "/replay", form)
+	if code != http.StatusOK || !strings.Contains(page, "--reason retries_exhausted") || !strings.Contains(page, "<strong>2</strong> rows would run") {
+		t.Fatalf("dry run by reason: %d:\n%s", code, page)
+	}
+	if i, j := strings.Index(page, `id="run"`), strings.Index(page, `id="replayed"`); i < 0 || i > j {
+		t.Errorf("the run button is not above the rows")
+	}
+	run := formOf(t, page, "/replay")
+	if run.Get("reason") != "retries_exhausted" || run.Get("run") != "1" {
+		t.Fatalf("the run form: %v", run)
+	}
+	ib.broken.Store(false)
+	if code, page, _ = post(t, c, base, "/replay", run); code != http.StatusOK || !strings.Contains(page, "outcome <strong>ok</strong>") {
+		t.Fatalf("the replay: %d:\n%s", code, page)
+	}
+	if n := count(t, d, "SELECT COUNT(*) FROM inbox WHERE biz_type = 'rr' AND status = 'failed' AND reason = 'panic'"); n != 1 {
+		t.Fatalf("the panic row was replayed too")
+	}
+	_, page, _ = get(t, c, base+"/")
+	if !strings.Contains(page, `status=failed">1</a>`) || strings.Contains(page, "retries_exhausted 2") {
+		t.Fatalf("the overview after the replay does not count 1 failed row:\n%s", page)
+	}
+}
+
+// The inbox list filtered by reason says how many rows match and offers their replay at
+// the top, above the rows; an unknown reason is refused.
+func TestInboxListByReason(t *testing.T) {
+	d := testenv.DB(t, 4)
+	ib := failingInbox(t, d.DB, "lr")
+	for _, k := range []string{"a", "b", "a-key-long-enough-to-be-cut-by-the-column-" + strings.Repeat("x", 80)} {
+		quarantine(t, ib, k, k, nil)
+	}
+	_, base := testConsole(t, consoleConfig{DB: d.DB, BizTypes: []consoleBizType{{Name: "lr"}}, Replay: replayWith(ib)})
+	c := browser(t)
+	code, page, _ := get(t, c, base+"/inbox?biz=lr&status=failed&reason=retries_exhausted")
+	if code != http.StatusOK || !strings.Contains(page, `<span class="match">3 match</span>`) {
+		t.Fatalf("list by reason: %d:\n%s", code, page)
+	}
+	if i, j := strings.Index(page, `id="preview"`), strings.Index(page, `id="rows"`); i < 0 || i > j {
+		t.Fatalf("no replay offered above the rows:\n%s", page)
+	}
+	if form := formOf(t, page, "/replay"); form.Get("reason") != "retries_exhausted" {
+		t.Fatalf("the replay form drops the reason: %v", form)
+	}
+	if !strings.Contains(page, `title="a-key-long-enough`) {
+		t.Errorf("a key has no title holding it whole")
+	}
+	if _, page, _ = get(t, c, base+"/inbox?biz=lr&status=failed&reason=panic"); !strings.Contains(page, `<span class="match">0 match</span>`) {
+		t.Errorf("no row of reason panic, page:\n%s", page)
+	}
+	if code, _, _ = get(t, c, base+"/inbox?biz=lr&status=failed&reason=bogus"); code != http.StatusBadRequest {
+		t.Errorf("an unknown reason: %d, want 400", code)
+	}
+}
+
+// A figure older than its refresh interval says how old it is.
+func TestOverviewMarksStaleFigures(t *testing.T) {
+	c, _ := testConsole(t, consoleConfig{DB: offlineDB(t)})
+	for _, tc := range []struct {
+		age   time.Duration
+		stale bool
+		want  string
+	}{
+		{5 * time.Second, false, "read 5s ago"},
+		{40 * time.Second, true, `<span class="stale">as of 40s ago</span>`},
+	} {
+		d := overviewData{Stats: metrics.DBStats{At: time.Now().Add(-tc.age)}, StatsAge: tc.age, StatsStale: tc.stale}
+		w := httptest.NewRecorder()
+		c.render(w, httptest.NewRequest("GET", "/", nil), http.StatusOK, "overview", "Overview", open, d)
+		if !strings.Contains(w.Body.String(), tc.want) {
+			t.Errorf("figures %s old: the page lacks %q", tc.age, tc.want)
+		}
+	}
+}
