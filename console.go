@@ -3,6 +3,7 @@ package onceflow
 import (
 	"context"
 	"database/sql"
+	"slices"
 
 	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/metrics"
@@ -15,14 +16,33 @@ import (
 // run in the replay table.
 func (a *app) newConsole(ctx context.Context, db *sql.DB, m *metrics.Metrics, token string) (*console, error) {
 	cfg := consoleConfig{DB: db, Metrics: m, Token: token, Logger: a.logger}
+	if m != nil {
+		if gl, ok := m.Consumers.Judge().(groupLagReader); ok { // the runtime's kafkax.LagReader
+			cfg.Lags = gl
+		}
+	}
 	if a.plugins != nil { // nil: a Runtime built with New, not by the command line
 		all, err := a.bizTypes()
 		if err != nil {
 			return nil, err
 		}
+		seen := map[string]int{}
 		for _, bt := range sortedKeys(all) {
 			b := consoleBizType{Name: bt}
 			for _, p := range all[bt] {
+				if p.command == nil && p.ConsumerGroup != "" && len(p.Topics) > 0 {
+					i, ok := seen[p.ConsumerGroup]
+					if !ok {
+						i = len(cfg.Groups)
+						seen[p.ConsumerGroup] = i
+						cfg.Groups = append(cfg.Groups, consoleGroup{Name: p.ConsumerGroup})
+					}
+					for _, t := range p.Topics {
+						if !slices.Contains(cfg.Groups[i].Topics, t) {
+							cfg.Groups[i].Topics = append(cfg.Groups[i].Topics, t)
+						}
+					}
+				}
 				b.Plugins = append(b.Plugins, p.Name)
 				if p.History != nil {
 					b.History = p.History

@@ -15,6 +15,7 @@ import (
 	"github.com/onceflow/onceflow/internal/metrics"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/dbx"
+	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
 // bizCounts is one biz type's row of the overview.
@@ -41,6 +42,12 @@ type overviewData struct {
 	Members    []memberRow
 	Replays    []replayRow
 	Errors     []string
+	// GroupLag is the consumer groups' lag as Kafka holds it (every member's partitions);
+	// GroupLagAge its age, GroupLagStale older than its refresh.
+	GroupLag      []groupLagRow
+	GroupLagShown bool
+	GroupLagAge   time.Duration
+	GroupLagStale bool
 }
 
 type leaseRow struct {
@@ -135,6 +142,15 @@ func (c *console) loadOverview(ctx context.Context) overviewData {
 			}
 		}
 		d.Biz = append(d.Biz, b)
+	}
+	if c.cfg.Lags != nil && len(c.cfg.Groups) > 0 {
+		gl := c.groupLag()
+		d.GroupLagShown, d.GroupLag = true, gl.Rows
+		d.Errors = append(d.Errors, gl.Errors...)
+		if !gl.At.IsZero() {
+			d.GroupLagAge = time.Since(gl.At)
+			d.GroupLagStale = d.GroupLagAge > groupLagRefresh
+		}
 	}
 	var err error
 	if d.Leases, err = c.leases(ctx); err != nil {
@@ -278,5 +294,70 @@ func filterText(f inboxops.Filter) string {
 	if f.Limit > 0 {
 		s += fmt.Sprintf(" --limit %d", f.Limit)
 	}
+	return s
+}
+
+// groupLagRefresh is how long a read of the consumer groups' lag is served again;
+// groupLagWait, how long a page waits for a new one (then it shows the previous one, with
+// its age).
+const (
+	groupLagRefresh = 10 * time.Second
+	groupLagWait    = 3 * time.Second
+)
+
+// groupLagSnapshot is one read of every group's lag.
+type groupLagSnapshot struct {
+	At      time.Time
+	Rows    []groupLagRow
+	Errors  []string
+	reading chan struct{} // closed when the read in flight ends; nil: none
+}
+
+// groupLagRow is one partition of a group, as Kafka holds it.
+type groupLagRow struct {
+	Group string
+	kafkax.PartitionLag
+}
+
+// groupLag returns the groups' lag read at most groupLagRefresh ago, starting a read when
+// older and waiting for it groupLagWait at most; its age is its At.
+func (c *console) groupLag() groupLagSnapshot {
+	if c.cfg.Lags == nil || len(c.cfg.Groups) == 0 {
+		return groupLagSnapshot{}
+	}
+	c.lagMu.Lock()
+	if time.Since(c.lag.At) > groupLagRefresh && c.lag.reading == nil {
+		done := make(chan struct{})
+		c.lag.reading = done
+		go func() {
+			defer close(done)
+			s := groupLagSnapshot{}
+			for _, g := range c.cfg.Groups {
+				rows, err := c.cfg.Lags.GroupLag(g.Name, g.Topics)
+				if err != nil {
+					s.Errors = append(s.Errors, fmt.Sprintf("lag of group %s: %v", g.Name, err))
+				}
+				for _, r := range rows {
+					s.Rows = append(s.Rows, groupLagRow{Group: g.Name, PartitionLag: r})
+				}
+			}
+			s.At = time.Now()
+			c.lagMu.Lock()
+			c.lag = s
+			c.lagMu.Unlock()
+		}()
+	}
+	wait := c.lag.reading
+	c.lagMu.Unlock()
+	if wait != nil {
+		select {
+		case <-wait:
+		case <-time.After(groupLagWait):
+		}
+	}
+	c.lagMu.Lock()
+	defer c.lagMu.Unlock()
+	s := c.lag
+	s.reading = nil
 	return s
 }

@@ -44,6 +44,7 @@ import (
 	"github.com/onceflow/onceflow/internal/loopback"
 	"github.com/onceflow/onceflow/internal/metrics"
 	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
 // consoleBizType is a biz type of the inbox as the console shows it.
@@ -70,7 +71,23 @@ type consoleConfig struct {
 	BizTypes []consoleBizType
 	// Replay runs the replays; nil makes the console read-only for the inbox.
 	Replay consoleReplayFunc
+	// Groups are the consumer groups of the plugins and their topics; Lags reads their
+	// lag from Kafka (nil: not shown).
+	Groups []consoleGroup
+	Lags   groupLagReader
 	Logger watermill.LoggerAdapter
+}
+
+// consoleGroup is a consumer group and the topics it consumes.
+type consoleGroup struct {
+	Name   string
+	Topics []string
+}
+
+// groupLagReader reads a consumer group's committed offsets, ends and lag without
+// transaction markers (kafkax.LagReader).
+type groupLagReader interface {
+	GroupLag(group string, topics []string) ([]kafkax.PartitionLag, error)
 }
 
 // console is the console's http.Handler. Close it when the server stops: it cancels the
@@ -89,6 +106,9 @@ type console struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	busy   chan struct{} // one replay at a time
+
+	lagMu sync.Mutex
+	lag   groupLagSnapshot // the latest read of the groups' lag
 }
 
 // Timings of the console.

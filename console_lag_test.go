@@ -1,0 +1,81 @@
+package onceflow
+
+import (
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/IBM/sarama"
+
+	"github.com/onceflow/onceflow/internal/testenv"
+)
+
+// The overview's consumer groups show every partition of a group as Kafka holds it, read
+// by no consumer of this process: a partition caught up on a transactional topic (its
+// commit marker past the committed offset) has lag 0, one never committed counts whole.
+func TestOverviewGroupLag(t *testing.T) {
+	kc := testenv.Kafka(t)
+	topic := testenv.Topic(t, kc, "console-lag", 2)
+	sc := kc.ProducerConfig()
+	sc.Producer.Transaction.ID = "onceflow-test-" + topic
+	sc.Producer.Partitioner = sarama.NewManualPartitioner
+	p, err := sarama.NewSyncProducer(kc.Brokers, sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for part, n := range []int{2, 1} { // partition 0: offsets 0-1, marker 2; partition 1: 0, marker 1
+		if err := p.BeginTxn(); err != nil {
+			t.Fatal(err)
+		}
+		for range n {
+			if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: topic, Partition: int32(part), Value: sarama.StringEncoder("v")}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := p.CommitTxn(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	group := "console-lag-" + topic
+	client, err := sarama.NewClient(kc.Brokers, kc.SaramaConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	om, err := sarama.NewOffsetManagerFromClient(group, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pom, err := om.ManagePartition(topic, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pom.MarkOffset(2, "") // both records consumed: the marker is left
+	om.Commit()
+	_ = pom.Close()
+	_ = om.Close()
+
+	lags, err := kc.NewLagReader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lags.Close()
+	_, base := testConsole(t, consoleConfig{DB: offlineDB(t), Groups: []consoleGroup{{Name: group, Topics: []string{topic}}}, Lags: lags})
+	_, page, _ := get(t, browser(t), base+"/")
+	row := func(part, rest string) *regexp.Regexp {
+		return regexp.MustCompile(`<td>` + regexp.QuoteMeta(group) + `</td><td>` + regexp.QuoteMeta(topic) + `</td><td class="n">` + part + `</td>` + rest)
+	}
+	for what, re := range map[string]*regexp.Regexp{
+		"partition 0: committed 2, end 3, lag 0":   row("0", `<td class="n">2</td><td class="n">3</td><td class="n">0</td>`),
+		"partition 1: committed none, end 2, lag 2": row("1", `<td class="n"><span class="muted">none</span></td><td class="n">2</td><td class="n bad">2</td>`),
+	} {
+		if !re.MatchString(page) {
+			t.Errorf("overview lacks %s", what)
+		}
+	}
+	if t.Failed() {
+		i := strings.Index(page, `id="group-lag"`)
+		t.Log(page[max(i, 0):])
+	}
+}
