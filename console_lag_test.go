@@ -67,7 +67,7 @@ func TestOverviewGroupLag(t *testing.T) {
 		return regexp.MustCompile(`<td>` + regexp.QuoteMeta(group) + `</td><td>` + regexp.QuoteMeta(topic) + `</td><td class="n">` + part + `</td>` + rest)
 	}
 	for what, re := range map[string]*regexp.Regexp{
-		"partition 0: committed 2, end 3, lag 0":   row("0", `<td class="n">2</td><td class="n">3</td><td class="n">0</td>`),
+		"partition 0: committed 2, end 3, lag 0":    row("0", `<td class="n">2</td><td class="n">3</td><td class="n">0</td>`),
 		"partition 1: committed none, end 2, lag 2": row("1", `<td class="n"><span class="muted">none</span></td><td class="n">2</td><td class="n bad">2</td>`),
 	} {
 		if !re.MatchString(page) {
