@@ -18,10 +18,10 @@ import (
 func TestOverviewReplayByReasonAndFreshCounts(t *testing.T) {
 	d := testenv.DB(t, 4)
 	ib := failingInbox(t, d.DB, "rr")
-	for _, k := range []string{"a", "b", "c"} {
+	for _, k := range []string{"ord-a", "ord-b", "ord-c"} {
 		quarantine(t, ib, k, k, nil)
 	}
-	d.AdminExec(t, "UPDATE inbox SET reason = 'panic' WHERE dedup_key = 'c'")
+	d.AdminExec(t, "UPDATE inbox SET reason = 'panic' WHERE dedup_key = 'ord-c'")
 	m := metrics.New(d.DB)
 	_, base := testConsole(t, consoleConfig{DB: d.DB, Metrics: m, BizTypes: []consoleBizType{{Name: "rr"}}, Replay: replayWith(ib)})
 	c := browser(t)

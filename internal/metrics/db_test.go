@@ -73,7 +73,7 @@ func TestDBStatsInvalidate(t *testing.T) {
 	d := testenv.DB(t, 4)
 	insert := func(key, status string) {
 		d.AdminExec(t, `INSERT INTO inbox (dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, last_error, expire_at)
-		VALUES ('`+key+`', 'inv', '`+status+`', 'retries_exhausted', 'm', 't', 0, 0, '{}', '', 'injected external failure: lock_stock', CURRENT_TIMESTAMP(6) + INTERVAL '1' DAY)`)
+		VALUES ('`+key+`', 'inv', '`+status+`', 'retries_exhausted', 'm', 't', 0, 0, '{}', '', 'injected external failure: lock_stock (`+key+`:lock_stock)', CURRENT_TIMESTAMP(6) + INTERVAL '1' DAY)`)
 	}
 	failed := func(s DBStats) int64 {
 		for _, r := range s.InboxRows {
@@ -83,12 +83,12 @@ func TestDBStatsInvalidate(t *testing.T) {
 		}
 		return 0
 	}
-	insert("a", "failed")
+	insert("o-1", "failed")
 	m := New(d.DB)
 	if n := failed(m.DBStats()); n != 1 {
 		t.Fatalf("failed = %d, want 1", n)
 	}
-	insert("b", "failed")
+	insert("o-2", "failed")
 	if n := failed(m.DBStats()); n != 1 {
 		t.Fatalf("a fresh cache read again: failed = %d", n)
 	}
@@ -97,7 +97,7 @@ func TestDBStatsInvalidate(t *testing.T) {
 	if n := failed(s); n != 2 {
 		t.Fatalf("after the invalidation failed = %d, want 2", n)
 	}
-	if len(s.FailedErrors) != 1 || s.FailedErrors[0] != (ErrorCount{BizType: "inv", Error: "injected external failure: lock_stock", Rows: 2, Of: 2}) {
+	if len(s.FailedErrors) != 1 || s.FailedErrors[0] != (ErrorCount{BizType: "inv", Error: "injected external failure: lock_stock (…:lock_stock)", Rows: 2, Of: 2}) {
 		t.Fatalf("failed errors: %+v", s.FailedErrors)
 	}
 }

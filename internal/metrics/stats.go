@@ -3,10 +3,14 @@ package metrics
 import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // DBStats are the database figures behind the gauges, as the background refresh read them
@@ -61,7 +65,7 @@ const DBStatsRefresh = dbRefresh
 // ErrorCount is the number of a biz type's newest failed rows with one last error.
 type ErrorCount struct {
 	BizType string
-	Error   string // its first failedErrorText bytes
+	Error   string // its first failedErrorText bytes, the row's key in it written "…"
 	Rows    int64
 	Of      int64 // the failed rows read (at most failedErrorRows)
 }
@@ -108,15 +112,15 @@ const (
 	failedErrorGroups = 5
 )
 
-// failedErrorQuery groups the last errors of a biz type's newest failed rows: the rows come
-// from the newest end of the (biz_type, 'failed') range of the index (biz_type, status,
-// created_at), at most failedErrorRows of them, read by primary key.
-var failedErrorQuery = fmt.Sprintf(`SELECT e, COUNT(*) FROM (SELECT SUBSTR(COALESCE(last_error, ''), 1, %d) AS e FROM inbox
- WHERE biz_type = ? AND status = 'failed' ORDER BY created_at DESC LIMIT %d) t GROUP BY e ORDER BY COUNT(*) DESC, e LIMIT %d`,
-	failedErrorText, failedErrorRows, failedErrorGroups)
+// failedErrorQuery reads the key and the start of the last error of a biz type's newest
+// failed rows: from the newest end of the (biz_type, 'failed') range of the index
+// (biz_type, status, created_at), at most failedErrorRows of them, read by primary key.
+var failedErrorQuery = fmt.Sprintf(`SELECT dedup_key, SUBSTR(COALESCE(last_error, ''), 1, %d) FROM inbox
+ WHERE biz_type = ? AND status = 'failed' ORDER BY created_at DESC LIMIT %d`, 2*failedErrorText, failedErrorRows)
 
 // failedErrors groups the last errors of the newest failed rows of each biz type that has
-// failed rows.
+// failed rows, each with its row's key written "…" (errors that name their order group
+// together; the database's collations differ between key and error, so in Go).
 func failedErrors(ctx context.Context, db *sql.DB, counts []InboxCount) []ErrorCount {
 	var out []ErrorCount
 	for _, c := range counts {
@@ -127,13 +131,39 @@ func failedErrors(ctx context.Context, db *sql.DB, counts []InboxCount) []ErrorC
 		if err != nil {
 			continue
 		}
+		n := map[string]int64{}
+		var read int64
 		for rows.Next() {
-			e := ErrorCount{BizType: c.BizType, Of: min(c.Rows, failedErrorRows)}
-			if rows.Scan(&e.Error, &e.Rows) == nil {
-				out = append(out, e)
+			var key, e string
+			if rows.Scan(&key, &e) != nil {
+				continue
 			}
+			read++
+			if key != "" {
+				e = strings.ReplaceAll(e, key, "…")
+			}
+			n[cutText(e, failedErrorText)]++
 		}
 		rows.Close()
+		var group []ErrorCount
+		for e, k := range n {
+			group = append(group, ErrorCount{BizType: c.BizType, Error: e, Rows: k, Of: read})
+		}
+		slices.SortFunc(group, func(a, b ErrorCount) int {
+			return cmp.Or(cmp.Compare(b.Rows, a.Rows), strings.Compare(a.Error, b.Error))
+		})
+		out = append(out, group[:min(len(group), failedErrorGroups)]...)
 	}
 	return out
+}
+
+// cutText cuts s to at most n bytes on a character boundary.
+func cutText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
