@@ -209,6 +209,9 @@ plugins:
 	if got := text("#rows tbody td.key a"); got != order {
 		t.Fatalf("the failed rows list %q first, want the quarantined order %q", got, order)
 	}
+	if got := text("#match"); !strings.Contains(got, "1 match") {
+		t.Errorf("the failed rows' count above them: %q, want 1 match", got)
+	}
 
 	// The overview counts it among the failed rows, by reason, and shows the traffic.
 	for i := 0; ; i++ { // the process counts a delivery just after its commit
@@ -222,8 +225,12 @@ plugins:
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if got := text("#biz"); !strings.Contains(got, "retries_exhausted 1") {
-		t.Errorf("overview's inbox table lacks the failed row by reason:\n%s", got)
+	if got := text("#biz"); !strings.Contains(got, "retries_exhausted 1") || !strings.Contains(got, "replay these (dry run)") ||
+		!strings.Contains(got, "1 × coupon: injected external failure: lock_stock (…:lock_stock)") {
+		t.Errorf("overview's inbox table lacks the failed row by reason, its replay, or its error:\n%s", got)
+	}
+	if got := text("#group-lag"); !strings.Contains(got, in) {
+		t.Errorf("overview's consumer groups lack %s:\n%s", in, got)
 	}
 	if got := text("#partitions"); !strings.Contains(got, in) {
 		t.Errorf("overview's partitions lack %s:\n%s", in, got)
@@ -250,6 +257,12 @@ plugins:
 		t.Errorf("row page: the grant's history lacks its transitions:\n%s", got)
 	}
 	screenshot(t, ctx, "console-row.png")
+
+	// The overview right after the retry counts the row as done, not failed.
+	must("overview after the retry", chromedp.Do(ctx, chromedp.Navigate(base+"/"), chromedp.WaitVisible(chromedp.ID("biz"))))
+	if got := text("#biz"); strings.Contains(got, "retries_exhausted") {
+		t.Errorf("overview after the retry still counts the failed row:\n%s", got)
+	}
 
 	// The database agrees, and the retry is recorded as the CLI records one.
 	if s := status(order); s != "done" {
