@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"strings"
 	"time"
@@ -48,6 +49,10 @@ func (a *app) startAdmin(ctx context.Context, db *sql.DB, kc kafkax.Config, m *m
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.Handle("/readyz", requireToken(token, ready))
 	mux.Handle("/metrics", requireToken(token, m.Handler()))
+	if a.cfg.Admin.Pprof {
+		mux.Handle("/debug/pprof/", requireToken(token, http.HandlerFunc(pprof.Index)))
+		mux.Handle("/debug/pprof/profile", requireToken(token, http.HandlerFunc(pprof.Profile)))
+	}
 	con, err := a.newConsole(ctx, db, m, token)
 	if err != nil {
 		return nil, err

@@ -270,3 +270,37 @@ func TestMetricsConsumerGauges(t *testing.T) {
 		t.Errorf("oldest un-acked age is 0 with 3 messages in flight")
 	}
 }
+
+// admin.pprof serves the runtime's profiles on the admin listener; off (the default) it
+// serves none.
+func TestAdminPprof(t *testing.T) {
+	testenv.Integration(t)
+	kc := kafkax.Config{Brokers: []string{startHungBroker(t).ln.Addr().String()}}
+	for _, on := range []bool{false, true} {
+		d := testenv.DB(t, 2)
+		addr := freeAddr(t)
+		a := &app{cfg: Config{Admin: AdminConfig{Listen: addr, Pprof: on}}, logger: watermill.NopLogger{}}
+		ctx, cancel := context.WithCancel(context.Background())
+		stop, err := a.startAdmin(ctx, d.DB, kc, metrics.New(nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for path, want := range map[string]string{"/debug/pprof/": "goroutine", "/debug/pprof/heap?debug=1": "heap profile", "/debug/pprof/profile?seconds=1": ""} {
+			resp, err := http.Get("http://" + addr + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			served := resp.StatusCode == http.StatusOK && strings.Contains(string(body), want) && !strings.Contains(string(body), "<html")
+			if path == "/debug/pprof/" {
+				served = resp.StatusCode == http.StatusOK && strings.Contains(string(body), want)
+			}
+			if served != on {
+				t.Errorf("admin.pprof=%v: GET %s: %d, %.80q", on, path, resp.StatusCode, body)
+			}
+		}
+		cancel()
+		stop()
+	}
+}

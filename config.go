@@ -84,6 +84,9 @@ type AdminConfig struct {
 	Listen    string `key:"listen" default:"127.0.0.1:9464" help:"/healthz, /readyz and /metrics listener (empty disables); an address beyond loopback requires admin.token"`
 	Token     string `key:"token" help:"bearer token /metrics and /readyz ask for (Authorization: Bearer …), at least 16 characters; better from ONCEFLOW_ADMIN_TOKEN or admin.token_file"`
 	TokenFile string `key:"token_file" help:"file whose first line is admin.token"`
+	// Pprof serves Go's profiles (net/http/pprof) under /debug/pprof/ on the admin listener,
+	// behind admin.token like /metrics: the router's own CPU and allocation profile.
+	Pprof bool `key:"pprof" default:"false" help:"serve Go's runtime profiles at /debug/pprof/ on the admin listener (behind admin.token like /metrics)"`
 }
 
 // HTTPConfig is http.*: the listener of the plugins' HTTP commands (inbox.Command), its

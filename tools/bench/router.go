@@ -3,7 +3,11 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -199,7 +203,11 @@ func (s *suite) routerPeak(ctx context.Context, bin string) error {
 	}
 	defer c.stop()
 	cpu.pids["router"], cpu.start["router"] = c.pidStr(), 0 // from its start
+	profDone := s.profileRouter(c, w)
 	if err := c.waitSeen(w, n, 10*time.Minute); err != nil {
+		return err
+	}
+	if err := <-profDone; err != nil {
 		return err
 	}
 	el := time.Since(start)
@@ -295,10 +303,11 @@ func routerGroupName(in string) string { return "bench-router-" + in }
 
 // child is one running `router run`: its process, its RSS sampler, its log.
 type child struct {
-	cmd     *exec.Cmd
-	logPath string
-	exited  chan struct{}
-	waitErr error
+	cmd       *exec.Cmd
+	logPath   string
+	exited    chan struct{}
+	waitErr   error
+	adminAddr string // with admin.pprof, for -router-cpuprofile
 
 	mu        sync.Mutex
 	maxRSSKB  float64
@@ -315,6 +324,12 @@ func (s *suite) startRouter(bin, mode, in, out string) (*child, error) {
 		return nil, err
 	}
 	positions, dropPositions := positionsTopic(s.kc)
+	adminAddr := ""
+	if mode == "peak" && s.cfg.routerProfile != "" {
+		if adminAddr, err = freePort(); err != nil {
+			return nil, err
+		}
+	}
 	yaml := fmt.Sprintf(`db:
   dsn: '%s'
   admin_dsn: '%s'
@@ -324,7 +339,8 @@ relay:
   transactional_id: bench-router-%d
   positions_topic: %s
 admin:
-  listen: ''
+  listen: '%s'
+  pprof: %t
 log:
   level: warn
 plugins:
@@ -333,7 +349,7 @@ plugins:
     consumer_group: %s
     granted_topic: %s
     failed_topic: %s
-`, s.cfg.appDSN, s.cfg.adminDSN, s.cfg.brokers, time.Now().UnixNano(), positions, in, routerGroupName(in), out, out)
+`, s.cfg.appDSN, s.cfg.adminDSN, s.cfg.brokers, time.Now().UnixNano(), positions, adminAddr, adminAddr != "", in, routerGroupName(in), out, out)
 	cfgPath := filepath.Join(dir, "router.yaml")
 	if err := os.WriteFile(cfgPath, []byte(yaml), 0o600); err != nil {
 		return nil, err
@@ -361,7 +377,7 @@ plugins:
 		logf.Close()
 		return nil, err
 	}
-	c := &child{cmd: cmd, logPath: logPath, exited: make(chan struct{})}
+	c := &child{cmd: cmd, logPath: logPath, exited: make(chan struct{}), adminAddr: adminAddr}
 	go func() {
 		c.waitErr = cmd.Wait()
 		logf.Close()
@@ -516,4 +532,46 @@ func waitGroupStable(kc kafkax.Config, group string, limit time.Duration, c *chi
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// profileRouter, with -router-cpuprofile, takes the router's CPU profile for 3 s from its
+// first output (the peak run must last longer: raise -router-orders). The channel reports
+// the outcome once.
+func (s *suite) profileRouter(c *child, w *watcher) <-chan error {
+	done := make(chan error, 1)
+	if c.adminAddr == "" {
+		done <- nil
+		return done
+	}
+	go func() {
+		for w.first().IsZero() {
+			time.Sleep(10 * time.Millisecond)
+		}
+		resp, err := http.Get("http://" + c.adminAddr + "/debug/pprof/profile?seconds=3")
+		if err != nil {
+			done <- fmt.Errorf("router profile: %w", err)
+			return
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			done <- fmt.Errorf("router profile: %s", resp.Status)
+			return
+		}
+		f, err := os.Create(s.cfg.routerProfile)
+		if err == nil {
+			_, err = io.Copy(f, resp.Body)
+			err = errors.Join(err, f.Close())
+		}
+		done <- err
+	}()
+	return done
+}
+
+func freePort() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
 }
