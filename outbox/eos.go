@@ -226,6 +226,7 @@ func (r *eosRelay) stats() eosStats {
 		s.fencings += e.fencings.Load()
 		s.reconciled += e.reconciled.Load()
 		s.sessions += e.sessions.Load()
+		s.takeovers += e.takeovers.Load()
 	}
 	return s
 }

@@ -66,6 +66,7 @@ type eosShard struct {
 	fencings   atomic.Int64
 	reconciled atomic.Int64
 	sessions   atomic.Int64
+	takeovers  atomic.Int64 // leases taken (not renewals): Relay.LeaseTakeovers
 }
 
 type session struct {
@@ -117,6 +118,9 @@ func (e *eosShard) relayOnce(ctx context.Context, pipelined bool) (int, error) {
 			e.endSession("lease could not be renewed")
 			e.owner.Store(false)
 			return 0, err
+		}
+		if changed && held {
+			e.takeovers.Add(1)
 		}
 		if changed {
 			e.r.logger.Info("outbox relay lease "+map[bool]string{true: "acquired", false: "lost"}[held],

@@ -42,7 +42,7 @@ type relayEngine interface {
 }
 
 // eosStats are the counters of the exactly-once sessions (all zero at least once).
-type eosStats struct{ fencings, reconciled, sessions int64 }
+type eosStats struct{ fencings, reconciled, sessions, takeovers int64 }
 
 // Producer is the part of a Sarama sync producer the relay uses.
 type Producer interface {
@@ -148,3 +148,8 @@ func (r *Relay) Reconciled() int64 { return r.engine.stats().reconciled }
 
 // Sessions is the number of exactly-once sessions this relay started (all shards).
 func (r *Relay) Sessions() int64 { return r.engine.stats().sessions }
+
+// LeaseTakeovers is the number of times this relay took a shard's lease it did not hold:
+// at start, from an instance whose lease expired or was released, or back after losing it.
+// Renewals do not count. Always 0 in at-least-once mode (no lease).
+func (r *Relay) LeaseTakeovers() int64 { return r.engine.stats().takeovers }
