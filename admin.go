@@ -41,6 +41,7 @@ func (a *app) startAdmin(ctx context.Context, db *sql.DB, kc kafkax.Config, m *m
 	if err != nil {
 		return nil, err
 	}
+	m.AddReadiness(func() []health.Status { sts, _ := ready.Statuses(); return sts })
 	token, err := a.cfg.Admin.token()
 	if err != nil {
 		return nil, badInput(err)

@@ -304,3 +304,36 @@ func TestAdminPprof(t *testing.T) {
 		stop()
 	}
 }
+// /metrics reports each /readyz check as onceflow_ready{check}: with a broker that never
+// answers, database 1 and kafka 0 once the kafka check has timed out.
+func TestMetricsReadiness(t *testing.T) {
+	broker := startHungBroker(t)
+	kc := kafkax.Config{Brokers: []string{broker.ln.Addr().String()}}
+	kc = kc.WithDefaults()
+	url := startTestAdminWith(t, kc, metrics.New(nil)) + "/metrics"
+	want := []string{`onceflow_ready{check="database"} 1`, `onceflow_ready{check="kafka"} 0`}
+	var body string
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if r := getReadyz(url, 10*time.Second); r.err == nil {
+			body = r.body
+		}
+		if strings.Contains(body, want[0]+"\n") {
+			break
+		}
+	}
+	for _, w := range want {
+		if !strings.Contains(body, w+"\n") {
+			t.Errorf("/metrics has no line %s:\n%s", w, grepLines(body, "onceflow_ready"))
+		}
+	}
+}
+
+func grepLines(s, prefix string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}

@@ -54,6 +54,7 @@ func (a *app) runRelayOnly(ctx context.Context) error {
 	}
 	defer stopTracing()
 	m := metrics.New(db)
+	m.AddLagBound(a.cfg.Relay.LagBound)
 	relay, closeRelay, err := a.newRelay(db, kc)
 	if err != nil {
 		return err
@@ -153,6 +154,9 @@ func relayMetrics(ctx context.Context, m *metrics.Metrics, relay *outbox.Relay) 
 			func() float64 { return b2f(relay.Fenced()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "onceflow", Name: "relay_shards_owned",
 			Help: "Outbox shards whose lease this relay holds (relay.shards)."}, func() float64 { return float64(len(relay.OwnedShards())) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "onceflow", Name: "relay_lease_takeovers_total",
+			Help: "Shard leases this relay took (at start, from an expired or released owner, or back after losing one); renewals do not count."},
+			func() float64 { return float64(relay.LeaseTakeovers()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "onceflow", Name: "relay_fencings_total",
 			Help: "Times this relay was fenced."}, func() float64 { return float64(relay.Fencings()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "onceflow", Name: "relay_reconciled_total",

@@ -143,6 +143,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	}
 	defer lags.Close()
 	m.Consumers.JudgeLag(lags)
+	m.AddLagBound(a.cfg.Relay.LagBound)
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, a.logger)
 	if err != nil {
 		return err
