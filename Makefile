@@ -5,7 +5,7 @@ PKGS  := ./...
 # doc generator of the tools module, run from the repository root
 DOCTABLE := $(GO) build -C tools -o ../bin/doctable ./doctable && bin/doctable
 
-.PHONY: image-test examples all build infra infra-down demo test test-postgres test-mysql8 test-tools test-short fuzz bench bench-stream vet clean chaos chaos-broken
+.PHONY: ops-test image-test examples all build infra infra-down demo test test-postgres test-mysql8 test-tools test-short fuzz bench bench-stream vet clean chaos chaos-broken
 
 all: build
 
@@ -24,16 +24,26 @@ demo:
 	bash scripts/demo.sh
 
 ## test: start the services, then vet, unit + integration tests (-race) of this module, of
-## the tools module and of the examples, short fuzzing, and the container image
+## the tools module and of the examples, short fuzzing, the container image, and the alert
+## rules and dashboard (ops-test: before test-tools, which runs tools/opscheck again, as it
+## installs Prometheus)
 test: infra
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -v -timeout 30m $(PKGS)
 	$(MAKE) test-postgres
 	$(MAKE) test-mysql8
+	$(MAKE) ops-test
 	$(MAKE) test-tools
 	$(MAKE) examples
 	$(MAKE) fuzz FUZZTIME=30000x
 	$(MAKE) image-test
+
+## ops-test: the alert rules (promtool check + test rules) and the dashboard: every panel's
+## query answered by Debian's Prometheus scraping a router (tools/opscheck); installs the
+## prometheus package when missing (scripts/ops-test.sh). ONCEFLOW_OPSCHECK_EXPECT_MISSING
+## (environment, comma-separated) names metrics whose panels may return nothing.
+ops-test:
+	bash scripts/ops-test.sh
 
 ## image-test: the container image (deploy/Dockerfile: the static router on scratch, CA
 ## certificates, user 65532) built offline with podman and `router version` and

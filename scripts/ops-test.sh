@@ -5,7 +5,7 @@
 # scraping it, every dashboard query evaluated). Installs the prometheus package (which
 # ships promtool) when missing, without starting its service.
 #   bash scripts/ops-test.sh [install|rules|dashboard|all]   (default all)
-# OPSCHECK_EXPECT_MISSING: metric names whose panels may return nothing (comma-separated).
+# ONCEFLOW_OPSCHECK_EXPECT_MISSING: metric names whose panels may return nothing (comma-separated).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
