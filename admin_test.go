@@ -304,6 +304,7 @@ func TestAdminPprof(t *testing.T) {
 		stop()
 	}
 }
+
 // /metrics reports each /readyz check as onceflow_ready{check}: with a broker that never
 // answers, database 1 and kafka 0 once the kafka check has timed out.
 func TestMetricsReadiness(t *testing.T) {
