@@ -181,6 +181,7 @@ type pending struct {
 	prepared any         // what Prepare left in Delivery.Prepared
 	ready    bool        // Prepare succeeded: the handler may run it in a batch
 	span     trace.Span  // the delivery's span (nil: no tracing)
+	ticket   *ticket     // the circuit breaker's admission of its attempt in a batch
 }
 
 type batchOutcome struct {
@@ -386,10 +387,17 @@ func (b *Batcher) processWaiting(ctx context.Context, msg *message.Message, src 
 
 // process is processWaiting; span is the delivery's (nil: no tracing).
 func (b *Batcher) process(ctx context.Context, msg *message.Message, src Source, span trace.Span, wait time.Duration) (Result, error) {
-	p := &pending{ctx: ctx, msg: msg, src: src, start: time.Now(), done: make(chan batchOutcome, 1), span: span}
+	// An open breaker holds the delivery back before it joins a batch (no attempt spent).
+	t, err := b.ib.br.admit(ctx)
+	if err != nil {
+		return Result{}, fmt.Errorf("inbox %s: waiting on the circuit breaker: %w", b.ib.cfg.BizType, err)
+	}
+	defer t.done(verdictNone) // when no outcome said more
+	p := &pending{ctx: ctx, msg: msg, src: src, start: time.Now(), done: make(chan batchOutcome, 1), span: span, ticket: t}
 	select {
 	case b.decode <- p:
 	case <-b.stop:
+		t.done(verdictNone) // Process asks the breaker itself
 		return b.ib.run(ctx, msg, src, b.ib.liveOptions())
 	case <-ctx.Done():
 		return Result{}, ctx.Err()
@@ -404,6 +412,7 @@ func (b *Batcher) process(ctx context.Context, msg *message.Message, src Source,
 		case o := <-p.done:
 			return b.outcome(ctx, p, o)
 		default:
+			t.done(verdictNone)
 			res, err := b.ib.run(ctx, msg, src, b.ib.liveOptions())
 			b.release(p, res, err)
 			return res, err
@@ -456,12 +465,17 @@ func (b *Batcher) outcome(ctx context.Context, p *pending, o batchOutcome) (Resu
 	res, err := o.res, error(nil)
 	switch {
 	case o.failed != nil:
+		p.ticket.done(attemptVerdict(ctx, o.failed.err)) // before Process's own attempts ask the breaker
 		res, err = b.afterFailure(ctx, p, o.failed)
 	case o.fallback:
+		p.ticket.done(verdictNone)
 		res, err = b.ib.run(ctx, p.msg, p.src, b.ib.liveOptions())
 		if err != nil && o.uncertain {
 			err = outcomeUnknown(err)
 		}
+	}
+	if o.failed == nil && !o.fallback && res.Outcome == OutcomeProcessed {
+		p.ticket.done(verdictSuccess)
 	}
 	b.release(p, res, err)
 	return res, err

@@ -199,6 +199,9 @@ func NewCommand(db *sql.DB, h Handler, cfg Config, logger watermill.LoggerAdapte
 	}
 	table := ReplyTable(cfg.Table)
 	ib.replyQuery = ib.d.Rebind(fmt.Sprintf(`SELECT status, body FROM %s WHERE inbox_id = ?`, table))
+	// A client waits on its request: it gets an answer, not a wait on a breaker, and its
+	// retry with the token runs a quarantined row again (no delayed redelivery).
+	ib.br = nil
 	ib.replySave = fmt.Sprintf(`INSERT INTO %s (inbox_id, status, body) VALUES `, table)
 	return ib, nil
 }

@@ -47,6 +47,26 @@ type Config struct {
 	// a Preparer's Prepare, on the one-at-a-time path (Process) and under the inbox's
 	// Batcher alike: both take their slots from this one bound.
 	MaxInFlightCalls int `key:"max_in_flight_calls" default:"8192" range:"1..1000000" after:"batch_workers" help:"outside calls running at once per plugin (its Prepare, each prepared as soon as the delivery arrives): group commit and the one-at-a-time path share them; calls in flight ÷ call time bounds the throughput of slow calls"`
+	// DelayedRetries: when a delivery's immediate attempts run out with a retryable failure
+	// (retries_exhausted, timeout), it is kept as a 'failed' row with reason 'delayed' and
+	// acked, and the redeliverer (inboxops.Redeliverer) runs it again from its stored payload
+	// after DelayedBackoff, doubling up to DelayedBackoffMax, this many times before it is
+	// quarantined. A panic, poison, a conflict or ErrPermanent is quarantined at once. A
+	// negative value turns it off (the stock router's configured 0).
+	DelayedRetries    int           `key:"delayed_retries" default:"6" range:"0..1000" zero:"-1" help:"delayed redeliveries of a delivery whose attempts ran out (retries exhausted, timeout) before it is quarantined: its row waits, the partition moves on; 0 turns them off"`
+	DelayedBackoff    time.Duration `key:"delayed_backoff" default:"30s" range:"1ms..24h" help:"wait before the first delayed redelivery (doubles per round)"`
+	DelayedBackoffMax time.Duration `key:"delayed_backoff_max" default:"10m" range:"1ms..168h" help:"delayed redelivery wait cap"`
+	// RedeliverEvery is how often the redeliverer looks for due rows; default 1s.
+	RedeliverEvery time.Duration
+	// Breaker: when at least BreakerFailureRatio of the last 10 s of attempts failed (and
+	// there were at least BreakerMinCalls), deliveries wait before their next attempt (none
+	// is spent, none quarantined) until BreakerOpenFor has passed; then one probe runs:
+	// success closes it, failure opens it again for twice as long, up to a minute.
+	BreakerFailureRatio float64       `key:"breaker_failure_ratio" default:"0.9" range:"0.01..1" help:"circuit breaker: share of failed attempts in the last 10 s that stops the plugin's deliveries"`
+	BreakerMinCalls     int           `key:"breaker_min_calls" default:"20" range:"1..1000000" help:"circuit breaker: attempts in the last 10 s before it can open"`
+	BreakerOpenFor      time.Duration `key:"breaker_open_for" default:"5s" range:"1ms..1h" help:"circuit breaker: wait before a probe delivery (doubles after a failed probe, up to 1m)"`
+	// BreakerOff turns the circuit breaker off (the stock router's inbox.breaker_enabled false).
+	BreakerOff bool
 	// KeyLogField names the business key in log lines (e.g. "order_id"); default "dedup_key".
 	KeyLogField string
 	// TracerProvider, when set, traces every delivery (trace.go): its span continues the trace
@@ -65,6 +85,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxSteps == 0 {
 		c.MaxSteps = 32
+	}
+	if c.RedeliverEvery == 0 {
+		c.RedeliverEvery = time.Second
 	}
 	if c.KeyLogField == "" {
 		c.KeyLogField = "dedup_key"
@@ -101,6 +124,12 @@ func (c *Config) validate() error {
 	}
 	if c.BackoffMax < c.BackoffInitial {
 		return fmt.Errorf("inbox: backoff %s..%s is not a range", c.BackoffInitial, c.BackoffMax)
+	}
+	if c.DelayedBackoffMax < c.DelayedBackoff {
+		return fmt.Errorf("inbox: delayed backoff %s..%s is not a range", c.DelayedBackoff, c.DelayedBackoffMax)
+	}
+	if c.RedeliverEvery < 0 {
+		return fmt.Errorf("inbox: redeliver interval %s is negative", c.RedeliverEvery)
 	}
 	return nil
 }
@@ -148,4 +177,13 @@ func (c Config) backoff(attempt int) time.Duration {
 		d *= 2
 	}
 	return min(d, c.BackoffMax)
+}
+
+// delayedBackoff is the wait before delayed round rounds+1 (rounds already had).
+func (c Config) delayedBackoff(rounds int) time.Duration {
+	d := c.DelayedBackoff
+	for i := 0; i < rounds && d < c.DelayedBackoffMax; i++ {
+		d *= 2
+	}
+	return min(d, c.DelayedBackoffMax)
 }

@@ -109,6 +109,14 @@ func newEffectsInbox(t *testing.T, h inbox.Handler, ic inbox.Config) *groupedSet
 		d.AdminExec(t, "CREATE INDEX grouped_effect_k ON grouped_effect (k)")
 	}
 	ic.BizType = "grouped"
+	// Failures end quarantined at once unless a test asks for delayed redelivery or sets
+	// the breaker up.
+	if ic.DelayedRetries == 0 {
+		ic.DelayedRetries = -1
+	}
+	if ic.BreakerMinCalls == 0 {
+		ic.BreakerOff = true
+	}
 	if ic.BackoffInitial == 0 {
 		ic.BackoffInitial, ic.BackoffMax = time.Millisecond, 10*time.Millisecond
 	}

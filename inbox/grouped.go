@@ -247,11 +247,19 @@ func (b *Batcher) afterFailure(ctx context.Context, p *pending, f *failure) (Res
 		opts.failed = total
 		return ib.run(ctx, p.msg, p.src, opts)
 	}
-	res, err := ib.quarantine(ctx, p.msg, p.src, p.dec.Key, p.dec.Fingerprint, reason, f.err, total, runOpts{})
+	var res Result
+	var err error
+	if reason == ReasonPermanent {
+		res, err = ib.quarantine(ctx, p.msg, p.src, p.dec.Key, p.dec.Fingerprint, reason, f.err, total, runOpts{})
+		if err == nil {
+			ib.logger.Error("handler failed, message quarantined", f.err, fields.Add(watermill.LogFields{"reason": string(reason)}))
+		}
+	} else {
+		res, err = ib.giveUp(ctx, p.msg, p.src, p.dec, reason, f.err, total, runOpts{}) // delayed or quarantined
+	}
 	if err != nil {
 		return res, err
 	}
-	ib.logger.Error("handler failed, message quarantined", f.err, fields.Add(watermill.LogFields{"reason": string(reason)}))
 	ib.obs.Delivered(ib.cfg.BizType, res, time.Since(p.start))
 	return res, nil
 }

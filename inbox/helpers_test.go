@@ -41,6 +41,7 @@ type pipelineOpts struct {
 	inboxCfg     inbox.Config
 	couponCfg    func(*coupon.Config)
 	grantedTopic string
+	outage       bool // inboxCfg's delayed redelivery and circuit breaker as they are (else off)
 }
 
 func newPipeline(t testing.TB, o pipelineOpts) *pipeline {
@@ -79,6 +80,10 @@ func newPipeline(t testing.TB, o pipelineOpts) *pipeline {
 	}
 	ic := o.inboxCfg
 	ic.BizType = coupon.BizType
+	if !o.outage {
+		// Tests of the attempts and the quarantine: a failure ends quarantined at once.
+		ic.DelayedRetries, ic.BreakerOff = -1, true
+	}
 	if ic.BackoffInitial == 0 {
 		ic.BackoffInitial = time.Millisecond
 		ic.BackoffMax = 10 * time.Millisecond

@@ -92,6 +92,7 @@ type Inbox struct {
 	q      queries
 	calls  chan struct{} // one slot per Prepare running (MaxInFlightCalls)
 	tr     trace.Tracer  // nil: no tracing (Config.TracerProvider; trace.go)
+	br     *breaker      // nil: no circuit breaker (Config.BreakerOff, a command's inbox)
 	// replyQuery reads a command's stored response and replySave stores them (NewCommand);
 	// empty for a Kafka inbox.
 	replyQuery, replySave string
@@ -113,8 +114,10 @@ func New(db *sql.DB, h Handler, cfg Config, logger watermill.LoggerAdapter, obs 
 		obs = nopObserver{}
 	}
 	d := dbx.DialectOf(db)
-	return &Inbox{db: db, h: h, cfg: cfg, logger: logger.With(watermill.LogFields{"biz_type": cfg.BizType}), obs: obs, d: d, q: newQueries(cfg.Table, d),
-		calls: make(chan struct{}, cfg.MaxInFlightCalls), tr: tracex.Tracer(cfg.TracerProvider, tracerScope)}, nil
+	ib := &Inbox{db: db, h: h, cfg: cfg, logger: logger.With(watermill.LogFields{"biz_type": cfg.BizType}), obs: obs, d: d, q: newQueries(cfg.Table, d),
+		calls: make(chan struct{}, cfg.MaxInFlightCalls), tr: tracex.Tracer(cfg.TracerProvider, tracerScope)}
+	ib.br = newBreaker(cfg, ib.breakerChanged)
+	return ib, nil
 }
 
 // BizType returns the biz type this inbox deduplicates for.
@@ -147,6 +150,9 @@ type runOpts struct {
 	// error wrapping ErrBadRequest, nothing written), and so is a conflict (reported, not
 	// quarantined).
 	command bool
+	// redelivery: a delayed redelivery of the row's stored message (Redeliver): it reopens
+	// only a row still waiting for one.
+	redelivery bool
 }
 
 // Process runs one delivery to its end: processed, duplicate, held, conflict or quarantined. It
@@ -206,7 +212,20 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, 
 		if ib.tr != nil {
 			d.trace = trace.SpanContextFromContext(ctx)
 		}
+		// An open breaker holds the attempt back (none is spent) until a probe may run.
+		t, err := ib.br.admit(ctx)
+		if err != nil {
+			return Result{}, fmt.Errorf("inbox %s %q: waiting on the circuit breaker: %w", ib.cfg.BizType, dec.Key, err)
+		}
 		res, err := ib.runSteps(ctx, d, dec, opts)
+		switch {
+		case err == nil && res.Outcome == OutcomeProcessed:
+			t.done(verdictSuccess)
+		case err == nil:
+			t.done(verdictNone)
+		default:
+			t.done(attemptVerdict(ctx, err))
+		}
 		if err == nil {
 			res.Attempts = attempt
 			return res, nil
@@ -221,8 +240,7 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, 
 			// A panic or a timeout is the plugin's failure, whatever error it left behind (a
 			// cancelled query can look like a broken connection): it counts as an attempt.
 			if total := ib.countFailure(ctx, msg, src, dec, err, attempt, opts); total >= ib.cfg.MaxAttempts {
-				ib.logger.Error("plugin failed on every attempt, message quarantined", err, fields.Add(watermill.LogFields{"attempts": total, "reason": string(reason)}))
-				return ib.quarantine(ctx, msg, src, dec.Key, dec.Fingerprint, reason, err, total, opts)
+				return ib.giveUp(ctx, msg, src, dec, reason, err, total, opts)
 			}
 		case dbx.IsLockConflict(err) && lockRetries < ib.cfg.MaxLockRetries:
 			// The server rolled us back to break a deadlock or a long wait: not the handler's fault.
@@ -238,8 +256,7 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, 
 			return ib.quarantine(ctx, msg, src, dec.Key, dec.Fingerprint, ReasonPermanent, err, attempt, opts)
 		default:
 			if total := ib.countFailure(ctx, msg, src, dec, err, attempt, opts); total >= ib.cfg.MaxAttempts {
-				ib.logger.Error("retries exhausted, message quarantined", err, fields.Add(watermill.LogFields{"attempts": total}))
-				return ib.quarantine(ctx, msg, src, dec.Key, dec.Fingerprint, ReasonRetriesExhausted, err, total, opts)
+				return ib.giveUp(ctx, msg, src, dec, ReasonRetriesExhausted, err, total, opts)
 			}
 		}
 		ib.logger.Info("handler failed, will retry", fields.Add(watermill.LogFields{"attempt": attempt, "err": validText(err.Error(), 1000)}))
@@ -350,7 +367,10 @@ func (ib *Inbox) runStep(ctx context.Context, prep Preparer, d *Delivery, dec De
 		d.InboxID = row.id
 		// A later step finds its own row: only a delivery's first step checks the fingerprint
 		// (a replay re-runs the row's own payload).
-		switch decideClaim(fresh, row, dec.Fingerprint, step == 0 && opts.ReplayID == 0, opts.Reopen) {
+		// A redelivery runs the row's own message, as a replay does, and reopens only a row
+		// still waiting for it (not one an operator's replay quarantined again meanwhile).
+		reopen := opts.Reopen && (!opts.redelivery || Reason(row.reason.String) == ReasonDelayed)
+		switch decideClaim(fresh, row, dec.Fingerprint, step == 0 && opts.ReplayID == 0 && !opts.redelivery, reopen) {
 		case claimConflict:
 			res = &Result{Outcome: OutcomeConflict, InboxID: row.id, Key: d.Key, Reason: ReasonConflict}
 			return nil

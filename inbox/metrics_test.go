@@ -113,7 +113,7 @@ func TestHeldDeliveryOfQuarantinedKey(t *testing.T) {
 	broken.Store(true)
 	p := newPipeline(t, pipelineOpts{conns: 4})
 	m := metrics.New(p.db.DB)
-	ib, err := inbox.New(p.db.DB, failUntilFixed(&broken)(p.granter), inbox.Config{BizType: coupon.BizType, MaxAttempts: 1}, watermill.NopLogger{}, metricsObserver{m})
+	ib, err := inbox.New(p.db.DB, failUntilFixed(&broken)(p.granter), inbox.Config{BizType: coupon.BizType, MaxAttempts: 1, DelayedRetries: -1}, watermill.NopLogger{}, metricsObserver{m})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 type queries struct {
 	claim, quarantine, lock, countDuplicate, reopen, markDone, stamp string
 	failure, attempts                                                string
+	delayLock, delay                                                 string // a delayed redelivery (delay.go)
 	// returning: claim, quarantine and failure read their row back themselves (PostgreSQL:
 	// INSERT … ON CONFLICT … RETURNING), instead of LAST_INSERT_ID and a SELECT.
 	returning bool
@@ -28,10 +29,16 @@ func newQueries(table string, d dbx.Dialect) queries {
 		lock:           fmt.Sprintf(`SELECT status, fingerprint, reason FROM %s WHERE id = ? FOR UPDATE`, table),
 		countDuplicate: fmt.Sprintf(`UPDATE %s SET duplicates = duplicates + 1 WHERE id = ?`, table),
 		// A quarantined row run again by a replay gets a fresh count of attempts.
-		reopen: fmt.Sprintf(`UPDATE %s SET attempts = CASE WHEN status = 'failed' THEN 0 ELSE attempts END, status = 'processing', reason = NULL,
+		// A quarantined row (not one waiting for a delayed redelivery) also gets fresh
+		// delayed rounds. MariaDB assigns left to right: status is assigned after the tests.
+		reopen: fmt.Sprintf(`UPDATE %s SET delayed_rounds = CASE WHEN status = 'failed' AND COALESCE(reason, '') <> 'delayed' THEN 0 ELSE delayed_rounds END,
+ retry_at = NULL, attempts = CASE WHEN status = 'failed' THEN 0 ELSE attempts END, status = 'processing', reason = NULL,
  replay_id = COALESCE(?, replay_id) WHERE id = ?`, table),
-		attempts: fmt.Sprintf(`SELECT status, attempts FROM %s WHERE id = ?`, table),
-		markDone: fmt.Sprintf(`UPDATE %s SET status = 'done', attempts = GREATEST(attempts, ?), reason = NULL, last_error = NULL WHERE id = ?`, table),
+		attempts:  fmt.Sprintf(`SELECT status, attempts FROM %s WHERE id = ?`, table),
+		markDone:  fmt.Sprintf(`UPDATE %s SET status = 'done', attempts = GREATEST(attempts, ?), reason = NULL, last_error = NULL, retry_at = NULL WHERE id = ?`, table),
+		delayLock: fmt.Sprintf(`SELECT id, status, delayed_rounds FROM %s WHERE dedup_key = ? AND biz_type = ? FOR UPDATE`, table),
+		delay: fmt.Sprintf(`UPDATE %s SET status = 'failed', reason = 'delayed', retry_at = ?, delayed_rounds = delayed_rounds + 1,
+ attempts = GREATEST(attempts, ?), last_error = ?, replay_id = COALESCE(?, replay_id) WHERE id = ?`, table),
 	}
 	if d.IsPostgres() {
 		// The same statements as ON CONFLICT upserts, each reading its row back: a SET
@@ -73,7 +80,7 @@ func newQueries(table string, d dbx.Dialect) queries {
 		// The row listed as one this replay stamped (inbox.replay_id has no index).
 		q.stamp = `INSERT INTO ` + replayRowTable + ` (replay_id, inbox_id) VALUES (?, ?) ON DUPLICATE KEY UPDATE inbox_id = inbox_id`
 	}
-	for _, s := range []*string{&q.claim, &q.quarantine, &q.lock, &q.countDuplicate, &q.reopen, &q.markDone, &q.stamp, &q.failure, &q.attempts} {
+	for _, s := range []*string{&q.claim, &q.quarantine, &q.lock, &q.countDuplicate, &q.reopen, &q.markDone, &q.stamp, &q.failure, &q.attempts, &q.delayLock, &q.delay} {
 		*s = d.Rebind(*s)
 	}
 	return q

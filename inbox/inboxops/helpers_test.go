@@ -50,6 +50,9 @@ func newPipeline(t testing.TB, o pipelineOpts) *pipeline {
 	}
 	ic := o.inboxCfg
 	ic.BizType = coupon.BizType
+	if ic.DelayedRetries == 0 { // failures end quarantined at once: what a replay runs again
+		ic.DelayedRetries = -1
+	}
 	if ic.BackoffInitial == 0 {
 		ic.BackoffInitial, ic.BackoffMax = time.Millisecond, 10*time.Millisecond
 	}

@@ -118,9 +118,31 @@ type Row struct {
 	CreatedAt   time.Time         `json:"created_at"`
 	UpdatedAt   time.Time         `json:"updated_at"`
 	ExpireAt    time.Time         `json:"expire_at"`
+	// RetryAt: a row waiting for a delayed redelivery (Delayed) runs again then.
+	RetryAt *time.Time `json:"retry_at,omitempty"`
+	// DelayedRounds counts the delayed redeliveries the row had.
+	DelayedRounds int `json:"delayed_rounds,omitempty"`
 
 	sized bool // payload_size is set: a prefix of the value, or a minimal row
 	bare  bool // metadata is SQL NULL: a minimal row (a Page's rows read JSON null instead)
+}
+
+// Delayed reports whether r waits for a delayed redelivery (status failed, reason delayed):
+// not quarantined, its next attempt at RetryAt.
+func (r Row) Delayed() bool {
+	return r.Status == inbox.StatusFailed && r.Reason == string(inbox.ReasonDelayed)
+}
+
+// StatusText is r's status as the operator reads it: a row waiting for a delayed
+// redelivery is "delayed (next attempt at …)", not failed.
+func (r Row) StatusText() string {
+	if !r.Delayed() {
+		return string(r.Status)
+	}
+	if r.RetryAt == nil {
+		return "delayed"
+	}
+	return "delayed (next attempt at " + r.RetryAt.Format(time.RFC3339) + ")"
 }
 
 // ErrNotReplayable is what Row.Replayable wraps.
@@ -196,7 +218,8 @@ func NewStore(db *sql.DB, table string) (*Store, error) {
 }
 
 const rowColumns = `id, dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset,
- payload, metadata, fingerprint, attempts, duplicates, last_error, replay_id, created_at, updated_at, expire_at, tombstone, payload_size`
+ payload, metadata, fingerprint, attempts, duplicates, last_error, replay_id, created_at, updated_at, expire_at, tombstone, payload_size,
+ retry_at, delayed_rounds`
 
 // List returns the rows f selects, ordered by id.
 func (s *Store) List(ctx context.Context, f Filter) ([]Row, error) {
@@ -373,11 +396,16 @@ func scanRow(sc scanner) (Row, error) {
 	var r Row
 	var reason, meta, lastErr sql.NullString
 	var replay, size sql.NullInt64
+	var retryAt sql.NullTime
 	err := sc.Scan(&r.ID, &r.DedupKey, &r.BizType, &r.Status, &reason, &r.MessageUUID, &r.Topic, &r.Partition, &r.Offset,
 		&r.Payload, &meta, &r.Fingerprint, &r.Attempts, &r.Duplicates, &lastErr, &replay, &r.CreatedAt, &r.UpdatedAt, &r.ExpireAt,
-		&r.Tombstone, &size)
+		&r.Tombstone, &size, &retryAt, &r.DelayedRounds)
 	if err != nil {
 		return r, fmt.Errorf("scan inbox row: %w", err)
+	}
+	if retryAt.Valid && r.Delayed() {
+		at := retryAt.Time.UTC()
+		r.RetryAt = &at
 	}
 	r.Fingerprint = strings.TrimRight(r.Fingerprint, " ") // PostgreSQL pads CHAR(64); MariaDB strips it
 	r.Reason, r.LastError, r.ReplayID, r.PayloadSize = reason.String, lastErr.String, replay.Int64, size.Int64

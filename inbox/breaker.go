@@ -1,0 +1,266 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/onceflow/onceflow/pkg/dbx"
+)
+
+// BreakerState is the state of an inbox's circuit breaker.
+type BreakerState int
+
+// The breaker's states; the values are those of onceflow_inbox_breaker_state.
+const (
+	BreakerClosed   BreakerState = 0 // deliveries run
+	BreakerOpen     BreakerState = 1 // deliveries wait before their next attempt
+	BreakerHalfOpen BreakerState = 2 // one probe delivery runs, the others wait
+)
+
+func (s BreakerState) String() string {
+	switch s {
+	case BreakerOpen:
+		return "open"
+	case BreakerHalfOpen:
+		return "half-open"
+	default:
+		return "closed"
+	}
+}
+
+// BreakerStatus is what an inbox's breaker shows.
+type BreakerStatus struct {
+	State BreakerState
+	Since time.Time // when it entered State (zero: closed since the start)
+	Opens int64     // times it opened (a failed probe opens it again)
+	// ProbeAt is when an open breaker lets a probe run.
+	ProbeAt time.Time
+}
+
+// BreakerObserver, when the inbox's Observer implements it, is told of every change of the
+// breaker's state (metrics).
+type BreakerObserver interface {
+	BreakerChanged(bizType string, s BreakerStatus)
+}
+
+const (
+	breakerWindow   = 10 * time.Second // attempts counted for the failure ratio
+	breakerMaxProbe = time.Minute      // longest wait between probes
+)
+
+// verdict is what one attempt says about the plugin's dependencies.
+type verdict int
+
+const (
+	verdictNone    verdict = iota // says nothing (a duplicate, a lock conflict, shutdown)
+	verdictSuccess                // the handler ran and finished
+	verdictFailure                // the handler's attempt failed (counts as an attempt)
+)
+
+// breaker is an inbox's circuit breaker: closed → open when the failures of the window reach
+// the ratio, open → half-open after the open interval, half-open → closed on a probe's
+// success, → open again (the interval doubled) on its failure.
+type breaker struct {
+	ratio    float64
+	minCalls int
+	openFor  time.Duration
+	notify   func(BreakerStatus, BreakerState) // the new status and the state before
+
+	mu      sync.Mutex
+	state   BreakerState
+	since   time.Time
+	opens   int64
+	wait    time.Duration // the current open interval
+	probing bool
+	changed chan struct{} // closed at each change of state or probe
+	buckets [10]bucket    // per second of the window
+}
+
+type bucket struct {
+	sec        int64
+	ok, failed int
+}
+
+func newBreaker(cfg Config, notify func(BreakerStatus, BreakerState)) *breaker {
+	if cfg.BreakerOff {
+		return nil
+	}
+	return &breaker{ratio: cfg.BreakerFailureRatio, minCalls: cfg.BreakerMinCalls, openFor: cfg.BreakerOpenFor, notify: notify, changed: make(chan struct{})}
+}
+
+// ticket is one admitted attempt; done records its verdict, once.
+type ticket struct {
+	br    *breaker
+	probe bool
+	once  sync.Once
+}
+
+func (t *ticket) done(v verdict) {
+	if t == nil {
+		return
+	}
+	t.once.Do(func() { t.br.record(t.probe, v) })
+}
+
+// admit waits until an attempt may run: at once while closed; while open, until a probe
+// may run and this attempt is it. It spends nothing while it waits and returns ctx's error
+// when ctx ends first. A nil breaker (off) admits everything.
+func (b *breaker) admit(ctx context.Context) (*ticket, error) {
+	if b == nil {
+		return nil, nil
+	}
+	for {
+		b.mu.Lock()
+		now := time.Now()
+		if b.state == BreakerOpen && !now.Before(b.since.Add(b.wait)) {
+			b.setLocked(BreakerHalfOpen, now)
+		}
+		switch {
+		case b.state == BreakerClosed:
+			b.mu.Unlock()
+			return &ticket{br: b}, nil
+		case b.state == BreakerHalfOpen && !b.probing:
+			b.probing = true
+			b.mu.Unlock()
+			return &ticket{br: b, probe: true}, nil
+		}
+		ch := b.changed
+		d := breakerMaxProbe
+		if b.state == BreakerOpen {
+			d = b.since.Add(b.wait).Sub(now)
+		}
+		b.mu.Unlock()
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-ch:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// record takes an attempt's verdict.
+func (b *breaker) record(probe bool, v verdict) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := time.Now()
+	if probe {
+		b.probing = false
+		switch v {
+		case verdictSuccess:
+			b.buckets = [10]bucket{}
+			b.setLocked(BreakerClosed, now)
+		case verdictFailure:
+			b.wait = min(2*b.wait, max(breakerMaxProbe, b.openFor))
+			b.opens++
+			b.setLocked(BreakerOpen, now)
+		default:
+			b.broadcastLocked() // another waiting delivery probes
+		}
+		return
+	}
+	if v == verdictNone {
+		return
+	}
+	sec := now.Unix()
+	bk := &b.buckets[sec%int64(len(b.buckets))]
+	if bk.sec != sec {
+		*bk = bucket{sec: sec}
+	}
+	if v == verdictSuccess {
+		bk.ok++
+		return
+	}
+	bk.failed++
+	if b.state != BreakerClosed {
+		return
+	}
+	var ok, failed int
+	for _, x := range b.buckets {
+		if x.sec > sec-int64(len(b.buckets)) {
+			ok, failed = ok+x.ok, failed+x.failed
+		}
+	}
+	if total := ok + failed; total >= b.minCalls && float64(failed) >= b.ratio*float64(total) {
+		b.wait = b.openFor
+		b.opens++
+		b.setLocked(BreakerOpen, now)
+	}
+}
+
+func (b *breaker) setLocked(s BreakerState, now time.Time) {
+	prev := b.state
+	b.state, b.since = s, now
+	b.broadcastLocked()
+	if b.notify != nil {
+		b.notify(b.statusLocked(), prev)
+	}
+}
+
+func (b *breaker) broadcastLocked() {
+	close(b.changed)
+	b.changed = make(chan struct{})
+}
+
+func (b *breaker) statusLocked() BreakerStatus {
+	s := BreakerStatus{State: b.state, Since: b.since, Opens: b.opens}
+	if b.state == BreakerOpen {
+		s.ProbeAt = b.since.Add(b.wait)
+	}
+	return s
+}
+
+func (b *breaker) status() BreakerStatus {
+	if b == nil {
+		return BreakerStatus{}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.statusLocked()
+}
+
+// Breaker returns the state of the inbox's circuit breaker (closed when it is off).
+func (ib *Inbox) Breaker() BreakerStatus { return ib.br.status() }
+
+// BreakerEnabled reports whether the inbox has a circuit breaker.
+func (ib *Inbox) BreakerEnabled() bool { return ib.br != nil }
+
+// breakerChanged logs and reports a change of the breaker's state.
+func (ib *Inbox) breakerChanged(s BreakerStatus, prev BreakerState) {
+	switch {
+	case s.State == BreakerOpen && prev == BreakerClosed:
+		ib.logger.Error("circuit breaker open: nearly every attempt failed, deliveries wait", nil, watermill.LogFields{"probe_at": s.ProbeAt, "opens": s.Opens})
+	case s.State == BreakerOpen:
+		ib.logger.Info("circuit breaker probe failed, open again", watermill.LogFields{"probe_at": s.ProbeAt, "opens": s.Opens})
+	case s.State == BreakerClosed:
+		ib.logger.Info("circuit breaker closed: a probe succeeded, deliveries resume", nil)
+	}
+	if o, ok := ib.obs.(BreakerObserver); ok {
+		o.BreakerChanged(ib.cfg.BizType, s)
+	}
+}
+
+// attemptVerdict is what a failed attempt's error says of the dependencies (process's
+// switch, in its order): a lock conflict, an unreachable database or ErrPermanent say
+// nothing; a handler error, a panic or a timeout is a failure.
+func attemptVerdict(ctx context.Context, err error) verdict {
+	switch {
+	case err == nil:
+		return verdictSuccess
+	case ctx.Err() != nil:
+		return verdictNone
+	case failureReason(err) != ReasonRetriesExhausted:
+		return verdictFailure
+	case dbx.IsLockConflict(err), dbx.IsConnError(err), errors.Is(err, ErrPermanent):
+		return verdictNone
+	default:
+		return verdictFailure
+	}
+}

@@ -1,0 +1,16 @@
+-- +goose Up
+-- Delayed redelivery (inbox.delayed_retries): a delivery whose immediate attempts ran out
+-- with a retryable failure is kept 'failed' with reason 'delayed' until retry_at, when the
+-- router's redeliverer runs it again from its stored payload; delayed_rounds counts the
+-- rounds it had. The redeliverer finds due rows in the (biz_type, 'failed') range of
+-- idx_biz_status_created.
+ALTER TABLE inbox
+    ADD COLUMN retry_at       TIMESTAMP(6),
+    ADD COLUMN delayed_rounds INTEGER NOT NULL DEFAULT 0;
+COMMENT ON COLUMN inbox.retry_at IS 'reason delayed: when the redeliverer runs the row again';
+COMMENT ON COLUMN inbox.delayed_rounds IS 'delayed redeliveries had';
+
+-- +goose Down
+ALTER TABLE inbox
+    DROP COLUMN delayed_rounds,
+    DROP COLUMN retry_at;
