@@ -67,8 +67,10 @@ type KafkaConfig struct {
 // cleaner.
 type InboxConfig struct {
 	inbox.Config `key:",squash"`
-	Batch        inbox.BatchConfig   `key:",squash"`
-	Cleaner      inbox.CleanerConfig `key:",squash"`
+	// BreakerEnabled is inbox.Config.BreakerOff's opposite, as the settings list it.
+	BreakerEnabled bool                `key:"breaker_enabled" default:"true" after:"delayed_backoff_max" help:"circuit breaker per plugin: when nearly every attempt fails (breaker_failure_ratio of at least breaker_min_calls in 10 s) its deliveries wait, spending no attempt, until a probe succeeds"`
+	Batch          inbox.BatchConfig   `key:",squash"`
+	Cleaner        inbox.CleanerConfig `key:",squash"`
 }
 
 // RelayConfig is relay.*: whether and how this process relays, and the relay's config.
@@ -313,6 +315,7 @@ func (c Config) validate() error {
 func (c Config) inboxConfig(bizType, keyLogField string, command bool) inbox.Config {
 	ic := c.Inbox.Config
 	ic.BizType, ic.KeyLogField, ic.TracerProvider = bizType, keyLogField, c.tracing
+	ic.BreakerOff = !c.Inbox.BreakerEnabled
 	if command {
 		ic.Retention = c.HTTP.IdempotencyTTL
 	}

@@ -153,10 +153,15 @@ func (r *Runtime) Run(ctx context.Context) error {
 	router.AddMiddleware(kafkax.AckOnReturn, middleware.Recoverer)
 	obs := &observer{m: m}
 	budget := kafkax.NewBudget(a.cfg.Kafka.Parallel.MaxInFlightBytes) // one for every subscriber of the router
+	var inboxes []*inbox.Inbox
 	for _, p := range plugins {
 		ib, closeHandler, err := a.buildInbox(ctx, db, p, obs)
 		if err != nil {
 			return err
+		}
+		inboxes = append(inboxes, ib)
+		if ib.BreakerEnabled() {
+			m.SetBreaker(p.BizType, int(inbox.BreakerClosed), time.Time{}, time.Time{})
 		}
 		defer closeHandler() // deferred first, so run last: after the router and the Batcher stopped
 		handler := ib.HandlerFunc
@@ -188,7 +193,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	errs := make(chan error, 4)
+	errs := make(chan error, 4+len(inboxes))
 	if withRelay {
 		relay, closeRelay, err := a.newRelay(db, kc)
 		if err != nil {
@@ -207,6 +212,10 @@ func (r *Runtime) Run(ctx context.Context) error {
 	}
 	wg.Add(1)
 	go func() { defer wg.Done(); errs <- cleaner.Run(ctx) }()
+	for _, ib := range inboxes { // each plugin's delayed redeliveries (inbox.delayed_retries)
+		wg.Add(1)
+		go func() { defer wg.Done(); errs <- ib.RunRedeliveries(ctx) }()
+	}
 
 	stopAdmin, err := a.startAdmin(ctx, db, kc, m)
 	if err != nil {
@@ -315,6 +324,16 @@ func fmtRetention(d time.Duration) string {
 type observer struct {
 	m    *metrics.Metrics
 	wake func()
+}
+
+// BreakerChanged implements inbox.BreakerObserver.
+func (o *observer) BreakerChanged(biz string, s inbox.BreakerStatus) {
+	o.m.SetBreaker(biz, int(s.State), s.Since, s.ProbeAt)
+}
+
+// Redelivered implements inbox.RedeliveryObserver.
+func (o *observer) Redelivered(biz string, r inbox.Result) {
+	o.m.Redeliveries.WithLabelValues(biz, string(r.Outcome)).Inc()
 }
 
 func (o *observer) Delivered(biz string, r inbox.Result, d time.Duration) {

@@ -27,9 +27,13 @@ type Metrics struct {
 	Consumers      *ConsumerCollector       // per-partition consumer gauges; Add the subscribers
 	PrepareSeconds *prometheus.HistogramVec // biz_type, outcome: a delivery's outside calls (its Prepare, before its batch)
 	CallSeconds    *prometheus.HistogramVec // plugin, step, outcome: one outside call
+	BreakerState   *prometheus.GaugeVec     // biz_type: 0 closed, 1 open, 2 half-open
+	BreakerOpens   *prometheus.CounterVec   // biz_type
+	Redeliveries   *prometheus.CounterVec   // biz_type, outcome: delayed redeliveries run
 
 	db         *dbCollector // nil without a database
 	throughput *throughput  // per-minute deliveries of the last hour (Observe), for the console
+	breakers   breakers     // the plugins' circuit breakers (SetBreaker), for the console
 }
 
 // New registers the collectors. db, when not nil, feeds the database gauges (inbox rows by
@@ -65,13 +69,27 @@ func New(db *sql.DB) *Metrics {
 			Help:    "One outside call of a plugin's step (plugins that report them through PluginEnv.ObserveCall).",
 			Buckets: callBuckets,
 		}, []string{"plugin", "step", "outcome"}),
+		BreakerState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "onceflow", Name: "inbox_breaker_state",
+			Help: "A plugin's circuit breaker: 0 closed, 1 open (its deliveries wait), 2 half-open (one probe runs).",
+		}, []string{"biz_type"}),
+		BreakerOpens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "onceflow", Name: "inbox_breaker_opens_total",
+			Help: "Times a plugin's circuit breaker opened (a failed probe opens it again).",
+		}, []string{"biz_type"}),
+		Redeliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "onceflow", Name: "inbox_redeliveries_total",
+			Help: "Delayed redeliveries run, by outcome: processed, delayed (again), quarantined (rounds used up), duplicate, held.",
+		}, []string{"biz_type", "outcome"}),
 		throughput: newThroughput(time.Now()),
 	}
 	r.MustRegister(m.Deliveries, m.HandlerSeconds, m.RelayPublished, m.RelayErrors, m.Consumers, m.PrepareSeconds, m.CallSeconds,
+		m.BreakerState, m.BreakerOpens, m.Redeliveries,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), newBuildInfo(buildinfo.Read()))
 	if db != nil {
 		m.db = &dbCollector{db: db,
-			inboxRows: prometheus.NewDesc("onceflow_inbox_rows", "Inbox rows by biz type and status.", []string{"biz_type", "status"}, nil),
+			inboxRows: prometheus.NewDesc("onceflow_inbox_rows", "Inbox rows by biz type and status; failed: quarantined (rows waiting for a delayed redelivery are onceflow_inbox_delayed_rows).", []string{"biz_type", "status"}, nil),
+			delayed:   prometheus.NewDesc("onceflow_inbox_delayed_rows", "Inbox rows waiting for a delayed redelivery, by biz type.", []string{"biz_type"}, nil),
 			oldest:    prometheus.NewDesc("onceflow_outbox_oldest_unpublished_seconds", "Age of the oldest unpublished outbox row (0 when none).", nil, nil),
 			pending:   prometheus.NewDesc("onceflow_outbox_unpublished_rows", "Unpublished outbox rows.", nil, nil),
 			parked: prometheus.NewDesc("onceflow_outbox_parked_rows",
@@ -98,8 +116,8 @@ const dbRefresh = 15 * time.Second
 const dbQueryTimeout = 5 * time.Second
 
 type dbCollector struct {
-	db                                 *sql.DB
-	inboxRows, oldest, pending, parked *prometheus.Desc
+	db                                          *sql.DB
+	inboxRows, delayed, oldest, pending, parked *prometheus.Desc
 
 	mu         sync.Mutex
 	cached     DBStats
@@ -113,6 +131,7 @@ type dbCollector struct {
 
 func (c *dbCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.inboxRows
+	ch <- c.delayed
 	ch <- c.oldest
 	ch <- c.pending
 	ch <- c.parked
@@ -124,6 +143,9 @@ func (c *dbCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.stats()
 	for _, r := range s.InboxRows {
 		ch <- prometheus.MustNewConstMetric(c.inboxRows, prometheus.GaugeValue, float64(r.Rows), r.BizType, r.Status)
+	}
+	for _, r := range s.Delayed {
+		ch <- prometheus.MustNewConstMetric(c.delayed, prometheus.GaugeValue, float64(r.Rows), r.BizType)
 	}
 	if s.OutboxRead {
 		ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, s.OldestUnpublished.Seconds())
@@ -188,6 +210,7 @@ func (c *dbCollector) query() DBStats {
 	}
 	s.FailedReasons = failedReasons(ctx, c.db, s.InboxRows)
 	s.FailedErrors = failedErrors(ctx, c.db, s.InboxRows)
+	s.splitDelayed()
 	var oldest sql.NullTime
 	if err := c.db.QueryRowContext(ctx, `SELECT MIN(created_at), COUNT(*) FROM outbox WHERE published_at IS NULL`).Scan(&oldest, &s.Unpublished); err == nil {
 		s.OutboxRead = true

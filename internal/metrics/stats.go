@@ -18,14 +18,18 @@ import (
 type DBStats struct {
 	// At is when they were read; zero when never (no database).
 	At time.Time
-	// InboxRows counts the inbox rows per biz type and status.
+	// InboxRows counts the inbox rows per biz type and status; its failed rows are the
+	// quarantined ones (the rows waiting for a delayed redelivery are in Delayed).
 	InboxRows []InboxCount
 	// FailedReasons counts the failed rows per biz type and reason, for the biz types
-	// InboxRows has failed rows of.
+	// InboxRows has failed rows of; the quarantined ones (Delayed holds reason 'delayed').
 	FailedReasons []ReasonCount
 	// FailedErrors groups the last errors of each biz type's newest failed rows (at most
 	// failedErrorRows of them), most frequent first.
 	FailedErrors []ErrorCount
+	// Delayed counts the rows waiting for a delayed redelivery per biz type, with the
+	// earliest next attempt; only biz types that have some.
+	Delayed []DelayedCount
 	// OutboxRead: Unpublished and OldestUnpublished were read.
 	OutboxRead        bool
 	Unpublished       int64
@@ -48,6 +52,39 @@ type ReasonCount struct {
 	BizType string
 	Reason  string // "" for failed rows without a reason
 	Rows    int64
+
+	next time.Time // the earliest retry_at of the reason's rows (delayed ones)
+}
+
+// DelayedCount is the number of inbox rows of one biz type waiting for a delayed
+// redelivery, and when the first of them is due.
+type DelayedCount struct {
+	BizType string
+	Rows    int64
+	Next    time.Time // earliest retry_at (UTC); zero when unknown
+}
+
+// delayedReason is the reason of a 'failed' row waiting for a delayed redelivery
+// (inbox.ReasonDelayed).
+const delayedReason = "delayed"
+
+// splitDelayed moves the rows waiting for a delayed redelivery out of the failed counts
+// into Delayed: they are not quarantined.
+func (s *DBStats) splitDelayed() {
+	reasons := s.FailedReasons[:0:0]
+	for _, r := range s.FailedReasons {
+		if r.Reason != delayedReason {
+			reasons = append(reasons, r)
+			continue
+		}
+		s.Delayed = append(s.Delayed, DelayedCount{BizType: r.BizType, Rows: r.Rows, Next: r.next})
+		for i := range s.InboxRows {
+			if c := &s.InboxRows[i]; c.BizType == r.BizType && c.Status == "failed" {
+				c.Rows -= r.Rows
+			}
+		}
+	}
+	s.FailedReasons = reasons
 }
 
 // InvalidateDBStats drops the cached database figures: the next DBStats waits for figures
@@ -89,13 +126,15 @@ func failedReasons(ctx context.Context, db *sql.DB, counts []InboxCount) []Reaso
 		if c.Status != "failed" || c.Rows == 0 {
 			continue
 		}
-		rows, err := db.QueryContext(ctx, dbx.DialectOf(db).Rebind(`SELECT COALESCE(reason, ''), COUNT(*) FROM inbox WHERE biz_type = ? AND status = 'failed' GROUP BY reason`), c.BizType)
+		rows, err := db.QueryContext(ctx, dbx.DialectOf(db).Rebind(`SELECT COALESCE(reason, ''), COUNT(*), MIN(retry_at) FROM inbox WHERE biz_type = ? AND status = 'failed' GROUP BY reason`), c.BizType)
 		if err != nil {
 			continue
 		}
 		for rows.Next() {
 			r := ReasonCount{BizType: c.BizType}
-			if rows.Scan(&r.Reason, &r.Rows) == nil {
+			var next sql.NullTime
+			if rows.Scan(&r.Reason, &r.Rows, &next) == nil {
+				r.next = next.Time
 				out = append(out, r)
 			}
 		}
