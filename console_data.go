@@ -48,6 +48,7 @@ type overviewData struct {
 	GroupLagShown bool
 	GroupLagAge   time.Duration
 	GroupLagStale bool
+	Outage     []outageRow // console_outage.go
 }
 
 type leaseRow struct {
@@ -152,6 +153,7 @@ func (c *console) loadOverview(ctx context.Context) overviewData {
 			d.GroupLagStale = d.GroupLagAge > groupLagRefresh
 		}
 	}
+	d.Outage = c.outageRows(d.Stats)
 	var err error
 	if d.Leases, err = c.leases(ctx); err != nil {
 		d.Errors = append(d.Errors, err.Error())

@@ -74,7 +74,7 @@ func (a *app) inboxLs(ctx context.Context, ff filterFlags) error {
 		if r.Status == inbox.StatusFailed {
 			dups, held = "-", fmt.Sprint(r.Duplicates)
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, safeText(r.BizType), safeText(r.DedupKey), r.Status, safeText(dash(string(r.Reason))),
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, safeText(r.BizType), safeText(r.DedupKey), r.StatusText(), safeText(dash(string(r.Reason))),
 			r.Attempts, dups, held, replay, safeText(sourceText(r)), r.UpdatedAt.Format(time.RFC3339), safeText(dash(oneLineString(r.LastError, 60))))
 	}
 	if err := tw.Flush(); err != nil {
@@ -132,7 +132,7 @@ func (a *app) inboxShow(ctx context.Context, ff filterFlags, ref string) error {
 			counted = struct{ k, v string }{"held", fmt.Sprintf("%d later deliveries, not run (a replay releases the key)", r.Duplicates)}
 		}
 		fields := []struct{ k, v string }{
-			{"id", fmt.Sprint(r.ID)}, {"dedup_key", r.DedupKey}, {"biz_type", r.BizType}, {"status", string(r.Status)},
+			{"id", fmt.Sprint(r.ID)}, {"dedup_key", r.DedupKey}, {"biz_type", r.BizType}, {"status", r.StatusText()},
 			{"reason", dash(r.Reason)}, {"attempts", fmt.Sprint(r.Attempts)}, counted,
 			{"replay_id", dash(j.replayID())}, {"replayable", replayableText(j.NotReplayable)}, {"message_uuid", r.MessageUUID},
 			{"source", sourceDetail(r)},

@@ -151,7 +151,7 @@ func (a *app) verify(ctx context.Context, o verifyOpts) error {
 			bizTypes = append(bizTypes, p.BizType)
 		}
 	}
-	failed, failedBy, err := failedRows(ctx, db, bizTypes)
+	failed, failedBy, delayed, err := failedRows(ctx, db, bizTypes)
 	if err != nil {
 		return fmt.Errorf("verify: %w", err)
 	}
@@ -186,6 +186,9 @@ func (a *app) verify(ctx context.Context, o verifyOpts) error {
 		printf("FAILED inbox rows: %d (%s)%s; router inbox ls --status failed lists them; router replay runs them again once their cause is fixed (poison: the record itself, so its producer)\n",
 			failed, failedBy, accepted)
 	}
+	if delayed > 0 {
+		printf("DELAYED inbox rows: %d wait for a delayed redelivery (inbox.delayed_retries), not processed yet; router inbox ls --status failed --reason delayed lists them\n", delayed)
+	}
 	for _, v := range violations {
 		printf("VIOLATION %s\n", v)
 	}
@@ -199,6 +202,9 @@ func (a *app) verify(ctx context.Context, o verifyOpts) error {
 	if failed > 0 && !o.allowFailed {
 		findings = append(findings, fmt.Sprintf("%d failed inbox rows (router inbox ls --status failed lists them; --allow-failed when they are expected)", failed))
 	}
+	if delayed > 0 {
+		findings = append(findings, fmt.Sprintf("%d inbox rows wait for a delayed redelivery (verify again once they ran)", delayed))
+	}
 	if len(findings) > 0 {
 		return fmt.Errorf("verify: %s", strings.Join(findings, ", "))
 	}
@@ -206,11 +212,12 @@ func (a *app) verify(ctx context.Context, o verifyOpts) error {
 }
 
 // failedRows counts the failed (quarantined) inbox rows of bizTypes and says how many of
-// each reason, most first: "retries_exhausted 2, poison 1". The query reads the failed
+// each reason, most first: "retries_exhausted 2, poison 1"; and apart, the rows waiting for
+// a delayed redelivery (reason delayed). The query reads the failed
 // range of the inbox's (biz_type, status, …) index, never the done rows.
-func failedRows(ctx context.Context, db *sql.DB, bizTypes []string) (int, string, error) {
+func failedRows(ctx context.Context, db *sql.DB, bizTypes []string) (int, string, int, error) {
 	if len(bizTypes) == 0 {
-		return 0, "", nil
+		return 0, "", 0, nil
 	}
 	args := make([]any, len(bizTypes))
 	for i, bt := range bizTypes {
@@ -219,7 +226,7 @@ func failedRows(ctx context.Context, db *sql.DB, bizTypes []string) (int, string
 	rows, err := db.QueryContext(ctx, dbx.DialectOf(db).Rebind(`SELECT COALESCE(reason, ''), COUNT(*) FROM inbox
 		WHERE biz_type IN (?`+strings.Repeat(", ?", len(bizTypes)-1)+`) AND status = 'failed' GROUP BY reason`), args...)
 	if err != nil {
-		return 0, "", fmt.Errorf("failed inbox rows: %w", err)
+		return 0, "", 0, fmt.Errorf("failed inbox rows: %w", err)
 	}
 	defer rows.Close()
 	type count struct {
@@ -227,25 +234,29 @@ func failedRows(ctx context.Context, db *sql.DB, bizTypes []string) (int, string
 		n      int
 	}
 	var counts []count
-	total := 0
+	total, delayed := 0, 0
 	for rows.Next() {
 		var c count
 		if err := rows.Scan(&c.reason, &c.n); err != nil {
-			return 0, "", fmt.Errorf("failed inbox rows: %w", err)
+			return 0, "", 0, fmt.Errorf("failed inbox rows: %w", err)
 		}
 		if c.reason == "" {
 			c.reason = "unknown"
+		}
+		if c.reason == string(inbox.ReasonDelayed) { // not quarantined: waiting for its next round
+			delayed = c.n
+			continue
 		}
 		counts = append(counts, c)
 		total += c.n
 	}
 	if err := rows.Err(); err != nil {
-		return 0, "", fmt.Errorf("failed inbox rows: %w", err)
+		return 0, "", 0, fmt.Errorf("failed inbox rows: %w", err)
 	}
 	slices.SortFunc(counts, func(a, b count) int { return cmp.Or(b.n-a.n, strings.Compare(a.reason, b.reason)) })
 	by := make([]string, len(counts))
 	for i, c := range counts {
 		by[i] = safeText(c.reason) + " " + strconv.Itoa(c.n)
 	}
-	return total, strings.Join(by, ", "), nil
+	return total, strings.Join(by, ", "), delayed, nil
 }

@@ -53,7 +53,7 @@ func Verify(ctx context.Context, db *sql.DB, campaignID string, lagBound time.Du
 		{&a.Coupons, `SELECT COUNT(*) FROM user_coupon WHERE campaign_id = ?`, []any{campaignID}},
 		{&a.DuplicateCoupons, `SELECT COALESCE(SUM(n - 1), 0) FROM (SELECT COUNT(*) AS n FROM user_coupon WHERE campaign_id = ? GROUP BY order_id HAVING COUNT(*) > 1) d`, []any{campaignID}},
 		{&a.InboxDone, `SELECT COUNT(*) FROM inbox WHERE biz_type = ? AND status = 'done'`, []any{BizType}},
-		{&a.InboxFailed, `SELECT COUNT(*) FROM inbox WHERE biz_type = ? AND status = 'failed'`, []any{BizType}},
+		{&a.InboxFailed, `SELECT COUNT(*) FROM inbox WHERE biz_type = ? AND status = 'failed' AND COALESCE(reason, '') <> 'delayed'`, []any{BizType}},
 		{&a.InboxProcessing, `SELECT COUNT(*) FROM inbox WHERE biz_type = ? AND status = 'processing'`, []any{BizType}},
 		{&a.DuplicatesBlocked, `SELECT COALESCE(SUM(duplicates), 0) FROM inbox WHERE biz_type = ?`, []any{BizType}},
 		{&a.OutboxEvents, `SELECT COUNT(*) FROM outbox WHERE event_type IN (?, ?)`, []any{EventGranted, EventGrantFailed}},

@@ -32,7 +32,7 @@ var pageNames = []string{"overview", "inbox", "row", "replay", "replays", "outbo
 func Pages() (map[string]*template.Template, error) {
 	out := map[string]*template.Template{}
 	for _, n := range pageNames {
-		t, err := template.New("layout.html").Funcs(funcs).ParseFS(Assets, "templates/layout.html", "templates/parts.html", "templates/"+n+".html")
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(Assets, "templates/layout.html", "templates/parts.html", "templates/outage.html", "templates/"+n+".html")
 		if err != nil {
 			return nil, fmt.Errorf("console: template %s: %w", n, err)
 		}

@@ -1,0 +1,58 @@
+package onceflow
+
+import (
+	"time"
+
+	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/metrics"
+)
+
+// outageRow is one biz type's line of the overview's dependencies block: its circuit
+// breaker in this process and its rows waiting for a delayed redelivery.
+type outageRow struct {
+	BizType string
+	Breaker string    // closed, open, half-open; "" when this process runs no breaker for it
+	Since   time.Time // when the breaker entered its state (zero: closed since the start)
+	ProbeAt time.Time // open: when a probe may run
+	Delayed int64
+	Next    time.Time // the earliest next attempt of a delayed row
+}
+
+// outageRows are the biz types with a breaker in this process or delayed rows; none when
+// there is neither.
+func (c *console) outageRows(stats metrics.DBStats) []outageRow {
+	by := map[string]*outageRow{}
+	var out []*outageRow
+	row := func(biz string) *outageRow {
+		if r, ok := by[biz]; ok {
+			return r
+		}
+		r := &outageRow{BizType: biz}
+		by[biz] = r
+		out = append(out, r)
+		return r
+	}
+	if c.cfg.Metrics != nil {
+		for _, b := range c.cfg.Metrics.Breakers() {
+			r := row(b.BizType)
+			r.Breaker, r.Since, r.ProbeAt = inbox.BreakerState(b.State).String(), b.Since, b.ProbeAt
+		}
+	}
+	for _, d := range stats.Delayed {
+		r := row(d.BizType)
+		r.Delayed, r.Next = d.Rows, d.Next
+	}
+	rows := make([]outageRow, 0, len(out))
+	for _, biz := range c.bizTypes(stats) {
+		if r, ok := by[biz]; ok {
+			rows = append(rows, *r)
+			delete(by, biz)
+		}
+	}
+	for _, r := range out { // a breaker of a biz type bizTypes does not list
+		if _, ok := by[r.BizType]; ok {
+			rows = append(rows, *r)
+		}
+	}
+	return rows
+}
