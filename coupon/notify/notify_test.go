@@ -114,7 +114,7 @@ func TestTwoBizTypesSameOrderEachProcessOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	fast := func(biz string) inbox.Config {
-		return inbox.Config{BizType: biz, MaxAttempts: 2, BackoffInitial: time.Millisecond, BackoffMax: time.Millisecond}
+		return inbox.Config{BizType: biz, MaxAttempts: 2, BackoffInitial: time.Millisecond, BackoffMax: time.Millisecond, DelayedRetries: -1} // quarantined at once
 	}
 	coupons, err := inbox.New(db, granter, fast(coupon.BizType), watermill.NopLogger{}, nil)
 	if err != nil {
@@ -219,7 +219,7 @@ func TestOrderIDsCompareExactly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ib, err := inbox.New(d.DB, n, inbox.Config{BizType: notify.BizType, MaxAttempts: 1}, nil, nil)
+	ib, err := inbox.New(d.DB, n, inbox.Config{BizType: notify.BizType, MaxAttempts: 1, DelayedRetries: -1}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
