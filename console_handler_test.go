@@ -413,7 +413,7 @@ func failingInbox(t *testing.T, db *sql.DB, biz string) brokenInbox {
 	t.Helper()
 	var broken atomic.Bool
 	broken.Store(true)
-	ib, err := inbox.New(db, testHandler{&broken}, inbox.Config{BizType: biz, MaxAttempts: 1}, watermill.NopLogger{}, nil)
+	ib, err := inbox.New(db, testHandler{&broken}, inbox.Config{BizType: biz, MaxAttempts: 1, DelayedRetries: -1}, watermill.NopLogger{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -71,7 +71,7 @@ func quarantinedDB(t *testing.T) testenv.Database {
 	}
 	var broken atomic.Bool
 	broken.Store(true)
-	ib, err := inbox.New(d.DB, failingGranter{g, &broken}, inbox.Config{BizType: coupon.BizType, MaxAttempts: 1}, watermill.NopLogger{}, nil)
+	ib, err := inbox.New(d.DB, failingGranter{g, &broken}, inbox.Config{BizType: coupon.BizType, MaxAttempts: 1, DelayedRetries: -1}, watermill.NopLogger{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

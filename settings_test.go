@@ -183,9 +183,15 @@ var companions = map[string]func(c *Config, edge any){
 	},
 	"inbox.backoff_initial": func(c *Config, edge any) { c.Inbox.BackoffMax = max(c.Inbox.BackoffMax, edge.(time.Duration)) },
 	"inbox.backoff_max":     func(c *Config, edge any) { c.Inbox.BackoffInitial = min(c.Inbox.BackoffInitial, edge.(time.Duration)) },
-	"relay.linger":          func(c *Config, edge any) { c.Relay.LeaseTTL = max(c.Relay.LeaseTTL, 3*edge.(time.Duration)) },
-	"relay.lease_ttl":       func(c *Config, edge any) { c.Relay.Linger = min(c.Relay.Linger, edge.(time.Duration)/3) },
-	"runtime.gogc":          func(c *Config, edge any) { c.Runtime.MemoryLimitMB = 1024 },
+	"inbox.delayed_backoff": func(c *Config, edge any) {
+		c.Inbox.DelayedBackoffMax = max(c.Inbox.DelayedBackoffMax, edge.(time.Duration))
+	},
+	"inbox.delayed_backoff_max": func(c *Config, edge any) {
+		c.Inbox.DelayedBackoff = min(c.Inbox.DelayedBackoff, edge.(time.Duration))
+	},
+	"relay.linger":    func(c *Config, edge any) { c.Relay.LeaseTTL = max(c.Relay.LeaseTTL, 3*edge.(time.Duration)) },
+	"relay.lease_ttl": func(c *Config, edge any) { c.Relay.Linger = min(c.Relay.Linger, edge.(time.Duration)/3) },
+	"runtime.gogc":    func(c *Config, edge any) { c.Runtime.MemoryLimitMB = 1024 },
 }
 
 // libraries builds every library object `run` builds from cfg that can be built without
