@@ -48,7 +48,7 @@ type overviewData struct {
 	GroupLagShown bool
 	GroupLagAge   time.Duration
 	GroupLagStale bool
-	Outage     []outageRow // console_outage.go
+	Outage        []outageRow // console_outage.go
 }
 
 type leaseRow struct {
