@@ -81,6 +81,15 @@ func (r *Runtime) Plugins() []inbox.Plugin {
 	return out
 }
 
+// deliveryOutcomes and redeliveryOutcomes are the outcomes whose counters start at zero
+// (metrics.InitBizType).
+var (
+	deliveryOutcomes = []string{string(inbox.OutcomeProcessed), string(inbox.OutcomeDuplicate), string(inbox.OutcomeHeld),
+		string(inbox.OutcomeConflict), string(inbox.OutcomeQuarantined)}
+	redeliveryOutcomes = []string{string(inbox.OutcomeProcessed), string(inbox.OutcomeDelayed), string(inbox.OutcomeQuarantined),
+		string(inbox.OutcomeDuplicate), string(inbox.OutcomeHeld)}
+)
+
 // Run runs the pipeline until ctx is cancelled or a part of it fails, then stops it: the
 // router first (its handlers finish), then the relay and the cleaner, the group commits,
 // the plugins' handlers that are io.Closers, and the admin listener. It returns nil after a
@@ -160,6 +169,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 			return err
 		}
 		inboxes = append(inboxes, ib)
+		m.InitBizType(p.BizType, deliveryOutcomes, redeliveryOutcomes)
 		if ib.BreakerEnabled() {
 			m.SetBreaker(p.BizType, int(inbox.BreakerClosed), time.Time{}, time.Time{})
 		}

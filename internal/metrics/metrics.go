@@ -144,8 +144,15 @@ func (c *dbCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, r := range s.InboxRows {
 		ch <- prometheus.MustNewConstMetric(c.inboxRows, prometheus.GaugeValue, float64(r.Rows), r.BizType, r.Status)
 	}
+	delayed := map[string]int64{}
+	for _, r := range s.InboxRows {
+		delayed[r.BizType] += 0 // every biz type with rows has a series, 0 when none waits
+	}
 	for _, r := range s.Delayed {
-		ch <- prometheus.MustNewConstMetric(c.delayed, prometheus.GaugeValue, float64(r.Rows), r.BizType)
+		delayed[r.BizType] += r.Rows
+	}
+	for biz, n := range delayed {
+		ch <- prometheus.MustNewConstMetric(c.delayed, prometheus.GaugeValue, float64(n), biz)
 	}
 	if s.OutboxRead {
 		ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, s.OldestUnpublished.Seconds())

@@ -10,3 +10,16 @@ func (m *Metrics) Observe(bizType, outcome string, elapsed time.Duration) {
 	m.HandlerSeconds.WithLabelValues(bizType, outcome).Observe(elapsed.Seconds())
 	m.throughput.add(outcome, time.Now())
 }
+
+// InitBizType creates biz type's counters at zero for every outcome, so a rate or an
+// increase over them (an alert, a dashboard panel) has a series before the first delivery
+// of that outcome instead of none.
+func (m *Metrics) InitBizType(bizType string, outcomes, redeliveryOutcomes []string) {
+	for _, o := range outcomes {
+		m.Deliveries.WithLabelValues(bizType, o)
+	}
+	for _, o := range redeliveryOutcomes {
+		m.Redeliveries.WithLabelValues(bizType, o)
+	}
+	m.BreakerOpens.WithLabelValues(bizType)
+}

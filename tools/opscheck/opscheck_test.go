@@ -69,6 +69,8 @@ http:
   listen: %q
 inbox:
   max_attempts: 1
+  delayed_retries: 1
+  delayed_backoff: 1s
 plugins:
   coupon-granter:
     topics: [%q]
@@ -114,7 +116,8 @@ plugins:
 	if len(failedKeys) == 0 {
 		t.Fatal("no order failed: the quarantine panels would have no series (step_failure_rate too low for this seed?)")
 	}
-	sendOrders(t, kc, in, failedKeys[0]) // held: its key is quarantined
+	sendOrders(t, kc, in, failedKeys[0]) // held: its key is quarantined or waits for its redelivery
+	sendPoison(t, kc, in)                 // quarantined at once, whatever the redeliveries do
 	for i := range 3 {
 		body := fmt.Sprintf(`{"userId":"u-ops-%d","campaignId":"c-ops"}`, i)
 		req, _ := http.NewRequest("POST", "http://"+httpAddr+coupon.ClaimPath, strings.NewReader(body))
@@ -406,6 +409,19 @@ func sendOrders(t *testing.T, kc kafkax.Config, topic string, orders ...string) 
 			Headers: []sarama.RecordHeader{{Key: []byte(wkafka.UUIDHeaderKey), Value: []byte(watermill.NewUUID())}}})
 	}
 	if err := p.SendMessages(msgs); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// sendPoison sends a record no decoder accepts (not JSON): quarantined as poison.
+func sendPoison(t *testing.T, kc kafkax.Config, topic string) {
+	t.Helper()
+	p, err := kc.NewSyncProducer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder("o-ops-poison"), Value: sarama.StringEncoder("not json")}); err != nil {
 		t.Fatal(err)
 	}
 }
