@@ -91,7 +91,7 @@ func (c *console) loadOverview(ctx context.Context) overviewData {
 	now := time.Now()
 	if c.cfg.Metrics != nil {
 		d.Stats = c.cfg.Metrics.DBStats()
-		d.Throughput = c.cfg.Metrics.Throughput(now)
+		d.Throughput = c.cfg.Metrics.Throughput()
 		d.Partitions = c.cfg.Metrics.Consumers.Partitions()
 		sort.Slice(d.Partitions, func(i, j int) bool {
 			a, b := d.Partitions[i], d.Partitions[j]
@@ -108,14 +108,22 @@ func (c *console) loadOverview(ctx context.Context) overviewData {
 		d.StatsAge = now.Sub(d.Stats.At)
 		d.StatsStale = d.StatsAge > metrics.DBStatsRefresh
 	}
-	for _, m := range d.Throughput.Minutes {
+	var minutes []metrics.MinuteCount
+	if c.cfg.Metrics != nil {
+		// Every router's deliveries (inbox_history) and this one's not written yet.
+		var err error
+		if minutes, err = c.cfg.Metrics.LastHour(ctx, c.bizTypes(d.Stats), now); err != nil {
+			d.Errors = append(d.Errors, err.Error())
+		}
+	}
+	for _, m := range minutes {
 		d.LastHour.Processed += m.Processed
 		d.LastHour.Duplicate += m.Duplicate
 		d.LastHour.Quarantined += m.Quarantined
 		d.LastHour.Conflict += m.Conflict
 		d.LastHour.Held += m.Held
 	}
-	d.Chart = consoleui.NewChart(d.Throughput.Minutes)
+	d.Chart = consoleui.NewChart(minutes)
 	for _, name := range c.bizTypes(d.Stats) {
 		b := bizCounts{Name: name, Plugins: c.biz[name].Plugins, CanReplay: c.cfg.Replay != nil && c.biz[name].Name != ""}
 		for _, r := range d.Stats.InboxRows {

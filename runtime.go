@@ -108,6 +108,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	if withRelay && a.cfg.Relay.Shards > 1 {
 		tables = append(tables, outbox.MemberTable) // checked at start, like `router relay` does
 	}
+	tables = append(tables, metrics.HistoryTable) // the deliveries per minute the router adds to
 	db, err := a.openAppDB(ctx, 0)
 	if err != nil {
 		return err
@@ -226,6 +227,18 @@ func (r *Runtime) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); errs <- ib.RunRedeliveries(ctx) }()
 	}
+
+	// The deliveries per minute, added to inbox_history every 10 s and once more after the
+	// router and the HTTP listener stopped (deferred before them, so run after them).
+	histCtx, stopHist := context.WithCancel(context.WithoutCancel(ctx))
+	histDone := make(chan struct{})
+	go func() {
+		defer close(histDone)
+		m.RunHistory(histCtx, metrics.HistoryFlushEvery, func(err error) {
+			a.logger.Error("inbox history (the console's chart; counts not written are kept for the next flush)", err, nil)
+		})
+	}()
+	defer func() { stopHist(); <-histDone }()
 
 	stopAdmin, err := a.startAdmin(ctx, db, kc, m)
 	if err != nil {

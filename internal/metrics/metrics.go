@@ -32,7 +32,8 @@ type Metrics struct {
 	Redeliveries   *prometheus.CounterVec   // biz_type, outcome: delayed redeliveries run
 
 	db         *dbCollector // nil without a database
-	throughput *throughput  // per-minute deliveries of the last hour (Observe), for the console
+	throughput *throughput  // deliveries since the start (Observe), for the console
+	history    *history     // deliveries per minute not yet in HistoryTable; nil without a database
 	breakers   breakers     // the plugins' circuit breakers (SetBreaker), for the console
 }
 
@@ -97,6 +98,8 @@ func New(db *sql.DB) *Metrics {
 				[]string{"held"}, nil),
 		}
 		r.MustRegister(m.db)
+		m.history = newHistory(db)
+		r.MustRegister(m.history.dropped)
 	}
 	return m
 }

@@ -4,11 +4,15 @@ import (
 	"time"
 )
 
-// Observe records one delivery.
+// Observe records one delivery: in the collectors, the totals since the start, and the
+// history a router adds to HistoryTable (with a database).
 func (m *Metrics) Observe(bizType, outcome string, elapsed time.Duration) {
 	m.Deliveries.WithLabelValues(bizType, outcome).Inc()
 	m.HandlerSeconds.WithLabelValues(bizType, outcome).Observe(elapsed.Seconds())
-	m.throughput.add(outcome, time.Now())
+	m.throughput.add(outcome)
+	if m.history != nil && outcomeIndex(outcome) >= 0 {
+		m.history.add(bizType, outcome, time.Now())
+	}
 }
 
 // InitBizType creates biz type's counters at zero for every outcome, so a rate or an
