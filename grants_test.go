@@ -207,6 +207,10 @@ func TestMigrateGrantsLeastPrivilege(t *testing.T) {
 	if err := db.QueryRowContext(ctx, "SELECT COALESCE(SUM(duplicates), 0) FROM inbox WHERE biz_type = 'echo'").Scan(&dups); err != nil || dups != 5 {
 		t.Errorf("duplicates counted: %d (%v), want 5", dups, err)
 	}
+	var delivered int // the router's deliveries per minute, written at shutdown at the latest
+	if err := db.QueryRowContext(ctx, "SELECT COALESCE(SUM(n), 0) FROM inbox_history WHERE biz_type = 'echo'").Scan(&delivered); err != nil || delivered != n+5 {
+		t.Errorf("deliveries in inbox_history: %d (%v), want %d", delivered, err, n+5)
+	}
 
 	// A replay of the done rows (duplicates, each stamped), then the cleaner past retention.
 	outText, err = cli(t, reg, "--dsn", g.DSN, "replay", "--biz-type", "echo", "--status", "done")
