@@ -47,7 +47,7 @@ func TestOverviewHistoryAfterRestart(t *testing.T) {
 	}
 	page := overviewPage(t, d, after, "hr")
 	for _, want := range []string{"Last hour, every router: <strong>4</strong> processed", `id="held-hour" class="bad">1</strong> held`,
-		"<strong>3</strong> quarantined or in conflict", "<svg"} {
+		`id="failed-hour">3</strong> quarantined or in conflict`, "<svg"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("overview after a restart lacks %q", want)
 		}

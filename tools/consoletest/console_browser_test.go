@@ -225,6 +225,11 @@ plugins:
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	// The order's quarantine was the previous process's delivery: the last hour reads it
+	// from inbox_history, which that process wrote when it stopped.
+	if got := text("#failed-hour"); got != "1" {
+		t.Errorf("overview after the restart: %s quarantined or in conflict in the last hour, want the previous process's 1", got)
+	}
 	if got := text("#biz"); !strings.Contains(got, "retries_exhausted 1") || !strings.Contains(got, "replay these (dry run)") ||
 		!strings.Contains(got, "1 × coupon: injected external failure: lock_stock (…:lock_stock)") {
 		t.Errorf("overview's inbox table lacks the failed row by reason, its replay, or its error:\n%s", got)
