@@ -117,7 +117,7 @@ plugins:
 		t.Fatal("no order failed: the quarantine panels would have no series (step_failure_rate too low for this seed?)")
 	}
 	sendOrders(t, kc, in, failedKeys[0]) // held: its key is quarantined or waits for its redelivery
-	sendPoison(t, kc, in)                 // quarantined at once, whatever the redeliveries do
+	sendPoison(t, kc, in)                // quarantined at once, whatever the redeliveries do
 	for i := range 3 {
 		body := fmt.Sprintf(`{"userId":"u-ops-%d","campaignId":"c-ops"}`, i)
 		req, _ := http.NewRequest("POST", "http://"+httpAddr+coupon.ClaimPath, strings.NewReader(body))
