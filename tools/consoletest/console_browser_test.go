@@ -91,6 +91,7 @@ inbox:
   max_attempts: 2
   backoff_initial: 10ms
   backoff_max: 50ms
+  delayed_retries: 0 # quarantined at once: the drill replays quarantined rows
 plugins:
   coupon-granter:
     topics: [%q]
