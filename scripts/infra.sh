@@ -23,6 +23,9 @@
 #   PostgreSQL 15 (Debian package) on 127.0.0.1:5432 is started by up too, from its own data
 #   dir <run dir>/postgres (scripts/infra-postgres.sh; ONCEFLOW_PG_PORT another port;
 #   ONCEFLOW_POSTGRES=0 leaves it out)
+#   galera-up|galera-down|galera-status|galera-reset, galera-start|galera-stop|galera-kill N
+#                a three-node MariaDB Galera cluster on 127.0.0.1:4306-4308 beside the single
+#                node (scripts/infra-galera.sh; ONCEFLOW_GALERA_PORT another first port)
 #   cluster-up|cluster-down|cluster-status|cluster-reset, cluster-start|cluster-stop|cluster-kill N
 #                a separate three-broker KRaft cluster on 127.0.0.1:19092-19094 (replication
 #                factor 3, min.insync.replicas 2; scripts/infra-cluster.sh); with
@@ -960,6 +963,11 @@ browser_install() {
 # shellcheck source=scripts/infra-cluster.sh
 source "$ROOT/scripts/infra-cluster.sh"
 
+# ---------------------------------------------------------------- the Galera cluster
+
+# shellcheck source=scripts/infra-galera.sh
+source "$ROOT/scripts/infra-galera.sh"
+
 # ---------------------------------------------------------------- PostgreSQL
 
 # shellcheck source=scripts/infra-postgres.sh
@@ -1016,6 +1024,13 @@ main() {
     cluster-start) cluster_node_start "${2:-}" ;;
     cluster-stop) cluster_check_node "${2:-}" && cluster_node_stop "$2" TERM ;;
     cluster-kill) cluster_check_node "${2:-}" && cluster_node_stop "$2" KILL ;;
+    galera-up) galera_up ;;
+    galera-down) galera_down ;;
+    galera-status) galera_status ;;
+    galera-reset) need_root; galera_reset ;;
+    galera-start) galera_node_start "${2:-}" ;;
+    galera-stop) need_root; galera_check_node "${2:-}" && galera_node_stop "$2" TERM ;;
+    galera-kill) need_root; galera_check_node "${2:-}" && galera_node_stop "$2" KILL ;;
     -h | --help | help) usage ;;
     *) usage >&2; exit 2 ;;
   esac
