@@ -86,7 +86,23 @@ func ParseDSN(dsn string) (*mysql.Config, error) {
 	if IsPostgresDSN(dsn) {
 		return nil, fmt.Errorf("database dsn %q is PostgreSQL's, not MySQL's", MaskDSN(dsn))
 	}
+	// Several servers (tcp(a,b,c)): the driver reads one address, so it parses the DSN
+	// with the first and the list is put back (Open connects through a failover connector).
+	servers := ""
+	if i := strings.LastIndex(dsn, "@tcp("); i >= 0 {
+		if j := strings.IndexByte(dsn[i:], ')'); j > 0 && strings.Contains(dsn[i+5:i+j], ",") {
+			servers = dsn[i+5 : i+j]
+			first := ServerAddrs(servers)
+			if len(first) == 0 {
+				return nil, fmt.Errorf("bad database dsn %q: no server in tcp(...)", MaskDSN(dsn))
+			}
+			dsn = dsn[:i+5] + first[0] + dsn[i+j:]
+		}
+	}
 	mc, err := mysql.ParseDSN(dsn)
+	if servers != "" && err == nil {
+		mc.Addr = strings.Join(ServerAddrs(servers), ",")
+	}
 	if err != nil {
 		// The driver's message may quote the input, newlines included: keep the error one line.
 		return nil, fmt.Errorf("bad database dsn %q: %s (expected user:pass@tcp(host:port)/db)", MaskDSN(dsn), strings.Join(strings.Fields(err.Error()), " "))
@@ -172,7 +188,7 @@ func Open(ctx context.Context, cfg Config) (*sql.DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn, err := mysql.NewConnector(mc)
+	conn, err := connector(mc)
 	if err != nil {
 		return nil, fmt.Errorf("database dsn: %w", err)
 	}
@@ -211,7 +227,33 @@ func Open(ctx context.Context, cfg Config) (*sql.DB, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("database %s/%s: %w: session isolation is %q (%v): leave tx_isolation out of the dsn", mc.Addr, mc.DBName, ErrIsolation, iso, err)
 	}
+	if d.MySQLFamily() && !strings.Contains(cfg.DSN, "wsrep_sync_wait=") && isGalera(pctx, db) {
+		// Galera: a node may not have applied what another one committed yet. Every read
+		// of the pool's sessions (the relay's unpublished rows, its lease, the inbox's
+		// rows) waits until the node has applied all that the cluster committed before it
+		// (causal reads); writes are checked by certification anyway. Set in the DSN, so
+		// that it costs no statement per connection; a single server never reads it.
+		_ = db.Close()
+		cfg.DSN = withParam(cfg.DSN, "wsrep_sync_wait", "1")
+		return Open(ctx, cfg)
+	}
 	return db, nil
+}
+
+// connector is go-sql-driver's connector for mc, a failover connector when its address
+// lists several servers.
+func connector(mc *mysql.Config) (driver.Connector, error) {
+	if addrs := ServerAddrs(mc.Addr); mc.Net == "tcp" && len(addrs) > 1 {
+		return newFailoverConnector(mc, addrs)
+	}
+	return mysql.NewConnector(mc)
+}
+
+// isGalera reports a server replicating with Galera (@@wsrep_on; MySQL has no such
+// variable: not Galera).
+func isGalera(ctx context.Context, db *sql.DB) bool {
+	var on int
+	return db.QueryRowContext(ctx, "SELECT @@wsrep_on").Scan(&on) == nil && on == 1
 }
 
 // withParam adds a parameter to a go-sql-driver DSN.
@@ -333,7 +375,8 @@ const (
 
 // IsLockConflict reports a deadlock or lock-wait timeout (PostgreSQL: a deadlock, a
 // serialization failure or lock_timeout): the transaction was rolled back by the server and
-// may simply be run again.
+// may simply be run again. Galera's certification failure (a write set that conflicts with
+// one another node committed first) is a deadlock error too, at any statement or at COMMIT.
 func IsLockConflict(err error) bool {
 	var me *mysql.MySQLError
 	if errors.As(err, &me) {
@@ -379,6 +422,12 @@ func IsConnError(err error) bool {
 	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) {
 		return true
 	}
+	// Galera: the node is not part of the primary component or not ready yet; another
+	// node (a new connection) may take the statement.
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		return me.Number == ErWsrepNotReady
+	}
 	// pgx: the connection broke, or was closed by pgx after a failed read, while a
 	// statement (a COMMIT, say) ran.
 	if errors.Is(err, pgconn.ErrConnClosed) || pgCode(err) == "" && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) {
@@ -412,7 +461,7 @@ func EnsureDatabase(ctx context.Context, cfg Config) error {
 		return err
 	}
 	mc.DBName = ""
-	conn, err := mysql.NewConnector(mc)
+	conn, err := connector(mc)
 	if err != nil {
 		return err
 	}
@@ -439,7 +488,7 @@ func Account(ctx context.Context, cfg Config) (string, error) {
 		return "", err
 	}
 	mc.DBName = ""
-	conn, err := mysql.NewConnector(mc)
+	conn, err := connector(mc)
 	if err != nil {
 		return "", err
 	}
