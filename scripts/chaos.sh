@@ -12,6 +12,13 @@
 #     ONCEFLOW_KAFKA_BROKERS=3; brokers on CHAOS_CLUSTER_PORT 29092-29094, controllers on
 #     CHAOS_CLUSTER_CONTROLLER_PORT 29192-29194) instead of its one broker, not proxied;
 #     soak (make soak): CHAOS_SOAK_ORDERS (1000000) over CHAOS_SOAK_MINUTES (30).
+#   CHAOS_PROFILE=galera: the database is a three-node Galera cluster of its own instance
+#     (CHAOS_RUN_DIR default .run/chaos-galera, nodes on CHAOS_GALERA_PORT 4316-4318; MariaDB
+#     CHAOS_DB_PORT 3317 and Kafka 9292-9295 by default, so that a default run can go on beside
+#     it): the routers reach the nodes through pkg/dbx's failover connector, the node they
+#     write to is SIGKILLed three times (each rejoining before the next), router and Kafka
+#     faults as in short; a fault-free phase on the single node and on the cluster first
+#     (orders_per_s_single, orders_per_s_galera in the CHAOS line).
 #   CHAOS_ARGS (extra flags of tools/chaos, e.g. "-inject all" to show the checker failing).
 #   The router is the chaos build, tools/chaosrouter: the bundled plugins and the chaos-misbehaver
 #   test plugin (tools/chaosrouter/chaosplugin.go), which the harness runs beside the coupon granter.
@@ -34,12 +41,24 @@ set -Eeuo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-export ONCEFLOW_RUN_DIR="${CHAOS_RUN_DIR:-$ROOT/.run/chaos-infra}"
-export ONCEFLOW_DB_PORT="${CHAOS_DB_PORT:-3307}"
-export ONCEFLOW_KAFKA_PORT="${CHAOS_KAFKA_PORT:-9192}"
-export ONCEFLOW_KAFKA_CONTROLLER_PORT="${CHAOS_KAFKA_CONTROLLER_PORT:-9193}"
-export ONCEFLOW_KAFKA_CHAOS_PORT="${CHAOS_KAFKA_CHAOS_PORT:-9194}"
-export ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT="${CHAOS_KAFKA_PROXY_PORT:-9195}"
+galera=0
+[[ "${CHAOS_PROFILE:-}" == galera ]] && galera=1
+if [[ $galera == 1 ]]; then
+  export ONCEFLOW_RUN_DIR="${CHAOS_RUN_DIR:-$ROOT/.run/chaos-galera}"
+  export ONCEFLOW_DB_PORT="${CHAOS_DB_PORT:-3317}"
+  export ONCEFLOW_KAFKA_PORT="${CHAOS_KAFKA_PORT:-9292}"
+  export ONCEFLOW_KAFKA_CONTROLLER_PORT="${CHAOS_KAFKA_CONTROLLER_PORT:-9293}"
+  export ONCEFLOW_KAFKA_CHAOS_PORT="${CHAOS_KAFKA_CHAOS_PORT:-9294}"
+  export ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT="${CHAOS_KAFKA_PROXY_PORT:-9295}"
+  export ONCEFLOW_GALERA_PORT="${CHAOS_GALERA_PORT:-4316}"
+else
+  export ONCEFLOW_RUN_DIR="${CHAOS_RUN_DIR:-$ROOT/.run/chaos-infra}"
+  export ONCEFLOW_DB_PORT="${CHAOS_DB_PORT:-3307}"
+  export ONCEFLOW_KAFKA_PORT="${CHAOS_KAFKA_PORT:-9192}"
+  export ONCEFLOW_KAFKA_CONTROLLER_PORT="${CHAOS_KAFKA_CONTROLLER_PORT:-9193}"
+  export ONCEFLOW_KAFKA_CHAOS_PORT="${CHAOS_KAFKA_CHAOS_PORT:-9194}"
+  export ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT="${CHAOS_KAFKA_PROXY_PORT:-9195}"
+fi
 export KAFKA_HEAP_OPTS="${KAFKA_HEAP_OPTS:--Xms256m -Xmx768m}"
 db_args=""
 db_desc="mariadb :$ONCEFLOW_DB_PORT"
@@ -57,6 +76,12 @@ case "${DB:-mariadb}" in
     exit 2
     ;;
 esac
+if [[ $galera == 1 ]]; then
+  [[ "${DB:-mariadb}" == mariadb ]] || { echo "chaos: CHAOS_PROFILE=galera runs on MariaDB only (DB=$DB)" >&2; exit 2; }
+  p=$ONCEFLOW_GALERA_PORT
+  db_args="-db-addr 127.0.0.1:$p,127.0.0.1:$((p + 1)),127.0.0.1:$((p + 2)) -speed-single 127.0.0.1:$ONCEFLOW_DB_PORT"
+  db_desc="galera :$p-$((p + 2)) (single node :$ONCEFLOW_DB_PORT for the speed comparison)"
+fi
 cluster_args=""
 case "${CHAOS_PROFILE:-}" in
   cluster | soak)
@@ -67,8 +92,8 @@ case "${CHAOS_PROFILE:-}" in
     cluster_args="-brokers 127.0.0.1:$ONCEFLOW_CLUSTER_PORT,127.0.0.1:$((ONCEFLOW_CLUSTER_PORT + 1)),127.0.0.1:$((ONCEFLOW_CLUSTER_PORT + 2))"
     ;;
 esac
-if [[ "$ONCEFLOW_DB_PORT" == 3306 || "${ONCEFLOW_PG_PORT:-}" == 5432 || "$ONCEFLOW_KAFKA_PORT" == 9092 ]]; then
-  echo "chaos: refusing to run against the shared services (3306 / 5432 / 9092)" >&2
+if [[ "$ONCEFLOW_DB_PORT" == 3306 || "${ONCEFLOW_PG_PORT:-}" == 5432 || "$ONCEFLOW_KAFKA_PORT" == 9092 || "${ONCEFLOW_GALERA_PORT:-}" == 4306 ]]; then
+  echo "chaos: refusing to run against the shared services (3306 / 5432 / 9092 / galera 4306)" >&2
   exit 2
 fi
 
@@ -77,6 +102,9 @@ at_exit() {
     bash scripts/infra.sh up >/dev/null 2>&1 || echo "chaos: WARNING: scripts/infra.sh up (chaos instance) failed at exit" >&2
   else
     bash scripts/infra.sh down >/dev/null 2>&1 || echo "chaos: WARNING: scripts/infra.sh down (chaos instance) failed at exit" >&2
+    if [[ $galera == 1 ]]; then
+      bash scripts/infra.sh galera-down >/dev/null 2>&1 || echo "chaos: WARNING: scripts/infra.sh galera-down (chaos instance) failed at exit" >&2
+    fi
   fi
 }
 trap at_exit EXIT
@@ -86,6 +114,7 @@ else
   echo "chaos: instance $ONCEFLOW_RUN_DIR: $db_desc, kafka :$ONCEFLOW_KAFKA_PORT (CHAOS listener :$ONCEFLOW_KAFKA_CHAOS_PORT advertised as :$ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT)"
 fi
 bash scripts/infra.sh up
+[[ $galera == 0 ]] || bash scripts/infra.sh galera-up
 mkdir -p .run/chaos
 profile="${CHAOS_PROFILE:-short}"
 router=.run/chaos/router # not bin/router: this build has the test plugin

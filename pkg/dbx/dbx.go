@@ -188,7 +188,7 @@ func Open(ctx context.Context, cfg Config) (*sql.DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn, err := connector(mc)
+	conn, err := NewConnector(mc)
 	if err != nil {
 		return nil, fmt.Errorf("database dsn: %w", err)
 	}
@@ -240,9 +240,9 @@ func Open(ctx context.Context, cfg Config) (*sql.DB, error) {
 	return db, nil
 }
 
-// connector is go-sql-driver's connector for mc, a failover connector when its address
-// lists several servers.
-func connector(mc *mysql.Config) (driver.Connector, error) {
+// NewConnector is go-sql-driver's connector for mc, a failover connector when its address
+// lists several servers (ParseDSN's tcp(a,b,c)): for pools opened without Open's checks.
+func NewConnector(mc *mysql.Config) (driver.Connector, error) {
 	if addrs := ServerAddrs(mc.Addr); mc.Net == "tcp" && len(addrs) > 1 {
 		return newFailoverConnector(mc, addrs)
 	}
@@ -461,7 +461,7 @@ func EnsureDatabase(ctx context.Context, cfg Config) error {
 		return err
 	}
 	mc.DBName = ""
-	conn, err := connector(mc)
+	conn, err := NewConnector(mc)
 	if err != nil {
 		return err
 	}
@@ -488,7 +488,7 @@ func Account(ctx context.Context, cfg Config) (string, error) {
 		return "", err
 	}
 	mc.DBName = ""
-	conn, err := connector(mc)
+	conn, err := NewConnector(mc)
 	if err != nil {
 		return "", err
 	}

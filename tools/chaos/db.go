@@ -3,6 +3,9 @@ package main
 import (
 	"database/sql"
 	"fmt"
+	"strings"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
@@ -38,11 +41,37 @@ func openDB(dsn string) (*sql.DB, error) {
 	if dbx.IsPostgresDSN(dsn) {
 		driver = "pgx" // registered by pkg/dbx's import of pgx's stdlib
 	}
+	if servers := dsnServers(dsn); len(servers) > 1 {
+		// Several servers (the Galera profile): pkg/dbx's failover connector, the routers'.
+		mc, err := mysql.ParseDSN(strings.Replace(dsn, strings.Join(servers, ","), servers[0], 1))
+		if err != nil {
+			return nil, fmt.Errorf("open %s: %w", dbx.MaskDSN(dsn), err)
+		}
+		mc.Addr = strings.Join(servers, ",")
+		conn, err := dbx.NewConnector(mc)
+		if err != nil {
+			return nil, fmt.Errorf("open %s: %w", dbx.MaskDSN(dsn), err)
+		}
+		return sql.OpenDB(conn), nil
+	}
 	db, err := sql.Open(driver, dsn)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", dbx.MaskDSN(dsn), err)
 	}
 	return db, nil
+}
+
+// dsnServers are the servers of a go-sql-driver DSN's tcp(...) part.
+func dsnServers(dsn string) []string {
+	i := strings.LastIndex(dsn, "@tcp(")
+	if i < 0 {
+		return nil
+	}
+	j := strings.IndexByte(dsn[i:], ')')
+	if j < 0 {
+		return nil
+	}
+	return dbx.ServerAddrs(dsn[i+5 : i+j])
 }
 
 // rebind is q with the placeholders of db's dialect ($1, $2, … on PostgreSQL).

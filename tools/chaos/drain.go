@@ -12,7 +12,9 @@ import (
 // heal ends every fault: no proxy faults, the services up, the routers that are always
 // wanted running, the one that joins and leaves gone.
 func (h *harness) heal() {
-	h.px.Heal()
+	if h.px != nil {
+		h.px.Heal()
+	}
 	if h.kpx != nil {
 		h.kpx.Heal()
 	}
@@ -22,6 +24,11 @@ func (h *harness) heal() {
 	h.infraMu.Lock()
 	if err := h.infra("up"); err != nil {
 		h.harnessErr("infra.sh up after the faults: %v", err)
+	}
+	if h.p.galera {
+		if err := h.infra("galera-up"); err != nil {
+			h.harnessErr("infra.sh galera-up after the faults: %v", err)
+		}
 	}
 	h.infraMu.Unlock()
 	h.slots[len(h.slots)-1].stop(40 * time.Second)
@@ -46,14 +53,18 @@ func (h *harness) recordFaults() {
 	info.Faults = map[string]string{
 		"kills":         fmt.Sprintf("%d SIGKILLs: %d from kill faults, the rest from relay-crash faults", kills, h.scheduledKills.Load()),
 		"relay_crashes": fmt.Sprintf("%d of %d relay-crash faults crashed a router right after a Kafka commit", crashes, armed),
-		"db_proxy":      h.px.Stats(),
+		"db_proxy":      "not proxied",
 		"kafka_proxy":   "not proxied",
 	}
+	if h.px != nil {
+		info.Faults["db_proxy"] = h.px.Stats()
+	}
+	info.DBNodeKills = int(h.dbNodeKills.Load())
 	if h.kpx != nil {
 		info.Faults["kafka_proxy"] = h.kpx.Stats()
 	}
-	h.logf("faults over: kills=%d broker_restarts=%d db_restarts=%d relay_crashes=%d/%d unplanned_router_exits=%d; healing and draining (≤ %s)",
-		kills, info.BrokerRestar, info.DBRestarts, crashes, armed, unplanned, h.p.drain)
+	h.logf("faults over: kills=%d broker_restarts=%d db_restarts=%d db_node_kills=%d relay_crashes=%d/%d unplanned_router_exits=%d; healing and draining (≤ %s)",
+		kills, info.BrokerRestar, info.DBRestarts, info.DBNodeKills, crashes, armed, unplanned, h.p.drain)
 	h.logf("network faults: db proxy %s; kafka proxy %s", info.Faults["db_proxy"], info.Faults["kafka_proxy"])
 	if h.p.cluster {
 		h.cl.mu.Lock()
@@ -108,6 +119,9 @@ func (h *harness) settle(ctx context.Context) {
 func (h *harness) checkFaultCounts() {
 	if sk := int(h.scheduledKills.Load()); sk < h.p.minKills {
 		h.harnessErr("only %d kills from kill faults, profile %s wants ≥ %d", sk, h.p.name, h.p.minKills)
+	}
+	if h.info.DBNodeKills < h.p.dbNodeKills {
+		h.harnessErr("galera node kills %d/%d", h.info.DBNodeKills, h.p.dbNodeKills)
 	}
 	if h.info.BrokerRestar < h.p.brokerRestarts || h.info.DBRestarts < h.p.dbRestarts {
 		h.harnessErr("restarts: broker %d/%d, db %d/%d", h.info.BrokerRestar, h.p.brokerRestarts, h.info.DBRestarts, h.p.dbRestarts)

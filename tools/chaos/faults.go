@@ -150,6 +150,8 @@ func (h *harness) fault(e event) {
 		h.restart("kafka", e.dur, &h.brokerRestarts)
 	case "db":
 		h.restart("db", e.dur, &h.dbRestarts)
+	case "db-node-kill":
+		h.dbNodeKill(e)
 	}
 }
 

@@ -235,7 +235,7 @@ func (s *slot) close(grace time.Duration) {
 // starts a and b; c joins and leaves during the run.
 func (h *harness) startFleet() {
 	routerEnv := append(cleanEnv(), "ONCEFLOW_CONFIG="+h.cfgPath, "ONCEFLOW_KAFKA_BROKERS="+h.routerBrokers,
-		"ONCEFLOW_DB_ADMIN_DSN="+h.adminDSN, "ONCEFLOW_DB_DSN="+dsn(h.o.dialect, "onceflow:onceflow", h.px.Addr(), h.o.dbName))
+		"ONCEFLOW_DB_ADMIN_DSN="+h.adminDSN, "ONCEFLOW_DB_DSN="+dsn(h.o.dialect, "onceflow:onceflow", h.routerDBAddr, h.o.dbName))
 	if h.o.routerEnv != "" {
 		routerEnv = append(routerEnv, strings.Split(h.o.routerEnv, ",")...)
 		h.logf("router environment: %s", h.o.routerEnv)

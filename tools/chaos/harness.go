@@ -34,6 +34,7 @@ type harness struct {
 
 	px, kpx       *proxy // the DB proxy; the Kafka proxy (nil: Kafka not proxied)
 	routerBrokers string // what the routers bootstrap from: the Kafka proxy, or the brokers
+	routerDBAddr  string // what the routers connect to: the DB proxy, or the galera nodes
 
 	cfgPath, adminDSN, appDSN string
 	baseEnv                   []string // of `router migrate` and `router produce`: direct to the database and Kafka
@@ -41,6 +42,7 @@ type harness struct {
 
 	infraMu                                    sync.Mutex // one scripts/infra.sh operation at a time
 	brokerRestarts, dbRestarts, scheduledKills atomic.Int64
+	dbNodeKills                                atomic.Int64 // Galera nodes SIGKILLed (galera profile)
 
 	cl      clusterState  // the cluster faults' counts (profiles with cluster set)
 	rssStop chan struct{} // closed when the RSS sampler is to stop (nil: no sampler)

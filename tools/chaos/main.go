@@ -48,6 +48,7 @@ import (
 
 type options struct {
 	profile, root, router, runDir, dbName, dbAddr, inject string
+	speedSingle                                           string      // galera profile: the single node of the speed comparison
 	dialect                                               dbx.Dialect // the database: MariaDB or PostgreSQL
 	kafkaProxy, kafkaChaos                                string
 	routerEnv                                             string
@@ -75,6 +76,9 @@ type runInfo struct {
 	Faults       map[string]string          `json:"faults,omitempty"`        // what was injected, by kind
 	Cluster      *clusterCounts             `json:"cluster,omitempty"`       // the cluster faults (cluster, soak)
 	NoMisbehaver bool                       `json:"no_misbehaver,omitempty"` // only the coupon granter ran
+	DBNodeKills  int                        `json:"db_node_kills,omitempty"` // Galera nodes SIGKILLed
+	SpeedGalera  float64                    `json:"orders_per_s_galera,omitempty"`
+	SpeedSingle  float64                    `json:"orders_per_s_single,omitempty"`
 	Started      time.Time                  `json:"started"`
 }
 
@@ -144,6 +148,7 @@ func main() {
 	}
 	flag.StringVar(&o.kafkaChaos, "kafka-chaos-listener", kchaos, "the broker's CHAOS listener (default from ONCEFLOW_KAFKA_CHAOS_PORT); empty: Kafka is not proxied")
 	flag.StringVar(&o.kafkaProxy, "kafka-proxy", kadv, "where the Kafka proxy listens = the CHAOS listener's advertised address (default from ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT, else CHAOS port + 1)")
+	flag.StringVar(&o.speedSingle, "speed-single", "", "galera profile: the single MariaDB node whose orders/s the cluster's are compared with (default from ONCEFLOW_DB_PORT)")
 	flag.StringVar(&o.routerEnv, "router-env", "", "extra environment of the router processes, comma separated KEY=VALUE (e.g. ONCEFLOW_INBOX_BATCH_SIZE=1)")
 	flag.BoolVar(&o.allowShared, "allow-shared", false, "allow restarting the default scripts/infra.sh instance (127.0.0.1:3306 / :9092), which other tests may be using")
 	flag.StringVar(&o.inject, "inject", "", "after the run, inject faults into what it left (dup-coupon,lost-order,illegal-transition,dup-event or all): the checker must FAIL")
@@ -156,6 +161,9 @@ func main() {
 	if o.dialect, err = parseDialect(*dialect); err != nil {
 		fmt.Printf("CHAOS FAIL harness: %v\n", err)
 		os.Exit(2)
+	}
+	if o.speedSingle == "" {
+		o.speedSingle = "127.0.0.1:" + envOr("ONCEFLOW_DB_PORT", "3306")
 	}
 	if o.dbAddr == "" {
 		o.dbAddr = "127.0.0.1:" + envOr("ONCEFLOW_DB_PORT", "3306")
@@ -207,7 +215,7 @@ func run(ctx context.Context, c clock, o options) (int, error) {
 		p, ok = soakProfile(o.soakOrders, o.soakWindow), true
 	}
 	if !ok {
-		return 2, fmt.Errorf("-profile %q: use short, long, cluster or soak", o.profile)
+		return 2, fmt.Errorf("-profile %q: use short, long, cluster, galera or soak", o.profile)
 	}
 	h, err := newHarness(c, o, p, kinds)
 	if err != nil {
@@ -222,6 +230,15 @@ func run(ctx context.Context, c clock, o options) (int, error) {
 	defer h.closeProxies()
 	if err := h.startProxies(); err != nil {
 		return 2, err
+	}
+	if p.galera {
+		// Fault-free, the single node first, then the cluster: orders/s on each.
+		if h.info.SpeedSingle, err = h.speed(ctx, "single", h.o.speedSingle); err != nil {
+			return 2, err
+		}
+		if h.info.SpeedGalera, err = h.speed(ctx, "galera", h.o.dbAddr); err != nil {
+			return 2, err
+		}
 	}
 	if err := h.freshState(ctx); err != nil {
 		return 2, err

@@ -128,6 +128,9 @@ func (c clock) printReport(r Report) {
 
 // runSummary is the CHAOS line (clusterSummary's), naming the database when not MariaDB.
 func runSummary(rep Report, info runInfo, extra []string) string {
+	if info.Profile == "galera" {
+		return galeraSummary(rep, info, extra)
+	}
 	return onDB(clusterSummary(rep, info, extra), info.Dialect)
 }
 

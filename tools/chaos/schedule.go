@@ -36,6 +36,12 @@ type profile struct {
 	// sampled that often (rss.csv).
 	churn, rssEvery time.Duration
 	noMisbehaver    bool // only the coupon granter (the misbehaving plugin's blocked calls are leaked goroutines by design)
+
+	// galera: the database is the chaos instance's Galera cluster, reached directly (no DB
+	// proxy, no DB network faults or restarts); dbNodeKills SIGKILLs of the node the routers
+	// write to, each rejoining before the next.
+	galera      bool
+	dbNodeKills int
 }
 
 func (p profile) alwaysOn() int { return max(p.routers, 2) }
@@ -58,6 +64,11 @@ var profiles = map[string]profile{
 	"cluster": {name: "cluster", window: 180 * time.Second, orders: 4000, segments: 8, rate: 60,
 		kills: 8, minKills: 6, joins: 3, dbRestarts: 1, latencies: 2, resets: 2, cuts: 1, relayCrashes: 1,
 		drain: 240 * time.Second, cluster: true, routers: 3, shards: 2, leaderKills: 2, coordKills: 2, nodeRestarts: 2},
+	// galera: the short profile's router and Kafka faults on the Galera cluster, the write
+	// node killed three times.
+	"galera": {name: "galera", window: 100 * time.Second, orders: 3000, segments: 6, rate: 50,
+		kills: 6, minKills: 5, joins: 3, brokerRestarts: 1, kLatencies: 2, kResets: 2, kCuts: 1, relayCrashes: 1,
+		drain: 150 * time.Second, galera: true, dbNodeKills: 3},
 }
 
 // soakProfile is `make soak`: orders (default 1,000,000) over minutes (default 30) on the
@@ -151,6 +162,12 @@ func schedule(p profile, rng *rand.Rand) []event {
 		brokerEv[i].at = warm + slice*time.Duration(i) + time.Duration(rng.Int64N(int64(slice/3)))
 	}
 	ev = append(ev, brokerEv...)
+	// Galera node kills (drawn last), in disjoint slices: a node rejoins before the next.
+	for i := range p.dbNodeKills {
+		slice := span / time.Duration(p.dbNodeKills)
+		ev = append(ev, event{at: warm + slice*time.Duration(i) + time.Duration(rng.Int64N(int64(slice/3))), kind: "db-node-kill",
+			dur: between(2*time.Second, 5*time.Second)})
+	}
 	sort.SliceStable(ev, func(i, j int) bool { return ev[i].at < ev[j].at })
 	return ev
 }

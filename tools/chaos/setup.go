@@ -99,12 +99,19 @@ func (h *harness) checkServices() error {
 // and Kafka (when the broker has a CHAOS listener; without it the profile's Kafka faults
 // are dropped). closeProxies closes what it started.
 func (h *harness) startProxies() error {
-	px, err := newProxy("db", "127.0.0.1:0", h.o.dbAddr)
-	if err != nil {
-		return err
+	if h.p.galera {
+		// The failover connector needs the nodes themselves (one proxy would be one node).
+		h.routerDBAddr = h.o.dbAddr
+		h.logf("no db proxy: routers connect to the galera nodes %s directly (pkg/dbx's failover connector)", h.o.dbAddr)
+	} else {
+		px, err := newProxy("db", "127.0.0.1:0", h.o.dbAddr)
+		if err != nil {
+			return err
+		}
+		h.px = px
+		h.routerDBAddr = px.Addr()
+		h.logf("db proxy %s → %s (routers connect through it)", h.px.Addr(), h.o.dbAddr)
 	}
-	h.px = px
-	h.logf("db proxy %s → %s (routers connect through it)", h.px.Addr(), h.o.dbAddr)
 	h.routerBrokers = strings.Join(h.o.brokers, ",")
 	if h.p.cluster && h.o.kafkaChaos != "" {
 		h.logf("the cluster is not proxied: routers talk to its three brokers directly (Kafka network faults are not injected)")

@@ -81,9 +81,12 @@ func parseChaosLog(out string) (chaosRun, error) {
 }
 
 // region is the region of docs/RELIABILITY.md the run's table goes to: chaos-table for the
-// one-broker profiles, chaos-cluster-table and soak-table for the cluster's.
+// one-broker profiles, chaos-cluster-table and soak-table for the cluster's,
+// chaos-galera-table for the Galera cluster's.
 func (c chaosRun) region() string {
 	switch c.text["profile"] {
+	case "galera":
+		return "chaos-galera-table"
 	case "cluster":
 		return "chaos-cluster-table"
 	case "soak":
@@ -123,6 +126,10 @@ func (c chaosRun) table() string {
 		}
 	} else {
 		row("SIGKILLs", get("kills"))
+	}
+	if _, galera := c.fields["db_node_kills"]; galera {
+		row("SIGKILLs of the Galera node the routers wrote to (each rejoined and Synced before the next)", get("db_node_kills"))
+		row("orders/s fault-free, Galera cluster / single node", get("orders_per_s_galera")+" / "+get("orders_per_s_single"))
 	}
 	row("relay crashes between the Kafka commit and the database mark", get("relay_crashes")+" (crashed / faults)")
 	if _, cluster := c.fields["coordinator_kills"]; !cluster {

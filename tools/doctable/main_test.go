@@ -158,6 +158,18 @@ func TestChaosTable(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", want, table)
 		}
 	}
+	g, err := parseChaosLog(strings.Replace(sampleChaos, "profile short", "profile galera", 1) + "CHAOS ok profile=galera orders=3000 db_node_kills=3 router_kills=7 broker_restarts=1 lost=0 duplicates=0 lag=0 orders_per_s_galera=80 orders_per_s_single=120\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.region() != "chaos-galera-table" {
+		t.Errorf("galera run's region %q", g.region())
+	}
+	for _, want := range []string{"routers wrote to (each rejoined and Synced before the next) | 3 |", "| orders/s fault-free, Galera cluster / single node | 80 / 120 |"} {
+		if !strings.Contains(g.table(), want) {
+			t.Errorf("galera table lacks %q:\n%s", want, g.table())
+		}
+	}
 	if _, err := parseChaosLog("chaos: building\n"); err == nil {
 		t.Error("output without a CHAOS line parsed")
 	}
