@@ -140,10 +140,28 @@ galera_launch() {
   chown mysql:mysql "$dir/mysqld.log"
   galera_write_config "$n"
   rm -f "$dir/start.pid" "$dir/mysqld.pid" "$dir/mysqld.sock"
+  local pos
+  if [[ $# == 0 ]] && pos="$(galera_recover "$n")"; then
+    set -- "--wsrep-start-position=$pos"
+  fi
   log "galera: starting node $n on 127.0.0.1:$(galera_port "$n")${1:+ ($1)} (log: $dir/mysqld.log)"
   start-stop-daemon --start --oknodo --background --make-pidfile --pidfile "$dir/start.pid" --exec "$MARIADBD" -- \
     --defaults-file="$dir/my.cnf" --user=mysql "$@" \
     || fail galera "start-stop-daemon could not start node $n" "$dir/mysqld.log"
+}
+
+# galera_recover N: the position node N's InnoDB recovered to, after a crash left its
+# grastate.dat without one (seqno -1): given to the start, the node asks for the missing
+# write sets only (IST) instead of a full copy (SST). Fails when there is nothing to recover.
+galera_recover() {
+  local n="$1" dir out
+  dir="$(galera_node_dir "$n")"
+  [[ -f "$dir/data/grastate.dat" && -f "$dir/data/ibdata1" ]] || return 1
+  grep -qE '^seqno:[[:space:]]+-1' "$dir/data/grastate.dat" || return 1
+  "$MARIADBD" --defaults-file="$dir/my.cnf" --user=mysql --wsrep-recover --log-error="$dir/recover.log" >/dev/null 2>&1 || return 1
+  out="$(grep -o 'Recovered position: [0-9a-f-]*:[0-9-]*' "$dir/recover.log" | tail -n 1 | awk '{print $3}')"
+  [[ -n "$out" && "$out" != *:-1 ]] || return 1
+  echo "$out"
 }
 
 # galera_wait_synced N: until node N answers and is Synced (bounded).
