@@ -5,7 +5,7 @@ PKGS  := ./...
 # doc generator of the tools module, run from the repository root
 DOCTABLE := $(GO) build -C tools -o ../bin/doctable ./doctable && bin/doctable
 
-.PHONY: ops-test image-test examples all build infra infra-down demo test test-postgres test-mysql8 test-tools test-short fuzz bench bench-stream vet clean chaos chaos-broken
+.PHONY: ops-test image-test examples all build infra infra-down demo test test-postgres test-mysql8 test-galera test-tools test-short fuzz bench bench-stream vet clean chaos chaos-broken
 
 all: build
 
@@ -23,15 +23,16 @@ infra-down:
 demo:
 	bash scripts/demo.sh
 
-## test: start the services, then vet, unit + integration tests (-race) of this module, of
-## the tools module and of the examples, short fuzzing, the container image, and the alert
-## rules and dashboard (ops-test: before test-tools, which runs tools/opscheck again, as it
-## installs Prometheus)
+## test: start the services, then vet, unit + integration tests (-race) of this module (on
+## PostgreSQL, MySQL 8's SQL and the Galera cluster too), of the tools module and of the
+## examples, short fuzzing, the container image, and the alert rules and dashboard (ops-test:
+## before test-tools, which runs tools/opscheck again, as it installs Prometheus)
 test: infra
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -v -timeout 30m $(PKGS)
 	$(MAKE) test-postgres
 	$(MAKE) test-mysql8
+	$(MAKE) test-galera
 	$(MAKE) ops-test
 	$(MAKE) test-tools
 	$(MAKE) examples
@@ -71,6 +72,13 @@ test-postgres: infra
 ## 8's SQL: no RETURNING, nothing MariaDB-only) on the MariaDB server
 test-mysql8: infra
 	ONCEFLOW_TEST_DB=mysql8 $(GO) test -race -count=1 -v -timeout 30m ./inbox/... ./outbox/...
+
+## test-galera: pkg/dbx's tests on a three-node Galera cluster (scripts/infra.sh galera-up,
+## 127.0.0.1:4306-4308; it kills and desynchronises nodes): failover order, stickiness, a
+## non-Synced node skipped, certification conflicts, the write node killed mid-commit
+test-galera:
+	bash scripts/infra.sh galera-up
+	$(GO) test -tags galera -race -count=1 -v -timeout 10m -run 'Galera' ./pkg/dbx/
 
 ## test-tools: the tools module (tools/: bench, chaos, doc generators, the console's browser
 ## test; its own go.mod, a replace to this checkout) built, vetted and tested on the real services
@@ -132,7 +140,8 @@ vet:
 ## chaos: kill -9, relay crashes, rebalances, broker/database restarts, DB and Kafka network
 ## faults, then an independent checker; ends with one CHAOS line. Runs on a second, private
 ## MariaDB + Kafka (scripts/chaos.sh), never on the shared services. CHAOS_PROFILE=long for
-## the long run, CHAOS_SEED=N; DB=postgres on the instance's own PostgreSQL (CHAOS_PG_PORT, 5433).
+## the long run, CHAOS_SEED=N; DB=postgres on the instance's own PostgreSQL (CHAOS_PG_PORT, 5433);
+## CHAOS_PROFILE=galera on a three-node Galera cluster of its own instance, its write node killed.
 ## The output is kept in .run/chaos/chaos.log, and docs/RELIABILITY.md's (MariaDB) table is
 ## regenerated from it when the checker reported (whatever the outcome).
 chaos:
