@@ -109,7 +109,7 @@ func TestCheckIdent(t *testing.T) {
 // FuzzParseDSN: a DSN from configuration never panics the parser, and whatever it accepts
 // has a database name, no multiStatements, and never shows the password when masked.
 func FuzzParseDSN(f *testing.F) {
-	for _, s := range []string{"u:p@tcp(127.0.0.1:3306)/onceflow", "", "u@/d", "u:p@tcp(h)/d?multiStatements=true", "u:p@unix(/tmp/s)/d?parseTime=false&x=%zz", "@/"} {
+	for _, s := range []string{"u:p@tcp(127.0.0.1:3306)/onceflow", "u:p@tcp(a:1,b:2, c)/d", "", "u@/d", "u:p@tcp(h)/d?multiStatements=true", "u:p@unix(/tmp/s)/d?parseTime=false&x=%zz", "@/"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, dsn string) {
