@@ -153,12 +153,29 @@ galera_launch() {
 # galera_recover N: the position node N's InnoDB recovered to, after a crash left its
 # grastate.dat without one (seqno -1): given to the start, the node asks for the missing
 # write sets only (IST) instead of a full copy (SST). Fails when there is nothing to recover.
+# The recovering server takes no clients (no TCP, a socket of its own) and is stopped if it
+# lingers once it has said the position (or after 60 s).
 galera_recover() {
-  local n="$1" dir out
+  local n="$1" dir out pid said=0 deadline=$((SECONDS + 60))
   dir="$(galera_node_dir "$n")"
   [[ -f "$dir/data/grastate.dat" && -f "$dir/data/ibdata1" ]] || return 1
   grep -qE '^seqno:[[:space:]]+-1' "$dir/data/grastate.dat" || return 1
-  "$MARIADBD" --defaults-file="$dir/my.cnf" --user=mysql --wsrep-recover --log-error="$dir/recover.log" >/dev/null 2>&1 || return 1
+  : >"$dir/recover.log"
+  chown mysql:mysql "$dir/recover.log"
+  "$MARIADBD" --defaults-file="$dir/my.cnf" --user=mysql --wsrep-recover --skip-networking \
+    --socket="$dir/recover.sock" --pid-file="$dir/recover.pid" --log-error="$dir/recover.log" >/dev/null 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    if ((said == 0)) && grep -q 'Recovered position' "$dir/recover.log"; then
+      said=1 deadline=$((SECONDS + 10))
+    fi
+    if ((SECONDS >= deadline)); then
+      warn "galera: node $n's --wsrep-recover still running, SIGKILL (pid $pid)"
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+    sleep 0.2
+  done
+  wait "$pid" 2>/dev/null || true
   out="$(grep -o 'Recovered position: [0-9a-f-]*:[0-9-]*' "$dir/recover.log" | tail -n 1 | awk '{print $3}')"
   [[ -n "$out" && "$out" != *:-1 ]] || return 1
   echo "$out"

@@ -123,11 +123,25 @@ func (f *failoverConnector) Connect(ctx context.Context) (driver.Conn, error) {
 // donor, a node outside the primary component).
 var errNotSynced = errors.New("galera node not ready or not synced")
 
-// checkNode refuses a Galera node that is not ready or not Synced; a server without wsrep
-// status variables (not Galera) passes.
+// checkNode refuses a Galera node (@@wsrep_on 1) that is not ready or not Synced, or has
+// no such status (a node recovering alone); a server without wsrep (@@wsrep_on 0, or no such
+// variable: MySQL) passes.
 func checkNode(ctx context.Context, conn driver.Conn) error {
 	q, ok := conn.(driver.QueryerContext)
 	if !ok {
+		return nil
+	}
+	var on bool
+	if rows, err := q.QueryContext(ctx, "SELECT @@wsrep_on", nil); err == nil {
+		row := make([]driver.Value, 1)
+		on = rows.Next(row) == nil && asString(row[0]) == "1"
+		_ = rows.Close()
+	} else if !IsConnError(err) {
+		return nil // no wsrep_on variable: not Galera
+	} else {
+		return err
+	}
+	if !on {
 		return nil
 	}
 	rows, err := q.QueryContext(ctx, "SHOW GLOBAL STATUS WHERE Variable_name IN ('wsrep_ready', 'wsrep_local_state')", nil)
@@ -147,9 +161,6 @@ func checkNode(ctx context.Context, conn driver.Conn) error {
 		if len(row) == 2 {
 			vals[strings.ToLower(asString(row[0]))] = asString(row[1])
 		}
-	}
-	if len(vals) == 0 {
-		return nil
 	}
 	if vals["wsrep_ready"] != "ON" || vals["wsrep_local_state"] != galeraSynced {
 		return fmt.Errorf("%w (wsrep_ready=%s, wsrep_local_state=%s)", errNotSynced, vals["wsrep_ready"], vals["wsrep_local_state"])
