@@ -57,6 +57,7 @@ type config struct {
 	routerStall                     time.Duration
 	routerBin, routerEnv            string
 	routerProfile                   string
+	routerProfileSecs               int
 
 	// The services, the output, the process.
 	adminDSN, appDSN, brokers, outDir string
@@ -144,7 +145,8 @@ func parseConfig(args []string) (*config, error) {
 	fs.DurationVar(&c.routerStall, "router-stall", 25*time.Second, "how long the stalled run holds the inbox's index range locked")
 	fs.StringVar(&c.routerBin, "router-bin", "bin/router", "the router binary measured by the router group (make build)")
 	fs.StringVar(&c.routerEnv, "router-env", "", "extra environment of the measured router, comma separated (e.g. GOGC=100,GOMEMLIMIT=120MiB)")
-	fs.StringVar(&c.routerProfile, "router-cpuprofile", "", "write a CPU profile of the router binary during its peak run to this file (admin.pprof, 3 s from its first output)")
+	fs.StringVar(&c.routerProfile, "router-cpuprofile", "", "write a CPU profile of the router binary during its peak run to this file (admin.pprof, -router-cpuprofile-seconds from its first output)")
+	fs.IntVar(&c.routerProfileSecs, "router-cpuprofile-seconds", 3, "how long -router-cpuprofile profiles (the peak run must last longer: raise -router-orders)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	fs.StringVar(&c.memProfile, "memprofile", "", "write an allocation profile of the whole run to this file (go tool pprof -sample_index=alloc_space)")
 	fs.StringVar(&c.only, "only", "", "run only these measurement groups (comma separated: batch, plain, single, storm, relay, e2e, tracing, seed, http, peer, router, targets); empty runs all")

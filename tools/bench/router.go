@@ -534,9 +534,8 @@ func waitGroupStable(kc kafkax.Config, group string, limit time.Duration, c *chi
 	}
 }
 
-// profileRouter, with -router-cpuprofile, takes the router's CPU profile for 3 s from its
-// first output (the peak run must last longer: raise -router-orders). The channel reports
-// the outcome once.
+// profileRouter, with -router-cpuprofile, takes the router's CPU profile for
+// -router-cpuprofile-seconds from its first output. The channel reports the outcome once.
 func (s *suite) profileRouter(c *child, w *watcher) <-chan error {
 	done := make(chan error, 1)
 	if c.adminAddr == "" {
@@ -547,7 +546,7 @@ func (s *suite) profileRouter(c *child, w *watcher) <-chan error {
 		for w.first().IsZero() {
 			time.Sleep(10 * time.Millisecond)
 		}
-		resp, err := http.Get("http://" + c.adminAddr + "/debug/pprof/profile?seconds=3")
+		resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", c.adminAddr, s.cfg.routerProfileSecs))
 		if err != nil {
 			done <- fmt.Errorf("router profile: %w", err)
 			return
