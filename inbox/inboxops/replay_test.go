@@ -15,6 +15,7 @@ import (
 
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/inbox/inboxops"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 // failUntilFixed wraps the granter: every step fails while broken is set (the downstream
@@ -578,5 +579,18 @@ func TestReplayByReason(t *testing.T) {
 	}
 	if err := (inboxops.Filter{Reasons: []inbox.Reason{"Panic"}}).Validate(); err == nil {
 		t.Fatal("reason Panic accepted")
+	}
+	// A row waiting for its delayed redelivery is run early by a replay of reason delayed.
+	if _, err := p.db.DB.Exec(testenv.Rebind("UPDATE inbox SET reason = 'delayed', retry_at = ? WHERE dedup_key = 'rs-2'"), time.Now().Add(24*time.Hour).UTC()); err != nil {
+		t.Fatal(err)
+	}
+	r, err := inboxops.ParseReason("delayed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Reasons = []inbox.Reason{r}
+	rep, err = inboxops.Replay(ctx, p.inbox, inboxops.ReplayOptions{Filter: f})
+	if err != nil || rep.Selected != 1 || rep.Processed != 1 || rep.Outcome != inboxops.ReplayOK {
+		t.Fatalf("replay of the delayed row: %+v %v", rep, err)
 	}
 }

@@ -51,7 +51,7 @@ func ParseStatus(s string) (inbox.Status, error) {
 
 // Reasons are the reasons a failed row can have.
 var Reasons = []inbox.Reason{inbox.ReasonPoison, inbox.ReasonConflict, inbox.ReasonRetriesExhausted,
-	inbox.ReasonPermanent, inbox.ReasonPanic, inbox.ReasonTimeout}
+	inbox.ReasonPermanent, inbox.ReasonPanic, inbox.ReasonTimeout, inbox.ReasonDelayed}
 
 // ParseReason accepts the reasons of Reasons.
 func ParseReason(s string) (inbox.Reason, error) {
@@ -59,7 +59,7 @@ func ParseReason(s string) (inbox.Reason, error) {
 	if slices.Contains(Reasons, r) {
 		return r, nil
 	}
-	return "", fmt.Errorf("unknown reason %q (use poison, conflict, retries_exhausted, permanent, panic or timeout)", s)
+	return "", fmt.Errorf("unknown reason %q (use poison, conflict, retries_exhausted, permanent, panic, timeout or delayed)", s)
 }
 
 // Validate reports the first invalid field.
@@ -71,7 +71,7 @@ func (f Filter) Validate() error {
 	}
 	for _, r := range f.Reasons {
 		if p, err := ParseReason(string(r)); err != nil || p != r {
-			return fmt.Errorf("unknown reason %q (use poison, conflict, retries_exhausted, permanent, panic or timeout)", r)
+			return fmt.Errorf("unknown reason %q (use poison, conflict, retries_exhausted, permanent, panic, timeout or delayed)", r)
 		}
 	}
 	switch {
