@@ -61,7 +61,7 @@ image-test:
 PG_ONLY_MARIADB ?= ^(TestExactKeysMigration|TestMigrationsRollBackAndReapply|TestPluginMigrationsAdoptTables|$\
   TestMySQL8RefusesMariaDBOnlySQL|TestEOSRelayDefaultTransactionalIDNeedsDatabase|$\
   TestOpenSessionIsolation|TestIsolationRefused|TestIsolationCheckedOncePerPool|$\
-  TestMultiRowPreparesItself|TestBatchPreparedStatements|TestTimeRangeReadsTheIndex|$\
+  TestMultiRowPreparesItself|TestBatchPreparedStatements|TestTimeRangeReadsTheIndex|TestFailedErrorsPlan|$\
   TestPipelineOverSASLSSL|TestMigrateGrantsLeastPrivilege|TestTLSConnection)$$
 ## The packages that touch the database (the others do not read ONCEFLOW_TEST_DB).
 DB_PKGS := . ./coupon/... ./inbox/... ./outbox/... ./migrations/... ./pkg/dbx/... ./internal/metrics/... ./internal/testenv/...
