@@ -257,7 +257,7 @@ func testBatchFailedCallsFallBack(t *testing.T, contract bool) {
 	d := testenv.DB(t, 16, couponSchema)
 	cfg := campaign("batch-flaky", 100_000, 100_000*valueCents)
 	g := setup(t, d.DB, cfg, coupon.NewSimulatedService(0, time.Millisecond, 0.1, 7))
-	ib, err := inbox.New(d.DB, pathHandler(t, d.DB, g, contract), inbox.Config{BizType: coupon.BizType, BackoffInitial: time.Millisecond, BackoffMax: 5 * time.Millisecond}, nil, nil)
+	ib, err := inbox.New(d.DB, pathHandler(t, d.DB, g, contract), inbox.Config{BizType: coupon.BizType, BackoffInitial: time.Millisecond, BackoffMax: 5 * time.Millisecond, DelayedRetries: -1}, nil, nil) // quarantined when its attempts run out, not delayed
 	if err != nil {
 		t.Fatal(err)
 	}
