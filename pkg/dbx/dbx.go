@@ -27,7 +27,7 @@ import (
 type Config struct {
 	// DSN is go-sql-driver's (user:pass@tcp(host:port)/db?params) for MariaDB and MySQL,
 	// a postgres://user:pass@host:port/db URL for PostgreSQL.
-	DSN string `key:"dsn" help:"application DSN (least privilege): user@tcp(host:port)/db for MariaDB/MySQL, postgres://user@host:port/db for PostgreSQL; required (no built-in credentials)"`
+	DSN string `key:"dsn" help:"application DSN (least privilege): user@tcp(host:port)/db for MariaDB/MySQL (tcp(a:p,b:p,c:p): a Galera cluster, written through the first Synced node until it fails), postgres://user@host:port/db for PostgreSQL; required (no built-in credentials)"`
 	// Dialect forces the SQL dialect (mariadb, mysql8, postgres); empty: postgres for a
 	// postgres:// DSN, else mariadb or mysql8 by the server's version.
 	Dialect string `key:"dialect" help:"SQL dialect: mariadb, mysql8 or postgres; empty: from the DSN and the server's version (mysql8 on a MariaDB server runs MySQL 8's SQL there)"`
