@@ -155,18 +155,19 @@ func drain(ctx context.Context, appDSN string, info runInfo, bound time.Duration
 	deadline := time.Now().Add(bound)
 	why := ""
 	for {
-		var terminal, quarantined, processing, pending, misbehaved int
+		var terminal, quarantined, processing, pending, misbehaved, delayed int
 		err := db.QueryRowContext(ctx, rebind(db, `SELECT
  (SELECT COUNT(*) FROM coupon_grant WHERE order_id LIKE ? AND state IN ('GRANTED', 'FAILED')),
- (SELECT COUNT(*) FROM inbox WHERE biz_type = 'coupon' AND dedup_key LIKE ? AND status = 'failed' AND dedup_key NOT LIKE '%#conflict:%'),
+ (SELECT COUNT(*) FROM inbox WHERE biz_type = 'coupon' AND dedup_key LIKE ? AND status = 'failed' AND COALESCE(reason, '') <> 'delayed' AND dedup_key NOT LIKE '%#conflict:%'),
  (SELECT COUNT(*) FROM inbox WHERE biz_type IN ('coupon', ?) AND dedup_key LIKE ? AND status = 'processing'),
  (SELECT COUNT(*) FROM outbox WHERE published_at IS NULL),
- (SELECT COUNT(*) FROM inbox WHERE biz_type = ? AND dedup_key LIKE ? AND status IN ('done', 'failed') AND dedup_key NOT LIKE '%#conflict:%')`),
-			like, like, misbehaverBiz, like, misbehaverBiz, like).Scan(&terminal, &quarantined, &processing, &pending, &misbehaved)
+ (SELECT COUNT(*) FROM inbox WHERE biz_type = ? AND dedup_key LIKE ? AND status IN ('done', 'failed') AND COALESCE(reason, '') <> 'delayed' AND dedup_key NOT LIKE '%#conflict:%'),
+ (SELECT COUNT(*) FROM inbox WHERE biz_type IN ('coupon', ?) AND dedup_key LIKE ? AND status = 'failed' AND reason = 'delayed')`),
+			like, like, misbehaverBiz, like, misbehaverBiz, like, misbehaverBiz, like).Scan(&terminal, &quarantined, &processing, &pending, &misbehaved, &delayed)
 		if err == nil {
-			why = fmt.Sprintf("%d/%d orders terminal, %d quarantined, %d/%d ended in %s's inbox, %d processing, %d outbox rows unpublished",
-				terminal, total, quarantined, misbehaved, total, misbehaverPlugin, processing, pending)
-			if terminal+quarantined >= total && (misbehaved >= total || info.NoMisbehaver) && processing == 0 && pending == 0 {
+			why = fmt.Sprintf("%d/%d orders terminal, %d quarantined, %d/%d ended in %s's inbox, %d processing, %d waiting for a delayed redelivery, %d outbox rows unpublished",
+				terminal, total, quarantined, misbehaved, total, misbehaverPlugin, processing, delayed, pending)
+			if terminal+quarantined >= total && (misbehaved >= total || info.NoMisbehaver) && processing == 0 && delayed == 0 && pending == 0 {
 				return true, why
 			}
 		} else {

@@ -180,7 +180,7 @@ func (h *harness) speed(ctx context.Context, what, addr string) (float64, error)
 		var n, pending int
 		err := db.QueryRowContext(ctx, `SELECT
  (SELECT COUNT(*) FROM coupon_grant WHERE order_id LIKE ? AND state IN ('GRANTED', 'FAILED'))
- + (SELECT COUNT(*) FROM inbox WHERE biz_type = 'coupon' AND dedup_key LIKE ? AND status = 'failed'),
+ + (SELECT COUNT(*) FROM inbox WHERE biz_type = 'coupon' AND dedup_key LIKE ? AND status = 'failed' AND COALESCE(reason, '') <> 'delayed'),
  (SELECT COUNT(*) FROM outbox WHERE published_at IS NULL)`, likePrefix(prefix), likePrefix(prefix)).Scan(&n, &pending)
 		if err == nil && n >= speedOrders && pending == 0 {
 			break

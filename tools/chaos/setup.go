@@ -193,6 +193,11 @@ kafka:
 inbox:
   backoff_initial: 20ms
   backoff_max: 1s
+  # Delayed redelivery on a short clock: a delivery whose attempts ran out during a fault
+  # waits a second or two, not minutes, for its next round, and the drain sees it end.
+  delayed_retries: 2
+  delayed_backoff: 1s
+  delayed_backoff_max: 2s
   handler_timeout: %s   # the misbehaving plugin's blocked calls are abandoned after this
   max_payload_bytes: %d   # a value 1 KiB over it still fits Kafka's max message size: the oversized poison kind is sent
 relay:
