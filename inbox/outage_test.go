@@ -233,3 +233,54 @@ func TestGroupedFailureDelayed(t *testing.T) {
 		t.Fatalf("%d rows waiting for their first delayed round, want 1", n)
 	}
 }
+
+// Due rows are redelivered side by side: a handler that waits for its peers (a slow or
+// hanging dependency) holds one slot, not the backlog. Each redelivery here returns only once
+// all four are running at the same time (or gives up after 15 s and fails): one at a time,
+// none of them would be granted.
+func TestRedeliveriesRunSideBySide(t *testing.T) {
+	const rows = 4
+	var down atomic.Bool
+	down.Store(true)
+	var inside atomic.Int32
+	allIn := make(chan struct{})
+	var once sync.Once
+	wrap := func(g inbox.Handler) inbox.Handler {
+		return handlerFunc{inner: g, handle: func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error) {
+			if down.Load() {
+				return inbox.Continue, errors.New("dependency down")
+			}
+			if d.Step == 0 {
+				if inside.Add(1) == rows {
+					once.Do(func() { close(allIn) })
+				}
+				select {
+				case <-allIn:
+				case <-time.After(15 * time.Second):
+					return inbox.Continue, errors.New("the other redeliveries never ran beside this one")
+				case <-ctx.Done():
+					return inbox.Continue, ctx.Err()
+				}
+			}
+			return g.Handle(ctx, tx, d)
+		}}
+	}
+	p := newPipeline(t, pipelineOpts{outage: true, wrap: wrap, inboxCfg: inbox.Config{
+		MaxAttempts: 1, DelayedRetries: 5, BreakerOff: true, HandlerTimeout: time.Minute}})
+	ctx := context.Background()
+	for i := range rows {
+		key := fmt.Sprintf("s%d", i)
+		r, err := p.inbox.Process(ctx, orderMsg(key, "u"+key), inbox.Source{Topic: "order-paid", Offset: int64(i)}, inbox.ProcessOptions{})
+		if err != nil || r.Outcome != inbox.OutcomeDelayed {
+			t.Fatalf("%s: %+v %v, want delayed", key, r, err)
+		}
+	}
+	down.Store(false)
+	ran, err := p.inbox.RedeliverDue(ctx, time.Now().Add(time.Hour))
+	if err != nil || ran != rows {
+		t.Fatalf("redelivered %d rows: %v, want %d", ran, err, rows)
+	}
+	if n := count(t, p.db.DB, `SELECT COUNT(*) FROM inbox WHERE status = 'done'`); n != rows {
+		t.Fatalf("%d rows done, want %d (the redeliveries ran one at a time)", n, rows)
+	}
+}

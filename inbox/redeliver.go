@@ -4,7 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -17,8 +19,13 @@ type RedeliveryObserver interface {
 	Redelivered(bizType string, r Result)
 }
 
-// redeliverPage is how many due rows one look reads.
-const redeliverPage = 100
+// redeliverPage is how many due rows one look reads; redeliverConcurrency how many of them
+// run at once (each its own key, so their order does not matter): a slow or hanging handler
+// holds one slot, not the whole backlog.
+const (
+	redeliverPage        = 100
+	redeliverConcurrency = 16
+)
 
 // RunRedeliveries runs the inbox's due delayed redeliveries (RedeliverDue) every
 // Config.RedeliverEvery until ctx ends; it returns nil then. Several routers may run it on
@@ -55,7 +62,8 @@ func (c Config) redeliveryLease() time.Duration {
 // row is the dedup line, the handler's effects and its 'done' commit together. A row ends
 // done, delayed again (its next round) or quarantined (rounds used up). Each row is first
 // claimed by moving its retry_at past a lease, in one conditional UPDATE, so two routers
-// never run it at once. Nothing runs while the breaker is open. It returns the rows it ran.
+// never run it at once; up to redeliverConcurrency rows run at once. Nothing starts while the
+// breaker is open. It returns the rows it ran.
 func (ib *Inbox) RedeliverDue(ctx context.Context, now time.Time) (int, error) {
 	t := ib.cfg.Table
 	rows, err := ib.db.QueryContext(ctx, ib.d.Rebind(fmt.Sprintf(`SELECT id FROM %s WHERE biz_type = ? AND status = 'failed' AND reason = 'delayed' AND retry_at <= ?
@@ -78,14 +86,28 @@ func (ib *Inbox) RedeliverDue(ctx context.Context, now time.Time) (int, error) {
 	}
 	claim := ib.d.Rebind(fmt.Sprintf(`UPDATE %s SET retry_at = ? WHERE id = ? AND status = 'failed' AND reason = 'delayed' AND retry_at <= ?`, t))
 	load := ib.d.Rebind(fmt.Sprintf(`SELECT message_uuid, topic, kafka_partition, kafka_offset, payload, metadata, tombstone FROM %s WHERE id = ?`, t))
-	ran := 0
+	var (
+		wg    sync.WaitGroup
+		slots = make(chan struct{}, redeliverConcurrency)
+		mu    sync.Mutex
+		ran   int
+		errs  []error
+	)
+	failed := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(errs) > 0
+	}
 	for _, id := range ids {
-		if ib.br.status().State == BreakerOpen {
+		if ib.br.status().State == BreakerOpen || failed() {
 			break // the breaker's probe decides first; the rows stay due
 		}
 		r, err := ib.db.ExecContext(ctx, claim, time.Now().Add(ib.cfg.redeliveryLease()).UTC(), id, now.UTC())
 		if err != nil {
-			return ran, fmt.Errorf("inbox %s: claim redelivery of row %d: %w", ib.cfg.BizType, id, err)
+			mu.Lock()
+			errs = append(errs, fmt.Errorf("inbox %s: claim redelivery of row %d: %w", ib.cfg.BizType, id, err))
+			mu.Unlock()
+			break
 		}
 		if n, err := r.RowsAffected(); err != nil || n != 1 {
 			continue // another router's, or no longer waiting
@@ -96,7 +118,10 @@ func (ib *Inbox) RedeliverDue(ctx context.Context, now time.Time) (int, error) {
 		var meta sql.NullString
 		var tombstone bool
 		if err := ib.db.QueryRowContext(ctx, load, id).Scan(&uuid, &src.Topic, &src.Partition, &src.Offset, &payload, &meta, &tombstone); err != nil {
-			return ran, fmt.Errorf("inbox %s: load row %d: %w", ib.cfg.BizType, id, err)
+			mu.Lock()
+			errs = append(errs, fmt.Errorf("inbox %s: load row %d: %w", ib.cfg.BizType, id, err))
+			mu.Unlock()
+			break
 		}
 		if tombstone {
 			payload = nil
@@ -110,15 +135,30 @@ func (ib *Inbox) RedeliverDue(ctx context.Context, now time.Time) (int, error) {
 				}
 			}
 		}
-		res, err := ib.run(ctx, msg, src, runOpts{ProcessOptions: ProcessOptions{Reopen: true}, redelivery: true})
-		if err != nil {
-			return ran, err // the row keeps its lease and runs again after it
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
 		}
-		ran++
-		ib.logger.Info("delayed redelivery", watermill.LogFields{ib.cfg.KeyLogField: res.Key, "inbox_id": id, "outcome": string(res.Outcome)})
-		if o, ok := ib.obs.(RedeliveryObserver); ok {
-			o.Redelivered(ib.cfg.BizType, res)
+		if ctx.Err() != nil {
+			break // the claimed row runs again after its lease
 		}
+		wg.Add(1)
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			res, err := ib.run(ctx, msg, src, runOpts{ProcessOptions: ProcessOptions{Reopen: true}, redelivery: true})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err) // the row keeps its lease and runs again after it
+				return
+			}
+			ran++
+			ib.logger.Info("delayed redelivery", watermill.LogFields{ib.cfg.KeyLogField: res.Key, "inbox_id": id, "outcome": string(res.Outcome)})
+			if o, ok := ib.obs.(RedeliveryObserver); ok {
+				o.Redelivered(ib.cfg.BizType, res)
+			}
+		}()
 	}
-	return ran, nil
+	wg.Wait()
+	return ran, errors.Join(errs...)
 }

@@ -194,8 +194,8 @@ inbox:
   backoff_initial: 20ms
   backoff_max: 1s
   # Delayed redelivery on a short clock: a delivery whose attempts ran out during a fault
-  # waits a second or two, not minutes, for its next round, and the drain sees it end.
-  delayed_retries: 2
+  # waits a second, not minutes, for its one more round, and the drain sees it end.
+  delayed_retries: 1
   delayed_backoff: 1s
   delayed_backoff_max: 2s
   handler_timeout: %s   # the misbehaving plugin's blocked calls are abandoned after this
