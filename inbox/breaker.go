@@ -59,6 +59,8 @@ const (
 	verdictNone    verdict = iota // says nothing (a duplicate, a lock conflict, shutdown)
 	verdictSuccess                // the handler ran and finished
 	verdictFailure                // the handler's attempt failed (counts as an attempt)
+	// verdictRetryFailure: a retry of a delivery failed again; only a probe's counts.
+	verdictRetryFailure
 )
 
 // breaker is an inbox's circuit breaker: closed → open when the failures of the window reach
@@ -97,6 +99,17 @@ type ticket struct {
 	br    *breaker
 	probe bool
 	once  sync.Once
+}
+
+// deliveryVerdict counts a delivery's failure once: its first attempt's (of a delayed round
+// too). The breaker measures how many deliveries fail, not how often a few bad ones are
+// retried: those alone, with nothing else arriving, would open it and hold every delivery
+// back behind probes that keep failing. A probe's failure always counts (done).
+func deliveryVerdict(v verdict, attempt int) verdict {
+	if v == verdictFailure && attempt > 1 {
+		return verdictRetryFailure
+	}
+	return v
 }
 
 func (t *ticket) done(v verdict) {
@@ -151,6 +164,12 @@ func (b *breaker) record(probe bool, v verdict) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := time.Now()
+	if v == verdictRetryFailure {
+		if !probe {
+			return
+		}
+		v = verdictFailure
+	}
 	if probe {
 		b.probing = false
 		switch v {

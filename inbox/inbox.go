@@ -224,7 +224,7 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, 
 		case err == nil:
 			t.done(verdictNone)
 		default:
-			t.done(attemptVerdict(ctx, err))
+			t.done(deliveryVerdict(attemptVerdict(ctx, err), attempt))
 		}
 		if err == nil {
 			res.Attempts = attempt

@@ -125,7 +125,11 @@ func TestCircuitBreaker(t *testing.T) {
 			down.Store(true)
 			p := newPipeline(t, pipelineOpts{conns: deliveries + 8, outage: true, wrap: failingOrder("", &down, &calls), inboxCfg: inbox.Config{
 				MaxAttempts: attempts, DelayedRetries: -1, BreakerOff: !breaker, BreakerMinCalls: 20, BreakerFailureRatio: 0.9,
-				BreakerOpenFor: 100 * time.Millisecond}})
+				BreakerOpenFor: 100 * time.Millisecond,
+				// Backoffs of a real dependency's order (not the helpers' 1-10 ms): the breaker
+				// counts deliveries, and all 40 make their first attempt long before any makes
+				// its tenth.
+				BackoffInitial: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond}})
 			var wg sync.WaitGroup
 			results := make([]inbox.Result, deliveries)
 			for i := range deliveries {
@@ -185,17 +189,22 @@ func TestBreakerWaitEndsWithContext(t *testing.T) {
 	down.Store(true)
 	p := newPipeline(t, pipelineOpts{outage: true, wrap: failingOrder("", &down, &calls), inboxCfg: inbox.Config{
 		MaxAttempts: 100, DelayedRetries: -1, BreakerMinCalls: 3, BreakerOpenFor: time.Hour}})
+	// Three deliveries fail together: the breaker counts deliveries, not a few retried ones.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errs := make(chan error, 3)
 	for i := range 3 {
-		ctx, cancel := context.WithCancel(context.Background())
 		go func() {
-			for p.inbox.Breaker().State != inbox.BreakerOpen {
-				time.Sleep(10 * time.Millisecond)
-			}
-			cancel()
+			_, err := p.inbox.Process(ctx, orderMsg(fmt.Sprintf("w%d", i), "u"), inbox.Source{Topic: "order-paid", Offset: int64(i)}, inbox.ProcessOptions{})
+			errs <- err
 		}()
-		_, err := p.inbox.Process(ctx, orderMsg(fmt.Sprintf("w%d", i), "u"), inbox.Source{Topic: "order-paid", Offset: int64(i)}, inbox.ProcessOptions{})
-		cancel()
-		if !errors.Is(err, context.Canceled) {
+	}
+	for p.inbox.Breaker().State != inbox.BreakerOpen {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	for i := range 3 {
+		if err := <-errs; !errors.Is(err, context.Canceled) {
 			t.Fatalf("delivery %d: %v, want context.Canceled", i, err)
 		}
 	}
@@ -282,5 +291,24 @@ func TestRedeliveriesRunSideBySide(t *testing.T) {
 	}
 	if n := count(t, p.db.DB, `SELECT COUNT(*) FROM inbox WHERE status = 'done'`); n != rows {
 		t.Fatalf("%d rows done, want %d (the redeliveries ran one at a time)", n, rows)
+	}
+}
+
+// The breaker counts failed deliveries, not attempts: one bad message retried many times,
+// with nothing else arriving, leaves it closed (it is quarantined when its attempts run out)
+// instead of opening it and holding every delivery behind probes that keep failing.
+func TestBreakerCountsDeliveries(t *testing.T) {
+	var down atomic.Bool
+	var calls atomic.Int64
+	down.Store(true)
+	p := newPipeline(t, pipelineOpts{outage: true, wrap: failingOrder("bad", &down, &calls), inboxCfg: inbox.Config{
+		MaxAttempts: 10, BackoffInitial: time.Millisecond, BackoffMax: time.Millisecond, DelayedRetries: -1,
+		BreakerMinCalls: 3, BreakerOpenFor: time.Hour}})
+	r, err := p.inbox.Process(context.Background(), orderMsg("bad", "u"), inbox.Source{Topic: "order-paid"}, inbox.ProcessOptions{})
+	if err != nil || r.Outcome != inbox.OutcomeQuarantined || calls.Load() != 10 {
+		t.Fatalf("%+v %v after %d calls, want quarantined after 10", r, err, calls.Load())
+	}
+	if s := p.inbox.Breaker(); s.State != inbox.BreakerClosed || s.Opens != 0 {
+		t.Fatalf("breaker %v (opened %d times) after one delivery's retries, want closed", s.State, s.Opens)
 	}
 }
