@@ -127,7 +127,7 @@ func (c chaosRun) table() string {
 	} else {
 		row("SIGKILLs", get("kills"))
 	}
-	if _, galera := c.fields["db_node_kills"]; galera {
+	if k, galera := c.fields["db_node_kills"]; galera && k != "0" {
 		row("SIGKILLs of the Galera node the routers wrote to (each rejoined and Synced before the next)", get("db_node_kills"))
 		row("orders/s fault-free, Galera cluster / single node", get("orders_per_s_galera")+" / "+get("orders_per_s_single"))
 	}
