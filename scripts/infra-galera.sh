@@ -94,9 +94,11 @@ wsrep_node_incoming_address    = 127.0.0.1:$(galera_port "$n")
 wsrep_sst_method               = rsync
 wsrep_sst_receive_address      = 127.0.0.1:$((GALERA_PORT + 22000 + n - 1))
 wsrep_slave_threads            = 2
-# A killed node is evicted within a few seconds (the survivors' commits wait until then);
+# A killed node is evicted after evs.suspect_timeout (10 s: the survivors' commits wait until
+# then); a node stalled up to evs.inactive_timeout (30 s, as a loaded two-core host stalls) stays
+# in the cluster instead of splitting it into non-primary parts;
 # its write sets stay in a 128M gcache, so a node back soon catches up by IST.
-wsrep_provider_options         = "gmcast.listen_addr=tcp://127.0.0.1:$(galera_gcomm_port "$n");ist.recv_addr=127.0.0.1:$((GALERA_PORT + 21000 + n - 1));gcache.size=128M;evs.suspect_timeout=PT3S;evs.inactive_timeout=PT6S;evs.inactive_check_period=PT1S"
+wsrep_provider_options         = "gmcast.listen_addr=tcp://127.0.0.1:$(galera_gcomm_port "$n");ist.recv_addr=127.0.0.1:$((GALERA_PORT + 21000 + n - 1));gcache.size=128M;evs.suspect_timeout=PT10S;evs.inactive_timeout=PT30S;evs.inactive_check_period=PT1S"
 EOF
   chmod 0644 "$dir/my.cnf"
 }
