@@ -75,10 +75,12 @@ test-mysql8: infra
 
 ## test-galera: pkg/dbx's tests on a three-node Galera cluster (scripts/infra.sh galera-up,
 ## 127.0.0.1:4306-4308; it kills and desynchronises nodes): failover order, stickiness, a
-## non-Synced node skipped, certification conflicts, the write node killed mid-commit
+## non-Synced node skipped, certification conflicts, the write node killed mid-commit; the
+## cluster is stopped afterwards (its three servers would hold memory for the rest of make test)
 test-galera:
 	bash scripts/infra.sh galera-up
-	$(GO) test -tags galera -race -count=1 -v -timeout 10m -run 'Galera' ./pkg/dbx/
+	@rc=0; $(GO) test -tags galera -race -count=1 -v -timeout 10m -run 'Galera' ./pkg/dbx/ || rc=$$?; \
+	  bash scripts/infra.sh galera-down; exit $$rc
 
 ## test-tools: the tools module (tools/: bench, chaos, doc generators, the console's browser
 ## test; its own go.mod, a replace to this checkout) built, vetted and tested on the real services
