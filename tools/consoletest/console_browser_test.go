@@ -11,9 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
-	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/chromedp/chromedp"
 	"github.com/go-sql-driver/mysql"
 
@@ -22,7 +20,7 @@ import (
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/migrations"
-	"github.com/onceflow/onceflow/pkg/kafkax"
+	"github.com/onceflow/onceflow/tools/internal/orderfeed"
 )
 
 // screenshotsEnv names a directory: when set, the browser test saves the console's
@@ -147,7 +145,7 @@ plugins:
 	// The downstream fails: the order is quarantined after its two attempts.
 	order := "o-console-" + watermill.NewShortUUID()
 	writeConfig("0.99")
-	sendOrders(t, kc, in, order)
+	orderfeed.Send(t, kc, in, order)
 	stop := startRouter()
 	waitUntil(t, "the order quarantined", func() bool { return status(order) == "failed" })
 	waitUntil(t, "the group to commit its offsets", func() bool {
@@ -169,7 +167,7 @@ plugins:
 	for i := range 120 {
 		others = append(others, fmt.Sprintf("%s-%03d", order, i))
 	}
-	sendOrders(t, kc, in, append(others, others[:40]...)...)
+	orderfeed.Send(t, kc, in, append(others, others[:40]...)...)
 	waitUntil(t, "the other orders granted and their duplicates blocked", func() bool {
 		var n, dups int
 		return d.DB.QueryRow("SELECT COUNT(*), COALESCE(SUM(duplicates), 0) FROM inbox WHERE biz_type = 'coupon' AND status = 'done'").Scan(&n, &dups) == nil &&
@@ -297,26 +295,6 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 		t.Fatal(err)
 	}
 	t.Logf("saved %s", filepath.Join(dir, name))
-}
-
-// sendOrders produces one order-paid message per order id (a repeated id is a duplicate
-// delivery of the same order as another message).
-func sendOrders(t *testing.T, kc kafkax.Config, topic string, orders ...string) {
-	t.Helper()
-	p, err := kc.NewSyncProducer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	var msgs []*sarama.ProducerMessage
-	for _, id := range orders {
-		o := coupon.OrderPaid{OrderID: id, UserID: "u-" + id, AmountCents: 1990, PaidAt: time.Date(2026, 11, 11, 0, 0, 0, 0, time.UTC)}
-		msgs = append(msgs, &sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(id), Value: sarama.ByteEncoder(o.Encode()),
-			Headers: []sarama.RecordHeader{{Key: []byte(wkafka.UUIDHeaderKey), Value: []byte(watermill.NewUUID())}}})
-	}
-	if err := p.SendMessages(msgs); err != nil {
-		t.Fatal(err)
-	}
 }
 
 func waitUntil(t *testing.T, what string, cond func() bool) {

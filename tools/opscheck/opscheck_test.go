@@ -18,12 +18,12 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
-	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/pkg/kafkax"
+	"github.com/onceflow/onceflow/tools/internal/orderfeed"
 )
 
 // expectMissingEnv names metrics (comma-separated) whose panels may return no series: the
@@ -92,7 +92,7 @@ plugins:
 	for i := range 60 {
 		orders = append(orders, fmt.Sprintf("o-ops-%s-%02d", watermill.NewShortUUID(), i))
 	}
-	sendOrders(t, kc, in, append(orders, orders[:10]...)...)
+	orderfeed.Send(t, kc, in, append(orders, orders[:10]...)...)
 	var failedKeys []string
 	waitFor(t, "every order done or failed", func() bool {
 		var n int
@@ -116,8 +116,8 @@ plugins:
 	if len(failedKeys) == 0 {
 		t.Fatal("no order failed: the quarantine panels would have no series (step_failure_rate too low for this seed?)")
 	}
-	sendOrders(t, kc, in, failedKeys[0]) // held: its key is quarantined or waits for its redelivery
-	sendPoison(t, kc, in)                // quarantined at once, whatever the redeliveries do
+	orderfeed.Send(t, kc, in, failedKeys[0]) // held: its key is quarantined or waits for its redelivery
+	sendPoison(t, kc, in)                    // quarantined at once, whatever the redeliveries do
 	for i := range 3 {
 		body := fmt.Sprintf(`{"userId":"u-ops-%d","campaignId":"c-ops"}`, i)
 		req, _ := http.NewRequest("POST", "http://"+httpAddr+coupon.ClaimPath, strings.NewReader(body))
@@ -392,24 +392,6 @@ func startProcess(t *testing.T, logFile, bin string, args ...string) (exited fun
 		default:
 			return false
 		}
-	}
-}
-
-func sendOrders(t *testing.T, kc kafkax.Config, topic string, orders ...string) {
-	t.Helper()
-	p, err := kc.NewSyncProducer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	var msgs []*sarama.ProducerMessage
-	for _, id := range orders {
-		o := coupon.OrderPaid{OrderID: id, UserID: "u-" + id, AmountCents: 1990, PaidAt: time.Date(2026, 11, 11, 0, 0, 0, 0, time.UTC)}
-		msgs = append(msgs, &sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(id), Value: sarama.ByteEncoder(o.Encode()),
-			Headers: []sarama.RecordHeader{{Key: []byte(wkafka.UUIDHeaderKey), Value: []byte(watermill.NewUUID())}}})
-	}
-	if err := p.SendMessages(msgs); err != nil {
-		t.Fatal(err)
 	}
 }
 
