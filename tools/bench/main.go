@@ -39,6 +39,7 @@ func (s *suite) groups() []group {
 		{"single", s.singleGroup},
 		{"storm", s.stormGroup},
 		{"relay", s.relayGroup},
+		{"relay_db", s.relayDBGroup}, // the relay's database work per event, without Kafka
 		{"e2e", s.e2eGroup},
 		{"tracing", s.traceGroup},
 		{"seed", s.seedGroup},

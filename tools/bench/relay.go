@@ -2,16 +2,12 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"os"
 	"runtime/pprof"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
-
 	"github.com/onceflow/onceflow/outbox"
-	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
 // relayGroup measures the outbox relays, then Watermill's forwarder next to their lines.
@@ -36,20 +32,8 @@ func (s *suite) benchRelay(ctx context.Context) error {
 		return err
 	}
 	defer cleanup()
-	w, _ := outbox.NewWriter("outbox")
-	payload := []byte(`{"eventId":"x","orderId":"o","userId":"u","campaignId":"c","couponId":"k","valueCents":500}`)
-	for start := 0; start < s.cfg.relayN; start += 1000 {
-		err := dbx.InTx(ctx, db, func(tx *sql.Tx) error {
-			for i := start; i < min(start+1000, s.cfg.relayN); i++ {
-				if err := w.Add(ctx, tx, outbox.Event{ID: watermill.NewUUID(), Type: "Bench", Topic: topic, Key: fmt.Sprintf("k%d", i%5000), Payload: payload}); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			return err
-		}
+	if err := fillOutbox(ctx, db, topic, s.cfg.relayN); err != nil {
+		return err
 	}
 	producer, err := kc.NewSyncProducer()
 	if err != nil {
