@@ -16,6 +16,7 @@ require (
 	github.com/onceflow/onceflow v0.0.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/rs/zerolog v1.28.0
+	github.com/twmb/franz-go v1.22.3
 	go.opentelemetry.io/otel/sdk v1.47.0
 	go.opentelemetry.io/otel/trace v1.47.0
 	golang.org/x/image v0.48.0
@@ -77,6 +78,7 @@ require (
 	github.com/spf13/pflag v1.1.0 // indirect
 	github.com/spf13/viper v1.21.0 // indirect
 	github.com/subosito/gotenv v1.6.0 // indirect
+	github.com/twmb/franz-go/pkg/kmsg v1.15.1 // indirect
 	github.com/xdg-go/scram v1.4.0 // indirect
 	github.com/xdg-go/stringprep v1.0.4 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect

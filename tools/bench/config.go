@@ -31,6 +31,9 @@ type config struct {
 	// The relays (relay.go, forwarder.go).
 	relayN, relayBatch, relayShards, forwarderN int
 
+	// The Kafka client alone (kclient.go).
+	kclientN, kclientRounds int
+
 	// End to end (e2e.go, latency.go).
 	e2eN, e2eBatchN, e2eSPT, e2eShards, e2eParts int
 	e2eLinger                                    time.Duration
@@ -115,6 +118,8 @@ func parseConfig(args []string) (*config, error) {
 	fs.StringVar(&c.plainModes, "plain-modes", "savepoint_cost,single,grouped,grouped_inserter,coupon_batch,coupon_plain", "measurements of the plain group (comma separated)")
 	fs.IntVar(&c.plainSingle, "plain-single-orders", 3000, "orders of each one-delivery-per-transaction plain measurement (16 workers, -workers)")
 
+	fs.IntVar(&c.kclientN, "kclient-records", 200000, "records each client consumes and produces (in transactions of -relay-batch) in the kclient group")
+	fs.IntVar(&c.kclientRounds, "kclient-rounds", 5, "rounds of the kclient group (Sarama and kgo back to back, alternating which goes first); medians reported")
 	fs.IntVar(&c.forwarderN, "forwarder-events", 20000, "events for the Watermill forwarder comparison (0 skips it)")
 
 	fs.IntVar(&c.traceOrders, "trace-orders", 20000, "orders of each end-to-end run of the tracing measurement")
@@ -149,12 +154,15 @@ func parseConfig(args []string) (*config, error) {
 	fs.IntVar(&c.routerProfileSecs, "router-cpuprofile-seconds", 3, "how long -router-cpuprofile profiles (the peak run must last longer: raise -router-orders)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	fs.StringVar(&c.memProfile, "memprofile", "", "write an allocation profile of the whole run to this file (go tool pprof -sample_index=alloc_space)")
-	fs.StringVar(&c.only, "only", "", "run only these measurement groups (comma separated: batch, plain, single, storm, relay, e2e, tracing, seed, http, peer, router, targets); empty runs all")
+	fs.StringVar(&c.only, "only", "", "run only these measurement groups (comma separated: batch, plain, single, storm, relay, kclient, e2e, tracing, seed, http, peer, router, targets); empty runs all")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if c.rounds < 1 || c.batchRounds < 1 || c.traceRounds < 1 || c.traceOrders < 1 {
 		return nil, fmt.Errorf("-rounds %d, -batch-rounds %d, -trace-rounds %d, -trace-orders %d: want at least 1", c.rounds, c.batchRounds, c.traceRounds, c.traceOrders)
+	}
+	if c.kclientN < 1 || c.kclientRounds < 1 || c.relayBatch < 1 {
+		return nil, fmt.Errorf("-kclient-records %d, -kclient-rounds %d, -relay-batch %d: want at least 1", c.kclientN, c.kclientRounds, c.relayBatch)
 	}
 	if vs := splitList(c.e2eCoupon); len(vs) == 0 || len(vs) > 2 || slices.ContainsFunc(vs, func(v string) bool { return v != "batch" && v != "plain" }) || len(vs) == 2 && vs[0] == vs[1] {
 		return nil, fmt.Errorf("-e2e-coupon %q: want batch, plain, or batch,plain", c.e2eCoupon)

@@ -6,6 +6,7 @@
 //
 // The command line is config.go; the measurements are methods of suite (suite.go), one
 // file per group: batch.go, plain.go, single.go, storm.go, relay.go and forwarder.go,
+// kclient.go (the Kafka client alone, Sarama against franz-go),
 // e2e.go and latency.go, seedload.go, httpclaims.go, peer.go, router.go (the router binary
 // as a child process), databases.go (MariaDB against PostgreSQL); targets.go runs last. report.go prints the BENCH lines and writes the CSV.
 package main
@@ -40,6 +41,7 @@ func (s *suite) groups() []group {
 		{"storm", s.stormGroup},
 		{"relay", s.relayGroup},
 		{"relay_db", s.relayDBGroup}, // the relay's database work per event, without Kafka
+		{"kclient", s.kclientGroup}, // the Kafka client alone: Sarama against kgo
 		{"e2e", s.e2eGroup},
 		{"tracing", s.traceGroup},
 		{"seed", s.seedGroup},
