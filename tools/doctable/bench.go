@@ -276,6 +276,7 @@ func (b benchRun) table() (string, error) {
 		row("`watermill_forwarder`: Watermill's forwarder (watermill-sql MySQL subscriber → watermill-kafka)",
 			fmt.Sprintf("%s events/s", rate(wf.num("events_per_s"))), "—")
 	}
+	b.kclientRow(row)
 	if s, ok := b.one("e2e", "mode", "single", "offered", "preloaded"); ok {
 		var lat []string
 		for _, l := range b.find("e2e", "mode", "single", "offered_per_s", "") {
@@ -291,6 +292,37 @@ func (b benchRun) table() (string, error) {
 	b.databasesRow(row)
 	b.targetsRow(row)
 	return w.String(), nil
+}
+
+// kclientRow is the Kafka client alone, Sarama against kgo, when the run measured it: CPU per
+// record consuming and producing transactionally, and what kgo could save the router per order
+// at most, beside the router's own CPU per order at its peak when the run has it.
+func (b benchRun) kclientRow(row func(m, r, t string)) {
+	ratio, ok := b.one("ratio", "mode", "kgo_vs_sarama")
+	if !ok {
+		return
+	}
+	var res []string
+	for _, op := range []struct{ op, label, pct string }{{"consume", "consume", "consume_cpu_pct"}, {"produce", "transactional produce", "produce_cpu_pct"}} {
+		s, _ := b.one("kclient", "client", "sarama", "op", op.op)
+		k, _ := b.one("kclient", "client", "kgo", "op", op.op)
+		res = append(res, fmt.Sprintf("%s: Sarama %s (%s records/s), kgo %s (%s records/s), kgo **%s %%** of Sarama's", op.label,
+			f(s.num("cpu_us_per_record"), 2), rate(s.num("records_per_s")), f(k.num("cpu_us_per_record"), 2), rate(k.num("records_per_s")),
+			f(ratio.num(op.pct), 1)))
+	}
+	bound := ratio.num("router_saving_us_per_order_bound")
+	saving, target := fmt.Sprintf("router saving bound **%s µs per order**", f(bound, 2)), "—"
+	if r, ok := b.one("router", "mode", "peak"); ok && r.num("router_cpu_us_per_order") > 0 {
+		pct := 100 * bound / r.num("router_cpu_us_per_order")
+		saving += fmt.Sprintf(" (%s %% of the router's %s µs at its peak)", f(pct, 1), f(r.num("router_cpu_us_per_order"), 0))
+		target = "kgo only with ≥ 20 % less router CPU per order: **out of reach**"
+		if pct >= 20 {
+			target = "kgo only with ≥ 20 % less router CPU per order: within the bound"
+		}
+	}
+	s, _ := b.one("kclient", "client", "sarama", "op", "produce")
+	row(fmt.Sprintf("`kclient`: the Kafka client alone, Sarama vs franz-go (kgo), %s records, %s per transaction, %s rounds: CPU µs per record (medians)",
+		f(s.num("records"), 0), f(s.num("records_per_txn"), 0), ratio.get("rounds")), strings.Join(append(res, saving), "; "), target)
 }
 
 // tracingRow is the e2e path with tracing off and on, when the run measured it.
