@@ -154,7 +154,7 @@ func parseConfig(args []string) (*config, error) {
 	fs.IntVar(&c.routerProfileSecs, "router-cpuprofile-seconds", 3, "how long -router-cpuprofile profiles (the peak run must last longer: raise -router-orders)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	fs.StringVar(&c.memProfile, "memprofile", "", "write an allocation profile of the whole run to this file (go tool pprof -sample_index=alloc_space)")
-	fs.StringVar(&c.only, "only", "", "run only these measurement groups (comma separated: batch, plain, single, storm, relay, kclient, e2e, tracing, seed, http, peer, router, targets); empty runs all")
+	fs.StringVar(&c.only, "only", "", "run only these measurement groups (comma separated: batch, plain, single, storm, relay, relay_db, kclient, e2e, tracing, seed, http, peer, router, targets); empty runs all")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}

@@ -276,6 +276,7 @@ func (b benchRun) table() (string, error) {
 		row("`watermill_forwarder`: Watermill's forwarder (watermill-sql MySQL subscriber → watermill-kafka)",
 			fmt.Sprintf("%s events/s", rate(wf.num("events_per_s"))), "—")
 	}
+	b.relayDBRow(row)
 	b.kclientRow(row)
 	if s, ok := b.one("e2e", "mode", "single", "offered", "preloaded"); ok {
 		var lat []string
@@ -292,6 +293,26 @@ func (b benchRun) table() (string, error) {
 	b.databasesRow(row)
 	b.targetsRow(row)
 	return w.String(), nil
+}
+
+// relayDBRow is the relay's database work per event without Kafka, when the run measured it:
+// marking rows published (and sweeping them after the retention) against deleting them.
+func (b benchRun) relayDBRow(row func(m, r, t string)) {
+	ratio, ok := b.one("ratio", "mode", "relay_db_delete_vs_mark")
+	if !ok {
+		return
+	}
+	mark, _ := b.one("relay_db", "mode", "mark")
+	del, _ := b.one("relay_db", "mode", "delete")
+	sel, _ := b.one("relay_db", "mode", "select_only")
+	row(fmt.Sprintf("`relay_db`: the relay's database work without Kafka, %s events in reads of %s, %s rounds: MariaDB CPU µs per event (medians; rounds' range)",
+		f(mark.num("events"), 0), f(mark.num("batch"), 0), mark.get("rounds")),
+		fmt.Sprintf("read and mark %s (%s–%s), then the retention sweep %s: **%s** in all; read and delete by position %s (%s–%s); the read alone %s (%s–%s); deleting saves **%s µs per event**",
+			f(mark.num("db_cpu_us_per_event"), 1), f(mark.num("db_cpu_min"), 1), f(mark.num("db_cpu_max"), 1), f(mark.num("sweep_db_cpu_us_per_event"), 1),
+			f(ratio.num("mark_and_sweep_db_cpu_us_per_event"), 1),
+			f(del.num("db_cpu_us_per_event"), 1), f(del.num("db_cpu_min"), 1), f(del.num("db_cpu_max"), 1),
+			f(sel.num("db_cpu_us_per_event"), 1), f(sel.num("db_cpu_min"), 1), f(sel.num("db_cpu_max"), 1),
+			f(ratio.num("saving_db_cpu_us_per_event"), 1)), "—")
 }
 
 // kclientRow is the Kafka client alone, Sarama against kgo, when the run measured it: CPU per
