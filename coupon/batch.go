@@ -29,7 +29,7 @@ func newBatchStatements(db *sql.DB) *batchStatements {
 	return &batchStatements{
 		grant: multi(7, 512, `INSERT INTO coupon_grant (order_id, campaign_id, user_id, state, version, value_cents, stock_shard, budget_shard, coupon_id) VALUES `,
 			"(?, ?, ?, 'GRANTED', 3, ?, ?, ?, ?)", q.batchGrantTail),
-		log:    multi(4, 2048, `INSERT INTO coupon_grant_log (order_id, campaign_id, from_state, to_state) VALUES `, "(?, ?, ?, ?)", ""),
+		log:    multi(4, 512, `INSERT INTO coupon_grant_log (order_id, campaign_id, from_state, to_state) VALUES `, "(?, ?, ?, ?)", ""),
 		coupon: multi(5, 512, `INSERT INTO user_coupon (coupon_id, order_id, campaign_id, user_id, value_cents) VALUES `, "(?, ?, ?, ?, ?)", ""),
 	}
 }
@@ -309,26 +309,36 @@ func (r sqlRepo) grantMany(ctx context.Context, gs []grantRow) error {
 	return r.logAndIssue(ctx, gs)
 }
 
-// logAndIssue writes the transition log of grants that went INIT → GRANTED (each legal
-// step) and their coupons.
+// logAndIssue writes the transition log of grants that went INIT → GRANTED and their
+// coupons. The batch commits the whole path at once — LOCKED and BUDGET_DEDUCTED are never
+// committed on their own — so each grant logs the one committed transition, INIT → GRANTED
+// (checked step by step against the state machine): one log row per order instead of three,
+// which costs MariaDB about a third as much (docs/BENCHMARKS.md, `rows`).
 func (r sqlRepo) logAndIssue(ctx context.Context, gs []grantRow) error {
-	path := []State{StateInit, StateLocked, StateBudgetDeducted, StateGranted}
-	logArgs := make([]any, 0, len(gs)*12)
+	if err := checkPath(grantPath); err != nil {
+		return err
+	}
+	logArgs := make([]any, 0, len(gs)*4)
 	coupons := make([]any, 0, len(gs)*5)
 	for _, g := range gs {
-		for i := 1; i < len(path); i++ {
-			if err := Transit(path[i-1], path[i]); err != nil {
-				return err
-			}
-			logArgs = append(logArgs, g.OrderID, g.CampaignID, string(path[i-1]), string(path[i]))
-		}
+		logArgs = append(logArgs, g.OrderID, g.CampaignID, string(StateInit), string(StateGranted))
 		coupons = append(coupons, CouponID(g.OrderID, g.CampaignID), g.OrderID, g.CampaignID, g.UserID, g.ValueCents)
 	}
 	if _, err := r.st.log.Exec(ctx, r.tx, logArgs); err != nil {
-		return fmt.Errorf("log %d transitions: %w", len(gs)*(len(path)-1), err)
+		return fmt.Errorf("log %d transitions: %w", len(gs), err)
 	}
 	if _, err := r.st.coupon.Exec(ctx, r.tx, coupons); err != nil {
 		return fmt.Errorf("write %d coupons: %w", len(gs), err)
+	}
+	return nil
+}
+
+// checkPath checks that every step of path is a legal transition.
+func checkPath(path []State) error {
+	for i := 1; i < len(path); i++ {
+		if err := Transit(path[i-1], path[i]); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -194,7 +194,7 @@ func testBatchGrantsExactlyOnce(t *testing.T, sel, contract bool) {
 	if a.Granted != orders || a.Coupons != orders || a.OutboxEvents != orders || a.DuplicatesBlocked != orders*(copies-1)+5 {
 		t.Errorf("audit %+v", a)
 	}
-	want := []string{"INIT->LOCKED", "LOCKED->BUDGET_DEDUCTED", "BUDGET_DEDUCTED->GRANTED"}
+	want := []string{"INIT->GRANTED"} // the one transition the batch committed
 	for _, i := range []int{0, 17, orders - 1} {
 		if got := transitions(t, d.DB, fmt.Sprintf("b1-%04d", i), cfg.CampaignID); !equalStrings(got, want) {
 			t.Errorf("order %d transitions %v, want %v", i, got, want)
@@ -329,10 +329,13 @@ func testBatchResumesUnfinishedRows(t *testing.T, sel, contract bool) {
 	if a.Granted != 3 || a.Coupons != 3 {
 		t.Errorf("audit %+v", a)
 	}
-	want := []string{"INIT->LOCKED", "LOCKED->BUDGET_DEDUCTED", "BUDGET_DEDUCTED->GRANTED"}
+	// The half-way order finishes step by step, each step logged; the others either so or
+	// granted at once, logging the one transition committed (which path takes a resumed
+	// delivery depends on the variant).
 	for _, o := range []coupon.OrderPaid{early, halfway, fresh} {
-		if got := transitions(t, d.DB, o.OrderID, cfg.CampaignID); !equalStrings(got, want) {
-			t.Errorf("%s transitions %v, want %v", o.OrderID, got, want)
+		got := transitions(t, d.DB, o.OrderID, cfg.CampaignID)
+		if !equalStrings(got, happyLog) && (o == halfway || !equalStrings(got, []string{"INIT->GRANTED"})) {
+			t.Errorf("%s transitions %v, want %v or, granted at once, [INIT->GRANTED]", o.OrderID, got, happyLog)
 		}
 	}
 }
@@ -479,7 +482,7 @@ func TestBatchPreparedStatements(t *testing.T) {
 		t.Fatalf("audit: %+v, want %d grants", a, want)
 	}
 	var logRows int64
-	if err := d.DB.QueryRowContext(ctx, rb("SELECT COUNT(*) FROM coupon_grant_log WHERE campaign_id = ?"), cfg.CampaignID).Scan(&logRows); err != nil || logRows != 3*want {
-		t.Fatalf("transition log rows %d (%v), want %d", logRows, err, 3*want)
+	if err := d.DB.QueryRowContext(ctx, rb("SELECT COUNT(*) FROM coupon_grant_log WHERE campaign_id = ?"), cfg.CampaignID).Scan(&logRows); err != nil || logRows != want {
+		t.Fatalf("transition log rows %d (%v), want %d (one per grant)", logRows, err, want)
 	}
 }

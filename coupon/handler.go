@@ -151,8 +151,8 @@ var grantSteps = []string{StateInit.Step(), StateLocked.Step(), StateBudgetDeduc
 var grantPath = []State{StateInit, StateLocked, StateBudgetDeducted, StateGranted}
 
 // grantNew grants o, whose grant does not exist yet, at once: its stock and budget taken in
-// one statement from the shard tx holds, the grant inserted GRANTED with every legal
-// transition logged, its coupon and its CouponGranted event — the rows through Inserters
+// one statement from the shard tx holds, the grant inserted GRANTED with the one transition
+// it commits logged (INIT → GRANTED, each step checked), its coupon and its CouponGranted event — the rows through Inserters
 // and the outbox writer, so in a group-committed batch they go out with the batch's
 // multi-row inserts. It reports false, having changed nothing, when no shard covers the
 // coupon (exhaustion: the state machine fails the grant) or the grant exists after all (a
@@ -188,13 +188,12 @@ func (h *handler) grantNew(ctx context.Context, tx *sql.Tx, o OrderPaid) (bool, 
 	if err != nil {
 		return false, err
 	}
-	for i := 1; i < len(grantPath); i++ {
-		if err := Transit(grantPath[i-1], grantPath[i]); err != nil {
-			return false, err
-		}
-		if err := h.logs.Insert(ctx, tx, gr.OrderID, gr.CampaignID, string(grantPath[i-1]), string(grantPath[i])); err != nil {
-			return false, err
-		}
+	// The grant commits GRANTED at once: its one committed transition (logAndIssue).
+	if err := checkPath(grantPath); err != nil {
+		return false, err
+	}
+	if err := h.logs.Insert(ctx, tx, gr.OrderID, gr.CampaignID, string(StateInit), string(StateGranted)); err != nil {
+		return false, err
 	}
 	if err := h.coupons.Insert(ctx, tx, couponID, gr.OrderID, gr.CampaignID, gr.UserID, gr.ValueCents); err != nil {
 		return false, err

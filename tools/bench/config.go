@@ -30,6 +30,7 @@ type config struct {
 
 	// The relays (relay.go, forwarder.go).
 	relayN, relayBatch, relayShards, forwarderN int
+	rowsOrders                                  int
 
 	// The Kafka client alone (kclient.go).
 	kclientN, kclientRounds int
@@ -81,6 +82,7 @@ func parseConfig(args []string) (*config, error) {
 	fs.IntVar(&c.workers, "workers", 16, "concurrent workers (database measurements)")
 	fs.IntVar(&c.e2eN, "e2e-orders", 5000, "orders for the end-to-end throughput run")
 	fs.IntVar(&c.relayN, "relay-events", 50000, "outbox rows for the relay measurement")
+	fs.IntVar(&c.rowsOrders, "rows-orders", 30000, "orders of each rows run (the coupon plugin's rows per order, one table at a time)")
 	fs.IntVar(&c.stormN, "storm-orders", 10000, "orders in the duplicate storm")
 	fs.IntVar(&c.relayBatch, "relay-batch", 2000, "relay batch size (events per Kafka transaction)")
 	fs.IntVar(&c.relayShards, "relay-shards", 4, "outbox shards of the sharded exactly-once relay measurement (<2 skips it)")
@@ -154,7 +156,7 @@ func parseConfig(args []string) (*config, error) {
 	fs.IntVar(&c.routerProfileSecs, "router-cpuprofile-seconds", 3, "how long -router-cpuprofile profiles (the peak run must last longer: raise -router-orders)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	fs.StringVar(&c.memProfile, "memprofile", "", "write an allocation profile of the whole run to this file (go tool pprof -sample_index=alloc_space)")
-	fs.StringVar(&c.only, "only", "", "run only these measurement groups (comma separated: batch, plain, single, storm, relay, relay_db, kclient, e2e, tracing, seed, http, peer, router, targets); empty runs all")
+	fs.StringVar(&c.only, "only", "", "run only these measurement groups (comma separated: batch, plain, single, storm, relay, relay_db, rows, kclient, e2e, tracing, seed, http, peer, router, targets); empty runs all")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}

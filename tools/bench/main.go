@@ -41,7 +41,8 @@ func (s *suite) groups() []group {
 		{"storm", s.stormGroup},
 		{"relay", s.relayGroup},
 		{"relay_db", s.relayDBGroup}, // the relay's database work per event, without Kafka
-		{"kclient", s.kclientGroup}, // the Kafka client alone: Sarama against kgo
+		{"rows", s.rowsGroup},        // the coupon plugin's rows per order, one table at a time
+		{"kclient", s.kclientGroup},  // the Kafka client alone: Sarama against kgo
 		{"e2e", s.e2eGroup},
 		{"tracing", s.traceGroup},
 		{"seed", s.seedGroup},

@@ -15,7 +15,7 @@ import (
 
 // relayDBGroup measures the relay's database work per event without Kafka, to price the
 // lever "delete rows by position instead of marking them published": the same 50,000
-// outbox rows (-relay-n) read in the relay's batches (its pending SELECT, every column, by
+// outbox rows (-relay-events) read in the relay's batches (its pending SELECT, every column, by
 // id) and then
 //
 //   - mark: the exactly-once relay's mark (UPDATE … SET published_at WHERE id BETWEEN …

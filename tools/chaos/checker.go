@@ -190,9 +190,11 @@ type outboxRow struct {
 type transition struct{ from, to string }
 
 // legal is the coupon state machine, written out independently of coupon.CanTransitTo:
-// one step forward on the happy path, or any non-terminal state to FAILED.
+// one step forward on the happy path, or any non-terminal state to FAILED — and INIT →
+// GRANTED, the whole happy path committed in one transaction (a grant written GRANTED at
+// once logs the one transition it committed).
 var legal = map[transition]bool{
-	{"INIT", "LOCKED"}: true, {"LOCKED", "BUDGET_DEDUCTED"}: true, {"BUDGET_DEDUCTED", "GRANTED"}: true,
+	{"INIT", "LOCKED"}: true, {"LOCKED", "BUDGET_DEDUCTED"}: true, {"BUDGET_DEDUCTED", "GRANTED"}: true, {"INIT", "GRANTED"}: true,
 	{"INIT", "FAILED"}: true, {"LOCKED", "FAILED"}: true, {"BUDGET_DEDUCTED", "FAILED"}: true,
 }
 

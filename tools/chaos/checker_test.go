@@ -99,7 +99,11 @@ func dataset(t *testing.T, d testenv.Database, brokers []string, topic, orderTop
 		}
 		switch {
 		case i < n-5:
-			grant("GRANTED", "", "INIT", "LOCKED", "BUDGET_DEDUCTED", "GRANTED")
+			if i%2 == 0 { // the batch's one committed transition
+				grant("GRANTED", "", "INIT", "GRANTED")
+			} else { // step by step
+				grant("GRANTED", "", "INIT", "LOCKED", "BUDGET_DEDUCTED", "GRANTED")
+			}
 			exec(`INSERT INTO user_coupon (coupon_id, order_id, campaign_id, user_id, value_cents) VALUES (?, ?, ?, ?, ?)`,
 				couponID, id, campaign, fmt.Sprintf("u%d", i), value)
 			inbox("done", "", i%3)
