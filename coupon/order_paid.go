@@ -54,9 +54,9 @@ func DecodeOrderPaid(b []byte) (OrderPaid, error) {
 	if raw.UserID == nil || *raw.UserID == "" {
 		return o, fmt.Errorf("%w: missing userId", ErrBadOrderPaid)
 	}
-	for name, v := range map[string]string{"orderId": *raw.OrderID, "userId": *raw.UserID} {
-		if len(v) > MaxIDLen || !utf8.ValidString(v) {
-			return o, fmt.Errorf("%w: %s longer than %d bytes or not UTF-8", ErrBadOrderPaid, name, MaxIDLen)
+	for _, f := range [2]struct{ name, v string }{{"orderId", *raw.OrderID}, {"userId", *raw.UserID}} {
+		if len(f.v) > MaxIDLen || !utf8.ValidString(f.v) {
+			return o, fmt.Errorf("%w: %s longer than %d bytes or not UTF-8", ErrBadOrderPaid, f.name, MaxIDLen)
 		}
 	}
 	o.OrderID, o.UserID = *raw.OrderID, *raw.UserID
