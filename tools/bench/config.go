@@ -61,6 +61,7 @@ type config struct {
 	routerStall                     time.Duration
 	routerBin, routerEnv            string
 	routerProfile                   string
+	routerMemProfile                string
 	routerProfileSecs               int
 
 	// The services, the output, the process.
@@ -153,6 +154,7 @@ func parseConfig(args []string) (*config, error) {
 	fs.StringVar(&c.routerBin, "router-bin", "bin/router", "the router binary measured by the router group (make build)")
 	fs.StringVar(&c.routerEnv, "router-env", "", "extra environment of the measured router, comma separated (e.g. GOGC=100,GOMEMLIMIT=120MiB)")
 	fs.StringVar(&c.routerProfile, "router-cpuprofile", "", "write a CPU profile of the router binary during its peak run to this file (admin.pprof, -router-cpuprofile-seconds from its first output)")
+	fs.StringVar(&c.routerMemProfile, "router-memprofile", "", "write the router binary's allocation profile (/debug/pprof/allocs, whole process) to this file once its peak run has granted every order, before it stops")
 	fs.IntVar(&c.routerProfileSecs, "router-cpuprofile-seconds", 3, "how long -router-cpuprofile profiles (the peak run must last longer: raise -router-orders)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	fs.StringVar(&c.memProfile, "memprofile", "", "write an allocation profile of the whole run to this file (go tool pprof -sample_index=alloc_space)")

@@ -210,6 +210,9 @@ func (s *suite) routerPeak(ctx context.Context, bin string) error {
 	if err := <-profDone; err != nil {
 		return err
 	}
+	if err := s.routerAllocs(c); err != nil {
+		return err
+	}
 	el := time.Since(start)
 	kv := cpu.perOrder(n)
 	hwm := c.hwmMB()
@@ -307,7 +310,7 @@ type child struct {
 	logPath   string
 	exited    chan struct{}
 	waitErr   error
-	adminAddr string // with admin.pprof, for -router-cpuprofile
+	adminAddr string // with admin.pprof, for -router-cpuprofile and -router-memprofile
 
 	mu        sync.Mutex
 	maxRSSKB  float64
@@ -325,7 +328,7 @@ func (s *suite) startRouter(bin, mode, in, out string) (*child, error) {
 	}
 	positions, dropPositions := positionsTopic(s.kc)
 	adminAddr := ""
-	if mode == "peak" && s.cfg.routerProfile != "" {
+	if mode == "peak" && (s.cfg.routerProfile != "" || s.cfg.routerMemProfile != "") {
 		if adminAddr, err = freePort(); err != nil {
 			return nil, err
 		}
@@ -538,7 +541,7 @@ func waitGroupStable(kc kafkax.Config, group string, limit time.Duration, c *chi
 // -router-cpuprofile-seconds from its first output. The channel reports the outcome once.
 func (s *suite) profileRouter(c *child, w *watcher) <-chan error {
 	done := make(chan error, 1)
-	if c.adminAddr == "" {
+	if c.adminAddr == "" || s.cfg.routerProfile == "" {
 		done <- nil
 		return done
 	}
@@ -546,24 +549,36 @@ func (s *suite) profileRouter(c *child, w *watcher) <-chan error {
 		for w.first().IsZero() {
 			time.Sleep(10 * time.Millisecond)
 		}
-		resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", c.adminAddr, s.cfg.routerProfileSecs))
-		if err != nil {
-			done <- fmt.Errorf("router profile: %w", err)
-			return
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			done <- fmt.Errorf("router profile: %s", resp.Status)
-			return
-		}
-		f, err := os.Create(s.cfg.routerProfile)
-		if err == nil {
-			_, err = io.Copy(f, resp.Body)
-			err = errors.Join(err, f.Close())
-		}
-		done <- err
+		done <- getProfile(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", c.adminAddr, s.cfg.routerProfileSecs), s.cfg.routerProfile)
 	}()
 	return done
+}
+
+// routerAllocs, with -router-memprofile, writes the router's allocation profile: every
+// allocation since it started, so per order it is its totals divided by -router-orders.
+func (s *suite) routerAllocs(c *child) error {
+	if s.cfg.routerMemProfile == "" {
+		return nil
+	}
+	return getProfile(fmt.Sprintf("http://%s/debug/pprof/allocs", c.adminAddr), s.cfg.routerMemProfile)
+}
+
+// getProfile writes the profile served at url to path.
+func getProfile(url, path string) error {
+	resp, err := http.Get(url)
+	if err != nil {
+		return fmt.Errorf("router profile: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("router profile: %s", resp.Status)
+	}
+	f, err := os.Create(path)
+	if err == nil {
+		_, err = io.Copy(f, resp.Body)
+		err = errors.Join(err, f.Close())
+	}
+	return err
 }
 
 func freePort() (string, error) {
