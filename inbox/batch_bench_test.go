@@ -1,0 +1,88 @@
+package inbox_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sync/atomic"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/testenv"
+)
+
+// BenchmarkBatcherProcess measures the Batcher's per-delivery path on the real database:
+// concurrent deliveries of new orders, as the router's handler goroutines make them, group
+// committed. The messages are made before the timer starts, so -benchmem's allocs/op is
+// what a delivery costs the inbox and its handler: with the coupon plugin's BatchHandler
+// (the router's path), and with a handler that does nothing (the inbox's own share).
+func BenchmarkBatcherProcess(b *testing.B) {
+	testenv.Integration(b)
+	for _, tc := range []struct {
+		name   string
+		plugin bool
+		wrap   func(inbox.Handler) inbox.Handler
+	}{
+		{name: "coupon", plugin: true},
+		{name: "noop", wrap: func(inbox.Handler) inbox.Handler { return noopBatchHandler{} }},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			p := newPipeline(b, pipelineOpts{conns: 8, plugin: tc.plugin, wrap: tc.wrap})
+			bt, err := p.inbox.NewBatcher(inbox.BatchConfig{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer bt.Close()
+			msgs := make([]*message.Message, b.N)
+			for i := range msgs {
+				msgs[i] = orderMsg(fmt.Sprintf("bench-%d", i), fmt.Sprintf("user-%d", i%1000))
+				msgs[i].Metadata = message.Metadata{} // as the Kafka subscriber leaves it (no headers but the id)
+			}
+			var next atomic.Int64
+			b.SetParallelism(64) // the router runs a goroutine per message in flight
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				ctx := context.Background()
+				for pb.Next() {
+					i := next.Add(1) - 1
+					res, err := bt.Process(ctx, msgs[i], inbox.Source{Topic: "bench-orders", Partition: int32(i % 12), Offset: i})
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					if res.Outcome != inbox.OutcomeProcessed {
+						b.Errorf("delivery %d: %s, want processed", i, res.Outcome)
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			st := bt.Stats()
+			if st.Batches > 0 {
+				b.ReportMetric(float64(st.Batched)/float64(st.Batches), "deliveries/batch")
+			}
+		})
+	}
+}
+
+// noopBatchHandler finishes every delivery without writing anything of its own.
+type noopBatchHandler struct{}
+
+func (noopBatchHandler) Decode(m *message.Message) (inbox.Decoded, error) {
+	return inbox.Decoded{Key: m.UUID}, nil
+}
+
+func (noopBatchHandler) Handle(context.Context, *sql.Tx, *inbox.Delivery) (inbox.Progress, error) {
+	return inbox.Done, nil
+}
+
+func (noopBatchHandler) HandleBatch(_ context.Context, _ *sql.Tx, ds []*inbox.Delivery) ([]inbox.Progress, error) {
+	ps := make([]inbox.Progress, len(ds))
+	for i := range ps {
+		ps[i] = inbox.Done
+	}
+	return ps, nil
+}
