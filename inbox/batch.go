@@ -176,12 +176,19 @@ type pending struct {
 	src      Source
 	dec      Decoded
 	start    time.Time
-	done     chan batchOutcome
+	done     chan struct{} // signalled once out is set (a channel of a pointer-free type is one allocation)
+	out      batchOutcome
 	gated    atomic.Bool // admitted by the prepare gate: released once it has its outcome
 	prepared any         // what Prepare left in Delivery.Prepared
 	ready    bool        // Prepare succeeded: the handler may run it in a batch
 	span     trace.Span  // the delivery's span (nil: no tracing)
 	ticket   *ticket     // the circuit breaker's admission of its attempt in a batch
+}
+
+// answer gives p its one outcome.
+func (p *pending) answer(o batchOutcome) {
+	p.out = o
+	p.done <- struct{}{}
 }
 
 type batchOutcome struct {
@@ -309,7 +316,7 @@ func (b *Batcher) decoder() {
 		if err != nil || p.msg.Payload == nil {
 			// Poison, or a tombstone (the batch claim stores no tombstone flag): the
 			// one-at-a-time path records it.
-			p.done <- batchOutcome{fallback: true}
+			p.answer(batchOutcome{fallback: true})
 			continue
 		}
 		p.dec = dec
@@ -320,7 +327,7 @@ func (b *Batcher) decoder() {
 		select {
 		case b.queue <- p:
 		case <-b.stop:
-			p.done <- batchOutcome{fallback: true}
+			p.answer(batchOutcome{fallback: true})
 		}
 	}
 }
@@ -393,7 +400,7 @@ func (b *Batcher) process(ctx context.Context, msg *message.Message, src Source,
 		return Result{}, fmt.Errorf("inbox %s: waiting on the circuit breaker: %w", b.ib.cfg.BizType, err)
 	}
 	defer t.done(verdictNone) // when no outcome said more
-	p := &pending{ctx: ctx, msg: msg, src: src, start: time.Now(), done: make(chan batchOutcome, 1), span: span, ticket: t}
+	p := &pending{ctx: ctx, msg: msg, src: src, start: time.Now(), done: make(chan struct{}, 1), span: span, ticket: t}
 	select {
 	case b.decode <- p:
 	case <-b.stop:
@@ -403,13 +410,15 @@ func (b *Batcher) process(ctx context.Context, msg *message.Message, src Source,
 		return Result{}, ctx.Err()
 	}
 	select {
-	case o := <-p.done:
+	case <-p.done:
+		o := p.out
 		return b.outcome(ctx, p, o)
 	case <-b.closed:
 		// The collector, workers and decoders have returned: the delivery was answered, or
 		// never taken.
 		select {
-		case o := <-p.done:
+		case <-p.done:
+			o := p.out
 			return b.outcome(ctx, p, o)
 		default:
 			t.done(verdictNone)
@@ -428,7 +437,8 @@ func (b *Batcher) process(ctx context.Context, msg *message.Message, src Source,
 		if b.gate != nil { // it may be admitted (and take its key) after this returns
 			go func() {
 				select {
-				case o := <-p.done:
+				case <-p.done:
+					o := p.out
 					b.release(p, o.res, nil)
 				case <-b.closed:
 					b.release(p, Result{}, ctx.Err())
@@ -447,11 +457,13 @@ func (b *Batcher) await(p *pending, wait time.Duration) (batchOutcome, bool) {
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
-	case o := <-p.done:
+	case <-p.done:
+		o := p.out
 		return o, true
 	case <-b.closed:
 		select {
-		case o := <-p.done:
+		case <-p.done:
+			o := p.out
 			return o, true
 		default:
 			return batchOutcome{fallback: true}, true // never taken
@@ -505,7 +517,7 @@ func drain(in chan *pending) {
 	for {
 		select {
 		case p := <-in:
-			p.done <- batchOutcome{fallback: true}
+			p.answer(batchOutcome{fallback: true})
 		default:
 			return
 		}
@@ -514,7 +526,7 @@ func drain(in chan *pending) {
 
 func fallBack(ps []*pending) {
 	for _, p := range ps {
-		p.done <- batchOutcome{fallback: true}
+		p.answer(batchOutcome{fallback: true})
 	}
 }
 
@@ -522,7 +534,7 @@ func fallBack(ps []*pending) {
 // of their work, or perhaps (batchOutcome.uncertain).
 func fallBackUncertain(ps []*pending) {
 	for _, p := range ps {
-		p.done <- batchOutcome{fallback: true, uncertain: true}
+		p.answer(batchOutcome{fallback: true, uncertain: true})
 	}
 }
 
@@ -537,12 +549,23 @@ type item struct {
 	ran     bool     // the handler ran on it in this batch (a step of it may have committed with the batch)
 	res     *Result  // set when finished in the batch
 	failed  *failure // a plain handler's Handle failed in the batch, rolled back to its savepoint (grouped.go)
+
+	// d and res point here: a batch allocates its items, deliveries and results at once.
+	delivery Delivery
+	result   Result
+}
+
+// finish sets the item's result.
+func (it *item) finish(r Result) {
+	it.result = r
+	it.res = &it.result
 }
 
 // run handles one batch: every pending gets exactly one outcome.
 func (b *Batcher) run(batch []*pending) {
 	ib := b.ib
-	var items []*item
+	items := make([]*item, 0, len(batch))
+	slots := make([]item, len(batch))
 	var rest []*pending // one at a time: conflicting payloads within the batch, cancelled ones
 	byKey := make(map[string]*item, len(batch))
 	for _, p := range batch {
@@ -558,7 +581,10 @@ func (b *Batcher) run(batch []*pending) {
 			}
 			continue
 		}
-		it := &item{p: p, d: &Delivery{Message: p.msg, BizType: ib.cfg.BizType, Key: p.dec.Key, Value: p.dec.Value, Source: p.src, Attempt: 1, Prepared: p.prepared}}
+		it := &slots[len(items)]
+		it.p = p
+		it.delivery = Delivery{Message: p.msg, BizType: ib.cfg.BizType, Key: p.dec.Key, Value: p.dec.Value, Source: p.src, Attempt: 1, Prepared: p.prepared}
+		it.d = &it.delivery
 		byKey[p.dec.Key] = it
 		items = append(items, it)
 	}
@@ -626,7 +652,7 @@ func (b *Batcher) run(batch []*pending) {
 			isolated++
 			fell += int64(len(it.copies))
 			fallBack(it.copies)
-			it.p.done <- batchOutcome{failed: it.failed}
+			it.p.answer(batchOutcome{failed: it.failed})
 			continue
 		}
 		if it.res == nil {
@@ -641,14 +667,14 @@ func (b *Batcher) run(batch []*pending) {
 		res := *it.res
 		res.Attempts = 1
 		ib.obs.Delivered(ib.cfg.BizType, res, time.Since(it.p.start))
-		it.p.done <- batchOutcome{res: res}
+		it.p.answer(batchOutcome{res: res})
 		dup := Result{Outcome: OutcomeDuplicate, InboxID: res.InboxID, Key: res.Key, Reason: res.Reason, Attempts: 1}
 		if res.Outcome == OutcomeHeld {
 			dup.Outcome = OutcomeHeld // copies of a held key are held with it
 		}
 		for _, c := range it.copies {
 			ib.obs.Delivered(ib.cfg.BizType, dup, time.Since(c.start))
-			c.done <- batchOutcome{res: dup}
+			c.answer(batchOutcome{res: dup})
 		}
 		batched += int64(1 + len(it.copies))
 	}
@@ -699,27 +725,36 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item, savepoin
 	ib := b.ib
 	// 1. Claim: insert the missing rows, lock (and count a duplicate on) the existing ones.
 	args := make([]any, 0, len(items)*claimWidth)
-	expire := time.Now().Add(ib.cfg.Retention).UTC()
+	// Arguments every row shares are boxed once (an interface of a string or a time is an
+	// allocation), as are a topic and metadata the rows repeat.
+	bizType, expire := any(ib.cfg.BizType), any(time.Now().Add(ib.cfg.Retention).UTC())
+	var topic, meta boxedString
 	byKey := make(map[string]*item, len(items))
 	for _, it := range items {
-		args = append(args, it.p.dec.Key, ib.cfg.BizType, messageUUID(it.p.msg), it.p.src.Topic, it.p.src.Partition, it.p.src.Offset,
-			[]byte(it.p.msg.Payload), it.p.dec.meta, it.p.dec.Fingerprint, expire)
+		args = append(args, it.p.dec.Key, bizType, messageUUID(it.p.msg), topic.of(it.p.src.Topic), it.p.src.Partition, it.p.src.Offset,
+			[]byte(it.p.msg.Payload), meta.of(it.p.dec.meta), it.p.dec.Fingerprint, expire)
 		byKey[it.p.dec.Key] = it
 	}
 	counts := map[int][]any{} // duplicate counter corrections → inbox ids
 	var run []*item
+	// One set of scan targets for every row; the text columns are read in place (no string
+	// per row): only a fingerprint that differs from the delivery's is copied out.
+	var (
+		r                   inboxRow
+		key, status, stored sql.RawBytes
+		dups                int
+	)
 	scan := func(rows *sql.Rows) error {
-		var r inboxRow
-		var key string
-		var dups int
-		if err := rows.Scan(&r.id, &key, &r.status, &r.fingerprint, &r.reason, &dups); err != nil {
+		r = inboxRow{}
+		if err := rows.Scan(&r.id, &key, &status, &stored, &r.reason, &dups); err != nil {
 			return fmt.Errorf("read claimed inbox rows: %w", err)
 		}
-		r.fingerprint = storedFingerprint(r.fingerprint)
-		it := byKey[key]
+		it := byKey[string(key)]
 		if it == nil {
 			return nil
 		}
+		r.status = statusOf(status)
+		r.fingerprint = storedFingerprintOf(stored, it.p.dec.Fingerprint)
 		it.id, it.d.InboxID = r.id, r.id
 		switch decideClaim(dups == 0, r, it.p.dec.Fingerprint, true, false) {
 		case claimRun:
@@ -731,10 +766,11 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item, savepoin
 			if len(it.copies) > 0 {
 				counts[len(it.copies)] = append(counts[len(it.copies)], r.id)
 			}
-			it.res = &Result{Outcome: OutcomeDuplicate, InboxID: r.id, Key: key}
+			res := Result{Outcome: OutcomeDuplicate, InboxID: r.id, Key: it.p.dec.Key}
 			if r.status == StatusFailed {
-				it.res.Outcome, it.res.Reason = OutcomeHeld, Reason(r.reason.String)
+				res.Outcome, res.Reason = OutcomeHeld, Reason(r.reason.String)
 			}
+			it.finish(res)
 		case claimResume:
 			// 'processing': an earlier delivery's unfinished work, resumed here.
 			counts[-1] = append(counts[-1], r.id)
@@ -763,6 +799,19 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item, savepoin
 		}
 	}
 	return nil
+}
+
+// boxedString boxes a string once for as long as the same string repeats.
+type boxedString struct {
+	s string
+	v any
+}
+
+func (b *boxedString) of(s string) any {
+	if b.v == nil || s != b.s {
+		b.s, b.v = s, s
+	}
+	return b.v
 }
 
 // claimRows runs the batch's claim and reads the claimed rows back, calling scan for each
@@ -920,7 +969,7 @@ func (b *Batcher) handle(ctx context.Context, tx *sql.Tx, run []*item, counts ma
 		if it.resumed {
 			done = append(done, it.id)
 		}
-		it.res = &Result{Outcome: OutcomeProcessed, InboxID: it.id, Key: it.p.dec.Key}
+		it.finish(Result{Outcome: OutcomeProcessed, InboxID: it.id, Key: it.p.dec.Key})
 		if len(it.copies) > 0 {
 			counts[len(it.copies)] = append(counts[len(it.copies)], it.id)
 		}

@@ -4,8 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -65,6 +68,65 @@ func BenchmarkBatcherProcess(b *testing.B) {
 				b.ReportMetric(float64(st.Batched)/float64(st.Batches), "deliveries/batch")
 			}
 		})
+	}
+}
+
+// TestBatcherAllocsPerDelivery bounds what a delivery of a full batch allocates in the
+// inbox's own path (a handler that does nothing): one batch of 256 new orders, counted from
+// when their callers start until every one has its outcome. The count does not depend on
+// timing: the batch goes when it is full.
+func TestBatcherAllocsPerDelivery(t *testing.T) {
+	testenv.Integration(t)
+	const n, most = 256, 20 // 13 now; 29 with a closure of its own per row and every argument boxed per row
+	p := newPipeline(t, pipelineOpts{conns: 4, wrap: func(inbox.Handler) inbox.Handler { return noopBatchHandler{} }})
+	bt, err := p.inbox.NewBatcher(inbox.BatchConfig{MaxSize: n, Linger: time.Second, Workers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bt.Close()
+	// A first batch warms the pool's connection and the claim's prepared statement.
+	run := func(prefix string) (mallocs uint64) {
+		msgs := make([]*message.Message, n)
+		for i := range msgs {
+			msgs[i] = orderMsg(fmt.Sprintf("%s-%d", prefix, i), "u")
+			msgs[i].Metadata = message.Metadata{}
+		}
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		errs := make([]error, n)
+		for i := range n {
+			wg.Go(func() {
+				<-start
+				res, err := bt.Process(context.Background(), msgs[i], inbox.Source{Topic: "orders", Partition: 1, Offset: int64(1000 + i)})
+				if err == nil && res.Outcome != inbox.OutcomeProcessed {
+					err = fmt.Errorf("outcome %s", res.Outcome)
+				}
+				errs[i] = err
+			})
+		}
+		runtime.Gosched()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		close(start)
+		wg.Wait()
+		runtime.ReadMemStats(&after)
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("delivery %d: %v", i, err)
+			}
+		}
+		return after.Mallocs - before.Mallocs
+	}
+	run("warm")
+	batches := bt.Stats().Batches
+	m := run("measured")
+	// One batch unless the callers took over a Linger to arrive (a loaded host): a few
+	// batches only add their fixed costs.
+	batches = bt.Stats().Batches - batches
+	if per := float64(m) / n; per > most {
+		t.Errorf("%.1f allocations per delivery (%d batches), want at most %d", per, batches, most)
+	} else {
+		t.Logf("%.1f allocations per delivery (%d batches)", per, batches)
 	}
 }
 

@@ -148,7 +148,7 @@ func (b *Batcher) groupLoop(ctx context.Context, tx *sql.Tx, run []*item, counts
 		if it.resumed {
 			done = append(done, it.id)
 		}
-		it.res = &Result{Outcome: OutcomeProcessed, InboxID: it.id, Key: it.p.dec.Key}
+		it.finish(Result{Outcome: OutcomeProcessed, InboxID: it.id, Key: it.p.dec.Key})
 		if len(it.copies) > 0 {
 			counts[len(it.copies)] = append(counts[len(it.copies)], it.id)
 		}
@@ -217,7 +217,7 @@ func (b *Batcher) answerBlamed(blamed []*blamedError) {
 	for _, bl := range blamed {
 		b.ib.logger.Info("delivery taken out of its batch", watermill.LogFields{b.ib.cfg.KeyLogField: bl.it.p.dec.Key, "err": validText(bl.err.Error(), 1000)})
 		fallBack(bl.it.copies)
-		bl.it.p.done <- batchOutcome{failed: &failure{err: bl.err}}
+		bl.it.p.answer(batchOutcome{failed: &failure{err: bl.err}})
 		b.count(func(s *BatchStats) { s.Isolated++; s.Fallbacks += int64(len(bl.it.copies)) })
 	}
 }

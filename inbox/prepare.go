@@ -136,7 +136,7 @@ func (g *prepareGate) run(p *pending) {
 			g.prepare(p) // queues p, or answers it
 			return
 		case <-g.b.stop:
-			p.done <- batchOutcome{fallback: true}
+			p.answer(batchOutcome{fallback: true})
 			return
 		case <-p.ctx.Done():
 		}
@@ -149,7 +149,7 @@ func (g *prepareGate) queue(p *pending) {
 	select {
 	case g.b.queue <- p:
 	case <-g.b.stop:
-		p.done <- batchOutcome{fallback: true}
+		p.answer(batchOutcome{fallback: true})
 	}
 }
 
@@ -208,7 +208,7 @@ func (g *prepareGate) finish(p *pending, start time.Time, err error, d *Delivery
 		g.failed.Add(1)
 		if p.ctx.Err() == nil {
 			// The attempt failed before its transaction: not batched.
-			p.done <- batchOutcome{failed: &failure{err: err}}
+			p.answer(batchOutcome{failed: &failure{err: err}})
 			return
 		}
 	} else {

@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -60,6 +61,13 @@ func errorText(err error) string {
 // longer than max bytes: the returned JSON then keeps the entries that fit (smallest
 // first) and MetadataTruncatedKey.
 func metadataJSON(md message.Metadata, max int) (string, bool) {
+	if len(md) == 0 && max >= len("null") {
+		// What json.Marshal writes for no metadata, without its allocations.
+		if md == nil {
+			return "null", true
+		}
+		return "{}", true
+	}
 	b, _ := json.Marshal(md)
 	if len(b) <= max {
 		return string(b), true
@@ -116,6 +124,26 @@ func storableFingerprint(fp string) string {
 // storedFingerprint is a fingerprint as read back from its CHAR(64) column, without the
 // padding PostgreSQL returns (MariaDB strips it).
 func storedFingerprint(fp string) string { return strings.TrimRight(fp, " ") }
+
+// storedFingerprintOf is storedFingerprint of a column read in place: want itself when they
+// are equal (no copy).
+func storedFingerprintOf(fp []byte, want string) string {
+	fp = bytes.TrimRight(fp, " ")
+	if string(fp) == want {
+		return want
+	}
+	return string(fp)
+}
+
+// statusOf is a status column read in place: the constant for a known status (no copy).
+func statusOf(b []byte) Status {
+	for _, s := range [...]Status{StatusDone, StatusProcessing, StatusFailed} {
+		if string(b) == string(s) {
+			return s
+		}
+	}
+	return Status(b)
+}
 
 // shortFingerprint is a 16-character tag of a fingerprint for the key of a conflict row:
 // the first 16 characters of a sha256 hex fingerprint, else of its own sha256.
