@@ -370,6 +370,21 @@ type slot struct {
 	watched bool             // a goroutine of its own watches it (sweep leaves it alone)
 	acked   bool
 	settled bool // acked, or abandoned by a nack after the claim ended / never handed out
+	ctx     slotContext
+}
+
+// slotContext is a message's context: its source's, answering slotKey{} with its slot
+// (for AckOnReturn) without a context node of its own.
+type slotContext struct {
+	context.Context
+	sl *slot
+}
+
+func (c *slotContext) Value(key any) any {
+	if key == (slotKey{}) {
+		return c.sl
+	}
+	return c.Context.Value(key)
 }
 
 // How a claim learns of acks and nacks. A goroutine per message waiting on its ack (and its
@@ -468,15 +483,12 @@ func (r *claimRun) read(msgs <-chan *sarama.ConsumerMessage) error {
 		case <-r.stop:
 			return nil
 		}
-		msg, err := wkafka.DefaultMarshaler{}.Unmarshal(km)
-		if err != nil {
-			// Resending makes no sense; like watermill-kafka, give up the claim.
-			return fmt.Errorf("message unmarshal failed: %w", err)
-		}
+		msg := unmarshal(km)
 		sl := &slot{r: r, offset: km.Offset, key: string(km.Key), keyed: len(km.Key) > 0}
 		ctx := msgsource.With(r.ctx, msgsource.Source{Topic: km.Topic, Partition: km.Partition, Offset: km.Offset})
 		msg.Payload, ctx = r.h.s.ownValue(ctx, km.Value)
-		msg.SetContext(context.WithValue(ctx, slotKey{}, sl)) // for AckOnReturn
+		sl.ctx = slotContext{Context: ctx, sl: sl}
+		msg.SetContext(&sl.ctx) // for AckOnReturn
 		sl.cost = recordCost(msg, len(km.Key))
 		km = nil
 		if sl.cost = r.h.s.budget.acquire(r.sess.Context(), sl.cost); sl.cost == 0 {
@@ -491,6 +503,25 @@ func (r *claimRun) read(msgs <-chan *sarama.ConsumerMessage) error {
 			return nil
 		}
 	}
+}
+
+// unmarshal is watermill-kafka's DefaultMarshaler.Unmarshal (the message id from its
+// header, the other headers as metadata) filling the metadata map NewMessage makes, where
+// Unmarshal makes a second one and drops the first.
+func unmarshal(km *sarama.ConsumerMessage) *message.Message {
+	var id string
+	for _, h := range km.Headers {
+		if string(h.Key) == wkafka.UUIDHeaderKey {
+			id = string(h.Value)
+		}
+	}
+	msg := message.NewMessage(id, km.Value)
+	for _, h := range km.Headers {
+		if string(h.Key) != wkafka.UUIDHeaderKey {
+			msg.Metadata.Set(string(h.Key), string(h.Value))
+		}
+	}
+	return msg
 }
 
 // ownValue returns the payload a record's value is handed out with: a copy, so that no
