@@ -182,7 +182,8 @@ type pending struct {
 	prepared any         // what Prepare left in Delivery.Prepared
 	ready    bool        // Prepare succeeded: the handler may run it in a batch
 	span     trace.Span  // the delivery's span (nil: no tracing)
-	ticket   *ticket     // the circuit breaker's admission of its attempt in a batch
+	ticket   *ticket     // the circuit breaker's admission of its attempt in a batch (nil: no breaker)
+	admitted ticket      // what ticket points to
 }
 
 // answer gives p its one outcome.
@@ -395,12 +396,16 @@ func (b *Batcher) processWaiting(ctx context.Context, msg *message.Message, src 
 // process is processWaiting; span is the delivery's (nil: no tracing).
 func (b *Batcher) process(ctx context.Context, msg *message.Message, src Source, span trace.Span, wait time.Duration) (Result, error) {
 	// An open breaker holds the delivery back before it joins a batch (no attempt spent).
-	t, err := b.ib.br.admit(ctx)
-	if err != nil {
-		return Result{}, fmt.Errorf("inbox %s: waiting on the circuit breaker: %w", b.ib.cfg.BizType, err)
+	p := &pending{ctx: ctx, msg: msg, src: src, done: make(chan struct{}, 1), span: span}
+	if br := b.ib.br; br != nil {
+		if err := br.admitTo(ctx, &p.admitted); err != nil {
+			return Result{}, fmt.Errorf("inbox %s: waiting on the circuit breaker: %w", b.ib.cfg.BizType, err)
+		}
+		p.ticket = &p.admitted
 	}
+	t := p.ticket
 	defer t.done(verdictNone) // when no outcome said more
-	p := &pending{ctx: ctx, msg: msg, src: src, start: time.Now(), done: make(chan struct{}, 1), span: span, ticket: t}
+	p.start = time.Now()
 	select {
 	case b.decode <- p:
 	case <-b.stop:

@@ -32,7 +32,7 @@ func BenchmarkBatcherProcess(b *testing.B) {
 		{name: "noop", wrap: func(inbox.Handler) inbox.Handler { return noopBatchHandler{} }},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			p := newPipeline(b, pipelineOpts{conns: 8, plugin: tc.plugin, wrap: tc.wrap})
+			p := newPipeline(b, pipelineOpts{conns: 8, outage: true, plugin: tc.plugin, wrap: tc.wrap})
 			bt, err := p.inbox.NewBatcher(inbox.BatchConfig{})
 			if err != nil {
 				b.Fatal(err)
@@ -78,7 +78,7 @@ func BenchmarkBatcherProcess(b *testing.B) {
 func TestBatcherAllocsPerDelivery(t *testing.T) {
 	testenv.Integration(t)
 	const n, most = 256, 20 // 13 now; 29 with a closure of its own per row and every argument boxed per row
-	p := newPipeline(t, pipelineOpts{conns: 4, wrap: func(inbox.Handler) inbox.Handler { return noopBatchHandler{} }})
+	p := newPipeline(t, pipelineOpts{conns: 4, outage: true, wrap: func(inbox.Handler) inbox.Handler { return noopBatchHandler{} }})
 	bt, err := p.inbox.NewBatcher(inbox.BatchConfig{MaxSize: n, Linger: time.Second, Workers: 1})
 	if err != nil {
 		t.Fatal(err)

@@ -161,6 +161,15 @@ func (b *breaker) admit(ctx context.Context) (*ticket, error) {
 	if b == nil {
 		return nil, nil
 	}
+	t := &ticket{br: b}
+	if err := b.admitTo(ctx, t); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// admitTo is admit filling t, a zero ticket (a pending delivery's own: no allocation).
+func (b *breaker) admitTo(ctx context.Context, t *ticket) error {
 	for {
 		b.mu.Lock()
 		now := time.Now()
@@ -170,11 +179,13 @@ func (b *breaker) admit(ctx context.Context) (*ticket, error) {
 		switch {
 		case b.state == BreakerClosed:
 			b.mu.Unlock()
-			return &ticket{br: b}, nil
+			t.br = b
+			return nil
 		case b.state == BreakerHalfOpen && !b.probing:
 			b.probing = true
 			b.mu.Unlock()
-			return &ticket{br: b, probe: true}, nil
+			t.br, t.probe = b, true
+			return nil
 		}
 		ch := b.changed
 		d := breakerMaxProbe
@@ -182,15 +193,15 @@ func (b *breaker) admit(ctx context.Context) (*ticket, error) {
 			d = b.since.Add(b.wait).Sub(now)
 		}
 		b.mu.Unlock()
-		t := time.NewTimer(d)
+		tm := time.NewTimer(d)
 		select {
 		case <-ctx.Done():
-			t.Stop()
-			return nil, ctx.Err()
+			tm.Stop()
+			return ctx.Err()
 		case <-ch:
-		case <-t.C:
+		case <-tm.C:
 		}
-		t.Stop()
+		tm.Stop()
 	}
 }
 
