@@ -210,7 +210,8 @@ func (s *suite) routerPeak(ctx context.Context, bin string) error {
 	if err := <-profDone; err != nil {
 		return err
 	}
-	if err := s.routerAllocs(c); err != nil {
+	allocs, err := s.routerAllocs(c, n)
+	if err != nil {
 		return err
 	}
 	el := time.Since(start)
@@ -226,7 +227,7 @@ func (s *suite) routerPeak(ctx context.Context, bin string) error {
 	}
 	s.report("router", append([]any{"mode", "peak", "orders_per_s", float64(n) / el.Seconds(), "max_rss_mb", hwm, "cpu_us_per_order", routerUS,
 		"orders", n, "deliveries", deliveries, "start_ms", startMs, "steady_orders_per_s", float64(n) / (el.Seconds() - startMs/1000),
-		"rss_sampled_max_mb", c.sampledMaxMB()}, kv...)...)
+		"rss_sampled_max_mb", c.sampledMaxMB()}, append(kv, allocs...)...)...)
 	return nil
 }
 
@@ -554,13 +555,42 @@ func (s *suite) profileRouter(c *child, w *watcher) <-chan error {
 	return done
 }
 
-// routerAllocs, with -router-memprofile, writes the router's allocation profile: every
-// allocation since it started, so per order it is its totals divided by -router-orders.
-func (s *suite) routerAllocs(c *child) error {
+// routerAllocs, with -router-memprofile, writes the router's allocation profile (every
+// allocation since it started; its totals are sampled estimates) and returns the exact
+// counts per order of n, from the runtime's MemStats (the profile's debug=1 text):
+// allocs_per_order (Mallocs) and alloc_bytes_per_order (TotalAlloc), start-up included.
+func (s *suite) routerAllocs(c *child, n int) ([]any, error) {
 	if s.cfg.routerMemProfile == "" {
-		return nil
+		return nil, nil
 	}
-	return getProfile(fmt.Sprintf("http://%s/debug/pprof/allocs", c.adminAddr), s.cfg.routerMemProfile)
+	if err := getProfile(fmt.Sprintf("http://%s/debug/pprof/allocs", c.adminAddr), s.cfg.routerMemProfile); err != nil {
+		return nil, err
+	}
+	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/allocs?debug=1", c.adminAddr))
+	if err != nil {
+		return nil, fmt.Errorf("router profile: %w", err)
+	}
+	defer resp.Body.Close()
+	text, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("router profile: %w", err)
+	}
+	mallocs, bytes := memStat(string(text), "Mallocs"), memStat(string(text), "TotalAlloc")
+	if mallocs <= 0 || bytes <= 0 {
+		return nil, errors.New("router profile: no Mallocs or TotalAlloc in its MemStats")
+	}
+	return []any{"allocs_per_order", mallocs / float64(n), "alloc_bytes_per_order", bytes / float64(n)}, nil
+}
+
+// memStat reads "# name = value" of a heap profile's debug=1 text; 0 when absent.
+func memStat(text, name string) float64 {
+	for line := range strings.Lines(text) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "# "+name+" = "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return 0
 }
 
 // getProfile writes the profile served at url to path.
