@@ -116,7 +116,36 @@ func newLogger(c LogConfig) watermill.LoggerAdapter {
 	if c.Format == "json" {
 		h = slog.NewJSONHandler(os.Stderr, opts)
 	}
-	return watermill.NewSlogLogger(slog.New(h))
+	return gateLevels(slog.New(h))
+}
+
+// gateLevels is Watermill's adapter of l behind a levelGate.
+func gateLevels(l *slog.Logger) watermill.LoggerAdapter {
+	return levelGate{LoggerAdapter: watermill.NewSlogLogger(l), l: l}
+}
+
+// levelGate drops Debug and Trace messages below the logger's level before Watermill's
+// slog adapter turns their fields into attributes (it converts first, then asks the
+// level): its router logs every message at Trace, an allocation per message for nothing.
+type levelGate struct {
+	watermill.LoggerAdapter
+	l *slog.Logger
+}
+
+func (g levelGate) Debug(msg string, fields watermill.LogFields) {
+	if g.l.Enabled(context.Background(), slog.LevelDebug) {
+		g.LoggerAdapter.Debug(msg, fields)
+	}
+}
+
+func (g levelGate) Trace(msg string, fields watermill.LogFields) {
+	if g.l.Enabled(context.Background(), watermill.LevelTrace) {
+		g.LoggerAdapter.Trace(msg, fields)
+	}
+}
+
+func (g levelGate) With(fields watermill.LogFields) watermill.LoggerAdapter {
+	return levelGate{LoggerAdapter: g.LoggerAdapter.With(fields), l: g.l}
 }
 
 func (a *app) kafka() kafkax.Config { return a.cfg.kafkaConfig() }
