@@ -174,10 +174,13 @@ func (h *handler) grantBatchNew(ctx context.Context, tx *sql.Tx, repo sqlRepo, o
 		return false, err
 	}
 	gs := make([]grantRow, len(orders))
-	args := make([]any, 0, len(orders)*7)
 	for i, o := range orders {
 		gs[i] = grantRow{OrderID: o.OrderID, CampaignID: g.cfg.CampaignID, UserID: o.UserID, State: StateGranted, ValueCents: g.cfg.ValueCents, StockShard: shard, BudgetShard: shard}
-		args = append(args, o.OrderID, g.cfg.CampaignID, o.UserID, g.cfg.ValueCents, shard, shard, CouponID(o.OrderID, g.cfg.CampaignID))
+	}
+	bx := boxAll(gs)
+	args := make([]any, 0, len(orders)*7)
+	for _, b := range bx {
+		args = append(args, b.order, b.campaign, b.user, b.value, shard, shard, b.coupon)
 	}
 	inserted, err := h.st.grant.Exec(ctx, tx, args)
 	if err != nil {
@@ -189,7 +192,7 @@ func (h *handler) grantBatchNew(ctx context.Context, tx *sql.Tx, repo sqlRepo, o
 		}
 		return false, nil
 	}
-	if err := repo.logAndIssue(ctx, gs); err != nil {
+	if err := repo.logAndIssue(ctx, gs, bx); err != nil {
 		return false, err
 	}
 	if err := g.out.AddBatch(ctx, tx, h.grantedEvents(gs, traces)); err != nil {
@@ -203,7 +206,7 @@ func (h *handler) grantBatchNew(ctx context.Context, tx *sql.Tx, repo sqlRepo, o
 func (h *handler) grantedEvents(gs []grantRow, traces map[string]string) []outbox.Event {
 	events := make([]outbox.Event, len(gs))
 	for j, gr := range gs {
-		events[j] = h.g.grantedEvent(gr, CouponID(gr.OrderID, gr.CampaignID), traces[gr.OrderID])
+		events[j] = h.g.grantedEvent(gr, gs[j].coupon(), traces[gr.OrderID])
 	}
 	return events
 }
@@ -295,9 +298,11 @@ func (r sqlRepo) takeBatch(ctx context.Context, campaignID, order string, n, val
 // grantMany moves grants locked in INIT to GRANTED, logging each legal transition, and
 // writes their coupons: three statements for the batch.
 func (r sqlRepo) grantMany(ctx context.Context, gs []grantRow) error {
+	bx := boxAll(gs)
 	up := make([]any, 0, len(gs)*7)
-	for _, g := range gs {
-		up = append(up, g.OrderID, g.CampaignID, g.UserID, g.ValueCents, g.StockShard, g.BudgetShard, CouponID(g.OrderID, g.CampaignID))
+	for i, g := range gs {
+		b := bx[i]
+		up = append(up, b.order, b.campaign, b.user, b.value, g.StockShard, g.BudgetShard, b.coupon)
 	}
 	// Every row exists and is locked in INIT by this transaction (loadOrCreateMany), so the
 	// upsert only updates; the state guard in the update keeps it a no-op otherwise, and the
@@ -306,7 +311,7 @@ func (r sqlRepo) grantMany(ctx context.Context, gs []grantRow) error {
 		groups("(?, ?, ?, 'GRANTED', ?, ?, ?, ?)", len(gs))+r.q.grantManyTail), up...); err != nil {
 		return fmt.Errorf("grant %d: %w", len(gs), err)
 	}
-	return r.logAndIssue(ctx, gs)
+	return r.logAndIssue(ctx, gs, bx)
 }
 
 // logAndIssue writes the transition log of grants that went INIT → GRANTED and their
@@ -314,15 +319,16 @@ func (r sqlRepo) grantMany(ctx context.Context, gs []grantRow) error {
 // committed on their own — so each grant logs the one committed transition, INIT → GRANTED
 // (checked step by step against the state machine): one log row per order instead of three,
 // which costs MariaDB about a third as much (docs/BENCHMARKS.md, `rows`).
-func (r sqlRepo) logAndIssue(ctx context.Context, gs []grantRow) error {
+func (r sqlRepo) logAndIssue(ctx context.Context, gs []grantRow, bx []boxed) error {
 	if err := checkPath(grantPath); err != nil {
 		return err
 	}
+	from, to := any(string(StateInit)), any(string(StateGranted))
 	logArgs := make([]any, 0, len(gs)*4)
 	coupons := make([]any, 0, len(gs)*5)
-	for _, g := range gs {
-		logArgs = append(logArgs, g.OrderID, g.CampaignID, string(StateInit), string(StateGranted))
-		coupons = append(coupons, CouponID(g.OrderID, g.CampaignID), g.OrderID, g.CampaignID, g.UserID, g.ValueCents)
+	for _, b := range bx {
+		logArgs = append(logArgs, b.order, b.campaign, from, to)
+		coupons = append(coupons, b.coupon, b.order, b.campaign, b.user, b.value)
 	}
 	if _, err := r.st.log.Exec(ctx, r.tx, logArgs); err != nil {
 		return fmt.Errorf("log %d transitions: %w", len(gs), err)
@@ -331,6 +337,28 @@ func (r sqlRepo) logAndIssue(ctx context.Context, gs []grantRow) error {
 		return fmt.Errorf("write %d coupons: %w", len(gs), err)
 	}
 	return nil
+}
+
+// boxed are a grant's values as statement arguments, each boxed once for all of the batch's
+// statements (a string or a large integer in an interface is an allocation), the
+// campaign's and the value's once for the whole batch.
+type boxed struct{ order, user, coupon, campaign, value any }
+
+// boxAll boxes the values of gs, computing their coupon ids (grantRow.coupon).
+func boxAll(gs []grantRow) []boxed {
+	out := make([]boxed, len(gs))
+	var campaign, value any
+	for i := range gs {
+		g := &gs[i]
+		if c, ok := campaign.(string); !ok || c != g.CampaignID {
+			campaign = g.CampaignID
+		}
+		if v, ok := value.(int64); !ok || v != g.ValueCents {
+			value = g.ValueCents
+		}
+		out[i] = boxed{order: g.OrderID, user: g.UserID, coupon: g.coupon(), campaign: campaign, value: value}
+	}
+	return out
 }
 
 // checkPath checks that every step of path is a legal transition.

@@ -20,6 +20,15 @@ type grantRow struct {
 	ValueCents  int64
 	StockShard  int
 	BudgetShard int
+	couponID    string // CouponID's, once computed (coupon)
+}
+
+// coupon is the grant's coupon id (CouponID, which hashes), computed once.
+func (g *grantRow) coupon() string {
+	if g.couponID == "" {
+		g.couponID = CouponID(g.OrderID, g.CampaignID)
+	}
+	return g.couponID
 }
 
 // sqlRepo holds every SQL statement of the coupon plugin. It works on the transaction the
