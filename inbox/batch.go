@@ -308,10 +308,22 @@ const decoders = 2
 func (b *Batcher) decoder() {
 	for {
 		var p *pending
+		// A receive alone first: a select over two channels locks both, and every
+		// delivery passes here (the blocking select, as the fast path, picks one of
+		// the ready cases).
 		select {
-		case p = <-b.decode:
 		case <-b.stop:
 			return
+		default:
+		}
+		select {
+		case p = <-b.decode:
+		default:
+			select {
+			case p = <-b.decode:
+			case <-b.stop:
+				return
+			}
 		}
 		dec, err := b.ib.decode(p.msg)
 		if err != nil || p.msg.Payload == nil {
@@ -325,11 +337,30 @@ func (b *Batcher) decoder() {
 			b.gate.admit(p)
 			continue
 		}
-		select {
-		case b.queue <- p:
-		case <-b.stop:
-			p.answer(batchOutcome{fallback: true})
+		if !trySend(b.queue, p, b.stop) {
+			select {
+			case b.queue <- p:
+			case <-b.stop:
+				p.answer(batchOutcome{fallback: true})
+			}
 		}
+	}
+}
+
+// trySend sends p on c if c has room and stop is not closed, without blocking: a send
+// alone locks one channel where a select over c, stop and more locks them all, on a path
+// every delivery takes. False: the caller's blocking select decides.
+func trySend(c chan *pending, p *pending, stop <-chan struct{}) bool {
+	select {
+	case <-stop:
+		return false
+	default:
+	}
+	select {
+	case c <- p:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -406,13 +437,15 @@ func (b *Batcher) process(ctx context.Context, msg *message.Message, src Source,
 	t := p.ticket
 	defer t.done(verdictNone) // when no outcome said more
 	p.start = time.Now()
-	select {
-	case b.decode <- p:
-	case <-b.stop:
-		t.done(verdictNone) // Process asks the breaker itself
-		return b.ib.run(ctx, msg, src, b.ib.liveOptions())
-	case <-ctx.Done():
-		return Result{}, ctx.Err()
+	if !trySend(b.decode, p, b.stop) {
+		select {
+		case b.decode <- p:
+		case <-b.stop:
+			t.done(verdictNone) // Process asks the breaker itself
+			return b.ib.run(ctx, msg, src, b.ib.liveOptions())
+		case <-ctx.Done():
+			return Result{}, ctx.Err()
+		}
 	}
 	select {
 	case <-p.done:
