@@ -605,6 +605,18 @@ func (r *claimRun) handOut(sl *slot, msg *message.Message, stop <-chan struct{})
 		r.watchLocked(sl)
 	}
 	r.mu.Unlock()
+	// A send alone first, when stop is open and the router waits for a message: a select
+	// over both channels locks both, on every record (the blocking select, as this does,
+	// picks one of the ready cases).
+	select {
+	case <-stop:
+	default:
+		select {
+		case r.h.output <- msg:
+			return true
+		default:
+		}
+	}
 	select {
 	case r.h.output <- msg:
 		return true
