@@ -36,6 +36,16 @@ func DecodeOrderPaid(b []byte) (OrderPaid, error) {
 	if err := inbox.CheckJSONText(b); err != nil {
 		return OrderPaid{}, fmt.Errorf("%w: %w", ErrBadOrderPaid, err)
 	}
+	if o, ok := decodeOrderPaidFast(b); ok {
+		return o, nil
+	}
+	return decodeOrderPaidReference(b)
+}
+
+// decodeOrderPaidReference decodes with encoding/json what the fast path leaves, every
+// error among it; the fast path's results are tested against it. b has passed
+// inbox.CheckJSONText.
+func decodeOrderPaidReference(b []byte) (OrderPaid, error) {
 	var raw struct {
 		OrderID     *string          `json:"orderId"`
 		UserID      *string          `json:"userId"`
@@ -68,31 +78,70 @@ func DecodeOrderPaid(b []byte) (OrderPaid, error) {
 		o.AmountCents = n
 	}
 	if raw.PaidAt != nil {
-		t, err := time.Parse(time.RFC3339Nano, *raw.PaidAt)
-		// Encode writes the UTC form, which must stay a 4-digit RFC3339 year.
-		if y := t.UTC().Year(); err != nil || y < 0 || y > 9999 {
+		t, ok := parsePaidAt(*raw.PaidAt)
+		if !ok {
 			return o, fmt.Errorf("%w: paidAt %q is not RFC3339", ErrBadOrderPaid, *raw.PaidAt)
 		}
-		o.PaidAt = t.UTC()
+		o.PaidAt = t
 	}
 	return o, nil
+}
+
+// parsePaidAt parses an RFC3339 time as UTC. Encode writes the UTC form, which must stay a
+// 4-digit RFC3339 year.
+func parsePaidAt(s string) (time.Time, bool) {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if y := t.UTC().Year(); err != nil || y < 0 || y > 9999 {
+		return time.Time{}, false
+	}
+	return t.UTC(), true
 }
 
 // Fingerprint identifies the meaning of an order-paid event: the same order delivered
 // again has the same fingerprint even if unrelated JSON details (field order, spacing,
 // extra fields) differ; a different user or amount for the same order is a conflict.
 func (o OrderPaid) Fingerprint() string {
-	s := sha256.Sum256([]byte(o.OrderID + "\x00" + o.UserID + "\x00" + strconv.FormatInt(o.AmountCents, 10) + "\x00" + o.PaidAt.UTC().Format(time.RFC3339Nano)))
-	return hex.EncodeToString(s[:])
+	// The hashed bytes: orderId NUL userId NUL amountCents NUL paidAt (UTC, RFC3339Nano).
+	var buf [2*MaxIDLen + 64]byte
+	b := append(buf[:0], o.OrderID...)
+	b = append(append(b, 0), o.UserID...)
+	b = strconv.AppendInt(append(b, 0), o.AmountCents, 10)
+	b = o.PaidAt.UTC().AppendFormat(append(b, 0), time.RFC3339Nano)
+	s := sha256.Sum256(b)
+	var h [2 * sha256.Size]byte
+	hex.Encode(h[:], s[:])
+	return string(h[:])
 }
 
-// Encode returns the wire form.
+// Encode returns the wire form: what json.Marshal makes of the four members in this order.
+// Ids of printable ASCII that JSON does not escape are written directly (one allocation).
 func (o OrderPaid) Encode() []byte {
-	b, _ := json.Marshal(struct {
-		OrderID     string `json:"orderId"`
-		UserID      string `json:"userId"`
-		AmountCents int64  `json:"amountCents"`
-		PaidAt      string `json:"paidAt"`
-	}{o.OrderID, o.UserID, o.AmountCents, o.PaidAt.UTC().Format(time.RFC3339Nano)})
-	return b
+	paidAt := o.PaidAt.UTC()
+	if !plainJSONText(o.OrderID) || !plainJSONText(o.UserID) {
+		b, _ := json.Marshal(struct {
+			OrderID     string `json:"orderId"`
+			UserID      string `json:"userId"`
+			AmountCents int64  `json:"amountCents"`
+			PaidAt      string `json:"paidAt"`
+		}{o.OrderID, o.UserID, o.AmountCents, paidAt.Format(time.RFC3339Nano)})
+		return b
+	}
+	b := make([]byte, 0, len(`{"orderId":"","userId":"","amountCents":-9223372036854775808,"paidAt":"-2006-01-02T15:04:05.999999999Z"}`)+len(o.OrderID)+len(o.UserID))
+	b = append(append(append(b, `{"orderId":"`...), o.OrderID...), `","userId":"`...)
+	b = append(append(b, o.UserID...), `","amountCents":`...)
+	b = append(strconv.AppendInt(b, o.AmountCents, 10), `,"paidAt":"`...)
+	// RFC3339Nano's output is digits, '-', '+', ':', '.', 'T' and 'Z': nothing JSON escapes.
+	return append(paidAt.AppendFormat(b, time.RFC3339Nano), `"}`...)
+}
+
+// plainJSONText reports whether json.Marshal writes s as it is between quotes: printable
+// ASCII but '"', '\\' and the HTML characters '<', '>' and '&', which it escapes.
+func plainJSONText(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c < 0x20 || c > 0x7e, c == '"', c == '\\', c == '<', c == '>', c == '&':
+			return false
+		}
+	}
+	return true
 }

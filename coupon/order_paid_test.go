@@ -193,7 +193,25 @@ func FuzzDecodeOrderPaid(f *testing.F) {
 		f.Add([]byte(c.payload))
 	}
 	f.Add([]byte(`{"orderId":"o-\ud800\udc00\uDBFF","userId":"u"}`))
+	// The fast path's form and its edges: every seed is checked against the reference decoder.
+	for _, o := range []coupon.OrderPaid{
+		{OrderID: "o-1", UserID: "u-1", AmountCents: 12345, PaidAt: paidAt},
+		{OrderID: id64, UserID: "é😀<&>", AmountCents: 1<<63 - 1, PaidAt: time.Date(9999, 12, 31, 23, 59, 59, 999_999_999, time.UTC)},
+		{OrderID: `q"b\`, UserID: "\x01\u2028"},
+	} {
+		f.Add(o.Encode())
+	}
+	for _, s := range append(coupon.OrderPaidDecodeSeeds(),
+		`{"orderId":"o\/","userId":"u"}`, `{"ORDERID":"o","userId":"u"}`, `{"orderid":"o","orderId":"p","userId":"u"}`,
+		`{"orderId":"o","userId":"u","paidAt":"2024-11-11T00:00:00Z","paidAt":null}`,
+		`{"orderId":"o","userId":"u","amountCents":9223372036854775807}`, "{\"orderId\":\"o\xc3\",\"userId\":\"u\"}",
+	) {
+		f.Add([]byte(s))
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
+		if err := coupon.CheckOrderPaidAgainstReference(b); err != nil {
+			t.Fatal(err)
+		}
 		o, err := coupon.DecodeOrderPaid(b)
 		if err != nil {
 			if !errors.Is(err, coupon.ErrBadOrderPaid) {
