@@ -197,6 +197,9 @@ func TestOrderPaidFingerprintAndEncodeUnchanged(t *testing.T) {
 		"nul\x00", "ctl\x1f", "del\x7f", "tab\t", "nl\n", "é😀", "\uFFFD", "\u2028\u2029", "bad\xff", "~ !#$%'()*+,-./:;=?@[]^_`{|}"}
 	times := []time.Time{{}, fastOrder.PaidAt, time.Date(2024, 11, 11, 8, 0, 0, 1, cst), time.Date(9999, 12, 31, 23, 59, 59, 999_999_999, time.UTC),
 		time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(-1, 1, 1, 0, 0, 0, 0, time.UTC), time.Unix(1<<62, 0)}
+	for c := range 256 {
+		ids = append(ids, "id-"+string([]byte{byte(c)}))
+	}
 	amounts := []int64{0, 1, -1, 12345, 1<<63 - 1, -1 << 63}
 	n := 0
 	for i, id := range ids {
