@@ -279,26 +279,26 @@ func (r *atLeastOnce) claim(ctx context.Context, tx *sql.Tx) (send []outRow, par
 		return nil, nil, fmt.Errorf("lock pending outbox rows: %w", err)
 	}
 	defer rows.Close()
-	locked := make(map[int64]outRow, len(cands))
+	var rd rowReader
+	b := rd.start()
 	for rows.Next() {
-		var (
-			o       outRow
-			typ     string
-			payload []byte
-			headers sql.NullString
-		)
-		if err := rows.Scan(&o.id, &o.eventID, &typ, &o.topic, &o.key, &payload, &headers, &o.trace); err != nil {
-			return nil, nil, fmt.Errorf("scan outbox row: %w", err)
-		}
-		if o.msg, err = buildMessage(o.id, o.eventID, typ, o.topic, o.key, payload, headers, o.trace); err != nil {
+		id, err := rd.scan(rows)
+		if err != nil {
 			return nil, nil, err
 		}
-		locked[o.id] = o
+		if err := rd.keep(b, id); err != nil {
+			return nil, nil, err
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, nil, fmt.Errorf("read outbox rows: %w", err)
 	}
 	rows.Close()
+	claimed := rd.rows(b)
+	locked := make(map[int64]outRow, len(claimed))
+	for _, o := range claimed {
+		locked[o.id] = o
+	}
 	batch := make([]outRow, len(cands))
 	for i, c := range cands {
 		o, ok := locked[c.id]

@@ -3,14 +3,12 @@ package outbox
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"go.opentelemetry.io/otel/trace"
 
@@ -293,38 +291,6 @@ var (
 	headerEventTypeKey = []byte(HeaderEventType)
 	headerTraceKey     = []byte(tracex.Header)
 )
-
-// buildMessage turns an outbox row into a Kafka message: key = aggregate id, headers
-// event_id and event_type first, then traceparent (the row's trace_parent, when it has one:
-// it replaces an extra header of that name), then the row's extra headers.
-func buildMessage(id int64, eventID, typ, topic, key string, payload []byte, headers, traceParent sql.NullString) (*sarama.ProducerMessage, error) {
-	traced := traceParent.Valid && traceParent.String != ""
-	hs := make([]sarama.RecordHeader, 2, 3)
-	hs[0] = sarama.RecordHeader{Key: headerEventIDKey, Value: []byte(eventID)}
-	hs[1] = sarama.RecordHeader{Key: headerEventTypeKey, Value: []byte(typ)}
-	if traced {
-		hs = append(hs, sarama.RecordHeader{Key: headerTraceKey, Value: []byte(traceParent.String)})
-	}
-	m := &sarama.ProducerMessage{
-		Topic:   topic,
-		Key:     sarama.StringEncoder(key),
-		Value:   sarama.ByteEncoder(payload),
-		Headers: hs,
-	}
-	if headers.Valid && headers.String != "" {
-		var extra map[string]string
-		if err := json.Unmarshal([]byte(headers.String), &extra); err != nil {
-			return nil, fmt.Errorf("outbox row %d headers: %w", id, err)
-		}
-		for k, v := range extra {
-			if traced && k == tracex.Header {
-				continue
-			}
-			m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(k), Value: []byte(v)})
-		}
-	}
-	return m, nil
-}
 
 // OldestPendingAge returns the age of the oldest unpublished row (0 when none).
 func (r *relayBase) OldestPendingAge(ctx context.Context) (time.Duration, error) {

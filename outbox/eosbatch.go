@@ -182,27 +182,21 @@ func (e *eosShard) pending(ctx context.Context) ([]outRow, error) {
 		return nil, fmt.Errorf("select pending outbox rows: %w", err)
 	}
 	defer rows.Close()
-	var out []outRow
+	b := e.rd.start()
 	for rows.Next() {
-		var (
-			o       outRow
-			typ     string
-			payload []byte
-			headers sql.NullString
-		)
-		if err := rows.Scan(&o.id, &o.eventID, &typ, &o.topic, &o.key, &payload, &headers, &o.trace); err != nil {
-			return nil, fmt.Errorf("scan outbox row: %w", err)
-		}
-		if skip[o.id] || len(out) == e.r.cfg.BatchSize {
-			continue
-		}
-		if o.msg, err = buildMessage(o.id, o.eventID, typ, o.topic, o.key, payload, headers, o.trace); err != nil {
+		id, err := e.rd.scan(rows)
+		if err != nil {
 			return nil, err
 		}
-		out = append(out, o)
+		if skip[id] || len(b.rows) == e.r.cfg.BatchSize {
+			continue
+		}
+		if err := e.rd.keep(b, id); err != nil {
+			return nil, err
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("read outbox rows: %w", err)
 	}
-	return out, nil
+	return e.rd.rows(b), nil
 }

@@ -60,6 +60,7 @@ type eosShard struct {
 	topicReady   bool
 
 	iso isolation // under mu
+	rd  rowReader // under mu: reads pending rows
 
 	owner      atomic.Bool
 	fenced     atomic.Bool
