@@ -129,8 +129,11 @@ type screening struct {
 // later rows of its key; rows of a key with a parked event (heads: key → its event id, and
 // those parked earlier in this batch) are held behind it; rows Kafka would refuse (c) are
 // parked with the refusal; the rest are sent.
+//
+// send is rows' array, filtered in place (a row is copied only to an earlier index, once
+// it was read): the caller no longer uses rows.
 func screen(rows []outRow, heads map[string]string, skip map[string]bool, c *checker) (screening, error) {
-	var s screening
+	s := screening{send: rows[:0]}
 	var fresh map[string]string // keys whose event was parked in this batch
 	var busy map[string]bool    // keys with a row another relay holds
 	for _, o := range rows {
