@@ -167,6 +167,13 @@ const rowWidth = 7
 // rowArgs validates e and returns the values of its row, in the insert's column order; the
 // trace parent is e's, else that of ctx's span (NULL when neither has one).
 func rowArgs(ctx context.Context, e Event) ([]any, error) {
+	return appendRowArgs(ctx, make([]any, 0, rowWidth), e, nil)
+}
+
+// appendRowArgs is rowArgs appending to args. prev, when not nil, is the previous row's
+// values in args: a type or topic equal to its own is shared, not boxed again (an
+// interface holding a string never changes).
+func appendRowArgs(ctx context.Context, args []any, e Event, prev []any) ([]any, error) {
 	if err := e.Validate(); err != nil {
 		return nil, err
 	}
@@ -188,7 +195,22 @@ func rowArgs(ctx context.Context, e Event) ([]any, error) {
 	} else if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
 		traceParent = tracex.TraceParent(sc)
 	}
-	return []any{e.ID, e.Type, e.Topic, e.Key, payload, headers, traceParent}, nil
+	var typ, topic any
+	if prev != nil {
+		if p, _ := prev[1].(string); p == e.Type {
+			typ = prev[1]
+		}
+		if p, _ := prev[2].(string); p == e.Topic {
+			topic = prev[2]
+		}
+	}
+	if typ == nil {
+		typ = e.Type
+	}
+	if topic == nil {
+		topic = e.Topic
+	}
+	return append(args, e.ID, typ, topic, e.Key, payload, headers, traceParent), nil
 }
 
 // Add stores e in tx. It commits or rolls back with the caller's business change.

@@ -20,15 +20,26 @@ func (w *Writer) AddBatch(ctx context.Context, tx *sql.Tx, events []Event) error
 		return nil
 	}
 	w = w.forContext(ctx)
-	args := make([]any, 0, len(events)*rowWidth)
-	for _, e := range events {
-		row, err := rowArgs(ctx, e)
-		if err != nil {
-			return err
-		}
-		args = append(args, row...)
+	args, err := batchArgs(ctx, events)
+	if err != nil {
+		return err
 	}
 	return w.insertRows(ctx, tx, args, len(events))
+}
+
+// batchArgs is the rowArgs of every event, in one slice.
+func batchArgs(ctx context.Context, events []Event) ([]any, error) {
+	args := make([]any, 0, len(events)*rowWidth)
+	var prev []any
+	for _, e := range events {
+		n := len(args)
+		var err error
+		if args, err = appendRowArgs(ctx, args, e, prev); err != nil {
+			return nil, err
+		}
+		prev = args[n:]
+	}
+	return args, nil
 }
 
 // insertRows writes n rows whose values are args, in multi-row INSERTs.
