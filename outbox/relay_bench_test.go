@@ -13,8 +13,8 @@ import (
 )
 
 // BenchmarkEOSRelayPublish measures the exactly-once relay's read-and-send path: b.N rows
-// are inserted before the timer starts, then RelayOnce publishes them (batches of 2000, a
-// Kafka transaction each, marked before it returns). An op is one event; allocs/event and
+// are inserted before the timer starts, then RelayOnce publishes them (batches of 2000, or
+// 64, a Kafka transaction each, marked before it returns). An op is one event; allocs/event and
 // B/event count every allocation of the process meanwhile (Sarama's goroutines included).
 // Run it with a fixed count, e.g. -benchtime=20000x, so the batches are the same every run.
 func BenchmarkEOSRelayPublish(b *testing.B) {
@@ -24,17 +24,19 @@ func BenchmarkEOSRelayPublish(b *testing.B) {
 		name    string
 		trace   string
 		headers map[string]string
+		batch   int // RelayConfig.BatchSize (0: the default, 2000)
 	}{
 		{name: "plain"},
 		{name: "traced_headers", trace: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
 			headers: map[string]string{"tenant": "acme", "source": "bench"}},
+		{name: "plain_batch64", batch: 64}, // small batches, as a relay keeping up with its writers sends
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			ctx := context.Background()
 			d := testenv.DB(b, 8)
 			k := testenv.Kafka(b)
 			topic := testenv.Topic(b, k, "outbox-bench", 12)
-			relay := newEOSRelay(b, d.DB, k, eosConfig(b, k, outbox.RelayConfig{}))
+			relay := newEOSRelay(b, d.DB, k, eosConfig(b, k, outbox.RelayConfig{BatchSize: tc.batch}))
 			w := newWriter(b)
 			event := func(i int) outbox.Event {
 				return outbox.Event{ID: fmt.Sprintf("bench-%s-%d", tc.name, i), Type: "CouponGranted", Topic: topic,
