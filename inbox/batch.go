@@ -17,6 +17,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/onceflow/onceflow/internal/chanx"
 	"github.com/onceflow/onceflow/internal/groupcommit"
 	"github.com/onceflow/onceflow/internal/settings"
 	"github.com/onceflow/onceflow/internal/tracex"
@@ -337,30 +338,13 @@ func (b *Batcher) decoder() {
 			b.gate.admit(p)
 			continue
 		}
-		if !trySend(b.queue, p, b.stop) {
+		if !chanx.TrySend(b.queue, p, b.stop) {
 			select {
 			case b.queue <- p:
 			case <-b.stop:
 				p.answer(batchOutcome{fallback: true})
 			}
 		}
-	}
-}
-
-// trySend sends p on c if c has room and stop is not closed, without blocking: a send
-// alone locks one channel where a select over c, stop and more locks them all, on a path
-// every delivery takes. False: the caller's blocking select decides.
-func trySend(c chan *pending, p *pending, stop <-chan struct{}) bool {
-	select {
-	case <-stop:
-		return false
-	default:
-	}
-	select {
-	case c <- p:
-		return true
-	default:
-		return false
 	}
 }
 
@@ -437,7 +421,7 @@ func (b *Batcher) process(ctx context.Context, msg *message.Message, src Source,
 	t := p.ticket
 	defer t.done(verdictNone) // when no outcome said more
 	p.start = time.Now()
-	if !trySend(b.decode, p, b.stop) {
+	if !chanx.TrySend(b.decode, p, b.stop) {
 		select {
 		case b.decode <- p:
 		case <-b.stop:

@@ -18,6 +18,7 @@ import (
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/onceflow/onceflow/internal/chanx"
 	"github.com/onceflow/onceflow/internal/msgsource"
 	"github.com/onceflow/onceflow/internal/settings"
 )
@@ -605,17 +606,8 @@ func (r *claimRun) handOut(sl *slot, msg *message.Message, stop <-chan struct{})
 		r.watchLocked(sl)
 	}
 	r.mu.Unlock()
-	// A send alone first, when stop is open and the router waits for a message: a select
-	// over both channels locks both, on every record (the blocking select, as this does,
-	// picks one of the ready cases).
-	select {
-	case <-stop:
-	default:
-		select {
-		case r.h.output <- msg:
-			return true
-		default:
-		}
+	if chanx.TrySend(r.h.output, msg, stop) { // a send alone first: a select locks both channels
+		return true
 	}
 	select {
 	case r.h.output <- msg:
