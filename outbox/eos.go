@@ -58,12 +58,15 @@ func NewExactlyOnceRelay(db *sql.DB, kc kafkax.Config, cfg RelayConfig, logger w
 		}
 		e.pendingWhere = fmt.Sprintf(`SELECT id, event_id, event_type, topic, msg_key, payload, headers, trace_parent FROM %s
  WHERE published_at IS NULL`, r.cfg.Table)
+		e.pendingIDsWhere = fmt.Sprintf(`SELECT id FROM %s WHERE published_at IS NULL`, r.cfg.Table)
 		e.pendingOrder = " " + b.dl.pendingOrder() + " LIMIT ?"
 		if n > 1 {
 			e.shard = ShardName(r.cfg.Shard, i, n)
 			e.pendingWhere += fmt.Sprintf(" AND MOD(key_hash, %d) = %d", n, i)
+			e.pendingIDsWhere += fmt.Sprintf(" AND MOD(key_hash, %d) = %d", n, i)
 		}
 		e.pendingQ = b.dl.Rebind(e.pendingWhere + e.pendingOrder)
+		e.pendingIDsQ = b.dl.Rebind(e.pendingIDsWhere + e.pendingOrder)
 		e.lease = newLease(db, e.shard, r.cfg.Owner, r.cfg.LeaseTTL)
 		e.wanted.Store(n == 1)
 		r.shards = append(r.shards, e)

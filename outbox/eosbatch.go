@@ -39,13 +39,6 @@ func (e *eosShard) batch(ctx context.Context, pipelined bool) (_ int, err error)
 	if err != nil || len(rows) == 0 {
 		return 0, err
 	}
-	if again, err := r.linger(ctx, len(rows)); err != nil {
-		return 0, err
-	} else if again {
-		if rows, err = e.pending(ctx); err != nil || len(rows) == 0 {
-			return 0, err
-		}
-	}
 	after, err := r.parkedKeys(ctx, r.db)
 	if err != nil {
 		return 0, err
@@ -112,6 +105,9 @@ func (e *eosShard) batch(ctx context.Context, pipelined bool) (_ int, err error)
 	// the next one reconciles these rows from the position just committed.
 	m := &markJob{ids: ids, seq: s.seq, done: make(chan struct{})}
 	s.marking = m
+	// Nothing holds the batch's messages any more (the mark has the ids): the next read may
+	// reuse their buffers.
+	e.rd.recycle()
 	if !pipelined {
 		e.markBatch(ctx, m)
 		return len(ids), e.collect()
@@ -160,15 +156,43 @@ func (e *eosShard) refusedSend(ctx context.Context, batch []outRow, posMsg *sara
 	return fmt.Errorf("%w: %d parked", errRefused, len(moved))
 }
 
+// pending reads the shard's oldest unpublished rows, up to a batch. With relay.linger, the
+// rows are first counted by their ids alone (an index-only read); a partial batch lingers,
+// and the rows are read in full once, after it — from the start, so rows that committed out
+// of id order meanwhile take their place in id order. (Reading the rows in full before the
+// linger and again after it cost the database two reads of every row of a partial batch.)
 func (e *eosShard) pending(ctx context.Context) ([]outRow, error) {
+	if e.r.cfg.Linger > 0 {
+		n, err := e.readPending(ctx, nil)
+		if err != nil || n == 0 {
+			return nil, err
+		}
+		if _, err := e.r.linger(ctx, n); err != nil {
+			return nil, err
+		}
+	}
+	e.r.hook("read")
+	b := e.rd.start()
+	if _, err := e.readPending(ctx, b); err != nil {
+		return nil, err
+	}
+	return e.rd.rows(b), nil
+}
+
+// readPending reads the shard's oldest unpublished rows, up to a batch, into b, and returns
+// how many it read; with b nil, their ids only (an index-only read).
+func (e *eosShard) readPending(ctx context.Context, b *rowBatch) (int, error) {
 	// Rows of a batch whose mark is still running are in Kafka already: read past them —
 	// in the query when they form id ranges (the common case: not read twice), else by
 	// reading that many more rows and dropping them here.
 	var skip map[int64]bool
-	query, args := e.pendingQ, []any{e.r.cfg.BatchSize}
+	query, where, args := e.pendingQ, e.pendingWhere, []any{e.r.cfg.BatchSize}
+	if b == nil {
+		query, where = e.pendingIDsQ, e.pendingIDsWhere
+	}
 	if m := e.sess.marking; m != nil {
 		if cond, cargs, ranges := e.r.dl.idMatch(m.ids); ranges {
-			query, args = e.r.dl.Rebind(e.pendingWhere+" AND NOT "+cond+e.pendingOrder), append(cargs, e.r.cfg.BatchSize)
+			query, args = e.r.dl.Rebind(where+" AND NOT "+cond+e.pendingOrder), append(cargs, e.r.cfg.BatchSize)
 		} else {
 			skip = make(map[int64]bool, len(m.ids))
 			for _, id := range m.ids {
@@ -179,24 +203,32 @@ func (e *eosShard) pending(ctx context.Context) ([]outRow, error) {
 	}
 	rows, err := e.r.db.QueryContext(ctx, query, args...)
 	if err != nil {
-		return nil, fmt.Errorf("select pending outbox rows: %w", err)
+		return 0, fmt.Errorf("select pending outbox rows: %w", err)
 	}
 	defer rows.Close()
-	b := e.rd.start()
+	n := 0
 	for rows.Next() {
-		id, err := e.rd.scan(rows)
-		if err != nil {
-			return nil, err
+		var id int64
+		if b == nil {
+			if err := rows.Scan(&id); err != nil {
+				return 0, fmt.Errorf("scan outbox row id: %w", err)
+			}
+		} else if id, err = e.rd.scan(rows); err != nil {
+			return 0, err
 		}
-		if skip[id] || len(b.rows) == e.r.cfg.BatchSize {
+		if skip[id] || n == e.r.cfg.BatchSize {
+			continue
+		}
+		n++
+		if b == nil {
 			continue
 		}
 		if err := e.rd.keep(b, id); err != nil {
-			return nil, err
+			return 0, err
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read outbox rows: %w", err)
+		return 0, fmt.Errorf("read outbox rows: %w", err)
 	}
-	return e.rd.rows(b), nil
+	return n, nil
 }

@@ -46,6 +46,9 @@ type eosShard struct {
 	shard    string // lease name: Shard, or Shard#index/Shards when there are several
 	txnID    string // TransactionalID, or TransactionalID-<index>of<Shards>
 	pendingQ string // the shard's oldest unpublished rows: pendingWhere + pendingOrder
+	// pendingIDsQ is pendingQ reading the ids alone (before a linger); pendingIDsWhere its
+	// SELECT … WHERE.
+	pendingIDsQ, pendingIDsWhere string
 	// pendingWhere is pendingQ's SELECT … WHERE (more conditions may follow);
 	// pendingOrder its " ORDER BY id LIMIT ?" (sqlText.pendingOrder).
 	pendingWhere, pendingOrder string

@@ -111,6 +111,49 @@ func TestEOSRelayLingerFillsPartialBatch(t *testing.T) {
 	assertExactlyOnce(t, readAll(t, k, topic), ids)
 }
 
+// TestEOSRelayLingerReadsRowsOnce: before lingering the exactly-once relay counts the
+// pending rows by their ids alone, and reads them in full once, after the linger (reading
+// them in full before it and again after cost the database a second read of every row):
+// one full read for the batch, and the payload a row has after the linger is the one
+// published.
+func TestEOSRelayLingerReadsRowsOnce(t *testing.T) {
+	t.Parallel()
+	d := testenv.DB(t, 4)
+	k := testenv.Kafka(t)
+	topic := testenv.Topic(t, k, "outbox-linger-once", 1)
+	cfg := eosConfig(t, k, outbox.RelayConfig{BatchSize: 10, Linger: 20 * time.Millisecond})
+	reads := 0
+	ids, n, r := lingerScenario(t, d.DB, topic, cfg, func(c outbox.RelayConfig) *outbox.Relay {
+		add := c.Hook
+		c.Hook = func(point string) {
+			switch point {
+			case "read":
+				reads++
+			case "linger":
+				if _, err := d.DB.Exec("UPDATE outbox SET payload = ? WHERE event_id = ?", []byte("changed"), "linger-0"); err != nil {
+					t.Errorf("change the first row: %v", err)
+				}
+			}
+			add(point)
+		}
+		return newEOSRelay(t, d.DB, k, c)
+	})
+	if n != 5 || r.Batches() != 1 || reads != 1 {
+		t.Fatalf("RelayOnce published %d events in %d Kafka transactions with %d full reads; want 5 in 1 with 1", n, r.Batches(), reads)
+	}
+	recs := readAll(t, k, topic)
+	assertExactlyOnce(t, recs, ids)
+	for _, rec := range recs {
+		want := rec.Headers[outbox.HeaderEventID]
+		if want == "linger-0" {
+			want = "changed"
+		}
+		if string(rec.Value) != want {
+			t.Errorf("event %s published with payload %q, want %q (the rows as they are after the linger)", rec.Headers[outbox.HeaderEventID], rec.Value, want)
+		}
+	}
+}
+
 // positionRecords counts the committed batch positions of cfg's transactional id: one per
 // Kafka transaction that carried events (init records have another key).
 func positionRecords(t *testing.T, cfg outbox.RelayConfig) int {

@@ -95,7 +95,8 @@ type RelayConfig struct {
 	TracerProvider trace.TracerProvider
 
 	// Hook, when set, is called at named points of a batch ("linger" just before a partial
-	// batch waits, "before-kafka-commit", "after-kafka-commit", "before-mark", "after-mark";
+	// batch waits, "read" just before the exactly-once relay reads a batch's rows in full,
+	// "before-kafka-commit", "after-kafka-commit", "before-mark", "after-mark";
 	// in exactly-once mode under Run the last two are called from the goroutine that marks
 	// the batch in the background). Crash tests use it to exit the process there.
 	Hook func(point string)

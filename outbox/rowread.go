@@ -17,7 +17,10 @@ import (
 // batch instead of a dozen per row: each column is scanned as sql.RawBytes (the driver's
 // buffer), its bytes copied once into the batch's buffers, and the batch's messages,
 // headers and encoders are made one slice each when its rows are read. A batch's buffers
-// are its own, never reused: a message's bytes do not change while Sarama holds it.
+// are reused by a later batch only once its relay calls recycle: after the batch's Kafka
+// transaction committed, when neither Sarama nor the relay holds its messages any more (a
+// message's bytes must not change while Sarama holds it). The strings of a batch (event
+// ids, topics, keys, trace parents) are never reused.
 //
 // Each message is what a row always gave: key = msg_key, value = payload, headers event_id
 // and event_type, then traceparent (the row's trace_parent, when it has one: it replaces an
@@ -28,7 +31,12 @@ type rowReader struct {
 	dest [8]any
 	// The last batch's buffer sizes: the next batch's first guess.
 	bufHint, strHint, rowHint, extraHint int
+	last, spare                          *rowBatch // the last batch rows made; one recycled for the next start
 }
+
+// recycleMaxBytes bounds the buffers a relay keeps between batches: a batch of bigger rows
+// gives its buffers to the collector.
+const recycleMaxBytes = 4 << 20
 
 // span is a part of a batch's buffer (a row is at most MEDIUMBLOB's 16 MiB: int32 is enough).
 type span struct{ off, n int32 }
@@ -48,6 +56,12 @@ type rowBatch struct {
 	strs  []byte // event ids, topics, keys, trace parents: one string for the batch
 	rows  []scannedRow
 	extra []span // in buf: key, value, key, value…
+
+	// The messages rows made of the batch, kept for a batch that reuses these buffers.
+	out  []outRow
+	msgs []sarama.ProducerMessage
+	encs []sarama.ByteEncoder
+	hdrs []sarama.RecordHeader
 }
 
 // start begins a batch.
@@ -56,6 +70,11 @@ func (r *rowReader) start() *rowBatch {
 		for i := range r.raw {
 			r.dest[i] = &r.raw[i]
 		}
+	}
+	if b := r.spare; b != nil {
+		r.spare = nil
+		b.buf, b.strs, b.rows, b.extra = b.buf[:0], b.strs[:0], b.rows[:0], b.extra[:0]
+		return b
 	}
 	return &rowBatch{
 		buf:   make([]byte, 0, max(r.bufHint, 512)),
@@ -232,6 +251,7 @@ func (r *rowReader) rows(b *rowBatch) []outRow {
 	r.bufHint, r.strHint, r.rowHint, r.extraHint = len(b.buf), len(b.strs), len(b.rows), len(b.extra)
 	n := len(b.rows)
 	if n == 0 {
+		r.spare = b // nothing refers to an empty batch: the next start takes it again
 		return nil
 	}
 	strs := string(b.strs)
@@ -241,10 +261,12 @@ func (r *rowReader) rows(b *rowBatch) []outRow {
 	for _, s := range b.rows {
 		headers += int(s.headers)
 	}
-	out := make([]outRow, n)
-	msgs := make([]sarama.ProducerMessage, n)
-	encs := make([]sarama.ByteEncoder, 2*n) // a pointer in an Encoder allocates nothing more
-	hdrs := make([]sarama.RecordHeader, 0, headers)
+	r.last = b
+	out := reuse(b.out, n)
+	msgs := reuse(b.msgs, n)   // zeroed: Sarama writes its own fields (partition, offset…) into each
+	encs := reuse(b.encs, 2*n) // a pointer in an Encoder allocates nothing more
+	hdrs := reuse(b.hdrs, headers)[:0]
+	b.out, b.msgs, b.encs, b.hdrs = out, msgs, encs, hdrs[:headers]
 	for i, s := range b.rows {
 		from := len(hdrs)
 		hdrs = append(hdrs,
@@ -269,4 +291,26 @@ func (r *rowReader) rows(b *rowBatch) []outRow {
 		o.msg = m
 	}
 	return out
+}
+
+// recycle lets the next start reuse the buffers of the batch rows made last: its caller no
+// longer holds any of that batch's messages, nor does Sarama (the batch's Kafka transaction
+// ended). The batch's strings stay as they are.
+func (r *rowReader) recycle() {
+	b := r.last
+	r.last = nil
+	if b == nil || cap(b.buf)+cap(b.strs) > recycleMaxBytes {
+		return
+	}
+	r.spare = b
+}
+
+// reuse returns s[:n] zeroed when s has room for n, else a new slice of n.
+func reuse[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	s = s[:n]
+	clear(s)
+	return s
 }

@@ -269,3 +269,93 @@ func TestRowReaderAllocsPerBatch(t *testing.T) {
 		t.Logf("%.0f allocations for a batch of %d rows", allocs, n)
 	}
 }
+
+// Once a relay recycles a batch (its Kafka transaction ended), the next read reuses its
+// buffers and message slices: one allocation per batch (its strings), where a batch not
+// recycled makes all of them anew. The recycled batch's strings stay as they were, and the
+// new batch's messages are the rows' own, every field Sarama writes zeroed.
+func TestRowReaderRecycle(t *testing.T) {
+	const n = 200
+	rowsOf := func(prefix string) []testRow {
+		cs := make([]testRow, n)
+		for i := range cs {
+			cs[i] = testRow{id: int64(i + 1), eventID: fmt.Appendf(nil, "%s-e%d", prefix, i), typ: []byte("T"), topic: []byte("t"),
+				key: fmt.Appendf(nil, "%s-k%d", prefix, i), payload: fmt.Appendf(nil, `{"order":"%s%d"}`, prefix, i), headers: []byte(`{"a":"1","b":"2"}`)}
+		}
+		return cs
+	}
+	raws := make([][8]sql.RawBytes, n)
+	for i, c := range rowsOf("x") {
+		raws[i] = c.raw()
+	}
+	var plain, recycled rowReader
+	fresh := testing.AllocsPerRun(20, func() {
+		if _, err := readRaw(&plain, raws); err != nil {
+			t.Fatal(err)
+		}
+	})
+	reused := testing.AllocsPerRun(20, func() {
+		if _, err := readRaw(&recycled, raws); err != nil {
+			t.Fatal(err)
+		}
+		recycled.recycle()
+	})
+	if reused > 1 || fresh < 5 {
+		t.Errorf("%.0f allocations per recycled batch (want at most 1: the strings), %.0f per batch not recycled", reused, fresh)
+	}
+
+	var rd rowReader
+	first := rowsOf("a")
+	rows, err := readRows(&rd, first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, key, topic := rows[7].eventID, rows[7].key, rows[7].topic
+	rows[3].msg.Partition, rows[3].msg.Offset = 5, 99 // as Sarama leaves them
+	rd.recycle()
+	second := rowsOf("bb")
+	again, err := readRows(&rd, second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if &again[0] != &rows[0] {
+		t.Fatal("the recycled batch's rows were not reused")
+	}
+	if ev != "a-e7" || key != "a-k7" || topic != "t" {
+		t.Errorf("a recycled batch's strings changed: %q %q %q", ev, key, topic)
+	}
+	if m := again[3].msg; m.Partition != 0 || m.Offset != 0 {
+		t.Errorf("a reused message kept Sarama's fields: partition %d offset %d", m.Partition, m.Offset)
+	}
+	for i, o := range again {
+		want, err := refMessage(second[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g, w := encoded(t, o.msg.Value), encoded(t, want.Value); string(g) != string(w) {
+			t.Fatalf("row %d value %q, want %q", i, g, w)
+		}
+		if g, w := encoded(t, o.msg.Key), encoded(t, want.Key); string(g) != string(w) {
+			t.Fatalf("row %d key %q, want %q", i, g, w)
+		}
+		g, w := headerText(o.msg.Headers), headerText(want.Headers) // refMessage's extra headers are in map order
+		slices.Sort(g)
+		slices.Sort(w)
+		if !slices.Equal(g, w) {
+			t.Fatalf("row %d headers %v, want %v", i, g, w)
+		}
+	}
+
+	// A batch of big rows is not kept between batches.
+	big := rowsOf("c")
+	for i := range big {
+		big[i].payload = []byte(strings.Repeat("p", recycleMaxBytes/n+1))
+	}
+	if _, err := readRows(&rd, big); err != nil {
+		t.Fatal(err)
+	}
+	rd.recycle()
+	if rd.spare != nil {
+		t.Errorf("a batch of %d MiB was kept for reuse (at most %d MiB)", n*(recycleMaxBytes/n+1)>>20, recycleMaxBytes>>20)
+	}
+}
