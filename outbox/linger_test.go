@@ -130,7 +130,7 @@ func TestEOSRelayLingerReadsRowsOnce(t *testing.T) {
 			case "read":
 				reads++
 			case "linger":
-				if _, err := d.DB.Exec("UPDATE outbox SET payload = ? WHERE event_id = ?", []byte("changed"), "linger-0"); err != nil {
+				if _, err := d.DB.Exec("UPDATE outbox SET payload = 'changed' WHERE event_id = 'linger-0'"); err != nil {
 					t.Errorf("change the first row: %v", err)
 				}
 			}
