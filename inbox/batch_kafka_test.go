@@ -80,7 +80,7 @@ func TestKafkaGroupCommitEndToEnd(t *testing.T) {
 	db := a.db.DB
 
 	relay, err := outbox.NewExactlyOnceRelay(db, kc, outbox.RelayConfig{PollInterval: 20 * time.Millisecond,
-		TransactionalID: "test-" + in, PositionsTopic: "onceflow-relay-positions"}, nil)
+		TransactionalID: "test-" + in, PositionsTopic: testenv.Topic(t, kc, "relay-positions", 1)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -180,7 +180,7 @@ func runTraced(t *testing.T, mode string, wrap func(sarama.SyncProducer) outbox.
 		}
 		relay, err = outbox.NewRelay(db, p, rcfg, nil)
 	} else {
-		rcfg.TransactionalID, rcfg.PositionsTopic = "test-"+in, "onceflow-relay-positions"
+		rcfg.TransactionalID, rcfg.PositionsTopic = "test-"+in, testenv.Topic(t, kc, "relay-positions", 1)
 		relay, err = outbox.NewExactlyOnceRelay(db, kc, rcfg, nil)
 	}
 	if err != nil {
