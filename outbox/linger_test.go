@@ -95,32 +95,15 @@ func TestRelayLingerFullBatchDoesNotWait(t *testing.T) {
 
 // TestEOSRelayLingerFillsPartialBatch: the same on the exactly-once relay and the real
 // broker: five events in one Kafka transaction, each once for a read_committed reader.
+// Before lingering the relay counts the pending rows by their ids alone and reads them in
+// full once, after the linger (reading them in full before it and again after cost the
+// database a second read of every row): one full read for the batch, and the payload a
+// row has after the linger is the one published.
 func TestEOSRelayLingerFillsPartialBatch(t *testing.T) {
 	t.Parallel()
 	d := testenv.DB(t, 4)
 	k := testenv.Kafka(t)
 	topic := testenv.Topic(t, k, "outbox-linger", 1)
-	cfg := eosConfig(t, k, outbox.RelayConfig{BatchSize: 10, Linger: 20 * time.Millisecond})
-	ids, n, r := lingerScenario(t, d.DB, topic, cfg, func(c outbox.RelayConfig) *outbox.Relay { return newEOSRelay(t, d.DB, k, c) })
-	if n != 5 || r.Batches() != 1 {
-		t.Fatalf("RelayOnce published %d events in %d Kafka transactions; want 5 in 1", n, r.Batches())
-	}
-	if got := positionRecords(t, cfg); got != 1 {
-		t.Fatalf("%d batch positions committed to Kafka, want 1", got)
-	}
-	assertExactlyOnce(t, readAll(t, k, topic), ids)
-}
-
-// TestEOSRelayLingerReadsRowsOnce: before lingering the exactly-once relay counts the
-// pending rows by their ids alone, and reads them in full once, after the linger (reading
-// them in full before it and again after cost the database a second read of every row):
-// one full read for the batch, and the payload a row has after the linger is the one
-// published.
-func TestEOSRelayLingerReadsRowsOnce(t *testing.T) {
-	t.Parallel()
-	d := testenv.DB(t, 4)
-	k := testenv.Kafka(t)
-	topic := testenv.Topic(t, k, "outbox-linger-once", 1)
 	cfg := eosConfig(t, k, outbox.RelayConfig{BatchSize: 10, Linger: 20 * time.Millisecond})
 	reads := 0
 	ids, n, r := lingerScenario(t, d.DB, topic, cfg, func(c outbox.RelayConfig) *outbox.Relay {
@@ -140,6 +123,9 @@ func TestEOSRelayLingerReadsRowsOnce(t *testing.T) {
 	})
 	if n != 5 || r.Batches() != 1 || reads != 1 {
 		t.Fatalf("RelayOnce published %d events in %d Kafka transactions with %d full reads; want 5 in 1 with 1", n, r.Batches(), reads)
+	}
+	if got := positionRecords(t, cfg); got != 1 {
+		t.Fatalf("%d batch positions committed to Kafka, want 1", got)
 	}
 	recs := readAll(t, k, topic)
 	assertExactlyOnce(t, recs, ids)
