@@ -21,6 +21,7 @@ import (
 	"github.com/onceflow/onceflow/internal/groupcommit"
 	"github.com/onceflow/onceflow/internal/settings"
 	"github.com/onceflow/onceflow/internal/tracex"
+	"github.com/onceflow/onceflow/internal/txdefer"
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
@@ -631,11 +632,26 @@ func (b *Batcher) run(batch []*pending) {
 		}
 		tctx, cancel := context.WithTimeout(withDialect(ctx, ib.d), ib.cfg.HandlerTimeout)
 		sp := len(blamed) > 0 || b.savepointsFirst() // a plain handler's deliveries behind savepoints (grouped.go)
-		body, endCommit := ib.committing(tctx, func(tx *sql.Tx) error { return b.runTx(tctx, tx, items, sp) })
+		// What the batch's writes want done once it committed (an outbox.Writer handing its
+		// events to the relay of this process); none behind savepoints, as a delivery rolled
+		// back to its savepoint would leave its part behind.
+		var committed *txdefer.Commit
+		body, endCommit := ib.committing(tctx, func(tx *sql.Tx) error {
+			rctx := tctx
+			committed = nil
+			if !sp {
+				committed = txdefer.NewCommit(tx)
+				rctx = txdefer.WithCommit(tctx, committed)
+			}
+			return b.runTx(rctx, tx, items, sp)
+		})
 		err = dbx.InTx(tctx, ib.db, body)
 		endCommit(err)
 		cancel()
 		if err == nil {
+			if committed != nil {
+				committed.Committed()
+			}
 			break
 		}
 		if bl, ok := errors.AsType[*blamedError](err); ok {

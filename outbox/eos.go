@@ -32,6 +32,9 @@ type eosRelay struct {
 	shards  []*eosShard
 	members *membership // several shards only
 	txnID   string      // the transactional id in use; set under checkMu before checked
+	handoff *handoff    // the events this process's Writers hand over (handoff.go); nil when off
+	db      *sql.DB
+	release sync.Once // of handoff
 }
 
 var _ relayEngine = (*eosRelay)(nil)
@@ -49,7 +52,10 @@ func NewExactlyOnceRelay(db *sql.DB, kc kafkax.Config, cfg RelayConfig, logger w
 	if err != nil {
 		return nil, err
 	}
-	r := &eosRelay{relayBase: b, txnID: b.cfg.TransactionalID}
+	r := &eosRelay{relayBase: b, txnID: b.cfg.TransactionalID, db: db}
+	if b.cfg.HandOffBytes > 0 {
+		r.handoff = registerHandoff(db, b.cfg.Table, b.cfg.HandOffBytes)
+	}
 	n := r.cfg.Shards
 	for i := range n {
 		e := &eosShard{r: r, kc: kc, index: i, shard: r.cfg.Shard}
@@ -58,7 +64,7 @@ func NewExactlyOnceRelay(db *sql.DB, kc kafkax.Config, cfg RelayConfig, logger w
 		}
 		e.pendingWhere = fmt.Sprintf(`SELECT id, event_id, event_type, topic, msg_key, payload, headers, trace_parent FROM %s
  WHERE published_at IS NULL`, r.cfg.Table)
-		e.pendingIDsWhere = fmt.Sprintf(`SELECT id FROM %s WHERE published_at IS NULL`, r.cfg.Table)
+		e.pendingIDsWhere = fmt.Sprintf(`SELECT id, key_hash FROM %s WHERE published_at IS NULL`, r.cfg.Table)
 		e.pendingOrder = " " + b.dl.pendingOrder() + " LIMIT ?"
 		if n > 1 {
 			e.shard = ShardName(r.cfg.Shard, i, n)
@@ -193,6 +199,9 @@ func (r *eosRelay) close() error {
 	}
 	for _, e := range r.shards {
 		errs = append(errs, e.close())
+	}
+	if r.handoff != nil {
+		r.release.Do(func() { unregisterHandoff(r.db, r.cfg.Table, r.handoff) })
 	}
 	return errors.Join(errs...)
 }

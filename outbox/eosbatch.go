@@ -57,6 +57,13 @@ func (e *eosShard) batch(ctx context.Context, pipelined bool) (_ int, err error)
 			return 0, err
 		}
 		r.logParked(moved, e.shard)
+		if h := r.handoff; h != nil {
+			parked := make([]int64, len(sc.park))
+			for i, p := range sc.park {
+				parked[i] = p.row.id
+			}
+			h.drop(parked)
+		}
 	}
 	batch := e.iso.cut(sc.send)
 	if len(batch) == 0 {
@@ -106,8 +113,11 @@ func (e *eosShard) batch(ctx context.Context, pipelined bool) (_ int, err error)
 	m := &markJob{ids: ids, seq: s.seq, done: make(chan struct{})}
 	s.marking = m
 	// Nothing holds the batch's messages any more (the mark has the ids): the next read may
-	// reuse their buffers.
+	// reuse their buffers, and the hand-off need not hold their rows.
 	e.rd.recycle()
+	if h := r.handoff; h != nil {
+		h.drop(ids)
+	}
 	if !pipelined {
 		e.markBatch(ctx, m)
 		return len(ids), e.collect()
@@ -161,14 +171,43 @@ func (e *eosShard) refusedSend(ctx context.Context, batch []outRow, posMsg *sara
 // and the rows are read in full once, after it — from the start, so rows that committed out
 // of id order meanwhile take their place in id order. (Reading the rows in full before the
 // linger and again after it cost the database two reads of every row of a partial batch.)
+// With a hand-off (handoff.go) the batch's ids are read, after the linger, by themselves,
+// and the rows are taken from the hand-off when it holds every one of them; else they are
+// read in full.
 func (e *eosShard) pending(ctx context.Context) ([]outRow, error) {
-	if e.r.cfg.Linger > 0 {
+	h := e.r.handoff
+	if e.r.cfg.Linger > 0 || h != nil {
+		var mark uint64
+		if h != nil {
+			mark = h.mark()
+		}
 		n, err := e.readPending(ctx, nil)
 		if err != nil || n == 0 {
 			return nil, err
 		}
-		if _, err := e.r.linger(ctx, n); err != nil {
+		lingered, err := e.r.linger(ctx, n)
+		if err != nil {
 			return nil, err
+		}
+		if h != nil {
+			if lingered {
+				mark = h.mark()
+				if n, err = e.readPending(ctx, nil); err != nil || n == 0 {
+					return nil, err
+				}
+			}
+			h.dropStale(e.pendIDs[0], mark)
+			if rows := h.take(e.pendIDs, e.pendHashes, e.handed); rows != nil {
+				e.handed = rows
+				b := e.rd.start()
+				for i := range rows {
+					if err := e.rd.keepHanded(b, e.pendIDs[i], &rows[i]); err != nil {
+						return nil, err
+					}
+				}
+				clear(rows) // the hand-off keeps its rows until they are published
+				return e.rd.rows(b), nil
+			}
 		}
 	}
 	e.r.hook("read")
@@ -180,7 +219,8 @@ func (e *eosShard) pending(ctx context.Context) ([]outRow, error) {
 }
 
 // readPending reads the shard's oldest unpublished rows, up to a batch, into b, and returns
-// how many it read; with b nil, their ids only (an index-only read).
+// how many it read; with b nil, their ids and key hashes only (an index-only read), into
+// e.pendIDs and e.pendHashes.
 func (e *eosShard) readPending(ctx context.Context, b *rowBatch) (int, error) {
 	// Rows of a batch whose mark is still running are in Kafka already: read past them —
 	// in the query when they form id ranges (the common case: not read twice), else by
@@ -207,10 +247,11 @@ func (e *eosShard) readPending(ctx context.Context, b *rowBatch) (int, error) {
 	}
 	defer rows.Close()
 	n := 0
+	e.pendIDs, e.pendHashes = e.pendIDs[:0], e.pendHashes[:0]
 	for rows.Next() {
-		var id int64
+		var id, hash int64
 		if b == nil {
-			if err := rows.Scan(&id); err != nil {
+			if err := rows.Scan(&id, &hash); err != nil {
 				return 0, fmt.Errorf("scan outbox row id: %w", err)
 			}
 		} else if id, err = e.rd.scan(rows); err != nil {
@@ -221,6 +262,7 @@ func (e *eosShard) readPending(ctx context.Context, b *rowBatch) (int, error) {
 		}
 		n++
 		if b == nil {
+			e.pendIDs, e.pendHashes = append(e.pendIDs, id), append(e.pendHashes, hash)
 			continue
 		}
 		if err := e.rd.keep(b, id); err != nil {

@@ -64,6 +64,10 @@ type eosShard struct {
 
 	iso isolation // under mu
 	rd  rowReader // under mu: reads pending rows
+	// Under mu: the pending ids (and key hashes) a read found, and the hand-off's rows of a
+	// batch taken from it (handoff.go).
+	pendIDs, pendHashes []int64
+	handed              []handedRow
 
 	owner      atomic.Bool
 	fenced     atomic.Bool
@@ -220,6 +224,9 @@ func (e *eosShard) startSession(ctx context.Context) error {
 	}
 	s := &session{p: p, client: client, maxBytes: pc.Producer.MaxMessageBytes, id: randHex(8)}
 	e.sess = s // endSession closes p from here on
+	if h := e.r.handoff; h != nil {
+		h.reset()
+	}
 	init := Position{V: 1, Kind: "init", TxnID: e.txnID, Shard: e.shard, Owner: cfg.Owner, Session: s.id, At: time.Now().UTC()}
 	val, _ := json.Marshal(init)
 	if err := p.BeginTxn(); err != nil {

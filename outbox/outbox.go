@@ -86,6 +86,9 @@ type Writer struct {
 	db     *sql.DB       // the pool of UseStatements, if any
 	insert string        // one row, run at once
 	batch  *dbx.MultiRow // AddBatch's insert; prepared on db, if set
+	// handed is batch returning each row's id and key hash, for a relay's hand-off
+	// (handoff.go): MariaDB and PostgreSQL (INSERT … RETURNING), on db only.
+	handed *dbx.MultiRow
 
 	pgOnce sync.Once
 	pg     *Writer // the same Writer in PostgreSQL's SQL, for contexts that say so
@@ -137,11 +140,21 @@ func (w *Writer) build() {
 	w.batch = dbx.NewMultiRow(w.db, rowWidth, batchRows, func(n int) string {
 		return w.dl.Rebind(head + strings.TrimSuffix(strings.Repeat(group+", ", n), ", "))
 	})
+	w.handed = nil
+	if w.db != nil && w.dl.Returning() {
+		w.handed = dbx.NewMultiRow(w.db, rowWidth, batchRows, func(n int) string {
+			return w.dl.Rebind(head + strings.TrimSuffix(strings.Repeat(group+", ", n), ", ") + " RETURNING id, key_hash, event_id")
+		})
+	}
 }
 
 // Close closes the prepared statements of UseStatements.
 func (w *Writer) Close() error {
-	return w.batch.Close()
+	err := w.batch.Close()
+	if w.handed != nil {
+		err = errors.Join(err, w.handed.Close())
+	}
+	return err
 }
 
 // NewWriter builds a Writer for table (default "outbox"), in the MySQL family's SQL (see

@@ -34,6 +34,15 @@ type RelayConfig struct {
 	// No lock is held while lingering.
 	Linger time.Duration `key:"linger" default:"5ms" range:"0..10s" zero:"-1ns" help:"a partial batch waits this long once for more rows before it is published (as Kafka's linger.ms); 0 publishes at once"`
 
+	// HandOffBytes bounds the events a Writer of this process hands to this exactly-once
+	// relay from the inbox's group-committed batches (a Writer whose UseStatements pool is
+	// the relay's, the same table; MariaDB and PostgreSQL): the relay still reads which
+	// rows are pending, in id order, from the database (an index-only read), and takes their
+	// contents from the hand-off instead of reading them back (handoff.go). A full hand-off
+	// takes no more until the relay drains it. NoHandOff (any negative value) turns it off;
+	// the zero value stands for the default.
+	HandOffBytes int `key:"handoff_bytes" default:"4194304" range:"0..1073741824" zero:"-1" help:"bytes of committed events the router's batches hand to its exactly-once relay in memory, so it does not read them back (0 turns it off)"`
+
 	LagBound time.Duration `key:"lag_bound" default:"1m" range:"1s..168h" help:"verify: unpublished rows older than this are a violation"` // an unpublished row older than this is a violation (verify)
 
 	// Exactly-once mode only (NewExactlyOnceRelay); see eosShard (eosshard.go).
@@ -106,6 +115,10 @@ type RelayConfig struct {
 // does; the zero value stands for the default).
 const KeepPublished time.Duration = -1
 
+// NoHandOff as RelayConfig.HandOffBytes turns the hand-off off (any negative value does;
+// the zero value stands for the default).
+const NoHandOff = -1
+
 // NoLinger as RelayConfig.Linger publishes a partial batch at once (any negative value
 // does; the zero value stands for the default).
 const NoLinger time.Duration = -1
@@ -118,6 +131,9 @@ func (c *RelayConfig) setDefaults() {
 	}
 	if c.Linger < 0 {
 		c.Linger = NoLinger
+	}
+	if c.HandOffBytes < 0 {
+		c.HandOffBytes = NoHandOff
 	}
 	if c.Retention < 0 {
 		c.Retention = KeepPublished

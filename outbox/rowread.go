@@ -96,6 +96,18 @@ func (r *rowReader) scan(rows *sql.Rows) (int64, error) {
 	return id, nil
 }
 
+// keepHanded adds a row of the hand-off to b as keep adds the row a read gives (its values
+// are those the Writer inserted, so the message is the one a read of the row makes).
+func (r *rowReader) keepHanded(b *rowBatch, id int64, h *handedRow) error {
+	r.raw[0] = nil
+	for i, v := range h.vals {
+		r.raw[i+1] = rawOf(v)
+	}
+	err := r.keep(b, id)
+	clear(r.raw[:])
+	return err
+}
+
 // keep adds the row scan read last to b.
 func (r *rowReader) keep(b *rowBatch, id int64) error {
 	raw := &r.raw

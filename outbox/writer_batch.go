@@ -42,14 +42,80 @@ func batchArgs(ctx context.Context, events []Event) ([]any, error) {
 	return args, nil
 }
 
-// insertRows writes n rows whose values are args, in multi-row INSERTs.
+// insertRows writes n rows whose values are args, in multi-row INSERTs. In a batch of the
+// inbox's group commit (ctx carries its txdefer.Commit) on the pool of an exactly-once
+// relay of this process, the rows are handed to that relay once the batch commits
+// (handoff.go): the inserts then return each row's id and key hash.
 func (w *Writer) insertRows(ctx context.Context, tx *sql.Tx, args []any, n int) error {
-	if _, err := w.batch.Exec(ctx, tx, args); err != nil {
+	var err error
+	if h, c := w.handoffFor(ctx, tx); h != nil {
+		err = w.insertHanded(ctx, tx, args, n, h, c)
+	} else {
+		_, err = w.batch.Exec(ctx, tx, args)
+	}
+	if err != nil {
 		if dbx.IsDuplicate(err) {
 			return fmt.Errorf("%w: %w", ErrDuplicateEvent, err)
 		}
 		return fmt.Errorf("outbox: insert %d events: %w", n, err)
 	}
+	return nil
+}
+
+// handoffFor returns the hand-off the rows of tx go to, and tx's txdefer.Commit; nil when
+// there is none.
+func (w *Writer) handoffFor(ctx context.Context, tx *sql.Tx) (*handoff, *txdefer.Commit) {
+	if w.handed == nil {
+		return nil, nil
+	}
+	h := lookupHandoff(w.db, w.table)
+	if h == nil {
+		return nil, nil
+	}
+	c := txdefer.CommitFrom(ctx, tx)
+	if c == nil {
+		return nil, nil
+	}
+	return h, c
+}
+
+// insertHanded writes the rows with RETURNING and hands them to h once tx commits. The
+// payloads are copied first (the caller may reuse its buffers once the insert returned).
+func (w *Writer) insertHanded(ctx context.Context, tx *sql.Tx, args []any, n int, h *handoff, c *txdefer.Commit) error {
+	ids, hashes := make([]int64, 0, n), make([]int64, 0, n)
+	var (
+		id, hash int64
+		eventID  sql.RawBytes
+		misorder bool
+	)
+	err := w.handed.Query(ctx, tx, args, func(rows *sql.Rows) error {
+		if err := rows.Scan(&id, &hash, &eventID); err != nil {
+			return fmt.Errorf("read inserted outbox rows: %w", err)
+		}
+		if i := len(ids); i >= n {
+			misorder = true
+		} else if e, _ := args[i*rowWidth].(string); e != string(eventID) {
+			misorder = true
+		}
+		ids, hashes = append(ids, id), append(hashes, hash)
+		return nil
+	})
+	if err != nil || misorder || len(ids) != n {
+		return err // rows returned out of the insert's order: not handed (read back as ever)
+	}
+	size := 0
+	for i := range n {
+		p, _ := args[i*rowWidth+4].([]byte)
+		size += len(p)
+	}
+	buf := make([]byte, 0, size)
+	for i := range n {
+		p, _ := args[i*rowWidth+4].([]byte)
+		from := len(buf)
+		buf = append(buf, p...)
+		args[i*rowWidth+4] = buf[from:len(buf):len(buf)]
+	}
+	c.After(func() { h.put(ids, hashes, args) })
 	return nil
 }
 

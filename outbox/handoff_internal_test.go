@@ -1,0 +1,74 @@
+package outbox
+
+import (
+	"strings"
+	"testing"
+)
+
+func handedArgs(n int, payload string) []any {
+	args := make([]any, 0, n*rowWidth)
+	for i := range n {
+		args = append(args, "e"+string(rune('a'+i)), "T", "topic", "k", []byte(payload), nil, nil)
+	}
+	return args
+}
+
+// TestHandoffTakeChecksEveryRow: a batch is taken from the hand-off only when it holds
+// every row with the key hash the database gives; one missing row or one other hash and
+// the batch is read back (take returns nil).
+func TestHandoffTakeChecksEveryRow(t *testing.T) {
+	h := &handoff{max: 1 << 20, rows: map[int64]handedRow{}}
+	h.put([]int64{10, 11, 12}, []int64{1, 2, 3}, handedArgs(3, "p"))
+	if got := h.take([]int64{10, 11, 12}, []int64{1, 2, 3}, nil); len(got) != 3 || got[1].vals[0] != "eb" {
+		t.Fatalf("take of handed rows = %v", got)
+	}
+	if got := h.take([]int64{10, 11, 12}, []int64{1, 9, 3}, nil); got != nil {
+		t.Fatalf("take with another key hash for row 11 = %v, want nil (read back)", got)
+	}
+	if got := h.take([]int64{10, 11, 12, 13}, []int64{1, 2, 3, 4}, nil); got != nil {
+		t.Fatalf("take with row 13 never handed = %v, want nil", got)
+	}
+	if h.hits.Load() != 1 || h.misses.Load() != 2 {
+		t.Fatalf("hits %d, misses %d; want 1, 2", h.hits.Load(), h.misses.Load())
+	}
+	h.drop([]int64{10, 11, 12})
+	if len(h.rows) != 0 || h.bytes != 0 {
+		t.Fatalf("after drop: %d rows, %d bytes", len(h.rows), h.bytes)
+	}
+}
+
+// TestHandoffBoundedByBytes: a full hand-off takes no more rows (they are read back), and
+// takes again once published rows are dropped.
+func TestHandoffBoundedByBytes(t *testing.T) {
+	big := strings.Repeat("x", 1000)
+	h := &handoff{max: 3 * (rowOverhead + 1000 + 10), rows: map[int64]handedRow{}}
+	h.put([]int64{1, 2, 3, 4, 5}, []int64{0, 0, 0, 0, 0}, handedArgs(5, big))
+	if len(h.rows) != 3 || h.bytes > h.max || h.full.Load() != 2 || h.handed.Load() != 3 {
+		t.Fatalf("%d rows, %d of %d bytes, %d full, %d handed; want 3 rows within max, 2 full", len(h.rows), h.bytes, h.max, h.full.Load(), h.handed.Load())
+	}
+	if _, ok := h.rows[4]; ok {
+		t.Fatal("row 4 taken beyond max")
+	}
+	h.drop([]int64{1, 2})
+	h.put([]int64{6}, []int64{0}, handedArgs(1, big))
+	if _, ok := h.rows[6]; !ok || len(h.rows) != 2 {
+		t.Fatalf("after two rows published: %d rows, row 6 taken %v", len(h.rows), ok)
+	}
+}
+
+// TestHandoffDropStale: rows handed before a read started whose ids are below the oldest
+// pending id that read found were published by another relay, and are dropped; a row
+// handed after the read started is kept whatever its id (its transaction may have
+// committed after a later id's).
+func TestHandoffDropStale(t *testing.T) {
+	h := &handoff{max: 1 << 20, rows: map[int64]handedRow{}}
+	h.put([]int64{1, 2, 5}, []int64{0, 0, 0}, handedArgs(3, "p"))
+	mark := h.mark()
+	h.put([]int64{3}, []int64{0}, handedArgs(1, "p")) // committed after the read started
+	h.dropStale(4, mark)
+	for id, want := range map[int64]bool{1: false, 2: false, 3: true, 5: true} {
+		if _, ok := h.rows[id]; ok != want {
+			t.Errorf("row %d kept = %v, want %v", id, ok, want)
+		}
+	}
+}
