@@ -196,7 +196,7 @@ func (e *eosShard) pending(ctx context.Context) ([]outRow, error) {
 					return nil, err
 				}
 			}
-			h.dropStale(e.pendIDs[0], mark)
+			h.dropStale(e.pendIDs[0], mark, e.index, e.r.cfg.Shards)
 			if rows := h.take(e.pendIDs, e.pendHashes, e.handed); rows != nil {
 				e.handed = rows
 				b := e.rd.start()

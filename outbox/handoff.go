@@ -143,14 +143,16 @@ func (h *handoff) mark() uint64 {
 // dropStale drops the rows handed before mark (a read of the pending rows started then)
 // whose ids are below oldest, the smallest pending id that read found: committed before
 // it started and not pending, they were published (by another relay) or parked. Rows
-// handed later may have smaller ids (a transaction commits after a later id's).
-func (h *handoff) dropStale(oldest int64, mark uint64) {
+// handed later may have smaller ids (a transaction commits after a later id's). With
+// several shards the read was shard's of shards (MOD(key_hash, shards)): it tells nothing
+// of the other shards' rows, and the scan stops at the first of them.
+func (h *handoff) dropStale(oldest int64, mark uint64, shard, shards int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for h.head < len(h.order) {
 		q := h.order[h.head]
 		r, ok := h.rows[q.id]
-		if ok && r.seq == q.seq && (q.seq > mark || q.id >= oldest) {
+		if ok && r.seq == q.seq && (q.seq > mark || q.id >= oldest || shards > 1 && r.hash%int64(shards) != int64(shard)) {
 			break
 		}
 		if ok && r.seq == q.seq {

@@ -65,10 +65,19 @@ func TestHandoffDropStale(t *testing.T) {
 	h.put([]int64{1, 2, 5}, []int64{0, 0, 0}, handedArgs(3, "p"))
 	mark := h.mark()
 	h.put([]int64{3}, []int64{0}, handedArgs(1, "p")) // committed after the read started
-	h.dropStale(4, mark)
+	h.dropStale(4, mark, 0, 1)
 	for id, want := range map[int64]bool{1: false, 2: false, 3: true, 5: true} {
 		if _, ok := h.rows[id]; ok != want {
 			t.Errorf("row %d kept = %v, want %v", id, ok, want)
+		}
+	}
+	// Two shards: shard 0's read says nothing of row 7 (key hash 1, shard 1).
+	h = &handoff{max: 1 << 20, rows: map[int64]handedRow{}}
+	h.put([]int64{6, 7, 8}, []int64{2, 1, 4}, handedArgs(3, "p"))
+	h.dropStale(10, h.mark(), 0, 2)
+	for id, want := range map[int64]bool{6: false, 7: true, 8: true} {
+		if _, ok := h.rows[id]; ok != want {
+			t.Errorf("two shards: row %d kept = %v, want %v", id, ok, want)
 		}
 	}
 }
