@@ -640,7 +640,7 @@ func (b *Batcher) run(batch []*pending) {
 			rctx := tctx
 			committed = nil
 			if !sp {
-				committed = txdefer.NewCommit(tx)
+				committed = txdefer.NewCommit(ib.db, tx)
 				rctx = txdefer.WithCommit(tctx, committed)
 			}
 			return b.runTx(rctx, tx, items, sp)

@@ -53,9 +53,6 @@ func NewExactlyOnceRelay(db *sql.DB, kc kafkax.Config, cfg RelayConfig, logger w
 		return nil, err
 	}
 	r := &eosRelay{relayBase: b, txnID: b.cfg.TransactionalID, db: db}
-	if b.cfg.HandOffBytes > 0 {
-		r.handoff = registerHandoff(db, b.cfg.Table, b.cfg.HandOffBytes)
-	}
 	n := r.cfg.Shards
 	for i := range n {
 		e := &eosShard{r: r, kc: kc, index: i, shard: r.cfg.Shard}
@@ -79,6 +76,9 @@ func NewExactlyOnceRelay(db *sql.DB, kc kafkax.Config, cfg RelayConfig, logger w
 	}
 	if n > 1 {
 		r.members = newMembership(r)
+	}
+	if b.cfg.HandOffBytes > 0 && b.dl.Returning() { // MySQL 8: no INSERT … RETURNING, nothing to hand over
+		r.handoff = registerHandoff(db, b.cfg.Table, b.cfg.HandOffBytes, r)
 	}
 	return &Relay{relayBase: b, engine: r}, nil
 }
@@ -201,7 +201,7 @@ func (r *eosRelay) close() error {
 		errs = append(errs, e.close())
 	}
 	if r.handoff != nil {
-		r.release.Do(func() { unregisterHandoff(r.db, r.cfg.Table, r.handoff) })
+		r.release.Do(func() { unregisterHandoff(r.db, r.cfg.Table, r.handoff, r) })
 	}
 	return errors.Join(errs...)
 }

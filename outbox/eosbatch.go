@@ -176,6 +176,9 @@ func (e *eosShard) refusedSend(ctx context.Context, batch []outRow, posMsg *sara
 // read in full.
 func (e *eosShard) pending(ctx context.Context) ([]outRow, error) {
 	h := e.r.handoff
+	if h != nil && h.empty() {
+		h = nil // nothing handed over (another process's rows, a standby's start): read in full
+	}
 	if e.r.cfg.Linger > 0 || h != nil {
 		var mark uint64
 		if h != nil {

@@ -40,7 +40,7 @@ var handoffs sync.Map // handoffKey → *handoff
 // headers, trace_parent) as the Writer gave them to the insert.
 type handedRow struct {
 	hash int64
-	vals []any
+	vals [rowWidth]any
 	size int
 	seq  uint64 // when it was handed
 }
@@ -53,8 +53,9 @@ type handedID struct {
 
 // handoff is the rows handed to the relays of one (pool, table).
 type handoff struct {
-	max  int
-	refs int // relays using it (guarded by handoffMu)
+	max    int
+	refs   int                         // relays using it (guarded by handoffMu)
+	relays atomic.Pointer[[]*eosRelay] // those relays: rows go in only for a shard one of them owns
 
 	mu    sync.Mutex
 	rows  map[int64]handedRow
@@ -68,29 +69,64 @@ type handoff struct {
 
 var handoffMu sync.Mutex
 
-// registerHandoff returns the hand-off of (db, table), made with max bytes if there is
-// none; release with unregisterHandoff.
-func registerHandoff(db *sql.DB, table string, max int) *handoff {
+// registerHandoff returns the hand-off of (db, table) for relay r, made with max bytes if
+// there is none; release with unregisterHandoff.
+func registerHandoff(db *sql.DB, table string, max int, r *eosRelay) *handoff {
 	handoffMu.Lock()
 	defer handoffMu.Unlock()
 	k := handoffKey{db, table}
+	h := &handoff{max: max, rows: map[int64]handedRow{}}
 	if v, ok := handoffs.Load(k); ok {
-		h := v.(*handoff)
-		h.refs++
-		return h
+		h = v.(*handoff)
+	} else {
+		handoffs.Store(k, h)
 	}
-	h := &handoff{max: max, refs: 1, rows: map[int64]handedRow{}}
-	handoffs.Store(k, h)
+	h.refs++
+	rs := []*eosRelay{r}
+	if old := h.relays.Load(); old != nil {
+		rs = append(rs, *old...)
+	}
+	h.relays.Store(&rs)
 	return h
 }
 
-// unregisterHandoff releases a registerHandoff: the last relay's release removes it.
-func unregisterHandoff(db *sql.DB, table string, h *handoff) {
+// unregisterHandoff releases relay r's registerHandoff: the last relay's release removes it.
+func unregisterHandoff(db *sql.DB, table string, h *handoff, r *eosRelay) {
 	handoffMu.Lock()
 	defer handoffMu.Unlock()
+	var rs []*eosRelay
+	for _, x := range *h.relays.Load() {
+		if x != r {
+			rs = append(rs, x)
+		}
+	}
+	h.relays.Store(&rs)
 	if h.refs--; h.refs == 0 {
 		handoffs.CompareAndDelete(handoffKey{db, table}, h)
 	}
+}
+
+// owned reports whether a relay of the hand-off owns the shard of a row of key hash hash:
+// the rows of a shard another process publishes, or of a relay waiting for its lease, are
+// not kept (that relay would never drop them).
+func (h *handoff) owned(hash int64) bool {
+	rs := h.relays.Load()
+	if rs == nil {
+		return false
+	}
+	for _, r := range *rs {
+		if n := int64(len(r.shards)); n > 0 && r.shards[hash%n].owner.Load() {
+			return true
+		}
+	}
+	return false
+}
+
+// empty reports whether the hand-off holds no row.
+func (h *handoff) empty() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.rows) == 0
 }
 
 // lookupHandoff returns the hand-off of (db, table), or nil when no exactly-once relay of
@@ -110,21 +146,23 @@ func lookupHandoff(db *sql.DB, table string) *handoff {
 const rowOverhead = 160
 
 // put adds committed rows: ids[i] and hashes[i] are those of the row whose values are
-// args[i*rowWidth:(i+1)*rowWidth]. Rows that do not fit in max are not taken: the relay
-// reads them back.
+// args[i*rowWidth:(i+1)*rowWidth] (its payload a copy of its own). Rows that do not fit in
+// max, or of a shard no relay of the hand-off owns, are not taken: they are read back.
 func (h *handoff) put(ids, hashes []int64, args []any) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.seq++
 	taken := 0
 	for i, id := range ids {
-		vals := args[i*rowWidth : (i+1)*rowWidth : (i+1)*rowWidth]
+		vals := args[i*rowWidth : (i+1)*rowWidth]
 		size := rowOverhead + valueBytes(vals)
-		if h.bytes+size > h.max {
+		if h.bytes+size > h.max || !h.owned(hashes[i]) {
 			continue
 		}
 		h.dropLocked(id)
-		h.rows[id] = handedRow{hash: hashes[i], vals: vals, size: size, seq: h.seq}
+		r := handedRow{hash: hashes[i], size: size, seq: h.seq}
+		copy(r.vals[:], vals)
+		h.rows[id] = r
 		h.order = append(h.order, handedID{id, h.seq})
 		h.bytes += size
 		taken++
@@ -263,7 +301,7 @@ func rawOf(v any) sql.RawBytes {
 // process (RelayConfig.HandOffBytes).
 type HandOffStats struct {
 	Handed   int64 // events Writers handed over once their batch committed
-	Full     int64 // events not taken, the hand-off being full (read back instead)
+	Full     int64 // events not taken, the hand-off being full or their shard not this process's (read back instead)
 	Batches  int64 // batches whose rows all came from the hand-off
 	ReadBack int64 // batches read in full: a row of theirs was not handed over
 }

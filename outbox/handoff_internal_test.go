@@ -5,6 +5,15 @@ import (
 	"testing"
 )
 
+// newHandoff is a hand-off whose rows all belong to a shard its relay owns.
+func newHandoff(max int) *handoff {
+	e := &eosShard{}
+	e.owner.Store(true)
+	h := &handoff{max: max, rows: map[int64]handedRow{}}
+	h.relays.Store(&[]*eosRelay{{shards: []*eosShard{e}}})
+	return h
+}
+
 func handedArgs(n int, payload string) []any {
 	args := make([]any, 0, n*rowWidth)
 	for i := range n {
@@ -17,9 +26,9 @@ func handedArgs(n int, payload string) []any {
 // every row with the key hash the database gives; one missing row or one other hash and
 // the batch is read back (take returns nil).
 func TestHandoffTakeChecksEveryRow(t *testing.T) {
-	h := &handoff{max: 1 << 20, rows: map[int64]handedRow{}}
+	h := newHandoff(1 << 20)
 	h.put([]int64{10, 11, 12}, []int64{1, 2, 3}, handedArgs(3, "p"))
-	if got := h.take([]int64{10, 11, 12}, []int64{1, 2, 3}, nil); len(got) != 3 || got[1].vals[0] != "eb" {
+	if got := h.take([]int64{10, 11, 12}, []int64{1, 2, 3}, nil); len(got) != 3 || got[1].vals[0] != any("eb") {
 		t.Fatalf("take of handed rows = %v", got)
 	}
 	if got := h.take([]int64{10, 11, 12}, []int64{1, 9, 3}, nil); got != nil {
@@ -41,7 +50,7 @@ func TestHandoffTakeChecksEveryRow(t *testing.T) {
 // takes again once published rows are dropped.
 func TestHandoffBoundedByBytes(t *testing.T) {
 	big := strings.Repeat("x", 1000)
-	h := &handoff{max: 3 * (rowOverhead + 1000 + 10), rows: map[int64]handedRow{}}
+	h := newHandoff(3 * (rowOverhead + 1000 + 10))
 	h.put([]int64{1, 2, 3, 4, 5}, []int64{0, 0, 0, 0, 0}, handedArgs(5, big))
 	if len(h.rows) != 3 || h.bytes > h.max || h.full.Load() != 2 || h.handed.Load() != 3 {
 		t.Fatalf("%d rows, %d of %d bytes, %d full, %d handed; want 3 rows within max, 2 full", len(h.rows), h.bytes, h.max, h.full.Load(), h.handed.Load())
@@ -61,7 +70,7 @@ func TestHandoffBoundedByBytes(t *testing.T) {
 // handed after the read started is kept whatever its id (its transaction may have
 // committed after a later id's).
 func TestHandoffDropStale(t *testing.T) {
-	h := &handoff{max: 1 << 20, rows: map[int64]handedRow{}}
+	h := newHandoff(1 << 20)
 	h.put([]int64{1, 2, 5}, []int64{0, 0, 0}, handedArgs(3, "p"))
 	mark := h.mark()
 	h.put([]int64{3}, []int64{0}, handedArgs(1, "p")) // committed after the read started
@@ -72,7 +81,7 @@ func TestHandoffDropStale(t *testing.T) {
 		}
 	}
 	// Two shards: shard 0's read says nothing of row 7 (key hash 1, shard 1).
-	h = &handoff{max: 1 << 20, rows: map[int64]handedRow{}}
+	h = newHandoff(1 << 20)
 	h.put([]int64{6, 7, 8}, []int64{2, 1, 4}, handedArgs(3, "p"))
 	h.dropStale(10, h.mark(), 0, 2)
 	for id, want := range map[int64]bool{6: false, 7: true, 8: true} {

@@ -48,7 +48,7 @@ func addHanded(t *testing.T, db *sql.DB, w *outbox.Writer, evs []outbox.Event, r
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := txdefer.NewCommit(tx)
+	c := txdefer.NewCommit(db, tx)
 	if err := w.AddBatch(txdefer.WithCommit(ctx, c), tx, evs); err != nil {
 		t.Fatalf("AddBatch: %v", err)
 	}
@@ -88,7 +88,8 @@ func relayAll(t *testing.T, r *outbox.Relay) {
 // the same events (value, key, headers) to two topics. What the hand-off must not give
 // the relay is shown too: a rolled-back transaction's rows (never published), rows written
 // without a group commit's txdefer.Commit (read back), and the caller's buffers reused
-// after AddBatch returned (the published payloads are those inserted). The counts show
+// after AddBatch returned (the published payloads are those inserted), and a transaction
+// of another pool given to the Writer (its rows are not handed over). The counts show
 // which path each batch took, so the test fails if the hand-off is never used.
 func TestEOSRelayHandOff(t *testing.T) {
 	t.Parallel()
@@ -109,6 +110,10 @@ func TestEOSRelayHandOff(t *testing.T) {
 		relayAll(t, r)
 		addHanded(t, d.DB, w, handOffEvents(topic, "b")[:20], false)
 		addCommitted(t, context.Background(), d.DB, newWriter(t), handOffEvents(topic, "plain")[:5]...) // no Commit: not handed
+		// The same Writer given a transaction of another pool: those rows are another
+		// database's, whose ids mean nothing to this relay.
+		other := testenv.DB(t, 4)
+		addHanded(t, other.DB, w, handOffEvents(topic, "other")[:5], false)
 		relayAll(t, r)
 		if n := pendingRows(t, d.DB); n != 0 {
 			t.Fatalf("%d rows unpublished", n)

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel/trace"
 
@@ -88,7 +89,8 @@ type Writer struct {
 	batch  *dbx.MultiRow // AddBatch's insert; prepared on db, if set
 	// handed is batch returning each row's id and key hash, for a relay's hand-off
 	// (handoff.go): MariaDB and PostgreSQL (INSERT … RETURNING), on db only.
-	handed *dbx.MultiRow
+	handed     *dbx.MultiRow
+	strictMode atomic.Int32 // the server's sql_mode is strict: 1, not: -1, not asked yet: 0
 
 	pgOnce sync.Once
 	pg     *Writer // the same Writer in PostgreSQL's SQL, for contexts that say so

@@ -1,10 +1,13 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
+	"hash/crc32"
 	"strings"
+	"unsafe"
 
 	"github.com/onceflow/onceflow/internal/txdefer"
 	"github.com/onceflow/onceflow/pkg/dbx"
@@ -62,6 +65,12 @@ func (w *Writer) insertRows(ctx context.Context, tx *sql.Tx, args []any, n int) 
 	return nil
 }
 
+// keyBytes is a key value of a row's args as its bytes.
+func keyBytes(v any) []byte {
+	s, _ := v.(string)
+	return unsafe.Slice(unsafe.StringData(s), len(s))
+}
+
 // handoffFor returns the hand-off the rows of tx go to, and tx's txdefer.Commit; nil when
 // there is none.
 func (w *Writer) handoffFor(ctx context.Context, tx *sql.Tx) (*handoff, *txdefer.Commit) {
@@ -73,10 +82,30 @@ func (w *Writer) handoffFor(ctx context.Context, tx *sql.Tx) (*handoff, *txdefer
 		return nil, nil
 	}
 	c := txdefer.CommitFrom(ctx, tx)
-	if c == nil {
-		return nil, nil
+	if c == nil || c.Pool() != w.db || !w.strict(ctx, tx) {
+		return nil, nil // a transaction of another pool: its ids are not the relay's rows
 	}
 	return h, c
+}
+
+// strict reports whether the server stores a row's values as they are given or fails the
+// insert (PostgreSQL; MariaDB in a strict sql_mode, the default): else it may store a
+// value changed (a truncated payload, a '?' for a byte that is not UTF-8), and the row is
+// read back as stored instead of handed over as given. Asked once, on tx's session.
+func (w *Writer) strict(ctx context.Context, tx *sql.Tx) bool {
+	if w.dl.IsPostgres() {
+		return true
+	}
+	if v := w.strictMode.Load(); v != 0 {
+		return v > 0
+	}
+	var mode string
+	if err := tx.QueryRowContext(ctx, "SELECT @@SESSION.sql_mode").Scan(&mode); err != nil {
+		return false // asked again next time
+	}
+	ok := strings.Contains(mode, "STRICT_TRANS_TABLES") || strings.Contains(mode, "STRICT_ALL_TABLES")
+	w.strictMode.Store(map[bool]int32{true: 1, false: -1}[ok])
+	return ok
 }
 
 // insertHanded writes the rows with RETURNING and hands them to h once tx commits. The
@@ -103,17 +132,15 @@ func (w *Writer) insertHanded(ctx context.Context, tx *sql.Tx, args []any, n int
 	if err != nil || misorder || len(ids) != n {
 		return err // rows returned out of the insert's order: not handed (read back as ever)
 	}
-	size := 0
 	for i := range n {
-		p, _ := args[i*rowWidth+4].([]byte)
-		size += len(p)
-	}
-	buf := make([]byte, 0, size)
-	for i := range n {
-		p, _ := args[i*rowWidth+4].([]byte)
-		from := len(buf)
-		buf = append(buf, p...)
-		args[i*rowWidth+4] = buf[from:len(buf):len(buf)]
+		if !w.dl.IsPostgres() && uint32(hashes[i]) != crc32.ChecksumIEEE(keyBytes(args[i*rowWidth+3])) {
+			return nil // a key stored other than given (key_hash is CRC32(msg_key)): read back
+		}
+		// Each handed row's payload is a copy of its own (the caller may reuse its buffer
+		// once the insert returned; a row dropped frees its copy).
+		if p, _ := args[i*rowWidth+4].([]byte); len(p) > 0 {
+			args[i*rowWidth+4] = bytes.Clone(p)
+		}
 	}
 	c.After(func() { h.put(ids, hashes, args) })
 	return nil

@@ -15,13 +15,17 @@ import (
 // A batch whose deliveries run behind savepoints has none: a delivery rolled back to its
 // savepoint would otherwise leave its rows' hooks behind.
 type Commit struct {
+	db  *sql.DB
 	tx  *sql.Tx
 	mu  sync.Mutex
 	fns []func()
 }
 
-// NewCommit returns an empty Commit for tx.
-func NewCommit(tx *sql.Tx) *Commit { return &Commit{tx: tx} }
+// NewCommit returns an empty Commit for tx, a transaction of pool db.
+func NewCommit(db *sql.DB, tx *sql.Tx) *Commit { return &Commit{db: db, tx: tx} }
+
+// Pool is the pool the transaction is db's (a *sql.Tx does not say).
+func (c *Commit) Pool() *sql.DB { return c.db }
 
 type commitKey struct{}
 
