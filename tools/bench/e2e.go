@@ -404,7 +404,17 @@ func (e *e2eRun) startPipeline(ctx context.Context, topic string, ib *inbox.Inbo
 	go func() { defer wg.Done(); _ = r.Run(cctx) }()
 	go func() { defer wg.Done(); _ = relay.Run(cctx) }()
 	<-r.Running()
-	return func() { cancel(); wg.Wait(); closeBatcher(); _ = relay.Close(); dropPositions() }, nil
+	return func() {
+		cancel()
+		wg.Wait()
+		closeBatcher()
+		// Which batches the relay took from the hand-off (handoff.go): a diagnosis line.
+		if h := relay.HandOff(); e.mode == "batch" {
+			s.report("e2e_handoff", "handed", h.Handed, "full", h.Full, "handoff_batches", h.Batches, "readback_batches", h.ReadBack)
+		}
+		_ = relay.Close()
+		dropPositions()
+	}, nil
 }
 
 // checkGranted confirms, once a run's events were all seen, that the database agrees: want

@@ -224,7 +224,8 @@ func (b benchRun) table() (string, error) {
 	}
 	if _, ok := b.one("e2e_batches", "round", ""); ok {
 		row("`e2e_batches`: deliveries per batch transaction (rounds' range)", b.spreadN(1, "avg_batch", "e2e_batches")+
-			fmt.Sprintf("; fallbacks %s, rollbacks %s", b.spread("fallbacks", "e2e_batches"), b.spread("rollbacks", "e2e_batches")), "—")
+			fmt.Sprintf("; fallbacks %s, rollbacks %s", b.spread("fallbacks", "e2e_batches"), b.spread("rollbacks", "e2e_batches"))+
+			handoffBatches(b), "—")
 	}
 	if u, ok := b.one("unsafe", "mode", "handler_only", "rounds", ""); ok {
 		row("`unsafe` `handler_only`: the coupon batch alone on pre-built batches (a ceiling)",
@@ -436,4 +437,14 @@ func (b benchRun) summary() string {
 	fmt.Fprintf(&w, "| inbox overhead vs the same path without it | %s %% | ≤ 15 %% |\n", f(ib.num("overhead_pct_vs_unsafe"), 1))
 	fmt.Fprintf(&w, "| relay, exactly once (events/s) | %s | ≥ 25,000 |\n", rate(eos.num("events_per_s")))
 	return w.String()
+}
+
+// handoffBatches is the relay's batches of a round taken from the hand-off and read back
+// (e2e_handoff), for the e2e_batches row; empty for a run without the line.
+func handoffBatches(b benchRun) string {
+	if _, ok := b.one("e2e_handoff", "round", ""); !ok {
+		return ""
+	}
+	return fmt.Sprintf("; the relay's batches per round taken from the hand-off %s, read back %s",
+		b.spread("handoff_batches", "e2e_handoff"), b.spread("readback_batches", "e2e_handoff"))
 }
