@@ -82,8 +82,9 @@ func (w *Writer) handoffFor(ctx context.Context, tx *sql.Tx) (*handoff, *txdefer
 		return nil, nil
 	}
 	c := txdefer.CommitFrom(ctx, tx)
+	// A transaction of another pool: its ids are not the relay's rows.
 	if c == nil || c.Pool() != w.db || !w.strict(ctx, tx) {
-		return nil, nil // a transaction of another pool: its ids are not the relay's rows
+		return nil, nil
 	}
 	return h, c
 }
@@ -104,12 +105,16 @@ func (w *Writer) strict(ctx context.Context, tx *sql.Tx) bool {
 		return false // asked again next time
 	}
 	ok := strings.Contains(mode, "STRICT_TRANS_TABLES") || strings.Contains(mode, "STRICT_ALL_TABLES")
-	w.strictMode.Store(map[bool]int32{true: 1, false: -1}[ok])
+	v := int32(-1)
+	if ok {
+		v = 1
+	}
+	w.strictMode.Store(v)
 	return ok
 }
 
-// insertHanded writes the rows with RETURNING and hands them to h once tx commits. The
-// payloads are copied first (the caller may reuse its buffers once the insert returned).
+// insertHanded writes the rows with RETURNING and hands them to h once tx commits, each
+// with a copy of its payload (the caller may reuse its buffers once the insert returned).
 func (w *Writer) insertHanded(ctx context.Context, tx *sql.Tx, args []any, n int, h *handoff, c *txdefer.Commit) error {
 	ids, hashes := make([]int64, 0, n), make([]int64, 0, n)
 	var (
