@@ -169,7 +169,7 @@ func relayMetrics(ctx context.Context, m *metrics.Metrics, relay *outbox.Relay) 
 			Help: "Committed events the router's batches handed to its exactly-once relay in memory (relay.handoff_bytes)."},
 			func() float64 { return float64(relay.HandOff().Handed) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "onceflow", Name: "relay_handoff_full_total",
-			Help: "Committed events not handed over because the hand-off was full (the relay reads them back)."},
+			Help: "Committed events not handed over: the hand-off was full, or their shard is published by another process (the relay reads them back)."},
 			func() float64 { return float64(relay.HandOff().Full) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "onceflow", Name: "relay_handoff_batches_total",
 			Help: "Batches whose rows the exactly-once relay took from the hand-off instead of reading them back."},

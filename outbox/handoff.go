@@ -234,9 +234,6 @@ func (h *handoff) drop(ids []int64) {
 	for _, id := range ids {
 		h.dropLocked(id)
 	}
-	if len(h.rows) == 0 {
-		h.order, h.head = h.order[:0], 0
-	}
 	for h.head < len(h.order) { // the queue's head, published
 		q := h.order[h.head]
 		if r, ok := h.rows[q.id]; ok && r.seq == q.seq {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	"strings"
-	"unsafe"
 
 	"github.com/onceflow/onceflow/internal/txdefer"
 	"github.com/onceflow/onceflow/pkg/dbx"
@@ -63,12 +62,6 @@ func (w *Writer) insertRows(ctx context.Context, tx *sql.Tx, args []any, n int) 
 		return fmt.Errorf("outbox: insert %d events: %w", n, err)
 	}
 	return nil
-}
-
-// keyBytes is a key value of a row's args as its bytes.
-func keyBytes(v any) []byte {
-	s, _ := v.(string)
-	return unsafe.Slice(unsafe.StringData(s), len(s))
 }
 
 // handoffFor returns the hand-off the rows of tx go to, and tx's txdefer.Commit; nil when
@@ -138,7 +131,7 @@ func (w *Writer) insertHanded(ctx context.Context, tx *sql.Tx, args []any, n int
 		return err // rows returned out of the insert's order: not handed (read back as ever)
 	}
 	for i := range n {
-		if !w.dl.IsPostgres() && uint32(hashes[i]) != crc32.ChecksumIEEE(keyBytes(args[i*rowWidth+3])) {
+		if !w.dl.IsPostgres() && uint32(hashes[i]) != crc32.ChecksumIEEE(rawOf(args[i*rowWidth+3])) {
 			return nil // a key stored other than given (key_hash is CRC32(msg_key)): read back
 		}
 		// Each handed row's payload is a copy of its own (the caller may reuse its buffer
