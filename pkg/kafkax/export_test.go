@@ -17,3 +17,6 @@ func Told(sub *ParallelSubscriber) bool {
 	}
 	return false
 }
+
+// FetchMin is the fetch.min.bytes of sub's consumer.
+func FetchMin(sub *ParallelSubscriber) int32 { return sub.sarama.Consumer.Fetch.Min }

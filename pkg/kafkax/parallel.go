@@ -156,7 +156,7 @@ func (c Config) NewParallelSubscriber(group string, pc ParallelConfig, logger wa
 	if budget == nil {
 		budget = NewBudget(pc.MaxInFlightBytes)
 	}
-	sc := c.ConsumerConfig()
+	sc := c.subscriberConfig()
 	if err := sc.Validate(); err != nil {
 		return nil, fmt.Errorf("kafkax: consumer config: %w", err)
 	}
