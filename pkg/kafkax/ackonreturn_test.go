@@ -101,3 +101,46 @@ func TestParallelSubscriberAckOnReturn(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// TestAckOnReturnHandOutBeforeClose: a handler's ack, told by AckOnReturn, hands out the
+// next message of its key from the handler's goroutine, here while the router stops; the
+// claim waits for that before it returns, so the subscriber never closes its output channel
+// under a send (under -race a send with no order to the close fails the test; without
+// -race it could panic).
+func TestAckOnReturnHandOutBeforeClose(t *testing.T) {
+	c := testenv.Kafka(t)
+	for round := range 20 {
+		topic := testenv.Topic(t, c, "parallel-ack-close", 1)
+		produce(t, c, topic, true, []rec{{0, "b", "b/0"}, {0, "a", "a/0"}, {0, "a", "a/1"}})
+		sub, err := c.NewParallelSubscriber(uniqueGroup("parallel-ack-close"), kafkax.ParallelConfig{}, tlog{t: t})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.AddMiddleware(kafkax.AckOnReturn)
+		first := make(chan struct{}) // a/0 is being handled: its return hands out a/1
+		var once sync.Once
+		r.AddConsumerHandler("h", topic, sub, func(m *message.Message) error {
+			if string(m.Payload) == "a/0" {
+				once.Do(func() { close(first) })
+			}
+			return nil
+		})
+		ctx, cancel := context.WithCancel(context.Background())
+		stopped := make(chan struct{})
+		go func() { defer close(stopped); _ = r.Run(ctx) }()
+		select {
+		case <-first:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("round %d: a/0 never handled", round)
+		}
+		cancel()
+		<-stopped
+		if err := sub.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -464,7 +464,9 @@ func (r *claimRun) run(msgs <-chan *sarama.ConsumerMessage) error {
 	close(r.ending)
 	r.drain() // messages waiting behind a key are still handed out as their keys free up
 	r.settleWaiting()
+	r.mu.Lock() // returned tells abandon and its own count under r.mu
 	close(r.abandon)
+	r.mu.Unlock()
 	r.watchers.Wait()
 	r.releaseAbandoned()
 	r.h.s.logger.Debug("Partition claim done", r.logFields)
@@ -690,24 +692,26 @@ func (r *claimRun) settleWaiting() {
 
 // returned is AckOnReturn's news of sl's message: acked, or nacked (its watcher resends
 // it). Once the claim stopped waiting for acks it changes nothing, as a late ack does not.
+// An ack counts among the watchers while it runs: it may hand out the next message of its
+// key, and run waits for it before the claim returns and the output channel may close.
 func (r *claimRun) returned(sl *slot, acked bool) {
 	r.told.Store(true)
-	select {
-	case <-r.abandon:
-		return
-	default:
-	}
-	if acked {
-		r.ack(sl)
-		return
-	}
 	r.mu.Lock()
 	select {
-	case <-r.abandon: // no goroutine is started once run waits for them
+	case <-r.abandon: // run closes it under r.mu: nothing is added once it waits
+		r.mu.Unlock()
+		return
 	default:
-		r.watchLocked(sl)
 	}
+	if !acked {
+		r.watchLocked(sl)
+		r.mu.Unlock()
+		return
+	}
+	r.watchers.Add(1)
 	r.mu.Unlock()
+	defer r.watchers.Done()
+	r.ack(sl)
 }
 
 // watch waits for the message's ack or nack, resending after a nack.
