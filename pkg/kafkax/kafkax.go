@@ -96,7 +96,9 @@ func (c Config) base() *sarama.Config {
 // for a client of a kind this package does not build.
 func (c Config) SaramaConfig() *sarama.Config { return c.base() }
 
-// ConsumerConfig is the Sarama config of a router consumer. Offsets are marked only when
+// ConsumerConfig is the Sarama config of a consumer of the router's topics, without
+// FetchMinBytes (a reader of a partition to its end); the subscribers add it
+// (subscriberConfig). Offsets are marked only when
 // the handler acks (after its database commit) and committed by Sarama in the background:
 // a crash re-delivers at most the last second of messages, which the inbox absorbs. A new
 // group starts at the oldest offset so nothing produced before the first start is skipped.

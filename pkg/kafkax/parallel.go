@@ -138,8 +138,9 @@ type ParallelSubscriber struct {
 var _ message.Subscriber = (*ParallelSubscriber)(nil)
 
 // NewParallelSubscriber builds a ParallelSubscriber in consumer group group with the same
-// Sarama settings as NewSubscriber (ConsumerConfig: read_committed, oldest offset for a new
-// group, background auto-commit of marked offsets). A nil logger logs nothing.
+// Sarama settings as NewSubscriber (subscriberConfig: read_committed, oldest offset for a
+// new group, background auto-commit of marked offsets, fetches waiting for
+// kafka.fetch_min_bytes). A nil logger logs nothing.
 func (c Config) NewParallelSubscriber(group string, pc ParallelConfig, logger watermill.LoggerAdapter) (*ParallelSubscriber, error) {
 	if group == "" {
 		return nil, errors.New("kafkax: parallel subscriber needs a consumer group")
@@ -805,8 +806,8 @@ func (r *claimRun) ack(sl *slot) {
 	r.mu.Unlock()
 	r.signal()
 	if next != nil {
-		// From the acked message's watcher or the sweep, which keep the watchers' count
-		// above zero; also while the claim drains, so that what it acks is contiguous.
+		// From the acked message's watcher, the sweep or returned, which keep the watchers'
+		// count above zero; also while the claim drains, so that what it acks is contiguous.
 		r.handOut(next.sl, next.msg, r.abandon)
 	}
 }

@@ -237,7 +237,8 @@ func kclientGroupID(client, what string) string {
 const kclientWait = 2 * time.Minute
 
 // saramaConsume reads n records of topic in a fresh consumer group with the router's Sarama
-// consumer config (kafkax.ConsumerConfig), marking each record's offset as kafkax does once
+// consumer config (kafkax.ConsumerConfig; fetch.min.bytes is left at 1 for both clients: a
+// pre-loaded topic fills every fetch), marking each record's offset as kafkax does once
 // the record is acked, and committing the marks once the nth is read.
 func (s *suite) saramaConsume(ctx context.Context, topic string, n int, t *kclientTimer) error {
 	id := kclientGroupID("sarama", "group")
