@@ -15,6 +15,22 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
+// ackRouter is a ParallelSubscriber in group and a Watermill router with AckOnReturn, as
+// the runtime builds them.
+func ackRouter(t *testing.T, c kafkax.Config, group string, pc kafkax.ParallelConfig) (*kafkax.ParallelSubscriber, *message.Router) {
+	t.Helper()
+	sub, err := c.NewParallelSubscriber(group, pc, tlog{t: t})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.AddMiddleware(kafkax.AckOnReturn)
+	return sub, r
+}
+
 // TestParallelSubscriberAckOnReturn runs a Watermill router with AckOnReturn over a window
 // of 4: every message is handled, a nacked one (an error) and one whose handler panicked
 // (the router recovers and nacks) are handed out again, each key's messages never run at
@@ -30,15 +46,7 @@ func TestParallelSubscriberAckOnReturn(t *testing.T) {
 	}
 	produce(t, c, topic, true, recs)
 	group := uniqueGroup("parallel-ackonreturn")
-	sub, err := c.NewParallelSubscriber(group, kafkax.ParallelConfig{Window: 4}, tlog{t: t})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.AddMiddleware(kafkax.AckOnReturn)
+	sub, r := ackRouter(t, c, group, kafkax.ParallelConfig{Window: 4})
 	var mu sync.Mutex
 	seen, running := map[string]int{}, map[string]bool{}
 	done := make(chan struct{})
@@ -112,15 +120,7 @@ func TestAckOnReturnHandOutBeforeClose(t *testing.T) {
 	for round := range 20 {
 		topic := testenv.Topic(t, c, "parallel-ack-close", 1)
 		produce(t, c, topic, true, []rec{{0, "b", "b/0"}, {0, "a", "a/0"}, {0, "a", "a/1"}})
-		sub, err := c.NewParallelSubscriber(uniqueGroup("parallel-ack-close"), kafkax.ParallelConfig{}, tlog{t: t})
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.AddMiddleware(kafkax.AckOnReturn)
+		sub, r := ackRouter(t, c, uniqueGroup("parallel-ack-close"), kafkax.ParallelConfig{})
 		first := make(chan struct{}) // a/0 is being handled: its return hands out a/1
 		var once sync.Once
 		r.AddConsumerHandler("h", topic, sub, func(m *message.Message) error {
