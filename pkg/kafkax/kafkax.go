@@ -34,8 +34,9 @@ type Config struct {
 	// A fetch answered at the first record carries a few records at moderate load, and every
 	// batch downstream (the inbox's transactions, the relay's Kafka transactions) is as
 	// small: at 2,000 orders/s, 64 KiB and 20 ms cost the stack (router, database, broker)
-	// ≈40 % less CPU per order than 1 byte and 100 ms, at the same p99 and ≈7 ms more p50
-	// (docs/BENCHMARKS.md, "kafka.fetch_min_bytes"). At full load fetches fill at once.
+	// ≈40 % less CPU per order than 1 byte and 100 ms, for 7–13 ms more median latency and
+	// up to ≈8 ms more p99 (docs/BENCHMARKS.md, "kafka.fetch_min_bytes"). At full load
+	// fetches fill at once.
 	MaxPollWait   time.Duration `key:"max_poll_wait" default:"20ms" range:"1ms..30s" help:"fetch max wait: how long a fetch waits for kafka.fetch_min_bytes (and, with nothing to read, for anything)"`
 	FetchMinBytes int           `key:"fetch_min_bytes" default:"65536" range:"1..67108864" help:"bytes a subscriber's fetch waits for, up to kafka.max_poll_wait, before the broker answers (Kafka's fetch.min.bytes); 1 answers at the first record: lower latency, smaller batches, more CPU per order"`
 	DialTimeout   time.Duration // default 5s
