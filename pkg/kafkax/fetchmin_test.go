@@ -44,7 +44,7 @@ func TestConfigFetchMinBytes(t *testing.T) {
 }
 
 // TestParallelSubscriberFetchMinBytesDelivers: with fetch_min_bytes far above what is
-// produced, a lone small record (and a tombstone) is still handed out once
+// produced, a lone small record (and one with an empty value) is still handed out once
 // kafka.max_poll_wait has passed — the setting delays a fetch, it never holds a record back.
 func TestParallelSubscriberFetchMinBytesDelivers(t *testing.T) {
 	c := testenv.Kafka(t)
