@@ -18,6 +18,7 @@ type config struct {
 	httpN           int
 	httpClients     int
 	peerN, peerRate int
+	dupPct          float64 // per cent of the peer and router groups' orders delivered twice
 	stormN, stormK  int
 
 	// Group commit (batch.go, plain.go, storm and the e2e batch runs).
@@ -122,7 +123,7 @@ func parseConfig(args []string) (*config, error) {
 	fs.IntVar(&c.plainSingle, "plain-single-orders", 3000, "orders of each one-delivery-per-transaction plain measurement (16 workers, -workers)")
 
 	fs.IntVar(&c.kclientN, "kclient-records", 200000, "records each client consumes and produces (in transactions of -relay-batch) in the kclient group")
-	fs.IntVar(&c.kclientRounds, "kclient-rounds", 5, "rounds of the kclient group (Sarama and kgo back to back, alternating which goes first); medians reported")
+	fs.IntVar(&c.kclientRounds, "kclient-rounds", 5, "rounds of the kclient group (Sarama, kgo and the router's consuming path back to back, alternating the order); medians reported")
 	fs.IntVar(&c.forwarderN, "forwarder-events", 20000, "events for the Watermill forwarder comparison (0 skips it)")
 
 	fs.IntVar(&c.traceOrders, "trace-orders", 20000, "orders of each end-to-end run of the tracing measurement")
@@ -130,7 +131,8 @@ func parseConfig(args []string) (*config, error) {
 
 	fs.IntVar(&c.seedOrders, "seed-orders", 20000, "orders of the seed_load run")
 	fs.IntVar(&c.httpN, "http-requests", 20000, "requests of the http_claims run (30 % with an earlier request's Idempotency-Key)")
-	fs.IntVar(&c.peerN, "peer-orders", 50000, "orders of the peer comparison (a plain Watermill pipeline and onceflow on the same input, 30 % delivered twice; 0 skips it)")
+	fs.IntVar(&c.peerN, "peer-orders", 50000, "orders of the peer comparison (a plain Watermill pipeline and onceflow on the same input, -dup-pct delivered twice; 0 skips it)")
+	fs.Float64Var(&c.dupPct, "dup-pct", 30, "per cent of the orders the peer and router groups deliver twice, a few hundred records after the first (0 measures the router without duplicates)")
 	fs.IntVar(&c.peerRate, "peer-rate", 800, "offered load (orders/s) of the peer comparison's latency phase, -load-seconds long: below what the peer sustains")
 	fs.IntVar(&c.httpClients, "http-clients", 64, "concurrent clients of the http_claims run, each sending its next request once answered")
 	fs.Float64Var(&c.seedDupRate, "seed-dup-rate", 0.3, "duplicate deliveries of the seed_load run")
@@ -170,6 +172,9 @@ func parseConfig(args []string) (*config, error) {
 	}
 	if vs := splitList(c.e2eCoupon); len(vs) == 0 || len(vs) > 2 || slices.ContainsFunc(vs, func(v string) bool { return v != "batch" && v != "plain" }) || len(vs) == 2 && vs[0] == vs[1] {
 		return nil, fmt.Errorf("-e2e-coupon %q: want batch, plain, or batch,plain", c.e2eCoupon)
+	}
+	if c.dupPct < 0 || c.dupPct > 100 {
+		return nil, fmt.Errorf("-dup-pct %g: want 0 to 100", c.dupPct)
 	}
 	if c.routerRate > 0 && c.routerSecs < 1 {
 		return nil, fmt.Errorf("-router-seconds %d: want at least 1 (or -router-rate 0)", c.routerSecs)

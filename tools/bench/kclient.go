@@ -29,8 +29,11 @@ import (
 // acks=all, one request in flight, no compression, the flush wait as linger, Sarama's key
 // hash). No Watermill, no database. CPU is this process's user + system time over the timed
 // part: from the client's creation until the last record is read and its offset committed,
-// or the last transaction committed (closing the client is left out). -kclient-rounds rounds,
-// alternating which client goes first; medians, and kgo's CPU per record in % of Sarama's.
+// or the last transaction committed (closing the client is left out). Two more consumers read
+// the same records through what the router binary puts on top of Sarama (routerConsume):
+// "router", its handler returning at once, and "router_wait", its handler waiting in batches
+// as group commit's deliveries do. -kclient-rounds rounds, alternating the order; medians, and
+// kgo's CPU per record in % of Sarama's.
 func (s *suite) kclientGroup(ctx context.Context) error {
 	n, rounds, batch := s.cfg.kclientN, s.cfg.kclientRounds, s.cfg.relayBatch
 	in, dropIn, err := makeTopic(s.kc, "bench-kclient-in", 12)
@@ -52,7 +55,7 @@ func (s *suite) kclientGroup(ctx context.Context) error {
 
 	type key struct{ client, op string }
 	perS, cpu, broker := map[key][]float64{}, map[key][]float64{}, map[key][]float64{}
-	clients := []string{"sarama", "kgo"}
+	clients := []string{"sarama", "kgo", "router", "router_wait"}
 	us := func(v float64) string { return fmt.Sprintf("%.2f", v) } // a few µs per record: one decimal is too coarse
 	for r := 1; r <= rounds; r++ {
 		s.round = r
@@ -66,8 +69,14 @@ func (s *suite) kclientGroup(ctx context.Context) error {
 				switch {
 				case op == "consume" && c == "sarama":
 					m, err = s.kclientTimed(n, func(t *kclientTimer) error { return s.saramaConsume(ctx, in, n, t) })
+				case op == "consume" && c == "router":
+					m, err = s.kclientTimed(n, func(t *kclientTimer) error { return s.routerConsume(ctx, in, n, t, false) })
+				case op == "consume" && c == "router_wait":
+					m, err = s.kclientTimed(n, func(t *kclientTimer) error { return s.routerConsume(ctx, in, n, t, true) })
 				case op == "consume":
 					m, err = s.kclientTimed(n, func(t *kclientTimer) error { return s.kgoConsume(ctx, in, n, t) })
+				case c == "router" || c == "router_wait":
+					continue
 				case c == "sarama":
 					m, err = s.kclientTimed(n, func(t *kclientTimer) error { return s.saramaProduce(out, recs, batch, t) })
 				default:
@@ -92,6 +101,9 @@ func (s *suite) kclientGroup(ctx context.Context) error {
 	for _, op := range []string{"consume", "produce"} {
 		for _, c := range clients {
 			k := key{c, op}
+			if len(cpu[k]) == 0 {
+				continue
+			}
 			kv := []any{"client", c, "op", op, "records", n, "records_per_s", median(perS[k]), "cpu_us_per_record", us(median(cpu[k])),
 				"cpu_min", us(slices.Min(cpu[k])), "cpu_max", us(slices.Max(cpu[k])), "kafka_cpu_us_per_record", median(broker[k]), "rounds", rounds}
 			if op == "produce" {

@@ -18,7 +18,7 @@ import (
 )
 
 // peerGroup: the pipeline a team writes today without onceflow, side by side with onceflow
-// on the same input. Two topics are loaded with the same -peer-orders orders, 30 % of them
+// on the same input. Two topics are loaded with the same -peer-orders orders, -dup-pct (30 %) of them
 // delivered twice (the copy a different Kafka message with the same payload, some hundreds
 // of records later); then
 //
@@ -42,9 +42,6 @@ func (s *suite) peerGroup(ctx context.Context) error {
 	}
 	return nil
 }
-
-// peerDupRate is the share of orders delivered twice.
-const peerDupRate = 0.3
 
 func (s *suite) benchPeer(ctx context.Context) error {
 	n := s.cfg.peerN
@@ -122,7 +119,7 @@ type peerResult struct {
 	cpu                   []any // CPU per order by process (cpuMeter.perOrder)
 }
 
-// loadPeerInput writes orders 0..n-1 to topic, peerDupRate of them a second time a few
+// loadPeerInput writes orders 0..n-1 to topic, -dup-pct of them a second time a few
 // hundred records later (a new message id, the same payload), and returns how many records
 // it wrote.
 func (s *suite) loadPeerInput(topic string, n int) (int, error) {
@@ -152,7 +149,7 @@ func (s *suite) loadPeerInput(topic string, n int) (int, error) {
 			if err := send(i); err != nil {
 				return 0, err
 			}
-			if rng.Float64() < peerDupRate {
+			if rng.Float64()*100 < s.cfg.dupPct {
 				at := i + 1 + rng.IntN(500)
 				later[at] = append(later[at], i)
 			}

@@ -27,7 +27,7 @@ import (
 // exactly-once relay), on topics, a consumer group, a transactional id and a positions topic
 // of the bench's own, on the bench database:
 //
-//   - mode=peak: -router-orders orders pre-loaded, 30 % of them delivered twice (the peer
+//   - mode=peak: -router-orders orders pre-loaded, -dup-pct (30 %) of them delivered twice (the peer
 //     group's input), then the router started and timed until a read_committed watcher has
 //     seen every order's event;
 //   - mode=rate<N>: a second, fresh router; once its consumer group is stable, a generator

@@ -337,8 +337,9 @@ func (b benchRun) rowsRow(row func(m, r, t string)) {
 }
 
 // kclientRow is the Kafka client alone, Sarama against kgo, when the run measured it: CPU per
-// record consuming and producing transactionally, and what kgo could save the router per order
-// at most, beside the router's own CPU per order at its peak when the run has it.
+// record consuming and producing transactionally, consuming through the router's path where
+// the run has it, and what kgo could save the router per order at most, beside the router's
+// own CPU per order at its peak when the run has it.
 func (b benchRun) kclientRow(row func(m, r, t string)) {
 	ratio, ok := b.one("ratio", "mode", "kgo_vs_sarama")
 	if !ok {
@@ -351,6 +352,14 @@ func (b benchRun) kclientRow(row func(m, r, t string)) {
 		res = append(res, fmt.Sprintf("%s: Sarama %s (%s records/s), kgo %s (%s records/s), kgo **%s %%** of Sarama's", op.label,
 			f(s.num("cpu_us_per_record"), 2), rate(s.num("records_per_s")), f(k.num("cpu_us_per_record"), 2), rate(k.num("records_per_s")),
 			f(ratio.num(op.pct), 1)))
+	}
+	if rt, ok := b.one("kclient", "client", "router", "op", "consume"); ok {
+		glue := fmt.Sprintf("Sarama under the router's consuming path (kafkax's window, Watermill's router, no database): %s with a handler returning at once",
+			f(rt.num("cpu_us_per_record"), 2))
+		if rw, ok := b.one("kclient", "client", "router_wait", "op", "consume"); ok {
+			glue += fmt.Sprintf(", %s with one waiting in batches of 512 as group commit's deliveries do", f(rw.num("cpu_us_per_record"), 2))
+		}
+		res = append(res, glue)
 	}
 	bound := ratio.num("router_saving_us_per_order_bound")
 	saving, target := fmt.Sprintf("router saving bound **%s µs per order**", f(bound, 2)), "—"
