@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/pkg/dbx"
@@ -20,8 +23,22 @@ import (
 // log1 (one log row per order, INIT → GRANTED), coupon. -db-rounds rounds in rotated order,
 // each on emptied tables; MariaDB's CPU µs per order, ending once it is idle (waitPurge).
 // The ratio line is what a one-row log, or none, would save per order.
+//
+// Four more modes price the inbox's own row the same way, as the Batcher's claim writes it
+// (an upsert of the row already 'done', read back with RETURNING; the statements of
+// inbox/batch.go: insertColumns, claimGroup, claimRows): "inbox", a new row; "inbox_dup",
+// the same claim on rows that exist (a copy turned away: the rows are claimed once first,
+// untimed); "inbox_noindex", a new row in a copy of the table without its secondary index
+// (idx_biz_status_created); "inbox_key", a row of only the unique key (id, dedup_key,
+// biz_type, duplicates): what any durable dedup record costs. The rows_inbox ratio line splits
+// a new row's cost into the key, the secondary index and the other columns (payload,
+// metadata, fingerprint, source), which the inbox overhead's target has to fit in.
 func (s *suite) rowsGroup(ctx context.Context) error {
-	modes := []string{"grant", "log3", "log1", "coupon"}
+	if err := s.rowsTables(ctx, true); err != nil {
+		return err
+	}
+	defer func() { _ = s.rowsTables(context.Background(), false) }()
+	modes := []string{"grant", "log3", "log1", "coupon", "inbox", "inbox_dup", "inbox_noindex", "inbox_key"}
 	cpu, rate := map[string][]float64{}, map[string][]float64{}
 	for r := range s.cfg.dbRounds {
 		for i := range modes {
@@ -41,7 +58,55 @@ func (s *suite) rowsGroup(ctx context.Context) error {
 	all := median(cpu["grant"]) + median(cpu["log3"]) + median(cpu["coupon"])
 	s.report("ratio", "mode", "rows_log", "plugin_rows_db_cpu_us_per_order", all, "log3_db_cpu_us_per_order", median(cpu["log3"]),
 		"log1_saving_db_cpu_us_per_order", median(cpu["log3"])-median(cpu["log1"]), "nolog_saving_db_cpu_us_per_order", median(cpu["log3"]))
+	row, key, noIndex := median(cpu["inbox"]), median(cpu["inbox_key"]), median(cpu["inbox_noindex"])
+	s.report("ratio", "mode", "rows_inbox", "row_db_cpu_us", row, "key_db_cpu_us", key, "index_db_cpu_us", row-noIndex,
+		"columns_db_cpu_us", noIndex-key, "dup_db_cpu_us", median(cpu["inbox_dup"]))
 	return nil
+}
+
+// The rows group's tables beside the inbox: a copy without its secondary index, and a table
+// of only the unique key (inbox_noindex, inbox_key).
+const (
+	rowsNoIndexTable = "bench_inbox_noindex"
+	rowsKeyTable     = "bench_inbox_key"
+)
+
+// rowsTables creates the rows group's tables afresh (create) or drops them.
+func (s *suite) rowsTables(ctx context.Context, create bool) error {
+	stmts := []string{"DROP TABLE IF EXISTS " + rowsNoIndexTable, "DROP TABLE IF EXISTS " + rowsKeyTable}
+	if create {
+		stmts = append(stmts, "CREATE TABLE "+rowsNoIndexTable+" LIKE inbox",
+			"ALTER TABLE "+rowsNoIndexTable+" DROP KEY idx_biz_status_created",
+			"CREATE TABLE "+rowsKeyTable+` (
+    id         BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY,
+    dedup_key  VARCHAR(191) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NOT NULL,
+    biz_type   VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin NOT NULL,
+    duplicates INT NOT NULL DEFAULT 0,
+    UNIQUE KEY uk_dedup (dedup_key, biz_type)
+) ENGINE=InnoDB`)
+	}
+	for _, q := range stmts {
+		if _, err := s.lock.ExecContext(ctx, q); err != nil {
+			return fmt.Errorf("rows: %s: %w", strings.Fields(q)[0], err)
+		}
+	}
+	if create {
+		for _, t := range []string{rowsNoIndexTable, rowsKeyTable} {
+			if err := s.grantOwn(ctx, t); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// rowsClaim is the Batcher's claim of new inbox rows into table (inbox/batch.go): the row
+// written 'done', an existing one locked and counted as a duplicate, every row read back.
+func rowsClaim(table string) (head, group, tail string) {
+	return "INSERT INTO " + table + ` (dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset,
+ payload, metadata, fingerprint, attempts, last_error, replay_id, expire_at, tombstone, payload_size) VALUES `,
+		"(?, ?, 'done', NULL, ?, ?, ?, ?, ?, ?, ?, 1, NULL, NULL, ?, FALSE, NULL)",
+		" ON DUPLICATE KEY UPDATE duplicates = duplicates + 1 RETURNING id, dedup_key, status, fingerprint, reason, duplicates"
 }
 
 // rowsRun inserts the rows of mode for -rows-orders orders and returns orders/s and MariaDB's
@@ -58,12 +123,44 @@ func (s *suite) rowsRun(ctx context.Context, mode string) (float64, float64, err
 	var st *dbx.MultiRow
 	var width, rowsPer int
 	var rowArgs func(o coupon.OrderPaid, args []any) []any
+	returning := false // the statement reads its rows back (the inbox's claim)
 	multi := func(w, max int, head, group string) *dbx.MultiRow {
 		return dbx.NewMultiRow(s.db, w, max, func(n int) string {
 			return head + strings.TrimSuffix(strings.Repeat(group+", ", n), ", ")
 		})
 	}
 	switch mode {
+	case "inbox", "inbox_dup", "inbox_noindex":
+		table := "inbox" // emptied by truncate
+		if mode == "inbox_noindex" {
+			table = rowsNoIndexTable
+			if err := s.rowsEmpty(ctx, table); err != nil {
+				return 0, 0, err
+			}
+		}
+		head, group, tail := rowsClaim(table)
+		width, rowsPer, returning = 10, 1, true
+		// The claim's largest statement is 256 rows (inbox's claimRows).
+		st = dbx.NewMultiRow(s.db, width, 256, func(n int) string {
+			return head + strings.TrimSuffix(strings.Repeat(group+", ", n), ", ") + tail
+		})
+		expire := time.Now().Add(720 * time.Hour).UTC()
+		// What the router stores of an order-paid record with a trace context.
+		meta := `{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}`
+		rowArgs = func(o coupon.OrderPaid, args []any) []any {
+			return append(args, o.OrderID, coupon.BizType, watermill.NewUUID(), "order-paid", int32(3), int64(len(args)/10),
+				o.Encode(), meta, o.Fingerprint(), expire)
+		}
+	case "inbox_key":
+		if err := s.rowsEmpty(ctx, rowsKeyTable); err != nil {
+			return 0, 0, err
+		}
+		width, rowsPer, returning = 2, 1, false
+		st = dbx.NewMultiRow(s.db, width, 256, func(n int) string {
+			return "INSERT INTO " + rowsKeyTable + " (dedup_key, biz_type) VALUES " + strings.TrimSuffix(strings.Repeat("(?, ?), ", n), ", ") +
+				" ON DUPLICATE KEY UPDATE duplicates = duplicates + 1"
+		})
+		rowArgs = func(o coupon.OrderPaid, args []any) []any { return append(args, o.OrderID, coupon.BizType) }
 	case "grant":
 		width, rowsPer = 7, 1
 		st = multi(width, per, `INSERT INTO coupon_grant (order_id, campaign_id, user_id, state, version, value_cents, stock_shard, budget_shard, coupon_id) VALUES `,
@@ -101,17 +198,30 @@ func (s *suite) rowsRun(ctx context.Context, mode string) (float64, float64, err
 	batches := (n + per - 1) / per
 	restore := s.withWorkers(2)
 	defer restore()
-	meter := newCPUMeter(s.services)
-	el, err := s.parallel(batches, func(b int) error {
+	run := func(b int) error {
 		args := make([]any, 0, per*rowsPer*width)
 		for i := b * per; i < min((b+1)*per, n); i++ {
 			args = rowArgs(order("rows", i), args)
 		}
 		return dbx.InTx(ctx, s.db, func(tx *sql.Tx) error {
+			if returning {
+				return st.Query(ctx, tx, args, func(*sql.Rows) error { return nil })
+			}
 			_, err := st.Exec(ctx, tx, args)
 			return err
 		})
-	})
+	}
+	if mode == "inbox_dup" {
+		// The rows the copies meet, claimed first, untimed.
+		if _, err := s.parallel(batches, run); err != nil {
+			return 0, 0, err
+		}
+		if err := s.waitPurge(ctx); err != nil {
+			return 0, 0, err
+		}
+	}
+	meter := newCPUMeter(s.services)
+	el, err := s.parallel(batches, run)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -119,4 +229,12 @@ func (s *suite) rowsRun(ctx context.Context, mode string) (float64, float64, err
 		return 0, 0, err
 	}
 	return float64(n) / el.Seconds(), dbCPUPerOrder(meter, n), nil
+}
+
+// rowsEmpty empties one of the rows group's own tables (truncate empties the framework's).
+func (s *suite) rowsEmpty(ctx context.Context, table string) error {
+	if _, err := s.lock.ExecContext(ctx, "TRUNCATE TABLE "+table); err != nil {
+		return fmt.Errorf("rows: truncate %s: %w", table, err)
+	}
+	return nil
 }

@@ -334,6 +334,21 @@ func (b benchRun) rowsRow(row func(m, r, t string)) {
 	row(fmt.Sprintf("`rows`: the coupon plugin's rows per order, one table at a time, %s orders, %s rounds: MariaDB CPU µs per order (medians; rounds' range)",
 		f(g.num("orders"), 0), g.get("rounds")),
 		fmt.Sprintf("%s; one log row instead of three saves **%s µs per order**", strings.Join(parts, "; "), f(ratio.num("log1_saving_db_cpu_us_per_order"), 1)), "—")
+	in, ok := b.one("ratio", "mode", "rows_inbox")
+	if !ok {
+		return
+	}
+	parts = parts[:0]
+	for _, m := range []struct{ mode, label string }{{"inbox", "a new row"}, {"inbox_dup", "the same claim meeting the row (a copy)"},
+		{"inbox_noindex", "a new row without the secondary index"}, {"inbox_key", "a row of only the unique key"}} {
+		if r, ok := b.one("rows", "mode", m.mode); ok {
+			parts = append(parts, fmt.Sprintf("%s %s (%s–%s)", m.label, f(r.num("db_cpu_us_per_order"), 1), f(r.num("db_cpu_min"), 1), f(r.num("db_cpu_max"), 1)))
+		}
+	}
+	row(fmt.Sprintf("`rows` `inbox*`: the inbox's row as the batch claims it, %s rows, %s rounds: MariaDB CPU µs per row (medians; rounds' range)",
+		f(g.num("orders"), 0), g.get("rounds")),
+		fmt.Sprintf("%s; of a new row: the key **%s**, the secondary index %s, the other columns (payload, metadata, fingerprint, source) %s",
+			strings.Join(parts, "; "), f(in.num("key_db_cpu_us"), 1), f(in.num("index_db_cpu_us"), 1), f(in.num("columns_db_cpu_us"), 1)), "—")
 }
 
 // kclientRow is the Kafka client alone, Sarama against kgo, when the run measured it: CPU per
