@@ -347,7 +347,7 @@ func (b benchRun) rowsRow(row func(m, r, t string)) {
 	}
 	row(fmt.Sprintf("`rows` `inbox*`: the inbox's row as the batch claims it, %s rows, %s rounds: MariaDB CPU µs per row (medians; rounds' range)",
 		f(g.num("orders"), 0), g.get("rounds")),
-		fmt.Sprintf("%s; of a new row: the key **%s**, the secondary index %s, the other columns (payload, metadata, fingerprint, source) %s",
+		fmt.Sprintf("%s; of a new row: the key **%s**, the secondary index %s, the other columns (message id, source, payload, metadata, fingerprint, status, expiry) %s",
 			strings.Join(parts, "; "), f(in.num("key_db_cpu_us"), 1), f(in.num("index_db_cpu_us"), 1), f(in.num("columns_db_cpu_us"), 1)), "—")
 }
 
@@ -372,7 +372,7 @@ func (b benchRun) kclientRow(row func(m, r, t string)) {
 		glue := fmt.Sprintf("Sarama under the router's consuming path (kafkax's window, Watermill's router, no database): %s with a handler returning at once",
 			f(rt.num("cpu_us_per_record"), 2))
 		if rw, ok := b.one("kclient", "client", "router_wait", "op", "consume"); ok {
-			glue += fmt.Sprintf(", %s with one waiting in batches of 512 as group commit's deliveries do", f(rw.num("cpu_us_per_record"), 2))
+			glue += fmt.Sprintf(", %s with handlers parked until their batch of 512 is released (the window full, as at the router's peak)", f(rw.num("cpu_us_per_record"), 2))
 		}
 		res = append(res, glue)
 	}
@@ -387,7 +387,7 @@ func (b benchRun) kclientRow(row func(m, r, t string)) {
 		}
 	}
 	s, _ := b.one("kclient", "client", "sarama", "op", "produce")
-	row(fmt.Sprintf("`kclient`: the Kafka client alone, Sarama vs franz-go (kgo), %s records, %s per transaction, %s rounds: CPU µs per record (medians)",
+	row(fmt.Sprintf("`kclient`: the Kafka client, Sarama vs franz-go (kgo), alone and under the router's consuming path, %s records, %s per transaction, %s rounds: CPU µs per record (medians)",
 		f(s.num("records"), 0), f(s.num("records_per_txn"), 0), ratio.get("rounds")), strings.Join(append(res, saving), "; "), target)
 }
 

@@ -14,8 +14,8 @@ func (b benchRun) routerRows(row func(m, r, t string)) {
 		return fmt.Sprintf("≤ 150 MB: %s", verdict(r.num("max_rss_mb") <= 150))
 	}
 	if r, ok := b.one("router", "mode", "peak"); ok {
-		row(fmt.Sprintf("`router` `peak`: `bin/router run` as a child process, %s orders pre-loaded (%s deliveries, 30 %% twice), default settings",
-			f(r.num("orders"), 0), f(r.num("deliveries"), 0)),
+		row(fmt.Sprintf("`router` `peak`: `bin/router run` as a child process, %s orders pre-loaded (%s deliveries, %s twice), default settings",
+			f(r.num("orders"), 0), f(r.num("deliveries"), 0), twice(r)),
 			fmt.Sprintf("%s orders/s (steady %s); peak RSS **%s MB**; %s", rate(r.num("orders_per_s")), rate(r.num("steady_orders_per_s")),
 				f(r.num("max_rss_mb"), 1), cpu(r)), rss(r))
 	}
