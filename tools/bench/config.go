@@ -18,7 +18,7 @@ type config struct {
 	httpN           int
 	httpClients     int
 	peerN, peerRate int
-	dupPct          float64 // per cent of the peer and router groups' orders delivered twice
+	dupPct          float64 // per cent of the orders delivered twice (peer group, router peak run)
 	stormN, stormK  int
 
 	// Group commit (batch.go, plain.go, storm and the e2e batch runs).
@@ -132,7 +132,7 @@ func parseConfig(args []string) (*config, error) {
 	fs.IntVar(&c.seedOrders, "seed-orders", 20000, "orders of the seed_load run")
 	fs.IntVar(&c.httpN, "http-requests", 20000, "requests of the http_claims run (30 % with an earlier request's Idempotency-Key)")
 	fs.IntVar(&c.peerN, "peer-orders", 50000, "orders of the peer comparison (a plain Watermill pipeline and onceflow on the same input, -dup-pct delivered twice; 0 skips it)")
-	fs.Float64Var(&c.dupPct, "dup-pct", 30, "per cent of the orders the peer and router groups deliver twice, a few hundred records after the first (0 measures the router without duplicates)")
+	fs.Float64Var(&c.dupPct, "dup-pct", 30, "per cent of the orders delivered twice, a few hundred records after the first, in the peer group and the router group's peak run (0 measures the router without copies)")
 	fs.IntVar(&c.peerRate, "peer-rate", 800, "offered load (orders/s) of the peer comparison's latency phase, -load-seconds long: below what the peer sustains")
 	fs.IntVar(&c.httpClients, "http-clients", 64, "concurrent clients of the http_claims run, each sending its next request once answered")
 	fs.Float64Var(&c.seedDupRate, "seed-dup-rate", 0.3, "duplicate deliveries of the seed_load run")
@@ -147,7 +147,7 @@ func parseConfig(args []string) (*config, error) {
 	fs.Float64Var(&c.seedConsumerScale, "seed-consumer-scale", 0.01, "factor on the seed consumer's call times and poll interval (it is too slow to measure unscaled)")
 	fs.DurationVar(&c.seedConsumerInterval, "seed-poll-interval", 5*time.Minute, "the seed consumer's max.poll.interval.ms, before -seed-consumer-scale")
 
-	fs.IntVar(&c.routerN, "router-orders", 50000, "orders pre-loaded for the router binary's peak run (30 % delivered twice; 0 skips it)")
+	fs.IntVar(&c.routerN, "router-orders", 50000, "orders pre-loaded for the router binary's peak run (-dup-pct delivered twice; 0 skips it)")
 	fs.IntVar(&c.routerRate, "router-rate", 2000, "offered load (orders/s) of the router binary's paced run (0 skips it)")
 	fs.IntVar(&c.routerSecs, "router-seconds", 20, "measured seconds of the router binary's paced run (after -warmup-seconds)")
 	fs.IntVar(&c.routerBig, "router-big", 600, "records over inbox.max_payload_bytes sent to the router binary's stalled run while its database is stalled (0 skips it)")
