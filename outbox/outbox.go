@@ -47,30 +47,55 @@ type Event struct {
 	TraceParent string
 }
 
-// Validate checks an event before it is stored.
+// Validate checks an event before it is stored. Its errors wrap ErrInvalidEvent and say
+// they are permanent (see ErrInvalidEvent).
 func (e Event) Validate() error {
 	switch {
 	case e.ID == "" || len(e.ID) > 36:
-		return fmt.Errorf("outbox: event id %q must be 1..36 bytes", e.ID)
+		return invalid(nil, "outbox: event id %q is %d bytes, must be 1..36 (outbox.EventID makes a 36-byte id from longer parts)", e.ID, len(e.ID))
 	case e.Type == "" || len(e.Type) > 64:
-		return fmt.Errorf("outbox: event type %q must be 1..64 bytes", e.Type)
+		return invalid(nil, "outbox: event type %q must be 1..64 bytes", e.Type)
 	case e.Key == "" || len(e.Key) > 191:
-		return fmt.Errorf("outbox: event key %q must be 1..191 bytes", e.Key)
+		return invalid(nil, "outbox: event key %q must be 1..191 bytes", e.Key)
 	}
 	if err := kafkax.CheckTopicName(e.Topic); err != nil {
-		return fmt.Errorf("outbox: %w", err)
+		return invalid(err, "outbox: %v", err)
 	}
 	if _, ok := tracex.Parse(e.TraceParent); e.TraceParent != "" && (!ok || len(e.TraceParent) != tracex.Len) {
-		return fmt.Errorf("outbox: event %s: trace parent %q is not a version 00 W3C traceparent", e.ID, e.TraceParent)
+		return invalid(nil, "outbox: event %s: trace parent %q is not a version 00 W3C traceparent", e.ID, e.TraceParent)
 	}
 	// The relay appends the extra headers after its own: a second event_id would shadow
 	// the real one for readers that keep the last value (watermill metadata, ReadAll).
 	for _, k := range []string{HeaderEventID, HeaderEventType} {
 		if _, ok := e.Headers[k]; ok {
-			return fmt.Errorf("outbox: event %s: header %q is reserved", e.ID, k)
+			return invalid(nil, "outbox: event %s: header %q is reserved", e.ID, k)
 		}
 	}
 	return nil
+}
+
+// ErrInvalidEvent is wrapped by every error of Event.Validate, so by Add and AddBatch when
+// they refuse an event before writing anything. The event itself is wrong: the same event
+// is refused on every attempt. These errors also have a method Permanent() bool that
+// returns true, which an error classifier can find with errors.As without importing outbox.
+var ErrInvalidEvent = errors.New("outbox: invalid event")
+
+// invalidEvent is an error of Event.Validate.
+type invalidEvent struct {
+	msg   string
+	cause error // the check's own error, if any
+}
+
+func (e *invalidEvent) Error() string        { return e.msg }
+func (e *invalidEvent) Unwrap() error        { return e.cause }
+func (e *invalidEvent) Is(target error) bool { return target == ErrInvalidEvent }
+
+// Permanent reports that retrying cannot fix the error: the event is refused as it is.
+func (e *invalidEvent) Permanent() bool { return true }
+
+// invalid is an invalidEvent with the message of format and args, wrapping cause.
+func invalid(cause error, format string, args ...any) error {
+	return &invalidEvent{msg: fmt.Sprintf(format, args...), cause: cause}
 }
 
 // ErrDuplicateEvent is returned by Add when an event with the same id is already stored.

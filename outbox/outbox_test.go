@@ -47,6 +47,7 @@ func TestEventValidate(t *testing.T) {
 		{"extra headers", func(e *outbox.Event) { e.Headers = map[string]string{"trace_id": "abc"} }, true},
 		{"header shadows event_id", func(e *outbox.Event) { e.Headers = map[string]string{outbox.HeaderEventID: "forged"} }, false},
 		{"header shadows event_type", func(e *outbox.Event) { e.Headers = map[string]string{outbox.HeaderEventType: "Forged"} }, false},
+		{"bad trace parent", func(e *outbox.Event) { e.TraceParent = "00-abc" }, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -58,6 +59,9 @@ func TestEventValidate(t *testing.T) {
 			}
 			if !c.ok && err == nil {
 				t.Fatalf("Validate() = nil, want an error for %+v", e)
+			}
+			if !c.ok && !isInvalidEvent(err) {
+				t.Fatalf("Validate() = %v, want an error that is ErrInvalidEvent and says it is permanent", err)
 			}
 		})
 	}
@@ -132,10 +136,25 @@ func TestNewRelayConfig(t *testing.T) {
 func TestWriterAddValidates(t *testing.T) {
 	// Validation runs before the transaction is touched, so a nil tx is never used.
 	e := validEvent()
-	e.ID = ""
-	if err := newWriter(t).Add(context.Background(), nil, e); err == nil {
-		t.Fatal("Add of an invalid event: want an error")
+	e.ID = "points-" + strings.Repeat("o", 64) // a 64-byte key in an id: 71 bytes
+	err := newWriter(t).Add(context.Background(), nil, e)
+	if err == nil || !strings.Contains(err.Error(), "is 71 bytes, must be 1..36") || !strings.Contains(err.Error(), "outbox.EventID") {
+		t.Fatalf("Add of a 71-byte event id: %v, want its length, the limit and the helper named", err)
 	}
+	// A handler wraps it: the wrapped error still says that no retry can fix it.
+	if wrapped := fmt.Errorf("credit order: %w", err); !isInvalidEvent(wrapped) {
+		t.Fatalf("Add's error, wrapped: %v, want ErrInvalidEvent and permanent", wrapped)
+	}
+	if err := newWriter(t).AddBatch(context.Background(), nil, []outbox.Event{validEvent(), e}); !isInvalidEvent(err) {
+		t.Fatalf("AddBatch with an invalid event: %v, want ErrInvalidEvent and permanent", err)
+	}
+}
+
+// isInvalidEvent reports whether err is outbox.ErrInvalidEvent and has a Permanent method
+// that says true, as an error classifier outside outbox finds it.
+func isInvalidEvent(err error) bool {
+	var p interface{ Permanent() bool }
+	return errors.Is(err, outbox.ErrInvalidEvent) && errors.As(err, &p) && p.Permanent()
 }
 
 func TestWriterAddDuplicateEvent(t *testing.T) {
