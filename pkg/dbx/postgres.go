@@ -110,6 +110,15 @@ func pgCode(err error) string {
 	return ""
 }
 
+// pgConstraint is the name of the constraint a PostgreSQL error names ("" for none).
+func pgConstraint(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.ConstraintName
+	}
+	return ""
+}
+
 // maskPostgres masks the password of a postgres:// URL.
 func maskPostgres(dsn string) string {
 	u, err := url.Parse(dsn)
