@@ -8,8 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/internal/jsonkeys"
 )
 
 // Typed handlers: a plugin gives a Codec for its message type T and a function that handles
@@ -34,7 +37,10 @@ type Codec[T any] interface {
 // encoding/json. Fields T does not know are ignored (a producer may add fields); anything
 // after the value but white space is refused (two values, or a value followed by garbage, is
 // not the message the producer meant), and so is a payload encoding/json would not decode as
-// sent (CheckJSONText: bytes that are not UTF-8). Key and Fingerprint are the plugin's.
+// sent (CheckJSONText: bytes that are not UTF-8). Field names match exactly: a key that names
+// a field of T only in another case ("ORDERID" for "orderId"), and a key given twice in an
+// object, are refused, where encoding/json alone would match the first case-insensitively
+// and keep the last of the second. Key and Fingerprint are the plugin's.
 type JSON[T any] struct {
 	// Key returns v's business key (e.g. its order id), or an error when v is not a valid
 	// message — a required field missing, say — which makes it poison. Required.
@@ -61,6 +67,9 @@ func (c JSON[T]) Decode(msg *message.Message) (v T, key, fingerprint string, err
 	end := dec.InputOffset()
 	if _, err := dec.Token(); err != io.EOF {
 		return zero, "", "", fmt.Errorf("json: data after the value, which ends at byte %d", end)
+	}
+	if err := jsonkeys.Check(msg.Payload[:end], reflect.TypeFor[T]()); err != nil {
+		return zero, "", "", fmt.Errorf("json: %w", err)
 	}
 	if key, err = c.Key(v); err != nil {
 		return zero, "", "", err

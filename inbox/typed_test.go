@@ -54,6 +54,11 @@ func TestJSONCodec(t *testing.T) {
 		{name: "key with a lone surrogate", payload: `{"orderId":"u8-\ud800"}`, err: "payload is not valid UTF-8 at byte 15"},
 		{name: "unknown field not UTF-8", payload: "{\"orderId\":\"o-7\",\"note\":\"\xfe\"}", err: "payload is not valid UTF-8 at byte 25"},
 		{name: "key with a surrogate pair", payload: `{"orderId":"o-\ud83d\ude00"}`, key: "o-\U0001F600", fp: "o-\U0001F600/0"},
+		{name: "escaped key, exact once decoded", payload: `{"order\u0049d":"o-8","points":1}`, key: "o-8", fp: "o-8/1"},
+		{name: "field in another case", payload: `{"ORDERID":"ci-1"}`, err: `json: field name in another case: "ORDERID" at byte 1 is field "orderId"`},
+		{name: "field, then in another case", payload: `{"orderId":"ci-2","orderid":"ci-3"}`, err: `field name in another case: "orderid" at byte 18`},
+		{name: "field given twice", payload: `{"orderId":"ci-4","points":1,"orderId":"ci-5"}`, err: `json: key given twice: "orderId" at byte 29`},
+		{name: "unknown field given twice", payload: `{"orderId":"ci-6","note":"a","note":"b"}`, err: `key given twice: "note"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d, err := h.Decode(message.NewMessage("m", []byte(tc.payload)))
@@ -149,5 +154,53 @@ func TestTypedInvalidUTF8IsPoison(t *testing.T) {
 	}
 	if n := count(t, g.db.DB, "SELECT COUNT(*) FROM inbox"); n != 2 {
 		t.Fatalf("%d inbox rows, want the 2 poison ones", n)
+	}
+}
+
+// Orders whose field names differ from the type's in case, or that give a field twice, are
+// poison, quarantined with the reason, nothing handled: encoding/json alone decodes each to
+// an order (the last orderId, or the one spelt in capitals) that would be processed.
+func TestTypedFieldNamesExact(t *testing.T) {
+	payloads := []string{`{"orderId":"ci-2","orderid":"ci-3","points":1}`, `{"ORDERID":"ci-1","points":1}`, `{"orderId":"ci-4","orderId":"ci-5","points":1}`}
+	for i, want := range []string{"ci-3", "ci-1", "ci-5"} {
+		if s, err := shippedOf(payloads[i]); err != nil || s.OrderID != want {
+			t.Fatalf("encoding/json decodes %s as %+v %v, want order %s (what the codec must not do)", payloads[i], s, err, want)
+		}
+	}
+	h := inbox.Typed(inbox.JSON[shipped]{Key: shippedKey}, func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery, s shipped) (inbox.Progress, error) {
+		_, err := tx.ExecContext(ctx, testenv.Rebind("INSERT INTO grouped_effect (k, step) VALUES (?, ?)"), s.OrderID, s.Points)
+		return inbox.Done, err
+	})
+	g := newGrouped(t, h, inbox.Config{}, inbox.BatchConfig{Linger: 50 * time.Millisecond})
+	if o := outcomes(g.send(t, append(payloads, `{"orderId":"ci-6","points":2}`))); o["quarantined/poison"] != 3 || o["processed"] != 1 || len(o) != 2 {
+		t.Fatalf("outcomes %v, want 3 quarantined as poison and 1 processed", o)
+	}
+	if n := count(t, g.db.DB, "SELECT COUNT(*) FROM grouped_effect WHERE k = 'ci-6'"); n != 1 {
+		t.Fatalf("%d effects of the good order, want 1", n)
+	}
+	if n := count(t, g.db.DB, "SELECT COUNT(*) FROM grouped_effect"); n != 1 {
+		t.Fatalf("%d effects, want only the good order's", n)
+	}
+	for _, reason := range []string{`%field name in another case: "orderid" at byte 18%`, `%field name in another case: "ORDERID" at byte 1%`, `%key given twice: "orderId" at byte 18%`} {
+		if n := count(t, g.db.DB, "SELECT COUNT(*) FROM inbox WHERE status = 'failed' AND reason = 'poison' AND last_error LIKE ?", reason); n != 1 {
+			t.Errorf("%d poison rows saying %s, want 1", n, reason)
+		}
+	}
+}
+
+func shippedOf(payload string) (s shipped, err error) {
+	err = json.Unmarshal([]byte(payload), &s)
+	return s, err
+}
+
+// BenchmarkJSONCodec decodes a small order with the JSON codec, as a typed handler does.
+func BenchmarkJSONCodec(b *testing.B) {
+	c := inbox.JSON[shipped]{Key: shippedKey}
+	msg := message.NewMessage("m", []byte(`{"orderId":"o-123456789","points":40,"carrier":{"name":"post","tracking":["a","b"]}}`))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, _, err := c.Decode(msg); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
