@@ -37,6 +37,15 @@ type Config struct {
 	// Seed of the injected failures; 0 (the default) seeds each process differently, so
 	// restarted or parallel routers do not replay one failure sequence.
 	Seed uint64 `mapstructure:"seed"`
+
+	// DownstreamURL is the steps' real service (HTTPService): each call is POST
+	// <url>/<step> with its idempotency key in the Idempotency-Key header. Empty (the
+	// default) keeps the simulated calls of the step_* settings.
+	DownstreamURL string `mapstructure:"downstream_url"`
+	// DownstreamTimeout bounds each call to it; default 5s.
+	DownstreamTimeout time.Duration `mapstructure:"downstream_timeout"`
+	// DownstreamMaxConns bounds its connections; default 256.
+	DownstreamMaxConns int `mapstructure:"downstream_max_conns"`
 }
 
 // DefaultConfig is the 5-yuan no-threshold coupon of the incident.
@@ -49,6 +58,9 @@ func DefaultConfig() Config {
 		GrantedTopic: "coupon-granted",
 		FailedTopic:  "coupon-grant-failed",
 		Shards:       16,
+
+		DownstreamTimeout:  5 * time.Second,
+		DownstreamMaxConns: 256,
 	}
 }
 
@@ -69,6 +81,15 @@ func (c Config) Validate() error {
 		return errors.New("coupon: step_delay and step_jitter must not be negative")
 	case c.GrantedTopic == "" || c.FailedTopic == "":
 		return errors.New("coupon: granted_topic and failed_topic are required")
+	case c.DownstreamTimeout <= 0 || c.DownstreamTimeout > 10*time.Minute:
+		return fmt.Errorf("coupon: downstream_timeout %v outside (0,10m]", c.DownstreamTimeout)
+	case c.DownstreamMaxConns < 1 || c.DownstreamMaxConns > 65536:
+		return fmt.Errorf("coupon: downstream_max_conns %d outside 1..65536", c.DownstreamMaxConns)
+	case c.DownstreamURL == "":
+	case c.StepDelay != 0 || c.StepJitter != 0 || c.StepFailureRate != 0:
+		return errors.New("coupon: step_delay, step_jitter and step_failure_rate simulate the downstream: leave them 0 with downstream_url")
+	default:
+		return checkDownstreamURL(c.DownstreamURL)
 	}
 	return nil
 }

@@ -65,15 +65,27 @@ func buildGranter(ctx context.Context, env inbox.PluginEnv) (*Granter, error) {
 	if err := EnsureCampaign(ctx, env.DB, cfg); err != nil {
 		return nil, err
 	}
-	seed := cfg.Seed
-	if seed == 0 {
-		seed = uint64(time.Now().UnixNano())
+	svc, err := externalService(cfg)
+	if err != nil {
+		return nil, err
 	}
-	var svc ExternalService = NewSimulatedService(cfg.StepDelay, cfg.StepJitter, cfg.StepFailureRate, seed)
 	if env.ObserveCall != nil {
 		svc = observedService{svc: svc, observe: env.ObserveCall}
 	}
 	return NewGranter(cfg, svc, env.Logger)
+}
+
+// externalService is the service the steps call: the HTTP downstream of downstream_url,
+// else the simulated one of the step_* settings.
+func externalService(cfg Config) (ExternalService, error) {
+	if cfg.DownstreamURL != "" {
+		return NewHTTPService(HTTPConfig{URL: cfg.DownstreamURL, Timeout: cfg.DownstreamTimeout, MaxConns: cfg.DownstreamMaxConns})
+	}
+	seed := cfg.Seed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	return NewSimulatedService(cfg.StepDelay, cfg.StepJitter, cfg.StepFailureRate, seed), nil
 }
 
 // pluginConfig is the default configuration overlaid with the plugin's section (decode may
