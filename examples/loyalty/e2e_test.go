@@ -21,9 +21,10 @@ import (
 // The team's router end to end on the real MariaDB and Kafka, through its own command line
 // (this module's main: onceflow's CLI with the loyalty plugin only): `migrate` creates the
 // plugin's tables in their own version table, `run` consumes order-shipped with duplicate
-// deliveries and poison, and every order is credited once, with exactly one PointsCredited
-// event on points-credited for a read_committed consumer; the poison is quarantined, and
-// the group's committed offsets reach the end of every partition.
+// deliveries and poison (a quarter of the orders with ids as long as the plugin allows, 64
+// bytes), and every order is credited once, with exactly one PointsCredited event on
+// points-credited for a read_committed consumer; the poison is quarantined, and the group's
+// committed offsets reach the end of every partition.
 func TestLoyaltyRouterEndToEnd(t *testing.T) {
 	kc := inboxtest.Kafka(t)
 	in := inboxtest.NewTopic(t, kc, "order-shipped", 6)
@@ -73,10 +74,10 @@ plugins:
 		return m
 	}
 	order := func(i int) []byte {
-		return []byte(fmt.Sprintf(`{"orderId": "ord-%04d", "userId": "u-%d", "points": %d}`, i, i%50, 10+i%7))
+		return []byte(fmt.Sprintf(`{"orderId": %q, "userId": "u-%d", "points": %d}`, orderID(i), i%50, 10+i%7))
 	}
 	for i := range orders {
-		id := fmt.Sprintf("ord-%04d", i)
+		id := orderID(i)
 		msgs = append(msgs, msg(id, order(i)))
 		if i%3 == 0 { // a third delivered twice: a different message, the same meaning
 			msgs = append(msgs, msg(id, order(i)))
@@ -152,7 +153,7 @@ func oneEventPerOrder(recs []kafkax.Record, orders int) []string {
 	}
 	var bad []string
 	for i := range orders {
-		if id := fmt.Sprintf("ord-%04d", i); perOrder[id] != 1 {
+		if id := orderID(i); perOrder[id] != 1 {
 			bad = append(bad, fmt.Sprintf("order %s: %d events", id, perOrder[id]))
 		}
 	}
@@ -165,6 +166,15 @@ func oneEventPerOrder(recs []kafkax.Record, orders int) []string {
 		bad = append(bad, fmt.Sprintf("%d events for %d orders", len(recs), orders))
 	}
 	return bad
+}
+
+// orderID is order i's id: every fourth one 64 bytes long, the longest the plugin takes.
+func orderID(i int) string {
+	id := fmt.Sprintf("ord-%04d", i)
+	if i%4 == 0 {
+		id += "-" + strings.Repeat("x", 64-len(id)-1)
+	}
+	return id
 }
 
 func writeFile(t *testing.T, path, body string) {

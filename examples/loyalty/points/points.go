@@ -78,7 +78,9 @@ func NewHandler(topic string) inbox.Handler {
 		if err := balances.Insert(ctx, tx, o.UserID, o.Points); err != nil {
 			return 0, err
 		}
-		ev := PointsCredited{EventID: "points-" + o.OrderID, OrderID: o.OrderID, UserID: o.UserID, Points: o.Points}
+		// The event id is 36 bytes at most: a stable id made of the event's type and the
+		// order id (up to 64 bytes), the same whenever this order's event is written again.
+		ev := PointsCredited{EventID: outbox.EventID("PointsCredited", o.OrderID), OrderID: o.OrderID, UserID: o.UserID, Points: o.Points}
 		payload, err := json.Marshal(ev)
 		if err != nil {
 			return 0, err
