@@ -194,7 +194,7 @@ plugins:
 		t.Fatalf("run before migrate: %v, want the missing table named", err)
 	}
 	out := run("migrate")
-	if !strings.Contains(out, "schema up to date") {
+	if !strings.Contains(out, "migrate: plugin tally-counter: 2 migrations applied, version 0 → 2\n") {
 		t.Fatalf("migrate: %s", out)
 	}
 	if versions := appliedVersions(t, d.Admin, "goose_db_version_tally_counter"); versions != "1,2" {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/pressly/goose/v3"
 	"github.com/spf13/cobra"
 
 	"github.com/onceflow/onceflow/migrations"
@@ -58,10 +59,15 @@ func (a *app) migrateCmd() *cobra.Command {
 				}
 				printf("migrate: schema dropped\n")
 			}
+			before, _ := appliedMigrations(ctx, db, sets) // a set it cannot read fails Up, in Up's words
 			if err := migrations.Up(ctx, db, sets...); err != nil {
 				return err
 			}
-			printf("migrate: schema up to date (%s)\n", dbx.MaskDSN(dsn))
+			after, err := appliedMigrations(ctx, db, sets)
+			if err != nil {
+				return err
+			}
+			printf("%s", migrateReport(before, after, dbx.MaskDSN(dsn)))
 			if !grants {
 				printf("migrate: grants left as they are (--grants=false)\n")
 				return nil
@@ -76,6 +82,87 @@ func (a *app) migrateCmd() *cobra.Command {
 		"as the migrations' grants.txt files list them (the migration user needs GRANT OPTION); false leaves grants to the DBA")
 	cmd.Flags().BoolVar(&printGrants, "print-grants", false, "print the GRANT statements of every listed table for the user of db.dsn, and connect to nothing")
 	return cmd
+}
+
+// setMigrations is what one set of migrations has applied in a database.
+type setMigrations struct {
+	label   string         // "the framework" or "plugin <name>"
+	applied map[int64]bool // the applied versions
+	latest  int64          // the highest applied version, 0 when none is
+}
+
+// appliedMigrations reads what each set has applied, the framework's first, as `router
+// migrate --status` does.
+func appliedMigrations(ctx context.Context, db *sql.DB, sets []migrations.Set) ([]setMigrations, error) {
+	all := append([]migrations.Set{{Name: "onceflow", FS: migrations.FS}}, sets...)
+	out := make([]setMigrations, 0, len(all))
+	for i, s := range all {
+		m := setMigrations{label: "plugin " + s.Name, applied: map[int64]bool{}}
+		table := s.Table()
+		if i == 0 {
+			m.label, table = "the framework", migrations.FrameworkTable
+		}
+		p, err := migrations.NewProvider(db, s.FS, table)
+		if err != nil {
+			return nil, fmt.Errorf("migrations of %s: %w", m.label, err)
+		}
+		st, err := p.Status(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("migrate status %s: %w", m.label, err)
+		}
+		for _, v := range st {
+			if v.State == goose.StateApplied {
+				m.applied[v.Source.Version] = true
+				m.latest = max(m.latest, v.Source.Version)
+			}
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+// migrateReport says what `router migrate` applied, set by set (from version → to version),
+// then in one line for the database at dsn: "up to date" only when it applied nothing. A set
+// missing from before (unreadable then) is reported at its version now.
+func migrateReport(before, after []setMigrations, dsn string) string {
+	var b strings.Builder
+	total, unknown := 0, false
+	for i, a := range after {
+		if i >= len(before) || before[i].label != a.label {
+			fmt.Fprintf(&b, "migrate: %s: now at version %d\n", a.label, a.latest)
+			unknown = true
+			continue
+		}
+		was, n := before[i], 0
+		for v := range a.applied {
+			if !was.applied[v] {
+				n++
+			}
+		}
+		if n == 0 {
+			fmt.Fprintf(&b, "migrate: %s: up to date at version %d\n", a.label, a.latest)
+		} else {
+			fmt.Fprintf(&b, "migrate: %s: %s applied, version %d → %d\n", a.label, plural(n, "migration"), was.latest, a.latest)
+		}
+		total += n
+	}
+	switch {
+	case unknown:
+		fmt.Fprintf(&b, "migrate: schema migrated (%s)\n", dsn)
+	case total == 0:
+		fmt.Fprintf(&b, "migrate: schema up to date, nothing applied (%s)\n", dsn)
+	default:
+		fmt.Fprintf(&b, "migrate: %s applied (%s)\n", plural(total, "migration"), dsn)
+	}
+	return b.String()
+}
+
+// plural is n and noun, with an s unless n is 1.
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 // grantApp gives the account db.dsn logs in as its privileges on the tables of the database
