@@ -37,3 +37,29 @@ func TestLevelGate(t *testing.T) {
 		}
 	}
 }
+
+// Warn writes at slog's WARN level, with the fields of With, and nothing below the logger's
+// level.
+func TestLevelGateWarn(t *testing.T) {
+	var buf bytes.Buffer
+	warnOnly := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	g := gateLevels(warnOnly).With(watermill.LogFields{"plugin": "p"})
+	w, ok := g.(interface {
+		Warn(string, watermill.LogFields)
+	})
+	if !ok {
+		t.Fatal("the router's logger has no Warn method")
+	}
+	g.Info("told", nil)
+	w.Warn("warned", watermill.LogFields{"shard": "s"})
+	if want := "level=WARN msg=warned plugin=p shard=s\n"; !strings.HasSuffix(buf.String(), want) || strings.Contains(buf.String(), "told") {
+		t.Fatalf("log %q, want only the warning, ending %q", buf.String(), want)
+	}
+	buf.Reset()
+	gateLevels(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelError}))).(interface {
+		Warn(string, watermill.LogFields)
+	}).Warn("warned", nil)
+	if buf.Len() != 0 {
+		t.Fatalf("a warning below the level was written: %q", buf.String())
+	}
+}

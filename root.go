@@ -5,7 +5,9 @@ import (
 	"database/sql"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -144,8 +146,26 @@ func (g levelGate) Trace(msg string, fields watermill.LogFields) {
 	}
 }
 
+// Warn logs msg at slog's WARN level, which Watermill's adapter lacks, with the fields of
+// With; the outbox relay looks for it.
+func (g levelGate) Warn(msg string, fields watermill.LogFields) {
+	if g.l.Enabled(context.Background(), slog.LevelWarn) {
+		g.l.Warn(msg, slogArgs(fields)...)
+	}
+}
+
 func (g levelGate) With(fields watermill.LogFields) watermill.LoggerAdapter {
-	return levelGate{LoggerAdapter: g.LoggerAdapter.With(fields), l: g.l}
+	return levelGate{LoggerAdapter: g.LoggerAdapter.With(fields), l: g.l.With(slogArgs(fields)...)}
+}
+
+// slogArgs are fields as slog's key-value arguments, in key order.
+func slogArgs(fields watermill.LogFields) []any {
+	keys := slices.Sorted(maps.Keys(fields))
+	args := make([]any, 0, 2*len(keys))
+	for _, k := range keys {
+		args = append(args, k, fields[k])
+	}
+	return args
 }
 
 func (a *app) kafka() kafkax.Config { return a.cfg.kafkaConfig() }

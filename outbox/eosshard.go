@@ -68,6 +68,9 @@ type eosShard struct {
 	// batch taken from it (handoff.go).
 	pendIDs, pendHashes []int64
 	handed              []handedRow
+	// foreignSeen is the last foreign batch position (session/seq) a session start logged at
+	// WARN (reconcile.go); under mu.
+	foreignSeen string
 
 	owner      atomic.Bool
 	fenced     atomic.Bool

@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -113,9 +112,7 @@ func (e *eosShard) reconcile(ctx context.Context, p Position) (int64, error) {
 		}
 	}
 	if p.Digest == "" || len(eventIDs) != p.Events || eventDigest(eventIDs) != p.Digest {
-		e.r.logger.Error("outbox relay: the last committed batch in Kafka does not match this database's outbox rows; not reconciling (its rows, if any, are published again)",
-			errPositionMismatch, watermill.LogFields{"transactional_id": p.TxnID, "session": p.Session, "seq": p.Seq,
-				"events": p.Events, "rows_found": len(eventIDs)})
+		e.foreignPosition(p, len(eventIDs))
 		return 0, nil
 	}
 	q := e.r.dl.Rebind(fmt.Sprintf(`UPDATE %s SET published_at = %s WHERE published_at IS NULL AND id BETWEEN ? AND ?`, e.r.cfg.Table, e.r.dl.now()))
@@ -134,4 +131,25 @@ func (e *eosShard) reconcile(ctx context.Context, p Position) (int64, error) {
 	return total, nil
 }
 
-var errPositionMismatch = errors.New("position belongs to another database or an older state of this one")
+// msgForeignPosition is what the relay logs, at WARN, when the last batch its positions
+// topic holds under its transactional id is not of this database's outbox rows: it
+// reconciles nothing then, which is harmless to the rows not yet published.
+const msgForeignPosition = "outbox relay: the last batch in the positions topic under this transactional id is not of this database's outbox rows, so nothing is reconciled; " +
+	"harmless to the rows not yet published, which are published as usual. " +
+	"After `router migrate --reset` or a restore of this database nothing needs doing: this stops once the relay has published a batch of this database. " +
+	"Otherwise another database relays under the same relay.transactional_id: give each database its own"
+
+// foreignPosition says that p, the last batch position of the shard's transactional id, is
+// not of this database's rows (found of them where p has events): at WARN once per batch and
+// shard in this process, at DEBUG when a later session finds the same batch. Under mu.
+func (e *eosShard) foreignPosition(p Position, found int) {
+	fields := watermill.LogFields{"transactional_id": p.TxnID, "positions_topic": e.r.cfg.PositionsTopic,
+		"batch_session": p.Session, "batch_seq": p.Seq, "batch_events": p.Events, "rows_found": found}
+	seen := fmt.Sprintf("%s/%d", p.Session, p.Seq)
+	if e.foreignSeen == seen {
+		e.r.logger.Debug("outbox relay: the positions topic's last batch is still not of this database's outbox rows", fields)
+		return
+	}
+	e.foreignSeen = seen
+	warn(e.r.logger, msgForeignPosition, fields)
+}
