@@ -477,7 +477,7 @@ func TestVerifyPluginInvariants(t *testing.T) {
 	if err == nil || onceflow.ExitCode(err) != 1 || !strings.Contains(err.Error(), "1 invariant violations") {
 		t.Fatalf("verify: %v, want exit 1 for one violation\n%s", err, out)
 	}
-	for _, w := range []string{"a note\n", "verify: audits=3 outbox_parked=0\n", "VIOLATION key bad has no widget\n", "RESULT orders=2 deliveries=3 widgets=7\n"} {
+	for _, w := range []string{"a note\n", "verify: audits=3 processing_rows=0 unpublished_events=0 outbox_parked=0\n", "VIOLATION key bad has no widget\n", "RESULT orders=2 deliveries=3 widgets=7\n"} {
 		if !strings.Contains(out, w) {
 			t.Errorf("verify output lacks %q:\n%s", w, out)
 		}

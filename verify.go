@@ -33,23 +33,30 @@ func (a *app) verifyCmd() *cobra.Command {
 	o := verifyOpts{}
 	cmd := &cobra.Command{
 		Use:   "verify",
-		Short: "audit the invariants (each plugin's own, e.g. the coupon granter's: one coupon per order, inbox ⇔ grant ⇔ outbox, counters, relay lag; parked outbox events; failed inbox rows); exit 1 on a violation or a failed row",
+		Short: "audit the invariants (each plugin's own, e.g. the coupon granter's: one coupon per order, inbox ⇔ grant ⇔ outbox, counters; every plugin's inbox rows ended, relay lag, consumer lag; parked outbox events; failed inbox rows); exit 1 on a violation or a failed row",
 		Long: `Audits the invariants of every plugin that declares them (inbox.Plugin.Verify) under this
-configuration, and reports parked outbox events and failed (quarantined) inbox rows. With
---ledger (written by ` + "`router produce --ledger`" + `), every key the producer sent must have ended
-processed or quarantined; with --kafka, the plugins also count what reached Kafka
+configuration, and for every plugin, with invariants or without, the generic ones: each inbox
+row of its biz types ended processed (done) or quarantined (failed with a reason), none still
+processing; no outbox row unpublished for longer than relay.lag_bound; with --kafka, its
+consumer group has consumed every record of its topics (lag 0). It names the plugins that
+declare no invariants of their own. It reports parked outbox events and failed (quarantined)
+inbox rows. With --ledger (written by ` + "`router produce --ledger`" + `), every key the producer sent
+must have ended processed or quarantined: the plugins with invariants check their ledger
+keys themselves, the runtime checks them for a plugin that takes ` + "`router produce`" + `'s input
+(inbox.Plugin.Sampler) and has none. With --kafka, the plugins also count what reached Kafka
 (read_committed).
 
 Exit 1 on a violation, and on failed inbox rows of the plugins' biz types (counted by reason;
 ` + "`router inbox ls --status failed`" + ` lists them) unless --allow-failed accepts them, e.g. after
-sending poison on purpose (` + "`router produce --poison`" + `). Exit 2 for bad input.`,
+sending poison on purpose (` + "`router produce --poison`" + `). A row an operator resolved
+(` + "`router inbox resolve`" + `) is done, not failed. Exit 2 for bad input.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.verify(cmd.Context(), o)
 		},
 	}
 	f := cmd.Flags()
-	f.StringSliceVar(&o.plugins, "plugins", nil, "audit only these plugins (default: every registered plugin with invariants)")
+	f.StringSliceVar(&o.plugins, "plugins", nil, "audit only these plugins (default: every registered plugin)")
 	f.StringSliceVar(&o.ledgers, "ledger", nil, "producer ledger(s): every key in them must have ended processed or quarantined")
 	f.BoolVar(&o.kafka, "kafka", false, "also read the written topics back (read_committed) and count distinct event ids")
 	f.DurationVar(&o.wait, "wait", 0, "wait up to this long for the pipeline to drain before auditing")
@@ -66,17 +73,17 @@ func (a *app) verify(ctx context.Context, o verifyOpts) error {
 	if err != nil {
 		return err
 	}
-	var plugins []plugin
+	var plugins, bare []plugin // with invariants of their own (Verify), without
 	tables := []string{"inbox", "outbox", "outbox_parked"}
 	for _, p := range selected {
 		if p.Verify != nil {
 			plugins = append(plugins, p)
 			tables = append(tables, p.Tables...)
-		} else if len(o.plugins) > 0 {
-			return badInput(fmt.Errorf("plugin %s declares no invariants (inbox.Plugin.Verify)", p.Name))
+		} else {
+			bare = append(bare, p)
 		}
 	}
-	for _, p := range plugins { // bad plugin configuration: exit 2 before connecting
+	for _, p := range selected { // bad plugin configuration: exit 2 before connecting
 		if _, err := p.writes(); err != nil {
 			return err
 		}
@@ -110,13 +117,25 @@ func (a *app) verify(ctx context.Context, o verifyOpts) error {
 		}
 		return out, nil
 	}
+	var lags *kafkax.LagReader
+	if o.kafka {
+		if lags, err = a.kafka().NewLagReader(); err != nil {
+			return err
+		}
+		defer lags.Close()
+	}
+	checks := genericChecks{db: db, plugins: selected, bare: bare, lagBound: a.cfg.Relay.LagBound, keys: l.orders, lags: lags}
 	deadline := time.Now().Add(o.wait)
 	var results []inbox.Verification
+	var generic inbox.Verification
 	for {
 		if results, err = audit(false); err != nil {
 			return err
 		}
-		pending := false
+		if generic, err = checks.run(ctx); err != nil {
+			return err
+		}
+		pending := generic.Pending
 		for _, v := range results {
 			pending = pending || v.Pending
 		}
@@ -157,6 +176,9 @@ func (a *app) verify(ctx context.Context, o verifyOpts) error {
 	}
 
 	var summary, violations, notes, result []string
+	for _, p := range bare {
+		notes = append(notes, fmt.Sprintf("NOTE plugin %s declares no invariants (inbox.Plugin.Verify): only the generic checks ran for it", p.Name))
+	}
 	for i, v := range results {
 		s := v.Summary
 		if len(plugins) > 1 {
@@ -169,7 +191,8 @@ func (a *app) verify(ctx context.Context, o verifyOpts) error {
 			result = append(result, v.Result)
 		}
 	}
-	summary = append(summary, fmt.Sprintf("outbox_parked=%d", refused+held))
+	summary = append(summary, generic.Summary, fmt.Sprintf("outbox_parked=%d", refused+held))
+	violations = append(violations, generic.Violations...)
 	for _, n := range notes {
 		printf("%s\n", n)
 	}
