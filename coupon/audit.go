@@ -3,10 +3,12 @@ package coupon
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
 
+	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
@@ -33,13 +35,33 @@ func (a Audit) OK() bool { return len(a.Violations) == 0 }
 // Verify audits the invariants of DESIGN.md for one campaign:
 //  1. at most one user_coupon per (order, campaign); every GRANTED grant has exactly one,
 //     and no coupon exists without a GRANTED grant;
-//  2. every 'done' inbox row of biz type coupon has a terminal grant; every terminal grant
-//     has its outbox event;
+//  2. every 'done' inbox row of biz type coupon (an order) or coupon-claim (an HTTP claim)
+//     has a terminal grant, its own (GrantID, ClaimID); every terminal grant has its outbox
+//     event. A row an operator resolved (inbox.ReasonResolved) needs no grant;
 //  3. stock and budget counters equal the sums implied by the grants;
 //  4. no outbox row older than lagBound is unpublished.
 //
 // It uses its own SQL, not the handler's code paths.
 func Verify(ctx context.Context, db *sql.DB, campaignID string, lagBound time.Duration) (Audit, error) {
+	a, err := verifyCampaign(ctx, db, campaignID)
+	if err != nil {
+		return a, err
+	}
+	// 4. relay lag
+	var stale int64
+	if err := db.QueryRowContext(ctx, dbx.DialectOf(db).Rebind(`SELECT COUNT(*) FROM outbox WHERE published_at IS NULL AND created_at < ?`),
+		time.Now().Add(-lagBound).UTC()).Scan(&stale); err != nil {
+		return a, fmt.Errorf("verify relay lag: %w", err)
+	}
+	if stale > 0 {
+		a.Violations = append(a.Violations, fmt.Sprintf("invariant 4: %d outbox rows unpublished for longer than %s", stale, lagBound))
+	}
+	return a, nil
+}
+
+// verifyCampaign is Verify without invariant 4, which is the outbox's as a whole: `router
+// verify` checks it once for every plugin.
+func verifyCampaign(ctx context.Context, db *sql.DB, campaignID string) (Audit, error) {
 	var a Audit
 	rb := dbx.DialectOf(db).Rebind
 	counts := []struct {
@@ -81,10 +103,22 @@ SELECT c.order_id FROM user_coupon c LEFT JOIN coupon_grant g ON g.order_id = c.
 WHERE c.campaign_id = ? AND (g.state IS NULL OR g.state <> 'GRANTED') LIMIT 20`, campaignID); err != nil {
 		return a, err
 	}
-	// 2. inbox done ⇒ terminal grant ⇒ outbox event
+	// 2. inbox done ⇒ terminal grant ⇒ outbox event. An order's grant is its key, unless the
+	// key is in the claim namespace; those orders and the claims are checked apart.
 	if err := listInto(ctx, db, &a, "invariant 2: inbox row done but grant not terminal: order %s", `
 SELECT i.dedup_key FROM inbox i LEFT JOIN coupon_grant g ON g.order_id = i.dedup_key AND g.campaign_id = ?
-WHERE i.biz_type = ? AND i.status = 'done' AND (g.state IS NULL OR g.state NOT IN ('GRANTED', 'FAILED')) LIMIT 20`, campaignID, BizType); err != nil {
+WHERE i.biz_type = ? AND i.status = 'done' AND COALESCE(i.reason, '') <> ? AND i.dedup_key NOT LIKE ?
+  AND (g.state IS NULL OR g.state NOT IN ('GRANTED', 'FAILED')) LIMIT 20`, campaignID, BizType, string(inbox.ReasonResolved), ClaimPrefix+"%"); err != nil {
+		return a, err
+	}
+	if err := listUngranted(ctx, db, &a, campaignID, "order", `SELECT id, dedup_key, '' FROM inbox
+WHERE biz_type = ? AND status = 'done' AND COALESCE(reason, '') <> ? AND dedup_key LIKE ?`,
+		[]any{BizType, string(inbox.ReasonResolved), ClaimPrefix + "%"}, func(key, _ string) string { return GrantID(key) }); err != nil {
+		return a, err
+	}
+	if err := listUngranted(ctx, db, &a, campaignID, "claim", `SELECT id, dedup_key, COALESCE(metadata, '') FROM inbox
+WHERE biz_type = ? AND status = 'done' AND COALESCE(reason, '') <> ?`,
+		[]any{ClaimBizType, string(inbox.ReasonResolved)}, claimOfRow); err != nil {
 		return a, err
 	}
 	// One grouping over the tables, not a join: the outbox has no index on msg_key (every
@@ -134,16 +168,85 @@ LIMIT 20`, campaignID, campaignID, campaignID); err != nil {
 		v("invariant 3: counters stock.locked=%d granted=%d budget.spent=%d, grants imply locked=%d granted=%d spent=%d",
 			locked.Int64, granted.Int64, spent.Int64, lockedWant.Int64, grantedWant.Int64, spentWant.Int64)
 	}
-	// 4. relay lag
-	var stale int64
-	if err := db.QueryRowContext(ctx, rb(`SELECT COUNT(*) FROM outbox WHERE published_at IS NULL AND created_at < ?`),
-		time.Now().Add(-lagBound).UTC()).Scan(&stale); err != nil {
-		return a, fmt.Errorf("verify relay lag: %w", err)
-	}
-	if stale > 0 {
-		v("invariant 4: %d outbox rows unpublished for longer than %s", stale, lagBound)
-	}
 	return a, nil
+}
+
+// claimOfRow is the grant id of a done claim row: ClaimID of the client token its stored
+// headers hold. The dedup key is the token itself unless it was too long or began with
+// "sha256:" (inbox.CommandKey); headers without it fall back to the key.
+func claimOfRow(key, metadata string) string {
+	var md map[string]string
+	if metadata != "" && json.Unmarshal([]byte(metadata), &md) == nil {
+		if token, ok := md[inbox.MetadataIdempotencyKey]; ok {
+			return ClaimID(token)
+		}
+	}
+	return ClaimID(key)
+}
+
+// maxListed bounds the violations one check lists.
+const maxListed = 20
+
+// listUngranted adds a violation of invariant 2 for each done inbox row q selects (id,
+// dedup key, stored headers) whose grant, grantOf the key and headers, is not terminal in
+// the campaign: the rows whose grant id is not their key, which a join cannot check. The
+// rows are read as one stream, their grants looked up 500 at a time.
+func listUngranted(ctx context.Context, db *sql.DB, a *Audit, campaignID, kind, q string, args []any, grantOf func(key, metadata string) string) error {
+	rb := dbx.DialectOf(db).Rebind
+	rows, err := db.QueryContext(ctx, rb(q), args...)
+	if err != nil {
+		return fmt.Errorf("verify: %w", err)
+	}
+	defer rows.Close()
+	type row struct {
+		id  int64
+		key string
+	}
+	pending := map[string][]row{} // grant id → the rows whose grant it is
+	listed := 0
+	flush := func() error {
+		if len(pending) == 0 {
+			return nil
+		}
+		ids := make([]any, 0, len(pending)+1)
+		ids = append(ids, campaignID)
+		for id := range pending {
+			ids = append(ids, id)
+		}
+		terminal := map[string]bool{}
+		if err := scanPairs(ctx, db, `SELECT order_id, state FROM coupon_grant WHERE campaign_id = ? AND state IN ('GRANTED', 'FAILED') AND order_id IN (?`+
+			strings.Repeat(", ?", len(pending)-1)+`)`, ids, func(k, _ string) { terminal[k] = true }); err != nil {
+			return err
+		}
+		for id, rs := range pending {
+			for _, r := range rs {
+				if !terminal[id] && listed < maxListed {
+					listed++
+					a.Violations = append(a.Violations, fmt.Sprintf("invariant 2: inbox row done but grant not terminal: %s %s (inbox row %d, grant %s)", kind, r.key, r.id, id))
+				}
+			}
+		}
+		clear(pending)
+		return nil
+	}
+	for rows.Next() {
+		var r row
+		var metadata string
+		if err := rows.Scan(&r.id, &r.key, &metadata); err != nil {
+			return fmt.Errorf("verify: %w", err)
+		}
+		id := grantOf(r.key, metadata)
+		pending[id] = append(pending[id], r)
+		if len(pending) >= 500 {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("verify: %w", err)
+	}
+	return flush()
 }
 
 func listInto(ctx context.Context, db *sql.DB, a *Audit, format, q string, args ...any) error {
@@ -165,13 +268,15 @@ func listInto(ctx context.Context, db *sql.DB, a *Audit, format, q string, args 
 // OrderFacts is what the database says about a list of orders (a producer's ledger).
 type OrderFacts struct {
 	Terminal, Granted, Quarantined int // orders with a terminal grant, GRANTED ones, quarantined in the inbox
+	Resolved                       int // orders without a terminal grant whose quarantined row an operator resolved
 	Coupons, DuplicateCoupons      int // user_coupon rows of the orders, and beyond the first per order
 	Duplicates                     int // deliveries of the orders blocked as duplicates
 	Lost                           int // orders with neither a terminal grant nor a quarantine record
 	LostIDs                        []string
 }
 
-// LedgerFacts checks every order of the campaign, in chunks.
+// LedgerFacts checks every order of the campaign, in chunks. Each order's grant is
+// GrantID of its id.
 func LedgerFacts(ctx context.Context, db *sql.DB, campaign string, orders []string) (OrderFacts, error) {
 	var f OrderFacts
 	for start := 0; start < len(orders); start += 500 {
@@ -180,7 +285,7 @@ func LedgerFacts(ctx context.Context, db *sql.DB, campaign string, orders []stri
 		args := make([]any, 0, len(chunk)+1)
 		args = append(args, campaign)
 		for _, id := range chunk {
-			args = append(args, id)
+			args = append(args, GrantID(id))
 		}
 		states := map[string]string{}
 		if err := scanPairs(ctx, db, `SELECT order_id, state FROM coupon_grant WHERE campaign_id = ? AND order_id IN (`+in+`)`, args, func(k, v string) { states[k] = v }); err != nil {
@@ -195,18 +300,25 @@ func LedgerFacts(ctx context.Context, db *sql.DB, campaign string, orders []stri
 			return f, err
 		}
 		args[0] = BizType
+		for i, id := range chunk {
+			args[i+1] = id
+		}
 		inboxStatus := map[string]string{}
-		if err := scanPairs(ctx, db, `SELECT dedup_key, CONCAT(status, ' ', duplicates) FROM inbox WHERE biz_type = ? AND dedup_key IN (`+in+`)`, args, func(k, v string) {
-			var st string
+		if err := scanPairs(ctx, db, `SELECT dedup_key, CONCAT(status, ' ', duplicates, ' ', COALESCE(reason, '-')) FROM inbox WHERE biz_type = ? AND dedup_key IN (`+in+`)`, args, func(k, v string) {
+			var st, reason string
 			var d int
-			fmt.Sscan(v, &st, &d)
+			fmt.Sscan(v, &st, &d, &reason)
+			if reason == string(inbox.ReasonResolved) {
+				st = reason
+			}
 			inboxStatus[k] = st
 			f.Duplicates += d
 		}); err != nil {
 			return f, err
 		}
 		for _, id := range chunk {
-			st := states[id]
+			grant := GrantID(id)
+			st := states[grant]
 			switch {
 			case st == string(StateGranted) || st == string(StateFailed):
 				f.Terminal++
@@ -215,15 +327,17 @@ func LedgerFacts(ctx context.Context, db *sql.DB, campaign string, orders []stri
 				}
 			case inboxStatus[id] == "failed":
 				f.Quarantined++
+			case inboxStatus[id] == string(inbox.ReasonResolved):
+				f.Resolved++
 			default:
 				f.Lost++
 				if len(f.LostIDs) < 5 {
 					f.LostIDs = append(f.LostIDs, id)
 				}
 			}
-			f.Coupons += coupons[id]
-			if coupons[id] > 1 {
-				f.DuplicateCoupons += coupons[id] - 1
+			f.Coupons += coupons[grant]
+			if coupons[grant] > 1 {
+				f.DuplicateCoupons += coupons[grant] - 1
 			}
 		}
 	}

@@ -8,12 +8,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"reflect"
 	"strings"
 	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/jsonkeys"
 )
 
 // The claim command: POST /v1/claims with {"userId": "...", "campaignId": "..."} and an
@@ -42,12 +44,35 @@ type ClaimResponse struct {
 	Reason     string `json:"reason,omitempty"`
 }
 
-// ClaimID is the grant's order id of the claim made with client token token: "claim-" and
-// 40 hex digits of the token's sha256, so claims never take a paid order's id by accident
-// and fit the grant's order id.
+// ClaimPrefix begins every grant id the HTTP entrance makes, and no other: the claim
+// namespace. An order-paid order id that begins with it gets a grant id of another form
+// (GrantID).
+const ClaimPrefix = "claim-"
+
+// orderInClaimsPrefix begins the grant id of an order whose id is in the claim namespace.
+// The letter after ClaimPrefix is not a hex digit, so no claim id begins with it.
+const orderInClaimsPrefix = ClaimPrefix + "order-"
+
+// ClaimID is the grant's order id of the claim made with client token token: ClaimPrefix
+// and 40 hex digits of the token's sha256. It fits the grant's order id, and no order's
+// grant id equals it (GrantID).
 func ClaimID(token string) string {
 	s := sha256.Sum256([]byte(token))
-	return "claim-" + hex.EncodeToString(s[:20])
+	return ClaimPrefix + hex.EncodeToString(s[:20])
+}
+
+// GrantID is the grant's id of the order-paid order orderID: its coupon_grant.order_id, the
+// key of its outside calls and the orderId of its coupon-granted event. It is the order id
+// itself, unless the order id begins with ClaimPrefix: then it is "claim-order-" and 40 hex
+// digits of the order id's sha256. So an order and a claim never share a grant, whatever id
+// the order has. An order id kept as itself never begins with ClaimPrefix, a claim id is
+// ClaimPrefix and 40 hex digits, and every other grant id begins with "claim-order-".
+func GrantID(orderID string) string {
+	if !strings.HasPrefix(orderID, ClaimPrefix) {
+		return orderID
+	}
+	s := sha256.Sum256([]byte(orderID))
+	return orderInClaimsPrefix + hex.EncodeToString(s[:20])
 }
 
 // ClaimCommand is the coupon plugin's claim command.
@@ -84,6 +109,10 @@ func (c claimCodec) Decode(msg *message.Message) (OrderPaid, string, string, err
 	// The errors' texts are the client's 400 answers: fixed, never the JSON decoder's.
 	if err := json.Unmarshal(msg.Payload, &req); err != nil {
 		return OrderPaid{}, "", "", inbox.PoisonError(`body: not a JSON object {"userId": "...", "campaignId": "..."} of strings`)
+	}
+	// encoding/json took "USERID" for userId and kept the last of a key given twice.
+	if err := jsonkeys.Check(msg.Payload, reflect.TypeOf(req)); false && err != nil {
+		return OrderPaid{}, "", "", inbox.PoisonError("body: %v", err)
 	}
 	switch {
 	case req.UserID == "" || len(req.UserID) > MaxIDLen || !utf8.ValidString(req.UserID):

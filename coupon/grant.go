@@ -146,7 +146,8 @@ func newGranter(cfg Config, svc ExternalService, logger watermill.LoggerAdapter,
 func (g *Granter) Config() Config { return g.cfg }
 
 // orderCodec decodes order-paid events for inbox.Typed: the dedup key is the order id, the
-// fingerprint the order's meaning.
+// fingerprint the order's meaning. The value's OrderID is the grant's id (GrantID), so an
+// order whose id is in the claim namespace never takes a claim's grant.
 type orderCodec struct{}
 
 func (orderCodec) Decode(msg *message.Message) (OrderPaid, string, string, error) {
@@ -154,12 +155,15 @@ func (orderCodec) Decode(msg *message.Message) (OrderPaid, string, string, error
 	if err != nil {
 		return OrderPaid{}, "", "", err
 	}
-	return o, o.OrderID, o.Fingerprint(), nil
+	key, fp := o.OrderID, o.Fingerprint()
+	o.OrderID = GrantID(o.OrderID)
+	return o, key, fp, nil
 }
 
 // Step advances the grant of o by one step within tx, its outside call made there. It is
 // exported so tests can drive the state machine without the inbox (the second line of
-// defence on its own).
+// defence on its own). o.OrderID is the grant's id as it is: the inbox's deliveries pass
+// GrantID of the order id.
 func (g *Granter) Step(ctx context.Context, tx *sql.Tx, o OrderPaid) (inbox.Progress, error) {
 	prog, _, err := g.advance(ctx, tx, o, nil, true)
 	return prog, err

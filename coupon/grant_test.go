@@ -766,6 +766,26 @@ func TestVerify(t *testing.T) {
 		}
 	}
 	granted := "order-03"
+
+	// Inbox rows as the entrances leave them: an HTTP claim done with its grant, and a row an
+	// operator resolved, done without one (the audit leaves it out).
+	const inboxRow = `INSERT INTO inbox (dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset, payload, metadata, fingerprint, expire_at)
+ VALUES (?, ?, 'done', ?, ?, 't', 0, 0, ?, ?, ?, ?)`
+	row := func(biz, key, reason, token string) []any {
+		var r, md any
+		if reason != "" {
+			r = reason
+		}
+		if token != "" {
+			md = fmt.Sprintf(`{%q: %q}`, inbox.MetadataIdempotencyKey, token)
+		}
+		return []any{key, biz, r, "uuid-" + key, []byte("{}"), md, strings.Repeat("0", 64), time.Now().Add(time.Hour).UTC()}
+	}
+	claimID := coupon.ClaimID("tok-real")
+	mustRunToDone(t, d.DB, g, coupon.OrderPaid{OrderID: claimID, UserID: "u-claim", AmountCents: 0, PaidAt: time.Date(2024, 11, 11, 0, 0, 0, 0, time.UTC)})
+	exec(t, inboxRow, row(coupon.ClaimBizType, "tok-real", "", "tok-real")...)
+	exec(t, inboxRow, row(coupon.BizType, "order-resolved", string(inbox.ReasonResolved), "")...)
+	mustVerify(t, d.DB, cfg.CampaignID)
 	var ob struct {
 		ID, Type, Topic string
 		Payload         []byte
@@ -800,6 +820,14 @@ func TestVerify(t *testing.T) {
 			`INSERT INTO outbox (event_id, event_type, topic, msg_key, payload, created_at, published_at) VALUES ('00000000-0000-0000-0000-000000000002', ?, ?, ?, ?, ?, CURRENT_TIMESTAMP(6))`,
 			[]any{ob.Type, ob.Topic, granted, ob.Payload, ob.Created},
 			`DELETE FROM outbox WHERE event_id = '00000000-0000-0000-0000-000000000002'`, nil},
+		{"done claim row without its grant", 2, time.Hour,
+			inboxRow, row(coupon.ClaimBizType, "tok-ghost", "", "tok-ghost"),
+			`DELETE FROM inbox WHERE dedup_key = 'tok-ghost'`, nil},
+		// The probe's order: its id is a claim's claimId, and the only grant of that id is the
+		// claim's. Its own grant (GrantID) does not exist.
+		{"done order whose id is a claim's, without a grant of its own", 2, time.Hour,
+			inboxRow, row(coupon.BizType, claimID, "", ""),
+			`DELETE FROM inbox WHERE biz_type = ? AND dedup_key = ?`, []any{coupon.BizType, claimID}},
 		{"old unpublished outbox row", 4, time.Minute,
 			`INSERT INTO outbox (event_id, event_type, topic, msg_key, payload, created_at) VALUES ('00000000-0000-0000-0000-000000000001', 'Other', 'other', 'other-key', ?, ?)`, []any{[]byte("{}"), time.Now().Add(-2 * time.Minute).UTC()},
 			`DELETE FROM outbox WHERE msg_key = 'other-key'`, nil},

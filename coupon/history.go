@@ -14,11 +14,11 @@ import (
 const historyLimit = 200
 
 // History is the plugin's inbox.HistoryFunc: the grant state machine's committed
-// transitions for an order (the inbox's dedup key), oldest first, from coupon_grant_log
-// (its index on the order), each with its campaign and, for the terminal ones, the coupon
-// granted or the reason it failed (coupon_grant).
+// transitions for an order (the inbox's dedup key, whose grant is GrantID of it), oldest
+// first, from coupon_grant_log (its index on the order), each with its campaign and, for the
+// terminal ones, the coupon granted or the reason it failed (coupon_grant).
 func History(ctx context.Context, db *sql.DB, orderID string) ([]inbox.HistoryEntry, error) {
-	rows, err := db.QueryContext(ctx, textFor(dbx.DialectOf(db)).history, orderID, historyLimit)
+	rows, err := db.QueryContext(ctx, textFor(dbx.DialectOf(db)).history, GrantID(orderID), historyLimit)
 	if err != nil {
 		return nil, fmt.Errorf("coupon history: %w", err)
 	}

@@ -10,8 +10,9 @@ import (
 )
 
 // verifyPlugin is the plugin's Verify (`router verify`): the invariants of the configured
-// campaign (Verify), what became of a producer ledger's orders (LedgerFacts) and, with
-// `verify --kafka`, the CouponGranted events on the granted topic.
+// campaign (Verify; the relay lag, invariant 4, is the runtime's check of the whole outbox),
+// what became of a producer ledger's orders (LedgerFacts) and, with `verify --kafka`, the
+// CouponGranted events on the granted topic.
 func verifyPlugin(ctx context.Context, env inbox.VerifyEnv) (inbox.Verification, error) {
 	cfg, err := pluginConfig(env.DecodeConfig)
 	if err != nil {
@@ -21,7 +22,7 @@ func verifyPlugin(ctx context.Context, env inbox.VerifyEnv) (inbox.Verification,
 	if err != nil {
 		return inbox.Verification{}, err
 	}
-	audit, err := Verify(ctx, env.DB, cfg.CampaignID, env.LagBound)
+	audit, err := verifyCampaign(ctx, env.DB, cfg.CampaignID)
 	if err != nil {
 		return inbox.Verification{}, err
 	}
@@ -75,7 +76,7 @@ func grantEvents(ctx context.Context, env inbox.VerifyEnv, topic string) (distin
 	if len(env.Keys) > 0 {
 		scope = make(map[string]bool, len(env.Keys))
 		for _, id := range env.Keys {
-			scope[id] = true
+			scope[GrantID(id)] = true // an event's key is its grant's id
 		}
 	}
 	seen := map[string]bool{}

@@ -8,6 +8,13 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
+// ReasonResolved is the reason of a row an operator resolved (`router inbox resolve`): a
+// quarantined row whose key needs nothing more, its cause dealt with otherwise (a corrected
+// record processed under its own key, say). The row is 'done': it no longer counts as failed,
+// and a later delivery of its key is a duplicate. It has no effect of its own, so a plugin's
+// Verify leaves it out when it checks that every done row has its effect.
+const ReasonResolved Reason = "resolved"
+
 // VerifyEnv is what a plugin's Verify receives from `router verify`.
 type VerifyEnv struct {
 	DB *sql.DB // the application pool
