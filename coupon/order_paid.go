@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"time"
 	"unicode/utf8"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/jsonkeys"
 )
 
 // OrderPaid is the order-paid event: JSON
@@ -29,9 +31,9 @@ const MaxIDLen = 64
 var ErrBadOrderPaid = errors.New("bad order-paid payload")
 
 // DecodeOrderPaid parses and validates a payload. Unknown fields are allowed (producers may
-// add some); wrong types, a missing orderId or userId, a negative amount, trailing data, or
+// add some); wrong types, a missing orderId or userId, a negative amount, trailing data,
 // bytes that are not UTF-8 (inbox.CheckJSONText: decoded, they would become U+FFFD and two
-// orders one) are not.
+// orders one), a field name in another case ("orderid") and a key given twice are not.
 func DecodeOrderPaid(b []byte) (OrderPaid, error) {
 	if err := inbox.CheckJSONText(b); err != nil {
 		return OrderPaid{}, fmt.Errorf("%w: %w", ErrBadOrderPaid, err)
@@ -56,6 +58,10 @@ func decodeOrderPaidReference(b []byte) (OrderPaid, error) {
 	// costs a fraction (the Decoder was a tenth of the router's CPU in the e2e profile).
 	if err := json.Unmarshal(b, &raw); err != nil {
 		return OrderPaid{}, fmt.Errorf("%w: %v", ErrBadOrderPaid, err)
+	}
+	// encoding/json took "ORDERID" for orderId and kept the last of a key given twice.
+	if err := jsonkeys.Check(b, reflect.TypeOf(raw)); err != nil {
+		return OrderPaid{}, fmt.Errorf("%w: %w", ErrBadOrderPaid, err)
 	}
 	var o OrderPaid
 	if raw.OrderID == nil || *raw.OrderID == "" {

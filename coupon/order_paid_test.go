@@ -88,6 +88,15 @@ var decodeCases = []decodeCase{
 	{name: "JSON array", payload: `[{"orderId":"o-1","userId":"u-1"}]`, bad: true},
 	{name: "JSON string", payload: `"o-1"`, bad: true},
 	{name: "JSON number", payload: `42`, bad: true},
+	{name: "orderId in capitals", payload: `{"ORDERID":"ci-1","userId":"u-1"}`, bad: true},
+	{name: "orderId, then in lower case", payload: `{"orderId":"ci-2","orderid":"ci-3","userId":"u-1"}`, bad: true},
+	{name: "userId in another case", payload: `{"orderId":"o-1","UserId":"u-1"}`, bad: true},
+	{name: "amountCents in another case", payload: `{"orderId":"o-1","userId":"u-1","amountcents":5}`, bad: true},
+	{name: "amountCents with a long s", payload: "{\"orderId\":\"o-1\",\"userId\":\"u-1\",\"amountCent\u017f\":5}", bad: true},
+	{name: "orderId given twice", payload: `{"orderId":"ci-4","userId":"u-1","orderId":"ci-5"}`, bad: true},
+	{name: "orderId twice, once escaped", payload: `{"orderId":"ci-4","userId":"u-1","order\u0049d":"ci-5"}`, bad: true},
+	{name: "paidAt given twice", payload: `{"orderId":"o-1","userId":"u-1","paidAt":"2024-11-11T00:00:01.5Z","paidAt":null}`, bad: true},
+	{name: "unknown field given twice", payload: `{"orderId":"o-1","userId":"u-1","channel":"app","channel":"web"}`, bad: true},
 }
 
 func TestDecodeOrderPaid(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -26,6 +27,7 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/jsonkeys"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
@@ -106,8 +108,9 @@ func New(cfg Config, logger watermill.LoggerAdapter) (*Notifier, error) {
 }
 
 // DecodeGrant parses a coupon-granted payload. Unknown fields are allowed; bad JSON, bytes
-// that are not UTF-8 (inbox.CheckJSONText), trailing data, wrong types and a missing eventId,
-// orderId, userId, campaignId or couponId are not.
+// that are not UTF-8 (inbox.CheckJSONText), trailing data, wrong types, a field name in
+// another case, a key given twice and a missing eventId, orderId, userId, campaignId or
+// couponId are not.
 func DecodeGrant(b []byte) (coupon.GrantEvent, error) {
 	var e coupon.GrantEvent
 	if err := inbox.CheckJSONText(b); err != nil {
@@ -119,6 +122,9 @@ func DecodeGrant(b []byte) (coupon.GrantEvent, error) {
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return e, errors.New("coupon-granted: trailing data after the JSON object")
+	}
+	if err := jsonkeys.Check(b, reflect.TypeOf(e)); err != nil {
+		return e, fmt.Errorf("coupon-granted: %w", err)
 	}
 	for name, v := range map[string]string{"eventId": e.EventID, "orderId": e.OrderID, "userId": e.UserID, "campaignId": e.CampaignID, "couponId": e.CouponID} {
 		if v == "" {

@@ -60,6 +60,12 @@ func TestDecode(t *testing.T) {
 		{"failed event on the topic", failedEvt, coupon.EventGrantFailed},
 		{"orderId not UTF-8", message.NewMessage("p", []byte("{\"eventId\":\"e\",\"orderId\":\"o\xff\",\"userId\":\"u\",\"campaignId\":\"c\",\"couponId\":\"x\",\"valueCents\":5}")), "payload is not valid UTF-8 at byte 27"},
 		{"orderId with a lone surrogate", message.NewMessage("p", []byte(`{"eventId":"e","orderId":"o\udbff","userId":"u","campaignId":"c","couponId":"x","valueCents":5}`)), "payload is not valid UTF-8 at byte 27"},
+		{"orderId in another case", message.NewMessage("p", []byte(`{"eventId":"e","ORDERID":"o","userId":"u","campaignId":"c","couponId":"x","valueCents":5}`)),
+			`field name in another case: "ORDERID" at byte 15 is field "orderId"`},
+		{"orderId, then in another case", message.NewMessage("p", []byte(`{"eventId":"e","orderId":"o-1","orderid":"o-2","userId":"u","campaignId":"c","couponId":"x","valueCents":5}`)),
+			`field name in another case: "orderid"`},
+		{"orderId given twice", message.NewMessage("p", []byte(`{"eventId":"e","orderId":"o-1","orderId":"o-2","userId":"u","campaignId":"c","couponId":"x","valueCents":5}`)),
+			`key given twice: "orderId" at byte 31`},
 	}
 	for _, tc := range poison {
 		t.Run(tc.name, func(t *testing.T) {

@@ -12,9 +12,11 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"unicode"
+	"unicode/utf8"
 )
 
 // ErrFieldCase is wrapped by Check's error for a key that is a field's name in another case.
@@ -275,7 +277,7 @@ func (s *scanner) object(p *plan, i int) (int, error) {
 		if many == nil {
 			for _, k := range seen {
 				if bytes.Equal(k, key) {
-					return 0, fmt.Errorf("%w: %q at byte %d", ErrDuplicateKey, key, at)
+					return 0, fmt.Errorf("%w: %s at byte %d", ErrDuplicateKey, quote(key), at)
 				}
 			}
 			if seen = append(seen, key); len(seen) > len(small) {
@@ -286,7 +288,7 @@ func (s *scanner) object(p *plan, i int) (int, error) {
 			}
 		} else {
 			if many[string(key)] {
-				return 0, fmt.Errorf("%w: %q at byte %d", ErrDuplicateKey, key, at)
+				return 0, fmt.Errorf("%w: %s at byte %d", ErrDuplicateKey, quote(key), at)
 			}
 			many[string(key)] = true
 		}
@@ -297,7 +299,7 @@ func (s *scanner) object(p *plan, i int) (int, error) {
 				elem = skipPlan
 				for _, name := range p.names {
 					if bytes.EqualFold(name, key) {
-						return 0, fmt.Errorf("%w: %q at byte %d is field %q", ErrFieldCase, key, at, name)
+						return 0, fmt.Errorf("%w: %s at byte %d is field %q", ErrFieldCase, quote(key), at, name)
 					}
 				}
 			}
@@ -430,4 +432,19 @@ func delimiter(c byte) bool {
 		return true
 	}
 	return false
+}
+
+// maxQuoted is the most of a key an error quotes: the key is the sender's.
+const maxQuoted = 64
+
+// quote is key quoted, its first maxQuoted bytes and "..." when it is longer.
+func quote(key []byte) string {
+	if len(key) <= maxQuoted {
+		return strconv.Quote(string(key))
+	}
+	n := maxQuoted
+	for n > 0 && !utf8.RuneStart(key[n]) {
+		n--
+	}
+	return strconv.Quote(string(key[:n])) + "..."
 }

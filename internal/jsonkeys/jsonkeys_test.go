@@ -92,6 +92,7 @@ func TestCheck(t *testing.T) {
 		{"duplicate map key", `{"tags":{"a":"1","a":"2"}}`, ErrDuplicateKey, `"a" at byte 17`},
 		{"duplicate among many map keys", manyKeys(true), ErrDuplicateKey, `"t7"`},
 		{"duplicate deep in an interface value", `{"extra":[{"a":{"b":1,"b":2}}]}`, ErrDuplicateKey, `"b"`},
+		{"long key quoted in part", `{"` + strings.Repeat("é", 40) + `":1,"` + strings.Repeat("é", 40) + `":2}`, ErrDuplicateKey, `: "` + strings.Repeat("é", 32) + `"... at byte 86`},
 		{"duplicate in a nested struct", `{"ship":{"carrier":"c","carrier":"d"}}`, ErrDuplicateKey, `"carrier"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
