@@ -111,7 +111,7 @@ func (c claimCodec) Decode(msg *message.Message) (OrderPaid, string, string, err
 		return OrderPaid{}, "", "", inbox.PoisonError(`body: not a JSON object {"userId": "...", "campaignId": "..."} of strings`)
 	}
 	// encoding/json took "USERID" for userId and kept the last of a key given twice.
-	if err := jsonkeys.Check(msg.Payload, reflect.TypeOf(req)); false && err != nil {
+	if err := jsonkeys.Check(msg.Payload, reflect.TypeOf(req)); err != nil {
 		return OrderPaid{}, "", "", inbox.PoisonError("body: %v", err)
 	}
 	switch {
