@@ -41,7 +41,7 @@ test: infra
 
 ## ops-test: the alert rules (promtool check + test rules) and the dashboard: every panel's
 ## query answered by Debian's Prometheus scraping a router (tools/opscheck); installs the
-## prometheus package when missing (scripts/ops-test.sh). ONCEFLOW_OPSCHECK_EXPECT_MISSING
+## prometheus package when missing (scripts/ops-test.sh). OFTEST_OPSCHECK_EXPECT_MISSING
 ## (environment, comma-separated) names metrics whose panels may return nothing.
 ops-test:
 	bash scripts/ops-test.sh
@@ -53,7 +53,7 @@ image-test:
 	bash scripts/image-test.sh
 
 ## test-postgres: the integration suite of this module again, on PostgreSQL
-## (ONCEFLOW_TEST_DB=postgres). PG_ONLY_MARIADB names the tests of what only the MySQL family
+## (OFTEST_DB=postgres). PG_ONLY_MARIADB names the tests of what only the MySQL family
 ## has, left out there: the MariaDB migrations' history, mysql8's refusals, a DSN without a
 ## database, tx_isolation and the server's statement counters, MariaDB's planner on a range
 ## it must not read, its TLS users, and a database the application user cannot reach before
@@ -63,15 +63,15 @@ PG_ONLY_MARIADB ?= ^(TestExactKeysMigration|TestMigrationsRollBackAndReapply|Tes
   TestOpenSessionIsolation|TestIsolationRefused|TestIsolationCheckedOncePerPool|$\
   TestMultiRowPreparesItself|TestBatchPreparedStatements|TestTimeRangeReadsTheIndex|TestFailedErrorsPlan|$\
   TestPipelineOverSASLSSL|TestMigrateGrantsLeastPrivilege|TestTLSConnection)$$
-## The packages that touch the database (the others do not read ONCEFLOW_TEST_DB).
+## The packages that touch the database (the others do not read OFTEST_DB).
 DB_PKGS := . ./coupon/... ./inbox/... ./outbox/... ./migrations/... ./pkg/dbx/... ./internal/metrics/... ./internal/testenv/...
 test-postgres: infra
-	ONCEFLOW_TEST_DB=postgres $(GO) test -race -count=1 -v -timeout 30m -skip '$(PG_ONLY_MARIADB)' $(DB_PKGS)
+	OFTEST_DB=postgres $(GO) test -race -count=1 -v -timeout 30m -skip '$(PG_ONLY_MARIADB)' $(DB_PKGS)
 
 ## test-mysql8: the inbox's and the outbox's integration tests with db.dialect=mysql8 (MySQL
 ## 8's SQL: no RETURNING, nothing MariaDB-only) on the MariaDB server
 test-mysql8: infra
-	ONCEFLOW_TEST_DB=mysql8 $(GO) test -race -count=1 -v -timeout 30m ./inbox/... ./outbox/...
+	OFTEST_DB=mysql8 $(GO) test -race -count=1 -v -timeout 30m ./inbox/... ./outbox/...
 
 ## test-galera: pkg/dbx's tests on a three-node Galera cluster (scripts/infra.sh galera-up,
 ## 127.0.0.1:4306-4308; it kills and desynchronises nodes): failover order, stickiness, a

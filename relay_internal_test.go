@@ -7,7 +7,7 @@ import (
 )
 
 // The stock router's relay has no crash hook, whatever the environment says: only a chaos
-// build (tools/chaosrouter) reads ONCEFLOW_RELAY_CRASH_POINT.
+// build (tools/chaosrouter) reads CHAOS_RELAY_CRASH_POINT.
 func TestStockRelayIgnoresCrashPoint(t *testing.T) {
 	t.Setenv(faults.RelayCrashEnv, "after-mark")
 	a := &app{cfg: DefaultConfig()}

@@ -16,16 +16,16 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-// outageDuration is ONCEFLOW_TEST_OUTAGE, default 30s.
+// outageDuration is OFTEST_OUTAGE, default 30s.
 func outageDuration(t *testing.T) time.Duration {
 	t.Helper()
-	v := os.Getenv("ONCEFLOW_TEST_OUTAGE")
+	v := os.Getenv("OFTEST_OUTAGE")
 	if v == "" {
 		return 30 * time.Second
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil {
-		t.Fatalf("ONCEFLOW_TEST_OUTAGE: %v", err)
+		t.Fatalf("OFTEST_OUTAGE: %v", err)
 	}
 	return d
 }
@@ -84,7 +84,7 @@ func (dw *dualWriter) finish() {
 }
 
 // TestEOSRelayRealBrokerStopped: a real broker (a private one, a child process of this
-// test, so the shared broker keeps serving other tests) is stopped for ONCEFLOW_TEST_OUTAGE
+// test, so the shared broker keeps serving other tests) is stopped for OFTEST_OUTAGE
 // (default 30s) while orders keep arriving. Business transactions that only write to the
 // outbox keep committing — every writer commits during the outage and none fails — while a
 // dual-write transaction (send to Kafka, then commit) commits nothing: that is what the

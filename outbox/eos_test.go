@@ -180,7 +180,7 @@ func (o *outageDialer) setDown(down bool) {
 	}
 }
 
-// TestEOSRelayBrokerOutage: the relay loses the broker for ONCEFLOW_TEST_OUTAGE (default
+// TestEOSRelayBrokerOutage: the relay loses the broker for OFTEST_OUTAGE (default
 // 30s) while business transactions keep committing. They neither fail nor slow down (they
 // only insert outbox rows); the relay retries with backoff; after the broker is back every
 // event is published exactly once. The outage is simulated at the relay's TCP dialer (the

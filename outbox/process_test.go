@@ -44,12 +44,12 @@ func relayEnv(d testenv.Database, k kafkax.Config, txnID, positions, owner strin
 }
 
 // kills is the number of relay processes killed by TestEOSRelayProcessKill9
-// (ONCEFLOW_TEST_RELAY_KILLS overrides the default 15).
+// (OFTEST_RELAY_KILLS overrides the default 15).
 func kills(t *testing.T) int {
-	if v := os.Getenv("ONCEFLOW_TEST_RELAY_KILLS"); v != "" {
+	if v := os.Getenv("OFTEST_RELAY_KILLS"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
-			t.Fatalf("ONCEFLOW_TEST_RELAY_KILLS=%q: want a positive integer", v)
+			t.Fatalf("OFTEST_RELAY_KILLS=%q: want a positive integer", v)
 		}
 		return n
 	}
@@ -81,9 +81,9 @@ func TestEOSRelayProcessKill9(t *testing.T) {
 		mode := i % 3
 		switch mode {
 		case 0:
-			extra["ONCEFLOW_RELAY_CRASH_POINT"] = fmt.Sprintf("after-kafka-commit:%d", 1+rand.IntN(4))
+			extra["CHAOS_RELAY_CRASH_POINT"] = fmt.Sprintf("after-kafka-commit:%d", 1+rand.IntN(4))
 		case 1:
-			extra["ONCEFLOW_RELAY_CRASH_POINT"] = fmt.Sprintf("before-kafka-commit:%d", 1+rand.IntN(4))
+			extra["CHAOS_RELAY_CRASH_POINT"] = fmt.Sprintf("before-kafka-commit:%d", 1+rand.IntN(4))
 		}
 		p := startRelayProc(t, fmt.Sprintf("relay-%02d", i), relayEnv(d, k, txnID, positions, "kill9-owner", extra))
 		procs = append(procs, p)
@@ -91,7 +91,7 @@ func TestEOSRelayProcessKill9(t *testing.T) {
 			time.Sleep(time.Duration(50+rand.IntN(900)) * time.Millisecond)
 			p.kill()
 		} else if !p.wait(20 * time.Second) {
-			t.Fatalf("%s did not reach its crash point %s within 20s:\n%s", p.name, extra["ONCEFLOW_RELAY_CRASH_POINT"], p.tail(t, 20))
+			t.Fatalf("%s did not reach its crash point %s within 20s:\n%s", p.name, extra["CHAOS_RELAY_CRASH_POINT"], p.tail(t, 20))
 		}
 		<-p.done
 		switch code := p.exitCode(); {
@@ -166,7 +166,7 @@ func TestAtLeastOnceRelayProcessDuplicatesAtSameCrash(t *testing.T) {
 	const crashes = 3
 	for i := range crashes {
 		env := relayEnv(d, k, "", "", "", map[string]string{"ONCEFLOW_RELAY_EXACTLY_ONCE": "false",
-			"ONCEFLOW_RELAY_CRASH_POINT": "after-kafka-commit:2"})
+			"CHAOS_RELAY_CRASH_POINT": "after-kafka-commit:2"})
 		p := startRelayProc(t, fmt.Sprintf("alo-%d", i), env)
 		if !p.wait(20*time.Second) || p.exitCode() != 137 {
 			t.Fatalf("%s did not crash at after-kafka-commit (exit %d):\n%s", p.name, p.exitCode(), p.tail(t, 20))

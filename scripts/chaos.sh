@@ -9,7 +9,7 @@
 #     its MariaDB; the CHAOS line then says db=postgres. DB=mariadb (default): MariaDB.
 #   CHAOS_PROFILE=short|long|broken (default short, ~2 min; long ~12 min), CHAOS_SEED (default 1),
 #   CHAOS_PROFILE=cluster|soak: on a three-broker cluster of the chaos instance (scripts/infra.sh
-#     ONCEFLOW_KAFKA_BROKERS=3; brokers on CHAOS_CLUSTER_PORT 29092-29094, controllers on
+#     INFRA_KAFKA_BROKERS=3; brokers on CHAOS_CLUSTER_PORT 29092-29094, controllers on
 #     CHAOS_CLUSTER_CONTROLLER_PORT 29192-29194) instead of its one broker, not proxied;
 #     soak (make soak): CHAOS_SOAK_ORDERS (1000000) over CHAOS_SOAK_MINUTES (30).
 #   CHAOS_PROFILE=galera: the database is a three-node Galera cluster of its own instance
@@ -44,32 +44,32 @@ cd "$ROOT"
 galera=0
 [[ "${CHAOS_PROFILE:-}" == galera ]] && galera=1
 if [[ $galera == 1 ]]; then
-  export ONCEFLOW_RUN_DIR="${CHAOS_RUN_DIR:-$ROOT/.run/chaos-galera}"
-  export ONCEFLOW_DB_PORT="${CHAOS_DB_PORT:-3317}"
-  export ONCEFLOW_KAFKA_PORT="${CHAOS_KAFKA_PORT:-9292}"
-  export ONCEFLOW_KAFKA_CONTROLLER_PORT="${CHAOS_KAFKA_CONTROLLER_PORT:-9293}"
-  export ONCEFLOW_KAFKA_CHAOS_PORT="${CHAOS_KAFKA_CHAOS_PORT:-9294}"
-  export ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT="${CHAOS_KAFKA_PROXY_PORT:-9295}"
-  export ONCEFLOW_GALERA_PORT="${CHAOS_GALERA_PORT:-4316}"
+  export INFRA_RUN_DIR="${CHAOS_RUN_DIR:-$ROOT/.run/chaos-galera}"
+  export INFRA_DB_PORT="${CHAOS_DB_PORT:-3317}"
+  export INFRA_KAFKA_PORT="${CHAOS_KAFKA_PORT:-9292}"
+  export INFRA_KAFKA_CONTROLLER_PORT="${CHAOS_KAFKA_CONTROLLER_PORT:-9293}"
+  export INFRA_KAFKA_CHAOS_PORT="${CHAOS_KAFKA_CHAOS_PORT:-9294}"
+  export INFRA_KAFKA_CHAOS_ADVERTISED_PORT="${CHAOS_KAFKA_PROXY_PORT:-9295}"
+  export INFRA_GALERA_PORT="${CHAOS_GALERA_PORT:-4316}"
 else
-  export ONCEFLOW_RUN_DIR="${CHAOS_RUN_DIR:-$ROOT/.run/chaos-infra}"
-  export ONCEFLOW_DB_PORT="${CHAOS_DB_PORT:-3307}"
-  export ONCEFLOW_KAFKA_PORT="${CHAOS_KAFKA_PORT:-9192}"
-  export ONCEFLOW_KAFKA_CONTROLLER_PORT="${CHAOS_KAFKA_CONTROLLER_PORT:-9193}"
-  export ONCEFLOW_KAFKA_CHAOS_PORT="${CHAOS_KAFKA_CHAOS_PORT:-9194}"
-  export ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT="${CHAOS_KAFKA_PROXY_PORT:-9195}"
+  export INFRA_RUN_DIR="${CHAOS_RUN_DIR:-$ROOT/.run/chaos-infra}"
+  export INFRA_DB_PORT="${CHAOS_DB_PORT:-3307}"
+  export INFRA_KAFKA_PORT="${CHAOS_KAFKA_PORT:-9192}"
+  export INFRA_KAFKA_CONTROLLER_PORT="${CHAOS_KAFKA_CONTROLLER_PORT:-9193}"
+  export INFRA_KAFKA_CHAOS_PORT="${CHAOS_KAFKA_CHAOS_PORT:-9194}"
+  export INFRA_KAFKA_CHAOS_ADVERTISED_PORT="${CHAOS_KAFKA_PROXY_PORT:-9195}"
 fi
 export KAFKA_HEAP_OPTS="${KAFKA_HEAP_OPTS:--Xms256m -Xmx768m}"
 db_args=""
-db_desc="mariadb :$ONCEFLOW_DB_PORT"
+db_desc="mariadb :$INFRA_DB_PORT"
 case "${DB:-mariadb}" in
   mariadb) ;;
   postgres)
     # infra.sh up/down/status include the PostgreSQL of a non-default instance when it names
     # its port (pg_wanted).
-    export ONCEFLOW_PG_PORT="${CHAOS_PG_PORT:-5433}"
-    db_args="-dialect postgres -db-addr 127.0.0.1:$ONCEFLOW_PG_PORT"
-    db_desc="postgres :$ONCEFLOW_PG_PORT"
+    export INFRA_PG_PORT="${CHAOS_PG_PORT:-5433}"
+    db_args="-dialect postgres -db-addr 127.0.0.1:$INFRA_PG_PORT"
+    db_desc="postgres :$INFRA_PG_PORT"
     ;;
   *)
     echo "chaos: DB=$DB: use mariadb or postgres" >&2
@@ -78,21 +78,21 @@ case "${DB:-mariadb}" in
 esac
 if [[ $galera == 1 ]]; then
   [[ "${DB:-mariadb}" == mariadb ]] || { echo "chaos: CHAOS_PROFILE=galera runs on MariaDB only (DB=$DB)" >&2; exit 2; }
-  p=$ONCEFLOW_GALERA_PORT
-  db_args="-db-addr 127.0.0.1:$p,127.0.0.1:$((p + 1)),127.0.0.1:$((p + 2)) -speed-single 127.0.0.1:$ONCEFLOW_DB_PORT"
-  db_desc="galera :$p-$((p + 2)) (single node :$ONCEFLOW_DB_PORT for the speed comparison)"
+  p=$INFRA_GALERA_PORT
+  db_args="-db-addr 127.0.0.1:$p,127.0.0.1:$((p + 1)),127.0.0.1:$((p + 2)) -speed-single 127.0.0.1:$INFRA_DB_PORT"
+  db_desc="galera :$p-$((p + 2)) (single node :$INFRA_DB_PORT for the speed comparison)"
 fi
 cluster_args=""
 case "${CHAOS_PROFILE:-}" in
   cluster | soak)
-    export ONCEFLOW_KAFKA_BROKERS=3
-    export ONCEFLOW_CLUSTER_PORT="${CHAOS_CLUSTER_PORT:-29092}"
-    export ONCEFLOW_CLUSTER_CONTROLLER_PORT="${CHAOS_CLUSTER_CONTROLLER_PORT:-29192}"
-    unset ONCEFLOW_KAFKA_CHAOS_PORT ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT
-    cluster_args="-brokers 127.0.0.1:$ONCEFLOW_CLUSTER_PORT,127.0.0.1:$((ONCEFLOW_CLUSTER_PORT + 1)),127.0.0.1:$((ONCEFLOW_CLUSTER_PORT + 2))"
+    export INFRA_KAFKA_BROKERS=3
+    export INFRA_CLUSTER_PORT="${CHAOS_CLUSTER_PORT:-29092}"
+    export INFRA_CLUSTER_CONTROLLER_PORT="${CHAOS_CLUSTER_CONTROLLER_PORT:-29192}"
+    unset INFRA_KAFKA_CHAOS_PORT INFRA_KAFKA_CHAOS_ADVERTISED_PORT
+    cluster_args="-brokers 127.0.0.1:$INFRA_CLUSTER_PORT,127.0.0.1:$((INFRA_CLUSTER_PORT + 1)),127.0.0.1:$((INFRA_CLUSTER_PORT + 2))"
     ;;
 esac
-if [[ "$ONCEFLOW_DB_PORT" == 3306 || "${ONCEFLOW_PG_PORT:-}" == 5432 || "$ONCEFLOW_KAFKA_PORT" == 9092 || "${ONCEFLOW_GALERA_PORT:-}" == 4306 ]]; then
+if [[ "$INFRA_DB_PORT" == 3306 || "${INFRA_PG_PORT:-}" == 5432 || "$INFRA_KAFKA_PORT" == 9092 || "${INFRA_GALERA_PORT:-}" == 4306 ]]; then
   echo "chaos: refusing to run against the shared services (3306 / 5432 / 9092 / galera 4306)" >&2
   exit 2
 fi
@@ -109,9 +109,9 @@ at_exit() {
 }
 trap at_exit EXIT
 if [[ -n "$cluster_args" ]]; then
-  echo "chaos: instance $ONCEFLOW_RUN_DIR: $db_desc, three-broker kafka cluster ${cluster_args#-brokers }"
+  echo "chaos: instance $INFRA_RUN_DIR: $db_desc, three-broker kafka cluster ${cluster_args#-brokers }"
 else
-  echo "chaos: instance $ONCEFLOW_RUN_DIR: $db_desc, kafka :$ONCEFLOW_KAFKA_PORT (CHAOS listener :$ONCEFLOW_KAFKA_CHAOS_PORT advertised as :$ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT)"
+  echo "chaos: instance $INFRA_RUN_DIR: $db_desc, kafka :$INFRA_KAFKA_PORT (CHAOS listener :$INFRA_KAFKA_CHAOS_PORT advertised as :$INFRA_KAFKA_CHAOS_ADVERTISED_PORT)"
 fi
 bash scripts/infra.sh up
 [[ $galera == 0 ]] || bash scripts/infra.sh galera-up

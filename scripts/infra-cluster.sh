@@ -10,9 +10,8 @@
 #   cluster-status        up/down, pid and RSS of each node (exit 0 only when all three are up)
 #   cluster-reset         stop them and delete their data (re-formatted by the next cluster-up)
 #   cluster-start N / cluster-stop N / cluster-kill N   one node (1-3): start, SIGTERM, SIGKILL
-#   ONCEFLOW_KAFKA_BROKERS=3 scripts/infra.sh up|down|status   MariaDB and the cluster
-#                         (instead of the one broker; the variable is read as a count only
-#                         when it is a number)
+#   INFRA_KAFKA_BROKERS=3 scripts/infra.sh up|down|status   MariaDB and the cluster
+#                         (instead of the one broker; 1 or unset: the one broker)
 #
 # Every node is broker and controller (node.id 1-3, a static quorum of the three: any two
 # keep it). Every topic the project creates here is replicated on all three with
@@ -24,16 +23,16 @@
 # unclean leader election (Kafka's default). Clients use acks=all (pkg/kafkax, the relay).
 #
 # Environment:
-#   ONCEFLOW_CLUSTER_PORT             first broker port, default 19092 (nodes on 19092, 19093, 19094)
-#   ONCEFLOW_CLUSTER_CONTROLLER_PORT  first controller port, default 19192 (19192, 19193, 19194)
-#   ONCEFLOW_CLUSTER_HEAP_OPTS        each node's heap, default "-Xms128m -Xmx512m"
-#   ONCEFLOW_TOPICS, ONCEFLOW_TOPIC_PARTITIONS, ONCEFLOW_RUN_DIR as for the one broker; data,
+#   INFRA_CLUSTER_PORT             first broker port, default 19092 (nodes on 19092, 19093, 19094)
+#   INFRA_CLUSTER_CONTROLLER_PORT  first controller port, default 19192 (19192, 19193, 19194)
+#   INFRA_CLUSTER_HEAP_OPTS        each node's heap, default "-Xms128m -Xmx512m"
+#   INFRA_TOPICS, INFRA_TOPIC_PARTITIONS, INFRA_RUN_DIR as for the one broker; data,
 #   logs and pid files in <run dir>/kafka-cluster/node-N.
 
 CLUSTER_NODES=3
-CLUSTER_PORT="${ONCEFLOW_CLUSTER_PORT:-19092}"
-CLUSTER_CONTROLLER_PORT="${ONCEFLOW_CLUSTER_CONTROLLER_PORT:-19192}"
-CLUSTER_HEAP_OPTS="${ONCEFLOW_CLUSTER_HEAP_OPTS:--Xms128m -Xmx512m}"
+CLUSTER_PORT="${INFRA_CLUSTER_PORT:-19092}"
+CLUSTER_CONTROLLER_PORT="${INFRA_CLUSTER_CONTROLLER_PORT:-19192}"
+CLUSTER_HEAP_OPTS="${INFRA_CLUSTER_HEAP_OPTS:--Xms128m -Xmx512m}"
 CLUSTER_DIR="$RUN_DIR/kafka-cluster"
 CLUSTER_ID_FILE="$CLUSTER_DIR/cluster.id"
 
@@ -282,13 +281,11 @@ cluster_status() {
   return $rc
 }
 
-# cluster_mode: ONCEFLOW_KAFKA_BROKERS is a broker count (not an address list) of 3.
+# cluster_mode: INFRA_KAFKA_BROKERS, a broker count, is 3.
 cluster_mode() {
-  local v="${ONCEFLOW_KAFKA_BROKERS:-}"
-  [[ "$v" =~ ^[0-9]+$ ]] || return 1
-  case "$v" in
+  case "${INFRA_KAFKA_BROKERS:-1}" in
     1) return 1 ;;
     3) return 0 ;;
-    *) echo "infra: ONCEFLOW_KAFKA_BROKERS=$v: 1 (the one broker) or 3 (the cluster)" >&2; exit 2 ;;
+    *) echo "infra: INFRA_KAFKA_BROKERS=$INFRA_KAFKA_BROKERS: 1 (the one broker) or 3 (the cluster)" >&2; exit 2 ;;
   esac
 }

@@ -13,7 +13,7 @@
 #   galera-start N / galera-stop N / galera-kill N   one node (1-3): join the running
 #                          cluster (IST, else SST by rsync), shutdown, SIGKILL
 #
-# Node N listens for SQL on 127.0.0.1:(ONCEFLOW_GALERA_PORT + N - 1), default 4306-4308; its
+# Node N listens for SQL on 127.0.0.1:(INFRA_GALERA_PORT + N - 1), default 4306-4308; its
 # group communication on SQL port + 20000, IST on + 21000, SST (rsync) on + 22000. Data,
 # my.cnf, socket, pid file and log in <run dir>/galera/node-N. No TLS. Buffer pools are small
 # (64M): three servers share the machine. Durability per node as the single node's
@@ -23,10 +23,10 @@
 #   onceflow:onceflow@tcp(127.0.0.1:4306,127.0.0.1:4307,127.0.0.1:4308)/<db>   (pkg/dbx)
 
 GALERA_NODES=3
-GALERA_PORT="${ONCEFLOW_GALERA_PORT:-4306}"
+GALERA_PORT="${INFRA_GALERA_PORT:-4306}"
 GALERA_DIR="$RUN_DIR/galera"
 GALERA_PROVIDER=/usr/lib/galera/libgalera_smm.so
-GALERA_WAIT="${ONCEFLOW_GALERA_WAIT_SECONDS:-180}" # a joiner's SST can take a while
+GALERA_WAIT="${INFRA_GALERA_WAIT_SECONDS:-180}" # a joiner's SST can take a while
 
 galera_port() { echo $((GALERA_PORT + $1 - 1)); }
 galera_gcomm_port() { echo $((GALERA_PORT + 20000 + $1 - 1)); }
@@ -134,7 +134,7 @@ galera_launch() {
   shift
   dir="$(galera_node_dir "$n")"
   if port_open 127.0.0.1 "$(galera_port "$n")" && ! galera_pid "$n" >/dev/null; then
-    fail galera "127.0.0.1:$(galera_port "$n") is taken by another server: stop it or set ONCEFLOW_GALERA_PORT"
+    fail galera "127.0.0.1:$(galera_port "$n") is taken by another server: stop it or set INFRA_GALERA_PORT"
   fi
   mkdir -p "$dir/data"
   chown mysql:mysql "$dir" "$dir/data"

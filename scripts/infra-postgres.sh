@@ -14,7 +14,7 @@
 #                                  onceflow_chaos, onceflow_stream (owned by onceflow_admin)
 # Sourced by scripts/infra.sh: uses its log, fail, apt_install, port_open, RUN_DIR.
 
-PG_PORT="${ONCEFLOW_PG_PORT:-5432}"
+PG_PORT="${INFRA_PG_PORT:-5432}"
 PG_HOST=127.0.0.1
 PG_VERSION=15
 PG_BIN="/usr/lib/postgresql/$PG_VERSION/bin"
@@ -82,7 +82,7 @@ pg_start() {
   pg_dirs
   pg_init
   if pg_running; then
-    pg_ours || fail postgres "127.0.0.1:$PG_PORT is taken by another server (not $PG_DATA): stop it or set ONCEFLOW_PG_PORT"
+    pg_ours || fail postgres "127.0.0.1:$PG_PORT is taken by another server (not $PG_DATA): stop it or set INFRA_PG_PORT"
     log "postgres: already up on $PG_HOST:$PG_PORT"
   else
     log "postgres: starting on $PG_HOST:$PG_PORT (data $PG_DATA)"
@@ -129,12 +129,12 @@ pg_status() {
 }
 
 # pg_wanted: up, down and status include PostgreSQL for the default instance, and for another
-# one (ONCEFLOW_DB_PORT set) only when it names its own ONCEFLOW_PG_PORT; ONCEFLOW_POSTGRES=0
+# one (INFRA_DB_PORT set) only when it names its own INFRA_PG_PORT; INFRA_POSTGRES=0
 # leaves it out, =1 keeps it in.
 pg_wanted() {
-  case "${ONCEFLOW_POSTGRES:-}" in
+  case "${INFRA_POSTGRES:-}" in
     0) return 1 ;;
     1) return 0 ;;
   esac
-  [[ "$DB_PORT" == 3306 || -n "${ONCEFLOW_PG_PORT:-}" ]]
+  [[ "$DB_PORT" == 3306 || -n "${INFRA_PG_PORT:-}" ]]
 }

@@ -7,7 +7,7 @@
 #   * a local CA and certificates (openssl, made on this machine) in <run dir>/tls: MariaDB
 #     serves TLS with them too (TLS is offered, not required, except for user onceflow_tls)
 #   * Debian's chromium, installed when missing: the headless browser the operator
-#     console's browser test drives (tools/consoletest; ONCEFLOW_CHROMIUM names
+#     console's browser test drives (tools/consoletest; OFTEST_CHROMIUM names
 #     another Chrome or Chromium binary instead)
 #
 # Usage: scripts/infra.sh up|down|status|reset|db-start|db-stop|kafka-start|kafka-stop
@@ -21,44 +21,44 @@
 #   db-start / db-stop / kafka-start / kafka-stop / pg-start / pg-stop   one service only
 #                (chaos tests)
 #   PostgreSQL 15 (Debian package) on 127.0.0.1:5432 is started by up too, from its own data
-#   dir <run dir>/postgres (scripts/infra-postgres.sh; ONCEFLOW_PG_PORT another port;
-#   ONCEFLOW_POSTGRES=0 leaves it out)
+#   dir <run dir>/postgres (scripts/infra-postgres.sh; INFRA_PG_PORT another port;
+#   INFRA_POSTGRES=0 leaves it out)
 #   galera-up|galera-down|galera-status|galera-reset, galera-start|galera-stop|galera-kill N
 #                a three-node MariaDB Galera cluster on 127.0.0.1:4306-4308 beside the single
-#                node (scripts/infra-galera.sh; ONCEFLOW_GALERA_PORT another first port)
+#                node (scripts/infra-galera.sh; INFRA_GALERA_PORT another first port)
 #   cluster-up|cluster-down|cluster-status|cluster-reset, cluster-start|cluster-stop|cluster-kill N
 #                a separate three-broker KRaft cluster on 127.0.0.1:19092-19094 (replication
 #                factor 3, min.insync.replicas 2; scripts/infra-cluster.sh); with
-#                ONCEFLOW_KAFKA_BROKERS=3, up / down / status act on MariaDB and the cluster
+#                INFRA_KAFKA_BROKERS=3, up / down / status act on MariaDB and the cluster
 #
 # Environment:
-#   ONCEFLOW_TOPICS          topics to create (space or comma separated)
+#   INFRA_TOPICS             topics to create (space or comma separated)
 #                            default: "order-paid coupon-granted coupon-grant-failed"
-#   ONCEFLOW_TOPIC_PARTITIONS  default 12
-#   ONCEFLOW_KAFKA_VERSION   default 4.1.1 (org.apache.kafka:kafka_2.13)
-#   ONCEFLOW_RUN_DIR         runtime dir, default <repo>/.run
-#   ONCEFLOW_WAIT_SECONDS    bounded wait per service, default 90
-#   ONCEFLOW_KAFKA_SASL_PORT the SASL_SSL listener's port: default 9094 for the default
+#   INFRA_TOPIC_PARTITIONS   default 12
+#   INFRA_KAFKA_VERSION      default 4.1.1 (org.apache.kafka:kafka_2.13)
+#   INFRA_RUN_DIR            runtime dir, default <repo>/.run
+#   INFRA_WAIT_SECONDS       bounded wait per service, default 90
+#   INFRA_KAFKA_SASL_PORT    the SASL_SSL listener's port: default 9094 for the default
 #                            instance (Kafka on 9092), none for any other; empty: none
 #   KAFKA_HEAP_OPTS          default "-Xms256m -Xmx1g"
 #
 # A second, independent instance (the chaos harness restarts its services; scripts/chaos.sh
 # uses one so that the shared services stay untouched) is selected by:
-#   ONCEFLOW_RUN_DIR                 its own runtime dir (Kafka data, pid files, logs; MariaDB
+#   INFRA_RUN_DIR                    its own runtime dir (Kafka data, pid files, logs; MariaDB
 #                                    datadir, socket and pid file in <run dir>/mariadb)
-#   ONCEFLOW_DB_PORT                 default 3306 = the machine's MariaDB (Debian paths,
+#   INFRA_DB_PORT                    default 3306 = the machine's MariaDB (Debian paths,
 #                                    /etc/mysql config). Any other port = a private mariadbd
 #                                    (mariadb-install-db --datadir=<run dir>/mariadb/data, own
 #                                    my.cnf, socket and pid file there, --user=mysql)
-#   ONCEFLOW_KAFKA_PORT              default 9092
-#   ONCEFLOW_KAFKA_CONTROLLER_PORT   default 9093
-#   ONCEFLOW_KAFKA_CHAOS_PORT        default none: a third listener CHAOS on this port, ...
-#   ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT  ... advertised on this port (default CHAOS port + 1),
+#   INFRA_KAFKA_PORT                 default 9092
+#   INFRA_KAFKA_CONTROLLER_PORT      default 9093
+#   INFRA_KAFKA_CHAOS_PORT           default none: a third listener CHAOS on this port, ...
+#   INFRA_KAFKA_CHAOS_ADVERTISED_PORT  ... advertised on this port (default CHAOS port + 1),
 #                                    where tools/chaos's fault-injecting proxy listens: clients
 #                                    bootstrapped through the proxy then fetch and produce
 #                                    through it too
-# e.g. ONCEFLOW_RUN_DIR=$PWD/.run/chaos-infra ONCEFLOW_DB_PORT=3307 ONCEFLOW_KAFKA_PORT=9192 \
-#      ONCEFLOW_KAFKA_CONTROLLER_PORT=9193 ONCEFLOW_KAFKA_CHAOS_PORT=9194 scripts/infra.sh up
+# e.g. INFRA_RUN_DIR=$PWD/.run/chaos-infra INFRA_DB_PORT=3307 INFRA_KAFKA_PORT=9192 \
+#      INFRA_KAFKA_CONTROLLER_PORT=9193 INFRA_KAFKA_CHAOS_PORT=9194 scripts/infra.sh up
 # Every command acts only on the instance the environment selects: processes are found by
 # that instance's pid files (or on its port, only if their command line names its own
 # server.properties / my.cnf), never by name, so two checkouts or instances on one machine
@@ -87,11 +87,11 @@
 set -Eeuo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-RUN_DIR="${ONCEFLOW_RUN_DIR:-$ROOT/.run}"
-WAIT_SECONDS="${ONCEFLOW_WAIT_SECONDS:-90}"
+RUN_DIR="${INFRA_RUN_DIR:-$ROOT/.run}"
+WAIT_SECONDS="${INFRA_WAIT_SECONDS:-90}"
 
 DB_HOST=127.0.0.1
-DB_PORT="${ONCEFLOW_DB_PORT:-3306}"
+DB_PORT="${INFRA_DB_PORT:-3306}"
 DB_NAMES=(onceflow onceflow_test)
 # Databases the users are granted on, each by its exact name (DB_NAMES and the ones the demo,
 # the benches and the chaos harness create), and the test databases of internal/testenv.
@@ -121,19 +121,19 @@ else
 fi
 MARIADBD=/usr/sbin/mariadbd
 
-KAFKA_VERSION="${ONCEFLOW_KAFKA_VERSION:-4.1.1}"
+KAFKA_VERSION="${INFRA_KAFKA_VERSION:-4.1.1}"
 KAFKA_HOST=127.0.0.1
-KAFKA_PORT="${ONCEFLOW_KAFKA_PORT:-9092}"
-KAFKA_CONTROLLER_PORT="${ONCEFLOW_KAFKA_CONTROLLER_PORT:-9093}"
-KAFKA_CHAOS_PORT="${ONCEFLOW_KAFKA_CHAOS_PORT:-}"
-KAFKA_CHAOS_ADVERTISED_PORT="${ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT:-}"
+KAFKA_PORT="${INFRA_KAFKA_PORT:-9092}"
+KAFKA_CONTROLLER_PORT="${INFRA_KAFKA_CONTROLLER_PORT:-9093}"
+KAFKA_CHAOS_PORT="${INFRA_KAFKA_CHAOS_PORT:-}"
+KAFKA_CHAOS_ADVERTISED_PORT="${INFRA_KAFKA_CHAOS_ADVERTISED_PORT:-}"
 if [[ -n "$KAFKA_CHAOS_PORT" && -z "$KAFKA_CHAOS_ADVERTISED_PORT" ]]; then
   KAFKA_CHAOS_ADVERTISED_PORT=$((KAFKA_CHAOS_PORT + 1))
 fi
 if [[ "$KAFKA_PORT" == 9092 ]]; then
-  KAFKA_SASL_PORT="${ONCEFLOW_KAFKA_SASL_PORT-9094}"
+  KAFKA_SASL_PORT="${INFRA_KAFKA_SASL_PORT-9094}"
 else
-  KAFKA_SASL_PORT="${ONCEFLOW_KAFKA_SASL_PORT:-}"
+  KAFKA_SASL_PORT="${INFRA_KAFKA_SASL_PORT:-}"
 fi
 KAFKA_SASL_USER=onceflow
 TLS_DIR="$RUN_DIR/tls"
@@ -148,8 +148,8 @@ KAFKA_LOG="$KAFKA_DIR/server.log"
 KAFKA_STDOUT="$KAFKA_DIR/stdout.log"
 KAFKA_CLUSTER_ID_FILE="$KAFKA_DIR/cluster.id"
 KAFKA_POM="$ROOT/scripts/kafka/pom.xml"
-TOPIC_PARTITIONS="${ONCEFLOW_TOPIC_PARTITIONS:-12}"
-read -r -a TOPICS <<<"$(echo "${ONCEFLOW_TOPICS:-order-paid coupon-granted coupon-grant-failed}" | tr ',' ' ')"
+TOPIC_PARTITIONS="${INFRA_TOPIC_PARTITIONS:-12}"
+read -r -a TOPICS <<<"$(echo "${INFRA_TOPICS:-order-paid coupon-granted coupon-grant-failed}" | tr ',' ' ')"
 
 log() { echo "infra: $*"; }
 warn() { echo "infra: WARNING: $*" >&2; }
@@ -636,7 +636,7 @@ kafka_install() {
   if [[ -f "$KAFKA_LIBS/.complete" && "$(cat "$KAFKA_LIBS/.complete")" == "$KAFKA_VERSION" ]]; then
     return 0
   fi
-  # A second instance (another ONCEFLOW_RUN_DIR) reuses the jars of the default run dir.
+  # A second instance (another INFRA_RUN_DIR) reuses the jars of the default run dir.
   local shared_libs="$ROOT/.run/kafka/libs"
   if [[ "$shared_libs" != "$KAFKA_LIBS" && -f "$shared_libs/.complete" && "$(cat "$shared_libs/.complete")" == "$KAFKA_VERSION" ]]; then
     mkdir -p "$KAFKA_DIR"
@@ -951,7 +951,7 @@ kafka_status() {
 # browser_install installs Debian's chromium unless a browser is there already; `make test`
 # drives it headless (the console's browser test fails, saying how to install it, without).
 browser_install() {
-  if [[ -n "${ONCEFLOW_CHROMIUM:-}" ]] || command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then
+  if [[ -n "${OFTEST_CHROMIUM:-}" ]] || command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then
     return 0
   fi
   apt_install chromium

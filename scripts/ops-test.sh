@@ -5,7 +5,7 @@
 # scraping it, every dashboard query evaluated). Installs the prometheus package (which
 # ships promtool) when missing, without starting its service.
 #   bash scripts/ops-test.sh [install|rules|dashboard|all]   (default all)
-# ONCEFLOW_OPSCHECK_EXPECT_MISSING: metric names whose panels may return nothing (comma-separated).
+# OFTEST_OPSCHECK_EXPECT_MISSING: metric names whose panels may return nothing (comma-separated).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,7 +40,7 @@ rules() {
 
 dashboard() {
   "$GO" build -buildvcs=auto -o bin/router ./cmd/router
-  ONCEFLOW_ROUTER_BIN="$PWD/bin/router" "$GO" test -C tools -count=1 -v -timeout 10m ./opscheck/
+  OFTEST_ROUTER_BIN="$PWD/bin/router" "$GO" test -C tools -count=1 -v -timeout 10m ./opscheck/
 }
 
 case "$what" in

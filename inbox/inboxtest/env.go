@@ -12,8 +12,8 @@ import (
 )
 
 // The services a plugin's integration tests run on: the MariaDB and Kafka broker of
-// `scripts/infra.sh up` (ONCEFLOW_TEST_ADMIN_DSN, ONCEFLOW_TEST_APP_USER and
-// ONCEFLOW_TEST_BROKERS point elsewhere). Each function fails the test, saying how to
+// `scripts/infra.sh up` (OFTEST_ADMIN_DSN, OFTEST_APP_USER and
+// OFTEST_BROKERS point elsewhere). Each function fails the test, saying how to
 // start them, when a service is unreachable, and skips it under go test -short.
 
 // Database is a fresh, migrated database of one test, dropped when the test ends.

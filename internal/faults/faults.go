@@ -55,7 +55,7 @@ func SkipReconcile() bool { return outboxHooks != nil && outboxHooks.SkipReconci
 // process exit with status 137 (as if killed) the n-th time (default the 1st) a batch
 // reaches point: before-kafka-commit, after-kafka-commit (Kafka committed or acked, rows not
 // yet marked) or after-mark.
-const RelayCrashEnv = "ONCEFLOW_RELAY_CRASH_POINT"
+const RelayCrashEnv = "CHAOS_RELAY_CRASH_POINT"
 
 var relayPoint func(point string)
 

@@ -21,7 +21,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-const howToGetJars = "the Kafka jars come from `bash scripts/infra.sh up` (they are fetched into .run/kafka/libs, or $ONCEFLOW_RUN_DIR/kafka/libs)"
+const howToGetJars = "the Kafka jars come from `bash scripts/infra.sh up` (they are fetched into .run/kafka/libs, or $INFRA_RUN_DIR/kafka/libs)"
 
 // PrivateKafka is a single-node KRaft Kafka broker (broker and controller in one JVM) that
 // belongs to one test: it runs as a child process of the test binary from the jars that
@@ -345,11 +345,11 @@ func (k *PrivateKafka) logTail(n int) string {
 	return b.String()
 }
 
-// kafkaLibs finds the Kafka jars: $ONCEFLOW_RUN_DIR/kafka/libs, else .run/kafka/libs under
+// kafkaLibs finds the Kafka jars: $INFRA_RUN_DIR/kafka/libs, else .run/kafka/libs under
 // the repository root (found from the working directory upwards).
 func kafkaLibs() (string, error) {
 	var candidates []string
-	if d := os.Getenv("ONCEFLOW_RUN_DIR"); d != "" {
+	if d := os.Getenv("INFRA_RUN_DIR"); d != "" {
 		candidates = append(candidates, filepath.Join(d, "kafka", "libs"))
 	}
 	if root, err := repoRoot(); err == nil {

@@ -23,9 +23,9 @@ import (
 // a SASL_SSL listener and a MariaDB user that must use TLS.
 
 // TLSDir is where scripts/infra.sh writes the CA, the certificates and the Kafka user's
-// password: $ONCEFLOW_TEST_TLS_DIR, else <repository>/.run/tls.
+// password: $OFTEST_TLS_DIR, else <repository>/.run/tls.
 func TLSDir() string {
-	if d := os.Getenv("ONCEFLOW_TEST_TLS_DIR"); d != "" {
+	if d := os.Getenv("OFTEST_TLS_DIR"); d != "" {
 		return d
 	}
 	root, err := repoRoot()
@@ -39,15 +39,15 @@ func TLSDir() string {
 // kafka-onceflow.password.
 func TLSFile(name string) string { return filepath.Join(TLSDir(), name) }
 
-// SecureBrokers is the SASL_SSL bootstrap list (ONCEFLOW_TEST_SASL_BROKERS, default
+// SecureBrokers is the SASL_SSL bootstrap list (OFTEST_SASL_BROKERS, default
 // 127.0.0.1:9094).
 func SecureBrokers() []string {
-	return strings.Split(env("ONCEFLOW_TEST_SASL_BROKERS", "127.0.0.1:9094"), ",")
+	return strings.Split(env("OFTEST_SASL_BROKERS", "127.0.0.1:9094"), ",")
 }
 
-// SecureKafkaUser is the SASL user of SecureBrokers (ONCEFLOW_TEST_SASL_USER, default
+// SecureKafkaUser is the SASL user of SecureBrokers (OFTEST_SASL_USER, default
 // onceflow); its password is the first line of TLSFile("kafka-<user>.password").
-func SecureKafkaUser() string { return env("ONCEFLOW_TEST_SASL_USER", "onceflow") }
+func SecureKafkaUser() string { return env("OFTEST_SASL_USER", "onceflow") }
 
 // SecureKafka returns a client config for the SASL_SSL listener only: TLS verified against
 // the local CA, SCRAM-SHA-512 as SecureKafkaUser. The test fails, saying how to start it,
@@ -73,9 +73,9 @@ func SecureKafka(t testing.TB) kafkax.Config {
 }
 
 // TLSAppUser is user:password of the MariaDB user that must connect with TLS (REQUIRE SSL),
-// with the application user's grants (ONCEFLOW_TEST_TLS_APP_USER, default
+// with the application user's grants (OFTEST_TLS_APP_USER, default
 // onceflow_tls:onceflow_tls).
-func TLSAppUser() string { return env("ONCEFLOW_TEST_TLS_APP_USER", "onceflow_tls:onceflow_tls") }
+func TLSAppUser() string { return env("OFTEST_TLS_APP_USER", "onceflow_tls:onceflow_tls") }
 
 // OtherCA writes a PEM CA certificate of its own, which signed nothing the local services
 // have, and returns its path: a client that trusts only it must refuse them.

@@ -1,5 +1,5 @@
 // Package testenv gives integration tests a real database (MariaDB, or PostgreSQL, or
-// MySQL 8's SQL on MariaDB: ONCEFLOW_TEST_DB) and real Kafka topics, started by
+// MySQL 8's SQL on MariaDB: OFTEST_DB) and real Kafka topics, started by
 // `scripts/infra.sh up`. When a service is unreachable the test FAILS and says how to start
 // it; only `go test -short` skips integration tests.
 //
@@ -47,12 +47,12 @@ func env(name, def string) string {
 	return def
 }
 
-// Dialect is the database the integration tests run on, ONCEFLOW_TEST_DB: mariadb (the
+// Dialect is the database the integration tests run on, OFTEST_DB: mariadb (the
 // default), mysql8 (MySQL 8's SQL, db.dialect=mysql8, on the MariaDB server) or postgres.
 func Dialect() dbx.Dialect {
-	d, err := dbx.ParseDialect(os.Getenv("ONCEFLOW_TEST_DB"))
+	d, err := dbx.ParseDialect(os.Getenv("OFTEST_DB"))
 	if err != nil {
-		panic(fmt.Sprintf("testenv: ONCEFLOW_TEST_DB: %v", err))
+		panic(fmt.Sprintf("testenv: OFTEST_DB: %v", err))
 	}
 	if d == "" {
 		return dbx.MariaDB
@@ -60,13 +60,13 @@ func Dialect() dbx.Dialect {
 	return d
 }
 
-// AdminDSN is the privileged DSN without a database (ONCEFLOW_TEST_ADMIN_DSN); on
-// PostgreSQL a URL of its "postgres" database (ONCEFLOW_TEST_PG_ADMIN_DSN).
+// AdminDSN is the privileged DSN without a database (OFTEST_ADMIN_DSN); on
+// PostgreSQL a URL of its "postgres" database (OFTEST_PG_ADMIN_DSN).
 func AdminDSN() string {
 	if Dialect().IsPostgres() {
-		return env("ONCEFLOW_TEST_PG_ADMIN_DSN", "postgres://onceflow_admin:onceflow_admin@127.0.0.1:5432/postgres")
+		return env("OFTEST_PG_ADMIN_DSN", "postgres://onceflow_admin:onceflow_admin@127.0.0.1:5432/postgres")
 	}
-	return env("ONCEFLOW_TEST_ADMIN_DSN", "onceflow_admin:onceflow_admin@tcp(127.0.0.1:3306)/")
+	return env("OFTEST_ADMIN_DSN", "onceflow_admin:onceflow_admin@tcp(127.0.0.1:3306)/")
 }
 
 // DSN is the DSN of database name as user:pass, in the form of the tests' dialect.
@@ -110,9 +110,9 @@ func Config(dsn string, maxConns int) dbx.Config {
 }
 
 // MonitorDSN is a DSN of a user with the PROCESS privilege only, which reads other
-// sessions' transactions (ONCEFLOW_TEST_MONITOR_DSN).
+// sessions' transactions (OFTEST_MONITOR_DSN).
 func MonitorDSN() string {
-	return env("ONCEFLOW_TEST_MONITOR_DSN", "onceflow_monitor:onceflow_monitor@tcp(127.0.0.1:3306)/")
+	return env("OFTEST_MONITOR_DSN", "onceflow_monitor:onceflow_monitor@tcp(127.0.0.1:3306)/")
 }
 
 // OpenTransactions returns the number of InnoDB transactions open in database name
@@ -169,12 +169,12 @@ func SQL(mysql, postgres string) string {
 // Rebind is q ('?' placeholders) for the tests' dialect (dbx.Dialect.Rebind).
 func Rebind(q string) string { return Dialect().Rebind(q) }
 
-// AppUser is the least-privilege user:password (ONCEFLOW_TEST_APP_USER).
-func AppUser() string { return env("ONCEFLOW_TEST_APP_USER", "onceflow:onceflow") }
+// AppUser is the least-privilege user:password (OFTEST_APP_USER).
+func AppUser() string { return env("OFTEST_APP_USER", "onceflow:onceflow") }
 
-// Brokers is the Kafka bootstrap list (ONCEFLOW_TEST_BROKERS).
+// Brokers is the Kafka bootstrap list (OFTEST_BROKERS).
 func Brokers() []string {
-	return strings.Split(env("ONCEFLOW_TEST_BROKERS", "127.0.0.1:9092"), ",")
+	return strings.Split(env("OFTEST_BROKERS", "127.0.0.1:9092"), ",")
 }
 
 // Database is a fresh, migrated database.

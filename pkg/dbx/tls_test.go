@@ -67,7 +67,7 @@ func TestTLSConnection(t *testing.T) {
 	dsn := mc.FormatDSN() // no password in the DSN: it comes from Config.Password (db.password_file)
 	ca := testenv.TLSFile("ca.pem")
 	if _, err := os.Stat(ca); err != nil {
-		t.Fatalf("%v: `scripts/infra.sh up` writes the local CA there (or set ONCEFLOW_TEST_TLS_DIR)", err)
+		t.Fatalf("%v: `scripts/infra.sh up` writes the local CA there (or set OFTEST_TLS_DIR)", err)
 	}
 
 	for _, tc := range []struct {

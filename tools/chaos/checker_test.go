@@ -34,7 +34,7 @@ type synthRun struct {
 // chaosplan plans them.
 func dataset(t *testing.T, d testenv.Database, brokers []string, topic, orderTopic, prefix string, n int) synthRun {
 	t.Helper()
-	// The statements run on MariaDB and PostgreSQL (ONCEFLOW_TEST_DB): times, booleans and
+	// The statements run on MariaDB and PostgreSQL (OFTEST_DB): times, booleans and
 	// bytes are Go values.
 	exec := func(q string, args ...any) {
 		t.Helper()

@@ -11,7 +11,12 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/onceflow/onceflow/internal/faults"
 )
+
+// relayCrashEnv is the variable that arms a chaos router's relay crash point.
+const relayCrashEnv = faults.RelayCrashEnv
 
 // injectFaults plays the run's fault schedule while the producer sends the orders, and
 // returns once both are done (an error only when the harness was interrupted).
@@ -206,7 +211,7 @@ func (h *harness) netFault(x *proxy, target, what string, e event) {
 
 // relayCrash makes the relay crash between a Kafka commit and the database mark, the moment
 // its reconciliation exists for: the victim router restarts at once armed with
-// ONCEFLOW_RELAY_CRASH_POINT=after-kafka-commit:n (it exits with 137 right after its n-th
+// CHAOS_RELAY_CRASH_POINT=after-kafka-commit:n (it exits with 137 right after its n-th
 // Kafka commit, before marking the rows; its restarts stay armed until one does), every
 // other router is SIGKILLed too and kept down until the dead owner's lease has expired, so
 // the victim is the one that takes the lease.
@@ -220,7 +225,7 @@ func (h *harness) relayCrash(e event, wait time.Duration) {
 	slots := h.slots
 	victim := slots[e.victim]
 	n := int(e.val)
-	victim.arm(fmt.Sprintf("ONCEFLOW_RELAY_CRASH_POINT=after-kafka-commit:%d", n))
+	victim.arm(fmt.Sprintf("%s=after-kafka-commit:%d", relayCrashEnv, n))
 	others := leaseTTL + 1500*time.Millisecond
 	var killed []string
 	for _, s := range slots {

@@ -110,7 +110,7 @@ func (h *harness) dbNodeKill(e event) {
 
 // rejoinKind is how node n last caught up, from its log: IST or SST.
 func (h *harness) rejoinKind(n int) string {
-	b, err := os.ReadFile(filepath.Join(os.Getenv("ONCEFLOW_RUN_DIR"), "galera", fmt.Sprintf("node-%d", n), "mysqld.log"))
+	b, err := os.ReadFile(filepath.Join(os.Getenv("INFRA_RUN_DIR"), "galera", fmt.Sprintf("node-%d", n), "mysqld.log"))
 	if err != nil {
 		return "IST or SST"
 	}

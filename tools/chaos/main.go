@@ -16,7 +16,7 @@
 // reason panic resp. timeout, and the rest done.
 //
 // It restarts the services it runs against: scripts/chaos.sh points it at a second instance
-// of scripts/infra.sh (ONCEFLOW_RUN_DIR, ONCEFLOW_DB_PORT, ONCEFLOW_PG_PORT, ONCEFLOW_KAFKA_PORT,
+// of scripts/infra.sh (INFRA_RUN_DIR, INFRA_DB_PORT, INFRA_PG_PORT, INFRA_KAFKA_PORT,
 // ...), and it refuses to restart the default instance (3306 / 5432 / 9092) unless -allow-shared.
 //
 //	scripts/chaos.sh                                   # or make chaos; CHAOS_PROFILE=long
@@ -132,9 +132,9 @@ func main() {
 	flag.StringVar(&o.runDir, "run-dir", "", "run directory (default .run/chaos/<prefix>); with -check-only: the run to audit")
 	flag.StringVar(&o.dbName, "db", "onceflow_chaos", "database of the run (dropped and migrated at start)")
 	dialect := flag.String("dialect", "mariadb", "the database of the run: mariadb or postgres (scripts/chaos.sh: DB=postgres)")
-	flag.StringVar(&o.dbAddr, "db-addr", "", "database address (default from ONCEFLOW_DB_PORT for MariaDB, ONCEFLOW_PG_PORT for PostgreSQL, as scripts/infra.sh)")
-	flag.StringVar(&brokers, "brokers", "127.0.0.1:"+envOr("ONCEFLOW_KAFKA_PORT", "9092"), "Kafka brokers, direct (default from ONCEFLOW_KAFKA_PORT)")
-	kchaos, kadv := os.Getenv("ONCEFLOW_KAFKA_CHAOS_PORT"), os.Getenv("ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT")
+	flag.StringVar(&o.dbAddr, "db-addr", "", "database address (default from INFRA_DB_PORT for MariaDB, INFRA_PG_PORT for PostgreSQL, as scripts/infra.sh)")
+	flag.StringVar(&brokers, "brokers", "127.0.0.1:"+envOr("INFRA_KAFKA_PORT", "9092"), "Kafka brokers, direct (default from INFRA_KAFKA_PORT)")
+	kchaos, kadv := os.Getenv("INFRA_KAFKA_CHAOS_PORT"), os.Getenv("INFRA_KAFKA_CHAOS_ADVERTISED_PORT")
 	if kchaos != "" && kadv == "" {
 		if n, err := strconv.Atoi(kchaos); err == nil {
 			kadv = strconv.Itoa(n + 1)
@@ -146,9 +146,9 @@ func main() {
 	if kadv != "" {
 		kadv = "127.0.0.1:" + kadv
 	}
-	flag.StringVar(&o.kafkaChaos, "kafka-chaos-listener", kchaos, "the broker's CHAOS listener (default from ONCEFLOW_KAFKA_CHAOS_PORT); empty: Kafka is not proxied")
-	flag.StringVar(&o.kafkaProxy, "kafka-proxy", kadv, "where the Kafka proxy listens = the CHAOS listener's advertised address (default from ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT, else CHAOS port + 1)")
-	flag.StringVar(&o.speedSingle, "speed-single", "", "galera profile: the single MariaDB node whose orders/s the cluster's are compared with (default from ONCEFLOW_DB_PORT)")
+	flag.StringVar(&o.kafkaChaos, "kafka-chaos-listener", kchaos, "the broker's CHAOS listener (default from INFRA_KAFKA_CHAOS_PORT); empty: Kafka is not proxied")
+	flag.StringVar(&o.kafkaProxy, "kafka-proxy", kadv, "where the Kafka proxy listens = the CHAOS listener's advertised address (default from INFRA_KAFKA_CHAOS_ADVERTISED_PORT, else CHAOS port + 1)")
+	flag.StringVar(&o.speedSingle, "speed-single", "", "galera profile: the single MariaDB node whose orders/s the cluster's are compared with (default from INFRA_DB_PORT)")
 	flag.StringVar(&o.routerEnv, "router-env", "", "extra environment of the router processes, comma separated KEY=VALUE (e.g. ONCEFLOW_INBOX_BATCH_SIZE=1)")
 	flag.BoolVar(&o.allowShared, "allow-shared", false, "allow restarting the default scripts/infra.sh instance (127.0.0.1:3306 / :9092), which other tests may be using")
 	flag.StringVar(&o.inject, "inject", "", "after the run, inject faults into what it left (dup-coupon,lost-order,illegal-transition,dup-event or all): the checker must FAIL")
@@ -163,12 +163,12 @@ func main() {
 		os.Exit(2)
 	}
 	if o.speedSingle == "" {
-		o.speedSingle = "127.0.0.1:" + envOr("ONCEFLOW_DB_PORT", "3306")
+		o.speedSingle = "127.0.0.1:" + envOr("INFRA_DB_PORT", "3306")
 	}
 	if o.dbAddr == "" {
-		o.dbAddr = "127.0.0.1:" + envOr("ONCEFLOW_DB_PORT", "3306")
+		o.dbAddr = "127.0.0.1:" + envOr("INFRA_DB_PORT", "3306")
 		if o.dialect.IsPostgres() {
-			o.dbAddr = "127.0.0.1:" + envOr("ONCEFLOW_PG_PORT", "5432")
+			o.dbAddr = "127.0.0.1:" + envOr("INFRA_PG_PORT", "5432")
 		}
 	}
 

@@ -129,7 +129,7 @@ func TestProxyLatencyResetCut(t *testing.T) {
 }
 
 // TestProxyCarriesTheDatabase puts the proxy in front of the test database (MariaDB's or,
-// with ONCEFLOW_TEST_DB=postgres, PostgreSQL's wire protocol: the proxy only moves bytes):
+// with OFTEST_DB=postgres, PostgreSQL's wire protocol: the proxy only moves bytes):
 // queries go through it, fail while a reset window or a cut lasts, and work again after.
 func TestProxyCarriesTheDatabase(t *testing.T) {
 	d := testenv.DB(t, 2)

@@ -22,7 +22,7 @@ type profile struct {
 	relayCrashes                             int // relay crash points armed (after-kafka-commit)
 	drain                                    time.Duration
 
-	// On the three-broker cluster (scripts/infra.sh ONCEFLOW_KAFKA_BROKERS=3): no Kafka proxy,
+	// On the three-broker cluster (scripts/infra.sh INFRA_KAFKA_BROKERS=3): no Kafka proxy,
 	// brokers SIGKILLed instead of the one broker's restarts.
 	cluster      bool
 	routers      int     // routers always wanted (0: 2, a and b); one more joins and leaves

@@ -36,7 +36,9 @@ func (h *harness) prepareRouter() error {
 	} else if err := os.WriteFile(h.bin, b, 0o755); err != nil {
 		return err
 	}
-	if out, err := exec.Command(h.bin, "plugins").CombinedOutput(); err != nil {
+	plugins := exec.Command(h.bin, "plugins")
+	plugins.Env = cleanEnv()
+	if out, err := plugins.CombinedOutput(); err != nil {
 		return fmt.Errorf("%s plugins: %v\n%s", routerSrc, err, out)
 	} else if !strings.Contains(string(out), misbehaverPlugin) {
 		return fmt.Errorf("router %s has no %s plugin: build it from tools/%s (scripts/chaos.sh does)", routerSrc, misbehaverPlugin, routerPkg[2:])
@@ -54,25 +56,25 @@ func (h *harness) checkServices() error {
 		if h.o.dialect.IsPostgres() {
 			defaultDB = "5432"
 		}
-		if isDefaultInstance(h.o.dbAddr, defaultDB) || isDefaultInstance(h.o.brokers[0], "9092") || os.Getenv("ONCEFLOW_RUN_DIR") == "" {
-			return fmt.Errorf("refusing to restart the default scripts/infra.sh instance (db %s, kafka %s, ONCEFLOW_RUN_DIR %q): other tests use it; run through scripts/chaos.sh (a second instance) or pass -allow-shared",
-				h.o.dbAddr, h.o.brokers[0], os.Getenv("ONCEFLOW_RUN_DIR"))
+		if isDefaultInstance(h.o.dbAddr, defaultDB) || isDefaultInstance(h.o.brokers[0], "9092") || os.Getenv("INFRA_RUN_DIR") == "" {
+			return fmt.Errorf("refusing to restart the default scripts/infra.sh instance (db %s, kafka %s, INFRA_RUN_DIR %q): other tests use it; run through scripts/chaos.sh (a second instance) or pass -allow-shared",
+				h.o.dbAddr, h.o.brokers[0], os.Getenv("INFRA_RUN_DIR"))
 		}
 	}
-	// scripts/infra.sh pg-stop/pg-start act on the PostgreSQL of ONCEFLOW_PG_PORT (default
+	// scripts/infra.sh pg-stop/pg-start act on the PostgreSQL of INFRA_PG_PORT (default
 	// 5432): it must be the one the run uses.
 	if h.p.dbRestarts > 0 && h.o.dialect.IsPostgres() {
-		if _, port, _ := net.SplitHostPort(h.o.dbAddr); port != envOr("ONCEFLOW_PG_PORT", "5432") {
-			return fmt.Errorf("-db-addr %s is not the PostgreSQL scripts/infra.sh restarts (ONCEFLOW_PG_PORT %q): set ONCEFLOW_PG_PORT to its port", h.o.dbAddr, os.Getenv("ONCEFLOW_PG_PORT"))
+		if _, port, _ := net.SplitHostPort(h.o.dbAddr); port != envOr("INFRA_PG_PORT", "5432") {
+			return fmt.Errorf("-db-addr %s is not the PostgreSQL scripts/infra.sh restarts (INFRA_PG_PORT %q): set INFRA_PG_PORT to its port", h.o.dbAddr, os.Getenv("INFRA_PG_PORT"))
 		}
 	}
 
 	// scripts/infra.sh kafka-stop stops the kafka.Kafka of its run dir only, and
 	// kafka-start starts this checkout's broker: if the running broker came from another
-	// checkout (another ONCEFLOW_RUN_DIR, e.g. a CI tree), a "restart" would swap in a broker
+	// checkout (another INFRA_RUN_DIR, e.g. a CI tree), a "restart" would swap in a broker
 	// with other data, which looks exactly like lost messages. Refuse.
 	h.wantProps = filepath.Join(h.root, ".run", "kafka", "server.properties")
-	if d := os.Getenv("ONCEFLOW_RUN_DIR"); d != "" {
+	if d := os.Getenv("INFRA_RUN_DIR"); d != "" {
 		h.wantProps = filepath.Join(d, "kafka", "server.properties")
 	}
 	if h.p.brokerRestarts > 0 {
@@ -118,8 +120,8 @@ func (h *harness) startProxies() error {
 		h.o.kafkaChaos = ""
 	}
 	if h.o.kafkaChaos != "" {
-		if h.p.brokerRestarts > 0 && os.Getenv("ONCEFLOW_KAFKA_CHAOS_PORT") == "" {
-			return errors.New("-kafka-chaos-listener without ONCEFLOW_KAFKA_CHAOS_PORT in the environment: scripts/infra.sh kafka-start would restart the broker without its CHAOS listener")
+		if h.p.brokerRestarts > 0 && os.Getenv("INFRA_KAFKA_CHAOS_PORT") == "" {
+			return errors.New("-kafka-chaos-listener without INFRA_KAFKA_CHAOS_PORT in the environment: scripts/infra.sh kafka-start would restart the broker without its CHAOS listener")
 		}
 		kpx, err := newProxy("kafka", h.o.kafkaProxy, h.o.kafkaChaos)
 		if err != nil {
@@ -133,7 +135,7 @@ func (h *harness) startProxies() error {
 		h.logf("kafka proxy %s → CHAOS listener %s, advertised as %s: routers bootstrap, fetch and produce through it", h.kpx.Addr(), h.o.kafkaChaos, h.kpx.Addr())
 	} else {
 		if h.p.kLatencies+h.p.kResets+h.p.kCuts > 0 {
-			h.logf("WARNING: no -kafka-chaos-listener (ONCEFLOW_KAFKA_CHAOS_PORT): Kafka network faults are NOT injected")
+			h.logf("WARNING: no -kafka-chaos-listener (INFRA_KAFKA_CHAOS_PORT): Kafka network faults are NOT injected")
 		}
 		h.p.kLatencies, h.p.kResets, h.p.kCuts = 0, 0, 0
 	}
@@ -222,11 +224,12 @@ plugins:
 `, prefix, handlerTimeout, maxPayloadBytes, prefix, leaseTTL, seed)
 }
 
-// cleanEnv is the harness's environment without ONCEFLOW_* settings (the run sets its own).
+// cleanEnv is the harness's environment without ONCEFLOW_* settings (the run sets its own)
+// and without a relay crash point (faults.go arms one router at a time).
 func cleanEnv() []string {
 	var out []string
 	for _, e := range os.Environ() {
-		if !strings.HasPrefix(e, "ONCEFLOW_") {
+		if !strings.HasPrefix(e, "ONCEFLOW_") && !strings.HasPrefix(e, relayCrashEnv+"=") {
 			out = append(out, e)
 		}
 	}
@@ -303,7 +306,7 @@ func checkAdvertised(proxyAddr string) error {
 	defer client.Close()
 	for _, b := range client.Brokers() {
 		if b.Addr() != proxyAddr {
-			return fmt.Errorf("broker %d is advertised at %s, not at the proxy %s (is the CHAOS listener advertised on the proxy's port? scripts/infra.sh ONCEFLOW_KAFKA_CHAOS_ADVERTISED_PORT)", b.ID(), b.Addr(), proxyAddr)
+			return fmt.Errorf("broker %d is advertised at %s, not at the proxy %s (is the CHAOS listener advertised on the proxy's port? scripts/infra.sh INFRA_KAFKA_CHAOS_ADVERTISED_PORT)", b.ID(), b.Addr(), proxyAddr)
 		}
 	}
 	if len(client.Brokers()) == 0 {

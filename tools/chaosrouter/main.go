@@ -1,7 +1,7 @@
 // Command chaosrouter is the router the chaos harness (tools/chaos, scripts/chaos.sh) runs:
 // the stock binary's bundled plugins plus the harness's misbehaving plugin
 // (chaosplugin.go). Built with -tags onceflow_broken_<kind> it is broken on purpose
-// (chaosbreak_*.go), for a run whose checker must catch the break. ONCEFLOW_RELAY_CRASH_POINT
+// (chaosbreak_*.go), for a run whose checker must catch the break. CHAOS_RELAY_CRASH_POINT
 // makes its relay exit at a chosen point (internal/faults).
 package main
 

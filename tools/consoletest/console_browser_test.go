@@ -25,17 +25,17 @@ import (
 
 // screenshotsEnv names a directory: when set, the browser test saves the console's
 // overview and row pages there as console-overview.png and console-row.png (docs/ holds
-// the ones the documents show: ONCEFLOW_CONSOLE_SCREENSHOTS=$PWD/docs).
-const screenshotsEnv = "ONCEFLOW_CONSOLE_SCREENSHOTS"
+// the ones the documents show: OFTEST_CONSOLE_SCREENSHOTS=$PWD/docs).
+const screenshotsEnv = "OFTEST_CONSOLE_SCREENSHOTS"
 
-// chromium returns the headless browser the console's browser test drives: $ONCEFLOW_CHROMIUM,
+// chromium returns the headless browser the console's browser test drives: $OFTEST_CHROMIUM,
 // else Debian's chromium on the PATH. A missing browser fails the test (it is part of what
 // `make test` proves), saying how to install it.
 func chromium(t *testing.T) string {
 	t.Helper()
-	if p := os.Getenv("ONCEFLOW_CHROMIUM"); p != "" {
+	if p := os.Getenv("OFTEST_CHROMIUM"); p != "" {
 		if _, err := exec.LookPath(p); err != nil {
-			t.Fatalf("ONCEFLOW_CHROMIUM=%s: %v", p, err)
+			t.Fatalf("OFTEST_CHROMIUM=%s: %v", p, err)
 		}
 		return p
 	}
@@ -45,7 +45,7 @@ func chromium(t *testing.T) string {
 		}
 	}
 	t.Fatal("no headless Chromium for the console's browser test: install it with `apt-get update && apt-get install -y chromium` " +
-		"(scripts/infra.sh up does), or set ONCEFLOW_CHROMIUM to a Chrome or Chromium binary; `go test -short` skips this test")
+		"(scripts/infra.sh up does), or set OFTEST_CHROMIUM to a Chrome or Chromium binary; `go test -short` skips this test")
 	return ""
 }
 

@@ -28,7 +28,7 @@ import (
 
 // expectMissingEnv names metrics (comma-separated) whose panels may return no series: the
 // check then lists them without failing. Nothing sets it by default.
-const expectMissingEnv = "ONCEFLOW_OPSCHECK_EXPECT_MISSING"
+const expectMissingEnv = "OFTEST_OPSCHECK_EXPECT_MISSING"
 
 // The panels' template variables, as the check substitutes them.
 var templateVars = strings.NewReplacer(
@@ -418,10 +418,10 @@ func repoRoot(t *testing.T) string {
 	return filepath.Dir(filepath.Dir(wd))
 }
 
-// routerBin is $ONCEFLOW_ROUTER_BIN, else the router built from the checkout.
+// routerBin is $OFTEST_ROUTER_BIN, else the router built from the checkout.
 func routerBin(t *testing.T, root string) string {
 	t.Helper()
-	if p := os.Getenv("ONCEFLOW_ROUTER_BIN"); p != "" {
+	if p := os.Getenv("OFTEST_ROUTER_BIN"); p != "" {
 		return p
 	}
 	out := filepath.Join(t.TempDir(), "router")
