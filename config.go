@@ -132,11 +132,6 @@ func configTable() string {
 	return b.String()
 }
 
-// envName is the environment variable of a key: ONCEFLOW_ and the key with . and - as _.
-func envName(key string) string {
-	return "ONCEFLOW_" + strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(key))
-}
-
 // DefaultConfig is the configuration with every key at its default (no file, no
 // environment): a program that embeds the runtime starts from it.
 func DefaultConfig() Config {
@@ -147,9 +142,14 @@ func DefaultConfig() Config {
 
 // LoadConfig resolves the configuration as the router binary does without flags: the
 // environment (ONCEFLOW_*) over file (empty: $ONCEFLOW_CONFIG, else configs/router.yaml if
-// present) over the defaults; unknown keys and invalid values are errors (ExitCode 2).
+// present) over the defaults; unknown keys, invalid values and ONCEFLOW_ variables that
+// name no setting are errors (ExitCode 2).
 func LoadConfig(file string) (Config, error) {
-	cfg, _, err := loadConfig(file, nil, nil)
+	var plugins []string
+	for _, p := range inbox.RegisteredPlugins() {
+		plugins = append(plugins, p.Name)
+	}
+	cfg, _, err := loadConfig(file, nil, nil, plugins)
 	return cfg, err
 }
 
@@ -171,17 +171,22 @@ func decodeConfig(v *viper.Viper) (Config, error) {
 var defaultConfigFile = "configs/router.yaml"
 
 // loadConfig resolves the configuration. file may be empty: then configs/router.yaml is
-// used if it exists. Unknown keys are errors.
-func loadConfig(file string, flags *pflag.FlagSet, bind map[string]string) (Config, *viper.Viper, error) {
+// used if it exists. Unknown keys are errors, and so are ONCEFLOW_ variables the router
+// does not read (checkEnv; plugins are the binary's plugin names its refusals may name).
+func loadConfig(file string, flags *pflag.FlagSet, bind map[string]string, plugins []string) (Config, *viper.Viper, error) {
+	environ := os.Environ()
+	if err := checkEnv(environ, plugins); err != nil {
+		return Config{}, nil, err
+	}
 	v := viper.New()
 	for _, s := range settings.List(Config{}) {
 		v.SetDefault(s.Key, s.Default)
 	}
-	v.SetEnvPrefix("ONCEFLOW")
+	v.SetEnvPrefix(strings.TrimSuffix(envPrefix, "_"))
 	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_", "-", "_"))
 	v.AutomaticEnv()
 	if file == "" {
-		file = os.Getenv("ONCEFLOW_CONFIG")
+		file = os.Getenv(configEnv)
 	}
 	if file == "" {
 		if _, err := os.Stat(defaultConfigFile); err == nil {
@@ -211,19 +216,12 @@ func loadConfig(file string, flags *pflag.FlagSet, bind map[string]string) (Conf
 	}
 	cfg, err := decodeConfig(v)
 	if err != nil {
-		return Config{}, nil, badInput(fmt.Errorf("config%s: %s", inFile(file), oneLine(err)))
+		return Config{}, nil, configError(errors.New(oneLine(err)), file, environ, flags, bind)
 	}
 	if err := cfg.validate(); err != nil {
-		return Config{}, nil, badInput(fmt.Errorf("config%s: %w", inFile(file), err))
+		return Config{}, nil, configError(err, file, environ, flags, bind)
 	}
 	return cfg, v, nil
-}
-
-func inFile(f string) string {
-	if f == "" {
-		return ""
-	}
-	return " " + f
 }
 
 // strictDuration parses durations and says which value was wrong.

@@ -33,7 +33,7 @@ func FuzzConfigFile(f *testing.F) {
 		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		_, _, err := loadConfig(p, pflag.NewFlagSet("x", pflag.ContinueOnError), nil)
+		_, _, err := loadConfig(p, pflag.NewFlagSet("x", pflag.ContinueOnError), nil, nil)
 		if err == nil {
 			return
 		}

@@ -8,7 +8,6 @@ import (
 	"maps"
 	"os"
 	"slices"
-	"strings"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/spf13/cobra"
@@ -72,7 +71,7 @@ func Run(ctx context.Context, args []string, opts ...Option) error {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, _, err := loadConfig(a.configFile, cmd.Flags(), commonBindings)
+			cfg, _, err := loadConfig(a.configFile, cmd.Flags(), commonBindings, a.plugins.Names())
 			if err != nil {
 				return err
 			}
@@ -179,8 +178,8 @@ func (a *app) dbConfig(dsn string, admin bool) (*dbx.Config, error) {
 		key = "db.admin_dsn"
 	}
 	if dsn == "" {
-		return nil, badInput(fmt.Errorf("%s is empty: set it (config file, env ONCEFLOW_%s), e.g. onceflow@tcp(127.0.0.1:3306)/onceflow with the password in db.password_file; no DSN is built in",
-			key, strings.ToUpper(strings.ReplaceAll(key, ".", "_"))))
+		return nil, badInput(fmt.Errorf("%s is empty: set it (config file, env %s), e.g. onceflow@tcp(127.0.0.1:3306)/onceflow with the password in db.password_file; no DSN is built in",
+			key, envName(key)))
 	}
 	if _, err := dbx.ParseDSNInfo(dsn); err != nil {
 		return nil, badInput(fmt.Errorf("%s: %w", key, err))

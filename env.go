@@ -1,0 +1,216 @@
+package onceflow
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/onceflow/onceflow/internal/settings"
+)
+
+// envPrefix starts every environment variable the router reads.
+const envPrefix = "ONCEFLOW_"
+
+// configEnv names the config file when --config does not.
+const configEnv = envPrefix + "CONFIG"
+
+// pluginsEnv starts the names a plugin setting (plugins.<name>.<key>) would have.
+const pluginsEnv = envPrefix + "PLUGINS"
+
+// ownEnv are the variables the router reads that name no setting.
+var ownEnv = []string{configEnv}
+
+// envName is the environment variable of a key: ONCEFLOW_ and the key with . and - as _.
+func envName(key string) string {
+	return envPrefix + strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(key))
+}
+
+// settingEnv maps the environment variable of every framework setting to its key.
+func settingEnv() map[string]string {
+	m := map[string]string{}
+	for _, s := range settings.List(Config{}) {
+		m[envName(s.Key)] = s.Key
+	}
+	return m
+}
+
+// checkEnv refuses the ONCEFLOW_ variables of environ (KEY=value entries, the prefix in any
+// case) that the router does not read: it reads one per framework setting and ownEnv.
+// Plugin settings come from the config file only, so a ONCEFLOW_PLUGINS_ variable is
+// refused too, naming the key it would set when its plugin is one of plugins. Each refusal
+// names the variable and, for a near miss, the known name it resembles.
+func checkEnv(environ, plugins []string) error {
+	known := settingEnv()
+	names := slices.Clone(ownEnv)
+	for n := range known {
+		names = append(names, n)
+	}
+	var bad []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(strings.ToUpper(name), envPrefix) || known[name] != "" || slices.Contains(ownEnv, name) {
+			continue
+		}
+		if upper := strings.ToUpper(name); upper == pluginsEnv || strings.HasPrefix(upper, pluginsEnv+"_") {
+			bad = append(bad, pluginEnvRefusal(name, plugins))
+			continue
+		}
+		msg := name + " is no setting of the router"
+		if near := nearest(name, names); near != "" {
+			msg += " (did you mean " + near + "?)"
+		}
+		bad = append(bad, msg)
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	slices.Sort(bad)
+	return badInput(fmt.Errorf("environment: %s; the router reads %s and %s followed by a setting's key (README, Configuration)",
+		strings.Join(bad, "; "), configEnv, envPrefix))
+}
+
+// pluginEnvRefusal says that name, a ONCEFLOW_PLUGINS_ variable, is not read, and which
+// config file key it would set when it starts with the variable form of one of plugins (the
+// longest such name).
+func pluginEnvRefusal(name string, plugins []string) string {
+	upper := strings.ToUpper(name)
+	best := ""
+	for _, p := range plugins {
+		if strings.HasPrefix(upper, envName("plugins."+p)+"_") && len(p) > len(best) {
+			best = p
+		}
+	}
+	if best == "" {
+		return fmt.Sprintf("%s: plugin settings are read from the config file only (plugins.<name>.<key>; registered plugins: %v)", name, plugins)
+	}
+	key := strings.ToLower(upper[len(envName("plugins."+best))+1:])
+	return fmt.Sprintf("%s: plugin settings are read from the config file only (set plugins.%s.%s there)", name, best, key)
+}
+
+// nearest lists the names among names closest to name (ignoring case) within a few edits,
+// those of name's length first (a mistyped letter), joined by " or "; "" when none is that
+// close.
+func nearest(name string, names []string) string {
+	target := strings.TrimPrefix(strings.ToUpper(name), envPrefix)
+	var best []string
+	bestD := min(3, max(1, len(target)/4)) + 1
+	for _, n := range names {
+		switch d := editDistance(target, strings.TrimPrefix(n, envPrefix)); {
+		case d < bestD:
+			best, bestD = []string{n}, d
+		case d == bestD:
+			best = append(best, n)
+		}
+	}
+	slices.SortFunc(best, func(a, b string) int {
+		if la, lb := len(a) == len(name), len(b) == len(name); la != lb {
+			if la {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a, b)
+	})
+	return strings.Join(best, " or ")
+}
+
+// editDistance is the Levenshtein distance between a and b (bytes).
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
+// fromEnv names the setting variables of environ that may hold the value err refuses: those
+// whose key err names or whose value (or one of its comma-separated items) err quotes, else
+// every one that is set (a library's check need not name the key). A key whose flag was
+// given is left out: the flag's value is the one in effect.
+func fromEnv(err error, environ []string, flags *pflag.FlagSet, bind map[string]string) []string {
+	known := settingEnv()
+	msg := err.Error()
+	var set, named []string
+	for _, kv := range environ {
+		name, value, _ := strings.Cut(kv, "=")
+		key := known[name]
+		if key == "" || value == "" {
+			continue
+		}
+		if f := bind[key]; f != "" && flags != nil && flags.Changed(f) {
+			continue
+		}
+		set = append(set, name)
+		if mentions(msg, key) || quotes(msg, value) {
+			named = append(named, name)
+		}
+	}
+	if len(named) > 0 {
+		set = named
+	}
+	slices.Sort(set)
+	return set
+}
+
+// mentions reports whether msg names key as a whole (relay.shard is not named by relay.shards).
+func mentions(msg, key string) bool {
+	for i := 0; ; {
+		j := strings.Index(msg[i:], key)
+		if j < 0 {
+			return false
+		}
+		end := i + j + len(key)
+		if end == len(msg) || !isKeyByte(msg[end]) {
+			return true
+		}
+		i = end
+	}
+}
+
+// quotes reports whether msg holds value, or one of its comma-separated items, as %q
+// writes it.
+func quotes(msg, value string) bool {
+	for _, item := range append([]string{value}, strings.Split(value, ",")...) {
+		if item = strings.TrimSpace(item); item != "" && strings.Contains(msg, strconv.Quote(item)) {
+			return true
+		}
+	}
+	return false
+}
+
+func isKeyByte(c byte) bool {
+	return c == '_' || c == '.' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9'
+}
+
+// configError is a refused configuration: from file (may be empty) and the setting
+// variables of environ that may hold the refused value, one line.
+func configError(err error, file string, environ []string, flags *pflag.FlagSet, bind map[string]string) error {
+	where := "config"
+	if file != "" {
+		where += " " + file
+	}
+	if env := fromEnv(err, environ, flags, bind); len(env) > 0 {
+		where += " (env " + strings.Join(env, ", ") + ")"
+	}
+	var ue usageError
+	if errors.As(err, &ue) {
+		err = ue.err
+	}
+	return badInput(fmt.Errorf("%s: %w", where, err))
+}

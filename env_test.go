@@ -1,0 +1,118 @@
+package onceflow
+
+import (
+	"context"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+)
+
+// countingListener is a TCP listener on 127.0.0.1 that counts the connections it is offered
+// and closes each at once, so a command that dials it fails fast.
+func countingListener(t *testing.T) (string, *atomic.Int64) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var n atomic.Int64
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			n.Add(1)
+			c.Close()
+		}
+	}()
+	return ln.Addr().String(), &n
+}
+
+// An ONCEFLOW_ variable the router does not read (a typo of a setting, a plugin setting,
+// another program's variable) or one it misreads (a broker count where kafka.brokers wants
+// addresses) makes `router run` exit 2 with one line naming the variable, and nothing
+// connects: the database and the broker it is given count the connections they are offered.
+func TestEnvRefusedBeforeConnecting(t *testing.T) {
+	for _, tc := range []struct {
+		env, value string
+		want       []string
+	}{
+		{"ONCEFLOW_RELAY_SHARDZ", "4", []string{"ONCEFLOW_RELAY_SHARDZ is no setting", "did you mean ONCEFLOW_RELAY_SHARDS or ONCEFLOW_RELAY_SHARD?"}},
+		{"ONCEFLOW_PLUGINS_COUPON_GRANTER_STEP_FAILURE_RATE", "1.5", []string{"ONCEFLOW_PLUGINS_COUPON_GRANTER_STEP_FAILURE_RATE",
+			"read from the config file only", "plugins.coupon-granter.step_failure_rate"}},
+		{"ONCEFLOW_PLUGINS_NO_SUCH_PLUGIN_KEY", "1", []string{"ONCEFLOW_PLUGINS_NO_SUCH_PLUGIN_KEY", "registered plugins: [", "coupon-granter"}},
+		{"onceflow_relay_shards", "4", []string{"onceflow_relay_shards is no setting", "did you mean ONCEFLOW_RELAY_SHARDS?"}},
+		{"ONCEFLOW_TEST_DB", "postgres", []string{"ONCEFLOW_TEST_DB is no setting"}},
+		{"ONCEFLOW_KAFKA_BROKERS", "3", []string{"(env ONCEFLOW_KAFKA_BROKERS)", `"3"`}},
+	} {
+		t.Run(tc.env, func(t *testing.T) {
+			db, dbConns := countingListener(t)
+			broker, kafkaConns := countingListener(t)
+			t.Setenv("ONCEFLOW_DB_DSN", "app@tcp("+db+")/shop")
+			t.Setenv("ONCEFLOW_KAFKA_BROKERS", broker)
+			t.Setenv("ONCEFLOW_ADMIN_LISTEN", "")
+			t.Setenv(tc.env, tc.value)
+			err := Run(context.Background(), []string{"run"})
+			if err == nil || ExitCode(err) != 2 || strings.Contains(err.Error(), "\n") {
+				t.Fatalf("%s=%s router run: %v (exit %d), want exit 2 with one line", tc.env, tc.value, err, ExitCode(err))
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("%s=%s router run: %q does not say %q", tc.env, tc.value, err, w)
+				}
+			}
+			if d, k := dbConns.Load(), kafkaConns.Load(); d != 0 || k != 0 {
+				t.Errorf("%s=%s router run: %d connections to the database and %d to the broker before refusing it", tc.env, tc.value, d, k)
+			}
+		})
+	}
+}
+
+// Every unknown variable is named in the one refusal, in name order, and a misread value is
+// traced to its variable alone among the settings set.
+func TestCheckEnv(t *testing.T) {
+	plugins := []string{"coupon-granter", "coupon"}
+	for _, tc := range []struct {
+		name    string
+		environ []string
+		want    []string // empty: accepted
+	}{
+		{"settings, the config file and other programs' variables", []string{"ONCEFLOW_CONFIG=r.yaml", "ONCEFLOW_DB_DSN=x", "ONCEFLOW_KAFKA_BROKERS=a:1",
+			"ONCEFLOW_RELAY_SHARDS=4", "ONCEFLOW_INBOX_BREAKER_ENABLED=false", "INFRA_KAFKA_BROKERS=3", "OFTEST_DB=postgres", "CHAOS_RELAY_CRASH_POINT=after-mark", "PATH=/bin"}, nil},
+		{"all unknown ones named", []string{"ONCEFLOW_B=1", "ONCEFLOW_A=1", "ONCEFLOW_DB_DSN=x"},
+			[]string{"environment: ONCEFLOW_A is no setting of the router; ONCEFLOW_B is no setting of the router; the router reads ONCEFLOW_CONFIG"}},
+		{"far from every name", []string{"ONCEFLOW_RUN_DIR=/tmp"}, []string{"ONCEFLOW_RUN_DIR is no setting of the router; "}},
+		{"the longest plugin name", []string{"ONCEFLOW_PLUGINS_COUPON_GRANTER_SEED=1"}, []string{"set plugins.coupon-granter.seed there"}},
+		{"a plugin's reserved key", []string{"ONCEFLOW_PLUGINS_COUPON_TOPICS=a"}, []string{"set plugins.coupon.topics there"}},
+		{"the plugins section", []string{"ONCEFLOW_PLUGINS=x"}, []string{"ONCEFLOW_PLUGINS: plugin settings are read from the config file only (plugins.<name>.<key>"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := checkEnv(tc.environ, plugins)
+			if len(tc.want) == 0 {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			if err == nil || ExitCode(err) != 2 {
+				t.Fatalf("%v (exit %d), want exit 2", err, ExitCode(err))
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("%q does not say %q", err, w)
+				}
+			}
+		})
+	}
+	// Three settings are set; the refused value is traced to the one that holds it.
+	t.Setenv("ONCEFLOW_DB_DSN", "app@tcp(127.0.0.1:1)/shop")
+	t.Setenv("ONCEFLOW_RELAY_BATCH_SIZE", "50000")
+	t.Setenv("ONCEFLOW_LOG_LEVEL", "warn")
+	_, err := LoadConfig("")
+	if err == nil || !strings.Contains(err.Error(), "config (env ONCEFLOW_RELAY_BATCH_SIZE): relay.batch_size 50000 outside") {
+		t.Errorf("LoadConfig: %v, want the refusal traced to ONCEFLOW_RELAY_BATCH_SIZE alone", err)
+	}
+}
