@@ -13,11 +13,13 @@ import (
 // records waiting (docs/BENCHMARKS.md, "Why the defaults": kafka.max_in_flight_bytes).
 const RecordOverhead = 8 << 10
 
-// Budget bounds the bytes of the records handed out and not yet acked by every
-// ParallelSubscriber sharing it (one budget for a router): a record waits to be handed out
-// until its cost fits. A record costs its value, key and headers plus RecordOverhead; one
-// costing more than the whole budget takes all of it. Waiting is first come, first served,
-// so a big record is not starved by small ones.
+// Budget bounds the bytes of the records read from Kafka and not yet acked by every
+// ParallelSubscriber sharing it (one budget for a router): a record is charged when Sarama
+// puts it in its channel of the partition, and waits there until its cost fits; the charge
+// stays with it while it waits in the window and once handed out, until its ack. A record
+// costs its value, key and headers plus RecordOverhead; one costing more than the whole
+// budget takes all of it. Waiting is first come, first served, so a big record is not
+// starved by small ones.
 type Budget struct {
 	sem   *semaphore.Weighted
 	limit int64

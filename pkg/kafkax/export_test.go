@@ -20,3 +20,15 @@ func Told(sub *ParallelSubscriber) bool {
 
 // FetchMin is the fetch.min.bytes of sub's consumer.
 func FetchMin(sub *ParallelSubscriber) int32 { return sub.sarama.Consumer.Fetch.Min }
+
+// SaramaQueued is how many records Sarama holds in its channels of sub's claims, read from
+// Kafka and not yet taken by the claims.
+func SaramaQueued(sub *ParallelSubscriber) int {
+	sub.claimsMu.Lock()
+	defer sub.claimsMu.Unlock()
+	n := 0
+	for r := range sub.claims {
+		n += len(r.claim.Messages())
+	}
+	return n
+}

@@ -115,8 +115,9 @@ func (c Config) ConsumerConfig() *sarama.Config {
 	sc.Consumer.MaxWaitTime = c.MaxPollWait
 	sc.Consumer.IsolationLevel = sarama.ReadCommitted
 	// What Sarama reads ahead of a partition's consumer waits in this channel (and in one
-	// fetch response) whatever its size, outside the subscriber's byte budget: 32 records
-	// instead of Sarama's 256 keep that small for big records.
+	// fetch response) whatever its size. The ParallelSubscriber charges it to its byte
+	// budget (feed); for the other consumers 32 records instead of Sarama's 256 keep it
+	// small for big records.
 	sc.ChannelBufferSize = ConsumerChannelBuffer
 	sc.Consumer.Fetch.Default = ConsumerFetchBytes
 	return sc
@@ -134,8 +135,9 @@ func (c Config) subscriberConfig() *sarama.Config {
 const ConsumerChannelBuffer = 32
 
 // ConsumerFetchBytes is how much a fetch asks of each partition (Sarama's default is 1 MiB):
-// a fetch response and the records decoded from it are held until the partition's consumer
-// has read them all, outside the byte budget. A record larger than this still comes whole.
+// a fetch response and the records decoded from it are held until they all went into
+// their partitions' channels. A record batch larger than this still comes whole: Sarama
+// asks again for the batch's size.
 const ConsumerFetchBytes = 256 << 10
 
 // ProducerConfig is an idempotent producer: acks=all, one in-flight request, retries on.

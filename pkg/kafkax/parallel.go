@@ -36,10 +36,11 @@ type ParallelConfig struct {
 	// NackResendSleep is how long a nacked message waits before it is handed out again.
 	// Default 100ms, like watermill-kafka; negative means no wait.
 	NackResendSleep time.Duration
-	// MaxInFlightBytes bounds the records handed out and not yet acked, in bytes (each its
-	// value, key and headers plus RecordOverhead): many small records may wait on slow
-	// calls while few big ones do. Ignored when Budget is set.
-	MaxInFlightBytes int64 `key:"max_in_flight_bytes" default:"67108864" range:"1..1099511627776" help:"one budget for the router: bytes of the records handed out and not acked (value, key, headers and 8 KiB each), so many small records wait on slow calls while few big ones do; a value over inbox.max_payload_bytes waits cut to its quarantine form"`
+	// MaxInFlightBytes bounds the records read from Kafka and not yet acked, in bytes (each
+	// its value, key and headers plus RecordOverhead), from the moment Sarama puts a record
+	// in its channel of the partition: many small records may wait on slow calls while few
+	// big ones do. Ignored when Budget is set.
+	MaxInFlightBytes int64 `key:"max_in_flight_bytes" default:"67108864" range:"1..1099511627776" help:"one budget for the router: bytes of the records read from Kafka and not acked, read ahead or handed out (value, key, headers and 8 KiB each), so many small records wait on slow calls while few big ones do; a value over inbox.max_payload_bytes waits cut to its quarantine form"`
 	// Budget, when set, is the byte budget shared with other subscribers (one for a
 	// router) instead of one of MaxInFlightBytes for this subscriber.
 	Budget *Budget
@@ -99,6 +100,15 @@ func (pc ParallelConfig) Validate() error {
 //     payload, metadata and context) after NackResendSleep, keeping its place in the window
 //     and its key.
 //
+// Every record read counts against the byte budget (Budget) from the moment Sarama puts it in
+// its channel of the partition (feed): once the budget is spent, Sarama's goroutine of the
+// partition waits there, so its broker consumer sends no further fetch, and nothing more is
+// read until an ack frees bytes. Outside the budget the client holds at most one fetch
+// response per broker (Sarama hands it to the partitions before fetching again) and, for a
+// partition whose claim has not taken its channel's records for Sarama's MaxProcessingTime
+// (a full window), the rest of one response; a response is at most responseBytes of the
+// budget, or one record batch when a batch alone is bigger.
+//
 // Each message's context carries its topic, partition and offset (msgsource.With, which
 // inbox.SourceOf reads); it is derived from the Subscribe context and cancelled when the
 // partition's claim is over or the subscriber closes. The watermill-kafka context values (kafka.MessagePartitionFromCtx
@@ -120,7 +130,7 @@ func (pc ParallelConfig) Validate() error {
 type ParallelSubscriber struct {
 	brokers []string
 	group   string
-	sarama  *sarama.Config
+	sarama  *sarama.Config // each subscription's consumer uses a copy with its feed
 	pc      ParallelConfig
 	budget  *Budget
 	grace   time.Duration
@@ -140,7 +150,8 @@ var _ message.Subscriber = (*ParallelSubscriber)(nil)
 // NewParallelSubscriber builds a ParallelSubscriber in consumer group group with the same
 // Sarama settings as NewSubscriber (subscriberConfig: read_committed, oldest offset for a
 // new group, background auto-commit of marked offsets, fetches waiting for
-// kafka.fetch_min_bytes). A nil logger logs nothing.
+// kafka.fetch_min_bytes), and fetch responses of at most responseBytes of its budget. A
+// nil logger logs nothing.
 func (c Config) NewParallelSubscriber(group string, pc ParallelConfig, logger watermill.LoggerAdapter) (*ParallelSubscriber, error) {
 	if group == "" {
 		return nil, errors.New("kafkax: parallel subscriber needs a consumer group")
@@ -158,6 +169,7 @@ func (c Config) NewParallelSubscriber(group string, pc ParallelConfig, logger wa
 		budget = NewBudget(pc.MaxInFlightBytes)
 	}
 	sc := c.subscriberConfig()
+	sc.Consumer.Fetch.MaxBytes = responseBytes(budget.Limit())
 	if err := sc.Validate(); err != nil {
 		return nil, fmt.Errorf("kafkax: consumer config: %w", err)
 	}
@@ -199,7 +211,10 @@ func (s *ParallelSubscriber) Subscribe(ctx context.Context, topic string) (<-cha
 		"kafka_consumer_uuid": watermill.NewShortUUID(),
 	}
 	s.logger.Info("Subscribing to Kafka topic (parallel)", logFields)
-	group, err := sarama.NewConsumerGroup(s.brokers, s.group, s.sarama)
+	f := &feed{s: s, topic: topic, parts: map[int32]*readAhead{}}
+	sc := *s.sarama
+	sc.Consumer.Interceptors = []sarama.ConsumerInterceptor{f}
+	group, err := sarama.NewConsumerGroup(s.brokers, s.group, &sc)
 	if err != nil {
 		s.wg.Done()
 		return nil, Unreachable(s.brokers, err)
@@ -209,9 +224,17 @@ func (s *ParallelSubscriber) Subscribe(ctx context.Context, topic string) (<-cha
 	go func() {
 		defer s.wg.Done()
 		defer close(output)
-		s.run(ctx, topic, output, group, logFields)
+		s.run(ctx, f, &sc, output, group, logFields)
 	}()
 	return output, nil
+}
+
+// responseBytes is the most a fetch response may carry (Sarama's Consumer.Fetch.MaxBytes,
+// Kafka's fetch.max.bytes) for a budget of limit bytes: a sixteenth of it, at least one
+// partition's fetch (ConsumerFetchBytes) and at most Sarama's default of 50 MiB. A record
+// batch bigger than that alone still comes whole.
+func responseBytes(limit int64) int32 {
+	return int32(min(max(limit/16, ConsumerFetchBytes), 50<<20))
 }
 
 // Close stops every subscription, closes their channels and returns once every goroutine
@@ -244,9 +267,9 @@ func (s *ParallelSubscriber) done(ctx context.Context) bool {
 
 // run consumes with group until ctx is done or the subscriber closes, reconnecting with
 // a new consumer group client after an error.
-func (s *ParallelSubscriber) run(ctx context.Context, topic string, output chan<- *message.Message, group sarama.ConsumerGroup, logFields watermill.LogFields) {
+func (s *ParallelSubscriber) run(ctx context.Context, f *feed, sc *sarama.Config, output chan<- *message.Message, group sarama.ConsumerGroup, logFields watermill.LogFields) {
 	for {
-		s.consume(ctx, topic, output, group, logFields)
+		s.consume(ctx, f, output, group, logFields)
 		if s.done(ctx) {
 			return
 		}
@@ -260,7 +283,7 @@ func (s *ParallelSubscriber) run(ctx context.Context, topic string, output chan<
 			case <-time.After(reconnectRetrySleep):
 			}
 			var err error
-			if group, err = sarama.NewConsumerGroup(s.brokers, s.group, s.sarama); err == nil {
+			if group, err = sarama.NewConsumerGroup(s.brokers, s.group, sc); err == nil {
 				break
 			}
 			s.logger.Error("Cannot reconnect messages consumer", err, logFields)
@@ -270,7 +293,7 @@ func (s *ParallelSubscriber) run(ctx context.Context, topic string, output chan<
 
 // consume runs group.Consume sessions until an error, ctx or Close, then closes group
 // (leaving the consumer group after the last session committed its offsets).
-func (s *ParallelSubscriber) consume(ctx context.Context, topic string, output chan<- *message.Message, group sarama.ConsumerGroup, logFields watermill.LogFields) {
+func (s *ParallelSubscriber) consume(ctx context.Context, f *feed, output chan<- *message.Message, group sarama.ConsumerGroup, logFields watermill.LogFields) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -301,10 +324,10 @@ func (s *ParallelSubscriber) consume(ctx context.Context, topic string, output c
 		}
 	}()
 
-	h := &parallelHandler{s: s, ctx: ctx, output: output, logFields: logFields}
+	h := &parallelHandler{s: s, feed: f, ctx: ctx, output: output, logFields: logFields}
 	for ctx.Err() == nil {
 		// Consume returns after every rebalance; it is called again, as in watermill-kafka.
-		if err := group.Consume(ctx, []string{topic}, h); err != nil {
+		if err := group.Consume(ctx, []string{f.topic}, h); err != nil {
 			if ctx.Err() == nil {
 				s.logger.Error("Group consume error", err, logFields)
 			}
@@ -323,13 +346,26 @@ func (s *ParallelSubscriber) consume(ctx context.Context, topic string, output c
 // parallelHandler is the sarama.ConsumerGroupHandler of one subscription.
 type parallelHandler struct {
 	s         *ParallelSubscriber
+	feed      *feed
 	ctx       context.Context // cancelled on Close or when the Subscribe context ends
 	output    chan<- *message.Message
 	logFields watermill.LogFields
 }
 
-func (h *parallelHandler) Setup(sarama.ConsumerGroupSession) error   { return nil }
-func (h *parallelHandler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
+// Setup opens the read-ahead of every partition of the session before Sarama starts
+// consuming any of them, so that their first records are charged too.
+func (h *parallelHandler) Setup(sess sarama.ConsumerGroupSession) error {
+	for _, p := range sess.Claims()[h.feed.topic] {
+		h.feed.open(p, sess.Context())
+	}
+	return nil
+}
+
+// Cleanup closes the read-ahead of partitions whose claim never started.
+func (h *parallelHandler) Cleanup(sarama.ConsumerGroupSession) error {
+	h.feed.closeAll()
+	return nil
+}
 
 func (h *parallelHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
 	ctx, cancel := context.WithCancel(h.ctx)
@@ -337,6 +373,7 @@ func (h *parallelHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim s
 		h:         h,
 		sess:      sess,
 		claim:     claim,
+		ahead:     h.feed.open(claim.Partition(), sess.Context()),
 		topic:     claim.Topic(),
 		partition: claim.Partition(),
 		window:    h.s.pc.Window,
@@ -433,6 +470,7 @@ type claimRun struct {
 	h         *parallelHandler
 	sess      sarama.ConsumerGroupSession
 	claim     sarama.ConsumerGroupClaim
+	ahead     *readAhead // the records Sarama holds for the claim, charged to the budget
 	topic     string
 	partition int32
 	window    int
@@ -462,6 +500,7 @@ func (r *claimRun) run(msgs <-chan *sarama.ConsumerMessage) error {
 	r.watchers.Add(1)
 	go r.sweep()
 	err := r.read(msgs)
+	r.stopReading()
 	close(r.ending)
 	r.drain() // messages waiting behind a key are still handed out as their keys free up
 	r.settleWaiting()
@@ -487,17 +526,23 @@ func (r *claimRun) read(msgs <-chan *sarama.ConsumerMessage) error {
 		case <-r.stop:
 			return nil
 		}
-		msg := unmarshal(km)
-		sl := &slot{r: r, offset: km.Offset, key: string(km.Key), keyed: len(km.Key) > 0}
+		ch, charged := r.ahead.take(km)
+		if !charged {
+			// Read before the feed met it: charged here, once made a message.
+			ch = r.h.s.prepare(km)
+			if ch.cost = r.h.s.budget.acquire(r.sess.Context(), ch.cost); ch.cost == 0 {
+				return nil // the session ended while the record waited for the budget
+			}
+		}
+		msg := ch.msg
+		sl := &slot{r: r, offset: km.Offset, key: ch.key, keyed: ch.key != "", cost: ch.cost}
 		ctx := msgsource.With(r.ctx, msgsource.Source{Topic: km.Topic, Partition: km.Partition, Offset: km.Offset})
-		msg.Payload, ctx = r.h.s.ownValue(ctx, km.Value)
+		if ch.cut != nil {
+			ctx = msgsource.WithCut(ctx, *ch.cut)
+		}
 		sl.ctx = slotContext{Context: ctx, sl: sl}
 		msg.SetContext(&sl.ctx) // for AckOnReturn
-		sl.cost = recordCost(msg, len(km.Key))
 		km = nil
-		if sl.cost = r.h.s.budget.acquire(r.sess.Context(), sl.cost); sl.cost == 0 {
-			return nil // the session ended while the record waited for the budget
-		}
 		out, ok := r.admit(sl, msg)
 		if !ok {
 			r.h.s.budget.release(sl.cost)
@@ -511,15 +556,16 @@ func (r *claimRun) read(msgs <-chan *sarama.ConsumerMessage) error {
 
 // unmarshal is watermill-kafka's DefaultMarshaler.Unmarshal (the message id from its
 // header, the other headers as metadata) filling the metadata map NewMessage makes, where
-// Unmarshal makes a second one and drops the first.
-func unmarshal(km *sarama.ConsumerMessage) *message.Message {
+// Unmarshal makes a second one and drops the first; payload is the record's value as owned
+// (own).
+func unmarshal(km *sarama.ConsumerMessage, payload []byte) *message.Message {
 	var id string
 	for _, h := range km.Headers {
 		if string(h.Key) == wkafka.UUIDHeaderKey {
 			id = string(h.Value)
 		}
 	}
-	msg := message.NewMessage(id, km.Value)
+	msg := message.NewMessage(id, payload)
 	for _, h := range km.Headers {
 		if string(h.Key) != wkafka.UUIDHeaderKey {
 			msg.Metadata.Set(string(h.Key), string(h.Value))
@@ -528,23 +574,30 @@ func unmarshal(km *sarama.ConsumerMessage) *message.Message {
 	return msg
 }
 
-// ownValue returns the payload a record's value is handed out with: a copy, so that no
-// message pins the fetch response its value was decoded from, or, for a value over
-// MaxValueBytes, a copy of its first bytes, with ctx carrying the value's size and sha256.
-func (s *ParallelSubscriber) ownValue(ctx context.Context, v []byte) ([]byte, context.Context) {
-	if limit := s.pc.MaxValueBytes; limit > 0 && len(v) > limit {
-		cut := msgsource.Cut{Size: len(v), SHA256: sha256.Sum256(v)}
-		return bytes.Clone(v[:min(limit, msgsource.CutPrefixBytes)]), msgsource.WithCut(ctx, cut)
+// own returns the payload a record's value is handed out with: a copy, so that no message
+// pins the fetch response its value was decoded from, or, for a value over MaxValueBytes, a
+// copy of its first bytes and the value's size and sha256.
+func (s *ParallelSubscriber) own(v []byte) ([]byte, *msgsource.Cut) {
+	if n := s.ownedLen(len(v)); n < len(v) {
+		return bytes.Clone(v[:n]), &msgsource.Cut{Size: len(v), SHA256: sha256.Sum256(v)}
 	}
-	return bytes.Clone(v), ctx // nil (a tombstone) stays nil
+	return bytes.Clone(v), nil // nil (a tombstone) stays nil
 }
 
-// recordCost is what a message costs the budget: its payload, key and headers, and
-// RecordOverhead.
-func recordCost(msg *message.Message, keyLen int) int64 {
-	n := len(msg.Payload) + keyLen + RecordOverhead
-	for k, v := range msg.Metadata {
-		n += len(k) + len(v)
+// ownedLen is the length own gives a value of n bytes.
+func (s *ParallelSubscriber) ownedLen(n int) int {
+	if limit := s.pc.MaxValueBytes; limit > 0 && n > limit {
+		return min(limit, msgsource.CutPrefixBytes)
+	}
+	return n
+}
+
+// recordCost is what a record costs the budget with a value of valueLen bytes: the value,
+// its key and headers, and RecordOverhead.
+func recordCost(valueLen int, km *sarama.ConsumerMessage) int64 {
+	n := valueLen + len(km.Key) + RecordOverhead
+	for _, h := range km.Headers {
+		n += len(h.Key) + len(h.Value)
 	}
 	return int64(n)
 }
@@ -875,6 +928,10 @@ type PartitionStat struct {
 	InFlight int
 	// InFlightBytes is what they cost the subscriber's Budget (bytes and RecordOverhead).
 	InFlightBytes int64
+	// ReadAhead is the records Sarama holds in its channel for the claim, read from Kafka
+	// and not yet taken by the claim; ReadAheadBytes what they cost the Budget.
+	ReadAhead      int
+	ReadAheadBytes int64
 	// OldestUnackedAge is how long ago the oldest of them was handed out the first time
 	// (nacks and resends do not reset it); 0 when none is in flight.
 	OldestUnackedAge time.Duration
@@ -926,6 +983,7 @@ func (s *ParallelSubscriber) untrack(r *claimRun) {
 
 func (r *claimRun) stat(now time.Time) PartitionStat {
 	st := PartitionStat{Group: r.h.s.group, Topic: r.topic, Partition: r.partition, HighWater: r.claim.HighWaterMarkOffset()}
+	st.ReadAhead, st.ReadAheadBytes = r.ahead.held()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	st.Marked = r.marked

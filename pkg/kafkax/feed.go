@@ -1,0 +1,193 @@
+package kafkax
+
+import (
+	"context"
+	"sync"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/internal/msgsource"
+)
+
+// feed charges the records of one subscription of a ParallelSubscriber to its Budget as
+// Sarama hands them to a partition's channel. It is the consumer's interceptor: Sarama
+// calls OnConsume on its goroutine of the partition just before the record goes into the
+// channel, after the fetch response was decoded. OnConsume waits there until the record's
+// cost fits in the budget, so the records in Sarama's channels are charged like those
+// waiting in the window and those handed out. While it waits, Sarama's broker consumer
+// waits for it before it sends the next fetch: no more records are read.
+//
+// Once charged, a record is made the message it is handed out as, which owns its payload,
+// key and metadata (copies), and the record lets go of the fetch response's bytes: the
+// response is garbage once every record of it went into a channel.
+type feed struct {
+	s     *ParallelSubscriber
+	topic string
+
+	mu    sync.Mutex
+	parts map[int32]*readAhead // the partitions read now: from the session's Setup to the end of the claim's reading
+}
+
+var _ sarama.ConsumerInterceptor = (*feed)(nil)
+
+// readAhead is the records of one claimed partition charged by the feed and not yet taken
+// by the claim, in the order they went into Sarama's channel.
+type readAhead struct {
+	budget *Budget
+	ctx    context.Context // ends with the session or when the claim stops reading
+	cancel context.CancelFunc
+
+	mu     sync.Mutex
+	closed bool
+	recs   []charge
+	bytes  int64
+}
+
+// charge is a record made a message (prepare) and what it costs the budget.
+type charge struct {
+	km   *sarama.ConsumerMessage
+	msg  *message.Message // its payload the record's value as owned (own)
+	key  string
+	cut  *msgsource.Cut // the value was cut
+	cost int64
+}
+
+// open returns the read-ahead of partition p, a new one (ending with ctx) unless one is open.
+func (f *feed) open(p int32, ctx context.Context) *readAhead {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if ra := f.parts[p]; ra != nil {
+		return ra
+	}
+	ra := &readAhead{budget: f.s.budget}
+	ra.ctx, ra.cancel = context.WithCancel(ctx)
+	f.parts[p] = ra
+	return ra
+}
+
+// close ends the read-ahead of partition p, giving back what its records cost: the claim
+// reads no more. The records Sarama still puts in the channel are neither charged nor
+// owned; Sarama drops them when the claim ends.
+func (f *feed) close(p int32, ra *readAhead) {
+	f.mu.Lock()
+	if f.parts[p] == ra {
+		delete(f.parts, p)
+	}
+	f.mu.Unlock()
+	ra.close()
+}
+
+// closeAll closes every read-ahead still open (the session's partitions whose claim never
+// started).
+func (f *feed) closeAll() {
+	f.mu.Lock()
+	parts := f.parts
+	f.parts = map[int32]*readAhead{}
+	f.mu.Unlock()
+	for _, ra := range parts {
+		ra.close()
+	}
+}
+
+// OnConsume charges km to the budget, waiting until its cost fits, and makes it the message
+// it is handed out as; km then holds none of the fetch response's bytes. A record of a
+// partition no claim reads, or met again after Sarama's MaxProcessingTime ran out while
+// it waited for room in the channel, is left as it is.
+func (f *feed) OnConsume(km *sarama.ConsumerMessage) {
+	f.mu.Lock()
+	ra := f.parts[km.Partition]
+	f.mu.Unlock()
+	if ra == nil || ra.last() == km {
+		return
+	}
+	cost := f.s.budget.acquire(ra.ctx, recordCost(f.s.ownedLen(len(km.Value)), km))
+	if cost == 0 {
+		return // the claim stopped reading while the record waited
+	}
+	c := f.s.prepare(km)
+	c.km, c.cost = km, cost
+	km.Key, km.Value, km.Headers = nil, nil, nil
+	if !ra.add(c) {
+		f.s.budget.release(cost)
+	}
+}
+
+// prepare makes km the message it is handed out as (unmarshal), with its value as owned
+// (own) and its key; cost is what it costs the budget.
+func (s *ParallelSubscriber) prepare(km *sarama.ConsumerMessage) charge {
+	value, cut := s.own(km.Value)
+	return charge{msg: unmarshal(km, value), key: string(km.Key), cut: cut, cost: recordCost(len(value), km)}
+}
+
+// last is the record charged last, nil when none waits.
+func (ra *readAhead) last() *sarama.ConsumerMessage {
+	ra.mu.Lock()
+	defer ra.mu.Unlock()
+	if len(ra.recs) == 0 {
+		return nil
+	}
+	return ra.recs[len(ra.recs)-1].km
+}
+
+// add appends c; false once closed (c's cost is then the caller's to give back).
+func (ra *readAhead) add(c charge) bool {
+	ra.mu.Lock()
+	defer ra.mu.Unlock()
+	if ra.closed {
+		return false
+	}
+	ra.recs = append(ra.recs, c)
+	ra.bytes += c.cost
+	return true
+}
+
+// take returns km's charge, now the claim's, and whether the feed charged km. Records
+// charged before km and never taken (dropped by Sarama) are given back.
+func (ra *readAhead) take(km *sarama.ConsumerMessage) (charge, bool) {
+	ra.mu.Lock()
+	defer ra.mu.Unlock()
+	for i, c := range ra.recs {
+		if c.km != km {
+			continue
+		}
+		for _, skipped := range ra.recs[:i] {
+			ra.budget.release(skipped.cost)
+			ra.bytes -= skipped.cost
+		}
+		clear(ra.recs[:i+1])
+		ra.recs = ra.recs[i+1:]
+		ra.bytes -= c.cost
+		return c, true
+	}
+	return charge{}, false
+}
+
+// held is how many records wait to be taken and what they cost.
+func (ra *readAhead) held() (int, int64) {
+	ra.mu.Lock()
+	defer ra.mu.Unlock()
+	return len(ra.recs), ra.bytes
+}
+
+func (ra *readAhead) close() {
+	ra.cancel()
+	ra.mu.Lock()
+	defer ra.mu.Unlock()
+	if ra.closed {
+		return
+	}
+	ra.closed = true
+	ra.budget.release(ra.bytes)
+	ra.recs, ra.bytes = nil, 0
+}
+
+// stopReading ends the claim's read-ahead once read has returned, and pauses the
+// partition, so that Sarama fetches nothing more for it while the claim waits for its
+// messages in flight.
+func (r *claimRun) stopReading() {
+	r.h.feed.close(r.partition, r.ahead)
+	if p, ok := r.claim.(interface{ Pause() }); ok {
+		p.Pause()
+	}
+}

@@ -1,0 +1,92 @@
+package kafkax_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/pkg/kafkax"
+)
+
+// TestParallelSubscriberReadAheadInBudget: 12 partitions of 1 MB records and a handler that
+// holds every message it gets. What the client holds of them — the records in Sarama's
+// channels and those handed out — never costs more than the budget of 8 MiB, every one of
+// them is charged to it, and the budget is what stops the reading (it is spent, with 36
+// records to read). Sarama reads ahead up to 32 records a partition: uncharged, its
+// channels held 16 of them beside the 8 handed out. Once the subscriber is closed nothing
+// is charged any more; a second group that acks reads all 36 through as small a budget.
+func TestParallelSubscriberReadAheadInBudget(t *testing.T) {
+	c := testenv.Kafka(t)
+	const parts, perPart, size = 12, 3, 1_000_000
+	topic := testenv.TopicWithConfig(t, c, "parallel-readahead", parts, map[string]string{"max.message.bytes": "2000000"})
+	pc := c.ProducerConfig()
+	pc.Producer.MaxMessageBytes = 2_000_000
+	pc.Producer.Partitioner = sarama.NewManualPartitioner
+	p, err := sarama.NewSyncProducer(c.Brokers, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	value := strings.Repeat("x", size)
+	for part := range int32(parts) {
+		var msgs []*sarama.ProducerMessage
+		for i := range perPart {
+			msgs = append(msgs, &sarama.ProducerMessage{Topic: topic, Partition: part, Key: sarama.StringEncoder(string(rune('a' + i))), Value: sarama.StringEncoder(value)})
+		}
+		if err := p.SendMessages(msgs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.Close()
+	const records = parts * perPart
+
+	limit := int64(8 << 20)
+	budget := kafkax.NewBudget(limit)
+	sub, ch := subscribe(t, c, uniqueGroup("parallel-readahead"), topic, kafkax.ParallelConfig{Budget: budget})
+	var held []*message.Message
+	var peak int
+	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		for drained := false; !drained; {
+			select {
+			case m := <-ch:
+				held = append(held, m)
+			default:
+				drained = true
+			}
+		}
+		// Handed out first, then queued: a record moves from the channel to the handler,
+		// never back, so none is counted twice.
+		n := len(held) + kafkax.SaramaQueued(sub)
+		inUse := budget.InUse()
+		peak = max(peak, n)
+		if int64(n)*size > limit {
+			t.Fatalf("the client holds %d records of %d bytes (%d handed out), over the budget of %d bytes", n, size, len(held), limit)
+		}
+		if int64(n)*size > inUse {
+			t.Fatalf("the client holds %d records of %d bytes (%d handed out), the budget charges %d bytes for them", n, size, len(held), inUse)
+		}
+	}
+	if inUse, cost := budget.InUse(), int64(size+kafkax.RecordOverhead); inUse+cost <= limit || len(held) == 0 || len(held) == records {
+		t.Fatalf("budget in use %d of %d, %d of %d records handed out (at most %d held at once): want the budget spent, with records left to read", inUse, limit, len(held), records, peak)
+	}
+	if err := sub.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if inUse := budget.InUse(); inUse != 0 {
+		t.Fatalf("%d bytes still charged after Close", inUse)
+	}
+
+	budget = kafkax.NewBudget(limit)
+	_, ch = subscribe(t, c, uniqueGroup("parallel-readahead"), topic, kafkax.ParallelConfig{Budget: budget})
+	for i := range records {
+		receive(t, ch, 30*time.Second, "record "+string(rune('0'+i%10))).Ack()
+	}
+	for deadline := time.Now().Add(10 * time.Second); budget.InUse() != 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d bytes still charged after every record was acked", budget.InUse())
+		}
+	}
+}
