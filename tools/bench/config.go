@@ -57,13 +57,15 @@ type config struct {
 	seedConsumerInterval                 time.Duration
 
 	// The router binary as a child process (router.go).
-	routerN, routerRate, routerSecs int
-	routerBig, routerBigBytes       int
-	routerStall                     time.Duration
-	routerBin, routerEnv            string
-	routerProfile                   string
-	routerMemProfile                string
-	routerProfileSecs               int
+	routerN, routerRate, routerSecs    int
+	routerBig, routerBigBytes          int
+	routerStall                        time.Duration
+	routerPayloads, routerPayloadBytes int
+	routerPayloadStall                 time.Duration
+	routerBin, routerEnv               string
+	routerProfile                      string
+	routerMemProfile                   string
+	routerProfileSecs                  int
 
 	// The services, the output, the process.
 	adminDSN, appDSN, brokers, outDir string
@@ -153,6 +155,9 @@ func parseConfig(args []string) (*config, error) {
 	fs.IntVar(&c.routerBig, "router-big", 600, "records over inbox.max_payload_bytes sent to the router binary's stalled run while its database is stalled (0 skips it)")
 	fs.IntVar(&c.routerBigBytes, "router-big-bytes", 1536000, "size of each of them")
 	fs.DurationVar(&c.routerStall, "router-stall", 25*time.Second, "how long the stalled run holds the inbox's index range locked")
+	fs.IntVar(&c.routerPayloads, "router-payloads", 500, "orders of -router-payload-bytes each (under inbox.max_payload_bytes, so they wait whole) sent to the router binary's stalled run while its database is stalled (0 skips it)")
+	fs.IntVar(&c.routerPayloadBytes, "router-payload-bytes", 1_000_000, "size of each of them")
+	fs.DurationVar(&c.routerPayloadStall, "router-payload-stall", 80*time.Second, "how long the stalled run holds the inbox's index range locked while those orders wait")
 	fs.StringVar(&c.routerBin, "router-bin", "bin/router", "the router binary measured by the router group (make build)")
 	fs.StringVar(&c.routerEnv, "router-env", "", "extra environment of the measured router, comma separated (e.g. GOGC=100,GOMEMLIMIT=120MiB)")
 	fs.StringVar(&c.routerProfile, "router-cpuprofile", "", "write a CPU profile of the router binary during its peak run to this file (admin.pprof, -router-cpuprofile-seconds from its first output)")

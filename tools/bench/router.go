@@ -38,7 +38,7 @@ import (
 // then stops it with SIGTERM and checks the database (every order granted, nothing left
 // unpublished).
 func (s *suite) routerGroup(ctx context.Context) error {
-	if s.cfg.routerN <= 0 && s.cfg.routerRate <= 0 && s.cfg.routerBig <= 0 {
+	if s.cfg.routerN <= 0 && s.cfg.routerRate <= 0 && s.cfg.routerBig <= 0 && s.cfg.routerPayloads <= 0 {
 		return nil
 	}
 	bin, err := filepath.Abs(s.cfg.routerBin)
@@ -61,6 +61,11 @@ func (s *suite) routerGroup(ctx context.Context) error {
 	if s.cfg.routerBig > 0 {
 		if err := s.routerStalled(ctx, bin); err != nil {
 			return fmt.Errorf("router stalled: %w", err)
+		}
+	}
+	if s.cfg.routerPayloads > 0 {
+		if err := s.routerStalledPayloads(ctx, bin); err != nil {
+			return fmt.Errorf("router stalled, payloads: %w", err)
 		}
 	}
 	return nil
@@ -158,6 +163,109 @@ func (s *suite) routerStalled(ctx context.Context, bin string) error {
 		"max_rss_mb", hwm, "max_rss_stalled_mb", stalledMB, "recovered_s", recovered.Seconds(), "quarantined", quarantined, "granted", n,
 		"rss_sampled_max_mb", c.sampledMaxMB())
 	return nil
+}
+
+// routerStalledPayloads (mode=stalled_payloads): -router-payloads orders of
+// -router-payload-bytes each, under inbox.max_payload_bytes, so none is cut and each waits
+// whole, reach a router whose database is stalled for -router-payload-stall, on
+// -e2e-partitions partitions. Its peak RSS is read 10 s after its start, at the end of the
+// stall, and over the processing once the database is back, until every order is granted.
+func (s *suite) routerStalledPayloads(ctx context.Context, bin string) error {
+	if err := s.truncate(ctx); err != nil {
+		return err
+	}
+	size := s.cfg.routerPayloadBytes
+	maxMsg := fmt.Sprint(size + 64<<10)
+	in, cleanIn, err := makeTopicWith(s.kc, "bench-router-payload", int32(s.cfg.e2eParts), map[string]*string{"max.message.bytes": &maxMsg})
+	if err != nil {
+		return err
+	}
+	defer cleanIn()
+	out, cleanOut, err := makeTopic(s.kc, "bench-router-granted", int32(s.cfg.e2eParts))
+	if err != nil {
+		return err
+	}
+	defer cleanOut()
+	sc := s.kc.ProducerConfig()
+	sc.Producer.MaxMessageBytes = size + 64<<10
+	producer, err := sarama.NewSyncProducer(s.kc.Brokers, sc)
+	if err != nil {
+		return err
+	}
+	defer producer.Close()
+	n := s.cfg.routerPayloads
+	for i := 0; i < n; i += 10 {
+		var msgs []*sarama.ProducerMessage
+		for j := i; j < min(i+10, n); j++ {
+			o := order("pay", j)
+			v, err := paddedOrder(o.Encode(), size)
+			if err != nil {
+				return err
+			}
+			msgs = append(msgs, &sarama.ProducerMessage{Topic: in, Key: sarama.StringEncoder(o.OrderID), Value: sarama.ByteEncoder(v)})
+		}
+		if err := producer.SendMessages(msgs); err != nil {
+			return err
+		}
+	}
+	stall, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead}) // gap locks: no insert passes
+	if err != nil {
+		return err
+	}
+	defer stall.Rollback()
+	if _, err := stall.ExecContext(ctx, "SELECT id FROM inbox WHERE id >= 0 FOR UPDATE"); err != nil {
+		return err
+	}
+	w, err := watch(s.kc, out)
+	if err != nil {
+		return err
+	}
+	defer w.close()
+	c, err := s.startRouter(bin, "stalled_payloads", in, out)
+	if err != nil {
+		return err
+	}
+	defer c.stop()
+	first := min(10*time.Second, s.cfg.routerPayloadStall)
+	time.Sleep(first)
+	firstMB := c.hwmMB()
+	time.Sleep(s.cfg.routerPayloadStall - first)
+	stalledMB := c.hwmMB()
+	c.resetSampled()
+	if err := stall.Rollback(); err != nil {
+		return err
+	}
+	t0 := time.Now()
+	if err := c.waitSeen(w, n, 10*time.Minute); err != nil {
+		return err
+	}
+	recovered := time.Since(t0)
+	processingMB := c.sampledMaxMB()
+	hwm := c.hwmMB()
+	if err := c.stop(); err != nil {
+		return err
+	}
+	if err := checkGranted(ctx, s.db, n); err != nil {
+		return err
+	}
+	s.report("router", "mode", "stalled_payloads", "payloads", n, "payload_bytes", size, "partitions", s.cfg.e2eParts,
+		"stall_s", s.cfg.routerPayloadStall.Seconds(), "max_rss_mb", hwm, "max_rss_first_mb", firstMB, "first_s", first.Seconds(),
+		"max_rss_stalled_mb", stalledMB, "rss_processing_max_mb", processingMB, "recovered_s", recovered.Seconds(), "granted", n)
+	return nil
+}
+
+// paddedOrder is the order's JSON with a "pad" field that makes it exactly size bytes.
+func paddedOrder(o []byte, size int) ([]byte, error) {
+	const pre, post = `,"pad":"`, `"}`
+	pad := size - (len(o) - 1) - len(pre) - len(post)
+	if pad < 0 {
+		return nil, fmt.Errorf("an order of %d bytes does not fit in %d", len(o), size)
+	}
+	v := make([]byte, 0, size)
+	v = append(v, o[:len(o)-1]...)
+	v = append(v, pre...)
+	v = append(v, strings.Repeat("x", pad)...)
+	return append(v, post...), nil
 }
 
 // routerTopics empties the bench tables and creates the run's input and output topics; the
@@ -414,6 +522,13 @@ func (c *child) sample() {
 		case <-t.C:
 		}
 	}
+}
+
+// resetSampled starts the largest VmRSS sample over: sampledMaxMB then covers what follows.
+func (c *child) resetSampled() {
+	c.mu.Lock()
+	c.maxRSSKB = 0
+	c.mu.Unlock()
 }
 
 func (c *child) sampledMaxMB() float64 {

@@ -18,7 +18,8 @@ import (
 //   - relay exactly once ≥ 20× the Watermill forwarder;
 //   - the router binary's peak resident memory ≤ 150 MB, at its peak rate and at 2,000
 //     orders/s, and ≤ 300 MB with big records waiting for a stalled database, every one of
-//     them quarantined once it is back (router.go);
+//     them quarantined once it is back, and with orders under inbox.max_payload_bytes
+//     waiting whole for it, every one of them granted once it is back (router.go);
 //   - the incident's load (seed_load, the router's default settings) ≥ 1,000 orders/s with
 //     no rebalance and no duplicate coupon;
 //   - PostgreSQL end to end ≥ 70 % of MariaDB's, the median of the databases group's rounds;
@@ -55,6 +56,8 @@ func (s *suite) targetsGroup(ctx context.Context) error {
 	rss2000 := s.field("router", "max_rss_mb", map[string]string{"mode": "rate2000"})
 	rssStalled := s.field("router", "max_rss_mb", map[string]string{"mode": "stalled"})
 	stalledOK := s.field("router", "quarantined", map[string]string{"mode": "stalled"}) == s.field("router", "big_records", map[string]string{"mode": "stalled"})
+	rssPayloads := s.field("router", "max_rss_mb", map[string]string{"mode": "stalled_payloads"})
+	payloadsOK := s.field("router", "granted", map[string]string{"mode": "stalled_payloads"}) == s.field("router", "payloads", map[string]string{"mode": "stalled_payloads"})
 	seed := s.field("seed_load", "orders_per_s", map[string]string{"mode": "batch"})
 	pgVsMaria := s.field("ratio", "median_pct", map[string]string{"mode": "postgres_vs_mariadb_e2e"})
 	seedClean := s.field("seed_load", "rebalances", map[string]string{"mode": "batch"}) == 0 && s.field("seed_load", "duplicate_coupons", map[string]string{"mode": "batch"}) == 0
@@ -87,6 +90,7 @@ func (s *suite) targetsGroup(ctx context.Context) error {
 		"router_rss_peak_mb", rssPeak, "router_rss_2000_mb", rss2000,
 		"router_rss", verdict(min(rssPeak, rss2000), rssPeak <= 150 && rss2000 <= 150),
 		"router_rss_stalled_mb", rssStalled, "router_rss_stalled_300", verdict(rssStalled, rssStalled <= 300 && stalledOK),
+		"router_rss_payloads_mb", rssPayloads, "router_rss_payloads_300", verdict(rssPayloads, rssPayloads <= 300 && payloadsOK),
 		"seed_orders_per_s", seed, "seed_1000", verdict(seed, seed >= 1000 && seedClean),
 		"postgres_vs_mariadb_e2e_pct", pgVsMaria, "postgres_70pct", verdict(pgVsMaria, pgVsMaria >= 70),
 		"e2e_vs_inbox_ceiling_pct", vsCeiling, "e2e_vs_inbox_interleaved_pct", vsCeilingInterleaved, "e2e_080_ceiling", verdict(vsCeiling, vsCeiling >= 80),

@@ -59,6 +59,9 @@ func (b benchRun) targetsRow(row func(m, r, t string)) {
 	if t.has("router_rss_stalled_300") {
 		rss += fmt.Sprintf(", %s MB with big records waiting for a stalled database (%s)", f(t.num("router_rss_stalled_mb"), 0), t.get("router_rss_stalled_300"))
 	}
+	if t.has("router_rss_payloads_300") {
+		rss += fmt.Sprintf(", %s MB with orders of 1 MB waiting whole for it (%s)", f(t.num("router_rss_payloads_mb"), 0), t.get("router_rss_payloads_300"))
+	}
 	if t.has("seed_1000") {
 		rss += fmt.Sprintf("; the incident's load with the default settings %s orders/s (%s)", rate(t.num("seed_orders_per_s")), t.get("seed_1000"))
 	}

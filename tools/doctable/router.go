@@ -26,6 +26,14 @@ func (b benchRun) routerRows(row func(m, r, t string)) {
 				f(r.num("quarantined"), 0), f(r.num("granted"), 0), f(r.num("recovered_s"), 1)),
 			fmt.Sprintf("≤ 300 MB, all quarantined: %s", verdict(r.num("max_rss_mb") <= 300 && r.num("quarantined") == r.num("big_records"))))
 	}
+	if r, ok := b.one("router", "mode", "stalled_payloads"); ok {
+		row(fmt.Sprintf("`router` `stalled_payloads`: %s orders of %s MB (under `inbox.max_payload_bytes`, so they wait whole) on %s partitions while a transaction holds the inbox for %s s",
+			f(r.num("payloads"), 0), f(r.num("payload_bytes")/1e6, 2), f(r.num("partitions"), 0), f(r.num("stall_s"), 0)),
+			fmt.Sprintf("peak RSS %s MB after %s s, %s MB at the end of the stall, **%s MB** in all (processing); %s granted, %s s after the database came back",
+				f(r.num("max_rss_first_mb"), 1), f(r.num("first_s"), 0), f(r.num("max_rss_stalled_mb"), 1), f(r.num("max_rss_mb"), 1),
+				f(r.num("granted"), 0), f(r.num("recovered_s"), 1)),
+			fmt.Sprintf("≤ 300 MB, all granted: %s", verdict(r.num("max_rss_mb") <= 300 && r.num("granted") == r.num("payloads"))))
+	}
 	for _, r := range b.find("router", "offered_per_s", "") {
 		row(fmt.Sprintf("`router` `%s`: the same binary at %s orders/s offered, %s s measured", r.get("mode"), f(r.num("offered_per_s"), 0), r.get("seconds")),
 			fmt.Sprintf("%s orders/s, p50 %s ms, p99 %s ms; peak RSS **%s MB**; %s", rate(r.num("orders_per_s")), f(r.num("p50_ms"), 1),
