@@ -3,6 +3,7 @@ package onceflow
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -49,12 +50,12 @@ func (a *app) produceCmd() *cobra.Command {
 						return badInput(fmt.Errorf("produce --file sends the file's records: --%s does not apply", f))
 					}
 				}
-				return a.produceFile(o)
+				return a.produceFile(cmd.Context(), o)
 			}
 			if o.prefix == "" {
 				o.prefix = fmt.Sprintf("ord-%d", time.Now().UnixNano())
 			}
-			return a.produce(o)
+			return a.produce(cmd.Context(), o)
 		},
 	}
 	f := cmd.Flags()
@@ -109,7 +110,7 @@ func (a *app) producePlugin(name string) (plugin, error) {
 	return with[0], nil
 }
 
-func (a *app) produce(o produceOpts) error {
+func (a *app) produce(ctx context.Context, o produceOpts) error {
 	p, err := a.producePlugin(o.plugin)
 	if err != nil {
 		return err
@@ -130,6 +131,7 @@ func (a *app) produce(o produceOpts) error {
 	seq := newProduceSeq(p.Plugin, o, kinds)
 
 	start := time.Now()
+	sent := 0
 	var batch []*sarama.ProducerMessage
 	flush := func() error {
 		if len(batch) == 0 {
@@ -138,10 +140,14 @@ func (a *app) produce(o produceOpts) error {
 		if err := producer.SendMessages(batch); err != nil {
 			return fmt.Errorf("produce: %w", err)
 		}
+		sent += len(batch)
 		batch = batch[:0]
 		return nil
 	}
 	for i := 0; ; i++ {
+		if err := context.Cause(ctx); err != nil {
+			return fmt.Errorf("produce: stopped: %w; %d records were sent", err, sent)
+		}
 		m, ok := seq.next()
 		if !ok {
 			break
@@ -161,7 +167,7 @@ func (a *app) produce(o produceOpts) error {
 				if err := flush(); err != nil {
 					return err
 				}
-				time.Sleep(time.Until(due))
+				sleepCtx(ctx, time.Until(due))
 			}
 		}
 	}

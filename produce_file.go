@@ -3,12 +3,15 @@ package onceflow
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"reflect"
+	"strconv"
 	"strings"
 	"time"
 
@@ -17,6 +20,8 @@ import (
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/jsonkeys"
+	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
 // A produce file (`router produce --file records.jsonl`) holds one Kafka record per line, a
@@ -29,9 +34,12 @@ import (
 // key: the record's key (no key when left out). value: a JSON string is sent as its text,
 // any other JSON value as the bytes written on the line, unchanged. value_base64: the value's
 // bytes in standard base64, for bytes that are not UTF-8. Neither: a record without a value
-// (a tombstone). headers: string values. Any other field, a line that is not UTF-8 or not one
-// JSON object, is refused with its line number, and then nothing is sent. Blank lines are
-// skipped. A record gets a message id header (watermill's uuid) unless headers has one.
+// (a tombstone). headers: string values. Field names are exact. Any other field, a field
+// name in another case ("KEY"), a field or header given twice, a line that is not UTF-8 or
+// not one JSON object, or a record larger than the topic takes, is refused with its line
+// number, and then nothing is sent. Blank lines are skipped. A record gets a message id
+// header (watermill's uuid) unless headers has one. The file is read once, into memory: it
+// may be a named pipe.
 
 // fileLine is one line of a produce file.
 type fileLine struct {
@@ -57,6 +65,10 @@ func parseFileLine(line []byte) (record, error) {
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return record{}, errors.New("data after the record's object")
+	}
+	// encoding/json took "KEY" for key and kept the last of a field given twice.
+	if err := jsonkeys.Check(line, reflect.TypeOf(l)); err != nil {
+		return record{}, fmt.Errorf("not a record: %w", err)
 	}
 	if l.Value != nil && l.ValueBase64 != nil {
 		return record{}, errors.New("value and value_base64: give one")
@@ -94,43 +106,156 @@ func parseFileLine(line []byte) (record, error) {
 	return r, nil
 }
 
-// readProduceFile calls each with every record of the file at path, in order; a bad line
-// stops it with an error naming the line.
-func readProduceFile(path string, each func(record) error) error {
-	f, err := os.Open(path)
+// fileRecord is a record of a produce file and the number of its line.
+type fileRecord struct {
+	line int
+	record
+}
+
+// message is the record as sent to topic.
+func (r fileRecord) message(topic string) *sarama.ProducerMessage {
+	pm := &sarama.ProducerMessage{Topic: topic, Headers: r.headers, Metadata: r.line}
+	if r.key != nil {
+		pm.Key = sarama.ByteEncoder(r.key)
+	}
+	if r.value != nil {
+		pm.Value = sarama.ByteEncoder(r.value)
+	}
+	return pm
+}
+
+// readProduceFile reads the file at path once, whole, and returns its records; a bad line
+// is refused naming it. Reading once lets path be a named pipe, which a second open would
+// wait on for a writer that never comes. ctx ending stops it, also while it waits for a
+// pipe's writer.
+func readProduceFile(ctx context.Context, path string) ([]fileRecord, error) {
+	f, err := openInput(ctx, path)
 	if err != nil {
-		return badInput(fmt.Errorf("produce --file: %w", err))
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("produce --file %s: stopped while opening it, nothing was sent: %w", path, err)
+		}
+		return nil, badInput(fmt.Errorf("produce --file: %w", err))
 	}
 	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.IsDir() {
+		return nil, badInput(fmt.Errorf("produce --file %s: a directory, not a file of records", path))
+	}
+	// A pipe's read waits for data: a deadline in the past ends it (a regular file's reads
+	// do not wait, and refuse deadlines).
+	stop := context.AfterFunc(ctx, func() { _ = f.SetReadDeadline(time.Now()) })
+	defer stop()
+	var recs []fileRecord
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), maxFileLine)
 	for n := 1; sc.Scan(); n++ {
+		if ctx.Err() != nil {
+			break
+		}
 		line := sc.Bytes()
 		if len(bytes.TrimSpace(line)) == 0 {
 			continue
 		}
 		r, err := parseFileLine(line)
 		if err != nil {
-			return badInput(fmt.Errorf("produce --file %s, line %d: %s", path, n, oneLine(err)))
+			return nil, badInput(fmt.Errorf("produce --file %s, line %d: %s", path, n, oneLine(err)))
 		}
-		if err := each(r); err != nil {
-			return err
-		}
+		recs = append(recs, fileRecord{n, r})
+	}
+	if err := context.Cause(ctx); err != nil {
+		return nil, fmt.Errorf("produce --file %s: stopped while reading it, nothing was sent: %w", path, err)
 	}
 	if err := sc.Err(); err != nil {
 		if errors.Is(err, bufio.ErrTooLong) {
-			return badInput(fmt.Errorf("produce --file %s: a line longer than %d bytes", path, maxFileLine))
+			return nil, badInput(fmt.Errorf("produce --file %s: a line longer than %d bytes", path, maxFileLine))
 		}
-		return fmt.Errorf("produce --file %s: %w", path, err)
+		return nil, fmt.Errorf("produce --file %s: %w", path, err)
 	}
-	return nil
+	return recs, nil
+}
+
+// openInput opens path for reading, or returns ctx's cause if ctx ends first: opening a
+// named pipe waits until a writer opens it, and the open itself cannot be interrupted, so it
+// runs in a goroutine that closes the file should it open later.
+func openInput(ctx context.Context, path string) (*os.File, error) {
+	type opened struct {
+		f   *os.File
+		err error
+	}
+	done := make(chan opened, 1)
+	go func() {
+		f, err := os.Open(path)
+		done <- opened{f, err}
+	}()
+	select {
+	case o := <-done:
+		return o.f, o.err
+	case <-ctx.Done():
+		go func() {
+			if o := <-done; o.f != nil {
+				_ = o.f.Close()
+			}
+		}()
+		return nil, context.Cause(ctx)
+	}
+}
+
+// recordBatchOverhead is the header of a Kafka record batch (RECORD_BATCH_OVERHEAD): a
+// topic's max.message.bytes bounds a batch, so a record alone in one may have that much
+// less.
+const recordBatchOverhead = 61
+
+// recordLimit is the most bytes a record sent to topic may take as Sarama counts them
+// (ProducerMessage.ByteSize, an upper bound of its framed size), and what sets it: the
+// producer's Producer.MaxMessageBytes, or the topic's max.message.bytes less a batch's
+// header. A producer given the limit as its MaxMessageBytes fills no batch beyond what the
+// topic takes. When the topic's setting cannot be read, the producer's limit stands and the
+// broker refuses what is over its own.
+func (a *app) recordLimit(kc kafkax.Config, topic string, producerMax int) (int, string) {
+	limit, why := producerMax, fmt.Sprintf("the producer's limit (Producer.MaxMessageBytes %d)", producerMax)
+	topicMax, err := topicMaxMessageBytes(kc, topic)
+	if err != nil {
+		a.logger.Error("produce --file: the topic's max.message.bytes is unknown: records are checked against the producer's limit only", err,
+			watermill.LogFields{"topic": topic})
+		return limit, why
+	}
+	if topicMax-recordBatchOverhead < limit {
+		limit = topicMax - recordBatchOverhead
+		why = fmt.Sprintf("topic %s's limit (max.message.bytes %d, less %d for the record batch's header)", topic, topicMax, recordBatchOverhead)
+	}
+	return limit, why
+}
+
+// topicMaxMessageBytes reads topic's max.message.bytes: the largest record batch its
+// brokers take (the topic's own setting, else the brokers' message.max.bytes).
+func topicMaxMessageBytes(kc kafkax.Config, topic string) (int, error) {
+	admin, err := sarama.NewClusterAdmin(kc.Brokers, kc.SaramaConfig())
+	if err != nil {
+		return 0, kafkax.Unreachable(kc.Brokers, err)
+	}
+	defer admin.Close()
+	entries, err := admin.DescribeConfig(sarama.ConfigResource{Type: sarama.TopicResource, Name: topic, ConfigNames: []string{"max.message.bytes"}})
+	if err != nil {
+		return 0, fmt.Errorf("describe topic %s: %w", topic, err)
+	}
+	for _, e := range entries {
+		if e.Name == "max.message.bytes" {
+			n, err := strconv.Atoi(e.Value)
+			if err != nil || n <= recordBatchOverhead {
+				return 0, fmt.Errorf("topic %s: max.message.bytes %q is not a size", topic, e.Value)
+			}
+			return n, nil
+		}
+	}
+	return 0, fmt.Errorf("topic %s: max.message.bytes not reported", topic)
 }
 
 // produceFile sends the records of o.file to o.topic (default: --plugin's first topic, or
-// the only registered plugin's), after checking every line.
-func (a *app) produceFile(o produceOpts) error {
-	records := 0
-	if err := readProduceFile(o.file, func(record) error { records++; return nil }); err != nil {
+// the only registered plugin's). Nothing is sent before every line is read and checked,
+// its size against the topic's limit too; a record Kafka still refuses stops the run, which
+// names its line and how many records were sent.
+func (a *app) produceFile(ctx context.Context, o produceOpts) error {
+	recs, err := readProduceFile(ctx, o.file)
+	if err != nil {
 		return err
 	}
 	if o.topic == "" {
@@ -163,55 +288,86 @@ func (a *app) produceFile(o produceOpts) error {
 	if _, err := kc.CheckTopics(o.topic); err != nil {
 		return err
 	}
-	producer, err := kc.NewSyncProducer()
+	pc := kc.ProducerConfig()
+	limit, why := a.recordLimit(kc, o.topic, pc.Producer.MaxMessageBytes)
+	for _, r := range recs {
+		if size := r.message(o.topic).ByteSize(2); size > limit {
+			return badInput(fmt.Errorf("produce --file %s, line %d: the record takes %d bytes, over the %d of %s; nothing was sent", o.file, r.line, size, limit, why))
+		}
+	}
+	pc.Producer.MaxMessageBytes = limit
+	producer, err := sarama.NewSyncProducer(kc.Brokers, pc)
 	if err != nil {
-		return err
+		return kafkax.Unreachable(kc.Brokers, err)
 	}
 	defer producer.Close()
 	start := time.Now()
+	sent := 0
 	var batch []*sarama.ProducerMessage
 	flush := func() error {
 		if len(batch) == 0 {
 			return nil
 		}
-		if err := producer.SendMessages(batch); err != nil {
-			return fmt.Errorf("produce: %w", err)
+		err := producer.SendMessages(batch)
+		if err == nil {
+			sent += len(batch)
+			batch = batch[:0]
+			return nil
 		}
-		batch = batch[:0]
-		return nil
+		var perrs sarama.ProducerErrors
+		if !errors.As(err, &perrs) || len(perrs) == 0 {
+			return fmt.Errorf("produce --file %s: lines %d to %d: %w; %d of %d records were sent before them, the rest not", o.file,
+				batch[0].Metadata, batch[len(batch)-1].Metadata, err, sent, len(recs))
+		}
+		first := perrs[0]
+		for _, pe := range perrs {
+			if pe.Msg.Metadata.(int) < first.Msg.Metadata.(int) {
+				first = pe
+			}
+		}
+		sent += len(batch) - len(perrs)
+		more := ""
+		if len(perrs) > 1 {
+			more = fmt.Sprintf(" (and %d more records of its request)", len(perrs)-1)
+		}
+		return fmt.Errorf("produce --file %s, line %d: kafka refused the record%s: %w; stopped there: %d of %d records were sent", o.file,
+			first.Msg.Metadata, more, first.Err, sent, len(recs))
 	}
-	sent := 0
-	err = readProduceFile(o.file, func(r record) error {
-		pm := &sarama.ProducerMessage{Topic: o.topic, Headers: r.headers}
-		if r.key != nil {
-			pm.Key = sarama.ByteEncoder(r.key)
+	for i, r := range recs {
+		if ctx.Err() != nil {
+			break
 		}
-		if r.value != nil {
-			pm.Value = sarama.ByteEncoder(r.value)
-		}
-		batch = append(batch, pm)
-		sent++
+		batch = append(batch, r.message(o.topic))
 		if len(batch) >= o.batch {
 			if err := flush(); err != nil {
 				return err
 			}
 		}
 		if o.rate > 0 {
-			if due := start.Add(time.Duration(float64(sent) / o.rate * float64(time.Second))); time.Until(due) > 0 {
+			if due := start.Add(time.Duration(float64(i+1) / o.rate * float64(time.Second))); time.Until(due) > 0 {
 				if err := flush(); err != nil {
 					return err
 				}
-				time.Sleep(time.Until(due))
+				sleepCtx(ctx, time.Until(due))
 			}
 		}
-		return nil
-	})
-	if err == nil {
-		err = flush()
 	}
-	if err != nil {
+	if err := context.Cause(ctx); err != nil {
+		return fmt.Errorf("produce --file %s: stopped: %w; %d of %d records were sent", o.file, err, sent, len(recs))
+	}
+	if err := flush(); err != nil {
 		return err
 	}
 	printf("PRODUCED records=%d topic=%s file=%s seconds=%.2f\n", sent, o.topic, o.file, time.Since(start).Seconds())
 	return nil
+}
+
+// sleepCtx waits d, or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }

@@ -3,6 +3,7 @@ package onceflow
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -129,5 +130,24 @@ func TestPoisonKindsAreQuarantined(t *testing.T) {
 	}
 	if poison != 2*len(kinds) || grants != 0 {
 		t.Fatalf("%d poison rows (want %d), %d grants (want 0)", poison, 2*len(kinds), grants)
+	}
+}
+
+// Ending the context ends a paced run (--rate) between its records, saying how many were
+// sent; a run that slept through it would take 1,000 s here.
+func TestProduceStopsOnCancel(t *testing.T) {
+	testenv.Integration(t)
+	k := testenv.Kafka(t)
+	topic := testenv.Topic(t, k, "produce-cancel", 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := runAsync(ctx, "--brokers", strings.Join(k.Brokers, ","), "produce", "--plugin", coupon.PluginName, "--orders", "1000",
+		"--dup-rate", "0", "--rate", "1", "--batch", "1", "--topic", topic)
+	cancel()
+	err := waitRun(t, done, "produce --rate 1, cancelled")
+	if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "produce: stopped") {
+		t.Fatalf("cancelled produce: %v, want it stopped by the cancellation", err)
+	}
+	if recs := readBack(t, k, topic); len(recs) > 1 {
+		t.Fatalf("%d records on the topic, want at most the one sent before the cancellation", len(recs))
 	}
 }
