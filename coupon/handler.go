@@ -37,7 +37,10 @@ type handler struct {
 
 // slowHandler is handler with a Preparer: the calls of a grant's remaining steps are made
 // before its transaction.
-type slowHandler struct{ *handler }
+type slowHandler struct {
+	*handler
+	made *madeCalls // calls that succeeded, not made again by a later attempt
+}
 
 var (
 	_ inbox.Handler      = (*handler)(nil)
@@ -82,7 +85,7 @@ func (g *Granter) handler(db *sql.DB, codec inbox.Codec[OrderPaid], claims bool)
 	if h.free {
 		return h, nil
 	}
-	return &slowHandler{h}, nil
+	return &slowHandler{handler: h, made: newMadeCalls(madeCallsKept)}, nil
 }
 
 // Close closes the prepared statements of the handler's inserts.
@@ -92,23 +95,42 @@ func (h *handler) Close() error {
 
 // Prepare implements inbox.Preparer: it reads the grant's committed state and makes the
 // outside calls of every step still due from it (idempotent by order id and step), outside
-// any transaction; d.Prepared is that state. A finished grant makes none.
+// any transaction; d.Prepared is that state. A finished grant makes none. A call that
+// succeeded in an earlier attempt whose grant did not commit is not made again (madeCalls).
 func (h *slowHandler) Prepare(ctx context.Context, d *inbox.Delivery) error {
 	o, ok := d.Value.(OrderPaid)
 	if !ok {
 		return nil // Handle refuses it
 	}
 	st, err := readState(ctx, h.db, o.OrderID, h.g.cfg.CampaignID)
-	if err != nil || st.Terminal() {
+	if err != nil {
 		return err
 	}
+	if st.Terminal() {
+		h.made.forget(callKeys(o.OrderID)...)
+		return nil
+	}
 	for s := st; !s.Terminal(); s = s.Next() {
-		if err := h.g.svc.Call(ctx, s.Step(), o.OrderID+":"+s.Step()); err != nil {
+		key := o.OrderID + ":" + s.Step()
+		if h.made.has(key) {
+			continue
+		}
+		if err := h.g.svc.Call(ctx, s.Step(), key); err != nil {
 			return err
 		}
+		h.made.add(key)
 	}
 	d.Prepared = st
 	return nil
+}
+
+// callKeys are the idempotency keys of an order's grant calls.
+func callKeys(orderID string) []string {
+	keys := make([]string, len(grantSteps))
+	for i, s := range grantSteps {
+		keys[i] = orderID + ":" + s
+	}
+	return keys
 }
 
 // handle is the handler's inbox.TypedFunc: the grant, and a claim's answer.
