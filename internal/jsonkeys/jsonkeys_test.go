@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -131,6 +132,8 @@ func FuzzCheck(f *testing.F) {
 	for _, s := range []string{`{"orderId":"o","ship":{"next":{"carrier":"c"}}}`, `[1,"a\"b",{"x":null}]`, `{"tags":{"a":"\u0041"}}`, `"s"`, `12`, `{`, `{"a":}`} {
 		f.Add([]byte(s))
 	}
+	f.Add([]byte(`{"orderId":"o","ORDERID":"p"}`))
+	f.Add([]byte(`{"source":1,"source":2}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		for _, typ := range []reflect.Type{reflect.TypeFor[order](), nil} {
 			err := Check(b, typ)
@@ -138,7 +141,46 @@ func FuzzCheck(f *testing.F) {
 				t.Fatalf("Check(%q, %v): %v", b, typ, err)
 			}
 		}
+		if bad := topLevelBad(b); bad != "" && Check(b, reflect.TypeFor[order]()) == nil {
+			t.Fatalf("Check(%q) = nil, but %s", b, bad)
+		}
 	})
+}
+
+// topLevelBad reads the keys of the object b with encoding/json's tokens, apart from Check,
+// and says which is given twice or names a field of order only in another case ("" when
+// none is, or b is not an object).
+func topLevelBad(b []byte) string {
+	if !json.Valid(b) {
+		return ""
+	}
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return ""
+	}
+	names := []string{"orderId", "userId", "amountCents", "paidAt", "Plain", "lines", "tags", "extra", "raw", "ship", "source"}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return ""
+		}
+		key := tok.(string)
+		if seen[key] {
+			return fmt.Sprintf("%q is given twice", key)
+		}
+		seen[key] = true
+		for _, n := range names {
+			if key != n && strings.EqualFold(key, n) && !slices.Contains(names, key) {
+				return fmt.Sprintf("%q is %q in another case", key, n)
+			}
+		}
+		var skip json.RawMessage
+		if dec.Decode(&skip) != nil {
+			return ""
+		}
+	}
+	return ""
 }
 
 func BenchmarkCheck(b *testing.B) {
