@@ -99,8 +99,9 @@ test-short:
 	$(GO) test -short -count=1 $(PKGS)
 
 ## fuzz: every decoder of outside input (order-paid payload, coupon-granted record and
-## header, DSN, config file, a record's traceparent), FUZZTIME each, and whole deliveries of
-## random bytes through the inbox on the real database (FuzzProcess, FUZZTIME_DB). A count
+## header, a JSON text's keys against its type, DSN, config file, a record's traceparent),
+## FUZZTIME each, and whole deliveries of random bytes through the inbox on the real database
+## (FuzzProcess, FUZZTIME_DB). A count
 ## ("200000x"), not a duration: Go 1.26's fuzz coordinator can fail a clean run with
 ## "context deadline exceeded" when a duration runs out under CPU load (golang/go#75804,
 ## fixed in Go 1.27); a count has no deadline.
@@ -111,6 +112,7 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzDecodeOrderPaid$$' -fuzztime=$(FUZZTIME) ./coupon/
 	$(GO) test -run='^$$' -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZTIME) ./coupon/notify/
 	$(GO) test -run='^$$' -fuzz='^FuzzCheckJSONText$$' -fuzztime=$(FUZZTIME) ./inbox/
+	$(GO) test -run='^$$' -fuzz='^FuzzCheck$$' -fuzztime=$(FUZZTIME) ./internal/jsonkeys/
 	$(GO) test -run='^$$' -fuzz='^FuzzParseDSN$$' -fuzztime=$(FUZZTIME) ./pkg/dbx/
 	$(GO) test -run='^$$' -fuzz='^FuzzMaskDSN$$' -fuzztime=$(FUZZTIME) ./pkg/dbx/
 	$(GO) test -run='^$$' -fuzz='^FuzzConfigFile$$' -fuzztime=$(FUZZTIME) .
