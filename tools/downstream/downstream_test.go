@@ -11,9 +11,10 @@ import (
 	"time"
 )
 
-// The ledger counts a call of a key and step after one of them was answered 2xx, and each
-// pair of calls of a key and step running at once; retries after failures, calls running
-// at once for different keys or steps, and a call starting as another ends are neither.
+// The ledger counts a call of a key and step after one of them was answered 2xx (apart when
+// its order had a call fail since), and each pair of calls of a key and step running at
+// once; retries after failures, calls running at once for different keys or steps, and a
+// call starting as another ends are neither.
 func TestLedgerCounts(t *testing.T) {
 	t0 := time.Date(2024, 11, 11, 0, 0, 0, 0, time.UTC)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
@@ -34,6 +35,10 @@ func TestLedgerCounts(t *testing.T) {
 
 	// A call after success.
 	l.start("o-1:lock_stock", "lock_stock", at(10), false)(200, at(11))
+	// A call after success that follows a failed call of another step of its order.
+	l.start("o-5:lock_stock", "lock_stock", at(12), false)(200, at(13))
+	l.start("o-5:deduct_budget", "deduct_budget", at(13), false)(500, at(14))
+	l.start("o-5:lock_stock", "lock_stock", at(15), false)(200, at(16))
 	// An overlapping pair, the second answered first, neither after a success.
 	end1 := l.start("o-3:write_wallet", "write_wallet", at(20), false)
 	end2 := l.start("o-3:write_wallet", "write_wallet", at(21), false)
@@ -48,17 +53,18 @@ func TestLedgerCounts(t *testing.T) {
 		end(200, at(40))
 	}
 	s := l.snapshot(true)
-	if s.AfterSuccess != 1 || s.Overlapping != 4 {
-		t.Fatalf("calls_after_success %d overlapping_calls %d, want 1 and 4 (%+v)", s.AfterSuccess, s.Overlapping, s.Odd)
+	if s.AfterSuccess != 2 || s.AfterFailure != 1 || s.Overlapping != 4 {
+		t.Fatalf("calls_after_success %d (after a failure %d) overlapping_calls %d, want 2 (1) and 4 (%+v)", s.AfterSuccess, s.AfterFailure, s.Overlapping, s.Odd)
 	}
-	if len(s.Odd) != 4 || s.Odd[0].Key != "o-1:lock_stock" || s.Odd[0].Kind != "after_success" || !s.Odd[0].Success.Equal(at(4)) || s.Odd[0].Calls != 4 ||
-		s.Odd[1].Key != "o-3:write_wallet" || s.Odd[1].Kind != "overlapping" {
+	if len(s.Odd) != 5 || s.Odd[0].Key != "o-1:lock_stock" || s.Odd[0].Kind != "after_success" || !s.Odd[0].Success.Equal(at(4)) || s.Odd[0].Calls != 4 ||
+		s.Odd[1].Key != "o-5:lock_stock" || s.Odd[1].Kind != "after_success_after_failure" || !s.Odd[1].Failure.Equal(at(14)) ||
+		s.Odd[2].Key != "o-3:write_wallet" || s.Odd[2].Kind != "overlapping" {
 		t.Errorf("odd calls %+v", s.Odd)
 	}
 	if got := s.Calls["o-1:lock_stock"]["lock_stock"]; got != 4 {
 		t.Errorf("o-1:lock_stock called %d times, want 4", got)
 	}
-	if got := s.summary(); !strings.HasSuffix(got, " calls_after_success=1 overlapping_calls=4") || !strings.HasPrefix(got, "DOWNSTREAM calls=11 ") {
+	if got := s.summary(); !strings.HasSuffix(got, " calls_after_success_after_failure=1 calls_after_success=2 overlapping_calls=4") || !strings.HasPrefix(got, "DOWNSTREAM calls=14 ") {
 		t.Errorf("summary %q", got)
 	}
 }
@@ -124,6 +130,14 @@ func TestServerCallsAndStats(t *testing.T) {
 	}
 	if line := out.String(); !strings.HasSuffix(line, " calls_after_success=1 overlapping_calls=0\n") {
 		t.Errorf("-fetch-stats printed %q", line)
+	}
+
+	// -start-outage puts it down.
+	if err := requestOutage(srv.URL, time.Hour, &out); err != nil {
+		t.Fatal(err)
+	}
+	if got := call("POST", "/lock_stock", "o-2:lock_stock"); got != http.StatusServiceUnavailable {
+		t.Errorf("a call after -start-outage: %d, want 503", got)
 	}
 }
 

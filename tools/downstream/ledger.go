@@ -3,6 +3,7 @@ package main
 import (
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -10,11 +11,16 @@ import (
 // ledger records every call and counts what a caller making each call once in effect
 // never causes: a call of a key and step after one of them was answered 2xx, and two calls
 // of a key and step at once.
+//
+// A key is <order>:<step>, as the coupon plugin builds it. A call after success that follows
+// a failed call of another step of its order is counted apart too: the caller retried the
+// order's calls from the first step its grant had not committed, this one included.
 type ledger struct {
-	mu    sync.Mutex
-	calls map[keyStep]*keyCalls
-	st    counts
-	odd   []oddCall // the first maxOdd calls after success or overlapping, for the logs
+	mu       sync.Mutex
+	calls    map[keyStep]*keyCalls
+	failures map[string]time.Time // order → when its last failed call ended
+	st       counts
+	odd      []oddCall // the first maxOdd calls after success or overlapping, for the logs
 }
 
 // keyStep is what a call is counted by: its idempotency key and its step.
@@ -29,10 +35,12 @@ type keyCalls struct {
 
 // counts are the ledger's totals.
 type counts struct {
-	Total        int         `json:"total_calls"`
-	Successful   int         `json:"successful_calls"` // answered 2xx
-	DuringOutage int         `json:"outage_calls"`     // arrived during an outage
-	AfterSuccess int         `json:"calls_after_success"`
+	Total        int `json:"total_calls"`
+	Successful   int `json:"successful_calls"` // answered 2xx
+	DuringOutage int `json:"outage_calls"`     // arrived during an outage
+	AfterSuccess int `json:"calls_after_success"`
+	// AfterFailure: calls after success whose order had a call fail since that success.
+	AfterFailure int         `json:"calls_after_success_after_failure"`
 	Overlapping  int         `json:"overlapping_calls"` // pairs of calls of one key and step running at once
 	KeySteps     int         `json:"key_steps"`         // distinct keys and steps called
 	ByStatus     map[int]int `json:"by_status"`
@@ -42,9 +50,10 @@ type counts struct {
 type oddCall struct {
 	Key     string    `json:"key"`
 	Step    string    `json:"step"`
-	Kind    string    `json:"kind"` // after_success or overlapping
+	Kind    string    `json:"kind"` // after_success, after_success_after_failure or overlapping
 	Start   time.Time `json:"start"`
 	Success time.Time `json:"success,omitzero"` // when the key and step's 2xx was answered
+	Failure time.Time `json:"failure,omitzero"` // when a call of its order last failed
 	Calls   int       `json:"calls"`            // the key and step's calls, this one included
 }
 
@@ -62,8 +71,11 @@ type callRecord struct {
 }
 
 func newLedger() *ledger {
-	return &ledger{calls: map[keyStep]*keyCalls{}, st: counts{ByStatus: map[int]int{}}}
+	return &ledger{calls: map[keyStep]*keyCalls{}, failures: map[string]time.Time{}, st: counts{ByStatus: map[int]int{}}}
 }
+
+// orderOf is the order of a key: the key without its ":<step>" suffix.
+func orderOf(key, step string) string { return strings.TrimSuffix(key, ":"+step) }
 
 // start records a call of key and step arriving at t (during an outage or not) and
 // returns its end: called once with the status it was answered and when, before the
@@ -84,7 +96,12 @@ func (l *ledger) start(key, step string, t time.Time, outage bool) (end func(sta
 	}
 	if !kc.succeeded.IsZero() {
 		l.st.AfterSuccess++
-		l.noteOdd(oddCall{Key: key, Step: step, Kind: "after_success", Start: t, Success: kc.succeeded, Calls: kc.calls})
+		c := oddCall{Key: key, Step: step, Kind: "after_success", Start: t, Success: kc.succeeded, Calls: kc.calls}
+		if f, ok := l.failures[orderOf(key, step)]; ok && f.After(kc.succeeded) {
+			l.st.AfterFailure++
+			c.Kind, c.Failure = "after_success_after_failure", f
+		}
+		l.noteOdd(c)
 	}
 	if kc.running > 0 {
 		l.st.Overlapping += kc.running
@@ -102,6 +119,8 @@ func (l *ledger) start(key, step string, t time.Time, outage bool) (end func(sta
 			if kc.succeeded.IsZero() {
 				kc.succeeded = e
 			}
+		} else {
+			l.failures[orderOf(key, step)] = e
 		}
 		return callRecord{Key: key, Step: step, Start: t, End: e, Status: status, Outage: outage}
 	}
@@ -157,5 +176,6 @@ func (s stats) summary() string {
 	for _, c := range codes {
 		line += " status_" + strconv.Itoa(c) + "=" + strconv.Itoa(s.ByStatus[c])
 	}
-	return line + " calls_after_success=" + strconv.Itoa(s.AfterSuccess) + " overlapping_calls=" + strconv.Itoa(s.Overlapping)
+	return line + " calls_after_success_after_failure=" + strconv.Itoa(s.AfterFailure) +
+		" calls_after_success=" + strconv.Itoa(s.AfterSuccess) + " overlapping_calls=" + strconv.Itoa(s.Overlapping)
 }

@@ -19,8 +19,9 @@
 //
 //	DOWNSTREAM calls=… successful=… outage_calls=… key_steps=… status_200=… calls_after_success=0 overlapping_calls=0
 //
-// With -fetch-stats URL it prints that line for the downstream at URL (and, with
-// -stats-out, saves its /stats there) instead of serving.
+// Instead of serving, -fetch-stats URL prints that line for the downstream at URL (and,
+// with -stats-out, saves its /stats there), and -start-outage URL puts the downstream at
+// URL down now for -outage-for.
 package main
 
 import (
@@ -62,11 +63,15 @@ func run(args []string, stdout io.Writer) error {
 	logPath := fs.String("log", "", "write every call as a JSON line to this file")
 	fetch := fs.String("fetch-stats", "", "print the counts of the downstream at this URL as one line, and exit")
 	statsOut := fs.String("stats-out", "", "with -fetch-stats: save its /stats JSON to this file")
+	startOutage := fs.String("start-outage", "", "put the downstream at this URL down now for -outage-for, and exit")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *fetch != "" {
+	switch {
+	case *fetch != "":
 		return fetchStats(*fetch, *statsOut, stdout)
+	case *startOutage != "":
+		return requestOutage(*startOutage, *length, stdout)
 	}
 	if *failRate < 0 || *failRate >= 1 || *delay < 0 || *jitter < 0 || *after < 0 || *length < 0 {
 		return errors.New("-fail-rate in [0,1); -delay, -jitter, -outage-after and -outage-for not negative")
@@ -108,6 +113,28 @@ func run(args []string, stdout io.Writer) error {
 	err = srv.Shutdown(shut)
 	_, _ = fmt.Fprintln(stdout, s.snapshot(false).summary())
 	return errors.Join(err, s.flush())
+}
+
+// requestOutage asks the downstream at url to go down now for d.
+func requestOutage(url string, d time.Duration, stdout io.Writer) error {
+	if d <= 0 {
+		return errors.New("-start-outage needs a positive -outage-for")
+	}
+	c := &http.Client{Timeout: 30 * time.Second}
+	resp, err := c.Post(strings.TrimRight(url, "/")+"/admin/outage?for="+d.String(), "", nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s/admin/outage answered %s: %s", url, resp.Status, strings.TrimSpace(string(body)))
+	}
+	_, err = stdout.Write(body)
+	return err
 }
 
 // fetchStats prints the counts of the downstream at url as one line, its /stats saved to
