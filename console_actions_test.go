@@ -138,11 +138,15 @@ func TestRetryRefusesCutRow(t *testing.T) {
 	if !strings.Contains(page, `id="retry"`) || strings.Contains(page, `id="not-replayable"`) || !strings.Contains(page, `id="held">1 `) {
 		t.Errorf("row %d (holds its message, one delivery held): no Retry, or no held count:\n%s", ok, page)
 	}
-	tok := csrf(t, c, base, fmt.Sprintf("/inbox/%d", ok)) // the cut rows' pages have no form
+	tok := csrf(t, c, base, fmt.Sprintf("/inbox/%d", ok))
 	for id, why := range cut {
+		// A cut row cannot be retried, but it can be resolved.
 		_, page, _ := get(t, c, fmt.Sprintf("%s/inbox/%d", base, id))
-		if strings.Contains(page, `id="retry"`) || strings.Contains(page, `action="/inbox/`) || !strings.Contains(page, `id="not-replayable"`) || !strings.Contains(page, why) {
+		if strings.Contains(page, `id="retry"`) || strings.Contains(page, fmt.Sprintf(`action="/inbox/%d/retry"`, id)) || !strings.Contains(page, `id="not-replayable"`) || !strings.Contains(page, why) {
 			t.Errorf("row %d: the page offers Retry or does not say why not (%s):\n%s", id, why, page)
+		}
+		if !strings.Contains(page, fmt.Sprintf(`action="/inbox/%d/resolve"`, id)) {
+			t.Errorf("row %d: a quarantined row the page cannot retry offers no Resolve", id)
 		}
 		code, body, _ := post(t, c, base, fmt.Sprintf("/inbox/%d/retry", id), url.Values{"csrf": {tok}})
 		if code != http.StatusConflict || !strings.Contains(body, "cannot be replayed") || !strings.Contains(body, why) {

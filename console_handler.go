@@ -3,8 +3,8 @@ package onceflow
 // The operator console (console*.go; its pages are internal/consoleui's), served by the
 // admin listener at /: an overview of the inbox, the consumers and the relay; the inbox's
 // rows, filtered and paged by key; one row in full with what its plugin recorded for it;
-// and the operator's actions — retry a row, replay a filtered set after its dry run, retry
-// or drop a parked outbox event.
+// and the operator's actions — retry a row, resolve a quarantined row with a reason, replay
+// a filtered set after its dry run, retry or drop a parked outbox event.
 //
 // Pages are rendered on the server (html/template, embedded templates and stylesheet, no
 // JavaScript). Actions are POST forms protected against cross-site requests (a token in a
@@ -180,6 +180,7 @@ func (c *console) routes() {
 	m.Handle("GET /inbox", c.auth(c.inboxList))
 	m.Handle("GET /inbox/{id}", c.auth(c.inboxRow))
 	m.Handle("POST /inbox/{id}/retry", c.auth(c.retryRow))
+	m.Handle("POST /inbox/{id}/resolve", c.auth(c.resolveRow))
 	m.Handle("POST /replay", c.auth(c.replay))
 	m.Handle("GET /replays", c.auth(c.replays))
 	m.Handle("GET /outbox", c.auth(c.parkedList))

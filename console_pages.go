@@ -283,6 +283,9 @@ type rowData struct {
 	HistoryErr string
 	Replay     *inboxops.ReplayReport // the replay the page was opened after (?replay=)
 	CanRetry   bool
+	// CanResolve: the row is quarantined and the console is not read-only. A row a replay
+	// refuses (NotReplayable) may still be resolved.
+	CanResolve bool
 	Offered    bool
 	// NotReplayable says why a replay refuses the row (it holds less than the delivered
 	// message): no Retry then.
@@ -310,6 +313,7 @@ func (c *console) inboxRow(w http.ResponseWriter, r *http.Request, by who) {
 	d := rowData{Row: row, Plugins: b.Plugins, Payload: consoleui.ViewPayload(row.Payload, row.PayloadSize, row.Tombstone), Headers: consoleui.SortedHeaders(row.Metadata),
 		Offered: c.cfg.Replay != nil && b.Name != "", NotReplayable: refusal(row)}
 	d.CanRetry = row.Status == inbox.StatusFailed && d.NotReplayable == ""
+	d.CanResolve = c.cfg.Replay != nil && row.Status == inbox.StatusFailed && !row.Delayed()
 	if b.History != nil {
 		d.HasHistory = true
 		if d.History, err = b.History(ctx, c.cfg.DB, row.DedupKey); err != nil {
@@ -473,6 +477,49 @@ func (c *console) retryRow(w http.ResponseWriter, r *http.Request, by who) {
 		return
 	}
 	http.Redirect(w, r, fmt.Sprintf("/inbox/%d?replay=%d", id, o.Report.ID), http.StatusSeeOther)
+}
+
+// resolveRow is `router inbox resolve <id> --reason <text>`: the row done with reason
+// resolved, the resolution recorded in the replay table; the row's page then shows it.
+func (c *console) resolveRow(w http.ResponseWriter, r *http.Request, by who) {
+	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
+	defer cancel()
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id <= 0 {
+		c.message(w, r, http.StatusBadRequest, by, "No such row", []string{"An inbox row id is a positive number."})
+		return
+	}
+	back := link{fmt.Sprintf("/inbox/%d", id), fmt.Sprintf("Row %d", id)}
+	if c.cfg.Replay == nil {
+		c.message(w, r, http.StatusConflict, by, "Not resolved", []string{"This console is read-only for the inbox (the process was not started by the router command line)."}, back)
+		return
+	}
+	if err := r.ParseForm(); err != nil {
+		c.message(w, r, http.StatusBadRequest, by, "Not resolved", []string{err.Error()}, back)
+		return
+	}
+	res, err := c.store.Resolve(ctx, id, r.PostForm.Get("reason"))
+	fields := watermill.LogFields{"action": "inbox resolve", "remote": r.RemoteAddr, "inbox_id": id}
+	if err != nil {
+		status := http.StatusInternalServerError
+		switch {
+		case errors.Is(err, inboxops.ErrBadReason):
+			status = http.StatusBadRequest
+		case errors.Is(err, inboxops.ErrNoRow):
+			status = http.StatusNotFound
+		case errors.Is(err, inboxops.ErrNotQuarantined):
+			status = http.StatusConflict
+		}
+		if status == http.StatusInternalServerError {
+			c.cfg.Logger.Error("console action", err, fields)
+		}
+		c.message(w, r, status, by, "Not resolved", []string{err.Error()}, back)
+		return
+	}
+	c.invalidate()
+	fields["biz_type"], fields["replay_id"], fields["was"] = res.Row.BizType, res.ReplayID, res.Row.Reason
+	c.cfg.Logger.Info("console action", fields)
+	http.Redirect(w, r, fmt.Sprintf("/inbox/%d?replay=%d", id, res.ReplayID), http.StatusSeeOther)
 }
 
 // refusal says why a replay refuses row ("" when it runs it): what of the delivered

@@ -3,8 +3,10 @@ package onceflow
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"text/tabwriter"
 	"time"
 	"unicode/utf8"
@@ -18,12 +20,60 @@ import (
 func (a *app) inboxCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "inbox",
-		Short: "inspect the inbox (ls, show) and re-run rows (retry)",
+		Short: "inspect the inbox (ls, show), re-run rows (retry) and resolve quarantined ones (resolve)",
 		Args:  cobra.NoArgs,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(a.inboxLsCmd(), a.inboxShowCmd(), a.inboxRetryCmd())
+	cmd.AddCommand(a.inboxLsCmd(), a.inboxShowCmd(), a.inboxRetryCmd(), a.inboxResolveCmd())
 	return cmd
+}
+
+func (a *app) inboxResolveCmd() *cobra.Command {
+	var reason string
+	cmd := &cobra.Command{
+		Use:   "resolve <id> --reason <text>",
+		Short: "mark a quarantined row resolved: its key needs nothing more (done; later deliveries of it are duplicates)",
+		Long: `Marks the quarantined (failed) inbox row <id> resolved, for a row whose cause was dealt
+with otherwise: the corrected record processed under its own key, a request that needs no
+coupon. The row becomes done with reason resolved, so it no longer fails ` + "`router verify`" + `, and
+a later delivery of its key with the same payload is a duplicate, counted and never run. Its
+last error keeps what it was quarantined for after the reason given, and the resolution is
+recorded in the replay table with that reason (the console's Replays page lists it).
+` + "`router inbox ls --reason resolved`" + ` lists resolved rows. What the handler committed for the key
+stays as it is. Exit 2 when the row does not exist or is not quarantined.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.inboxResolve(cmd.Context(), args[0], reason)
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why the row needs nothing more, kept with it and in the replay table (required, at most 500 bytes)")
+	return cmd
+}
+
+func (a *app) inboxResolve(ctx context.Context, ref, reason string) error {
+	id, err := strconv.ParseInt(ref, 10, 64)
+	if err != nil || id <= 0 {
+		return badInput(fmt.Errorf("inbox resolve: %q is not a row id (a positive number: router inbox ls --status failed lists them)", safeText(ref)))
+	}
+	if _, err := inboxops.CheckResolveReason(reason); err != nil {
+		return badInput(fmt.Errorf("inbox resolve: --reason: %w", err))
+	}
+	db, store, err := a.openInboxDB(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	res, err := store.Resolve(ctx, id, reason)
+	if errors.Is(err, inboxops.ErrNoRow) || errors.Is(err, inboxops.ErrNotQuarantined) {
+		return badInput(fmt.Errorf("inbox resolve: %w", err))
+	}
+	if err != nil {
+		return fmt.Errorf("inbox resolve: %w", err)
+	}
+	r := res.Row
+	printf("resolved inbox row %d (biz type %s, key %s, quarantined as %s): done, recorded as replay %d; a later delivery of its key is a duplicate\n",
+		r.ID, safeText(r.BizType), safeText(r.DedupKey), safeText(dash(r.Reason)), res.ReplayID)
+	return nil
 }
 
 func (a *app) inboxLsCmd() *cobra.Command {
@@ -129,7 +179,7 @@ func (a *app) inboxShow(ctx context.Context, ff filterFlags, ref string) error {
 		j := toRowJSON(r, true)
 		counted := struct{ k, v string }{"duplicates", fmt.Sprint(r.Duplicates)}
 		if r.Status == inbox.StatusFailed {
-			counted = struct{ k, v string }{"held", fmt.Sprintf("%d later deliveries, not run (a replay releases the key)", r.Duplicates)}
+			counted = struct{ k, v string }{"held", fmt.Sprintf("%d later deliveries, not run (a replay or `router inbox resolve` releases the key)", r.Duplicates)}
 		}
 		fields := []struct{ k, v string }{
 			{"id", fmt.Sprint(r.ID)}, {"dedup_key", r.DedupKey}, {"biz_type", r.BizType}, {"status", r.StatusText()},

@@ -337,7 +337,7 @@ func TestReplayRefusesCutRows(t *testing.T) {
 	out = cli("inbox", "show", fmt.Sprint(ids["headers"]))
 	mustContain(t, out, "replayable:   no, a replay refuses it: not replayable: its headers are stored cut")
 	out = cli("inbox", "show", "o-cli")
-	mustContain(t, out, "held:", "1 later deliveries, not run (a replay releases the key)", "replayable:   yes")
+	mustContain(t, out, "held:", "1 later deliveries, not run (a replay or `router inbox resolve` releases the key)", "replayable:   yes")
 	var rows []rowJSON
 	if err := json.Unmarshal([]byte(cli("inbox", "ls", "--status", "failed", "--output", "json")), &rows); err != nil {
 		t.Fatal(err)

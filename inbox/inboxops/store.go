@@ -53,13 +53,17 @@ func ParseStatus(s string) (inbox.Status, error) {
 var Reasons = []inbox.Reason{inbox.ReasonPoison, inbox.ReasonConflict, inbox.ReasonRetriesExhausted,
 	inbox.ReasonPermanent, inbox.ReasonPanic, inbox.ReasonTimeout, inbox.ReasonDelayed}
 
-// ParseReason accepts the reasons of Reasons.
+// reasonsText lists the reasons ParseReason accepts.
+const reasonsText = "use poison, conflict, retries_exhausted, permanent, panic, timeout, delayed, or resolved for the rows an operator resolved"
+
+// ParseReason accepts the reasons of Reasons, and inbox.ReasonResolved: the reason of a
+// done row an operator resolved (Store.Resolve).
 func ParseReason(s string) (inbox.Reason, error) {
 	r := inbox.Reason(strings.ToLower(strings.TrimSpace(s)))
-	if slices.Contains(Reasons, r) {
+	if slices.Contains(Reasons, r) || r == inbox.ReasonResolved {
 		return r, nil
 	}
-	return "", fmt.Errorf("unknown reason %q (use poison, conflict, retries_exhausted, permanent, panic, timeout or delayed)", s)
+	return "", fmt.Errorf("unknown reason %q (%s)", s, reasonsText)
 }
 
 // Validate reports the first invalid field.
@@ -71,7 +75,7 @@ func (f Filter) Validate() error {
 	}
 	for _, r := range f.Reasons {
 		if p, err := ParseReason(string(r)); err != nil || p != r {
-			return fmt.Errorf("unknown reason %q (use poison, conflict, retries_exhausted, permanent, panic, timeout or delayed)", r)
+			return fmt.Errorf("unknown reason %q (%s)", r, reasonsText)
 		}
 	}
 	switch {
@@ -196,7 +200,8 @@ func (r Row) Source() inbox.Source {
 	return inbox.Source{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}
 }
 
-// Store reads inbox rows; it never changes them (changes go through inbox.Inbox.Process).
+// Store reads inbox rows. The one change it makes is Resolve; every other change goes
+// through inbox.Inbox.Process.
 type Store struct {
 	db    *sql.DB
 	d     dbx.Dialect // the pool's: every statement goes through d.Rebind
