@@ -206,7 +206,7 @@ func (a *app) verify(ctx context.Context, o verifyOpts) error {
 		if o.allowFailed {
 			accepted = ", accepted by --allow-failed"
 		}
-		printf("FAILED inbox rows: %d (%s)%s; router inbox ls --status failed lists them; router replay runs them again once their cause is fixed (poison: the record itself, so its producer)\n",
+		printf("FAILED inbox rows: %d (%s)%s; router inbox ls --status failed lists them; router replay runs them again once their cause is fixed (poison: the record itself, so its producer); router inbox resolve <id> --reason <why> closes one that needs nothing more\n",
 			failed, failedBy, accepted)
 	}
 	if delayed > 0 {
