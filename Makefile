@@ -115,6 +115,7 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzCheck$$' -fuzztime=$(FUZZTIME) ./internal/jsonkeys/
 	$(GO) test -run='^$$' -fuzz='^FuzzParseDSN$$' -fuzztime=$(FUZZTIME) ./pkg/dbx/
 	$(GO) test -run='^$$' -fuzz='^FuzzMaskDSN$$' -fuzztime=$(FUZZTIME) ./pkg/dbx/
+	$(GO) test -run='^$$' -fuzz='^FuzzMaskPostgresDSN$$' -fuzztime=$(FUZZTIME) ./pkg/dbx/
 	$(GO) test -run='^$$' -fuzz='^FuzzConfigFile$$' -fuzztime=$(FUZZTIME) .
 	$(GO) test -run='^$$' -fuzz='^FuzzParseTraceParent$$' -fuzztime=$(FUZZTIME) ./internal/tracex/
 	$(GO) test -run='^$$' -fuzz='^FuzzProcess$$' -fuzztime=$(FUZZTIME_DB) ./inbox/

@@ -80,32 +80,9 @@ func (c *Config) setDefaults() {
 // on: parseTime, UTC, interpolated parameters, times truncated to microseconds,
 // multiStatements refused.
 func ParseDSN(dsn string) (*mysql.Config, error) {
-	if dsn == "" {
-		return nil, errors.New("database dsn is empty: set db.dsn (env ONCEFLOW_DB_DSN), e.g. onceflow:onceflow@tcp(127.0.0.1:3306)/onceflow")
-	}
-	if IsPostgresDSN(dsn) {
-		return nil, fmt.Errorf("database dsn %q is PostgreSQL's, not MySQL's", MaskDSN(dsn))
-	}
-	// Several servers (tcp(a,b,c)): the driver reads one address, so it parses the DSN
-	// with the first and the list is put back (Open connects through a failover connector).
-	servers := ""
-	if i := strings.LastIndex(dsn, "@tcp("); i >= 0 {
-		if j := strings.IndexByte(dsn[i:], ')'); j > 0 && strings.Contains(dsn[i+5:i+j], ",") {
-			servers = dsn[i+5 : i+j]
-			first := ServerAddrs(servers)
-			if len(first) == 0 {
-				return nil, fmt.Errorf("bad database dsn %q: no server in tcp(...)", MaskDSN(dsn))
-			}
-			dsn = dsn[:i+5] + first[0] + dsn[i+j:]
-		}
-	}
-	mc, err := mysql.ParseDSN(dsn)
-	if servers != "" && err == nil {
-		mc.Addr = strings.Join(ServerAddrs(servers), ",")
-	}
+	mc, err := ParseDriverDSN(dsn)
 	if err != nil {
-		// The driver's message may quote the input, newlines included: keep the error one line.
-		return nil, fmt.Errorf("bad database dsn %q: %s (expected user:pass@tcp(host:port)/db)", MaskDSN(dsn), strings.Join(strings.Fields(err.Error()), " "))
+		return nil, err
 	}
 	if mc.MultiStatements {
 		return nil, fmt.Errorf("bad database dsn %q: multiStatements=true is refused", MaskDSN(dsn))
@@ -122,14 +99,14 @@ func ParseDSN(dsn string) (*mysql.Config, error) {
 	// server-side prepare/close per call). The driver refuses it for multibyte charsets where
 	// escaping would be unsafe; onceflow uses utf8mb4, where it is safe. A DSN may still say
 	// interpolateParams=false.
-	if !strings.Contains(dsn, "interpolateParams=") {
+	if !hasParam(dsn, "interpolateParams") {
 		mc.InterpolateParams = true
 	}
 	// Time parameters to microseconds, the precision of DATETIME(6): Go's nanoseconds made
 	// MariaDB read a literal such as '2026-12-03 14:05:00.123456789' as a string it cannot
 	// use to narrow an index, so `created_at >= ?` scanned the biz type instead of reading
 	// a range (inbox/store_plan_test.go). A DSN may still set timeTruncate.
-	if !strings.Contains(dsn, "timeTruncate=") {
+	if !hasParam(dsn, "timeTruncate") {
 		if err := mc.Apply(mysql.TimeTruncate(time.Microsecond)); err != nil {
 			return nil, fmt.Errorf("bad database dsn %q: %w", MaskDSN(dsn), err)
 		}
@@ -204,7 +181,7 @@ func Open(ctx context.Context, cfg Config) (*sql.DB, error) {
 	if err := db.PingContext(pctx); err != nil {
 		_ = db.Close()
 		var me *mysql.MySQLError
-		if errors.As(err, &me) && me.Number == errUnknownVariable && mc.Params["tx_isolation"] == "'READ-COMMITTED'" && !strings.Contains(cfg.DSN, "tx_isolation=") {
+		if errors.As(err, &me) && me.Number == errUnknownVariable && mc.Params["tx_isolation"] == "'READ-COMMITTED'" && !hasParam(cfg.DSN, "tx_isolation") {
 			// MySQL 8 names the session's isolation transaction_isolation (MariaDB 10.11
 			// only tx_isolation): the same pool with MySQL's name.
 			cfg.DSN = withParam(cfg.DSN, "transaction_isolation", "%27READ-COMMITTED%27")
@@ -227,7 +204,7 @@ func Open(ctx context.Context, cfg Config) (*sql.DB, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("database %s/%s: %w: session isolation is %q (%v): leave tx_isolation out of the dsn", mc.Addr, mc.DBName, ErrIsolation, iso, err)
 	}
-	if d.MySQLFamily() && !strings.Contains(cfg.DSN, "wsrep_sync_wait=") && isGalera(pctx, db) {
+	if d.MySQLFamily() && !hasParam(cfg.DSN, "wsrep_sync_wait") && isGalera(pctx, db) {
 		// Galera: a node may not have applied what another one committed yet. Every read
 		// of the pool's sessions (the relay's unpublished rows, its lease, the inbox's
 		// rows) waits until the node has applied all that the cluster committed before it
@@ -254,63 +231,6 @@ func NewConnector(mc *mysql.Config) (driver.Connector, error) {
 func isGalera(ctx context.Context, db *sql.DB) bool {
 	var on int
 	return db.QueryRowContext(ctx, "SELECT @@wsrep_on").Scan(&on) == nil && on == 1
-}
-
-// withParam adds a parameter to a go-sql-driver DSN.
-func withParam(dsn, key, value string) string {
-	sep := "?"
-	if strings.Contains(dsn, "?") {
-		sep = "&"
-	}
-	return dsn + sep + key + "=" + value
-}
-
-// MaskDSN hides the password of a DSN for logs and errors. A DSN the driver parses is
-// shown as written with the password the driver reads replaced by ***, whatever the
-// password contains ('@', ':', '/', '('); an empty password stays empty. A DSN it does not
-// parse is shown from its protocol part on ("@tcp(", "@unix(", else the last '@'), with
-// everything before it, user included, as ***; one without '@' is shown as is unless it
-// has a ':', which could be a "user:password" missing its '@'.
-func MaskDSN(dsn string) string {
-	if dsn == "" {
-		return ""
-	}
-	if IsPostgresDSN(dsn) {
-		return maskPostgres(dsn)
-	}
-	mc, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		return maskUnparsed(dsn)
-	}
-	if mc.Passwd == "" {
-		return dsn
-	}
-	// The driver reads "user:password@" up to the last '@' before the database's slash.
-	// Keep the rest verbatim (a reformatted DSN would drop parameters set to their
-	// defaults, such as interpolateParams=false, which ParseDSN here reads from the text).
-	if cred := mc.User + ":" + mc.Passwd + "@"; strings.HasPrefix(dsn, cred) {
-		return mc.User + ":***" + dsn[len(cred)-1:]
-	}
-	mc.Passwd = "***"
-	return mc.FormatDSN()
-}
-
-// maskUnparsed masks a DSN the driver cannot parse: everything before its protocol part.
-func maskUnparsed(dsn string) string {
-	cut := max(strings.LastIndex(dsn, "@tcp("), strings.LastIndex(dsn, "@unix("))
-	if cut < 0 {
-		cut = strings.LastIndex(dsn, "@")
-	}
-	if cut >= 0 {
-		return "***" + dsn[cut:]
-	}
-	if !strings.Contains(dsn, ":") {
-		return dsn
-	}
-	if cut = max(strings.LastIndex(dsn, "tcp("), strings.LastIndex(dsn, "unix(")); cut > 0 {
-		return "***" + dsn[cut:]
-	}
-	return "***"
 }
 
 // TxOptions are the options every onceflow transaction uses. Its isolation is READ

@@ -23,16 +23,27 @@ const (
 	pgDuplicateDatabase    = "42P04"
 )
 
-// parsePostgresDSN validates a postgres:// DSN: a database name is required; the session
-// runs at READ COMMITTED in UTC.
+// parsePostgresDSN validates a postgres:// DSN: a database name is required, and the
+// servers are named in the address part only; the session runs at READ COMMITTED in UTC.
 func parsePostgresDSN(dsn string) (*pgx.ConnConfig, error) {
 	pc, err := pgx.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("bad database dsn %q: %s (expected postgres://user:pass@host:port/db)", MaskDSN(dsn), strings.Join(strings.Fields(err.Error()), " "))
+		// pgx's message quotes the DSN, its password masked as best it can: pgDetail drops
+		// the quote and masks what is left.
+		return nil, fmt.Errorf("bad database dsn %q: %s (expected postgres://user:pass@host:port/db)", MaskDSN(dsn), pgDetail(err, dsn))
 	}
 	u, err := url.Parse(dsn)
 	if err != nil || strings.Trim(u.Path, "/") == "" {
 		return nil, fmt.Errorf("bad database dsn %q: no database name after the slash", MaskDSN(dsn))
+	}
+	// pgx lets a host, hostaddr or port parameter replace the URL's servers. One is taken
+	// only where the URL names no host, as for a Unix socket (postgres:///db?host=/run/postgresql).
+	if u.Host != "" {
+		for k := range u.Query() {
+			if k == "host" || k == "hostaddr" || k == "port" {
+				return nil, fmt.Errorf("bad database dsn %q: parameter %s names a server besides the address part: the servers go in postgres://user@host:port,host:port/db", MaskDSN(dsn), k)
+			}
+		}
 	}
 	if pc.RuntimeParams == nil {
 		pc.RuntimeParams = map[string]string{}
@@ -117,25 +128,6 @@ func pgConstraint(err error) string {
 		return pe.ConstraintName
 	}
 	return ""
-}
-
-// maskPostgres masks the password of a postgres:// URL.
-func maskPostgres(dsn string) string {
-	u, err := url.Parse(dsn)
-	if err != nil {
-		return "***"
-	}
-	if _, has := u.User.Password(); has {
-		u.User = url.UserPassword(u.User.Username(), "xxx")
-		return strings.Replace(u.String(), ":xxx@", ":***@", 1)
-	}
-	q := u.Query()
-	if q.Has("password") {
-		q.Set("password", "xxx")
-		u.RawQuery = q.Encode()
-		return strings.Replace(u.String(), "password=xxx", "password=***", 1)
-	}
-	return dsn
 }
 
 // ensurePostgresDatabase creates the DSN's database, connected to the server's "postgres"
