@@ -3,9 +3,6 @@ package main
 import (
 	"database/sql"
 	"fmt"
-	"strings"
-
-	"github.com/go-sql-driver/mysql"
 
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
@@ -35,43 +32,37 @@ func parseDialect(s string) (dbx.Dialect, error) {
 }
 
 // openDB opens a pool of the harness's own on dsn: pgx's database/sql driver for a
-// postgres:// DSN, go-sql-driver otherwise; lazily (no ping: the callers retry or report).
+// postgres:// DSN, else go-sql-driver through pkg/dbx's connector, the routers' failover
+// connector for a DSN listing several servers (the Galera profile); lazily (no ping: the
+// callers retry or report).
 func openDB(dsn string) (*sql.DB, error) {
-	driver := "mysql"
 	if dbx.IsPostgresDSN(dsn) {
-		driver = "pgx" // registered by pkg/dbx's import of pgx's stdlib
-	}
-	if servers := dsnServers(dsn); len(servers) > 1 {
-		// Several servers (the Galera profile): pkg/dbx's failover connector, the routers'.
-		mc, err := mysql.ParseDSN(strings.Replace(dsn, strings.Join(servers, ","), servers[0], 1))
+		db, err := sql.Open("pgx", dsn) // registered by pkg/dbx's import of pgx's stdlib
 		if err != nil {
 			return nil, fmt.Errorf("open %s: %w", dbx.MaskDSN(dsn), err)
 		}
-		mc.Addr = strings.Join(servers, ",")
-		conn, err := dbx.NewConnector(mc)
-		if err != nil {
-			return nil, fmt.Errorf("open %s: %w", dbx.MaskDSN(dsn), err)
-		}
-		return sql.OpenDB(conn), nil
+		return db, nil
 	}
-	db, err := sql.Open(driver, dsn)
+	// dbx reads the address part as the driver does, never a tcp(...) in the parameters.
+	mc, err := dbx.ParseDriverDSN(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open: %w", err)
+	}
+	conn, err := dbx.NewConnector(mc)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", dbx.MaskDSN(dsn), err)
 	}
-	return db, nil
+	return sql.OpenDB(conn), nil
 }
 
-// dsnServers are the servers of a go-sql-driver DSN's tcp(...) part.
+// dsnServers are the servers of a go-sql-driver DSN's tcp(...) part; none when it does not
+// parse.
 func dsnServers(dsn string) []string {
-	i := strings.LastIndex(dsn, "@tcp(")
-	if i < 0 {
+	mc, err := dbx.ParseDriverDSN(dsn)
+	if err != nil {
 		return nil
 	}
-	j := strings.IndexByte(dsn[i:], ')')
-	if j < 0 {
-		return nil
-	}
-	return dbx.ServerAddrs(dsn[i+5 : i+j])
+	return dbx.ServerAddrs(mc.Addr)
 }
 
 // rebind is q with the placeholders of db's dialect ($1, $2, … on PostgreSQL).

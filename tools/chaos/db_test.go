@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/onceflow/onceflow/pkg/dbx"
@@ -25,6 +26,22 @@ func TestDSNPerDialect(t *testing.T) {
 		if _, err := dbx.ParseDSNInfo(got); err != nil {
 			t.Errorf("%s: the routers' DSN %q does not parse: %v", c.d, got, err)
 		}
+	}
+}
+
+// The harness reads a DSN's servers from its address part only, as the routers do: a
+// tcp(...) list in a parameter is refused, never dialed.
+func TestDSNServersFromTheAddressPart(t *testing.T) {
+	if got := dsnServers("u:p@tcp(a:1,b:2,c:3)/db?timeout=5s"); !slices.Equal(got, []string{"a:1", "b:2", "c:3"}) {
+		t.Errorf("servers %q, want a:1 b:2 c:3", got)
+	}
+	smuggled := "u:p@tcp(a:1)/db?x=@tcp(evil:1,evil:2)"
+	if got := dsnServers(smuggled); got != nil {
+		t.Errorf("servers of %s: %q, want none", smuggled, got)
+	}
+	if db, err := openDB(smuggled); err == nil {
+		db.Close()
+		t.Errorf("openDB(%s) accepted it", smuggled)
 	}
 }
 
