@@ -500,7 +500,7 @@ func (b *Batcher) outcome(ctx context.Context, p *pending, o batchOutcome) (Resu
 	res, err := o.res, error(nil)
 	switch {
 	case o.failed != nil:
-		p.ticket.done(attemptVerdict(ctx, o.failed.err)) // before Process's own attempts ask the breaker
+		p.ticket.failed(attemptVerdict(ctx, o.failed.err), o.failed.err) // before Process's own attempts ask the breaker
 		res, err = b.afterFailure(ctx, p, o.failed)
 	case o.fallback:
 		p.ticket.done(verdictNone)
@@ -671,7 +671,7 @@ func (b *Batcher) run(batch []*pending) {
 			}
 			break
 		}
-		if failureReason(err) != ReasonRetriesExhausted {
+		if r := failureReason(err); r == ReasonPanic || r == ReasonTimeout {
 			break // a panic or a timeout in HandleBatch: its Deliveries are abandoned
 		}
 		b.count(func(s *BatchStats) { s.Rollbacks++ })

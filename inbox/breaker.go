@@ -3,6 +3,7 @@ package inbox
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,6 +41,9 @@ type BreakerStatus struct {
 	Opens int64     // times it opened (a failed probe opens it again)
 	// ProbeAt is when an open breaker lets a probe run.
 	ProbeAt time.Time
+	// LastError is the error of the last failed attempt the breaker counted: the one that
+	// opened it, or the probe that failed; empty while it has counted none.
+	LastError string
 }
 
 // BreakerObserver, when the inbox's Observer implements it, is told of every change of the
@@ -79,6 +83,8 @@ type breaker struct {
 	opens   int64
 	wait    time.Duration // the current open interval
 	probing bool
+	fresh   int           // first attempts waiting in admitTo: they probe before retries
+	lastErr string        // the last counted failure's error (BreakerStatus.LastError)
 	changed chan struct{} // closed at each change of state or probe
 	buckets [10]bucket    // failures per second of the window
 
@@ -133,6 +139,10 @@ func newBreaker(cfg Config, notify func(BreakerStatus, BreakerState)) *breaker {
 type ticket struct {
 	br    *breaker
 	probe bool
+	// retry: the delivery failed an attempt before (a retry, a delayed redelivery), so it
+	// may fail again for its own sake; a half-open breaker probes with a first attempt
+	// when one waits.
+	retry bool
 	once  sync.Once
 }
 
@@ -147,29 +157,42 @@ func deliveryVerdict(v verdict, attempt int) verdict {
 	return v
 }
 
-func (t *ticket) done(v verdict) {
+func (t *ticket) done(v verdict) { t.failed(v, nil) }
+
+// failed records the verdict of an attempt that failed with err (the breaker keeps the
+// error of a failure it counts).
+func (t *ticket) failed(v verdict, err error) {
 	if t == nil {
 		return
 	}
-	t.once.Do(func() { t.br.record(t.probe, v) })
+	t.once.Do(func() { t.br.record(t.probe, v, err) })
 }
 
 // admit waits until an attempt may run: at once while closed; while open, until a probe
-// may run and this attempt is it. It spends nothing while it waits and returns ctx's error
-// when ctx ends first. A nil breaker (off) admits everything.
-func (b *breaker) admit(ctx context.Context) (*ticket, error) {
+// may run and this attempt is it. retry says the delivery failed an attempt before. It
+// spends nothing while it waits and returns ctx's error when ctx ends first. A nil breaker
+// (off) admits everything.
+func (b *breaker) admit(ctx context.Context, retry bool) (*ticket, error) {
 	if b == nil {
 		return nil, nil
 	}
-	t := &ticket{br: b}
+	t := &ticket{br: b, retry: retry}
 	if err := b.admitTo(ctx, t); err != nil {
 		return nil, err
 	}
 	return t, nil
 }
 
-// admitTo is admit filling t, a zero ticket (a pending delivery's own: no allocation).
+// admitTo is admit filling t, a ticket zero but for retry (a pending delivery's own: no
+// allocation).
+//
+// A half-open breaker's probe is a first attempt whenever one waits: a retry may be a key
+// that fails for its own sake, and were it the probe, its failure would open the breaker
+// again while the dependency is back, holding every good delivery behind it. A probe that
+// fails for its own sake (its data, ErrPermanent) says nothing (attemptVerdict), and the
+// next waiting delivery probes.
 func (b *breaker) admitTo(ctx context.Context, t *ticket) error {
+	waiting := false // t is a first attempt counted in b.fresh
 	for {
 		b.mu.Lock()
 		now := time.Now()
@@ -178,14 +201,24 @@ func (b *breaker) admitTo(ctx context.Context, t *ticket) error {
 		}
 		switch {
 		case b.state == BreakerClosed:
+			if waiting {
+				b.fresh--
+			}
 			b.mu.Unlock()
 			t.br = b
 			return nil
-		case b.state == BreakerHalfOpen && !b.probing:
+		case b.state == BreakerHalfOpen && !b.probing && (!t.retry || b.fresh == 0):
+			if waiting {
+				b.fresh--
+			}
 			b.probing = true
 			b.mu.Unlock()
 			t.br, t.probe = b, true
 			return nil
+		}
+		if !t.retry && !waiting {
+			b.fresh++
+			waiting = true
 		}
 		ch := b.changed
 		d := breakerMaxProbe
@@ -197,6 +230,14 @@ func (b *breaker) admitTo(ctx context.Context, t *ticket) error {
 		select {
 		case <-ctx.Done():
 			tm.Stop()
+			if waiting {
+				b.mu.Lock()
+				b.fresh--
+				if b.fresh == 0 && b.state == BreakerHalfOpen && !b.probing {
+					b.broadcastLocked() // a retry may probe now
+				}
+				b.mu.Unlock()
+			}
 			return ctx.Err()
 		case <-ch:
 		case <-tm.C:
@@ -205,8 +246,8 @@ func (b *breaker) admitTo(ctx context.Context, t *ticket) error {
 	}
 }
 
-// record takes an attempt's verdict.
-func (b *breaker) record(probe bool, v verdict) {
+// record takes an attempt's verdict; err is the failed attempt's error (nil: not known).
+func (b *breaker) record(probe bool, v verdict, err error) {
 	if !probe {
 		switch v {
 		case verdictNone, verdictRetryFailure:
@@ -221,6 +262,9 @@ func (b *breaker) record(probe bool, v verdict) {
 	now := time.Now()
 	if v == verdictRetryFailure {
 		v = verdictFailure // a probe's
+	}
+	if v == verdictFailure && err != nil {
+		b.lastErr = breakerErrorText(err)
 	}
 	if probe {
 		b.probing = false
@@ -279,7 +323,7 @@ func (b *breaker) broadcastLocked() {
 }
 
 func (b *breaker) statusLocked() BreakerStatus {
-	s := BreakerStatus{State: b.state, Since: b.since, Opens: b.opens}
+	s := BreakerStatus{State: b.state, Since: b.since, Opens: b.opens, LastError: b.lastErr}
 	if b.state == BreakerOpen {
 		s.ProbeAt = b.since.Add(b.wait)
 	}
@@ -301,13 +345,25 @@ func (ib *Inbox) Breaker() BreakerStatus { return ib.br.status() }
 // BreakerEnabled reports whether the inbox has a circuit breaker.
 func (ib *Inbox) BreakerEnabled() bool { return ib.br != nil }
 
-// breakerChanged logs and reports a change of the breaker's state.
+// breakerErrorText is the first line of a failure's error, as the breaker keeps it (a
+// panic's error goes on with its stack).
+func breakerErrorText(err error) string {
+	s, _, _ := strings.Cut(err.Error(), "\n")
+	return validText(s, 1000)
+}
+
+// breakerChanged logs and reports a change of the breaker's state. The lines of an open
+// breaker carry the error of the failure that opened it.
 func (ib *Inbox) breakerChanged(s BreakerStatus, prev BreakerState) {
+	last := s.LastError
+	if last == "" {
+		last = "no failed attempt's error was recorded"
+	}
 	switch {
 	case s.State == BreakerOpen && prev == BreakerClosed:
-		ib.logger.Error("circuit breaker open: nearly every attempt failed, deliveries wait", nil, watermill.LogFields{"probe_at": s.ProbeAt, "opens": s.Opens})
+		ib.logger.Error("circuit breaker open: nearly every attempt failed, deliveries wait", errors.New(last), watermill.LogFields{"probe_at": s.ProbeAt, "opens": s.Opens})
 	case s.State == BreakerOpen:
-		ib.logger.Info("circuit breaker probe failed, open again", watermill.LogFields{"probe_at": s.ProbeAt, "opens": s.Opens})
+		ib.logger.Info("circuit breaker probe failed, open again", watermill.LogFields{"probe_at": s.ProbeAt, "opens": s.Opens, "err": last})
 	case s.State == BreakerClosed:
 		ib.logger.Info("circuit breaker closed: a probe succeeded, deliveries resume", nil)
 	}
@@ -317,13 +373,16 @@ func (ib *Inbox) breakerChanged(s BreakerStatus, prev BreakerState) {
 }
 
 // attemptVerdict is what a failed attempt's error says of the dependencies (process's
-// switch, in its order): a lock conflict, an unreachable database or ErrPermanent say
-// nothing; a handler error, a panic or a timeout is a failure.
+// switch, in its order): values the database refuses (ReasonData), a permanent error, a
+// lock conflict or an unreachable database say nothing, as they are the delivery's own or
+// the database's; a handler error, a panic or a timeout is a failure.
 func attemptVerdict(ctx context.Context, err error) verdict {
 	switch {
 	case err == nil:
 		return verdictSuccess
 	case ctx.Err() != nil:
+		return verdictNone
+	case failureReason(err) == ReasonData, isPermanent(err):
 		return verdictNone
 	case failureReason(err) != ReasonRetriesExhausted:
 		return verdictFailure

@@ -24,9 +24,10 @@ const OutcomeDelayed Outcome = "delayed"
 
 // Delayable reports whether a failure of reason is retried later (a delayed redelivery)
 // rather than quarantined once the immediate attempts run out: a handler error or a
-// timeout, which a dependency that is down produces. A panic is the plugin's bug, poison and
-// a conflict the message's, ErrPermanent the handler's verdict: none of them changes in a
-// few minutes, so they are quarantined at once.
+// timeout, which a dependency that is down produces. A panic is the plugin's bug; poison, a
+// conflict and values the database refuses (ReasonData) are the message's; ErrPermanent is
+// the handler's verdict. None of them changes in a few minutes: a panic is quarantined when
+// its attempts run out, the others at their first failure.
 func Delayable(reason Reason) bool {
 	return reason == ReasonRetriesExhausted || reason == ReasonTimeout
 }

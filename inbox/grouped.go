@@ -223,8 +223,9 @@ func (b *Batcher) answerBlamed(blamed []*blamedError) {
 }
 
 // afterFailure ends a delivery whose attempt failed in (or before) a batch: counted on its
-// row if it was not yet, then quarantined when it is permanent or its attempts are used
-// up, else retried by Process after its backoff. It returns what Process would.
+// row if it was not yet, then quarantined when it is permanent (its data included) or its
+// attempts are used up, else retried by Process after its backoff. It returns what Process
+// would.
 func (b *Batcher) afterFailure(ctx context.Context, p *pending, f *failure) (Result, error) {
 	ib := b.ib
 	if ctx.Err() != nil {
@@ -237,8 +238,9 @@ func (b *Batcher) afterFailure(ctx context.Context, p *pending, f *failure) (Res
 	fields := watermill.LogFields{"topic": p.src.Topic, "partition": p.src.Partition, "offset": p.src.Offset, ib.cfg.KeyLogField: p.dec.Key, "attempts": total}
 	reason := failureReason(f.err)
 	switch {
-	case reason == ReasonRetriesExhausted && errors.Is(f.err, ErrPermanent):
+	case reason == ReasonRetriesExhausted && isPermanent(f.err):
 		reason = ReasonPermanent
+	case reason == ReasonData: // the database refused its values: no retry differs
 	case total >= ib.cfg.MaxAttempts:
 	default:
 		ib.logger.Info("handler failed in a batch, will retry alone", fields.Add(watermill.LogFields{"err": validText(f.err.Error(), 1000)}))
@@ -249,10 +251,14 @@ func (b *Batcher) afterFailure(ctx context.Context, p *pending, f *failure) (Res
 	}
 	var res Result
 	var err error
-	if reason == ReasonPermanent {
+	if reason == ReasonPermanent || reason == ReasonData {
 		res, err = ib.quarantine(ctx, p.msg, p.src, p.dec.Key, p.dec.Fingerprint, reason, f.err, total, runOpts{})
 		if err == nil {
-			ib.logger.Error("handler failed, message quarantined", f.err, fields.Add(watermill.LogFields{"reason": string(reason)}))
+			msg := "handler failed, message quarantined"
+			if reason == ReasonData {
+				msg = "the database refused the delivery's data, message quarantined"
+			}
+			ib.logger.Error(msg, f.err, fields.Add(watermill.LogFields{"reason": string(reason)}))
 		}
 	} else {
 		res, err = ib.giveUp(ctx, p.msg, p.src, p.dec, reason, f.err, total, runOpts{}) // delayed or quarantined

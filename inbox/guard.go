@@ -66,7 +66,9 @@ func timeoutError(ctx context.Context, what string) error {
 	return fmt.Errorf("%s: %w", what, ctx.Err())
 }
 
-// failureReason is the quarantine reason of an attempt that failed with err.
+// failureReason is the quarantine reason of an attempt that failed with err: a panic, a
+// timeout, values the database refuses (ReasonData, quarantined at once), else a failure
+// that a retry may not meet again.
 func failureReason(err error) Reason {
 	var pe *PanicError
 	switch {
@@ -74,6 +76,8 @@ func failureReason(err error) Reason {
 		return ReasonPanic
 	case errors.Is(err, ErrHandlerTimeout):
 		return ReasonTimeout
+	case isDataError(err):
+		return ReasonData
 	}
 	return ReasonRetriesExhausted
 }

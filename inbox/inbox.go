@@ -212,8 +212,9 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, 
 		if ib.tr != nil {
 			d.trace = trace.SpanContextFromContext(ctx)
 		}
-		// An open breaker holds the attempt back (none is spent) until a probe may run.
-		t, err := ib.br.admit(ctx)
+		// An open breaker holds the attempt back (none is spent) until a probe may run; a
+		// delivery that failed before probes only when no first attempt waits.
+		t, err := ib.br.admit(ctx, attempt > 1 || opts.redelivery)
 		if err != nil {
 			return Result{}, fmt.Errorf("inbox %s %q: waiting on the circuit breaker: %w", ib.cfg.BizType, dec.Key, err)
 		}
@@ -224,7 +225,7 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, 
 		case err == nil:
 			t.done(verdictNone)
 		default:
-			t.done(deliveryVerdict(attemptVerdict(ctx, err), attempt))
+			t.failed(deliveryVerdict(attemptVerdict(ctx, err), attempt), err)
 		}
 		if err == nil {
 			res.Attempts = attempt
@@ -236,6 +237,11 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, 
 		}
 		reason := failureReason(err)
 		switch {
+		case reason == ReasonData:
+			// The database refused the delivery's values: every attempt would meet the same
+			// refusal, so none is retried or delayed.
+			ib.logger.Error("the database refused the delivery's data, message quarantined", err, fields.Add(watermill.LogFields{"reason": string(reason), "attempt": attempt}))
+			return ib.quarantine(ctx, msg, src, dec.Key, dec.Fingerprint, ReasonData, err, attempt, opts)
 		case reason != ReasonRetriesExhausted:
 			// A panic or a timeout is the plugin's failure, whatever error it left behind (a
 			// cancelled query can look like a broken connection): it counts as an attempt.
@@ -252,7 +258,7 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, 
 			ib.logger.Error("database unreachable, retrying", err, fields)
 			sleep(ctx, ib.cfg.BackoffMax)
 			continue
-		case errors.Is(err, ErrPermanent):
+		case isPermanent(err):
 			return ib.quarantine(ctx, msg, src, dec.Key, dec.Fingerprint, ReasonPermanent, err, attempt, opts)
 		default:
 			if total := ib.countFailure(ctx, msg, src, dec, err, attempt, opts); total >= ib.cfg.MaxAttempts {

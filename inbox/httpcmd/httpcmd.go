@@ -2,8 +2,8 @@
 // client token in the Idempotency-Key header, run through the inbox so the token is claimed
 // in the transaction of the command's effect. A retry with the same token gets the first
 // request's status and body back; a retry while the first request is still running gets
-// 409 with Retry-After; the same token with another body gets 422. Nothing is ever run
-// twice.
+// 409 with Retry-After; the same token with another body gets 422, and so does a request
+// whose values the database refuses (inbox.ReasonData). Nothing is ever run twice.
 //
 // A request that could not finish answers 503 only when nothing of it committed, and 504
 // when its outcome is unknown (it may have committed, or may still): after either, the
@@ -137,6 +137,7 @@ const (
 	textNotCommitted = "the command could not be recorded and nothing of it was committed: retry with the same Idempotency-Key"
 	textUnknown      = "the outcome of the command is unknown: it may have been committed, or may still be. Retry with the same Idempotency-Key and body until another answer comes; never with a new key, which could run the command twice"
 	textFailed       = "the command failed and was not completed; it is kept for the operator (router inbox show). A retry with the same Idempotency-Key runs it again; a new key could run what it had done twice"
+	textData         = "the database refused a value of this request (too long, out of range, not valid text, or against a constraint): the command was not completed and is kept for the operator (router inbox show). The same request is refused the same way every time: change it, and send the changed request under a new Idempotency-Key"
 )
 
 // errorBody is every error answer: {"error": "..."}.
@@ -234,9 +235,13 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) int {
 		return writeRaw(w, res.Reply)
 	case inbox.OutcomeConflict:
 		return writeJSON(w, http.StatusUnprocessableEntity, errorBody{Error: "this Idempotency-Key was already used with a different request: use a new key for a new request", InboxID: res.InboxID})
-	default: // quarantined
-		return writeJSON(w, http.StatusInternalServerError, errorBody{Error: textFailed, Reason: string(res.Reason), InboxID: res.InboxID})
 	}
+	// Quarantined. Values the database refuses are the request's own: no retry differs, the
+	// client has to change them.
+	if res.Reason == inbox.ReasonData {
+		return writeJSON(w, http.StatusUnprocessableEntity, errorBody{Error: textData, Reason: string(res.Reason), InboxID: res.InboxID})
+	}
+	return writeJSON(w, http.StatusInternalServerError, errorBody{Error: textFailed, Reason: string(res.Reason), InboxID: res.InboxID})
 }
 
 // bodyError answers a request whose body could not be read, with a fixed text: the read's
