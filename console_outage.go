@@ -16,6 +16,8 @@ type outageRow struct {
 	ProbeAt time.Time // open: when a probe may run
 	Delayed int64
 	Next    time.Time // the earliest next attempt of a delayed row
+	// LastError is the error of the last failure the breaker counted: what opened it.
+	LastError string
 }
 
 // outageRows are the biz types with a breaker in this process or delayed rows; none when
@@ -35,7 +37,7 @@ func (c *console) outageRows(stats metrics.DBStats) []outageRow {
 	if c.cfg.Metrics != nil {
 		for _, b := range c.cfg.Metrics.Breakers() {
 			r := row(b.BizType)
-			r.Breaker, r.Since, r.ProbeAt = inbox.BreakerState(b.State).String(), b.Since, b.ProbeAt
+			r.Breaker, r.Since, r.ProbeAt, r.LastError = inbox.BreakerState(b.State).String(), b.Since, b.ProbeAt, b.LastError
 		}
 	}
 	for _, d := range stats.Delayed {

@@ -41,7 +41,7 @@ func (f *filterFlags) register(fs *pflag.FlagSet, defaultStatus string, defaultL
 	fs.StringVar(&f.status, "status", defaultStatus, "failed, processing (with --older-than), done, or all")
 	fs.DurationVar(&f.olderThan, "older-than", 0, "only rows last updated more than this long ago, e.g. 10m (stuck 'processing' rows)")
 	fs.StringArrayVar(&f.orderIDs, "order-id", nil, "only this order id / dedup key (repeatable)")
-	fs.StringArrayVar(&f.reasons, "reason", nil, "only failed rows of this reason: poison, conflict, retries_exhausted, permanent, panic, timeout, or delayed: waiting for a delayed redelivery; resolved: the done rows an operator resolved (repeatable)")
+	fs.StringArrayVar(&f.reasons, "reason", nil, "only failed rows of this reason: poison, conflict, retries_exhausted, permanent, data, panic, timeout, or delayed: waiting for a delayed redelivery; resolved: the done rows an operator resolved (repeatable)")
 	fs.StringVar(&f.since, "since", "", "only rows first received at or after this: RFC3339 (2026-11-11T00:00:00Z) or a duration ago (2h)")
 	fs.StringVar(&f.until, "until", "", "only rows first received before this: RFC3339 or a duration ago")
 	fs.IntVar(&f.limit, "limit", defaultLimit, "at most this many rows (0: no limit)")

@@ -172,7 +172,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 		inboxes = append(inboxes, ib)
 		m.InitBizType(p.BizType, deliveryOutcomes, redeliveryOutcomes)
 		if ib.BreakerEnabled() {
-			m.SetBreaker(p.BizType, int(inbox.BreakerClosed), time.Time{}, time.Time{})
+			m.SetBreaker(p.BizType, int(inbox.BreakerClosed), time.Time{}, time.Time{}, "")
 		}
 		defer closeHandler() // deferred first, so run last: after the router and the Batcher stopped
 		handler := ib.HandlerFunc
@@ -351,7 +351,7 @@ type observer struct {
 
 // BreakerChanged implements inbox.BreakerObserver.
 func (o *observer) BreakerChanged(biz string, s inbox.BreakerStatus) {
-	o.m.SetBreaker(biz, int(s.State), s.Since, s.ProbeAt)
+	o.m.SetBreaker(biz, int(s.State), s.Since, s.ProbeAt, s.LastError)
 }
 
 // Redelivered implements inbox.RedeliveryObserver.

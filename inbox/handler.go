@@ -70,7 +70,10 @@ type Handler interface {
 	Decode(msg *message.Message) (Decoded, error)
 	// Handle runs one step in tx, which also holds the message's inbox row lock. It must do
 	// all its writes through tx and must not commit or roll it back. An error rolls the
-	// step back; wrap it with Permanent to quarantine at once instead of retrying.
+	// step back; wrap it with Permanent to quarantine at once instead of retrying. A
+	// database's refusal of the step's values (dbx.IsDataError, found through %w) is
+	// quarantined at once too, as ReasonData; a handler that expects such a refusal to pass
+	// (a foreign key's parent yet to arrive) returns an error that does not wrap it.
 	Handle(ctx context.Context, tx *sql.Tx, d *Delivery) (Progress, error)
 }
 

@@ -51,10 +51,10 @@ func ParseStatus(s string) (inbox.Status, error) {
 
 // Reasons are the reasons a failed row can have.
 var Reasons = []inbox.Reason{inbox.ReasonPoison, inbox.ReasonConflict, inbox.ReasonRetriesExhausted,
-	inbox.ReasonPermanent, inbox.ReasonPanic, inbox.ReasonTimeout, inbox.ReasonDelayed}
+	inbox.ReasonPermanent, inbox.ReasonData, inbox.ReasonPanic, inbox.ReasonTimeout, inbox.ReasonDelayed}
 
 // reasonsText lists the reasons ParseReason accepts.
-const reasonsText = "use poison, conflict, retries_exhausted, permanent, panic, timeout, delayed, or resolved for the rows an operator resolved"
+const reasonsText = "use poison, conflict, retries_exhausted, permanent, data, panic, timeout, delayed, or resolved for the rows an operator resolved"
 
 // ParseReason accepts the reasons of Reasons, and inbox.ReasonResolved: the reason of a
 // done row an operator resolved (Store.Resolve).

@@ -12,6 +12,8 @@ type BreakerSummary struct {
 	State   int       // 0 closed, 1 open, 2 half-open (onceflow_inbox_breaker_state)
 	Since   time.Time // zero: closed since the start
 	ProbeAt time.Time // open: when a probe may run
+	// LastError is the error of the last failed attempt the breaker counted ("": none).
+	LastError string
 }
 
 type breakers struct {
@@ -20,8 +22,8 @@ type breakers struct {
 }
 
 // SetBreaker records a change of biz type's breaker: the gauge, the opens counter (state 1
-// entered) and what the console shows.
-func (m *Metrics) SetBreaker(biz string, state int, since, probeAt time.Time) {
+// entered) and what the console shows, the last error it counted included.
+func (m *Metrics) SetBreaker(biz string, state int, since, probeAt time.Time, lastError string) {
 	m.BreakerState.WithLabelValues(biz).Set(float64(state))
 	if state == 1 {
 		m.BreakerOpens.WithLabelValues(biz).Inc()
@@ -31,7 +33,7 @@ func (m *Metrics) SetBreaker(biz string, state int, since, probeAt time.Time) {
 	if m.breakers.by == nil {
 		m.breakers.by = map[string]BreakerSummary{}
 	}
-	m.breakers.by[biz] = BreakerSummary{BizType: biz, State: state, Since: since, ProbeAt: probeAt}
+	m.breakers.by[biz] = BreakerSummary{BizType: biz, State: state, Since: since, ProbeAt: probeAt, LastError: lastError}
 }
 
 // Breakers returns the breakers recorded (SetBreaker), by biz type.
