@@ -470,7 +470,8 @@ type claimRun struct {
 	h         *parallelHandler
 	sess      sarama.ConsumerGroupSession
 	claim     sarama.ConsumerGroupClaim
-	ahead     *readAhead // the records Sarama holds for the claim, charged to the budget
+	ahead     *readAhead   // the records Sarama holds for the claim, charged to the budget
+	admitting atomic.Int64 // the charge of the record read waits with for room in the window
 	topic     string
 	partition int32
 	window    int
@@ -543,7 +544,9 @@ func (r *claimRun) read(msgs <-chan *sarama.ConsumerMessage) error {
 		sl.ctx = slotContext{Context: ctx, sl: sl}
 		msg.SetContext(&sl.ctx) // for AckOnReturn
 		km = nil
+		r.admitting.Store(sl.cost)
 		out, ok := r.admit(sl, msg)
+		r.admitting.Store(0)
 		if !ok {
 			r.h.s.budget.release(sl.cost)
 			return nil
@@ -928,8 +931,9 @@ type PartitionStat struct {
 	InFlight int
 	// InFlightBytes is what they cost the subscriber's Budget (bytes and RecordOverhead).
 	InFlightBytes int64
-	// ReadAhead is the records Sarama holds in its channel for the claim, read from Kafka
-	// and not yet taken by the claim; ReadAheadBytes what they cost the Budget.
+	// ReadAhead is the records read from Kafka for the claim and not yet in its window: in
+	// Sarama's channel, or taken by the claim and waiting for room in the window;
+	// ReadAheadBytes what they cost the Budget.
 	ReadAhead      int
 	ReadAheadBytes int64
 	// OldestUnackedAge is how long ago the oldest of them was handed out the first time
@@ -984,6 +988,9 @@ func (s *ParallelSubscriber) untrack(r *claimRun) {
 func (r *claimRun) stat(now time.Time) PartitionStat {
 	st := PartitionStat{Group: r.h.s.group, Topic: r.topic, Partition: r.partition, HighWater: r.claim.HighWaterMarkOffset()}
 	st.ReadAhead, st.ReadAheadBytes = r.ahead.held()
+	if n := r.admitting.Load(); n > 0 {
+		st.ReadAhead, st.ReadAheadBytes = st.ReadAhead+1, st.ReadAheadBytes+n
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	st.Marked = r.marked

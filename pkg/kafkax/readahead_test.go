@@ -12,13 +12,15 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-// TestParallelSubscriberReadAheadInBudget: 12 partitions of 1 MB records and a handler that
-// holds every message it gets. What the client holds of them — the records in Sarama's
-// channels and those handed out — never costs more than the budget of 8 MiB, every one of
-// them is charged to it, and the budget is what stops the reading (it is spent, with 36
-// records to read). Sarama reads ahead up to 32 records a partition: uncharged, its
-// channels held 16 of them beside the 8 handed out. Once the subscriber is closed nothing
-// is charged any more; a second group that acks reads all 36 through as small a budget.
+// TestParallelSubscriberReadAheadInBudget: 12 partitions of 1 MB records, a window of one
+// and a handler that holds every message it gets. What the client holds of them — the
+// records in Sarama's channels and those handed out — never costs more than the budget of
+// 20 MiB, every one of them is charged to it, and the budget is what stops the reading (it
+// is spent, with 36 records to read); at rest the partition stats account for all of it,
+// the records read ahead behind each full window included. Sarama reads ahead up to 32
+// records a partition: uncharged, its channels held 12 and more beside the 12 handed out.
+// Once the subscriber is closed nothing is charged any more; a second group that acks reads
+// all 36 through a budget of 8 MiB.
 func TestParallelSubscriberReadAheadInBudget(t *testing.T) {
 	c := testenv.Kafka(t)
 	const parts, perPart, size = 12, 3, 1_000_000
@@ -43,9 +45,9 @@ func TestParallelSubscriberReadAheadInBudget(t *testing.T) {
 	p.Close()
 	const records = parts * perPart
 
-	limit := int64(8 << 20)
+	limit := int64(20 << 20)
 	budget := kafkax.NewBudget(limit)
-	sub, ch := subscribe(t, c, uniqueGroup("parallel-readahead"), topic, kafkax.ParallelConfig{Budget: budget})
+	sub, ch := subscribe(t, c, uniqueGroup("parallel-readahead"), topic, kafkax.ParallelConfig{Window: 1, Budget: budget})
 	var held []*message.Message
 	var peak int
 	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
@@ -72,6 +74,19 @@ func TestParallelSubscriberReadAheadInBudget(t *testing.T) {
 	if inUse, cost := budget.InUse(), int64(size+kafkax.RecordOverhead); inUse+cost <= limit || len(held) == 0 || len(held) == records {
 		t.Fatalf("budget in use %d of %d, %d of %d records handed out (at most %d held at once): want the budget spent, with records left to read", inUse, limit, len(held), records, peak)
 	}
+	// At rest every charge is a record's in Sarama's channel or in the window.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var ahead, inFlight int64
+		for _, st := range sub.PartitionStats() {
+			ahead, inFlight = ahead+st.ReadAheadBytes, inFlight+st.InFlightBytes
+		}
+		if ahead > 0 && ahead+inFlight == budget.InUse() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("partition stats account for %d bytes read ahead and %d in flight, the budget charges %d; want records read ahead, and all of it", ahead, inFlight, budget.InUse())
+		}
+	}
 	if err := sub.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +94,7 @@ func TestParallelSubscriberReadAheadInBudget(t *testing.T) {
 		t.Fatalf("%d bytes still charged after Close", inUse)
 	}
 
-	budget = kafkax.NewBudget(limit)
+	budget = kafkax.NewBudget(8 << 20)
 	_, ch = subscribe(t, c, uniqueGroup("parallel-readahead"), topic, kafkax.ParallelConfig{Budget: budget})
 	for i := range records {
 		receive(t, ch, 30*time.Second, "record "+string(rune('0'+i%10))).Ack()
