@@ -70,7 +70,7 @@ func (a *app) produceCmd() *cobra.Command {
 	f.StringVar(&o.ledger, "ledger", "", "write the produced order ids to this file (for `verify --ledger`)")
 	f.Float64Var(&o.rate, "rate", 0, "messages per second (0 = as fast as possible)")
 	f.IntVar(&o.batch, "batch", 200, "messages per produce request")
-	f.StringVar(&o.file, "file", "", `send the records of this JSON-lines file instead, one per line: {"key": "...", "value": <JSON, or a string sent as its text>, "headers": {...}} (value_base64 for bytes); to --topic, else --plugin's first topic`)
+	f.StringVar(&o.file, "file", "", `send the records of this JSON-lines file instead, one per line: {"key": "...", "value": <JSON, or a string sent as its text>, "headers": {...}} (value_base64 for bytes); to --topic, else --plugin's first topic; read once, every line checked before the first is sent`)
 	return cmd
 }
 
