@@ -2,7 +2,9 @@ package kafkax
 
 import (
 	"context"
+	"maps"
 	"sync"
+	"sync/atomic"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -25,8 +27,8 @@ type feed struct {
 	s     *ParallelSubscriber
 	topic string
 
-	mu    sync.Mutex
-	parts map[int32]*readAhead // the partitions read now: from the session's Setup to the end of the claim's reading
+	mu    sync.Mutex                           // held to change parts
+	parts atomic.Pointer[map[int32]*readAhead] // the partitions read now, from the session's Setup to the end of the claim's reading; replaced, never changed
 }
 
 var _ sarama.ConsumerInterceptor = (*feed)(nil)
@@ -37,6 +39,8 @@ type readAhead struct {
 	budget *Budget
 	ctx    context.Context // ends with the session or when the claim stops reading
 	cancel context.CancelFunc
+
+	lastKM atomic.Pointer[sarama.ConsumerMessage] // the record charged last (written by OnConsume only)
 
 	mu     sync.Mutex
 	closed bool
@@ -53,16 +57,24 @@ type charge struct {
 	cost int64
 }
 
+func newFeed(s *ParallelSubscriber, topic string) *feed {
+	f := &feed{s: s, topic: topic}
+	f.parts.Store(&map[int32]*readAhead{})
+	return f
+}
+
 // open returns the read-ahead of partition p, a new one (ending with ctx) unless one is open.
 func (f *feed) open(p int32, ctx context.Context) *readAhead {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if ra := f.parts[p]; ra != nil {
+	if ra := (*f.parts.Load())[p]; ra != nil {
 		return ra
 	}
 	ra := &readAhead{budget: f.s.budget}
 	ra.ctx, ra.cancel = context.WithCancel(ctx)
-	f.parts[p] = ra
+	parts := maps.Clone(*f.parts.Load())
+	parts[p] = ra
+	f.parts.Store(&parts)
 	return ra
 }
 
@@ -71,8 +83,10 @@ func (f *feed) open(p int32, ctx context.Context) *readAhead {
 // owned; Sarama drops them when the claim ends.
 func (f *feed) close(p int32, ra *readAhead) {
 	f.mu.Lock()
-	if f.parts[p] == ra {
-		delete(f.parts, p)
+	if parts := *f.parts.Load(); parts[p] == ra {
+		parts = maps.Clone(parts)
+		delete(parts, p)
+		f.parts.Store(&parts)
 	}
 	f.mu.Unlock()
 	ra.close()
@@ -82,8 +96,8 @@ func (f *feed) close(p int32, ra *readAhead) {
 // started).
 func (f *feed) closeAll() {
 	f.mu.Lock()
-	parts := f.parts
-	f.parts = map[int32]*readAhead{}
+	parts := *f.parts.Load()
+	f.parts.Store(&map[int32]*readAhead{})
 	f.mu.Unlock()
 	for _, ra := range parts {
 		ra.close()
@@ -95,10 +109,8 @@ func (f *feed) closeAll() {
 // partition no claim reads, or met again after Sarama's MaxProcessingTime ran out while
 // it waited for room in the channel, is left as it is.
 func (f *feed) OnConsume(km *sarama.ConsumerMessage) {
-	f.mu.Lock()
-	ra := f.parts[km.Partition]
-	f.mu.Unlock()
-	if ra == nil || ra.last() == km {
+	ra := (*f.parts.Load())[km.Partition]
+	if ra == nil || ra.lastKM.Load() == km {
 		return
 	}
 	cost := f.s.budget.acquire(ra.ctx, recordCost(f.s.ownedLen(len(km.Value)), km))
@@ -108,6 +120,7 @@ func (f *feed) OnConsume(km *sarama.ConsumerMessage) {
 	c := f.s.prepare(km)
 	c.km, c.cost = km, cost
 	km.Key, km.Value, km.Headers = nil, nil, nil
+	ra.lastKM.Store(km)
 	if !ra.add(c) {
 		f.s.budget.release(cost)
 	}
@@ -118,16 +131,6 @@ func (f *feed) OnConsume(km *sarama.ConsumerMessage) {
 func (s *ParallelSubscriber) prepare(km *sarama.ConsumerMessage) charge {
 	value, cut := s.own(km.Value)
 	return charge{msg: unmarshal(km, value), key: string(km.Key), cut: cut, cost: recordCost(len(value), km)}
-}
-
-// last is the record charged last, nil when none waits.
-func (ra *readAhead) last() *sarama.ConsumerMessage {
-	ra.mu.Lock()
-	defer ra.mu.Unlock()
-	if len(ra.recs) == 0 {
-		return nil
-	}
-	return ra.recs[len(ra.recs)-1].km
 }
 
 // add appends c; false once closed (c's cost is then the caller's to give back).

@@ -13,7 +13,7 @@ import (
 // of a partition no claim reads is neither charged nor changed.
 func TestFeedChargesEachRecordOnce(t *testing.T) {
 	s := &ParallelSubscriber{budget: NewBudget(1 << 20)}
-	f := &feed{s: s, topic: "t", parts: map[int32]*readAhead{}}
+	f := newFeed(s, "t")
 	ra := f.open(0, context.Background())
 	rec := func(p int32, off int64) *sarama.ConsumerMessage {
 		return &sarama.ConsumerMessage{Topic: "t", Partition: p, Offset: off, Key: []byte("k"), Value: make([]byte, 1000),

@@ -211,7 +211,7 @@ func (s *ParallelSubscriber) Subscribe(ctx context.Context, topic string) (<-cha
 		"kafka_consumer_uuid": watermill.NewShortUUID(),
 	}
 	s.logger.Info("Subscribing to Kafka topic (parallel)", logFields)
-	f := &feed{s: s, topic: topic, parts: map[int32]*readAhead{}}
+	f := newFeed(s, topic)
 	sc := *s.sarama
 	sc.Consumer.Interceptors = []sarama.ConsumerInterceptor{f}
 	group, err := sarama.NewConsumerGroup(s.brokers, s.group, &sc)
