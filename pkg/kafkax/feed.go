@@ -63,12 +63,16 @@ func newFeed(s *ParallelSubscriber, topic string) *feed {
 	return f
 }
 
-// open returns the read-ahead of partition p, a new one (ending with ctx) unless one is open.
+// open returns the read-ahead of partition p, a new one (ending with ctx) unless one is open
+// and its session still runs.
 func (f *feed) open(p int32, ctx context.Context) *readAhead {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if ra := (*f.parts.Load())[p]; ra != nil {
-		return ra
+		if ra.ctx.Err() == nil {
+			return ra
+		}
+		ra.close() // left by a session that ended without its Cleanup
 	}
 	ra := &readAhead{budget: f.s.budget}
 	ra.ctx, ra.cancel = context.WithCancel(ctx)

@@ -54,4 +54,12 @@ func TestFeedChargesEachRecordOnce(t *testing.T) {
 		t.Fatal("a record after the claim stopped reading was charged or changed")
 	}
 	s.budget.release(ch.cost)
+
+	// A read-ahead left open by a session that ended is not the next session's.
+	ended, end := context.WithCancel(context.Background())
+	stale := f.open(1, ended)
+	end()
+	if f.open(1, context.Background()) == stale {
+		t.Fatal("a new claim got the read-ahead of a session that ended")
+	}
 }
