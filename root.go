@@ -226,6 +226,6 @@ func checkTables(ctx context.Context, db *sql.DB, tables ...string) error {
 
 // frameworkTables are the framework's tables every command that runs plugins needs; each
 // plugin adds its own (inbox.Plugin.Tables).
-var frameworkTables = []string{"inbox", "inbox_response", "outbox"}
+var frameworkTables = []string{"inbox", "inbox_call", "inbox_response", "outbox"}
 
 func printf(format string, args ...any) { fmt.Fprintf(os.Stdout, format, args...) }

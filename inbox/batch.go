@@ -186,10 +186,25 @@ type pending struct {
 	span     trace.Span  // the delivery's span (nil: no tracing)
 	ticket   *ticket     // the circuit breaker's admission of its attempt in a batch (nil: no breaker)
 	admitted ticket      // what ticket points to
+	hold     *callHold   // the key's call lease, taken by the prepare gate (nil: none)
 }
 
-// answer gives p its one outcome.
+// carried is what p's Prepare made, for the one-at-a-time path's first step (nil when it
+// made nothing).
+func (p *pending) carried() *carried {
+	if !p.ready {
+		return nil
+	}
+	return &carried{step: 0, value: p.prepared, ok: true}
+}
+
+// answer gives p its one outcome. The key's call lease ends first (its row deleted, unless
+// the batch's transaction did), so that the path answered can take it again.
 func (p *pending) answer(o batchOutcome) {
+	if h := p.hold; h != nil {
+		p.hold = nil
+		h.End()
+	}
 	p.out = o
 	p.done <- struct{}{}
 }
@@ -504,7 +519,11 @@ func (b *Batcher) outcome(ctx context.Context, p *pending, o batchOutcome) (Resu
 		res, err = b.afterFailure(ctx, p, o.failed)
 	case o.fallback:
 		p.ticket.done(verdictNone)
-		res, err = b.ib.run(ctx, p.msg, p.src, b.ib.liveOptions())
+		opts := b.ib.liveOptions()
+		if !o.uncertain {
+			opts.carry = p.carried() // nothing of the key committed: its calls stand
+		}
+		res, err = b.ib.run(ctx, p.msg, p.src, opts)
 		if err != nil && o.uncertain {
 			err = outcomeUnknown(err)
 		}
@@ -651,6 +670,9 @@ func (b *Batcher) run(batch []*pending) {
 		if err == nil {
 			if committed != nil {
 				committed.Committed()
+			}
+			for _, it := range items {
+				it.p.hold.Deleted() // runTx deleted the call leases of the batch
 			}
 			break
 		}
@@ -836,7 +858,15 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item, savepoin
 			return fmt.Errorf("count duplicates of %d rows: %w", len(ids), err)
 		}
 	}
-	return nil
+	// The keys' call leases end with the batch: a path that takes one after the commit
+	// finds the row as the batch left it.
+	var holds []*callHold
+	for _, it := range items {
+		if it.p.hold != nil {
+			holds = append(holds, it.p.hold)
+		}
+	}
+	return ib.leases.releaseBatch(ctx, tx, holds)
 }
 
 // boxedString boxes a string once for as long as the same string repeats.

@@ -386,7 +386,8 @@ func attemptVerdict(ctx context.Context, err error) verdict {
 		return verdictNone
 	case failureReason(err) != ReasonRetriesExhausted:
 		return verdictFailure
-	case dbx.IsLockConflict(err), dbx.IsConnError(err), errors.Is(err, ErrPermanent):
+	case dbx.IsLockConflict(err), dbx.IsConnError(err), errors.Is(err, ErrPermanent),
+		errors.Is(err, errLeaseLost), errors.Is(err, errRowMoved):
 		return verdictNone
 	default:
 		return verdictFailure

@@ -86,6 +86,9 @@ func (c *Config) setDefaults() {
 	if c.MaxSteps == 0 {
 		c.MaxSteps = 32
 	}
+	if c.CallLease == 0 {
+		c.CallLease = 30 * time.Second
+	}
 	if c.RedeliverEvery == 0 {
 		c.RedeliverEvery = time.Second
 	}
@@ -127,6 +130,9 @@ func (c *Config) validate() error {
 	}
 	if c.DelayedBackoffMax < c.DelayedBackoff {
 		return fmt.Errorf("inbox: delayed backoff %s..%s is not a range", c.DelayedBackoff, c.DelayedBackoffMax)
+	}
+	if c.CallLease < 30*time.Millisecond {
+		return fmt.Errorf("inbox: call lease %s is shorter than 30ms", c.CallLease)
 	}
 	if c.RedeliverEvery < 0 {
 		return fmt.Errorf("inbox: redeliver interval %s is negative", c.RedeliverEvery)

@@ -247,6 +247,7 @@ func (b *Batcher) afterFailure(ctx context.Context, p *pending, f *failure) (Res
 		sleep(ctx, ib.cfg.backoff(total))
 		opts := ib.liveOptions()
 		opts.failed = total
+		opts.carry = p.carried() // its Handle rolled back alone: its calls stand
 		return ib.run(ctx, p.msg, p.src, opts)
 	}
 	var res Result

@@ -109,14 +109,21 @@ type Delivery struct {
 }
 
 // Preparer is implemented by handlers whose steps call slow outside services. Prepare runs
-// before a step's transaction, outside any transaction and without any lock, so a call of
-// seconds (the seed incident's 800 ms–2 s) never holds a database lock: before every step
-// of a delivery run one at a time, and, under group commit, before the delivery joins a
-// batch (its first step). It may read committed state and must make only idempotent outside
+// before a step's transaction, outside any transaction and without any database lock, so a
+// call of seconds (the seed incident's 800 ms–2 s) never holds one: before every step of a
+// delivery run one at a time, and, under group commit, before the delivery joins a batch
+// (its first step). It may read committed state and must make only idempotent outside
 // calls (keyed by business key and step); it leaves what it prepared in d.Prepared. Handle
 // (or HandleBatch) then applies the step in the transaction and must re-check that the
-// state it prepared for is still current (another delivery may have moved it on). A failed
-// Prepare (error, panic, inbox.handler_timeout) is a failed attempt of the delivery.
+// state it prepared for is still current. A failed Prepare (error, panic,
+// inbox.handler_timeout) is a failed attempt of the delivery.
+//
+// Prepare runs under the key's call lease: one path at a time calls out for a key, across
+// the partition's delivery, its copies, the delayed redeliverer, replays and other routers.
+// It is not called for a key whose row is done, quarantined or another message's. When the
+// step's transaction rolls back, the step's next attempt gets what Prepare made in
+// d.Prepared again instead of a new call. A call abandoned at inbox.handler_timeout keeps
+// the key until it returns.
 type Preparer interface {
 	Prepare(ctx context.Context, d *Delivery) error
 }

@@ -93,6 +93,7 @@ type Inbox struct {
 	calls  chan struct{} // one slot per Prepare running (MaxInFlightCalls)
 	tr     trace.Tracer  // nil: no tracing (Config.TracerProvider; trace.go)
 	br     *breaker      // nil: no circuit breaker (Config.BreakerOff, a command's inbox)
+	leases *callLeases   // the keys' call leases, taken before a Preparer's calls (calls.go)
 	// replyQuery reads a command's stored response and replySave stores them (NewCommand);
 	// empty for a Kafka inbox.
 	replyQuery, replySave string
@@ -117,6 +118,7 @@ func New(db *sql.DB, h Handler, cfg Config, logger watermill.LoggerAdapter, obs 
 	ib := &Inbox{db: db, h: h, cfg: cfg, logger: logger.With(watermill.LogFields{"biz_type": cfg.BizType}), obs: obs, d: d, q: newQueries(cfg.Table, d),
 		calls: make(chan struct{}, cfg.MaxInFlightCalls), tr: tracex.Tracer(cfg.TracerProvider, tracerScope)}
 	ib.br = newBreaker(cfg, ib.breakerChanged)
+	ib.leases = newCallLeases(ib)
 	return ib, nil
 }
 
@@ -153,6 +155,19 @@ type runOpts struct {
 	// redelivery: a delayed redelivery of the row's stored message (Redeliver): it reopens
 	// only a row still waiting for one.
 	redelivery bool
+	// carry: what a Prepare made for a step whose transaction did not commit, for the
+	// delivery's next attempt of that step (nil: none yet; process makes one).
+	carry *carried
+}
+
+// carried is what a delivery's Prepare left in Delivery.Prepared for a step whose
+// transaction then rolled back. The step's next attempt reuses it rather than calling out
+// again: the calls were made, and nothing of the key moved since (the path holds its call
+// lease). Handle re-checks it, as it re-checks any Prepared.
+type carried struct {
+	step  int
+	value any
+	ok    bool
 }
 
 // Process runs one delivery to its end: processed, duplicate, held, conflict or quarantined. It
@@ -205,6 +220,9 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, 
 
 	lockRetries := 0
 	var d *Delivery
+	if opts.carry == nil {
+		opts.carry = &carried{}
+	}
 	for attempt := 1 + opts.failed; ; {
 		// A fresh Delivery per attempt: plugin code abandoned by a timeout may still hold
 		// the previous one.
@@ -248,6 +266,11 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, 
 			if total := ib.countFailure(ctx, msg, src, dec, err, attempt, opts); total >= ib.cfg.MaxAttempts {
 				return ib.giveUp(ctx, msg, src, dec, reason, err, total, opts)
 			}
+		case errors.Is(err, errLeaseLost) || errors.Is(err, errRowMoved):
+			// Another path took the key's call lease, or changed its row: not the handler's
+			// fault. The delivery runs again once it holds the lease, on the row as left.
+			sleep(ctx, time.Duration(1+rand.IntN(20))*time.Millisecond)
+			continue
 		case dbx.IsLockConflict(err) && lockRetries < ib.cfg.MaxLockRetries:
 			// The server rolled us back to break a deadlock or a long wait: not the handler's fault.
 			lockRetries++
@@ -319,11 +342,26 @@ func (ib *Inbox) decode(msg *message.Message) (dec Decoded, err error) {
 }
 
 // runSteps runs the handler, one transaction per step, until it reports Done. Each step
-// (Prepare and the transaction) runs under inbox.handler_timeout.
+// (Prepare and the transaction) runs under inbox.handler_timeout. A Preparer's steps run
+// under the key's call lease (calls.go); a row that is done, quarantined or another
+// message's makes no calls.
 func (ib *Inbox) runSteps(ctx context.Context, d *Delivery, dec Decoded, opts runOpts) (Result, error) {
 	prep, _ := ib.h.(Preparer)
+	var hold *callHold
+	noCalls := false
+	if prep != nil {
+		h, row, found, err := ib.leases.Take(ctx, d.Key)
+		if err != nil {
+			return Result{}, err
+		}
+		defer h.End()
+		hold = h
+		if !mayCall(found, row, dec, opts) {
+			prep, noCalls = nil, true
+		}
+	}
 	for step := 0; step < ib.cfg.MaxSteps; step++ {
-		res, next, err := ib.runStep(ctx, prep, d, dec, opts, step)
+		res, next, err := ib.runStep(ctx, prep, hold, noCalls, d, dec, opts, step)
 		if err != nil || res != nil {
 			if res != nil && res.Outcome == OutcomeConflict && !opts.command {
 				return ib.quarantineConflict(ctx, d, dec, opts)
@@ -340,10 +378,16 @@ func (ib *Inbox) runSteps(ctx context.Context, d *Delivery, dec Decoded, opts ru
 
 // runStep runs step (and, with StepsPerTx > 1, the steps after it) in one transaction. It
 // returns the delivery's result once it is finished, else the last step it ran.
-func (ib *Inbox) runStep(ctx context.Context, prep Preparer, d *Delivery, dec Decoded, opts runOpts, first int) (*Result, int, error) {
+// hold is the key's call lease (nil without a Preparer); noCalls says the path skipped the
+// calls because of the row it read under the lease.
+func (ib *Inbox) runStep(ctx context.Context, prep Preparer, hold *callHold, noCalls bool, d *Delivery, dec Decoded, opts runOpts, first int) (*Result, int, error) {
 	sctx, cancel := context.WithTimeout(withDialect(ctx, ib.d), ib.cfg.HandlerTimeout)
 	defer cancel()
 	d.Step = first
+	if c := opts.carry; prep != nil && c != nil && c.ok && c.step == first {
+		d.Prepared = c.value // made by an attempt whose transaction rolled back
+		prep = nil
+	}
 	if prep != nil {
 		d.Prepared = nil
 		select {
@@ -352,11 +396,18 @@ func (ib *Inbox) runStep(ctx context.Context, prep Preparer, d *Delivery, dec De
 			return nil, first, stepError(ctx, sctx, timeoutError(sctx, "prepare: waiting for a call slot"))
 		}
 		pctx, span := ib.startSpan(sctx, "inbox prepare")
-		err := guard(pctx, "prepare", func() error { return prep.Prepare(pctx, d) })
+		hold.Begin() // the key stays held until this call returns, should it be abandoned
+		err := guard(pctx, "prepare", func() error {
+			defer hold.CallEnded()
+			return prep.Prepare(pctx, d)
+		})
 		tracex.End(span, err)
 		<-ib.calls
 		if err != nil {
 			return nil, first, stepError(ctx, sctx, err)
+		}
+		if c := opts.carry; c != nil {
+			c.step, c.value, c.ok = first, d.Prepared, true
 		}
 	}
 	var res *Result
@@ -376,7 +427,11 @@ func (ib *Inbox) runStep(ctx context.Context, prep Preparer, d *Delivery, dec De
 		// A redelivery runs the row's own message, as a replay does, and reopens only a row
 		// still waiting for it (not one an operator's replay quarantined again meanwhile).
 		reopen := opts.Reopen && (!opts.redelivery || Reason(row.reason.String) == ReasonDelayed)
-		switch decideClaim(fresh, row, dec.Fingerprint, step == 0 && opts.ReplayID == 0 && !opts.redelivery, reopen) {
+		decision := decideClaim(fresh, row, dec.Fingerprint, step == 0 && opts.ReplayID == 0 && !opts.redelivery, reopen)
+		if noCalls && (decision == claimRun || decision == claimResume) {
+			return errRowMoved // the calls were skipped for a row that is no longer as read
+		}
+		switch decision {
 		case claimConflict:
 			res = &Result{Outcome: OutcomeConflict, InboxID: row.id, Key: d.Key, Reason: ReasonConflict}
 			return nil
@@ -420,6 +475,9 @@ func (ib *Inbox) runStep(ctx context.Context, prep Preparer, d *Delivery, dec De
 		if err != nil {
 			return err
 		}
+		if err := ib.leaseInTx(sctx, tx, hold, prog); err != nil {
+			return err
+		}
 		if prog == Done {
 			if err := ib.saveReplies(sctx, tx, []*Delivery{d}); err != nil {
 				return err
@@ -436,10 +494,29 @@ func (ib *Inbox) runStep(ctx context.Context, prep Preparer, d *Delivery, dec De
 	tracex.End(txSpan, err)
 	if err != nil {
 		d.uncertain = d.uncertain || errors.Is(err, dbx.ErrCommitUnknown)
+		if c := opts.carry; c != nil && errors.Is(err, dbx.ErrCommitUnknown) {
+			c.ok = false // the step may have committed
+		}
 		return nil, step, stepError(ctx, sctx, err)
+	}
+	if res != nil && res.Outcome == OutcomeProcessed {
+		hold.Deleted() // the transaction deleted the lease row
+	}
+	if c := opts.carry; c != nil {
+		c.ok = false // the step committed: the key moved on
 	}
 	d.uncertain = d.uncertain || res == nil // steps committed, the delivery not finished
 	return res, step, nil
+}
+
+// leaseInTx ends a step's transaction under the key's call lease: a step that finishes the
+// delivery deletes the lease row, one that leaves it unfinished checks it is still held.
+// Either fails when another Inbox took the lease over: then nothing of the step commits.
+func (ib *Inbox) leaseInTx(ctx context.Context, tx *sql.Tx, hold *callHold, prog Progress) error {
+	if prog == Done {
+		return hold.ReleaseTx(ctx, tx)
+	}
+	return hold.CheckTx(ctx, tx)
 }
 
 // stepError marks the error of a step whose time ran out (but not the delivery's: that is

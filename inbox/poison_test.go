@@ -510,16 +510,20 @@ func (b *badPrepare) Prepare(ctx context.Context, d *inbox.Delivery) error {
 	return nil
 }
 
-// A Prepare that panics or never returns under group commit fails only its own delivery's
+// A Prepare that panics or times out under group commit fails only its own delivery's
 // attempt: that delivery is retried alone (where its next Prepare is sound) and granted; the
-// others are batched meanwhile.
+// others are batched meanwhile. A Prepare that never returns, not even once its context is
+// cancelled, may still be calling out: its key's next call would overlap it, so its
+// delivery's attempts time out waiting for it and the delivery is quarantined (timeout).
 func TestBatchPreparePanicsAndTimeouts(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		misbehave func(ctx context.Context)
+		stuck     bool // the bad keys' first call never returns
 	}{
-		{"panic", func(context.Context) { panic("prepare bug") }},
-		{"block", func(context.Context) { select {} }},
+		{"panic", func(context.Context) { panic("prepare bug") }, false},
+		{"block until cancelled", func(ctx context.Context) { <-ctx.Done() }, false},
+		{"block for good", func(context.Context) { select {} }, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newPipeline(t, pipelineOpts{conns: 8, inboxCfg: inbox.Config{HandlerTimeout: 300 * time.Millisecond, BackoffInitial: time.Millisecond, BackoffMax: 10 * time.Millisecond}, plugin: true,

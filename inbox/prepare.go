@@ -120,26 +120,40 @@ func (g *prepareGate) release(p *pending, done bool) {
 }
 
 // run prepares a key's first delivery (unless the key was just finished) and queues it
-// for the collector.
+// for the collector. It first takes the key's call lease (calls.go): a row that is done,
+// quarantined or another message's is not prepared, and the batch decides what it is. A
+// lease that cannot be taken (the caller gave up, the database is unreachable) leaves the
+// delivery unprepared: the one-at-a-time path takes it then.
 func (g *prepareGate) run(p *pending) {
 	g.mu.Lock()
 	recent := g.recent.has(p.dec.Key)
 	g.mu.Unlock()
-	switch {
-	case recent:
-		g.skipped.Add(1)
-	case p.ctx.Err() != nil:
-		// The caller gave up (its claim ended): the batch falls it back unprepared.
-	default:
-		select {
-		case g.sem <- struct{}{}:
-			g.prepare(p) // queues p, or answers it
-			return
-		case <-g.b.stop:
-			p.answer(batchOutcome{fallback: true})
-			return
-		case <-p.ctx.Done():
+	if recent || p.ctx.Err() != nil {
+		if recent {
+			g.skipped.Add(1)
 		}
+		g.queueFirst(p)
+		return
+	}
+	hold, row, found, err := g.b.ib.leases.Take(p.ctx, p.dec.Key)
+	if err != nil {
+		g.queueFirst(p)
+		return
+	}
+	p.hold = hold
+	if !mayCall(found, row, p.dec, g.b.ib.liveOptions()) {
+		g.skipped.Add(1)
+		g.queueFirst(p)
+		return
+	}
+	select {
+	case g.sem <- struct{}{}:
+		g.prepare(p) // queues p, or answers it
+		return
+	case <-g.b.stop:
+		p.answer(batchOutcome{fallback: true})
+		return
+	case <-p.ctx.Done():
 	}
 	g.queueFirst(p)
 }
@@ -179,12 +193,15 @@ func (g *prepareGate) prepare(p *pending) {
 	})
 	d := &Delivery{Message: p.msg, BizType: g.b.ib.cfg.BizType, Key: p.dec.Key, Value: p.dec.Value, Source: p.src, Attempt: 1}
 	ctx, span := g.b.ib.startSpan(ctx, "inbox prepare") // in the delivery's trace (none without tracing)
+	hold := p.hold
+	hold.Begin() // the key stays held until this call returns, should it be abandoned
 	err := func() (err error) {
 		defer func() {
 			if perr := recovered(recover()); perr != nil {
 				err = perr
 			}
 		}()
+		defer hold.CallEnded()
 		return g.prep(ctx, d)
 	}()
 	tracex.End(span, err)

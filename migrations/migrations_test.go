@@ -56,7 +56,7 @@ func TestMigrationsRollBackAndReapply(t *testing.T) {
 // The framework's migrations create no plugin table.
 func TestFrameworkHasNoPluginTables(t *testing.T) {
 	d := testenv.DB(t, 2)
-	want := []string{"inbox", "inbox_history", "inbox_response", "outbox", "outbox_parked", "relay_lease", "relay_member", "replay", "replay_row"}
+	want := []string{"inbox", "inbox_call", "inbox_history", "inbox_response", "outbox", "outbox_parked", "relay_lease", "relay_member", "replay", "replay_row"}
 	if got := tables(t, d.Admin); !slices.Equal(got, want) {
 		t.Fatalf("tables of the framework's migrations: %v, want %v", got, want)
 	}
