@@ -544,16 +544,50 @@ func TestBatchPreparePanicsAndTimeouts(t *testing.T) {
 			}
 			res := submit(t, b, ids, 0)
 			for range ids {
-				if r := <-res; r.Outcome != inbox.OutcomeProcessed {
-					t.Fatalf("%s: %s (%s)", r.Key, r.Outcome, r.Reason)
+				r := <-res
+				want, reason := inbox.OutcomeProcessed, inbox.Reason("")
+				if tc.stuck && strings.HasPrefix(r.Key, "bad-") {
+					want, reason = inbox.OutcomeQuarantined, inbox.ReasonTimeout
+				}
+				if r.Outcome != want || r.Reason != reason {
+					t.Fatalf("%s: %s (%s), want %s (%s)", r.Key, r.Outcome, r.Reason, want, reason)
 				}
 			}
 			if st := b.Stats(); st.PrepareFailed != 4 || st.Prepared != 16 || st.Batched < 16 {
 				t.Fatalf("stats %+v: want 4 failed prepares, 16 prepared and batched", st)
 			}
-			if n := count(t, p.db.DB, "SELECT COUNT(*) FROM user_coupon"); n != 20 {
-				t.Fatalf("%d coupons, want 20", n)
+			want := 20
+			if tc.stuck {
+				want = 16
+			}
+			if n := count(t, p.db.DB, "SELECT COUNT(*) FROM user_coupon"); n != want {
+				t.Fatalf("%d coupons, want %d", n, want)
 			}
 		})
+	}
+}
+
+// A poison record whose row an operator resolved (done) is a counted duplicate when it is
+// delivered again, not a second quarantine: the row stays done.
+func TestPoisonRedeliveredAfterResolveIsADuplicate(t *testing.T) {
+	p := newPipeline(t, pipelineOpts{})
+	ctx := context.Background()
+	msg := message.NewMessage(watermill.NewUUID(), []byte(`{not json`))
+	src := inbox.Source{Topic: "order-paid", Partition: 2, Offset: 41}
+	r, err := p.inbox.Process(ctx, msg, src, inbox.ProcessOptions{})
+	if err != nil || r.Outcome != inbox.OutcomeQuarantined {
+		t.Fatalf("%+v, %v: want quarantined", r, err)
+	}
+	if _, err := p.db.DB.Exec(testenv.Rebind(`UPDATE inbox SET status = 'done', reason = 'resolved' WHERE id = ?`), r.InboxID); err != nil {
+		t.Fatal(err)
+	}
+	r, err = p.inbox.Process(ctx, message.NewMessage(watermill.NewUUID(), []byte(`{not json`)), src, inbox.ProcessOptions{})
+	if err != nil || r.Outcome != inbox.OutcomeDuplicate {
+		t.Fatalf("%+v, %v: want duplicate", r, err)
+	}
+	var status string
+	var dups int
+	if err := p.db.DB.QueryRow(testenv.Rebind(`SELECT status, duplicates FROM inbox WHERE id = ?`), r.InboxID).Scan(&status, &dups); err != nil || status != "done" || dups != 1 {
+		t.Fatalf("row %s with %d duplicates (%v), want done with 1", status, dups, err)
 	}
 }

@@ -64,14 +64,19 @@ func (q quarantineRow) minimal(msg *message.Message, refusal error) quarantineRo
 // stays done (another delivery finished it meanwhile).
 func (ib *Inbox) quarantine(ctx context.Context, msg *message.Message, src Source, key, fp string, reason Reason, cause error, attempts int, opts runOpts) (Result, error) {
 	q := ib.newQuarantineRow(msg, key, fp, cause)
-	id, err := ib.insertQuarantine(ctx, q, src, reason, attempts, opts)
+	id, done, err := ib.insertQuarantine(ctx, q, src, reason, attempts, opts)
 	if err != nil && ctx.Err() == nil && !dbx.IsConnError(err) && !dbx.IsLockConflict(err) {
 		ib.logger.Error("quarantine row refused by the database, writing a minimal row", err,
 			watermill.LogFields{ib.cfg.KeyLogField: key, "topic": src.Topic, "partition": src.Partition, "offset": src.Offset, "reason": string(reason)})
-		id, err = ib.insertQuarantine(ctx, q.minimal(msg, err), src, reason, attempts, opts)
+		id, done, err = ib.insertQuarantine(ctx, q.minimal(msg, err), src, reason, attempts, opts)
 	}
 	if err != nil {
 		return Result{}, fmt.Errorf("quarantine %q (%s): %w", key, reason, err)
+	}
+	if done {
+		// The key's row is done (another delivery finished it, or an operator resolved
+		// it): this delivery is a counted duplicate.
+		return Result{Outcome: OutcomeDuplicate, InboxID: id, Key: key, Attempts: attempts}, nil
 	}
 	out := OutcomeQuarantined
 	if reason == ReasonConflict {
@@ -80,15 +85,16 @@ func (ib *Inbox) quarantine(ctx context.Context, msg *message.Message, src Sourc
 	return Result{Outcome: out, InboxID: id, Key: key, Reason: reason, Attempts: attempts, Err: cause}, nil
 }
 
-// insertQuarantine writes q, retrying deadlocks and lock waits.
-func (ib *Inbox) insertQuarantine(ctx context.Context, q quarantineRow, src Source, reason Reason, attempts int, opts runOpts) (int64, error) {
-	var id int64
+// insertQuarantine writes q, retrying deadlocks and lock waits. done reports a row that
+// was done already: it stays so, and the delivery is counted on it as a duplicate.
+func (ib *Inbox) insertQuarantine(ctx context.Context, q quarantineRow, src Source, reason Reason, attempts int, opts runOpts) (id int64, done bool, err error) {
 	for try := 0; ; try++ {
-		err := dbx.InTx(ctx, ib.db, func(tx *sql.Tx) error {
+		err = dbx.InTx(ctx, ib.db, func(tx *sql.Tx) error {
 			args := []any{q.key, ib.cfg.BizType, string(StatusFailed), string(reason), q.uuid, src.Topic, src.Partition, src.Offset,
 				q.payload, q.meta, q.fp, attempts, q.errText, nullID(opts.ReplayID), time.Now().Add(ib.cfg.Retention).UTC(), q.tombstone, q.size}
+			var status Status
 			if ib.q.returning {
-				if err := tx.QueryRowContext(ctx, ib.q.quarantine, args...).Scan(&id); err != nil {
+				if err := tx.QueryRowContext(ctx, ib.q.quarantine, args...).Scan(&id, &status); err != nil {
 					return err
 				}
 			} else {
@@ -99,11 +105,21 @@ func (ib *Inbox) insertQuarantine(ctx context.Context, q quarantineRow, src Sour
 				if id, err = r.LastInsertId(); err != nil {
 					return err
 				}
+				var n int
+				if err := tx.QueryRowContext(ctx, ib.q.attempts, id).Scan(&status, &n); err != nil {
+					return err
+				}
+			}
+			if done = status == StatusDone; done {
+				if _, err := tx.ExecContext(ctx, ib.q.countDuplicate, id); err != nil {
+					return fmt.Errorf("count duplicate: %w", err)
+				}
+				return nil
 			}
 			return ib.stamp(ctx, tx, opts.ReplayID, id)
 		})
 		if err == nil || !dbx.IsLockConflict(err) || try >= ib.cfg.MaxLockRetries {
-			return id, err
+			return id, done, err
 		}
 		sleep(ctx, time.Duration(1+rand.IntN(20))*time.Millisecond)
 	}

@@ -55,7 +55,7 @@ func newQueries(table string, d dbx.Dialect) queries {
  attempts = CASE WHEN %[1]s.status = 'done' THEN %[1]s.attempts ELSE GREATEST(%[1]s.attempts, EXCLUDED.attempts) END,
  replay_id = CASE WHEN %[1]s.status = 'done' THEN %[1]s.replay_id ELSE COALESCE(EXCLUDED.replay_id, %[1]s.replay_id) END,
  status = CASE WHEN %[1]s.status = 'done' THEN 'done' ELSE 'failed' END
- RETURNING id`, table, insertColumns)
+ RETURNING id, status`, table, insertColumns)
 		q.failure = fmt.Sprintf(`INSERT INTO %[1]s %[2]s`+conflictKey+`
  last_error = CASE WHEN %[1]s.status = 'processing' THEN EXCLUDED.last_error ELSE %[1]s.last_error END,
  attempts = CASE WHEN %[1]s.status = 'processing' THEN %[1]s.attempts + 1 ELSE %[1]s.attempts END
