@@ -402,7 +402,10 @@ func (b *Batcher) ObservePrepares(fn func(elapsed time.Duration, err error)) {
 // concurrent messages meet in the Batcher.
 func (b *Batcher) HandlerFunc(topic string) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error {
-		_, err := b.Process(msg.Context(), msg, SourceOf(msg, topic))
+		res, err := b.Process(msg.Context(), msg, SourceOf(msg, topic))
+		if err == nil {
+			err = b.ib.awaitDelayed(msg.Context(), res)
+		}
 		return err
 	}
 }

@@ -56,8 +56,19 @@ type Config struct {
 	DelayedRetries    int           `key:"delayed_retries" default:"6" range:"0..1000" zero:"-1" help:"delayed redeliveries of a delivery whose attempts ran out (retries exhausted, timeout) before it is quarantined: its row waits, the partition moves on; 0 turns them off"`
 	DelayedBackoff    time.Duration `key:"delayed_backoff" default:"30s" range:"1ms..24h" help:"wait before the first delayed redelivery (doubles per round)"`
 	DelayedBackoffMax time.Duration `key:"delayed_backoff_max" default:"10m" range:"1ms..168h" help:"delayed redelivery wait cap"`
+	// DelayedHoldsKafkaKey keeps a delivery whose row waits for a delayed redelivery (and a
+	// copy that finds it waiting) unacked until the row ends, done or quarantined. The
+	// subscriber hands out no later message of its Kafka key meanwhile, so the messages of
+	// one Kafka key are processed in their order even across an outage. The price: the
+	// partition's committed offset stays behind the waiting message, which holds a place of
+	// the partition's window (kafka.window) as long as it waits. Without it, order holds per
+	// business key: later messages of other business keys under the same Kafka key go on.
+	DelayedHoldsKafkaKey bool `key:"delayed_holds_kafka_key" default:"false" help:"a message waiting for its delayed redelivery stays unacked until its row ends, so later messages of its Kafka key wait behind it (order per Kafka key across an outage; the partition's committed offset waits too); false: order per business key only"`
 	// RedeliverEvery is how often the redeliverer looks for due rows; default 1s.
 	RedeliverEvery time.Duration
+	// CallLease is how long a key's call lease outlives its owner's last renewal (calls.go):
+	// how long other routers wait for a key whose router died or froze. Default 30s.
+	CallLease time.Duration
 	// Breaker: when at least BreakerFailureRatio of the last 10 s of attempts failed (and
 	// there were at least BreakerMinCalls), deliveries wait before their next attempt (none
 	// is spent, none quarantined) until BreakerOpenFor has passed; then one probe runs:

@@ -2,7 +2,12 @@ package inbox
 
 import (
 	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -14,8 +19,45 @@ import (
 // and an error (nack, redelivery) only when nothing could be recorded.
 func (ib *Inbox) HandlerFunc(topic string) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error {
-		_, err := ib.Process(msg.Context(), msg, SourceOf(msg, topic), ProcessOptions{})
+		res, err := ib.Process(msg.Context(), msg, SourceOf(msg, topic), ProcessOptions{})
+		if err == nil {
+			err = ib.awaitDelayed(msg.Context(), res)
+		}
 		return err
+	}
+}
+
+// awaitDelayed waits, with Config.DelayedHoldsKafkaKey, until the row of a delivery that
+// waits for its delayed redelivery has ended: done or quarantined. The message stays unacked
+// meanwhile, and the subscriber holds back the later messages of its Kafka key. An error
+// (ctx ended: shutdown, a lost partition) leaves the message unacked, to be delivered again.
+func (ib *Inbox) awaitDelayed(ctx context.Context, res Result) error {
+	if !ib.cfg.DelayedHoldsKafkaKey || res.Reason != ReasonDelayed || (res.Outcome != OutcomeDelayed && res.Outcome != OutcomeHeld) {
+		return nil
+	}
+	q := ib.d.Rebind(`SELECT status, reason FROM ` + ib.cfg.Table + ` WHERE id = ?`)
+	logged := false
+	for {
+		var status Status
+		var reason sql.NullString
+		err := ib.db.QueryRowContext(ctx, q, res.InboxID).Scan(&status, &reason)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			return nil
+		case err == nil && (status != StatusFailed || Reason(reason.String) != ReasonDelayed):
+			return nil
+		case err == nil && !logged:
+			logged = true
+			ib.logger.Info("waiting for the key's delayed redelivery; later messages of its Kafka key wait behind it",
+				watermill.LogFields{ib.cfg.KeyLogField: res.Key, "inbox_id": res.InboxID})
+		}
+		t := time.NewTimer(ib.cfg.RedeliverEvery)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("inbox %s %q: waiting for its delayed redelivery: %w", ib.cfg.BizType, res.Key, ctx.Err())
+		case <-t.C:
+		}
 	}
 }
 
