@@ -67,7 +67,7 @@ type Config struct {
 	// RedeliverEvery is how often the redeliverer looks for due rows; default 1s.
 	RedeliverEvery time.Duration
 	// CallLease is how long a key's call lease outlives its owner's last renewal (calls.go):
-	// how long other routers wait for a key whose router died or froze. Default 30s.
+	// how long other routers wait for a key whose router died or froze. Default 10s.
 	CallLease time.Duration
 	// Breaker: when at least BreakerFailureRatio of the last 10 s of attempts failed (and
 	// there were at least BreakerMinCalls), deliveries wait before their next attempt (none
@@ -98,7 +98,7 @@ func (c *Config) setDefaults() {
 		c.MaxSteps = 32
 	}
 	if c.CallLease == 0 {
-		c.CallLease = 30 * time.Second
+		c.CallLease = 10 * time.Second
 	}
 	if c.RedeliverEvery == 0 {
 		c.RedeliverEvery = time.Second
