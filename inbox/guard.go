@@ -67,8 +67,9 @@ func timeoutError(ctx context.Context, what string) error {
 }
 
 // failureReason is the quarantine reason of an attempt that failed with err: a panic, a
-// timeout, values the database refuses (ReasonData, quarantined at once), else a failure
-// that a retry may not meet again.
+// timeout, values the database refuses (ReasonData, quarantined at once; unless the handler
+// marked the error permanent itself, which keeps its reason), else a failure that a retry
+// may not meet again.
 func failureReason(err error) Reason {
 	var pe *PanicError
 	switch {
@@ -76,7 +77,7 @@ func failureReason(err error) Reason {
 		return ReasonPanic
 	case errors.Is(err, ErrHandlerTimeout):
 		return ReasonTimeout
-	case isDataError(err):
+	case isDataError(err) && !isPermanent(err):
 		return ReasonData
 	}
 	return ReasonRetriesExhausted
