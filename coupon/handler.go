@@ -116,13 +116,24 @@ func (h *slowHandler) Prepare(ctx context.Context, d *inbox.Delivery) error {
 			continue
 		}
 		if err := h.g.svc.Call(ctx, s.Step(), key); err != nil {
-			return err
+			if s == st {
+				return err // nothing made: the attempt failed
+			}
+			// The steps before s were made: Handle commits them, and the next step's
+			// Prepare makes s's call again. A router that runs the grant later starts
+			// from s, not from the calls that succeeded.
+			d.Prepared = partialGrant{from: st, upto: s}
+			return nil
 		}
 		h.made.add(key)
 	}
 	d.Prepared = st
 	return nil
 }
+
+// partialGrant is what Prepare made when a call failed after earlier ones of the grant
+// succeeded: the calls of the steps from from up to (not including) upto.
+type partialGrant struct{ from, upto State }
 
 // callKeys are the idempotency keys of an order's grant calls.
 func callKeys(orderID string) []string {
@@ -143,10 +154,12 @@ func (h *handler) handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery, o O
 }
 
 // grant runs the grant of o in tx as far as its outside calls are made: to its end when
-// Prepare made them all (or the service answers at once), else one step, its call made
-// here (the grant moved on since Prepare read it).
+// Prepare made them all (or the service answers at once); as far as Prepare got when one
+// of its calls failed (Continue: the next step's Prepare calls again); else one step, its
+// call made here (the grant moved on since Prepare read it).
 func (h *handler) grant(ctx context.Context, tx *sql.Tx, d *inbox.Delivery, o OrderPaid) (inbox.Progress, error) {
 	from, prepared := d.Prepared.(State)
+	partial, isPartial := d.Prepared.(partialGrant)
 	if !d.Resumed && (h.free || prepared && from == StateInit) {
 		// A new inbox row: its grant almost never exists yet.
 		ok, err := h.grantNew(ctx, tx, o)
@@ -155,11 +168,14 @@ func (h *handler) grant(ctx context.Context, tx *sql.Tx, d *inbox.Delivery, o Or
 		}
 	}
 	var made func(State) bool
-	if prepared {
+	switch {
+	case prepared:
 		made = func(s State) bool { return s.index() >= from.index() }
+	case isPartial:
+		made = func(s State) bool { return s.index() >= partial.from.index() && s.index() < partial.upto.index() }
 	}
 	for i := 0; ; i++ {
-		prog, stepped, err := h.g.advance(ctx, tx, o, made, i == 0 || h.free)
+		prog, stepped, err := h.g.advance(ctx, tx, o, made, (i == 0 || h.free) && !isPartial)
 		if err != nil || prog == inbox.Done || !stepped {
 			return prog, err
 		}

@@ -15,30 +15,30 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// stepService counts calls per idempotency key; the first call of each key in failOnce fails.
+// stepService counts calls per idempotency key; the first fail[key] calls of a key fail.
 type stepService struct {
-	mu       sync.Mutex
-	calls    map[string]int
-	failOnce map[string]bool
+	mu    sync.Mutex
+	calls map[string]int
+	fail  map[string]int
 }
 
 func (s *stepService) Call(_ context.Context, _, key string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.calls[key]++
-	if s.failOnce[key] {
-		delete(s.failOnce, key)
+	if s.fail[key] > 0 {
+		s.fail[key]--
 		return errors.New("marketing centre: 503")
 	}
 	return nil
 }
 
-// A grant whose second call fails after its first succeeded commits nothing, and its next
-// attempt calls the failed step again but not the one that succeeded: one successful call
-// per step, whatever failed in between.
+// A grant whose second call fails after its first succeeded is retried from the failed
+// step, never from the one that succeeded: one successful call per step, whatever failed in
+// between. Here the failed call fails again on its next try, so the attempt fails.
 func TestPrepareMakesASucceededCallOnce(t *testing.T) {
 	db := testenv.DB(t, 4, couponSchema).DB
-	svc := &stepService{calls: map[string]int{}, failOnce: map[string]bool{"m-1:deduct_budget": true}}
+	svc := &stepService{calls: map[string]int{}, fail: map[string]int{"m-1:deduct_budget": 2}}
 	cfg := campaign("made-calls", 10, 10*valueCents)
 	g := setup(t, db, cfg, svc)
 	ib, err := inbox.New(db, plugin(t, db, g), inbox.Config{BizType: coupon.BizType, MaxAttempts: 3, BackoffInitial: time.Millisecond,
@@ -50,7 +50,41 @@ func TestPrepareMakesASucceededCallOnce(t *testing.T) {
 	if err != nil || r.Outcome != inbox.OutcomeProcessed || r.Attempts != 2 {
 		t.Fatalf("%+v, %v: want processed at the second attempt", r, err)
 	}
-	want := map[string]int{"m-1:lock_stock": 1, "m-1:deduct_budget": 2, "m-1:write_wallet": 1}
+	want := map[string]int{"m-1:lock_stock": 1, "m-1:deduct_budget": 3, "m-1:write_wallet": 1}
+	svc.mu.Lock()
+	defer svc.mu.Unlock()
+	for k, n := range want {
+		if svc.calls[k] != n {
+			t.Errorf("%s: %d calls, want %d (all: %v)", k, svc.calls[k], n, svc.calls)
+		}
+	}
+}
+
+// When a grant's call fails after earlier ones succeeded, the steps made commit, so another
+// router that runs the grant later (here the delayed redelivery on a second router, whose
+// handler remembers no call) starts from the failed step.
+func TestAnotherRouterStartsFromTheFailedStep(t *testing.T) {
+	db := testenv.DB(t, 4, couponSchema).DB
+	svc := &stepService{calls: map[string]int{}, fail: map[string]int{"m-2:deduct_budget": 2}}
+	g := setup(t, db, campaign("made-calls-2", 10, 10*valueCents), svc)
+	cfg := inbox.Config{BizType: coupon.BizType, MaxAttempts: 1, BackoffInitial: time.Millisecond, BackoffMax: time.Millisecond,
+		DelayedRetries: 3, DelayedBackoff: time.Millisecond, BreakerOff: true}
+	a, err := inbox.New(db, plugin(t, db, g), cfg, watermill.NopLogger{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := inbox.New(db, plugin(t, db, g), cfg, watermill.NopLogger{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := a.Process(context.Background(), message.NewMessage(watermill.NewUUID(), order("m-2").Encode()), inbox.Source{Topic: "order-paid"}, inbox.ProcessOptions{})
+	if err != nil || r.Outcome != inbox.OutcomeDelayed {
+		t.Fatalf("router A: %+v, %v: want delayed", r, err)
+	}
+	if n, err := b.RedeliverDue(context.Background(), time.Now().Add(time.Hour)); err != nil || n != 1 {
+		t.Fatalf("router B redelivered %d, %v; want 1", n, err)
+	}
+	want := map[string]int{"m-2:lock_stock": 1, "m-2:deduct_budget": 3, "m-2:write_wallet": 1}
 	svc.mu.Lock()
 	defer svc.mu.Unlock()
 	for k, n := range want {

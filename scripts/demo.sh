@@ -13,9 +13,9 @@
 #   reports them (claims=, claim_duplicates_blocked=, claim_coupons=).
 # Environment: DEMO_ORDERS (5000), DEMO_DUP_RATE (0.3), DEMO_RATE (50 msg/s: orders arrive
 #   before, during and after the outage), DEMO_POISON (0), DEMO_CLAIMS (500), DEMO_HTTP
-#   (127.0.0.1:8480), DEMO_OUTAGE_FOR (65s), DEMO_FAIL_RATE (0: the share of the
-#   downstream's calls answered 500 outside the outage; the coupon plugin retries a grant
-#   whose later step failed from its first step, so any failure counts calls after success),
+#   (127.0.0.1:8480), DEMO_OUTAGE_FOR (65s), DEMO_FAIL_RATE (0.02: the share of the
+#   downstream's calls answered 500 outside the outage; a grant whose later step failed
+#   makes only the failed call again, not the calls that succeeded before it),
 #   DB: the database, mariadb (the default), postgres, or mysql8 (MySQL 8's SQL,
 #   db.dialect=mysql8, on the MariaDB server).
 set -Eeuo pipefail
@@ -28,7 +28,7 @@ POISON="${DEMO_POISON:-0}"
 CLAIMS="${DEMO_CLAIMS:-500}"
 HTTP="${DEMO_HTTP:-127.0.0.1:8480}"
 OUTAGE_FOR="${DEMO_OUTAGE_FOR:-65s}"
-FAIL_RATE="${DEMO_FAIL_RATE:-0}"
+FAIL_RATE="${DEMO_FAIL_RATE:-0.02}"
 DOWNSTREAM=127.0.0.1:8490 # plugins.coupon-granter.downstream_url in configs/demo.yaml
 OUT="$ROOT/.run/demo"
 mkdir -p "$OUT"
