@@ -16,21 +16,22 @@ import (
 
 // atLeastOnce is the engine of NewRelay.
 //
-// Rows are claimed with FOR UPDATE SKIP LOCKED (row locks only, at READ COMMITTED), so
-// business inserts never wait for the relay and two relays never publish the same row at
-// the same time.
+// The relay claims rows with FOR UPDATE SKIP LOCKED at READ COMMITTED, which takes row
+// locks only. So business inserts never wait for the relay, and two relays never publish
+// the same row at the same time.
 //
-// Order per key: a locking scan is not a snapshot. Scanning pending rows directly with
-// SKIP LOCKED skips a row whose transaction is still committing and then picks up rows of
-// transactions that committed a moment later, so a key's later event could overtake an
-// earlier one. The relay therefore first reads the pending ids with a plain (consistent)
-// read, which sees only committed rows, then locks exactly those rows with SKIP LOCKED. A
-// candidate it cannot lock (another relay holds it) holds back every later candidate of the
-// same key until the next poll.
+// A locking scan is not a snapshot, and that matters for the order per key. A scan of the
+// pending rows with SKIP LOCKED skips a row whose transaction is still committing. It then
+// picks up rows of transactions that committed a moment later. So a key's later event could
+// overtake an earlier one. The relay therefore first reads the pending ids with a plain
+// consistent read, which sees only committed rows. It then locks exactly those rows with
+// SKIP LOCKED. Another relay may hold a candidate, so that the relay cannot lock it. That
+// candidate holds back every later candidate of the same key until the next poll.
 //
-// Delivery: the producer is idempotent (acks=all), so broker retries add no duplicates. A
-// relay that crashes after Kafka accepted a batch but before the rows were marked publishes
-// that batch again on restart: at least once, with the same event_id header.
+// The producer is idempotent and waits for all acks, so broker retries add no duplicates.
+// A relay may crash after Kafka accepted a batch but before the rows were marked. It then
+// publishes that batch again on restart, with the same event_id header. So delivery is at
+// least once.
 type atLeastOnce struct {
 	*relayBase
 	producer Producer
@@ -45,8 +46,8 @@ type atLeastOnce struct {
 
 var _ relayEngine = (*atLeastOnce)(nil)
 
-// NewRelay builds a Relay that publishes at least once (see atLeastOnce);
-// NewExactlyOnceRelay builds the exactly-once one.
+// NewRelay builds a Relay that publishes at least once. NewExactlyOnceRelay builds the
+// exactly-once one.
 func NewRelay(db *sql.DB, producer Producer, cfg RelayConfig, logger watermill.LoggerAdapter) (*Relay, error) {
 	if db == nil || producer == nil {
 		return nil, errors.New("relay: db and producer are required")
@@ -67,7 +68,7 @@ func NewRelay(db *sql.DB, producer Producer, cfg RelayConfig, logger watermill.L
 	return &Relay{relayBase: b, engine: a}, nil
 }
 
-// checkServer checks the pool's isolation (the at-least-once relay derives nothing).
+// checkServer checks the pool's isolation. The at-least-once relay derives nothing.
 func (r *atLeastOnce) checkServer(ctx context.Context) error {
 	return r.relayBase.checkServer(ctx, nil)
 }
@@ -90,8 +91,8 @@ func (r *atLeastOnce) ownedShards() []int      { return nil }
 func (r *atLeastOnce) fenced() bool            { return false }
 func (r *atLeastOnce) stats() eosStats         { return eosStats{} }
 
-// relayOnce publishes one batch in the claim's transaction: what Kafka acked is marked
-// published and what it refused for good is parked (see Relay.RelayOnce).
+// relayOnce publishes one batch in the claim's transaction. It marks published what Kafka
+// acked and parks what Kafka refused for good. See Relay.RelayOnce.
 func (r *atLeastOnce) relayOnce(ctx context.Context) (int, error) {
 	if err := r.checkServer(ctx); err != nil {
 		return 0, err
@@ -124,7 +125,7 @@ func (r *atLeastOnce) relayOnce(ctx context.Context) (int, error) {
 			parked = append(parked, moved...)
 			return err
 		}
-		r.hook("after-kafka-commit") // Kafka has acked; the rows are not marked yet
+		r.hook("after-kafka-commit") // Kafka has acked, and the rows are not marked yet
 		ids := make([]int64, len(batch))
 		for i, o := range batch {
 			ids[i] = o.id
@@ -149,11 +150,12 @@ func (r *atLeastOnce) relayOnce(ctx context.Context) (int, error) {
 	return n, sendErr
 }
 
-// sentInPart settles a batch whose send failed for some rows (at-least-once mode, in the
-// claim's transaction): the acked rows are marked, the rows Kafka refused for good are parked
-// (with the later rows of their keys, held, acked or not), and the rest stay pending — with
-// the later rows of their keys, acked or not, so that those go out again after them.
-// It returns how many rows it marked and, when rows failed otherwise, the batch's error.
+// sentInPart settles a batch whose send failed for some rows. It runs in the claim's
+// transaction of the at-least-once mode. It marks the acked rows. It parks the rows Kafka
+// refused for good, and holds the later rows of their keys behind them, acked or not. The
+// other failed rows stay pending. So do the later rows of their keys, acked or not, so that
+// those go out again after them. sentInPart returns how many rows it marked. When rows
+// failed for another reason than a refusal, it also returns the batch's error.
 func (r *atLeastOnce) sentInPart(ctx context.Context, tx *sql.Tx, batch []outRow, err error) (marked int, parked []parkEntry, batchErr, txErr error) {
 	res := sortSend(batch, nil, err)
 	if len(res.unknown) > 0 && r.md != nil {
@@ -189,8 +191,9 @@ func (r *atLeastOnce) sentInPart(ctx context.Context, tx *sql.Tx, batch []outRow
 			continue
 		}
 		if _, ok := res.errs[i]; ok || failed[o.key] {
-			// Failed (retried), or acked after a row of its key that failed: left pending
-			// too, so it goes out again after that row (at least once, in key order).
+			// The row failed and is retried, or it was acked after a failed row of its key.
+			// It stays pending, so it goes out again after that row. Delivery stays at
+			// least once, in key order.
 			if failed == nil {
 				failed = map[string]bool{}
 			}
@@ -218,15 +221,16 @@ func (r *atLeastOnce) sentInPart(ctx context.Context, tx *sql.Tx, batch []outRow
 	return len(acked), moved, nil, nil
 }
 
-// claim returns the next batch in id order. See the Relay comment for why the pending ids
-// are read first and locked second.
+// claim returns the next batch in id order. See atLeastOnce for why the pending ids are
+// read first and locked second.
 //
-// Parked keys: the keys with parked events are read before and after the pending ids. A key
-// parked after the pending read is seen by the second read, and its rows are held behind its
-// parked event (moved to the parked table in this transaction) — a park committed between the
-// reads is never missed. A key parked before and not after was retried or dropped meanwhile;
-// the pending read may have missed the events put back, so its rows wait for the next batch.
-// Rows Kafka would refuse (CheckWith) are parked here too, before anything is sent.
+// claim reads the keys with parked events before and after the pending ids. The second
+// read sees a key parked after the pending read. Its rows are held behind its parked event
+// and move to the parked table in this transaction. So a park committed between the reads
+// is never missed. A key parked before and not after was retried or dropped meanwhile. The
+// pending read may have missed the events put back, so its rows wait for the next batch.
+// claim also parks the rows Kafka would refuse by CheckWith's check, before anything is
+// sent.
 func (r *atLeastOnce) claim(ctx context.Context, tx *sql.Tx) (send []outRow, parked []parkEntry, err error) {
 	type candidate struct {
 		id  int64
@@ -257,7 +261,8 @@ func (r *atLeastOnce) claim(ctx context.Context, tx *sql.Tx) (send []outRow, par
 	if err != nil || len(cands) == 0 {
 		return nil, nil, err
 	}
-	// The candidates come from a plain read: the transaction holds no lock while it lingers.
+	// The candidates come from a plain read, so the transaction holds no lock while it
+	// lingers.
 	if again, err := r.linger(ctx, len(cands)); err != nil {
 		return nil, nil, err
 	} else if again {
@@ -303,7 +308,7 @@ func (r *atLeastOnce) claim(ctx context.Context, tx *sql.Tx) (send []outRow, par
 	for i, c := range cands {
 		o, ok := locked[c.id]
 		if !ok {
-			// Another relay holds it: it holds back every later candidate of its key (screen).
+			// Another relay holds it. screen makes it hold back every later candidate of its key.
 			o = outRow{id: c.id, key: c.key}
 		}
 		batch[i] = o

@@ -16,16 +16,16 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// relayBase is what both engines of a Relay share: the configuration, the database, the
-// counters, the wake-ups, the idle and backoff loop, the retention cleanup and parking
-// (parked.go).
+// relayBase is what both engines of a Relay share. It holds the configuration, the
+// database, the counters and the wake-ups. It runs the idle and backoff loop, the retention
+// cleanup and the parking of parked.go.
 type relayBase struct {
 	db     *sql.DB
 	dl     sqlText // the pool's dialect
 	cfg    RelayConfig
 	logger watermill.LoggerAdapter
 	q      relayQueries
-	tr     trace.Tracer // nil: the relay does not trace (RelayConfig.TracerProvider)
+	tr     trace.Tracer // nil when the relay does not trace, see RelayConfig.TracerProvider
 
 	checkMu sync.Mutex  // serialises checkServer
 	checked atomic.Bool // checkServer succeeded
@@ -39,7 +39,7 @@ type relayBase struct {
 	wakes     atomic.Int64
 
 	wakeMu sync.Mutex
-	wakeCh chan struct{} // closed by Wake; replaced once a loop has seen it closed
+	wakeCh chan struct{} // closed by Wake, replaced once a loop has seen it closed
 	woken  bool
 }
 
@@ -69,8 +69,8 @@ func newRelayBase(db *sql.DB, cfg RelayConfig, logger watermill.LoggerAdapter) (
 }
 
 // Wake tells an idle relay that rows were just committed, so it reads them now instead of
-// after its poll interval (the router calls it after every delivery that committed work).
-// It never blocks; many calls between two reads cost one read.
+// after its poll interval. The router calls it after every delivery that committed work.
+// It never blocks. Many calls between two reads cost one read.
 func (r *relayBase) Wake() {
 	r.wakeMu.Lock()
 	if !r.woken {
@@ -99,26 +99,26 @@ func (r *relayBase) wakeC() <-chan struct{} {
 // Published is the number of events this relay has published.
 func (r *relayBase) Published() int64 { return r.published.Load() }
 
-// Batches is the number of batches this relay has published: Kafka transactions in
-// exactly-once mode, SendMessages calls in at-least-once mode.
+// Batches is the number of batches this relay has published. A batch is a Kafka
+// transaction in exactly-once mode and a SendMessages call in at-least-once mode.
 func (r *relayBase) Batches() int64 { return r.batches.Load() }
 
-// Parked is the number of rows this relay has moved to the parked table: events Kafka
-// refuses for good and the later events of their keys (held behind them).
+// Parked is the number of rows this relay has moved to the parked table. They are the
+// events Kafka refuses for good and the later events of their keys, held behind them.
 func (r *relayBase) Parked() int64 { return r.parked.Load() }
 
 // Lingers is the number of times a partial batch waited Linger for more rows.
 func (r *relayBase) Lingers() int64 { return r.lingers.Load() }
 
-// Failures is the number of failed (and retried) batches.
+// Failures is the number of failed batches. Each was retried.
 func (r *relayBase) Failures() int64 { return r.failures.Load() }
 
 // Deleted is the number of published rows the retention cleanup has deleted.
 func (r *relayBase) Deleted() int64 { return r.deleted.Load() }
 
-// checkServer makes CheckServer's checks once (again after a failure): the pool's
-// isolation, then complete, the engine's own part (nil: none), under checkMu and before
-// checked is set.
+// checkServer makes CheckServer's checks once, and again after a failure. It checks the
+// pool's isolation, then calls complete, the engine's own part, if it is not nil. complete
+// runs under checkMu and before checked is set.
 func (r *relayBase) checkServer(ctx context.Context, complete func(context.Context) error) error {
 	if r.checked.Load() {
 		return nil
@@ -140,16 +140,16 @@ func (r *relayBase) checkServer(ctx context.Context, complete func(context.Conte
 	return nil
 }
 
-// loop calls once until ctx ends, backing off after failures and sleeping idle() when
-// there was nothing to publish; cleans reports whether this loop runs the retention cleanup.
+// loop calls once until ctx ends. It backs off after failures and sleeps for idle() when
+// there was nothing to publish. cleans reports whether this loop runs the retention cleanup.
 //
-// An idle wait ends early on Wake when wakeable reports true (the loop publishes: not a
-// standby, not backing off after a failure).
+// An idle wait ends early on Wake when wakeable reports true, which means that the loop
+// publishes. A wait never ends early for a standby or while backing off after a failure.
 func (r *relayBase) loop(ctx context.Context, shard string, once func(context.Context) (int, error), idle func() time.Duration, cleans, wakeable func() bool) {
 	backoff := r.cfg.RetryBackoff
 	var nextCleanup time.Time
 	for {
-		woke := r.wakeC() // taken before the read: a Wake during it cuts the next wait short
+		woke := r.wakeC() // taken before the read, so a Wake during it cuts the next wait short
 		n, err := once(ctx)
 		if ctx.Err() != nil {
 			return
@@ -189,9 +189,9 @@ func (r *relayBase) loop(ctx context.Context, shard string, once func(context.Co
 				return
 			case <-t.C:
 			case <-wake:
-				// Rows committed since the read: read again now. A partial batch lingers in
-				// the read itself, so a burst of wakes (one per delivery) still costs one
-				// batch, and a woken row waits one Linger: the wake adds no wait of its own.
+				// Rows committed since the read, so read again now. A partial batch lingers
+				// in the read itself. So a burst of wakes, one per delivery, still costs one
+				// batch. A woken row waits one Linger, and the wake adds no wait of its own.
 				t.Stop()
 				r.wakes.Add(1)
 			}
@@ -229,9 +229,9 @@ func (r *relayBase) hook(point string) {
 	}
 }
 
-// linger reports whether a read that found n pending rows should wait for more; if so it
-// waits Linger (returning ctx's error if ctx ends first) and the caller reads again from
-// the start, so rows that committed out of id order meanwhile take their place in id order.
+// linger reports whether a read that found n pending rows should wait for more. If so, it
+// waits Linger, or returns ctx's error if ctx ends first. The caller then reads again from
+// the start. So rows that committed out of id order meanwhile take their place in id order.
 func (r *relayBase) linger(ctx context.Context, n int) (bool, error) {
 	if r.cfg.Linger <= 0 || n == 0 || n >= r.cfg.BatchSize {
 		return false, nil
@@ -285,14 +285,14 @@ func (r *relayBase) logParked(moved []parkEntry, shard string) {
 	}
 }
 
-// The fixed header names as bytes, shared by every message (the producer only reads them).
+// The fixed header names as bytes, shared by every message. The producer only reads them.
 var (
 	headerEventIDKey   = []byte(HeaderEventID)
 	headerEventTypeKey = []byte(HeaderEventType)
 	headerTraceKey     = []byte(tracex.Header)
 )
 
-// OldestPendingAge returns the age of the oldest unpublished row (0 when none).
+// OldestPendingAge returns the age of the oldest unpublished row, or 0 when there is none.
 func (r *relayBase) OldestPendingAge(ctx context.Context) (time.Duration, error) {
 	var t sql.NullTime
 	if err := r.db.QueryRowContext(ctx, r.q.oldestPending).Scan(&t); err != nil {

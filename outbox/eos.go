@@ -13,26 +13,27 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-// ErrFenced is returned (wrapped) when another producer with the same transactional.id took
-// over: this relay's session is over and it stops publishing.
+// ErrFenced is wrapped by the error a relay returns when another producer with the same
+// transactional.id took over. This relay's session is then over, and it stops publishing.
 var ErrFenced = errors.New("outbox relay fenced: another instance took over the transactional.id")
 
 // errLeaseLost aborts a batch whose lease ran out before its Kafka commit.
 var errLeaseLost = errors.New("outbox relay: lease expired before the Kafka commit; batch aborted")
 
-// errRefused ends a session whose batch Kafka refused rows of (they are parked, or being
-// isolated): the transaction is aborted and the next batch starts a new session at once.
+// errRefused ends a session when Kafka refused rows of its batch. Those rows are parked or
+// being isolated. The transaction is aborted, and the next batch starts a new session at
+// once.
 var errRefused = errors.New("kafka refused events of the batch")
 
-// eosRelay is the engine of NewExactlyOnceRelay: one eosShard per shard (eosshard.go: the
-// sessions; eosbatch.go: the batches; reconcile.go: the start of a session), and with
-// several shards the membership that spreads them over the group's relays (membership.go).
+// eosRelay is the engine of NewExactlyOnceRelay. It runs one eosShard per shard. eosshard.go
+// holds the sessions, eosbatch.go the batches and reconcile.go the start of a session. With
+// several shards, the membership of membership.go spreads them over the group's relays.
 type eosRelay struct {
 	*relayBase
 	shards  []*eosShard
 	members *membership // several shards only
-	txnID   string      // the transactional id in use; set under checkMu before checked
-	handoff *handoff    // the events this process's Writers hand over (handoff.go); nil when off
+	txnID   string      // the transactional id in use, set under checkMu before checked
+	handoff *handoff    // the events this process's Writers hand over, nil when off
 	db      *sql.DB
 	release sync.Once // of handoff
 }
@@ -40,9 +41,9 @@ type eosRelay struct {
 var _ relayEngine = (*eosRelay)(nil)
 
 // NewExactlyOnceRelay builds a relay in exactly-once mode. It creates its own transactional
-// producer from kc (per session) and needs the relay_lease table (migration 00003) and a
-// positions topic, which it creates (compacted, one partition) when missing. Call Run, or
-// RelayOnce and then Close.
+// producer from kc for each session. It needs the relay_lease table of migration 00003 and
+// a positions topic. It creates the topic when missing, compacted and with one partition.
+// Call Run, or RelayOnce and then Close.
 func NewExactlyOnceRelay(db *sql.DB, kc kafkax.Config, cfg RelayConfig, logger watermill.LoggerAdapter) (*Relay, error) {
 	if db == nil {
 		return nil, errors.New("relay: db is required")
@@ -89,8 +90,8 @@ func (r *eosRelay) checkServer(ctx context.Context) error {
 	return r.relayBase.checkServer(ctx, r.deriveTransactionalID)
 }
 
-// deriveTransactionalID sets the default transactional id, "onceflow-relay-<database>-<shard>"
-// (RelayConfig.TransactionalID), when none is configured.
+// deriveTransactionalID sets the default transactional id when none is configured. The
+// default is "onceflow-relay-<database>-<shard>". See RelayConfig.TransactionalID.
 func (r *eosRelay) deriveTransactionalID(ctx context.Context) error {
 	if r.cfg.TransactionalID != "" {
 		return nil
@@ -110,8 +111,9 @@ func (r *eosRelay) deriveTransactionalID(ctx context.Context) error {
 	return nil
 }
 
-// setTransactionalID sets the transactional id of the relay and of its shards (under
-// checkMu, before checked is set: a shard reads its id only after CheckServer returned).
+// setTransactionalID sets the transactional id of the relay and of its shards. The caller
+// holds checkMu and has not yet set checked. A shard reads its id only after CheckServer
+// returned.
 func (r *eosRelay) setTransactionalID(id string) {
 	r.txnID = id
 	for _, e := range r.shards {
@@ -137,17 +139,17 @@ func (r *eosRelay) relayOnce(ctx context.Context) (int, error) {
 	return r.relayShardsOnce(ctx)
 }
 
-// relayShardsOnce renews the membership when due, then runs one batch of every shard
-// (standby shards publish nothing).
+// relayShardsOnce renews the membership when due, then runs one batch of every shard.
+// Standby shards publish nothing.
 func (r *eosRelay) relayShardsOnce(ctx context.Context) (int, error) {
 	if r.members.due() {
 		if err := r.members.refresh(ctx); err != nil {
 			return 0, err
 		}
 	}
-	// The shards publish at once: each has its own transactional producer, lease and
-	// positions, and a Kafka transaction spends most of its time waiting on the broker, so
-	// the shards' transactions overlap instead of queueing.
+	// The shards publish at once. Each has its own transactional producer, lease and
+	// positions. A Kafka transaction spends most of its time waiting on the broker, so the
+	// shards' transactions overlap instead of queueing.
 	ns := make([]int, len(r.shards))
 	errs := make([]error, len(r.shards))
 	var wg sync.WaitGroup
@@ -170,7 +172,7 @@ func (r *eosRelay) relayShardsOnce(ctx context.Context) (int, error) {
 	return total, errors.Join(errs...)
 }
 
-// run keeps the membership (several shards) and runs every shard in its own goroutine,
+// run keeps the membership of several shards and runs every shard in its own goroutine,
 // with its marks pipelined.
 func (r *eosRelay) run(ctx context.Context) {
 	var wg sync.WaitGroup
@@ -206,7 +208,7 @@ func (r *eosRelay) close() error {
 	return errors.Join(errs...)
 }
 
-// checkWith does nothing: each session checks its batches with its own producer's client.
+// checkWith does nothing. Each session checks its batches with its own producer's client.
 func (r *eosRelay) checkWith(Metadata, int) {}
 
 func (r *eosRelay) exactlyOnce() bool { return true }

@@ -14,15 +14,18 @@ import (
 )
 
 // batch publishes the oldest unpublished rows in one Kafka transaction with their position,
-// then marks them: before it returns, or, pipelined, in the background while the next batch
-// is read and sent (see eosShard).
+// then marks them. It marks them before it returns. When pipelined, it marks them in the
+// background while the next batch is read and sent. See eosShard.
 //
-// Before sending, rows Kafka would refuse (a topic missing from the metadata after a forced
-// refresh, a record over the producer's max message bytes) and the rows of keys with parked
-// events are parked (parked.go), and the batch is what remains: its position covers exactly
-// the rows sent in its transaction. A send Kafka refuses rows of aborts the transaction
-// (errRefused ends the session): the refused rows are parked, or, when the errors do not say
-// which rows caused them, isolated over the next batches (isolation).
+// Before sending, batch parks two kinds of rows with the code of parked.go. The first are
+// rows Kafka would refuse, such as a row whose topic is missing from the metadata after a
+// forced refresh, or a record over the producer's max message bytes. The second are the
+// rows of keys with parked events. The batch is what remains, and its position covers
+// exactly the rows sent in its transaction.
+//
+// When Kafka refuses rows of a send, batch aborts the transaction and errRefused ends the
+// session. The refused rows are parked. When the errors do not say which rows caused them,
+// isolation finds them over the next batches.
 func (e *eosShard) batch(ctx context.Context, pipelined bool) (_ int, err error) {
 	r, s, cfg := e.r, e.sess, e.r.cfg
 	if m := s.marking; m != nil && isDone(m.done) {
@@ -30,7 +33,7 @@ func (e *eosShard) batch(ctx context.Context, pipelined bool) (_ int, err error)
 			return 0, err
 		}
 	}
-	// Parked keys before and after the pending read: see atLeastOnce.claim.
+	// The parked keys are read before and after the pending read. See atLeastOnce.claim.
 	before, err := r.parkedKeys(ctx, r.db)
 	if err != nil {
 		return 0, err
@@ -86,7 +89,7 @@ func (e *eosShard) batch(ctx context.Context, pipelined bool) (_ int, err error)
 	posMsg := &sarama.ProducerMessage{Topic: cfg.PositionsTopic, Key: sarama.StringEncoder(e.txnID), Value: sarama.ByteEncoder(val)}
 	msgs = append(msgs, posMsg)
 	if spans := r.startPublish(ctx, batch, e.shard); spans != nil { // the relay traces
-		defer func() { endPublish(spans, err) }() // ended at the Kafka commit, or with the batch's error
+		defer func() { endPublish(spans, err) }() // at the Kafka commit, or with the batch's error
 	}
 	if err := s.p.BeginTxn(); err != nil {
 		return 0, fmt.Errorf("begin kafka transaction: %w", err)
@@ -95,8 +98,8 @@ func (e *eosShard) batch(ctx context.Context, pipelined bool) (_ int, err error)
 		return 0, e.refusedSend(ctx, batch, posMsg, err)
 	}
 	e.iso.outcome(batch, nil)
-	// The previous batch must be marked before this one commits: only the last committed
-	// batch may be unmarked, as the next relay session reconciles only that one.
+	// The previous batch must be marked before this one commits. Only the last committed
+	// batch may be unmarked, because the next relay session reconciles only that one.
 	if err := e.collect(); err != nil {
 		return 0, err
 	}
@@ -108,12 +111,12 @@ func (e *eosShard) batch(ctx context.Context, pipelined bool) (_ int, err error)
 		return 0, fmt.Errorf("commit kafka transaction (%d events): %w", len(ids), err)
 	}
 	r.hook("after-kafka-commit")
-	// The batch is in Kafka. Mark it before anything else; if that fails the session ends and
-	// the next one reconciles these rows from the position just committed.
+	// The batch is in Kafka. Mark it before anything else. If that fails, the session ends,
+	// and the next one reconciles these rows from the position just committed.
 	m := &markJob{ids: ids, seq: s.seq, done: make(chan struct{})}
 	s.marking = m
-	// Nothing holds the batch's messages any more (the mark has the ids): the next read may
-	// reuse their buffers, and the hand-off need not hold their rows.
+	// Nothing holds the batch's messages any more, because the mark has the ids. The next
+	// read may reuse their buffers, and the hand-off need not hold their rows.
 	e.rd.recycle()
 	if h := r.handoff; h != nil {
 		h.drop(ids)
@@ -126,9 +129,9 @@ func (e *eosShard) batch(ctx context.Context, pipelined bool) (_ int, err error)
 	return len(ids), nil
 }
 
-// refusedSend handles a failed send of batch (its transaction is open and will be aborted):
-// rows Kafka refused for good are parked, and errRefused is returned, unless no row was
-// refused, when the error is returned as it is (the batch is retried).
+// refusedSend handles a failed send of batch. The batch's transaction is open and will be
+// aborted. refusedSend parks the rows Kafka refused for good and returns errRefused. When
+// Kafka refused no row, it returns err as it is, and the batch is retried.
 func (e *eosShard) refusedSend(ctx context.Context, batch []outRow, posMsg *sarama.ProducerMessage, err error) error {
 	r := e.r
 	res := sortSend(batch, posMsg, err)
@@ -152,8 +155,8 @@ func (e *eosShard) refusedSend(ctx context.Context, batch []outRow, posMsg *sara
 		o := batch[i]
 		entries = append(entries, parkEntry{row: o, reason: res.reasons[i], err: refusal{res.reasons[i], res.errs[i]}.text(o)})
 	}
-	// The transaction is never committed (it is aborted when the session ends), so these rows
-	// are in no committed batch: parking them leaves every position's rows in the outbox.
+	// The transaction is aborted when the session ends and is never committed. So these rows
+	// are in no committed batch, and parking them leaves every position's rows in the outbox.
 	var moved []parkEntry
 	if perr := dbx.InTx(ctx, r.db, func(tx *sql.Tx) error {
 		var err error
@@ -166,18 +169,20 @@ func (e *eosShard) refusedSend(ctx context.Context, batch []outRow, posMsg *sara
 	return fmt.Errorf("%w: %d parked", errRefused, len(moved))
 }
 
-// pending reads the shard's oldest unpublished rows, up to a batch. With relay.linger, the
-// rows are first counted by their ids alone (an index-only read); a partial batch lingers,
-// and the rows are read in full once, after it — from the start, so rows that committed out
-// of id order meanwhile take their place in id order. (Reading the rows in full before the
-// linger and again after it cost the database two reads of every row of a partial batch.)
-// With a hand-off (handoff.go) the batch's ids are read, after the linger, by themselves,
-// and the rows are taken from the hand-off when it holds every one of them; else they are
-// read in full.
+// pending reads the shard's oldest unpublished rows, up to a batch.
+//
+// With relay.linger, pending first counts the rows by their ids alone, in an index-only
+// read. A partial batch lingers. The rows are then read in full once, from the start, so
+// rows that committed out of id order meanwhile take their place in id order. So the
+// database reads each row of a partial batch once in full.
+//
+// With the hand-off of handoff.go, pending reads the batch's ids by themselves after the
+// linger. It takes the rows from the hand-off when the hand-off holds every one of them.
+// Otherwise it reads them in full.
 func (e *eosShard) pending(ctx context.Context) ([]outRow, error) {
 	h := e.r.handoff
 	if h != nil && h.empty() {
-		h = nil // nothing handed over (another process's rows, a standby's start): read in full
+		h = nil // nothing handed over, as for another process's rows or a standby's start
 	}
 	if e.r.cfg.Linger > 0 || h != nil {
 		var mark uint64
@@ -221,13 +226,13 @@ func (e *eosShard) pending(ctx context.Context) ([]outRow, error) {
 	return e.rd.rows(b), nil
 }
 
-// readPending reads the shard's oldest unpublished rows, up to a batch, into b, and returns
-// how many it read; with b nil, their ids and key hashes only (an index-only read), into
-// e.pendIDs and e.pendHashes.
+// readPending reads the shard's oldest unpublished rows, up to a batch, into b. It returns
+// how many it read. When b is nil, it reads only their ids and key hashes, in an index-only
+// read, into e.pendIDs and e.pendHashes.
 func (e *eosShard) readPending(ctx context.Context, b *rowBatch) (int, error) {
-	// Rows of a batch whose mark is still running are in Kafka already: read past them —
-	// in the query when they form id ranges (the common case: not read twice), else by
-	// reading that many more rows and dropping them here.
+	// Rows of a batch whose mark is still running are in Kafka already, so read past them.
+	// When they form id ranges, the query leaves them out, and they are not read twice.
+	// That is the common case. Otherwise read that many more rows and drop them here.
 	var skip map[int64]bool
 	query, where, args := e.pendingQ, e.pendingWhere, []any{e.r.cfg.BatchSize}
 	if b == nil {

@@ -16,28 +16,30 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-// eosShard is one shard of an exactly-once relay (eosRelay): its lease, its sessions, its
-// batches.
+// eosShard is one shard of an eosRelay, with its lease, its sessions and its batches.
 //
-// A session starts once this instance holds the shard's lease: a new transactional producer
-// (InitProducerID with the shard's fixed transactional.id fences any earlier producer and
-// aborts its open transaction, or completes one that was already committing), then an
-// "init" position committed in its own transaction, then the topic is read (read_committed)
-// up to that record to find the last committed batch position, whose rows are marked
-// published if they are not yet (reconciliation). Only then does it publish.
+// A session starts once this instance holds the shard's lease. It starts a new
+// transactional producer with the shard's fixed transactional.id. The producer's
+// InitProducerID fences any earlier producer. It aborts that producer's open transaction,
+// or completes one that was already committing. The session then commits an "init"
+// position in its own transaction. It reads the positions topic with read_committed
+// isolation up to that record, to find the last committed batch position. It marks that
+// batch's rows published if they are not yet. This step is the reconciliation. Only then
+// does the session publish.
 //
-// Each batch: a plain read of the oldest unpublished rows (no locks: only the lease owner
-// publishes), one Kafka transaction with the events and the batch position, commit, then
-// the rows are marked in a short database transaction. A batch is marked before the next
-// one commits, so at most the last committed batch can be unmarked, and that is the one the
-// next relay session reconciles. Any failure ends the session (abort, close the producer); the
-// next relay session starts from the reconciliation again.
+// Each batch starts with a plain read of the oldest unpublished rows. The read takes no
+// locks, because only the lease owner publishes. One Kafka transaction carries the events
+// and the batch position. After its commit, a short database transaction marks the rows. A
+// batch is marked before the next one commits. So at most the last committed batch can be
+// unmarked, and that is the one the next relay session reconciles. Any failure ends the
+// session, which aborts the transaction and closes the producer. The next relay session
+// starts from the reconciliation again.
 //
-// Under Run the mark of batch N runs while batch N+1 is read and sent (pipelined): the read
-// leaves out batch N's rows, and batch N+1's Kafka commit waits for batch N's mark, so the
-// invariant above holds. The mark is the relay's largest cost (an indexed update per row);
-// overlapping it with the Kafka round trips is what lifts the relay's rate. RelayOnce marks
-// before it returns.
+// Under Run, the batches are pipelined. The mark of batch N runs while batch N+1 is read
+// and sent. The read leaves out batch N's rows, and batch N+1's Kafka commit waits for
+// batch N's mark. So the invariant above holds. The mark, an indexed update per row, is
+// the relay's largest cost. Overlapping it with the Kafka round trips lifts the relay's
+// rate. RelayOnce marks before it returns.
 type eosShard struct {
 	r        *eosRelay
 	kc       kafkax.Config
@@ -45,16 +47,16 @@ type eosShard struct {
 	index    int    // shard index, 0..Shards-1
 	shard    string // lease name: Shard, or Shard#index/Shards when there are several
 	txnID    string // TransactionalID, or TransactionalID-<index>of<Shards>
-	pendingQ string // the shard's oldest unpublished rows: pendingWhere + pendingOrder
-	// pendingIDsQ is pendingQ reading the ids alone (before a linger); pendingIDsWhere its
+	pendingQ string // reads the shard's oldest unpublished rows, pendingWhere + pendingOrder
+	// pendingIDsQ is pendingQ reading the ids alone, before a linger. pendingIDsWhere is its
 	// SELECT … WHERE.
 	pendingIDsQ, pendingIDsWhere string
-	// pendingWhere is pendingQ's SELECT … WHERE (more conditions may follow);
-	// pendingOrder its " ORDER BY id LIMIT ?" (sqlText.pendingOrder).
+	// pendingWhere is pendingQ's SELECT … WHERE, which more conditions may follow.
+	// pendingOrder is its ORDER BY clause from sqlText.pendingOrder, with " LIMIT ?".
 	pendingWhere, pendingOrder string
 
-	// wanted is whether this relay should own the shard: always with one shard; with
-	// several, as the membership assigns them (membership.go).
+	// wanted is whether this relay should own the shard. With one shard it always should.
+	// With several, the membership of membership.go assigns them.
 	wanted atomic.Bool
 
 	mu           sync.Mutex // serialises relayOnce and close
@@ -63,13 +65,13 @@ type eosShard struct {
 	topicReady   bool
 
 	iso isolation // under mu
-	rd  rowReader // under mu: reads pending rows
-	// Under mu: the pending ids (and key hashes) a read found, and the hand-off's rows of a
-	// batch taken from it (handoff.go).
+	rd  rowReader // under mu, reads pending rows
+	// pendIDs and pendHashes are the pending ids and key hashes a read found. handed holds
+	// the rows of a batch taken from the hand-off of handoff.go. All three are under mu.
 	pendIDs, pendHashes []int64
 	handed              []handedRow
-	// foreignSeen is the last foreign batch position (session/seq) a session start logged at
-	// WARN (reconcile.go); under mu.
+	// foreignSeen is the session/seq of the last foreign batch position that a session start
+	// logged at WARN, in reconcile.go. It is under mu.
 	foreignSeen string
 
 	owner      atomic.Bool
@@ -77,17 +79,17 @@ type eosShard struct {
 	fencings   atomic.Int64
 	reconciled atomic.Int64
 	sessions   atomic.Int64
-	takeovers  atomic.Int64 // leases taken (not renewals): Relay.LeaseTakeovers
+	takeovers  atomic.Int64 // leases taken, not renewed, for Relay.LeaseTakeovers
 }
 
 type session struct {
 	p         sarama.SyncProducer
-	client    sarama.Client // p's: the batch check asks it about topics
+	client    sarama.Client // p's client, which the batch check asks about topics
 	maxBytes  int           // p's Producer.MaxMessageBytes
 	marking   *markJob      // the previous batch's mark, while it runs or until its error is seen
 	id        string
 	seq       int64
-	partition int32 // of the positions topic
+	partition int32 // the partition of the positions topic
 }
 
 func (e *eosShard) idleWait() time.Duration {
@@ -111,8 +113,9 @@ func (e *eosShard) relayOnce(ctx context.Context, pipelined bool) (int, error) {
 		return 0, nil
 	}
 	if !e.wanted.Load() {
-		// Not (or no longer) this relay's shard: hand it over at once if it holds it. No
-		// transaction is open between batches, and endSession waits for the last batch's mark.
+		// The shard is not this relay's, or no longer. Hand it over at once if this relay
+		// holds it. No transaction is open between batches, and endSession waits for the last
+		// batch's mark.
 		if e.lease.held {
 			e.endSession("shard assigned to another relay")
 			e.owner.Store(false)
@@ -148,8 +151,8 @@ func (e *eosShard) relayOnce(ctx context.Context, pipelined bool) (int, error) {
 		if err := e.startSession(ctx); err != nil {
 			e.endSession("session start failed")
 			if errors.Is(err, ErrShardCountMismatch) || errors.Is(err, ErrPositionsReplication) {
-				// Give the lease back: the relays of the other count keep seeing a live lease
-				// of ours only while we hold it.
+				// Give the lease back. The relays of the other count see a live lease of ours
+				// only while we hold it.
 				e.owner.Store(false)
 				err = errors.Join(err, e.lease.release(ctx))
 			}
@@ -168,8 +171,9 @@ func (e *eosShard) relayOnce(ctx context.Context, pipelined bool) (int, error) {
 	return n, nil
 }
 
-// failed classifies a session error: a fenced producer stops publishing for one lease TTL
-// (it resumes only if it can take the lease again, i.e. the instance that fenced it is gone).
+// failed classifies a session error. A fenced producer stops publishing for one lease TTL.
+// It resumes only if it can take the lease again, which means that the instance that fenced
+// it is gone.
 func (e *eosShard) failed(ctx context.Context, err error) error {
 	if !isFenced(err) {
 		return err
@@ -248,7 +252,7 @@ func (e *eosShard) startSession(ctx context.Context) error {
 		return err
 	}
 	var marked int64
-	if found && !faults.SkipReconcile() { // false unless fault hooks skip it (internal/faults)
+	if found && !faults.SkipReconcile() { // true only when the fault hooks of internal/faults skip it
 		if marked, err = e.reconcile(ctx, last); err != nil {
 			return err
 		}
@@ -277,8 +281,8 @@ func (e *eosShard) endSession(why string) {
 	}
 	e.sess = nil
 	if m := s.marking; m != nil {
-		// The mark of the last committed batch: let it finish (it is bounded by its own
-		// timeout); should it fail, the next relay session reconciles that batch.
+		// This is the mark of the last committed batch. Let it finish, within its own
+		// timeout. Should it fail, the next relay session reconciles that batch.
 		<-m.done
 		if m.err != nil {
 			e.r.logger.Error("outbox relay: marking a committed batch failed (the next relay session reconciles it)", m.err,

@@ -11,11 +11,12 @@ import (
 var eventIDSpace = uuid.MustParse("082f12a1-1222-4e0c-87a8-b73f96503706")
 
 // EventID returns a stable event id made of parts, such as the event's type and the business
-// key it is about: a version 5 UUID (SHA-1 of the parts in a namespace of the outbox's), 36
-// bytes however long the parts are. The same parts give the same id in every process and
-// every version of onceflow, so an event written again (a retry, a replay) keeps its id.
-// Parts that differ in content, number or order give different ids: each part is hashed with
-// its length, so ("ab", "c") and ("a", "bc") are not the same name.
+// key it is about. The id is a version 5 UUID, the SHA-1 of the parts in a namespace of the
+// outbox's. It is 36 bytes however long the parts are. The same parts give the same id in
+// every process and every version of onceflow. So an event written again by a retry or a
+// replay keeps its id. Parts that differ in content, number or order give different ids.
+// Each part is hashed with its length, so the parts "ab" and "c" make another name than
+// "a" and "bc".
 //
 //	outbox.Event{ID: outbox.EventID("PointsCredited", orderID), …}
 func EventID(parts ...string) string {

@@ -7,23 +7,29 @@ import (
 	"unsafe"
 )
 
-// The hand-off: a Writer that writes through the pool of an exactly-once relay running in
-// the same process (UseStatements with the relay's *sql.DB, the same table) hands the rows
-// of a group-committed batch (txdefer.Commit: only once the batch's transaction committed)
-// to that relay, which then takes their contents from memory instead of reading them back.
+// The hand-off lets an exactly-once relay take the rows of a group-committed batch from
+// memory instead of reading them back. A Writer hands the rows over when it writes through
+// the pool of such a relay in the same process. Its UseStatements was then given the
+// relay's *sql.DB, and it writes the relay's table. It hands the rows over only once the
+// batch's transaction committed, through txdefer.Commit.
 //
-// The relay still decides what to publish from the database alone: it reads the ids (and
-// key hashes) of the oldest pending rows — an index-only read of idx_unpublished, ≈0.4 µs
-// of MariaDB CPU per row against ≈11–15 µs for reading the rows in full (`relay_db`) — in
-// id order, as before, and takes a row's columns from the hand-off only when every row of
-// that read was handed over, with the key hash the database gives for it; else the batch is
-// read in full, as without a hand-off. So the published set, its order, its positions and
-// its marks are what a read of the database gives; only where the bytes come from changes.
-// Outbox rows are never changed after they are written (the relay and the cleaner only
-// mark and delete them); a row a hand-off holds is dropped once it is published or parked,
-// once a read of the pending rows shows it published (by another relay), and when the
-// relay's session starts; a full hand-off (RelayConfig.HandOffBytes) takes no more rows
-// until the relay drains it, so memory is bounded by bytes.
+// The relay still decides what to publish from the database alone. It reads the ids and
+// key hashes of the oldest pending rows in id order. That read is index-only, on
+// idx_unpublished, and costs the database far less than a read of the rows in full. The
+// relay takes a row's columns from the hand-off only when every row of that read was handed
+// over, with the key hash the database gives for it. Otherwise it reads the batch in full.
+// So the published set, its order, its positions and its marks are what a read of the
+// database gives. Only the source of the bytes changes.
+//
+// Outbox rows never change after they are written, because the relay and the cleaner only
+// mark and delete them. The hand-off drops a row once it is published or parked, or once a
+// read of the pending rows shows that another relay published it. It drops every row when
+// the relay's session starts. A full hand-off takes no more rows until the relay drains it,
+// so RelayConfig.HandOffBytes bounds its memory.
+//
+// See docs/ARCHITECTURE.md, section "The relay, and why each event is published once", and
+// docs/BENCHMARKS.md, section "End to end against the inbox's ceiling, and the router's CPU
+// per order".
 
 // handoffKey names the rows of one table of one pool.
 type handoffKey struct {
@@ -31,13 +37,12 @@ type handoffKey struct {
 	table string
 }
 
-// handoffs holds the hand-off of each (pool, table) an exactly-once relay of this process
-// runs on.
+// handoffs holds a hand-off for each pool and table that an exactly-once relay of this
+// process runs on.
 var handoffs sync.Map // handoffKey → *handoff
 
-// handedRow is one row a Writer wrote: its key hash (the database's key_hash column) and
-// its values in writerColumns' order (event_id, event_type, topic, msg_key, payload,
-// headers, trace_parent) as the Writer gave them to the insert.
+// handedRow is one row a Writer wrote. hash is the database's key_hash column. vals are
+// the values the Writer gave to the insert, in the order of writerColumns.
 type handedRow struct {
 	hash int64
 	vals [rowWidth]any
@@ -51,26 +56,28 @@ type handedID struct {
 	seq uint64
 }
 
-// handoff is the rows handed to the relays of one (pool, table).
+// handoff is the rows handed to the relays of one pool and table.
 type handoff struct {
 	max    int
-	refs   int                         // relays using it (guarded by handoffMu)
-	relays atomic.Pointer[[]*eosRelay] // those relays: rows go in only for a shard one of them owns
+	refs   int                         // relays using it, guarded by handoffMu
+	relays atomic.Pointer[[]*eosRelay] // those relays, since rows go in only for a shard one of them owns
 
 	mu    sync.Mutex
 	rows  map[int64]handedRow
-	order []handedID // in the order handed (may hold dropped rows); order[:head] are gone
+	order []handedID // in the order handed, with dropped rows too; order[:head] are gone
 	head  int
 	seq   uint64 // puts so far
 	bytes int
 
-	handed, full, hits, misses atomic.Int64 // rows handed, rows not taken (full); batches taken, read in full
+	// handed and full count the rows handed and not taken. hits and misses count the
+	// batches taken and read in full.
+	handed, full, hits, misses atomic.Int64
 }
 
 var handoffMu sync.Mutex
 
-// registerHandoff returns the hand-off of (db, table) for relay r, made with max bytes if
-// there is none; release with unregisterHandoff.
+// registerHandoff returns the hand-off of db and table for relay r. If there is none, it
+// makes one of max bytes. unregisterHandoff releases it.
 func registerHandoff(db *sql.DB, table string, max int, r *eosRelay) *handoff {
 	handoffMu.Lock()
 	defer handoffMu.Unlock()
@@ -90,7 +97,8 @@ func registerHandoff(db *sql.DB, table string, max int, r *eosRelay) *handoff {
 	return h
 }
 
-// unregisterHandoff releases relay r's registerHandoff: the last relay's release removes it.
+// unregisterHandoff releases relay r's registerHandoff. The last relay's release removes the
+// hand-off.
 func unregisterHandoff(db *sql.DB, table string, h *handoff, r *eosRelay) {
 	handoffMu.Lock()
 	defer handoffMu.Unlock()
@@ -106,9 +114,9 @@ func unregisterHandoff(db *sql.DB, table string, h *handoff, r *eosRelay) {
 	}
 }
 
-// owned reports whether a relay of the hand-off owns the shard of a row of key hash hash:
-// the rows of a shard another process publishes, or of a relay waiting for its lease, are
-// not kept (that relay would never drop them).
+// owned reports whether a relay of the hand-off owns the shard of a row of key hash hash.
+// The hand-off keeps no rows of a shard that another process publishes or whose relay waits
+// for its lease. That relay would never drop them.
 func (h *handoff) owned(hash int64) bool {
 	rs := h.relays.Load()
 	if rs == nil {
@@ -129,7 +137,7 @@ func (h *handoff) empty() bool {
 	return len(h.rows) == 0
 }
 
-// lookupHandoff returns the hand-off of (db, table), or nil when no exactly-once relay of
+// lookupHandoff returns the hand-off of db and table, or nil when no exactly-once relay of
 // this process runs on them.
 func lookupHandoff(db *sql.DB, table string) *handoff {
 	if db == nil {
@@ -142,12 +150,13 @@ func lookupHandoff(db *sql.DB, table string) *handoff {
 	return v.(*handoff)
 }
 
-// rowOverhead is what a handed row holds beyond its bytes (its map entry, values and id).
+// rowOverhead is what a handed row holds beyond its bytes, in its map entry, values and id.
 const rowOverhead = 160
 
-// put adds committed rows: ids[i] and hashes[i] are those of the row whose values are
-// args[i*rowWidth:(i+1)*rowWidth] (its payload a copy of its own). Rows that do not fit in
-// max, or of a shard no relay of the hand-off owns, are not taken: they are read back.
+// put adds committed rows. ids[i] and hashes[i] belong to the row whose values are
+// args[i*rowWidth:(i+1)*rowWidth], whose payload is a copy of its own. put does not take
+// rows that do not fit in max, or rows of a shard no relay of the hand-off owns. Those rows
+// are read back.
 func (h *handoff) put(ids, hashes []int64, args []any) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -178,12 +187,13 @@ func (h *handoff) mark() uint64 {
 	return h.seq
 }
 
-// dropStale drops the rows handed before mark (a read of the pending rows started then)
-// whose ids are below oldest, the smallest pending id that read found: committed before
-// it started and not pending, they were published (by another relay) or parked. Rows
-// handed later may have smaller ids (a transaction commits after a later id's). With
-// several shards the read was shard's of shards (MOD(key_hash, shards)): it tells nothing
-// of the other shards' rows, and the scan stops at the first of them.
+// dropStale drops the rows handed before mark whose ids are below oldest. A read of the
+// pending rows started at mark, and oldest is the smallest pending id it found. Such rows
+// committed before the read started and are not pending. So another relay published them,
+// or they were parked. Rows handed later may have smaller ids, because a transaction may
+// commit after the transaction of a later id. With several shards, the read covered shard
+// of shards, by MOD(key_hash, shards). It tells nothing of the other shards' rows, and the
+// scan stops at the first of them.
 func (h *handoff) dropStale(oldest int64, mark uint64, shard, shards int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -211,7 +221,8 @@ func (h *handoff) compactLocked() {
 }
 
 // take returns the handed rows of ids, in that order, when every one of them was handed
-// with the key hash the database gives (hashes[i]); else nil: the batch is read in full.
+// with the key hash hashes[i] that the database gives. Otherwise it returns nil, and the
+// batch is read in full.
 func (h *handoff) take(ids, hashes []int64, into []handedRow) []handedRow {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -228,13 +239,14 @@ func (h *handoff) take(ids, hashes []int64, into []handedRow) []handedRow {
 	return into
 }
 
-// drop forgets the rows of ids: published (their Kafka transaction committed) or parked.
+// drop forgets the rows of ids. They were parked, or published when their Kafka
+// transaction committed.
 func (h *handoff) drop(ids []int64) {
 	h.mu.Lock()
 	for _, id := range ids {
 		h.dropLocked(id)
 	}
-	for h.head < len(h.order) { // the queue's head, published
+	for h.head < len(h.order) { // skip the published rows at the queue's head
 		q := h.order[h.head]
 		if r, ok := h.rows[q.id]; ok && r.seq == q.seq {
 			break
@@ -245,9 +257,9 @@ func (h *handoff) drop(ids []int64) {
 	h.mu.Unlock()
 }
 
-// reset forgets every row (a relay session starts: what the database holds may have
-// changed meanwhile, a restore or a failover, and a relay that waited for the lease held
-// rows another relay published).
+// reset forgets every row when a relay session starts. What the database holds may have
+// changed meanwhile, by a restore or a failover. A relay that waited for the lease may hold
+// rows that another relay published.
 func (h *handoff) reset() {
 	h.mu.Lock()
 	clear(h.rows)
@@ -276,8 +288,9 @@ func valueBytes(vals []any) int {
 	return n
 }
 
-// rawOf is v (a string, []byte or nil of a Writer's row) as the bytes a database read of
-// its column gives: nil for NULL. A string's bytes are shared, never written to.
+// rawOf is a value v of a Writer's row as the bytes a database read of its column gives.
+// v is a string, a []byte or nil, and nil gives nil for NULL. A string's bytes are shared
+// and never written to.
 func rawOf(v any) sql.RawBytes {
 	switch v := v.(type) {
 	case string:
@@ -295,16 +308,16 @@ func rawOf(v any) sql.RawBytes {
 }
 
 // HandOffStats counts the hand-off of the exactly-once relays of one pool and table in this
-// process (RelayConfig.HandOffBytes).
+// process. See RelayConfig.HandOffBytes.
 type HandOffStats struct {
 	Handed   int64 // events Writers handed over once their batch committed
-	Full     int64 // events not taken, the hand-off being full or their shard not this process's (read back instead)
+	Full     int64 // events not taken and read back, because the hand-off was full or their shard is another process's
 	Batches  int64 // batches whose rows all came from the hand-off
-	ReadBack int64 // batches read in full: a row of theirs was not handed over
+	ReadBack int64 // batches read in full, because a row of theirs was not handed over
 }
 
-// HandOff returns the counts of the relay's hand-off; zero when it has none (at least
-// once, or HandOffBytes off).
+// HandOff returns the counts of the relay's hand-off. They are zero when the relay has
+// none, because it is at least once or HandOffBytes is off.
 func (r *Relay) HandOff() HandOffStats {
 	e, ok := r.engine.(*eosRelay)
 	if !ok || e.handoff == nil {

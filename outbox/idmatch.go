@@ -3,10 +3,10 @@ package outbox
 import "strings"
 
 // idMatch returns a condition on id matching exactly ids, and its arguments. A batch's ids
-// are mostly consecutive, so it lists their ranges — one range scan each — unless there
-// are more than half as many ranges as ids (a shard's rows interleave with other shards'):
-// then an IN list. (An IN list costs MariaDB one index dive per id; a range, one scan.)
-// ranges reports which. On PostgreSQL the list is "id = ANY(?)" (sqlText.idIn).
+// are mostly consecutive, so it lists their ranges, and each range costs MariaDB one scan.
+// When a shard's rows interleave with other shards', there can be more than half as many
+// ranges as ids. It then writes an IN list, which costs one index dive per id. ranges
+// reports which form it chose. On PostgreSQL sqlText.idIn writes the list as "id = ANY(?)".
 func (d sqlText) idMatch(ids []int64) (cond string, args []any, ranges bool) {
 	rs := idRanges(ids)
 	if len(rs)*2 > len(ids) {

@@ -12,13 +12,13 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// LeaseTable is the table of shard leases (migration 00003).
+// LeaseTable is the table of shard leases, created by migration 00003.
 const LeaseTable = "relay_lease"
 
-// lease is one relay's claim on an outbox shard: a row in relay_lease that its owner renews
-// in short autocommit statements. Another instance takes the shard over once expires_at (set
-// from the database's clock) has passed. The owner's own view is conservative: validUntil is
-// measured from before the renewing statement was sent.
+// lease is one relay's claim on an outbox shard. It is a row in relay_lease that its owner
+// renews in short autocommit statements. The database's clock sets expires_at. Another
+// instance takes the shard over once expires_at has passed. The owner's own view is
+// conservative, because validUntil counts from before the renewing statement was sent.
 type lease struct {
 	db         *sql.DB
 	shard      string
@@ -33,8 +33,8 @@ type lease struct {
 func newLease(db *sql.DB, shard, owner string, ttl time.Duration) *lease {
 	l := &lease{db: db, shard: shard, owner: owner, ttl: ttl}
 	d := sqlText{dbx.DialectOf(db)}
-	// takeovers and acquired_at are assigned before owner: MariaDB evaluates SET left to
-	// right, so they still see the previous owner (PostgreSQL's SET sees the old row).
+	// takeovers and acquired_at are assigned before owner. MariaDB evaluates SET left to
+	// right, so they still see the previous owner. PostgreSQL's SET always sees the old row.
 	l.q.acquire = d.Rebind(`UPDATE ` + LeaseTable + ` SET takeovers = takeovers + CASE WHEN owner = ? THEN 0 ELSE 1 END,
  acquired_at = CASE WHEN owner = ? THEN acquired_at ELSE ` + d.now() + ` END, owner = ?, expires_at = ` + d.now() + ` + ` + d.micros() + `
  WHERE shard = ? AND (owner = ? OR expires_at < ` + d.now() + `)`)
@@ -52,7 +52,7 @@ func newLease(db *sql.DB, shard, owner string, ttl time.Duration) *lease {
 // valid reports whether this instance holds the lease by its own conservative clock.
 func (l *lease) valid() bool { return l.held && time.Now().Before(l.validUntil) }
 
-// due reports whether the lease should be renewed now (every ttl/4).
+// due reports whether the lease should be renewed now. It is renewed every ttl/4.
 func (l *lease) due() bool { return !l.valid() || time.Since(l.renewed) >= l.ttl/4 }
 
 // acquire takes or renews the lease. It returns whether this instance holds it; changed is
@@ -74,7 +74,8 @@ func (l *lease) acquire(ctx context.Context) (held, changed bool, err error) {
 			return true, !was, nil
 		}
 		if attempt == 0 {
-			// No row yet, or held by someone else: make sure the row exists and try once more.
+			// There is no row yet, or someone else holds it. Make sure the row exists and try
+			// once more.
 			if _, err := l.db.ExecContext(ctx, l.q.insert, l.shard); err != nil {
 				return false, was, fmt.Errorf("relay lease %s: %w", l.shard, err)
 			}
@@ -93,7 +94,7 @@ func (l *lease) holder(ctx context.Context) (owner string, live bool, err error)
 	return owner, live, err
 }
 
-// release gives the lease up (a standby may take it at once).
+// release gives the lease up. A standby may take it at once.
 func (l *lease) release(ctx context.Context) error {
 	if !l.held {
 		return nil
@@ -105,7 +106,7 @@ func (l *lease) release(ctx context.Context) error {
 	return nil
 }
 
-// lose forgets the lease locally (renewal failed or the session was fenced).
+// lose forgets the lease locally, after a failed renewal or a fenced session.
 func (l *lease) lose() { l.held = false }
 
 func defaultOwner() string {

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// markJob is a batch's database mark running in the background (pipelined batches).
+// markJob is a batch's database mark running in the background, for pipelined batches.
 type markJob struct {
 	ids  []int64
 	seq  int64
@@ -17,7 +17,7 @@ type markJob struct {
 // markBatch marks a committed batch's rows, retrying a little, and closes m.done.
 func (e *eosShard) markBatch(ctx context.Context, m *markJob) {
 	defer close(m.done)
-	// A cancelled ctx (shutdown) must not skip the mark.
+	// A ctx cancelled by shutdown must not skip the mark.
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
 	defer cancel()
 	e.r.hook("before-mark")

@@ -11,22 +11,24 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 )
 
-// MemberTable lists the live relays of each shard group (migration 00005).
+// MemberTable lists the live relays of each shard group. Migration 00005 creates it.
 const MemberTable = "relay_member"
 
-// ErrShardCountMismatch is returned (wrapped) when relays of one shard group run with
-// different shard counts: their shards overlap, so none of them may publish. Changing
-// relay.shards needs a drained outbox and every relay of the old count stopped.
+// ErrShardCountMismatch is wrapped by the error a relay returns when relays of one shard
+// group run with different shard counts. Their shards overlap, so none of them may publish.
+// Changing relay.shards needs a drained outbox and every relay of the old count stopped.
 var ErrShardCountMismatch = errors.New("outbox relay: relays of this shard group run with different relay.shards")
 
-// membership spreads the shards of a group over its live relays: each relay renews its
-// row in relay_member every LeaseTTL/4 (expiring after LeaseTTL), reads the live members
-// ordered by owner and wants the shards i with members[i mod len(members)] == itself. A
-// shard it no longer wants is handed over (session ended, lease released) at its next
-// batch; one it wants is taken through its lease as soon as the lease is free, so a dead
-// relay's shards move to the others once its lease and its membership have expired. Two
-// relays with different views for a moment at worst both want a shard (the lease decides)
-// or neither does (it waits one refresh).
+// membership spreads the shards of a group over its live relays. Each relay renews its row
+// in relay_member every LeaseTTL/4, and the row expires after LeaseTTL. The relay reads the
+// live members ordered by owner. It wants each shard i for which members[i mod
+// len(members)] is itself.
+//
+// At its next batch, a relay hands over a shard it no longer wants. It ends the shard's
+// session and releases the lease. It takes a shard it wants through the lease as soon as
+// the lease is free. So a dead relay's shards move to the others once its lease and its
+// membership have expired. Two relays may see different members for a moment. At worst both
+// want a shard, and the lease decides. Or neither wants it, and it waits one refresh.
 type membership struct {
 	r  *eosRelay
 	mu sync.Mutex // serialises refresh and leave
@@ -78,8 +80,8 @@ func (m *membership) run(ctx context.Context) {
 }
 
 // refresh renews this relay's membership and recomputes which shards it wants. On an
-// error the previous assignment stays (the leases expire on their own if the database is
-// gone for good).
+// error the previous assignment stays. If the database is gone for good, the leases expire
+// on their own.
 func (m *membership) refresh(ctx context.Context) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -126,8 +128,8 @@ func (m *membership) refresh(ctx context.Context) error {
 	return nil
 }
 
-// list returns the live members with this relay's shard count, and the others as
-// "owner(shards)".
+// list returns the live members with this relay's shard count. It returns the others
+// apart, each written as owner(shards).
 func (m *membership) list(ctx context.Context) (members, others []string, err error) {
 	rows, err := m.r.db.QueryContext(ctx, m.q.list, m.r.cfg.Shard)
 	if err != nil {
@@ -168,10 +170,10 @@ func (m *membership) leave(ctx context.Context) error {
 }
 
 // checkShardCount refuses a session while a live lease of this shard group belongs to
-// another shard count: relays with different counts would publish overlapping rows under
-// different transactional ids (no fencing between them). It covers relays with one shard,
-// which keep no membership. Each relay takes its lease before it checks, so of two
-// relays starting together at least one sees the other.
+// another shard count. Relays with different counts would publish overlapping rows under
+// different transactional ids, and nothing would fence one from the other. The check covers
+// relays with one shard, which keep no membership. Each relay takes its lease before it
+// checks, so of two relays starting together at least one sees the other.
 func (e *eosShard) checkShardCount(ctx context.Context) error {
 	group, n := e.r.cfg.Shard, e.r.cfg.Shards
 	rows, err := e.r.db.QueryContext(ctx, `SELECT shard, owner FROM `+LeaseTable+` WHERE expires_at > `+e.r.dl.now())

@@ -1,8 +1,8 @@
 // Package outbox stores events in the caller's database transaction and relays them to
-// Kafka afterwards, so an event exists exactly when the business change that caused it
-// committed. The event id is stable (chosen by the caller, deterministic for onceflow's
-// own events) and travels as the Kafka header "event_id"; the Kafka key is the aggregate id
-// so events of one aggregate stay in order on one partition.
+// Kafka afterwards. An event exists exactly when the business change that caused it
+// committed. The event id is stable. The caller chooses it, and onceflow's own events take it
+// from EventID. It travels as the Kafka header "event_id". The Kafka key is the
+// aggregate id, so the events of one aggregate stay in order on one partition.
 //
 // The package knows no domain and does not import inbox.
 package outbox
@@ -39,16 +39,17 @@ type Event struct {
 	Key     string            // Kafka key: the aggregate id
 	Payload []byte            // message value
 	Headers map[string]string // extra headers
-	// TraceParent is the W3C traceparent stored with the event (column trace_parent) and
-	// written by the relay as the record's traceparent header. Empty: the span context of the
-	// ctx given to Add or AddBatch, if it has one (an inbox that traces puts the handler's
-	// span there); none, and the record has no such header. A BatchHandler sets it per event
-	// from its delivery (inbox.Delivery.TraceParent), as its one ctx is the whole batch's.
+	// TraceParent is the W3C traceparent stored with the event in column trace_parent. The
+	// relay writes it as the record's traceparent header. When it is empty, Add and AddBatch
+	// take the span context of their ctx, if it has one. An inbox that traces puts the
+	// handler's span there. With neither, the record has no traceparent header. A BatchHandler
+	// sets it per event from inbox.Delivery.TraceParent, because its one ctx is the whole
+	// batch's.
 	TraceParent string
 }
 
-// Validate checks an event before it is stored. Its errors wrap ErrInvalidEvent and say
-// they are permanent (see ErrInvalidEvent).
+// Validate checks an event before it is stored. Its errors wrap ErrInvalidEvent and are
+// permanent. See ErrInvalidEvent.
 func (e Event) Validate() error {
 	switch {
 	case e.ID == "" || len(e.ID) > 36:
@@ -64,8 +65,9 @@ func (e Event) Validate() error {
 	if _, ok := tracex.Parse(e.TraceParent); e.TraceParent != "" && (!ok || len(e.TraceParent) != tracex.Len) {
 		return invalid(nil, "outbox: event %s: trace parent %q is not a version 00 W3C traceparent", e.ID, e.TraceParent)
 	}
-	// The relay appends the extra headers after its own: a second event_id would shadow
-	// the real one for readers that keep the last value (watermill metadata, ReadAll).
+	// The relay appends the extra headers after its own. A second event_id would shadow
+	// the real one for readers that keep the last value, such as watermill metadata and
+	// ReadAll.
 	for _, k := range []string{HeaderEventID, HeaderEventType} {
 		if _, ok := e.Headers[k]; ok {
 			return invalid(nil, "outbox: event %s: header %q is reserved", e.ID, k)
@@ -74,10 +76,11 @@ func (e Event) Validate() error {
 	return nil
 }
 
-// ErrInvalidEvent is wrapped by every error of Event.Validate, so by Add and AddBatch when
-// they refuse an event before writing anything. The event itself is wrong: the same event
-// is refused on every attempt. These errors also have a method Permanent() bool that
-// returns true, which an error classifier can find with errors.As without importing outbox.
+// ErrInvalidEvent is wrapped by every error of Event.Validate. So it is wrapped by the
+// errors of Add and AddBatch when they refuse an event before writing anything. The event
+// itself is wrong, so it is refused on every attempt. These errors also have a Permanent
+// method that returns true. An error classifier finds it with errors.As without importing
+// outbox.
 var ErrInvalidEvent = errors.New("outbox: invalid event")
 
 // invalidEvent is an error of Event.Validate.
@@ -101,21 +104,22 @@ func invalid(cause error, format string, args ...any) error {
 // ErrDuplicateEvent is returned by Add when an event with the same id is already stored.
 var ErrDuplicateEvent = errors.New("outbox: event id already stored")
 
-// Writer adds events to the outbox table within the caller's transaction. It writes the
-// MySQL family's SQL unless it is given a pool (UseStatements), told the dialect
-// (WithDialect), or called with a context that carries one (dbx.ContextWithDialect, as the
-// inbox's handlers get): a *sql.Tx does not say which database it belongs to.
+// Writer adds events to the outbox table within the caller's transaction. A *sql.Tx does
+// not say which database it belongs to, so the Writer writes the MySQL family's SQL by
+// default. UseStatements gives it a pool and WithDialect names the dialect. A context made
+// by dbx.ContextWithDialect carries the dialect too, and the inbox's handlers get one.
 type Writer struct {
 	table  string
 	dl     dbx.Dialect
-	fixed  bool          // dl was given (UseStatements, WithDialect): the context's is not asked
+	fixed  bool          // dl was given, so the context's dialect is not asked
 	db     *sql.DB       // the pool of UseStatements, if any
 	insert string        // one row, run at once
 	batch  *dbx.MultiRow // AddBatch's insert; prepared on db, if set
-	// handed is batch returning each row's id and key hash, for a relay's hand-off
-	// (handoff.go): MariaDB and PostgreSQL (INSERT … RETURNING), on db only.
+	// handed is batch with a RETURNING clause. It gives each row's id and key hash to a
+	// relay's hand-off, in handoff.go. It exists only on pool db, and only on MariaDB and
+	// PostgreSQL, which have RETURNING.
 	handed     *dbx.MultiRow
-	strictMode atomic.Int32 // the server's sql_mode is strict: 1, not: -1, not asked yet: 0
+	strictMode atomic.Int32 // 1 if the server's sql_mode is strict, -1 if not, 0 if not asked yet
 
 	pgOnce sync.Once
 	pg     *Writer // the same Writer in PostgreSQL's SQL, for contexts that say so
@@ -124,19 +128,20 @@ type Writer struct {
 // batchRows is the most events one statement of AddBatch carries.
 const batchRows = 512
 
-// UseStatements makes AddBatch (and the deferred rows of Add in a group-committed batch)
-// run their inserts as prepared statements of pool db (dbx.MultiRow, prepared in the
-// background at their first use): transactions given to the Writer must then be db's. It
-// takes db's dialect too (dbx.DialectOf), as WithDialect. Call it before first use.
+// UseStatements makes AddBatch run its inserts as prepared statements of pool db. The
+// deferred rows of Add in a group-committed batch use them too. They are dbx.MultiRow
+// statements, prepared in the background at their first use. Transactions given to the
+// Writer must then belong to db. UseStatements also takes db's dialect, as WithDialect
+// does. Call it before first use.
 func (w *Writer) UseStatements(db *sql.DB) *Writer {
 	w.db, w.dl, w.fixed = db, dbx.DialectOf(db), true
 	w.build()
 	return w
 }
 
-// WithDialect makes the Writer write d's SQL (PostgreSQL's placeholders): for a Writer
-// whose transactions are a PostgreSQL pool's and that has no UseStatements. Call it before
-// first use.
+// WithDialect makes the Writer write d's SQL, such as PostgreSQL's placeholders. It serves
+// a Writer without UseStatements whose transactions belong to a PostgreSQL pool. Call it
+// before first use.
 func (w *Writer) WithDialect(d dbx.Dialect) *Writer {
 	w.dl, w.fixed = d, true
 	w.build()
@@ -158,8 +163,8 @@ func (w *Writer) forContext(ctx context.Context) *Writer {
 	return w
 }
 
-// build makes the statements of table in the Writer's dialect, AddBatch's on pool w.db
-// (nil: interpolated).
+// build makes the statements of table in the Writer's dialect. AddBatch's statements are
+// prepared on pool w.db, and run interpolated when w.db is nil.
 func (w *Writer) build() {
 	head := fmt.Sprintf("INSERT INTO %s (%s) VALUES ", w.table, writerColumns)
 	const group = "(?, ?, ?, ?, ?, ?, ?)"
@@ -184,8 +189,8 @@ func (w *Writer) Close() error {
 	return err
 }
 
-// NewWriter builds a Writer for table (default "outbox"), in the MySQL family's SQL (see
-// UseStatements and WithDialect for PostgreSQL).
+// NewWriter builds a Writer for table, "outbox" by default. It writes the MySQL family's
+// SQL. UseStatements and WithDialect make it write PostgreSQL's.
 func NewWriter(table string) (*Writer, error) {
 	if table == "" {
 		table = "outbox"
@@ -204,15 +209,15 @@ const writerColumns = "event_id, event_type, topic, msg_key, payload, headers, t
 // rowWidth is the number of columns the insert writes per event.
 const rowWidth = 7
 
-// rowArgs validates e and returns the values of its row, in the insert's column order; the
-// trace parent is e's, else that of ctx's span (NULL when neither has one).
+// rowArgs validates e and returns the values of its row in the insert's column order. The
+// trace parent is e's, else that of ctx's span, else NULL.
 func rowArgs(ctx context.Context, e Event) ([]any, error) {
 	return appendRowArgs(ctx, make([]any, 0, rowWidth), e, nil)
 }
 
-// appendRowArgs is rowArgs appending to args. prev, when not nil, is the previous row's
-// values in args: a type or topic equal to its own is shared, not boxed again (an
-// interface holding a string never changes).
+// appendRowArgs is rowArgs appending to args. When prev is not nil, it holds the previous
+// row's values in args. A type or topic equal to prev's shares prev's value instead of
+// boxing the string again. An interface holding a string never changes.
 func appendRowArgs(ctx context.Context, args []any, e Event, prev []any) ([]any, error) {
 	if err := e.Validate(); err != nil {
 		return nil, err
@@ -255,14 +260,16 @@ func appendRowArgs(ctx context.Context, args []any, e Event, prev []any) ([]any,
 
 // Add stores e in tx. It commits or rolls back with the caller's business change.
 //
-// In a batch of the inbox's group commit (a plain handler run by an inbox.Batcher), ctx
-// carries the batch's txdefer.Set: Add checks e at once and its row is written with the
-// batch's other events in one multi-row INSERT at the end of the batch, before it commits
-// (docs/BENCHMARKS.md, "Deferred outbox rows"). A duplicate event id then fails the batch,
-// whose deliveries run again one transaction each, where Add returns ErrDuplicateEvent as
-// here. So a Handle must not read back, in the same transaction, the outbox rows it added.
-// On PostgreSQL a failed insert (ErrDuplicateEvent too) aborts tx: roll it back (or to a
-// savepoint taken before Add).
+// A plain handler run by an inbox.Batcher is in a batch of the inbox's group commit. Its
+// ctx carries the batch's txdefer.Set. Add then checks e at once and writes its row later,
+// with the batch's other events, in one multi-row INSERT before the batch commits. See
+// docs/BENCHMARKS.md, section "Deferred outbox rows in a grouped batch". A duplicate event
+// id then fails the batch. Its deliveries run again in one transaction each, where Add
+// returns ErrDuplicateEvent. So a Handle must not read back the outbox rows it added in
+// the same transaction.
+//
+// On PostgreSQL a failed insert aborts tx, and so does ErrDuplicateEvent. Roll tx back, or
+// roll back to a savepoint taken before Add.
 func (w *Writer) Add(ctx context.Context, tx *sql.Tx, e Event) error {
 	w = w.forContext(ctx)
 	args, err := rowArgs(ctx, e)

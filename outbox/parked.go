@@ -12,11 +12,11 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// Reasons a row is parked (outbox_parked.reason).
+// Reasons a row is parked, stored in outbox_parked.reason.
 const (
-	ReasonUnknownTopic  = "unknown_topic"  // the topic does not exist (confirmed with a metadata refresh)
+	ReasonUnknownTopic  = "unknown_topic"  // the topic does not exist, confirmed with a metadata refresh
 	ReasonTooLarge      = "too_large"      // larger than the producer's or the broker's limit
-	ReasonInvalidRecord = "invalid_record" // the broker rejects the record (invalid, corrupt, invalid topic)
+	ReasonInvalidRecord = "invalid_record" // the broker rejects the record as invalid or corrupt, or its topic as invalid
 	ReasonUnauthorized  = "unauthorized"   // writing to the topic is not authorized
 	ReasonHeld          = "held"           // waits behind a parked event of the same key
 )
@@ -28,12 +28,13 @@ var ErrNotParked = errors.New("outbox: no parked event")
 // that names two parked events.
 var ErrBadRef = errors.New("outbox: bad parked event reference")
 
-// ErrHeld is returned by Retry and Drop for an event that is held behind another one: it
-// is released with that one.
+// ErrHeld is returned by Retry and Drop for an event that is held behind another one. It is
+// released with that one.
 var ErrHeld = errors.New("outbox: event is held behind another parked event")
 
-// ParkedRow is an outbox event the relay parked: Kafka refused it for good (Reason, Error),
-// or it waits behind such an event of the same key (Reason "held", HeldBehind its id).
+// ParkedRow is an outbox event the relay parked. Either Kafka refused it for good, and
+// Reason and Error say why. Or it waits behind such an event of the same key. Its Reason is
+// then "held", and HeldBehind is the id of that event.
 type ParkedRow struct {
 	ID         int64             `json:"id"` // its outbox id, which it gets back on retry
 	EventID    string            `json:"event_id"`
@@ -54,17 +55,17 @@ type ParkedRow struct {
 // Release is what Retry or Drop did.
 type Release struct {
 	Event ParkedRow // the parked event retried or dropped
-	// Moved is how many events went back into the outbox: on retry the event and those held
-	// behind it, on drop those held behind it.
+	// Moved is how many events went back into the outbox. On retry they are the event and
+	// those held behind it. On drop they are those held behind it.
 	Moved int
 }
 
-// Parked is the store of parked events: the relay moves them there; operators list,
-// retry and drop them (`router outbox ls|show|retry|drop`).
+// Parked is the store of parked events. The relay moves them there. Operators list, retry
+// and drop them with `router outbox ls|show|retry|drop`.
 type Parked struct {
 	db     *sql.DB
 	dl     sqlText // the pool's dialect
-	table  string  // the parked table: outbox table + "_parked"
+	table  string  // the parked table, named outbox table + "_parked"
 	outbox string
 }
 
@@ -72,11 +73,11 @@ type Parked struct {
 func parkedTable(t string) string { return t + "_parked" }
 
 // outboxColumns are the columns a row keeps when it moves between outbox and the parked
-// table (key_hash is computed, published_at stays NULL).
+// table. key_hash is computed, and published_at stays NULL.
 const outboxColumns = "id, event_id, event_type, topic, msg_key, payload, headers, created_at, trace_parent"
 
-// NewParked opens the parked events of outbox table table (default "outbox"; migration
-// 00010 creates outbox_parked).
+// NewParked opens the parked events of outbox table table, "outbox" by default. Migration
+// 00010 creates outbox_parked.
 func NewParked(db *sql.DB, table string) (*Parked, error) {
 	if db == nil {
 		return nil, errors.New("outbox: db is required")
@@ -90,7 +91,8 @@ func NewParked(db *sql.DB, table string) (*Parked, error) {
 	return &Parked{db: db, dl: sqlText{dbx.DialectOf(db)}, table: parkedTable(table), outbox: table}, nil
 }
 
-// Count returns how many events are parked: refused ones (heads) and held ones.
+// Count returns how many events are parked. refused counts the refused events at the head of
+// their keys, and held the events held behind them.
 func (p *Parked) Count(ctx context.Context) (refused, held int64, err error) {
 	err = p.db.QueryRowContext(ctx, `SELECT COUNT(CASE WHEN held_behind IS NULL THEN 1 END), COUNT(held_behind) FROM `+p.table).Scan(&refused, &held)
 	if err != nil {
@@ -104,7 +106,7 @@ const parkedSelect = `SELECT p.id, p.event_id, p.event_type, p.topic, p.msg_key,
  (SELECT COUNT(*) FROM %s h WHERE h.held_behind = p.event_id)
  FROM %s p`
 
-// List returns parked events in id order (their order in the outbox), without payloads;
+// List returns parked events without payloads in id order, their order in the outbox.
 // limit 0 returns all.
 func (p *Parked) List(ctx context.Context, limit int) ([]ParkedRow, error) {
 	q := fmt.Sprintf(parkedSelect, "''", p.table, p.table) + " ORDER BY p.id"
@@ -114,11 +116,11 @@ func (p *Parked) List(ctx context.Context, limit int) ([]ParkedRow, error) {
 	return p.query(ctx, q)
 }
 
-// Selection chooses refused parked events (never held ones: they are released with the
-// event they wait behind) by topic and reason; the zero Selection chooses all.
+// Selection chooses refused parked events by topic and reason. It never chooses held ones,
+// which are released with the event they wait behind. The zero Selection chooses all.
 type Selection struct {
 	Topic  string // "" for any
-	Reason string // one of the Reason constants but ReasonHeld; "" for any
+	Reason string // one of the Reason constants but ReasonHeld, "" for any
 }
 
 // Refused returns the refused parked events sel chooses, in id order, without payloads.
@@ -181,13 +183,13 @@ func (p *Parked) query(ctx context.Context, q string, args ...any) ([]ParkedRow,
 	return out, nil
 }
 
-// refMatch returns a condition matching a parked row by outbox id (digits) or event id.
+// refMatch returns a condition matching a parked row by outbox id, in digits, or by event id.
 func refMatch(ref, prefix string) (string, []any, error) {
 	if ref == "" || len(ref) > 36 {
 		return "", nil, fmt.Errorf("%w: %q is neither an outbox id nor an event id (1..36 bytes)", ErrBadRef, ref)
 	}
 	if id, err := strconv.ParseInt(ref, 10, 64); err == nil && id > 0 && strconv.FormatInt(id, 10) == ref {
-		// An event id may be all digits too: both match, and two matches are refused.
+		// An event id may be all digits too. Both then match, and two matches are refused.
 		return "(" + prefix + "id = ? OR " + prefix + "event_id = ?)", []any{id, ref}, nil
 	}
 	return prefix + "event_id = ?", []any{ref}, nil
@@ -204,15 +206,15 @@ func oneRow(rows []ParkedRow, ref string) (ParkedRow, error) {
 }
 
 // Retry moves a parked event and the events held behind it back into the outbox with their
-// original ids, so the relay publishes them again in their original order. ref is the
-// parked event's outbox id or event id; a held event is refused (ErrHeld): retry the event
-// it waits behind.
+// original ids. The relay then publishes them again in their original order. ref is the
+// parked event's outbox id or event id. Retry refuses a held event with ErrHeld. Retry the
+// event it waits behind instead.
 func (p *Parked) Retry(ctx context.Context, ref string) (Release, error) {
 	return p.release(ctx, ref, true)
 }
 
 // Drop deletes a parked event for good and moves the events held behind it back into the
-// outbox, so the relay publishes them (in order).
+// outbox. The relay then publishes them in order.
 func (p *Parked) Drop(ctx context.Context, ref string) (Release, error) {
 	return p.release(ctx, ref, false)
 }
@@ -228,8 +230,8 @@ func (p *Parked) release(ctx context.Context, ref string, retry bool) (Release, 
 	var rel Release
 	err = dbx.InTx(ctx, p.db, func(tx *sql.Tx) error {
 		// The lock on the parked event serialises this with a relay that is holding more of
-		// its key's events behind it (relay.park): those are moved with it, or the relay
-		// finds it gone and leaves them in the outbox.
+		// its key's events behind it, in relayBase.park. Either those events move with it,
+		// or the relay finds it gone and leaves them in the outbox.
 		var held sql.NullString
 		err := tx.QueryRowContext(ctx, p.dl.Rebind(`SELECT held_behind FROM `+p.table+` WHERE event_id = ? FOR UPDATE`), head.EventID).Scan(&held)
 		if errors.Is(err, sql.ErrNoRows) {
@@ -279,15 +281,16 @@ func (p *Parked) release(ctx context.Context, ref string, retry bool) (Release, 
 type parkEntry struct {
 	row    outRow
 	reason string
-	err    string // the refusal (reason != held)
-	behind string // held: the event it waits behind
-	// existing: behind was parked before this batch, so it may have been retried or dropped
-	// meanwhile (park checks, under a lock).
+	err    string // the refusal, when reason is not held
+	behind string // the event a held row waits behind
+	// existing says that behind was parked before this batch. It may have been retried or
+	// dropped meanwhile, and park checks that under a lock.
 	existing bool
 }
 
 // parkedKeys reads the keys that have parked events, each with the event its later events
-// wait behind. The table is small: refused events and their keys' followers only.
+// wait behind. The table is small, because it holds only refused events and the later
+// events of their keys.
 func (r *relayBase) parkedKeys(ctx context.Context, q queryer) (map[string]string, error) {
 	rows, err := q.QueryContext(ctx, r.q.parkedKeys)
 	if err != nil {
@@ -303,7 +306,7 @@ func (r *relayBase) parkedKeys(ctx context.Context, q queryer) (map[string]strin
 		if keys == nil {
 			keys = map[string]string{}
 		}
-		if _, ok := keys[key]; !ok { // in id order: the first head of a key
+		if _, ok := keys[key]; !ok { // rows come in id order, so this is the first head of a key
 			keys[key] = head
 		}
 	}
@@ -314,11 +317,12 @@ type queryer interface {
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }
 
-// park moves entries out of the outbox into the parked table in tx (INSERT … SELECT and
-// DELETE, so the rows keep their ids and columns). Held rows behind an event parked before
-// this batch are moved only if that event is still parked, checked under its row lock (the
-// lock Retry and Drop take): otherwise they stay in the outbox, and their keys are returned
-// in kept (the caller leaves those keys' rows for the next batch).
+// park moves entries out of the outbox into the parked table in tx. It uses INSERT … SELECT
+// and DELETE, so the rows keep their ids and columns. Held rows behind an event parked
+// before this batch move only if that event is still parked. park checks that under the
+// event's row lock, which Retry and Drop take too. Otherwise the held rows stay in the
+// outbox, and park returns their keys in kept. The caller leaves those keys' rows for the
+// next batch.
 func (r *relayBase) park(ctx context.Context, tx *sql.Tx, entries []parkEntry) (moved []parkEntry, kept map[string]bool, err error) {
 	if len(entries) == 0 {
 		return nil, nil, nil
@@ -360,7 +364,8 @@ func (r *relayBase) park(ctx context.Context, tx *sql.Tx, entries []parkEntry) (
 			}
 		}
 	}
-	// Held rows are inserted one statement per event they wait behind, refused rows one each.
+	// Held rows are inserted with one statement per event they wait behind. Refused rows are
+	// inserted one statement each.
 	insert := `INSERT INTO ` + pt + ` (` + outboxColumns + `, reason, error, held_behind) SELECT ` + outboxColumns +
 		`, ?, ?, ? FROM ` + r.cfg.Table + ` WHERE published_at IS NULL AND `
 	groups := map[string][]int64{}

@@ -12,12 +12,15 @@ import (
 // same Kafka transaction as the events, which outbox ids each batch covered.
 const DefaultPositionsTopic = "onceflow-relay-positions"
 
-// Position is one record of the positions topic. Kind "batch" (key = transactional id) is
-// written in the same Kafka transaction as the batch's events and lists the outbox ids the
-// batch covered as inclusive ranges (ids are not contiguous). Kind "init" (key =
-// transactional id + "/init") is written by every new session after its producer fenced
-// the previous one; reading the topic up to it proves that every earlier committed batch
-// has been seen.
+// Position is one record of the positions topic.
+//
+// A record of kind "batch" has the transactional id as its key. It is written in the same
+// Kafka transaction as the batch's events. It lists the outbox ids the batch covered as
+// inclusive ranges, because the ids are not contiguous.
+//
+// A record of kind "init" has the transactional id plus "/init" as its key. Every new
+// session writes one after its producer fenced the previous session. Reading the topic up
+// to it proves that every earlier committed batch has been seen.
 type Position struct {
 	V       int        `json:"v"`
 	Kind    string     `json:"kind"`
@@ -29,9 +32,9 @@ type Position struct {
 	Events  int        `json:"events,omitempty"`
 	IDs     [][2]int64 `json:"ids,omitempty"`
 	// Digest is sha256 over the batch's event ids in id order. Reconcile marks rows only when
-	// the table's rows with those ids carry exactly these events: a position left in Kafka by
-	// another database (reset, restored, or sharing the transactional id) never marks rows
-	// that were not published.
+	// the table's rows with those ids carry exactly these events. So a position that another
+	// database left in Kafka never marks rows that were not published. That database may
+	// have been reset or restored, or may share the transactional id.
 	Digest string    `json:"digest,omitempty"`
 	At     time.Time `json:"at"`
 }
@@ -46,9 +49,9 @@ func eventDigest(eventIDs []string) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// positionsPartitioner puts every position record of one transactional id (batch and init
-// records have different keys) on one partition, so reading up to the init record sees all
-// earlier batch records.
+// positionsPartitioner puts every position record of one transactional id on one
+// partition, although batch and init records have different keys. So reading up to the
+// init record sees all earlier batch records.
 type positionsPartitioner struct {
 	hash sarama.Partitioner
 	key  string

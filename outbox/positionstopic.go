@@ -11,10 +11,10 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-// ErrPositionsReplication is returned (wrapped) when the positions topic has fewer replicas
-// than RelayConfig.PositionsMinReplicas asks of a cluster of its size: the relay refuses to
-// publish (a positions topic on one broker loses what the relay reconciles against when
-// that broker's disk goes).
+// ErrPositionsReplication is wrapped by the error the relay returns when the positions topic
+// has fewer replicas than RelayConfig.PositionsMinReplicas asks of a cluster of its size. The
+// relay then refuses to publish. A positions topic on one broker loses what the relay
+// reconciles against when that broker's disk fails.
 var ErrPositionsReplication = errors.New("outbox relay: the positions topic has too few replicas for the cluster")
 
 // positionsReplicas is the replication factor a positions topic must have on a cluster of
@@ -25,9 +25,9 @@ func positionsReplicas(minReplicas, brokers int) (need, create int) {
 	return need, create
 }
 
-// ensurePositionsTopic creates the positions topic (compacted, one partition) if missing,
-// and refuses an existing one with fewer replicas than PositionsMinReplicas asks of the
-// cluster.
+// ensurePositionsTopic creates the positions topic if it is missing, compacted and with one
+// partition. It refuses an existing one with fewer replicas than PositionsMinReplicas asks
+// of the cluster.
 func (e *eosShard) ensurePositionsTopic() error {
 	sc := e.saramaConfig(e.kc.ConsumerConfig())
 	admin, err := sarama.NewClusterAdmin(e.kc.Brokers, sc)
@@ -56,9 +56,10 @@ func (e *eosShard) ensurePositionsTopic() error {
 		}
 		return nil
 	}
-	// Segments roll hourly (Kafka's default is 7 days) so compaction, which never touches
-	// the active segment, keeps the topic near one record per key: a relay whose
-	// transactional id has no batch yet reads the whole partition back at session start.
+	// Segments roll hourly instead of Kafka's default of 7 days. Compaction never touches
+	// the active segment, so hourly segments keep the topic near one record per key. A
+	// relay whose transactional id has no batch yet reads the whole partition back at
+	// session start.
 	policy, hour := "compact", "3600000"
 	cfg := map[string]*string{"cleanup.policy": &policy, "min.compaction.lag.ms": &hour, "segment.ms": &hour}
 	if create >= 3 {

@@ -12,9 +12,9 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-// lastBatchPosition reads the positions partition (read_committed) backwards in growing
-// windows up to this relay session's init record at offset initOff and returns the last batch
-// record of this transactional id before it.
+// lastBatchPosition returns the last batch record of this transactional id before this relay
+// session's init record, which is at offset initOff. It reads the positions partition with
+// read_committed isolation, backwards from initOff in growing windows.
 func (e *eosShard) lastBatchPosition(ctx context.Context, part int32, initOff int64, sessionID string) (Position, bool, error) {
 	cfg := e.r.cfg
 	sc := e.saramaConfig(e.kc.ConsumerConfig())
@@ -90,7 +90,7 @@ func (e *eosShard) reconcile(ctx context.Context, p Position) (int64, error) {
 		return 0, fmt.Errorf("reconcile: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }()
-	// Only a position that describes this table's rows may mark them (see Position.Digest).
+	// Only a position that describes this table's rows may mark them. See Position.Digest.
 	var eventIDs []string
 	sel := e.r.dl.Rebind(fmt.Sprintf(`SELECT event_id FROM %s WHERE id BETWEEN ? AND ? ORDER BY id FOR UPDATE`, e.r.cfg.Table))
 	for _, rg := range p.IDs {
@@ -131,17 +131,18 @@ func (e *eosShard) reconcile(ctx context.Context, p Position) (int64, error) {
 	return total, nil
 }
 
-// msgForeignPosition is what the relay logs, at WARN, when the last batch its positions
-// topic holds under its transactional id is not of this database's outbox rows: it
-// reconciles nothing then, which is harmless to the rows not yet published.
+// msgForeignPosition is what the relay logs at WARN when the last batch its positions topic
+// holds under its transactional id is not of this database's outbox rows. The relay then
+// reconciles nothing. This is harmless to the rows not yet published.
 const msgForeignPosition = "outbox relay: the last batch in the positions topic under this transactional id is not of this database's outbox rows, so nothing is reconciled; " +
 	"harmless to the rows not yet published, which are published as usual. " +
 	"After `router migrate --reset` or a restore of this database nothing needs doing: this stops once the relay has published a batch of this database. " +
 	"Otherwise another database relays under the same relay.transactional_id: give each database its own"
 
-// foreignPosition says that p, the last batch position of the shard's transactional id, is
-// not of this database's rows (found of them where p has events): at WARN once per batch and
-// shard in this process, at DEBUG when a later session finds the same batch. Under mu.
+// foreignPosition logs that p, the last batch position of the shard's transactional id, is
+// not of this database's rows. found counts the rows of this database that match p's events.
+// It logs at WARN once per batch and shard in this process, and at DEBUG when a later
+// session finds the same batch. The caller holds mu.
 func (e *eosShard) foreignPosition(p Position, found int) {
 	fields := watermill.LogFields{"transactional_id": p.TxnID, "positions_topic": e.r.cfg.PositionsTopic,
 		"batch_session": p.Session, "batch_seq": p.Seq, "batch_events": p.Events, "rows_found": found}

@@ -9,8 +9,8 @@ import (
 	"github.com/IBM/sarama"
 )
 
-// Metadata is the part of a Kafka client (sarama.Client) the relay asks before it sends a
-// batch: whether each topic exists.
+// Metadata is the part of a Kafka client such as sarama.Client that the relay asks before
+// it sends a batch. The relay asks it whether each topic exists.
 type Metadata interface {
 	Partitions(topic string) ([]int32, error)
 	RefreshMetadata(topics ...string) error
@@ -23,7 +23,7 @@ type outRow struct {
 	topic   string
 	key     string
 	msg     *sarama.ProducerMessage
-	trace   sql.NullString // trace_parent: the writer's traceparent, NULL when it was not traced
+	trace   sql.NullString // trace_parent, the writer's traceparent, NULL when it was not traced
 }
 
 func (o outRow) String() string {
@@ -42,13 +42,13 @@ func (f refusal) text(o outRow) string {
 
 // checker checks the rows of one batch before they are sent.
 type checker struct {
-	md       Metadata // nil: topics are not checked
-	maxBytes int      // 0: sizes are not checked
+	md       Metadata // topics are not checked when nil
+	maxBytes int      // sizes are not checked when 0
 	topics   map[string]*refusal
 }
 
-// check returns the refusal a row would meet (nil: send it), or an error when Kafka could
-// not be asked (the batch fails and is retried).
+// check returns the refusal a row would meet, or nil when the row can be sent. It returns
+// an error when Kafka could not be asked. The batch then fails and is retried.
 func (c *checker) check(o outRow) (*refusal, error) {
 	if c.maxBytes > 0 {
 		if size := o.msg.ByteSize(2); size > c.maxBytes {
@@ -74,8 +74,8 @@ func (c *checker) check(o outRow) (*refusal, error) {
 }
 
 // topicRefusal asks md about topic. A topic that is not in the metadata is asked for again
-// with a forced refresh before it counts as missing: one created a moment ago may not have
-// reached every broker's metadata yet.
+// with a forced refresh before it counts as missing. A topic created a moment ago may not
+// have reached every broker's metadata yet.
 func topicRefusal(md Metadata, topic string) (*refusal, error) {
 	_, err := md.Partitions(topic)
 	if errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
@@ -97,8 +97,8 @@ func topicRefusal(md Metadata, topic string) (*refusal, error) {
 }
 
 // refusalReason reports whether a producer error means Kafka refuses the record for good.
-// A missing topic is not among them: the next batch's check confirms it against fresh
-// metadata first.
+// A missing topic is not among these errors. The next batch's check first confirms it
+// against fresh metadata.
 func refusalReason(err error) (string, bool) {
 	switch {
 	case errors.Is(err, sarama.ErrMessageSizeTooLarge), errors.Is(err, sarama.ErrMessageSetSizeTooLarge):
@@ -108,7 +108,7 @@ func refusalReason(err error) (string, bool) {
 	case errors.Is(err, sarama.ErrTopicAuthorizationFailed):
 		return ReasonUnauthorized, true
 	}
-	// Sarama's own size check (Producer.MaxMessageBytes) fails a record with a
+	// Sarama's own size check against Producer.MaxMessageBytes fails a record with a
 	// ConfigurationError, not ErrMessageSizeTooLarge.
 	var ce sarama.ConfigurationError
 	if errors.As(err, &ce) && strings.Contains(string(ce), "MaxMessageBytes") {
@@ -124,14 +124,18 @@ type screening struct {
 	kept int         // rows left in the outbox for a later batch
 }
 
-// screen goes through a batch in id order: rows of a key in skip stay in the outbox for a
-// later batch, and so do a row without a message (another relay holds its lock) and the
-// later rows of its key; rows of a key with a parked event (heads: key → its event id, and
-// those parked earlier in this batch) are held behind it; rows Kafka would refuse (c) are
-// parked with the refusal; the rest are sent.
+// screen goes through a batch in id order and sorts its rows.
 //
-// send is rows' array, filtered in place (a row is copied only to an earlier index, once
-// it was read): the caller no longer uses rows.
+//   - Rows of a key in skip stay in the outbox for a later batch.
+//   - A row without a message stays too, with the later rows of its key. Another relay
+//     holds its lock.
+//   - Rows of a key with a parked event are held behind that event. heads maps a key to
+//     its parked event's id. Events parked earlier in this batch count too.
+//   - Rows that c says Kafka would refuse are parked with the refusal.
+//   - The other rows are sent.
+//
+// send is rows' array, filtered in place. A row is copied only to an earlier index, once it
+// was read. The caller no longer uses rows.
 func screen(rows []outRow, heads map[string]string, skip map[string]bool, c *checker) (screening, error) {
 	s := screening{send: rows[:0]}
 	var fresh map[string]string // keys whose event was parked in this batch
@@ -172,9 +176,10 @@ func screen(rows []outRow, heads map[string]string, skip map[string]bool, c *che
 	return s, nil
 }
 
-// releasedKeys returns the keys parked before a pending read (before) and no longer after it
-// (after): their events were retried or dropped meanwhile, and the read may have missed the
-// ones put back, so their rows wait for the next batch.
+// releasedKeys returns the keys parked before a pending read and no longer parked after it.
+// before and after are the parked keys read at those times. The events of these keys were
+// retried or dropped meanwhile. The read may have missed the events put back, so the rows
+// of these keys wait for the next batch.
 func releasedKeys(before, after map[string]string) map[string]bool {
 	var out map[string]bool
 	for k, head := range before {
@@ -188,18 +193,19 @@ func releasedKeys(before, after map[string]string) map[string]bool {
 	return out
 }
 
-// isolation finds which rows of a batch Kafka refused when it cannot tell from the errors
-// alone: a broker rejects a whole partition's record batch, and a transactional producer
-// fails every record sent after the first failure with that same error. The rows that
-// failed with a refusal become suspects, and the next batches carry half of the suspects
-// each (cut), until a batch of one row is refused (that row is parked) or the suspects went
-// through. A refusal of exactly one row of a batch names it at once.
+// isolation finds which rows of a batch Kafka refused when the errors alone do not tell.
+// A broker rejects a whole partition's record batch. A transactional producer fails every
+// record sent after the first failure with that same error. The rows that failed with a
+// refusal become suspects. cut makes each of the next batches carry half of the suspects.
+// This goes on until a batch of one row is refused, and that row is parked, or until the
+// suspects went through. A refusal of exactly one row of a batch names that row at once.
 type isolation struct {
 	suspects map[int64]bool
 }
 
-// cut returns the part of send to publish now: all of it without suspects; else the rows
-// before the first suspect, or, when a suspect comes first, the rows up to the middle suspect.
+// cut returns the part of send to publish now. Without suspects, that is all of send.
+// Otherwise it is the rows before the first suspect. When a suspect comes first, it is the
+// rows up to the middle suspect.
 func (s *isolation) cut(send []outRow) []outRow {
 	if len(s.suspects) == 0 {
 		return send
@@ -230,8 +236,8 @@ func (s *isolation) cut(send []outRow) []outRow {
 	return send
 }
 
-// outcome records the result of publishing batch: refused holds the indexes of the rows that
-// failed with a refusal. It returns the indexes of the rows refused for sure.
+// outcome records the result of publishing batch. refused holds the indexes of the rows
+// that failed with a refusal. outcome returns the indexes of the rows refused for sure.
 func (s *isolation) outcome(batch []outRow, refused []int) []int {
 	had := false
 	for _, o := range batch {
@@ -247,8 +253,8 @@ func (s *isolation) outcome(batch []outRow, refused []int) []int {
 		return refused
 	}
 	if had {
-		// The suspects of this batch contain the refused row: the ones not sent are let go
-		// (should one of them be refused too, its batch makes it a suspect again).
+		// The suspects of this batch contain the refused row, so the ones not sent are let
+		// go. Should one of them be refused too, its batch makes it a suspect again.
 		clear(s.suspects)
 	}
 	if s.suspects == nil {
@@ -262,22 +268,22 @@ func (s *isolation) outcome(batch []outRow, refused []int) []int {
 
 // sendResult sorts the rows of a batch after a failed send.
 type sendResult struct {
-	refused   []int          // batch indexes: failed with a refusal
+	refused   []int          // the batch indexes of the rows that failed with a refusal
 	reasons   map[int]string // refused index → reason
-	errs      map[int]error  // batch index → its error (refused or not)
-	failed    int            // rows that failed otherwise (retried)
-	unknown   []string       // topics a row failed for as unknown (checked again with fresh metadata)
-	extraErr  error          // the error of extra (the position record), if any
+	errs      map[int]error  // batch index → its error, refused or not
+	failed    int            // rows that failed otherwise and are retried
+	unknown   []string       // topics a row failed for as unknown, checked again with fresh metadata
+	extraErr  error          // the error of extra, the position record, if any
 	firstFail string         // the first failed row and its error, for the batch's error
 }
 
-// sortSend matches the errors of SendMessages to the rows of batch (extra: a record that is
-// not a row, or nil). A row without an error was acked.
+// sortSend matches the errors of SendMessages to the rows of batch. extra is a record that
+// is not a row, or nil. A row without an error was acked.
 func sortSend(batch []outRow, extra *sarama.ProducerMessage, err error) sendResult {
 	res := sendResult{reasons: map[int]string{}, errs: map[int]error{}}
 	var pes sarama.ProducerErrors
 	if !errors.As(err, &pes) {
-		// Not tied to messages: every row failed.
+		// The error is not tied to messages, so every row failed.
 		for i := range batch {
 			res.errs[i] = err
 		}

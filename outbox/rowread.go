@@ -12,33 +12,36 @@ import (
 	"github.com/onceflow/onceflow/internal/tracex"
 )
 
-// rowReader turns the outbox rows a relay reads (columns id, event_id, event_type, topic,
-// msg_key, payload, headers, trace_parent) into Kafka messages with a few allocations per
-// batch instead of a dozen per row: each column is scanned as sql.RawBytes (the driver's
-// buffer), its bytes copied once into the batch's buffers, and the batch's messages,
-// headers and encoders are made one slice each when its rows are read. A batch's buffers
-// are reused by a later batch only once its relay calls recycle: after the batch's Kafka
-// transaction committed, when neither Sarama nor the relay holds its messages any more (a
-// message's bytes must not change while Sarama holds it). The strings of a batch (event
-// ids, topics, keys, trace parents) are never reused.
+// rowReader turns the outbox rows a relay reads into Kafka messages, with a few allocations
+// per batch and not per row. The rows have the columns id, event_id, event_type, topic,
+// msg_key, payload, headers and trace_parent. Each column is scanned as sql.RawBytes, the
+// driver's buffer. Its bytes are copied once into the batch's buffers. The batch's
+// messages, headers and encoders are made one slice each when its rows are read.
 //
-// Each message is what a row always gave: key = msg_key, value = payload, headers event_id
-// and event_type, then traceparent (the row's trace_parent, when it has one: it replaces an
-// extra header of that name), then the row's extra headers (headers, a JSON object of
-// strings) in the object's order.
+// A later batch reuses a batch's buffers only once its relay calls recycle. The relay does
+// so after the batch's Kafka transaction committed, when neither Sarama nor the relay holds
+// its messages any more. A message's bytes must not change while Sarama holds it. The
+// strings of a batch are never reused. They are its event ids, topics, keys and trace
+// parents.
+//
+// A message's key is msg_key and its value is payload. Its headers are event_id and
+// event_type, then traceparent, then the row's extra headers in the JSON object's order.
+// traceparent is the row's trace_parent, when it has one, and it replaces an extra header
+// of that name. The extra headers are the column headers, a JSON object of strings.
 type rowReader struct {
 	raw  [8]sql.RawBytes
 	dest [8]any
-	// The last batch's buffer sizes: the next batch's first guess.
+	// The last batch's buffer sizes are the next batch's first guess.
 	bufHint, strHint, rowHint, extraHint int
-	last, spare                          *rowBatch // the last batch rows made; one recycled for the next start
+	last, spare                          *rowBatch // the last batch rows made, and one recycled for the next start
 }
 
-// recycleMaxBytes bounds the buffers a relay keeps between batches: a batch of bigger rows
+// recycleMaxBytes bounds the buffers a relay keeps between batches. A batch of bigger rows
 // gives its buffers to the collector.
 const recycleMaxBytes = 4 << 20
 
-// span is a part of a batch's buffer (a row is at most MEDIUMBLOB's 16 MiB: int32 is enough).
+// span is a part of a batch's buffer. A row is at most MEDIUMBLOB's 16 MiB, so int32 is
+// enough.
 type span struct{ off, n int32 }
 
 // scannedRow is a row of a rowBatch, as parts of its buffers.
@@ -96,8 +99,8 @@ func (r *rowReader) scan(rows *sql.Rows) (int64, error) {
 	return id, nil
 }
 
-// keepHanded adds a row of the hand-off to b as keep adds the row a read gives (its values
-// are those the Writer inserted, so the message is the one a read of the row makes).
+// keepHanded adds a row of the hand-off to b as keep adds the row a read gives. Its values
+// are those the Writer inserted, so the message is the one a read of the row makes.
 func (r *rowReader) keepHanded(b *rowBatch, id int64, h *handedRow) error {
 	r.raw[0] = nil
 	for i, v := range h.vals {
@@ -150,8 +153,9 @@ func (b *rowBatch) addStr(p []byte) span {
 	return s
 }
 
-// addHeaders adds the extra headers of the JSON object js, but traceparent when the row is
-// traced: as the object's bytes when plainHeaders reads it, else as encoding/json decodes it.
+// addHeaders adds the extra headers of the JSON object js. It leaves out traceparent when
+// the row is traced. It adds the object's bytes when plainHeaders reads it, and otherwise
+// what encoding/json decodes.
 func (b *rowBatch) addHeaders(js []byte, traced bool) error {
 	from := len(b.extra)
 	var ok bool
@@ -184,9 +188,10 @@ func (b *rowBatch) addHeaders(js []byte, traced bool) error {
 }
 
 // plainHeaders appends to out the key and value of every member of js, in order, as spans
-// of js, when js is a JSON object whose keys and values are strings without escapes, of
-// valid UTF-8, its keys all different: then encoding/json reads it as exactly those bytes.
-// ok is false for anything else (encoding/json decodes it, or says why it cannot).
+// of js. It does so when js is a JSON object whose keys and values are strings of valid
+// UTF-8 without escapes, and whose keys are all different. encoding/json then reads it as
+// exactly those bytes. ok is false for anything else. encoding/json then decodes it, or
+// says why it cannot.
 func plainHeaders(js []byte, out []span) (_ []span, ok bool) {
 	i := skipSpace(js, 0)
 	if i == len(js) || js[i] != '{' {
@@ -231,8 +236,8 @@ func plainHeaders(js []byte, out []span) (_ []span, ok bool) {
 	}
 }
 
-// plainString reads the JSON string at js[i] when it has no escapes and is valid UTF-8:
-// its contents and the index after its closing quote.
+// plainString reads the JSON string at js[i] when it has no escapes and is valid UTF-8. It
+// returns the string's contents and the index after its closing quote.
 func plainString(js []byte, i int) (span, int, bool) {
 	if i >= len(js) || js[i] != '"' {
 		return span{}, 0, false
@@ -258,12 +263,12 @@ func skipSpace(js []byte, i int) int {
 	return i
 }
 
-// rows makes b's messages: one slice each of rows, messages, encoders and headers.
+// rows makes b's messages, with one slice each of rows, messages, encoders and headers.
 func (r *rowReader) rows(b *rowBatch) []outRow {
 	r.bufHint, r.strHint, r.rowHint, r.extraHint = len(b.buf), len(b.strs), len(b.rows), len(b.extra)
 	n := len(b.rows)
 	if n == 0 {
-		r.spare = b // nothing refers to an empty batch: the next start takes it again
+		r.spare = b // nothing refers to an empty batch, so the next start takes it again
 		return nil
 	}
 	strs := string(b.strs)
@@ -275,7 +280,7 @@ func (r *rowReader) rows(b *rowBatch) []outRow {
 	}
 	r.last = b
 	out := reuse(b.out, n)
-	msgs := reuse(b.msgs, n)   // zeroed: Sarama writes its own fields (partition, offset…) into each
+	msgs := reuse(b.msgs, n)   // zeroed, since Sarama writes its own fields into each
 	encs := reuse(b.encs, 2*n) // a pointer in an Encoder allocates nothing more
 	hdrs := reuse(b.hdrs, headers)[:0]
 	b.out, b.msgs, b.encs, b.hdrs = out, msgs, encs, hdrs[:headers]
@@ -299,15 +304,15 @@ func (r *rowReader) rows(b *rowBatch) []outRow {
 		}
 		m := &msgs[i]
 		m.Topic, m.Key, m.Value = o.topic, &encs[2*i+1], &encs[2*i]
-		m.Headers = hdrs[from:len(hdrs):len(hdrs)] // capped: an append never writes into the next message's
+		m.Headers = hdrs[from:len(hdrs):len(hdrs)] // capped, so an append never writes into the next message's
 		o.msg = m
 	}
 	return out
 }
 
-// recycle lets the next start reuse the buffers of the batch rows made last: its caller no
-// longer holds any of that batch's messages, nor does Sarama (the batch's Kafka transaction
-// ended). The batch's strings stay as they are.
+// recycle lets the next start reuse the buffers of the batch rows made last. Its caller no
+// longer holds any of that batch's messages. Nor does Sarama, because the batch's Kafka
+// transaction ended. The batch's strings stay as they are.
 func (r *rowReader) recycle() {
 	b := r.last
 	r.last = nil

@@ -6,8 +6,8 @@ import (
 	"strings"
 )
 
-// ShardName is the lease name of shard i of n in the shard group (RelayConfig.Shard):
-// the group name itself when n is 1, else group#i/n.
+// ShardName is the lease name of shard i of n in the shard group of RelayConfig.Shard.
+// It is the group name itself when n is 1, else group#i/n.
 func ShardName(group string, i, n int) string {
 	if n == 1 {
 		return group
@@ -15,8 +15,8 @@ func ShardName(group string, i, n int) string {
 	return fmt.Sprintf("%s#%d/%d", group, i, n)
 }
 
-// shardTxnID is the transactional id of shard i of n of a group whose id is group: the
-// group's own when n is 1, else group-<i>of<n>.
+// shardTxnID is the transactional id of shard i of n of a group whose id is group. It is
+// the group's own id when n is 1, else group-<i>of<n>.
 func shardTxnID(group string, i, n int) string {
 	if n == 1 {
 		return group
@@ -24,7 +24,8 @@ func shardTxnID(group string, i, n int) string {
 	return fmt.Sprintf("%s-%dof%d", group, i, n)
 }
 
-// shardCountOf reports the shard count a lease name implies for group (0: another group).
+// shardCountOf reports the shard count a lease name implies for group. It returns 0 for
+// a name of another group.
 func shardCountOf(group, name string) int {
 	if name == group {
 		return 1

@@ -12,10 +12,10 @@ import (
 // tracerScope names the relay's spans' instrumentation scope.
 const tracerScope = "github.com/onceflow/onceflow/outbox"
 
-// startPublish starts one send span per row of batch that has a trace parent, a child of
-// that stored context, and writes the span's context into the record's traceparent header
-// (the downstream consumer's span follows the send). It returns nil, having started
-// nothing, when the relay does not trace; endPublish ends the spans.
+// startPublish starts one send span per row of batch that has a trace parent. Each span is
+// a child of the row's stored context. startPublish writes the span's context into the
+// record's traceparent header, so the downstream consumer's span follows the send. When the
+// relay does not trace, it starts nothing and returns nil. endPublish ends the spans.
 func (r *relayBase) startPublish(ctx context.Context, batch []outRow, shard string) []trace.Span {
 	if r.tr == nil {
 		return nil
@@ -30,7 +30,7 @@ func (r *relayBase) startPublish(ctx context.Context, batch []outRow, shard stri
 			continue
 		}
 		_, span := r.tr.Start(trace.ContextWithRemoteSpanContext(ctx, parent), "send "+o.topic, trace.WithSpanKind(trace.SpanKindProducer))
-		if span.IsRecording() { // attributes only for a span that is recorded (its trace sampled)
+		if span.IsRecording() { // attributes only for a recorded span, whose trace is sampled
 			span.SetAttributes(
 				attribute.String("messaging.system", "kafka"),
 				attribute.String("messaging.operation.type", "send"),
@@ -54,7 +54,7 @@ func (r *relayBase) startPublish(ctx context.Context, batch []outRow, shard stri
 	return spans
 }
 
-// endPublish ends the spans of startPublish, with err (the batch's) as their status.
+// endPublish ends the spans of startPublish with the batch's err as their status.
 func endPublish(spans []trace.Span, err error) {
 	for _, s := range spans {
 		tracex.End(s, err)

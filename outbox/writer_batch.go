@@ -12,11 +12,11 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// AddBatch stores events in tx with multi-row INSERTs (dbx.MultiRow: up to 512 rows each,
-// prepared after UseStatements): the group-commit path's Add. The rows are the ones Add
-// would write, in the order given (so events of one key keep their order in the outbox). A
-// duplicate event id fails the call with ErrDuplicateEvent, and the caller's transaction
-// must then be rolled back.
+// AddBatch stores events in tx with multi-row INSERTs. It is the Add of the group-commit
+// path. The inserts are dbx.MultiRow statements of up to 512 rows each, prepared after
+// UseStatements. The rows are the ones Add would write, in the order given, so the events
+// of one key keep their order in the outbox. A duplicate event id fails the call with
+// ErrDuplicateEvent, and the caller must then roll back its transaction.
 func (w *Writer) AddBatch(ctx context.Context, tx *sql.Tx, events []Event) error {
 	if len(events) == 0 {
 		return nil
@@ -44,10 +44,10 @@ func batchArgs(ctx context.Context, events []Event) ([]any, error) {
 	return args, nil
 }
 
-// insertRows writes n rows whose values are args, in multi-row INSERTs. In a batch of the
-// inbox's group commit (ctx carries its txdefer.Commit) on the pool of an exactly-once
-// relay of this process, the rows are handed to that relay once the batch commits
-// (handoff.go): the inserts then return each row's id and key hash.
+// insertRows writes n rows whose values are args, in multi-row INSERTs. A batch of the
+// inbox's group commit carries its txdefer.Commit in ctx. When such a batch runs on the pool
+// of an exactly-once relay of this process, the inserts return each row's id and key hash.
+// The rows then go to that relay once the batch commits, by the hand-off of handoff.go.
 func (w *Writer) insertRows(ctx context.Context, tx *sql.Tx, args []any, n int) error {
 	var err error
 	if h, c := w.handoffFor(ctx, tx); h != nil {
@@ -64,8 +64,8 @@ func (w *Writer) insertRows(ctx context.Context, tx *sql.Tx, args []any, n int) 
 	return nil
 }
 
-// handoffFor returns the hand-off the rows of tx go to, and tx's txdefer.Commit; nil when
-// there is none.
+// handoffFor returns the hand-off the rows of tx go to, and tx's txdefer.Commit. It
+// returns nils when there is none.
 func (w *Writer) handoffFor(ctx context.Context, tx *sql.Tx) (*handoff, *txdefer.Commit) {
 	if w.handed == nil {
 		return nil, nil
@@ -75,17 +75,18 @@ func (w *Writer) handoffFor(ctx context.Context, tx *sql.Tx) (*handoff, *txdefer
 		return nil, nil
 	}
 	c := txdefer.CommitFrom(ctx, tx)
-	// A transaction of another pool: its ids are not the relay's rows.
+	// The ids of a transaction of another pool are not the relay's rows.
 	if c == nil || c.Pool() != w.db || !w.strict(ctx, tx) {
 		return nil, nil
 	}
 	return h, c
 }
 
-// strict reports whether the server stores a row's values as they are given or fails the
-// insert (PostgreSQL; MariaDB in a strict sql_mode, the default): else it may store a
-// value changed (a truncated payload, a '?' for a byte that is not UTF-8), and the row is
-// read back as stored instead of handed over as given. Asked once, on tx's session.
+// strict reports whether the server stores a row's values as given or fails the insert.
+// PostgreSQL does, and so does MariaDB in a strict sql_mode, its default. Otherwise the
+// server may store a changed value, such as a truncated payload or a '?' for a byte that is
+// not UTF-8. The row is then read back as stored instead of handed over as given. strict
+// asks on tx's session until it gets an answer, and remembers it.
 func (w *Writer) strict(ctx context.Context, tx *sql.Tx) bool {
 	if w.dl.IsPostgres() {
 		return true
@@ -106,8 +107,9 @@ func (w *Writer) strict(ctx context.Context, tx *sql.Tx) bool {
 	return ok
 }
 
-// insertHanded writes the rows with RETURNING and hands them to h once tx commits, each
-// with a copy of its payload (the caller may reuse its buffers once the insert returned).
+// insertHanded writes the rows with RETURNING and hands them to h once tx commits. Each row
+// gets a copy of its payload, because the caller may reuse its buffers once the insert
+// returned.
 func (w *Writer) insertHanded(ctx context.Context, tx *sql.Tx, args []any, n int, h *handoff, c *txdefer.Commit) error {
 	ids, hashes := make([]int64, 0, n), make([]int64, 0, n)
 	var (
@@ -128,14 +130,14 @@ func (w *Writer) insertHanded(ctx context.Context, tx *sql.Tx, args []any, n int
 		return nil
 	})
 	if err != nil || misorder || len(ids) != n {
-		return err // rows returned out of the insert's order: not handed (read back as ever)
+		return err // rows out of the insert's order are read back, not handed
 	}
 	for i := range n {
 		if !w.dl.IsPostgres() && uint32(hashes[i]) != crc32.ChecksumIEEE(rawOf(args[i*rowWidth+3])) {
-			return nil // a key stored other than given (key_hash is CRC32(msg_key)): read back
+			return nil // key_hash = CRC32(msg_key) shows a key stored changed, so read back
 		}
-		// Each handed row's payload is a copy of its own (the caller may reuse its buffer
-		// once the insert returned; a row dropped frees its copy).
+		// Each handed row gets its own copy of its payload. The caller may reuse its buffer
+		// once the insert returned, and a dropped row frees its copy.
 		if p, _ := args[i*rowWidth+4].([]byte); len(p) > 0 {
 			args[i*rowWidth+4] = bytes.Clone(p)
 		}
