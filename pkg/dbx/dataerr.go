@@ -7,7 +7,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 )
 
-// MySQL and MariaDB error numbers of values the server refuses (IsDataError).
+// MySQL and MariaDB error numbers of values the server refuses, for IsDataError.
 const (
 	erBadNullError              = 1048 // column cannot be null
 	erDupUnique                 = 1169 // can't write, because of unique constraint
@@ -35,16 +35,19 @@ const (
 	erConstraintFailed          = 4025 // a CHECK constraint failed (MariaDB)
 )
 
-// IsDataError reports an error the server raised because of the values a statement carries:
-// a value it cannot store (an invalid byte sequence, a string too long, a number out of
-// range, a bad datetime, a NULL in a NOT NULL column) or one that violates a constraint (a
-// unique key, a foreign key, a CHECK). The same values fail the same way on every attempt,
-// so no retry helps. On PostgreSQL it is every SQLSTATE of class 22 (data exception) and 23
-// (integrity constraint violation); on MySQL and MariaDB the error numbers of the same
-// meaning, which they raise in strict mode.
+// IsDataError reports an error the server raised because of the values a statement
+// carries. The server may be unable to store a value. Examples are an invalid byte
+// sequence, a string too long, a number out of range, a bad datetime or a NULL in a NOT NULL
+// column. Or a value may violate a constraint, such as a unique key, a foreign key or a
+// CHECK. The same values fail the same way on every attempt, so no retry helps.
 //
-// A unique-key violation is one (IsDuplicate), whoever's key it is: a caller whose own
-// statements may race on a key of theirs tells that key apart by its name (DuplicateKey).
+// On PostgreSQL such errors are every SQLSTATE of class 22, data exception, and of class
+// 23, integrity constraint violation. On MySQL and MariaDB they are the error numbers of the
+// same meaning, which these servers raise in strict mode.
+//
+// A unique-key violation is a data error too, whoever's key it is. IsDuplicate reports it.
+// A caller whose own statements may race on a key of theirs tells that key apart by the
+// name DuplicateKey returns.
 func IsDataError(err error) bool {
 	var me *mysql.MySQLError
 	if errors.As(err, &me) {
@@ -62,17 +65,18 @@ func IsDataError(err error) bool {
 	return strings.HasPrefix(code, "22") || strings.HasPrefix(code, "23")
 }
 
-// DuplicateKey returns the name of the unique key (PostgreSQL: the constraint) a unique-key
-// violation names, without a table in front of it (MySQL 8 says 'inbox.uk_dedup'). It
-// returns "" for another error, or when the server names no key.
+// DuplicateKey returns the name of the unique key that a unique-key violation names. On
+// PostgreSQL that is the constraint. The name comes without a table in front of it, which
+// MySQL 8 adds, as in 'inbox.uk_dedup'. DuplicateKey returns "" for another error, or when
+// the server names no key.
 func DuplicateKey(err error) string {
 	if !IsDuplicate(err) {
 		return ""
 	}
 	var me *mysql.MySQLError
 	if errors.As(err, &me) {
-		// "Duplicate entry '<value>' for key '<name>'": the value may hold quotes, the name
-		// ends the message.
+		// The message is "Duplicate entry '<value>' for key '<name>'". The value may hold
+		// quotes, and the name ends the message.
 		const mark = " for key '"
 		i := strings.LastIndex(me.Message, mark)
 		if i < 0 || !strings.HasSuffix(me.Message, "'") {

@@ -1,6 +1,6 @@
-// Package dbx holds the small database building blocks shared by inbox, outbox and plugins:
-// opening a pool with safe defaults (MariaDB, MySQL 8 or PostgreSQL, chosen from the DSN),
-// the pool's SQL dialect, running a function in a transaction, and classifying driver
+// Package dbx holds the small database building blocks shared by inbox, outbox and plugins.
+// It opens a pool with safe defaults on MariaDB, MySQL 8 or PostgreSQL, chosen from the DSN.
+// It knows the pool's SQL dialect, runs a function in a transaction and classifies driver
 // errors.
 package dbx
 
@@ -23,16 +23,18 @@ import (
 )
 
 // Config describes one connection pool. The tags declare the stock router's db.* settings
-// (internal/settings): key, default, range and help.
+// with their key, default, range and help, as internal/settings reads them.
 type Config struct {
-	// DSN is go-sql-driver's (user:pass@tcp(host:port)/db?params) for MariaDB and MySQL,
-	// a postgres://user:pass@host:port/db URL for PostgreSQL.
+	// DSN is a go-sql-driver DSN for MariaDB and MySQL, such as
+	// user:pass@tcp(host:port)/db?params. For PostgreSQL it is a URL such as
+	// postgres://user:pass@host:port/db.
 	DSN string `key:"dsn" help:"application DSN (least privilege): user@tcp(host:port)/db for MariaDB/MySQL (tcp(a:p,b:p,c:p): a Galera cluster, written through the first Synced node until it fails), postgres://user@host:port/db for PostgreSQL; required (no built-in credentials)"`
-	// Dialect forces the SQL dialect (mariadb, mysql8, postgres); empty: postgres for a
-	// postgres:// DSN, else mariadb or mysql8 by the server's version.
+	// Dialect forces the SQL dialect to mariadb, mysql8 or postgres. When it is empty, a
+	// postgres:// DSN gives postgres, and the server's version picks mariadb or mysql8 for
+	// the others.
 	Dialect string `key:"dialect" help:"SQL dialect: mariadb, mysql8 or postgres; empty: from the DSN and the server's version (mysql8 on a MariaDB server runs MySQL 8's SQL there)"`
-	// Password replaces the DSN's password when set (from a file or the environment, so the
-	// DSN in a config file carries none).
+	// Password replaces the DSN's password when set. It comes from a file or the
+	// environment, so the DSN in a config file carries none.
 	Password        string        `key:"password" help:"password of db.dsn's user, replacing the DSN's; better from ONCEFLOW_DB_PASSWORD or db.password_file"`
 	MaxOpenConns    int           `key:"max_open_conns" default:"32" range:"1..1000" help:"connection pool size"`
 	MaxIdleConns    int           // default MaxOpenConns
@@ -41,14 +43,14 @@ type Config struct {
 	TLS             TLS           `key:"tls"` // TLS to the server; off unless a field is set
 }
 
-// WithDefaults returns c with its zero settings set to their defaults, as Open uses it; the
+// WithDefaults returns c with its zero settings set to their defaults, as Open uses it. The
 // stock router's db.* defaults are these values.
 func (c Config) WithDefaults() Config {
 	c.setDefaults()
 	return c
 }
 
-// Validate reports a setting outside its range; it only checks (WithDefaults first).
+// Validate reports a setting outside its range. It only checks, so call WithDefaults first.
 func (c Config) Validate() error {
 	if err := settings.Check(c); err != nil {
 		return fmt.Errorf("database: %w", err)
@@ -77,8 +79,8 @@ func (c *Config) setDefaults() {
 }
 
 // ParseDSN validates a DSN and returns the driver config with the settings onceflow relies
-// on: parseTime, UTC, interpolated parameters, times truncated to microseconds,
-// multiStatements refused.
+// on. They are parseTime, UTC, interpolated parameters and times truncated to
+// microseconds. ParseDSN refuses multiStatements.
 func ParseDSN(dsn string) (*mysql.Config, error) {
 	mc, err := ParseDriverDSN(dsn)
 	if err != nil {
@@ -95,17 +97,18 @@ func ParseDSN(dsn string) (*mysql.Config, error) {
 	if mc.Params == nil {
 		mc.Params = map[string]string{}
 	}
-	// Interpolating parameters client-side halves the round trips of every statement (no
-	// server-side prepare/close per call). The driver refuses it for multibyte charsets where
-	// escaping would be unsafe; onceflow uses utf8mb4, where it is safe. A DSN may still say
-	// interpolateParams=false.
+	// Interpolating parameters client-side halves the round trips of every statement,
+	// because no call needs a server-side prepare and close. The driver refuses it for
+	// multibyte charsets where escaping would be unsafe. onceflow uses utf8mb4, where it is
+	// safe. A DSN may still say interpolateParams=false.
 	if !hasParam(dsn, "interpolateParams") {
 		mc.InterpolateParams = true
 	}
-	// Time parameters to microseconds, the precision of DATETIME(6): Go's nanoseconds made
-	// MariaDB read a literal such as '2026-12-03 14:05:00.123456789' as a string it cannot
-	// use to narrow an index, so `created_at >= ?` scanned the biz type instead of reading
-	// a range (inbox/store_plan_test.go). A DSN may still set timeTruncate.
+	// Time parameters are truncated to microseconds, the precision of DATETIME(6). MariaDB
+	// reads a literal with nanoseconds, such as '2026-12-03 14:05:00.123456789', as a string
+	// that cannot narrow an index. `created_at >= ?` would then scan the biz type instead of
+	// reading a range. inbox/store_plan_test.go checks the plan. A DSN may still set
+	// timeTruncate.
 	if !hasParam(dsn, "timeTruncate") {
 		if err := mc.Apply(mysql.TimeTruncate(time.Microsecond)); err != nil {
 			return nil, fmt.Errorf("bad database dsn %q: %w", MaskDSN(dsn), err)
@@ -114,9 +117,9 @@ func ParseDSN(dsn string) (*mysql.Config, error) {
 	if _, ok := mc.Params["time_zone"]; !ok {
 		mc.Params["time_zone"] = "'+00:00'"
 	}
-	// READ COMMITTED for the whole session, set once per connection: a per-transaction
-	// isolation level costs a SET statement (a round trip) before every BEGIN. Open checks
-	// that the server applied it. (tx_isolation: MariaDB 10.11's name for it.)
+	// READ COMMITTED is set once per connection, for the whole session. A per-transaction
+	// isolation level would cost a SET statement, a round trip, before every BEGIN. Open
+	// checks that the server applied it. MariaDB 10.11 names the variable tx_isolation.
 	_, mysqlName := mc.Params["transaction_isolation"]
 	if _, ok := mc.Params["tx_isolation"]; !ok && !mysqlName {
 		mc.Params["tx_isolation"] = "'READ-COMMITTED'"
@@ -127,8 +130,8 @@ func ParseDSN(dsn string) (*mysql.Config, error) {
 	return mc, nil
 }
 
-// DriverConfig is ParseDSN's driver config with cfg's Password and TLS applied (the TLS
-// settings registered with the driver, RegisterTLS).
+// DriverConfig is ParseDSN's driver config with cfg's Password and TLS applied. RegisterTLS
+// registers the TLS settings with the driver.
 func (cfg Config) DriverConfig() (*mysql.Config, error) {
 	mc, err := ParseDSN(cfg.DSN)
 	if err != nil {
@@ -150,9 +153,10 @@ func (cfg Config) DriverConfig() (*mysql.Config, error) {
 	return mc, nil
 }
 
-// Open opens and pings a pool: pgx's database/sql driver for a postgres:// DSN,
-// go-sql-driver/mysql otherwise. The error names the server and says how to start it. The
-// pool's dialect (DialectOf) is db.dialect, else the DSN's and the server's.
+// Open opens and pings a pool. It uses pgx's database/sql driver for a postgres:// DSN, and
+// go-sql-driver/mysql otherwise. Its error names the server and says how to start it. The
+// pool's dialect, which DialectOf returns, is db.dialect. Without one, the DSN and the
+// server decide it.
 func Open(ctx context.Context, cfg Config) (*sql.DB, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -182,12 +186,12 @@ func Open(ctx context.Context, cfg Config) (*sql.DB, error) {
 		_ = db.Close()
 		var me *mysql.MySQLError
 		if errors.As(err, &me) && me.Number == errUnknownVariable && mc.Params["tx_isolation"] == "'READ-COMMITTED'" && !hasParam(cfg.DSN, "tx_isolation") {
-			// MySQL 8 names the session's isolation transaction_isolation (MariaDB 10.11
-			// only tx_isolation): the same pool with MySQL's name.
+			// MySQL 8 names the session's isolation transaction_isolation, and MariaDB 10.11
+			// only tx_isolation. Open the same pool with MySQL's name.
 			cfg.DSN = withParam(cfg.DSN, "transaction_isolation", "%27READ-COMMITTED%27")
 			return Open(ctx, cfg)
 		}
-		if errors.As(err, &me) { // the server answered: refused, not unreachable
+		if errors.As(err, &me) { // the server answered, so it refused and is not unreachable
 			return nil, fmt.Errorf("database %s/%s: %w", mc.Addr, mc.DBName, err)
 		}
 		return nil, fmt.Errorf("database %s/%s unreachable: %w (start it with `scripts/infra.sh up`)", mc.Addr, mc.DBName, err)
@@ -205,11 +209,12 @@ func Open(ctx context.Context, cfg Config) (*sql.DB, error) {
 		return nil, fmt.Errorf("database %s/%s: %w: session isolation is %q (%v): leave tx_isolation out of the dsn", mc.Addr, mc.DBName, ErrIsolation, iso, err)
 	}
 	if d.MySQLFamily() && !hasParam(cfg.DSN, "wsrep_sync_wait") && isGalera(pctx, db) {
-		// Galera: a node may not have applied what another one committed yet. Every read
-		// of the pool's sessions (the relay's unpublished rows, its lease, the inbox's
-		// rows) waits until the node has applied all that the cluster committed before it
-		// (causal reads); writes are checked by certification anyway. Set in the DSN, so
-		// that it costs no statement per connection; a single server never reads it.
+		// On Galera a node may not have applied yet what another one committed. With
+		// causal reads, every read of the pool's sessions waits until the node has applied
+		// all that the cluster committed before it. Such reads are the relay's unpublished
+		// rows, its lease and the inbox's rows. Certification checks the writes anyway. The
+		// setting goes in the DSN, so it costs no statement per connection. A single server
+		// never reads it.
 		_ = db.Close()
 		cfg.DSN = withParam(cfg.DSN, "wsrep_sync_wait", "1")
 		return Open(ctx, cfg)
@@ -217,8 +222,9 @@ func Open(ctx context.Context, cfg Config) (*sql.DB, error) {
 	return db, nil
 }
 
-// NewConnector is go-sql-driver's connector for mc, a failover connector when its address
-// lists several servers (ParseDSN's tcp(a,b,c)): for pools opened without Open's checks.
+// NewConnector is go-sql-driver's connector for mc. When mc's address lists several
+// servers, as tcp(a,b,c) does, it is a failover connector. It serves pools opened without
+// Open's checks.
 func NewConnector(mc *mysql.Config) (driver.Connector, error) {
 	if addrs := ServerAddrs(mc.Addr); mc.Net == "tcp" && len(addrs) > 1 {
 		return newFailoverConnector(mc, addrs)
@@ -226,29 +232,29 @@ func NewConnector(mc *mysql.Config) (driver.Connector, error) {
 	return mysql.NewConnector(mc)
 }
 
-// isGalera reports a server replicating with Galera (@@wsrep_on; MySQL has no such
-// variable: not Galera).
+// isGalera reports a server replicating with Galera, by @@wsrep_on. MySQL has no such
+// variable, so it is not Galera.
 func isGalera(ctx context.Context, db *sql.DB) bool {
 	var on int
 	return db.QueryRowContext(ctx, "SELECT @@wsrep_on").Scan(&on) == nil && on == 1
 }
 
 // TxOptions are the options every onceflow transaction uses. Its isolation is READ
-// COMMITTED, which keeps InnoDB from taking gap locks, so the inbox and outbox never block
-// unrelated inserts; pools opened by Open set it for the session (checked at Open), so
-// the options leave the level at the session's and no SET precedes each BEGIN. A pool
-// opened otherwise is checked by InTx the first time it sees it (CheckIsolation).
+// COMMITTED, which keeps InnoDB from taking gap locks. So the inbox and outbox never block
+// unrelated inserts. Pools opened by Open set that level for the session, and Open checks
+// it. So the options leave the level at the session's, and no SET precedes each BEGIN.
+// InTx checks a pool opened otherwise with CheckIsolation the first time it sees it.
 var TxOptions = &sql.TxOptions{}
 
-// InTx runs fn in a READ COMMITTED transaction and commits it. A failure of fn rolls back;
-// a failed rollback is joined to fn's error; a failed commit is returned as such (never
-// swallowed), wrapping ErrCommitUnknown when the COMMIT got no answer from the server.
+// InTx runs fn in a READ COMMITTED transaction and commits it. A failure of fn rolls back.
+// A failed rollback is joined to fn's error. A failed commit is returned and never
+// swallowed. Its error wraps ErrCommitUnknown when the COMMIT got no answer from the server.
 //
-// The first time InTx sees a pool it checks that its sessions run at READ COMMITTED
-// (CheckIsolation, one query per pool and process) and refuses to begin, with an error
-// wrapping ErrIsolation, until they do: a pool left at REPEATABLE READ, MariaDB's default,
-// never runs an onceflow transaction. (Setting the level on each transaction instead would
-// cost a SET, a round trip, before every BEGIN.)
+// The first time InTx sees a pool, it checks with CheckIsolation that its sessions run at
+// READ COMMITTED. That costs one query per pool and process. Until they do, InTx refuses to
+// begin, with an error wrapping ErrIsolation. So a pool left at REPEATABLE READ, MariaDB's
+// default, never runs an onceflow transaction. Setting the level on each transaction
+// instead would cost a SET, a round trip, before every BEGIN.
 func InTx(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error) error {
 	if err := checkPool(ctx, db); err != nil {
 		return fmt.Errorf("begin: %w", err)
@@ -273,13 +279,13 @@ func InTx(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error) error {
 }
 
 // ErrCommitUnknown is wrapped by InTx's error when the COMMIT was sent and no answer came
-// back (the connection broke while it ran): the transaction may have committed or not, and
-// only a later read tells.
+// back, because the connection broke while it ran. The transaction may have committed or
+// not, and only a later read tells.
 var ErrCommitUnknown = errors.New("the outcome of the commit is unknown")
 
-// commitUnknown reports whether a failed Commit may still have committed: not when the
-// server answered with an error, nor when database/sql rolled back before sending COMMIT
-// (the context was done, or the transaction was already over).
+// commitUnknown reports whether a failed Commit may still have committed. It has not when
+// the server answered with an error. Nor has it when database/sql rolled back before sending
+// COMMIT, because the context was done or the transaction was already over.
 func commitUnknown(err error) bool {
 	var me *mysql.MySQLError
 	return !errors.As(err, &me) && pgCode(err) == "" && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) &&
@@ -293,10 +299,11 @@ const (
 	ErDupEntry        = 1062
 )
 
-// IsLockConflict reports a deadlock or lock-wait timeout (PostgreSQL: a deadlock, a
-// serialization failure or lock_timeout): the transaction was rolled back by the server and
-// may simply be run again. Galera's certification failure (a write set that conflicts with
-// one another node committed first) is a deadlock error too, at any statement or at COMMIT.
+// IsLockConflict reports a deadlock or a lock-wait timeout. On PostgreSQL it reports a
+// deadlock, a serialization failure or lock_timeout. The server rolled the transaction back,
+// and it may simply run again. Galera's certification failure is a deadlock error too, at
+// any statement or at COMMIT. It means that the write set conflicts with one that another
+// node committed first.
 func IsLockConflict(err error) bool {
 	var me *mysql.MySQLError
 	if errors.As(err, &me) {
@@ -315,8 +322,8 @@ func IsDuplicate(err error) bool {
 	return errors.As(err, &me) && me.Number == ErDupEntry || pgCode(err) == pgUniqueViolation
 }
 
-// IsAccessDenied reports a statement the server refused for want of a privilege (MySQL
-// 1142, PostgreSQL 42501).
+// IsAccessDenied reports a statement the server refused for want of a privilege. The
+// error is 1142 on MySQL and 42501 on PostgreSQL.
 func IsAccessDenied(err error) bool {
 	var me *mysql.MySQLError
 	return errors.As(err, &me) && me.Number == 1142 || pgCode(err) == "42501"
@@ -324,8 +331,8 @@ func IsAccessDenied(err error) bool {
 
 var identRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
 
-// CheckIdent validates an identifier that reaches SQL text (a table name). Values are
-// always bound parameters; identifiers cannot be, so they are checked instead.
+// CheckIdent validates an identifier that reaches SQL text, such as a table name. Values are
+// always bound parameters. Identifiers cannot be, so they are checked instead.
 func CheckIdent(kind, s string) error {
 	if !identRe.MatchString(s) {
 		return fmt.Errorf("invalid %s %q: must match %s", kind, s, identRe)
@@ -334,7 +341,7 @@ func CheckIdent(kind, s string) error {
 }
 
 // IsConnError reports an error that means the server could not be reached or the
-// connection broke: retrying later may succeed, and the handler is not at fault.
+// connection broke. Retrying later may succeed, and the handler is not at fault.
 func IsConnError(err error) bool {
 	if err == nil {
 		return false
@@ -342,14 +349,14 @@ func IsConnError(err error) bool {
 	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) {
 		return true
 	}
-	// Galera: the node is not part of the primary component or not ready yet; another
-	// node (a new connection) may take the statement.
+	// A Galera node may not be part of the primary component, or not be ready yet. Another
+	// node may take the statement on a new connection.
 	var me *mysql.MySQLError
 	if errors.As(err, &me) {
 		return me.Number == ErWsrepNotReady
 	}
-	// pgx: the connection broke, or was closed by pgx after a failed read, while a
-	// statement (a COMMIT, say) ran.
+	// With pgx, the connection broke while a statement such as a COMMIT ran, or pgx closed
+	// it after a failed read.
 	if errors.Is(err, pgconn.ErrConnClosed) || pgCode(err) == "" && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) {
 		return true
 	}
@@ -361,13 +368,13 @@ func IsConnError(err error) bool {
 	return errors.As(err, &oe)
 }
 
-// CreateDatabase creates the DSN's database if it does not exist (privileged DSN only).
+// CreateDatabase creates the DSN's database if it does not exist. It needs a privileged DSN.
 func CreateDatabase(ctx context.Context, dsn string) error {
 	return EnsureDatabase(ctx, Config{DSN: dsn})
 }
 
-// EnsureDatabase creates the database of cfg's DSN if it does not exist, connected as cfg
-// says (password, TLS); privileged users only.
+// EnsureDatabase creates the database of cfg's DSN if it does not exist. It connects with
+// cfg's password and TLS. Only privileged users may call it.
 func EnsureDatabase(ctx context.Context, cfg Config) error {
 	if IsPostgresDSN(cfg.DSN) {
 		return ensurePostgresDatabase(ctx, cfg)
@@ -396,9 +403,9 @@ func EnsureDatabase(ctx context.Context, cfg Config) error {
 	return nil
 }
 
-// Account logs in as cfg says without choosing a database (so it works before any grant on
-// one) and returns the account the server matched (CURRENT_USER()), quoted for GRANT:
-// `user`@`host`, e.g. `onceflow`@`127.0.0.1` or `onceflow`@`%`.
+// Account logs in as cfg says without choosing a database, so it works before any grant
+// on one. It returns the account that the server's CURRENT_USER matched, quoted for GRANT
+// as `user`@`host`. Examples are `onceflow`@`127.0.0.1` and `onceflow`@`%`.
 func Account(ctx context.Context, cfg Config) (string, error) {
 	if IsPostgresDSN(cfg.DSN) {
 		return postgresAccount(ctx, cfg)

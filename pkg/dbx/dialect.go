@@ -14,26 +14,29 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 )
 
-// Dialect is the SQL a database server speaks where onceflow's statements differ:
-// placeholders, upserts, INSERT … RETURNING, error classes. Statements are written with '?'
-// placeholders and MySQL's syntax where it is common to all; code that differs asks the
-// pool's dialect (DialectOf) and Rebind gives PostgreSQL its $n placeholders.
+// Dialect is the SQL a database server speaks where onceflow's statements differ. They
+// differ in placeholders, upserts, INSERT … RETURNING and error classes. Statements are
+// written with '?' placeholders, and with MySQL's syntax where it is common to all. Code
+// that differs asks DialectOf for the pool's dialect. Rebind gives PostgreSQL its $n
+// placeholders.
 type Dialect string
 
 const (
-	// MariaDB is MariaDB ≥ 10.6: INSERT … RETURNING, SKIP LOCKED.
+	// MariaDB is MariaDB 10.6 or later, with INSERT … RETURNING and SKIP LOCKED.
 	MariaDB Dialect = "mariadb"
-	// MySQL8 is MySQL 8.0: no RETURNING, nothing MariaDB-only. db.dialect=mysql8 runs this
-	// SQL on a MariaDB server too (how the test suite checks it without a MySQL 8 server).
+	// MySQL8 is MySQL 8.0, without RETURNING or anything else MariaDB-only. db.dialect=mysql8
+	// runs this SQL on a MariaDB server too. So the test suite checks it without a MySQL 8
+	// server.
 	MySQL8 Dialect = "mysql8"
-	// Postgres is PostgreSQL ≥ 15 through pgx's database/sql driver.
+	// Postgres is PostgreSQL 15 or later, through pgx's database/sql driver.
 	Postgres Dialect = "postgres"
 )
 
 // Dialects lists the dialects, as db.dialect takes them.
 var Dialects = []Dialect{MariaDB, MySQL8, Postgres}
 
-// ParseDialect reads a db.dialect value; empty is "" (chosen from the DSN and the server).
+// ParseDialect reads a db.dialect value. An empty value gives "", and the DSN and the server
+// then choose.
 func ParseDialect(s string) (Dialect, error) {
 	switch d := Dialect(strings.ToLower(strings.TrimSpace(s))); d {
 	case "", MariaDB, MySQL8, Postgres:
@@ -42,14 +45,14 @@ func ParseDialect(s string) (Dialect, error) {
 	return "", fmt.Errorf("db.dialect %q: want one of mariadb, mysql8, postgres (or empty: from the DSN and the server's version)", s)
 }
 
-// MySQLFamily reports MariaDB or MySQL 8 (go-sql-driver/mysql, backquoted identifiers,
-// ON DUPLICATE KEY UPDATE, LAST_INSERT_ID).
+// MySQLFamily reports MariaDB or MySQL 8. Both use go-sql-driver/mysql, backquoted
+// identifiers, ON DUPLICATE KEY UPDATE and LAST_INSERT_ID.
 func (d Dialect) MySQLFamily() bool { return d != Postgres }
 
 // IsPostgres reports PostgreSQL.
 func (d Dialect) IsPostgres() bool { return d == Postgres }
 
-// Returning reports INSERT … RETURNING (MariaDB and PostgreSQL, not MySQL 8).
+// Returning reports INSERT … RETURNING, which MariaDB and PostgreSQL have and MySQL 8 lacks.
 func (d Dialect) Returning() bool { return d != MySQL8 }
 
 // Rebind rewrites q's '?' placeholders as $1, $2, … for PostgreSQL and returns it unchanged
@@ -92,7 +95,7 @@ func (d Dialect) Rebind(q string) string {
 	return b.String()
 }
 
-// Quote quotes an identifier (already checked with CheckIdent) for d.
+// Quote quotes an identifier for d. CheckIdent must have checked it already.
 func (d Dialect) Quote(ident string) string {
 	if d == Postgres {
 		return `"` + ident + `"`
@@ -100,11 +103,12 @@ func (d Dialect) Quote(ident string) string {
 	return "`" + ident + "`"
 }
 
-// dialects remembers the dialect of each pool Open opened, weakly (like checkedPools).
+// dialects remembers the dialect of each pool Open opened. It holds the pools weakly, as
+// checkedPools does.
 var dialects sync.Map // weak.Pointer[sql.DB] → Dialect
 
-// setDialect records d as db's dialect, replacing one DialectOf guessed before (Open's
-// isolation check asks it before Open records db.dialect).
+// setDialect records d as db's dialect. It replaces one that DialectOf guessed before,
+// because Open's isolation check asks DialectOf before Open records db.dialect.
 func setDialect(db *sql.DB, d Dialect) {
 	k := weak.Make(db)
 	if _, loaded := dialects.Swap(k, d); !loaded {
@@ -112,9 +116,10 @@ func setDialect(db *sql.DB, d Dialect) {
 	}
 }
 
-// DialectOf returns the dialect of a pool: the one Open chose (db.dialect, else the DSN and
-// the server's version); for a pool opened otherwise, PostgreSQL when its driver is pgx's,
-// else the MySQL family told apart by the server's VERSION() (read once per pool).
+// DialectOf returns the dialect of a pool. For a pool that Open opened, it is the one Open
+// chose from db.dialect, or else from the DSN and the server's version. For a pool opened
+// otherwise, it is PostgreSQL when the driver is pgx's. Otherwise the server's VERSION
+// tells the MySQL family apart, read once per pool.
 func DialectOf(db *sql.DB) Dialect {
 	if v, ok := dialects.Load(weak.Make(db)); ok {
 		return v.(Dialect)
@@ -127,7 +132,7 @@ func DialectOf(db *sql.DB) Dialect {
 	defer cancel()
 	d, err := serverDialect(ctx, db)
 	if err != nil {
-		return MariaDB // not remembered: asked again next time
+		return MariaDB // not remembered, so asked again next time
 	}
 	setDialect(db, d)
 	return d
@@ -145,7 +150,7 @@ func serverDialect(ctx context.Context, db Querier) (Dialect, error) {
 	return MySQL8, nil
 }
 
-// IsPostgresDSN reports a PostgreSQL URL DSN (postgres:// or postgresql://).
+// IsPostgresDSN reports a PostgreSQL URL DSN, which starts with postgres:// or postgresql://.
 func IsPostgresDSN(dsn string) bool {
 	return strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
 }
@@ -158,8 +163,8 @@ type DSNInfo struct {
 	DBName   string // the database
 }
 
-// ParseDSNInfo validates dsn (ParseDSN's rules for the MySQL family, pgx's for PostgreSQL)
-// and returns what it names.
+// ParseDSNInfo validates dsn and returns what it names. It applies ParseDSN's rules for the
+// MySQL family and pgx's for PostgreSQL.
 func ParseDSNInfo(dsn string) (DSNInfo, error) {
 	if IsPostgresDSN(dsn) {
 		pc, err := parsePostgresDSN(dsn)

@@ -14,12 +14,12 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// A go-sql-driver DSN is read the way the driver's own ParseDSN reads it:
+// A go-sql-driver DSN is read the way the driver's own ParseDSN reads it.
 //
 //	user:password@tcp(address)/database?param=value&param=value
 //
-// The database name starts after the last '/'; the credentials end at the last '@' before
-// that slash; the address is inside the parentheses between that '@' and the slash. Nothing
+// The database name starts after the last '/'. The credentials end at the last '@' before
+// that slash. The address is inside the parentheses between that '@' and the slash. Nothing
 // in the database name or the parameters is ever read as an address.
 
 // addrSpan is where the address of a go-sql-driver DSN lies, dsn[start:end], and the
@@ -39,7 +39,8 @@ func addrSpan(dsn string) (network string, start, end int, ok bool) {
 }
 
 // dsnQuery is the raw parameter string of a go-sql-driver DSN, after the first '?' that
-// follows its database name's slash, and where it starts; -1 when it has none.
+// follows its database name's slash, and where it starts. It starts at -1 when the DSN has
+// none.
 func dsnQuery(dsn string) (int, string) {
 	slash := strings.LastIndexByte(dsn, '/')
 	if slash < 0 {
@@ -74,11 +75,13 @@ func withParam(dsn, key, value string) string {
 }
 
 // ParseDriverDSN is go-sql-driver's ParseDSN for a DSN whose tcp(...) part may list several
-// servers, comma separated; the config's Addr is then the list, which NewConnector takes.
-// It refuses a DSN the driver would read differently from what it seems to say: a server
-// list with an empty or malformed entry, a database name or parameter holding an address
-// ("@tcp(…)"), a PostgreSQL keyword/value string. It adds none of ParseDSN's settings. Its
-// errors show the DSN masked.
+// servers, comma separated. The config's Addr is then the list, which NewConnector takes.
+//
+// ParseDriverDSN refuses a DSN that the driver would read differently from what it seems to
+// say. Such a DSN has a server list with an empty or malformed entry, or a database name or
+// parameter that holds an address such as "@tcp(…)". A PostgreSQL keyword/value string is
+// refused too. ParseDriverDSN adds none of ParseDSN's settings. Its errors show the DSN
+// masked.
 func ParseDriverDSN(dsn string) (*mysql.Config, error) {
 	if dsn == "" {
 		return nil, errors.New("database dsn is empty: set db.dsn (env ONCEFLOW_DB_DSN), e.g. onceflow:onceflow@tcp(127.0.0.1:3306)/onceflow")
@@ -86,8 +89,8 @@ func ParseDriverDSN(dsn string) (*mysql.Config, error) {
 	if IsPostgresDSN(dsn) {
 		return nil, fmt.Errorf("database dsn %q is PostgreSQL's, not MySQL's", MaskDSN(dsn))
 	}
-	// The driver reads one address: it parses the DSN with the list's first server, and the
-	// list is put back for NewConnector.
+	// The driver reads one address. So it parses the DSN with the list's first server, and
+	// the list is put back for NewConnector.
 	parse, servers := dsn, []string(nil)
 	if network, start, end, ok := addrSpan(dsn); ok && (network == "tcp" || network == "") && strings.Contains(dsn[start:end], ",") {
 		list, err := checkServers(dsn[start:end])
@@ -113,8 +116,8 @@ func ParseDriverDSN(dsn string) (*mysql.Config, error) {
 	return mc, nil
 }
 
-// checkServers reads the server list of a tcp(a,b,c) address: each a host with an optional
-// port, none empty.
+// checkServers reads the server list of a tcp(a,b,c) address. Each entry is a host with an
+// optional port, and none is empty.
 func checkServers(list string) ([]string, error) {
 	var out []string
 	for i, a := range strings.Split(list, ",") {
@@ -135,12 +138,12 @@ func checkServers(list string) ([]string, error) {
 	return out, nil
 }
 
-// addressLike is what a reader scanning for the protocol part ("@tcp(", "@unix(") would take
-// for one.
+// addressLike matches what a reader scanning for the protocol part, such as "@tcp(" or
+// "@unix(", would take for one.
 var addressLike = regexp.MustCompile(`@[A-Za-z0-9_]*\(`)
 
 // checkNoAddress refuses a database name or parameter that holds something shaped like an
-// address: the driver never reads it as one, but it reads as one to a person or a tool.
+// address. The driver never reads it as one, but a person or a tool may.
 func checkNoAddress(dsn string, mc *mysql.Config) error {
 	if addressLike.MatchString(mc.DBName) {
 		return errors.New("the database name holds an address")
@@ -197,9 +200,10 @@ func scrub(msg, dsn string) string {
 }
 
 // dsnSecrets are the texts of a DSN of any form that may be a password, as written and
-// decoded, longest first: what follows the credentials' ':' up to each '@', the values of
-// password parameters (URL query, go-sql-driver parameters, keyword/value pairs), and, in a
-// DSN without '@', what follows a ':' up to the address or the slash.
+// decoded, longest first. They are what follows the credentials' ':' up to each '@', and
+// the values of password parameters. Such parameters may be in a URL query, in
+// go-sql-driver parameters or in keyword/value pairs. In a DSN without '@', what follows a
+// ':' up to the address or the slash is a secret too.
 func dsnSecrets(dsn string) []string {
 	var out []string
 	add := func(s string) {
@@ -264,7 +268,7 @@ func dsnSecrets(dsn string) []string {
 	return slices.Compact(out)
 }
 
-// secretKey reports a parameter whose value is a secret: any key naming a password.
+// secretKey reports a parameter whose value is a secret. Any key naming a password is one.
 func secretKey(k string) bool {
 	if u, err := url.QueryUnescape(k); err == nil {
 		k = u
@@ -273,13 +277,13 @@ func secretKey(k string) bool {
 	return strings.Contains(k, "pass") || strings.Contains(k, "pwd") || strings.Contains(k, "secret")
 }
 
-// param is one key=value pair of a query string: the value is q[start:end].
+// param is one key=value pair of a query string. The value is q[start:end].
 type param struct {
 	start, end int
 	secret     bool
 }
 
-// queryParams splits a query string (k=v&k=v) into its pairs.
+// queryParams splits a query string such as k=v&k=v into its pairs.
 func queryParams(q string) []param {
 	var out []param
 	off := 0
@@ -307,14 +311,15 @@ func maskQuery(q string) string {
 	return b.String()
 }
 
-// keywordDSN is a DSN that starts as libpq's keyword/value form does (host=… user=…): a
-// key without ':', '@', '/' or '(', which a go-sql-driver DSN has before its first '='.
+// keywordDSN matches a DSN that starts as libpq's keyword/value form does, such as
+// "host=… user=…". Such a DSN starts with a key without ':', '@', '/' or '('. A
+// go-sql-driver DSN has one of these before its first '='.
 var keywordDSN = regexp.MustCompile(`^\s*[^\s=:@/(]+\s*=`)
 
-// keywordPairs reads a keyword/value string as pgx does, leniently: a value is a quoted
+// keywordPairs reads a keyword/value string leniently, as pgx does. A value is a quoted
 // string with backslash escapes, or runs to the next space. The value of a pair is
-// s[start:end]. A malformed pair, a key with a space in it or text with no '=' at the end,
-// is secret from its second word on, start being there.
+// s[start:end]. A malformed pair is a key with a space in it, or text with no '=' at the
+// end. It is secret from its second word on, and start is there.
 func keywordPairs(s string) []param {
 	space := func(c byte) bool { return isSpace(rune(c)) }
 	var out []param
@@ -328,7 +333,7 @@ func keywordPairs(s string) []param {
 		}
 		eq := strings.IndexByte(s[i:], '=')
 		if eq < 0 {
-			// Text without '=' at the end is malformed: its first word shows, the rest not.
+			// Text without '=' at the end is malformed. Its first word shows, and the rest not.
 			if w := strings.IndexFunc(s[i:], isSpace); w >= 0 {
 				out = append(out, param{start: i + w, end: len(s), secret: true})
 			}
@@ -384,15 +389,21 @@ func maskKeywords(s string) string {
 	return b.String()
 }
 
-// MaskDSN hides the password of a DSN of any form for logs and errors. A go-sql-driver DSN
-// the driver parses is shown as written with the password the driver reads replaced by ***,
-// whatever the password contains ('@', ':', '/', '('); an empty password stays empty. A DSN
-// it does not parse is shown from its protocol part on ("@tcp(", "@unix(", else the last
-// '@'), with everything before it, user included, as ***; one without '@' is shown as is
-// unless it has a ':', which could be a "user:password" missing its '@'. A postgres:// URL
-// shows *** for the password of its credentials, and a keyword/value string (host=…
-// password=…) for the value of its password keys. In every form the values of parameters
-// named for a password (password=, sslpassword=) are ***.
+// MaskDSN hides the password of a DSN of any form for logs and errors.
+//
+// A go-sql-driver DSN that the driver parses is shown as written, with *** for the password
+// the driver reads. This holds whatever the password contains, such as '@', ':', '/' or
+// '('. An empty password stays empty.
+//
+// A DSN that the driver does not parse is shown from its protocol part on. That part starts
+// at "@tcp(" or "@unix(", or else at the last '@'. Everything before it, the user included,
+// shows as ***. A DSN without '@' is shown as is, unless it has a ':'. That ':' could be
+// part of a "user:password" that lacks its '@'.
+//
+// A postgres:// URL shows *** for the password of its credentials. A keyword/value string
+// such as "host=… password=…" shows *** for the values of its password keys. In every form,
+// the values of parameters named for a password, such as password= and sslpassword=, are
+// ***.
 func MaskDSN(dsn string) string {
 	if dsn == "" {
 		return ""
@@ -400,15 +411,15 @@ func MaskDSN(dsn string) string {
 	if IsPostgresDSN(dsn) {
 		return maskPostgres(dsn)
 	}
-	// A user holding '=' is a keyword/value string go-sql-driver happens to parse.
+	// A user holding '=' is a keyword/value string that go-sql-driver happens to parse.
 	mc, err := mysql.ParseDSN(dsn)
 	if err != nil || strings.Contains(mc.User, "=") {
 		return maskUnparsed(dsn)
 	}
 	out := dsn
 	// The driver reads "user:password@" up to the last '@' before the database's slash.
-	// Keep the rest verbatim (a reformatted DSN would drop parameters set to their
-	// defaults, such as interpolateParams=false, which ParseDSN here reads from the text).
+	// Keep the rest verbatim. A reformatted DSN would drop parameters set to their defaults,
+	// such as interpolateParams=false, which ParseDSN in this package reads from the text.
 	if mc.Passwd != "" {
 		if cred := mc.User + ":" + mc.Passwd + "@"; strings.HasPrefix(dsn, cred) {
 			out = mc.User + ":***" + dsn[len(cred)-1:]
@@ -423,10 +434,10 @@ func MaskDSN(dsn string) string {
 	return out
 }
 
-// maskUnparsed masks a DSN go-sql-driver cannot parse: the values of its password keys,
-// whether keyword/value pairs or parameters, and everything before its protocol part. A DSN
-// without '@' that has a ':' shows nothing before a tcp( or unix( part, unless it is a
-// keyword/value string.
+// maskUnparsed masks a DSN that go-sql-driver cannot parse. It masks the values of its
+// password keys, in keyword/value pairs or in parameters. It also masks everything before
+// its protocol part. A DSN without '@' that has a ':' shows nothing before a tcp( or unix(
+// part, unless it is a keyword/value string.
 func maskUnparsed(dsn string) string {
 	if strings.Contains(dsn, "=") {
 		dsn = maskKeywords(dsn)
@@ -450,11 +461,11 @@ func maskUnparsed(dsn string) string {
 	return "***"
 }
 
-// maskPostgres masks a postgres:// URL: the password of its credentials, and the values of
-// its password parameters. pgx ends the credentials at the first '@' before any '/'; the
-// mask ends them at the last one, so a password holding an unencoded '@' shows no part of
-// it. An '@' only after a '/' with a ':' before it could end a password holding an
-// unencoded '/': everything up to it is ***.
+// maskPostgres masks the password of a postgres:// URL's credentials and the values of its
+// password parameters. pgx ends the credentials at the first '@' before any '/'. The mask
+// ends them at the last one, so a password holding an unencoded '@' shows no part of it.
+// An '@' that comes only after a '/', with a ':' before it, could end a password holding an
+// unencoded '/'. So everything up to that '@' is ***.
 func maskPostgres(dsn string) string {
 	scheme := "postgres://"
 	if strings.HasPrefix(dsn, "postgresql://") {

@@ -13,26 +13,27 @@ import (
 	"github.com/go-sql-driver/mysql"
 )
 
-// A DSN may list several servers of one cluster, comma separated, in the address part:
+// A DSN may list several servers of one cluster, comma separated, in the address part.
 //
 //	onceflow:pw@tcp(127.0.0.1:4306,127.0.0.1:4307,127.0.0.1:4308)/onceflow
 //
-// Open then connects through a failover connector: new connections go to the first server
-// in that order that answers and, on Galera, is ready and Synced; they stay with it until it
-// fails, then move to the next one. The list lives in the DSN, not a setting of its own, so
-// that every tool taking a DSN (migrate, produce, the tests, the chaos harness) fails over
-// the same way.
+// Open then connects through a failover connector. New connections go to the first server
+// in that order that answers and, on Galera, is ready and Synced. They stay with it until
+// it fails, then move to the next one. The list lives in the DSN and is not a setting of
+// its own. So every tool that takes a DSN fails over the same way. Such tools are migrate,
+// produce, the tests and the chaos harness.
 
-// Galera's wsrep_local_state for Synced, and the error a node answers while it is not part
-// of the primary component or not yet ready (ER_UNKNOWN_COM_ERROR: "WSREP has not yet
-// prepared node for application use").
+// galeraSynced is Galera's wsrep_local_state for Synced. ErWsrepNotReady is the error a
+// node answers while it is not part of the primary component or not yet ready. It is
+// ER_UNKNOWN_COM_ERROR, with the message "WSREP has not yet prepared node for application
+// use".
 const (
 	galeraSynced    = "4"
 	ErWsrepNotReady = 1047
 )
 
-// ServerAddrs are the addresses of a go-sql-driver DSN's tcp(...) part: one, or several
-// comma separated.
+// ServerAddrs are the addresses of a go-sql-driver DSN's tcp(...) part. There is one, or
+// several comma separated.
 func ServerAddrs(addr string) []string {
 	var out []string
 	for a := range strings.SplitSeq(addr, ",") {
@@ -43,8 +44,8 @@ func ServerAddrs(addr string) []string {
 	return out
 }
 
-// failoverConnector opens each connection to the current server, or when that fails to the
-// others in the DSN's order; the first that answers (and, on Galera, is Synced) becomes
+// failoverConnector opens each connection to the current server. When that fails, it tries
+// the others in the DSN's order. The first that answers, and is Synced on Galera, becomes
 // the current one.
 type failoverConnector struct {
 	addrs []string
@@ -115,17 +116,17 @@ func (f *failoverConnector) Connect(ctx context.Context) (driver.Conn, error) {
 		}
 		return &nodeConn{mysqlConn: full}, nil
 	}
-	// Unreachable servers are a connection-class error (IsConnError), whatever their causes.
+	// Unreachable servers are a connection-class error for IsConnError, whatever their causes.
 	return nil, fmt.Errorf("%w: no server of %s answered: %w", driver.ErrBadConn, strings.Join(f.addrs, ","), errors.Join(errs...))
 }
 
-// errNotSynced is a Galera node that answers but is not ready or not Synced (a joiner, a
-// donor, a node outside the primary component).
+// errNotSynced is a Galera node that answers but is not ready or not Synced. Such a node
+// may be a joiner, a donor or a node outside the primary component.
 var errNotSynced = errors.New("galera node not ready or not synced")
 
-// checkNode refuses a Galera node (@@wsrep_on 1) that is not ready or not Synced, or has
-// no such status (a node recovering alone); a server without wsrep (@@wsrep_on 0, or no such
-// variable: MySQL) passes.
+// checkNode refuses a Galera node that is not ready or not Synced, or has no such status.
+// A Galera node has @@wsrep_on 1. A node recovering alone has no such status. A server
+// without wsrep passes. Its @@wsrep_on is 0, or it has no such variable, as on MySQL.
 func checkNode(ctx context.Context, conn driver.Conn) error {
 	q, ok := conn.(driver.QueryerContext)
 	if !ok {
@@ -137,7 +138,7 @@ func checkNode(ctx context.Context, conn driver.Conn) error {
 		on = rows.Next(row) == nil && asString(row[0]) == "1"
 		_ = rows.Close()
 	} else if !IsConnError(err) {
-		return nil // no wsrep_on variable: not Galera
+		return nil // no wsrep_on variable, so not Galera
 	} else {
 		return err
 	}
@@ -178,9 +179,9 @@ func asString(v driver.Value) string {
 	return fmt.Sprint(v)
 }
 
-// nodeConn is a connection to one server of a failover DSN: once the server answered that
-// it is not ready (a Galera node that left the primary component), the pool drops it rather
-// than reuse it, and the next connection goes to a node that is Synced.
+// nodeConn is a connection to one server of a failover DSN. The server may answer that it
+// is not ready, as a Galera node that left the primary component does. The pool then drops
+// the connection rather than reuse it. The next connection goes to a node that is Synced.
 type nodeConn struct {
 	mysqlConn
 	bad atomic.Bool

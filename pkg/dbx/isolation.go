@@ -18,20 +18,21 @@ import (
 const ReadCommitted = "READ-COMMITTED"
 
 // ErrIsolation is wrapped by the error of a pool whose sessions do not run at READ
-// COMMITTED. Retrying does not help: the pool must be opened differently.
+// COMMITTED. Retrying does not help, because the pool must be opened differently.
 var ErrIsolation = errors.New("database session isolation is not READ-COMMITTED")
 
-// errUnknownVariable is the server's "Unknown system variable" (1193).
+// errUnknownVariable is the server's error 1193, "Unknown system variable".
 const errUnknownVariable = 1193
 
-// Querier is what SessionIsolation reads through: a pool, a connection or a transaction.
+// Querier is what SessionIsolation reads through, such as a pool, a connection or a
+// transaction.
 type Querier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// SessionIsolation returns the isolation level of a session of q, as the server names it
-// (READ-COMMITTED, REPEATABLE-READ, ...): @@tx_isolation, MariaDB's name, or, where the
-// server has no such variable (MySQL 8), @@transaction_isolation.
+// SessionIsolation returns the isolation level of a session of q, as the server names it,
+// such as READ-COMMITTED or REPEATABLE-READ. It reads @@tx_isolation, MariaDB's name. Where
+// the server has no such variable, as on MySQL 8, it reads @@transaction_isolation.
 func SessionIsolation(ctx context.Context, q Querier) (string, error) {
 	var iso string
 	db, isPool := q.(*sql.DB)
@@ -62,12 +63,14 @@ func postgresIsolation(ctx context.Context, q Querier) (string, error) {
 }
 
 // CheckIsolation reports an error wrapping ErrIsolation unless the sessions of db run at
-// READ COMMITTED, read from one pooled connection (every connection of a pool is opened from
-// the same DSN). Under REPEATABLE READ, MariaDB's default, InnoDB takes gap locks: the
-// inbox's claims of new keys block each other's inserts and deadlock, and a plain read
-// inside a transaction sees the snapshot of its first read, so a relay that lingers for
-// more rows never sees them. Pools opened by Open pass; for a pool of one's own, add
-// tx_isolation='READ-COMMITTED' to its DSN (transaction_isolation on MySQL 8).
+// READ COMMITTED. It reads the level from one pooled connection, because every connection
+// of a pool is opened from the same DSN.
+//
+// Under REPEATABLE READ, MariaDB's default, InnoDB takes gap locks. The inbox's claims of
+// new keys then block each other's inserts and deadlock. A plain read inside a transaction
+// also sees the snapshot of its first read, so a relay that lingers for more rows never
+// sees them. Pools opened by Open pass. For a pool of one's own, add
+// tx_isolation='READ-COMMITTED' to its DSN, or transaction_isolation on MySQL 8.
 func CheckIsolation(ctx context.Context, db Querier) error {
 	iso, err := SessionIsolation(ctx, db)
 	if err != nil {
@@ -79,12 +82,12 @@ func CheckIsolation(ctx context.Context, db Querier) error {
 	return nil
 }
 
-// checkedPools holds the pools whose isolation InTx has checked, weakly: a closed,
-// unreferenced pool leaves the set when it is collected.
+// checkedPools holds the pools whose isolation InTx has checked. It holds them weakly, so a
+// closed, unreferenced pool leaves the set when it is collected.
 var checkedPools sync.Map // weak.Pointer[sql.DB] → struct{}
 
-// checkPool runs CheckIsolation on db the first time InTx sees it; a pool that failed (or
-// could not be read) is checked again next time.
+// checkPool runs CheckIsolation on db the first time InTx sees it. A pool that failed, or
+// could not be read, is checked again next time.
 func checkPool(ctx context.Context, db *sql.DB) error {
 	k := weak.Make(db)
 	if _, ok := checkedPools.Load(k); ok {

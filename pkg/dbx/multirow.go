@@ -11,45 +11,47 @@ import (
 	"github.com/go-sql-driver/mysql"
 )
 
-// maxPlaceholders is the most parameters one prepared statement may have (the protocol
-// counts them in 16 bits).
+// maxPlaceholders is the most parameters one prepared statement may have. The protocol
+// counts them in 16 bits.
 const maxPlaceholders = 65535
 
-// MultiRow runs a multi-row statement (INSERT … VALUES (…), (…), …) as server-side prepared
-// statements of a few fixed row counts — the powers of two up to Max — each prepared once
-// per pooled connection and reused by every later transaction on it. MariaDB then parses
-// each shape once, instead of lexing every literal of every row of every statement as it
-// does with interpolated parameters: the inbox claim of a 512-row batch spent about a
-// third of its server time in the parser, and a prepared claim costs ≈12 µs of server CPU
-// per row against ≈18.5 interpolated (docs/BENCHMARKS.md, "Prepared multi-row statements").
+// MultiRow runs a multi-row statement such as INSERT … VALUES (…), (…), … as server-side
+// prepared statements of a few fixed row counts. The counts are the powers of two up to
+// Max. Each statement is prepared once per pooled connection, and every later transaction
+// on that connection reuses it. MariaDB then parses each shape once. With interpolated
+// parameters it would lex every literal of every row of every statement instead. See
+// docs/BENCHMARKS.md, section "Prepared multi-row statements (dbx.MultiRow)".
 //
-// n rows go as the fewest such statements: ⌊n/Max⌋ of Max rows, then at most one of each
-// smaller power of two down to MinPrepared (binary decomposition), then what is left as
-// one interpolated statement, in order, so rows keep their order and lock order. A MultiRow
-// on a pool prepares its statements itself, in the background, when it is first used (or
-// when Prepare is called); until then, and should preparing fail (max_prepared_stmt_count
-// reached, say), the statements run interpolated: correct either way, slower.
+// n rows go as the fewest such statements. First come ⌊n/Max⌋ statements of Max rows. Then
+// comes at most one statement of each smaller power of two down to MinPrepared, as in a
+// binary decomposition. What is left goes as one interpolated statement. The statements run
+// in order, so rows keep their order and lock order.
+//
+// A MultiRow on a pool prepares its statements itself, in the background, when it is first
+// used or when Prepare is called. Until then, the statements run interpolated. They also
+// do when preparing fails, for example when max_prepared_stmt_count is reached. The result
+// is correct either way, only slower.
 type MultiRow struct {
 	db    *sql.DB
 	width int                // parameters per row
-	max   int                // most rows per statement: a power of two
-	min   int                // fewest rows of a prepared statement: a power of two ≤ max
+	max   int                // most rows per statement, a power of two
+	min   int                // fewest rows of a prepared statement, a power of two ≤ max
 	text  func(n int) string // the statement for n rows
 
 	prepMu    sync.Mutex // one Prepare at a time
-	mu        sync.Mutex // guards the fields below; never held across a round trip
+	mu        sync.Mutex // guards the fields below, never held across a round trip
 	stmts     map[int]*sql.Stmt
 	ready     bool      // every size prepared
 	failed    time.Time // the last failed Prepare
 	closed    bool
-	preparing bool // a background Prepare is running (prepareSoon)
+	preparing bool // a background Prepare of prepareSoon is running
 }
 
-// NewMultiRow returns a MultiRow on db for rows of width parameters; text(n) is the
-// statement for n rows, with '?' placeholders, rebound for db's dialect (Dialect.Rebind).
-// With a nil db the statements always run interpolated, as text gives them (use
-// NewMultiRowFor). max is the most rows per statement, rounded down to a power of two and
-// to what the placeholder limit allows.
+// NewMultiRow returns a MultiRow on db for rows of width parameters. text(n) is the
+// statement for n rows, with '?' placeholders. Dialect.Rebind rebinds it for db's dialect.
+// With a nil db the statements always run interpolated, as text gives them. Use
+// NewMultiRowFor then. max is the most rows per statement. It is rounded down to a power of
+// two and to what the placeholder limit allows.
 func NewMultiRow(db *sql.DB, width, max int, text func(n int) string) *MultiRow {
 	d := MariaDB
 	if db != nil {
@@ -58,8 +60,8 @@ func NewMultiRow(db *sql.DB, width, max int, text func(n int) string) *MultiRow 
 	return NewMultiRowFor(d, db, width, max, text)
 }
 
-// NewMultiRowFor is NewMultiRow with the dialect given: for a nil db (statements run in
-// transactions of a pool of dialect d) or one whose dialect is known.
+// NewMultiRowFor is NewMultiRow with the dialect given. It serves a db whose dialect is
+// known, or a nil db whose statements run in transactions of a pool of dialect d.
 func NewMultiRowFor(d Dialect, db *sql.DB, width, max int, text func(n int) string) *MultiRow {
 	if width < 1 {
 		panic("dbx: MultiRow width below 1")
@@ -80,22 +82,23 @@ func NewMultiRowFor(d Dialect, db *sql.DB, width, max int, text func(n int) stri
 	return &MultiRow{db: db, width: width, max: p, min: low, text: text, stmts: map[int]*sql.Stmt{}}
 }
 
-// minPreparedParams sets the smallest prepared statement: the fewest rows (a power of two)
-// with at least this many parameters. Fewer rows left over go as one interpolated
-// statement: each prepared statement of a call is one more round trip, and below this
-// size the round trip costs more than parsing the rows (and adds to the batch's latency).
+// minPreparedParams sets the smallest prepared statement. It has the fewest rows, a power
+// of two, with at least this many parameters. Fewer rows left over go as one interpolated
+// statement. Each prepared statement of a call is one more round trip. Below this size the
+// round trip costs more than parsing the rows, and it adds to the batch's latency.
 const minPreparedParams = 128
 
 // Max is the most rows one statement carries.
 func (m *MultiRow) Max() int { return m.max }
 
-// MinPrepared is the fewest rows of a prepared statement; fewer rows left over at the end
+// MinPrepared is the fewest rows of a prepared statement. Fewer rows left over at the end
 // of a call go as one interpolated statement.
 func (m *MultiRow) MinPrepared() int { return m.min }
 
-// Sizes returns the row counts of the statements n rows are sent as, in order: statements
-// of Max rows, at most one of each smaller power of two down to MinPrepared (all prepared,
-// once Prepare ran), then the rest, fewer than MinPrepared, as one (interpolated).
+// Sizes returns the row counts of the statements that n rows are sent as, in order. First
+// come statements of Max rows. Then comes at most one of each smaller power of two down to
+// MinPrepared. These are all prepared once Prepare ran. The rest, fewer than MinPrepared,
+// go as one interpolated statement.
 func (m *MultiRow) Sizes(n int) []int {
 	var out []int
 	for ; n >= m.max; n -= m.max {
@@ -113,7 +116,7 @@ func (m *MultiRow) Sizes(n int) []int {
 	return out
 }
 
-// Exec runs the rows in args (width parameters each) in tx and returns the rows affected.
+// Exec runs the rows in args, of width parameters each, in tx and returns the rows affected.
 func (m *MultiRow) Exec(ctx context.Context, tx *sql.Tx, args []any) (int64, error) {
 	var affected int64
 	err := m.each(ctx, tx, args, func(st statement, part []any) error {
@@ -128,8 +131,8 @@ func (m *MultiRow) Exec(ctx context.Context, tx *sql.Tx, args []any) (int64, err
 	return affected, err
 }
 
-// Query runs the rows in args in tx, a statement that returns rows (INSERT … RETURNING),
-// and calls scan for every row it returns.
+// Query runs the rows in args in tx, for a statement that returns rows such as INSERT …
+// RETURNING. It calls scan for every row the statement returns.
 func (m *MultiRow) Query(ctx context.Context, tx *sql.Tx, args []any, scan func(*sql.Rows) error) error {
 	return m.each(ctx, tx, args, func(st statement, part []any) error {
 		rows, err := st.query(ctx, part)
@@ -146,8 +149,9 @@ func (m *MultiRow) Query(ctx context.Context, tx *sql.Tx, args []any, scan func(
 	})
 }
 
-// statement is one statement of a call: prepared on the transaction's connection, or, when
-// stmt is nil, interpolated from text (built only then: a 256-row text is ≈12 KB).
+// statement is one statement of a call, prepared on the transaction's connection. When
+// stmt is nil, it runs interpolated from text. The text is built only then, because the
+// text of many rows is large.
 type statement struct {
 	tx   *sql.Tx
 	stmt *sql.Stmt
@@ -187,14 +191,14 @@ func (m *MultiRow) each(ctx context.Context, tx *sql.Tx, args []any, run func(st
 			}
 			continue
 		}
-		// Prepared on tx's own connection the first time, then reused there. (Never
-		// db.Prepare here: it needs a second connection, and a transaction that waits for
-		// one while holding its own can deadlock a small pool.)
+		// The statement is prepared on tx's own connection the first time, then reused
+		// there. db.Prepare must never be called here. It needs a second connection, and a
+		// transaction that waits for one while holding its own can deadlock a small pool.
 		st.stmt = tx.StmtContext(ctx, ps)
 		err := run(st, part)
-		_ = st.stmt.Close() // the tx's handle; the connection keeps the statement
+		_ = st.stmt.Close() // the tx's handle, while the connection keeps the statement
 		if tooManyPrepared(err) {
-			// Preparing it on this connection failed before it ran: run it interpolated,
+			// Preparing it on this connection failed before it ran. Run it interpolated,
 			// and prepare nothing more for a while.
 			m.unprepare()
 			st.stmt = nil
@@ -210,12 +214,13 @@ func (m *MultiRow) each(ctx context.Context, tx *sql.Tx, args []any, run func(st
 // prepareRetry is how long Prepare waits after a failure before it tries again.
 const prepareRetry = time.Minute
 
-// prepareTimeout bounds a background Prepare (prepareSoon).
+// prepareTimeout bounds a background Prepare of prepareSoon.
 const prepareTimeout = 30 * time.Second
 
-// prepareSoon starts a Prepare on a goroutine of its own, unless the statements are
-// prepared, being prepared, closed, or failed within prepareRetry: a transaction using the
-// MultiRow never waits for it (it would need a second pooled connection).
+// prepareSoon starts a Prepare on a goroutine of its own. It does not when the statements
+// are prepared, being prepared or closed, or when preparing failed within prepareRetry. A
+// transaction using the MultiRow never waits for the Prepare, which would need a second
+// pooled connection.
 func (m *MultiRow) prepareSoon() {
 	if m.db == nil {
 		return
@@ -231,7 +236,7 @@ func (m *MultiRow) prepareSoon() {
 	}
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), prepareTimeout)
-		_ = m.Prepare(ctx) // a failure is remembered: no new try within prepareRetry
+		_ = m.Prepare(ctx) // a failure is remembered, so no new try within prepareRetry
 		cancel()
 		m.mu.Lock()
 		m.preparing = false
@@ -240,15 +245,16 @@ func (m *MultiRow) prepareSoon() {
 }
 
 // Prepare prepares the statements of every size not prepared yet, each on whatever pooled
-// connection is free (later transactions prepare them on their own connections from
-// these), as the MultiRow does by itself at its first use. Call it outside any transaction
-// of the pool; until it has succeeded, the statements run interpolated. After a failure it
+// connection is free. Later transactions prepare them on their own connections from these.
+// The MultiRow does this by itself at its first use. Call Prepare outside any transaction
+// of the pool. Until it has succeeded, the statements run interpolated. After a failure it
 // does nothing for a minute.
 func (m *MultiRow) Prepare(ctx context.Context) error {
-	// One Prepare at a time, but without holding mu across the round trips: a transaction
-	// looking up a statement (each) never waits for a Prepare that waits for a connection.
+	// One Prepare runs at a time, but mu is not held across the round trips. So a
+	// transaction looking up a statement in each never waits for a Prepare that waits for a
+	// connection.
 	if m.db == nil {
-		return nil // no pool: always interpolated
+		return nil // without a pool, always interpolated
 	}
 	m.prepMu.Lock()
 	defer m.prepMu.Unlock()
@@ -286,7 +292,7 @@ func (m *MultiRow) Prepare(ctx context.Context) error {
 	return nil
 }
 
-// erMaxPreparedStmtCountReached: the server's max_prepared_stmt_count is used up.
+// erMaxPreparedStmtCountReached says that the server's max_prepared_stmt_count is used up.
 const erMaxPreparedStmtCountReached = 1461
 
 func tooManyPrepared(err error) bool {
@@ -294,7 +300,7 @@ func tooManyPrepared(err error) bool {
 	return errors.As(err, &me) && me.Number == erMaxPreparedStmtCountReached
 }
 
-// unprepare closes the prepared statements after the server refused one more; Prepare
+// unprepare closes the prepared statements after the server refused one more. Prepare
 // tries again after prepareRetry.
 func (m *MultiRow) unprepare() {
 	m.mu.Lock()
@@ -306,7 +312,7 @@ func (m *MultiRow) unprepare() {
 	}
 }
 
-// takeStmts empties the statement map and returns what it held; mu is held.
+// takeStmts empties the statement map and returns what it held. The caller holds mu.
 func (m *MultiRow) takeStmts() []*sql.Stmt {
 	out := make([]*sql.Stmt, 0, len(m.stmts))
 	for n, s := range m.stmts {

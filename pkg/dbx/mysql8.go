@@ -9,20 +9,20 @@ import (
 	"github.com/go-sql-driver/mysql"
 )
 
-// mariaDBOnly matches SQL that MariaDB runs and MySQL 8.0 refuses: INSERT/DELETE … RETURNING,
-// the NO PAD binary collation's MariaDB name, MariaDB's ALTER TABLE algorithm NOCOPY and
-// sequences. (The session variable tx_isolation, which MySQL 8 names transaction_isolation,
-// is read through both names: SessionIsolation.)
+// mariaDBOnly matches SQL that MariaDB runs and MySQL 8.0 refuses. Such SQL is INSERT or
+// DELETE … RETURNING, the MariaDB name of the NO PAD binary collation, MariaDB's ALTER TABLE
+// algorithm NOCOPY, and sequences. The session variable that MariaDB names tx_isolation is
+// transaction_isolation on MySQL 8. SessionIsolation reads it through both names.
 var mariaDBOnly = regexp.MustCompile(`(?i)\bRETURNING\b|\butf8mb4_nopad_bin\b|\bNOCOPY\b|\b(CREATE|DROP) SEQUENCE\b|\bNEXTVAL\s*\(`)
 
-// errMySQL8Refused is what a mysql8 pool answers for a statement MySQL 8 would refuse: a
-// syntax error, as MySQL 8 gives.
+// errMySQL8Refused is what a mysql8 pool answers for a statement MySQL 8 would refuse. It
+// is a syntax error, as MySQL 8 gives.
 func errMySQL8Refused(query string) error {
 	return &mysql.MySQLError{Number: 1064, Message: fmt.Sprintf("MariaDB-only SQL (%q) refused under db.dialect=mysql8: MySQL 8.0 would refuse it", mariaDBOnly.FindString(query))}
 }
 
 // mysql8Connector opens go-sql-driver connections that refuse MariaDB-only SQL before it
-// reaches the server: with db.dialect=mysql8 on a MariaDB server, everything onceflow runs
+// reaches the server. With db.dialect=mysql8 on a MariaDB server, everything onceflow runs
 // is SQL that MySQL 8.0 also accepts, or an error.
 type mysql8Connector struct{ driver.Connector }
 

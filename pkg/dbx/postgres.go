@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 )
 
-// PostgreSQL error codes (SQLSTATE) onceflow reacts to.
+// PostgreSQL error codes, or SQLSTATEs, that onceflow reacts to.
 const (
 	pgUniqueViolation      = "23505"
 	pgSerializationFailure = "40001"
@@ -23,13 +23,13 @@ const (
 	pgDuplicateDatabase    = "42P04"
 )
 
-// parsePostgresDSN validates a postgres:// DSN: a database name is required, and the
-// servers are named in the address part only; the session runs at READ COMMITTED in UTC.
+// parsePostgresDSN validates a postgres:// DSN. A database name is required, and the
+// servers are named in the address part only. The session runs at READ COMMITTED in UTC.
 func parsePostgresDSN(dsn string) (*pgx.ConnConfig, error) {
 	pc, err := pgx.ParseConfig(dsn)
 	if err != nil {
-		// pgx's message quotes the DSN, its password masked as best it can: pgDetail drops
-		// the quote and masks what is left.
+		// pgx's message quotes the DSN, with its password masked as best pgx can. pgDetail
+		// drops the quote and masks what is left.
 		return nil, fmt.Errorf("bad database dsn %q: %s (expected postgres://user:pass@host:port/db)", MaskDSN(dsn), pgDetail(err, dsn))
 	}
 	u, err := url.Parse(dsn)
@@ -121,7 +121,7 @@ func pgCode(err error) string {
 	return ""
 }
 
-// pgConstraint is the name of the constraint a PostgreSQL error names ("" for none).
+// pgConstraint is the name of the constraint a PostgreSQL error names, or "" for none.
 func pgConstraint(err error) string {
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
@@ -130,8 +130,8 @@ func pgConstraint(err error) string {
 	return ""
 }
 
-// ensurePostgresDatabase creates the DSN's database, connected to the server's "postgres"
-// database, unless it exists.
+// ensurePostgresDatabase creates the DSN's database unless it exists. It connects to the
+// server's "postgres" database to do so.
 func ensurePostgresDatabase(ctx context.Context, cfg Config) error {
 	pc, err := cfg.postgresConfig()
 	if err != nil {

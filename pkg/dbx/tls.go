@@ -14,9 +14,10 @@ import (
 	"github.com/go-sql-driver/mysql"
 )
 
-// TLS is the client side of TLS to the database server (db.tls.*). Setting any field turns
-// TLS on, always verified: the server's certificate must chain to CAFile (the system's roots
-// when empty) and carry ServerName (the DSN's host when empty).
+// TLS is the client side of TLS to the database server, set by db.tls.*. Setting any field
+// turns TLS on, always verified. The server's certificate must chain to CAFile, or to the
+// system's roots when CAFile is empty. It must carry ServerName, or the DSN's host when
+// ServerName is empty.
 type TLS struct {
 	CAFile     string `key:"ca_file" help:"TLS to the database (any db.tls.* key turns it on, always verified): PEM CA certificates the server's must chain to (empty: the system's)"`
 	CertFile   string `key:"cert_file" help:"PEM client certificate, for servers that ask for one (with db.tls.key_file)"`
@@ -56,11 +57,11 @@ func (t TLS) Config() (*tls.Config, error) {
 
 var registered sync.Map // name -> struct{}: names RegisterTLS registered with the driver
 
-// RegisterTLS reads t's files and registers the result with the driver
-// (mysql.RegisterTLSConfig) under a name derived from t and the files' contents, which it
-// returns: a DSN of one's own uses it as tls=<name>. The same settings and files give the
-// same name; changed files give a new one, so a pool opened after a certificate was
-// rotated uses the new one.
+// RegisterTLS reads t's files and registers the result with the driver's
+// mysql.RegisterTLSConfig. The name it registers and returns derives from t and the files'
+// contents. A DSN of one's own uses it as tls=<name>. The same settings and files give the
+// same name. Changed files give a new one, so a pool opened after a certificate was rotated
+// uses the new certificate.
 func RegisterTLS(t TLS) (string, error) {
 	tc, err := t.Config()
 	if err != nil {
@@ -85,8 +86,8 @@ func RegisterTLS(t TLS) (string, error) {
 	return name, nil
 }
 
-// ReadSecretFile returns the first line of a file holding a password or token (key names
-// the setting in errors). An empty first line is an error.
+// ReadSecretFile returns the first line of a file holding a password or token. key names
+// the setting in errors. An empty first line is an error.
 func ReadSecretFile(key, path string) (string, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
