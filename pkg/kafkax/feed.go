@@ -13,16 +13,16 @@ import (
 )
 
 // feed charges the records of one subscription of a ParallelSubscriber to its Budget as
-// Sarama hands them to a partition's channel. It is the consumer's interceptor: Sarama
-// calls OnConsume on its goroutine of the partition just before the record goes into the
-// channel, after the fetch response was decoded. OnConsume waits there until the record's
-// cost fits in the budget, so the records in Sarama's channels are charged like those
-// waiting in the window and those handed out. While it waits, Sarama's broker consumer
-// waits for it before it sends the next fetch: no more records are read.
+// Sarama hands them to a partition's channel. It is the consumer's interceptor. Sarama
+// calls OnConsume on its goroutine of the partition after the fetch response was decoded,
+// just before the record goes into the channel. OnConsume waits there until the record's
+// cost fits in the budget. So the records in Sarama's channels are charged like those
+// waiting in the window and those handed out. While OnConsume waits, Sarama's broker
+// consumer waits for it before it sends the next fetch, so no more records are read.
 //
-// Once charged, a record is made the message it is handed out as, which owns its payload,
-// key and metadata (copies), and the record lets go of the fetch response's bytes: the
-// response is garbage once every record of it went into a channel.
+// Once charged, a record is made the message it is handed out as. The message owns copies
+// of its payload, key and metadata. The record lets go of the fetch response's bytes. So
+// the response is garbage once every record of it went into a channel.
 type feed struct {
 	s     *ParallelSubscriber
 	topic string
@@ -48,7 +48,7 @@ type readAhead struct {
 	bytes  int64
 }
 
-// charge is a record made a message (prepare) and what it costs the budget.
+// charge is a record that prepare made a message, and what it costs the budget.
 type charge struct {
 	km   *sarama.ConsumerMessage
 	msg  *message.Message // its payload the record's value as owned (own)
@@ -63,8 +63,8 @@ func newFeed(s *ParallelSubscriber, topic string) *feed {
 	return f
 }
 
-// open returns the read-ahead of partition p, a new one (ending with ctx) unless one is open
-// and its session still runs.
+// open returns the read-ahead of partition p. It makes a new one, which ends with ctx,
+// unless one is open and its session still runs.
 func (f *feed) open(p int32, ctx context.Context) *readAhead {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -82,9 +82,9 @@ func (f *feed) open(p int32, ctx context.Context) *readAhead {
 	return ra
 }
 
-// close ends the read-ahead of partition p, giving back what its records cost: the claim
-// reads no more. The records Sarama still puts in the channel are neither charged nor
-// owned; Sarama drops them when the claim ends.
+// close ends the read-ahead of partition p and gives back what its records cost, because
+// the claim reads no more. The records Sarama still puts in the channel are neither charged
+// nor owned. Sarama drops them when the claim ends.
 func (f *feed) close(p int32, ra *readAhead) {
 	f.mu.Lock()
 	if parts := *f.parts.Load(); parts[p] == ra {
@@ -96,8 +96,8 @@ func (f *feed) close(p int32, ra *readAhead) {
 	ra.close()
 }
 
-// closeAll closes every read-ahead still open (the session's partitions whose claim never
-// started).
+// closeAll closes every read-ahead still open. These belong to the session's partitions
+// whose claim never started.
 func (f *feed) closeAll() {
 	f.mu.Lock()
 	parts := *f.parts.Load()
@@ -109,9 +109,10 @@ func (f *feed) closeAll() {
 }
 
 // OnConsume charges km to the budget, waiting until its cost fits, and makes it the message
-// it is handed out as; km then holds none of the fetch response's bytes. A record of a
-// partition no claim reads, or met again after Sarama's MaxProcessingTime ran out while
-// it waited for room in the channel, is left as it is.
+// it is handed out as. km then holds none of the fetch response's bytes. OnConsume leaves
+// some records as they are. One is a record of a partition that no claim reads. Another is
+// a record met again after Sarama's MaxProcessingTime ran out while it waited for room in
+// the channel.
 func (f *feed) OnConsume(km *sarama.ConsumerMessage) {
 	ra := (*f.parts.Load())[km.Partition]
 	if ra == nil || ra.lastKM.Load() == km {
@@ -130,14 +131,14 @@ func (f *feed) OnConsume(km *sarama.ConsumerMessage) {
 	}
 }
 
-// prepare makes km the message it is handed out as (unmarshal), with its value as owned
-// (own) and its key; cost is what it costs the budget.
+// prepare makes km the message it is handed out as, with unmarshal. The message has km's
+// value as own returns it, and km's key. The charge's cost is what km costs the budget.
 func (s *ParallelSubscriber) prepare(km *sarama.ConsumerMessage) charge {
 	value, cut := s.own(km.Value)
 	return charge{msg: unmarshal(km, value), key: string(km.Key), cut: cut, cost: recordCost(len(value), km)}
 }
 
-// add appends c; false once closed (c's cost is then the caller's to give back).
+// add appends c. It returns false once closed, and the caller then gives back c's cost.
 func (ra *readAhead) add(c charge) bool {
 	ra.mu.Lock()
 	defer ra.mu.Unlock()
@@ -149,8 +150,8 @@ func (ra *readAhead) add(c charge) bool {
 	return true
 }
 
-// take returns km's charge, now the claim's, and whether the feed charged km. Records
-// charged before km and never taken (dropped by Sarama) are given back.
+// take returns km's charge, now the claim's, and whether the feed charged km. It gives back
+// the records charged before km and never taken, which Sarama dropped.
 func (ra *readAhead) take(km *sarama.ConsumerMessage) (charge, bool) {
 	ra.mu.Lock()
 	defer ra.mu.Unlock()

@@ -15,35 +15,35 @@ import (
 	"github.com/onceflow/onceflow/internal/settings"
 )
 
-// Version is the protocol version spoken to the broker. Kafka 4.x removed the request
-// versions older than 2.1, so nothing lower works.
+// Version is the protocol version spoken to the broker. Kafka 4.x has no request versions
+// older than 2.1, so nothing lower works.
 var Version = sarama.V3_6_0_0
 
 // Config is the Kafka part of the router configuration. The tags declare the stock
-// router's kafka.* settings (internal/settings): key, default, range and help.
+// router's kafka.* settings with their key, default, range and help, as internal/settings
+// reads them.
 type Config struct {
 	Brokers          []string      `key:"brokers" default:"127.0.0.1:9092" help:"bootstrap brokers"`
-	TLS              TLS           `key:"tls"`  // TLS to the brokers (off by default)
-	SASL             SASL          `key:"sasl"` // SASL authentication (none by default)
+	TLS              TLS           `key:"tls"`  // TLS to the brokers, off by default
+	SASL             SASL          `key:"sasl"` // SASL authentication, none by default
 	ClientID         string        // default "onceflow"
 	SessionTimeout   time.Duration `key:"session_timeout" default:"10s" range:"1s..30m" help:"consumer group session timeout"`
 	RebalanceTimeout time.Duration `key:"rebalance_timeout" default:"30s" range:"1s..30m" help:"time a member has to rejoin during a rebalance"`
 	HeartbeatEvery   time.Duration `key:"heartbeat" default:"3s" range:"100ms..1m" help:"consumer heartbeat interval"`
 	// MaxPollWait and FetchMinBytes are Kafka's fetch.max.wait.ms and fetch.min.bytes for the
-	// subscribers: a fetch is answered once FetchMinBytes are there or MaxPollWait has passed.
-	// A fetch answered at the first record carries a few records at moderate load, and every
-	// batch downstream (the inbox's transactions, the relay's Kafka transactions) is as
-	// small: at 2,000 orders/s, 64 KiB and 20 ms cost the stack (router, database, broker)
-	// ≈40 % less CPU per order than 1 byte and 100 ms, for 7–13 ms more median latency and
-	// up to ≈8 ms more p99 (docs/BENCHMARKS.md, "kafka.fetch_min_bytes"). At full load
-	// fetches fill at once.
+	// subscribers. A fetch is answered once FetchMinBytes are there or MaxPollWait has
+	// passed. At moderate load, a fetch answered at the first record carries a few records.
+	// Every batch downstream is then as small, such as the inbox's transactions and the
+	// relay's Kafka transactions. Waiting for more bytes costs some latency and saves CPU per
+	// order. At full load fetches fill at once. See docs/BENCHMARKS.md, section
+	// "kafka.fetch_min_bytes 64 KiB and kafka.max_poll_wait 20 ms".
 	MaxPollWait   time.Duration `key:"max_poll_wait" default:"20ms" range:"1ms..30s" help:"fetch max wait: how long a fetch waits for kafka.fetch_min_bytes (and, with nothing to read, for anything)"`
 	FetchMinBytes int           `key:"fetch_min_bytes" default:"65536" range:"1..67108864" help:"bytes a subscriber's fetch waits for, up to kafka.max_poll_wait, before the broker answers (Kafka's fetch.min.bytes); 1 answers at the first record: lower latency, smaller batches, more CPU per order"`
 	DialTimeout   time.Duration // default 5s
 }
 
-// WithDefaults returns c with its zero fields set to their defaults; Validate then checks
-// it (the same convention as outbox.RelayConfig).
+// WithDefaults returns c with its zero fields set to their defaults. Validate then checks
+// it. outbox.RelayConfig follows the same convention.
 func (c Config) WithDefaults() Config {
 	c.setDefaults()
 	return c
@@ -59,8 +59,8 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Validate checks the settings' ranges, the broker list and the security settings; it
-// only checks (WithDefaults first).
+// Validate checks the settings' ranges, the broker list and the security settings. It only
+// checks, so call WithDefaults first.
 func (c *Config) Validate() error {
 	if err := settings.Check(c); err != nil {
 		return fmt.Errorf("kafka: %w", err)
@@ -93,16 +93,18 @@ func (c Config) base() *sarama.Config {
 	return sc
 }
 
-// SaramaConfig is the base Sarama config of c (version, client id, timeouts, TLS, SASL)
-// for a client of a kind this package does not build.
+// SaramaConfig is the base Sarama config of c, for a client of a kind this package does
+// not build. It holds the version, client id, timeouts, TLS and SASL.
 func (c Config) SaramaConfig() *sarama.Config { return c.base() }
 
-// ConsumerConfig is the Sarama config of a consumer of the router's topics, without
-// FetchMinBytes (a reader of a partition to its end); the subscribers add it
-// (subscriberConfig). Offsets are marked only when
-// the handler acks (after its database commit) and committed by Sarama in the background:
-// a crash re-delivers at most the last second of messages, which the inbox absorbs. A new
-// group starts at the oldest offset so nothing produced before the first start is skipped.
+// ConsumerConfig is the Sarama config of a consumer of the router's topics. It leaves out
+// FetchMinBytes, so it serves a reader of a partition to its end. subscriberConfig adds it
+// for the subscribers.
+//
+// Offsets are marked only when the handler acks, after its database commit. Sarama commits
+// them in the background. So a crash re-delivers at most the last second of messages, which
+// the inbox absorbs. A new group starts at the oldest offset, so nothing produced before
+// the first start is skipped.
 func (c Config) ConsumerConfig() *sarama.Config {
 	sc := c.base()
 	sc.Consumer.Return.Errors = true
@@ -114,17 +116,18 @@ func (c Config) ConsumerConfig() *sarama.Config {
 	sc.Consumer.Group.Heartbeat.Interval = c.HeartbeatEvery
 	sc.Consumer.MaxWaitTime = c.MaxPollWait
 	sc.Consumer.IsolationLevel = sarama.ReadCommitted
-	// What Sarama reads ahead of a partition's consumer waits in this channel (and in one
-	// fetch response) whatever its size. The ParallelSubscriber charges it to its byte
-	// budget (feed); for the other consumers 32 records instead of Sarama's 256 keep it
-	// small for big records.
+	// What Sarama reads ahead of a partition's consumer waits in this channel, and in one
+	// fetch response, whatever its size. The ParallelSubscriber's feed charges it to its
+	// byte budget. For the other consumers, 32 records instead of Sarama's 256 keep it small
+	// for big records.
 	sc.ChannelBufferSize = ConsumerChannelBuffer
 	sc.Consumer.Fetch.Default = ConsumerFetchBytes
 	return sc
 }
 
-// subscriberConfig is ConsumerConfig with FetchMinBytes: the subscribers' fetches wait for
-// it, a reader of a partition to its end (the relay's positions, read-backs) does not.
+// subscriberConfig is ConsumerConfig with FetchMinBytes. The subscribers' fetches wait for
+// it. A reader of a partition to its end does not, such as the relay's positions reader or
+// a read-back.
 func (c Config) subscriberConfig() *sarama.Config {
 	sc := c.ConsumerConfig()
 	sc.Consumer.Fetch.Min = int32(max(c.FetchMinBytes, 1))
@@ -134,19 +137,19 @@ func (c Config) subscriberConfig() *sarama.Config {
 // ConsumerChannelBuffer is the records Sarama buffers per consumed partition.
 const ConsumerChannelBuffer = 32
 
-// ConsumerFetchBytes is how much a fetch asks of each partition (Sarama's default is 1 MiB):
-// a fetch response and the records decoded from it are held until they all went into
-// their partitions' channels. A record batch larger than this still comes whole: Sarama
-// asks again for the batch's size.
+// ConsumerFetchBytes is how much a fetch asks of each partition, where Sarama's default is
+// 1 MiB. A fetch response and the records decoded from it are held until they all went into
+// their partitions' channels. A record batch larger than this still comes whole, because
+// Sarama asks again for the batch's size.
 const ConsumerFetchBytes = 256 << 10
 
-// ProducerConfig is an idempotent producer: acks=all, one in-flight request, retries on.
-// A SendMessages call goes out as one produce request (up to Flush.MaxMessages): Sarama
-// otherwise flushes as fast as it can, and with one request in flight the first message
-// of a batch leaves alone and the rest follow in 2-4 more requests and round trips (the
-// bench's load generator, 10 orders every 5 ms, sent ≈3.5 produce requests per batch).
-// Waiting up to FlushWait for the batch to be buffered costs one call that much at most;
-// a caller sending one message per call should use PublisherConfig.
+// ProducerConfig is the config of an idempotent producer. It waits for all acks, keeps one
+// request in flight and retries. A SendMessages call goes out as one produce request, up to
+// Flush.MaxMessages. Otherwise Sarama flushes as fast as it can. With one request in
+// flight, the first message of a batch would leave alone, and the rest would follow in more
+// requests and round trips. Waiting up to FlushWait for the batch to be buffered costs one
+// call that much at most. A caller sending one message per call should use
+// PublisherConfig.
 func (c Config) ProducerConfig() *sarama.Config {
 	sc := c.base()
 	sc.Producer.RequiredAcks = sarama.WaitForAll
@@ -162,10 +165,9 @@ func (c Config) ProducerConfig() *sarama.Config {
 	return sc
 }
 
-// PublisherConfig is ProducerConfig without the flush wait, for a caller that sends one
-// message per call and waits for it — Watermill's kafka Publisher does — to which the
-// wait only adds up to FlushWait per message, with nothing to batch. (Watermill's forwarder
-// in the bench published ≈580 events/s with the wait, ≈2,000 without it.)
+// PublisherConfig is ProducerConfig without the flush wait. It serves a caller that sends
+// one message per call and waits for it, as Watermill's kafka Publisher does. For such a
+// caller the wait only adds up to FlushWait per message, with nothing to batch.
 func (c Config) PublisherConfig() *sarama.Config {
 	sc := c.ProducerConfig()
 	sc.Producer.Flush.Frequency = 0
@@ -197,9 +199,9 @@ func (c Config) NewSyncProducer() (sarama.SyncProducer, error) {
 	return p, nil
 }
 
-// Unreachable wraps a connection error with what to do about it, on one line: a refused
-// certificate or failed authentication is named as such (the broker answered; starting it
-// changes nothing), anything else as the broker being unreachable.
+// Unreachable wraps a connection error with what to do about it, on one line. It names a
+// refused certificate or a failed authentication as such. The broker answered then, and
+// starting it changes nothing. It names anything else as the broker being unreachable.
 func Unreachable(brokers []string, err error) error {
 	if cause := causeOf(err); cause != "" {
 		return &SecurityError{Brokers: strings.Join(brokers, ","), Cause: cause, Err: err}
@@ -217,9 +219,9 @@ func (e *unreachableError) Error() string {
 }
 func (e *unreachableError) Unwrap() error { return e.err }
 
-// SecurityError is a connection the brokers answered but refused, or that this side refused:
-// TLS verification or SASL authentication. Its message is one line naming the brokers and
-// the cause.
+// SecurityError is a connection that the brokers answered but refused, or that this side
+// refused. TLS verification or SASL authentication failed. Its message is one line naming
+// the brokers and the cause.
 type SecurityError struct {
 	Brokers string
 	Cause   string
@@ -229,11 +231,11 @@ type SecurityError struct {
 func (e *SecurityError) Error() string { return "kafka " + e.Brokers + ": " + e.Cause }
 func (e *SecurityError) Unwrap() error { return e.Err }
 
-// CheckTopicName validates a topic name the way Kafka does: 1 to 249 of [A-Za-z0-9._-], not
-// "." or "..".
+// CheckTopicName validates a topic name the way Kafka does. A name has 1 to 249 characters
+// of [A-Za-z0-9._-], and is neither "." nor "..".
 func CheckTopicName(t string) error {
 	ok := len(t) >= 1 && len(t) <= 249 && t != "." && t != ".."
-	for i := 0; ok && i < len(t); i++ { // a loop, not a regexp: the outbox checks every event
+	for i := 0; ok && i < len(t); i++ { // a loop, not a regexp, since the outbox checks every event
 		c := t[i]
 		ok = 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-'
 	}
@@ -247,7 +249,7 @@ func CheckTopicName(t string) error {
 var ErrMissingTopic = errors.New("kafka topic does not exist")
 
 // CheckTopics connects to the cluster and verifies that every topic exists. Topics are not
-// auto-created: a typo must not silently create an empty topic nobody produces to.
+// auto-created, so a typo cannot silently create an empty topic that nobody produces to.
 func (c Config) CheckTopics(topics ...string) (map[string]int, error) {
 	client, err := sarama.NewClient(c.Brokers, c.base())
 	if err != nil {
@@ -279,7 +281,7 @@ func (c Config) CheckTopics(topics ...string) (map[string]int, error) {
 	return parts, nil
 }
 
-// TopicRetention returns retention.ms of a topic (-1 means infinite).
+// TopicRetention returns retention.ms of a topic. -1 means infinite.
 func (c Config) TopicRetention(topic string) (time.Duration, error) {
 	admin, err := sarama.NewClusterAdmin(c.Brokers, c.base())
 	if err != nil {

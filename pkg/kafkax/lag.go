@@ -10,10 +10,10 @@ import (
 	"github.com/IBM/sarama"
 )
 
-// LagReader measures a consumer group's lag in records a read_committed consumer would
-// still be given: a partition whose offsets past the committed one hold only transaction
-// markers (a commit marker takes an offset after every transaction) or aborted records
-// has lag 0, not the 1 or more the offsets say.
+// LagReader measures a consumer group's lag in records that a read_committed consumer would
+// still be given. The offsets of a partition past the committed one may hold only
+// transaction markers or aborted records. A commit marker takes an offset after every
+// transaction. Such a partition has lag 0, not the 1 or more that the offsets say.
 type LagReader struct {
 	client sarama.Client
 
@@ -31,8 +31,8 @@ type lagSpan struct {
 	data     bool // the span holds a data record
 }
 
-// lagFetchBytes bounds one fetch of a lag check; lagFetches bounds the fetches of one
-// check (a span of aborted records larger than this reads as lagging).
+// lagFetchBytes bounds one fetch of a lag check. lagFetches bounds the fetches of one
+// check. A span of aborted records larger than these allow reads as lagging.
 const (
 	lagFetchBytes = 256 << 10
 	lagFetches    = 8
@@ -53,9 +53,10 @@ func (c Config) NewLagReader() (*LagReader, error) {
 // Close closes the client.
 func (l *LagReader) Close() error { return l.client.Close() }
 
-// Lag returns end - committed, or 0 when a read_committed fetch from committed finds no
-// data record before end (only transaction markers or aborted records). A span it cannot
-// judge (a transaction still open in it, the offset gone by retention) counts whole.
+// Lag returns end - committed. It returns 0 when a read_committed fetch from committed
+// finds no data record before end, only transaction markers or aborted records. A span
+// that Lag cannot judge counts whole. A transaction may still be open in it, or retention
+// may have removed the offset.
 func (l *LagReader) Lag(topic string, partition int32, committed, end int64) (int64, error) {
 	if committed < 0 || end <= committed {
 		return max(end-committed, 0), nil
@@ -80,7 +81,7 @@ func (l *LagReader) Lag(topic string, partition int32, committed, end int64) (in
 	return end - committed, nil
 }
 
-// errUndecided: the span could not be judged (taken as holding data).
+// errUndecided says that the span could not be judged. It is taken as holding data.
 var errUndecided = errors.New("lag: span not judged")
 
 // holdsData reports whether [from, to) of the partition holds a record a read_committed
@@ -115,7 +116,7 @@ func (l *LagReader) holdsData(topic string, partition int32, from, to int64) (bo
 			return false, nil
 		}
 		if next <= off || b.LastStableOffset <= next {
-			// Nothing past off yet: a transaction still open holds the rest.
+			// Nothing is past off yet, because a transaction still open holds the rest.
 			return true, nil
 		}
 		off = next
@@ -123,9 +124,9 @@ func (l *LagReader) holdsData(topic string, partition int32, from, to int64) (bo
 	return true, nil
 }
 
-// scanBatches reads a read_committed fetch from offset from: whether it holds a data
-// record at or past from (not a control record, not in an aborted transaction), and the
-// offset after its last whole batch.
+// scanBatches reads a read_committed fetch from offset from. It reports whether the fetch
+// holds a data record at or past from, one that is neither a control record nor in an
+// aborted transaction. It also returns the offset after the fetch's last whole batch.
 func scanBatches(b *sarama.FetchResponseBlock, from int64) (data bool, next int64, err error) {
 	next = from
 	aborted := b.AbortedTransactions
@@ -164,7 +165,8 @@ func scanBatches(b *sarama.FetchResponseBlock, from int64) (data bool, next int6
 	return false, next, nil
 }
 
-// isAbortMarker reads a control record's key (version int16, type int16): type 0 aborts.
+// isAbortMarker reads a control record's key, an int16 version then an int16 type. Type 0
+// aborts.
 func isAbortMarker(key []byte) bool {
 	return len(key) >= 4 && binary.BigEndian.Uint16(key[2:4]) == 0
 }
@@ -173,17 +175,18 @@ func isAbortMarker(key []byte) bool {
 type PartitionLag struct {
 	Topic     string
 	Partition int32
-	// Committed is the group's committed offset; -1 when it has committed none.
+	// Committed is the group's committed offset, or -1 when it has committed none.
 	Committed int64
-	// End is the partition's end offset (high-water mark).
+	// End is the partition's end offset, its high-water mark.
 	End int64
-	// Lag is End - Committed, 0 when only transaction markers or aborted records lie
-	// between them; from the partition's start when the group has committed nothing.
+	// Lag is End - Committed. It is 0 when only transaction markers or aborted records lie
+	// between them. When the group has committed nothing, it counts from the partition's
+	// start.
 	Lag int64
 }
 
-// GroupLag reads group's committed offsets on every partition of topics, each
-// partition's end, and the lag between them (Lag).
+// GroupLag reads group's committed offsets on every partition of topics, each partition's
+// end, and the lag between them that Lag computes.
 func (l *LagReader) GroupLag(group string, topics []string) ([]PartitionLag, error) {
 	want := map[string][]int32{}
 	for _, t := range topics {
@@ -197,7 +200,7 @@ func (l *LagReader) GroupLag(group string, topics []string) ([]PartitionLag, err
 	if err != nil {
 		return nil, err
 	}
-	// Not closed: closing it would close the shared client.
+	// It is not closed, because closing it would close the shared client.
 	offs, err := admin.ListConsumerGroupOffsets(group, want)
 	if err != nil {
 		return nil, fmt.Errorf("offsets of group %s: %w", group, err)

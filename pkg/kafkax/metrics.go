@@ -6,13 +6,13 @@ import (
 	"github.com/rcrowley/go-metrics"
 )
 
-// NoMetrics is the go-metrics registry of every Sarama config built here: it keeps nothing,
-// and every meter, histogram, counter or gauge Sarama asks it for is go-metrics' no-op of
-// that kind. Sarama otherwise updates several meters and exponentially decaying histograms
-// (each behind a lock) on every request and per topic; in the bench's profile at 2,000
-// orders/s that was 6.6 % of the process's CPU, for numbers nothing reads (onceflow exports
-// its own Prometheus metrics). go-metrics' own switch, metrics.UseNilMetrics, is global to
-// the process; this one is per config. To inspect Sarama's metrics, set
+// NoMetrics is the go-metrics registry of every Sarama config built in this package. It
+// keeps nothing. Every meter, histogram, counter or gauge that Sarama asks it for is
+// go-metrics' no-op of that kind. Otherwise Sarama updates several meters and exponentially
+// decaying histograms, each behind a lock, on every request and per topic. Nothing reads
+// those numbers, because onceflow exports its own Prometheus metrics. See docs/BENCHMARKS.md,
+// section "Sarama keeps no metrics". go-metrics' own switch, metrics.UseNilMetrics, is
+// global to the process, while NoMetrics is per config. To inspect Sarama's metrics, set
 // config.MetricRegistry = metrics.NewRegistry() on the config before use.
 var NoMetrics metrics.Registry = noMetrics{}
 
@@ -27,8 +27,8 @@ func (noMetrics) RunHealthchecks()                       {}
 func (noMetrics) Unregister(string)                      {}
 func (noMetrics) UnregisterAll()                         {}
 
-// nilMetric is the no-op metric of metric's kind; metric is a metric or a function
-// returning one (go-metrics' GetOrRegister takes either).
+// nilMetric is the no-op metric of metric's kind. metric is a metric or a function
+// returning one, since go-metrics' GetOrRegister takes either.
 func nilMetric(metric any) any {
 	switch metric.(type) {
 	case func() metrics.Histogram, metrics.Histogram:
@@ -44,7 +44,7 @@ func nilMetric(metric any) any {
 	case func() metrics.Timer, metrics.Timer:
 		return metrics.NilTimer{}
 	}
-	// Any other constructor: build the metric (unregistered), as a registry would.
+	// For any other constructor, build the metric unregistered, as a registry would.
 	if v := reflect.ValueOf(metric); v.Kind() == reflect.Func && v.Type().NumIn() == 0 && v.Type().NumOut() == 1 {
 		return v.Call(nil)[0].Interface()
 	}

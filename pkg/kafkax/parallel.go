@@ -24,30 +24,32 @@ import (
 )
 
 // ParallelConfig tunes a ParallelSubscriber. The tags declare the stock router's
-// kafka.window and kafka.max_in_flight_bytes (internal/settings).
+// kafka.window and kafka.max_in_flight_bytes, as internal/settings reads them.
 type ParallelConfig struct {
 	// Window is the most messages of one partition handed out beyond the partition's
-	// marked (committable) offset: the span from the oldest un-acked message to the newest
-	// message handed out. It bounds both the un-acked messages per partition and how many
-	// messages a crash can redeliver (plus those acked within the last auto-commit
-	// interval). Handlers that wait on slow calls inside the window need a large one
-	// (docs/BENCHMARKS.md, "Why the defaults").
+	// marked offset, the offset that may be committed. It is the span from the oldest
+	// un-acked message to the newest message handed out. It bounds the un-acked messages
+	// per partition. It also bounds how many messages a crash can redeliver, beyond those
+	// acked within the last auto-commit interval. Handlers that wait on slow calls inside
+	// the window need a large one. See docs/BENCHMARKS.md, section "kafka.window 1024,
+	// kafka.max_in_flight_bytes 64 MiB and runtime.gogc 100".
 	Window int `key:"window" default:"1024" range:"1..100000" help:"most un-acked messages handed out per partition at once (per-key order kept; offsets committed only past acked messages; a crash redelivers at most this many per partition); 1: watermill-kafka's one-at-a-time subscriber"`
-	// NackResendSleep is how long a nacked message waits before it is handed out again.
-	// Default 100ms, like watermill-kafka; negative means no wait.
+	// NackResendSleep is how long a nacked message waits before it is handed out again. The
+	// default is 100ms, as in watermill-kafka. A negative value means no wait.
 	NackResendSleep time.Duration
-	// MaxInFlightBytes bounds the records read from Kafka and not yet acked, in bytes (each
-	// its value, key and headers plus RecordOverhead), from the moment Sarama puts a record
-	// in its channel of the partition: many small records may wait on slow calls while few
-	// big ones do. Ignored when Budget is set.
+	// MaxInFlightBytes bounds the bytes of the records read from Kafka and not yet acked. A
+	// record counts its value, key and headers plus RecordOverhead. It counts from the
+	// moment Sarama puts the record in its channel of the partition. So many small records
+	// may wait on slow calls while few big ones do. MaxInFlightBytes is ignored when Budget
+	// is set.
 	MaxInFlightBytes int64 `key:"max_in_flight_bytes" default:"67108864" range:"1..1099511627776" help:"one budget for the router: bytes of the records read from Kafka and not acked, read ahead or handed out (value, key, headers and 8 KiB each), so many small records wait on slow calls while few big ones do; a value over inbox.max_payload_bytes waits cut to its quarantine form"`
-	// Budget, when set, is the byte budget shared with other subscribers (one for a
-	// router) instead of one of MaxInFlightBytes for this subscriber.
+	// Budget, when set, is a byte budget shared with other subscribers, one for a router.
+	// It replaces a budget of MaxInFlightBytes for this subscriber alone.
 	Budget *Budget
-	// MaxValueBytes: a record value longer than this is cut as soon as it is read, before it
-	// waits in the window: the message's payload is a copy of its first bytes (at most
-	// msgsource.CutPrefixBytes) and its context carries the value's size and sha256
-	// (msgsource.CutFrom), for the inbox to quarantine it. 0 never cuts.
+	// MaxValueBytes cuts a record value longer than this as soon as it is read, before it
+	// waits in the window. The message's payload is then a copy of its first bytes, at most
+	// msgsource.CutPrefixBytes. Its context carries the value's size and sha256, which
+	// msgsource.CutFrom reads, so that the inbox can quarantine it. 0 never cuts.
 	MaxValueBytes int
 }
 
@@ -57,7 +59,7 @@ const (
 )
 
 // WithDefaults returns pc with its zero settings set to their defaults, as
-// NewParallelSubscriber uses it; the stock router's kafka.window default is its Window.
+// NewParallelSubscriber uses it. The stock router's kafka.window default is its Window.
 func (pc ParallelConfig) WithDefaults() ParallelConfig {
 	pc.setDefaults()
 	return pc
@@ -70,7 +72,7 @@ func (pc *ParallelConfig) setDefaults() {
 	}
 }
 
-// Validate reports a setting outside its range; it only checks (WithDefaults first).
+// Validate reports a setting outside its range. It only checks, so call WithDefaults first.
 func (pc ParallelConfig) Validate() error {
 	if err := settings.Check(pc); err != nil {
 		return fmt.Errorf("kafka: %w", err)
@@ -82,51 +84,51 @@ func (pc ParallelConfig) Validate() error {
 }
 
 // ParallelSubscriber is a Watermill subscriber for a Kafka consumer group that hands out
-// many un-acked messages per partition at once (watermill-kafka v3.0.6 hands out one), so
-// a handler can collect concurrent deliveries into one database transaction.
+// many un-acked messages per partition at once. watermill-kafka's subscriber hands out one
+// at a time. So a handler can collect concurrent deliveries into one database transaction.
 //
-// Guarantees, per claimed partition:
-//   - at most ParallelConfig.Window messages are handed out beyond the marked offset;
-//   - a message whose record key equals the key of an earlier, still un-acked message of
-//     the same partition is not handed out until that one is acked: it waits, in its place
-//     in the window, while the read loop goes on with other keys, so messages of one key
-//     are handed out (first delivery) in offset order and never concurrently, and one slow
+// It guarantees the following for each claimed partition.
+//   - At most ParallelConfig.Window messages are handed out beyond the marked offset.
+//   - A message may have the same record key as an earlier message of the partition that is
+//     still un-acked. It is then not handed out until that one is acked. It waits in its
+//     place in the window while the read loop goes on with other keys. So the first
+//     deliveries of one key's messages are in offset order and never concurrent. One slow
 //     key holds back only its own later messages. Messages with an empty key have no
-//     ordering constraint;
-//   - the offset marked for commit (Sarama commits marked offsets in the background, and
-//     once more when a session ends) is always just past the highest contiguous run of
-//     acked messages, never past an un-acked one;
-//   - a nacked message is handed out again (a fresh *message.Message with the same UUID,
-//     payload, metadata and context) after NackResendSleep, keeping its place in the window
-//     and its key.
+//     ordering constraint.
+//   - The offset marked for commit is always just past the highest contiguous run of acked
+//     messages, and never past an un-acked one. Sarama commits marked offsets in the
+//     background, and once more when a session ends.
+//   - A nacked message is handed out again after NackResendSleep, as a fresh
+//     *message.Message with the same UUID, payload, metadata and context. It keeps its
+//     place in the window and its key.
 //
-// Every record read counts against the byte budget (Budget) from the moment Sarama puts it in
-// its channel of the partition (feed): once the budget is spent, Sarama's goroutine of the
-// partition waits there, so its broker consumer sends no further fetch, and nothing more is
-// read until an ack frees bytes. Outside the budget the client holds at most one fetch
-// response per broker (Sarama hands it to the partitions before fetching again) and, for a
-// partition whose claim has not taken its channel's records for Sarama's MaxProcessingTime
-// (a full window), the rest of one response; a response is at most responseBytes of the
-// budget, or one record batch when a batch alone is bigger.
+// Every record read counts against the byte budget, Budget, from the moment Sarama puts it
+// in its channel of the partition. The feed does that accounting. Once the budget is spent,
+// Sarama's goroutine of the partition waits there. Its broker consumer then sends no further
+// fetch, and nothing more is read until an ack frees bytes. Outside the budget, the client
+// holds at most one fetch response per broker, because Sarama hands it to the partitions
+// before it fetches again. A claim with a full window may not take its channel's records for
+// Sarama's MaxProcessingTime. The client then also holds the rest of one response for that
+// partition. A response is at most responseBytes of the budget, or one record batch when a
+// batch alone is bigger.
 //
-// Each message's context carries its topic, partition and offset (msgsource.With, which
-// inbox.SourceOf reads); it is derived from the Subscribe context and cancelled when the
-// partition's claim is over or the subscriber closes. The watermill-kafka context values (kafka.MessagePartitionFromCtx
-// and friends) are not set.
+// Each message's context carries its topic, partition and offset, set by msgsource.With and
+// read by inbox.SourceOf. The context derives from the Subscribe context. It is cancelled
+// when the partition's claim is over or the subscriber closes. The watermill-kafka context
+// values, such as kafka.MessagePartitionFromCtx, are not set.
 //
-// When a claim ends because of a rebalance, nothing more is handed out and the claim waits
-// up to half the rebalance timeout for the messages in flight to be acked or nacked, so
-// their offsets are committed before the partition moves. Messages still un-acked after
-// that, and on Close (which does not wait), are abandoned: acks arriving later are
-// ignored, and those messages and everything after them in the partition are redelivered
-// to the next owner, possibly while the old handler is still running them. That is
-// at-least-once delivery with possible reordering across owners; the inbox absorbs the
-// duplicates.
+// When a claim ends because of a rebalance, nothing more is handed out. The claim waits up
+// to half the rebalance timeout for the messages in flight to be acked or nacked, so their
+// offsets are committed before the partition moves. Messages still un-acked after that are
+// abandoned, and so are those on Close, which does not wait. Acks arriving later are
+// ignored. Those messages and everything after them in the partition are redelivered to the
+// next owner, possibly while the old handler is still running them. That is at-least-once
+// delivery with possible reordering across owners. The inbox absorbs the duplicates.
 //
-// The read loop notices a claim end while it waits for a busy key or a full window only
-// through the session context. With Sarama's default (eager) rebalance protocol that is
-// immediate; with the cooperative protocol a revoked partition is released once the
-// blocking message is acked, or when Sarama's rebalance timeout ends the session.
+// While the read loop waits for a busy key or a full window, only the session context tells
+// it that a claim ended. With Sarama's default eager rebalance protocol that is immediate.
+// With the cooperative protocol, a revoked partition is released once the blocking message
+// is acked, or when Sarama's rebalance timeout ends the session.
 type ParallelSubscriber struct {
 	brokers []string
 	group   string
@@ -147,11 +149,11 @@ type ParallelSubscriber struct {
 
 var _ message.Subscriber = (*ParallelSubscriber)(nil)
 
-// NewParallelSubscriber builds a ParallelSubscriber in consumer group group with the same
-// Sarama settings as NewSubscriber (subscriberConfig: read_committed, oldest offset for a
-// new group, background auto-commit of marked offsets, fetches waiting for
-// kafka.fetch_min_bytes), and fetch responses of at most responseBytes of its budget. A
-// nil logger logs nothing.
+// NewParallelSubscriber builds a ParallelSubscriber in consumer group group. It has the
+// Sarama settings of NewSubscriber, from subscriberConfig. It reads committed records,
+// starts a new group at the oldest offset and commits marked offsets in the background. Its
+// fetches wait for kafka.fetch_min_bytes. Its fetch responses carry at most responseBytes
+// of its budget. A nil logger logs nothing.
 func (c Config) NewParallelSubscriber(group string, pc ParallelConfig, logger watermill.LoggerAdapter) (*ParallelSubscriber, error) {
 	if group == "" {
 		return nil, errors.New("kafkax: parallel subscriber needs a consumer group")
@@ -219,7 +221,8 @@ func (s *ParallelSubscriber) Subscribe(ctx context.Context, topic string) (<-cha
 		s.wg.Done()
 		return nil, Unreachable(s.brokers, err)
 	}
-	// Unbuffered, like watermill-kafka: nothing is taken from Kafka that nobody receives.
+	// The channel is unbuffered, as in watermill-kafka. So nothing is taken from Kafka that
+	// nobody receives.
 	output := make(chan *message.Message)
 	go func() {
 		defer s.wg.Done()
@@ -229,17 +232,17 @@ func (s *ParallelSubscriber) Subscribe(ctx context.Context, topic string) (<-cha
 	return output, nil
 }
 
-// responseBytes is the most a fetch response may carry (Sarama's Consumer.Fetch.MaxBytes,
-// Kafka's fetch.max.bytes) for a budget of limit bytes: a sixteenth of it, at least one
-// partition's fetch (ConsumerFetchBytes) and at most Sarama's default of 50 MiB. A record
-// batch bigger than that alone still comes whole.
+// responseBytes is the most a fetch response may carry for a budget of limit bytes. It sets
+// Sarama's Consumer.Fetch.MaxBytes, Kafka's fetch.max.bytes. It is a sixteenth of limit, at
+// least one partition's fetch of ConsumerFetchBytes, and at most Sarama's default of 50 MiB.
+// A record batch bigger than that alone still comes whole.
 func responseBytes(limit int64) int32 {
 	return int32(min(max(limit/16, ConsumerFetchBytes), 50<<20))
 }
 
 // Close stops every subscription, closes their channels and returns once every goroutine
-// is done. Offsets of messages acked before Close are committed; messages still un-acked
-// are abandoned (redelivered to the group's next consumer).
+// is done. Offsets of messages acked before Close are committed. Messages still un-acked
+// are abandoned and redelivered to the group's next consumer.
 func (s *ParallelSubscriber) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -291,8 +294,8 @@ func (s *ParallelSubscriber) run(ctx context.Context, f *feed, sc *sarama.Config
 	}
 }
 
-// consume runs group.Consume sessions until an error, ctx or Close, then closes group
-// (leaving the consumer group after the last session committed its offsets).
+// consume runs group.Consume sessions until an error, ctx or Close. It then closes group,
+// which leaves the consumer group after the last session committed its offsets.
 func (s *ParallelSubscriber) consume(ctx context.Context, f *feed, output chan<- *message.Message, group sarama.ConsumerGroup, logFields watermill.LogFields) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -326,7 +329,7 @@ func (s *ParallelSubscriber) consume(ctx context.Context, f *feed, output chan<-
 
 	h := &parallelHandler{s: s, feed: f, ctx: ctx, output: output, logFields: logFields}
 	for ctx.Err() == nil {
-		// Consume returns after every rebalance; it is called again, as in watermill-kafka.
+		// Consume returns after every rebalance and is called again, as in watermill-kafka.
 		if err := group.Consume(ctx, []string{f.topic}, h); err != nil {
 			if ctx.Err() == nil {
 				s.logger.Error("Group consume error", err, logFields)
@@ -389,14 +392,14 @@ func (h *parallelHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim s
 		busyKeys: map[string]*slot{},
 		waiting:  map[string][]waitingMsg{},
 		changed:  make(chan struct{}, 1),
-		marked:   max(claim.InitialOffset(), -1), // Sarama's OffsetOldest/Newest (< 0): not known yet
+		marked:   max(claim.InitialOffset(), -1), // Sarama's OffsetOldest or OffsetNewest, below 0, is not known yet
 	}
 	h.s.track(r)
 	defer h.s.untrack(r)
 	return r.run(claim.Messages())
 }
 
-// slot is one message handed out (or about to be) from a claimed partition.
+// slot is one message of a claimed partition that is handed out, or about to be.
 type slot struct {
 	r       *claimRun
 	offset  int64
@@ -404,16 +407,16 @@ type slot struct {
 	key     string
 	keyed   bool
 	since   time.Time        // when it took its place in the window, just before it was handed out
-	msg     *message.Message // as handed out (its latest copy after a nack); nil once acked
-	out     bool             // handed out: its ack is looked for
-	watched bool             // a goroutine of its own watches it (sweep leaves it alone)
+	msg     *message.Message // as handed out, its latest copy after a nack, nil once acked
+	out     bool             // handed out, so its ack is looked for
+	watched bool             // a goroutine of its own watches it, and sweep leaves it alone
 	acked   bool
-	settled bool // acked, or abandoned by a nack after the claim ended / never handed out
+	settled bool // acked, never handed out, or abandoned by a nack after the claim ended
 	ctx     slotContext
 }
 
-// slotContext is a message's context: its source's, answering slotKey{} with its slot
-// (for AckOnReturn) without a context node of its own.
+// slotContext is a message's context. It is the source's context, and it answers slotKey{}
+// with its slot for AckOnReturn. So the slot needs no context node of its own.
 type slotContext struct {
 	context.Context
 	sl *slot
@@ -426,13 +429,13 @@ func (c *slotContext) Value(key any) any {
 	return c.Context.Value(key)
 }
 
-// How a claim learns of acks and nacks. A goroutine per message waiting on its ack (and its
-// stack) would cost more memory than the message itself. A handler wrapped in AckOnReturn
-// tells the claim itself; otherwise a sweep of the window finds them, every sweepEvery —
-// every sweepIdleEvery only, as a safety net, once handlers have been telling it (a sweep
-// costs CPU for every message in flight). A message whose key holds later ones back, or
-// that was nacked, gets a goroutine of its own, so that its ack frees the key (or its
-// resend comes) at once.
+// sweepEvery and sweepIdleEvery set how a claim learns of acks and nacks. A goroutine per
+// message waiting on its ack would cost more memory, with its stack, than the message
+// itself. A handler wrapped in AckOnReturn tells the claim itself. Otherwise a sweep of the
+// window finds them every sweepEvery. Once handlers have been telling the claim, the sweep
+// runs only every sweepIdleEvery, as a safety net, because a sweep costs CPU for every
+// message in flight. A message that was nacked, or whose key holds later ones back, gets a
+// goroutine of its own. So its ack frees the key at once, or its resend comes at once.
 const (
 	sweepEvery     = 20 * time.Millisecond
 	sweepIdleEvery = time.Second
@@ -441,9 +444,10 @@ const (
 type slotKey struct{}
 
 // AckOnReturn is Watermill router middleware for the handlers of a ParallelSubscriber's
-// messages: when the handler returns with nothing to publish, it acks the message (no error)
-// or nacks it itself, as the router would right after, and tells the claim of its partition
-// at once. Without it the subscriber finds acks by sweeping its window every 20 ms.
+// messages. When the handler returns with nothing to publish, AckOnReturn acks the message,
+// or nacks it on an error, as the router would right after. It tells the claim of the
+// message's partition at once. Without it the subscriber finds acks by sweeping its window
+// every 20 ms.
 func AckOnReturn(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		out, err := h(msg)
@@ -459,7 +463,8 @@ func AckOnReturn(h message.HandlerFunc) message.HandlerFunc {
 	}
 }
 
-// waitingMsg is a message in the window whose key is busy: handed out when it is freed.
+// waitingMsg is a message in the window whose key is busy. It is handed out when the key
+// is freed.
 type waitingMsg struct {
 	sl  *slot
 	msg *message.Message
@@ -479,17 +484,17 @@ type claimRun struct {
 
 	ctx     context.Context // parent of the messages' contexts
 	cancel  context.CancelFunc
-	stop    <-chan struct{} // the session is over
+	stop    <-chan struct{} // closed when the session is over
 	ending  chan struct{}   // closed when nothing more is handed out
 	abandon chan struct{}   // closed when the claim stops waiting for acks
 
 	mu        sync.Mutex
 	queue     []*slot                 // handed out and not yet covered by the marked offset, in offset order
-	marked    int64                   // the offset marked for commit (all before it acked); -1: not known yet
+	marked    int64                   // the offset marked for commit, all before it acked, or -1 while not known
 	busyKeys  map[string]*slot        // the slot of each key handed out and not acked yet
 	waiting   map[string][]waitingMsg // keyed messages in the window behind a busy key, in offset order
 	unsettled int
-	changed   chan struct{} // a slot was acked or settled (capacity 1, coalescing)
+	changed   chan struct{} // a slot was acked or settled, with capacity 1 to coalesce
 
 	watchers sync.WaitGroup // the sweep and the slots' own watchers
 	told     atomic.Bool    // AckOnReturn has told of an ack or nack
@@ -505,7 +510,7 @@ func (r *claimRun) run(msgs <-chan *sarama.ConsumerMessage) error {
 	close(r.ending)
 	r.drain() // messages waiting behind a key are still handed out as their keys free up
 	r.settleWaiting()
-	r.mu.Lock() // returned tells abandon and its own count under r.mu
+	r.mu.Lock() // returned checks abandon and adds to the watchers under r.mu
 	close(r.abandon)
 	r.mu.Unlock()
 	r.watchers.Wait()
@@ -529,7 +534,8 @@ func (r *claimRun) read(msgs <-chan *sarama.ConsumerMessage) error {
 		}
 		ch, charged := r.ahead.take(km)
 		if !charged {
-			// Read before the feed met it: charged here, once made a message.
+			// The record was read before the feed met it, so it is charged here, once made a
+			// message.
 			ch = r.h.s.prepare(km)
 			if ch.cost = r.h.s.budget.acquire(r.sess.Context(), ch.cost); ch.cost == 0 {
 				return nil // the session ended while the record waited for the budget
@@ -557,10 +563,10 @@ func (r *claimRun) read(msgs <-chan *sarama.ConsumerMessage) error {
 	}
 }
 
-// unmarshal is watermill-kafka's DefaultMarshaler.Unmarshal (the message id from its
-// header, the other headers as metadata) filling the metadata map NewMessage makes, where
-// Unmarshal makes a second one and drops the first; payload is the record's value as owned
-// (own).
+// unmarshal is watermill-kafka's DefaultMarshaler.Unmarshal, which takes the message id from
+// its header and the other headers as metadata. unmarshal fills the metadata map that
+// NewMessage makes, where Unmarshal makes a second one and drops the first. payload is the
+// record's value as own returned it.
 func unmarshal(km *sarama.ConsumerMessage, payload []byte) *message.Message {
 	var id string
 	for _, h := range km.Headers {
@@ -577,14 +583,15 @@ func unmarshal(km *sarama.ConsumerMessage, payload []byte) *message.Message {
 	return msg
 }
 
-// own returns the payload a record's value is handed out with: a copy, so that no message
-// pins the fetch response its value was decoded from, or, for a value over MaxValueBytes, a
-// copy of its first bytes and the value's size and sha256.
+// own returns the payload a record's value is handed out with. It is a copy, so that no
+// message pins the fetch response its value was decoded from. For a value over
+// MaxValueBytes, it is a copy of the first bytes, and own also returns the value's size and
+// sha256.
 func (s *ParallelSubscriber) own(v []byte) ([]byte, *msgsource.Cut) {
 	if n := s.ownedLen(len(v)); n < len(v) {
 		return bytes.Clone(v[:n]), &msgsource.Cut{Size: len(v), SHA256: sha256.Sum256(v)}
 	}
-	return bytes.Clone(v), nil // nil (a tombstone) stays nil
+	return bytes.Clone(v), nil // a nil tombstone stays nil
 }
 
 // ownedLen is the length own gives a value of n bytes.
@@ -595,8 +602,8 @@ func (s *ParallelSubscriber) ownedLen(n int) int {
 	return n
 }
 
-// recordCost is what a record costs the budget with a value of valueLen bytes: the value,
-// its key and headers, and RecordOverhead.
+// recordCost is what a record with a value of valueLen bytes costs the budget. It counts
+// the value, the key and headers, and RecordOverhead.
 func recordCost(valueLen int, km *sarama.ConsumerMessage) int64 {
 	n := valueLen + len(km.Key) + RecordOverhead
 	for _, h := range km.Headers {
@@ -605,9 +612,9 @@ func recordCost(valueLen int, km *sarama.ConsumerMessage) int64 {
 	return int64(n)
 }
 
-// releaseAbandoned gives back the budget of the messages no ack settled once the claim
-// stopped watching them (their handlers may still be running: redelivered to the next
-// owner anyway).
+// releaseAbandoned gives back the budget of the messages that no ack settled before the
+// claim stopped watching them. Their handlers may still be running, but the messages are
+// redelivered to the next owner anyway.
 func (r *claimRun) releaseAbandoned() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -620,16 +627,16 @@ func (r *claimRun) releaseAbandoned() {
 	}
 }
 
-// admit waits until sl fits in the window and takes its place. It reports whether sl is
-// to be handed out now (its key is free, and now taken) or waits behind its key, and
-// false when the session ends first.
+// admit waits until sl fits in the window and takes its place. Its first result reports
+// whether sl is to be handed out now, because its key was free and is now taken. Otherwise
+// sl waits behind its key. ok is false when the session ends first.
 func (r *claimRun) admit(sl *slot, msg *message.Message) (handOut, ok bool) {
 	for {
 		r.mu.Lock()
 		if len(r.queue) < r.window {
 			sl.since = time.Now()
 			if r.marked < 0 {
-				// A new group's first message: nothing before it is to be consumed.
+				// This is a new group's first message, and nothing before it is to be consumed.
 				r.marked = sl.offset
 			}
 			r.queue = append(r.queue, sl)
@@ -639,7 +646,7 @@ func (r *claimRun) admit(sl *slot, msg *message.Message) (handOut, ok bool) {
 			case !sl.keyed:
 			case busy != nil:
 				r.waiting[sl.key] = append(r.waiting[sl.key], waitingMsg{sl: sl, msg: msg})
-				r.watchLocked(busy) // its ack now frees sl: noticed at once, not at the next sweep
+				r.watchLocked(busy) // its ack frees sl, so notice it at once and not at the next sweep
 			default:
 				r.busyKeys[sl.key] = sl
 			}
@@ -655,9 +662,9 @@ func (r *claimRun) admit(sl *slot, msg *message.Message) (handOut, ok bool) {
 	}
 }
 
-// handOut sends msg to the router; the sweep (or, while later messages of its key wait, a
-// goroutine of its own) looks for its ack. It returns false, leaving sl un-acked (so nothing
-// past it is marked), when stop closes first.
+// handOut sends msg to the router. The sweep looks for its ack, or a goroutine of its own
+// does while later messages of its key wait. When stop closes first, handOut returns false
+// and leaves sl un-acked, so nothing past it is marked.
 func (r *claimRun) handOut(sl *slot, msg *message.Message, stop <-chan struct{}) bool {
 	r.mu.Lock()
 	sl.msg, sl.out = msg, true
@@ -665,20 +672,20 @@ func (r *claimRun) handOut(sl *slot, msg *message.Message, stop <-chan struct{})
 		r.watchLocked(sl)
 	}
 	r.mu.Unlock()
-	if chanx.TrySend(r.h.output, msg, stop) { // a send alone first: a select locks both channels
+	if chanx.TrySend(r.h.output, msg, stop) { // a send alone first, since a select locks both channels
 		return true
 	}
 	select {
 	case r.h.output <- msg:
 		return true
 	case <-stop:
-		r.settle(sl) // never handed out: stays un-acked, so nothing past it is marked
+		r.settle(sl) // never handed out, so it stays un-acked and nothing past it is marked
 		return false
 	}
 }
 
-// watchLocked gives sl, handed out and not acked, a goroutine of its own watching it. r.mu
-// is held.
+// watchLocked gives sl, handed out and not acked, a goroutine of its own watching it. The
+// caller holds r.mu.
 func (r *claimRun) watchLocked(sl *slot) {
 	if sl.out && !sl.watched && !sl.acked {
 		sl.watched = true
@@ -731,7 +738,7 @@ func (r *claimRun) sweepOnce() {
 }
 
 // settleWaiting gives up the messages still waiting behind a busy key once the claim has
-// drained: they stay un-acked, and the next owner reads them again.
+// drained. They stay un-acked, and the next owner reads them again.
 func (r *claimRun) settleWaiting() {
 	r.mu.Lock()
 	var left []*slot
@@ -747,15 +754,16 @@ func (r *claimRun) settleWaiting() {
 	}
 }
 
-// returned is AckOnReturn's news of sl's message: acked, or nacked (its watcher resends
-// it). Once the claim stopped waiting for acks it changes nothing, as a late ack does not.
-// An ack counts among the watchers while it runs: it may hand out the next message of its
-// key, and run waits for it before the claim returns and the output channel may close.
+// returned is AckOnReturn's news that sl's message was acked or nacked. A watcher resends a
+// nacked message. Once the claim stopped waiting for acks, returned changes nothing, as a
+// late ack does not. An ack counts among the watchers while it runs. It may hand out the
+// next message of its key, and run waits for it before the claim returns and the output
+// channel may close.
 func (r *claimRun) returned(sl *slot, acked bool) {
 	r.told.Store(true)
 	r.mu.Lock()
 	select {
-	case <-r.abandon: // run closes it under r.mu: nothing is added once it waits
+	case <-r.abandon: // run closes it under r.mu, so nothing is added once it waits
 		r.mu.Unlock()
 		return
 	default:
@@ -790,7 +798,7 @@ func (r *claimRun) watch(sl *slot, msg *message.Message) {
 			r.mu.Unlock()
 		case <-r.abandon:
 			select {
-			case <-msg.Acked(): // acked before the claim gave up (e.g. just before Close)
+			case <-msg.Acked(): // acked before the claim gave up, such as just before Close
 				r.ack(sl)
 			default:
 			}
@@ -822,8 +830,8 @@ func (r *claimRun) resend(msg *message.Message) (*message.Message, bool) {
 	}
 }
 
-// ack records sl as acked, frees its key — handing out the next message waiting for it —
-// and marks the offset after the longest acked prefix of the queue.
+// ack records sl as acked and frees its key. It hands out the next message waiting for that
+// key. It marks the offset after the longest acked prefix of the queue.
 func (r *claimRun) ack(sl *slot) {
 	r.mu.Lock()
 	var next *waitingMsg
@@ -862,8 +870,9 @@ func (r *claimRun) ack(sl *slot) {
 	r.mu.Unlock()
 	r.signal()
 	if next != nil {
-		// From the acked message's watcher, the sweep or returned, which keep the watchers'
-		// count above zero; also while the claim drains, so that what it acks is contiguous.
+		// ack runs in the acked message's watcher, the sweep or returned, which keep the
+		// watchers' count above zero. The next message is handed out while the claim drains
+		// too, so that what the claim acks is contiguous.
 		r.handOut(next.sl, next.msg, r.abandon)
 	}
 }
@@ -887,8 +896,8 @@ func (r *claimRun) signal() {
 	}
 }
 
-// drain waits, after the claim stopped handing out, for the messages in flight to be
-// acked or nacked: up to half the rebalance timeout, and not at all on Close.
+// drain waits, after the claim stopped handing out, for the messages in flight to be acked
+// or nacked. It waits up to half the rebalance timeout, and not at all on Close.
 func (r *claimRun) drain() {
 	if r.h.s.done(r.h.ctx) {
 		return
@@ -921,30 +930,30 @@ type PartitionStat struct {
 	Topic     string
 	Partition int32
 	// HighWater is the offset the broker will give the partition's next record, as of the
-	// claim's latest fetch (0 before the first).
+	// claim's latest fetch. It is 0 before the first fetch.
 	HighWater int64
-	// Marked is the offset marked for commit: every message before it was acked (Sarama
-	// commits it within a second). -1 while not known: a group with no committed offset
-	// before the partition's first message arrives.
+	// Marked is the offset marked for commit. Every message before it was acked, and Sarama
+	// commits it within a second. It is -1 while not known, which is the case for a group
+	// with no committed offset before the partition's first message arrives.
 	Marked int64
-	// InFlight is the messages handed out (or about to be) and not acked yet.
+	// InFlight is the messages handed out, or about to be, and not acked yet.
 	InFlight int
-	// InFlightBytes is what they cost the subscriber's Budget (bytes and RecordOverhead).
+	// InFlightBytes is what they cost the subscriber's Budget, in bytes and RecordOverhead.
 	InFlightBytes int64
-	// ReadAhead is the records read from Kafka for the claim and not yet in its window: in
-	// Sarama's channel, or taken by the claim and waiting for room in the window;
-	// ReadAheadBytes what they cost the Budget.
+	// ReadAhead is the records read from Kafka for the claim and not yet in its window. They
+	// are in Sarama's channel, or taken by the claim and waiting for room in the window.
+	// ReadAheadBytes is what they cost the Budget.
 	ReadAhead      int
 	ReadAheadBytes int64
-	// OldestUnackedAge is how long ago the oldest of them was handed out the first time
-	// (nacks and resends do not reset it); 0 when none is in flight.
+	// OldestUnackedAge is how long ago the oldest of them was handed out the first time.
+	// Nacks and resends do not reset it. It is 0 when none is in flight.
 	OldestUnackedAge time.Duration
 }
 
-// Lag is how many offsets of the partition are past the marked offset: HighWater - Marked,
-// at least 0; ok is false while Marked is not known. On a topic written in Kafka
-// transactions it stays at 1 or more after the last transaction, whose commit marker takes
-// an offset that no message is delivered for.
+// Lag is how many offsets of the partition are past the marked offset. It is HighWater -
+// Marked, and at least 0. ok is false while Marked is not known. On a topic written in
+// Kafka transactions, the lag stays at 1 or more after the last transaction. Its commit
+// marker takes an offset that no message is delivered for.
 func (p PartitionStat) Lag() (n int64, ok bool) {
 	if p.Marked < 0 {
 		return 0, false
@@ -953,8 +962,9 @@ func (p PartitionStat) Lag() (n int64, ok bool) {
 }
 
 // PartitionStats returns a snapshot of every partition claimed now, by topic and
-// partition. A partition is in it from the start of its claim to the end (a rebalance, a
-// lost connection, Close), so a partition that moved to another consumer is not reported.
+// partition. A partition is in it from the start of its claim to the end, which a
+// rebalance, a lost connection or Close brings. So a partition that moved to another
+// consumer is not reported.
 func (s *ParallelSubscriber) PartitionStats() []PartitionStat {
 	now := time.Now()
 	s.claimsMu.Lock()
@@ -1000,7 +1010,7 @@ func (r *claimRun) stat(now time.Time) PartitionStat {
 			st.InFlightBytes += sl.cost
 		}
 	}
-	if len(r.queue) > 0 { // the acked prefix is gone: the first is the oldest un-acked
+	if len(r.queue) > 0 { // the acked prefix is gone, so the first is the oldest un-acked
 		st.OldestUnackedAge = max(now.Sub(r.queue[0].since), 0)
 	}
 	return st

@@ -8,12 +8,12 @@ import (
 	"github.com/IBM/sarama"
 )
 
-// Probe asks the cluster for its metadata once, within ctx's deadline (default 3s): a
-// readiness check. It opens one client per call with dial, read and write timeouts of the
-// time left and no metadata retries, so a broker that accepts connections and never answers
-// costs one connection per call, closed by the read timeout, and never a hang: Probe
-// returns when ctx is done even if the client has not given up yet (it closes itself
-// within the timeouts).
+// Probe asks the cluster for its metadata once, within ctx's deadline, as a readiness
+// check. The deadline is 3s when ctx has none. Probe opens one client per call, with dial,
+// read and write timeouts of the time left and no metadata retries. So a broker that
+// accepts connections and never answers costs one connection per call, which the read
+// timeout closes. It never costs a hang. Probe returns when ctx is done, even if the client
+// has not given up yet. The client closes itself within the timeouts.
 func (c Config) Probe(ctx context.Context) error {
 	d := 3 * time.Second
 	if dl, ok := ctx.Deadline(); ok {

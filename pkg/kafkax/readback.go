@@ -19,9 +19,10 @@ type Record struct {
 	Timestamp time.Time // the record's Kafka timestamp
 }
 
-// ReadAll reads every committed record of topic (read_committed isolation, so aborted
-// transactional writes are never returned), from the oldest offset up to the high-water
-// mark seen at the start. It is independent of any consumer group: audits and tests use it.
+// ReadAll reads every committed record of topic from the oldest offset up to the high-water
+// mark seen at the start. It reads with read_committed isolation, so it never returns
+// aborted transactional writes. It is independent of any consumer group. Audits and tests
+// use it.
 func (c Config) ReadAll(ctx context.Context, topic string, idle time.Duration) ([]Record, error) {
 	sc := c.base()
 	sc.Consumer.IsolationLevel = sarama.ReadCommitted
@@ -44,7 +45,7 @@ func (c Config) ReadAll(ctx context.Context, topic string, idle time.Duration) (
 	if idle <= 0 {
 		idle = 2 * time.Second
 	}
-	// The offsets are looked up one partition after another: Sarama's first requests to a
+	// The offsets are looked up one partition after another. Sarama's first requests to a
 	// broker it is still connecting to can fail with "broker not connected" when they race.
 	type span struct{ oldest, hwm int64 }
 	spans := make([]span, len(parts))
@@ -56,9 +57,9 @@ func (c Config) ReadAll(ctx context.Context, topic string, idle time.Duration) (
 			return nil, fmt.Errorf("offset of %s/%d: %w", topic, p, err)
 		}
 	}
-	// Partitions are read at once: a partition whose last offsets are transaction markers
-	// ends only after idle, and waiting that out partition after partition made audits of
-	// transactional topics take idle × partitions.
+	// The partitions are read at once. A partition whose last offsets are transaction
+	// markers ends only after idle. Waiting that out partition after partition would make
+	// audits of transactional topics take idle × partitions.
 	results := make([][]Record, len(parts))
 	errs := make([]error, len(parts))
 	var wg sync.WaitGroup
@@ -86,8 +87,9 @@ func readPartition(ctx context.Context, consumer sarama.Consumer, topic string, 
 	if hwm <= oldest {
 		return nil, nil
 	}
-	// Sized from the offsets (transaction markers and aborted records make it a bound, not a
-	// count): a read-back of a large partition would otherwise copy its records on every growth.
+	// The slice is sized from the offsets. Transaction markers and aborted records make that
+	// a bound and not a count. Without it, a read-back of a large partition would copy its
+	// records on every growth.
 	out := make([]Record, 0, min(hwm-oldest, 1<<20))
 	pc, err := consumer.ConsumePartition(topic, p, oldest)
 	if err != nil {

@@ -15,7 +15,7 @@ import (
 	"github.com/xdg-go/scram"
 )
 
-// TLS is the client side of TLS to the brokers (kafka.tls.*).
+// TLS is the client side of TLS to the brokers, set by kafka.tls.*.
 type TLS struct {
 	Enabled            bool   `key:"enabled" help:"TLS to the brokers (every client: consumer, relay producer, admin, readback, probe)"`
 	CAFile             string `key:"ca_file" help:"PEM CA certificates the brokers' must chain to (empty: the system's)"`
@@ -25,14 +25,15 @@ type TLS struct {
 	InsecureSkipVerify bool   `key:"insecure_skip_verify" help:"accept any broker certificate (a throw-away test broker only)"`
 }
 
-// SASL mechanisms a Config accepts (kafka.sasl.mechanism).
+// SASL mechanisms a Config accepts in kafka.sasl.mechanism.
 const (
 	SASLPlain       = "PLAIN"
 	SASLScramSHA256 = "SCRAM-SHA-256"
 	SASLScramSHA512 = "SCRAM-SHA-512"
 )
 
-// SASL is the authentication to the brokers (kafka.sasl.*). An empty Mechanism means none.
+// SASL is the authentication to the brokers, set by kafka.sasl.*. An empty Mechanism means
+// none.
 type SASL struct {
 	Mechanism    string `key:"mechanism" help:"SASL authentication: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (empty: none)"`
 	User         string `key:"user" help:"SASL user"`
@@ -40,12 +41,13 @@ type SASL struct {
 	PasswordFile string `key:"password_file" help:"file whose first line is the SASL password (read again at each client start)"`
 }
 
-// Config (TLS, SASL) is applied by base(), so every client built from a Config — consumer,
-// producers (the relay's transactional one too), admin, readback, probe — uses them.
+// base applies a Config's TLS and SASL. So every client built from a Config uses them. These
+// clients are the consumers, the producers including the relay's transactional one, the
+// admin client, ReadAll and Probe.
 
-// CheckSecurity validates kafka.tls.* and kafka.sasl.* and reads the files they name, so a
-// missing or unreadable file is a configuration error before anything connects (Validate
-// calls it too).
+// CheckSecurity validates kafka.tls.* and kafka.sasl.* and reads the files they name. So a
+// missing or unreadable file is a configuration error before anything connects. Validate
+// calls it too.
 func (c Config) CheckSecurity() error {
 	if _, err := c.TLS.config(); err != nil {
 		return err
@@ -54,7 +56,7 @@ func (c Config) CheckSecurity() error {
 	return err
 }
 
-// config builds the tls.Config (nil when TLS is off).
+// config builds the tls.Config, or nil when TLS is off.
 func (t TLS) config() (*tls.Config, error) {
 	if !t.Enabled {
 		if t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" || t.ServerName != "" || t.InsecureSkipVerify {
@@ -87,8 +89,8 @@ func (t TLS) config() (*tls.Config, error) {
 	return tc, nil
 }
 
-// password returns the SASL password: Password, or the first line of PasswordFile. It also
-// checks the mechanism and the user.
+// password returns the SASL password, which is Password or the first line of PasswordFile.
+// It also checks the mechanism and the user.
 func (s SASL) password() (string, error) {
 	switch s.Mechanism {
 	case "":
@@ -159,8 +161,8 @@ func (c Config) applySecurity(sc *sarama.Config) error {
 	return nil
 }
 
-// scramClient is Sarama's SCRAMClient on github.com/xdg-go/scram: Sarama speaks the SASL
-// exchange but leaves the SCRAM computation (RFC 5802/7677) to the caller.
+// scramClient is Sarama's SCRAMClient on github.com/xdg-go/scram. Sarama speaks the SASL
+// exchange but leaves the SCRAM computation of RFC 5802 and RFC 7677 to the caller.
 type scramClient struct {
 	hash scram.HashGeneratorFcn
 	conv *scram.ClientConversation
@@ -178,15 +180,16 @@ func (x *scramClient) Begin(user, password, authzID string) error {
 func (x *scramClient) Step(challenge string) (string, error) { return x.conv.Step(challenge) }
 func (x *scramClient) Done() bool                            { return x.conv.Done() }
 
-// failDialer makes every connection of a client fail with err: base() cannot return an
-// error, so settings that cannot be applied (a file gone since Validate) fail the client's
-// start with that error instead of connecting without them.
+// failDialer makes every connection of a client fail with err. base cannot return an
+// error. So settings that cannot be applied, such as a file gone since Validate, fail the
+// client's start with that error instead of connecting without them.
 type failDialer struct{ err error }
 
 func (d failDialer) Dial(string, string) (net.Conn, error) { return nil, d.err }
 
-// causeOf names why a connection to the brokers failed when it was not the network: TLS
-// verification, SASL authentication, or a TLS/plaintext mismatch. Empty otherwise.
+// causeOf names why a connection to the brokers failed when the network was not the cause.
+// The cause is TLS verification, SASL authentication, or a mismatch of TLS and plaintext.
+// causeOf returns "" otherwise.
 func causeOf(err error) string {
 	var (
 		unknownCA x509.UnknownAuthorityError

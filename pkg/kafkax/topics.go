@@ -19,13 +19,14 @@ type TopicState struct {
 }
 
 // ErrReplication is returned by EnsureTopics for a replication factor the cluster cannot
-// give (more than its brokers).
+// give, because it is more than the cluster's brokers.
 var ErrReplication = errors.New("kafka: replication factor above the cluster's brokers")
 
-// EnsureTopics creates those of topics the cluster does not have, with partitions
-// partitions and replication replicas (0: min(3, the cluster's brokers)), and leaves
-// existing ones as they are, whatever their partitions: it returns what it found for them.
-// dryRun creates nothing. A topic created meanwhile by someone else counts as existing.
+// EnsureTopics creates those of topics that the cluster does not have, with partitions
+// partitions and replication replicas. A replication of 0 stands for min(3, the cluster's
+// brokers). EnsureTopics leaves existing topics as they are, whatever their partitions, and
+// returns what it found for them. dryRun creates nothing. A topic that someone else created
+// meanwhile counts as existing.
 func (c Config) EnsureTopics(topics []string, partitions int32, replication int16, dryRun bool) ([]TopicState, error) {
 	for _, t := range topics {
 		if err := CheckTopicName(t); err != nil {
