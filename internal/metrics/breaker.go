@@ -6,13 +6,13 @@ import (
 	"time"
 )
 
-// BreakerSummary is a plugin's circuit breaker as this process last saw it (the console).
+// BreakerSummary is a plugin's circuit breaker as this process last saw it, for the console.
 type BreakerSummary struct {
 	BizType string
 	State   int       // 0 closed, 1 open, 2 half-open (onceflow_inbox_breaker_state)
 	Since   time.Time // zero: closed since the start
 	ProbeAt time.Time // open: when a probe may run
-	// LastError is the error of the last failed attempt the breaker counted ("": none).
+	// LastError is the error of the last failed attempt the breaker counted, or "" for none.
 	LastError string
 }
 
@@ -21,8 +21,9 @@ type breakers struct {
 	by map[string]BreakerSummary
 }
 
-// SetBreaker records a change of biz type's breaker: the gauge, the opens counter (state 1
-// entered) and what the console shows, the last error it counted included.
+// SetBreaker records a change of biz type's breaker. It sets the gauge and what the console
+// shows, the last error the breaker counted included. Entering state 1 adds to the opens
+// counter.
 func (m *Metrics) SetBreaker(biz string, state int, since, probeAt time.Time, lastError string) {
 	m.BreakerState.WithLabelValues(biz).Set(float64(state))
 	if state == 1 {
@@ -36,7 +37,7 @@ func (m *Metrics) SetBreaker(biz string, state int, since, probeAt time.Time, la
 	m.breakers.by[biz] = BreakerSummary{BizType: biz, State: state, Since: since, ProbeAt: probeAt, LastError: lastError}
 }
 
-// Breakers returns the breakers recorded (SetBreaker), by biz type.
+// Breakers returns the breakers that SetBreaker recorded, by biz type.
 func (m *Metrics) Breakers() []BreakerSummary {
 	m.breakers.mu.Lock()
 	defer m.breakers.mu.Unlock()

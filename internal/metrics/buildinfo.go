@@ -6,7 +6,7 @@ import (
 	"github.com/onceflow/onceflow/internal/buildinfo"
 )
 
-// newBuildInfo is onceflow_build_info{version,revision,goversion} 1: which build a
+// newBuildInfo is onceflow_build_info{version,revision,goversion} 1. It says which build a
 // process runs, for a dashboard to join on.
 func newBuildInfo(in buildinfo.Info) prometheus.Collector {
 	g := prometheus.NewGauge(prometheus.GaugeOpts{

@@ -11,17 +11,17 @@ import (
 )
 
 // PartitionStatsSource is a consumer that reports the partitions it has claimed, as
-// kafkax.ParallelSubscriber does. watermill-kafka's subscriber (kafka.window 1) reports
-// nothing of the kind and so is not a source.
+// kafkax.ParallelSubscriber does. watermill-kafka's subscriber, used with kafka.window 1,
+// reports nothing of the kind and so is not a source.
 type PartitionStatsSource interface {
 	PartitionStats() []kafkax.PartitionStat
 }
 
-// ConsumerCollector exports, per consumer group, topic and partition claimed by this
-// process, the committed lag, the messages in flight and the age of the oldest un-acked
-// one. It reads its sources at scrape time, so a partition shows only while its claim
-// lasts: after a rebalance the partitions this process gave up have no series here (their
-// new owner reports them).
+// ConsumerCollector exports the committed lag, the messages in flight and the age of the
+// oldest un-acked one. It exports them per consumer group, topic and partition claimed by
+// this process. It reads its sources at scrape time, so a partition shows only while its
+// claim lasts. After a rebalance, the partitions this process gave up have no series here.
+// Their new owner reports them.
 type ConsumerCollector struct {
 	mu      sync.Mutex
 	sources []PartitionStatsSource
@@ -53,21 +53,22 @@ func NewConsumerCollector() *ConsumerCollector {
 	}
 }
 
-// LagJudge tells the lag a consumer would see: end - committed, or 0 when only
-// transaction markers lie between them (kafkax.LagReader).
+// LagJudge tells the lag a consumer would see, as kafkax.LagReader does. The lag is end -
+// committed, or 0 when only transaction markers lie between them.
 type LagJudge interface {
 	Lag(topic string, partition int32, committed, end int64) (int64, error)
 }
 
-// JudgeLag makes the lag of every partition the one j tells from now on, so a partition
-// caught up on a transactional topic reads 0 (its commit markers are not waiting records).
+// JudgeLag makes the lag of every partition the one j tells from now on. So a partition
+// caught up on a transactional topic reads 0, because its commit markers are not waiting
+// records.
 func (c *ConsumerCollector) JudgeLag(j LagJudge) {
 	c.mu.Lock()
 	c.lags = j
 	c.mu.Unlock()
 }
 
-// Judge returns the LagJudge set by JudgeLag (nil: none).
+// Judge returns the LagJudge set by JudgeLag, or nil for none.
 func (c *ConsumerCollector) Judge() LagJudge {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -93,21 +94,21 @@ type PartitionSummary struct {
 	Group     string
 	Topic     string
 	Partition int32
-	// Lag is the committed lag (high water mark minus marked offset, 0 when only
-	// transaction markers lie between them); LagKnown is false before a new group's
+	// Lag is the committed lag, the high water mark minus the marked offset. It is 0 when
+	// only transaction markers lie between them. LagKnown is false before a new group's
 	// first message of the partition.
 	Lag      int64
 	LagKnown bool
-	// OldestUnacked is the age of the oldest delivery not acked yet; 0 when none.
+	// OldestUnacked is the age of the oldest delivery not acked yet, or 0 when none.
 	OldestUnacked time.Duration
 	InFlight      int
 	InFlightBytes int64
 }
 
 // Partitions returns the partitions claimed now, in the order the sources report them.
-// Two claims of the same partition in this process (two subscribers of one group and
-// topic, for the moment one hands it to the other) make one entry: the larger lag and
-// age, the sum in flight.
+// This process may hold two claims of the same partition for a moment. That happens when
+// two subscribers of one group and topic hand the partition over. The two claims make one
+// entry, with the larger lag and age and the sum in flight.
 func (c *ConsumerCollector) Partitions() []PartitionSummary {
 	c.mu.Lock()
 	sources := append([]PartitionStatsSource(nil), c.sources...)
@@ -143,7 +144,7 @@ func (c *ConsumerCollector) Partitions() []PartitionSummary {
 	return out
 }
 
-// Collect emits one series per group, topic and partition (see Partitions).
+// Collect emits one series per group, topic and partition. See Partitions.
 func (c *ConsumerCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, p := range c.Partitions() {
 		lv := []string{p.Group, p.Topic, strconv.FormatInt(int64(p.Partition), 10)}

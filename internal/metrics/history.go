@@ -18,8 +18,9 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// HistoryTable holds the deliveries per biz type, minute (UTC) and outcome that every router
-// adds its own counts to (migration 00015): the console's chart and last hour.
+// HistoryTable holds the deliveries per biz type, UTC minute and outcome, to which every
+// router adds its own counts. Migration 00015 creates it. The console's chart and last hour
+// read it.
 const HistoryTable = "inbox_history"
 
 const (
@@ -27,18 +28,18 @@ const (
 	HistoryFlushEvery = 10 * time.Second
 	// HistoryRetention is how long HistoryTable keeps a minute.
 	HistoryRetention = 7 * 24 * time.Hour
-	// historyBacklog bounds the minutes a router keeps unwritten (its database down): past
-	// it, the oldest minute's counts are dropped and counted in
+	// historyBacklog bounds the minutes a router keeps unwritten while its database is
+	// down. Past it, the oldest minute's counts are dropped and counted in
 	// onceflow_inbox_history_dropped_total.
 	historyBacklog = 24 * 60
-	// historyFlushTimeout bounds one flush; its counts are kept for the next one when it
-	// ends without a commit.
+	// historyFlushTimeout bounds one flush. When a flush ends without a commit, its counts
+	// are kept for the next one.
 	historyFlushTimeout = 30 * time.Second
-	// historyRows is the most rows of one statement of a flush (a flush is one
-	// transaction, whatever its statements).
+	// historyRows is the most rows of one statement of a flush. A flush is one
+	// transaction, whatever its statements.
 	historyRows = 1000
-	// historyPruneBatch is the most rows one delete of the retention removes;
-	// historyPruneEvery, how often a router deletes them.
+	// historyPruneBatch is the most rows one delete of the retention removes.
+	// historyPruneEvery is how often a router deletes them.
 	historyPruneBatch = 1000
 	historyPruneEvery = time.Hour
 	// historyMinutes is the console's last hour.
@@ -52,10 +53,10 @@ type historyKey struct {
 }
 
 // history keeps a router's deliveries per biz type, minute and outcome that are not in
-// HistoryTable yet, and adds them to it (flush). A flush moves the pending counts to
-// inflight, writes them in one transaction, and forgets them once it committed; when it
-// did not, they go back to pending for the next flush: a delta is written once, and a
-// failed flush loses none (unless the backlog bound drops it, counted).
+// HistoryTable yet, and flush adds them to it. A flush moves the pending counts to
+// inflight and writes them in one transaction. It forgets them once it committed. When it
+// did not, they go back to pending for the next flush. So a delta is written once, and a
+// failed flush loses none. Only the backlog bound drops counts, and it counts what it drops.
 type history struct {
 	db      *sql.DB
 	dropped prometheus.Counter
@@ -67,7 +68,7 @@ type history struct {
 	pending  map[historyKey]int64
 	minutes  map[int64]int        // pending's keys per minute
 	inflight map[historyKey]int64 // the counts of the flush in progress
-	// committing is set while a flush's COMMIT is under way; commits counts the flushes'
+	// committing is set while a flush's COMMIT is under way. commits counts the flushes'
 	// COMMITs that ended. A reader that saw neither change while it read the table knows
 	// whether the table holds inflight.
 	committing bool
@@ -96,9 +97,9 @@ func (h *history) add(biz, outcome string, now time.Time) {
 	h.mu.Unlock()
 }
 
-// trim drops the oldest minutes of pending past historyBacklog minutes, counting their
-// deliveries in dropped (h.mu held). Only a new minute crosses the bound: while the backlog
-// is full, it runs once a minute.
+// trim drops the oldest minutes of pending past historyBacklog minutes and counts their
+// deliveries in dropped. The caller holds h.mu. Only a new minute crosses the bound, so
+// while the backlog is full trim runs once a minute.
 func (h *history) trim() {
 	for len(h.minutes) > historyBacklog {
 		oldest := int64(math.MaxInt64)
@@ -125,8 +126,9 @@ func historyUpsert(d dbx.Dialect, n int) string {
 	return q + " ON DUPLICATE KEY UPDATE n = n + VALUES(n)"
 }
 
-// flush adds the pending counts to HistoryTable in one transaction, rows in key order (two
-// routers adding the same minutes lock them in the same order: no deadlock).
+// flush adds the pending counts to HistoryTable in one transaction, with the rows in key
+// order. So two routers adding the same minutes lock them in the same order and do not
+// deadlock.
 func (h *history) flush(ctx context.Context) error {
 	h.flushMu.Lock()
 	defer h.flushMu.Unlock()
@@ -177,7 +179,7 @@ func (h *history) write(ctx context.Context, batch map[historyKey]int64) error {
 			return err
 		}
 	}
-	// Cancelling the statements above rolls them back with the transaction; only a COMMIT
+	// Cancelling the statements above rolls them back with the transaction. Only a COMMIT
 	// whose answer is lost leaves it unknown whether the counts went in.
 	h.mu.Lock()
 	h.committing = true
@@ -190,8 +192,8 @@ func (h *history) write(ctx context.Context, batch map[historyKey]int64) error {
 	return err
 }
 
-// prune deletes HistoryTable's minutes before before, per biz type over its primary key, at
-// most historyPruneBatch rows a statement.
+// prune deletes HistoryTable's minutes before before, per biz type over its primary key.
+// Each statement deletes at most historyPruneBatch rows.
 func (h *history) prune(ctx context.Context, before time.Time) (int64, error) {
 	d := dbx.DialectOf(h.db)
 	rows, err := h.db.QueryContext(ctx, "SELECT DISTINCT biz_type FROM "+HistoryTable)
@@ -233,9 +235,10 @@ func (h *history) prune(ctx context.Context, before time.Time) (int64, error) {
 	return total, nil
 }
 
-// lastHour returns the deliveries per minute of the hour up to now (the current minute last)
-// of bizTypes and of every biz type this process has counts of: HistoryTable's rows, which
-// every router adds to, plus this process's counts not written yet.
+// lastHour returns the deliveries per minute of the hour up to now, the current minute
+// last. It covers bizTypes and every biz type this process has counts of. It sums
+// HistoryTable's rows, which every router adds to, and this process's counts not written
+// yet.
 func (h *history) lastHour(ctx context.Context, bizTypes []string, now time.Time) ([]MinuteCount, error) {
 	cur := now.Unix() / 60
 	first := cur - historyMinutes + 1
@@ -281,8 +284,8 @@ func (h *history) lastHour(ctx context.Context, bizTypes []string, now time.Time
 	}
 }
 
-// read sums HistoryTable's rows of bizTypes from minute first to last, each biz type a range
-// of the primary key.
+// read sums HistoryTable's rows of bizTypes from minute first to last. It reads each biz
+// type as a range of the primary key.
 func (h *history) read(ctx context.Context, bizTypes []string, first, last int64) (map[historyKey]int64, error) {
 	out := map[historyKey]int64{}
 	if len(bizTypes) == 0 {
@@ -322,7 +325,7 @@ func (h *history) read(ctx context.Context, bizTypes []string, first, last int64
 var errNoHistory = errors.New("inbox history: no database")
 
 // FlushHistory adds the deliveries observed and not yet written to HistoryTable, in one
-// transaction; after an error they are kept for the next flush.
+// transaction. After an error they are kept for the next flush.
 func (m *Metrics) FlushHistory(ctx context.Context) error {
 	if m.history == nil {
 		return errNoHistory
@@ -339,9 +342,10 @@ func (m *Metrics) PruneHistory(ctx context.Context, before time.Time) (int64, er
 	return m.history.prune(ctx, before)
 }
 
-// RunHistory flushes the history every interval (each flush bounded by its own timeout,
-// not by ctx) and deletes the minutes past HistoryRetention once an hour, until ctx ends;
-// then it flushes once more and returns. onErr gets each failure (nil: ignored).
+// RunHistory flushes the history every interval until ctx ends. Each flush is bounded by
+// its own timeout, not by ctx. Once an hour it deletes the minutes past HistoryRetention.
+// When ctx ends, it flushes once more and returns. onErr gets each failure. A nil onErr
+// ignores them.
 func (m *Metrics) RunHistory(ctx context.Context, every time.Duration, onErr func(error)) {
 	if m.history == nil {
 		return
@@ -376,10 +380,10 @@ func (m *Metrics) RunHistory(ctx context.Context, every time.Duration, onErr fun
 	}
 }
 
-// LastHour returns the deliveries per minute of the last hour (60 minutes, the current one
-// last) of bizTypes and the biz types this process counted, as every router wrote them to
-// HistoryTable plus this process's counts not written yet. Without a database, or when the
-// table cannot be read, it returns this process's unwritten counts (and the error).
+// LastHour returns the deliveries per minute of the last 60 minutes, the current one last.
+// It covers bizTypes and the biz types this process counted. It sums what every router
+// wrote to HistoryTable and this process's counts not written yet. Without a database, or
+// when the table cannot be read, it returns this process's unwritten counts and the error.
 func (m *Metrics) LastHour(ctx context.Context, bizTypes []string, now time.Time) ([]MinuteCount, error) {
 	if m.history == nil {
 		out := make([]MinuteCount, historyMinutes)

@@ -8,8 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// httpCollectors are the HTTP commands' collectors, registered on the first request (a
-// router that serves no command exports none).
+// httpCollectors are the HTTP commands' collectors, registered on the first request. So a
+// router that serves no command exports none.
 type httpCollectors struct {
 	once     sync.Once
 	requests *prometheus.CounterVec

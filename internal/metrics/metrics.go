@@ -1,5 +1,5 @@
-// Package metrics holds onceflow's Prometheus collectors on a dedicated registry (never the
-// global default), served by the admin listener at /metrics.
+// Package metrics holds onceflow's Prometheus collectors on a dedicated registry, never the
+// global default. The admin listener serves them at /metrics.
 package metrics
 
 import (
@@ -37,9 +37,9 @@ type Metrics struct {
 	breakers   breakers     // the plugins' circuit breakers (SetBreaker), for the console
 }
 
-// New registers the collectors. db, when not nil, feeds the database gauges (inbox rows by
-// status, oldest unpublished outbox row, parked outbox rows), read in the background at
-// most every dbRefresh.
+// New registers the collectors. db, when not nil, feeds the database gauges. They are the
+// inbox rows by status, the oldest unpublished outbox row and the parked outbox rows. They
+// are read in the background at most every dbRefresh.
 func New(db *sql.DB) *Metrics {
 	r := prometheus.NewRegistry()
 	m := &Metrics{
@@ -109,13 +109,14 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
 }
 
-// dbRefresh is how old the database gauges may get: a scrape serves the latest values
-// and, when they are older than this, starts one refresh in the background. However often
-// /metrics is scraped, the queries (a GROUP BY over the inbox among them) run at most once
-// per dbRefresh.
+// dbRefresh is how old the database gauges may get. A scrape serves the latest values. When
+// they are older than this, it starts one refresh in the background. However often /metrics
+// is scraped, the queries run at most once per dbRefresh. A GROUP BY over the inbox is among
+// them.
 const dbRefresh = 15 * time.Second
 
-// dbQueryTimeout bounds one refresh; the first scrape waits for the first refresh this long.
+// dbQueryTimeout bounds one refresh. The first scrape waits this long for the first
+// refresh.
 const dbQueryTimeout = 5 * time.Second
 
 type dbCollector struct {
@@ -126,9 +127,9 @@ type dbCollector struct {
 	cached     DBStats
 	refreshing chan struct{} // closed when the refresh in flight ends; nil: none
 	queries    atomic.Int64  // refreshes run (tests)
-	// want is the generation the next answer must come from; gen, that of the refresh in
-	// flight; cachedGen, that of cached. Invalidate raises want: the figures read before
-	// it are not served again.
+	// want is the generation the next answer must come from. gen is the generation of the
+	// refresh in flight, and cachedGen that of cached. Invalidate raises want, so the
+	// figures read before it are not served again.
 	want, gen, cachedGen int64
 }
 
@@ -140,8 +141,8 @@ func (c *dbCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.parked
 }
 
-// Collect serves the cached gauges, refreshing them in the background when stale (the
-// first scrape waits for the first refresh).
+// Collect serves the cached gauges and refreshes them in the background when stale. The
+// first scrape waits for the first refresh.
 func (c *dbCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.stats()
 	for _, r := range s.InboxRows {
@@ -167,9 +168,9 @@ func (c *dbCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// stats returns the cached figures and, when they are older than dbRefresh, starts one
-// refresh in the background; the first call, and the first after Invalidate, waits for a
-// refresh (one started after the invalidation).
+// stats returns the cached figures. When they are older than dbRefresh, it starts one
+// refresh in the background. The first call waits for a refresh. So does the first call
+// after Invalidate, for a refresh started after the invalidation.
 func (c *dbCollector) stats() DBStats {
 	for {
 		c.mu.Lock()
@@ -203,7 +204,7 @@ func (c *dbCollector) invalidate() {
 	c.mu.Unlock()
 }
 
-// query reads the figures; a query that fails leaves its figures out.
+// query reads the figures. A query that fails leaves its figures out.
 func (c *dbCollector) query() DBStats {
 	ctx, cancel := context.WithTimeout(context.Background(), dbQueryTimeout)
 	defer cancel()

@@ -4,8 +4,8 @@ import (
 	"time"
 )
 
-// Observe records one delivery: in the collectors, the totals since the start, and the
-// history a router adds to HistoryTable (with a database).
+// Observe records one delivery in the collectors and the totals since the start. With a
+// database, it also records it in the history that a router adds to HistoryTable.
 func (m *Metrics) Observe(bizType, outcome string, elapsed time.Duration) {
 	m.Deliveries.WithLabelValues(bizType, outcome).Inc()
 	m.HandlerSeconds.WithLabelValues(bizType, outcome).Observe(elapsed.Seconds())
@@ -15,9 +15,9 @@ func (m *Metrics) Observe(bizType, outcome string, elapsed time.Duration) {
 	}
 }
 
-// InitBizType creates biz type's counters at zero for every outcome, so a rate or an
-// increase over them (an alert, a dashboard panel) has a series before the first delivery
-// of that outcome instead of none.
+// InitBizType creates biz type's counters at zero for every outcome. So a rate or an
+// increase over them, in an alert or a dashboard panel, has a series before the first
+// delivery of that outcome.
 func (m *Metrics) InitBizType(bizType string, outcomes, redeliveryOutcomes []string) {
 	for _, o := range outcomes {
 		m.Deliveries.WithLabelValues(bizType, o)

@@ -6,10 +6,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Slow outside calls: how many deliveries are being prepared (their calls in flight), how
-// long a preparation and each call take.
+// The collectors of slow outside calls count the deliveries being prepared, whose calls are
+// in flight. They time each preparation and each call.
 
-// PrepareStats reports a Batcher's deliveries being prepared now (inbox.Batcher.Stats).
+// PrepareStats reports a Batcher's deliveries being prepared now, from inbox.Batcher.Stats.
 type PrepareStats func() int64
 
 // AddPreparing registers the gauge onceflow_inbox_prepares_in_flight for bizType.
@@ -19,7 +19,7 @@ func (m *Metrics) AddPreparing(bizType string, running PrepareStats) {
 		ConstLabels: prometheus.Labels{"biz_type": bizType}}, func() float64 { return float64(running()) }))
 }
 
-// ObservePrepare records one preparation of a delivery (all its calls).
+// ObservePrepare records one preparation of a delivery, with all its calls.
 func (m *Metrics) ObservePrepare(bizType string, elapsed time.Duration, err error) {
 	m.PrepareSeconds.WithLabelValues(bizType, outcome(err)).Observe(elapsed.Seconds())
 }
@@ -36,5 +36,6 @@ func outcome(err error) string {
 	return "ok"
 }
 
-// callBuckets span the seed's calls (0.8–2 s each) and fast ones: 1 ms to ≈33 s.
+// callBuckets span the seed plugin's calls of 0.8 to 2 s each, and fast ones. They go from
+// 1 ms to about 33 s.
 var callBuckets = prometheus.ExponentialBuckets(0.001, 2, 16)

@@ -6,9 +6,9 @@ import (
 	"github.com/onceflow/onceflow/internal/health"
 )
 
-// AddReadiness exports onceflow_ready{check}: per /readyz check, 1 while it is ok, 0 while
-// it fails, has gone stale or has no result yet. statuses is read at scrape time (the
-// checks' latest results: a scrape runs no check).
+// AddReadiness exports onceflow_ready{check} for each /readyz check. The value is 1 while the
+// check is ok. It is 0 while the check fails, has gone stale or has no result yet. statuses
+// is read at scrape time and gives the checks' latest results, so a scrape runs no check.
 func (m *Metrics) AddReadiness(statuses func() []health.Status) {
 	m.Registry.MustRegister(&readiness{statuses: statuses,
 		desc: prometheus.NewDesc("onceflow_ready",

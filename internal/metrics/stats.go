@@ -13,28 +13,28 @@ import (
 	"unicode/utf8"
 )
 
-// DBStats are the database figures behind the gauges, as the background refresh read them
-// (at most every dbRefresh, whoever asks: a scrape or the operator console).
+// DBStats are the database figures behind the gauges, as the background refresh read them.
+// The refresh runs at most every dbRefresh, whether a scrape or the operator console asks.
 type DBStats struct {
-	// At is when they were read; zero when never (no database).
+	// At is when they were read. It is zero when they never were, without a database.
 	At time.Time
-	// InboxRows counts the inbox rows per biz type and status; its failed rows are the
-	// quarantined ones (the rows waiting for a delayed redelivery are in Delayed).
+	// InboxRows counts the inbox rows per biz type and status. Its failed rows are the
+	// quarantined ones. The rows waiting for a delayed redelivery are in Delayed.
 	InboxRows []InboxCount
-	// FailedReasons counts the failed rows per biz type and reason, for the biz types
-	// InboxRows has failed rows of; the quarantined ones (Delayed holds reason 'delayed').
+	// FailedReasons counts the quarantined failed rows per biz type and reason, for the biz
+	// types InboxRows has failed rows of. Delayed holds reason 'delayed'.
 	FailedReasons []ReasonCount
-	// FailedErrors groups the last errors of each biz type's newest failed rows (at most
-	// failedErrorRows of them), most frequent first.
+	// FailedErrors groups the last errors of each biz type's newest failed rows, at most
+	// failedErrorRows of them, most frequent first.
 	FailedErrors []ErrorCount
 	// Delayed counts the rows waiting for a delayed redelivery per biz type, with the
-	// earliest next attempt; only biz types that have some.
+	// earliest next attempt. It lists only biz types that have some.
 	Delayed []DelayedCount
-	// OutboxRead: Unpublished and OldestUnpublished were read.
+	// OutboxRead says that Unpublished and OldestUnpublished were read.
 	OutboxRead        bool
 	Unpublished       int64
 	OldestUnpublished time.Duration // age of the oldest unpublished row when read; 0: none
-	// ParkedRead: ParkedRefused and ParkedHeld were read.
+	// ParkedRead says that ParkedRefused and ParkedHeld were read.
 	ParkedRead    bool
 	ParkedRefused int64 // parked events Kafka refuses for good
 	ParkedHeld    int64 // parked events held behind one of their key
@@ -64,12 +64,12 @@ type DelayedCount struct {
 	Next    time.Time // earliest retry_at (UTC); zero when unknown
 }
 
-// delayedReason is the reason of a 'failed' row waiting for a delayed redelivery
-// (inbox.ReasonDelayed).
+// delayedReason is the reason of a 'failed' row waiting for a delayed redelivery. It is
+// inbox.ReasonDelayed.
 const delayedReason = "delayed"
 
 // splitDelayed moves the rows waiting for a delayed redelivery out of the failed counts
-// into Delayed: they are not quarantined.
+// into Delayed, because they are not quarantined.
 func (s *DBStats) splitDelayed() {
 	reasons := s.FailedReasons[:0:0]
 	for _, r := range s.FailedReasons {
@@ -87,8 +87,8 @@ func (s *DBStats) splitDelayed() {
 	s.FailedReasons = reasons
 }
 
-// InvalidateDBStats drops the cached database figures: the next DBStats waits for figures
-// read after this call (after an action changed the rows they count).
+// InvalidateDBStats drops the cached database figures. The next DBStats waits for figures
+// read after this call. Call it after an action changed the rows they count.
 func (m *Metrics) InvalidateDBStats() {
 	if m.db != nil {
 		m.db.invalidate()
@@ -107,8 +107,8 @@ type ErrorCount struct {
 	Of      int64 // the failed rows read (at most failedErrorRows)
 }
 
-// DBStats returns the cached database figures, starting a refresh in the background when
-// they are older than the refresh interval (the first call waits for the first refresh). A
+// DBStats returns the cached database figures. It starts a refresh in the background when
+// they are older than the refresh interval. The first call waits for the first refresh. A
 // Metrics without a database returns zero figures.
 func (m *Metrics) DBStats() DBStats {
 	if m.db == nil {
@@ -117,9 +117,10 @@ func (m *Metrics) DBStats() DBStats {
 	return m.db.stats()
 }
 
-// failedReasons counts the failed rows by reason, one query per biz type that has failed
-// rows: each reads the (biz_type, 'failed') range of the inbox's index (biz_type, status,
-// created_at), the quarantined rows only, never the done ones.
+// failedReasons counts the failed rows by reason, with one query per biz type that has
+// failed rows. Each query reads the range of biz_type and 'failed' in the inbox's index on
+// biz_type, status and created_at. So it reads the quarantined rows only, never the done
+// ones.
 func failedReasons(ctx context.Context, db *sql.DB, counts []InboxCount) []ReasonCount {
 	var out []ReasonCount
 	for _, c := range counts {
@@ -143,8 +144,9 @@ func failedReasons(ctx context.Context, db *sql.DB, counts []InboxCount) []Reaso
 	return out
 }
 
-// failedErrorRows bounds the failed rows whose errors are grouped per biz type;
-// failedErrorText, the bytes of an error compared; failedErrorGroups, the groups kept.
+// failedErrorRows bounds the failed rows whose errors are grouped per biz type.
+// failedErrorText bounds the bytes of an error compared, and failedErrorGroups the groups
+// kept.
 const (
 	failedErrorRows   = 1000
 	failedErrorText   = 200
@@ -152,14 +154,16 @@ const (
 )
 
 // failedErrorQuery reads the key and the start of the last error of a biz type's newest
-// failed rows: from the newest end of the (biz_type, 'failed') range of the index
-// (biz_type, status, created_at), at most failedErrorRows of them, read by primary key.
+// failed rows, at most failedErrorRows of them. It reads from the newest end of the range of
+// biz_type and 'failed' in the index on biz_type, status and created_at. It reads the rows
+// by primary key.
 var failedErrorQuery = fmt.Sprintf(`SELECT dedup_key, SUBSTR(COALESCE(last_error, ''), 1, %d) FROM inbox
  WHERE biz_type = ? AND status = 'failed' ORDER BY created_at DESC LIMIT %d`, 2*failedErrorText, failedErrorRows)
 
 // failedErrors groups the last errors of the newest failed rows of each biz type that has
-// failed rows, each with its row's key written "…" (errors that name their order group
-// together; the database's collations differ between key and error, so in Go).
+// failed rows. It writes each row's key in its error as "…", so errors that name their
+// order group together. This happens in Go, because the database's collations differ
+// between key and error.
 func failedErrors(ctx context.Context, db *sql.DB, counts []InboxCount) []ErrorCount {
 	var out []ErrorCount
 	for _, c := range counts {

@@ -5,11 +5,12 @@ import (
 	"time"
 )
 
-// Outcomes the console counts (inbox.Outcome values); any other is left out.
+// ringOutcomes are the inbox.Outcome values the console counts. Any other is left out.
 var ringOutcomes = [...]string{"processed", "duplicate", "quarantined", "conflict", "held"}
 
-// throughput totals the deliveries this process observed since it started, by outcome (the
-// console's "since the start"; its per-minute figures are the history's, HistoryTable).
+// throughput totals the deliveries this process observed since it started, by outcome. The
+// console shows them as "since the start". Its per-minute figures come from the history in
+// HistoryTable.
 type throughput struct {
 	totals [len(ringOutcomes)]atomic.Int64
 	since  time.Time
@@ -42,7 +43,7 @@ type MinuteCount struct {
 	Held        int64 // not run: the key is quarantined until a replay releases it
 }
 
-// add counts n deliveries of outcome; any other outcome is left out.
+// add counts n deliveries of outcome. Any other outcome is left out.
 func (c *MinuteCount) add(outcome string, n int64) {
 	switch outcome {
 	case "processed":
