@@ -2,9 +2,9 @@ package testenv
 
 import "testing"
 
-// RefuseQuarantinePayloads makes the database refuse every inbox row written 'failed' with a
-// payload (a trigger): how the tests show that a quarantine the database refuses as it is
-// still writes a minimal row. AllowQuarantinePayloads drops the trigger.
+// RefuseQuarantinePayloads adds a trigger that makes the database refuse every inbox row
+// written 'failed' with a payload. The tests show with it that a quarantine the database
+// refuses as it is still writes a minimal row. AllowQuarantinePayloads drops the trigger.
 func (d Database) RefuseQuarantinePayloads(t testing.TB) {
 	t.Helper()
 	if !Dialect().IsPostgres() {

@@ -23,12 +23,12 @@ import (
 
 const howToGetJars = "the Kafka jars come from `bash scripts/infra.sh up` (they are fetched into .run/kafka/libs, or $INFRA_RUN_DIR/kafka/libs)"
 
-// PrivateKafka is a single-node KRaft Kafka broker (broker and controller in one JVM) that
-// belongs to one test: it runs as a child process of the test binary from the jars that
-// scripts/infra.sh fetched, on free ports, with its data in the test's temp dir. Unlike
-// the shared broker it may be stopped and started again (same ports, same data), so a
-// test can take the broker away from the code under test without disturbing anyone else.
-// It is killed when the test ends.
+// PrivateKafka is a single-node KRaft Kafka broker that belongs to one test. The broker and
+// the controller run in one JVM. It runs as a child process of the test binary, from the
+// jars that scripts/infra.sh fetched, on free ports, with its data in the test's temp dir.
+// Unlike the shared broker, it may be stopped and started again with the same ports and
+// data. So a test can take the broker away from the code under test without disturbing
+// anyone else. It is killed when the test ends.
 type PrivateKafka struct {
 	t       testing.TB
 	dir     string
@@ -37,8 +37,9 @@ type PrivateKafka struct {
 	port    int
 	ctrl    int
 	startup time.Duration
-	// In a cluster (StartPrivateCluster): this node's id, the quorum's voters and the
-	// cluster's replication settings; a single broker has id 1 and is its own quorum.
+	// In a cluster of StartPrivateCluster, these are this node's id, the quorum's voters
+	// and the cluster's replication settings. A single broker has id 1 and is its own
+	// quorum.
 	id       int
 	voters   string
 	replicas int
@@ -49,7 +50,7 @@ type PrivateKafka struct {
 	runs int
 }
 
-// StartPrivateKafka formats a fresh KRaft data dir and starts the broker; it returns once
+// StartPrivateKafka formats a fresh KRaft data dir and starts the broker. It returns once
 // the broker answers metadata requests. It fails the test when java or the jars are
 // missing, and skips it under -short.
 func StartPrivateKafka(t testing.TB) *PrivateKafka {
@@ -85,10 +86,10 @@ func (k *PrivateKafka) Brokers() []string { return []string{k.Addr()} }
 // Addr is the broker's address.
 func (k *PrivateKafka) Addr() string { return fmt.Sprintf("127.0.0.1:%d", k.port) }
 
-// ID is the broker's node id (1 for a single broker; 1..n in a cluster).
+// ID is the broker's node id. It is 1 for a single broker, and 1..n in a cluster.
 func (k *PrivateKafka) ID() int32 { return int32(k.id) }
 
-// Config is a client config for this broker (as Kafka returns for the shared one).
+// Config is a client config for this broker, as Kafka returns one for the shared broker.
 func (k *PrivateKafka) Config() kafkax.Config {
 	c := kafkax.Config{Brokers: k.Brokers(), ClientID: "onceflow-test", SessionTimeout: 6 * time.Second,
 		RebalanceTimeout: 10 * time.Second, HeartbeatEvery: time.Second, MaxPollWait: 50 * time.Millisecond}
@@ -96,7 +97,8 @@ func (k *PrivateKafka) Config() kafkax.Config {
 	return c
 }
 
-// Dir is the broker's directory: server.properties, data/, server.log, stdout.log.
+// Dir is the broker's directory. It holds server.properties, data/, server.log and
+// stdout.log.
 func (k *PrivateKafka) Dir() string { return k.dir }
 
 // Running reports whether the broker process is alive.
@@ -118,8 +120,8 @@ func (k *PrivateKafka) aliveLocked() bool {
 	}
 }
 
-// Start starts the broker (again: same ports, same data dir) and waits until it answers
-// metadata requests. It fails the test if the broker does not come up.
+// Start starts the broker again, with the same ports and data dir, and waits until it
+// answers metadata requests. It fails the test if the broker does not come up.
 func (k *PrivateKafka) Start() {
 	k.t.Helper()
 	k.launch()
@@ -187,8 +189,8 @@ func (k *PrivateKafka) waitReady() {
 	}
 }
 
-// ping asks the broker for the cluster metadata: once it lists the broker, the node has
-// registered with its controller and serves requests.
+// ping asks the broker for the cluster metadata. Once the metadata lists the broker, the
+// node has registered with its controller and serves requests.
 func (k *PrivateKafka) ping() error {
 	sc := sarama.NewConfig()
 	sc.Version = kafkax.Version
@@ -212,12 +214,13 @@ func (k *PrivateKafka) ping() error {
 	return fmt.Errorf("node %d not among the %d brokers of the cluster metadata", k.id, len(brokers))
 }
 
-// Stop stops the broker as an operator would: SIGTERM (controlled shutdown), SIGKILL if it
-// is still running 30s later. It returns once the process has exited.
+// Stop stops the broker as an operator would. It sends SIGTERM for a controlled shutdown,
+// and SIGKILL if the broker is still running 30s later. It returns once the process has
+// exited.
 func (k *PrivateKafka) Stop() { k.stop(syscall.SIGTERM, 30*time.Second) }
 
-// Kill SIGKILLs the broker (a crash) and waits for the process to exit. It does nothing
-// when the broker is not running.
+// Kill sends the broker SIGKILL, as a crash, and waits for the process to exit. It does
+// nothing when the broker is not running.
 func (k *PrivateKafka) Kill() { k.stop(syscall.SIGKILL, 0) }
 
 func (k *PrivateKafka) stop(sig syscall.Signal, grace time.Duration) {
@@ -296,7 +299,7 @@ log.segment.bytes=104857600
 	return os.WriteFile(filepath.Join(k.dir, "log4j2.xml"), []byte(log4j), 0o644)
 }
 
-// newClusterID is a random KRaft cluster id (Kafka's Uuid string form).
+// newClusterID is a random KRaft cluster id in the string form of Kafka's Uuid.
 func newClusterID() string {
 	var cid string
 	for cid == "" || cid[0] == '-' { // a leading '-' would read as an option
@@ -307,8 +310,8 @@ func newClusterID() string {
 	return cid
 }
 
-// format writes the KRaft meta.properties of the node of cluster cid (kafka-storage
-// format, as scripts/infra.sh does).
+// format writes the KRaft meta.properties of the node of cluster cid, as kafka-storage
+// format does for scripts/infra.sh.
 func (k *PrivateKafka) format(cid string) error {
 	cmd := exec.Command("java", "-Xmx256m", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true",
 		"-Dlog4j2.configurationFile="+filepath.Join(k.dir, "log4j2.xml"),
@@ -345,8 +348,8 @@ func (k *PrivateKafka) logTail(n int) string {
 	return b.String()
 }
 
-// kafkaLibs finds the Kafka jars: $INFRA_RUN_DIR/kafka/libs, else .run/kafka/libs under
-// the repository root (found from the working directory upwards).
+// kafkaLibs finds the Kafka jars in $INFRA_RUN_DIR/kafka/libs, else in .run/kafka/libs
+// under the repository root. It finds the root from the working directory upwards.
 func kafkaLibs() (string, error) {
 	var candidates []string
 	if d := os.Getenv("INFRA_RUN_DIR"); d != "" {
@@ -405,19 +408,20 @@ func freePorts(n int) ([]int, error) {
 	return ports, nil
 }
 
-// PrivateCluster is a KRaft cluster of Nodes (each broker and controller, a static quorum
-// of all of them: a majority keeps it) that belongs to one test, as PrivateKafka is: child
-// processes of the test binary on free ports, data in the test's temp dir, killed when the
-// test ends. Its internal topics (consumer offsets, transaction state) have a replica on
-// every node and min.insync.replicas of one less, as the broker default for new topics.
+// PrivateCluster is a KRaft cluster of Nodes that belongs to one test, as PrivateKafka does.
+// Each node is a broker and a controller. All of them form a static quorum, which a
+// majority keeps. The nodes are child processes of the test binary on free ports, with
+// their data in the test's temp dir, and are killed when the test ends. Its internal topics
+// hold the consumer offsets and the transaction state. They have a replica on every node
+// and min.insync.replicas of one less, as the broker default for new topics has.
 type PrivateCluster struct {
 	Nodes []*PrivateKafka
 }
 
-// StartPrivateCluster formats and starts an n-node cluster (n ≥ 3 for replication
-// factor 3 with min.insync.replicas 2) and returns once every node answers with itself in
-// the cluster's metadata. It fails the test when java or the jars are missing, and skips
-// it under -short.
+// StartPrivateCluster formats and starts an n-node cluster. Replication factor 3 with
+// min.insync.replicas 2 needs n of 3 or more. It returns once every node answers with
+// itself in the cluster's metadata. It fails the test when java or the jars are missing,
+// and skips it under -short.
 func StartPrivateCluster(t testing.TB, n int) *PrivateCluster {
 	t.Helper()
 	Integration(t)
@@ -450,7 +454,7 @@ func StartPrivateCluster(t testing.TB, n int) *PrivateCluster {
 		}
 		c.Nodes = append(c.Nodes, k)
 	}
-	// A node waits for a quorum of controllers: start them all, then wait for each.
+	// A node waits for a quorum of controllers. So start them all, then wait for each.
 	for _, k := range c.Nodes {
 		k.launch()
 	}
@@ -460,7 +464,7 @@ func StartPrivateCluster(t testing.TB, n int) *PrivateCluster {
 	return c
 }
 
-// Brokers is the cluster's bootstrap list (every node).
+// Brokers is the cluster's bootstrap list of every node.
 func (c *PrivateCluster) Brokers() []string {
 	var out []string
 	for _, k := range c.Nodes {
@@ -476,7 +480,7 @@ func (c *PrivateCluster) Config() kafkax.Config {
 	return k
 }
 
-// Node is the node with broker id id (nil if none).
+// Node is the node with broker id id, or nil if there is none.
 func (c *PrivateCluster) Node(id int32) *PrivateKafka {
 	for _, k := range c.Nodes {
 		if k.ID() == id {

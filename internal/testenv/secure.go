@@ -18,12 +18,12 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-// The TLS material and secured endpoints of `scripts/infra.sh up`: a local CA, a server
-// certificate (broker and MariaDB), a client certificate, the Kafka SASL user's password,
-// a SASL_SSL listener and a MariaDB user that must use TLS.
+// `scripts/infra.sh up` makes TLS material and secured endpoints. They are a local CA, a
+// server certificate for the broker and MariaDB, a client certificate, and the Kafka SASL
+// user's password. They are also a SASL_SSL listener and a MariaDB user that must use TLS.
 
 // TLSDir is where scripts/infra.sh writes the CA, the certificates and the Kafka user's
-// password: $OFTEST_TLS_DIR, else <repository>/.run/tls.
+// password. It is $OFTEST_TLS_DIR, else <repository>/.run/tls.
 func TLSDir() string {
 	if d := os.Getenv("OFTEST_TLS_DIR"); d != "" {
 		return d
@@ -35,23 +35,24 @@ func TLSDir() string {
 	return filepath.Join(root, ".run", "tls")
 }
 
-// TLSFile is the path of a file of TLSDir: ca.pem, server.pem, client.pem, client.key,
-// kafka-onceflow.password.
+// TLSFile is the path of a file of TLSDir, such as ca.pem, server.pem, client.pem,
+// client.key or kafka-onceflow.password.
 func TLSFile(name string) string { return filepath.Join(TLSDir(), name) }
 
-// SecureBrokers is the SASL_SSL bootstrap list (OFTEST_SASL_BROKERS, default
-// 127.0.0.1:9094).
+// SecureBrokers is the SASL_SSL bootstrap list from OFTEST_SASL_BROKERS, 127.0.0.1:9094 by
+// default.
 func SecureBrokers() []string {
 	return strings.Split(env("OFTEST_SASL_BROKERS", "127.0.0.1:9094"), ",")
 }
 
-// SecureKafkaUser is the SASL user of SecureBrokers (OFTEST_SASL_USER, default
-// onceflow); its password is the first line of TLSFile("kafka-<user>.password").
+// SecureKafkaUser is the SASL user of SecureBrokers from OFTEST_SASL_USER, onceflow by
+// default. Its password is the first line of TLSFile("kafka-<user>.password").
 func SecureKafkaUser() string { return env("OFTEST_SASL_USER", "onceflow") }
 
-// SecureKafka returns a client config for the SASL_SSL listener only: TLS verified against
-// the local CA, SCRAM-SHA-512 as SecureKafkaUser. The test fails, saying how to start it,
-// when the files are missing or the listener does not answer.
+// SecureKafka returns a client config for the SASL_SSL listener only. It verifies TLS
+// against the local CA and authenticates with SCRAM-SHA-512 as SecureKafkaUser. The test
+// fails, saying how to start the listener, when the files are missing or the listener does
+// not answer.
 func SecureKafka(t testing.TB) kafkax.Config {
 	t.Helper()
 	Integration(t)
@@ -72,13 +73,13 @@ func SecureKafka(t testing.TB) kafkax.Config {
 	return c
 }
 
-// TLSAppUser is user:password of the MariaDB user that must connect with TLS (REQUIRE SSL),
-// with the application user's grants (OFTEST_TLS_APP_USER, default
-// onceflow_tls:onceflow_tls).
+// TLSAppUser is user:password of the MariaDB user that must connect with TLS, by REQUIRE
+// SSL. It has the application user's grants. OFTEST_TLS_APP_USER sets it, and it is
+// onceflow_tls:onceflow_tls by default.
 func TLSAppUser() string { return env("OFTEST_TLS_APP_USER", "onceflow_tls:onceflow_tls") }
 
 // OtherCA writes a PEM CA certificate of its own, which signed nothing the local services
-// have, and returns its path: a client that trusts only it must refuse them.
+// have, and returns its path. A client that trusts only it must refuse them.
 func OtherCA(t testing.TB) string {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)

@@ -1,11 +1,11 @@
-// Package testenv gives integration tests a real database (MariaDB, or PostgreSQL, or
-// MySQL 8's SQL on MariaDB: OFTEST_DB) and real Kafka topics, started by
-// `scripts/infra.sh up`. When a service is unreachable the test FAILS and says how to start
-// it; only `go test -short` skips integration tests.
+// Package testenv gives integration tests a real database and real Kafka topics, started by
+// `scripts/infra.sh up`. OFTEST_DB chooses the database. It is MariaDB, PostgreSQL, or
+// MySQL 8's SQL on MariaDB. When a service is unreachable the test FAILS and says how to
+// start it. Only `go test -short` skips integration tests.
 //
-// Each DB call creates a fresh database (migrated with the framework's schema and the plugin
-// migrations the test names) that is dropped when the test ends, so test packages can run in
-// parallel against one server.
+// Each DB call creates a fresh database that is dropped when the test ends. It is migrated
+// with the framework's schema and the plugin migrations the test names. So test packages
+// can run in parallel against one server.
 package testenv
 
 import (
@@ -31,7 +31,7 @@ import (
 
 const howToStart = "start the services with `scripts/infra.sh up` (or `make infra`), or run `go test -short` to skip integration tests"
 
-// Integration skips t under -short and otherwise does nothing: call it first in every
+// Integration skips t under -short and otherwise does nothing. Call it first in every
 // integration test.
 func Integration(t testing.TB) {
 	t.Helper()
@@ -47,8 +47,9 @@ func env(name, def string) string {
 	return def
 }
 
-// Dialect is the database the integration tests run on, OFTEST_DB: mariadb (the
-// default), mysql8 (MySQL 8's SQL, db.dialect=mysql8, on the MariaDB server) or postgres.
+// Dialect is the database the integration tests run on, set by OFTEST_DB. It is mariadb by
+// default, or postgres. mysql8 runs MySQL 8's SQL with db.dialect=mysql8 on the MariaDB
+// server.
 func Dialect() dbx.Dialect {
 	d, err := dbx.ParseDialect(os.Getenv("OFTEST_DB"))
 	if err != nil {
@@ -60,8 +61,8 @@ func Dialect() dbx.Dialect {
 	return d
 }
 
-// AdminDSN is the privileged DSN without a database (OFTEST_ADMIN_DSN); on
-// PostgreSQL a URL of its "postgres" database (OFTEST_PG_ADMIN_DSN).
+// AdminDSN is the privileged DSN without a database, from OFTEST_ADMIN_DSN. On PostgreSQL
+// it is a URL of the "postgres" database, from OFTEST_PG_ADMIN_DSN.
 func AdminDSN() string {
 	if Dialect().IsPostgres() {
 		return env("OFTEST_PG_ADMIN_DSN", "postgres://onceflow_admin:onceflow_admin@127.0.0.1:5432/postgres")
@@ -99,8 +100,8 @@ func adminUser() string {
 	return mc.User + ":" + mc.Passwd
 }
 
-// Config is the dbx.Config of a DSN under the tests' dialect (db.dialect=mysql8 in that
-// mode).
+// Config is the dbx.Config of a DSN under the tests' dialect. In mysql8 mode it sets
+// db.dialect=mysql8.
 func Config(dsn string, maxConns int) dbx.Config {
 	c := dbx.Config{DSN: dsn, MaxOpenConns: maxConns}
 	if Dialect() == dbx.MySQL8 {
@@ -110,19 +111,19 @@ func Config(dsn string, maxConns int) dbx.Config {
 }
 
 // MonitorDSN is a DSN of a user with the PROCESS privilege only, which reads other
-// sessions' transactions (OFTEST_MONITOR_DSN).
+// sessions' transactions. OFTEST_MONITOR_DSN sets it.
 func MonitorDSN() string {
 	return env("OFTEST_MONITOR_DSN", "onceflow_monitor:onceflow_monitor@tcp(127.0.0.1:3306)/")
 }
 
-// OpenTransactions returns the number of InnoDB transactions open in database name
-// (information_schema.innodb_trx, read as the monitor user): a test shows with it that no
+// OpenTransactions returns the number of InnoDB transactions open in database name. It
+// reads information_schema.innodb_trx as the monitor user. A test shows with it that no
 // transaction, and so no row lock, outlived what it ran.
 //
-// On PostgreSQL it counts the sessions of database name, other than its own, inside a
-// transaction (pg_stat_activity.xact_start), read as the application user: a role sees the
-// transaction state of its own sessions only, and every session a test runs is the
-// application user's but the migrations' (which hold none open).
+// On PostgreSQL it counts the sessions of database name, other than its own, that are
+// inside a transaction by pg_stat_activity.xact_start. It reads them as the application
+// user, because a role sees the transaction state of its own sessions only. Every session a
+// test runs is the application user's, except the migrations', which hold none open.
 func OpenTransactions(t testing.TB, name string) int {
 	t.Helper()
 	if Dialect().IsPostgres() {
@@ -157,8 +158,9 @@ func pgOpenTransactions(t testing.TB, name string) int {
 	return n
 }
 
-// SQL returns the statement of the tests' dialect: mysql on MariaDB (and in mysql8 mode),
-// postgres on PostgreSQL; for a test's own DDL and queries where the two differ.
+// SQL returns the statement of the tests' dialect. It is mysql on MariaDB and in mysql8
+// mode, and postgres on PostgreSQL. It serves a test's own DDL and queries where the two
+// differ.
 func SQL(mysql, postgres string) string {
 	if Dialect().IsPostgres() {
 		return postgres
@@ -166,13 +168,13 @@ func SQL(mysql, postgres string) string {
 	return mysql
 }
 
-// Rebind is q ('?' placeholders) for the tests' dialect (dbx.Dialect.Rebind).
+// Rebind is q, with '?' placeholders, for the tests' dialect. See dbx.Dialect.Rebind.
 func Rebind(q string) string { return Dialect().Rebind(q) }
 
-// AppUser is the least-privilege user:password (OFTEST_APP_USER).
+// AppUser is the least-privilege user:password, from OFTEST_APP_USER.
 func AppUser() string { return env("OFTEST_APP_USER", "onceflow:onceflow") }
 
-// Brokers is the Kafka bootstrap list (OFTEST_BROKERS).
+// Brokers is the Kafka bootstrap list, from OFTEST_BROKERS.
 func Brokers() []string {
 	return strings.Split(env("OFTEST_BROKERS", "127.0.0.1:9092"), ",")
 }
@@ -183,11 +185,11 @@ type Database struct {
 	DSN   string  // application user
 	DB    *sql.DB // application user pool
 	Admin *sql.DB // privileged pool on the same database (DDL for tests that need it)
-	// AdminDSN is the privileged user's DSN of the database (a router's db.admin_dsn).
+	// AdminDSN is the privileged user's DSN of the database, as a router's db.admin_dsn.
 	AdminDSN string
 }
 
-// AdminExec runs a privileged statement (e.g. CREATE TABLE for a naive comparison table).
+// AdminExec runs a privileged statement, such as CREATE TABLE for a naive comparison table.
 func (d Database) AdminExec(t testing.TB, q string, args ...any) {
 	t.Helper()
 	if _, err := d.Admin.Exec(q, args...); err != nil {
@@ -195,10 +197,10 @@ func (d Database) AdminExec(t testing.TB, q string, args ...any) {
 	}
 }
 
-// DB creates a fresh database, applies the framework's migrations and then plugins' (each
-// with its own version table, as `router migrate` does) as the admin user, and returns a pool
-// of maxConns connections opened as the application user. A test of a plugin's tables passes
-// the plugin's migrations:
+// DB creates a fresh database and applies the framework's migrations, then the plugins', as
+// the admin user. Each plugin has its own version table, as with `router migrate`. DB
+// returns a pool of maxConns connections opened as the application user. A test of a
+// plugin's tables passes the plugin's migrations.
 //
 //	d := testenv.DB(t, 4, migrations.Set{Name: coupon.PluginName, FS: coupon.Migrations})
 func DB(t testing.TB, maxConns int, plugins ...migrations.Set) Database {
@@ -216,10 +218,11 @@ func DB(t testing.TB, maxConns int, plugins ...migrations.Set) Database {
 	} else {
 		createMySQL(ctx, t, name)
 	}
-	// The admin pool is a plain one at the server's default isolation (REPEATABLE READ on
-	// MariaDB: a test's locking read there takes gap locks and stalls the inserts it means
-	// to stall). The migrations are the MariaDB files in mysql8 mode too: MySQL 8 would
-	// refuse their collation and ALTER TABLE options (docs/ARCHITECTURE.md, "Databases").
+	// The admin pool is a plain one at the server's default isolation, REPEATABLE READ on
+	// MariaDB. A test's locking read there takes gap locks and stalls the inserts it means
+	// to stall. The migrations are the MariaDB files in mysql8 mode too. MySQL 8 would
+	// refuse their collation and ALTER TABLE options. See docs/ARCHITECTURE.md, section
+	// "Databases".
 	driver := "mysql"
 	if Dialect().IsPostgres() {
 		driver = "pgx"
@@ -234,8 +237,9 @@ func DB(t testing.TB, maxConns int, plugins ...migrations.Set) Database {
 	mig.SetMaxOpenConns(4)
 	t.Cleanup(func() { mig.Close() })
 	if Dialect().IsPostgres() {
-		// Every table the admin user creates here (the migrations', a test's own) gives
-		// the application user its rows, as the onceflow_t_% grant does on MariaDB.
+		// Every table the admin user creates here gives the application user its rows, as
+		// the onceflow_t_% grant does on MariaDB. That covers the migrations' tables and a
+		// test's own.
 		if _, err := mig.ExecContext(ctx, "ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO "+pgUser(AppUser())); err != nil {
 			t.Fatalf("testenv: default privileges: %v", err)
 		}
@@ -280,8 +284,8 @@ func createMySQL(ctx context.Context, t testing.TB, name string) {
 	})
 }
 
-// createPostgres creates database name on PostgreSQL, owned by the admin user, dropped
-// (WITH (FORCE): pools a test left open are cut) when the test ends.
+// createPostgres creates database name on PostgreSQL, owned by the admin user. The database
+// is dropped WITH FORCE when the test ends, so pools a test left open are cut.
 func createPostgres(ctx context.Context, t testing.TB, name string) {
 	t.Helper()
 	admin, err := sql.Open("pgx", AdminDSN())
@@ -298,8 +302,8 @@ func createPostgres(ctx context.Context, t testing.TB, name string) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		// FORCE cuts only sessions the admin may signal: another role's (a pool the test
-		// closed a moment ago) may take a moment to go.
+		// FORCE cuts only sessions the admin may signal. Another role's session, such as one
+		// of a pool the test closed a moment ago, may take a moment to go.
 		var err error
 		for try := 0; try < 50; try++ {
 			if _, err = admin.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err == nil {
@@ -335,7 +339,7 @@ func Topic(t testing.TB, c kafkax.Config, prefix string, partitions int32) strin
 	return TopicWithConfig(t, c, prefix, partitions, nil)
 }
 
-// TopicWithConfig is Topic with topic-level settings (e.g. max.message.bytes).
+// TopicWithConfig is Topic with topic-level settings, such as max.message.bytes.
 func TopicWithConfig(t testing.TB, c kafkax.Config, prefix string, partitions int32, settings map[string]string) string {
 	t.Helper()
 	entries := map[string]*string{}
@@ -377,7 +381,7 @@ func randHex(n int) string {
 }
 
 // CommittedLag returns, per partition of topic, how far group's committed offset is behind
-// the partition's end (the whole partition when the group committed nothing there).
+// the partition's end. Where the group committed nothing, it is the whole partition.
 func CommittedLag(t testing.TB, c kafkax.Config, group, topic string) map[int32]int64 {
 	t.Helper()
 	client, err := sarama.NewClient(c.Brokers, c.SaramaConfig())
@@ -413,10 +417,11 @@ func CommittedLag(t testing.TB, c kafkax.Config, group, topic string) map[int32]
 }
 
 // GrantsDatabase is a fresh database with no table and no privilege of the application user
-// on it (onceflow_g_…: scripts/infra.sh gives the admin user DDL and GRANT OPTION there, the
-// application user nothing as a whole): `router migrate` run on it grants the application
-// user its tables as on a deployment's database, which is what the tests of those grants
-// need. The test databases of DB instead give the application user every table's rows.
+// on it. Its name starts with onceflow_g_. On such databases scripts/infra.sh gives the admin
+// user DDL and GRANT OPTION, and the application user nothing as a whole. `router migrate`
+// run on it grants the application user its tables as on a deployment's database. The
+// tests of those grants need that. The test databases of DB instead give the application
+// user every table's rows.
 type GrantsDatabase struct {
 	Name     string
 	DSN      string // application user
@@ -424,8 +429,9 @@ type GrantsDatabase struct {
 	Account  string // the application user's account, as GRANT names it (dbx.Account)
 }
 
-// GrantsDB creates a GrantsDatabase. When the test ends the application user's grants on its
-// tables are revoked (table grants outlive a dropped database) and the database is dropped.
+// GrantsDB creates a GrantsDatabase. When the test ends, the application user's grants on
+// its tables are revoked, because table grants outlive a dropped database. The database is
+// then dropped.
 func GrantsDB(t testing.TB) GrantsDatabase {
 	t.Helper()
 	Integration(t)
@@ -478,7 +484,7 @@ func GrantsDB(t testing.TB) GrantsDatabase {
 			rows.Close()
 		}
 		for _, tb := range tables {
-			// Error 1147 (no such grant) for a table the user was never granted.
+			// A table the user was never granted gives error 1147, no such grant.
 			_, _ = admin.ExecContext(ctx, "REVOKE SELECT, INSERT, UPDATE, DELETE ON `"+tb+"` FROM "+g.Account)
 		}
 		if _, err := admin.ExecContext(ctx, "DROP DATABASE IF EXISTS "+g.Name); err != nil {
