@@ -1,6 +1,7 @@
-// Package buildinfo reads what the Go toolchain stamped into the binary: the main module's
-// version, the commit it was built from and the Go version (runtime/debug.ReadBuildInfo).
-// `router version` prints it and /metrics exports it as onceflow_build_info.
+// Package buildinfo reads what the Go toolchain stamped into the binary with
+// runtime/debug.ReadBuildInfo. That is the main module's version, the commit it was built
+// from and the Go version. `router version` prints it and /metrics exports it as
+// onceflow_build_info.
 package buildinfo
 
 import (
@@ -20,7 +21,7 @@ type Info struct {
 	GoVersion string // the toolchain that built the binary, e.g. go1.26.8
 }
 
-// Read returns the running binary's build information; a field the build did not record
+// Read returns the running binary's build information. A field the build did not record
 // is Unknown.
 func Read() Info {
 	bi, ok := debug.ReadBuildInfo()
@@ -44,8 +45,9 @@ func FromBuildInfo(bi *debug.BuildInfo) Info {
 	return in
 }
 
-// String is the one line `router version` prints:
-// "github.com/onceflow/onceflow v1.2.3 (commit 1a2b3c4d…, modified) go1.26.8".
+// String is the one line `router version` prints, such as the following.
+//
+//	github.com/onceflow/onceflow v1.2.3 (commit 1a2b3c4d…, modified) go1.26.8
 func (in Info) String() string {
 	var b strings.Builder
 	b.WriteString(in.Module + " " + in.Version + " (commit " + in.Revision)

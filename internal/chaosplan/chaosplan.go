@@ -1,6 +1,6 @@
 // Package chaosplan decides, from an order id alone, how the chaos harness's misbehaving
-// plugin treats that order. The plugin (tools/chaosrouter/chaosplugin.go) and the harness's
-// checker (tools/chaos) both call For, so the checker knows which orders must end
+// plugin treats that order. The plugin in tools/chaosrouter/chaosplugin.go and the harness's
+// checker in tools/chaos both call For. So the checker knows which orders must end
 // quarantined, and why, without asking the router.
 package chaosplan
 
@@ -10,12 +10,13 @@ import "hash/fnv"
 type Behaviour int
 
 const (
-	// Behave: the handler returns Done at once; the inbox row ends 'done'.
+	// Behave makes the handler return Done at once. The inbox row ends 'done'.
 	Behave Behaviour = iota
-	// Panic: the handler panics on every attempt; the row ends 'failed' with reason panic.
+	// Panic makes the handler panic on every attempt. The row ends 'failed' with reason
+	// panic.
 	Panic
-	// Block: the handler never returns and ignores its context; every attempt is abandoned
-	// after inbox.handler_timeout and the row ends 'failed' with reason timeout.
+	// Block makes the handler never return and ignore its context. Every attempt is
+	// abandoned after inbox.handler_timeout, and the row ends 'failed' with reason timeout.
 	Block
 )
 
@@ -25,8 +26,8 @@ const (
 	BlockPerMille = 5  // 0.5 %
 )
 
-// For returns the behaviour for orderID: FNV-1a 64 of the id, modulo 1000, below
-// PanicPerMille panics, the next BlockPerMille block, the rest behave.
+// For returns the behaviour for orderID. It takes the FNV-1a 64 hash of the id, modulo
+// 1000. Values below PanicPerMille panic, the next BlockPerMille block, and the rest behave.
 func For(orderID string) Behaviour {
 	h := fnv.New64a()
 	h.Write([]byte(orderID))
@@ -39,8 +40,8 @@ func For(orderID string) Behaviour {
 	return Behave
 }
 
-// String is the inbox outcome b leads to: "done", or the quarantine reason ("panic",
-// "timeout").
+// String is the inbox outcome b leads to. It is "done", or the quarantine reason "panic" or
+// "timeout".
 func (b Behaviour) String() string {
 	switch b {
 	case Panic:

@@ -7,8 +7,9 @@ import (
 )
 
 // Chart is the overview's deliveries per minute over the last hour, drawn on the server as
-// SVG: one stacked bar per minute (processed, blocked duplicates, held deliveries,
-// quarantined and conflicts), each with a title giving its figures.
+// SVG. It has one stacked bar per minute, each with a title giving its figures. A bar
+// stacks the processed deliveries, blocked duplicates, held deliveries, quarantined ones
+// and conflicts.
 type Chart struct {
 	Width, Height int
 	Left, Base    int // the plot's left edge and baseline

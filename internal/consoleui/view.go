@@ -1,6 +1,7 @@
-// Package consoleui renders the operator console's pages: the embedded templates and
-// stylesheet, the functions the templates call, the overview's chart and the row page's
-// payload. The console's handlers are the runtime's (console*.go at the repository root).
+// Package consoleui renders the operator console's pages. It holds the embedded templates
+// and stylesheet, the functions the templates call, the overview's chart and the row page's
+// payload. The console's handlers belong to the runtime, in the console files of the root
+// package.
 package consoleui
 
 import (
@@ -19,7 +20,7 @@ import (
 	"github.com/onceflow/onceflow/internal/metrics"
 )
 
-// Assets are the templates (templates/) and the stylesheet (static/).
+// Assets are the templates in templates/ and the stylesheet in static/.
 //
 //go:embed templates/*.html static/*
 var Assets embed.FS
@@ -27,8 +28,8 @@ var Assets embed.FS
 // pageNames are the templates of templates/, each rendered inside layout.html.
 var pageNames = []string{"overview", "inbox", "row", "replay", "replays", "outbox", "message", "login"}
 
-// Pages parses the pages, by name (overview, inbox, row, replay, replays, outbox, message,
-// login).
+// Pages parses the pages and returns them by name. The names are overview, inbox, row,
+// replay, replays, outbox, message and login.
 func Pages() (map[string]*template.Template, error) {
 	out := map[string]*template.Template{}
 	for _, n := range pageNames {
@@ -54,13 +55,13 @@ var funcs = template.FuncMap{
 	"inc":     func(n int64) int64 { return n + 1 },
 }
 
-// Visible makes s safe to show on one line: control characters (terminal escapes among
-// them), line breaks, the bidirectional overrides that reorder what is shown, and bytes
-// that are not UTF-8 are written as Go escapes (\x1b, \n, \u202e, \xff). html/template then
-// escapes what is left for HTML.
+// Visible makes s safe to show on one line. It writes some runes and bytes as Go escapes,
+// such as \x1b, \n, \u202e and \xff. These are control characters, terminal escapes among
+// them, and line breaks. They are also the bidirectional overrides that reorder what is
+// shown, and bytes that are not UTF-8. html/template then escapes what is left for HTML.
 func Visible(s string) string { return escapeText(s, false) }
 
-// VisibleText is Visible for a block of text: line breaks and tabs stay.
+// VisibleText is Visible for a block of text, where line breaks and tabs stay.
 func VisibleText(s string) string { return escapeText(s, true) }
 
 func escapeText(s string, multiline bool) string {
@@ -98,8 +99,8 @@ func escapeText(s string, multiline bool) string {
 	return b.String()
 }
 
-// hidden reports whether r would not show as itself: a C0 or C1 control, DEL, or a
-// bidirectional control.
+// hidden reports whether r would not show as itself. Such a rune is a C0 or C1 control,
+// DEL, or a bidirectional control.
 func hidden(r rune, multiline bool) bool {
 	switch {
 	case multiline && (r == '\n' || r == '\t'):
@@ -127,7 +128,7 @@ func when(t time.Time) string {
 	return t.UTC().Format("2006-01-02 15:04:05.000")
 }
 
-// age writes d the way an operator reads it: 850ms, 42s, 3m10s, 2h05m, 3d04h.
+// age writes d the way an operator reads it, such as 850ms, 42s, 3m10s, 2h05m or 3d04h.
 func age(d time.Duration) string {
 	switch {
 	case d <= 0:
@@ -144,8 +145,7 @@ func age(d time.Duration) string {
 	return fmt.Sprintf("%dd%02dh", int(d.Hours())/24, int(d.Hours())%24)
 }
 
-// num writes n with thousands separators: 1,234,567.
-// Num writes n with thousands separators (12,345).
+// Num writes n with thousands separators, such as 1,234,567.
 func Num(n int64) string { return num(n) }
 
 func num(n int64) string {
@@ -179,7 +179,8 @@ type PayloadView struct {
 	Tombstone bool
 }
 
-// ViewPayload is payload p of a row (original: the value's size when p is only its prefix).
+// ViewPayload is payload p of a row. original is the value's size when p is only its
+// prefix.
 func ViewPayload(p []byte, original int64, tombstone bool) PayloadView {
 	v := PayloadView{Size: len(p), Shown: len(p), Original: original, Tombstone: tombstone}
 	if len(p) == 0 {

@@ -1,8 +1,9 @@
 // Package faults breaks the inbox and the outbox relay on purpose, in a build whose checker
-// must show that it catches the violation (the chaos harness's broken routers:
-// tools/chaosrouter, scripts/chaos.sh CHAOS_BROKEN=inbox|reconcile, make chaos-broken), and
-// crashes a chaos build's relay at a chosen point (SetRelayCrash). No hooks are installed
-// unless such a build sets them, before any delivery is processed or any relay runs.
+// must show that it catches the violation. Such builds are the chaos harness's broken
+// routers of tools/chaosrouter, run by scripts/chaos.sh with CHAOS_BROKEN=inbox|reconcile or
+// by make chaos-broken. The package also crashes a chaos build's relay at a chosen point,
+// as SetRelayCrash sets. No hooks are installed unless such a build sets them, before any
+// delivery is processed or any relay runs.
 package faults
 
 import (
@@ -33,14 +34,14 @@ var (
 	outboxHooks Outbox
 )
 
-// SetInbox installs h for every inbox of the process (nil removes them).
+// SetInbox installs h for every inbox of the process. A nil h removes the hooks.
 func SetInbox(h Inbox) { inboxHooks = h }
 
-// SetOutbox installs h for every relay of the process (nil removes them).
+// SetOutbox installs h for every relay of the process. A nil h removes the hooks.
 func SetOutbox(h Outbox) { outboxHooks = h }
 
-// ClaimStatement is the claim statement q as the installed hooks have it (q itself without
-// hooks).
+// ClaimStatement is the claim statement q as the installed hooks have it. Without hooks it
+// is q itself.
 func ClaimStatement(q string) string {
 	if inboxHooks == nil {
 		return q
@@ -51,19 +52,20 @@ func ClaimStatement(q string) string {
 // SkipReconcile reports whether the installed hooks skip the relay's reconciliation.
 func SkipReconcile() bool { return outboxHooks != nil && outboxHooks.SkipReconcile() }
 
-// RelayCrashEnv names the crash hook of a chaos build's relay: "<point>[:n]" makes the
-// process exit with status 137 (as if killed) the n-th time (default the 1st) a batch
-// reaches point: before-kafka-commit, after-kafka-commit (Kafka committed or acked, rows not
-// yet marked) or after-mark.
+// RelayCrashEnv names the crash hook of a chaos build's relay. Its value "<point>[:n]"
+// makes the process exit with status 137, as if killed, the n-th time a batch reaches
+// point. n is 1 by default. The points are before-kafka-commit, after-kafka-commit and
+// after-mark. At after-kafka-commit Kafka has committed or acked, and the rows are not yet
+// marked.
 const RelayCrashEnv = "CHAOS_RELAY_CRASH_POINT"
 
 var relayPoint func(point string)
 
-// RelayPoint is the hook the runtime's relays call at each batch point (nil: none).
+// RelayPoint is the hook the runtime's relays call at each batch point, or nil for none.
 func RelayPoint() func(point string) { return relayPoint }
 
-// SetRelayCrash installs the crash hook spec describes (RelayCrashEnv's form); empty
-// removes it.
+// SetRelayCrash installs the crash hook that spec describes, in RelayCrashEnv's form. An
+// empty spec removes it.
 func SetRelayCrash(spec string) error {
 	if spec == "" {
 		relayPoint = nil

@@ -1,13 +1,10 @@
-// Package gcx applies the router's garbage-collector settings (runtime.gogc,
-// runtime.memory_limit_mb) unless the process environment already sets GOGC or GOMEMLIMIT,
-// which always win.
+// Package gcx applies the router's garbage-collector settings, runtime.gogc and
+// runtime.memory_limit_mb. GOGC and GOMEMLIMIT in the process environment always win over
+// them.
 //
-// The default is Go's own (100): with kafka.window 256 a router's heap stays within
-// ≈2× its live heap and its RSS near 125 MB at full load, at no measurable cost in CPU
-// per order against 200 or 400 (docs/BENCHMARKS.md, "Why the defaults":
-// kafka.window 256 and runtime.gogc 100).
-// Raise it to trade memory for fewer collections; set runtime.memory_limit_mb in a
-// memory-limited container.
+// The default is Go's own 100. See docs/BENCHMARKS.md, section "kafka.window 1024,
+// kafka.max_in_flight_bytes 64 MiB and runtime.gogc 100". Raise it to trade memory for
+// fewer collections. Set runtime.memory_limit_mb in a memory-limited container.
 package gcx
 
 import (
@@ -19,8 +16,8 @@ import (
 // DefaultPercent is the router's default GOGC.
 const DefaultPercent = 100
 
-// Validate reports a setting the runtime cannot take: percent is -1 (off) or 1..100000;
-// off needs a memory limit, or the heap would grow without bound.
+// Validate reports a setting the runtime cannot take. percent is -1 for off, or 1..100000.
+// Off needs a memory limit, or the heap would grow without bound.
 func Validate(percent, memoryLimitMB int) error {
 	switch {
 	case percent != -1 && (percent < 1 || percent > 100000):
@@ -33,9 +30,9 @@ func Validate(percent, memoryLimitMB int) error {
 	return nil
 }
 
-// Apply sets GOGC to percent unless GOGC is in the environment, and the soft memory limit
-// to memoryLimitMB MiB (0: none) unless GOMEMLIMIT is. It returns what is in effect, for
-// the start-up log.
+// Apply sets GOGC to percent unless GOGC is in the environment. It sets the soft memory
+// limit to memoryLimitMB MiB unless GOMEMLIMIT is, and 0 means no limit. It returns what is
+// in effect, for the start-up log.
 func Apply(percent, memoryLimitMB int) string {
 	gogc := fmt.Sprintf("gogc=%d", percent)
 	if env := os.Getenv("GOGC"); env != "" {

@@ -1,6 +1,7 @@
-// Package groupcommit forms batches of keyed items for a few workers: the collection half
-// of a group commit, shared by inbox.Batcher and the bench's unsafe baseline (which must
-// collect exactly alike for the inbox's overhead to be measured and nothing else).
+// Package groupcommit forms batches of keyed items for a few workers. It is the collection
+// half of a group commit. inbox.Batcher and the bench's unsafe baseline share it. The
+// baseline must collect exactly alike, so that the bench measures the inbox's overhead and
+// nothing else.
 package groupcommit
 
 import (
@@ -16,20 +17,22 @@ type Config struct {
 }
 
 // Collect reads items from queue into batches and runs each batch with run on one of
-// cfg.Workers workers, until stop is closed. A batch waits cfg.Linger after its first item
-// for more; then it runs if no other batch is running. If one is, it waits for that one to
-// finish, up to another cfg.Linger, and then runs on an idle worker; a full batch (MaxSize
-// items) runs as soon as a worker is idle. So at moderate load batches run one after
-// another, each taking what arrived while the previous one ran — one transaction where two
-// workers, each with its own linger, ran two smaller ones — and under load every worker runs
-// full batches. While the next batch is full and no worker is idle, Collect does not read
-// queue, which backs up to its writers.
+// cfg.Workers workers, until stop is closed.
 //
-// An item whose key is in a running batch is held for a later batch: two batches running at
-// once never share a key, and items of one key that arrive together meet in one batch.
+// A batch waits cfg.Linger after its first item for more. It then runs if no other batch is
+// running. If one is, it waits up to another cfg.Linger for that one to finish, and then
+// runs on an idle worker. A full batch of MaxSize items runs as soon as a worker is idle. So
+// at moderate load batches run one after another, each taking what arrived while the
+// previous one ran. That makes one transaction where two workers, each with its own linger,
+// would make two smaller ones. Under load every worker runs full batches. While the next
+// batch is full and no worker is idle, Collect does not read queue, which backs up to its
+// writers.
 //
-// Once stop is closed (or queue is) Collect lets the running batches finish and returns the
-// items it had taken but not run; it does not drain queue.
+// An item whose key is in a running batch is held for a later batch. So two batches running
+// at once never share a key, and items of one key that arrive together meet in one batch.
+//
+// Once stop or queue is closed, Collect lets the running batches finish. It returns the
+// items it had taken but not run. It does not drain queue.
 func Collect[T any](cfg Config, queue <-chan T, stop <-chan struct{}, key func(T) string, run func([]T)) (left []T) {
 	work := make(chan []T)
 	finished := make(chan []T, cfg.Workers) // never blocks: at most Workers batches are out
@@ -63,7 +66,7 @@ func Collect[T any](cfg Config, queue <-chan T, stop <-chan struct{}, key func(T
 			ticked = timer.C
 		}
 	}
-	// ready reports whether next should run now (given an idle worker); when it should not,
+	// ready reports whether next should run now, given an idle worker. When it should not,
 	// the timer is set for when it may.
 	ready := func() bool {
 		if len(next) >= cfg.MaxSize {

@@ -1,6 +1,6 @@
-// Package health runs readiness checks in the background and serves their latest results,
-// so /readyz answers at once whatever the checked services do (a broker that accepts
-// connections and never answers included) and a flood of requests causes no extra checks.
+// Package health runs readiness checks in the background and serves their latest results.
+// So /readyz answers at once whatever the checked services do, even a broker that accepts
+// connections and never answers. A flood of requests causes no extra checks.
 package health
 
 import (
@@ -20,21 +20,22 @@ import (
 // Check is one dependency to check.
 type Check struct {
 	Name string
-	// Func returns nil when the dependency is usable. It must return once ctx is done (ctx
-	// carries Config.Timeout); a call that overruns still blocks the next call of the same
-	// check, never two at once, and its result goes stale.
+	// Func returns nil when the dependency is usable. It must return once ctx is done, and
+	// ctx carries Config.Timeout. A call that overruns still blocks the next call of the
+	// same check, so two never run at once. Its result then goes stale.
 	Func func(ctx context.Context) error
 }
 
 // Config tunes a Checker.
 type Config struct {
 	// Interval is the pause between the end of one call of a check and the start of the
-	// next. Default 5s.
+	// next. The default is 5s.
 	Interval time.Duration
-	// Timeout bounds each call of a check. Default 3s.
+	// Timeout bounds each call of a check. The default is 3s.
 	Timeout time.Duration
-	// MaxAge is how old a check's latest result may be and still count: older means the
-	// check hangs and counts as failed ("stale"). Default 3 × (Interval + Timeout).
+	// MaxAge is how old a check's latest result may be and still count. An older result
+	// means that the check hangs, and the check counts as failed with the state "stale".
+	// The default is 3 × (Interval + Timeout).
 	MaxAge time.Duration
 }
 
@@ -72,7 +73,7 @@ type result struct {
 	at  time.Time // when the call returned
 }
 
-// New builds a Checker; nothing runs before Run. Check names must be unique and non-empty.
+// New builds a Checker. Nothing runs before Run. Check names must be unique and non-empty.
 // A nil logger logs nothing.
 func New(cfg Config, logger watermill.LoggerAdapter, checks ...Check) (*Checker, error) {
 	cfg.setDefaults()
@@ -116,7 +117,7 @@ func (c *Checker) loop(ctx context.Context, ch Check) {
 		c.mu.Lock()
 		c.results[ch.Name] = result{err: err, at: time.Now()}
 		c.mu.Unlock()
-		// The details go to the log, once per change; /readyz shows only a category.
+		// The details go to the log, once per change. /readyz shows only a category.
 		fields := watermill.LogFields{"check": ch.Name, "took": time.Since(start).Round(time.Millisecond).String()}
 		if err != nil && !failing {
 			c.logger.Error("readiness check failed", err, fields.Add(watermill.LogFields{"reason": reason(err)}))
@@ -134,8 +135,8 @@ func (c *Checker) loop(ctx context.Context, ch Check) {
 	}
 }
 
-// reason is what /readyz says about a failure: a category, never the error's text
-// (addresses, user names, driver messages).
+// reason is what /readyz says about a failure. It is a category, and never the error's
+// text, which may hold addresses, user names and driver messages.
 func reason(err error) string {
 	var ne net.Error
 	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
@@ -179,8 +180,10 @@ func (c *Checker) Statuses() ([]Status, bool) {
 	return out, ready
 }
 
-// ServeHTTP answers from the latest results: 200 when every check is ok, 503 otherwise,
-// with one "name: state (checked 1.2s ago)" line per check.
+// ServeHTTP answers from the latest results. The status is 200 when every check is ok,
+// and 503 otherwise. The body has one line per check, such as the following.
+//
+//	name: state (checked 1.2s ago)
 func (c *Checker) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	sts, ready := c.Statuses()
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")

@@ -1,8 +1,8 @@
 // Package jsonkeys checks the object keys of a JSON text against the Go type it decodes
-// into. encoding/json matches a key to a struct field case-insensitively and keeps the last
-// of a key given twice, so {"orderId":"o-2","orderid":"o-3"} decodes as o-3 and
-// {"ORDERID":"o-1"} as o-1. Check refuses both: a key that names a field only in another
-// case, and a key given twice in one object.
+// into. encoding/json matches a key to a struct field case-insensitively. It keeps the last
+// of a key given twice. So {"orderId":"o-2","orderid":"o-3"} decodes as o-3, and
+// {"ORDERID":"o-1"} as o-1. Check refuses both. It refuses a key that names a field only in
+// another case, and a key given twice in one object.
 package jsonkeys
 
 import (
@@ -37,15 +37,19 @@ func Unmarshal(data []byte, v any) error {
 	return Check(data, reflect.TypeOf(v))
 }
 
-// Check returns an error wrapping ErrFieldCase or ErrDuplicateKey for the first key of data
-// that encoding/json would resolve silently when it decodes data into a value of type t: a
-// key that is not exactly the name of a field of the struct its object decodes into but
-// equals one case-insensitively (as encoding/json folds: bytes.EqualFold), or a key given
-// twice in an object that decodes into a struct, a map or an interface value. The error
-// names the key and its byte offset. Values that encoding/json does not read (unknown
-// fields) and values of a type that decodes itself (json.Unmarshaler,
-// encoding.TextUnmarshaler, json.RawMessage) are not looked into. Only the first JSON value
-// of data is checked.
+// Check returns an error for the first key of data that encoding/json would resolve
+// silently when it decodes data into a value of type t.
+//
+//   - A key that is not exactly the name of a field of the struct its object decodes into,
+//     but equals one case-insensitively, gives an error wrapping ErrFieldCase. The case
+//     folds as encoding/json folds it, by bytes.EqualFold.
+//   - A key given twice in an object that decodes into a struct, a map or an interface
+//     value gives an error wrapping ErrDuplicateKey.
+//
+// The error names the key and its byte offset. Check does not look into values that
+// encoding/json does not read, such as unknown fields. Nor does it look into values of a
+// type that decodes itself, such as json.Unmarshaler, encoding.TextUnmarshaler and
+// json.RawMessage. Only the first JSON value of data is checked.
 func Check(data []byte, t reflect.Type) error {
 	s := scanner{b: data}
 	_, err := s.value(planOf(t), s.space(0))
@@ -57,17 +61,17 @@ type kind uint8
 
 const (
 	skip      kind = iota // not looked into
-	anyValue              // an interface value: every object's keys unique, at every depth
-	structure             // a struct: keys exact and unique, fields by their plans
-	mapping               // a map: keys unique, values by elem
-	list                  // a slice or array: elements by elem
+	anyValue              // an interface value, with every object's keys unique at every depth
+	structure             // a struct, with keys exact and unique and fields by their plans
+	mapping               // a map, with keys unique and values by elem
+	list                  // a slice or array, with elements by elem
 )
 
 // plan is how to check the JSON value that decodes into one Go type.
 type plan struct {
 	kind   kind
-	elem   *plan            // mapping, list: the elements'
-	fields map[string]*plan // structure: the field names encoding/json decodes, each field's plan
+	elem   *plan            // the elements' plan of a mapping or list
+	fields map[string]*plan // a structure's field names that encoding/json decodes, with each field's plan
 	names  [][]byte         // structure: the same names, for the case-insensitive match
 }
 
@@ -106,7 +110,7 @@ var (
 	textUnmarshaler = reflect.TypeFor[encoding.TextUnmarshaler]()
 )
 
-// build makes t's plan; building holds the plans being built, so a recursive type refers to
+// build makes t's plan. building holds the plans being built, so a recursive type refers to
 // its own plan.
 func build(t reflect.Type, building map[reflect.Type]*plan) *plan {
 	if p, ok := plans.Load(t); ok {
@@ -156,8 +160,8 @@ type field struct {
 }
 
 // fieldsOf lists the fields encoding/json decodes into a struct of type t, by the name it
-// matches: the json tag's name, else the Go name; an embedded struct without a tag name
-// gives its own fields. Of fields with one name, the least deep is kept.
+// matches. That name is the json tag's name, else the Go name. An embedded struct without a
+// tag name gives its own fields. Of fields with one name, the least deep is kept.
 func fieldsOf(t reflect.Type) []field {
 	var out []field
 	seen := map[string]bool{}
@@ -212,7 +216,8 @@ func fieldsOf(t reflect.Type) []field {
 	return out
 }
 
-// validTagName reports whether encoding/json takes s as a field's name (its isValidTag).
+// validTagName reports whether encoding/json takes s as a field's name, as its isValidTag
+// does.
 func validTagName(s string) bool {
 	if s == "" {
 		return false
@@ -259,7 +264,7 @@ func (s *scanner) value(p *plan, i int) (int, error) {
 	return s.skip(i)
 }
 
-// object checks the object at b[i] against p (structure, mapping or anyValue).
+// object checks the object at b[i] against p, a structure, mapping or anyValue plan.
 func (s *scanner) object(p *plan, i int) (int, error) {
 	var small [16][]byte
 	seen := small[:0]
@@ -434,10 +439,10 @@ func delimiter(c byte) bool {
 	return false
 }
 
-// maxQuoted is the most of a key an error quotes: the key is the sender's.
+// maxQuoted is the most of a key an error quotes, because the key is the sender's.
 const maxQuoted = 64
 
-// quote is key quoted, its first maxQuoted bytes and "..." when it is longer.
+// quote is key quoted. A longer key is cut to its first maxQuoted bytes and "...".
 func quote(key []byte) string {
 	if len(key) <= maxQuoted {
 		return strconv.Quote(string(key))

@@ -1,7 +1,7 @@
-// Package loopback holds the access rule of a router listener without a token (admin.listen,
-// http.listen): such a listener is bound to a loopback address, and it answers only requests
-// addressed to a loopback name, so a web page whose DNS name an attacker re-points to
-// 127.0.0.1 (DNS rebinding) reaches nothing through the victim's browser.
+// Package loopback holds the access rule of a router listener without a token, such as
+// admin.listen or http.listen. Such a listener is bound to a loopback address. It answers
+// only requests addressed to a loopback name. So an attacker who re-points a web page's DNS
+// name to 127.0.0.1, by DNS rebinding, reaches nothing through the victim's browser.
 package loopback
 
 import (
@@ -10,9 +10,9 @@ import (
 	"strings"
 )
 
-// Name reports whether host names this machine: "localhost" or a loopback IP, with or
-// without a port, an IPv6 address with or without brackets. A Host header of any other
-// name, an empty one included, is not this machine's.
+// Name reports whether host names this machine. Such a host is "localhost" or a loopback
+// IP, with or without a port. An IPv6 address may come with or without brackets. A Host
+// header of any other name, an empty one included, is not this machine's.
 func Name(host string) bool {
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
@@ -25,15 +25,15 @@ func Name(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// Refused is the answer to a request for another name: 421 Misdirected Request (the
-// request was meant for a server this one is not).
+// Refused is the answer to a request for another name. It is 421 Misdirected Request,
+// because the request was meant for another server.
 const Refused = http.StatusMisdirectedRequest
 
-// Message is the fixed text of a refusal (the Host sent is not echoed).
+// Message is the fixed text of a refusal. It does not echo the Host sent.
 const Message = "misdirected request: this listener has no token and answers only requests for 127.0.0.1, [::1] or localhost"
 
-// Only serves h to requests whose Host (r.Host: the Host header, or the host of an
-// absolute request URI) names this machine and answers the others with refuse; a nil
+// Only serves h to requests whose Host names this machine, and answers the others with
+// refuse. The Host is r.Host, the Host header or the host of an absolute request URI. A nil
 // refuse answers Refused with Message as plain text.
 func Only(h http.Handler, refuse func(http.ResponseWriter)) http.Handler {
 	if refuse == nil {

@@ -1,7 +1,7 @@
-// Package msgsource records where a consumed message came from (topic, partition, offset)
-// in its context: subscribers set it, the inbox reads it (as inbox.Source). It is a package
-// of its own so that a subscriber (pkg/kafkax) and the inbox share it without importing each
-// other.
+// Package msgsource records in a consumed message's context where the message came from,
+// by topic, partition and offset. Subscribers set it, and the inbox reads it as
+// inbox.Source. It is a package of its own, so that a subscriber such as pkg/kafkax and the
+// inbox share it without importing each other.
 package msgsource
 
 import "context"
@@ -27,13 +27,13 @@ func From(ctx context.Context) (Source, bool) {
 }
 
 // CutPrefixBytes is how much of a record value over the consumer's limit is kept when it
-// is cut (Cut).
+// is cut. See Cut.
 const CutPrefixBytes = 64 << 10
 
 // Cut records that a subscriber cut a record's value before the record waited to be
-// handled, because it was over the limit the inbox refuses anyway: the message's payload
-// holds only the value's first bytes (at most CutPrefixBytes), and Cut its original size
-// and sha256, which the inbox quarantines it with.
+// handled, because it was over the limit that the inbox refuses anyway. The message's
+// payload holds only the value's first bytes, at most CutPrefixBytes. Cut holds the value's
+// original size and sha256, with which the inbox quarantines it.
 type Cut struct {
 	Size   int
 	SHA256 [32]byte

@@ -1,7 +1,7 @@
 // Package registry is a small, typed, compile-time plugin registry, in the style of
-// database/sql drivers and Caddy modules: plugin packages register from init(), and only
-// the binary (and tests) import plugin packages. Duplicate or empty names are programming
-// errors and panic at start-up with a clear message.
+// database/sql drivers and Caddy modules. Plugin packages register from init. Only the
+// binary and tests import plugin packages. Duplicate or empty names are programming errors
+// and panic at start-up with a clear message.
 package registry
 
 import (
@@ -17,7 +17,8 @@ type Registry[T any] struct {
 	items map[string]T
 }
 
-// New returns an empty registry; kind names what it holds in error messages ("plugin").
+// New returns an empty registry. kind names what it holds in error messages, such as
+// "plugin".
 func New[T any](kind string) *Registry[T] {
 	return &Registry[T]{kind: kind, items: map[string]T{}}
 }
@@ -36,7 +37,7 @@ func (r *Registry[T]) Register(name string, v T) error {
 	return nil
 }
 
-// MustRegister is Register that panics; for init() functions.
+// MustRegister is Register that panics, for init functions.
 func (r *Registry[T]) MustRegister(name string, v T) {
 	if err := r.Register(name, v); err != nil {
 		panic(err)

@@ -1,8 +1,9 @@
-// Package tracex carries W3C trace context (the traceparent header) through onceflow: from
-// an incoming Kafka record's headers into the inbox's spans, into the outbox row a handler
-// writes (its trace_parent column), and out again as the published record's traceparent
-// header. Spans are OpenTelemetry's (go.opentelemetry.io/otel/trace); onceflow traces only
-// when it is given a TracerProvider, and creates no span otherwise.
+// Package tracex carries W3C trace context, the traceparent header, through onceflow. The
+// context goes from an incoming Kafka record's headers into the inbox's spans. It goes on
+// into the trace_parent column of the outbox row a handler writes. It goes out again as the
+// published record's traceparent header. Spans are OpenTelemetry's, from
+// go.opentelemetry.io/otel/trace. onceflow traces only when it is given a TracerProvider,
+// and creates no span otherwise.
 package tracex
 
 import (
@@ -14,14 +15,14 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// Header is the W3C trace context header (and Watermill metadata key) of a record.
+// Header is the W3C trace context header of a record, and its Watermill metadata key.
 const Header = "traceparent"
 
-// Len is the length of a version 00 traceparent: 00-<32 hex>-<16 hex>-<2 hex>.
+// Len is the length of a version 00 traceparent, 00-<32 hex>-<16 hex>-<2 hex>.
 const Len = 55
 
 // TraceParent returns sc as a version 00 traceparent value, or "" when sc is not valid.
-// Only the flags the specification defines (sampled, random) are kept.
+// It keeps only the flags the specification defines, sampled and random.
 func TraceParent(sc trace.SpanContext) string {
 	if !sc.IsValid() {
 		return ""
@@ -37,15 +38,15 @@ func TraceParent(sc trace.SpanContext) string {
 	return string(b[:])
 }
 
-// Parse reads a traceparent value into a remote span context; ok is false when s is not a
-// valid traceparent (empty, malformed, an all-zero id), as the W3C propagator
-// (go.opentelemetry.io/otel/propagation.TraceContext) judges it. It is that propagator's
-// parse without its tracestate: a small stack frame and no allocation, for the consumer's
-// goroutine of every message (a fresh goroutine, whose stack the propagator's tracestate
-// parsing made grow, and be copied, for every record).
+// Parse reads a traceparent value into a remote span context. ok is false when s is not a
+// valid traceparent, as the W3C propagator go.opentelemetry.io/otel/propagation.TraceContext
+// judges it. s may be empty, malformed, or have an all-zero id. Parse is that propagator's
+// parse without its tracestate. It has a small stack frame and allocates nothing. The
+// consumer calls it on a fresh goroutine for every message. The propagator's tracestate
+// parsing would grow that goroutine's stack, and copy it, for every record.
 func Parse(s string) (sc trace.SpanContext, ok bool) {
-	// version "-" trace-id "-" parent-id "-" flags, lower-case hex; a version above 00 may
-	// append fields after a "-".
+	// The form is version "-" trace-id "-" parent-id "-" flags, in lower-case hex. A
+	// version above 00 may append fields after a "-".
 	if len(s) < Len || s[2] != '-' || s[35] != '-' || s[52] != '-' {
 		return sc, false
 	}
@@ -93,9 +94,9 @@ func hexDigit(c byte) (byte, bool) {
 	return 0, false
 }
 
-// Extract returns ctx with the remote span context of the traceparent (and tracestate, when
-// there is one) in headers, a record's headers as Watermill metadata; ctx itself when there
-// is none or it is malformed.
+// Extract returns ctx with the remote span context of the traceparent in headers, with the
+// tracestate when there is one. headers are a record's headers as Watermill metadata.
+// Extract returns ctx itself when there is no traceparent or it is malformed.
 func Extract(ctx context.Context, headers map[string]string) context.Context {
 	sc, ok := Parse(headers[Header])
 	if !ok {
@@ -107,8 +108,8 @@ func Extract(ctx context.Context, headers map[string]string) context.Context {
 	return trace.ContextWithRemoteSpanContext(ctx, sc)
 }
 
-// Tracer returns tp's tracer of the named instrumentation scope, or nil when tp is nil:
-// callers trace only with a non-nil tracer, so nothing is created when tracing is off.
+// Tracer returns tp's tracer of the named instrumentation scope, or nil when tp is nil.
+// Callers trace only with a non-nil tracer, so nothing is created when tracing is off.
 func Tracer(tp trace.TracerProvider, scope string) trace.Tracer {
 	if tp == nil {
 		return nil
@@ -116,7 +117,7 @@ func Tracer(tp trace.TracerProvider, scope string) trace.Tracer {
 	return tp.Tracer(scope)
 }
 
-// End ends span, recording err as its status (nothing for a nil span).
+// End ends span and records err as its status. It does nothing for a nil span.
 func End(span trace.Span, err error) {
 	if span == nil {
 		return

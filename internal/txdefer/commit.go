@@ -6,14 +6,14 @@ import (
 	"sync"
 )
 
-// Commit collects what is to run once a transaction has committed: the inbox's Batcher
-// puts one for its batch's transaction in the handler's context, and calls Committed only
-// when the commit succeeded (never after a rollback, nor after a commit that got no
-// answer). outbox.Writer hands the events it wrote to its process's exactly-once relay
-// this way (outbox/handoff.go), so the relay need not read back rows it was handed.
+// Commit collects what is to run once a transaction has committed. The inbox's Batcher puts
+// one for its batch's transaction in the handler's context. It calls Committed only when
+// the commit succeeded, never after a rollback, nor after a commit that got no answer.
+// outbox.Writer hands the events it wrote to its process's exactly-once relay this way, in
+// outbox/handoff.go. So the relay need not read back rows it was handed.
 //
-// A batch whose deliveries run behind savepoints has none: a delivery rolled back to its
-// savepoint would otherwise leave its rows' hooks behind.
+// A batch whose deliveries run behind savepoints has no Commit. Otherwise a delivery rolled
+// back to its savepoint would leave its rows' hooks behind.
 type Commit struct {
 	db  *sql.DB
 	tx  *sql.Tx
@@ -24,7 +24,7 @@ type Commit struct {
 // NewCommit returns an empty Commit for tx, a transaction of pool db.
 func NewCommit(db *sql.DB, tx *sql.Tx) *Commit { return &Commit{db: db, tx: tx} }
 
-// Pool is the pool the transaction is db's (a *sql.Tx does not say).
+// Pool is the pool the transaction belongs to, which a *sql.Tx does not say.
 func (c *Commit) Pool() *sql.DB { return c.db }
 
 type commitKey struct{}
@@ -51,7 +51,8 @@ func (c *Commit) After(fn func()) {
 	c.mu.Unlock()
 }
 
-// Committed runs the functions After added, in order, once: the transaction committed.
+// Committed runs the functions After added, in order and once, because the transaction
+// committed.
 func (c *Commit) Committed() {
 	c.mu.Lock()
 	fns := c.fns

@@ -3,13 +3,13 @@
 // multi-row statement.
 //
 // The inbox's group commit runs many deliveries of a plain handler in one transaction, one
-// after another; each delivery's outbox event would be one INSERT round trip of its own.
-// Instead the Batcher puts a Set for its transaction in the handler's context; a writer that
-// knows how to write many rows at once (outbox.Writer) hands its row to the Set, and the
+// after another. Each delivery's outbox event would cost an INSERT round trip of its own.
+// Instead the Batcher puts a Set for its transaction in the handler's context. A writer that
+// knows how to write many rows at once, such as outbox.Writer, hands its row to the Set. The
 // Batcher flushes the Set before it marks the batch's inbox rows and commits. A delivery
-// rolled back to its savepoint takes its deferred rows with it (Mark, Truncate).
+// rolled back to its savepoint takes its deferred rows with it, by Mark and Truncate.
 //
-// A writer defers only into a Set of the transaction it is given (From checks it), so a
+// A writer defers only into a Set of the transaction it is given, as From checks. So a
 // handler that opens a transaction of its own writes there at once, as without a Set.
 package txdefer
 
@@ -24,8 +24,8 @@ type Flusher interface {
 	FlushDeferred(ctx context.Context, tx *sql.Tx, rows [][]any) error
 }
 
-// Target names where a Flusher writes its rows: inbox/inboxtest's in-memory mode reads
-// the rows of a Set instead of flushing it, and records them by target.
+// Target names where a Flusher writes its rows. The in-memory mode of inbox/inboxtest
+// reads the rows of a Set instead of flushing it, and records them by target.
 type Target struct {
 	Table   string
 	Columns []string // the order of a row's values
@@ -48,8 +48,8 @@ type entry struct {
 	row []any
 }
 
-// Set collects the deferred rows of one transaction. Safe for concurrent use (a handler
-// abandoned at its timeout may still add to it while the batch is rolled back).
+// Set collects the deferred rows of one transaction. It is safe for concurrent use. A
+// handler abandoned at its timeout may still add to it while the batch is rolled back.
 type Set struct {
 	tx      *sql.Tx
 	mu      sync.Mutex
@@ -64,8 +64,8 @@ type ctxKey struct{}
 // With returns ctx carrying s.
 func With(ctx context.Context, s *Set) context.Context { return context.WithValue(ctx, ctxKey{}, s) }
 
-// From returns the Set ctx carries for tx, or nil when ctx carries none or one of another
-// transaction: the caller then writes at once.
+// From returns the Set ctx carries for tx. It returns nil when ctx carries none, or one of
+// another transaction. The caller then writes at once.
 func From(ctx context.Context, tx *sql.Tx) *Set {
 	s, _ := ctx.Value(ctxKey{}).(*Set)
 	if s == nil || s.tx != tx || tx == nil {
@@ -88,7 +88,7 @@ func (s *Set) Mark() int {
 	return len(s.entries)
 }
 
-// Truncate drops the rows added since mark (a delivery rolled back to its savepoint).
+// Truncate drops the rows added since mark, for a delivery rolled back to its savepoint.
 func (s *Set) Truncate(mark int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -98,8 +98,8 @@ func (s *Set) Truncate(mark int) {
 	}
 }
 
-// Take returns the waiting rows in the order they were added and empties the Set, writing
-// nothing: the in-memory mode of inbox/inboxtest records them.
+// Take returns the waiting rows in the order they were added and empties the Set. It
+// writes nothing. The in-memory mode of inbox/inboxtest records the rows instead.
 func (s *Set) Take() []Row {
 	s.mu.Lock()
 	entries := s.entries
@@ -115,9 +115,10 @@ func (s *Set) Take() []Row {
 // Len returns how many rows wait.
 func (s *Set) Len() int { return s.Mark() }
 
-// Flush writes the waiting rows, each Flusher's rows in one call in the order they were
-// added (Flushers in the order of their first row), and empties the Set. After an error the
-// transaction must be rolled back: some rows may have been written.
+// Flush writes the waiting rows and empties the Set. It writes each Flusher's rows in one
+// call, in the order they were added. The Flushers come in the order of their first row.
+// After an error the transaction must be rolled back, because some rows may have been
+// written.
 func (s *Set) Flush(ctx context.Context) error {
 	s.mu.Lock()
 	entries := s.entries
