@@ -16,13 +16,14 @@ import (
 )
 
 // GrantsFile lists, beside a set's SQL files, what the application user may do on each table
-// the set creates: one line per table, its name and then its privileges, comma separated,
-// of SELECT, INSERT, UPDATE and DELETE; '#' starts a comment.
+// the set creates. It has one line per table, with the table's name and then its
+// privileges, comma separated. The privileges are SELECT, INSERT, UPDATE and DELETE. '#'
+// starts a comment.
 //
 //	coupon_grant      SELECT, INSERT, UPDATE     # INSERT … ON DUPLICATE KEY UPDATE needs UPDATE
 //	coupon_grant_log  SELECT, INSERT             # append-only
 //
-// `router migrate` grants exactly these, table by table, to the user of db.dsn: the
+// `router migrate` grants exactly these, table by table, to the user of db.dsn. The
 // application user gets no privilege on a database as a whole, none on a table no file
 // lists, and never DDL. A table created by a later migration gets its line in the same
 // change.
@@ -42,7 +43,7 @@ func (g Grant) String() string { return g.Table + " " + strings.Join(g.Privilege
 
 var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
 
-// ParseGrants reads a grants file (source names it in errors).
+// ParseGrants reads a grants file. source names it in errors.
 func ParseGrants(b []byte, source string) ([]Grant, error) {
 	var out []Grant
 	seen := map[string]bool{}
@@ -82,7 +83,7 @@ func ParseGrants(b []byte, source string) ([]Grant, error) {
 	return out, sc.Err()
 }
 
-// setGrants reads s's grants file for dialect d; a set without one grants nothing.
+// setGrants reads s's grants file for dialect d. A set without one grants nothing.
 func setGrants(s Set, d dbx.Dialect) ([]Grant, error) {
 	dir, err := dialectDir(s.FS, d)
 	if err != nil {
@@ -122,8 +123,8 @@ func Grants(d dbx.Dialect, plugins ...Set) ([]Grant, error) {
 	return out, nil
 }
 
-// GrantStatements are the statements that give account (as dbx.Account returns it) grants
-// on the tables of the current database, in dialect d.
+// GrantStatements are the statements that give account grants on the tables of the current
+// database, in dialect d. account is as dbx.Account returns it.
 func GrantStatements(d dbx.Dialect, account string, grants []Grant) []string {
 	var out []string
 	for _, g := range grants {
@@ -132,7 +133,7 @@ func GrantStatements(d dbx.Dialect, account string, grants []Grant) []string {
 	return out
 }
 
-// Conn is a pool or one connection (*sql.DB, *sql.Conn, *sql.Tx).
+// Conn is a pool or one connection, such as a *sql.DB, *sql.Conn or *sql.Tx.
 type Conn interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
@@ -145,12 +146,12 @@ type GrantReport struct {
 	Unlisted []string // tables of the database no grants file lists (goose's version tables aside): the account cannot use them
 }
 
-// ApplyGrants gives account the grants on the tables of db's current database that exist,
-// and takes back any other of SELECT, INSERT, UPDATE and DELETE it holds on them (granted
-// first, so the account never loses what it keeps, not even for a moment). db must be opened
-// by a user that may grant them (the migration user, with GRANT OPTION on the database).
-// Grants on a table outlive the table: a table dropped and created again (`router migrate
-// --reset`) keeps them.
+// ApplyGrants gives account the grants on the tables of db's current database that exist.
+// It takes back any other of SELECT, INSERT, UPDATE and DELETE that account holds on them.
+// It grants first, so the account never loses what it keeps, not even for a moment. db must
+// be opened by a user that may grant them, such as the migration user with GRANT OPTION on
+// the database. Grants on a table outlive the table. So a table that `router migrate
+// --reset` drops and creates again keeps them.
 func ApplyGrants(ctx context.Context, d dbx.Dialect, db Conn, account string, grants []Grant) (GrantReport, error) {
 	var rep GrantReport
 	schema := "DATABASE()"

@@ -1,13 +1,14 @@
-// Package migrations holds the framework's SQL schema (inbox, outbox, relay and replay
-// tables), embedded so the router binary can apply it with `router migrate` (goose), and
-// applies plugins' own migrations beside it: each plugin's files are numbered by the plugin
-// and recorded in a goose version table of its own (goose_db_version_<plugin>), so a plugin's
-// versions never collide with the framework's or another plugin's. Files are plain SQL with
-// goose annotations.
+// Package migrations holds the framework's SQL schema of the inbox, outbox, relay and
+// replay tables. The schema is embedded, so the router binary can apply it with goose by
+// `router migrate`. The package applies plugins' own migrations beside it. The plugin
+// numbers its own files, and a goose version table of its own, goose_db_version_<plugin>,
+// records them. So a plugin's versions never collide with the framework's or another
+// plugin's. Files are plain SQL with goose annotations.
 //
-// A set's files are per dialect: the MySQL family's (MariaDB, MySQL 8) at the root of its
-// FS, PostgreSQL's in a postgres/ directory beside them, each with its own grants.txt. A set
-// without files for the database's dialect is refused, naming both (ForDialect).
+// A set's files are per dialect. The files of the MySQL family, MariaDB and MySQL 8, are at
+// the root of its FS. PostgreSQL's are in a postgres/ directory beside them. Each has its
+// own grants.txt. ForDialect refuses a set without files for the database's dialect, and
+// names both.
 package migrations
 
 import (
@@ -31,9 +32,9 @@ var FS embed.FS
 // PostgresDir is the directory of a set's PostgreSQL files.
 const PostgresDir = "postgres"
 
-// ForDialect returns the files of fsys for dialect d: its postgres/ directory for
-// PostgreSQL, its root for the MySQL family. name names the set in the error of a set that
-// ships none for d.
+// ForDialect returns the files of fsys for dialect d. They are its postgres/ directory for
+// PostgreSQL and its root for the MySQL family. name names the set in the error of a set
+// that ships none for d.
 func ForDialect(name string, fsys fs.FS, d dbx.Dialect) (fs.FS, error) {
 	if fsys == nil {
 		return nil, fmt.Errorf("migrations of %s: no files", name)
@@ -62,26 +63,26 @@ func dialectDir(fsys fs.FS, d dbx.Dialect) (fs.FS, error) {
 }
 
 // Supports reports an error naming the plugin and the dialect when a set has no migrations
-// for d: the runtime refuses to start such a plugin.
+// for d. The runtime refuses to start such a plugin.
 func (s Set) Supports(d dbx.Dialect) error {
 	_, err := ForDialect("plugin "+s.Name, s.FS, d)
 	return err
 }
 
-// FrameworkTable is the goose version table of the framework's migrations (goose's default).
+// FrameworkTable is the goose version table of the framework's migrations, goose's default.
 const FrameworkTable = goose.DefaultTablename
 
-// Set is one plugin's migrations: its name (the plugin's) and its SQL files.
+// Set is one plugin's migrations, with the plugin's name and its SQL files.
 type Set struct {
 	Name string
 	FS   fs.FS
 }
 
-// setName: lower-case letters, digits, '-' and '_', so that the version table name is a
+// setName allows lower-case letters, digits, '-' and '_'. So the version table name is a
 // plain identifier of at most 64 characters.
 var setName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,46}$`)
 
-// Table is the goose version table of s: goose_db_version_<name>, '-' written as '_'.
+// Table is the goose version table of s, goose_db_version_<name>, with '-' written as '_'.
 func (s Set) Table() string {
 	return FrameworkTable + "_" + strings.ReplaceAll(s.Name, "-", "_")
 }
@@ -106,9 +107,9 @@ func checkSets(sets []Set) error {
 	return nil
 }
 
-// Up applies every pending migration: the framework's first, then each plugin set's in the
-// order given. db must be opened with a privileged user; the application user has no DDL
-// rights on purpose.
+// Up applies every pending migration. The framework's come first, then each plugin set's in
+// the order given. db must be opened with a privileged user. The application user has no
+// DDL rights on purpose.
 func Up(ctx context.Context, db *sql.DB, plugins ...Set) error {
 	if err := checkSets(plugins); err != nil {
 		return err
@@ -132,8 +133,8 @@ func Up(ctx context.Context, db *sql.DB, plugins ...Set) error {
 	return nil
 }
 
-// Status reports applied and pending migrations as "<set> version name state" lines, the
-// framework's (set "onceflow") first.
+// Status reports applied and pending migrations as "<set> version name state" lines. The
+// framework's, of set "onceflow", come first.
 func Status(ctx context.Context, db *sql.DB, plugins ...Set) ([]string, error) {
 	if err := checkSets(plugins); err != nil {
 		return nil, err
@@ -160,9 +161,9 @@ func Status(ctx context.Context, db *sql.DB, plugins ...Set) ([]string, error) {
 	return out, nil
 }
 
-// Reset rolls every migration back (drops the tables): the plugin sets' first, in the
-// reverse of the order given, then the framework's. Used by tests and `router migrate
-// --reset`.
+// Reset rolls every migration back and so drops the tables. The plugin sets' go first, in
+// the reverse of the order given, then the framework's. Tests and `router migrate --reset`
+// use it.
 func Reset(ctx context.Context, db *sql.DB, plugins ...Set) error {
 	if err := checkSets(plugins); err != nil {
 		return err
@@ -187,8 +188,8 @@ func Reset(ctx context.Context, db *sql.DB, plugins ...Set) error {
 	return nil
 }
 
-// NewProvider is the goose provider of one set of migrations recorded in table (for tests
-// that step through versions).
+// NewProvider is the goose provider of one set of migrations recorded in table. Tests that
+// step through versions use it.
 func NewProvider(db *sql.DB, fsys fs.FS, table string) (*goose.Provider, error) {
 	return provider(db, table, fsys, table)
 }
