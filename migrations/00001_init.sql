@@ -1,10 +1,11 @@
 -- +goose Up
--- The framework's tables. A plugin's own tables are in the plugin's migrations (its
--- Migrations, applied by `router migrate` after these, with a version table of its own);
--- databases migrated when this file also created the coupon tables keep them, and the coupon
--- plugin's migrations adopt them.
+-- The framework's tables. A plugin's own tables are in the plugin's Migrations. `router
+-- migrate` applies them after these, with a version table of their own. Databases migrated
+-- when this file also created the coupon tables keep them, and the coupon plugin's
+-- migrations adopt them.
 
--- inbox: one row per (business key, biz type). The unique key is the dedup line of defence.
+-- inbox has one row per business key and biz type. The unique key is the dedup line of
+-- defence.
 CREATE TABLE inbox (
     id              BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
     dedup_key       VARCHAR(191)    NOT NULL,
@@ -31,7 +32,8 @@ CREATE TABLE inbox (
     KEY idx_expire (expire_at)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 
--- outbox: events written in the business transaction, forwarded to Kafka by the relay.
+-- outbox holds events written in the business transaction, which the relay forwards to
+-- Kafka.
 CREATE TABLE outbox (
     id           BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
     event_id     CHAR(36)     NOT NULL,

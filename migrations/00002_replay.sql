@@ -1,6 +1,7 @@
 -- +goose Up
--- replay: one row per `router replay` / `router inbox retry` run (dry runs included, with
--- dry_run = 1). The inbox rows a replay re-ran carry its id in inbox.replay_id.
+-- replay has one row per run of `router replay` or `router inbox retry`. Dry runs are
+-- included, with dry_run = 1. The inbox rows a replay re-ran carry its id in
+-- inbox.replay_id.
 CREATE TABLE replay (
     id          BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
     biz_type    VARCHAR(64)     NOT NULL,

@@ -1,7 +1,8 @@
 -- +goose Up
--- relay_lease: which relay instance publishes an outbox shard. The owner renews expires_at
--- in short transactions; another instance takes the shard over once it has expired. Kafka's
--- transactional.id fencing is the backstop should two instances ever overlap.
+-- relay_lease says which relay instance publishes an outbox shard. The owner renews
+-- expires_at in short transactions. Another instance takes the shard over once it has
+-- expired. Kafka's transactional.id fencing is the backstop should two instances ever
+-- overlap.
 CREATE TABLE relay_lease (
     shard       VARCHAR(64)     NOT NULL,
     owner       VARCHAR(191)    NOT NULL,

@@ -1,18 +1,18 @@
 -- +goose Up
 -- Every delivery inserts an inbox row, and each secondary index is one more B-tree insert
--- per row. Measured on MariaDB 10.11 here (the batch claim alone, 100,000 rows, 256 per
--- statement, 4 connections, interleaved runs): ≈19.5 µs of server CPU per row with the four
--- secondary indexes of 00001/00002, ≈11–13.5 µs with none — about 2 µs each. Two go:
+-- per row. Two of the four secondary indexes of 00001 and 00002 go. See docs/BENCHMARKS.md,
+-- section "One inbox index".
 --
--- 1. idx_expire (expire_at), the cleaner's, and idx_biz_status (biz_type, status,
---    updated_at), the operator's, become one: (biz_type, status, expire_at). The cleaner
---    deletes per biz type the 'done' rows whose expire_at passed — a range of this index.
---    `--older-than` (updated_at) filters within a (biz type, status) range: 'processing'
---    and 'failed' rows, the ones it is for, are few. A delivery counted as a duplicate no
---    longer moves an index entry either (it changes updated_at, not expire_at).
--- 2. idx_replay (replay_id) goes: replays list the rows they stamp in replay_row, written in
---    the stamp's own transaction (rows are stamped only by replays). `--replay-id N` reads
---    replay_row, then keeps the rows whose replay_id is still N (a later replay re-stamps).
+-- 1. The cleaner's idx_expire on expire_at and the operator's idx_biz_status on biz_type,
+--    status and updated_at become one index on biz_type, status and expire_at. The cleaner
+--    deletes per biz type the 'done' rows whose expire_at passed, which is a range of this
+--    index. `--older-than` filters on updated_at within a range of biz type and status. It
+--    is meant for 'processing' and 'failed' rows, which are few. A delivery counted as a
+--    duplicate changes updated_at and not expire_at, so it moves no index entry either.
+-- 2. idx_replay on replay_id goes. Replays list the rows they stamp in replay_row, written
+--    in the stamp's own transaction. Only replays stamp rows. `--replay-id N` reads
+--    replay_row, then keeps the rows whose replay_id is still N, since a later replay
+--    stamps them again.
 CREATE TABLE replay_row (
     replay_id BIGINT UNSIGNED NOT NULL,
     inbox_id  BIGINT UNSIGNED NOT NULL COMMENT 'id in the inbox table the replay ran on',

@@ -1,13 +1,15 @@
 -- +goose Up
--- outbox_parked: outbox events Kafka refuses for good (the topic does not exist, the record
--- is too large or invalid, writing to the topic is not authorized), moved out of outbox by
--- the relay with the error, so other keys and topics keep flowing; and the later events of
--- their keys, held behind them so the key's order holds (held_behind names the parked
--- event they wait behind; NULL for the parked event itself). A row keeps its outbox id, so
--- `router outbox retry` puts it (and the events held behind it) back in its place in id
--- order. The relay reads the whole table every batch: it stays small, as only refused
--- events and their keys' followers are here. The hot outbox table and its index are
--- unchanged.
+-- outbox_parked holds the outbox events that Kafka refuses for good. The topic may not
+-- exist, the record may be too large or invalid, or writing to the topic may not be
+-- authorized. The relay moves such events out of outbox with the error, so other keys and
+-- topics keep flowing. It also moves the later events of their keys, held behind them, so
+-- the key's order holds. held_behind names the parked event they wait behind, and is NULL
+-- for the parked event itself.
+--
+-- A row keeps its outbox id. So `router outbox retry` puts it back in its place in id
+-- order, with the events held behind it. The relay reads the whole table every batch. It
+-- stays small, as only refused events and the later events of their keys are here. The hot
+-- outbox table and its index are unchanged.
 CREATE TABLE outbox_parked (
     id          BIGINT UNSIGNED NOT NULL COMMENT 'the id the row had (and gets back) in outbox',
     event_id    CHAR(36)     NOT NULL,

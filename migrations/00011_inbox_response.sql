@@ -1,8 +1,8 @@
 -- +goose Up
--- inbox_response: the response of an HTTP command (inbox.Command), one row per inbox row of
--- a command's biz type, written in the transaction that made the row 'done'. A retry with
--- the same Idempotency-Key gets it back instead of a second effect. The inbox cleaner
--- deletes it with its row.
+-- inbox_response holds the response of an HTTP command, an inbox.Command. It has one row
+-- per inbox row of a command's biz type, written in the transaction that made the row
+-- 'done'. A retry with the same Idempotency-Key gets it back instead of a second effect.
+-- The inbox cleaner deletes it with its row.
 CREATE TABLE inbox_response (
     inbox_id    BIGINT UNSIGNED NOT NULL,
     status      SMALLINT     NOT NULL COMMENT 'HTTP status',

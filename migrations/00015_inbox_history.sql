@@ -1,10 +1,10 @@
 -- +goose Up
--- Deliveries per minute, biz type and outcome (processed, duplicate, held, quarantined,
--- conflict), as the routers observed them: each router adds its own counts every few
--- seconds (INSERT … ON DUPLICATE KEY UPDATE n = n + VALUES(n)), so the console's chart and
--- its last hour survive a restart and read the same on every router. A minute is a few rows
--- per biz type: the console's hour is a range of the primary key, not a count over the inbox.
--- The routers delete rows older than 7 days.
+-- Deliveries per minute, biz type and outcome, as the routers observed them. The outcomes
+-- are processed, duplicate, held, quarantined and conflict. Each router adds its own counts
+-- every few seconds, by INSERT … ON DUPLICATE KEY UPDATE n = n + VALUES(n). So the
+-- console's chart and its last hour survive a restart and read the same on every router. A
+-- minute is a few rows per biz type. So the console's hour is a range of the primary key,
+-- not a count over the inbox. The routers delete rows older than 7 days.
 CREATE TABLE inbox_history (
     biz_type VARCHAR(64) NOT NULL,
     minute   DATETIME    NOT NULL COMMENT 'UTC, truncated to the minute',

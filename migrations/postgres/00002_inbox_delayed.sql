@@ -1,9 +1,9 @@
 -- +goose Up
--- Delayed redelivery (inbox.delayed_retries): a delivery whose immediate attempts ran out
--- with a retryable failure is kept 'failed' with reason 'delayed' until retry_at, when the
--- router's redeliverer runs it again from its stored payload; delayed_rounds counts the
--- rounds it had. The redeliverer finds due rows in the (biz_type, 'failed') range of
--- idx_biz_status_created.
+-- Delayed redelivery, set by inbox.delayed_retries. A delivery may run out of immediate
+-- attempts with a retryable failure. It is then kept 'failed' with reason 'delayed' until
+-- retry_at. The router's redeliverer then runs it again from its stored payload.
+-- delayed_rounds counts the rounds it had. The redeliverer finds due rows in the range of
+-- biz_type and 'failed' in idx_biz_status_created.
 ALTER TABLE inbox
     ADD COLUMN retry_at       TIMESTAMP(6),
     ADD COLUMN delayed_rounds INTEGER NOT NULL DEFAULT 0;

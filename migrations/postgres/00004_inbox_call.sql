@@ -1,9 +1,10 @@
 -- +goose Up
--- inbox_call: a key's call lease. Before a plugin's Prepare makes outside calls for a key,
--- the path that runs it (a partition's delivery, a duplicate, the delayed redeliverer, a
--- replay, a console retry, another router) takes the key's row here, owned by one inbox
--- instance at a time. The transaction that finishes the key deletes the row. The owner
--- renews expires_at while it holds the row; another instance takes an expired row over.
+-- inbox_call holds a key's call lease. Before a plugin's Prepare makes outside calls for a
+-- key, the path that runs it takes the key's row here. That path may be a partition's
+-- delivery, a duplicate, the delayed redeliverer, a replay, a console retry or another
+-- router. One inbox instance owns the row at a time. The transaction that finishes the key
+-- deletes the row. The owner renews expires_at while it holds the row. Another instance
+-- takes an expired row over.
 CREATE TABLE inbox_call (
     biz_type    VARCHAR(64)  NOT NULL,
     dedup_key   VARCHAR(191) NOT NULL,
