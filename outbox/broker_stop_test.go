@@ -16,7 +16,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-// outageDuration is OFTEST_OUTAGE, default 30s.
+// outageDuration is OFTEST_OUTAGE, 30s by default.
 func outageDuration(t *testing.T) time.Duration {
 	t.Helper()
 	v := os.Getenv("OFTEST_OUTAGE")
@@ -30,10 +30,10 @@ func outageDuration(t *testing.T) time.Duration {
 	return d
 }
 
-// dualWriter is the naive design the outbox replaces: each business transaction sends its
-// event to Kafka itself and commits only if Kafka took it. It counts, per phase (0 before
-// the outage, 1 during, 2 after), the attempts that committed and those that failed; an
-// attempt belongs to the phase in which it started.
+// dualWriter is the naive design the outbox replaces. Each business transaction sends its
+// event to Kafka itself and commits only if Kafka took it. It counts the attempts that
+// committed and those that failed, per phase. Phase 0 is before the outage, 1 during it and
+// 2 after it. An attempt belongs to the phase in which it started.
 type dualWriter struct {
 	phase    atomic.Int32
 	commits  [3]atomic.Int64
@@ -83,14 +83,14 @@ func (dw *dualWriter) finish() {
 	dw.wg.Wait()
 }
 
-// TestEOSRelayRealBrokerStopped: a real broker (a private one, a child process of this
-// test, so the shared broker keeps serving other tests) is stopped for OFTEST_OUTAGE
-// (default 30s) while orders keep arriving. Business transactions that only write to the
-// outbox keep committing — every writer commits during the outage and none fails — while a
-// dual-write transaction (send to Kafka, then commit) commits nothing: that is what the
-// outbox is for, and it shows the broker was really gone. After the broker is started again
-// (same port, same data) the exactly-once relay drains the outbox and a read_committed
-// consumer sees every event exactly once, in per-key order.
+// TestEOSRelayRealBrokerStopped stops a real broker for OFTEST_OUTAGE, 30s by default,
+// while orders keep arriving. The broker is a private one, a child process of this test, so
+// the shared broker keeps serving other tests. Business transactions that only write to the
+// outbox keep committing. Every writer commits during the outage, and none fails. A
+// dual-write transaction sends to Kafka and then commits, and it commits nothing. That is
+// what the outbox is for, and it shows the broker was really gone. The broker then starts
+// again with the same port and data. The exactly-once relay drains the outbox, and a
+// read_committed consumer sees every event exactly once, in per-key order.
 func TestEOSRelayRealBrokerStopped(t *testing.T) {
 	t.Parallel()
 	testenv.Integration(t)
@@ -159,8 +159,8 @@ func TestEOSRelayRealBrokerStopped(t *testing.T) {
 	assertPerKeyOrder(t, d.DB, recs)
 }
 
-// waitFor polls cond every 50ms for at most bound (a bound against hanging, not a timing
-// assertion).
+// waitFor polls cond every 50ms for at most bound. The bound guards against hanging and is
+// not a timing assertion.
 func waitFor(t *testing.T, bound time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(bound)

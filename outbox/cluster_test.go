@@ -16,14 +16,15 @@ import (
 )
 
 // TestEOSRelayClusterLeaderKilledMidTransaction runs the exactly-once relay on a private
-// three-broker cluster (child processes of this test; replication factor 3,
-// min.insync.replicas 2) while writers keep committing events, and SIGKILLs brokers in the
-// middle of the relay's Kafka transactions — from its before-kafka-commit hook, after the
-// batch's records were sent and before the commit: first the leader of most of the
-// topic's partitions, then the transaction coordinator of the relay's transactional id —
-// restarting each a few seconds later. A read_committed consumer then sees every committed
-// event exactly once, in per-key order; the relay created its positions topic with three
-// replicas and min.insync.replicas 2.
+// three-broker cluster while writers keep committing events. The brokers are child
+// processes of this test, with replication factor 3 and min.insync.replicas 2. The test
+// kills brokers with SIGKILL in the middle of the relay's Kafka transactions. It does so
+// from the relay's before-kafka-commit hook, after the batch's records were sent and before
+// the commit. It first kills the leader of most of the topic's partitions, then the
+// transaction coordinator of the relay's transactional id. It restarts each a few seconds
+// later. A read_committed consumer then sees every committed event exactly once, in
+// per-key order. The relay created its positions topic with three replicas and
+// min.insync.replicas 2.
 func TestEOSRelayClusterLeaderKilledMidTransaction(t *testing.T) {
 	t.Parallel()
 	testenv.Integration(t)
@@ -36,7 +37,7 @@ func TestEOSRelayClusterLeaderKilledMidTransaction(t *testing.T) {
 	topic := clusterTopic(t, k, "outbox-cluster", 6, 3)
 	positions := "relay-positions-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 
-	// victim, when set, is killed at the next before-kafka-commit; killed then holds it.
+	// victim, when set, is killed at the next before-kafka-commit, and killed then holds it.
 	var victim, killed atomic.Pointer[testenv.PrivateKafka]
 	var inFlight atomic.Int64 // records sent in the transaction the kill interrupted
 	var sent atomic.Int64
@@ -105,8 +106,8 @@ func TestEOSRelayClusterLeaderKilledMidTransaction(t *testing.T) {
 		t.Errorf("positions topic %s: min.insync.replicas %v (%v), want 2", positions, entries, err)
 	}
 
-	// A positions topic with one replica on this cluster of three is refused (the default
-	// relay.positions_min_replicas, 3): the relay publishes nothing and says why.
+	// A positions topic with one replica on this cluster of three is refused, by the
+	// default relay.positions_min_replicas of 3. The relay publishes nothing and says why.
 	rf1 := clusterTopic(t, k, "relay-positions-rf1", 1, 1)
 	caught := &refusalLogger{t: t}
 	r2, err := outbox.NewExactlyOnceRelay(d.DB, k, eosConfig(t, k, outbox.RelayConfig{Shard: "rf1", PositionsTopic: rf1,
@@ -152,7 +153,7 @@ func clusterAdmin(t *testing.T, k kafkax.Config) sarama.ClusterAdmin {
 	return admin
 }
 
-// clusterTopic creates a topic with rf replicas and min.insync.replicas rf-1 (at least 1).
+// clusterTopic creates a topic with rf replicas and min.insync.replicas rf-1, at least 1.
 func clusterTopic(t *testing.T, k kafkax.Config, prefix string, partitions int32, rf int16) string {
 	t.Helper()
 	name := prefix + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
@@ -186,7 +187,8 @@ func topLeaderOf(t *testing.T, k kafkax.Config, topic string) int32 {
 	return best
 }
 
-// coordinatorOf is the transaction coordinator of txn (FindCoordinator, type transaction).
+// coordinatorOf is the transaction coordinator of txn, found by FindCoordinator of type
+// transaction.
 func coordinatorOf(t *testing.T, k kafkax.Config, txn string) int32 {
 	t.Helper()
 	client, err := sarama.NewClient(k.Brokers, k.SaramaConfig())

@@ -28,8 +28,8 @@ func eosConfig(t testing.TB, k kafkax.Config, cfg outbox.RelayConfig) outbox.Rel
 		cfg.PositionsTopic = testenv.Topic(t, k, "relay-positions", 1)
 	}
 	if cfg.LeaseTTL == 0 {
-		// Long enough that a slow first transaction on a fresh broker (the coordinator
-		// creates __transaction_state) cannot outlive the lease on a loaded machine.
+		// Long enough that a slow first transaction on a fresh broker cannot outlive the
+		// lease on a loaded machine. The coordinator creates __transaction_state then.
 		cfg.LeaseTTL = 15 * time.Second
 	}
 	return cfg
@@ -68,9 +68,9 @@ func TestEOSRelayGapLateCommitDeterministic(t *testing.T) {
 	}
 }
 
-// TestEOSRelayConcurrentWritersOutOfOrderCommits: the concurrent out-of-order writers of
-// TestRelayConcurrentWritersOutOfOrderCommits against the exactly-once relay (plain reads,
-// no row locks): nothing skipped, nothing twice, per-key order kept.
+// TestEOSRelayConcurrentWritersOutOfOrderCommits runs the concurrent out-of-order writers
+// of TestRelayConcurrentWritersOutOfOrderCommits against the exactly-once relay, which reads
+// without row locks. Nothing is skipped or published twice, and the per-key order holds.
 func TestEOSRelayConcurrentWritersOutOfOrderCommits(t *testing.T) {
 	t.Parallel()
 	const writers, perWriter = 16, 300
@@ -94,10 +94,10 @@ func addN(t *testing.T, db *sql.DB, topic, prefix string, n int) []string {
 	return ids
 }
 
-// TestEOSRelayFencedZombieStopsPublishing: relay A publishes; its lease is made to expire
-// (as if A had paused); B takes the shard and its producer fences A's transactional.id. A
-// still believes its lease is valid and tries to publish: Kafka refuses (fenced), A reports
-// it (Fenced, ErrFenced) and stands by; B publishes everything once.
+// TestEOSRelayFencedZombieStopsPublishing has relay A publish. A's lease is made to expire,
+// as if A had paused. B takes the shard, and its producer fences A's transactional.id. A
+// still believes its lease is valid and tries to publish. Kafka refuses, because A is
+// fenced. A reports it with Fenced and ErrFenced and stands by. B publishes everything once.
 func TestEOSRelayFencedZombieStopsPublishing(t *testing.T) {
 	t.Parallel()
 	testenv.Integration(t)
@@ -146,9 +146,9 @@ func TestEOSRelayFencedZombieStopsPublishing(t *testing.T) {
 	assertExactlyOnce(t, readAll(t, k, topic), ids)
 }
 
-// outageDialer is the relay's TCP dialer to Kafka. While down it refuses new connections
-// and has cut the open ones: to the relay the broker is gone (the real broker keeps
-// running, so tests in other packages are not disturbed).
+// outageDialer is the relay's TCP dialer to Kafka. While down, it refuses new connections
+// and has cut the open ones, so to the relay the broker is gone. The real broker keeps
+// running, so tests in other packages are not disturbed.
 type outageDialer struct {
 	mu    sync.Mutex
 	down  bool
@@ -180,11 +180,11 @@ func (o *outageDialer) setDown(down bool) {
 	}
 }
 
-// TestEOSRelayBrokerOutage: the relay loses the broker for OFTEST_OUTAGE (default
-// 30s) while business transactions keep committing. They neither fail nor slow down (they
-// only insert outbox rows); the relay retries with backoff; after the broker is back every
-// event is published exactly once. The outage is simulated at the relay's TCP dialer (the
-// whole broker is stopped in TestEOSRelayRealBrokerStopped).
+// TestEOSRelayBrokerOutage has the relay lose the broker for OFTEST_OUTAGE, 30s by default,
+// while business transactions keep committing. They only insert outbox rows, so they do not
+// fail. The relay retries with backoff. After the broker is back, every event is published
+// exactly once. The outage is simulated at the relay's TCP dialer.
+// TestEOSRelayRealBrokerStopped stops the whole broker.
 func TestEOSRelayBrokerOutage(t *testing.T) {
 	t.Parallel()
 	testenv.Integration(t)
@@ -225,9 +225,9 @@ func TestEOSRelayBrokerOutage(t *testing.T) {
 	if committed == 0 || pendingAtEnd == 0 {
 		t.Fatalf("business transactions committed %d events, %d pending: the outage test did not exercise anything", committed, pendingAtEnd)
 	}
-	// Not asserted (timing belongs in make bench): on a loaded 2-core machine a business
-	// transaction can be slow for reasons that have nothing to do with the broker. What must
-	// hold is that they kept committing, checked above.
+	// Timing is not asserted, because it belongs in make bench. On a loaded 2-core machine a
+	// business transaction can be slow for reasons that have nothing to do with the broker.
+	// What must hold is that they kept committing, as checked above.
 	recovered := time.Now()
 	time.Sleep(time.Second)
 	ids := writers.finish(t)
@@ -236,7 +236,7 @@ func TestEOSRelayBrokerOutage(t *testing.T) {
 		time.Since(recovered).Round(time.Millisecond), time.Since(start).Round(time.Second))
 	stop()
 	// A batch in flight when the broker went away may stay blocked in the producer's own
-	// retries until the broker returns; it fails then (or its lease ran out) and is retried.
+	// retries until the broker returns. It then fails, or its lease ran out, and is retried.
 	if relay.Failures() == 0 {
 		t.Error("the relay reported no failed batch across the outage")
 	}
@@ -245,8 +245,8 @@ func TestEOSRelayBrokerOutage(t *testing.T) {
 	assertPerKeyOrder(t, d.DB, recs)
 }
 
-// TestRelayRetentionCleanup: published rows older than the retention are deleted in small
-// batches; recent and unpublished rows stay.
+// TestRelayRetentionCleanup checks that published rows older than the retention are
+// deleted in small batches. Recent and unpublished rows stay.
 func TestRelayRetentionCleanup(t *testing.T) {
 	d := testenv.DB(t, 4)
 	ctx := context.Background()
@@ -269,13 +269,13 @@ func TestRelayRetentionCleanup(t *testing.T) {
 	}
 }
 
-// TestEOSRelayPipelinedMarks: under Run a batch's database mark runs while the next batch is
-// read and sent. The marks are slowed down (50ms each) so the next batch is always read while
-// the previous one is still unmarked: it must leave those rows out (else Kafka would get them
-// twice), and it must not commit in Kafka before the previous mark is done (else two
-// committed batches could be unmarked after a crash, and reconciliation covers only the last
-// one). The check at each Kafka commit is exact: the rows marked so far are those of every
-// earlier batch.
+// TestEOSRelayPipelinedMarks checks the pipelined marks of Run. There a batch's database
+// mark runs while the next batch is read and sent. The marks are slowed down to 50ms each,
+// so the next batch is always read while the previous one is still unmarked. The read must
+// leave those rows out, or Kafka would get them twice. The next batch must not commit in
+// Kafka before the previous mark is done. Otherwise two committed batches could be unmarked
+// after a crash, and reconciliation covers only the last one. The check at each Kafka
+// commit is exact. The rows marked so far are those of every earlier batch.
 func TestEOSRelayPipelinedMarks(t *testing.T) {
 	t.Parallel()
 	const rows, batch = 120, 10

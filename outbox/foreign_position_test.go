@@ -14,10 +14,10 @@ import (
 	"github.com/onceflow/onceflow/outbox"
 )
 
-// A relay starting on a fresh (reset or restored) database finds, in the positions topic,
-// the last batch another database committed under the same transactional id. Its outbox ids
-// exist in the new table but are other events: they must be published, not marked as
-// already in Kafka (that would lose them).
+// A relay starting on a fresh database, reset or restored, finds in the positions topic the
+// last batch that another database committed under the same transactional id. Its outbox
+// ids exist in the new table but are other events. They must be published, not marked as
+// already in Kafka, which would lose them.
 func TestEOSRelayIgnoresPositionOfAnotherDatabase(t *testing.T) {
 	ctx := context.Background()
 	k := testenv.Kafka(t)
@@ -65,10 +65,10 @@ func TestEOSRelayIgnoresPositionOfAnotherDatabase(t *testing.T) {
 	assertExactlyOnce(t, readAll(t, k, topic), append(ids1, ids2...))
 }
 
-// After `router migrate --reset` (here: a fresh database under the transactional id another
-// one published with) every `router relay` start finds the old batch: each says so once, at
-// WARN, with what to do, and logs no error. Once the relay has published a batch of this
-// database, a start finds that one and says nothing.
+// After `router migrate --reset` every `router relay` start finds the old batch. Here a
+// fresh database takes the transactional id that another one published with. Each start
+// says so once at WARN, with what to do, and logs no error. Once the relay has published a
+// batch of this database, a start finds that one and says nothing.
 func TestRelayAfterResetWarnsOncePerStart(t *testing.T) {
 	ctx := context.Background()
 	k := testenv.Kafka(t)
@@ -94,8 +94,8 @@ func TestRelayAfterResetWarnsOncePerStart(t *testing.T) {
 
 	reset := testenv.DB(t, 4)
 	env := relayEnv(reset, k, cfg.TransactionalID, cfg.PositionsTopic, "reset-owner", nil)
-	// start runs `router relay` until its session has started and until, if it must, the
-	// database has no unpublished row, and returns its log.
+	// start runs `router relay` until its session has started, and, if it must, until the
+	// database has no unpublished row. It returns the relay's log.
 	start := func(name string, drain bool) string {
 		t.Helper()
 		p := startRelayProc(t, name, env)

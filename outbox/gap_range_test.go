@@ -13,15 +13,16 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// TestRelayLateCommitInsideBatchRange: a transaction takes an outbox id between rows that
-// commit around it (ids 1..4 before, 6..9 after: an identity/sequence value on PostgreSQL,
-// an auto-increment on MariaDB, both allocated at the insert, never in commit order) and
-// stays open while the relay reads the rows on both sides of it as one batch; it commits
-// while that batch is in Kafka and not yet marked. The mark (and, exactly once, the
-// position) names the ranges 1..4 and 6..9, never 1..9: row 5 stays pending and the next
-// batch publishes it. Each statement of the relay reads what committed before it began
-// (READ COMMITTED), so the open row is neither seen nor waited for. A mark of the batch's
-// whole id span would mark row 5 published without sending it: this test fails then.
+// TestRelayLateCommitInsideBatchRange has a transaction take an outbox id between rows that
+// commit around it, ids 1..4 before and 6..9 after. The ids come from an identity on
+// PostgreSQL and an auto-increment on MariaDB. Both are allocated at the insert, never in
+// commit order. The transaction stays open while the relay reads the rows on both sides of
+// it as one batch. It commits while that batch is in Kafka and not yet marked. The mark
+// names the ranges 1..4 and 6..9, never 1..9, and so does the position in exactly-once
+// mode. Row 5 stays pending, and the next batch publishes it. At READ COMMITTED each
+// statement of the relay reads what committed before it began. So the open row is neither
+// seen nor waited for. A mark of the batch's whole id span would mark row 5 published
+// without sending it, and this test would then fail.
 func TestRelayLateCommitInsideBatchRange(t *testing.T) {
 	k := testenv.Kafka(t)
 	for _, mode := range []string{"at-least-once", "exactly-once"} {

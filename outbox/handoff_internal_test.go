@@ -22,9 +22,9 @@ func handedArgs(n int, payload string) []any {
 	return args
 }
 
-// TestHandoffTakeChecksEveryRow: a batch is taken from the hand-off only when it holds
-// every row with the key hash the database gives; one missing row or one other hash and
-// the batch is read back (take returns nil).
+// TestHandoffTakeChecksEveryRow checks that a batch is taken from the hand-off only when
+// the hand-off holds every row with the key hash the database gives. With one missing row
+// or one other hash, take returns nil and the batch is read back.
 func TestHandoffTakeChecksEveryRow(t *testing.T) {
 	h := newHandoff(1 << 20)
 	h.put([]int64{10, 11, 12}, []int64{1, 2, 3}, handedArgs(3, "p"))
@@ -46,8 +46,8 @@ func TestHandoffTakeChecksEveryRow(t *testing.T) {
 	}
 }
 
-// TestHandoffBoundedByBytes: a full hand-off takes no more rows (they are read back), and
-// takes again once published rows are dropped.
+// TestHandoffBoundedByBytes checks that a full hand-off takes no more rows, which are then
+// read back. It takes rows again once published rows are dropped.
 func TestHandoffBoundedByBytes(t *testing.T) {
 	big := strings.Repeat("x", 1000)
 	h := newHandoff(3 * (rowOverhead + 1000 + 10))
@@ -65,10 +65,10 @@ func TestHandoffBoundedByBytes(t *testing.T) {
 	}
 }
 
-// TestHandoffDropStale: rows handed before a read started whose ids are below the oldest
-// pending id that read found were published by another relay, and are dropped; a row
-// handed after the read started is kept whatever its id (its transaction may have
-// committed after a later id's).
+// TestHandoffDropStale checks which rows dropStale drops. Some rows were handed before a
+// read started and have ids below the oldest pending id that read found. Another relay
+// published them, and they are dropped. A row handed after the read started is kept
+// whatever its id, because its transaction may have committed after a later id's.
 func TestHandoffDropStale(t *testing.T) {
 	h := newHandoff(1 << 20)
 	h.put([]int64{1, 2, 5}, []int64{0, 0, 0}, handedArgs(3, "p"))
@@ -80,7 +80,8 @@ func TestHandoffDropStale(t *testing.T) {
 			t.Errorf("row %d kept = %v, want %v", id, ok, want)
 		}
 	}
-	// Two shards: shard 0's read says nothing of row 7 (key hash 1, shard 1).
+	// With two shards, shard 0's read says nothing of row 7, whose key hash 1 puts it in
+	// shard 1.
 	h = newHandoff(1 << 20)
 	h.put([]int64{6, 7, 8}, []int64{2, 1, 4}, handedArgs(3, "p"))
 	h.dropStale(10, h.mark(), 0, 2)

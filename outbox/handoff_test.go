@@ -15,9 +15,9 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-// handOffEvents are events whose rows a read turns into messages in every way it can:
-// invalid UTF-8 (never rewritten), an empty and a 200 KB payload, extra headers with
-// quotes and a traceparent, many keys.
+// handOffEvents are events whose rows a read turns into messages in every way it can. They
+// hold invalid UTF-8, which is never rewritten, an empty and a 200 KB payload, extra
+// headers with quotes and a traceparent, and many keys.
 func handOffEvents(topic, prefix string) []outbox.Event {
 	var evs []outbox.Event
 	for i := range 40 {
@@ -39,8 +39,8 @@ func handOffEvents(topic, prefix string) []outbox.Event {
 	return evs
 }
 
-// addHanded writes evs in one transaction as the inbox's group commit does (with a
-// txdefer.Commit, run once it committed); rollback: the transaction is rolled back.
+// addHanded writes evs in one transaction as the inbox's group commit does, with a
+// txdefer.Commit that runs once it committed. With rollback the transaction is rolled back.
 func addHanded(t *testing.T, db *sql.DB, w *outbox.Writer, evs []outbox.Event, rollback bool) {
 	t.Helper()
 	ctx := context.Background()
@@ -82,15 +82,20 @@ func relayAll(t *testing.T, r *outbox.Relay) {
 	t.Fatal("RelayOnce still publishing after 100 batches")
 }
 
-// TestEOSRelayHandOff: events a Writer hands to the exactly-once relay of its pool are
-// published from memory, and are on Kafka exactly as the same events read back from the
-// database: two relays on two databases, one with the hand-off and one without, publish
-// the same events (value, key, headers) to two topics. What the hand-off must not give
-// the relay is shown too: a rolled-back transaction's rows (never published), rows written
-// without a group commit's txdefer.Commit (read back), and the caller's buffers reused
-// after AddBatch returned (the published payloads are those inserted), and a transaction
-// of another pool given to the Writer (its rows are not handed over). The counts show
-// which path each batch took, so the test fails if the hand-off is never used.
+// TestEOSRelayHandOff checks that events a Writer hands to the exactly-once relay of its
+// pool are published from memory. They are on Kafka exactly as the same events read back
+// from the database. Two relays on two databases, one with the hand-off and one without,
+// publish the same values, keys and headers to two topics.
+//
+// The test also shows what the hand-off must not give the relay.
+//   - A rolled-back transaction's rows are never published.
+//   - Rows written without a group commit's txdefer.Commit are read back.
+//   - The caller may reuse its buffers after AddBatch returned. The published payloads are
+//     those inserted.
+//   - The rows of a transaction of another pool given to the Writer are not handed over.
+//
+// The counts show which path each batch took, so the test fails if the hand-off is never
+// used.
 func TestEOSRelayHandOff(t *testing.T) {
 	t.Parallel()
 	k := testenv.Kafka(t)
@@ -110,7 +115,7 @@ func TestEOSRelayHandOff(t *testing.T) {
 		relayAll(t, r)
 		addHanded(t, d.DB, w, handOffEvents(topic, "b")[:20], false)
 		addCommitted(t, context.Background(), d.DB, newWriter(t), handOffEvents(topic, "plain")[:5]...) // no Commit: not handed
-		// The same Writer given a transaction of another pool: those rows are another
+		// The same Writer is given a transaction of another pool. Those rows are another
 		// database's, whose ids mean nothing to this relay.
 		other := testenv.DB(t, 4)
 		addHanded(t, other.DB, w, handOffEvents(topic, "other")[:5], false)

@@ -12,9 +12,9 @@ import (
 	"github.com/onceflow/onceflow/outbox"
 )
 
-// lingerScenario commits one event, then runs one RelayOnce whose "linger" hook commits
-// four more events (from another connection) while the relay waits. It returns the ids
-// and what RelayOnce published.
+// lingerScenario commits one event, then runs one RelayOnce. Its "linger" hook commits four
+// more events from another connection while the relay waits. lingerScenario returns the
+// ids and what RelayOnce published.
 func lingerScenario(t *testing.T, db *sql.DB, topic string, cfg outbox.RelayConfig, build func(outbox.RelayConfig) *outbox.Relay) (ids []string, n int, r *outbox.Relay) {
 	t.Helper()
 	ctx := context.Background()
@@ -31,7 +31,7 @@ func lingerScenario(t *testing.T, db *sql.DB, topic string, cfg outbox.RelayConf
 			return
 		}
 		hooked++
-		// The relay waits here: more business transactions commit meanwhile.
+		// The relay waits here, and more business transactions commit meanwhile.
 		for i := 1; i <= 4; i++ {
 			addCommitted(t, ctx, db, w, ev(i))
 		}
@@ -47,9 +47,9 @@ func lingerScenario(t *testing.T, db *sql.DB, topic string, cfg outbox.RelayConf
 	return ids, n, r
 }
 
-// TestRelayLingerFillsPartialBatch: a batch that found one row waits Linger, and rows
-// that commit meanwhile go out in the same batch. Without linger the same RelayOnce
-// publishes the one row alone (the comparison that shows the setting has an effect).
+// TestRelayLingerFillsPartialBatch checks that a batch that found one row waits Linger, and
+// that rows that commit meanwhile go out in the same batch. Without linger the same
+// RelayOnce publishes the one row alone. That comparison shows the setting has an effect.
 func TestRelayLingerFillsPartialBatch(t *testing.T) {
 	for _, linger := range []time.Duration{outbox.NoLinger, 20 * time.Millisecond} {
 		t.Run(fmt.Sprint("linger=", linger), func(t *testing.T) {
@@ -77,8 +77,8 @@ func TestRelayLingerFillsPartialBatch(t *testing.T) {
 	}
 }
 
-// TestRelayLingerFullBatchDoesNotWait: a full batch is published at once; the hook would
-// fail the test if the relay lingered.
+// TestRelayLingerFullBatchDoesNotWait checks that a full batch is published at once. The
+// hook would fail the test if the relay lingered.
 func TestRelayLingerFullBatchDoesNotWait(t *testing.T) {
 	d := testenv.DB(t, 4)
 	addN(t, d.DB, "t", "full", 5)
@@ -93,11 +93,10 @@ func TestRelayLingerFullBatchDoesNotWait(t *testing.T) {
 	}
 }
 
-// TestEOSRelayLingerFillsPartialBatch: the same on the exactly-once relay and the real
-// broker: five events in one Kafka transaction, each once for a read_committed reader.
-// Before lingering the relay counts the pending rows by their ids alone and reads them in
-// full once, after the linger (reading them in full before it and again after cost the
-// database a second read of every row): one full read for the batch, and the payload a
+// TestEOSRelayLingerFillsPartialBatch checks the same on the exactly-once relay and the
+// real broker. Five events go in one Kafka transaction, each once for a read_committed
+// reader. Before lingering, the relay counts the pending rows by their ids alone. It reads
+// them in full once, after the linger. So the batch costs one full read, and the payload a
 // row has after the linger is the one published.
 func TestEOSRelayLingerFillsPartialBatch(t *testing.T) {
 	t.Parallel()
@@ -140,8 +139,8 @@ func TestEOSRelayLingerFillsPartialBatch(t *testing.T) {
 	}
 }
 
-// positionRecords counts the committed batch positions of cfg's transactional id: one per
-// Kafka transaction that carried events (init records have another key).
+// positionRecords counts the committed batch positions of cfg's transactional id. There is
+// one per Kafka transaction that carried events. Init records have another key.
 func positionRecords(t *testing.T, cfg outbox.RelayConfig) int {
 	t.Helper()
 	n := 0
@@ -153,12 +152,12 @@ func positionRecords(t *testing.T, cfg outbox.RelayConfig) int {
 	return n
 }
 
-// TestEOSRelayLingerFewerTransactions: the same trickle of single-event business
-// transactions goes through two exactly-once relays running side by side, one with
-// linger and one without (each on its own database and topic, so both see the same load
-// at the same time). Counted on Kafka (committed batch positions, one per transaction):
-// the lingering relay needs fewer transactions for the same events. Nothing about time is
-// asserted; every event is on Kafka exactly once in both runs.
+// TestEOSRelayLingerFewerTransactions sends the same trickle of single-event business
+// transactions through two exactly-once relays side by side, one with linger and one
+// without. Each has its own database and topic, so both see the same load at the same
+// time. Kafka's committed batch positions count one per transaction. The lingering relay
+// needs fewer transactions for the same events. Nothing about time is asserted. Every
+// event is on Kafka exactly once in both runs.
 func TestEOSRelayLingerFewerTransactions(t *testing.T) {
 	t.Parallel()
 	const events = 300
@@ -184,7 +183,8 @@ func TestEOSRelayLingerFewerTransactions(t *testing.T) {
 		wg.Go(func() {
 			defer stop()
 			w := newWriter(t)
-			// Warm up: the first session (producer id, init position) is done before the trickle.
+			// Warm up, so the first session's producer id and init position are done before
+			// the trickle.
 			addCommitted(t, context.Background(), r.d.DB, w, outbox.Event{ID: "warm-up", Type: "T", Topic: r.topic, Key: "w", Payload: []byte("w")})
 			r.ids = append(r.ids, "warm-up")
 			waitAllPublished(t, r.d.DB, 1, 60*time.Second)

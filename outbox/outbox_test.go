@@ -81,7 +81,7 @@ func TestNewWriterTable(t *testing.T) {
 }
 
 func TestNewRelayConfig(t *testing.T) {
-	// sql.Open does not connect; the relay only needs a non-nil pool here.
+	// sql.Open does not connect, and the relay only needs a non-nil pool here.
 	db, err := sql.Open("mysql", "u:p@tcp(127.0.0.1:1)/x")
 	if err != nil {
 		t.Fatal(err)
@@ -141,7 +141,7 @@ func TestWriterAddValidates(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "is 71 bytes, must be 1..36") || !strings.Contains(err.Error(), "outbox.EventID") {
 		t.Fatalf("Add of a 71-byte event id: %v, want its length, the limit and the helper named", err)
 	}
-	// A handler wraps it: the wrapped error still says that no retry can fix it.
+	// A handler wraps it, and the wrapped error still says that no retry can fix it.
 	if wrapped := fmt.Errorf("credit order: %w", err); !isInvalidEvent(wrapped) {
 		t.Fatalf("Add's error, wrapped: %v, want ErrInvalidEvent and permanent", wrapped)
 	}
@@ -245,10 +245,11 @@ func TestWriterAddStoresFields(t *testing.T) {
 	}
 }
 
-// TestWriterUseStatementsTakesTheDialect: a Writer given its pool with UseStatements writes
-// that pool's SQL (PostgreSQL's placeholders) without WithDialect, one event at a time and
-// in multi-row batches (prepared once ready, interpolated before), and event ids come back
-// as they were written (PostgreSQL would pad a CHAR(36)).
+// TestWriterUseStatementsTakesTheDialect checks that a Writer given its pool with
+// UseStatements writes that pool's SQL without WithDialect, such as PostgreSQL's
+// placeholders. It does so one event at a time and in multi-row batches, which run
+// interpolated until their statements are prepared. Event ids come back as they were
+// written, where PostgreSQL would pad a CHAR(36).
 func TestWriterUseStatementsTakesTheDialect(t *testing.T) {
 	d := testenv.DB(t, 4)
 	ctx := context.Background()

@@ -44,8 +44,8 @@ func parkModes() []parkMode {
 	}
 }
 
-// clientProducer is an idempotent producer on a client of its own (the client answers the
-// relay's metadata checks), both closed when the test ends.
+// clientProducer is an idempotent producer on a client of its own, which answers the
+// relay's metadata checks. Both are closed when the test ends.
 func clientProducer(t testing.TB, k kafkax.Config) (sarama.Client, sarama.SyncProducer) {
 	t.Helper()
 	client, err := sarama.NewClient(k.Brokers, k.ProducerConfig())
@@ -70,7 +70,7 @@ func uniqueName(prefix string) string {
 	return prefix + "-" + hex.EncodeToString(b)
 }
 
-// createTopic creates topic (with config entries), deleted when the test ends.
+// createTopic creates topic with config entries. The topic is deleted when the test ends.
 func createTopic(t testing.TB, k kafkax.Config, topic string, partitions int32, config map[string]string) {
 	t.Helper()
 	sc := sarama.NewConfig()
@@ -132,7 +132,8 @@ func parkedCount(t testing.TB, db *sql.DB) int {
 	return n
 }
 
-// waitSettled waits (bounded) until no outbox row is pending and parked rows are parked.
+// waitSettled waits, up to bound, until no outbox row is pending and parked rows are
+// parked.
 func waitSettled(t testing.TB, db *sql.DB, parked int, bound time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(bound)
@@ -159,11 +160,12 @@ func idsOf(evs []outbox.Event, topic string, but ...string) []string {
 	return out
 }
 
-// An outbox event for a topic that does not exist, among 10,000 events of two good topics:
-// every good event is published exactly once, the bad one is parked with an error naming its
-// topic, and the later events of its key are held behind it (in the same batch and in later
-// ones). Once the topic exists, a retry (the path `router outbox retry` takes) publishes the
-// parked event and its followers once, in their order.
+// TestRelayParksEventsForMissingTopic writes an outbox event for a topic that does not
+// exist, among 10,000 events of two good topics. Every good event is published exactly
+// once. The bad one is parked with an error naming its topic. The later events of its key
+// are held behind it, in the same batch and in later ones. Once the topic exists, a retry
+// publishes the parked event and the events behind it once, in their order. The retry
+// takes the path of `router outbox retry`.
 func TestRelayParksEventsForMissingTopic(t *testing.T) {
 	for _, m := range parkModes() {
 		t.Run(m.name, func(t *testing.T) {
@@ -267,11 +269,12 @@ func TestRelayParksEventsForMissingTopic(t *testing.T) {
 	}
 }
 
-// A record over the producer's max message bytes is parked (reason too_large), not retried
-// forever; the later event of its key is held; drop deletes it and releases the held one.
-// "refused at send" runs without the check before sending: the producer's own size check
-// refuses it, and that refusal parks it; the later event of its key, acked in the same batch,
-// is held all the same and published again after it (at least once: twice in all).
+// TestRelayParksOversizedRecord checks that a record over the producer's max message bytes
+// is parked with reason too_large and not retried forever. The later event of its key is
+// held. Drop deletes the record and releases the held one. The case "refused at send" runs
+// without the check before sending. The producer's own size check refuses the record, and
+// that refusal parks it. The later event of its key, acked in the same batch, is held all
+// the same. It is published again after the record, at least once and so twice in all.
 func TestRelayParksOversizedRecord(t *testing.T) {
 	modes := append(parkModes(), parkMode{"at-least-once, refused at send", func(t *testing.T, db *sql.DB, k kafkax.Config) *outbox.Relay {
 		return newRelay(t, db, newProducer(t, k), outbox.RelayConfig{PollInterval: 5 * time.Millisecond})
@@ -340,12 +343,13 @@ func TestRelayParksOversizedRecord(t *testing.T) {
 	}
 }
 
-// A record the broker refuses although the producer let it through (over the topic's
-// max.message.bytes): nothing tells which record of the batch it was — the broker fails the
-// partition's whole record batch, a transactional producer every record after — so the relay
-// narrows it down over the next batches and parks it; every other event is published exactly
-// once (read_committed), and the later event of its key is held (in at-least-once mode it was
-// acked beside the refused one: held all the same, to go out again after it).
+// TestRelayParksEventBrokerRefuses writes a record over the topic's max.message.bytes. The
+// broker refuses it, although the producer let it through. Nothing tells which record of
+// the batch it was. The broker fails the partition's whole record batch, and a
+// transactional producer fails every record after it. So the relay narrows it down over the
+// next batches and parks it. A read_committed reader sees every other event exactly once.
+// The later event of its key is held. In at-least-once mode that event was acked beside
+// the refused one. It is held all the same, to go out again after it.
 func TestRelayParksEventBrokerRefuses(t *testing.T) {
 	for _, m := range parkModes()[:2] {
 		t.Run(m.name, func(t *testing.T) {
@@ -371,8 +375,8 @@ func TestRelayParksEventBrokerRefuses(t *testing.T) {
 			stop()
 			want := idsOf(evs, good, "behind-big")
 			if m.name == "at-least-once" {
-				// Kafka acked it in the batch it refused too-big of; it is held all the same and
-				// goes out again after too-big (at least once).
+				// Kafka acked it in the batch in which it refused too-big. It is held all the
+				// same and goes out again after too-big, at least once.
 				want = append(want, "behind-big")
 			}
 			assertExactlyOnce(t, readAll(t, k, good), want)
@@ -392,7 +396,8 @@ func TestRelayParksEventBrokerRefuses(t *testing.T) {
 	}
 }
 
-// Parked store input: an unknown or malformed reference is refused without changing anything.
+// TestParkedStoreRefs checks that the Parked store refuses an unknown or malformed reference
+// without changing anything.
 func TestParkedStoreRefs(t *testing.T) {
 	d := testenv.DB(t, 2)
 	store, err := outbox.NewParked(d.DB, "")

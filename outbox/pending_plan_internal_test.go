@@ -13,12 +13,13 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-// TestPendingReadsUseUnpublishedIndex: the relays' reads of the oldest unpublished rows go
-// through idx_unpublished in its order, on an outbox that keeps many published rows (the
-// retention), with no sort and no walk of the primary key over published rows. PostgreSQL's
-// planner reads "published_at IS NULL ORDER BY id" as a walk of the primary key filtered on
-// published_at (every row kept for a week before the pending ones), hence its
-// ORDER BY published_at, id (sqlText.pendingOrder).
+// TestPendingReadsUseUnpublishedIndex checks that the relays' reads of the oldest
+// unpublished rows go through idx_unpublished in its order. The outbox keeps many
+// published rows for the retention. The reads need no sort and no walk of the primary key
+// over published rows. PostgreSQL's planner reads "published_at IS NULL ORDER BY id" as a
+// walk of the primary key filtered on published_at. That walk passes every row kept for a
+// week before the pending ones. Hence sqlText.pendingOrder gives PostgreSQL ORDER BY
+// published_at, id.
 func TestPendingReadsUseUnpublishedIndex(t *testing.T) {
 	d := testenv.DB(t, 2)
 	ctx := context.Background()
@@ -81,7 +82,7 @@ func TestPendingReadsUseUnpublishedIndex(t *testing.T) {
 	}
 }
 
-// checkMySQLPlan: EXPLAIN names idx_unpublished as the key, without a filesort.
+// checkMySQLPlan checks that EXPLAIN names idx_unpublished as the key, without a filesort.
 func checkMySQLPlan(t *testing.T, db *sql.DB, query string, args []any) {
 	t.Helper()
 	rows, err := db.Query("EXPLAIN "+query, args...)
@@ -112,8 +113,9 @@ func checkMySQLPlan(t *testing.T, db *sql.DB, query string, args []any) {
 	}
 }
 
-// checkPostgresPlan: the plan scans idx_unpublished, sorts nothing and never touches the
-// primary key, with a custom plan and with the generic plan a prepared statement comes to.
+// checkPostgresPlan checks that the plan scans idx_unpublished, sorts nothing and never
+// touches the primary key. It checks a custom plan and the generic plan a prepared
+// statement comes to.
 func checkPostgresPlan(t *testing.T, db *sql.DB, query string, args []any) {
 	t.Helper()
 	ctx := context.Background()

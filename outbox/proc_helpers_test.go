@@ -22,11 +22,11 @@ import (
 )
 
 // ---------------------------------------------------------------------------------------
-// Relay processes: this test binary itself, run with relayChildEnv set, in which TestMain
-// runs `router relay` (onceflow.Run) instead of the tests. So the tests kill relays as
+// Relay processes are this test binary itself, run with relayChildEnv set. TestMain then
+// runs `router relay` by onceflow.Run instead of the tests. So the tests kill relays as
 // real processes without building the router.
 
-// relayChildEnv set to 1 makes the test binary a `router relay` process (main_test.go).
+// relayChildEnv set to 1 makes the test binary a `router relay` process. See main_test.go.
 const relayChildEnv = "OUTBOX_TEST_RELAY_CHILD"
 
 // relayBinary is the executable the relay processes run: this test binary.
@@ -48,8 +48,8 @@ type relayProc struct {
 	err  error // from Wait, valid after done
 }
 
-// startRelayProc starts `router relay` with env (ONCEFLOW_* settings) on top of a clean
-// environment (the parent's ONCEFLOW_* variables are not inherited).
+// startRelayProc starts `router relay` with the ONCEFLOW_* settings of env on top of a clean
+// environment. The parent's ONCEFLOW_* variables are not inherited.
 func startRelayProc(t testing.TB, name string, env map[string]string) *relayProc {
 	t.Helper()
 	bin := relayBinary(t)
@@ -96,7 +96,7 @@ func (p *relayProc) kill() {
 	}
 }
 
-// wait waits up to d for the process to exit; false if it is still running.
+// wait waits up to d for the process to exit. It returns false if the process still runs.
 func (p *relayProc) wait(d time.Duration) bool {
 	select {
 	case <-p.done:
@@ -137,7 +137,8 @@ func (p *relayProc) tail(t testing.TB, n int) string {
 }
 
 // ---------------------------------------------------------------------------------------
-// Paced writers: keep committing events (out of id order, per-key sequences) until stopped.
+// Paced writers keep committing events until stopped, out of id order and in per-key
+// sequences.
 
 type pacedWriters struct {
 	mu      sync.Mutex
@@ -149,8 +150,9 @@ type pacedWriters struct {
 	stopped bool
 }
 
-// startPacedWriters starts n writers; each commits a transaction of 1..3 events every
-// pace (±50%) until stop is called. Writer w owns keys p<w>-k0..k2 and numbers their events.
+// startPacedWriters starts n writers. Each commits a transaction of 1..3 events every pace,
+// give or take 50%, until stop is called. Writer w owns keys p<w>-k0..k2 and numbers their
+// events.
 func startPacedWriters(t testing.TB, db *sql.DB, topic string, n int, pace time.Duration) *pacedWriters {
 	t.Helper()
 	w := newWriter(t)
@@ -266,11 +268,12 @@ var (
 )
 
 // runWithoutRace reruns the calling test in a copy of this test binary built without the
-// race detector, when this one has it, and reports whether it did (the caller returns
-// then). It is for the tests that drive Sarama's transactional producer into its error
-// paths (fencing, a lost broker): Sarama itself has a known data race there (IBM/sarama#2913:
-// transactionManager.lastError is written under statusLock and read under another lock),
-// which the race detector would report against the test. The child's output is logged.
+// race detector, when this one has it. It reports whether it did, and the caller then
+// returns. It serves the tests that drive Sarama's transactional producer into its error
+// paths, such as fencing or a lost broker. Sarama itself has a known data race there,
+// IBM/sarama#2913. transactionManager.lastError is written under statusLock and read under
+// another lock. The race detector would report that against the test. The child's output
+// is logged.
 func runWithoutRace(t *testing.T) bool {
 	t.Helper()
 	if !raceEnabled {

@@ -43,8 +43,8 @@ func relayEnv(d testenv.Database, k kafkax.Config, txnID, positions, owner strin
 	return env
 }
 
-// kills is the number of relay processes killed by TestEOSRelayProcessKill9
-// (OFTEST_RELAY_KILLS overrides the default 15).
+// kills is the number of relay processes that TestEOSRelayProcessKill9 kills. It is 15
+// unless OFTEST_RELAY_KILLS says otherwise.
 func kills(t *testing.T) int {
 	if v := os.Getenv("OFTEST_RELAY_KILLS"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -57,11 +57,11 @@ func kills(t *testing.T) int {
 }
 
 // TestEOSRelayProcessKill9 kills `router relay` child processes again and again while
-// business transactions keep committing: at the crash points between the Kafka commit and
-// the database mark and just before the Kafka commit (the process exits with 137 right
-// there), and with SIGKILL at random moments (during start-up and reconciliation too).
-// Afterwards a clean relay drains the table; a read_committed reader must see every event
-// exactly once, in per-key order, and no row may be left unpublished.
+// business transactions keep committing. Some die at a crash point, between the Kafka
+// commit and the database mark or just before the Kafka commit. The process exits with 137
+// right there. Others get SIGKILL at random moments, during start-up and reconciliation
+// too. Afterwards a clean relay drains the table. A read_committed reader must see every
+// event exactly once, in per-key order, and no row may be left unpublished.
 func TestEOSRelayProcessKill9(t *testing.T) {
 	t.Parallel()
 	d := testenv.DB(t, 16)
@@ -122,7 +122,7 @@ func TestEOSRelayProcessKill9(t *testing.T) {
 	if !strings.Contains(final.logText(t), "outbox relay session started") {
 		t.Fatalf("final relay never started a session:\n%s", final.tail(t, 20))
 	}
-	// Every crash after a Kafka commit left a committed, unmarked batch: a later session
+	// Every crash after a Kafka commit left a committed, unmarked batch. A later session
 	// must have found it in the positions topic and marked it without republishing.
 	reconciledSessions, reconciledRows := 0, 0
 	for _, p := range append(procs, final) {
@@ -147,9 +147,9 @@ func TestEOSRelayProcessKill9(t *testing.T) {
 }
 
 // TestAtLeastOnceRelayProcessDuplicatesAtSameCrash runs the same crash point with
-// relay.exactly_once=false: the idempotent producer's batch is acked, the process dies
-// before the mark, the next relay publishes the batch again. It shows that the exactly-once
-// check above can fail: here it must find duplicates (and nothing missing).
+// relay.exactly_once=false. The idempotent producer's batch is acked, the process dies
+// before the mark, and the next relay publishes the batch again. It shows that the
+// exactly-once check above can fail. Here it must find duplicates and nothing missing.
 func TestAtLeastOnceRelayProcessDuplicatesAtSameCrash(t *testing.T) {
 	t.Parallel()
 	d := testenv.DB(t, 8)
@@ -190,7 +190,7 @@ func TestAtLeastOnceRelayProcessDuplicatesAtSameCrash(t *testing.T) {
 	if other > 0 {
 		t.Fatalf("at-least-once relay lost or invented events: %v", problems)
 	}
-	// Each crash leaves one acked but unmarked batch of 40 (the second batch of each run).
+	// Each crash leaves one acked but unmarked batch of 40, the second batch of each run.
 	if dups != crashes*40 {
 		t.Fatalf("%d duplicated events, want %d (one batch of 40 per crash): the crash point did not duplicate as expected", dups, crashes*40)
 	}
@@ -211,9 +211,9 @@ func leaseOwner(t *testing.T, d testenv.Database) (string, bool) {
 	return owner, live
 }
 
-// TestEOSRelayTwoProcessesFailover starts two relay processes on one shard together: only
+// TestEOSRelayTwoProcessesFailover starts two relay processes on one shard together. Only
 // the lease owner publishes. Killing it with SIGKILL hands the shard to the other within
-// the lease TTL (2s) plus its polling and session start; no event reaches Kafka twice.
+// the lease TTL of 2s plus its polling and session start. No event reaches Kafka twice.
 func TestEOSRelayTwoProcessesFailover(t *testing.T) {
 	t.Parallel()
 	const ttl = 2 * time.Second
@@ -261,10 +261,11 @@ func TestEOSRelayTwoProcessesFailover(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	// The design bound is lease TTL + standby poll (ttl/4) + session start; it is logged, not
-	// asserted (timing is measured, never asserted: a loaded CI machine stretches it). What is
-	// asserted: the standby did not publish while the lease was live (above), it did take over
-	// (30 s liveness limit), and no event reached Kafka twice (below).
+	// The design bound is the lease TTL plus the standby poll of ttl/4 plus the session
+	// start. It is logged and not asserted, because a loaded CI machine stretches it. The
+	// test asserts three things. The standby did not publish while the lease was live, as
+	// checked above. It did take over within a liveness limit of 30 s. No event reached
+	// Kafka twice, as checked below.
 	bound := ttl + 3*time.Second
 	t.Logf("%s took over and published %s after the kill (design bound %s)", standby, takeover.Round(time.Millisecond), bound)
 	time.Sleep(500 * time.Millisecond)

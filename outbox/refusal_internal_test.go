@@ -28,7 +28,7 @@ func ids(rows []outRow) []int64 {
 	return out
 }
 
-// fakeMetadata knows the topics in have; refreshes counts forced refreshes.
+// fakeMetadata knows the topics in have. refreshes counts forced refreshes.
 type fakeMetadata struct {
 	have      map[string]bool
 	refreshes int
@@ -47,8 +47,9 @@ func (f *fakeMetadata) Partitions(topic string) ([]int32, error) {
 
 func (f *fakeMetadata) RefreshMetadata(...string) error { f.refreshes++; return nil }
 
-// screen keeps each key's order: rows after a parked one (existing or new in the batch) are
-// held behind it, rows after one another relay holds and rows of released keys stay.
+// screen keeps each key's order. Rows after a parked row, existing or new in the batch, are
+// held behind it. Rows after one that another relay holds stay, and so do rows of released
+// keys.
 func TestScreen(t *testing.T) {
 	md := &fakeMetadata{have: map[string]bool{"good": true}}
 	rows := []outRow{
@@ -87,7 +88,8 @@ func TestScreen(t *testing.T) {
 		t.Errorf("%d forced metadata refreshes, want 1 (the missing topic, once per batch)", md.refreshes)
 	}
 
-	// A topic that appears on the forced refresh is not refused; metadata errors fail the batch.
+	// A topic that appears on the forced refresh is not refused. Metadata errors fail the
+	// batch.
 	appears := &fakeMetadata{have: map[string]bool{}}
 	c := &checker{md: &refreshAdds{appears, "new"}}
 	if f, err := c.check(row(1, "a", "new")); f != nil || err != nil {
@@ -201,7 +203,7 @@ func TestRefusalReason(t *testing.T) {
 	}
 }
 
-// sortSend matches producer errors back to their rows; rows without one were acked.
+// sortSend matches producer errors back to their rows. Rows without one were acked.
 func TestSortSend(t *testing.T) {
 	batch := []outRow{row(1, "a", "t"), row(2, "b", "t"), row(3, "c", "u")}
 	pos := &sarama.ProducerMessage{Topic: "positions"}
@@ -228,8 +230,9 @@ type nopProducer struct{}
 
 func (nopProducer) SendMessages([]*sarama.ProducerMessage) error { return nil }
 
-// Holding a row behind an event parked before the batch checks, under its row lock, that the
-// event is still parked: one retried or dropped meanwhile leaves the row in the outbox.
+// Holding a row behind an event parked before the batch checks, under the event's row lock,
+// that the event is still parked. If it was retried or dropped meanwhile, the row stays in
+// the outbox.
 func TestParkChecksTheEventHeldBehind(t *testing.T) {
 	d := testenv.DB(t, 2)
 	ctx := context.Background()

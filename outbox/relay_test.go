@@ -21,9 +21,10 @@ import (
 )
 
 // ---------------------------------------------------------------------------------------
-// Gap safety, deterministic: a row with a lower id commits after a row with a higher id.
+// Gap safety, made deterministic. A row with a lower id commits after a row with a higher
+// id.
 
-// naiveRelay is the classic high-water-mark relay: it remembers the largest id it has
+// naiveRelay is the classic high-water-mark relay. It remembers the largest id it has
 // published and only looks above it. It exists to show that the gap test can fail.
 type naiveRelay struct {
 	db       *sql.DB
@@ -72,9 +73,9 @@ type relayOncer interface {
 	RelayOnce(ctx context.Context) (int, error)
 }
 
-// gapScenario: tx A inserts first (lower id) and stays open while tx B inserts and commits;
-// the relay runs; A commits; the relay runs again. It returns the two event ids and what
-// each relay call reported.
+// gapScenario lets tx A insert first, with the lower id, and stay open while tx B inserts
+// and commits. The relay runs, A commits, and the relay runs again. gapScenario returns the
+// two event ids and what each relay call reported.
 func gapScenario(t *testing.T, db *sql.DB, topic string, r relayOncer) (a, b string, published []int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -105,7 +106,7 @@ func gapScenario(t *testing.T, db *sql.DB, topic string, r relayOncer) (a, b str
 	t.Logf("A: id %d (open), B: id %d (committed)", idA, idB)
 
 	relayOnce := func(step string) {
-		// A bounded context: a relay that waited for A's row lock would hang here.
+		// The context is bounded, because a relay that waited for A's row lock would hang here.
 		cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
 		defer ccancel()
 		n, err := r.RelayOnce(cctx)
@@ -139,7 +140,8 @@ func TestRelayGapLateCommitDeterministic(t *testing.T) {
 	}
 	recs := readAll(t, k, topic)
 	assertExactlyOnce(t, recs, []string{a, b})
-	// One partition: Kafka order is publish order, B (committed first) then A.
+	// With one partition, Kafka order is publish order. B committed first, so B comes before
+	// A.
 	if got := recs[0].Headers[outbox.HeaderEventID] + "," + recs[1].Headers[outbox.HeaderEventID]; got != b+","+a {
 		t.Fatalf("Kafka order %s, want %s,%s", got, b, a)
 	}
@@ -174,9 +176,9 @@ type seqPayload struct {
 }
 
 // runWriters starts writers goroutines that each add perWriter events in transactions of
-// 1..3 events; each transaction sleeps 0..5ms before it commits, so commit order differs
+// 1..3 events. Each transaction sleeps 0..5ms before it commits, so commit order differs
 // from id order. Writer w owns the keys w<w>-k0 and w<w>-k1 and numbers each key's events.
-// It returns the event ids once every writer is done.
+// runWriters returns the event ids once every writer is done.
 func runWriters(t *testing.T, ctx context.Context, db *sql.DB, topic string, writers, perWriter int) []string {
 	t.Helper()
 	w := newWriter(t)
@@ -243,7 +245,7 @@ func runWriters(t *testing.T, ctx context.Context, db *sql.DB, topic string, wri
 	return ids
 }
 
-// runRelay runs r.Run in a goroutine; the returned stop cancels it and waits for it.
+// runRelay runs r.Run in a goroutine. The returned stop cancels it and waits for it.
 func runRelay(t *testing.T, r *outbox.Relay) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -269,8 +271,8 @@ func runRelay(t *testing.T, r *outbox.Relay) (stop func()) {
 	return stop
 }
 
-// lateRows counts rows that were published after some row with a higher id: the rows a
-// high-water-mark relay would have skipped.
+// lateRows counts rows that were published after some row with a higher id. A
+// high-water-mark relay would have skipped them.
 func lateRows(t *testing.T, db *sql.DB) int {
 	t.Helper()
 	var n int
@@ -315,7 +317,7 @@ func stressWriters(t *testing.T, d testenv.Database, k kafkax.Config, topic stri
 }
 
 // assertPerKeyOrder checks that each key's events are on one partition with increasing
-// sequence numbers (each key is owned by one writer, so its rows commit in sequence order).
+// sequence numbers. One writer owns each key, so its rows commit in sequence order.
 func assertPerKeyOrder(t *testing.T, db *sql.DB, recs []kafkax.Record) {
 	t.Helper()
 	type state struct {
@@ -372,7 +374,8 @@ func assertPerKeyOrder(t *testing.T, db *sql.DB, recs []kafkax.Record) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Two relays over one table: FOR UPDATE SKIP LOCKED must keep them from publishing a row twice.
+// Two relays over one table. FOR UPDATE SKIP LOCKED must keep them from publishing a row
+// twice.
 
 func TestTwoRelaysSkipLockedNoDuplicates(t *testing.T) {
 	const writers, perWriter = 8, 250
@@ -406,8 +409,8 @@ func TestTwoRelaysSkipLockedNoDuplicates(t *testing.T) {
 	assertPerKeyOrder(t, d.DB, recs)
 }
 
-// TestRelayHoldsBackKeyBehindLockedRow: a pending row locked by someone else (another
-// relay) is skipped, and so is every later row of its key; other keys go ahead.
+// TestRelayHoldsBackKeyBehindLockedRow checks that a pending row that someone else locked,
+// such as another relay, is skipped. So is every later row of its key. Other keys go ahead.
 func TestRelayHoldsBackKeyBehindLockedRow(t *testing.T) {
 	d := testenv.DB(t, 4)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -449,7 +452,7 @@ func TestRelayHoldsBackKeyBehindLockedRow(t *testing.T) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Error path: a failed publish rolls back, nothing is marked, the next call succeeds.
+// Error path. A failed publish rolls back, nothing is marked, and the next call succeeds.
 
 func TestRelayPublishFailureRollsBack(t *testing.T) {
 	d := testenv.DB(t, 4)
@@ -474,7 +477,7 @@ func TestRelayPublishFailureRollsBack(t *testing.T) {
 	if got := pendingRows(t, d.DB); got != 3 {
 		t.Fatalf("%d rows unpublished after a failed publish, want 3 (rolled back)", got)
 	}
-	// The failed transaction released its row locks: another transaction can claim them.
+	// The failed transaction released its row locks, so another transaction can claim them.
 	lockCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	err = dbx.InTx(lockCtx, d.DB, func(tx *sql.Tx) error {

@@ -14,7 +14,7 @@ import (
 	"github.com/onceflow/onceflow/internal/tracex"
 )
 
-// testRow is an outbox row's columns as the driver gives them (nil: NULL).
+// testRow is an outbox row's columns as the driver gives them, with nil for NULL.
 type testRow struct {
 	id                                                 int64
 	eventID, typ, topic, key, payload, headers, traceP []byte
@@ -24,8 +24,8 @@ func (c testRow) raw() [8]sql.RawBytes {
 	return [8]sql.RawBytes{[]byte(fmt.Sprint(c.id)), c.eventID, c.typ, c.topic, c.key, c.payload, c.headers, c.traceP}
 }
 
-// refMessage is the message a row gave when every column was scanned into strings and
-// []byte and copied into the message one by one: what rowReader must still give.
+// refMessage is the message a row gives when every column is scanned into strings and
+// []byte and copied into the message one by one. rowReader must give the same message.
 func refMessage(c testRow) (*sarama.ProducerMessage, error) {
 	traced := len(c.traceP) > 0
 	hs := []sarama.RecordHeader{{Key: []byte(HeaderEventID), Value: []byte(string(c.eventID))}, {Key: []byte(HeaderEventType), Value: []byte(string(c.typ))}}
@@ -76,7 +76,7 @@ func readRaw(rd *rowReader, raws [][8]sql.RawBytes) ([]outRow, error) {
 	return rd.rows(b), nil
 }
 
-// encoded is what Sarama writes of an Encoder: nil stays nil (a null key or value).
+// encoded is what Sarama writes of an Encoder. nil stays nil, for a null key or value.
 func encoded(t *testing.T, e sarama.Encoder) []byte {
 	t.Helper()
 	if e == nil {
@@ -97,10 +97,10 @@ func headerText(hs []sarama.RecordHeader) []string {
 	return out
 }
 
-// The messages rowReader makes are the ones a row always gave: topic, key, value and
-// headers byte for byte (extra headers in any order before: a map), whatever the headers
-// column holds (escapes, duplicate names, invalid UTF-8, other JSON values go through
-// encoding/json as before).
+// TestRowReaderMessages checks that the messages rowReader makes are those of refMessage.
+// Topic, key, value and headers match byte for byte, whatever the headers column holds. The
+// extra headers of refMessage come from a map, in any order. Escapes, duplicate names,
+// invalid UTF-8 and other JSON values go through encoding/json.
 func TestRowReaderMessages(t *testing.T) {
 	tp := []byte("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 	base := testRow{id: 7, eventID: []byte("e-7"), typ: []byte("T"), topic: []byte("orders"), key: []byte("k1"), payload: []byte{0xff, 0, 'x'}}
@@ -194,9 +194,10 @@ func TestRowReaderMessages(t *testing.T) {
 	}
 }
 
-// A batch's messages share its buffers but never each other's bytes: every row keeps its
-// own key, value and headers, a header appended to one message does not land in the next,
-// and the next batch's rows (read with the same reader) leave the first's as they were.
+// TestRowReaderBatchesDoNotAlias checks that a batch's messages share its buffers but never
+// each other's bytes. Every row keeps its own key, value and headers. A header appended to
+// one message does not land in the next. The next batch's rows, read with the same reader,
+// leave the first's as they were.
 func TestRowReaderBatchesDoNotAlias(t *testing.T) {
 	var rd rowReader
 	batch := func(prefix string, n int) []testRow {
@@ -227,7 +228,8 @@ func TestRowReaderBatchesDoNotAlias(t *testing.T) {
 }
 
 // checkRows fails the test unless each of rows is the message refMessage makes of its
-// testRow (rows with at most one extra header: refMessage adds them in map order).
+// testRow. The rows have at most one extra header, because refMessage adds them in map
+// order.
 func checkRows(t *testing.T, rows []outRow, cs []testRow) {
 	t.Helper()
 	for i, o := range rows {
@@ -250,8 +252,8 @@ func checkRows(t *testing.T, rows []outRow, cs []testRow) {
 	}
 }
 
-// Reading a batch allocates a few times per batch, not per row (each column was a string
-// or a []byte of its own, then copied again into the message).
+// TestRowReaderAllocsPerBatch checks that reading a batch allocates a few times per batch,
+// not per row.
 func TestRowReaderAllocsPerBatch(t *testing.T) {
 	const n, most = 200, 12
 	raws := make([][8]sql.RawBytes, n)
@@ -273,10 +275,11 @@ func TestRowReaderAllocsPerBatch(t *testing.T) {
 	}
 }
 
-// Once a relay recycles a batch (its Kafka transaction ended), the next read reuses its
-// buffers and message slices: one allocation per batch (its strings), where a batch not
-// recycled makes all of them anew. The recycled batch's strings stay as they were, and the
-// new batch's messages are the rows' own, every field Sarama writes zeroed.
+// TestRowReaderRecycle checks the reuse of a batch that a relay recycles once its Kafka
+// transaction ended. The next read reuses its buffers and message slices, with one
+// allocation per batch for its strings. A batch not recycled makes all of them anew. The
+// recycled batch's strings stay as they were. The new batch's messages are the rows' own,
+// with every field Sarama writes zeroed.
 func TestRowReaderRecycle(t *testing.T) {
 	const n = 200
 	rowsOf := func(prefix string) []testRow {

@@ -37,10 +37,10 @@ func addKeyed(t *testing.T, d testenv.Database, topic, prefix string, n int) []s
 	return ids
 }
 
-// TestEOSShardedRelayPublishesEachShardInItsOwnTransactions: one relay with three shards
-// owns all of them; every Kafka transaction (batch position) covers rows of one shard only
-// — MOD(key_hash, 3) of each of its rows is the shard in the position — with the shard's
-// own transactional id; every event is on Kafka once.
+// TestEOSShardedRelayPublishesEachShardInItsOwnTransactions runs one relay that owns all of
+// its three shards. Every Kafka transaction, told by its batch position, covers rows of one
+// shard only, with the shard's own transactional id. MOD(key_hash, 3) of each of its rows is
+// the shard in the position. Every event is on Kafka once.
 func TestEOSShardedRelayPublishesEachShardInItsOwnTransactions(t *testing.T) {
 	t.Parallel()
 	d := testenv.DB(t, 8)
@@ -93,12 +93,12 @@ func TestEOSShardedRelayPublishesEachShardInItsOwnTransactions(t *testing.T) {
 	assertExactlyOnce(t, readAll(t, k, topic), ids)
 }
 
-// TestEOSShardCountMismatchRefuses: two relays of one group configured with different
-// shard counts would publish the same rows under different transactional ids, which
-// Kafka does not fence. It is shown with two groups (no guard between them): the second
-// relay, run while the first has committed its batch to Kafka but not yet marked it,
-// publishes the same events again. In one group the second relay refuses
-// (ErrShardCountMismatch) and publishes nothing; every event is on Kafka once.
+// TestEOSShardCountMismatchRefuses shows why relays of one group must share a shard count.
+// With different counts they would publish the same rows under different transactional
+// ids, which Kafka does not fence. Two groups, with no guard between them, show it. The
+// second relay runs while the first has committed its batch to Kafka but not yet marked it,
+// and publishes the same events again. In one group, the second relay refuses with
+// ErrShardCountMismatch and publishes nothing. Every event is on Kafka once.
 func TestEOSShardCountMismatchRefuses(t *testing.T) {
 	t.Parallel()
 	for _, sameGroup := range []bool{false, true} {
@@ -178,10 +178,10 @@ func countOwned(owners map[int]string, owner string) int {
 }
 
 // TestEOSShardedRelaysSplitAndTakeOver starts two `router relay` processes with
-// relay.shards=4 while business transactions keep committing: they split the shards two
-// and two (relay_member), each publishing its own. SIGKILL one: the other takes its two
-// shards once their leases and its membership have expired (lease TTL 2s; the time is
-// logged, not asserted), and every event reaches Kafka once, each key in order.
+// relay.shards=4 while business transactions keep committing. They split the shards two
+// and two in relay_member, each publishing its own. One gets SIGKILL. The other takes its
+// two shards once their leases and its membership have expired. The lease TTL is 2s, and
+// the time is logged, not asserted. Every event reaches Kafka once, each key in order.
 func TestEOSShardedRelaysSplitAndTakeOver(t *testing.T) {
 	t.Parallel()
 	const shards = 4
@@ -200,7 +200,7 @@ func TestEOSShardedRelaysSplitAndTakeOver(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		o := liveShardOwners(t, d, shards)
-		// Each relay owns two shards and has started a session (and so may publish) on both.
+		// Each relay owns two shards and has started a session on both, so it may publish.
 		if countOwned(o, "relay-a") == 2 && countOwned(o, "relay-b") == 2 && countRows(t, d.DB, "published_at IS NOT NULL") > 200 &&
 			countLines(procs["relay-a"].logText(t), "outbox relay session started") >= 2 &&
 			countLines(procs["relay-b"].logText(t), "outbox relay session started") >= 2 {
@@ -227,7 +227,8 @@ func TestEOSShardedRelaysSplitAndTakeOver(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	// Design bound: lease TTL (2s) + one membership refresh (TTL/4) + standby poll; logged.
+	// The design bound is the lease TTL of 2s, one membership refresh of TTL/4 and the
+	// standby poll. It is logged.
 	t.Logf("relay-b owns all %d shards %s after the kill (design bound ≈ %s)", shards, takeover.Round(time.Millisecond), 2*time.Second+time.Second)
 	time.Sleep(500 * time.Millisecond)
 	ids := writers.finish(t)

@@ -21,12 +21,15 @@ func spanContext(t, s byte) trace.SpanContext {
 	return trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{0xab, t}, SpanID: trace.SpanID{0xcd, s}, TraceFlags: trace.FlagsSampled})
 }
 
-// The writer stores each event's trace parent — the event's own, else its context's span,
-// else none (NULL) — in Add, AddBatch and a group commit's deferred rows alike, and refuses
-// one that is not a traceparent; the relay, untraced, writes the stored value as the record's
-// traceparent header (in place of an extra header of that name) and nothing for an untraced
-// event; a parked event keeps its trace parent and publishes it when retried; a traced relay
-// writes its send span instead, a child of the stored context, recorded with the event's id.
+// TestRelayWritesTraceParent follows an event's trace parent through the outbox.
+//   - The writer stores the event's own trace parent, else its context's span, else NULL.
+//     It does so in Add, AddBatch and a group commit's deferred rows alike. It refuses a
+//     trace parent that is not a traceparent.
+//   - An untraced relay writes the stored value as the record's traceparent header, in
+//     place of an extra header of that name. It writes nothing for an untraced event.
+//   - A parked event keeps its trace parent and publishes it when retried.
+//   - A traced relay writes its send span instead, a child of the stored context, recorded
+//     with the event's id.
 func TestRelayWritesTraceParent(t *testing.T) {
 	d := testenv.DB(t, 4)
 	k := testenv.Kafka(t)
@@ -63,7 +66,8 @@ func TestRelayWritesTraceParent(t *testing.T) {
 		t.Fatalf("%d rows without a trace parent (%v), want the two untraced", nulls, err)
 	}
 
-	// Untraced relay: the stored value as it is; the event of the missing topic is parked.
+	// An untraced relay writes the stored value as it is. The event of the missing topic is
+	// parked.
 	client, p := clientProducer(t, k)
 	relay := newRelay(t, db, p, outbox.RelayConfig{PollInterval: 5 * time.Millisecond}).CheckWith(client, client.Config().Producer.MaxMessageBytes)
 	if _, err := relay.RelayOnce(bg); err != nil {
@@ -102,7 +106,7 @@ func TestRelayWritesTraceParent(t *testing.T) {
 		}
 	}
 
-	// Traced relay: the header names its send span, a child of the stored context.
+	// With a traced relay, the header names its send span, a child of the stored context.
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	defer func() { _ = tp.Shutdown(bg) }()
