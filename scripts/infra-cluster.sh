@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # A three-broker KRaft cluster of the same Apache Kafka, on loopback, beside (never instead
 # of) the one-broker service that `make test` uses. Sourced by scripts/infra.sh, which
-# provides log, warn, fail, port_open, kafka_install, kafka_tool and the KAFKA_* paths.
+# provides log, warn, fail, port_open, port_pids, is_kafka, kafka_install, kafka_tool, the
+# KAFKA_* paths and the DEV_* variables.
 #
 #   cluster-up            start the three nodes (formatting their storage the first time),
 #                         wait until all three are registered, create the topics with
@@ -22,22 +23,32 @@
 # with replication factor 3 and min.insync.replicas=2 on a cluster of three or more). No
 # unclean leader election (Kafka's default). Clients use acks=all (pkg/kafkax, the relay).
 #
-# Environment:
-#   INFRA_CLUSTER_PORT             first broker port, default 19092 (nodes on 19092, 19093, 19094)
-#   INFRA_CLUSTER_CONTROLLER_PORT  first controller port, default 19192 (19192, 19193, 19194)
-#   INFRA_CLUSTER_HEAP_OPTS        each node's heap, default "-Xms128m -Xmx512m"
+# Environment (the defaults from deploy/dev/services.env):
+#   INFRA_CLUSTER_PORT             first broker port (nodes on it and the next two), default
+#                                  DEV_CLUSTER_PORT_1..3 (19092, 19093, 19094)
+#   INFRA_CLUSTER_CONTROLLER_PORT  first controller port, default DEV_CLUSTER_CONTROLLER_PORT_1..3
+#                                  (19192, 19193, 19194)
+#   INFRA_CLUSTER_HEAP_OPTS        each node's heap, default DEV_CLUSTER_HEAP_OPTS
 #   INFRA_TOPICS, INFRA_TOPIC_PARTITIONS, INFRA_RUN_DIR as for the one broker; data,
 #   logs and pid files in <run dir>/kafka-cluster/node-N.
 
 CLUSTER_NODES=3
-CLUSTER_PORT="${INFRA_CLUSTER_PORT:-19092}"
-CLUSTER_CONTROLLER_PORT="${INFRA_CLUSTER_CONTROLLER_PORT:-19192}"
-CLUSTER_HEAP_OPTS="${INFRA_CLUSTER_HEAP_OPTS:--Xms128m -Xmx512m}"
+CLUSTER_HEAP_OPTS="${INFRA_CLUSTER_HEAP_OPTS:-$DEV_CLUSTER_HEAP_OPTS}"
 CLUSTER_DIR="$RUN_DIR/kafka-cluster"
 CLUSTER_ID_FILE="$CLUSTER_DIR/cluster.id"
 
-cluster_port() { echo $((CLUSTER_PORT + $1 - 1)); }
-cluster_ctrl_port() { echo $((CLUSTER_CONTROLLER_PORT + $1 - 1)); }
+# cluster_nth_port FIRST KEY N: node N's port: FIRST + N - 1 when FIRST (an INFRA_* port) is
+# given, else the data file's KEY<N>.
+cluster_nth_port() {
+  if [[ -n "$1" ]]; then
+    echo $(($1 + $3 - 1))
+  else
+    local key="$2$3"
+    echo "${!key}"
+  fi
+}
+cluster_port() { cluster_nth_port "${INFRA_CLUSTER_PORT:-}" DEV_CLUSTER_PORT_ "$1"; }
+cluster_ctrl_port() { cluster_nth_port "${INFRA_CLUSTER_CONTROLLER_PORT:-}" DEV_CLUSTER_CONTROLLER_PORT_ "$1"; }
 cluster_node_dir() { echo "$CLUSTER_DIR/node-$1"; }
 cluster_bootstrap() {
   local n out=""
@@ -124,9 +135,8 @@ cluster_node_pid() {
   local n="$1" dir props pid
   dir="$(cluster_node_dir "$n")"
   props="$dir/server.properties"
-  for pid in $(cat "$dir/kafka.pid" 2>/dev/null) $(ss -ltnpH "sport = :$(cluster_port "$n")" 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
-    if tr '\0' '\n' 2>/dev/null <"/proc/$pid/cmdline" | grep -qxF -- "$props" \
-      && tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -q 'kafka\.Kafka '; then
+  for pid in $(cat "$dir/kafka.pid" 2>/dev/null) $(port_pids "$(cluster_port "$n")"); do
+    if is_kafka "$pid" "$props"; then
       echo "$pid"
       return 0
     fi

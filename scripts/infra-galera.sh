@@ -1,8 +1,8 @@
 # shellcheck shell=bash
 # A three-node MariaDB Galera cluster (Debian's galera-4 with mariadb-server) on loopback,
 # beside (never instead of) the single node that `make test` uses. Sourced by
-# scripts/infra.sh, which provides log, warn, fail, port_open, apt_install, db_provision,
-# MARIADBD, WAIT_SECONDS and RUN_DIR.
+# scripts/infra.sh, which provides log, warn, fail, port_open, port_pids, apt_install,
+# is_mariadbd, db_provision, db_app, MARIADBD, WAIT_SECONDS, RUN_DIR and the DEV_* variables.
 #
 #   galera-up              install what is missing, start the nodes that are not running
 #                          (the first one with --wsrep-new-cluster when none runs), wait until
@@ -13,17 +13,18 @@
 #   galera-start N / galera-stop N / galera-kill N   one node (1-3): join the running
 #                          cluster (IST, else SST by rsync), shutdown, SIGKILL
 #
-# Node N listens for SQL on 127.0.0.1:(INFRA_GALERA_PORT + N - 1), default 4306-4308; its
+# Node N listens for SQL on 127.0.0.1:(INFRA_GALERA_PORT + N - 1), INFRA_GALERA_PORT by default
+# DEV_GALERA_PORT of deploy/dev/services.env (4306: nodes on 4306-4308); its
 # group communication on SQL port + 20000, IST on + 21000, SST (rsync) on + 22000. Data,
 # my.cnf, socket, pid file and log in <run dir>/galera/node-N. No TLS. Buffer pools are small
 # (64M): three servers share the machine. Durability per node as the single node's
 # (innodb_flush_log_at_trx_commit=1); a commit is acknowledged once its write set is
 # certified by the cluster (synchronous replication, wsrep_sync_wait for causal reads).
 # Users and grants as the single node's (db_provision); the app user's DSN for the cluster is
-#   onceflow:onceflow@tcp(127.0.0.1:4306,127.0.0.1:4307,127.0.0.1:4308)/<db>   (pkg/dbx)
+#   <app user>:<password>@tcp(127.0.0.1:4306,127.0.0.1:4307,127.0.0.1:4308)/<db>   (pkg/dbx)
 
 GALERA_NODES=3
-GALERA_PORT="${INFRA_GALERA_PORT:-4306}"
+GALERA_PORT="${INFRA_GALERA_PORT:-$DEV_GALERA_PORT}"
 GALERA_DIR="$RUN_DIR/galera"
 GALERA_PROVIDER=/usr/lib/galera/libgalera_smm.so
 GALERA_WAIT="${INFRA_GALERA_WAIT_SECONDS:-180}" # a joiner's SST can take a while
@@ -103,18 +104,13 @@ EOF
   chmod 0644 "$dir/my.cnf"
 }
 
-galera_is_ours() {
-  [[ "$(readlink "/proc/$1/exe" 2>/dev/null)" == "$MARIADBD" ]] || return 1
-  tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null | grep -qxF -- "--defaults-file=$(galera_conf "$2")"
-}
-
 # galera_pid N: the pid of node N's mariadbd (its pid files, else the process on its port,
 # only when started with node N's my.cnf).
 galera_pid() {
   local n="$1" dir pid
   dir="$(galera_node_dir "$n")"
-  for pid in $(cat "$dir/mysqld.pid" "$dir/start.pid" 2>/dev/null) $(ss -ltnpH "sport = :$(galera_port "$n")" 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
-    if galera_is_ours "$pid" "$n"; then
+  for pid in $(cat "$dir/mysqld.pid" "$dir/start.pid" 2>/dev/null) $(port_pids "$(galera_port "$n")"); do
+    if is_mariadbd "$pid" "$(galera_conf "$n")"; then
       echo "$pid"
       return 0
     fi
@@ -247,8 +243,8 @@ galera_up() {
   DB_SOCKET="$(galera_sock "$n")" DB_LOG="$(galera_log "$n")"
   db_provision
   local out
-  out="$(mariadb -h127.0.0.1 -P"$(galera_port 1)" -uonceflow -ponceflow --batch --skip-column-names -e 'SELECT @@wsrep_on' 2>&1)" \
-    || fail galera "app user onceflow cannot connect to node 1 over TCP: $out" "$(galera_log 1)"
+  out="$(db_app "$(galera_port 1)" -e 'SELECT @@wsrep_on' 2>&1)" \
+    || fail galera "app user $DEV_APP_USER cannot connect to node 1 over TCP: $out" "$(galera_log 1)"
   log "galera: up on 127.0.0.1:$(galera_port 1),127.0.0.1:$(galera_port 2),127.0.0.1:$(galera_port 3) (cluster size $(galera_root "$n" -e "SHOW GLOBAL STATUS LIKE 'wsrep_cluster_size'" | awk '{print $2}'))"
 }
 

@@ -1,22 +1,19 @@
 # shellcheck shell=bash
-# PostgreSQL 15 (Debian's postgresql-15) for scripts/infra.sh: a private cluster of the run
-# dir (<run dir>/postgres/data, owned by user postgres; /var/tmp/onceflow-postgres-<hash> when
-# user postgres cannot reach the run dir), on 127.0.0.1:$PG_PORT, started with pg_ctl (no
-# systemd). Users mirror MariaDB's:
-#   onceflow_admin/onceflow_admin  CREATEDB; owns the databases below and the test databases
-#                                  (onceflow_t_*, onceflow_g_*) it creates: `router migrate`
-#                                  runs as it and grants the application user its tables;
-#                                  pg_signal_backend, so that the tests' DROP DATABASE … WITH
-#                                  (FORCE) ends the application user's sessions too
-#   onceflow/onceflow              no privilege on any table until `router migrate` grants it
-#                                  what the migrations' grants.txt files list
-#   databases                      onceflow, onceflow_test, onceflow_demo, onceflow_bench,
-#                                  onceflow_chaos, onceflow_stream (owned by onceflow_admin)
-# Sourced by scripts/infra.sh: uses its log, fail, apt_install, port_open, RUN_DIR.
+# PostgreSQL (Debian's postgresql-N, N = DEV_POSTGRES_VERSION) for scripts/infra.sh: a private
+# cluster of the run dir (<run dir>/postgres/data, owned by user postgres;
+# /var/tmp/onceflow-postgres-<hash> when user postgres cannot reach the run dir), on
+# 127.0.0.1:$PG_PORT (INFRA_PG_PORT, default DEV_POSTGRES_PORT), started with pg_ctl (no
+# systemd). Roles and databases as deploy/dev/services.env says, by deploy/dev/sql.sh's SQL
+# (the one docker-compose.yml's postgres runs): the admin user (CREATEDB, pg_signal_backend)
+# owns DEV_NAMED_DATABASES and the test databases it creates, and `router migrate` runs as it
+# and grants the application user its tables; the application user has no privilege on any
+# table until then.
+# Sourced by scripts/infra.sh: uses its log, fail, apt_install, port_open, RUN_DIR and the DEV_*
+# variables.
 
-PG_PORT="${INFRA_PG_PORT:-5432}"
+PG_PORT="${INFRA_PG_PORT:-$DEV_POSTGRES_PORT}"
 PG_HOST=127.0.0.1
-PG_VERSION=15
+PG_VERSION="$DEV_POSTGRES_VERSION"
 PG_BIN="/usr/lib/postgresql/$PG_VERSION/bin"
 PG_DIR="$RUN_DIR/postgres"
 PG_DATA="$PG_DIR/data"
@@ -33,14 +30,13 @@ pg_dirs() {
     PG_LOG="$PG_DIR/postgres.log"
   fi
 }
-PG_DB_NAMES=(onceflow onceflow_test onceflow_demo onceflow_bench onceflow_chaos onceflow_stream)
 
 pg_as() { runuser -u postgres -- "$@"; }
 pg_psql() { pg_as "$PG_BIN/psql" -h "$PG_DIR" -p "$PG_PORT" -U postgres -d postgres -X -q -v ON_ERROR_STOP=1 "$@"; }
 
 pg_install() {
   [[ -x "$PG_BIN/postgres" ]] && return 0
-  # The package's own cluster (15/main) is neither wanted nor started: a policy-rc.d keeps
+  # The package's own cluster ($PG_VERSION/main) is neither wanted nor started: a policy-rc.d keeps
   # the install from starting services.
   local policy=/usr/sbin/policy-rc.d had_policy=1
   if [[ ! -e $policy ]]; then
@@ -94,21 +90,9 @@ pg_start() {
   log "postgres: up on $PG_HOST:$PG_PORT (log: $PG_LOG)"
 }
 
+# pg_provision: the roles and databases (deploy/dev/sql.sh), one psql script on its stdin.
 pg_provision() {
-  local sql d
-  sql="DO \$\$ BEGIN
-  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'onceflow_admin') THEN CREATE ROLE onceflow_admin LOGIN CREATEDB; END IF;
-  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'onceflow') THEN CREATE ROLE onceflow LOGIN; END IF;
-END \$\$;
-ALTER ROLE onceflow_admin LOGIN CREATEDB NOSUPERUSER PASSWORD 'onceflow_admin';
-ALTER ROLE onceflow LOGIN NOCREATEDB NOSUPERUSER PASSWORD 'onceflow';
-GRANT pg_signal_backend TO onceflow_admin;"
-  pg_psql -c "$sql" >/dev/null || fail postgres "provisioning users failed" "$PG_LOG"
-  for d in "${PG_DB_NAMES[@]}"; do
-    if [[ -z "$(pg_psql -tAc "SELECT 1 FROM pg_database WHERE datname = '$d'")" ]]; then
-      pg_psql -c "CREATE DATABASE $d OWNER onceflow_admin" >/dev/null || fail postgres "create database $d failed" "$PG_LOG"
-    fi
-  done
+  dev_pg_sql | pg_psql >/dev/null || fail postgres "provisioning roles and databases failed" "$PG_LOG"
 }
 
 pg_stop() {
@@ -136,5 +120,5 @@ pg_wanted() {
     0) return 1 ;;
     1) return 0 ;;
   esac
-  [[ "$DB_PORT" == 3306 || -n "${INFRA_PG_PORT:-}" ]]
+  [[ "$DB_PORT" == "$DEV_MYSQL_PORT" || -n "${INFRA_PG_PORT:-}" ]]
 }

@@ -31,27 +31,32 @@
 #                factor 3, min.insync.replicas 2; scripts/infra-cluster.sh); with
 #                INFRA_KAFKA_BROKERS=3, up / down / status act on MariaDB and the cluster
 #
+# The databases, users, grants, topics, ports and versions are those of
+# deploy/dev/services.env (DEV_*), which docker-compose.yml reads too; the SQL that makes the
+# databases and users is deploy/dev/sql.sh's. The defaults below that name a DEV_* variable
+# come from there.
+#
 # Environment:
-#   INFRA_TOPICS             topics to create (space or comma separated)
-#                            default: "order-paid coupon-granted coupon-grant-failed"
-#   INFRA_TOPIC_PARTITIONS   default 12
-#   INFRA_KAFKA_VERSION      default 4.1.1 (org.apache.kafka:kafka_2.13)
+#   INFRA_TOPICS             topics to create (space or comma separated), default DEV_KAFKA_TOPICS
+#   INFRA_TOPIC_PARTITIONS   default DEV_KAFKA_TOPIC_PARTITIONS
+#   INFRA_KAFKA_VERSION      default DEV_KAFKA_VERSION (org.apache.kafka:kafka_2.13)
 #   INFRA_RUN_DIR            runtime dir, default <repo>/.run
 #   INFRA_WAIT_SECONDS       bounded wait per service, default 90
-#   INFRA_KAFKA_SASL_PORT    the SASL_SSL listener's port: default 9094 for the default
-#                            instance (Kafka on 9092), none for any other; empty: none
-#   KAFKA_HEAP_OPTS          default "-Xms256m -Xmx1g"
+#   INFRA_KAFKA_SASL_PORT    the SASL_SSL listener's port: default DEV_KAFKA_SASL_PORT for the
+#                            default instance (Kafka on DEV_KAFKA_PORT), none for any other;
+#                            empty: none
+#   KAFKA_HEAP_OPTS          default DEV_KAFKA_HEAP_OPTS
 #
 # A second, independent instance (the chaos harness restarts its services; scripts/chaos.sh
 # uses one so that the shared services stay untouched) is selected by:
 #   INFRA_RUN_DIR                    its own runtime dir (Kafka data, pid files, logs; MariaDB
 #                                    datadir, socket and pid file in <run dir>/mariadb)
-#   INFRA_DB_PORT                    default 3306 = the machine's MariaDB (Debian paths,
-#                                    /etc/mysql config). Any other port = a private mariadbd
-#                                    (mariadb-install-db --datadir=<run dir>/mariadb/data, own
-#                                    my.cnf, socket and pid file there, --user=mysql)
-#   INFRA_KAFKA_PORT                 default 9092
-#   INFRA_KAFKA_CONTROLLER_PORT      default 9093
+#   INFRA_DB_PORT                    default DEV_MYSQL_PORT = the machine's MariaDB (Debian
+#                                    paths, /etc/mysql config). Any other port = a private
+#                                    mariadbd (mariadb-install-db --datadir=<run dir>/mariadb/data,
+#                                    own my.cnf, socket and pid file there, --user=mysql)
+#   INFRA_KAFKA_PORT                 default DEV_KAFKA_PORT
+#   INFRA_KAFKA_CONTROLLER_PORT      default DEV_KAFKA_CONTROLLER_PORT
 #   INFRA_KAFKA_CHAOS_PORT           default none: a third listener CHAOS on this port, ...
 #   INFRA_KAFKA_CHAOS_ADVERTISED_PORT  ... advertised on this port (default CHAOS port + 1),
 #                                    where tools/chaos's fault-injecting proxy listens: clients
@@ -64,43 +69,30 @@
 # server.properties / my.cnf), never by name, so two checkouts or instances on one machine
 # cannot stop each other's services.
 #
-# Connection facts (also in docker-compose.yml):
-#   migration user onceflow_admin/onceflow_admin   SELECT,INSERT,UPDATE,DELETE,CREATE,DROP,ALTER,INDEX,
-#                                                  REFERENCES on each database below, WITH GRANT OPTION
-#                                                  (`router migrate` grants the app user its tables)
-#   app user       onceflow/onceflow               nothing here on the databases below: `router migrate`
-#                                                  grants it, table by table, what the migrations'
-#                                                  grants.txt files list (docs/SECURITY.md)
-#   TLS app user   onceflow_tls/onceflow_tls       REQUIRE SSL (refused without TLS); test databases only
-#   monitor user   onceflow_monitor/onceflow_monitor  PROCESS (reads information_schema.innodb_trx:
-#                                                  tests check that no transaction is left open)
-#   databases      onceflow, onceflow_test (created); grants also on onceflow_demo (make demo),
-#                  onceflow_bench (tools/bench), onceflow_stream (tools/streamrss), onceflow_chaos
-#                  (tools/chaos), each by its exact name. Test databases: onceflow_t_* (internal/testenv,
-#                  throw-away: the app and TLS users get SELECT,INSERT,UPDATE,DELETE on each as a
-#                  whole, the migration user TRIGGER too) and onceflow_g_* (testenv.GrantedDB: as
-#                  the named ones, for the tests of the grants)
-#   kafka          127.0.0.1:9092 PLAINTEXT
-#   kafka TLS      127.0.0.1:9094 SASL_SSL, user onceflow, password in <run dir>/tls/kafka-onceflow.password
+# Connection facts: users and passwords, databases and grants, topics and ports in
+# deploy/dev/services.env (the migration user DEV_ADMIN_USER, the app user DEV_APP_USER, which
+# `router migrate` grants its tables, the TLS user DEV_TLS_USER, REQUIRE SSL, and the monitor
+# user DEV_MONITOR_USER; deploy/dev/sql.sh says who gets what), and:
+#   kafka TLS      SASL_SSL on DEV_KAFKA_SASL_PORT, user DEV_KAFKA_SASL_USER, password in
+#                  <run dir>/tls/kafka-<user>.password
 #   TLS files      <run dir>/tls: ca.pem (trust this), server.pem/.key (broker and MariaDB, SAN
 #                  127.0.0.1 and localhost), client.pem/.key (a client certificate of the CA)
 set -Eeuo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=deploy/dev/services.env
+source "$ROOT/deploy/dev/services.env"
+# shellcheck source=deploy/dev/sql.sh
+source "$ROOT/deploy/dev/sql.sh"
 RUN_DIR="${INFRA_RUN_DIR:-$ROOT/.run}"
 WAIT_SECONDS="${INFRA_WAIT_SECONDS:-90}"
 
 DB_HOST=127.0.0.1
-DB_PORT="${INFRA_DB_PORT:-3306}"
-DB_NAMES=(onceflow onceflow_test)
-# Databases the users are granted on, each by its exact name (DB_NAMES and the ones the demo,
-# the benches and the chaos harness create), and the test databases of internal/testenv.
-DB_GRANT_NAMES=(onceflow onceflow_test onceflow_demo onceflow_bench onceflow_stream onceflow_chaos)
-DB_TEST_PATTERN='onceflow_t_%'
-DB_GRANTS_TEST_PATTERN='onceflow_g_%'
-DB_TLS_USER=onceflow_tls
+DB_PORT="${INFRA_DB_PORT:-$DEV_MYSQL_PORT}"
+read -r -a DB_NAMES <<<"$DEV_DATABASES"
+DB_MAX_CONNECTIONS=500
 DB_LOG="$RUN_DIR/mariadb.log"
-if [[ "$DB_PORT" == 3306 ]]; then
+if [[ "$DB_PORT" == "$DEV_MYSQL_PORT" ]]; then
   # The machine's MariaDB: Debian paths and /etc/mysql config.
   DB_PRIVATE=0
   DB_CONF=/etc/mysql/mariadb.conf.d/99-onceflow.cnf
@@ -121,21 +113,21 @@ else
 fi
 MARIADBD=/usr/sbin/mariadbd
 
-KAFKA_VERSION="${INFRA_KAFKA_VERSION:-4.1.1}"
+KAFKA_VERSION="${INFRA_KAFKA_VERSION:-$DEV_KAFKA_VERSION}"
 KAFKA_HOST=127.0.0.1
-KAFKA_PORT="${INFRA_KAFKA_PORT:-9092}"
-KAFKA_CONTROLLER_PORT="${INFRA_KAFKA_CONTROLLER_PORT:-9093}"
+KAFKA_PORT="${INFRA_KAFKA_PORT:-$DEV_KAFKA_PORT}"
+KAFKA_CONTROLLER_PORT="${INFRA_KAFKA_CONTROLLER_PORT:-$DEV_KAFKA_CONTROLLER_PORT}"
 KAFKA_CHAOS_PORT="${INFRA_KAFKA_CHAOS_PORT:-}"
 KAFKA_CHAOS_ADVERTISED_PORT="${INFRA_KAFKA_CHAOS_ADVERTISED_PORT:-}"
 if [[ -n "$KAFKA_CHAOS_PORT" && -z "$KAFKA_CHAOS_ADVERTISED_PORT" ]]; then
   KAFKA_CHAOS_ADVERTISED_PORT=$((KAFKA_CHAOS_PORT + 1))
 fi
-if [[ "$KAFKA_PORT" == 9092 ]]; then
-  KAFKA_SASL_PORT="${INFRA_KAFKA_SASL_PORT-9094}"
+if [[ "$KAFKA_PORT" == "$DEV_KAFKA_PORT" ]]; then
+  KAFKA_SASL_PORT="${INFRA_KAFKA_SASL_PORT-$DEV_KAFKA_SASL_PORT}"
 else
   KAFKA_SASL_PORT="${INFRA_KAFKA_SASL_PORT:-}"
 fi
-KAFKA_SASL_USER=onceflow
+KAFKA_SASL_USER="$DEV_KAFKA_SASL_USER"
 TLS_DIR="$RUN_DIR/tls"
 KAFKA_DIR="$RUN_DIR/kafka"
 KAFKA_LIBS="$KAFKA_DIR/libs"
@@ -148,8 +140,9 @@ KAFKA_LOG="$KAFKA_DIR/server.log"
 KAFKA_STDOUT="$KAFKA_DIR/stdout.log"
 KAFKA_CLUSTER_ID_FILE="$KAFKA_DIR/cluster.id"
 KAFKA_POM="$ROOT/scripts/kafka/pom.xml"
-TOPIC_PARTITIONS="${INFRA_TOPIC_PARTITIONS:-12}"
-read -r -a TOPICS <<<"$(echo "${INFRA_TOPICS:-order-paid coupon-granted coupon-grant-failed}" | tr ',' ' ')"
+KAFKA_HEAP="${KAFKA_HEAP_OPTS:-$DEV_KAFKA_HEAP_OPTS}"
+TOPIC_PARTITIONS="${INFRA_TOPIC_PARTITIONS:-$DEV_KAFKA_TOPIC_PARTITIONS}"
+read -r -a TOPICS <<<"$(echo "${INFRA_TOPICS:-$DEV_KAFKA_TOPICS}" | tr ',' ' ')"
 
 log() { echo "infra: $*"; }
 warn() { echo "infra: WARNING: $*" >&2; }
@@ -170,6 +163,9 @@ need_root() {
 }
 
 port_open() { timeout 2 bash -c "exec 3<>/dev/tcp/$1/$2" 2>/dev/null; }
+
+# port_pids PORT: the pids of the processes listening on PORT.
+port_pids() { ss -ltnpH "sport = :$1" 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u; }
 
 apt_updated=0
 apt_install() {
@@ -279,23 +275,12 @@ db_write_conf() {
 # Written by onceflow scripts/infra.sh; rewritten on every \`infra.sh up\`.
 [mysqld]
 bind-address                   = 127.0.0.1
-port                           = 3306
-skip-name-resolve
-max_connections                = 500
-innodb_flush_log_at_trx_commit = 1
-sync_binlog                    = 1
-innodb_lock_wait_timeout       = 10
-# Durability stays full (flush at every commit); these only keep the working set in memory
-# and avoid checkpoint stalls on the machine's slow virtual disk.
+port                           = $DB_PORT
+# Durability stays full (flush at every commit); the buffer pool and log sizes only keep the
+# working set in memory and avoid checkpoint stalls on the machine's slow virtual disk.
 innodb_buffer_pool_size        = 1G
 innodb_log_file_size           = 512M
-character-set-server           = utf8mb4
-collation-server               = utf8mb4_unicode_ci
-# TLS offered to every client (copies of <run dir>/tls, scripts/infra.sh); required only of
-# users created with REQUIRE SSL.
-ssl_ca                         = $DB_TLS_DIR/ca.pem
-ssl_cert                       = $DB_TLS_DIR/server.pem
-ssl_key                        = $DB_TLS_DIR/server.key
+$(db_settings)
 EOF
   if ! cmp -s "$tmp" "$DB_CONF" 2>/dev/null; then
     install -m 0644 "$tmp" "$DB_CONF"
@@ -315,20 +300,30 @@ pid-file                       = $DB_PIDFILE
 log-error                      = $DB_LOG
 bind-address                   = 127.0.0.1
 port                           = $DB_PORT
+innodb_buffer_pool_size        = 512M
+innodb_log_file_size           = 256M
+$(db_settings)
+EOF
+  chmod 0644 "$DB_CONF"
+}
+
+# db_settings: the [mysqld] settings of both instances' my.cnf (docker-compose.yml's mysql
+# gives its server the same ones: compose_test.go compares them).
+db_settings() {
+  cat <<EOF
 skip-name-resolve
-max_connections                = 500
+max_connections                = $DB_MAX_CONNECTIONS
 innodb_flush_log_at_trx_commit = 1
 sync_binlog                    = 1
 innodb_lock_wait_timeout       = 10
-innodb_buffer_pool_size        = 512M
-innodb_log_file_size           = 256M
 character-set-server           = utf8mb4
 collation-server               = utf8mb4_unicode_ci
+# TLS offered to every client (copies of <run dir>/tls, scripts/infra.sh); required only of
+# users created with REQUIRE SSL.
 ssl_ca                         = $DB_TLS_DIR/ca.pem
 ssl_cert                       = $DB_TLS_DIR/server.pem
 ssl_key                        = $DB_TLS_DIR/server.key
 EOF
-  chmod 0644 "$DB_CONF"
 }
 
 # db_tls_install: copies of the CA, the server certificate and its key where mariadbd (user
@@ -382,33 +377,37 @@ db_tls_check() {
 
 db_running() { port_open "$DB_HOST" "$DB_PORT"; }
 
+# is_mariadbd PID [CONF]: the process is $MARIADBD and, given CONF, was started with
+# --defaults-file=CONF.
+is_mariadbd() {
+  [[ "$(readlink "/proc/$1/exe" 2>/dev/null)" == "$MARIADBD" ]] || return 1
+  [[ -z "${2:-}" ]] || tr '\0' '\n' 2>/dev/null <"/proc/$1/cmdline" | grep -qxF -- "--defaults-file=$2"
+}
+
 # is_our_mariadbd PID: the process is $MARIADBD and, for a private instance, was started
 # with this instance's my.cnf.
 is_our_mariadbd() {
-  [[ "$(readlink "/proc/$1/exe" 2>/dev/null)" == "$MARIADBD" ]] || return 1
-  [[ $DB_PRIVATE == 0 ]] && return 0
-  tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null | grep -qxF -- "--defaults-file=$DB_CONF"
+  if [[ $DB_PRIVATE == 1 ]]; then is_mariadbd "$1" "$DB_CONF"; else is_mariadbd "$1"; fi
 }
 
 # Pid of the running mariadbd: from its pid file, else the process on the port.
 db_pid() {
   local pid
-  if [[ $DB_PRIVATE == 1 ]]; then
-    for pid in $(cat "$DB_PIDFILE" "$DB_SSD_PIDFILE" 2>/dev/null) $(ss -ltnpH "sport = :$DB_PORT" 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
-      if is_our_mariadbd "$pid"; then
-        echo "$pid"
-        return 0
-      fi
-    done
-    return 1
-  fi
-  for pid in $(cat "$DB_PIDFILE" "$DB_SSD_PIDFILE" 2>/dev/null) $(ss -ltnpH "sport = :$DB_PORT" 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
-    if [[ "$(readlink "/proc/$pid/exe" 2>/dev/null)" == "$MARIADBD" ]]; then
+  for pid in $(cat "$DB_PIDFILE" "$DB_SSD_PIDFILE" 2>/dev/null) $(port_pids "$DB_PORT"); do
+    if is_our_mariadbd "$pid"; then
       echo "$pid"
       return 0
     fi
   done
   return 1
+}
+
+# db_app PORT ARGS...: the application user's client on 127.0.0.1:PORT (no database named: it
+# has none of its own until `router migrate` grants it tables).
+db_app() {
+  local port="$1"
+  shift
+  mariadb -h127.0.0.1 -P"$port" -u"$DEV_APP_USER" -p"$DEV_APP_PASSWORD" --batch --skip-column-names "$@"
 }
 
 db_ping_root() { mariadb-admin --protocol=socket -S "$DB_SOCKET" -uroot ping >/dev/null 2>&1; }
@@ -458,15 +457,14 @@ db_start() {
   [[ $started == 0 ]] || DB_TLS_CHANGED=0 # a server started just now read the current files
   db_tls_check || return 0               # restarted: that db_start checked the rest
   local out
-  # No database named: the app user has none of its own until `router migrate` grants it tables.
-  out="$(mariadb -h"$DB_HOST" -P"$DB_PORT" -uonceflow -ponceflow --batch --skip-column-names -e 'SELECT 1' 2>&1)" \
-    || fail mariadb "app user onceflow cannot connect over TCP: $out" "$DB_LOG"
-  out="$(mariadb -h"$DB_HOST" -P"$DB_PORT" -u"$DB_TLS_USER" -p"$DB_TLS_USER" --ssl --ssl-ca="$TLS_DIR/ca.pem" --ssl-verify-server-cert \
+  out="$(db_app "$DB_PORT" -e 'SELECT 1' 2>&1)" \
+    || fail mariadb "app user $DEV_APP_USER cannot connect over TCP: $out" "$DB_LOG"
+  out="$(mariadb -h"$DB_HOST" -P"$DB_PORT" -u"$DEV_TLS_USER" -p"$DEV_TLS_PASSWORD" --ssl --ssl-ca="$TLS_DIR/ca.pem" --ssl-verify-server-cert \
     --batch --skip-column-names -e "SHOW SESSION STATUS LIKE 'Ssl_version'" 2>&1)" \
-    || fail mariadb "TLS user $DB_TLS_USER cannot connect over TLS: $out" "$DB_LOG"
+    || fail mariadb "TLS user $DEV_TLS_USER cannot connect over TLS: $out" "$DB_LOG"
   local maxc
   maxc="$(db_root -e 'SELECT @@max_connections')"
-  [[ "$maxc" == 500 ]] || warn "mariadb: max_connections=$maxc (a server started outside this script? run: $0 db-stop && $0 db-start)"
+  [[ "$maxc" == "$DB_MAX_CONNECTIONS" ]] || warn "mariadb: max_connections=$maxc (a server started outside this script? run: $0 db-stop && $0 db-start)"
   log "mariadb: up on $DB_HOST:$DB_PORT (databases: ${DB_NAMES[*]}; log: $DB_LOG)"
 }
 
@@ -489,74 +487,24 @@ db_start_private() {
     || fail mariadb "start-stop-daemon could not start $MARIADBD" "$DB_LOG"
 }
 
-# sql_db_pattern NAME: NAME as a database pattern of GRANT, '_' escaped so that it matches
-# only itself ('_' and '%' are wildcards there); a trailing '%' stays a wildcard.
-sql_db_pattern() {
-  local p="${1//_/\\_}"
-  echo "$p"
-}
-
-# db_provision: databases and users, each user with only what it uses:
-#   onceflow_admin    `router migrate` and the tests' fixtures: DDL on each database, and GRANT
-#                     OPTION there, with which `router migrate` grants the application user
-#                     (on the test databases too, where the tests run `router migrate`)
-#   onceflow          the application: on the databases by name, only the table grants that
-#                     `router migrate` gives it (the migrations' grants.txt); on internal/testenv's
-#                     throw-away onceflow\_t\_% databases, rows of every table (tests create
-#                     tables of their own there)
-#   onceflow_tls      REQUIRE SSL (refused without TLS); the app user's grants on onceflow\_t\_%
-#   onceflow_monitor  PROCESS only
-# Grants name each database (DB_GRANT_NAMES) and the test patterns; nothing else whose name
-# starts with onceflow is reachable. Every run revokes what the admin, TLS and monitor users
-# have and grants the list again (an older install's `onceflow%` grants go). The app user
-# keeps its table grants (`router migrate` made them, on tables this script never sees);
-# every database-level grant it has other than the test pattern's is revoked, and so are the
-# table grants left behind by dropped test databases (a grant outlives its database).
+# db_provision: the databases and users of deploy/dev/services.env, by deploy/dev/sql.sh's SQL
+# (the one docker-compose.yml's mysql runs), for 127.0.0.1 and localhost. Grants name each
+# database and the test patterns; no other database is reachable. The application user keeps
+# its table grants (`router migrate` made them, on tables this script never sees); every
+# database-level grant it has other than the test pattern's is revoked, and so are the table
+# grants left behind by dropped test databases (a grant outlives its database).
 db_provision() {
-  local sql="" d h
-  for d in "${DB_NAMES[@]}"; do
-    sql+="CREATE DATABASE IF NOT EXISTS \`$d\` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci;"$'\n'
-  done
-  local app_privs="SELECT, INSERT, UPDATE, DELETE"
-  local admin_privs="SELECT, INSERT, UPDATE, DELETE, CREATE, DROP, ALTER, INDEX, REFERENCES"
-  local pats=() pat
-  for d in "${DB_GRANT_NAMES[@]}"; do pats+=("$(sql_db_pattern "$d")"); done
-  local test_pat grants_pat
-  test_pat="$(sql_db_pattern "${DB_TEST_PATTERN%\%}")%"
-  grants_pat="$(sql_db_pattern "${DB_GRANTS_TEST_PATTERN%\%}")%"
-  for h in 127.0.0.1 localhost; do
-    sql+="CREATE USER IF NOT EXISTS 'onceflow_admin'@'$h' IDENTIFIED BY 'onceflow_admin';
-ALTER USER 'onceflow_admin'@'$h' IDENTIFIED BY 'onceflow_admin';
-REVOKE ALL PRIVILEGES, GRANT OPTION FROM 'onceflow_admin'@'$h';
-CREATE USER IF NOT EXISTS 'onceflow'@'$h' IDENTIFIED BY 'onceflow';
-ALTER USER 'onceflow'@'$h' IDENTIFIED BY 'onceflow';
-REVOKE ALL PRIVILEGES ON *.* FROM 'onceflow'@'$h';
-CREATE USER IF NOT EXISTS '$DB_TLS_USER'@'$h' IDENTIFIED BY '$DB_TLS_USER' REQUIRE SSL;
-ALTER USER '$DB_TLS_USER'@'$h' IDENTIFIED BY '$DB_TLS_USER' REQUIRE SSL;
-REVOKE ALL PRIVILEGES, GRANT OPTION FROM '$DB_TLS_USER'@'$h';
-CREATE USER IF NOT EXISTS 'onceflow_monitor'@'$h' IDENTIFIED BY 'onceflow_monitor';
-ALTER USER 'onceflow_monitor'@'$h' IDENTIFIED BY 'onceflow_monitor';
-REVOKE ALL PRIVILEGES, GRANT OPTION FROM 'onceflow_monitor'@'$h';
-GRANT PROCESS ON *.* TO 'onceflow_monitor'@'$h';
-"
-    for pat in "${pats[@]}" "$grants_pat"; do
-      sql+="GRANT $admin_privs ON \`$pat\`.* TO 'onceflow_admin'@'$h' WITH GRANT OPTION;
-"
-    done
-    # Test fixtures also create triggers (a handler's INSERT made to fail).
-    sql+="GRANT $admin_privs, TRIGGER ON \`$test_pat\`.* TO 'onceflow_admin'@'$h' WITH GRANT OPTION;
-GRANT $app_privs ON \`$test_pat\`.* TO 'onceflow'@'$h';
-GRANT $app_privs ON \`$test_pat\`.* TO '$DB_TLS_USER'@'$h';
-"
-  done
-  local out
+  local sql out
+  sql="$(dev_mysql_sql 127.0.0.1 localhost)"
   out="$(db_root -e "$sql" 2>&1)" || fail mariadb "provisioning (databases/users as root via $DB_SOCKET) failed: $out" "$DB_LOG"
   # Statements revoking the app user's database-level grants other than the test pattern's
   # (an older install's per-database grants), and the table grants that `router migrate` made
   # in test databases that are gone. mysql.db holds the patterns as granted ('_' escaped).
-  local q revokes
+  local q revokes test_pat grants_pat
+  test_pat="$(dev_sql_db_pattern "$DEV_TEST_DATABASES")"
+  grants_pat="$(dev_sql_db_pattern "$DEV_GRANTS_TEST_DATABASES")"
   q="SELECT CONCAT('REVOKE ALL PRIVILEGES ON \`', Db, '\`.* FROM ''', User, '''@''', Host, ''';') FROM mysql.db
- WHERE User = 'onceflow' AND Db <> '${test_pat//\\/\\\\}'
+ WHERE User = '$DEV_APP_USER' AND Db <> '${test_pat//\\/\\\\}'
 UNION ALL
 SELECT CONCAT('REVOKE ALL PRIVILEGES ON \`', Db, '\`.\`', Table_name, '\` FROM ''', User, '''@''', Host, ''';') FROM mysql.tables_priv
  WHERE (Db LIKE '${grants_pat//\\/\\\\}' OR Db LIKE '${test_pat//\\/\\\\}')
@@ -613,7 +561,7 @@ db_reset() {
 db_status() {
   if db_running; then
     local v
-    v="$(mariadb -h"$DB_HOST" -P"$DB_PORT" -uonceflow -ponceflow --batch --skip-column-names -e 'SELECT VERSION()' 2>/dev/null || echo '?')"
+    v="$(db_app "$DB_PORT" -e 'SELECT VERSION()' 2>/dev/null || echo '?')"
     echo "infra: mariadb  up    $DB_HOST:$DB_PORT (version $v; log $DB_LOG)"
     return 0
   fi
@@ -774,10 +722,10 @@ kafka_format() {
     || fail kafka "StorageTool format failed" "$KAFKA_STDOUT"
 }
 
-# is_our_kafka PID: the process is kafka.Kafka started with this run dir's server.properties.
-is_our_kafka() {
-  tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null | grep -qxF -- "$KAFKA_PROPS" || return 1
-  tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -q 'kafka\.Kafka '
+# is_kafka PID PROPS: the process is kafka.Kafka started with the server.properties PROPS.
+is_kafka() {
+  tr '\0' '\n' 2>/dev/null <"/proc/$1/cmdline" | grep -qxF -- "$2" || return 1
+  tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline" | grep -q 'kafka\.Kafka '
 }
 
 # Pid of our broker: from the pid file, else the process listening on the broker port;
@@ -787,13 +735,13 @@ kafka_pid() {
   local pid
   if [[ -f "$KAFKA_PIDFILE" ]]; then
     pid="$(cat "$KAFKA_PIDFILE" 2>/dev/null || true)"
-    if [[ -n "$pid" ]] && is_our_kafka "$pid"; then
+    if [[ -n "$pid" ]] && is_kafka "$pid" "$KAFKA_PROPS"; then
       echo "$pid"
       return 0
     fi
   fi
-  for pid in $(ss -ltnpH "sport = :$KAFKA_PORT" 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
-    if is_our_kafka "$pid"; then
+  for pid in $(port_pids "$KAFKA_PORT"); do
+    if is_kafka "$pid" "$KAFKA_PROPS"; then
       echo "$pid"
       return 0
     fi
@@ -819,7 +767,7 @@ kafka_start() {
   [[ -z "$KAFKA_SASL_PORT" ]] || tls_setup
   if kafka_running && kafka_sasl_missing; then
     if kafka_pid >/dev/null; then
-      # Upgrade in place: a brief restart with the new listener; 9092 comes back as it was.
+      # Upgrade in place: a brief restart with the new listener; $KAFKA_PORT comes back as it was.
       log "kafka: the running broker has no SASL_SSL listener on $KAFKA_HOST:$KAFKA_SASL_PORT: restarting it with one"
       kafka_stop
     else
@@ -835,7 +783,7 @@ kafka_start() {
     # shellcheck disable=SC2086
     (
       cd "$KAFKA_DIR"
-      exec setsid nohup java ${KAFKA_HEAP_OPTS:--Xms256m -Xmx1g} \
+      exec setsid nohup java $KAFKA_HEAP \
         -server -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35 \
         -XX:+ExplicitGCInvokesConcurrent -Djava.awt.headless=true \
         -Dkafka.logs.dir="$KAFKA_DIR" -Dlog4j2.configurationFile="$KAFKA_LOG4J" \
@@ -1036,4 +984,5 @@ main() {
   esac
 }
 
-main "$@"
+# Sourced (compose_test.go reads the functions), it defines them and runs nothing.
+[[ "${BASH_SOURCE[0]}" != "$0" ]] || main "$@"
