@@ -15,8 +15,8 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// dataErrSchema is the table the data errors are provoked on, per dialect: a column of each
-// kind a value can be refused by, and a unique key, a foreign key and a CHECK.
+// dataErrSchema is the table the data errors are provoked on, per dialect. It has a column
+// of each kind a value can be refused by, and a unique key, a foreign key and a CHECK.
 var dataErrSchema = map[bool][]string{
 	false: {
 		`CREATE TABLE parent (id INT PRIMARY KEY) ENGINE = InnoDB`,
@@ -52,10 +52,10 @@ var dataErrSchema = map[bool][]string{
 	},
 }
 
-// TestIsDataErrorOnTheServer provokes each kind of refused value on the tests' database
-// (OFTEST_DB: MariaDB, or PostgreSQL) and checks that IsDataError reports it, wrapped
-// or not, with the server's own code; and that errors of the statement or the schema are
-// not data errors.
+// TestIsDataErrorOnTheServer provokes each kind of refused value on the tests' database,
+// MariaDB or PostgreSQL as OFTEST_DB says. It checks that IsDataError reports each, wrapped
+// or not, with the server's own code. It checks that errors of the statement or the schema
+// are not data errors.
 func TestIsDataErrorOnTheServer(t *testing.T) {
 	d := testenv.DB(t, 2)
 	pg := testenv.Dialect().IsPostgres()
@@ -154,8 +154,8 @@ func TestIsDataErrorOnTheServer(t *testing.T) {
 	}
 }
 
-// exec runs q in a transaction of its own (a failed statement aborts a PostgreSQL
-// transaction) and returns its error; the transaction is rolled back.
+// exec runs q in a transaction of its own, because a failed statement aborts a PostgreSQL
+// transaction. It returns q's error and rolls the transaction back.
 func exec(t *testing.T, db *sql.DB, q string, args ...any) error {
 	t.Helper()
 	tx, err := db.BeginTx(context.Background(), nil)
@@ -167,7 +167,7 @@ func exec(t *testing.T, db *sql.DB, q string, args ...any) error {
 	return err
 }
 
-// serverCode is the code the server answered err with ("" for none).
+// serverCode is the code the server answered err with, or "" for none.
 func serverCode(err error) string {
 	var me *mysql.MySQLError
 	if errors.As(err, &me) {
@@ -180,8 +180,9 @@ func serverCode(err error) string {
 	return ""
 }
 
-// Errors of neither server's data: a lock conflict, a lost connection, no error; and the key
-// names DuplicateKey reads out of each server's wording.
+// Some errors are about neither server's data, such as a lock conflict, a lost connection
+// or no error. The test also checks the key names DuplicateKey reads out of each server's
+// wording.
 func TestIsDataErrorOthers(t *testing.T) {
 	for _, tc := range []struct {
 		name string

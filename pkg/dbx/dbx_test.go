@@ -43,8 +43,8 @@ func TestParseDSN(t *testing.T) {
 	if mc, _ := dbx.ParseDSN("u:p@tcp(h:1)/d?interpolateParams=false"); mc.InterpolateParams {
 		t.Fatal("an explicit interpolateParams=false must be kept")
 	}
-	// Time parameters are sent with microseconds (the driver keeps the setting private; its
-	// DSN shows it), unless the DSN says otherwise.
+	// Time parameters are sent with microseconds, unless the DSN says otherwise. The driver
+	// keeps the setting private, and its DSN shows it.
 	if mc, _ := dbx.ParseDSN("u:p@tcp(h:1)/d"); !strings.Contains(mc.FormatDSN(), "timeTruncate=1µs") {
 		t.Fatalf("no timeTruncate=1µs in %s", mc.FormatDSN())
 	}
@@ -106,8 +106,9 @@ func TestCheckIdent(t *testing.T) {
 	}
 }
 
-// FuzzParseDSN: a DSN from configuration never panics the parser, and whatever it accepts
-// has a database name, no multiStatements, and never shows the password when masked.
+// FuzzParseDSN checks that a DSN from configuration never panics the parser. Whatever it
+// accepts has a database name and no multiStatements, and never shows the password when
+// masked.
 func FuzzParseDSN(f *testing.F) {
 	for _, s := range []string{"u:p@tcp(127.0.0.1:3306)/onceflow", "u:p@tcp(a:1,b:2, c)/d", "", "u@/d", "u:p@tcp(h)/d?multiStatements=true", "u:p@unix(/tmp/s)/d?parseTime=false&x=%zz", "@/"} {
 		f.Add(s)
@@ -127,11 +128,11 @@ func FuzzParseDSN(f *testing.F) {
 	})
 }
 
-// FuzzMaskDSN: a DSN the driver parses never shows its password when masked (unless the
-// same text also stands outside the password field, or the password is made of the mask's
-// own '*'), and the masked DSN parses to the same settings with *** as the password. One
-// it cannot parse shows nothing before the '@' of its protocol part, unless it is a
-// postgres:// URL.
+// FuzzMaskDSN checks that a DSN the driver parses never shows its password when masked.
+// The exceptions are a password whose text also stands outside the password field, and a
+// password made of the mask's own '*'. The masked DSN parses to the same settings with ***
+// as the password. A DSN the driver cannot parse shows nothing before the '@' of its
+// protocol part, unless it is a postgres:// URL.
 func FuzzMaskDSN(f *testing.F) {
 	for _, s := range []string{"u:p@tcp(127.0.0.1:3306)/onceflow", "onceflow:p@ssW0rd@tcp(127.0.0.1:3306)/db", "onceflow:p@ss:w@rd@tcp(127.0.0.1:3306)/x?tls=true",
 		"u:a:b/c(d)@unix(/tmp/s)/d?parseTime=true", "u:@tcp(h:1)/d", "u@/d", "u:pa@ss@tcp(h:1/d", "u:secret/d", ""} {
@@ -166,7 +167,7 @@ func FuzzMaskDSN(f *testing.F) {
 	})
 }
 
-// Pools run READ COMMITTED for the whole session (no SET before every BEGIN), and Open
+// Pools run READ COMMITTED for the whole session, with no SET before every BEGIN. Open
 // refuses a DSN that would change that.
 func TestOpenSessionIsolation(t *testing.T) {
 	d := testenv.DB(t, 2)
@@ -192,8 +193,8 @@ func TestOpenSessionIsolation(t *testing.T) {
 	}
 }
 
-// db.dialect is the pool's dialect (DialectOf), though Open reads the session's isolation,
-// which asks the pool's dialect, before it records it.
+// db.dialect is the pool's dialect that DialectOf returns. This holds although Open reads
+// the session's isolation, which asks the pool's dialect, before it records it.
 func TestOpenDialectSetting(t *testing.T) {
 	d := testenv.DB(t, 1)
 	want := []dbx.Dialect{dbx.Postgres}
@@ -212,9 +213,9 @@ func TestOpenDialectSetting(t *testing.T) {
 	}
 }
 
-// TestIsolationRefused: a pool of one's own left at the server's REPEATABLE READ (MariaDB's
-// default) never begins an onceflow transaction, and CheckIsolation says why; the same
-// database through a READ COMMITTED pool passes both.
+// TestIsolationRefused checks that a pool of one's own left at the server's REPEATABLE READ,
+// MariaDB's default, never begins an onceflow transaction. CheckIsolation says why. The
+// same database through a READ COMMITTED pool passes both.
 func TestIsolationRefused(t *testing.T) {
 	d := testenv.DB(t, 2)
 	ctx := context.Background()
@@ -259,7 +260,7 @@ func TestIsolationRefused(t *testing.T) {
 			if want := strings.Trim(tc.param, "'"); !strings.Contains(cerr.Error(), want) || !strings.Contains(cerr.Error(), "tx_isolation='READ-COMMITTED'") {
 				t.Fatalf("error %q does not name the level %s and the fix", cerr, want)
 			}
-			// A refusal is not remembered: once its session is fixed the pool is accepted.
+			// A refusal is not remembered. Once its session is fixed, the pool is accepted.
 			if _, err := db.ExecContext(ctx, "SET SESSION tx_isolation = 'READ-COMMITTED'"); err != nil {
 				t.Fatal(err)
 			}
@@ -268,8 +269,8 @@ func TestIsolationRefused(t *testing.T) {
 			}
 		})
 	}
-	// The server's default sessions (no tx_isolation in the DSN) are REPEATABLE READ here:
-	// the case a user's own sql.Open meets.
+	// The server's default sessions, with no tx_isolation in the DSN, are REPEATABLE READ
+	// here. A user's own sql.Open meets that case.
 	mc, _ := mysql.ParseDSN(d.DSN)
 	db, err := sql.Open("mysql", mc.FormatDSN())
 	if err != nil {
@@ -285,8 +286,8 @@ func TestIsolationRefused(t *testing.T) {
 	}
 }
 
-// TestIsolationCheckedOncePerPool: InTx checks a pool once; a pool that failed the check is
-// checked again (a connection error, say, is not a verdict).
+// TestIsolationCheckedOncePerPool checks that InTx checks a pool once. A pool that failed
+// the check is checked again, because an error such as a connection error is no verdict.
 func TestIsolationCheckedOncePerPool(t *testing.T) {
 	d := testenv.DB(t, 1)
 	ctx := context.Background()

@@ -14,7 +14,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// The servers of a DSN are read from its address part only, as go-sql-driver reads it: a
+// The servers of a DSN are read from its address part only, as go-sql-driver reads it. A
 // database name or a parameter holding "@tcp(a,b)" never names them, and is refused.
 func TestParseDSNReadsTheAddressPartOnly(t *testing.T) {
 	for _, tc := range []struct {
@@ -65,8 +65,9 @@ func TestParseDSNReadsTheAddressPartOnly(t *testing.T) {
 	}
 }
 
-// A PostgreSQL URL names its servers in its host part: a host, hostaddr or port parameter
-// beside it is refused, and one is taken where the URL names no host (a Unix socket).
+// A PostgreSQL URL names its servers in its host part. A host, hostaddr or port parameter
+// beside it is refused. Such a parameter is taken where the URL names no host, as for a
+// Unix socket.
 func TestPostgresDSNServersFromTheHostPart(t *testing.T) {
 	for _, k := range []string{"host=evil", "hostaddr=127.0.0.2", "port=28997", "h%6Fst=evil"} {
 		dsn := "postgres://app:p@127.0.0.1:5432/shop?sslmode=disable&" + k
@@ -118,9 +119,9 @@ func TestOpenDialsNoSmuggledHost(t *testing.T) {
 	}
 }
 
-// listener counts the connections to a local port and closes each at once: a driver that
-// dialed waits for the server's greeting, which ends as EOF only after the accept, so
-// every dial is counted by the time the dialing call returns.
+// listener counts the connections to a local port and closes each at once. A driver that
+// dialed waits for the server's greeting, which ends as EOF only after the accept. So every
+// dial is counted by the time the dialing call returns.
 type listener struct {
 	addr string
 	n    atomic.Int64
@@ -167,9 +168,9 @@ func closedPort(t *testing.T) string {
 	return addr
 }
 
-// Every DSN form is masked: a PostgreSQL URL (credentials and password parameters), a
-// keyword/value string (plain, quoted, with escapes, malformed), a go-sql-driver DSN with
-// password parameters.
+// Every DSN form is masked. That covers the credentials and password parameters of a
+// PostgreSQL URL. It covers a keyword/value string, plain, quoted, with escapes or
+// malformed. It covers a go-sql-driver DSN with password parameters.
 func TestMaskDSNForms(t *testing.T) {
 	for _, tc := range []struct {
 		name, dsn, want string
@@ -218,11 +219,11 @@ func TestMaskDSNForms(t *testing.T) {
 	}
 }
 
-// A DSN refused before connecting, of any form, shows its password in no error: neither in
-// the masked DSN nor in the driver's message, which may quote parts of it. pgx quotes the
-// DSN with its password masked as best it can, and shows the part of a password after an
-// unencoded '@'; go-sql-driver quotes the text before the slash when it names no network
-// it knows.
+// A DSN of any form refused before connecting shows its password in no error. It shows it
+// neither in the masked DSN nor in the driver's message, which may quote parts of it. pgx
+// quotes the DSN with its password masked as best it can. It shows the part of a password
+// after an unencoded '@'. go-sql-driver quotes the text before the slash when it names no
+// network it knows.
 func TestDSNErrorsHideThePassword(t *testing.T) {
 	for _, tc := range []struct {
 		name, dsn, want string
@@ -264,9 +265,9 @@ func TestDSNErrorsHideThePassword(t *testing.T) {
 	}
 }
 
-// FuzzMaskPostgresDSN: a DSN pgx parses, URL or keyword/value, never shows the password pgx
-// reads from it when masked, unless that text stands in the DSN more than once or holds the
-// mask's own '*'.
+// FuzzMaskPostgresDSN checks that a DSN pgx parses, URL or keyword/value, never shows the
+// password pgx reads from it when masked. The exceptions are a password whose text stands
+// in the DSN more than once, or holds the mask's own '*'.
 func FuzzMaskPostgresDSN(f *testing.F) {
 	for _, s := range []string{"postgres://app:SeCrEtK8@h:5432/shop", "postgres://app@h/shop?password=SeCrEtK8", "postgresql://app:Se%40cr@h1,h2:5433/shop",
 		"user=app password=SeCrEtK8 host=h dbname=shop", "password='a b\\' c' host=h", `password=a\ b host=h`, "host = h password = SeCrEtK8", "a.b=1 password=SeCrEtK8"} {

@@ -12,10 +12,10 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// Galera's answers are classified as the inbox must retry them: a certification failure
-// (1213, at a statement or at COMMIT) as a lock conflict that rolled back, a node not ready
-// (1047) as a connection-class error (another node may take it), neither as an unknown
-// commit outcome.
+// Galera's answers are classified as the inbox must retry them. A certification failure,
+// 1213 at a statement or at COMMIT, is a lock conflict that rolled back. A node not ready,
+// 1047, is a connection-class error, and another node may take the statement. Neither is
+// an unknown commit outcome.
 func TestGaleraErrorClasses(t *testing.T) {
 	cert := &mysql.MySQLError{Number: 1213, Message: "Deadlock found when trying to get lock; try restarting transaction"}
 	notReady := &mysql.MySQLError{Number: 1047, Message: "WSREP has not yet prepared node for application use"}

@@ -21,8 +21,8 @@ import (
 )
 
 // The tests of this file run on the three-node Galera cluster of `scripts/infra.sh
-// galera-up` (make test-galera): `go test -tags galera ./pkg/dbx/`. They desynchronise and
-// kill its nodes.
+// galera-up`, by make test-galera or `go test -tags galera ./pkg/dbx/`. They desynchronise
+// and kill its nodes.
 
 var galeraPorts = []string{"4306", "4307", "4308"}
 
@@ -58,7 +58,7 @@ func galeraDSN(user string, ports ...string) string {
 	return fmt.Sprintf("%s:%s@tcp(%s)/onceflow_test", user, user, strings.Join(addrs, ","))
 }
 
-// infra runs scripts/infra.sh with args (a node's start, kill, root SQL).
+// infra runs scripts/infra.sh with args, such as a node's start, kill or root SQL.
 func infra(t *testing.T, args ...string) {
 	t.Helper()
 	cmd := exec.Command("bash", append([]string{"scripts/infra.sh"}, args...)...)
@@ -68,7 +68,7 @@ func infra(t *testing.T, args ...string) {
 	}
 }
 
-// rootSQL runs sql as root on node n (1-3) through its socket.
+// rootSQL runs sql as root on node n, 1 to 3, through its socket.
 func rootSQL(t *testing.T, n int, sql string) {
 	t.Helper()
 	sock := filepath.Join(repoRoot(t), ".run", "galera", fmt.Sprintf("node-%d", n), "mysqld.sock")
@@ -94,9 +94,10 @@ func freshConn(t *testing.T, db *sql.DB) string {
 	return nodePort(t, db)
 }
 
-// New connections go to the first server of the DSN's list that answers and is Synced (a
-// closed port and a desynchronised node are skipped), stay there while it is Synced even
-// when an earlier one is back, and the pool's sessions read causally (wsrep_sync_wait).
+// New connections go to the first server of the DSN's list that answers and is Synced. A
+// closed port and a desynchronised node are skipped. Connections stay on that server while
+// it is Synced, even when an earlier one is back. The pool's sessions read causally, by
+// wsrep_sync_wait.
 func TestGaleraFailoverConnector(t *testing.T) {
 	galera(t)
 	ctx := context.Background()
@@ -120,7 +121,7 @@ func TestGaleraFailoverConnector(t *testing.T) {
 		t.Fatalf("wsrep_sync_wait = %d (%v), want 1 on Galera", wait, err)
 	}
 
-	// Node 2 desynchronised (Donor/Desynced): skipped for the next one in order.
+	// Node 2 is desynchronised, as Donor/Desynced, and skipped for the next one in order.
 	rootSQL(t, 2, "SET GLOBAL wsrep_desync = ON")
 	t.Cleanup(func() { rootSQL(t, 2, "SET GLOBAL wsrep_desync = OFF") })
 	if got := freshConn(t, db); got != "4306" {
@@ -138,14 +139,14 @@ func TestGaleraFailoverConnector(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	// Sticky: node 2 is Synced again, connections stay on node 1.
+	// Connections are sticky. Node 2 is Synced again, and connections stay on node 1.
 	for range 3 {
 		if got := freshConn(t, db); got != "4306" {
 			t.Fatalf("after node 2 came back a new connection is on port %s, want 4306 (sticky)", got)
 		}
 	}
 
-	// One node of the cluster alone (a DSN of one server) reads causally too.
+	// One node of the cluster alone, in a DSN of one server, reads causally too.
 	single, err := dbx.Open(ctx, dbx.Config{DSN: "onceflow_admin:onceflow_admin@tcp(127.0.0.1:4306)/onceflow_test", MaxOpenConns: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -156,9 +157,9 @@ func TestGaleraFailoverConnector(t *testing.T) {
 	}
 }
 
-// Two nodes update one row at once: the write set certified second fails at COMMIT with
-// 1213, which IsLockConflict reports (the inbox runs the transaction again), and the
-// commit's outcome is known (rolled back).
+// Two nodes update one row at once. The write set certified second fails at COMMIT with
+// 1213, which IsLockConflict reports, and the inbox runs the transaction again. The
+// commit's outcome is known, because it rolled back.
 func TestGaleraCertificationConflict(t *testing.T) {
 	galera(t)
 	ctx := context.Background()
@@ -203,12 +204,12 @@ func TestGaleraCertificationConflict(t *testing.T) {
 	}
 }
 
-// The node that every connection writes through is killed (SIGKILL) while workers commit
-// messages the inbox's way (the dedup row and the effect in one transaction; a message
-// whose commit failed for any reason, its outcome unknown among them, runs again, and a
-// duplicate dedup row says it is done). Afterwards every message has exactly one effect,
-// though some commits that got no answer had committed on the cluster: run again without
-// the dedup row's check, they would have been duplicates.
+// The node that every connection writes through gets SIGKILL while workers commit messages
+// the inbox's way. The dedup row and the effect go in one transaction. A message whose
+// commit failed for any reason runs again, an unknown outcome included. A duplicate dedup
+// row then says it is done. Afterwards every message has exactly one effect, though some
+// commits that got no answer had committed on the cluster. Run again without the dedup
+// row's check, they would have been duplicates.
 func TestGaleraNodeKillNoDuplicates(t *testing.T) {
 	galera(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -260,7 +261,7 @@ func TestGaleraNodeKillNoDuplicates(t *testing.T) {
 					})
 					if err == nil || dbx.IsDuplicate(err) {
 						if wasUnknown && dbx.IsDuplicate(err) {
-							// The commit that got no answer had committed: run again
+							// The commit that got no answer had committed. Run again
 							// without the dedup row, it would have been a second effect.
 							unknownCommitted.Add(1)
 						}

@@ -32,10 +32,10 @@ func ackRouter(t *testing.T, c kafkax.Config, group string, pc kafkax.ParallelCo
 }
 
 // TestParallelSubscriberAckOnReturn runs a Watermill router with AckOnReturn over a window
-// of 4: every message is handled, a nacked one (an error) and one whose handler panicked
-// (the router recovers and nacks) are handed out again, each key's messages never run at
-// once, the claim was told of acks by the middleware, and the committed offset reaches the
-// end of the partition.
+// of 4. Every message is handled. A message nacked by an error is handed out again. So is
+// one whose handler panicked, which the router recovers and nacks. Each key's messages
+// never run at once. The middleware told the claim of acks. The committed offset reaches
+// the end of the partition.
 func TestParallelSubscriberAckOnReturn(t *testing.T) {
 	c := testenv.Kafka(t)
 	topic := testenv.Topic(t, c, "parallel-ackonreturn", 1)
@@ -110,11 +110,11 @@ func TestParallelSubscriberAckOnReturn(t *testing.T) {
 	}
 }
 
-// TestAckOnReturnHandOutBeforeClose: a handler's ack, told by AckOnReturn, hands out the
-// next message of its key from the handler's goroutine, here while the router stops; the
-// claim waits for that before it returns, so the subscriber never closes its output channel
-// under a send (under -race a send with no order to the close fails the test; without
-// -race it could panic).
+// TestAckOnReturnHandOutBeforeClose checks a handler's ack that AckOnReturn tells. The ack
+// hands out the next message of its key from the handler's goroutine, here while the router
+// stops. The claim waits for that before it returns. So the subscriber never closes its
+// output channel under a send. Under -race, a send with no order to the close fails the
+// test. Without -race it could panic.
 func TestAckOnReturnHandOutBeforeClose(t *testing.T) {
 	c := testenv.Kafka(t)
 	for round := range 20 {

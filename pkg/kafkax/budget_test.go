@@ -15,13 +15,13 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-// payloadOf is a value of n bytes starting with name and a slash (keyOf reads the name).
+// payloadOf is a value of n bytes starting with name and a slash. keyOf reads the name.
 func payloadOf(name string, n int) string {
 	return name + "/" + strings.Repeat("x", n-len(name)-1)
 }
 
-// TestParallelSubscriberByteBudget: with a window of 256 but a budget of about three
-// records of 100 KB, the fourth waits until one of the three is acked; a record bigger than
+// TestParallelSubscriberByteBudget uses a window of 256 but a budget of about three records
+// of 100 KB. The fourth record waits until one of the three is acked. A record bigger than
 // the whole budget still goes out once nothing else is in flight. Without the budget all
 // six are handed out at once.
 func TestParallelSubscriberByteBudget(t *testing.T) {
@@ -67,8 +67,8 @@ func TestParallelSubscriberByteBudget(t *testing.T) {
 	got["e"].Ack()
 }
 
-// TestParallelSubscriberSharedBudget: two subscribers of one Budget (a router's) share it:
-// records of the second topic wait while the first holds the budget.
+// TestParallelSubscriberSharedBudget checks that two subscribers of one Budget share it, as
+// a router's do. Records of the second topic wait while the first holds the budget.
 func TestParallelSubscriberSharedBudget(t *testing.T) {
 	c := testenv.Kafka(t)
 	t1 := testenv.Topic(t, c, "parallel-budget-a", 1)
@@ -90,9 +90,9 @@ func TestParallelSubscriberSharedBudget(t *testing.T) {
 	receive(t, ch2, 20*time.Second, "b1 after the other topic's acks").Ack()
 }
 
-// TestParallelSubscriberCutsOversizedValues: a value over MaxValueBytes is handed out as a
-// copy of its first bytes with its size and sha256 in the context; values within the limit
-// and a tombstone are handed out as they are.
+// TestParallelSubscriberCutsOversizedValues checks that a value over MaxValueBytes is
+// handed out as a copy of its first bytes, with its size and sha256 in the context. Values
+// within the limit and a tombstone are handed out as they are.
 func TestParallelSubscriberCutsOversizedValues(t *testing.T) {
 	c := testenv.Kafka(t)
 	topic := testenv.Topic(t, c, "parallel-cut", 1)
@@ -121,8 +121,8 @@ func TestParallelSubscriberCutsOversizedValues(t *testing.T) {
 	m.Ack()
 }
 
-// TestBudgetWaitsInOrder: first come, first served; a charge over the limit takes all of
-// it; a cancelled wait charges nothing.
+// TestBudgetWaitsInOrder checks that waits are first come, first served. A charge over the
+// limit takes all of it. A cancelled wait charges nothing.
 func TestBudgetWaitsInOrder(t *testing.T) {
 	b := kafkax.NewBudget(100)
 	ctx := context.Background()

@@ -8,9 +8,10 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-// TestConfigFetchMinBytes: kafka.fetch_min_bytes defaults to 64 KiB (with kafka.max_poll_wait
-// 20 ms), takes 1 (answer at the first record), reaches the subscribers' fetches, and stays
-// off the consumers that read a partition to its end (the relay's positions, read-backs).
+// TestConfigFetchMinBytes checks that kafka.fetch_min_bytes defaults to 64 KiB, with
+// kafka.max_poll_wait at 20 ms. It takes 1, which answers at the first record. It reaches
+// the subscribers' fetches. It stays off the consumers that read a partition to its end,
+// such as the relay's positions reader and the read-backs.
 func TestConfigFetchMinBytes(t *testing.T) {
 	c := kafkax.Config{Brokers: []string{"127.0.0.1:9092"}}.WithDefaults()
 	if err := c.Validate(); err != nil {
@@ -43,9 +44,9 @@ func TestConfigFetchMinBytes(t *testing.T) {
 	}
 }
 
-// TestParallelSubscriberFetchMinBytesDelivers: with fetch_min_bytes far above what is
-// produced, a lone small record (and one with an empty value) is still handed out once
-// kafka.max_poll_wait has passed — the setting delays a fetch, it never holds a record back.
+// TestParallelSubscriberFetchMinBytesDelivers sets fetch_min_bytes far above what is
+// produced. A lone small record, and one with an empty value, are still handed out once
+// kafka.max_poll_wait has passed. The setting delays a fetch and never holds a record back.
 func TestParallelSubscriberFetchMinBytesDelivers(t *testing.T) {
 	c := testenv.Kafka(t)
 	c.FetchMinBytes = 1 << 20

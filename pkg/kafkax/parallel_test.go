@@ -45,7 +45,7 @@ func uniqueGroup(prefix string) string {
 	return prefix + "-" + hex.EncodeToString(b)
 }
 
-// rec is one message to produce: partition -1 lets the hash partitioner choose by key.
+// rec is one message to produce. Partition -1 lets the hash partitioner choose by key.
 type rec struct {
 	partition int32
 	key       string
@@ -134,11 +134,11 @@ func quiet(t *testing.T, ch <-chan *message.Message, d time.Duration, what strin
 	}
 }
 
-// TestParallelSubscriberKeyOrderWindowConcurrency acks from many goroutines in random order
-// and checks: every message arrives, each key's messages are first handed out in production
-// order and never two at once, no partition ever has more than Window un-acked messages,
-// and every partition has more than one message in flight at some point (watermill-kafka's
-// subscriber never does).
+// TestParallelSubscriberKeyOrderWindowConcurrency acks from many goroutines in random order.
+// It checks that every message arrives. Each key's messages are first handed out in
+// production order and never two at once. No partition ever has more than Window un-acked
+// messages. Every partition has more than one message in flight at some point, which
+// watermill-kafka's subscriber never has.
 func TestParallelSubscriberKeyOrderWindowConcurrency(t *testing.T) {
 	c := testenv.Kafka(t)
 	topic := testenv.Topic(t, c, "parallel-order", 3)
@@ -261,8 +261,8 @@ func TestParallelSubscriberKeyOrderWindowConcurrency(t *testing.T) {
 }
 
 // TestParallelSubscriberWindowAndKeyBlocking checks the hand-out rules exactly on one
-// partition without acking: a message whose key is busy waits in its place in the window
-// while later messages of other keys go out, and the window caps what is handed out.
+// partition without acking. A message whose key is busy waits in its place in the window
+// while later messages of other keys go out. The window caps what is handed out.
 func TestParallelSubscriberWindowAndKeyBlocking(t *testing.T) {
 	c := testenv.Kafka(t)
 	topic := testenv.Topic(t, c, "parallel-window", 1)
@@ -284,8 +284,8 @@ func TestParallelSubscriberWindowAndKeyBlocking(t *testing.T) {
 			got[w] = m
 		}
 	}
-	// takeAny receives len(want) messages in any order: messages released by one ack
-	// (a waiting key and the window's new room) are handed out concurrently.
+	// takeAny receives len(want) messages in any order. The messages one ack releases are
+	// handed out concurrently, by a waiting key and by the window's new room.
 	takeAny := func(want ...string) {
 		t.Helper()
 		left := map[string]bool{}
@@ -301,13 +301,14 @@ func TestParallelSubscriberWindowAndKeyBlocking(t *testing.T) {
 			got[string(m.Payload)] = m
 		}
 	}
-	// a/1 waits for a/0 in its place in the window; the messages after it go out.
+	// a/1 waits for a/0 in its place in the window, and the messages after it go out.
 	take("a/0", "b/0", "/0", "c/0")
 	quiet(t, ch, 1500*time.Millisecond, "a/1 must wait for a/0, and the window of 5 is full")
 	got["b/0"].Ack() // unrelated key, not the oldest: a/1 still waits, the window is still full
 	quiet(t, ch, 500*time.Millisecond, "a/1 must wait for a/0 after b/0's ack")
 	got["a/0"].Ack()
-	// The queue is now /0, a/1, c/0, /1 and d/0: five un-acked (b/0 and a/0 were committed).
+	// The queue is now /0, a/1, c/0, /1 and d/0. These five are un-acked, and b/0 and a/0
+	// were committed.
 	takeAny("a/1", "/1", "d/0")
 	quiet(t, ch, 1500*time.Millisecond, "window of 5 is full")
 	got["d/0"].Ack() // not the oldest: the window spans from the oldest un-acked message
@@ -388,9 +389,9 @@ func TestParallelSubscriberCommitsOnlyContiguousAcks(t *testing.T) {
 	quiet(t, ch2, 2*time.Second, "after the redelivered tail")
 }
 
-// TestParallelSubscriberNackRedelivers nacks a message and checks it comes back as the same
-// message, keeps its key (a later message of that key waits), and does not hold up other
-// keys.
+// TestParallelSubscriberNackRedelivers nacks a message and checks that it comes back as the
+// same message and keeps its key, so a later message of that key waits. It does not hold up
+// other keys.
 func TestParallelSubscriberNackRedelivers(t *testing.T) {
 	c := testenv.Kafka(t)
 	topic := testenv.Topic(t, c, "parallel-nack", 1)
@@ -447,15 +448,15 @@ func TestParallelSubscriberNackRedelivers(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Everything was acked: a new member of the group gets nothing.
+	// Everything was acked, so a new member of the group gets nothing.
 	_, ch2 := subscribe(t, c, group, topic, kafkax.ParallelConfig{})
 	quiet(t, ch2, 3*time.Second, "after everything was acked")
 }
 
 // TestParallelSubscriberRebalance starts a second member of the group while the first is
-// consuming with acks in flight: every message is delivered, each key's messages are still
-// first handed out in production order, and the first member's acks made while its claims
-// drained are committed (few or no duplicates).
+// consuming with acks in flight. Every message is delivered. Each key's messages are still
+// first handed out in production order. The acks the first member makes while its claims
+// drain are committed, so there are few or no duplicates.
 func TestParallelSubscriberRebalance(t *testing.T) {
 	c := testenv.Kafka(t)
 	topic := testenv.Topic(t, c, "parallel-rebalance", 4)
@@ -549,16 +550,16 @@ func TestParallelSubscriberRebalance(t *testing.T) {
 	if perMember[1] == 0 {
 		t.Errorf("the second member got nothing: no rebalance happened")
 	}
-	// Acks come within 15ms, far inside the drain grace: every ack made while a claim was
-	// drained is committed before the partition moves, so nothing is delivered twice.
+	// Acks come within 15ms, far inside the drain grace. So every ack made while a claim
+	// drained is committed before the partition moves, and nothing is delivered twice.
 	if deliveries != total {
 		t.Errorf("%d deliveries for %d messages: the drained claims' acks were not committed", deliveries, total)
 	}
 	t.Logf("deliveries %d for %d messages (%d redelivered); per member %v", deliveries, total, deliveries-total, perMember)
 }
 
-// sourceOf is where the subscriber says m came from: the source its context carries for
-// the inbox (inbox.SourceOf).
+// sourceOf is where the subscriber says m came from. It is the source that m's context
+// carries for the inbox's inbox.SourceOf.
 func sourceOf(m *message.Message) msgsource.Source {
 	s, _ := msgsource.From(m.Context())
 	return s

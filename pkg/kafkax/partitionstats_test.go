@@ -42,9 +42,9 @@ func statOf(st []kafkax.PartitionStat, p int32) (kafkax.PartitionStat, bool) {
 	return kafkax.PartitionStat{}, false
 }
 
-// TestParallelSubscriberPartitionStats follows one group's partitions: un-acked messages
-// show as in flight with an age and as lag, acks move the marked offset, and after a
-// rebalance each partition is reported by its new owner only, never by the old one too.
+// TestParallelSubscriberPartitionStats follows one group's partitions. Un-acked messages
+// show as in flight with an age, and as lag. Acks move the marked offset. After a rebalance
+// only its new owner reports each partition, never the old one too.
 func TestParallelSubscriberPartitionStats(t *testing.T) {
 	c := testenv.Kafka(t)
 	topic := testenv.Topic(t, c, "parallel-stats", 2)
@@ -68,8 +68,8 @@ func TestParallelSubscriberPartitionStats(t *testing.T) {
 		src := sourceOf(m)
 		held[pos{src.Partition, src.Offset}] = m
 	}
-	// Nothing acked: everything is in flight and lagging (a new group: the marked offset
-	// starts at the first message).
+	// Nothing is acked, so everything is in flight and lagging. For a new group the marked
+	// offset starts at the first message.
 	waitStats(t, sub1, "nothing acked", func(st []kafkax.PartitionStat) bool {
 		if len(st) != 2 {
 			return false
@@ -84,7 +84,7 @@ func TestParallelSubscriberPartitionStats(t *testing.T) {
 		return true
 	})
 
-	// Acks: all of partition 1, offsets 0-4 and 7 of partition 0 (7 is not contiguous).
+	// Ack all of partition 1, and offsets 0-4 and 7 of partition 0. 7 is not contiguous.
 	for off := range counts[1] {
 		held[pos{1, int64(off)}].Ack()
 	}
@@ -99,8 +99,9 @@ func TestParallelSubscriberPartitionStats(t *testing.T) {
 			s1.Marked == 4 && s1.InFlight == 0 && lag(s1) == 0 && s1.OldestUnackedAge == 0
 	})
 
-	// A second member: after the rebalance each partition has one owner, and the old owner
-	// no longer reports the partition it gave up (its claims ended; the new ones started).
+	// A second member joins. After the rebalance each partition has one owner. The old
+	// owner no longer reports the partition it gave up, because its claims ended and the
+	// new ones started.
 	sub2, ch2 := subscribe(t, c, group, topic, kafkax.ParallelConfig{})
 	for _, m := range held {
 		m.Ack() // lets the old claims drain at once; acks of already acked messages are no-ops
@@ -122,7 +123,7 @@ func TestParallelSubscriberPartitionStats(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	// sub1 may still receive redeliveries of what it owns now: ack them too.
+	// sub1 may still receive redeliveries of what it owns now, so ack them too.
 	go func() {
 		for m := range ch1 {
 			m.Ack()

@@ -12,15 +12,15 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-// TestParallelSubscriberReadAheadInBudget: 12 partitions of 1 MB records, a window of one
-// and a handler that holds every message it gets. What the client holds of them — the
-// records in Sarama's channels and those handed out — never costs more than the budget of
-// 20 MiB, every one of them is charged to it, and the budget is what stops the reading (it
-// is spent, with 36 records to read); at rest the partition stats account for all of it,
+// TestParallelSubscriberReadAheadInBudget reads 12 partitions of 1 MB records with a window
+// of one and a handler that holds every message it gets. The client holds the records in
+// Sarama's channels and those handed out. What it holds never costs more than the budget of
+// 20 MiB, and every record is charged to it. The budget is what stops the reading. It is
+// spent while 36 records remain to read. At rest the partition stats account for all of it,
 // the records read ahead behind each full window included. Sarama reads ahead up to 32
-// records a partition: uncharged, its channels held 12 and more beside the 12 handed out.
-// Once the subscriber is closed nothing is charged any more; a second group that acks reads
-// all 36 through a budget of 8 MiB.
+// records a partition. Uncharged, its channels would hold 12 and more beside the 12 handed
+// out. Once the subscriber is closed nothing is charged any more. A second group that acks
+// reads all 36 through a budget of 8 MiB.
 func TestParallelSubscriberReadAheadInBudget(t *testing.T) {
 	c := testenv.Kafka(t)
 	const parts, perPart, size = 12, 3, 1_000_000
@@ -59,8 +59,8 @@ func TestParallelSubscriberReadAheadInBudget(t *testing.T) {
 				drained = true
 			}
 		}
-		// Handed out first, then queued: a record moves from the channel to the handler,
-		// never back, so none is counted twice.
+		// Count the handed out records first, then the queued ones. A record moves from the
+		// channel to the handler, never back, so none is counted twice.
 		n := len(held) + kafkax.SaramaQueued(sub)
 		inUse := budget.InUse()
 		peak = max(peak, n)
