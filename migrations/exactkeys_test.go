@@ -13,10 +13,10 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// 00013: inbox keys compare exactly, and the HTTP listener's rows of client tokens that
-// begin with "sha256:" get the key such a token now has (inbox.CommandKey), so their retries
-// still find them. Before it (version 12) a key with a trailing space is the same row as the
-// key without: the check below sees that.
+// TestExactKeysMigration checks 00013. Inbox keys compare exactly. The HTTP listener's rows
+// of client tokens that begin with "sha256:" get the key that inbox.CommandKey gives such a
+// token, so their retries still find them. At version 12, before 00013, a key with a
+// trailing space is the same row as the key without, and the check below sees that.
 func TestExactKeysMigration(t *testing.T) {
 	d := testenv.DB(t, 2)
 	ctx := context.Background()

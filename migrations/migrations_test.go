@@ -21,8 +21,9 @@ import (
 	"github.com/onceflow/onceflow/migrations"
 )
 
-// Every migration rolls back (`router migrate --reset`, the bench's start) and applies again;
-// 00007 lists the rows earlier replays stamped in replay_row, so --replay-id still finds them.
+// TestMigrationsRollBackAndReapply checks that every migration rolls back and applies
+// again, as `router migrate --reset` and the bench's start do. 00007 lists the rows that
+// earlier replays stamped in replay_row, so --replay-id still finds them.
 func TestMigrationsRollBackAndReapply(t *testing.T) {
 	d := testenv.DB(t, 2) // migrated up
 	ctx := context.Background()
@@ -53,7 +54,8 @@ func TestMigrationsRollBackAndReapply(t *testing.T) {
 	}
 }
 
-// The framework's migrations create no plugin table.
+// TestFrameworkHasNoPluginTables checks that the framework's migrations create no plugin
+// table.
 func TestFrameworkHasNoPluginTables(t *testing.T) {
 	d := testenv.DB(t, 2)
 	want := []string{"inbox", "inbox_call", "inbox_history", "inbox_response", "outbox", "outbox_parked", "relay_lease", "relay_member", "replay", "replay_row"}
@@ -62,10 +64,10 @@ func TestFrameworkHasNoPluginTables(t *testing.T) {
 	}
 }
 
-// A plugin's migrations are applied after the framework's and recorded in a version table of
-// their own; they roll back before the framework's (the plugin's table refers to inbox, so
-// the other order would fail); names that cannot name a version table, or two that would
-// share one, are refused.
+// TestPluginMigrations checks that a plugin's migrations are applied after the framework's
+// and recorded in a version table of their own. They roll back before the framework's. The
+// plugin's table refers to inbox, so the other order would fail. Names that cannot name a
+// version table are refused, and so are two names that would share one.
 func TestPluginMigrations(t *testing.T) {
 	d := testenv.DB(t, 2)
 	ctx := context.Background()
@@ -155,10 +157,11 @@ ALTER TABLE widget DROP COLUMN name;
 	}
 }
 
-// A database migrated when the framework's migrations still created the coupon and notifier
-// tables keeps them, rows and all: the plugins' migrations adopt them, in the same shape as
-// on a fresh database, and roll them back. Both from the last such version (10) and from a
-// database whose framework migrations stopped before the counters were sharded (3).
+// TestPluginMigrationsAdoptTables checks a database migrated when the framework's
+// migrations still created the coupon and notifier tables. It keeps them, rows and all. The
+// plugins' migrations adopt them, in the same shape as on a fresh database, and roll them
+// back. This holds from the last such version, 10. It also holds for a database whose
+// framework migrations stopped at 3, before the counters were sharded.
 func TestPluginMigrationsAdoptTables(t *testing.T) {
 	plugins := []migrations.Set{{Name: coupon.PluginName, FS: coupon.Migrations}, {Name: notify.PluginName, FS: notify.Migrations}}
 	pluginTables := []string{"coupon_budget", "coupon_grant", "coupon_grant_log", "coupon_stock", "notification", "user_coupon"}
@@ -221,7 +224,7 @@ func TestPluginMigrationsAdoptTables(t *testing.T) {
 }
 
 // oldFramework is the framework's migrations with 00001, 00002 and 00004 as they were when
-// they also created the plugins' tables (testdata/coupon_in_framework).
+// they also created the plugins' tables, from testdata/coupon_in_framework.
 func oldFramework(t *testing.T) fs.FS {
 	t.Helper()
 	m := fstest.MapFS{}
@@ -253,7 +256,7 @@ func oldFramework(t *testing.T) fs.FS {
 }
 
 // parseTime is an admin pool on database name that scans DATETIME into time.Time, as
-// goose's status needs (the router's pools do: pkg/dbx).
+// goose's status needs. The router's pools of pkg/dbx do so too.
 func parseTime(t *testing.T, name string) *sql.DB {
 	t.Helper()
 	if testenv.Dialect().IsPostgres() {
@@ -277,7 +280,7 @@ func parseTime(t *testing.T, name string) *sql.DB {
 	return db
 }
 
-// tables lists the database's tables but goose's version tables, sorted.
+// tables lists the database's tables except goose's version tables, sorted.
 func tables(t *testing.T, db *sql.DB) []string {
 	t.Helper()
 	schema := "DATABASE()"
@@ -301,7 +304,8 @@ func tables(t *testing.T, db *sql.DB) []string {
 	return out
 }
 
-// versions lists the applied versions recorded in a goose version table (0 is goose's own).
+// versions lists the applied versions recorded in a goose version table. Version 0 is
+// goose's own.
 func versions(t *testing.T, db *sql.DB, table string) []int64 {
 	t.Helper()
 	rows, err := db.Query("SELECT version_id FROM " + table + " WHERE is_applied AND version_id > 0 ORDER BY version_id")
