@@ -18,7 +18,7 @@ type item struct {
 func keyOf(it item) string { return it.key }
 
 // recorder is a run func that records batches and checks that no two running batches share
-// a key; block, when set (newBlockedRecorder), holds every run until release.
+// a key. block, when newBlockedRecorder sets it, holds every run until release.
 type recorder struct {
 	mu        sync.Mutex
 	running   map[string]int
@@ -93,9 +93,9 @@ func waitStarted(t *testing.T, r *recorder) int {
 	}
 }
 
-// Many concurrent writers with few keys: every item runs exactly once, no batch exceeds
-// MaxSize, and no two running batches share a key. The recorder's check is shown to catch a
-// shared key first.
+// TestCollectNeverRunsOneKeyInTwoBatches runs many concurrent writers with few keys. Every
+// item runs exactly once, no batch exceeds MaxSize, and no two running batches share a key.
+// The test first shows that the recorder's check catches a shared key.
 func TestCollectNeverRunsOneKeyInTwoBatches(t *testing.T) {
 	probe := newRecorder()
 	probe.running["k"] = 1 // as if a batch with key k were running
@@ -157,8 +157,9 @@ func TestCollectNeverRunsOneKeyInTwoBatches(t *testing.T) {
 	}
 }
 
-// A batch that is not full waits for the running one (up to another Linger) instead of
-// taking the idle worker: the two run one after the other.
+// TestCollectWaitsForTheRunningBatch checks that a batch that is not full waits up to
+// another Linger for the running one, instead of taking the idle worker. The two run one
+// after the other.
 func TestCollectWaitsForTheRunningBatch(t *testing.T) {
 	r := newBlockedRecorder()
 	cfg := groupcommit.Config{MaxSize: 100, Linger: time.Second, Workers: 2}
@@ -182,8 +183,8 @@ func TestCollectWaitsForTheRunningBatch(t *testing.T) {
 	}
 }
 
-// With the first batch still running after 2×Linger, the next one takes the idle worker; a
-// full batch takes it at once.
+// TestCollectUsesIdleWorkersForLateOrFullBatches checks that the next batch takes the idle
+// worker when the first batch still runs after 2×Linger. A full batch takes it at once.
 func TestCollectUsesIdleWorkersForLateOrFullBatches(t *testing.T) {
 	r := newBlockedRecorder()
 	cfg := groupcommit.Config{MaxSize: 4, Linger: 50 * time.Millisecond, Workers: 3}
@@ -204,8 +205,9 @@ func TestCollectUsesIdleWorkersForLateOrFullBatches(t *testing.T) {
 	}
 }
 
-// Items of a key in a running batch are held for a later batch; on stop, items taken but
-// not run come back, and closing the queue stops Collect the same way.
+// TestCollectHoldsRunningKeysAndReturnsWhatItDidNotRun checks that items of a key in a
+// running batch are held for a later batch. On stop, items taken but not run come back.
+// Closing the queue stops Collect the same way.
 func TestCollectHoldsRunningKeysAndReturnsWhatItDidNotRun(t *testing.T) {
 	r := newBlockedRecorder()
 	cfg := groupcommit.Config{MaxSize: 10, Linger: time.Millisecond, Workers: 2}

@@ -16,8 +16,8 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-// txnProduce writes values in one Kafka transaction with the relay's producer settings
-// (idempotent, acks=all, a transactional id), committed or aborted.
+// txnProduce writes values in one Kafka transaction, committed or aborted. It uses the
+// relay's producer settings, idempotent with all acks and a transactional id.
 func txnProduce(t *testing.T, p sarama.SyncProducer, topic string, commit bool, values ...string) {
 	t.Helper()
 	if err := p.BeginTxn(); err != nil {
@@ -37,7 +37,7 @@ func txnProduce(t *testing.T, p sarama.SyncProducer, topic string, commit bool, 
 	}
 }
 
-// lagSeries returns the lag series line of the metric, "" when absent.
+// lagSeries returns the lag series line of the metric, or "" when absent.
 func lagSeries(t *testing.T, m *metrics.Metrics) string {
 	for _, l := range strings.Split(series(t, m), "\n") {
 		if strings.HasPrefix(l, "onceflow_consumer_lag_messages{") {
@@ -47,11 +47,11 @@ func lagSeries(t *testing.T, m *metrics.Metrics) string {
 	return ""
 }
 
-// TestConsumerLagIgnoresTransactionMarkers consumes a topic written in Kafka transactions
-// (a committed one, then an aborted one) and acks everything: the offsets left past the
-// committed one hold a commit marker, aborted records and an abort marker, so the offsets'
-// difference stays at 4 for good while the lag the metric reports drops to 0. A new
-// committed record not acked yet counts again.
+// TestConsumerLagIgnoresTransactionMarkers consumes a topic written in a committed Kafka
+// transaction and then an aborted one, and acks everything. The offsets past the committed
+// one hold a commit marker, aborted records and an abort marker. So the offsets' difference
+// stays at 4 for good, while the lag the metric reports drops to 0. A new committed record
+// not acked yet counts again.
 func TestConsumerLagIgnoresTransactionMarkers(t *testing.T) {
 	kc := testenv.Kafka(t)
 	topic := testenv.Topic(t, kc, "lag-txn", 1)
@@ -120,7 +120,8 @@ func TestConsumerLagIgnoresTransactionMarkers(t *testing.T) {
 	zero := "onceflow_consumer_lag_messages{group=lag-txn-" + hex.EncodeToString(b) + ",partition=0,topic=" + topic + "} 0"
 	waitFor("caught up", func(raw int64, s string) bool { return raw == 4 && s == zero })
 
-	// 7, commit marker 8: a record not acked yet, behind the markers still marked as lag.
+	// Offset 7 is a record not acked yet and 8 its commit marker. The markers before them
+	// still count as lag.
 	txnProduce(t, p, topic, true, "d")
 	select {
 	case msg := <-ch:

@@ -11,9 +11,9 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// The database gauges come from a cache: a burst of scrapes runs the queries (a GROUP BY
-// over the inbox among them) once, the first scrape already has values, and a stale cache
-// is refreshed by the next scrape.
+// TestDBGaugesCached checks that the database gauges come from a cache. A burst of scrapes
+// runs the queries once, a GROUP BY over the inbox among them. The first scrape already has
+// values. The next scrape refreshes a stale cache.
 func TestDBGaugesCached(t *testing.T) {
 	d := testenv.DB(t, 4)
 	d.AdminExec(t, `INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, expire_at)
@@ -66,9 +66,9 @@ func TestDBGaugesCached(t *testing.T) {
 	}
 }
 
-// After InvalidateDBStats the next read waits for figures read after it: a row failed
-// by hand shows at once, not up to dbRefresh later. Without the invalidation the cache
-// (fresh) serves the old count.
+// TestDBStatsInvalidate checks that after InvalidateDBStats the next read waits for figures
+// read after it. A row failed by hand shows at once, not up to dbRefresh later. Without the
+// invalidation the fresh cache serves the old count.
 func TestDBStatsInvalidate(t *testing.T) {
 	d := testenv.DB(t, 4)
 	insert := func(key, status string) {
@@ -102,9 +102,10 @@ func TestDBStatsInvalidate(t *testing.T) {
 	}
 }
 
-// The grouping of the last errors reads the newest end of the (biz_type, 'failed') index
-// range in index order (no sort of the failed rows), not the table.
-// MariaDB's planner only: the Makefile's PostgreSQL pass leaves it out (PG_ONLY_MARIADB).
+// TestFailedErrorsPlan checks that the grouping of the last errors reads the newest end of
+// the index range of biz_type and 'failed' in index order, not the table. It does not sort
+// the failed rows. Only MariaDB's planner is checked. The Makefile's PostgreSQL pass leaves
+// the test out by PG_ONLY_MARIADB.
 func TestFailedErrorsPlan(t *testing.T) {
 	d := testenv.DB(t, 4)
 	rows, err := d.DB.Query("EXPLAIN "+failedErrorQuery, "inv")

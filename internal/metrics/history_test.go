@@ -14,7 +14,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// tableRows reads inbox_history as "biz minute outcome" → n.
+// tableRows reads inbox_history as a map from "biz minute outcome" to n.
 func tableRows(t *testing.T, db *sql.DB) map[string]int64 {
 	t.Helper()
 	rows, err := db.Query("SELECT biz_type, minute, outcome, n FROM " + HistoryTable)
@@ -59,10 +59,11 @@ func observeAt(m *Metrics, biz, outcome string, at time.Time, n int) {
 
 var t0 = time.Date(2026, 11, 11, 10, 0, 30, 0, time.UTC)
 
-// Two routers on one database each add their own counts: the table holds their sums (an
-// upsert that set n instead of adding would keep one router's), a flush with nothing new
-// adds nothing, and a later flush adds only what came after the previous one. A new
-// process (a restart, or another router's console) reads the same hour.
+// TestHistoryFlushAddsAcrossRouters has two routers on one database each add their own
+// counts. The table holds their sums. An upsert that set n instead of adding would keep one
+// router's. A flush with nothing new adds nothing. A later flush adds only what came after
+// the previous one. A new process, such as a restart or another router's console, reads the
+// same hour.
 func TestHistoryFlushAddsAcrossRouters(t *testing.T) {
 	d := testenv.DB(t, 4)
 	other, err := dbx.Open(context.Background(), testenv.Config(d.DSN, 4))
@@ -123,9 +124,10 @@ func TestHistoryFlushAddsAcrossRouters(t *testing.T) {
 	}
 }
 
-// A flush that fails keeps its counts (the console still shows them), and the next one
-// writes them once. Locked: the flush times out waiting for a row; its statement, in a
-// transaction never committed, is rolled back even when the server runs it after the lock.
+// TestHistoryFailedFlushKeepsCounts checks that a flush that fails keeps its counts, and
+// the console still shows them. The next flush writes them once. Here the flush times out
+// waiting for a locked row. Its statement is in a transaction never committed. So it is
+// rolled back, even when the server runs it after the lock.
 func TestHistoryFailedFlushKeepsCounts(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
@@ -136,7 +138,7 @@ func TestHistoryFailedFlushKeepsCounts(t *testing.T) {
 			return func() { d.AdminExec(t, "ALTER TABLE inbox_history_away RENAME TO "+HistoryTable) }
 		}},
 		{name: "row locked", break_: func(t *testing.T, d testenv.Database) func() {
-			// Another transaction's insert of a row the flush adds to, not committed yet.
+			// Another transaction inserts a row the flush adds to, and does not commit yet.
 			tx, err := d.Admin.Begin()
 			if err != nil {
 				t.Fatal(err)
@@ -188,7 +190,8 @@ func TestHistoryFailedFlushKeepsCounts(t *testing.T) {
 	}
 }
 
-// RunHistory flushes once more when it stops: the counts of the last seconds are written.
+// TestHistoryFlushedAtShutdown checks that RunHistory flushes once more when it stops. So
+// the counts of the last seconds are written.
 func TestHistoryFlushedAtShutdown(t *testing.T) {
 	d := testenv.DB(t, 4)
 	m := New(d.DB)
@@ -210,9 +213,10 @@ func TestHistoryFlushedAtShutdown(t *testing.T) {
 	}
 }
 
-// The unwritten backlog is bounded (24 hours of minutes; the oldest dropped and counted),
-// a flush of more rows than one statement takes writes them all, and the retention deletes
-// the old minutes in batches and keeps the recent ones.
+// TestHistoryBacklogAndRetention checks that the unwritten backlog is bounded to 24 hours of
+// minutes. The oldest minutes are dropped and counted. A flush of more rows than one
+// statement takes writes them all. The retention deletes the old minutes in batches and
+// keeps the recent ones.
 func TestHistoryBacklogAndRetention(t *testing.T) {
 	d := testenv.DB(t, 4)
 	m := New(d.DB)
