@@ -16,10 +16,11 @@
 //	    is not listed (a library's struct on its own), the setting stays in field order.
 //	  - help: the table's one line.
 //
-// Types: string, bool, int, int64, float64, time.Duration, []string.
+// Types: string, bool, int, int64, uint64, float64, time.Duration, []string.
 package settings
 
 import (
+	"errors"
 	"fmt"
 	"reflect"
 	"slices"
@@ -53,28 +54,46 @@ var cache sync.Map // reflect.Type → []Setting
 // List returns the settings of v (a struct or a pointer to one), in field order. It panics
 // on a malformed tag or a key declared twice: a programming error every test meets.
 func List(v any) []Setting {
+	out, err := Parse(v)
+	if err != nil {
+		panic(err.Error())
+	}
+	return out
+}
+
+// Parse returns the settings of v as List does, and an error where List panics: for a
+// declaration the program checks as it starts (a plugin's settings).
+func Parse(v any) ([]Setting, error) {
 	t := reflect.TypeOf(v)
+	if t == nil {
+		return nil, errors.New("settings: nil is no struct")
+	}
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
 	if s, ok := cache.Load(t); ok {
-		return s.([]Setting)
+		return s.([]Setting), nil
+	}
+	if t.Kind() != reflect.Struct {
+		return nil, fmt.Errorf("settings: %s is no struct", t)
 	}
 	var out []Setting
-	walk(t, "", nil, &out)
+	if err := walk(t, "", nil, &out); err != nil {
+		return nil, err
+	}
 	out = reorder(out)
 	seen := map[string]bool{}
 	for _, s := range out {
 		if seen[s.Key] {
-			panic(fmt.Sprintf("settings: %s: key %s declared twice", t, s.Key))
+			return nil, fmt.Errorf("settings: %s: key %s declared twice", t, s.Key)
 		}
 		seen[s.Key] = true
 	}
 	cache.Store(t, out)
-	return out
+	return out, nil
 }
 
-func walk(t reflect.Type, prefix string, index []int, out *[]Setting) {
+func walk(t reflect.Type, prefix string, index []int, out *[]Setting) error {
 	for i := range t.NumField() {
 		f := t.Field(i)
 		tag, ok := f.Tag.Lookup("key")
@@ -86,20 +105,25 @@ func walk(t reflect.Type, prefix string, index []int, out *[]Setting) {
 		switch {
 		case opt == "squash":
 			if f.Type.Kind() != reflect.Struct {
-				panic(fmt.Sprintf("settings: %s.%s: squash of a %s", t, f.Name, f.Type))
+				return fmt.Errorf("settings: %s.%s: squash of a %s", t, f.Name, f.Type)
 			}
-			walk(f.Type, prefix, idx, out)
+			if err := walk(f.Type, prefix, idx, out); err != nil {
+				return err
+			}
 		case f.Type.Kind() == reflect.Struct:
-			walk(f.Type, prefix+name+".", idx, out)
+			if err := walk(f.Type, prefix+name+".", idx, out); err != nil {
+				return err
+			}
 		case f.Type.Kind() == reflect.Map:
 		default:
 			s, err := parse(f, prefix+name, idx)
 			if err != nil {
-				panic(fmt.Sprintf("settings: %s.%s: %v", t, f.Name, err))
+				return fmt.Errorf("settings: %s.%s: %w", t, f.Name, err)
 			}
 			*out = append(*out, s)
 		}
 	}
+	return nil
 }
 
 // reorder moves each setting with an after tag behind the setting it names, in field order.
@@ -171,7 +195,7 @@ func parse(f reflect.StructField, key string, idx []int) (Setting, error) {
 
 func supported(t reflect.Type) bool {
 	switch t.Kind() {
-	case reflect.String, reflect.Bool, reflect.Int, reflect.Int64, reflect.Float64:
+	case reflect.String, reflect.Bool, reflect.Int, reflect.Int64, reflect.Uint64, reflect.Float64:
 		return true
 	case reflect.Slice:
 		return t.Elem().Kind() == reflect.String
@@ -181,7 +205,7 @@ func supported(t reflect.Type) bool {
 
 func numeric(t reflect.Type) bool {
 	switch t.Kind() {
-	case reflect.Int, reflect.Int64, reflect.Float64:
+	case reflect.Int, reflect.Int64, reflect.Uint64, reflect.Float64:
 		return true
 	}
 	return false
@@ -211,6 +235,12 @@ func value(t reflect.Type, s string) (any, error) {
 			return nil, err
 		}
 		v.SetInt(n)
+	case t.Kind() == reflect.Uint64:
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return nil, err
+		}
+		v.SetUint(n)
 	case t.Kind() == reflect.Float64:
 		x, err := strconv.ParseFloat(s, 64)
 		if err != nil {
@@ -238,6 +268,16 @@ func compare(a, b any) int {
 			return 0
 		}
 		return 2
+	}
+	if va.Kind() == reflect.Uint64 {
+		x, y := va.Uint(), vb.Uint()
+		switch {
+		case x < y:
+			return -1
+		case x > y:
+			return 1
+		}
+		return 0
 	}
 	x, y := va.Int(), vb.Int()
 	switch {

@@ -201,3 +201,47 @@ func TestText(t *testing.T) {
 		}
 	}
 }
+
+// Parse reports what List panics on, for declarations checked as a program starts; a struct
+// is the only declaration.
+func TestParse(t *testing.T) {
+	type badRange struct {
+		X int `key:"x" range:"5"`
+	}
+	if _, err := Parse(badRange{}); err == nil || !strings.Contains(err.Error(), `range "5": want min..max`) {
+		t.Errorf("a malformed range: %v", err)
+	}
+	type badSquash struct {
+		X int `key:",squash"`
+	}
+	if _, err := Parse(&badSquash{}); err == nil || !strings.Contains(err.Error(), "squash of a int") {
+		t.Errorf("a squashed int: %v", err)
+	}
+	for _, v := range []any{nil, 3, map[string]any{}} {
+		if _, err := Parse(v); err == nil || !strings.Contains(err.Error(), "no struct") {
+			t.Errorf("Parse(%#v): %v, want no struct", v, err)
+		}
+	}
+	if got, err := Parse(&lib{}); err != nil || len(got) != 7 {
+		t.Errorf("a library: %d settings, %v", len(got), err)
+	}
+}
+
+// A uint64 setting has a default, a range and a check of its own type.
+func TestUint64(t *testing.T) {
+	type seeded struct {
+		Seed uint64 `key:"seed" default:"7" range:"1..18446744073709551615" help:"seed"`
+	}
+	var s seeded
+	SetDefaults(&s)
+	if s.Seed != 7 || Check(s) != nil {
+		t.Fatalf("default %d, check %v", s.Seed, Check(s))
+	}
+	s.Seed = 1<<64 - 1
+	if err := Check(s); err != nil {
+		t.Fatalf("the top of the range: %v", err)
+	}
+	if err := Check(seeded{}); err == nil || err.Error() != "seed 0 outside 1..18446744073709551615" {
+		t.Fatalf("below the range: %v", err)
+	}
+}
