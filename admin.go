@@ -3,7 +3,6 @@ package onceflow
 import (
 	"context"
 	"crypto/subtle"
-	"database/sql"
 	"fmt"
 	"net"
 	"net/http"
@@ -16,68 +15,95 @@ import (
 
 	"github.com/onceflow/onceflow/internal/health"
 	"github.com/onceflow/onceflow/internal/loopback"
-	"github.com/onceflow/onceflow/internal/metrics"
-	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
 // readiness paces /readyz's background checks: each check runs every Interval, at most
 // one call at a time, each call bounded by Timeout.
 var readiness = health.Config{Interval: 5 * time.Second, Timeout: 3 * time.Second}
 
-// startAdmin serves /healthz, /readyz, /metrics and the operator console (every other path:
-// console*.go) on a dedicated mux. /readyz answers from the latest results of background
-// checks of MariaDB and Kafka (health.Checker), never from a check of its own: a request
-// costs no connection and cannot hang on a broker that accepts connections and never
-// answers. Without admin.token (a loopback listener) every path, /healthz included, answers
-// only requests addressed to a loopback name (tokenless). The returned func stops the
-// server, the console's replays and the checks.
-func (a *app) startAdmin(ctx context.Context, db *sql.DB, kc kafkax.Config, m *metrics.Metrics) (func(), error) {
+// admin serves /healthz, /readyz, /metrics and the operator console (every other path:
+// console*.go) on a dedicated mux; nothing when admin.listen is empty. /readyz answers from
+// the latest results of background checks of the database and Kafka (health.Checker), never
+// from a check of its own: a request costs no connection and cannot hang on a broker that
+// accepts connections and never answers. Without admin.token (a loopback listener) every
+// path, /healthz included, answers only requests addressed to a loopback name (tokenless).
+// Stopping it stops the server, the checks and the console's replays.
+func (p *pipeline) admin() part {
+	a := p.a
 	if a.cfg.Admin.Listen == "" {
-		return func() {}, nil
+		return part{name: "admin"}
 	}
-	ready, err := health.New(readiness, a.logger,
-		health.Check{Name: "database", Func: db.PingContext},
-		health.Check{Name: "kafka", Func: kc.Probe})
-	if err != nil {
-		return nil, err
+	var (
+		ready *health.Checker
+		con   *console
+		srv   *http.Server
+		ln    net.Listener
+	)
+	return part{name: "admin",
+		start: func(ctx context.Context) error {
+			var err error
+			ready, err = health.New(readiness, a.logger,
+				health.Check{Name: "database", Func: p.db.PingContext},
+				health.Check{Name: "kafka", Func: p.kc.Probe})
+			if err != nil {
+				return err
+			}
+			p.m.AddReadiness(func() []health.Status { sts, _ := ready.Statuses(); return sts })
+			token, err := a.cfg.Admin.token()
+			if err != nil {
+				return badInput(err)
+			}
+			mux := http.NewServeMux()
+			mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+			mux.Handle("/readyz", requireToken(token, ready))
+			mux.Handle("/metrics", requireToken(token, p.m.Handler()))
+			if a.cfg.Admin.Pprof {
+				mux.Handle("/debug/pprof/", requireToken(token, http.HandlerFunc(pprof.Index)))
+				mux.Handle("/debug/pprof/profile", requireToken(token, http.HandlerFunc(pprof.Profile)))
+			}
+			con, err = a.newConsole(ctx, p.db, p.m, token)
+			if err != nil {
+				return err
+			}
+			mux.Handle("/", con)
+			ln, err = net.Listen("tcp", a.cfg.Admin.Listen)
+			if err != nil {
+				con.Close()
+				return badInput(fmt.Errorf("admin.listen %s: %w (set admin.listen to a free port, or empty to disable)", a.cfg.Admin.Listen, err))
+			}
+			srv = newAdminServer(tokenless(token, mux, nil))
+			a.logger.Info("admin listener", watermill.LogFields{"addr": ln.Addr().String()})
+			return nil
+		},
+		run: func(ctx context.Context) error {
+			checks, stopChecks := context.WithCancel(ctx)
+			checksDone := make(chan struct{})
+			go func() { defer close(checksDone); ready.Run(checks) }()
+			defer func() { stopChecks(); <-checksDone }()
+			return serve(ctx, srv, ln, 5*time.Second)
+		},
+		stop: func() {
+			_ = ln.Close() // closed by serve already, unless it never ran
+			con.Close()
+		},
 	}
-	m.AddReadiness(func() []health.Status { sts, _ := ready.Statuses(); return sts })
-	token, err := a.cfg.Admin.token()
-	if err != nil {
-		return nil, badInput(err)
+}
+
+// serve serves srv on ln until ctx ends, then shuts it down: running requests have grace
+// to finish. It returns Serve's error when Serve fails before.
+func serve(ctx context.Context, srv *http.Server, ln net.Listener, grace time.Duration) error {
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
 	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.Handle("/readyz", requireToken(token, ready))
-	mux.Handle("/metrics", requireToken(token, m.Handler()))
-	if a.cfg.Admin.Pprof {
-		mux.Handle("/debug/pprof/", requireToken(token, http.HandlerFunc(pprof.Index)))
-		mux.Handle("/debug/pprof/profile", requireToken(token, http.HandlerFunc(pprof.Profile)))
-	}
-	con, err := a.newConsole(ctx, db, m, token)
-	if err != nil {
-		return nil, err
-	}
-	mux.Handle("/", con)
-	ln, err := net.Listen("tcp", a.cfg.Admin.Listen)
-	if err != nil {
-		con.Close()
-		return nil, badInput(fmt.Errorf("admin.listen %s: %w (set admin.listen to a free port, or empty to disable)", a.cfg.Admin.Listen, err))
-	}
-	srv := newAdminServer(tokenless(token, mux, nil))
-	go func() { _ = srv.Serve(ln) }()
-	checkCtx, stopChecks := context.WithCancel(ctx)
-	checksDone := make(chan struct{})
-	go func() { defer close(checksDone); ready.Run(checkCtx) }()
-	a.logger.Info("admin listener", watermill.LogFields{"addr": ln.Addr().String()})
-	return func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-		con.Close()
-		stopChecks()
-		<-checksDone
-	}, nil
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	<-served
+	return nil
 }
 
 // The admin server's timeouts: a client that sends its request slowly, reads its answer

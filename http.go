@@ -2,7 +2,6 @@ package onceflow
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"net"
 	"net/http"
@@ -13,7 +12,6 @@ import (
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/inbox/httpcmd"
 	"github.com/onceflow/onceflow/internal/loopback"
-	"github.com/onceflow/onceflow/internal/metrics"
 )
 
 // commandKeyField names a command's business key (its client token) in log lines.
@@ -36,77 +34,89 @@ func commandPlugins(ps []plugin) []plugin {
 	return out
 }
 
-// startHTTP serves the plugins' commands on http.listen (nothing when it is empty); without
-// http.token only to requests addressed to a loopback name (tokenless). The returned func
-// stops the listener, letting running requests finish first.
-func (a *app) startHTTP(ctx context.Context, db *sql.DB, plugins []plugin, obs inbox.Observer, m *metrics.Metrics) (func(), error) {
-	cmds := commandPlugins(plugins)
+// http serves the plugins' commands on http.listen; nothing when it is empty. Without
+// http.token it answers only requests addressed to a loopback name (tokenless). Each
+// command has its own inbox and, for handlers that batch, its own group commit. Stopping it
+// lets running requests finish first, then closes the group commits and the handlers.
+func (p *pipeline) http() part {
+	a := p.a
+	cmds := commandPlugins(p.plugins)
 	if a.cfg.HTTP.Listen == "" {
-		if len(cmds) > 0 {
-			a.logger.Info("HTTP commands off (http.listen is empty)", watermill.LogFields{"commands": len(cmds)})
-		}
-		return func() {}, nil
+		return part{name: "http",
+			start: func(context.Context) error {
+				if len(cmds) > 0 {
+					a.logger.Info("HTTP commands off (http.listen is empty)", watermill.LogFields{"commands": len(cmds)})
+				}
+				return nil
+			}}
 	}
-	if len(cmds) == 0 {
-		return nil, badInput(fmt.Errorf("http.listen %s is set, but no plugin declares an HTTP command", a.cfg.HTTP.Listen))
-	}
-	token, err := a.cfg.HTTP.token()
-	if err != nil {
-		return nil, badInput(err)
-	}
-	var routes []httpcmd.Route
-	var closers []func()
+	var (
+		closers  []func()
+		srv      *http.Server
+		ln       net.Listener
+		answerBy = a.cfg.HTTP.RequestTimeout + a.cfg.HTTP.OutcomeWait + 5*time.Second // a request's longest run, and a margin
+	)
 	closeAll := func() {
 		for _, c := range closers {
 			c()
 		}
 	}
-	for _, p := range cmds {
-		ib, closeHandler, err := a.buildInbox(ctx, db, p, obs)
-		if err != nil {
-			closeAll()
-			return nil, err
-		}
-		closers = append(closers, closeHandler)
-		var runner httpcmd.Runner = ib
-		if bc := a.cfg.Inbox.Batch; bc.MaxSize > 1 {
-			// Group commit, as for the plugin's Kafka deliveries: requests that arrive
-			// together share a transaction.
-			b, err := ib.NewBatcher(bc)
+	return part{name: "http",
+		start: func(ctx context.Context) error {
+			if len(cmds) == 0 {
+				return badInput(fmt.Errorf("http.listen %s is set, but no plugin declares an HTTP command", a.cfg.HTTP.Listen))
+			}
+			token, err := a.cfg.HTTP.token()
+			if err != nil {
+				return badInput(err)
+			}
+			var routes []httpcmd.Route
+			for _, pl := range cmds {
+				ib, closeHandler, err := a.buildInbox(ctx, p.db, pl, p.observer())
+				if err != nil {
+					closeAll()
+					return err
+				}
+				closers = append(closers, closeHandler)
+				var runner httpcmd.Runner = ib
+				if bc := a.cfg.Inbox.Batch; bc.MaxSize > 1 {
+					// Group commit, as for the plugin's Kafka deliveries: requests that arrive
+					// together share a transaction.
+					b, err := ib.NewBatcher(bc)
+					if err != nil {
+						closeAll()
+						return badInput(fmt.Errorf("plugin %s: group commit: %w", pl.Name, err))
+					}
+					runner = b
+					closers = append([]func(){func() { _ = b.Close() }}, closers...) // before its handler
+				}
+				routes = append(routes, httpcmd.Route{Method: pl.command.Method, Path: pl.command.Path, Runner: runner})
+				a.logger.Info("HTTP command", watermill.LogFields{"plugin": pl.Name, "method": pl.command.Method, "path": pl.command.Path, "biz_type": pl.BizType})
+			}
+			hc := a.cfg.HTTP.Config
+			hc.Observe = p.m.ObserveHTTP
+			h, err := httpcmd.New(routes, hc, a.logger)
 			if err != nil {
 				closeAll()
-				return nil, badInput(fmt.Errorf("plugin %s: group commit: %w", p.Name, err))
+				return badInput(err)
 			}
-			runner = b
-			closers = append([]func(){func() { _ = b.Close() }}, closers...) // before its handler
-		}
-		routes = append(routes, httpcmd.Route{Method: p.command.Method, Path: p.command.Path, Runner: runner})
-		a.logger.Info("HTTP command", watermill.LogFields{"plugin": p.Name, "method": p.command.Method, "path": p.command.Path, "biz_type": p.BizType})
+			ln, err = net.Listen("tcp", a.cfg.HTTP.Listen)
+			if err != nil {
+				closeAll()
+				return badInput(fmt.Errorf("http.listen %s: %w (set http.listen to a free port, or empty to disable)", a.cfg.HTTP.Listen, err))
+			}
+			srv = &http.Server{Handler: tokenless(token, requireBearer(token, h), misdirected), ReadHeaderTimeout: adminReadHeaderTimeout, ReadTimeout: adminReadTimeout,
+				WriteTimeout: answerBy, IdleTimeout: adminIdleTimeout, MaxHeaderBytes: 64 << 10,
+				BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
+			a.logger.Info("HTTP listener", watermill.LogFields{"addr": ln.Addr().String(), "idempotency_ttl": a.cfg.HTTP.IdempotencyTTL})
+			return nil
+		},
+		run: func(ctx context.Context) error { return serve(ctx, srv, ln, answerBy) }, // running requests finish; none starts
+		stop: func() {
+			_ = ln.Close() // closed by serve already, unless it never ran
+			closeAll()
+		},
 	}
-	hc := a.cfg.HTTP.Config
-	hc.Observe = m.ObserveHTTP
-	h, err := httpcmd.New(routes, hc, a.logger)
-	if err != nil {
-		closeAll()
-		return nil, badInput(err)
-	}
-	ln, err := net.Listen("tcp", a.cfg.HTTP.Listen)
-	if err != nil {
-		closeAll()
-		return nil, badInput(fmt.Errorf("http.listen %s: %w (set http.listen to a free port, or empty to disable)", a.cfg.HTTP.Listen, err))
-	}
-	answerBy := a.cfg.HTTP.RequestTimeout + a.cfg.HTTP.OutcomeWait + 5*time.Second // a request's longest run, and a margin
-	srv := &http.Server{Handler: tokenless(token, requireBearer(token, h), misdirected), ReadHeaderTimeout: adminReadHeaderTimeout, ReadTimeout: adminReadTimeout,
-		WriteTimeout: answerBy, IdleTimeout: adminIdleTimeout, MaxHeaderBytes: 64 << 10,
-		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
-	go func() { _ = srv.Serve(ln) }()
-	a.logger.Info("HTTP listener", watermill.LogFields{"addr": ln.Addr().String(), "idempotency_ttl": a.cfg.HTTP.IdempotencyTTL})
-	return func() {
-		sctx, cancel := context.WithTimeout(context.Background(), answerBy)
-		defer cancel()
-		_ = srv.Shutdown(sctx) // running requests finish; none starts
-		closeAll()
-	}, nil
 }
 
 // requireBearer serves h only to requests that carry "Authorization: Bearer <token>"

@@ -28,9 +28,11 @@ func (a *app) relayCmd() *cobra.Command {
 	}
 }
 
+// runRelayOnly runs the relay alone, as a list of parts started in order and stopped in
+// reverse: the relay stops before the admin listener, the tracing flush and the pool.
 func (a *app) runRelayOnly(ctx context.Context) error {
-	kc := a.kafka()
-	if err := kc.Validate(); err != nil {
+	p := &pipeline{a: a, kc: a.kafka()}
+	if err := p.kc.Validate(); err != nil {
 		return badInput(err)
 	}
 	if _, err := a.relayConfig(); err != nil { // bad relay.* settings: exit 2 before connecting
@@ -43,35 +45,56 @@ func (a *app) runRelayOnly(ctx context.Context) error {
 	if a.cfg.Relay.Shards > 1 {
 		tables = append(tables, outbox.MemberTable)
 	}
-	db, err := a.openAppDB(ctx, 0, tables...)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	stopTracing, err := a.startTracing(ctx) // otel.*: the relay built below traces
-	if err != nil {
-		return err
-	}
-	defer stopTracing()
-	m := metrics.New(db)
-	m.AddLagBound(a.cfg.Relay.LagBound)
-	relay, closeRelay, err := a.newRelay(db, kc)
-	if err != nil {
-		return err
-	}
-	defer closeRelay()
-	stopMetrics := relayMetrics(ctx, m, relay)
-	defer stopMetrics()
-	stopAdmin, err := a.startAdmin(ctx, db, kc, m)
-	if err != nil {
-		return err
-	}
-	defer stopAdmin()
-	a.logger.Info("relay starting", watermill.LogFields{"dsn": dbx.MaskDSN(a.cfg.DB.DSN), "brokers": kc.Brokers,
+	a.logger.Info("relay starting", watermill.LogFields{"dsn": dbx.MaskDSN(a.cfg.DB.DSN), "brokers": p.kc.Brokers,
 		"exactly_once": a.cfg.Relay.ExactlyOnce, "shard": a.cfg.Relay.Shard, "shards": a.cfg.Relay.Shards, "gc": a.gc})
-	err = relay.Run(ctx)
-	a.logger.Info("relay stopped", watermill.LogFields{"published": relay.Published(), "reconciled": relay.Reconciled()})
-	return err
+	return runParts(ctx, a.logger, []part{
+		{name: "database",
+			start: func(ctx context.Context) (err error) {
+				p.db, err = a.openAppDB(ctx, 0, tables...)
+				return err
+			},
+			stop: func() { _ = p.db.Close() }},
+		a.tracing(), // the relay built after it traces with it
+		{name: "metrics",
+			start: func(context.Context) error {
+				p.m = metrics.New(p.db)
+				p.m.AddLagBound(a.cfg.Relay.LagBound)
+				return nil
+			}},
+		p.admin(),
+		p.relay(),
+	})
+}
+
+// relay publishes the outbox (relay.*). The relay retries a batch that failed and a
+// database or a broker it cannot reach. Its run ends when it is stopped, or on a check that
+// no retry fixes, such as a pool not at READ COMMITTED. Stopping it ends its exactly-once
+// session and releases its lease.
+func (p *pipeline) relay() part {
+	var (
+		relay                   *outbox.Relay
+		closeRelay, stopMetrics func()
+	)
+	return part{name: "relay",
+		start: func(ctx context.Context) error {
+			var err error
+			relay, closeRelay, err = p.a.newRelay(p.db, p.kc)
+			if err != nil {
+				return err
+			}
+			if p.obs != nil {
+				p.obs.wake = relay.Wake // set before the router starts delivering
+			}
+			stopMetrics = relayMetrics(context.WithoutCancel(ctx), p.m, relay) // counts until the relay stopped
+			return nil
+		},
+		run: func(ctx context.Context) error { return relay.Run(ctx) },
+		stop: func() {
+			stopMetrics()
+			closeRelay()
+			p.a.logger.Info("relay stopped", watermill.LogFields{"published": relay.Published(), "reconciled": relay.Reconciled()})
+		},
+	}
 }
 
 // relayConfig is the relay's config: relay.*, with the transactional id of this database

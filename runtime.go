@@ -6,7 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sync"
+	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -31,6 +31,8 @@ import (
 type Runtime struct {
 	a       *app
 	plugins []plugin
+	// wrapRun, set by tests only, wraps the run of each part: parts_test.go stops one.
+	wrapRun func(part string, run func(context.Context) error) func(context.Context) error
 }
 
 // New returns the runtime of plugins under cfg: each plugin's section of cfg.Plugins is
@@ -90,178 +92,286 @@ var (
 		string(inbox.OutcomeDuplicate), string(inbox.OutcomeHeld)}
 )
 
-// Run runs the pipeline until ctx is cancelled or a part of it fails, then stops it: the
-// router first (its handlers finish), then the relay and the cleaner, the group commits,
-// the plugins' handlers that are io.Closers, and the admin listener. It returns nil after a
-// cancellation and the first error otherwise.
+// Run runs the pipeline's parts until ctx is cancelled or one of them fails. They start in
+// the order of the list below and stop in reverse order, each one's run ended before its
+// stop (runParts). No part is restarted: the first one that fails stops the others, and
+// Run returns its error, which names the part. Run returns nil after a cancellation.
 func (r *Runtime) Run(ctx context.Context) error {
-	a, plugins := r.a, r.plugins
-	withRelay := a.cfg.Relay.Enabled
-	kc := a.kafka()
-	if err := kc.Validate(); err != nil {
+	p := &pipeline{a: r.a, plugins: r.plugins, kc: r.a.kafka(), inboxes: make([]*inbox.Inbox, len(r.plugins)),
+		handlers: make([]func(topic string) message.NoPublishHandlerFunc, len(r.plugins))}
+	if err := p.kc.Validate(); err != nil {
 		return badInput(err)
 	}
-	tables := append([]string(nil), frameworkTables...)
-	for _, p := range plugins {
-		tables = append(tables, p.Tables...)
+	parts := slices.Concat(
+		[]part{
+			p.database(),
+			p.topics(),
+			p.a.tracing(), // the parts below trace with it; it flushes their spans once they stopped
+			p.metrics(),
+			when(p.a.cfg.Relay.Enabled, p.relay()), // stops after every part that commits events, so it publishes them
+			p.cleaner(),
+		},
+		p.each("inbox", p.inbox), // the group commits, then the handlers, close once nothing delivers to them
+		p.each("redeliverer", p.redeliverer),
+		[]part{
+			p.history(), // its last flush counts the deliveries of the parts below
+			p.admin(),
+			p.http(),   // running requests finish
+			p.router(), // stops first: its handlers finish
+		},
+	)
+	if r.wrapRun != nil {
+		for i := range parts {
+			if parts[i].run != nil {
+				parts[i].run = r.wrapRun(parts[i].name, parts[i].run)
+			}
+		}
 	}
-	if withRelay && a.cfg.Relay.Shards > 1 {
+	err := runParts(ctx, r.a.logger, parts)
+	r.a.logger.Info("router stopped", nil)
+	return err
+}
+
+// pipeline is what the parts of a process share. A part's start sets the fields that the
+// parts after it use.
+type pipeline struct {
+	a       *app
+	plugins []plugin
+	kc      kafkax.Config
+
+	db   *sql.DB
+	m    *metrics.Metrics
+	lags *kafkax.LagReader
+	obs  *observer // the runtime's only: the deliveries' metrics and the relay's wake-ups
+
+	inboxes  []*inbox.Inbox                                    // by plugin, as plugins
+	handlers []func(topic string) message.NoPublishHandlerFunc // by plugin: the inbox's, or its group commit's
+}
+
+// each returns one part per plugin, named kind and the plugin's name.
+func (p *pipeline) each(kind string, of func(i int) part) []part {
+	out := make([]part, len(p.plugins))
+	for i, pl := range p.plugins {
+		out[i] = of(i)
+		out[i].name = kind + " " + pl.Name
+	}
+	return out
+}
+
+// observer returns the runtime's observer, or nil outside the runtime.
+func (p *pipeline) observer() inbox.Observer {
+	if p.obs == nil {
+		return nil
+	}
+	return p.obs
+}
+
+// database opens the pool and checks it: each plugin's migrations support its dialect and
+// every table the runtime reads exists.
+func (p *pipeline) database() part {
+	return part{name: "database",
+		start: func(ctx context.Context) error {
+			db, err := p.a.openAppDB(ctx, 0)
+			if err != nil {
+				return err
+			}
+			if err := p.checkDatabase(ctx, db); err != nil {
+				_ = db.Close()
+				return err
+			}
+			p.db = db
+			return nil
+		},
+		stop: func() { _ = p.db.Close() },
+	}
+}
+
+func (p *pipeline) checkDatabase(ctx context.Context, db *sql.DB) error {
+	tables := append([]string(nil), frameworkTables...)
+	for _, pl := range p.plugins {
+		tables = append(tables, pl.Tables...)
+	}
+	if p.a.cfg.Relay.Enabled && p.a.cfg.Relay.Shards > 1 {
 		tables = append(tables, outbox.MemberTable) // checked at start, like `router relay` does
 	}
 	tables = append(tables, metrics.HistoryTable) // the deliveries per minute the router adds to
-	db, err := a.openAppDB(ctx, 0)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
 	// A plugin whose tables exist only in another database's dialect is refused before its
 	// tables are looked for.
-	for _, p := range plugins {
-		if p.Migrations == nil {
+	for _, pl := range p.plugins {
+		if pl.Migrations == nil {
 			continue
 		}
-		if err := (migrations.Set{Name: p.Name, FS: p.Migrations}).Supports(dbx.DialectOf(db)); err != nil {
+		if err := (migrations.Set{Name: pl.Name, FS: pl.Migrations}).Supports(dbx.DialectOf(db)); err != nil {
 			return badInput(err)
 		}
 	}
-	if err := checkTables(ctx, db, tables...); err != nil {
-		return err
-	}
-	var topics []string
-	for _, p := range plugins {
-		topics = append(topics, p.Topics...)
-	}
-	if _, err := kc.CheckTopics(topics...); err != nil {
-		return err
-	}
-	if err := a.checkWrittenTopics(kc, plugins); err != nil {
-		return err
-	}
-	a.logger.Info("router starting", watermill.LogFields{"dsn": dbx.MaskDSN(a.cfg.DB.DSN), "dialect": dbx.DialectOf(db), "brokers": kc.Brokers,
-		"session_timeout": kc.SessionTimeout, "rebalance_timeout": kc.RebalanceTimeout, "relay": withRelay, "gc": a.gc})
-	a.warnRetention(kc, topics)
-	stopTracing, err := a.startTracing(ctx) // otel.*: the inboxes and the relay built below trace
-	if err != nil {
-		return err
-	}
-	defer stopTracing() // deferred early, so run late: flushes the spans once everything stopped
+	return checkTables(ctx, db, tables...)
+}
 
-	m := metrics.New(db)
-	lags, err := kc.NewLagReader() // lag without transaction markers: the metric's and the console's
-	if err != nil {
-		return err
+// topics checks that the topics the plugins read exist, and those they write when
+// relay.check_topics is on, and warns of a topic kept longer than the inbox remembers.
+func (p *pipeline) topics() part {
+	return part{name: "topics",
+		start: func(context.Context) error {
+			a := p.a
+			var topics []string
+			for _, pl := range p.plugins {
+				topics = append(topics, pl.Topics...)
+			}
+			if _, err := p.kc.CheckTopics(topics...); err != nil {
+				return err
+			}
+			if err := a.checkWrittenTopics(p.kc, p.plugins); err != nil {
+				return err
+			}
+			a.logger.Info("router starting", watermill.LogFields{"dsn": dbx.MaskDSN(a.cfg.DB.DSN), "dialect": dbx.DialectOf(p.db), "brokers": p.kc.Brokers,
+				"session_timeout": p.kc.SessionTimeout, "rebalance_timeout": p.kc.RebalanceTimeout, "relay": a.cfg.Relay.Enabled, "gc": a.gc})
+			a.warnRetention(p.kc, topics)
+			return nil
+		},
 	}
-	defer lags.Close()
-	m.Consumers.JudgeLag(lags)
-	m.AddLagBound(a.cfg.Relay.LagBound)
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, a.logger)
-	if err != nil {
-		return err
-	}
-	// Outermost: a parallel subscriber's claim learns of each ack or nack from the handler's
-	// goroutine (a panic recovered by Recoverer is a nack), instead of sweeping its window.
-	router.AddMiddleware(kafkax.AckOnReturn, middleware.Recoverer)
-	obs := &observer{m: m}
-	budget := kafkax.NewBudget(a.cfg.Kafka.Parallel.MaxInFlightBytes) // one for every subscriber of the router
-	var inboxes []*inbox.Inbox
-	for _, p := range plugins {
-		ib, closeHandler, err := a.buildInbox(ctx, db, p, obs)
-		if err != nil {
-			return err
-		}
-		inboxes = append(inboxes, ib)
-		m.InitBizType(p.BizType, deliveryOutcomes, redeliveryOutcomes)
-		if ib.BreakerEnabled() {
-			m.SetBreaker(p.BizType, int(inbox.BreakerClosed), time.Time{}, time.Time{}, "")
-		}
-		defer closeHandler() // deferred first, so run last: after the router and the Batcher stopped
-		handler := ib.HandlerFunc
-		if bc := a.cfg.Inbox.Batch; bc.MaxSize > 1 {
-			b, err := ib.NewBatcher(bc)
+}
+
+// metrics builds the registry and the reader of the consumers' lag, without transaction
+// markers: the metric's and the console's.
+func (p *pipeline) metrics() part {
+	return part{name: "metrics",
+		start: func(context.Context) error {
+			p.m = metrics.New(p.db)
+			lags, err := p.kc.NewLagReader()
 			if err != nil {
-				return badInput(fmt.Errorf("plugin %s: group commit: %w", p.Name, err))
+				return err
 			}
-			defer b.Close() // after the router stopped: its handlers are done
-			biz := p.BizType
-			b.ObservePrepares(func(elapsed time.Duration, err error) { m.ObservePrepare(biz, elapsed, err) })
-			m.AddPreparing(biz, func() int64 { return b.Stats().Preparing })
-			handler = b.HandlerFunc
-			a.logger.Info("group commit on", watermill.LogFields{"plugin": p.Name, "batch_size": bc.MaxSize, "batch_workers": bc.Workers})
-		}
-		for _, t := range p.Topics {
-			sub, err := a.subscriber(kc, p.ConsumerGroup, budget)
+			p.lags = lags
+			p.m.Consumers.JudgeLag(lags)
+			p.m.AddLagBound(p.a.cfg.Relay.LagBound)
+			p.obs = &observer{m: p.m}
+			return nil
+		},
+		stop: func() { p.lags.Close() },
+	}
+}
+
+// cleaner deletes the inbox's expired done rows. A sweep that fails is logged and made
+// again.
+func (p *pipeline) cleaner() part {
+	var c *inboxops.Cleaner
+	return part{name: "cleaner",
+		start: func(context.Context) (err error) {
+			c, err = inboxops.NewCleaner(p.db, p.a.cfg.cleanerConfig(), p.a.logger)
+			return badInput(err)
+		},
+		run: func(ctx context.Context) error { return c.Run(ctx) },
+	}
+}
+
+// inbox builds plugin i's handler, its inbox and, for handlers that batch, its group
+// commit. Stopping it closes the group commit, then the handler when it is an io.Closer.
+func (p *pipeline) inbox(i int) part {
+	var closers []func()
+	return part{
+		start: func(ctx context.Context) error {
+			a, pl := p.a, p.plugins[i]
+			ib, closeHandler, err := a.buildInbox(ctx, p.db, pl, p.observer())
 			if err != nil {
-				return kafkax.Unreachable(kc.Brokers, err)
+				return err
 			}
-			if ps, ok := sub.(metrics.PartitionStatsSource); ok { // not with kafka.window 1
-				m.Consumers.Add(ps)
+			closers = []func(){closeHandler}
+			p.inboxes[i] = ib
+			p.m.InitBizType(pl.BizType, deliveryOutcomes, redeliveryOutcomes)
+			if ib.BreakerEnabled() {
+				p.m.SetBreaker(pl.BizType, int(inbox.BreakerClosed), time.Time{}, time.Time{}, "")
 			}
-			router.AddConsumerHandler(p.Name+"/"+t, t, sub, handler(t))
-		}
-		a.logger.Info("plugin", watermill.LogFields{"plugin": p.Name, "topics": p.Topics, "consumer_group": p.ConsumerGroup, "biz_type": p.BizType})
+			p.handlers[i] = ib.HandlerFunc
+			if bc := a.cfg.Inbox.Batch; bc.MaxSize > 1 {
+				b, err := ib.NewBatcher(bc)
+				if err != nil {
+					closeHandler()
+					return badInput(fmt.Errorf("plugin %s: group commit: %w", pl.Name, err))
+				}
+				closers = append([]func(){func() { _ = b.Close() }}, closers...)
+				biz := pl.BizType
+				b.ObservePrepares(func(elapsed time.Duration, err error) { p.m.ObservePrepare(biz, elapsed, err) })
+				p.m.AddPreparing(biz, func() int64 { return b.Stats().Preparing })
+				p.handlers[i] = b.HandlerFunc
+				a.logger.Info("group commit on", watermill.LogFields{"plugin": pl.Name, "batch_size": bc.MaxSize, "batch_workers": bc.Workers})
+			}
+			return nil
+		},
+		stop: func() {
+			for _, c := range closers {
+				c()
+			}
+		},
 	}
+}
 
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	errs := make(chan error, 4+len(inboxes))
-	if withRelay {
-		relay, closeRelay, err := a.newRelay(db, kc)
-		if err != nil {
-			return err
-		}
-		defer closeRelay()
-		obs.wake = relay.Wake // set before the router starts delivering
-		stopMetrics := relayMetrics(ctx, m, relay)
-		defer stopMetrics()
-		wg.Add(1)
-		go func() { defer wg.Done(); errs <- relay.Run(ctx) }()
-	}
-	cleaner, err := inboxops.NewCleaner(db, a.cfg.cleanerConfig(), a.logger)
-	if err != nil {
-		return badInput(err)
-	}
-	wg.Add(1)
-	go func() { defer wg.Done(); errs <- cleaner.Run(ctx) }()
-	for _, ib := range inboxes { // each plugin's delayed redeliveries (inbox.delayed_retries)
-		wg.Add(1)
-		go func() { defer wg.Done(); errs <- ib.RunRedeliveries(ctx) }()
-	}
+// redeliverer runs plugin i's delayed redeliveries (inbox.delayed_retries). A look for due
+// rows that fails is logged and made again.
+func (p *pipeline) redeliverer(i int) part {
+	return part{run: func(ctx context.Context) error { return p.inboxes[i].RunRedeliveries(ctx) }}
+}
 
-	// The deliveries per minute, added to inbox_history every 10 s and once more after the
-	// router and the HTTP listener stopped (deferred before them, so run after them).
-	histCtx, stopHist := context.WithCancel(context.WithoutCancel(ctx))
-	histDone := make(chan struct{})
-	go func() {
-		defer close(histDone)
-		m.RunHistory(histCtx, metrics.HistoryFlushEvery, func(err error) {
-			a.logger.Error("inbox history (the console's chart; counts not written are kept for the next flush)", err, nil)
-		})
-	}()
-	defer func() { stopHist(); <-histDone }()
+// history adds the deliveries per minute to inbox_history every 10 s, and once more when it
+// stops: after the router and the HTTP commands stopped.
+func (p *pipeline) history() part {
+	return part{name: "history",
+		run: func(ctx context.Context) error {
+			p.m.RunHistory(ctx, metrics.HistoryFlushEvery, func(err error) {
+				p.a.logger.Error("inbox history (the console's chart; counts not written are kept for the next flush)", err, nil)
+			})
+			return nil
+		},
+	}
+}
 
-	stopAdmin, err := a.startAdmin(ctx, db, kc, m)
-	if err != nil {
-		return err
+// router consumes every plugin's topics in its consumer group, one Kafka subscriber per
+// topic, on one Watermill router. Stopping it lets the handlers finish.
+func (p *pipeline) router() part {
+	var (
+		router *message.Router
+		subs   []message.Subscriber
+	)
+	return part{name: "router",
+		start: func(context.Context) error {
+			a := p.a
+			var err error
+			router, err = message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, a.logger)
+			if err != nil {
+				return err
+			}
+			// Outermost: a parallel subscriber's claim learns of each ack or nack from the
+			// handler's goroutine (a panic recovered by Recoverer is a nack), instead of
+			// sweeping its window.
+			router.AddMiddleware(kafkax.AckOnReturn, middleware.Recoverer)
+			budget := kafkax.NewBudget(a.cfg.Kafka.Parallel.MaxInFlightBytes) // one for every subscriber of the router
+			for i, pl := range p.plugins {
+				for _, t := range pl.Topics {
+					sub, err := a.subscriber(p.kc, pl.ConsumerGroup, budget)
+					if err != nil {
+						closeAll(subs)
+						return kafkax.Unreachable(p.kc.Brokers, err)
+					}
+					subs = append(subs, sub)
+					if ps, ok := sub.(metrics.PartitionStatsSource); ok { // not with kafka.window 1
+						p.m.Consumers.Add(ps)
+					}
+					router.AddConsumerHandler(pl.Name+"/"+t, t, sub, p.handlers[i](t))
+				}
+				a.logger.Info("plugin", watermill.LogFields{"plugin": pl.Name, "topics": pl.Topics, "consumer_group": pl.ConsumerGroup, "biz_type": pl.BizType})
+			}
+			return nil
+		},
+		run:  func(ctx context.Context) error { return router.Run(ctx) },
+		stop: func() { closeAll(subs) }, // closed by the router already, unless it never ran
 	}
-	defer stopAdmin()
-	stopHTTP, err := a.startHTTP(ctx, db, plugins, obs, m)
-	if err != nil {
-		return err
-	}
-	defer stopHTTP() // before the relay and the router stop (deferred calls run last first)
+}
 
-	runErr := router.Run(ctx)
-	cancel()
-	wg.Wait()
-	close(errs)
-	for e := range errs {
-		if e != nil && runErr == nil {
-			runErr = e
-		}
+// closeAll closes subs.
+func closeAll(subs []message.Subscriber) {
+	for _, s := range subs {
+		_ = s.Close()
 	}
-	a.logger.Info("router stopped", nil)
-	return runErr
 }
 
 // buildInbox builds p's handler and its inbox: the one handler path that `run`, `replay`

@@ -89,6 +89,19 @@ func (a *app) startTracing(ctx context.Context) (func(), error) {
 	}, nil
 }
 
+// tracing builds the tracer provider of otel.* (startTracing). Stopping it flushes the
+// spans still queued, once the parts started after it have stopped.
+func (a *app) tracing() part {
+	var stop func()
+	return part{name: "tracing",
+		start: func(ctx context.Context) (err error) {
+			stop, err = a.startTracing(ctx)
+			return err
+		},
+		stop: func() { stop() },
+	}
+}
+
 // linkedSampler decides for a new trace (a span without a parent): sampled when one of its
 // links is, else by ratio. A group-committed batch's span starts a trace linked to its
 // deliveries' spans: it is recorded whenever one of theirs is, so a sampled delivery's link
