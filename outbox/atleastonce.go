@@ -73,10 +73,16 @@ func (r *atLeastOnce) checkServer(ctx context.Context) error {
 	return r.relayBase.checkServer(ctx, nil)
 }
 
-func (r *atLeastOnce) run(ctx context.Context) {
-	always := func() bool { return true }
-	r.loop(ctx, "", r.relayOnce, func() time.Duration { return r.cfg.PollInterval }, always, always)
-}
+func (r *atLeastOnce) run(ctx context.Context) { r.loop(ctx, "", atLeastOnceBatches{r}) }
+
+// atLeastOnceBatches are the batches of the at-least-once relay. Its loop polls every
+// PollInterval when idle. It has no lease, so it always cleans and can always be woken.
+type atLeastOnceBatches struct{ r *atLeastOnce }
+
+func (b atLeastOnceBatches) batch(ctx context.Context) (int, error) { return b.r.relayOnce(ctx) }
+func (b atLeastOnceBatches) idleWait() time.Duration                { return b.r.cfg.PollInterval }
+func (b atLeastOnceBatches) cleans() bool                           { return true }
+func (b atLeastOnceBatches) wakeable() bool                         { return true }
 
 func (r *atLeastOnce) close() error { return nil }
 

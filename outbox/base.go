@@ -140,17 +140,31 @@ func (r *relayBase) checkServer(ctx context.Context, complete func(context.Conte
 	return nil
 }
 
-// loop calls once until ctx ends. It backs off after failures and sleeps for idle() when
-// there was nothing to publish. cleans reports whether this loop runs the retention cleanup.
+// batches is what loop runs: the batches of the at-least-once relay, or of one shard of the
+// exactly-once relay.
+type batches interface {
+	// batch publishes one batch and returns how many rows it published.
+	batch(ctx context.Context) (int, error)
+	// idleWait is how long to wait after a batch that found nothing to publish.
+	idleWait() time.Duration
+	// cleans reports whether this loop runs the retention cleanup.
+	cleans() bool
+	// wakeable reports whether an idle wait ends early on Wake, which means that the loop
+	// publishes.
+	wakeable() bool
+}
+
+// loop runs b's batches until ctx ends. It backs off after failures and sleeps for
+// b.idleWait() when there was nothing to publish.
 //
-// An idle wait ends early on Wake when wakeable reports true, which means that the loop
-// publishes. A wait never ends early for a standby or while backing off after a failure.
-func (r *relayBase) loop(ctx context.Context, shard string, once func(context.Context) (int, error), idle func() time.Duration, cleans, wakeable func() bool) {
+// An idle wait ends early on Wake when b.wakeable() reports true. A wait never ends early
+// for a standby or while backing off after a failure.
+func (r *relayBase) loop(ctx context.Context, shard string, b batches) {
 	backoff := r.cfg.RetryBackoff
 	var nextCleanup time.Time
 	for {
 		woke := r.wakeC() // taken before the read, so a Wake during it cuts the next wait short
-		n, err := once(ctx)
+		n, err := b.batch(ctx)
 		if ctx.Err() != nil {
 			return
 		}
@@ -167,11 +181,11 @@ func (r *relayBase) loop(ctx context.Context, shard string, once func(context.Co
 			backoff = min(2*backoff, max(r.cfg.MaxRetryBackoff, r.cfg.RetryBackoff))
 		case n == 0:
 			backoff = r.cfg.RetryBackoff
-			wait = idle()
+			wait = b.idleWait()
 		default:
 			backoff = r.cfg.RetryBackoff
 		}
-		if r.cfg.Retention > 0 && time.Now().After(nextCleanup) && cleans() {
+		if r.cfg.Retention > 0 && time.Now().After(nextCleanup) && b.cleans() {
 			if _, err := r.Cleanup(ctx); err != nil && ctx.Err() == nil {
 				r.logger.Error("outbox cleanup failed, will retry", err, nil)
 			}
@@ -179,7 +193,7 @@ func (r *relayBase) loop(ctx context.Context, shard string, once func(context.Co
 		}
 		if wait > 0 {
 			var wake <-chan struct{}
-			if err == nil && wakeable() {
+			if err == nil && b.wakeable() {
 				wake = woke
 			}
 			t := time.NewTimer(wait)

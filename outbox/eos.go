@@ -183,14 +183,20 @@ func (r *eosRelay) run(ctx context.Context) {
 		wg.Go(func() { m.run(ctx) })
 	}
 	for _, e := range r.shards {
-		// The owner of the first shard deletes expired published rows.
-		wg.Go(func() {
-			once := func(ctx context.Context) (int, error) { return e.relayOnce(ctx, true) }
-			r.loop(ctx, e.shard, once, e.idleWait, func() bool { return e.index == 0 && e.owner.Load() }, e.owner.Load)
-		})
+		wg.Go(func() { r.loop(ctx, e.shard, shardBatches{e}) })
 	}
 	wg.Wait()
 }
+
+// shardBatches are the batches of one shard, with their marks pipelined. An idle shard
+// waits its idleWait, the standby's poll when it does not own the shard. The owner of the
+// first shard deletes expired published rows. Only an owner is woken.
+type shardBatches struct{ e *eosShard }
+
+func (b shardBatches) batch(ctx context.Context) (int, error) { return b.e.relayOnce(ctx, true) }
+func (b shardBatches) idleWait() time.Duration                { return b.e.idleWait() }
+func (b shardBatches) cleans() bool                           { return b.e.index == 0 && b.e.owner.Load() }
+func (b shardBatches) wakeable() bool                         { return b.e.owner.Load() }
 
 func (r *eosRelay) close() error {
 	var errs []error
