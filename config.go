@@ -40,7 +40,8 @@ type Config struct {
 	Runtime RuntimeConfig `key:"runtime"`
 	// Plugins holds one section per plugin, plugins.<name>: the reserved keys topics (a list)
 	// and consumer_group override the plugin's declaration for this deployment; the other
-	// keys are the plugin's own settings (inbox.PluginEnv.DecodeConfig).
+	// keys are the plugin's own settings (inbox.Plugin.Settings), decoded and checked by
+	// LoadConfig and New.
 	Plugins map[string]map[string]any `key:"plugins"`
 
 	tracing trace.TracerProvider // built from Otel by startTracing; nil: nothing is traced
@@ -116,21 +117,35 @@ type LogConfig struct {
 }
 
 // configTable renders the settings as README's configuration table (markdown: key,
-// environment variable, default, meaning). `go test . -run TestConfigTable -update` writes
-// it into README.
-func configTable() string {
+// environment variable, default, meaning): the framework's, then those plugins declare
+// (plugins.<name>.<key>), in the order given. `go test . -run TestConfigTable -update`
+// writes it into README with the bundled plugins.
+func configTable(plugins []inbox.Plugin) string {
 	cell := func(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
 	var b strings.Builder
 	b.WriteString("| key | env | default | meaning |\n|---|---|---|---|\n")
-	for _, s := range settings.List(Config{}) {
+	row := func(key string, s settings.Setting) {
 		def := "—"
 		if t := settings.Text(s.Default); t != "" {
 			def = "`" + t + "`"
 		}
-		fmt.Fprintf(&b, "| `%s` | `%s` | %s | %s |\n", s.Key, envName(s.Key), cell(def), cell(s.Help))
+		fmt.Fprintf(&b, "| `%s` | `%s` | %s | %s |\n", key, envName(key), cell(def), cell(s.Help))
+	}
+	for _, s := range settings.List(Config{}) {
+		row(s.Key, s)
+	}
+	for _, p := range plugins {
+		if p.Settings != nil {
+			for _, s := range settings.List(p.Settings) {
+				row(pluginKey(p.Name, s.Key), s)
+			}
+		}
 	}
 	return b.String()
 }
+
+// pluginKey is the configuration key of a plugin's setting: plugins.<name>.<key>.
+func pluginKey(plugin, key string) string { return "plugins." + plugin + "." + key }
 
 // DefaultConfig is the configuration with every key at its default (no file, no
 // environment): a program that embeds the runtime starts from it.
@@ -143,13 +158,10 @@ func DefaultConfig() Config {
 // LoadConfig resolves the configuration as the router binary does without flags: the
 // environment (ONCEFLOW_*) over file (empty: $ONCEFLOW_CONFIG, else configs/router.yaml if
 // present) over the defaults; unknown keys, invalid values and ONCEFLOW_ variables that
-// name no setting are errors (ExitCode 2).
+// name no setting are errors (ExitCode 2), the settings of the plugins registered with
+// inbox.MustRegister included.
 func LoadConfig(file string) (Config, error) {
-	var plugins []string
-	for _, p := range inbox.RegisteredPlugins() {
-		plugins = append(plugins, p.Name)
-	}
-	cfg, _, err := loadConfig(file, nil, nil, plugins)
+	cfg, _, err := loadConfig(file, nil, nil, inbox.RegisteredPlugins())
 	return cfg, err
 }
 
@@ -170,12 +182,30 @@ func decodeConfig(v *viper.Viper) (Config, error) {
 // the working directory). The package's tests, run at the repository root, clear it.
 var defaultConfigFile = "configs/router.yaml"
 
+// configFile is the config file the configuration is read from: file (--config), else
+// $ONCEFLOW_CONFIG, else configs/router.yaml if it exists; "" for none.
+func configFile(file string) string {
+	if file == "" {
+		file = os.Getenv(configEnv)
+	}
+	if file == "" {
+		if _, err := os.Stat(defaultConfigFile); err == nil {
+			file = defaultConfigFile
+		}
+	}
+	return file
+}
+
 // loadConfig resolves the configuration. file may be empty: then configs/router.yaml is
 // used if it exists. Unknown keys are errors, and so are ONCEFLOW_ variables the router
-// does not read (checkEnv; plugins are the binary's plugin names its refusals may name).
-func loadConfig(file string, flags *pflag.FlagSet, bind map[string]string, plugins []string) (Config, *viper.Viper, error) {
+// does not read (checkEnv). plugins are the binary's: their settings are read from their
+// sections and from their variables (ONCEFLOW_PLUGINS_<NAME>_<KEY>) and checked, every
+// plugin's refusals reported together; sections of other plugins are left to the commands
+// that run plugins (checkSections).
+func loadConfig(file string, flags *pflag.FlagSet, bind map[string]string, plugins []inbox.Plugin) (Config, *viper.Viper, error) {
 	environ := os.Environ()
-	if err := checkEnv(environ, plugins); err != nil {
+	known := settingEnv(plugins)
+	if err := checkEnv(environ, known, plugins); err != nil {
 		return Config{}, nil, err
 	}
 	v := viper.New()
@@ -185,14 +215,16 @@ func loadConfig(file string, flags *pflag.FlagSet, bind map[string]string, plugi
 	v.SetEnvPrefix(strings.TrimSuffix(envPrefix, "_"))
 	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_", "-", "_"))
 	v.AutomaticEnv()
-	if file == "" {
-		file = os.Getenv(configEnv)
-	}
-	if file == "" {
-		if _, err := os.Stat(defaultConfigFile); err == nil {
-			file = defaultConfigFile
+	for name, key := range known {
+		if strings.HasPrefix(key, "plugins.") {
+			// A plugin's setting has no default here: an unset variable leaves it out of the
+			// section, and decodeSettings gives it its default.
+			if err := v.BindEnv(key, name); err != nil {
+				return Config{}, nil, err
+			}
 		}
 	}
+	file = configFile(file)
 	if file != "" {
 		if st, err := os.Stat(file); err == nil && st.IsDir() {
 			return Config{}, nil, badInput(fmt.Errorf("config file %s is a directory: name a .yaml file", file))
@@ -216,13 +248,39 @@ func loadConfig(file string, flags *pflag.FlagSet, bind map[string]string, plugi
 	}
 	cfg, err := decodeConfig(v)
 	if err != nil {
-		return Config{}, nil, configError(errors.New(oneLine(err)), file, environ, flags, bind)
+		return Config{}, nil, configError(errors.New(oneLine(err)), file, environ, known, flags, bind)
 	}
+	var refused refusals
 	if err := cfg.validate(); err != nil {
-		return Config{}, nil, configError(err, file, environ, flags, bind)
+		refused = append(refused, err)
+	}
+	for _, p := range plugins {
+		if _, err := resolveSection(p, cfg.Plugins[p.Name]); err != nil {
+			var ue usageError
+			if errors.As(err, &ue) {
+				err = ue.err // configError marks the whole as bad input
+			}
+			refused = append(refused, err)
+		}
+	}
+	if len(refused) > 0 {
+		return Config{}, nil, configError(refused, file, environ, known, flags, bind)
 	}
 	return cfg, v, nil
 }
+
+// refusals are the reasons a configuration is refused, reported on one line.
+type refusals []error
+
+func (r refusals) Error() string {
+	msgs := make([]string, len(r))
+	for i, err := range r {
+		msgs[i] = err.Error()
+	}
+	return strings.Join(msgs, "; ")
+}
+
+func (r refusals) Unwrap() []error { return r }
 
 // strictDuration parses durations and says which value was wrong.
 func strictDuration(from, to reflect.Type, data any) (any, error) {
@@ -343,24 +401,6 @@ func (c Config) parallelConfig(budget *kafkax.Budget) kafkax.ParallelConfig {
 	pc := c.Kafka.Parallel
 	pc.Budget, pc.MaxValueBytes = budget, c.Inbox.MaxPayloadBytes
 	return pc
-}
-
-// decodePluginConfig decodes raw (a plugins.<name> section) into target, refusing unknown keys.
-func decodePluginConfig(name string, raw map[string]any, target any) error {
-	if raw == nil {
-		return nil
-	}
-	dec, err := mapstructure.NewDecoder(&mapstructure.DecoderConfig{
-		Result: target, ErrorUnused: true, WeaklyTypedInput: true,
-		DecodeHook: mapstructure.ComposeDecodeHookFunc(strictDuration),
-	})
-	if err != nil {
-		return err
-	}
-	if err := dec.Decode(raw); err != nil {
-		return badInput(fmt.Errorf("config plugins.%s: %s", name, oneLine(err)))
-	}
-	return nil
 }
 
 // oneLine flattens mapstructure's multi-line error report into one line.

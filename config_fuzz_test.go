@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/spf13/pflag"
+
+	"github.com/onceflow/onceflow/inbox"
 )
 
 // FuzzConfigFile: any config file content either loads into a valid configuration or is
@@ -18,6 +20,9 @@ func FuzzConfigFile(f *testing.F) {
 		"kafka:\n  session_timeout: ten\n",
 		"inbox:\n  max_attempts: -1\n",
 		"plugins:\n  coupon-granter:\n    step_delay: 5ms\n",
+		"plugins:\n  coupon-granter:\n    step_failure_rate: 1.5\n    stepp: 1\n  coupon-notifier:\n    channel: [a]\n",
+		"plugins:\n  coupon-granter: [1]\n",
+		"plugins:\n  coupon-granter:\n    seed: -1\n    shards: {a: 1}\n",
 		"log: [1, 2]\n",
 		"db: {dsn: 3}\n",
 		"inbox:\n  table: other\n",
@@ -33,7 +38,7 @@ func FuzzConfigFile(f *testing.F) {
 		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		_, _, err := loadConfig(p, pflag.NewFlagSet("x", pflag.ContinueOnError), nil, nil)
+		_, _, err := loadConfig(p, pflag.NewFlagSet("x", pflag.ContinueOnError), nil, inbox.RegisteredPlugins())
 		if err == nil {
 			return
 		}

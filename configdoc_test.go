@@ -5,6 +5,9 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/settings"
 )
 
 var update = flag.Bool("update", false, "rewrite README's configuration table from the settings")
@@ -14,8 +17,8 @@ const (
 	configTableEnd   = "<!-- config-table:end -->"
 )
 
-// README's configuration table is the settings' rendering: a key, default or help text
-// changed in a tag and not in README (or the reverse) fails here.
+// README's configuration table is the settings' rendering, the bundled plugins' included: a
+// key, default or help text changed in a tag and not in README (or the reverse) fails here.
 func TestConfigTable(t *testing.T) {
 	const path = "README.md"
 	b, err := os.ReadFile(path)
@@ -28,7 +31,7 @@ func TestConfigTable(t *testing.T) {
 		t.Fatalf("README.md has no region %s … %s", configTableStart, configTableEnd)
 	}
 	s += len(configTableStart)
-	want := "\n" + configTable()
+	want := "\n" + configTable(inbox.RegisteredPlugins())
 	if readme[s:e] == want {
 		return
 	}
@@ -54,4 +57,29 @@ func at(lines []string, i int) string {
 		return lines[i]
 	}
 	return "(missing)"
+}
+
+// README's configuration table has a row for each setting of the bundled plugins, with the
+// variable that sets it.
+func TestConfigTableListsPluginSettings(t *testing.T) {
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, p := range inbox.RegisteredPlugins() {
+		if p.Settings == nil {
+			continue
+		}
+		for _, s := range settings.List(p.Settings) {
+			n++
+			key := pluginKey(p.Name, s.Key)
+			if row := "| `" + key + "` | `" + envName(key) + "` |"; !strings.Contains(string(b), row) {
+				t.Errorf("README.md's configuration table has no row %s", row)
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("no bundled plugin declares a setting")
+	}
 }

@@ -77,20 +77,20 @@ var tallyMigrations = fstest.MapFS{
 		"-- +goose Down\nALTER TABLE tally DROP COLUMN note;\n")},
 }
 
+// tallySettings are the tally plugin's settings, plugins.tally-counter.note.
+type tallySettings struct {
+	Note string `key:"note" default:"default" help:"the note each counted row keeps"`
+}
+
 // tallyPlugin declares the plugin; built records the handlers its Build made.
 func tallyPlugin(built *[]*tally) inbox.Plugin {
 	return inbox.Plugin{
 		Name: "tally-counter", Topics: []string{"tally-in"}, ConsumerGroup: "tally-default", BizType: "tally",
 		Migrations: tallyMigrations,
 		Tables:     []string{"tally"},
+		Settings:   tallySettings{}, // topics and consumer_group are the runtime's: they never reach it
 		Build: func(ctx context.Context, env inbox.PluginEnv) (inbox.Handler, error) {
-			cfg := struct {
-				Note string `mapstructure:"note"`
-			}{Note: "default"}
-			if err := env.DecodeConfig(&cfg); err != nil { // unknown keys are errors: topics and consumer_group must not reach it
-				return nil, err
-			}
-			h := &tally{note: cfg.Note}
+			h := &tally{note: env.Settings.(tallySettings).Note}
 			*built = append(*built, h)
 			return h, nil
 		},

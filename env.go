@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/internal/settings"
 )
 
@@ -18,7 +19,7 @@ const envPrefix = "ONCEFLOW_"
 // configEnv names the config file when --config does not.
 const configEnv = envPrefix + "CONFIG"
 
-// pluginsEnv starts the names a plugin setting (plugins.<name>.<key>) would have.
+// pluginsEnv starts the names of the plugins' settings (plugins.<name>.<key>).
 const pluginsEnv = envPrefix + "PLUGINS"
 
 // ownEnv are the variables the router reads that name no setting.
@@ -29,22 +30,31 @@ func envName(key string) string {
 	return envPrefix + strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(key))
 }
 
-// settingEnv maps the environment variable of every framework setting to its key.
-func settingEnv() map[string]string {
+// settingEnv maps the environment variable of every setting to its key: the framework's,
+// and those plugins declare (plugins.<name>.<key>).
+func settingEnv(plugins []inbox.Plugin) map[string]string {
 	m := map[string]string{}
 	for _, s := range settings.List(Config{}) {
 		m[envName(s.Key)] = s.Key
+	}
+	for _, p := range plugins {
+		if p.Settings == nil {
+			continue
+		}
+		for _, s := range settings.List(p.Settings) {
+			key := pluginKey(p.Name, s.Key)
+			m[envName(key)] = key
+		}
 	}
 	return m
 }
 
 // checkEnv refuses the ONCEFLOW_ variables of environ (KEY=value entries, the prefix in any
-// case) that the router does not read: it reads one per framework setting and ownEnv.
-// Plugin settings come from the config file only, so a ONCEFLOW_PLUGINS_ variable is
-// refused too, naming the key it would set when its plugin is one of plugins. Each refusal
-// names the variable and, for a near miss, the known name it resembles.
-func checkEnv(environ, plugins []string) error {
-	known := settingEnv()
+// case) that the router does not read: it reads ownEnv and known, the variable of every
+// setting (settingEnv of plugins). Each refusal names the variable and, for a near miss,
+// the known name it resembles; one under ONCEFLOW_PLUGINS_ names the plugin it would set,
+// or lists the plugins when it names none.
+func checkEnv(environ []string, known map[string]string, plugins []inbox.Plugin) error {
 	names := slices.Clone(ownEnv)
 	for n := range known {
 		names = append(names, n)
@@ -73,33 +83,51 @@ func checkEnv(environ, plugins []string) error {
 		strings.Join(bad, "; "), configEnv, envPrefix))
 }
 
-// pluginEnvRefusal says that name, a ONCEFLOW_PLUGINS_ variable, is not read, and which
-// config file key it would set when it starts with the variable form of one of plugins (the
-// longest such name).
-func pluginEnvRefusal(name string, plugins []string) string {
+// pluginEnvRefusal says why name, a ONCEFLOW_PLUGINS_ variable, is not read: it names the
+// file-only key topics or consumer_group of a plugin, no setting of the plugin its name
+// begins with (the longest such name; the nearest of that plugin's variables), or no
+// plugin of plugins.
+func pluginEnvRefusal(name string, plugins []inbox.Plugin) string {
 	upper := strings.ToUpper(name)
-	best := ""
-	for _, p := range plugins {
-		if strings.HasPrefix(upper, envName("plugins."+p)+"_") && len(p) > len(best) {
-			best = p
+	var best *inbox.Plugin
+	var all []string
+	for i, p := range plugins {
+		all = append(all, p.Name)
+		if strings.HasPrefix(upper, envName("plugins."+p.Name)+"_") && (best == nil || len(p.Name) > len(best.Name)) {
+			best = &plugins[i]
 		}
 	}
-	if best == "" {
-		return fmt.Sprintf("%s: plugin settings are read from the config file only (plugins.<name>.<key>; registered plugins: %v)", name, plugins)
+	if best == nil {
+		return fmt.Sprintf("%s names no plugin's setting (registered plugins: %v)", name, all)
 	}
-	key := strings.ToLower(upper[len(envName("plugins."+best))+1:])
-	return fmt.Sprintf("%s: plugin settings are read from the config file only (set plugins.%s.%s there)", name, best, key)
+	switch key := strings.ToLower(upper[len(envName("plugins."+best.Name))+1:]); key {
+	case keyTopics, keyConsumerGroup:
+		return fmt.Sprintf("%s: plugins.%s.%s is read from the config file only", name, best.Name, key)
+	}
+	var own []string
+	if best.Settings != nil {
+		for _, s := range settings.List(best.Settings) {
+			own = append(own, envName(pluginKey(best.Name, s.Key)))
+		}
+	}
+	msg := name + " is no setting of plugin " + best.Name
+	if len(own) == 0 {
+		msg += " (it has none)"
+	} else if near := nearest(name, own); near != "" {
+		msg += " (did you mean " + near + "?)"
+	}
+	return msg
 }
 
-// nearest lists the names among names closest to name (ignoring case) within a few edits,
-// those of name's length first (a mistyped letter), joined by " or "; "" when none is that
-// close.
+// nearest lists the names among names closest to name (ignoring case and the ONCEFLOW_
+// prefix) within a few edits, those of name's length first (a mistyped letter), joined by
+// " or "; "" when none is that close.
 func nearest(name string, names []string) string {
 	target := strings.TrimPrefix(strings.ToUpper(name), envPrefix)
 	var best []string
 	bestD := min(3, max(1, len(target)/4)) + 1
 	for _, n := range names {
-		switch d := editDistance(target, strings.TrimPrefix(n, envPrefix)); {
+		switch d := editDistance(target, strings.TrimPrefix(strings.ToUpper(n), envPrefix)); {
 		case d < bestD:
 			best, bestD = []string{n}, d
 		case d == bestD:
@@ -139,12 +167,12 @@ func editDistance(a, b string) int {
 	return prev[len(b)]
 }
 
-// fromEnv names the setting variables of environ that may hold the value err refuses: those
-// whose key err names or whose value (or one of its comma-separated items) err quotes, else
-// every one that is set (a library's check need not name the key). A key whose flag was
-// given is left out: the flag's value is the one in effect.
-func fromEnv(err error, environ []string, flags *pflag.FlagSet, bind map[string]string) []string {
-	known := settingEnv()
+// fromEnv names the setting variables of environ (known: settingEnv) that may hold the
+// value err refuses: those whose key err names or whose value (or one of its
+// comma-separated items) err quotes, else every one that is set (a library's check need
+// not name the key). A key whose flag was given is left out: the flag's value is the one
+// in effect.
+func fromEnv(err error, environ []string, known map[string]string, flags *pflag.FlagSet, bind map[string]string) []string {
 	msg := err.Error()
 	var set, named []string
 	for _, kv := range environ {
@@ -199,13 +227,13 @@ func isKeyByte(c byte) bool {
 }
 
 // configError is a refused configuration: from file (may be empty) and the setting
-// variables of environ that may hold the refused value, one line.
-func configError(err error, file string, environ []string, flags *pflag.FlagSet, bind map[string]string) error {
+// variables of environ (known: settingEnv) that may hold the refused value, one line.
+func configError(err error, file string, environ []string, known map[string]string, flags *pflag.FlagSet, bind map[string]string) error {
 	where := "config"
 	if file != "" {
 		where += " " + file
 	}
-	if env := fromEnv(err, environ, flags, bind); len(env) > 0 {
+	if env := fromEnv(err, environ, known, flags, bind); len(env) > 0 {
 		where += " (env " + strings.Join(env, ", ") + ")"
 	}
 	var ue usageError

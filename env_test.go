@@ -2,10 +2,17 @@ package onceflow
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/onceflow/onceflow/coupon"
+	"github.com/onceflow/onceflow/inbox"
 )
 
 // countingListener is a TCP listener on 127.0.0.1 that counts the connections it is offered
@@ -31,19 +38,24 @@ func countingListener(t *testing.T) (string, *atomic.Int64) {
 	return ln.Addr().String(), &n
 }
 
-// An ONCEFLOW_ variable the router does not read (a typo of a setting, a plugin setting,
-// another program's variable) or one it misreads (a broker count where kafka.brokers wants
-// addresses) makes `router run` exit 2 with one line naming the variable, and nothing
-// connects: the database and the broker it is given count the connections they are offered.
+// An ONCEFLOW_ variable the router does not read (a typo of a setting or of a plugin's
+// setting, a plugin's file-only key, another program's variable) or one it misreads (a
+// broker count where kafka.brokers wants addresses, a plugin's rate out of its range) makes
+// `router run` exit 2 with one line naming the variable, and nothing connects: the database
+// and the broker it is given count the connections they are offered.
 func TestEnvRefusedBeforeConnecting(t *testing.T) {
 	for _, tc := range []struct {
 		env, value string
 		want       []string
 	}{
 		{"ONCEFLOW_RELAY_SHARDZ", "4", []string{"ONCEFLOW_RELAY_SHARDZ is no setting", "did you mean ONCEFLOW_RELAY_SHARDS or ONCEFLOW_RELAY_SHARD?"}},
-		{"ONCEFLOW_PLUGINS_COUPON_GRANTER_STEP_FAILURE_RATE", "1.5", []string{"ONCEFLOW_PLUGINS_COUPON_GRANTER_STEP_FAILURE_RATE",
-			"read from the config file only", "plugins.coupon-granter.step_failure_rate"}},
-		{"ONCEFLOW_PLUGINS_NO_SUCH_PLUGIN_KEY", "1", []string{"ONCEFLOW_PLUGINS_NO_SUCH_PLUGIN_KEY", "registered plugins: [", "coupon-granter"}},
+		{"ONCEFLOW_PLUGINS_COUPON_GRANTER_STEP_FAILURE_RATE", "1.5", []string{"(env ONCEFLOW_PLUGINS_COUPON_GRANTER_STEP_FAILURE_RATE)",
+			"plugins.coupon-granter.step_failure_rate 1.5 outside 0..0.99"}},
+		{"ONCEFLOW_PLUGINS_COUPON_GRANTER_STEP_FAILURE_RATZ", "0.1", []string{"ONCEFLOW_PLUGINS_COUPON_GRANTER_STEP_FAILURE_RATZ is no setting of plugin coupon-granter",
+			"did you mean ONCEFLOW_PLUGINS_COUPON_GRANTER_STEP_FAILURE_RATE?"}},
+		{"ONCEFLOW_PLUGINS_COUPON_GRANTER_STEP_DELAY", "soon", []string{"(env ONCEFLOW_PLUGINS_COUPON_GRANTER_STEP_DELAY)", `invalid duration "soon"`}},
+		{"ONCEFLOW_PLUGINS_COUPON_GRANTER_TOPICS", "a", []string{"plugins.coupon-granter.topics is read from the config file only"}},
+		{"ONCEFLOW_PLUGINS_NO_SUCH_PLUGIN_KEY", "1", []string{"ONCEFLOW_PLUGINS_NO_SUCH_PLUGIN_KEY names no plugin's setting", "registered plugins: [", "coupon-granter"}},
 		{"onceflow_relay_shards", "4", []string{"onceflow_relay_shards is no setting", "did you mean ONCEFLOW_RELAY_SHARDS?"}},
 		{"ONCEFLOW_TEST_DB", "postgres", []string{"ONCEFLOW_TEST_DB is no setting"}},
 		{"ONCEFLOW_KAFKA_BROKERS", "3", []string{"(env ONCEFLOW_KAFKA_BROKERS)", `"3"`}},
@@ -74,7 +86,14 @@ func TestEnvRefusedBeforeConnecting(t *testing.T) {
 // Every unknown variable is named in the one refusal, in name order, and a misread value is
 // traced to its variable alone among the settings set.
 func TestCheckEnv(t *testing.T) {
-	plugins := []string{"coupon-granter", "coupon"}
+	type seeded struct {
+		Seed int `key:"seed" range:"0..100" help:"seed"`
+	}
+	build := func(context.Context, inbox.PluginEnv) (inbox.Handler, error) { return nil, nil }
+	plugins := []inbox.Plugin{
+		{Name: "coupon-granter", Topics: []string{"t"}, ConsumerGroup: "g", BizType: "b", Build: build, Settings: seeded{}},
+		{Name: "coupon", Topics: []string{"t"}, ConsumerGroup: "g", BizType: "c", Build: build},
+	}
 	for _, tc := range []struct {
 		name    string
 		environ []string
@@ -85,12 +104,17 @@ func TestCheckEnv(t *testing.T) {
 		{"all unknown ones named", []string{"ONCEFLOW_B=1", "ONCEFLOW_A=1", "ONCEFLOW_DB_DSN=x"},
 			[]string{"environment: ONCEFLOW_A is no setting of the router; ONCEFLOW_B is no setting of the router; the router reads ONCEFLOW_CONFIG"}},
 		{"far from every name", []string{"ONCEFLOW_RUN_DIR=/tmp"}, []string{"ONCEFLOW_RUN_DIR is no setting of the router; "}},
-		{"the longest plugin name", []string{"ONCEFLOW_PLUGINS_COUPON_GRANTER_SEED=1"}, []string{"set plugins.coupon-granter.seed there"}},
-		{"a plugin's reserved key", []string{"ONCEFLOW_PLUGINS_COUPON_TOPICS=a"}, []string{"set plugins.coupon.topics there"}},
-		{"the plugins section", []string{"ONCEFLOW_PLUGINS=x"}, []string{"ONCEFLOW_PLUGINS: plugin settings are read from the config file only (plugins.<name>.<key>"}},
+		{"a plugin's setting", []string{"ONCEFLOW_PLUGINS_COUPON_GRANTER_SEED=1"}, nil},
+		{"the longest plugin name", []string{"ONCEFLOW_PLUGINS_COUPON_GRANTER_SEDE=1"},
+			[]string{"ONCEFLOW_PLUGINS_COUPON_GRANTER_SEDE is no setting of plugin coupon-granter (did you mean ONCEFLOW_PLUGINS_COUPON_GRANTER_SEED?)"}},
+		{"a plugin without settings", []string{"ONCEFLOW_PLUGINS_COUPON_SEED=1"}, []string{"ONCEFLOW_PLUGINS_COUPON_SEED is no setting of plugin coupon (it has none)"}},
+		{"a plugin's reserved key", []string{"ONCEFLOW_PLUGINS_COUPON_TOPICS=a"}, []string{"ONCEFLOW_PLUGINS_COUPON_TOPICS: plugins.coupon.topics is read from the config file only"}},
+		{"a plugin's setting in another case", []string{"onceflow_plugins_coupon_granter_seed=1"},
+			[]string{"onceflow_plugins_coupon_granter_seed is no setting of plugin coupon-granter (did you mean ONCEFLOW_PLUGINS_COUPON_GRANTER_SEED?)"}},
+		{"the plugins section", []string{"ONCEFLOW_PLUGINS=x"}, []string{"ONCEFLOW_PLUGINS names no plugin's setting (registered plugins: [coupon-granter coupon])"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := checkEnv(tc.environ, plugins)
+			err := checkEnv(tc.environ, settingEnv(plugins), plugins)
 			if len(tc.want) == 0 {
 				if err != nil {
 					t.Fatalf("refused: %v", err)
@@ -114,5 +138,45 @@ func TestCheckEnv(t *testing.T) {
 	_, err := LoadConfig("")
 	if err == nil || !strings.Contains(err.Error(), "config (env ONCEFLOW_RELAY_BATCH_SIZE): relay.batch_size 50000 outside") {
 		t.Errorf("LoadConfig: %v, want the refusal traced to ONCEFLOW_RELAY_BATCH_SIZE alone", err)
+	}
+}
+
+// A plugin's setting binds from its variable, ONCEFLOW_PLUGINS_<NAME>_<KEY>, as a framework
+// setting does: the variable over the file over the default, and the plugin is handed the
+// value (its Writes and Build get the same decoded settings).
+func TestPluginSettingFromEnv(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "router.yaml")
+	body := "plugins:\n  coupon-granter:\n    granted_topic: from-file\n    failed_topic: failed-from-file\n"
+	if err := os.WriteFile(file, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("ONCEFLOW_PLUGINS_COUPON_GRANTER_GRANTED_TOPIC", "from-env")
+	t.Setenv("ONCEFLOW_PLUGINS_COUPON_GRANTER_STEP_DELAY", "800ms")
+	t.Setenv("ONCEFLOW_PLUGINS_COUPON_GRANTER_SEED", "18446744073709551615")
+	t.Setenv("ONCEFLOW_PLUGINS_COUPON_NOTIFIER_CHANNEL", "sms")
+	cfg, err := LoadConfig(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &app{cfg: cfg, plugins: registered()}
+	p, _, err := a.plugin(coupon.PluginName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, ok := p.settings.(coupon.Config)
+	if !ok {
+		t.Fatalf("settings of type %T, want coupon.Config", p.settings)
+	}
+	want := coupon.DefaultConfig()
+	want.GrantedTopic, want.FailedTopic, want.StepDelay, want.Seed = "from-env", "failed-from-file", 800*time.Millisecond, 1<<64-1
+	if got != want {
+		t.Errorf("settings\n got %+v\nwant %+v", got, want)
+	}
+	if topics, err := p.writes(); err != nil || strings.Join(topics, ",") != "from-env,failed-from-file" {
+		t.Errorf("writes: %v %v, want from-env,failed-from-file", topics, err)
+	}
+	n, _, err := a.plugin("coupon-notifier")
+	if err != nil || fmt.Sprintf("%+v", n.settings) != "{Channel:sms}" {
+		t.Errorf("coupon-notifier: settings %+v (%v), want channel sms", n.settings, err)
 	}
 }

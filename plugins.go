@@ -3,7 +3,9 @@ package onceflow
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/go-viper/mapstructure/v2"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/internal/registry"
+	"github.com/onceflow/onceflow/internal/settings"
 	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
@@ -26,24 +29,33 @@ const (
 var groupName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,249}$`)
 
 // plugin is a plugin as a deployment runs it: its declaration with the configured topics
-// and consumer group, and its own configuration section without the reserved keys.
+// and consumer group, and its settings decoded from its configuration section.
 type plugin struct {
 	inbox.Plugin
-	section map[string]any
-	command *inbox.Command // set for the plugin's HTTP command run as a plugin of its biz type (commandPlugins)
+	settings any            // a value of the type of Plugin.Settings (decodeSettings); nil without
+	command  *inbox.Command // set for the plugin's HTTP command run as a plugin of its biz type (commandPlugins)
 }
 
-// decodeConfig decodes the plugin's own section into target (PluginEnv.DecodeConfig).
-func (p plugin) decodeConfig(target any) error { return decodePluginConfig(p.Name, p.section, target) }
-
-// resolvePlugin applies section (plugins.<name>, may be nil) to p: topics and
-// consumer_group replace p's, checked; the rest is the plugin's own configuration.
+// resolvePlugin applies section (plugins.<name>, may be nil) to p, as resolveSection does;
+// its errors begin with "config: ".
 func resolvePlugin(p inbox.Plugin, section map[string]any) (plugin, error) {
+	r, err := resolveSection(p, section)
+	if err != nil {
+		return plugin{}, badInput(fmt.Errorf("config: %w", err))
+	}
+	return r, nil
+}
+
+// resolveSection applies section (plugins.<name>, may be nil) to p: topics and
+// consumer_group replace p's, checked; the rest are p's settings (decodeSettings). It
+// connects to nothing; its errors name the key (plugins.<name>.<key>) and are bad input.
+func resolveSection(p inbox.Plugin, section map[string]any) (plugin, error) {
 	if err := p.Validate(); err != nil {
 		return plugin{}, badInput(err)
 	}
-	r := plugin{Plugin: p, section: map[string]any{}}
+	r := plugin{Plugin: p}
 	r.Topics = append([]string(nil), p.Topics...)
+	own := map[string]any{}
 	for k, v := range section {
 		switch strings.ToLower(k) {
 		case keyTopics:
@@ -54,18 +66,18 @@ func resolvePlugin(p inbox.Plugin, section map[string]any) (plugin, error) {
 				err = dec.Decode(v)
 			}
 			if err != nil {
-				return plugin{}, badInput(fmt.Errorf("config plugins.%s.topics: %s (a list of topic names)", p.Name, oneLine(err)))
+				return plugin{}, badInput(fmt.Errorf("plugins.%s.topics: %s (a list of topic names)", p.Name, oneLine(err)))
 			}
 			if len(topics) == 0 {
-				return plugin{}, badInput(fmt.Errorf("config plugins.%s.topics is empty", p.Name))
+				return plugin{}, badInput(fmt.Errorf("plugins.%s.topics is empty", p.Name))
 			}
 			seen := map[string]bool{}
 			for _, t := range topics {
 				if err := kafkax.CheckTopicName(t); err != nil {
-					return plugin{}, badInput(fmt.Errorf("config plugins.%s.topics: %w", p.Name, err))
+					return plugin{}, badInput(fmt.Errorf("plugins.%s.topics: %w", p.Name, err))
 				}
 				if seen[t] {
-					return plugin{}, badInput(fmt.Errorf("config plugins.%s.topics: %q twice", p.Name, t))
+					return plugin{}, badInput(fmt.Errorf("plugins.%s.topics: %q twice", p.Name, t))
 				}
 				seen[t] = true
 			}
@@ -73,14 +85,110 @@ func resolvePlugin(p inbox.Plugin, section map[string]any) (plugin, error) {
 		case keyConsumerGroup:
 			g, ok := v.(string)
 			if !ok || !groupName.MatchString(g) {
-				return plugin{}, badInput(fmt.Errorf("config plugins.%s.consumer_group %q: 1..249 of [A-Za-z0-9._-]", p.Name, fmt.Sprint(v)))
+				return plugin{}, badInput(fmt.Errorf("plugins.%s.consumer_group %q: 1..249 of [A-Za-z0-9._-]", p.Name, fmt.Sprint(v)))
 			}
 			r.ConsumerGroup = g
 		default:
-			r.section[k] = v
+			own[k] = v
 		}
 	}
+	decoded, err := decodeSettings(p, own)
+	if err != nil {
+		return plugin{}, badInput(err)
+	}
+	r.settings = decoded
 	return r, nil
+}
+
+// decodeSettings decodes raw, a plugins.<name> section without the reserved keys, into a
+// new value of the type of p.Settings: each setting at its default tag, then raw's values
+// over them; a key that names no setting, a value of the wrong type or out of its range is
+// refused naming plugins.<name>.<key>, and then the type's Validate method, if it has one,
+// checks the whole. The value is of the declared type (a pointer when p.Settings is one);
+// nil when p declares no settings.
+func decodeSettings(p inbox.Plugin, raw map[string]any) (any, error) {
+	prefix := "plugins." + p.Name + "."
+	var list []settings.Setting
+	if p.Settings != nil {
+		list = settings.List(p.Settings)
+	}
+	if unknown := unknownKeys(raw, list, ""); len(unknown) > 0 {
+		var names []string
+		for _, s := range list {
+			names = append(names, s.Key)
+		}
+		var msgs []string
+		for _, k := range unknown {
+			msg := prefix + k + " is no setting of plugin " + p.Name
+			if len(names) == 0 {
+				msg += " (it has none)"
+			} else if near := nearest(k, names); near != "" {
+				msg += " (did you mean " + prefix + near + "?)"
+			}
+			msgs = append(msgs, msg)
+		}
+		return nil, errors.New(strings.Join(msgs, "; "))
+	}
+	if p.Settings == nil {
+		return nil, nil
+	}
+	t := reflect.TypeOf(p.Settings)
+	pointer := t.Kind() == reflect.Pointer
+	if pointer {
+		t = t.Elem()
+	}
+	v := reflect.New(t)
+	settings.SetDefaults(v.Interface())
+	if len(raw) > 0 {
+		dec, err := mapstructure.NewDecoder(&mapstructure.DecoderConfig{
+			Result: v.Interface(), TagName: "key", IgnoreUntaggedFields: true, ErrorUnused: true, WeaklyTypedInput: true,
+			DecodeHook: mapstructure.ComposeDecodeHookFunc(strictDuration, mapstructure.StringToSliceHookFunc(",")),
+		})
+		if err != nil {
+			return nil, err
+		}
+		if err := dec.Decode(raw); err != nil {
+			// mapstructure names a key in quotes at the start of each of its lines: the
+			// setting's full key, as the framework's settings are named.
+			return nil, errors.New(oneLine(errors.New(strings.ReplaceAll("\n"+err.Error(), "\n'", "\n'"+prefix))))
+		}
+	}
+	settings.Resolve(v.Interface())
+	if err := settings.Check(v.Interface()); err != nil {
+		return nil, fmt.Errorf("%s%w", prefix, err)
+	}
+	if c, ok := v.Interface().(interface{ Validate() error }); ok {
+		if err := c.Validate(); err != nil {
+			return nil, fmt.Errorf("plugins.%s: %w", p.Name, err)
+		}
+	}
+	if pointer {
+		return v.Interface(), nil
+	}
+	return v.Elem().Interface(), nil
+}
+
+// unknownKeys are the keys of raw (under prefix, dotted) that name neither a setting of list
+// nor a section holding some, in key order.
+func unknownKeys(raw map[string]any, list []settings.Setting, prefix string) []string {
+	var out []string
+	for k, v := range raw {
+		key := prefix + strings.ToLower(k)
+		known, section := false, false
+		for _, s := range list {
+			known = known || s.Key == key
+			section = section || strings.HasPrefix(s.Key, key+".")
+		}
+		switch sub, isMap := v.(map[string]any); {
+		case known:
+		case section && isMap:
+			out = append(out, unknownKeys(sub, list, key+".")...)
+		default:
+			out = append(out, key)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // plugin resolves the registered plugin name under the configuration.
@@ -91,6 +199,16 @@ func (a *app) plugin(name string) (plugin, bool, error) {
 	}
 	r, err := resolvePlugin(p, a.cfg.Plugins[name])
 	return r, true, err
+}
+
+// declared are the binary's plugins as they declare themselves, in name order.
+func (a *app) declared() []inbox.Plugin {
+	var out []inbox.Plugin
+	for _, n := range a.plugins.Names() {
+		p, _ := a.plugins.Get(n)
+		out = append(out, p)
+	}
+	return out
 }
 
 // allPlugins resolves every registered plugin, in name order.
@@ -144,12 +262,12 @@ func (a *app) selectPlugins(only []string) ([]plugin, error) {
 	return out, nil
 }
 
-// writes returns the topics p writes to under its configuration (nil without Writes).
+// writes returns the topics p writes to under its settings (nil without Writes).
 func (p plugin) writes() ([]string, error) {
 	if p.Writes == nil {
 		return nil, nil
 	}
-	topics, err := p.Writes(p.decodeConfig)
+	topics, err := p.Writes(p.settings)
 	if err != nil {
 		var ue usageError
 		if errors.As(err, &ue) {

@@ -71,7 +71,7 @@ func Run(ctx context.Context, args []string, opts ...Option) error {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, _, err := loadConfig(a.configFile, cmd.Flags(), commonBindings, a.plugins.Names())
+			cfg, _, err := loadConfig(a.configFile, cmd.Flags(), commonBindings, a.declared())
 			if err != nil {
 				return err
 			}
@@ -88,7 +88,7 @@ func Run(ctx context.Context, args []string, opts ...Option) error {
 	pf.StringSlice("brokers", nil, "Kafka brokers (overrides kafka.brokers)")
 	pf.String("log-level", "", "log level (overrides log.level)")
 
-	root.AddCommand(a.runCmd(), a.relayCmd(), a.migrateCmd(), a.produceCmd(), a.verifyCmd(), a.pluginsCmd(), a.replayCmd(), a.inboxCmd(), a.outboxCmd(), a.topicsCmd(), a.versionCmd())
+	root.AddCommand(a.runCmd(), a.relayCmd(), a.migrateCmd(), a.produceCmd(), a.verifyCmd(), a.pluginsCmd(), a.replayCmd(), a.inboxCmd(), a.outboxCmd(), a.topicsCmd(), a.configCmd(), a.versionCmd())
 	typeArgErrors(root)
 	root.SetArgs(args)
 	if _, _, err := root.Find(args); err != nil {

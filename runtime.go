@@ -378,7 +378,7 @@ func closeAll(subs []message.Subscriber) {
 // and `inbox retry` share. The returned func closes the handler when it is an io.Closer;
 // call it once nothing uses the inbox any more.
 func (a *app) buildInbox(ctx context.Context, db *sql.DB, p plugin, obs inbox.Observer) (*inbox.Inbox, func(), error) {
-	env := inbox.PluginEnv{DB: db, Logger: a.logger.With(watermill.LogFields{"plugin": p.Name}), DecodeConfig: p.decodeConfig}
+	env := inbox.PluginEnv{DB: db, Logger: a.logger.With(watermill.LogFields{"plugin": p.Name}), Settings: p.settings}
 	if o, ok := obs.(*observer); ok && o.m != nil {
 		env.ObserveCall = func(step string, elapsed time.Duration, err error) { o.m.ObserveCall(p.Name, step, elapsed, err) }
 	}

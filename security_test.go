@@ -52,7 +52,7 @@ func echoPlugin(in, out string) inbox.Plugin {
 			"postgres/00001_echo.sql": {Data: []byte("-- +goose Up\nCREATE TABLE echo_seen (k VARCHAR(64) NOT NULL PRIMARY KEY);\n-- +goose Down\nDROP TABLE echo_seen;\n")},
 		},
 		Tables: []string{"echo_seen"},
-		Writes: func(func(any) error) ([]string, error) { return []string{out}, nil },
+		Writes: func(any) ([]string, error) { return []string{out}, nil },
 		Build: func(context.Context, inbox.PluginEnv) (inbox.Handler, error) {
 			w, err := outbox.NewWriter("outbox")
 			return &echo{out: out, w: w}, err

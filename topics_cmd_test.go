@@ -35,7 +35,7 @@ func TestTopicsCommand(t *testing.T) {
 	})
 	p := inbox.Plugin{
 		Name: "topics-test", Topics: []string{in}, ConsumerGroup: "topics-test", BizType: "topics",
-		Writes: func(func(any) error) ([]string, error) { return []string{out}, nil },
+		Writes: func(any) ([]string, error) { return []string{out}, nil },
 		Build:  func(context.Context, inbox.PluginEnv) (inbox.Handler, error) { return nil, nil },
 	}
 	reg := []inbox.Plugin{p}

@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/onceflow/onceflow/internal/testenv"
-	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
 // `router run` exits 1 naming the topic when one its plugins write to does not exist, before
@@ -50,7 +49,7 @@ func TestRunChecksWrittenTopics(t *testing.T) {
 		t.Fatalf("default topics: %v", err)
 	}
 	a.cfg.Plugins = map[string]map[string]any{"coupon-granter": {"failed_topic": ""}}
-	if err := a.checkWrittenTopics(kafkax.Config{Brokers: []string{"127.0.0.1:1"}}, granter()); err == nil || ExitCode(err) != 2 {
-		t.Fatalf("invalid plugin config: %v, want exit 2", err)
+	if _, _, err := a.plugin("coupon-granter"); err == nil || ExitCode(err) != 2 || !strings.Contains(err.Error(), "failed_topic") {
+		t.Fatalf("invalid plugin config: %v, want exit 2 naming failed_topic", err)
 	}
 }

@@ -51,7 +51,7 @@ func (h echoer) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbo
 func echoerPlugin(in, out string) inbox.Plugin {
 	return inbox.Plugin{
 		Name: "echo", Topics: []string{in}, ConsumerGroup: "echo-" + in, BizType: "echo",
-		Writes: func(func(any) error) ([]string, error) { return []string{out}, nil },
+		Writes: func(any) ([]string, error) { return []string{out}, nil },
 		Build: func(context.Context, inbox.PluginEnv) (inbox.Handler, error) {
 			w, err := outbox.NewWriter("")
 			return echoer{w: w, out: out}, err

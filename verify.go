@@ -103,7 +103,7 @@ func (a *app) verify(ctx context.Context, o verifyOpts) error {
 	audit := func(readBack bool) ([]inbox.Verification, error) {
 		var out []inbox.Verification
 		for _, p := range plugins {
-			env := inbox.VerifyEnv{DB: db, DecodeConfig: p.decodeConfig, Keys: l.orders, LagBound: a.cfg.Relay.LagBound}
+			env := inbox.VerifyEnv{DB: db, Settings: p.settings, Keys: l.orders, LagBound: a.cfg.Relay.LagBound}
 			if readBack {
 				env.ReadTopic = func(ctx context.Context, topic string) ([]kafkax.Record, error) {
 					return a.kafka().ReadAll(ctx, topic, 3*time.Second)

@@ -12,79 +12,62 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/internal/settings"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// Config configures the granter (router.yaml: plugins.coupon-granter).
+// Config is the granter's settings: plugins.coupon-granter.<key> in the router's
+// configuration (the plugin declares it as its Settings). Each setting's key, default,
+// range and help are its tags, read by the runtime as its own settings' are.
 type Config struct {
-	CampaignID  string `mapstructure:"campaign_id"`
-	ValueCents  int64  `mapstructure:"value_cents"`
-	StockTotal  int64  `mapstructure:"stock_total"`  // used when the campaign is first created
-	BudgetCents int64  `mapstructure:"budget_cents"` // used when the campaign is first created
+	CampaignID  string `key:"campaign_id" default:"double11-5yuan" help:"the campaign whose coupons are granted (1..64 bytes)"`
+	ValueCents  int64  `key:"value_cents" default:"500" range:"1..9223372036854775807" help:"value of each coupon, in cents"`
+	StockTotal  int64  `key:"stock_total" default:"100000000" range:"0..9223372036854775807" help:"coupons of the campaign; used when its counters are first created"`
+	BudgetCents int64  `key:"budget_cents" default:"50000000000" range:"0..9223372036854775807" help:"budget of the campaign in cents; used when its counters are first created"`
 	// Shards splits stock and budget over this many counter rows when the campaign is first
-	// created, so concurrent grants do not queue on one row lock. Default 16.
-	Shards int `mapstructure:"shards"`
+	// created, so concurrent grants do not queue on one row lock.
+	Shards int `key:"shards" default:"16" range:"1..1024" help:"counter rows stock and budget are split over when the campaign is first created, so concurrent grants do not queue on one row lock"`
 
-	GrantedTopic string `mapstructure:"granted_topic"`
-	FailedTopic  string `mapstructure:"failed_topic"`
+	GrantedTopic string `key:"granted_topic" default:"coupon-granted" help:"topic of the CouponGranted events"`
+	FailedTopic  string `key:"failed_topic" default:"coupon-grant-failed" help:"topic of the CouponGrantFailed events"`
 
 	// The seed incident's slow external calls: every step sleeps StepDelay (+ up to
 	// StepJitter) and fails with probability StepFailureRate.
-	StepDelay       time.Duration `mapstructure:"step_delay"`
-	StepJitter      time.Duration `mapstructure:"step_jitter"`
-	StepFailureRate float64       `mapstructure:"step_failure_rate"`
+	StepDelay       time.Duration `key:"step_delay" range:"0..1h" help:"each step's simulated outside call takes this long (the incident's slow calls: e.g. 800ms)"`
+	StepJitter      time.Duration `key:"step_jitter" range:"0..1h" help:"each step's simulated call takes up to this much longer than step_delay, at random"`
+	StepFailureRate float64       `key:"step_failure_rate" range:"0..0.99" help:"share of the simulated calls that fail, each failure a failed attempt the inbox retries"`
 	// Seed of the injected failures; 0 (the default) seeds each process differently, so
 	// restarted or parallel routers do not replay one failure sequence.
-	Seed uint64 `mapstructure:"seed"`
+	Seed uint64 `key:"seed" range:"0..18446744073709551615" help:"seed of the simulated failures; 0 seeds each process differently"`
 
 	// DownstreamURL is the steps' real service (HTTPService): each call is POST
 	// <url>/<step> with its idempotency key in the Idempotency-Key header. Empty (the
 	// default) keeps the simulated calls of the step_* settings.
-	DownstreamURL string `mapstructure:"downstream_url"`
-	// DownstreamTimeout bounds each call to it; default 5s.
-	DownstreamTimeout time.Duration `mapstructure:"downstream_timeout"`
-	// DownstreamMaxConns bounds its connections; default 256.
-	DownstreamMaxConns int `mapstructure:"downstream_max_conns"`
+	DownstreamURL      string        `key:"downstream_url" help:"the steps' real HTTP service instead of the simulated calls: a POST to this URL and /step for each call, its Idempotency-Key header the order id and the step; step_delay, step_jitter and step_failure_rate stay 0 with it"`
+	DownstreamTimeout  time.Duration `key:"downstream_timeout" default:"5s" range:"1ms..10m" help:"bound of each call to downstream_url"`
+	DownstreamMaxConns int           `key:"downstream_max_conns" default:"256" range:"1..65536" help:"most connections to downstream_url at once"`
 }
 
-// DefaultConfig is the 5-yuan no-threshold coupon of the incident.
+// DefaultConfig is every setting at its default: the 5-yuan no-threshold coupon of the
+// incident.
 func DefaultConfig() Config {
-	return Config{
-		CampaignID:   "double11-5yuan",
-		ValueCents:   500,
-		StockTotal:   100_000_000,
-		BudgetCents:  500 * 100_000_000,
-		GrantedTopic: "coupon-granted",
-		FailedTopic:  "coupon-grant-failed",
-		Shards:       16,
-
-		DownstreamTimeout:  5 * time.Second,
-		DownstreamMaxConns: 256,
-	}
+	var c Config
+	settings.SetDefaults(&c)
+	return c
 }
 
-// Validate reports the first invalid setting.
+// Validate reports the first invalid setting: one out of its range, then the rules the
+// tags cannot state.
 func (c Config) Validate() error {
+	if err := settings.Check(c); err != nil {
+		return fmt.Errorf("coupon: %w", err)
+	}
 	switch {
 	case c.CampaignID == "" || len(c.CampaignID) > 64:
 		return fmt.Errorf("coupon: campaign_id %q must be 1..64 bytes", c.CampaignID)
-	case c.ValueCents <= 0:
-		return fmt.Errorf("coupon: value_cents %d must be positive", c.ValueCents)
-	case c.Shards < 1 || c.Shards > 1024:
-		return fmt.Errorf("coupon: shards %d outside 1..1024", c.Shards)
-	case c.StockTotal < 0 || c.BudgetCents < 0:
-		return errors.New("coupon: stock_total and budget_cents must not be negative")
-	case c.StepFailureRate < 0 || c.StepFailureRate >= 1:
-		return fmt.Errorf("coupon: step_failure_rate %v outside [0,1)", c.StepFailureRate)
-	case c.StepDelay < 0 || c.StepJitter < 0:
-		return errors.New("coupon: step_delay and step_jitter must not be negative")
 	case c.GrantedTopic == "" || c.FailedTopic == "":
 		return errors.New("coupon: granted_topic and failed_topic are required")
-	case c.DownstreamTimeout <= 0 || c.DownstreamTimeout > 10*time.Minute:
-		return fmt.Errorf("coupon: downstream_timeout %v outside (0,10m]", c.DownstreamTimeout)
-	case c.DownstreamMaxConns < 1 || c.DownstreamMaxConns > 65536:
-		return fmt.Errorf("coupon: downstream_max_conns %d outside 1..65536", c.DownstreamMaxConns)
 	case c.DownstreamURL == "":
 	case c.StepDelay != 0 || c.StepJitter != 0 || c.StepFailureRate != 0:
 		return errors.New("coupon: step_delay, step_jitter and step_failure_rate simulate the downstream: leave them 0 with downstream_url")

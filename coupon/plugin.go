@@ -3,6 +3,7 @@ package coupon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/onceflow/onceflow/inbox"
@@ -25,9 +26,11 @@ func Plugin() inbox.Plugin {
 		BizType:       BizType,
 		KeyLogField:   "order_id",
 		Migrations:    Migrations,
+		// plugins.coupon-granter.*: campaign, topics, the simulated or real outside calls.
+		Settings: Config{},
 		// CouponGranted and CouponGrantFailed events, to the configured topics.
-		Writes: func(decode func(any) error) ([]string, error) {
-			cfg, err := pluginConfig(decode)
+		Writes: func(s any) ([]string, error) {
+			cfg, err := settingsOf(s)
 			if err != nil {
 				return nil, err
 			}
@@ -52,10 +55,10 @@ func Plugin() inbox.Plugin {
 	}
 }
 
-// buildGranter builds the plugin's granter from its configuration section, creating the
-// campaign's counters if they do not exist.
+// buildGranter builds the plugin's granter from its settings, creating the campaign's
+// counters if they do not exist.
 func buildGranter(ctx context.Context, env inbox.PluginEnv) (*Granter, error) {
-	cfg, err := pluginConfig(env.DecodeConfig)
+	cfg, err := settingsOf(env.Settings)
 	if err != nil {
 		return nil, err
 	}
@@ -88,17 +91,11 @@ func externalService(cfg Config) (ExternalService, error) {
 	return NewSimulatedService(cfg.StepDelay, cfg.StepJitter, cfg.StepFailureRate, seed), nil
 }
 
-// pluginConfig is the default configuration overlaid with the plugin's section (decode may
-// be nil), validated.
-func pluginConfig(decode func(any) error) (Config, error) {
-	cfg := DefaultConfig()
-	if decode != nil {
-		if err := decode(&cfg); err != nil {
-			return Config{}, err
-		}
-	}
-	if err := cfg.Validate(); err != nil {
-		return Config{}, err
+// settingsOf is the plugin's settings as the runtime decoded them (Plugin.Settings).
+func settingsOf(s any) (Config, error) {
+	cfg, ok := s.(Config)
+	if !ok {
+		return Config{}, fmt.Errorf("coupon: settings of type %T, want a coupon.Config", s)
 	}
 	return cfg, nil
 }

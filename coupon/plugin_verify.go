@@ -14,7 +14,7 @@ import (
 // what became of a producer ledger's orders (LedgerFacts) and, with `verify --kafka`, the
 // CouponGranted events on the granted topic.
 func verifyPlugin(ctx context.Context, env inbox.VerifyEnv) (inbox.Verification, error) {
-	cfg, err := pluginConfig(env.DecodeConfig)
+	cfg, err := settingsOf(env.Settings)
 	if err != nil {
 		return inbox.Verification{}, err
 	}

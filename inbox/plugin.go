@@ -7,12 +7,15 @@ import (
 	"fmt"
 	"io/fs"
 	"math/rand/v2"
+	"reflect"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/onceflow/onceflow/internal/registry"
+	"github.com/onceflow/onceflow/internal/settings"
 )
 
 // Plugin declares a handler to the runtime (package onceflow, the router binary). A
@@ -20,24 +23,42 @@ import (
 // package runs it.
 //
 // A deployment's configuration section plugins.<name> holds the plugin's own settings
-// (PluginEnv.DecodeConfig) and two keys the runtime reserves and removes before the plugin
-// sees the section: topics (a list) and consumer_group, which replace Topics and
-// ConsumerGroup for that deployment. A plugin's own settings cannot be named topics or
-// consumer_group.
+// (Settings) and two keys the runtime reserves: topics (a list) and consumer_group, which
+// replace Topics and ConsumerGroup for that deployment. A plugin's own settings cannot be
+// named topics or consumer_group.
 type Plugin struct {
 	Name          string   // unique, e.g. "coupon-granter"; names the config section and the migrations' version table
 	Topics        []string // topics consumed (default; plugins.<name>.topics overrides)
 	ConsumerGroup string   // Kafka consumer group (default; plugins.<name>.consumer_group overrides)
 	BizType       string   // inbox biz type: one order is processed once per biz type
 	KeyLogField   string   // the business key's name in log lines, e.g. "order_id" (default "dedup_key")
-	// Writes returns the topics the plugin's events go to (the topics of the outbox events it
-	// writes) under its configuration, which decodeConfig decodes as PluginEnv.DecodeConfig
-	// does (topic names are often settings); nil when it writes none. `router run` checks at
-	// start that they exist (relay.check_topics), rather than the relay parking every event
-	// for a missing one. A plugin with fixed topics returns them:
+	// Settings declares the plugin's own settings, plugins.<name>.<key>: the zero value (or
+	// the defaults) of a struct whose fields carry the tags the runtime's own settings carry:
 	//
-	//	Writes: func(func(any) error) ([]string, error) { return []string{"user-greeted"}, nil },
-	Writes func(decodeConfig func(target any) error) ([]string, error)
+	//	type Config struct {
+	//		CreditedTopic string `key:"credited_topic" default:"points-credited" help:"topic of the PointsCredited events"`
+	//		MaxPoints     int    `key:"max_points" default:"100000" range:"1..1000000" help:"a larger credit is poison"`
+	//	}
+	//
+	// key names the setting, default is its value when the configuration leaves it out,
+	// range bounds a number or a duration (inclusive), and help is its line in the
+	// configuration table; the types are string, bool, int, int64, uint64, float64,
+	// time.Duration and []string. Before anything connects, the runtime decodes the section,
+	// with the variables ONCEFLOW_PLUGINS_<NAME>_<KEY> over the file, into a new value of
+	// that type: the defaults first; an unknown key, a value of another type or out of its
+	// range is refused by name (exit 2); then the type's Validate() error method, when it has
+	// one, checks the settings that go together. Writes, Build and Verify get that value,
+	// of the declared type. nil: the plugin has no settings, and any key of its section but
+	// the reserved ones is refused.
+	Settings any
+	// Writes returns the topics the plugin's events go to (the topics of the outbox events it
+	// writes) under its decoded settings (topic names are often settings); nil when it writes
+	// none. `router run` checks at start that they exist (relay.check_topics), rather than
+	// the relay parking every event for a missing one. A plugin with fixed topics returns
+	// them:
+	//
+	//	Writes: func(any) ([]string, error) { return []string{"user-greeted"}, nil },
+	Writes func(settings any) ([]string, error)
 	// Migrations are the plugin's own tables: goose SQL files (-- +goose Up / Down) at the
 	// root of the FS, numbered by the plugin from 00001, usually embedded. `router migrate`
 	// applies them after the framework's, recorded in a version table of the plugin's own
@@ -87,10 +108,9 @@ type Poisoner interface {
 type PluginEnv struct {
 	DB     *sql.DB
 	Logger watermill.LoggerAdapter
-	// DecodeConfig decodes the plugin's own configuration section
-	// (plugins.<name> in router.yaml, without the reserved keys) into target, rejecting
-	// unknown keys.
-	DecodeConfig func(target any) error
+	// Settings are the plugin's settings as the runtime decoded and checked them
+	// (Plugin.Settings): a value of the declared type; nil when the plugin declares none.
+	Settings any
 	// ObserveCall, when set, records one outside call of the plugin (metrics: call latency
 	// per step). A plugin that makes slow calls reports each one.
 	ObserveCall func(step string, elapsed time.Duration, err error)
@@ -124,6 +144,35 @@ func (p Plugin) Validate() error {
 	for _, t := range p.Tables {
 		if !tableName.MatchString(t) {
 			return fmt.Errorf("plugin %q: table name %q is not a plain identifier", p.Name, t)
+		}
+	}
+	if p.Settings != nil {
+		if err := checkSettings(p.Settings); err != nil {
+			return fmt.Errorf("plugin %q: %w", p.Name, err)
+		}
+	}
+	return nil
+}
+
+// checkSettings checks a plugin's settings declaration: a struct (or a pointer to one)
+// whose tags are well formed, no key the runtime reserves, and each setting at its zero
+// value or its default.
+func checkSettings(v any) error {
+	list, err := settings.Parse(v)
+	if err != nil {
+		return err
+	}
+	rv := reflect.ValueOf(v)
+	nilPointer := rv.Kind() == reflect.Pointer && rv.IsNil()
+	for _, s := range list {
+		if top, _, _ := strings.Cut(s.Key, "."); top == "topics" || top == "consumer_group" {
+			return fmt.Errorf("settings: key %s is reserved: plugins.<name>.%s sets the plugin's %s", s.Key, top, top)
+		}
+		if nilPointer {
+			continue
+		}
+		if x := s.Get(v); !reflect.ValueOf(x).IsZero() && !reflect.DeepEqual(x, s.Default) {
+			return fmt.Errorf("settings: %s is %v, neither its zero value nor its default tag: declare a default with the tag", s.Key, x)
 		}
 	}
 	return nil

@@ -65,3 +65,43 @@ func TestPluginRegisteredTwicePanics(t *testing.T) {
 	badTable.Tables = []string{"widget; DROP TABLE inbox"}
 	mustPanic(t, `plugin "w": table name`, func() { inbox.RegisterIn(r, badTable) })
 }
+
+// A plugin's settings declaration is checked as it registers: a struct with well-formed
+// tags, none of the keys the runtime reserves, each setting at its zero value or its
+// default; the zero value, the defaults and a nil pointer of the type are accepted.
+func TestPluginSettingsDeclaration(t *testing.T) {
+	type good struct {
+		Topic string `key:"topic" default:"out" help:"topic"`
+		Limit int    `key:"limit" default:"10" range:"1..100" help:"limit"`
+	}
+	type badRange struct {
+		Limit int `key:"limit" range:"100..1" help:"limit"`
+	}
+	type reserved struct {
+		Topics []string `key:"topics" help:"topics"`
+	}
+	type reservedGroup struct {
+		Group string `key:"consumer_group" help:"group"`
+	}
+	r := registry.New[inbox.Plugin]("plugin")
+	for i, v := range []any{good{}, good{Topic: "out", Limit: 10}, (*good)(nil), &good{}} {
+		p := testPlugin(fmt.Sprintf("ok-%d", i))
+		p.Settings = v
+		inbox.RegisterIn(r, p)
+	}
+	for _, tc := range []struct {
+		settings any
+		want     string
+	}{
+		{"text", "string is no struct"},
+		{map[string]any{"a": 1}, "map[string]interface {} is no struct"},
+		{badRange{}, `inbox_test.badRange.Limit: range "100..1" is empty`},
+		{reserved{}, "key topics is reserved"},
+		{reservedGroup{}, "key consumer_group is reserved"},
+		{good{Limit: 5}, "limit is 5, neither its zero value nor its default tag"},
+	} {
+		p := testPlugin("bad")
+		p.Settings = tc.settings
+		mustPanic(t, `plugin "bad": settings: `+tc.want, func() { inbox.RegisterIn(r, p) })
+	}
+}

@@ -18,8 +18,8 @@ const ReasonResolved Reason = "resolved"
 // VerifyEnv is what a plugin's Verify receives from `router verify`.
 type VerifyEnv struct {
 	DB *sql.DB // the application pool
-	// DecodeConfig decodes the plugin's own configuration section, as PluginEnv.DecodeConfig.
-	DecodeConfig func(target any) error
+	// Settings are the plugin's decoded settings, as PluginEnv.Settings.
+	Settings any
 	// Keys are the business keys of the producer ledgers given (`verify --ledger`, written by
 	// `router produce --ledger`): each should have ended processed or quarantined. Empty
 	// without a ledger.

@@ -28,6 +28,7 @@ import (
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/internal/jsonkeys"
+	"github.com/onceflow/onceflow/internal/settings"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
@@ -42,14 +43,20 @@ const (
 	Table = "notification"
 )
 
-// Config configures the notifier (router.yaml: plugins.coupon-notifier).
+// Config is the notifier's settings: plugins.coupon-notifier.<key> in the router's
+// configuration (the plugin declares it as its Settings).
 type Config struct {
 	// Channel names where notifications go; part of the notification's unique key.
-	Channel string `mapstructure:"channel"`
+	Channel string `key:"channel" default:"wallet" help:"where the notifications go (1..32 bytes); part of a notification's unique key, with the order id"`
 }
 
-// DefaultConfig notifies through the in-app wallet channel.
-func DefaultConfig() Config { return Config{Channel: "wallet"} }
+// DefaultConfig is every setting at its default: notifications through the in-app wallet
+// channel.
+func DefaultConfig() Config {
+	var c Config
+	settings.SetDefaults(&c)
+	return c
+}
 
 // Validate reports the first invalid setting.
 func (c Config) Validate() error {
@@ -189,12 +196,11 @@ func Plugin() inbox.Plugin {
 		KeyLogField:   "order_id",
 		Migrations:    Migrations,
 		Tables:        []string{Table}, // checked by the runtime at start
+		Settings:      Config{},        // plugins.coupon-notifier.channel
 		Build: func(_ context.Context, env inbox.PluginEnv) (inbox.Handler, error) {
-			cfg := DefaultConfig()
-			if env.DecodeConfig != nil {
-				if err := env.DecodeConfig(&cfg); err != nil {
-					return nil, err
-				}
+			cfg, ok := env.Settings.(Config)
+			if !ok {
+				return nil, fmt.Errorf("notify: settings of type %T, want a notify.Config", env.Settings)
 			}
 			return New(cfg, env.Logger)
 		},

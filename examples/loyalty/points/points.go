@@ -30,9 +30,11 @@ type PointsCredited struct {
 	Points  int    `json:"points"`
 }
 
-// Config is the plugin's section plugins.loyalty-points of the router configuration.
+// Config is the plugin's settings, plugins.loyalty-points.<key> in the router's
+// configuration (or ONCEFLOW_PLUGINS_LOYALTY_POINTS_<KEY>): each one's key, default, range
+// and help are its tags, as the router's own settings are declared.
 type Config struct {
-	CreditedTopic string `mapstructure:"credited_topic"` // default points-credited
+	CreditedTopic string `key:"credited_topic" default:"points-credited" help:"topic of the PointsCredited events"`
 }
 
 //go:embed migrations/*.sql migrations/grants.txt migrations/postgres/*.sql migrations/postgres/grants.txt
@@ -89,32 +91,20 @@ func NewHandler(topic string) inbox.Handler {
 	})
 }
 
-func config(decode func(any) error) (Config, error) {
-	c := Config{CreditedTopic: "points-credited"}
-	if decode != nil {
-		if err := decode(&c); err != nil {
-			return c, err
-		}
-	}
-	return c, nil
-}
-
 // Plugin is the plugin's declaration.
 func Plugin() inbox.Plugin {
 	return inbox.Plugin{
 		Name: Name, Topics: []string{"order-shipped"}, ConsumerGroup: "loyalty-points", BizType: "loyalty", KeyLogField: "order_id",
 		Migrations: Migrations,
 		Tables:     []string{"points_credit", "points_balance"},
-		Writes: func(decode func(any) error) ([]string, error) {
-			c, err := config(decode)
-			return []string{c.CreditedTopic}, err
+		// The runtime decodes and checks plugins.loyalty-points before anything connects,
+		// and hands Writes and Build a Config.
+		Settings: Config{},
+		Writes: func(s any) ([]string, error) {
+			return []string{s.(Config).CreditedTopic}, nil
 		},
 		Build: func(ctx context.Context, env inbox.PluginEnv) (inbox.Handler, error) {
-			c, err := config(env.DecodeConfig)
-			if err != nil {
-				return nil, err
-			}
-			return NewHandler(c.CreditedTopic), nil
+			return NewHandler(env.Settings.(Config).CreditedTopic), nil
 		},
 	}
 }
