@@ -4,7 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"net"
+	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -253,6 +257,51 @@ func TestRunStopsPartsInReverse(t *testing.T) {
 	want := "router, http, admin, history, redeliverer " + coupon.PluginName + ", cleaner, relay"
 	if got := ended.String(); got != want {
 		t.Fatalf("runs ended in the order %s\nwant:                      %s", got, want)
+	}
+}
+
+// `router relay` is a list of parts too: it serves the admin listener while the relay
+// runs, and a cancellation stops both and returns nil.
+func TestRelayCommandStopsOnCancel(t *testing.T) {
+	testenv.Integration(t)
+	d := testenv.DB(t, 4)
+	kc := testenv.Kafka(t)
+	addr := freeAddr(t)
+	cfgFile := filepath.Join(t.TempDir(), "router.yaml")
+	body := fmt.Sprintf("db:\n  dsn: %q\nkafka:\n  brokers: [%q]\nadmin:\n  listen: %q\nrelay:\n  transactional_id: %q\n",
+		d.DSN, kc.Brokers[0], addr, "test-relay-"+filepath.Base(t.TempDir()))
+	if err := os.WriteFile(cfgFile, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, []string{"--config", cfgFile, "relay"}) }()
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if resp, err := http.Get("http://" + addr + "/healthz"); err == nil {
+			resp.Body.Close()
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("relay returned before its admin listener answered: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the relay's admin listener never answered")
+		}
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("relay: %v, want nil after a cancellation", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("relay did not stop")
+	}
+	if c, err := net.DialTimeout("tcp", addr, 5*time.Second); err == nil {
+		c.Close()
+		t.Fatalf("%s still accepts connections after the relay stopped", addr)
 	}
 }
 
