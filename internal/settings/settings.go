@@ -1,22 +1,29 @@
 // Package settings reads the configuration settings declared by struct tags. A field that
-// is a setting carries its key, default, range and help beside it, and the defaults, the
-// range checks and the configuration table are generated from those tags:
+// is a setting carries its key, default, range and help beside it. The defaults, the range
+// checks and the configuration table are generated from those tags.
 //
-//		MaxAttempts int `key:"max_attempts" default:"5" range:"1..1000" help:"handler attempts before …"`
+//	MaxAttempts int `key:"max_attempts" default:"5" range:"1..1000" help:"handler attempts before …"`
 //
-//	  - key: the setting's name in its section. A struct-typed field with a key is a section
-//	    (its settings are key.name); with ",squash" its settings join the enclosing section.
-//	    A map field is left to its owner (plugins.<name>). Fields without a key are not settings.
-//	  - default: the value a zero field takes, in the configuration's syntax (10s, 512, a,b).
-//	  - range: min..max, inclusive, for numbers and durations.
-//	  - zero: the field's value for a configured 0 where the field's own zero stands for its
-//	    default (the library's "off" value, e.g. -1ns for no linger).
-//	  - after: the key (in the same section) this setting follows in the list, where it does
-//	    not follow the field before it (a section made of several structs); where that key
-//	    is not listed (a library's struct on its own), the setting stays in field order.
-//	  - help: the table's one line.
+// The tags are these.
 //
-// Types: string, bool, int, int64, uint64, float64, time.Duration, []string.
+//   - key is the setting's name in its section. A struct-typed field with a key is a
+//     section, and its settings are named key.name. With ",squash" its settings join the
+//     enclosing section instead. A map field is left to its owner, such as plugins.<name>.
+//     A field without a key is not a setting.
+//   - default is the value a zero field takes, in the configuration's syntax, such as 10s,
+//     512 or a,b.
+//   - range is min..max, inclusive, for numbers and durations.
+//   - zero is the field's value for a configured 0. It serves fields whose own zero value
+//     stands for their default. It is usually the library's "off" value, such as -1ns for
+//     no linger.
+//   - after names the key, in the same section, that this setting follows in the list. It
+//     serves a section made of several structs, where a setting does not follow the field
+//     before it. If that key is not listed, as in a library's struct on its own, the
+//     setting stays in field order.
+//   - help is the table's one line.
+//
+// A setting's field is a string, bool, int, int64, uint64, float64, time.Duration or
+// []string.
 package settings
 
 import (
@@ -34,25 +41,27 @@ import (
 type Setting struct {
 	Key  string // section.name from the walked struct
 	Help string
-	// Default is the default of the field's type (its zero value when the tag has none).
+	// Default is the default, of the field's type. It is the type's zero value when the
+	// field has no default tag.
 	Default any
-	// HasRange reports a range tag; Min and Max are then of the field's type.
+	// HasRange reports a range tag. Min and Max are then of the field's type.
 	HasRange bool
 	Min, Max any
-	// Zero is the field's value for a configured 0 (nil: 0 is stored as 0).
+	// Zero is the field's value for a configured 0. When it is nil, a 0 is stored as 0.
 	Zero any
 
 	index []int
 	typ   reflect.Type
-	after string // the full key this setting follows (after tag)
+	after string // the full key of the after tag, which this setting follows
 }
 
 var durationType = reflect.TypeOf(time.Duration(0))
 
 var cache sync.Map // reflect.Type → []Setting
 
-// List returns the settings of v (a struct or a pointer to one), in field order. It panics
-// on a malformed tag or a key declared twice: a programming error every test meets.
+// List returns the settings of v, in field order. v is a struct or a pointer to one. List
+// panics on a malformed tag or a key declared twice. Such a mistake is a programming error
+// that every test meets.
 func List(v any) []Setting {
 	out, err := Parse(v)
 	if err != nil {
@@ -61,8 +70,8 @@ func List(v any) []Setting {
 	return out
 }
 
-// Parse returns the settings of v as List does, and an error where List panics: for a
-// declaration the program checks as it starts (a plugin's settings).
+// Parse returns the settings of v as List does, and an error where List panics. It serves
+// declarations that the program checks as it starts, such as a plugin's settings.
 func Parse(v any) ([]Setting, error) {
 	t := reflect.TypeOf(v)
 	if t == nil {
@@ -253,8 +262,8 @@ func value(t reflect.Type, s string) (any, error) {
 	return v.Interface(), nil
 }
 
-// compare orders two numbers of one setting's type: -1, 0 or 1 (NaN compares unequal to
-// everything, as 2).
+// compare orders two numbers of one setting's type. It returns -1, 0 or 1. A NaN compares
+// unequal to everything and returns 2.
 func compare(a, b any) int {
 	va, vb := reflect.ValueOf(a), reflect.ValueOf(b)
 	if va.Kind() == reflect.Float64 {
@@ -294,16 +303,16 @@ func (s Setting) within(v any) bool {
 	return (lo == -1 || lo == 0) && (hi == -1 || hi == 0)
 }
 
-// IsZero reports whether v is the field's value for a configured 0 (its zero tag).
+// IsZero reports whether v is the field's value for a configured 0, given by its zero tag.
 func (s Setting) IsZero(v any) bool {
 	return s.Zero != nil && reflect.DeepEqual(v, s.Zero)
 }
 
-// Get returns the setting's field in v (the struct List was given, or a pointer to it).
+// Get returns the setting's field in v. v is the struct List was given, or a pointer to it.
 func (s Setting) Get(v any) any { return s.field(reflect.ValueOf(v)).Interface() }
 
-// Set sets the setting's field in ptr (a pointer to the struct List was given) to x, a
-// value of the field's type.
+// Set sets the setting's field in ptr to x. ptr points to the struct List was given. x is
+// a value of the field's type.
 func (s Setting) Set(ptr any, x any) {
 	s.field(reflect.ValueOf(ptr)).Set(reflect.ValueOf(x).Convert(s.typ))
 }
@@ -318,13 +327,13 @@ func (s Setting) field(v reflect.Value) reflect.Value {
 	return v.FieldByIndex(s.index)
 }
 
-// SetDefaults sets every zero setting of ptr (a pointer to a struct) to its default.
+// SetDefaults sets every zero setting of ptr to its default. ptr points to a struct.
 func SetDefaults(ptr any) {
 	v := reflect.ValueOf(ptr)
 	for _, s := range List(ptr) {
 		if f := s.field(v); f.IsZero() {
 			d := reflect.ValueOf(s.Default)
-			if d.Kind() == reflect.Slice { // a copy: the caller may change its own
+			if d.Kind() == reflect.Slice { // a copy, because the caller may change its own
 				d = reflect.AppendSlice(reflect.MakeSlice(d.Type(), 0, d.Len()), d)
 			}
 			f.Set(d)
@@ -332,8 +341,8 @@ func SetDefaults(ptr any) {
 	}
 }
 
-// Resolve stores a configured 0 as the field's zero value (the zero tag), for settings
-// whose field reads 0 as its default: call it on a configuration as decoded, before it
+// Resolve stores a configured 0 as the value of the field's zero tag. It serves settings
+// whose field reads 0 as its default. Call it on a configuration as decoded, before it
 // reaches the libraries.
 func Resolve(ptr any) {
 	v := reflect.ValueOf(ptr)
@@ -344,9 +353,10 @@ func Resolve(ptr any) {
 	}
 }
 
-// Check reports the first setting of v outside its range: one line naming the key (from
-// v's own level: max_attempts in an inbox.Config, inbox.max_attempts in the router's), the
-// value and the range. A field holding its zero value (zero tag) is a configured 0.
+// Check reports the first setting of v outside its range. Its one line names the key, the
+// value and the range. The key starts at v's own level. It is max_attempts in an
+// inbox.Config and inbox.max_attempts in the router's configuration. A field holding the
+// value of its zero tag is checked as a configured 0.
 func Check(v any) error {
 	for _, s := range List(v) {
 		if !s.HasRange {
@@ -370,7 +380,7 @@ type OutsideError struct {
 
 func (e *OutsideError) Error() string { return e.Key + " " + e.Value + " outside " + e.Range }
 
-// show is a value as a range check shows it: durations as time.Duration prints them.
+// show is a value as a range check shows it. It prints durations as time.Duration does.
 func show(v any) string {
 	if d, ok := v.(time.Duration); ok {
 		return d.String()
@@ -378,8 +388,9 @@ func show(v any) string {
 	return fmt.Sprint(v)
 }
 
-// Text is v as the configuration table shows a default: durations without trailing zero
-// units (100ms, 1m, 720h), lists joined by commas, empty for an empty string.
+// Text is v as the configuration table shows a default. Durations drop trailing zero
+// units, as in 100ms, 1m and 720h. Lists are joined by commas. An empty string stays
+// empty.
 func Text(v any) string {
 	switch x := v.(type) {
 	case time.Duration:

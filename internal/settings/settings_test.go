@@ -78,7 +78,7 @@ func TestSetDefaults(t *testing.T) {
 		!reflect.DeepEqual(l.Brokers, []string{"a:1", "b:2"}) || l.TLS.Enabled || l.Table != "" || w.Section.Other.Workers != 2 {
 		t.Fatalf("defaults: %+v", w)
 	}
-	l.Brokers[0] = "changed" // a copy: the next defaults are unchanged
+	l.Brokers[0] = "changed" // a copy, so the next defaults are unchanged
 	var again lib
 	SetDefaults(&again)
 	if again.Brokers[0] != "a:1" {
@@ -135,7 +135,7 @@ func TestCheck(t *testing.T) {
 			}
 		})
 	}
-	// A library checks its own struct: keys without the router's section.
+	// A library checks its own struct, so its keys have no router's section.
 	if err := Check(lib{Linger: time.Millisecond, Ratio: 1, Budget: 1}); err == nil || err.Error() != "size 0 outside 1..10000" {
 		t.Fatalf("library level: %v", err)
 	}
@@ -152,7 +152,8 @@ func TestCheckNaN(t *testing.T) {
 
 func zeroF() float64 { return 0 }
 
-// Malformed declarations panic when the struct is first listed.
+// TestMalformedTags checks that malformed declarations panic when the struct is first
+// listed.
 func TestMalformedTags(t *testing.T) {
 	type badRange struct {
 		X int `key:"x" range:"5"`
@@ -202,8 +203,8 @@ func TestText(t *testing.T) {
 	}
 }
 
-// Parse reports what List panics on, for declarations checked as a program starts; a struct
-// is the only declaration.
+// TestParse checks that Parse reports what List panics on, for declarations checked as a
+// program starts. Only a struct is a declaration.
 func TestParse(t *testing.T) {
 	type badRange struct {
 		X int `key:"x" range:"5"`
@@ -227,7 +228,8 @@ func TestParse(t *testing.T) {
 	}
 }
 
-// A uint64 setting has a default, a range and a check of its own type.
+// TestUint64 checks that a uint64 setting has a default, a range and a check of its own
+// type.
 func TestUint64(t *testing.T) {
 	type seeded struct {
 		Seed uint64 `key:"seed" default:"7" range:"1..18446744073709551615" help:"seed"`
