@@ -51,7 +51,7 @@ func (p *pipeline) admin() part {
 			p.m.AddReadiness(func() []health.Status { sts, _ := ready.Statuses(); return sts })
 			token, err := a.cfg.Admin.token()
 			if err != nil {
-				return badInput(err)
+				return BadInput(err)
 			}
 			mux := http.NewServeMux()
 			mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
@@ -69,7 +69,7 @@ func (p *pipeline) admin() part {
 			ln, err = net.Listen("tcp", a.cfg.Admin.Listen)
 			if err != nil {
 				con.Close()
-				return badInput(fmt.Errorf("admin.listen %s: %w (set admin.listen to a free port, or empty to disable)", a.cfg.Admin.Listen, err))
+				return BadInput(fmt.Errorf("admin.listen %s: %w (set admin.listen to a free port, or empty to disable)", a.cfg.Admin.Listen, err))
 			}
 			srv = newAdminServer(tokenless(token, mux, nil))
 			a.logger.Info("admin listener", watermill.LogFields{"addr": ln.Addr().String()})

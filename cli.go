@@ -36,27 +36,13 @@ func Main() {
 	}
 }
 
-// usageError marks bad input (flags, config, DSN): exit code 2, nothing changed.
-type usageError struct{ err error }
-
-func (e usageError) Error() string { return e.err.Error() }
-func (e usageError) Unwrap() error { return e.err }
-
-func badInput(err error) error {
-	if err == nil {
-		return nil
-	}
-	return usageError{err}
-}
-
 // ExitCode is the process exit code Main uses for an error Run returned: 2 for bad input,
 // 1 otherwise (0 for nil).
 func ExitCode(err error) int {
 	if err == nil {
 		return 0
 	}
-	var ue usageError
-	if errors.As(err, &ue) {
+	if errors.Is(err, ErrBadInput) {
 		return 2
 	}
 	return 1

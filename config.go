@@ -227,16 +227,16 @@ func loadConfig(file string, flags *pflag.FlagSet, bind map[string]string, plugi
 	file = configFile(file)
 	if file != "" {
 		if st, err := os.Stat(file); err == nil && st.IsDir() {
-			return Config{}, nil, badInput(fmt.Errorf("config file %s is a directory: name a .yaml file", file))
+			return Config{}, nil, BadInput(fmt.Errorf("config file %s is a directory: name a .yaml file", file))
 		}
 		switch strings.ToLower(filepath.Ext(file)) {
 		case ".yaml", ".yml", ".json", ".toml":
 		default:
-			return Config{}, nil, badInput(fmt.Errorf("config file %s: unknown type %q (name a .yaml, .yml, .json or .toml file)", file, filepath.Ext(file)))
+			return Config{}, nil, BadInput(fmt.Errorf("config file %s: unknown type %q (name a .yaml, .yml, .json or .toml file)", file, filepath.Ext(file)))
 		}
 		v.SetConfigFile(file)
 		if err := v.ReadInConfig(); err != nil {
-			return Config{}, nil, badInput(fmt.Errorf("config file %s: %s", file, oneLine(err)))
+			return Config{}, nil, BadInput(fmt.Errorf("config file %s: %s", file, oneLine(err)))
 		}
 	}
 	for key, flag := range bind {
@@ -256,11 +256,7 @@ func loadConfig(file string, flags *pflag.FlagSet, bind map[string]string, plugi
 	}
 	for _, p := range plugins {
 		if _, err := resolveSection(p, cfg.Plugins[p.Name]); err != nil {
-			var ue usageError
-			if errors.As(err, &ue) {
-				err = ue.err // configError marks the whole as bad input
-			}
-			refused = append(refused, err)
+			refused = append(refused, err) // configError marks the whole as bad input
 		}
 	}
 	if len(refused) > 0 {

@@ -60,7 +60,7 @@ binary has; a section of no such plugin is refused too. Exit 0 with one line whe
 				}
 			}
 			if kc := a.kafka(); kc.Validate() != nil {
-				return badInput(kc.Validate())
+				return BadInput(kc.Validate())
 			}
 			where := "(no file: the defaults and the environment)"
 			if f := configFile(a.configFile); f != "" {

@@ -1,7 +1,6 @@
 package onceflow
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -79,7 +78,7 @@ func checkEnv(environ []string, known map[string]string, plugins []inbox.Plugin)
 		return nil
 	}
 	slices.Sort(bad)
-	return badInput(fmt.Errorf("environment: %s; the router reads %s and %s followed by a setting's key (README, Configuration)",
+	return BadInput(fmt.Errorf("environment: %s; the router reads %s and %s followed by a setting's key (README, Configuration)",
 		strings.Join(bad, "; "), configEnv, envPrefix))
 }
 
@@ -236,9 +235,5 @@ func configError(err error, file string, environ []string, known map[string]stri
 	if env := fromEnv(err, environ, known, flags, bind); len(env) > 0 {
 		where += " (env " + strings.Join(env, ", ") + ")"
 	}
-	var ue usageError
-	if errors.As(err, &ue) {
-		err = ue.err
-	}
-	return badInput(fmt.Errorf("%s: %w", where, err))
+	return BadInput(fmt.Errorf("%s: %w", where, err))
 }

@@ -64,11 +64,11 @@ func (p *pipeline) http() part {
 	return part{name: "http",
 		start: func(ctx context.Context) error {
 			if len(cmds) == 0 {
-				return badInput(fmt.Errorf("http.listen %s is set, but no plugin declares an HTTP command", a.cfg.HTTP.Listen))
+				return BadInput(fmt.Errorf("http.listen %s is set, but no plugin declares an HTTP command", a.cfg.HTTP.Listen))
 			}
 			token, err := a.cfg.HTTP.token()
 			if err != nil {
-				return badInput(err)
+				return BadInput(err)
 			}
 			var routes []httpcmd.Route
 			for _, pl := range cmds {
@@ -85,7 +85,7 @@ func (p *pipeline) http() part {
 					b, err := ib.NewBatcher(bc)
 					if err != nil {
 						closeAll()
-						return badInput(fmt.Errorf("plugin %s: group commit: %w", pl.Name, err))
+						return BadInput(fmt.Errorf("plugin %s: group commit: %w", pl.Name, err))
 					}
 					runner = b
 					closers = append([]func(){func() { _ = b.Close() }}, closers...) // before its handler
@@ -98,12 +98,12 @@ func (p *pipeline) http() part {
 			h, err := httpcmd.New(routes, hc, a.logger)
 			if err != nil {
 				closeAll()
-				return badInput(err)
+				return BadInput(err)
 			}
 			ln, err = net.Listen("tcp", a.cfg.HTTP.Listen)
 			if err != nil {
 				closeAll()
-				return badInput(fmt.Errorf("http.listen %s: %w (set http.listen to a free port, or empty to disable)", a.cfg.HTTP.Listen, err))
+				return BadInput(fmt.Errorf("http.listen %s: %w (set http.listen to a free port, or empty to disable)", a.cfg.HTTP.Listen, err))
 			}
 			srv = &http.Server{Handler: tokenless(token, requireBearer(token, h), misdirected), ReadHeaderTimeout: adminReadHeaderTimeout, ReadTimeout: adminReadTimeout,
 				WriteTimeout: answerBy, IdleTimeout: adminIdleTimeout, MaxHeaderBytes: 64 << 10,

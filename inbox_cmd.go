@@ -53,10 +53,10 @@ stays as it is. Exit 2 when the row does not exist or is not quarantined.`,
 func (a *app) inboxResolve(ctx context.Context, ref, reason string) error {
 	id, err := strconv.ParseInt(ref, 10, 64)
 	if err != nil || id <= 0 {
-		return badInput(fmt.Errorf("inbox resolve: %q is not a row id (a positive number: router inbox ls --status failed lists them)", safeText(ref)))
+		return BadInput(fmt.Errorf("inbox resolve: %q is not a row id (a positive number: router inbox ls --status failed lists them)", safeText(ref)))
 	}
 	if _, err := inboxops.CheckResolveReason(reason); err != nil {
-		return badInput(fmt.Errorf("inbox resolve: --reason: %w", err))
+		return BadInput(fmt.Errorf("inbox resolve: --reason: %w", err))
 	}
 	db, store, err := a.openInboxDB(ctx)
 	if err != nil {
@@ -65,7 +65,7 @@ func (a *app) inboxResolve(ctx context.Context, ref, reason string) error {
 	defer db.Close()
 	res, err := store.Resolve(ctx, id, reason)
 	if errors.Is(err, inboxops.ErrNoRow) || errors.Is(err, inboxops.ErrNotQuarantined) {
-		return badInput(fmt.Errorf("inbox resolve: %w", err))
+		return BadInput(fmt.Errorf("inbox resolve: %w", err))
 	}
 	if err != nil {
 		return fmt.Errorf("inbox resolve: %w", err)

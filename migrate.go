@@ -212,7 +212,7 @@ func (a *app) printGrants(context.Context) error {
 	}
 	info, err := dbx.ParseDSNInfo(a.cfg.DB.DSN)
 	if err != nil {
-		return badInput(fmt.Errorf("db.dsn: %w", err))
+		return BadInput(fmt.Errorf("db.dsn: %w", err))
 	}
 	d := dbx.MariaDB
 	account := "`" + strings.ReplaceAll(info.User, "`", "``") + "`@`%`"

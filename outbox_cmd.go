@@ -39,7 +39,7 @@ the events held behind it.`,
 
 func checkOutput(o string) error {
 	if o != "table" && o != "json" {
-		return badInput(fmt.Errorf("--output %q: use table or json", o))
+		return BadInput(fmt.Errorf("--output %q: use table or json", o))
 	}
 	return nil
 }
@@ -61,7 +61,7 @@ func (a *app) openParked(ctx context.Context) (*sql.DB, *outbox.Parked, error) {
 // parkedErr maps the store's input errors to exit 2.
 func parkedErr(err error) error {
 	if errors.Is(err, outbox.ErrNotParked) || errors.Is(err, outbox.ErrHeld) || errors.Is(err, outbox.ErrBadRef) {
-		return badInput(err)
+		return BadInput(err)
 	}
 	return err
 }
@@ -69,7 +69,7 @@ func parkedErr(err error) error {
 // checkRef refuses, before connecting, a reference no parked event can have.
 func checkRef(ref string) error {
 	if ref == "" || len(ref) > 36 || strings.ContainsFunc(ref, func(r rune) bool { return unsafeRune(r) }) || !utf8.ValidString(ref) {
-		return badInput(fmt.Errorf(`"%s" is neither an outbox id nor an event id (1..36 printable bytes)`, safeText(ref)))
+		return BadInput(fmt.Errorf(`"%s" is neither an outbox id nor an event id (1..36 printable bytes)`, safeText(ref)))
 	}
 	return nil
 }
@@ -88,7 +88,7 @@ func (a *app) outboxLsCmd() *cobra.Command {
 				return err
 			}
 			if limit < 0 {
-				return badInput(fmt.Errorf("--limit %d: must not be negative (0: all)", limit))
+				return BadInput(fmt.Errorf("--limit %d: must not be negative (0: all)", limit))
 			}
 			return a.outboxLs(cmd.Context(), limit, output)
 		},
@@ -154,7 +154,7 @@ func (a *app) outboxShowCmd() *cobra.Command {
 				return err
 			}
 			if maxBytes < 0 {
-				return badInput(fmt.Errorf("--max-bytes %d: must not be negative (0: all)", maxBytes))
+				return BadInput(fmt.Errorf("--max-bytes %d: must not be negative (0: all)", maxBytes))
 			}
 			if err := checkRef(args[0]); err != nil {
 				return err
@@ -268,20 +268,20 @@ func (s parkedSelection) set() bool { return s.all || s.topic != "" || s.reason 
 func (s parkedSelection) check(args []string) error {
 	switch {
 	case len(args) == 1 && s.set():
-		return badInput(errors.New("name one event or choose with --all, --topic or --reason, not both"))
+		return BadInput(errors.New("name one event or choose with --all, --topic or --reason, not both"))
 	case len(args) == 0 && !s.set():
-		return badInput(errors.New("name an event (outbox id or event id) or choose with --all, --topic or --reason"))
+		return BadInput(errors.New("name an event (outbox id or event id) or choose with --all, --topic or --reason"))
 	case len(args) == 1:
 		if s.dryRun {
-			return badInput(errors.New("--dry-run goes with --all, --topic or --reason"))
+			return BadInput(errors.New("--dry-run goes with --all, --topic or --reason"))
 		}
 		return checkRef(args[0])
 	case s.all && (s.topic != "" || s.reason != ""):
-		return badInput(errors.New("--all chooses every refused event: leave out --topic and --reason, or --all"))
+		return BadInput(errors.New("--all chooses every refused event: leave out --topic and --reason, or --all"))
 	case s.reason != "" && !slices.Contains(refusalReasons, s.reason):
-		return badInput(fmt.Errorf(`--reason "%s": one of %s (held events are released with the event they wait behind)`, safeText(s.reason), strings.Join(refusalReasons, ", ")))
+		return BadInput(fmt.Errorf(`--reason "%s": one of %s (held events are released with the event they wait behind)`, safeText(s.reason), strings.Join(refusalReasons, ", ")))
 	case s.topic != "" && (len(s.topic) > 249 || !utf8.ValidString(s.topic) || strings.ContainsFunc(s.topic, unsafeRune)):
-		return badInput(fmt.Errorf(`--topic "%s": not a topic name`, safeText(s.topic)))
+		return BadInput(fmt.Errorf(`--topic "%s": not a topic name`, safeText(s.topic)))
 	}
 	return nil
 }
@@ -358,7 +358,7 @@ func (a *app) outboxDropCmd() *cobra.Command {
 				if err != nil {
 					return parkedErr(err)
 				}
-				return badInput(fmt.Errorf("drop deletes event %s (topic %s, key %s) for good and releases the %d events held behind it: add --yes",
+				return BadInput(fmt.Errorf("drop deletes event %s (topic %s, key %s) for good and releases the %d events held behind it: add --yes",
 					safeText(r.EventID), safeText(r.Topic), safeText(r.Key), r.Holding))
 			}
 			rel, err := store.Drop(cmd.Context(), args[0])
@@ -410,7 +410,7 @@ func (a *app) outboxReleaseSelected(ctx context.Context, sel parkedSelection, re
 		return nil
 	}
 	if !retry && !yes {
-		return badInput(fmt.Errorf("drop deletes these %d events for good and releases the %d events held behind them: add --yes", len(rows), holding))
+		return BadInput(fmt.Errorf("drop deletes these %d events for good and releases the %d events held behind them: add --yes", len(rows), holding))
 	}
 	done, moved, gone := 0, 0, 0
 	for _, r := range rows {

@@ -41,7 +41,7 @@ type plugin struct {
 func resolvePlugin(p inbox.Plugin, section map[string]any) (plugin, error) {
 	r, err := resolveSection(p, section)
 	if err != nil {
-		return plugin{}, badInput(fmt.Errorf("config: %w", err))
+		return plugin{}, BadInput(fmt.Errorf("config: %w", err))
 	}
 	return r, nil
 }
@@ -51,7 +51,7 @@ func resolvePlugin(p inbox.Plugin, section map[string]any) (plugin, error) {
 // connects to nothing; its errors name the key (plugins.<name>.<key>) and are bad input.
 func resolveSection(p inbox.Plugin, section map[string]any) (plugin, error) {
 	if err := p.Validate(); err != nil {
-		return plugin{}, badInput(err)
+		return plugin{}, BadInput(err)
 	}
 	r := plugin{Plugin: p}
 	r.Topics = append([]string(nil), p.Topics...)
@@ -66,18 +66,18 @@ func resolveSection(p inbox.Plugin, section map[string]any) (plugin, error) {
 				err = dec.Decode(v)
 			}
 			if err != nil {
-				return plugin{}, badInput(fmt.Errorf("plugins.%s.topics: %s (a list of topic names)", p.Name, oneLine(err)))
+				return plugin{}, BadInput(fmt.Errorf("plugins.%s.topics: %s (a list of topic names)", p.Name, oneLine(err)))
 			}
 			if len(topics) == 0 {
-				return plugin{}, badInput(fmt.Errorf("plugins.%s.topics is empty", p.Name))
+				return plugin{}, BadInput(fmt.Errorf("plugins.%s.topics is empty", p.Name))
 			}
 			seen := map[string]bool{}
 			for _, t := range topics {
 				if err := kafkax.CheckTopicName(t); err != nil {
-					return plugin{}, badInput(fmt.Errorf("plugins.%s.topics: %w", p.Name, err))
+					return plugin{}, BadInput(fmt.Errorf("plugins.%s.topics: %w", p.Name, err))
 				}
 				if seen[t] {
-					return plugin{}, badInput(fmt.Errorf("plugins.%s.topics: %q twice", p.Name, t))
+					return plugin{}, BadInput(fmt.Errorf("plugins.%s.topics: %q twice", p.Name, t))
 				}
 				seen[t] = true
 			}
@@ -85,7 +85,7 @@ func resolveSection(p inbox.Plugin, section map[string]any) (plugin, error) {
 		case keyConsumerGroup:
 			g, ok := v.(string)
 			if !ok || !groupName.MatchString(g) {
-				return plugin{}, badInput(fmt.Errorf("plugins.%s.consumer_group %q: 1..249 of [A-Za-z0-9._-]", p.Name, fmt.Sprint(v)))
+				return plugin{}, BadInput(fmt.Errorf("plugins.%s.consumer_group %q: 1..249 of [A-Za-z0-9._-]", p.Name, fmt.Sprint(v)))
 			}
 			r.ConsumerGroup = g
 		default:
@@ -94,7 +94,7 @@ func resolveSection(p inbox.Plugin, section map[string]any) (plugin, error) {
 	}
 	decoded, err := decodeSettings(p, own)
 	if err != nil {
-		return plugin{}, badInput(err)
+		return plugin{}, BadInput(err)
 	}
 	r.settings = decoded
 	return r, nil
@@ -229,7 +229,7 @@ func (a *app) allPlugins() ([]plugin, error) {
 func (a *app) checkSections() error {
 	for name := range a.cfg.Plugins {
 		if _, ok := a.plugins.Get(name); !ok {
-			return badInput(fmt.Errorf("config plugins.%s: no such plugin (registered: %v)", name, a.plugins.Names()))
+			return BadInput(fmt.Errorf("config plugins.%s: no such plugin (registered: %v)", name, a.plugins.Names()))
 		}
 	}
 	return nil
@@ -252,12 +252,12 @@ func (a *app) selectPlugins(only []string) ([]plugin, error) {
 			return nil, err
 		}
 		if !ok {
-			return nil, badInput(fmt.Errorf("unknown plugin %q (registered: %v)", n, a.plugins.Names()))
+			return nil, BadInput(fmt.Errorf("unknown plugin %q (registered: %v)", n, a.plugins.Names()))
 		}
 		out = append(out, p)
 	}
 	if len(out) == 0 {
-		return nil, badInput(errors.New("no plugins registered"))
+		return nil, BadInput(errors.New("no plugins registered"))
 	}
 	return out, nil
 }
@@ -269,11 +269,10 @@ func (p plugin) writes() ([]string, error) {
 	}
 	topics, err := p.Writes(p.settings)
 	if err != nil {
-		var ue usageError
-		if errors.As(err, &ue) {
+		if errors.Is(err, ErrBadInput) {
 			return nil, err
 		}
-		return nil, badInput(fmt.Errorf("plugin %s: %w", p.Name, err))
+		return nil, BadInput(fmt.Errorf("plugin %s: %w", p.Name, err))
 	}
 	return topics, nil
 }

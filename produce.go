@@ -42,12 +42,12 @@ func (a *app) produceCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.orders < 0 || !(o.dupRate >= 0 && o.dupRate <= 1) || o.poison < 0 || o.batch < 1 || !(o.rate >= 0 && o.rate <= 1e7) { // NaN fails the ranges
-				return badInput(errors.New("produce: --orders, --poison >= 0, --dup-rate in [0,1], --batch >= 1, --rate >= 0"))
+				return BadInput(errors.New("produce: --orders, --poison >= 0, --dup-rate in [0,1], --batch >= 1, --rate >= 0"))
 			}
 			if o.file != "" {
 				for _, f := range []string{"orders", "dup-rate", "poison", "prefix", "seed", "ledger"} {
 					if cmd.Flags().Changed(f) {
-						return badInput(fmt.Errorf("produce --file sends the file's records: --%s does not apply", f))
+						return BadInput(fmt.Errorf("produce --file sends the file's records: --%s does not apply", f))
 					}
 				}
 				return a.produceFile(cmd.Context(), o)
@@ -86,9 +86,9 @@ func (a *app) producePlugin(name string) (plugin, error) {
 		case err != nil:
 			return plugin{}, err
 		case !ok:
-			return plugin{}, badInput(fmt.Errorf("unknown plugin %q (registered: %v)", name, a.plugins.Names()))
+			return plugin{}, BadInput(fmt.Errorf("unknown plugin %q (registered: %v)", name, a.plugins.Names()))
 		case p.Sampler == nil:
-			return plugin{}, badInput(fmt.Errorf("plugin %s has no Sampler: produce cannot make its input", name))
+			return plugin{}, BadInput(fmt.Errorf("plugin %s has no Sampler: produce cannot make its input", name))
 		}
 		return p, nil
 	}
@@ -105,7 +105,7 @@ func (a *app) producePlugin(name string) (plugin, error) {
 		}
 	}
 	if len(with) != 1 {
-		return plugin{}, badInput(fmt.Errorf("produce --plugin is required: %d registered plugins have a Sampler (%s)", len(with), strings.Join(names, ", ")))
+		return plugin{}, BadInput(fmt.Errorf("produce --plugin is required: %d registered plugins have a Sampler (%s)", len(with), strings.Join(names, ", ")))
 	}
 	return with[0], nil
 }
@@ -462,7 +462,7 @@ func readLedgers(paths []string) (ledger, error) {
 	for _, path := range paths {
 		f, err := os.Open(path)
 		if err != nil {
-			return l, badInput(fmt.Errorf("ledger: %w", err))
+			return l, BadInput(fmt.Errorf("ledger: %w", err))
 		}
 		sc := bufio.NewScanner(f)
 		for sc.Scan() {

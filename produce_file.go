@@ -134,11 +134,11 @@ func readProduceFile(ctx context.Context, path string) ([]fileRecord, error) {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("produce --file %s: stopped while opening it, nothing was sent: %w", path, err)
 		}
-		return nil, badInput(fmt.Errorf("produce --file: %w", err))
+		return nil, BadInput(fmt.Errorf("produce --file: %w", err))
 	}
 	defer f.Close()
 	if st, err := f.Stat(); err == nil && st.IsDir() {
-		return nil, badInput(fmt.Errorf("produce --file %s: a directory, not a file of records", path))
+		return nil, BadInput(fmt.Errorf("produce --file %s: a directory, not a file of records", path))
 	}
 	// A pipe's read waits for data: a deadline in the past ends it (a regular file's reads
 	// do not wait, and refuse deadlines).
@@ -157,7 +157,7 @@ func readProduceFile(ctx context.Context, path string) ([]fileRecord, error) {
 		}
 		r, err := parseFileLine(line)
 		if err != nil {
-			return nil, badInput(fmt.Errorf("produce --file %s, line %d: %s", path, n, oneLine(err)))
+			return nil, BadInput(fmt.Errorf("produce --file %s, line %d: %s", path, n, oneLine(err)))
 		}
 		recs = append(recs, fileRecord{n, r})
 	}
@@ -166,7 +166,7 @@ func readProduceFile(ctx context.Context, path string) ([]fileRecord, error) {
 	}
 	if err := sc.Err(); err != nil {
 		if errors.Is(err, bufio.ErrTooLong) {
-			return nil, badInput(fmt.Errorf("produce --file %s: a line longer than %d bytes", path, maxFileLine))
+			return nil, BadInput(fmt.Errorf("produce --file %s: a line longer than %d bytes", path, maxFileLine))
 		}
 		return nil, fmt.Errorf("produce --file %s: %w", path, err)
 	}
@@ -270,7 +270,7 @@ func (a *app) produceFile(ctx context.Context, o produceOpts) error {
 				return err
 			}
 			if !ok {
-				return badInput(fmt.Errorf("unknown plugin %q (registered: %v)", o.plugin, names))
+				return BadInput(fmt.Errorf("unknown plugin %q (registered: %v)", o.plugin, names))
 			}
 			p = q
 		case len(names) == 1:
@@ -280,7 +280,7 @@ func (a *app) produceFile(ctx context.Context, o produceOpts) error {
 			}
 			p = q
 		default:
-			return badInput(fmt.Errorf("produce --file: name the topic (--topic) or the plugin whose first topic it is (--plugin; registered: %s)", strings.Join(names, ", ")))
+			return BadInput(fmt.Errorf("produce --file: name the topic (--topic) or the plugin whose first topic it is (--plugin; registered: %s)", strings.Join(names, ", ")))
 		}
 		o.topic = p.Topics[0]
 	}
@@ -292,7 +292,7 @@ func (a *app) produceFile(ctx context.Context, o produceOpts) error {
 	limit, why := a.recordLimit(kc, o.topic, pc.Producer.MaxMessageBytes)
 	for _, r := range recs {
 		if size := r.message(o.topic).ByteSize(2); size > limit {
-			return badInput(fmt.Errorf("produce --file %s, line %d: the record takes %d bytes, over the %d of %s; nothing was sent", o.file, r.line, size, limit, why))
+			return BadInput(fmt.Errorf("produce --file %s, line %d: the record takes %d bytes, over the %d of %s; nothing was sent", o.file, r.line, size, limit, why))
 		}
 	}
 	pc.Producer.MaxMessageBytes = limit

@@ -33,7 +33,7 @@ func (a *app) relayCmd() *cobra.Command {
 func (a *app) runRelayOnly(ctx context.Context) error {
 	p := &pipeline{a: a, kc: a.kafka()}
 	if err := p.kc.Validate(); err != nil {
-		return badInput(err)
+		return BadInput(err)
 	}
 	if _, err := a.relayConfig(); err != nil { // bad relay.* settings: exit 2 before connecting
 		return err
@@ -108,13 +108,13 @@ func (a *app) relayConfig() (outbox.RelayConfig, error) {
 		// relays of the same database.
 		info, err := dbx.ParseDSNInfo(a.cfg.DB.DSN)
 		if err != nil {
-			return outbox.RelayConfig{}, badInput(err)
+			return outbox.RelayConfig{}, BadInput(err)
 		}
 		rc.TransactionalID = outbox.DefaultTransactionalID(info.DBName, rc.WithDefaults().Shard)
 	}
 	rc.Hook, rc.TracerProvider = faults.RelayPoint(), a.cfg.tracing
 	if err := rc.WithDefaults().Validate(); err != nil {
-		return outbox.RelayConfig{}, badInput(err)
+		return outbox.RelayConfig{}, BadInput(err)
 	}
 	return rc, nil
 }
@@ -129,7 +129,7 @@ func (a *app) newRelay(db *sql.DB, kc kafkax.Config) (*outbox.Relay, func(), err
 	if a.cfg.Relay.ExactlyOnce {
 		r, err := outbox.NewExactlyOnceRelay(db, kc, rc, a.logger)
 		if err != nil {
-			return nil, nil, badInput(err)
+			return nil, nil, BadInput(err)
 		}
 		return r, func() { _ = r.Close() }, nil
 	}
@@ -152,7 +152,7 @@ func (a *app) newRelay(db *sql.DB, kc kafkax.Config) (*outbox.Relay, func(), err
 	r, err := outbox.NewRelay(db, producer, rc, a.logger)
 	if err != nil {
 		closeAll()
-		return nil, nil, badInput(err)
+		return nil, nil, BadInput(err)
 	}
 	r.CheckWith(client, pc.Producer.MaxMessageBytes)
 	a.logger.Info("relay runs AT LEAST ONCE (relay.exactly_once=false): a crash between Kafka's ack and the database mark republishes that batch", nil)

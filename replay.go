@@ -72,33 +72,33 @@ func (f *filterFlags) filter(refs []string) (inboxops.Filter, error) {
 	default:
 		st, err := inboxops.ParseStatus(s)
 		if err != nil {
-			return out, badInput(fmt.Errorf("--status: %w", err))
+			return out, BadInput(fmt.Errorf("--status: %w", err))
 		}
 		out.Statuses = []inbox.Status{st}
 	}
 	for _, r := range f.reasons {
 		reason, err := inboxops.ParseReason(r)
 		if err != nil {
-			return out, badInput(fmt.Errorf("--reason: %w", err))
+			return out, BadInput(fmt.Errorf("--reason: %w", err))
 		}
 		out.Reasons = append(out.Reasons, reason)
 	}
 	now := time.Now()
 	var err error
 	if out.Since, err = parseWhen("since", f.since, now); err != nil {
-		return out, badInput(err)
+		return out, BadInput(err)
 	}
 	if out.Until, err = parseWhen("until", f.until, now); err != nil {
-		return out, badInput(err)
+		return out, BadInput(err)
 	}
 	if f.output != "table" && f.output != "json" {
-		return out, badInput(fmt.Errorf("--output %q: use table or json", f.output))
+		return out, BadInput(fmt.Errorf("--output %q: use table or json", f.output))
 	}
 	if f.replayID < 0 {
-		return out, badInput(fmt.Errorf("--replay-id %d is negative", f.replayID))
+		return out, BadInput(fmt.Errorf("--replay-id %d is negative", f.replayID))
 	}
 	if err := out.Validate(); err != nil {
-		return out, badInput(err)
+		return out, BadInput(err)
 	}
 	return out, nil
 }
@@ -135,7 +135,7 @@ func (a *app) checkBizType(bt string) error {
 		return err
 	}
 	if _, ok := all[bt]; !ok {
-		return badInput(fmt.Errorf("unknown biz type %q (registered: %s)", bt, strings.Join(sortedKeys(all), ", ")))
+		return BadInput(fmt.Errorf("unknown biz type %q (registered: %s)", bt, strings.Join(sortedKeys(all), ", ")))
 	}
 	return nil
 }
@@ -166,20 +166,20 @@ func (a *app) pluginFor(ctx context.Context, store *inboxops.Store, f *inboxops.
 			}
 			switch len(found) {
 			case 0:
-				return plugin{}, badInput(fmt.Errorf("--biz-type is required: no matching row to infer it from (registered: %s)", strings.Join(keys, ", ")))
+				return plugin{}, BadInput(fmt.Errorf("--biz-type is required: no matching row to infer it from (registered: %s)", strings.Join(keys, ", ")))
 			case 1:
 			default:
-				return plugin{}, badInput(fmt.Errorf("--biz-type is required: rows of %s match", strings.Join(found, " and ")))
+				return plugin{}, BadInput(fmt.Errorf("--biz-type is required: rows of %s match", strings.Join(found, " and ")))
 			}
 			f.BizType = found[0]
 		}
 	}
 	ps, ok := all[f.BizType]
 	if !ok {
-		return plugin{}, badInput(fmt.Errorf("unknown biz type %q (registered: %s)", f.BizType, strings.Join(sortedKeys(all), ", ")))
+		return plugin{}, BadInput(fmt.Errorf("unknown biz type %q (registered: %s)", f.BizType, strings.Join(sortedKeys(all), ", ")))
 	}
 	if len(ps) > 1 {
-		return plugin{}, badInput(fmt.Errorf("biz type %q is shared by %d plugins; replay cannot choose a handler", f.BizType, len(ps)))
+		return plugin{}, BadInput(fmt.Errorf("biz type %q is shared by %d plugins; replay cannot choose a handler", f.BizType, len(ps)))
 	}
 	return ps[0], nil
 }
@@ -250,10 +250,10 @@ func (a *app) replay(ctx context.Context, r replayFlags, refs []string) error {
 		return err
 	}
 	if !(r.rate >= 0 && r.rate <= 1e6) { // NaN fails both
-		return badInput(fmt.Errorf("--rate %v outside 0..1000000 (messages per second; 0: no limit)", r.rate))
+		return BadInput(fmt.Errorf("--rate %v outside 0..1000000 (messages per second; 0: no limit)", r.rate))
 	}
 	if slices.Contains(f.Statuses, inbox.StatusProcessing) && f.OlderThan == 0 {
-		return badInput(errors.New("--status processing needs --older-than (a row updated recently may still be in flight)"))
+		return BadInput(errors.New("--status processing needs --older-than (a row updated recently may still be in flight)"))
 	}
 	if err := a.checkBizType(f.BizType); err != nil {
 		return err

@@ -81,7 +81,7 @@ func Run(ctx context.Context, args []string, opts ...Option) error {
 			return nil
 		},
 	}
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return badInput(err) })
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return BadInput(err) })
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.configFile, "config", "", "config file (default configs/router.yaml if present; env ONCEFLOW_CONFIG)")
 	pf.String("dsn", "", "application database DSN (overrides db.dsn)")
@@ -92,7 +92,7 @@ func Run(ctx context.Context, args []string, opts ...Option) error {
 	typeArgErrors(root)
 	root.SetArgs(args)
 	if _, _, err := root.Find(args); err != nil {
-		return badInput(err) // an unknown command
+		return BadInput(err) // an unknown command
 	}
 	_, err := root.ExecuteContextC(ctx)
 	return err
@@ -102,7 +102,7 @@ func Run(ctx context.Context, args []string, opts ...Option) error {
 // arguments, a bad value) bad input: exit code 2, as flag errors are (SetFlagErrorFunc).
 func typeArgErrors(cmd *cobra.Command) {
 	if check := cmd.Args; check != nil {
-		cmd.Args = func(c *cobra.Command, args []string) error { return badInput(check(c, args)) }
+		cmd.Args = func(c *cobra.Command, args []string) error { return BadInput(check(c, args)) }
 	}
 	for _, sub := range cmd.Commands() {
 		typeArgErrors(sub)
@@ -178,15 +178,15 @@ func (a *app) dbConfig(dsn string, admin bool) (*dbx.Config, error) {
 		key = "db.admin_dsn"
 	}
 	if dsn == "" {
-		return nil, badInput(fmt.Errorf("%s is empty: set it (config file, env %s), e.g. onceflow@tcp(127.0.0.1:3306)/onceflow with the password in db.password_file; no DSN is built in",
+		return nil, BadInput(fmt.Errorf("%s is empty: set it (config file, env %s), e.g. onceflow@tcp(127.0.0.1:3306)/onceflow with the password in db.password_file; no DSN is built in",
 			key, envName(key)))
 	}
 	if _, err := dbx.ParseDSNInfo(dsn); err != nil {
-		return nil, badInput(fmt.Errorf("%s: %w", key, err))
+		return nil, BadInput(fmt.Errorf("%s: %w", key, err))
 	}
 	pw, err := a.cfg.DB.password(admin)
 	if err != nil {
-		return nil, badInput(err)
+		return nil, BadInput(err)
 	}
 	dc := a.cfg.DB.Config
 	dc.DSN, dc.Password = dsn, pw

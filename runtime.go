@@ -44,7 +44,7 @@ type Runtime struct {
 func New(cfg Config, plugins []inbox.Plugin, logger watermill.LoggerAdapter) (*Runtime, error) {
 	settings.Resolve(&cfg)
 	if err := cfg.validate(); err != nil {
-		return nil, badInput(fmt.Errorf("config: %w", err))
+		return nil, BadInput(fmt.Errorf("config: %w", err))
 	}
 	if logger == nil {
 		logger = watermill.NopLogger{}
@@ -55,13 +55,13 @@ func New(cfg Config, plugins []inbox.Plugin, logger watermill.LoggerAdapter) (*R
 
 func newRuntime(a *app, plugins []inbox.Plugin) (*Runtime, error) {
 	if len(plugins) == 0 {
-		return nil, badInput(errors.New("no plugins to run"))
+		return nil, BadInput(errors.New("no plugins to run"))
 	}
 	r := &Runtime{a: a}
 	seen := map[string]bool{}
 	for _, p := range plugins {
 		if seen[p.Name] {
-			return nil, badInput(fmt.Errorf("plugin %q given twice", p.Name))
+			return nil, BadInput(fmt.Errorf("plugin %q given twice", p.Name))
 		}
 		seen[p.Name] = true
 		rp, err := resolvePlugin(p, a.cfg.Plugins[p.Name])
@@ -100,7 +100,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	p := &pipeline{a: r.a, plugins: r.plugins, kc: r.a.kafka(), inboxes: make([]*inbox.Inbox, len(r.plugins)),
 		handlers: make([]func(topic string) message.NoPublishHandlerFunc, len(r.plugins))}
 	if err := p.kc.Validate(); err != nil {
-		return badInput(err)
+		return BadInput(err)
 	}
 	parts := slices.Concat(
 		[]part{
@@ -202,7 +202,7 @@ func (p *pipeline) checkDatabase(ctx context.Context, db *sql.DB) error {
 			continue
 		}
 		if err := (migrations.Set{Name: pl.Name, FS: pl.Migrations}).Supports(dbx.DialectOf(db)); err != nil {
-			return badInput(err)
+			return BadInput(err)
 		}
 	}
 	return checkTables(ctx, db, tables...)
@@ -259,7 +259,7 @@ func (p *pipeline) cleaner() part {
 	return part{name: "cleaner",
 		start: func(context.Context) (err error) {
 			c, err = inboxops.NewCleaner(p.db, p.a.cfg.cleanerConfig(), p.a.logger)
-			return badInput(err)
+			return BadInput(err)
 		},
 		run: func(ctx context.Context) error { return c.Run(ctx) },
 	}
@@ -287,7 +287,7 @@ func (p *pipeline) inbox(i int) part {
 				b, err := ib.NewBatcher(bc)
 				if err != nil {
 					closeHandler()
-					return badInput(fmt.Errorf("plugin %s: group commit: %w", pl.Name, err))
+					return BadInput(fmt.Errorf("plugin %s: group commit: %w", pl.Name, err))
 				}
 				closers = append([]func(){func() { _ = b.Close() }}, closers...)
 				biz := pl.BizType
@@ -384,8 +384,7 @@ func (a *app) buildInbox(ctx context.Context, db *sql.DB, p plugin, obs inbox.Ob
 	}
 	h, err := p.Build(ctx, env)
 	if err != nil {
-		var ue usageError
-		if errors.As(err, &ue) {
+		if errors.Is(err, ErrBadInput) {
 			return nil, nil, err
 		}
 		return nil, nil, fmt.Errorf("plugin %s: %w", p.Name, err)
@@ -405,7 +404,7 @@ func (a *app) buildInbox(ctx context.Context, db *sql.DB, p plugin, obs inbox.Ob
 	}
 	if err != nil {
 		closeHandler()
-		return nil, nil, badInput(fmt.Errorf("plugin %s: %w", p.Name, err))
+		return nil, nil, BadInput(fmt.Errorf("plugin %s: %w", p.Name, err))
 	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

@@ -58,10 +58,10 @@ nothing.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if partitions < 1 {
-				return badInput(fmt.Errorf("--partitions %d: want at least 1", partitions))
+				return BadInput(fmt.Errorf("--partitions %d: want at least 1", partitions))
 			}
 			if replication < 0 {
-				return badInput(fmt.Errorf("--replication-factor %d: want 1 or more (0: min(3, brokers))", replication))
+				return BadInput(fmt.Errorf("--replication-factor %d: want 1 or more (0: min(3, brokers))", replication))
 			}
 			ps, err := a.selectPlugins(only)
 			if err != nil {
@@ -101,7 +101,7 @@ func (a *app) topics(ps []plugin, partitions int32, replication int16, checkPart
 	sort.Strings(names)
 	states, err := a.kafka().EnsureTopics(names, partitions, replication, dryRun)
 	if errors.Is(err, kafkax.ErrReplication) {
-		return badInput(fmt.Errorf("--replication-factor: %w", err))
+		return BadInput(fmt.Errorf("--replication-factor: %w", err))
 	}
 	if err != nil {
 		return err

@@ -57,7 +57,7 @@ func (a *app) startTracing(ctx context.Context) (func(), error) {
 	if c.Endpoint != "" {
 		u, err := url.Parse(c.Endpoint) // checked by validate
 		if err != nil {
-			return nil, badInput(fmt.Errorf("otel.endpoint: %w", err))
+			return nil, BadInput(fmt.Errorf("otel.endpoint: %w", err))
 		}
 		if u.Path == "" || u.Path == "/" {
 			u.Path = "/v1/traces" // a collector's base URL, as OTEL_EXPORTER_OTLP_ENDPOINT is
@@ -66,12 +66,12 @@ func (a *app) startTracing(ctx context.Context) (func(), error) {
 	}
 	exp, err := otlptracehttp.New(ctx, opts...)
 	if err != nil {
-		return nil, badInput(fmt.Errorf("otel: %w", err))
+		return nil, BadInput(fmt.Errorf("otel: %w", err))
 	}
 	res, err := resource.New(ctx, resource.WithAttributes(attribute.String("service.name", "onceflow-router")),
 		resource.WithFromEnv(), resource.WithTelemetrySDK())
 	if err != nil {
-		return nil, badInput(fmt.Errorf("otel: resource: %w", err))
+		return nil, BadInput(fmt.Errorf("otel: resource: %w", err))
 	}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res),
 		sdktrace.WithSampler(sdktrace.ParentBased(linkedSampler{sdktrace.TraceIDRatioBased(c.SampleRatio)})))

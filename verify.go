@@ -67,7 +67,7 @@ sending poison on purpose (` + "`router produce --poison`" + `). A row an operat
 
 func (a *app) verify(ctx context.Context, o verifyOpts) error {
 	if o.result && len(o.ledgers) == 0 {
-		return badInput(errors.New("verify --result needs --ledger"))
+		return BadInput(errors.New("verify --result needs --ledger"))
 	}
 	selected, err := a.selectPlugins(o.plugins)
 	if err != nil {
