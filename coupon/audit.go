@@ -19,12 +19,12 @@ type Audit struct {
 	Failed            int64
 	InFlight          int64 // non-terminal grants
 	Coupons           int64 // user_coupon rows of the campaign
-	DuplicateCoupons  int64 // coupons beyond the first per (order, campaign)
+	DuplicateCoupons  int64 // coupons beyond the first per order and campaign
 	InboxDone         int64
 	InboxFailed       int64
 	InboxProcessing   int64
-	DuplicatesBlocked int64 // sum of inbox duplicate counters (deliveries changed nothing)
-	OutboxEvents      int64 // in outbox (parked ones not counted)
+	DuplicatesBlocked int64 // sum of the inbox's duplicate counters, deliveries that changed nothing
+	OutboxEvents      int64 // events in the outbox, parked ones not counted
 	OutboxPending     int64
 	Violations        []string
 }
@@ -32,16 +32,18 @@ type Audit struct {
 // OK reports whether no invariant is violated.
 func (a Audit) OK() bool { return len(a.Violations) == 0 }
 
-// Verify audits the invariants of DESIGN.md for one campaign:
-//  1. at most one user_coupon per (order, campaign); every GRANTED grant has exactly one,
-//     and no coupon exists without a GRANTED grant;
-//  2. every 'done' inbox row of biz type coupon (an order) or coupon-claim (an HTTP claim)
-//     has a terminal grant, its own (GrantID, ClaimID); every terminal grant has its outbox
-//     event. A row an operator resolved (inbox.ReasonResolved) needs no grant;
-//  3. stock and budget counters equal the sums implied by the grants;
-//  4. no outbox row older than lagBound is unpublished.
+// Verify audits these invariants for one campaign.
 //
-// It uses its own SQL, not the handler's code paths.
+//  1. There is at most one user_coupon per order and campaign. Every GRANTED grant has
+//     exactly one, and no coupon exists without a GRANTED grant.
+//  2. Every done inbox row of biz type coupon or coupon-claim has a terminal grant of its
+//     own. An order's grant id is GrantID of its key, and an HTTP claim's is ClaimID of
+//     its client token. Every terminal grant has its outbox event. A row an operator
+//     resolved, with reason inbox.ReasonResolved, needs no grant.
+//  3. The stock and budget counters equal the sums the grants imply.
+//  4. No outbox row older than lagBound is unpublished.
+//
+// Verify uses its own SQL, not the handler's code paths.
 func Verify(ctx context.Context, db *sql.DB, campaignID string, lagBound time.Duration) (Audit, error) {
 	a, err := verifyCampaign(ctx, db, campaignID)
 	if err != nil {
@@ -59,8 +61,8 @@ func Verify(ctx context.Context, db *sql.DB, campaignID string, lagBound time.Du
 	return a, nil
 }
 
-// verifyCampaign is Verify without invariant 4, which is the outbox's as a whole: `router
-// verify` checks it once for every plugin.
+// verifyCampaign is Verify without invariant 4. That invariant is about the outbox as a
+// whole, so `router verify` checks it once for every plugin.
 func verifyCampaign(ctx context.Context, db *sql.DB, campaignID string) (Audit, error) {
 	var a Audit
 	rb := dbx.DialectOf(db).Rebind
@@ -103,8 +105,9 @@ SELECT c.order_id FROM user_coupon c LEFT JOIN coupon_grant g ON g.order_id = c.
 WHERE c.campaign_id = ? AND (g.state IS NULL OR g.state <> 'GRANTED') LIMIT 20`, campaignID); err != nil {
 		return a, err
 	}
-	// 2. inbox done ⇒ terminal grant ⇒ outbox event. An order's grant is its key, unless the
-	// key is in the claim namespace; those orders and the claims are checked apart.
+	// 2. A done inbox row has a terminal grant, which has an outbox event. An order's grant
+	// is its key, unless the key is in the claim namespace. Those orders and the claims are
+	// checked apart.
 	if err := listInto(ctx, db, &a, "invariant 2: inbox row done but grant not terminal: order %s", `
 SELECT i.dedup_key FROM inbox i LEFT JOIN coupon_grant g ON g.order_id = i.dedup_key AND g.campaign_id = ?
 WHERE i.biz_type = ? AND i.status = 'done' AND COALESCE(i.reason, '') <> ? AND i.dedup_key NOT LIKE ?
@@ -121,11 +124,11 @@ WHERE biz_type = ? AND status = 'done' AND COALESCE(reason, '') <> ?`,
 		[]any{ClaimBizType, string(inbox.ReasonResolved)}, claimOfRow); err != nil {
 		return a, err
 	}
-	// One grouping over the tables, not a join: the outbox has no index on msg_key (every
-	// index costs each business transaction an insert), and MariaDB joined it block by block,
-	// quadratic in the rows (≈200 s for 50,000 grants; this form ≈1.5 s). An event the relay
-	// parked (outbox_parked: Kafka refused it, or it waits behind one that was) is still the
-	// grant's event.
+	// The check groups over the tables instead of joining them. The outbox has no index on
+	// msg_key, because every index costs each business transaction an insert. Without one,
+	// MariaDB joins the outbox block by block, in time quadratic in the rows. An event the
+	// relay parked in outbox_parked is still the grant's event. Kafka refused such an
+	// event, or it waits behind one that was refused.
 	if err := listInto(ctx, db, &a, "invariant 2: terminal grant without exactly one outbox event: order %s", `
 SELECT k FROM (
   SELECT order_id AS k, CASE WHEN state = 'GRANTED' THEN ? ELSE ? END AS t, 1 AS g, 0 AS o FROM coupon_grant WHERE campaign_id = ? AND state IN ('GRANTED', 'FAILED')
@@ -171,9 +174,10 @@ LIMIT 20`, campaignID, campaignID, campaignID); err != nil {
 	return a, nil
 }
 
-// claimOfRow is the grant id of a done claim row: ClaimID of the client token its stored
-// headers hold. The dedup key is the token itself unless it was too long or began with
-// "sha256:" (inbox.CommandKey); headers without it fall back to the key.
+// claimOfRow is the grant id of a done claim row. It is ClaimID of the client token that
+// the row's stored headers hold. The dedup key is the token itself, unless the token was
+// too long or began with "sha256:", as inbox.CommandKey describes. For headers without the
+// token, claimOfRow falls back to the key.
 func claimOfRow(key, metadata string) string {
 	var md map[string]string
 	if metadata != "" && json.Unmarshal([]byte(metadata), &md) == nil {
@@ -187,10 +191,11 @@ func claimOfRow(key, metadata string) string {
 // maxListed bounds the violations one check lists.
 const maxListed = 20
 
-// listUngranted adds a violation of invariant 2 for each done inbox row q selects (id,
-// dedup key, stored headers) whose grant, grantOf the key and headers, is not terminal in
-// the campaign: the rows whose grant id is not their key, which a join cannot check. The
-// rows are read as one stream, their grants looked up 500 at a time.
+// listUngranted adds a violation of invariant 2 for each done inbox row that q selects
+// and whose grant is not terminal in the campaign. q selects the id, the dedup key and the
+// stored headers. grantOf gives the grant id of a key and its headers. listUngranted
+// checks the rows whose grant id is not their key, which a join cannot check. It reads the
+// rows as one stream and looks their grants up 500 at a time.
 func listUngranted(ctx context.Context, db *sql.DB, a *Audit, campaignID, kind, q string, args []any, grantOf func(key, metadata string) string) error {
 	rb := dbx.DialectOf(db).Rebind
 	rows, err := db.QueryContext(ctx, rb(q), args...)
@@ -202,7 +207,7 @@ func listUngranted(ctx context.Context, db *sql.DB, a *Audit, campaignID, kind, 
 		id  int64
 		key string
 	}
-	pending := map[string][]row{} // grant id → the rows whose grant it is
+	pending := map[string][]row{} // grant id to the rows whose grant it is
 	listed := 0
 	flush := func() error {
 		if len(pending) == 0 {
@@ -265,7 +270,8 @@ func listInto(ctx context.Context, db *sql.DB, a *Audit, format, q string, args 
 	return rows.Err()
 }
 
-// OrderFacts is what the database says about a list of orders (a producer's ledger).
+// OrderFacts is what the database says about a list of orders, such as a producer's
+// ledger.
 type OrderFacts struct {
 	Terminal, Granted, Quarantined int // orders with a terminal grant, GRANTED ones, quarantined in the inbox
 	Resolved                       int // orders without a terminal grant whose quarantined row an operator resolved

@@ -12,9 +12,10 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// batchStatements are HandleBatch's multi-row inserts of its common path as server-side
-// prepared statements (dbx.MultiRow): MariaDB then parses each shape once per connection
-// instead of lexing every literal of every row (docs/BENCHMARKS.md, "Prepared multi-row statements").
+// batchStatements are the multi-row inserts of HandleBatch's common path. They are
+// server-side prepared statements, made by dbx.MultiRow. MariaDB then parses each shape
+// once per connection instead of lexing every literal of every row. See
+// docs/BENCHMARKS.md, section "Prepared multi-row statements".
 type batchStatements struct {
 	grant, log, coupon *dbx.MultiRow
 }
@@ -38,20 +39,23 @@ func (st *batchStatements) close() error {
 	return errors.Join(st.grant.Close(), st.log.Close(), st.coupon.Close())
 }
 
-// HandleBatch implements inbox.BatchHandler, the expert path of group commit: the happy
-// path of many grants in one transaction. Grants still in INIT whose calls are made go
-// straight to GRANTED — one update of stock and budget together for the whole batch, on one
-// counter shard, and multi-row writes of the grants, their transition log (each legal step
-// recorded), the coupons and the CouponGranted events. Grants already terminal are Done.
-// Everything else — a grant some earlier delivery left half-way, a shard that cannot cover
-// the whole batch (the campaign running out), a delivery whose calls fail here — is left
-// at Continue for Handle, which knows every path, exhaustion included.
+// HandleBatch implements inbox.BatchHandler, the expert path of group commit. It runs the
+// happy path of many grants in one transaction. Grants still in INIT whose calls are made
+// go straight to GRANTED. One update takes the stock and budget of the whole batch
+// together, from one counter shard. Multi-row statements write the grants, their
+// transition log, the coupons and the CouponGranted events. Grants already terminal are
+// Done.
+//
+// Every other delivery is left at Continue for Handle, which knows every path, exhaustion
+// included. Such a delivery may have a grant that an earlier delivery left half-way. No
+// shard may cover the whole batch, because the campaign runs out. Or the delivery's calls
+// may fail here.
 func (h *handler) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Delivery) ([]inbox.Progress, error) {
 	g := h.g
 	progs := make([]inbox.Progress, len(ds))
 	var orders []OrderPaid
 	var idx []int
-	var traces map[string]string // order id → its delivery's traceparent, when the inbox traces
+	var traces map[string]string // order id to its delivery's traceparent, when the inbox traces
 	resumed := false             // some delivery resumes a row an earlier delivery left unfinished
 	for i, d := range ds {
 		progs[i] = inbox.Continue
@@ -96,7 +100,8 @@ func (h *handler) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Deliv
 		return progs, h.respond(ctx, tx, finished)
 	}
 	if !resumed {
-		// New inbox rows: their grants almost never exist yet. Write them GRANTED at once.
+		// The inbox rows are new, so their grants almost never exist yet. Write them
+		// GRANTED at once.
 		ok, err := h.grantBatchNew(ctx, tx, repo, orders, shards, traces)
 		if err != nil {
 			return nil, err
@@ -130,7 +135,7 @@ func (h *handler) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Deliv
 		return nil, err
 	}
 	if shard < 0 {
-		return done(terminal) // no shard covers the whole batch: one at a time
+		return done(terminal) // no shard covers the whole batch, so Handle takes one at a time
 	}
 	for j := range fresh {
 		fresh[j].StockShard, fresh[j].BudgetShard = shard, shard
@@ -144,8 +149,9 @@ func (h *handler) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Deliv
 	return done(append(terminal, freshIdx...))
 }
 
-// callAll makes the outside calls of every step of o's grant (an instant service: in the
-// batch's transaction); false when one fails (the delivery is left to Handle).
+// callAll makes the outside calls of every step of o's grant. The service is instant, so
+// the calls are made in the batch's transaction. callAll returns false when one fails, and
+// the delivery is left to Handle.
 func (h *handler) callAll(ctx context.Context, o OrderPaid) bool {
 	for _, step := range grantSteps {
 		if err := h.g.svc.Call(ctx, step, o.OrderID+":"+step); err != nil {
@@ -155,14 +161,15 @@ func (h *handler) callAll(ctx context.Context, o OrderPaid) bool {
 	return true
 }
 
-// grantBatchNew is the common case of HandleBatch: deliveries whose inbox rows are new, whose
-// grants therefore do not exist yet. It takes the stock and budget of the whole batch from
-// one counter shard and inserts the grants directly GRANTED — with the transition log of
-// every legal step, the coupons and the events — without first creating them in INIT and
-// then updating them. Should any grant exist after all (a message replayed after its inbox
-// row expired), the insert leaves it alone, everything since the savepoint is rolled back,
-// and it reports false: the caller then takes the general path. It also reports false,
-// having changed nothing, when no shard covers the batch.
+// grantBatchNew is the common case of HandleBatch. Its deliveries' inbox rows are new, so
+// their grants do not exist yet. It takes the stock and budget of the whole batch from one
+// counter shard. It inserts the grants directly as GRANTED, without first creating them in
+// INIT and then updating them. It writes their transition log, the coupons and the events.
+//
+// A grant may exist after all, when a message is replayed after its inbox row expired. The
+// insert then leaves it alone, everything since the savepoint is rolled back, and
+// grantBatchNew reports false. The caller then takes the general path. grantBatchNew also
+// reports false, having changed nothing, when no shard covers the batch.
 func (h *handler) grantBatchNew(ctx context.Context, tx *sql.Tx, repo sqlRepo, orders []OrderPaid, shards int, traces map[string]string) (bool, error) {
 	g := h.g
 	if _, err := tx.ExecContext(ctx, "SAVEPOINT grant_new"); err != nil {
@@ -202,7 +209,8 @@ func (h *handler) grantBatchNew(ctx context.Context, tx *sql.Tx, repo sqlRepo, o
 }
 
 // grantedEvents are the CouponGranted events of grants, each with the trace of its order's
-// delivery (traces: order id → traceparent; nil when the inbox does not trace).
+// delivery. traces maps an order id to its traceparent, and is nil when the inbox does not
+// trace.
 func (h *handler) grantedEvents(gs []grantRow, traces map[string]string) []outbox.Event {
 	events := make([]outbox.Event, len(gs))
 	for j, gr := range gs {
@@ -211,8 +219,8 @@ func (h *handler) grantedEvents(gs []grantRow, traces map[string]string) []outbo
 	return events
 }
 
-// loadOrCreateMany is loadOrCreate for many orders (sorted by order id, the lock order):
-// one insert of the missing grants in INIT, one read of all.
+// loadOrCreateMany is loadOrCreate for many orders, sorted by order id in lock order. One
+// insert creates the missing grants in INIT, and one read loads them all.
 func (r sqlRepo) loadOrCreateMany(ctx context.Context, orders []OrderPaid, campaignID string, value int64) ([]grantRow, error) {
 	args := make([]any, 0, len(orders)*4)
 	for _, o := range orders {
@@ -227,10 +235,11 @@ func (r sqlRepo) loadOrCreateMany(ctx context.Context, orders []OrderPaid, campa
 	for _, o := range orders {
 		keys = append(keys, o.OrderID)
 	}
-	// On MariaDB the insert locked every row (the new ones implicitly, the existing ones
-	// through the duplicate-key update), so a plain read sees their current state; a locking
-	// read of the IN list only adds deadlocks with concurrent batches. On PostgreSQL the
-	// insert locked only the new rows: the read locks all, in the order of their ids.
+	// On MariaDB the insert locked every row. It locked the new ones implicitly and the
+	// existing ones through the duplicate-key update. So a plain read sees their current
+	// state, and a locking read of the IN list would only add deadlocks with concurrent
+	// batches. On PostgreSQL the insert locked only the new rows, so the read locks all of
+	// them, in the order of their ids.
 	rows, err := r.tx.QueryContext(ctx, r.q.d.Rebind(`SELECT order_id, user_id, state, value_cents FROM coupon_grant WHERE campaign_id = ? AND order_id IN (`+
 		groups("?", len(orders))+`)`+r.q.loadManyTail), keys...)
 	if err != nil {
@@ -263,13 +272,15 @@ func (r sqlRepo) loadOrCreateMany(ctx context.Context, orders []OrderPaid, campa
 	return out, nil
 }
 
-// takeBatch takes n coupons of stock and value cents of budget from one shard, starting at
-// start and moving on while a shard cannot cover the whole batch. It returns the shard, or
-// -1 when none can (then nothing was taken). Stock and budget of a shard are taken by one
-// statement (both or neither: the join row matches only when both can cover the batch),
-// one round trip per batch fewer than an update of each and, when the budget falls short,
-// a third giving the stock back. With an order (a single new grant), PostgreSQL takes
-// nothing when that order's grant exists (sqlText.takeNew).
+// takeBatch takes n coupons of stock and value cents of budget from one shard. It starts
+// at start and moves on while a shard cannot cover the whole batch. It returns the shard,
+// or -1 when no shard can, and then nothing was taken.
+//
+// One statement takes the stock and budget of a shard, both or neither. Its join row
+// matches only when both can cover the batch. That saves a round trip per batch over an
+// update of each. It also saves a third update giving the stock back when the budget falls
+// short. With an order, for a single new grant, takeBatch runs sqlText.takeNew. On
+// PostgreSQL that statement takes nothing when the order's grant exists.
 func (r sqlRepo) takeBatch(ctx context.Context, campaignID, order string, n, value int64, start, shards int) (int, error) {
 	take := r.q.takeBatch
 	if order != "" {
@@ -281,9 +292,10 @@ func (r sqlRepo) takeBatch(ctx context.Context, campaignID, order string, n, val
 		if err != nil {
 			return -1, fmt.Errorf("take stock and budget: %w", err)
 		}
-		// Rows changed in both tables: 2, or 1 when value is 0 (the budget row is then left
-		// as it was); 0 when the shard cannot cover the batch. n > 0 always changes the stock.
-		// PostgreSQL counts the budget row: 1 or 0.
+		// The MySQL family counts the rows changed in both tables. That is 2, or 1 when
+		// value is 0 and the budget row is left as it was. It is 0 when the shard cannot
+		// cover the batch. A positive n always changes the stock. PostgreSQL counts only the
+		// budget row, 1 or 0.
 		changed, err := res.RowsAffected()
 		if err != nil {
 			return -1, fmt.Errorf("take stock and budget: %w", err)
@@ -295,8 +307,8 @@ func (r sqlRepo) takeBatch(ctx context.Context, campaignID, order string, n, val
 	return -1, nil
 }
 
-// grantMany moves grants locked in INIT to GRANTED, logging each legal transition, and
-// writes their coupons: three statements for the batch.
+// grantMany moves grants locked in INIT to GRANTED, logs their transitions and writes
+// their coupons. It runs three statements for the batch.
 func (r sqlRepo) grantMany(ctx context.Context, gs []grantRow) error {
 	bx := boxAll(gs)
 	up := make([]any, 0, len(gs)*7)
@@ -304,9 +316,10 @@ func (r sqlRepo) grantMany(ctx context.Context, gs []grantRow) error {
 		b := bx[i]
 		up = append(up, b.order, b.campaign, b.user, b.value, g.StockShard, g.BudgetShard, b.coupon)
 	}
-	// Every row exists and is locked in INIT by this transaction (loadOrCreateMany), so the
-	// upsert only updates; the state guard in the update keeps it a no-op otherwise, and the
-	// coupon insert below would then fail on its unique key and roll the batch back.
+	// loadOrCreateMany made every row exist and locked it in INIT in this transaction. So
+	// the upsert only updates. Should a row not be in INIT, the state guard in the update
+	// leaves it unchanged. The coupon insert below would then fail on its unique key and
+	// roll the batch back.
 	if _, err := r.tx.ExecContext(ctx, r.q.d.Rebind(`INSERT INTO coupon_grant (order_id, campaign_id, user_id, state, value_cents, stock_shard, budget_shard, coupon_id) VALUES `+
 		groups("(?, ?, ?, 'GRANTED', ?, ?, ?, ?)", len(gs))+r.q.grantManyTail), up...); err != nil {
 		return fmt.Errorf("grant %d: %w", len(gs), err)
@@ -314,11 +327,12 @@ func (r sqlRepo) grantMany(ctx context.Context, gs []grantRow) error {
 	return r.logAndIssue(ctx, gs, bx)
 }
 
-// logAndIssue writes the transition log of grants that went INIT → GRANTED and their
-// coupons. The batch commits the whole path at once — LOCKED and BUDGET_DEDUCTED are never
-// committed on their own — so each grant logs the one committed transition, INIT → GRANTED
-// (checked step by step against the state machine): one log row per order instead of three,
-// which costs MariaDB about a third as much (docs/BENCHMARKS.md, `rows`).
+// logAndIssue writes the transition log of grants that went from INIT to GRANTED, and
+// their coupons. The batch commits the whole path at once, and never commits LOCKED or
+// BUDGET_DEDUCTED on their own. So each grant logs the one committed transition, INIT →
+// GRANTED, after checking each step against the state machine. One log row per order
+// instead of three costs MariaDB much less. See docs/BENCHMARKS.md, section "End to end
+// against the inbox's ceiling, and the router's CPU per order".
 func (r sqlRepo) logAndIssue(ctx context.Context, gs []grantRow, bx []boxed) error {
 	if err := checkPath(grantPath); err != nil {
 		return err
@@ -339,12 +353,12 @@ func (r sqlRepo) logAndIssue(ctx context.Context, gs []grantRow, bx []boxed) err
 	return nil
 }
 
-// boxed are a grant's values as statement arguments, each boxed once for all of the batch's
-// statements (a string or a large integer in an interface is an allocation), the
-// campaign's and the value's once for the whole batch.
+// boxed are a grant's values as statement arguments. Each is boxed once for all of the
+// batch's statements, because a string or a large integer in an interface is an
+// allocation. The campaign and the value are boxed once for the whole batch.
 type boxed struct{ order, user, coupon, campaign, value any }
 
-// boxAll boxes the values of gs, computing their coupon ids (grantRow.coupon).
+// boxAll boxes the values of gs. It computes their coupon ids with grantRow.coupon.
 func boxAll(gs []grantRow) []boxed {
 	out := make([]boxed, len(gs))
 	var campaign, value any

@@ -18,9 +18,10 @@ import (
 	"github.com/onceflow/onceflow/internal/jsonkeys"
 )
 
-// The claim command: POST /v1/claims with {"userId": "...", "campaignId": "..."} and an
-// Idempotency-Key header grants one coupon through the same state machine as a paid order,
-// and emits the same coupon-granted event.
+// ClaimPath and ClaimBizType name the claim command. A POST to /v1/claims with
+// {"userId": "...", "campaignId": "..."} and an Idempotency-Key header grants one coupon.
+// The grant runs through the same state machine as a paid order's, and emits the same
+// coupon-granted event.
 const (
 	ClaimPath    = "/v1/claims"
 	ClaimBizType = "coupon-claim"
@@ -32,8 +33,8 @@ type ClaimRequest struct {
 	CampaignID string `json:"campaignId"`
 }
 
-// ClaimResponse is the body of a claim's answer (201: granted; 410: the campaign's stock or
-// budget ran out, Reason says which).
+// ClaimResponse is the body of a claim's answer. The status is 201 when the coupon was
+// granted. It is 410 when the campaign's stock or budget ran out, and Reason says which.
 type ClaimResponse struct {
 	ClaimID    string `json:"claimId"`
 	CouponID   string `json:"couponId,omitempty"`
@@ -44,29 +45,30 @@ type ClaimResponse struct {
 	Reason     string `json:"reason,omitempty"`
 }
 
-// ClaimPrefix begins every grant id the HTTP entrance makes, and no other: the claim
-// namespace. An order-paid order id that begins with it gets a grant id of another form
-// (GrantID).
+// ClaimPrefix begins every grant id the HTTP entrance makes, and no other. These ids form
+// the claim namespace. An order-paid order id that begins with ClaimPrefix gets a grant id
+// of another form from GrantID.
 const ClaimPrefix = "claim-"
 
 // orderInClaimsPrefix begins the grant id of an order whose id is in the claim namespace.
 // The letter after ClaimPrefix is not a hex digit, so no claim id begins with it.
 const orderInClaimsPrefix = ClaimPrefix + "order-"
 
-// ClaimID is the grant's order id of the claim made with client token token: ClaimPrefix
-// and 40 hex digits of the token's sha256. It fits the grant's order id, and no order's
-// grant id equals it (GrantID).
+// ClaimID is the grant's order id of the claim made with client token token. It is
+// ClaimPrefix and 40 hex digits of the token's sha256. It fits the grant's order id, and no
+// order's grant id from GrantID equals it.
 func ClaimID(token string) string {
 	s := sha256.Sum256([]byte(token))
 	return ClaimPrefix + hex.EncodeToString(s[:20])
 }
 
-// GrantID is the grant's id of the order-paid order orderID: its coupon_grant.order_id, the
-// key of its outside calls and the orderId of its coupon-granted event. It is the order id
-// itself, unless the order id begins with ClaimPrefix: then it is "claim-order-" and 40 hex
-// digits of the order id's sha256. So an order and a claim never share a grant, whatever id
-// the order has. An order id kept as itself never begins with ClaimPrefix, a claim id is
-// ClaimPrefix and 40 hex digits, and every other grant id begins with "claim-order-".
+// GrantID is the grant's id of the order-paid order orderID. It is the grant's
+// coupon_grant.order_id, the key of its outside calls and the orderId of its coupon-granted
+// event. It is the order id itself, unless the order id begins with ClaimPrefix. Then it is
+// "claim-order-" and 40 hex digits of the order id's sha256. So an order and a claim never
+// share a grant, whatever id the order has. An order id kept as itself never begins with
+// ClaimPrefix. A claim id is ClaimPrefix and 40 hex digits. Every other grant id begins
+// with "claim-order-".
 func GrantID(orderID string) string {
 	if !strings.HasPrefix(orderID, ClaimPrefix) {
 		return orderID
@@ -87,18 +89,19 @@ func ClaimCommand() inbox.Command {
 		}}
 }
 
-// ClaimHandler returns the claim command's handler on pool db: the plugin's handler (its
-// outside calls and, under group commit, its multi-row grants), whose orders are claims and
-// which states each claim's answer once its grant is terminal. Close it once it is no longer
-// used.
+// ClaimHandler returns the claim command's handler on pool db. It is the plugin's handler,
+// with the same outside calls and the same multi-row grants under group commit. Its orders
+// are claims, and it states each claim's answer once the claim's grant is terminal. Close
+// it once it is no longer used.
 func (g *Granter) ClaimHandler(db *sql.DB) (inbox.Handler, error) {
 	return g.handler(db, claimCodec{campaignID: g.cfg.CampaignID}, true)
 }
 
-// claimCodec decodes a claim for inbox.Typed: a JSON body naming the user and this
-// router's campaign; one that is not UTF-8 is refused, never decoded into another user's
-// id. The inbox key is the client token; the fingerprint is the request's meaning (user and
-// campaign), so a retry that only reorders or respaces the JSON is the same request.
+// claimCodec decodes a claim for inbox.Typed. A claim is a JSON body naming the user and
+// this router's campaign. A body that is not UTF-8 is refused, and never decoded into
+// another user's id. The inbox key is the client token. The fingerprint is the request's
+// meaning, its user and campaign. So a retry that only reorders or respaces the JSON is the
+// same request.
 type claimCodec struct{ campaignID string }
 
 func (c claimCodec) Decode(msg *message.Message) (OrderPaid, string, string, error) {
@@ -106,7 +109,8 @@ func (c claimCodec) Decode(msg *message.Message) (OrderPaid, string, string, err
 		return OrderPaid{}, "", "", fmt.Errorf("body: %w", err)
 	}
 	var req ClaimRequest
-	// The errors' texts are the client's 400 answers: fixed, never the JSON decoder's.
+	// The errors' texts are the client's 400 answers. They are fixed texts, never the JSON
+	// decoder's.
 	if err := json.Unmarshal(msg.Payload, &req); err != nil {
 		return OrderPaid{}, "", "", inbox.PoisonError(`body: not a JSON object {"userId": "...", "campaignId": "..."} of strings`)
 	}
@@ -125,8 +129,8 @@ func (c claimCodec) Decode(msg *message.Message) (OrderPaid, string, string, err
 	return OrderPaid{OrderID: ClaimID(token), UserID: req.UserID}, token, hex.EncodeToString(s[:]), nil
 }
 
-// respond states the answers of ds, whose grants are terminal in tx: 201 with the coupon,
-// or 410 when the campaign's stock or budget ran out.
+// respond states the answers of ds, whose grants are terminal in tx. The answer is 201
+// with the coupon, or 410 when the campaign's stock or budget ran out.
 func (h *handler) respond(ctx context.Context, tx *sql.Tx, ds []*inbox.Delivery) error {
 	if len(ds) == 0 {
 		return nil

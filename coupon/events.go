@@ -14,23 +14,24 @@ const (
 	EventGrantFailed = "CouponGrantFailed"
 )
 
-// namespace for deterministic ids (UUIDv5): a retried or resumed grant always produces the
-// same coupon id and the same event id, so a duplicate anywhere is detectable.
+// namespace is the namespace of the deterministic UUIDv5 ids. A retried or resumed grant
+// always produces the same coupon id and the same event id, so a duplicate anywhere is
+// detectable.
 var namespace = uuid.MustParse("6f1c2c1e-6a4f-4a57-9a53-0c9f1d1e0b11")
 
-// CouponID is the deterministic coupon id of (order, campaign).
+// CouponID is the deterministic coupon id of an order and a campaign.
 func CouponID(orderID, campaignID string) string {
 	return nameID("coupon", campaignID, orderID)
 }
 
-// EventID is the deterministic id of the event of type typ for (order, campaign).
+// EventID is the deterministic id of the event of type typ for an order and a campaign.
 func EventID(typ, orderID, campaignID string) string {
 	return nameID(typ, campaignID, orderID)
 }
 
-// nameID is uuid.NewSHA1(namespace, kind NUL campaign NUL order) as text, hashed from a
-// buffer on the stack: the grant path makes two per order, and uuid.NewSHA1 allocates a
-// hash state and the name for each, one of the five largest allocation sites of `make bench`.
+// nameID is uuid.NewSHA1 of namespace and "kind NUL campaign NUL order", as text. It hashes
+// from a buffer on the stack. The grant path makes two ids per order, and uuid.NewSHA1
+// would allocate a hash state and the name for each.
 func nameID(kind, campaignID, orderID string) string {
 	var buf [256]byte
 	b := append(buf[:0], namespace[:]...)

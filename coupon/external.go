@@ -9,9 +9,9 @@ import (
 	"time"
 )
 
-// ExternalService is the slow downstream each step calls (stock, marketing, wallet in the
-// seed incident: 800 ms–2 s each). Calls carry an idempotency key (order id + step) so a
-// retried call is recognised downstream.
+// ExternalService is the slow downstream each step calls, such as the stock, marketing and
+// wallet services. A call may take seconds. Each call carries an idempotency key made of
+// the order id and the step, so the downstream recognises a retried call.
 type ExternalService interface {
 	Call(ctx context.Context, step, idempotencyKey string) error
 }
@@ -19,8 +19,8 @@ type ExternalService interface {
 // ErrInjected is the error of an injected failure.
 var ErrInjected = errors.New("coupon: injected external failure")
 
-// SimulatedService reproduces the incident's slow, flaky calls: each call sleeps Delay
-// (plus up to Jitter) and fails with probability FailureRate. With zeros it is free.
+// SimulatedService simulates slow and flaky calls. Each call sleeps Delay plus up to
+// Jitter, and fails with probability FailureRate. With zeros it costs nothing.
 type SimulatedService struct {
 	Delay       time.Duration
 	Jitter      time.Duration
@@ -35,7 +35,8 @@ func NewSimulatedService(delay, jitter time.Duration, failureRate float64, seed 
 	return &SimulatedService{Delay: delay, Jitter: jitter, FailureRate: failureRate, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
 }
 
-// Instant reports whether a call returns at once (no delay configured; a nil service).
+// Instant reports whether a call returns at once. It does when no delay is configured,
+// and for a nil service.
 func (s *SimulatedService) Instant() bool { return s == nil || s.Delay == 0 && s.Jitter == 0 }
 
 // Call implements ExternalService.
@@ -65,13 +66,13 @@ func (s *SimulatedService) Call(ctx context.Context, step, key string) error {
 	return nil
 }
 
-// observedService reports every call's duration and error (PluginEnv.ObserveCall).
+// observedService reports every call's duration and error to PluginEnv.ObserveCall.
 type observedService struct {
 	svc     ExternalService
 	observe func(step string, elapsed time.Duration, err error)
 }
 
-// Instant reports the observed service's (see instant).
+// Instant reports whether the observed service's calls return at once, as instant does.
 func (s observedService) Instant() bool { return instant(s.svc) }
 
 func (s observedService) Call(ctx context.Context, step, key string) error {
@@ -81,9 +82,9 @@ func (s observedService) Call(ctx context.Context, step, key string) error {
 	return err
 }
 
-// instant reports whether svc says its calls return at once (Instant() true): the plugin's
-// handler then makes them in the transaction and needs no Preparer. A service that does not
-// say is taken to be slow.
+// instant reports whether svc says its calls return at once, with an Instant method that
+// returns true. The plugin's handler then makes the calls in the transaction and needs no
+// Preparer. A service that does not say is taken to be slow.
 func instant(svc ExternalService) bool {
 	i, ok := svc.(interface{ Instant() bool })
 	return ok && i.Instant()

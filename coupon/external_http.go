@@ -16,16 +16,17 @@ import (
 
 // HTTPConfig is the downstream an HTTPService calls.
 type HTTPConfig struct {
-	// URL is the service's base URL: a step's call is POST URL/<step>.
+	// URL is the service's base URL. A step's call is a POST to URL/<step>.
 	URL string
-	// Timeout bounds each call: connecting, sending, waiting for the answer and reading it.
+	// Timeout bounds each call, from connecting and sending to waiting for the answer and
+	// reading it.
 	Timeout time.Duration
-	// MaxConns bounds the connections to the service; a call beyond waits for one within
-	// its Timeout.
+	// MaxConns bounds the connections to the service. A call beyond it waits for a
+	// connection within its Timeout.
 	MaxConns int
 }
 
-// IdempotencyKeyHeader carries a call's idempotency key (order id and step).
+// IdempotencyKeyHeader carries a call's idempotency key, made of the order id and the step.
 const IdempotencyKeyHeader = "Idempotency-Key"
 
 // httpBodyLimit is how much of an answer's body a call reads. The rest is not read, and
@@ -35,12 +36,12 @@ const httpBodyLimit = 64 << 10
 // httpErrorText is how much of an error answer's body its error quotes.
 const httpErrorText = 256
 
-// HTTPService calls the steps' downstream over HTTP: each call is POST <url>/<step> with
-// the call's idempotency key in the Idempotency-Key header and no body. A 2xx answer is
-// success. A 4xx answer is a permanent error (inbox.ErrPermanent), except 408, 409, 425
-// and 429, which say to try again later. Any other answer, a connection error and a call
-// past its timeout are errors the inbox retries. Its calls are never instant, so the
-// plugin makes them in Prepare, outside any transaction.
+// HTTPService calls the steps' downstream over HTTP. Each call is a POST to <url>/<step>
+// with the call's idempotency key in the Idempotency-Key header and no body. A 2xx answer
+// is success. A 4xx answer is a permanent error that wraps inbox.ErrPermanent, except 408,
+// 409, 425 and 429, which say to try again later. Any other answer, a connection error and
+// a call past its timeout are errors the inbox retries. Its calls are never instant, so
+// the plugin makes them in Prepare, outside any transaction.
 type HTTPService struct {
 	base    string
 	timeout time.Duration
@@ -52,7 +53,7 @@ type HTTPService struct {
 type HTTPStatusError struct {
 	Step, Key string
 	Status    int
-	Body      string // the answer's first bytes, valid UTF-8
+	Body      string // the answer's first bytes, as valid UTF-8
 }
 
 func (e *HTTPStatusError) Error() string {
@@ -84,10 +85,10 @@ func NewHTTPService(cfg HTTPConfig) (*HTTPService, error) {
 		IdleConnTimeout:        90 * time.Second,
 		MaxResponseHeaderBytes: 64 << 10,
 	}
-	// Each call's context bounds it (Call); the client has no timeout of its own.
+	// Call bounds each call with its context, so the client has no timeout of its own.
 	client := &http.Client{
 		Transport: tr,
-		// A redirect is the answer: a step's call is never sent somewhere else.
+		// A redirect is the answer, so a step's call is never sent somewhere else.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
 	return &HTTPService{base: strings.TrimRight(cfg.URL, "/"), timeout: cfg.Timeout, client: client}, nil
@@ -139,9 +140,9 @@ func (s *HTTPService) Call(parent context.Context, step, key string) error {
 	return serr
 }
 
-// permanentStatus reports whether status refuses the call for good: a 4xx other than 408
-// (request timeout), 409 (the key's first call still running), 425 (too early) and 429 (too
-// many requests).
+// permanentStatus reports whether status refuses the call for good. Every 4xx does, except
+// 408 Request Timeout, 425 Too Early and 429 Too Many Requests. 409 Conflict does not
+// either, because it says the key's first call is still running.
 func permanentStatus(status int) bool {
 	switch status {
 	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests:

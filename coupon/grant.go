@@ -17,9 +17,10 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// Config is the granter's settings: plugins.coupon-granter.<key> in the router's
-// configuration (the plugin declares it as its Settings). Each setting's key, default,
-// range and help are its tags, read by the runtime as its own settings' are.
+// Config is the granter's settings. In the router's configuration they are
+// plugins.coupon-granter.<key>, because the plugin declares Config as its Settings. Each
+// setting's key, default, range and help are its tags. The runtime reads them as it reads
+// its own settings.
 type Config struct {
 	CampaignID  string `key:"campaign_id" default:"double11-5yuan" help:"the campaign whose coupons are granted (1..64 bytes)"`
 	ValueCents  int64  `key:"value_cents" default:"500" range:"1..9223372036854775807" help:"value of each coupon, in cents"`
@@ -32,33 +33,34 @@ type Config struct {
 	GrantedTopic string `key:"granted_topic" default:"coupon-granted" help:"topic of the CouponGranted events"`
 	FailedTopic  string `key:"failed_topic" default:"coupon-grant-failed" help:"topic of the CouponGrantFailed events"`
 
-	// The seed incident's slow external calls: every step sleeps StepDelay (+ up to
-	// StepJitter) and fails with probability StepFailureRate.
+	// StepDelay, StepJitter and StepFailureRate simulate slow and flaky outside calls.
+	// Every step sleeps StepDelay plus up to StepJitter, and fails with probability
+	// StepFailureRate.
 	StepDelay       time.Duration `key:"step_delay" range:"0..1h" help:"each step's simulated outside call takes this long (the incident's slow calls: e.g. 800ms)"`
 	StepJitter      time.Duration `key:"step_jitter" range:"0..1h" help:"each step's simulated call takes up to this much longer than step_delay, at random"`
 	StepFailureRate float64       `key:"step_failure_rate" range:"0..0.99" help:"share of the simulated calls that fail, each failure a failed attempt the inbox retries"`
-	// Seed of the injected failures; 0 (the default) seeds each process differently, so
+	// Seed seeds the injected failures. The default 0 seeds each process differently, so
 	// restarted or parallel routers do not replay one failure sequence.
 	Seed uint64 `key:"seed" range:"0..18446744073709551615" help:"seed of the simulated failures; 0 seeds each process differently"`
 
-	// DownstreamURL is the steps' real service (HTTPService): each call is POST
-	// <url>/<step> with its idempotency key in the Idempotency-Key header. Empty (the
-	// default) keeps the simulated calls of the step_* settings.
+	// DownstreamURL is the steps' real service, called by an HTTPService. Each call is a
+	// POST to <url>/<step> with its idempotency key in the Idempotency-Key header. The
+	// default, empty, keeps the simulated calls of the step_* settings.
 	DownstreamURL      string        `key:"downstream_url" help:"the steps' real HTTP service instead of the simulated calls: a POST to this URL and /step for each call, its Idempotency-Key header the order id and the step; step_delay, step_jitter and step_failure_rate stay 0 with it"`
 	DownstreamTimeout  time.Duration `key:"downstream_timeout" default:"5s" range:"1ms..10m" help:"bound of each call to downstream_url"`
 	DownstreamMaxConns int           `key:"downstream_max_conns" default:"256" range:"1..65536" help:"most connections to downstream_url at once"`
 }
 
-// DefaultConfig is every setting at its default: the 5-yuan no-threshold coupon of the
-// incident.
+// DefaultConfig returns every setting at its default. The default campaign grants a
+// 5-yuan coupon with no threshold.
 func DefaultConfig() Config {
 	var c Config
 	settings.SetDefaults(&c)
 	return c
 }
 
-// Validate reports the first invalid setting: one out of its range, then the rules the
-// tags cannot state.
+// Validate reports the first invalid setting. It checks the ranges first, then the rules
+// the tags cannot state.
 func (c Config) Validate() error {
 	if err := settings.Check(c); err != nil {
 		return fmt.Errorf("coupon: %w", err)
@@ -77,11 +79,12 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Granter is the coupon state machine: each step's side effect and its optimistic-lock
-// transition commit together, or not at all. As an inbox.Handler (a typed one, inbox.Typed)
-// it runs one step per Handle call, the step's outside call made in its transaction: the
-// state machine at its own pace, as the inbox's tests drive it. The plugin runs it through
-// Handler, which finishes a grant in one transaction once its calls are made.
+// Granter is the coupon state machine. Each step's side effect and its optimistic-lock
+// transition commit together, or not at all. A Granter is a typed inbox.Handler, made by
+// inbox.Typed. It runs one step per Handle call and makes the step's outside call in the
+// step's transaction. So it runs the state machine at its own pace, as the inbox's tests
+// drive it. The plugin runs it through Handler instead, which finishes a grant in one
+// transaction once its calls are made.
 type Granter struct {
 	*inbox.TypedHandler[OrderPaid]
 	cfg    Config
@@ -90,7 +93,7 @@ type Granter struct {
 	logger watermill.LoggerAdapter
 	now    func() time.Time
 	shards atomic.Int64            // the campaign's counter shards, read once from the database
-	q      atomic.Pointer[sqlText] // the database's SQL: the pool's, or asked of the server (textOf)
+	q      atomic.Pointer[sqlText] // the database's SQL, the pool's or asked of the server by textOf
 }
 
 // NewGranter builds a Granter. A nil svc makes no external calls.
@@ -107,8 +110,8 @@ func NewGranter(cfg Config, svc ExternalService, logger watermill.LoggerAdapter)
 	return newGranter(cfg, svc, logger, nil)
 }
 
-// newGranter is NewGranter with validated settings; its outbox writer runs on pool db's
-// prepared statements (nil: interpolated).
+// newGranter is NewGranter with validated settings. Its outbox writer runs on prepared
+// statements of pool db. When db is nil, the writer's statements are interpolated.
 func newGranter(cfg Config, svc ExternalService, logger watermill.LoggerAdapter, db *sql.DB) (*Granter, error) {
 	out, err := outbox.NewWriter("outbox")
 	if err != nil {
@@ -128,9 +131,9 @@ func newGranter(cfg Config, svc ExternalService, logger watermill.LoggerAdapter,
 // Config returns the granter's configuration.
 func (g *Granter) Config() Config { return g.cfg }
 
-// orderCodec decodes order-paid events for inbox.Typed: the dedup key is the order id, the
-// fingerprint the order's meaning. The value's OrderID is the grant's id (GrantID), so an
-// order whose id is in the claim namespace never takes a claim's grant.
+// orderCodec decodes order-paid events for inbox.Typed. The dedup key is the order id, and
+// the fingerprint is the order's meaning. The value's OrderID is the grant's id, given by
+// GrantID. So an order whose id is in the claim namespace never takes a claim's grant.
 type orderCodec struct{}
 
 func (orderCodec) Decode(msg *message.Message) (OrderPaid, string, string, error) {
@@ -143,24 +146,25 @@ func (orderCodec) Decode(msg *message.Message) (OrderPaid, string, string, error
 	return o, key, fp, nil
 }
 
-// Step advances the grant of o by one step within tx, its outside call made there. It is
-// exported so tests can drive the state machine without the inbox (the second line of
-// defence on its own). o.OrderID is the grant's id as it is: the inbox's deliveries pass
-// GrantID of the order id.
+// Step advances the grant of o by one step within tx and makes the step's outside call
+// there. It is exported so tests can drive the state machine without the inbox. The state
+// machine is the second line of defence, and such tests check it on its own. Step takes
+// o.OrderID as the grant's id. The inbox's deliveries pass GrantID of the order id.
 func (g *Granter) Step(ctx context.Context, tx *sql.Tx, o OrderPaid) (inbox.Progress, error) {
 	prog, _, err := g.advance(ctx, tx, o, nil, true)
 	return prog, err
 }
 
 // advance runs the step the grant of o is due for, in tx. made reports whether a state's
-// outside call is made already (nil: none is); one that is not is made here when call is
-// set, else advance does nothing more and reports stepped false.
+// outside call is made already. A nil made means that none is. When the call is not made
+// and call is set, advance makes it here. When call is not set, advance does nothing more
+// and reports stepped false.
 func (g *Granter) advance(ctx context.Context, tx *sql.Tx, o OrderPaid, made func(State) bool, call bool) (prog inbox.Progress, stepped bool, err error) {
 	q, err := g.textOf(ctx, tx)
 	if err != nil {
 		return inbox.Continue, false, err
 	}
-	if _, ok := dbx.DialectFromContext(ctx); !ok { // the outbox writer's SQL (a granter without a pool)
+	if _, ok := dbx.DialectFromContext(ctx); !ok { // the outbox writer's SQL, for a granter without a pool
 		ctx = dbx.ContextWithDialect(ctx, q.d)
 	}
 	repo := sqlRepo{tx: tx, q: q}
@@ -179,8 +183,9 @@ func (g *Granter) advance(ctx context.Context, tx *sql.Tx, o OrderPaid, made fun
 		if !call {
 			return inbox.Continue, false, nil
 		}
-		// Not made before the transaction (no Preparer, or another delivery moved the grant
-		// on since): made here, idempotent by order id and step.
+		// The call was not made before the transaction. There is no Preparer, or another
+		// delivery moved the grant on since. The call is made here, idempotent by order id
+		// and step.
 		step := gr.State.Step()
 		if err := g.svc.Call(ctx, step, gr.OrderID+":"+step); err != nil {
 			return inbox.Continue, false, err
@@ -228,8 +233,8 @@ func (g *Granter) advance(ctx context.Context, tx *sql.Tx, o OrderPaid, made fun
 	return inbox.Continue, true, fmt.Errorf("%w: no step from %s", ErrIllegalTransition, gr.State)
 }
 
-// grantedEvent is the CouponGranted event of grant gr, with traceParent (empty: the span of
-// the ctx it is added with).
+// grantedEvent is the CouponGranted event of grant gr, with traceParent. An empty
+// traceParent takes the span of the ctx the event is added with.
 func (g *Granter) grantedEvent(gr grantRow, couponID, traceParent string) outbox.Event {
 	ev := GrantEvent{EventID: EventID(EventGranted, gr.OrderID, gr.CampaignID), OrderID: gr.OrderID, UserID: gr.UserID,
 		CampaignID: gr.CampaignID, CouponID: couponID, ValueCents: gr.ValueCents, GrantedAt: g.now().UTC()}
@@ -248,8 +253,8 @@ func (g *Granter) campaignShards(ctx context.Context, repo sqlRepo, campaignID s
 	return n, nil
 }
 
-// fail ends the grant in FAILED (a permanent business outcome, not an error of the step)
-// and emits CouponGrantFailed in the same transaction.
+// fail ends the grant in FAILED and emits CouponGrantFailed in the same transaction. FAILED
+// is a permanent business outcome, not an error of the step.
 func (g *Granter) fail(ctx context.Context, tx *sql.Tx, repo sqlRepo, gr grantRow, from State, cause error) error {
 	reason := "stock_exhausted"
 	if errors.Is(cause, ErrBudgetExhausted) {

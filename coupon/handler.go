@@ -12,31 +12,32 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// The plugin's handler, written on the contract a plugin author sees: a typed handler of
-// OrderPaid (inbox.Typed) whose Handle writes its rows through inbox.Inserters and its
-// event through outbox.Writer.Add, and, when the outside service is slow, a Preparer that
-// makes the grant's calls before the transaction. Once a grant's calls are made, Handle
-// runs it to its end in one transaction; a new grant goes straight to GRANTED (every legal
-// transition logged), taking its stock and budget in one statement. HandleBatch, the
-// expert path of group commit, does the same for a whole batch with multi-row statements
-// (batch.go).
+// The plugin's handler is written on the contract a plugin author sees. It is a typed
+// handler of OrderPaid, made by inbox.Typed. Its Handle writes its rows through
+// inbox.Inserters and its event through outbox.Writer.Add. When the outside service is
+// slow, the handler is also a Preparer that makes the grant's calls before the
+// transaction. Once a grant's calls are made, Handle runs it to its end in one
+// transaction. A new grant goes straight to GRANTED and takes its stock and budget in one
+// statement. Every step it passes is checked against the state machine. HandleBatch, the
+// expert path of group commit in batch.go, does the same for a whole batch with multi-row
+// statements.
 
-// handler is the plugin's handler (Granter.Handler) or the claim command's
-// (Granter.ClaimHandler).
+// handler is the plugin's handler, built by Granter.Handler, or the claim command's, built
+// by Granter.ClaimHandler.
 type handler struct {
 	*inbox.TypedHandler[OrderPaid]
 	g    *Granter // with an outbox writer on db's prepared statements
 	db   *sql.DB
-	free bool // the outside service answers at once: calls are made in the transaction
+	free bool // the outside service answers at once, so calls are made in the transaction
 
 	grants, logs, coupons *inbox.Inserter
 	st                    *batchStatements // HandleBatch's
 	shards                txShards
-	claims                bool // the claim command: Handle and HandleBatch state each claim's answer
+	claims                bool // the claim command's handler, whose Handle and HandleBatch state each claim's answer
 }
 
-// slowHandler is handler with a Preparer: the calls of a grant's remaining steps are made
-// before its transaction.
+// slowHandler is handler with a Preparer. It makes the calls of a grant's remaining steps
+// before the grant's transaction.
 type slowHandler struct {
 	*handler
 	made *madeCalls // calls that succeeded, not made again by a later attempt
@@ -48,14 +49,15 @@ var (
 	_ inbox.Preparer     = (*slowHandler)(nil)
 )
 
-// Handler returns the granter as the plugin runs it, on pool db (its inserts prepared
-// there, the transactions it is given db's): a Preparer when the outside service is slow.
-// Close it once it is no longer used.
+// Handler returns the granter as the plugin runs it, on pool db. Its inserts are prepared
+// on db, and the transactions it is given must belong to db. The handler is also a
+// Preparer when the outside service is slow. Close it once it is no longer used.
 func (g *Granter) Handler(db *sql.DB) (inbox.Handler, error) {
 	return g.handler(db, orderCodec{}, false)
 }
 
-// handler builds the plugin's handler decoding with codec; claims: the claim command's.
+// handler builds the plugin's handler, which decodes with codec. With claims set it builds
+// the claim command's handler.
 func (g *Granter) handler(db *sql.DB, codec inbox.Codec[OrderPaid], claims bool) (inbox.Handler, error) {
 	if db == nil {
 		return nil, errors.New("coupon: the handler needs a database")
@@ -93,10 +95,11 @@ func (h *handler) Close() error {
 	return errors.Join(h.grants.Close(), h.logs.Close(), h.coupons.Close(), h.st.close(), h.g.out.Close())
 }
 
-// Prepare implements inbox.Preparer: it reads the grant's committed state and makes the
-// outside calls of every step still due from it (idempotent by order id and step), outside
-// any transaction; d.Prepared is that state. A finished grant makes none. A call that
-// succeeded in an earlier attempt whose grant did not commit is not made again (madeCalls).
+// Prepare implements inbox.Preparer. It reads the grant's committed state and makes the
+// outside calls of every step still due from it, outside any transaction. The calls are
+// idempotent by order id and step. Prepare sets d.Prepared to the state it read. A
+// finished grant makes no calls. A call that succeeded in an earlier attempt, whose grant
+// did not commit, is not made again. madeCalls remembers such calls.
 func (h *slowHandler) Prepare(ctx context.Context, d *inbox.Delivery) error {
 	o, ok := d.Value.(OrderPaid)
 	if !ok {
@@ -117,9 +120,9 @@ func (h *slowHandler) Prepare(ctx context.Context, d *inbox.Delivery) error {
 		}
 		if err := h.g.svc.Call(ctx, s.Step(), key); err != nil {
 			if s == st {
-				return err // nothing made: the attempt failed
+				return err // nothing was made, so the attempt failed
 			}
-			// The steps before s were made: Handle commits them, and the next step's
+			// The steps before s were made. Handle commits them, and the next step's
 			// Prepare makes s's call again. A router that runs the grant later starts
 			// from s, not from the calls that succeeded.
 			d.Prepared = partialGrant{from: st, upto: s}
@@ -131,8 +134,8 @@ func (h *slowHandler) Prepare(ctx context.Context, d *inbox.Delivery) error {
 	return nil
 }
 
-// partialGrant is what Prepare made when a call failed after earlier ones of the grant
-// succeeded: the calls of the steps from from up to (not including) upto.
+// partialGrant is what Prepare made when a call failed after earlier calls of the grant
+// succeeded. It holds the calls of the steps from from up to upto, without upto.
 type partialGrant struct{ from, upto State }
 
 // callKeys are the idempotency keys of an order's grant calls.
@@ -144,7 +147,7 @@ func callKeys(orderID string) []string {
 	return keys
 }
 
-// handle is the handler's inbox.TypedFunc: the grant, and a claim's answer.
+// handle is the handler's inbox.TypedFunc. It runs the grant and states a claim's answer.
 func (h *handler) handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery, o OrderPaid) (inbox.Progress, error) {
 	prog, err := h.grant(ctx, tx, d, o)
 	if err != nil || prog != inbox.Done || !h.claims {
@@ -153,15 +156,16 @@ func (h *handler) handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery, o O
 	return inbox.Done, h.respond(ctx, tx, []*inbox.Delivery{d})
 }
 
-// grant runs the grant of o in tx as far as its outside calls are made: to its end when
-// Prepare made them all (or the service answers at once); as far as Prepare got when one
-// of its calls failed (Continue: the next step's Prepare calls again); else one step, its
-// call made here (the grant moved on since Prepare read it).
+// grant runs the grant of o in tx as far as its outside calls are made. It runs to the end
+// when Prepare made them all, or when the service answers at once. When one of Prepare's
+// calls failed, it runs as far as Prepare got and returns Continue, and the next step's
+// Prepare calls again. Otherwise the grant moved on since Prepare read it, and grant runs
+// one step whose call it makes here.
 func (h *handler) grant(ctx context.Context, tx *sql.Tx, d *inbox.Delivery, o OrderPaid) (inbox.Progress, error) {
 	from, prepared := d.Prepared.(State)
 	partial, isPartial := d.Prepared.(partialGrant)
 	if !d.Resumed && (h.free || prepared && from == StateInit) {
-		// A new inbox row: its grant almost never exists yet.
+		// The inbox row is new, so its grant almost never exists yet.
 		ok, err := h.grantNew(ctx, tx, o)
 		if err != nil || ok {
 			return inbox.Done, err
@@ -185,17 +189,19 @@ func (h *handler) grant(ctx context.Context, tx *sql.Tx, d *inbox.Delivery, o Or
 // grantSteps are the outside calls of a grant, in order.
 var grantSteps = []string{StateInit.Step(), StateLocked.Step(), StateBudgetDeducted.Step()}
 
-// grantPath is a new grant's transitions, each legal (Transit).
+// grantPath is a new grant's transitions. Transit accepts each of them.
 var grantPath = []State{StateInit, StateLocked, StateBudgetDeducted, StateGranted}
 
-// grantNew grants o, whose grant does not exist yet, at once: its stock and budget taken in
-// one statement from the shard tx holds, the grant inserted GRANTED with the one transition
-// it commits logged (INIT → GRANTED, each step checked), its coupon and its CouponGranted event — the rows through Inserters
-// and the outbox writer, so in a group-committed batch they go out with the batch's
-// multi-row inserts. It reports false, having changed nothing, when no shard covers the
-// coupon (exhaustion: the state machine fails the grant) or the grant exists after all (a
-// message replayed after its inbox row expired; in a batch the grant's insert then fails
-// the batch, whose deliveries run again one transaction each).
+// grantNew grants o at once, when o's grant does not exist yet. It takes the stock and
+// budget in one statement from the shard tx holds. It inserts the grant as GRANTED and logs
+// the one transition it commits, INIT → GRANTED, after checking each step. It writes the
+// coupon and the CouponGranted event. The rows go through Inserters and the outbox writer,
+// so in a group-committed batch they go out with the batch's multi-row inserts.
+//
+// grantNew reports false, having changed nothing, in two cases. No shard may cover the
+// coupon, and then the state machine fails the grant as exhausted. Or the grant may exist
+// after all, when a message is replayed after its inbox row expired. In a batch the
+// grant's insert then fails the batch, whose deliveries run again in one transaction each.
 func (h *handler) grantNew(ctx context.Context, tx *sql.Tx, o OrderPaid) (bool, error) {
 	g := h.g
 	if h.free {
@@ -218,15 +224,16 @@ func (h *handler) grantNew(ctx context.Context, tx *sql.Tx, o OrderPaid) (bool, 
 	couponID := CouponID(o.OrderID, gr.CampaignID)
 	err = h.grants.Insert(ctx, tx, gr.OrderID, gr.CampaignID, gr.UserID, string(StateGranted), len(grantPath)-1, gr.ValueCents, shard, shard, couponID)
 	if dbx.IsDuplicate(err) && repo.q.giveBack != "" {
-		// MySQL family only: on PostgreSQL the failed insert aborted the transaction (and
-		// takeNew took nothing for an order whose grant exists, so only a grant inserted
-		// meanwhile gets here: the delivery is retried and finds it).
+		// Only the MySQL family gets here. On PostgreSQL the failed insert aborted the
+		// transaction. There takeNew took nothing for an order whose grant exists, so only
+		// a grant inserted meanwhile fails the insert. The delivery is retried and finds it.
 		return false, repo.giveBack(ctx, gr.CampaignID, shard, gr.ValueCents)
 	}
 	if err != nil {
 		return false, err
 	}
-	// The grant commits GRANTED at once: its one committed transition (logAndIssue).
+	// The grant commits GRANTED at once, so it logs one committed transition, as
+	// logAndIssue does.
 	if err := checkPath(grantPath); err != nil {
 		return false, err
 	}
@@ -243,22 +250,24 @@ func (h *handler) grantNew(ctx context.Context, tx *sql.Tx, o OrderPaid) (bool, 
 }
 
 // txShards takes single coupons from the counter shard a transaction took its last one
-// from. The deliveries of a group-committed batch share its transaction, so they take their
-// stock and budget from a shard row it has locked already, and batches running at once
-// (each starting at another shard) do not wait on each other's rows — nor deadlock, as
-// batches taking each delivery's coupon from a shard of its own would.
+// from. The deliveries of a group-committed batch share its transaction. So they take their
+// stock and budget from a shard row the transaction has locked already. Batches running at
+// once each start at another shard, so they do not wait on each other's rows. Nor do they
+// deadlock, as batches taking each delivery's coupon from a shard of its own would.
 type txShards struct {
 	mu   sync.Mutex
 	last map[*sql.Tx]int
-	next atomic.Int64 // the shard a transaction without one starts at, rotating
+	next atomic.Int64 // the rotating shard a transaction without one starts at
 }
 
-// txShardsKept bounds the transactions txShards remembers; it forgets them all past it.
+// txShardsKept bounds the transactions txShards remembers. Past it, txShards forgets them
+// all.
 const txShardsKept = 4096
 
 // take takes one coupon of value cents for order from a shard with enough stock and
-// budget, starting at the one tx took its last from; -1 when no shard has (nothing was
-// taken), or, on PostgreSQL, when the order's grant exists.
+// budget. It starts at the shard tx took its last coupon from. It returns -1, having taken
+// nothing, when no shard has enough. On PostgreSQL it also returns -1 when the order's
+// grant exists.
 func (s *txShards) take(ctx context.Context, repo sqlRepo, campaignID, order string, value int64, shards int) (int, error) {
 	s.mu.Lock()
 	start, ok := s.last[repo.tx]
@@ -279,7 +288,8 @@ func (s *txShards) take(ctx context.Context, repo sqlRepo, campaignID, order str
 	return shard, nil
 }
 
-// giveBack returns one coupon of value cents to shard (takeBatch's undo; MySQL family).
+// giveBack returns one coupon of value cents to shard. It undoes takeBatch, in the MySQL
+// family only.
 func (r sqlRepo) giveBack(ctx context.Context, campaignID string, shard int, value int64) error {
 	if _, err := r.tx.ExecContext(ctx, r.q.giveBack, value, campaignID, shard); err != nil {
 		return fmt.Errorf("give back stock and budget: %w", err)

@@ -15,8 +15,9 @@ import (
 	"github.com/onceflow/onceflow/internal/jsonkeys"
 )
 
-// OrderPaid is the order-paid event: JSON
-// {"orderId": "...", "userId": "...", "amountCents": 12345, "paidAt": "RFC3339"}, Kafka key = order id.
+// OrderPaid is the order-paid event. Its payload is the JSON object
+// {"orderId": "...", "userId": "...", "amountCents": 12345, "paidAt": "RFC3339"}, and its
+// Kafka key is the order id.
 type OrderPaid struct {
 	OrderID     string    `json:"orderId"`
 	UserID      string    `json:"userId"`
@@ -30,10 +31,12 @@ const MaxIDLen = 64
 // ErrBadOrderPaid wraps every reason an order-paid payload is rejected.
 var ErrBadOrderPaid = errors.New("bad order-paid payload")
 
-// DecodeOrderPaid parses and validates a payload. Unknown fields are allowed (producers may
-// add some); wrong types, a missing orderId or userId, a negative amount, trailing data,
-// bytes that are not UTF-8 (inbox.CheckJSONText: decoded, they would become U+FFFD and two
-// orders one), a field name in another case ("orderid") and a key given twice are not.
+// DecodeOrderPaid parses and validates a payload. Unknown fields are allowed, because
+// producers may add some. DecodeOrderPaid refuses wrong types, a missing orderId or userId,
+// a negative amount and trailing data. It refuses a field name in another case, such as
+// "orderid", and a key given twice. It refuses bytes that are not UTF-8, as
+// inbox.CheckJSONText does. Decoded, they would become U+FFFD, and two orders would become
+// one.
 func DecodeOrderPaid(b []byte) (OrderPaid, error) {
 	if err := inbox.CheckJSONText(b); err != nil {
 		return OrderPaid{}, fmt.Errorf("%w: %w", ErrBadOrderPaid, err)
@@ -44,18 +47,18 @@ func DecodeOrderPaid(b []byte) (OrderPaid, error) {
 	return decodeOrderPaidReference(b)
 }
 
-// decodeOrderPaidReference decodes with encoding/json what the fast path leaves, every
-// error among it; the fast path's results are tested against it. b has passed
+// decodeOrderPaidReference decodes with encoding/json what the fast path leaves, including
+// every error. The fast path's results are tested against it. b has passed
 // inbox.CheckJSONText.
 func decodeOrderPaidReference(b []byte) (OrderPaid, error) {
 	var raw struct {
 		OrderID     *string          `json:"orderId"`
 		UserID      *string          `json:"userId"`
-		AmountCents *json.RawMessage `json:"amountCents"` // raw: a json.Number would accept "500"
+		AmountCents *json.RawMessage `json:"amountCents"` // raw, because a json.Number would accept "500"
 		PaidAt      *string          `json:"paidAt"`
 	}
-	// Unmarshal, not a Decoder: it rejects anything after the object but whitespace, and
-	// costs a fraction (the Decoder was a tenth of the router's CPU in the e2e profile).
+	// json.Unmarshal rejects anything after the object but whitespace. It also costs much
+	// less CPU than a json.Decoder.
 	if err := json.Unmarshal(b, &raw); err != nil {
 		return OrderPaid{}, fmt.Errorf("%w: %v", ErrBadOrderPaid, err)
 	}
@@ -103,11 +106,12 @@ func parsePaidAt(s string) (time.Time, bool) {
 	return t.UTC(), true
 }
 
-// Fingerprint identifies the meaning of an order-paid event: the same order delivered
-// again has the same fingerprint even if unrelated JSON details (field order, spacing,
-// extra fields) differ; a different user or amount for the same order is a conflict.
+// Fingerprint identifies the meaning of an order-paid event. The same order delivered
+// again has the same fingerprint, even if its field order, spacing or extra fields differ.
+// A different user or amount for the same order is a conflict.
 func (o OrderPaid) Fingerprint() string {
-	// The hashed bytes: orderId NUL userId NUL amountCents NUL paidAt (UTC, RFC3339Nano).
+	// The hashed bytes are orderId NUL userId NUL amountCents NUL paidAt, in UTC and
+	// RFC3339Nano.
 	var buf [2*MaxIDLen + 64]byte
 	b := append(buf[:0], o.OrderID...)
 	b = append(append(b, 0), o.UserID...)
@@ -119,8 +123,9 @@ func (o OrderPaid) Fingerprint() string {
 	return string(h[:])
 }
 
-// Encode returns the wire form: what json.Marshal makes of the four members in this order.
-// Ids of printable ASCII that JSON does not escape are written directly (one allocation).
+// Encode returns the wire form, which is what json.Marshal makes of the four members in
+// this order. Ids of printable ASCII that JSON does not escape are written directly, with
+// one allocation.
 func (o OrderPaid) Encode() []byte {
 	paidAt := o.PaidAt.UTC()
 	if !plainJSONText(o.OrderID) || !plainJSONText(o.UserID) {
@@ -136,12 +141,14 @@ func (o OrderPaid) Encode() []byte {
 	b = append(append(append(b, `{"orderId":"`...), o.OrderID...), `","userId":"`...)
 	b = append(append(b, o.UserID...), `","amountCents":`...)
 	b = append(strconv.AppendInt(b, o.AmountCents, 10), `,"paidAt":"`...)
-	// RFC3339Nano's output is digits, '-', '+', ':', '.', 'T' and 'Z': nothing JSON escapes.
+	// RFC3339Nano writes only digits, '-', '+', ':', '.', 'T' and 'Z', which JSON does not
+	// escape.
 	return append(paidAt.AppendFormat(b, time.RFC3339Nano), `"}`...)
 }
 
-// plainJSONText reports whether json.Marshal writes s as it is between quotes: printable
-// ASCII but '"', '\\' and the HTML characters '<', '>' and '&', which it escapes.
+// plainJSONText reports whether json.Marshal writes s as it is between quotes. That holds
+// for printable ASCII without '"', '\\' and the HTML characters '<', '>' and '&', which it
+// escapes.
 func plainJSONText(s string) bool {
 	for i := 0; i < len(s); i++ {
 		switch c := s[i]; {

@@ -13,12 +13,13 @@ const (
 	fieldPaidAt
 )
 
-// decodeOrderPaidFast decodes the common wire form without encoding/json: one object whose
-// members are the four known keys, each at most once and spelt exactly, with string values
-// free of backslashes and control bytes, amountCents a JSON integer without sign, and
-// JSON whitespace between tokens. It reports false for anything else, and for every payload
-// DecodeOrderPaid refuses: the caller then decodes with encoding/json, so the fast path is
-// never more permissive and never words an error. b has passed inbox.CheckJSONText.
+// decodeOrderPaidFast decodes the common wire form without encoding/json. That form is one
+// object whose members are the four known keys, each at most once and spelt exactly. Its
+// string values hold no backslash and no control byte. Its amountCents is a JSON integer
+// without sign. Only JSON whitespace lies between its tokens. decodeOrderPaidFast reports
+// false for anything else, and for every payload DecodeOrderPaid refuses. The caller then
+// decodes with encoding/json. So the fast path is never more permissive, and never words
+// an error. b has passed inbox.CheckJSONText.
 func decodeOrderPaidFast(b []byte) (OrderPaid, bool) {
 	var (
 		seen                    int
@@ -46,7 +47,8 @@ func decodeOrderPaidFast(b []byte) (OrderPaid, bool) {
 		case "paidAt":
 			field = fieldPaidAt
 		default:
-			// Unknown, or known in another case (encoding/json matches keys case-insensitively).
+			// The key is unknown, or known in another case. encoding/json matches keys
+			// case-insensitively.
 			return OrderPaid{}, false
 		}
 		if seen&field != 0 {
@@ -94,7 +96,7 @@ func decodeOrderPaidFast(b []byte) (OrderPaid, bool) {
 			return OrderPaid{}, false
 		}
 	}
-	// One string holds both ids (and paidAt while it is parsed): one allocation.
+	// One string holds both ids, and paidAt while it is parsed, so there is one allocation.
 	var buf [2*MaxIDLen + len("2006-01-02T15:04:05.999999999+07:00")]byte
 	s := string(append(append(append(buf[:0], orderID...), userID...), paidAt...))
 	o := OrderPaid{OrderID: s[:len(orderID)], UserID: s[len(orderID) : len(orderID)+len(userID)], AmountCents: amount}
@@ -118,7 +120,8 @@ func skipJSONSpace(b []byte, i int) int {
 }
 
 // plainJSONString reads the string starting at b[i] if it has no escape and no control
-// byte (its bytes are then its value), returning its contents and the index after it.
+// byte. Its bytes are then its value. plainJSONString returns its contents and the index
+// after it.
 func plainJSONString(b []byte, i int) (v []byte, next int, ok bool) {
 	if i >= len(b) || b[i] != '"' {
 		return nil, 0, false
@@ -134,9 +137,9 @@ func plainJSONString(b []byte, i int) (v []byte, next int, ok bool) {
 	return nil, 0, false
 }
 
-// plainJSONInt reads the non-negative JSON integer starting at b[i] (no sign, fraction or
-// exponent; no leading zero, which JSON forbids) if it fits an int64, returning it and the
-// index after it.
+// plainJSONInt reads the non-negative JSON integer starting at b[i] if it fits an int64.
+// The integer has no sign, fraction or exponent, and no leading zero, which JSON forbids.
+// plainJSONInt returns the integer and the index after it.
 func plainJSONInt(b []byte, i int) (n int64, next int, ok bool) {
 	j := i
 	for ; j < len(b) && b[j] >= '0' && b[j] <= '9'; j++ {
@@ -149,6 +152,6 @@ func plainJSONInt(b []byte, i int) (n int64, next int, ok bool) {
 	if j == i || (b[i] == '0' && j > i+1) {
 		return 0, 0, false
 	}
-	// A fraction or exponent would follow here; the caller accepts only ',', '}' or space.
+	// A fraction or exponent would follow here. The caller accepts only ',', '}' or space.
 	return n, j, true
 }

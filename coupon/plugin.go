@@ -9,7 +9,8 @@ import (
 	"github.com/onceflow/onceflow/inbox"
 )
 
-// Plugin identity. The router binary imports this package for its init().
+// PluginName, BizType, ConsumerGroup and OrderPaidTopic identify the plugin. The router
+// binary imports this package for its init function.
 const (
 	PluginName     = "coupon-granter"
 	BizType        = "coupon"
@@ -26,7 +27,8 @@ func Plugin() inbox.Plugin {
 		BizType:       BizType,
 		KeyLogField:   "order_id",
 		Migrations:    Migrations,
-		// plugins.coupon-granter.*: campaign, topics, the simulated or real outside calls.
+		// The settings under plugins.coupon-granter name the campaign, the topics and the
+		// simulated or real outside calls.
 		Settings: Config{},
 		// CouponGranted and CouponGrantFailed events, to the configured topics.
 		Writes: func(s any) ([]string, error) {
@@ -44,13 +46,15 @@ func Plugin() inbox.Plugin {
 			}
 			return g.Handler(env.DB)
 		},
-		// POST /v1/claims: a coupon for a client token (Idempotency-Key), on http.listen.
+		// A POST to /v1/claims on http.listen claims a coupon for the client token in its
+		// Idempotency-Key header.
 		Commands: []inbox.Command{ClaimCommand()},
-		// `router verify`, and `router produce`'s orders and poison.
+		// Verify serves `router verify`, and Sampler the orders and poison of
+		// `router produce`.
 		Verify:  verifyPlugin,
 		Sampler: traffic{},
 
-		// The operator console's row page: the grant's transitions for the order.
+		// The operator console's row page shows the grant's transitions for the order.
 		History: History,
 	}
 }
@@ -78,8 +82,8 @@ func buildGranter(ctx context.Context, env inbox.PluginEnv) (*Granter, error) {
 	return NewGranter(cfg, svc, env.Logger)
 }
 
-// externalService is the service the steps call: the HTTP downstream of downstream_url,
-// else the simulated one of the step_* settings.
+// externalService is the service the steps call. It is the HTTP downstream of
+// downstream_url if one is set, else the simulated one of the step_* settings.
 func externalService(cfg Config) (ExternalService, error) {
 	if cfg.DownstreamURL != "" {
 		return NewHTTPService(HTTPConfig{URL: cfg.DownstreamURL, Timeout: cfg.DownstreamTimeout, MaxConns: cfg.DownstreamMaxConns})
@@ -91,7 +95,7 @@ func externalService(cfg Config) (ExternalService, error) {
 	return NewSimulatedService(cfg.StepDelay, cfg.StepJitter, cfg.StepFailureRate, seed), nil
 }
 
-// settingsOf is the plugin's settings as the runtime decoded them (Plugin.Settings).
+// settingsOf is the plugin's settings as the runtime decoded them into Plugin.Settings.
 func settingsOf(s any) (Config, error) {
 	cfg, ok := s.(Config)
 	if !ok {

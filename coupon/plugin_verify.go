@@ -9,10 +9,11 @@ import (
 	"github.com/onceflow/onceflow/outbox"
 )
 
-// verifyPlugin is the plugin's Verify (`router verify`): the invariants of the configured
-// campaign (Verify; the relay lag, invariant 4, is the runtime's check of the whole outbox),
-// what became of a producer ledger's orders (LedgerFacts) and, with `verify --kafka`, the
-// CouponGranted events on the granted topic.
+// verifyPlugin is the plugin's Verify, run by `router verify`. It checks the invariants of
+// the configured campaign, as Verify does. The runtime checks the relay lag, invariant 4,
+// for the whole outbox. verifyPlugin reports what became of a producer ledger's orders,
+// with LedgerFacts. With `verify --kafka` it also counts the CouponGranted events on the
+// granted topic.
 func verifyPlugin(ctx context.Context, env inbox.VerifyEnv) (inbox.Verification, error) {
 	cfg, err := settingsOf(env.Settings)
 	if err != nil {
@@ -55,8 +56,9 @@ func verifyPlugin(ctx context.Context, env inbox.VerifyEnv) (inbox.Verification,
 			v.Violations = append(v.Violations, fmt.Sprintf("kafka: %d distinct CouponGranted events on %s, %d GRANTED grants", n, cfg.GrantedTopic, want))
 		}
 		if repeats > 0 {
-			// At-least-once relay (a crash between publish and mark) may repeat an event with
-			// the same id; reported, not a violation of the database invariants.
+			// An at-least-once relay may repeat an event with the same id, after a crash
+			// between publish and mark. That is reported as a note, not as a violation of the
+			// database invariants.
 			v.Notes = append(v.Notes, fmt.Sprintf("kafka: %d repeated deliveries of already seen event ids (same event_id; dedupe by header %s)", repeats, outbox.HeaderEventID))
 		}
 	}
@@ -65,8 +67,8 @@ func verifyPlugin(ctx context.Context, env inbox.VerifyEnv) (inbox.Verification,
 	return v, nil
 }
 
-// grantEvents reads the granted topic back and counts distinct CouponGranted event ids
-// (restricted to the ledger's orders when there is a ledger) and repeats.
+// grantEvents reads the granted topic back and counts distinct CouponGranted event ids and
+// repeats. When there is a ledger, it counts only the events of the ledger's orders.
 func grantEvents(ctx context.Context, env inbox.VerifyEnv, topic string) (distinct, repeats int, err error) {
 	recs, err := env.ReadTopic(ctx, topic)
 	if err != nil {

@@ -20,10 +20,10 @@ type grantRow struct {
 	ValueCents  int64
 	StockShard  int
 	BudgetShard int
-	couponID    string // CouponID's, once computed (coupon)
+	couponID    string // the CouponID, once coupon computed it
 }
 
-// coupon is the grant's coupon id (CouponID, which hashes), computed once.
+// coupon is the grant's coupon id. CouponID hashes, so coupon computes the id once.
 func (g *grantRow) coupon() string {
 	if g.couponID == "" {
 		g.couponID = CouponID(g.OrderID, g.CampaignID)
@@ -32,18 +32,19 @@ func (g *grantRow) coupon() string {
 }
 
 // sqlRepo holds every SQL statement of the coupon plugin. It works on the transaction the
-// inbox hands to the handler, in the statements q of its database; st are HandleBatch's
-// multi-row inserts (nil outside HandleBatch).
+// inbox hands to the handler, with the statements q of its database. st holds HandleBatch's
+// multi-row inserts, and is nil outside HandleBatch.
 type sqlRepo struct {
 	tx *sql.Tx
 	q  *sqlText
 	st *batchStatements
 }
 
-// sqlText is the plugin's SQL in one dialect, its placeholders rebound once. The MySQL
-// family's (MariaDB and MySQL 8 alike: nothing here is MariaDB-only) and PostgreSQL's differ
-// in their upserts and in the statements updating stock and budget together (a join update
-// there, a locking read and two updates of one statement here).
+// sqlText is the plugin's SQL in one dialect, with its placeholders rebound once. The MySQL
+// family's SQL serves MariaDB and MySQL 8 alike, because nothing here is MariaDB-only. It
+// differs from PostgreSQL's in the upserts and in the statements that update stock and
+// budget together. The MySQL family updates both with a join. PostgreSQL takes a locking
+// read and runs two updates in one statement.
 type sqlText struct {
 	d dbx.Dialect
 
@@ -91,9 +92,9 @@ func newSQLText(d dbx.Dialect) *sqlText {
  WHERE l.order_id = ? ORDER BY l.id LIMIT ?`,
 	}
 	if d.IsPostgres() {
-		// The insert of a grant that exists does nothing and locks nothing: the read that
-		// follows takes the row lock MariaDB's duplicate-key update takes, so steps of one
-		// order serialise there as here.
+		// The insert of a grant that exists does nothing and locks nothing. The read that
+		// follows takes the row lock that MariaDB's duplicate-key update takes. So the steps
+		// of one order run one after another on both databases.
 		q.createGrant += ` ON CONFLICT (order_id, campaign_id) DO NOTHING`
 		q.loadGrant += ` FOR UPDATE`
 		q.ensureStock += ` ON CONFLICT (campaign_id, shard) DO NOTHING`
@@ -105,11 +106,13 @@ func newSQLText(d dbx.Dialect) *sqlText {
  version = coupon_grant.version + 3, stock_shard = EXCLUDED.stock_shard, budget_shard = EXCLUDED.budget_shard,
  coupon_id = EXCLUDED.coupon_id, state = EXCLUDED.state
  WHERE coupon_grant.state = 'INIT'`
-		// Stock and budget of a shard, both or neither: the join's locking read takes both rows
-		// when both can cover n coupons of value cents (re-checked on their latest versions),
-		// then each is updated. $1 n, $2 value, $3 campaign, $4 shard, as MySQL's statement
-		// takes them; takeNew adds $5, the order, whose grant must not exist (a grant that
-		// does takes nothing: an insert failing on it would abort the transaction).
+		// The statement takes the stock and budget of a shard, both or neither. Its locking
+		// read takes both rows when both can cover n coupons of value cents. PostgreSQL
+		// checks that again on the rows' latest versions. Then each row is updated. The
+		// parameters are $1 n, $2 value, $3 campaign and $4 shard, in the order of MySQL's
+		// statement. takeNew adds $5, the order, whose grant must not exist. When it does,
+		// takeNew takes nothing, because an insert failing on the grant would abort the
+		// transaction.
 		take := `WITH s AS (SELECT s.campaign_id, s.shard FROM coupon_stock s JOIN coupon_budget b ON b.campaign_id = s.campaign_id AND b.shard = s.shard
  WHERE s.campaign_id = $3 AND s.shard = $4 AND s.locked + s.granted + $1 <= s.total AND b.spent_cents + $2 <= b.total_cents%s FOR UPDATE),
  t AS (UPDATE coupon_stock x SET granted = x.granted + $1 FROM s WHERE x.campaign_id = s.campaign_id AND x.shard = s.shard)
@@ -143,7 +146,7 @@ UPDATE coupon_budget y SET spent_cents = y.spent_cents + $2 FROM s WHERE y.campa
 	return q
 }
 
-// takeArgs are the parameters of takeBatch (order "") or takeNew.
+// takeArgs are the parameters of takeNew, or of takeBatch when orderID is empty.
 func (q *sqlText) takeArgs(campaignID, orderID string, shard int, n, value int64) []any {
 	if q.d.IsPostgres() {
 		if orderID != "" {
@@ -154,8 +157,8 @@ func (q *sqlText) takeArgs(campaignID, orderID string, shard int, n, value int64
 	return []any{n, value, campaignID, shard, n, value}
 }
 
-// textOf is the plugin's SQL for the database tx belongs to, asked of the server once per
-// granter built without a pool (NewGranter): PostgreSQL, or the MySQL family.
+// textOf is the plugin's SQL for the database tx belongs to, PostgreSQL or the MySQL
+// family. A granter built without a pool, by NewGranter, asks the server once.
 func (g *Granter) textOf(ctx context.Context, tx *sql.Tx) (*sqlText, error) {
 	if q := g.q.Load(); q != nil {
 		return q, nil
@@ -172,7 +175,8 @@ func (g *Granter) textOf(ctx context.Context, tx *sql.Tx) (*sqlText, error) {
 	return q, nil
 }
 
-// loadOrCreate creates the grant in INIT (first delivery) or loads it (resume, duplicate).
+// loadOrCreate creates the grant in INIT on its first delivery. A resumed or duplicate
+// delivery loads it.
 func (r sqlRepo) loadOrCreate(ctx context.Context, o OrderPaid, campaignID string, value int64) (grantRow, error) {
 	if _, err := r.tx.ExecContext(ctx, r.q.createGrant, o.OrderID, campaignID, o.UserID, value); err != nil {
 		return grantRow{}, fmt.Errorf("create grant: %w", err)
@@ -192,8 +196,8 @@ func (r sqlRepo) loadOrCreate(ctx context.Context, o OrderPaid, campaignID strin
 	return g, nil
 }
 
-// readState reads the committed state of a grant, outside any transaction; INIT when the
-// grant does not exist yet.
+// readState reads the committed state of a grant, outside any transaction. It returns INIT
+// when the grant does not exist yet.
 func readState(ctx context.Context, db *sql.DB, orderID, campaignID string) (State, error) {
 	var st string
 	err := db.QueryRowContext(ctx, textFor(dbx.DialectOf(db)).readState, orderID, campaignID).Scan(&st)
@@ -206,9 +210,9 @@ func readState(ctx context.Context, db *sql.DB, orderID, campaignID string) (Sta
 	return ParseState(st)
 }
 
-// cas moves the grant from → to with an optimistic lock and logs the transition. Zero rows
-// updated means another attempt got there first: ErrStaleState, and the caller's
-// transaction (with this step's side effect) is rolled back.
+// cas moves the grant from one state to another with an optimistic lock and logs the
+// transition. When it updates no row, another attempt got there first. cas then returns
+// ErrStaleState, and the caller's transaction is rolled back with this step's side effect.
 func (r sqlRepo) cas(ctx context.Context, g grantRow, from, to State, couponID, reason string) error {
 	if err := Transit(from, to); err != nil {
 		return err
@@ -230,10 +234,10 @@ func (r sqlRepo) cas(ctx context.Context, g grantRow, from, to State, couponID, 
 	return nil
 }
 
-// Counters are sharded: a campaign's stock and budget are split over shards rows, and a
-// grant starts at the shard its order id hashes to, moving on only when that shard is
-// exhausted. Exhaustion is therefore campaign-wide: an order fails only when every shard is
-// empty. The shard used is recorded on the grant so a later release or consume touches the
+// Counters are sharded. A campaign's stock and budget are split over shards rows. A grant
+// starts at the shard its order id hashes to, and moves on only when that shard is
+// exhausted. So exhaustion is campaign-wide, and an order fails only when every shard is
+// empty. The shard used is recorded on the grant, so a later release or consume touches the
 // same row.
 
 // shardOf is the first shard tried for an order.
@@ -243,20 +247,23 @@ func shardOf(orderID string, shards int) int {
 	return int(h.Sum32() % uint32(shards))
 }
 
-// lockStock reserves one coupon of the campaign's stock; -1 when none is left anywhere.
+// lockStock reserves one coupon of the campaign's stock. It returns -1 when none is left
+// anywhere.
 func (r sqlRepo) lockStock(ctx context.Context, g grantRow, shards int) (int, error) {
 	return r.takeFromShards(ctx, "lock stock", g, shards,
 		r.q.lockStock, func(shard int) []any { return []any{g.CampaignID, shard} }, r.q.recordStock)
 }
 
-// deductBudget spends the grant's value from the campaign budget; -1 when no shard covers it.
+// deductBudget spends the grant's value from the campaign budget. It returns -1 when no
+// shard covers it.
 func (r sqlRepo) deductBudget(ctx context.Context, g grantRow, shards int) (int, error) {
 	return r.takeFromShards(ctx, "deduct budget", g, shards,
 		r.q.deductBudget, func(shard int) []any { return []any{g.ValueCents, g.CampaignID, shard, g.ValueCents} }, r.q.recordBudget)
 }
 
-// takeFromShards runs take on the order's shard, then the next ones, until one row
-// changes; record then stores the shard on the grant. It returns -1 when no shard could.
+// takeFromShards runs take on the order's shard, then on the next ones, until one row
+// changes. record then stores the shard on the grant. takeFromShards returns -1 when no
+// shard could.
 func (r sqlRepo) takeFromShards(ctx context.Context, what string, g grantRow, shards int, take string, args func(shard int) []any, record string) (int, error) {
 	first := shardOf(g.OrderID, shards)
 	for i := range shards {
@@ -311,13 +318,13 @@ func (r sqlRepo) affected(ctx context.Context, what, q string, args ...any) (boo
 }
 
 // EnsureCampaign creates the campaign's stock and budget shards if the campaign does not
-// exist yet, splitting the totals evenly (the remainder goes to shard 0). It never changes
-// an existing campaign, whatever the configured shard count: shards returns how many the
-// campaign really has.
+// exist yet. It splits the totals evenly, and the remainder goes to shard 0. It never
+// changes an existing campaign, whatever the configured shard count. campaignShards counts
+// the shards a campaign really has.
 func EnsureCampaign(ctx context.Context, db *sql.DB, c Config) error {
-	// Never more shards than coupons the stock or the budget can pay for, and the budget is
-	// split in whole coupons, so sharding never strands a partial coupon's worth of budget:
-	// the campaign grants exactly as many coupons as an unsharded one would.
+	// There are never more shards than coupons the stock or the budget can pay for. The
+	// budget is split in whole coupons, so sharding never strands a partial coupon's worth
+	// of budget. The campaign grants exactly as many coupons as an unsharded one would.
 	units := c.BudgetCents / c.ValueCents
 	n := int(max(min(int64(max(c.Shards, 1)), c.StockTotal, units), 1))
 	q := textFor(dbx.DialectOf(db))

@@ -21,14 +21,14 @@ const (
 var States = []State{StateInit, StateLocked, StateBudgetDeducted, StateGranted, StateFailed}
 
 var (
-	// ErrIllegalTransition: the transition is not in the state machine.
+	// ErrIllegalTransition means the transition is not in the state machine.
 	ErrIllegalTransition = errors.New("coupon: illegal state transition")
-	// ErrTerminal: the grant is GRANTED or FAILED and accepts nothing.
+	// ErrTerminal means the grant is GRANTED or FAILED and accepts nothing.
 	ErrTerminal = errors.New("coupon: grant is in a terminal state")
-	// ErrUnknownState: a state string that is not one of States.
+	// ErrUnknownState means a state string is not one of States.
 	ErrUnknownState = errors.New("coupon: unknown state")
-	// ErrStaleState: the optimistic-lock update found another state: a concurrent or
-	// repeated attempt advanced the grant first. The step is rolled back and re-read.
+	// ErrStaleState means the optimistic-lock update found another state. A concurrent or
+	// repeated attempt advanced the grant first. The step is rolled back and read again.
 	ErrStaleState = errors.New("coupon: grant state changed concurrently")
 	// ErrStockExhausted and ErrBudgetExhausted are permanent business failures.
 	ErrStockExhausted  = errors.New("coupon: stock exhausted")
@@ -45,7 +45,7 @@ func ParseState(s string) (State, error) {
 	return "", fmt.Errorf("%w: %q", ErrUnknownState, s)
 }
 
-// index is s's place in States (-1 for a state not in it).
+// index is s's place in States, or -1 for a state not in it.
 func (s State) index() int { return slices.Index(States, s) }
 
 // Terminal reports whether s accepts no further transition.
@@ -64,8 +64,8 @@ func (s State) Next() State {
 	return ""
 }
 
-// CanTransitTo reports whether from → to is legal: one step forward on the happy path, or
-// any non-terminal state to FAILED.
+// CanTransitTo reports whether the transition from s to to is legal. A legal transition is
+// one step forward on the happy path, or from any non-terminal state to FAILED.
 func (s State) CanTransitTo(to State) bool {
 	if s.Terminal() {
 		return false
@@ -93,8 +93,8 @@ func Transit(from, to State) error {
 	return nil
 }
 
-// Step names the external call that moves a grant out of a state (used as half of its
-// idempotency key).
+// Step names the external call that moves a grant out of a state. The name is half of the
+// call's idempotency key.
 func (s State) Step() string {
 	switch s {
 	case StateInit:

@@ -8,7 +8,8 @@ import (
 	"github.com/onceflow/onceflow/inbox"
 )
 
-// traffic is the plugin's input for `router produce` (inbox.Sampler and inbox.Poisoner).
+// traffic is the plugin's input for `router produce`. It is an inbox.Sampler and an
+// inbox.Poisoner.
 type traffic struct{}
 
 var (
