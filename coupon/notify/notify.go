@@ -1,10 +1,11 @@
-// Package notify is the coupon notifier plugin: it consumes coupon-granted through its own
-// inbox (biz type "notify", consumer group "coupon-notifier") and records one notification
-// per granted coupon. It shows biz-type isolation and the chain: the same order id is in
-// the inbox once as "coupon" and once as "notify", each processed once, neither blocking
-// the other.
+// Package notify is the coupon notifier plugin. It consumes coupon-granted through its own
+// inbox, with biz type "notify" and consumer group "coupon-notifier". It records one
+// notification per granted coupon. It shows biz-type isolation and a chain of plugins. The
+// same order id is in the inbox once as "coupon" and once as "notify". Each row is
+// processed once, and neither blocks the other.
 //
-// The router binary blank-imports it; its init() registers the plugin.
+// The router binary blank-imports the package, and its init function registers the
+// plugin.
 package notify
 
 import (
@@ -33,25 +34,26 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// Plugin identity.
+// PluginName, BizType, ConsumerGroup and Topic identify the plugin, and Table is its
+// table.
 const (
 	PluginName    = "coupon-notifier"
 	BizType       = "notify"
 	ConsumerGroup = "coupon-notifier"
 	Topic         = "coupon-granted"
-	// Table holds the notifications (Migrations).
+	// Table holds the notifications. Migrations creates it.
 	Table = "notification"
 )
 
-// Config is the notifier's settings: plugins.coupon-notifier.<key> in the router's
-// configuration (the plugin declares it as its Settings).
+// Config is the notifier's settings. In the router's configuration they are
+// plugins.coupon-notifier.<key>, because the plugin declares Config as its Settings.
 type Config struct {
-	// Channel names where notifications go; part of the notification's unique key.
+	// Channel names where notifications go. It is part of the notification's unique key.
 	Channel string `key:"channel" default:"wallet" help:"where the notifications go (1..32 bytes); part of a notification's unique key, with the order id"`
 }
 
-// DefaultConfig is every setting at its default: notifications through the in-app wallet
-// channel.
+// DefaultConfig returns every setting at its default. Notifications then go through the
+// in-app wallet channel.
 func DefaultConfig() Config {
 	var c Config
 	settings.SetDefaults(&c)
@@ -70,11 +72,11 @@ func (c Config) Validate() error {
 type Notifier struct {
 	cfg    Config
 	logger watermill.LoggerAdapter
-	insert atomic.Pointer[string] // the database's insert, asked of the server once (insertOf)
+	insert atomic.Pointer[string] // the database's insert, which insertOf asks of the server once
 }
 
-// The notification's insert: a second notification of an order and channel changes
-// nothing, in the MySQL family's upsert or PostgreSQL's.
+// insertNotification is the notification's insert. mysqlInsert and pgInsert make it an
+// upsert, so a second notification of an order and channel changes nothing.
 const (
 	insertNotification = `INSERT INTO ` + Table + ` (order_id, channel, user_id, coupon_id, campaign_id, value_cents, event_id, message)
  VALUES (?, ?, ?, ?, ?, ?, ?, ?)`
@@ -83,8 +85,8 @@ const (
 
 var pgInsert = dbx.Postgres.Rebind(insertNotification + ` ON CONFLICT (order_id, channel) DO NOTHING`)
 
-// insertOf is the insert for the database tx belongs to: PostgreSQL's or the MySQL family's,
-// told apart by the server's version once.
+// insertOf is the insert for the database tx belongs to, PostgreSQL's or the MySQL
+// family's. It tells them apart by the server's version, once.
 func (n *Notifier) insertOf(ctx context.Context, tx *sql.Tx) (string, error) {
 	if q := n.insert.Load(); q != nil {
 		return *q, nil
@@ -114,10 +116,10 @@ func New(cfg Config, logger watermill.LoggerAdapter) (*Notifier, error) {
 	return &Notifier{cfg: cfg, logger: logger}, nil
 }
 
-// DecodeGrant parses a coupon-granted payload. Unknown fields are allowed; bad JSON, bytes
-// that are not UTF-8 (inbox.CheckJSONText), trailing data, wrong types, a field name in
-// another case, a key given twice and a missing eventId, orderId, userId, campaignId or
-// couponId are not.
+// DecodeGrant parses a coupon-granted payload. Unknown fields are allowed. DecodeGrant
+// refuses bad JSON, bytes that are not UTF-8, trailing data and wrong types. It refuses a
+// field name in another case and a key given twice. It refuses a missing eventId, orderId,
+// userId, campaignId or couponId, and a valueCents that is not positive.
 func DecodeGrant(b []byte) (coupon.GrantEvent, error) {
 	var e coupon.GrantEvent
 	if err := inbox.CheckJSONText(b); err != nil {
@@ -147,7 +149,7 @@ func DecodeGrant(b []byte) (coupon.GrantEvent, error) {
 	return e, nil
 }
 
-// Decode implements inbox.Handler: the dedup key is the order id.
+// Decode implements inbox.Handler. The dedup key is the order id.
 func (n *Notifier) Decode(msg *message.Message) (inbox.Decoded, error) {
 	if t := msg.Metadata.Get(outbox.HeaderEventType); t != "" && t != coupon.EventGranted {
 		return inbox.Decoded{}, inbox.PoisonError("event type %q on the coupon-granted topic, want %s", t, coupon.EventGranted)
@@ -156,21 +158,22 @@ func (n *Notifier) Decode(msg *message.Message) (inbox.Decoded, error) {
 	if err != nil {
 		return inbox.Decoded{}, inbox.PoisonError("%v", err)
 	}
-	// The meaning of a grant: a re-published event (same event id) is the same grant even if
-	// the relay sent it twice.
+	// The fingerprint is the meaning of a grant. A re-published event with the same event id
+	// is the same grant, even if the relay sent it twice.
 	fp := sha256.Sum256([]byte(e.EventID + "\x00" + e.OrderID + "\x00" + e.UserID + "\x00" + e.CampaignID + "\x00" + e.CouponID + "\x00" + strconv.FormatInt(e.ValueCents, 10)))
 	return inbox.Decoded{Key: e.OrderID, Fingerprint: hex.EncodeToString(fp[:]), Value: e}, nil
 }
 
-// Handle implements inbox.Handler: it records the notification in tx.
+// Handle implements inbox.Handler. It records the notification in tx.
 func (n *Notifier) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error) {
 	e, ok := d.Value.(coupon.GrantEvent)
 	if !ok {
 		return inbox.Done, inbox.Permanent(fmt.Errorf("notify: unexpected value %T", d.Value))
 	}
 	text := fmt.Sprintf("You received a coupon worth %d.%02d (campaign %s)", e.ValueCents/100, e.ValueCents%100, e.CampaignID)
-	// The unique key (order_id, channel) is the second line of defence: were the inbox row
-	// cleaned and the event replayed from Kafka, the user is still notified once.
+	// The unique key on order_id and channel is the second line of defence. If the inbox
+	// row were cleaned and the event replayed from Kafka, the user would still be notified
+	// once.
 	q, err := n.insertOf(ctx, tx)
 	if err != nil {
 		return inbox.Done, err
