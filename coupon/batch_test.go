@@ -62,8 +62,9 @@ func deliverAll(t *testing.T, b *inbox.Batcher, ds []delivery, goroutines int) m
 	return out
 }
 
-// bothPaths runs f on the coupon plugin's handler under group commit with its HandleBatch
-// (the expert path, the router's) and without it (only the contract a plugin author writes).
+// bothPaths runs f on the coupon plugin's handler under group commit, with and without
+// its HandleBatch. With it, the handler takes the expert path, as the router runs it.
+// Without it, the handler has only the contract a plugin author writes.
 func bothPaths(t *testing.T, f func(t *testing.T, contract bool)) {
 	for _, contract := range []bool{false, true} {
 		name := "batch handler"
@@ -74,7 +75,8 @@ func bothPaths(t *testing.T, f func(t *testing.T, contract bool)) {
 	}
 }
 
-// pathHandler is the plugin's handler on db (plugin), without its HandleBatch when contract.
+// pathHandler is the plugin's handler on db, as plugin builds it. With contract set, it
+// hides the handler's HandleBatch.
 func pathHandler(t *testing.T, db *sql.DB, g *coupon.Granter, contract bool) inbox.Handler {
 	h := plugin(t, db, g)
 	if !contract {
@@ -99,19 +101,19 @@ func newBatcher(t *testing.T, ib *inbox.Inbox, cfg inbox.BatchConfig) *inbox.Bat
 	return b
 }
 
-// TestBatchGrantsExactlyOnce: 600 orders delivered three times each, concurrently, through
-// the group-commit path, with poison and conflicting payloads mixed in: one coupon, one
-// event and the full legal transition log per order, duplicates counted, the odd messages
-// quarantined with their reasons — and the audit that says so catches an injected
-// duplicate event.
+// TestBatchGrantsExactlyOnce delivers 600 orders three times each, concurrently, through
+// the group-commit path, with poison and conflicting payloads mixed in. Each order gets one
+// coupon, one event and one logged transition, INIT to GRANTED. The duplicates are
+// counted, and the odd messages are quarantined with their reasons. The audit that says so
+// catches an injected duplicate event.
 func TestBatchGrantsExactlyOnce(t *testing.T) {
 	bothPaths(t, func(t *testing.T, contract bool) {
 		bothClaimReads(t, func(t *testing.T, sel bool) { testBatchGrantsExactlyOnce(t, sel, contract) })
 	})
 }
 
-// bothClaimReads runs a test with the claim reading its rows back through RETURNING (the
-// default on MariaDB) and through the SELECT other servers use.
+// bothClaimReads runs a test twice. The claim reads its rows back through RETURNING, the
+// default on MariaDB, and then through the SELECT other servers use.
 func bothClaimReads(t *testing.T, f func(t *testing.T, selectAfterClaim bool)) {
 	for _, sel := range []bool{false, true} {
 		name := "returning"
@@ -201,7 +203,7 @@ func testBatchGrantsExactlyOnce(t *testing.T, sel, contract bool) {
 		}
 	}
 
-	// The audit can fail: a second event for one order is caught.
+	// The audit can fail. It catches a second event for one order.
 	d.AdminExec(t, rb(`INSERT INTO outbox (event_id, event_type, topic, msg_key, payload) VALUES ('00000000-0000-0000-0000-0000000000b1', ?, 'coupon-granted', 'b1-0003', ?)`), coupon.EventGranted, []byte("{}"))
 	a, err = coupon.Verify(ctx, d.DB, cfg.CampaignID, time.Hour)
 	if err != nil {
@@ -215,9 +217,9 @@ func testBatchGrantsExactlyOnce(t *testing.T, sel, contract bool) {
 	}
 }
 
-// TestBatchRunsOutOfStockExactly: near exhaustion no shard covers a whole batch, so a
-// batch leaves its grants to the one-at-a-time path: exactly the stock is granted, the rest
-// fail as stock_exhausted, and the counters add up.
+// TestBatchRunsOutOfStockExactly checks a campaign near exhaustion. No shard covers a whole
+// batch, so a batch leaves its grants to the one-at-a-time path. Exactly the stock is
+// granted, the rest fail as stock_exhausted, and the counters add up.
 func TestBatchRunsOutOfStockExactly(t *testing.T) { bothPaths(t, testBatchRunsOutOfStockExactly) }
 
 func testBatchRunsOutOfStockExactly(t *testing.T, contract bool) {
@@ -242,15 +244,16 @@ func testBatchRunsOutOfStockExactly(t *testing.T, contract bool) {
 	}
 	st := b.Stats()
 	t.Logf("batcher: %+v", st)
-	// HandleBatch leaves what it cannot cover whole to the one-at-a-time path; the contract's
-	// Handle takes one coupon at a time and fails the rest in the batch.
+	// HandleBatch leaves what it cannot cover whole to the one-at-a-time path. The
+	// contract's Handle takes one coupon at a time and fails the rest in the batch.
 	if st.Batched == 0 || !contract && st.Fallbacks == 0 {
 		t.Errorf("stats %+v: want batched grants (and, with HandleBatch, one-at-a-time ones near exhaustion)", st)
 	}
 }
 
-// TestBatchFailedCallsFallBack: deliveries whose external calls fail before the batch are
-// retried one at a time with backoff; every order ends granted or quarantined, never twice.
+// TestBatchFailedCallsFallBack checks that deliveries whose external calls fail before the
+// batch are retried one at a time with backoff. Every order ends granted or quarantined,
+// never twice.
 func TestBatchFailedCallsFallBack(t *testing.T) { bothPaths(t, testBatchFailedCallsFallBack) }
 
 func testBatchFailedCallsFallBack(t *testing.T, contract bool) {
@@ -286,9 +289,9 @@ func testBatchFailedCallsFallBack(t *testing.T, contract bool) {
 	}
 }
 
-// TestBatchResumesUnfinishedRows: deliveries whose inbox rows an earlier, crashed delivery
-// left 'processing' — one before any step, one half-way (grant LOCKED) — are finished once,
-// and are not counted as duplicates.
+// TestBatchResumesUnfinishedRows checks deliveries whose inbox rows an earlier, crashed
+// delivery left 'processing'. One crashed before any step, and one half-way, with its
+// grant LOCKED. Each is finished once and not counted as a duplicate.
 func TestBatchResumesUnfinishedRows(t *testing.T) {
 	bothPaths(t, func(t *testing.T, contract bool) {
 		bothClaimReads(t, func(t *testing.T, sel bool) { testBatchResumesUnfinishedRows(t, sel, contract) })
@@ -329,9 +332,9 @@ func testBatchResumesUnfinishedRows(t *testing.T, sel, contract bool) {
 	if a.Granted != 3 || a.Coupons != 3 {
 		t.Errorf("audit %+v", a)
 	}
-	// The half-way order finishes step by step, each step logged; the others either so or
-	// granted at once, logging the one transition committed (which path takes a resumed
-	// delivery depends on the variant).
+	// The half-way order finishes step by step, and each step is logged. The others either
+	// do the same or are granted at once and log the one transition committed. The variant
+	// decides which path a resumed delivery takes.
 	for _, o := range []coupon.OrderPaid{early, halfway, fresh} {
 		got := transitions(t, d.DB, o.OrderID, cfg.CampaignID)
 		if !equalStrings(got, happyLog) && (o == halfway || !equalStrings(got, []string{"INIT->GRANTED"})) {
@@ -340,10 +343,11 @@ func testBatchResumesUnfinishedRows(t *testing.T, sel, contract bool) {
 	}
 }
 
-// TestBatchNewInboxRowsExistingGrants: inbox rows are new but some grants exist already (a
-// message replayed after its inbox row expired): the batch's direct GRANTED insert finds
-// them, rolls back to its savepoint and takes the general path — no second coupon, no
-// counter taken twice, the half-way grant finished once.
+// TestBatchNewInboxRowsExistingGrants checks new inbox rows whose grants partly exist
+// already, as for a message replayed after its inbox row expired. The batch's direct
+// GRANTED insert finds them, rolls back to its savepoint and takes the general path. No
+// order gets a second coupon, no counter is taken twice, and the half-way grant is
+// finished once.
 func TestBatchNewInboxRowsExistingGrants(t *testing.T) {
 	bothPaths(t, testBatchNewInboxRowsExistingGrants)
 }
@@ -375,11 +379,12 @@ func testBatchNewInboxRowsExistingGrants(t *testing.T, contract bool) {
 	}
 }
 
-// A new delivery (no inbox row before it) of an order whose grant exists already — a
-// message replayed after its inbox row expired — is Done without a second coupon, and the
-// counters are as they were. On PostgreSQL the grant's insert must not fail inside the
-// transaction (it would abort it, and the delivery would fail for ever): the stock and budget
-// statement takes nothing for an order whose grant exists.
+// TestHandleNewDeliveryOfExistingGrant checks a new delivery, with no inbox row before it,
+// of an order whose grant exists already. That happens to a message replayed after its
+// inbox row expired. The delivery is Done without a second coupon, and the counters are as
+// they were. On PostgreSQL the grant's insert must not fail inside the transaction. It
+// would abort the transaction, and the delivery would fail for ever. So the stock and
+// budget statement takes nothing for an order whose grant exists.
 func TestHandleNewDeliveryOfExistingGrant(t *testing.T) {
 	d := testenv.DB(t, 2, couponSchema)
 	ctx := context.Background()
@@ -412,12 +417,13 @@ func TestHandleNewDeliveryOfExistingGrant(t *testing.T) {
 	}
 }
 
-// TestBatchPreparedStatements: the batch's grant, log, coupon and outbox inserts run as
-// prepared statements of the handler's pool, prepared in the background at their first use,
-// and the grants are written as without. One pooled connection, so its session counter is
-// the batch's: 100 grants = 64 + 32 prepared + 4 interpolated rows, and 300 log rows = 256 +
-// 32 + 12, so 8 prepared executions once prepared (none in the first batch, which runs
-// while they prepare: the check can fail).
+// TestBatchPreparedStatements checks that the batch's grant, log, coupon and outbox inserts
+// run as prepared statements of the handler's pool. They are prepared in the background at
+// their first use, and the grants are written as without them. The pool has one
+// connection, so its session counter counts the batch's executions. Each insert writes 100
+// rows as 64 and 32 prepared rows and 4 interpolated ones. So a batch makes 8 prepared
+// executions once the statements are prepared. The first batch makes none, because it runs
+// while they prepare, and so the check can fail.
 func TestBatchPreparedStatements(t *testing.T) {
 	d := testenv.DB(t, 1, couponSchema)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

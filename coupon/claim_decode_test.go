@@ -10,9 +10,9 @@ import (
 	"github.com/onceflow/onceflow/inbox"
 )
 
-// A claim body's field names match exactly: a userId in another case, or given twice, is
-// refused with the reason, where encoding/json alone takes the last userId, or the one in
-// capitals, as the claim's user.
+// TestClaimBodyFieldNamesExact checks that a claim body's field names match exactly. A
+// userId in another case, or given twice, is refused with the reason. encoding/json alone
+// would take the last userId, or the one in capitals, as the claim's user.
 func TestClaimBodyFieldNamesExact(t *testing.T) {
 	c := claimCodec{campaignID: "c1"}
 	for _, tc := range []struct {

@@ -18,11 +18,13 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// An order whose orderId is a claim's claimId (the client is told it) gets a coupon of its
-// own, whether it arrives before the claim or after it, through the real inbox, one delivery
-// at a time or in a group commit's batch; the claim gets its own too, and the audit finds
-// nothing. An order's grant is GrantID of its id, which never equals a claim's; when the
-// order's grant was its id, whichever of the two came second ended done with no coupon.
+// TestOrderWithAClaimsIDGetsItsOwnCoupon checks an order whose orderId is a claim's
+// claimId, which the client is told. The order gets a coupon of its own, whether it
+// arrives before the claim or after it. It goes through the real inbox, one delivery at a
+// time or in a group commit's batch. The claim gets its own coupon too, and the audit
+// finds nothing. An order's grant is GrantID of its id, which never equals a claim's. If
+// an order's grant were its id, whichever of the two came second would end done with no
+// coupon.
 func TestOrderWithAClaimsIDGetsItsOwnCoupon(t *testing.T) {
 	for _, batch := range []bool{false, true} {
 		for _, orderFirst := range []bool{true, false} {
@@ -113,9 +115,9 @@ func TestOrderWithAClaimsIDGetsItsOwnCoupon(t *testing.T) {
 	}
 }
 
-// GrantID keeps an order id outside the claim namespace as it is; one inside it becomes
-// "claim-order-" and 40 hex digits, never a claim id ("claim-" and 40 hex digits) and never
-// an order id kept as itself.
+// TestGrantID checks that GrantID keeps an order id outside the claim namespace as it is.
+// An order id inside it becomes "claim-order-" and 40 hex digits. That is never a claim
+// id, which is "claim-" and 40 hex digits, and never an order id kept as itself.
 func TestGrantID(t *testing.T) {
 	claim := coupon.ClaimID("t-1")
 	for _, tc := range []struct {

@@ -33,8 +33,8 @@ func httpService(t *testing.T, url string, timeout time.Duration, maxConns int) 
 	return s
 }
 
-// A call is a POST of no body to <url>/<step> with the key in Idempotency-Key, and calls
-// in turn share one kept-alive connection.
+// TestHTTPServiceRequest checks that a call is a POST of no body to <url>/<step> with the
+// key in Idempotency-Key. Calls in turn share one kept-alive connection.
 func TestHTTPServiceRequest(t *testing.T) {
 	type seen struct{ method, path, key, body string }
 	var (
@@ -79,8 +79,9 @@ func TestHTTPServiceRequest(t *testing.T) {
 	}
 }
 
-// A 2xx answer is success, a 4xx that refuses for good a permanent error, anything else an
-// error the inbox retries; a redirect is not followed.
+// TestHTTPServiceStatus checks that a 2xx answer is success. A 4xx that refuses for good
+// is a permanent error, and anything else is an error the inbox retries. A redirect is not
+// followed.
 func TestHTTPServiceStatus(t *testing.T) {
 	var redirected atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -146,7 +147,8 @@ func TestHTTPServiceStatus(t *testing.T) {
 	}
 }
 
-// A connection refused and a call past its timeout are errors the inbox retries.
+// TestHTTPServiceUnreachableAndTimeout checks that a connection refused and a call past
+// its timeout are errors the inbox retries.
 func TestHTTPServiceUnreachableAndTimeout(t *testing.T) {
 	t.Run("refused", func(t *testing.T) {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -189,8 +191,9 @@ func TestHTTPServiceUnreachableAndTimeout(t *testing.T) {
 	})
 }
 
-// A call reads a bounded part of the answer: a success whose body never ends returns, and
-// an error quotes the first bytes of its body only.
+// TestHTTPServiceBodyLimit checks that a call reads a bounded part of the answer. A
+// success whose body never ends returns, and an error quotes only the first bytes of its
+// body.
 func TestHTTPServiceBodyLimit(t *testing.T) {
 	const endless = 256 << 20
 	var written atomic.Int64
@@ -225,7 +228,8 @@ func TestHTTPServiceBodyLimit(t *testing.T) {
 	}
 }
 
-// At most MaxConns calls reach the service at once; the others wait for a connection.
+// TestHTTPServiceMaxConns checks that at most MaxConns calls reach the service at once.
+// The others wait for a connection.
 func TestHTTPServiceMaxConns(t *testing.T) {
 	var inFlight, most, conns atomic.Int64
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -261,8 +265,8 @@ func TestHTTPServiceMaxConns(t *testing.T) {
 	}
 }
 
-// The plugin's settings: downstream_url selects the HTTP service, is checked, and excludes
-// the simulated service's settings.
+// TestDownstreamSettings checks the plugin's settings. downstream_url selects the HTTP
+// service, is checked, and excludes the simulated service's settings.
 func TestDownstreamSettings(t *testing.T) {
 	ok := coupon.DefaultConfig()
 	ok.DownstreamURL = "http://127.0.0.1:8490"
@@ -293,9 +297,9 @@ func TestDownstreamSettings(t *testing.T) {
 	}
 }
 
-// The plugin's handler on an HTTP service is a Preparer: its calls are made before the
-// transaction, each step once, in order; a 4xx that refuses for good quarantines the order
-// at once as permanent, after one call.
+// TestHTTPServicePlugin checks that the plugin's handler on an HTTP service is a Preparer.
+// Its calls are made before the transaction, each step once and in order. A 4xx that
+// refuses for good quarantines the order at once as permanent, after one call.
 func TestHTTPServicePlugin(t *testing.T) {
 	var (
 		mu    sync.Mutex

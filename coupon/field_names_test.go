@@ -14,10 +14,10 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// Orders with a field name in another case, or a field given twice, are poison: quarantined
-// with the reason, nothing granted, and the well-formed order after them granted once.
-// encoding/json alone decodes each as an order (the last orderId, or the one in capitals),
-// which would be granted.
+// TestFieldNamesByCaseArePoison checks that orders with a field name in another case, or a
+// field given twice, are poison. They are quarantined with the reason and nothing is
+// granted. The well-formed order after them is granted once. encoding/json alone would
+// decode each as an order with the last orderId, or the one in capitals, and grant it.
 func TestFieldNamesByCaseArePoison(t *testing.T) {
 	payloads := []struct{ payload, decoded, reason string }{
 		{`{"orderId":"ci-2","orderid":"ci-3","userId":"u-1","amountCents":100}`, "ci-3", `field name in another case: "orderid" at byte 18 is field "orderId"`},

@@ -15,8 +15,9 @@ import (
 )
 
 // TestCASRejectsStaleState exercises the optimistic-lock guard on its own. Through Step it
-// is never reached in practice (the upsert in loadOrCreate row-locks the grant, so steps of
-// one order serialise), so it is driven here with a deliberately stale "from" state.
+// is never reached in practice. The upsert in loadOrCreate locks the grant's row, so the
+// steps of one order run one after another. So the test drives it with a deliberately
+// stale "from" state.
 func TestCASRejectsStaleState(t *testing.T) {
 	d := testenv.DB(t, 2, migrations.Set{Name: PluginName, FS: Migrations})
 	ctx := context.Background()
@@ -54,8 +55,8 @@ func TestCASRejectsStaleState(t *testing.T) {
 	}
 }
 
-// TestNameIDIsUUIDv5: the ids hashed on the stack are uuid.NewSHA1's, so coupons and events
-// keep the ids they had.
+// TestNameIDIsUUIDv5 checks that the ids hashed on the stack are uuid.NewSHA1's. So coupons
+// and events keep the ids uuid.NewSHA1 gives them.
 func TestNameIDIsUUIDv5(t *testing.T) {
 	long := strings.Repeat("x", 300) // past the stack buffer
 	for _, c := range [][3]string{{"coupon", "c1", "o1"}, {EventGranted, "summer", "order-42"}, {"coupon", long, long}, {"", "", ""}} {

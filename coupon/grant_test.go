@@ -47,7 +47,8 @@ func setup(t *testing.T, db *sql.DB, cfg coupon.Config, svc coupon.ExternalServi
 	return g
 }
 
-// plugin is g as the plugin runs it on db (Granter.Handler), closed when the test ends.
+// plugin is g as the plugin runs it on db, through Granter.Handler. It is closed when the
+// test ends.
 func plugin(t *testing.T, db *sql.DB, g *coupon.Granter) inbox.Handler {
 	t.Helper()
 	h, err := g.Handler(db)
@@ -62,7 +63,7 @@ func order(id string) coupon.OrderPaid {
 	return coupon.OrderPaid{OrderID: id, UserID: "user-" + id, AmountCents: 9900, PaidAt: time.Date(2024, 11, 11, 0, 0, 0, 0, time.UTC)}
 }
 
-// step runs one Granter.Step in its own transaction; an error rolls the step back.
+// step runs one Granter.Step in its own transaction. An error rolls the step back.
 func step(ctx context.Context, db *sql.DB, g *coupon.Granter, o coupon.OrderPaid) (inbox.Progress, error) {
 	var p inbox.Progress
 	err := dbx.InTx(ctx, db, func(tx *sql.Tx) error {
@@ -78,7 +79,7 @@ func retryable(err error) bool {
 	return errors.Is(err, coupon.ErrStaleState) || dbx.IsLockConflict(err) || errors.Is(err, coupon.ErrInjected)
 }
 
-// runToDone steps o until Done, retrying retryable errors; it returns how many steps were
+// runToDone steps o until Done, retrying retryable errors. It returns how many steps were
 // rolled back.
 func runToDone(ctx context.Context, db *sql.DB, g *coupon.Granter, o coupon.OrderPaid) (retries int, err error) {
 	for attempt := 0; attempt < 1000; attempt++ {
@@ -284,7 +285,8 @@ func TestGrantHappyPath(t *testing.T) {
 		t.Errorf("grant log %v, want %v", got, happyLog)
 	}
 
-	// A further step (a duplicate delivery, a resumed inbox row) is Done and changes nothing.
+	// A further step, for a duplicate delivery or a resumed inbox row, is Done and changes
+	// nothing.
 	before := takeSnapshot(t, d.DB, o.OrderID, cfg.CampaignID)
 	for i := 0; i < 3; i++ {
 		p, err := step(ctx, d.DB, g, o)
@@ -301,10 +303,11 @@ func TestGrantHappyPath(t *testing.T) {
 	}
 }
 
-// gate widens the window between a step's read of the grant state and its writes: the
-// first caller of each step waits (bounded by hold) until a second caller of the same step
-// arrives. Code that re-reads a stale state lets both through and so double-applies the
-// step; code that serialises the steps of one order makes the first caller wait out hold.
+// gate widens the window between a step's read of the grant state and its writes. The
+// first caller of each step waits until a second caller of the same step arrives, for at
+// most hold. Code that reads a stale state lets both through and so applies the step
+// twice. Code that runs the steps of one order one after another makes the first caller
+// wait out hold.
 type gate struct {
 	hold time.Duration
 	mu   sync.Mutex
@@ -339,12 +342,12 @@ func (g *gate) wait(ctx context.Context, step string) error {
 	return nil
 }
 
-// Call implements coupon.ExternalService: the granter calls it between its read of the
+// Call implements coupon.ExternalService. The granter calls it between its read of the
 // grant and the step's writes.
 func (g *gate) Call(ctx context.Context, step, _ string) error { return g.wait(ctx, step) }
 
-// hammer runs n goroutines that each call fn until it reports done; fn's errors are
-// returned (the first one).
+// hammer runs n goroutines that each call fn until it reports done. It returns fn's first
+// error.
 func hammer(n int, fn func() (done bool, err error)) error {
 	var wg sync.WaitGroup
 	start := make(chan struct{})
@@ -374,14 +377,15 @@ func hammer(n int, fn func() (done bool, err error)) error {
 }
 
 // naiveDupTail makes the naive step's coupon insert do nothing for an existing coupon on
-// PostgreSQL (errNaiveDuplicate), where a failed insert aborts the transaction.
+// PostgreSQL, where a failed insert aborts the transaction. errNaiveDuplicate stands for
+// that case.
 var (
 	naiveDupTail      = map[bool]string{true: " ON CONFLICT DO NOTHING"}[testenv.Dialect().IsPostgres()]
 	errNaiveDuplicate = errors.New("coupon exists")
 )
 
-// TestGrantConcurrentSameOrder is the state machine alone as the second line of defence:
-// no inbox, 50 goroutines step the same order concurrently.
+// TestGrantConcurrentSameOrder tests the state machine alone as the second line of
+// defence. Without an inbox, 50 goroutines step the same order concurrently.
 func TestGrantConcurrentSameOrder(t *testing.T) {
 	const N = 50
 	d := testenv.DB(t, 16, couponSchema)
@@ -426,9 +430,9 @@ func TestGrantConcurrentSameOrder(t *testing.T) {
 		mustVerify(t, d.DB, cfg.CampaignID)
 	})
 
-	// The same steps as a plain read-then-write without the "AND state = ?" guard (and
-	// without the row lock the granter's upsert takes) must over-count under the same
-	// concurrency: this is what shows the test above can fail.
+	// The same steps as a plain read-then-write must over-count under the same
+	// concurrency. They lack the "AND state = ?" guard and the row lock the granter's
+	// upsert takes. This shows that the test above can fail.
 	t.Run("naive", func(t *testing.T) {
 		cfg := campaign("naive", 1000, 1000*valueCents)
 		if err := coupon.EnsureCampaign(ctx, d.DB, cfg); err != nil {
@@ -467,8 +471,8 @@ func TestGrantConcurrentSameOrder(t *testing.T) {
 						return err
 					}
 				case coupon.StateBudgetDeducted:
-					// On PostgreSQL a duplicate key would abort the transaction: the insert
-					// does nothing instead, and says so by its row count.
+					// On PostgreSQL a duplicate key would abort the transaction. So the
+					// insert does nothing instead, and says so by its row count.
 					res, err := tx.ExecContext(ctx, rb(`INSERT INTO user_coupon (coupon_id, order_id, campaign_id, user_id, value_cents) VALUES (?, ?, ?, ?, ?)`+naiveDupTail),
 						coupon.CouponID(o.OrderID, cfg.CampaignID), o.OrderID, cfg.CampaignID, o.UserID, valueCents)
 					if err == nil && naiveDupTail != "" {
@@ -478,8 +482,8 @@ func TestGrantConcurrentSameOrder(t *testing.T) {
 					}
 					switch {
 					case dbx.IsDuplicate(err) || errors.Is(err, errNaiveDuplicate):
-						// The coupon exists: naively call the grant GRANTED (a stale reader
-						// may have moved it back) without touching the stock again.
+						// The coupon exists. Naively call the grant GRANTED without touching
+						// the stock again. A stale reader may have moved it back.
 					case err != nil:
 						return err
 					default:
@@ -519,8 +523,9 @@ func TestGrantConcurrentSameOrder(t *testing.T) {
 	})
 }
 
-// TestGrantRepeatedStepAfterLostResponse: a step committed but its caller never learned
-// (timeout, crash after commit) and runs it again; or the step was lost before commit.
+// TestGrantRepeatedStepAfterLostResponse checks two cases. A step committed, but its
+// caller never learned so, after a timeout or a crash after commit, and runs it again. Or
+// the step was lost before commit.
 func TestGrantRepeatedStepAfterLostResponse(t *testing.T) {
 	d := testenv.DB(t, 4, couponSchema)
 	ctx := context.Background()
@@ -539,7 +544,7 @@ func TestGrantRepeatedStepAfterLostResponse(t *testing.T) {
 				t.Fatalf("after step %d: counters %+v, want %+v", i+1, c, want[i])
 			}
 		}
-		// Step 3 "timed out but committed": the retry must not lock stock, spend budget or
+		// Step 3 "timed out but committed". The retry must not lock stock, spend budget or
 		// write a coupon again.
 		before := takeSnapshot(t, d.DB, o.OrderID, cfg.CampaignID)
 		p, err := step(ctx, d.DB, g, o)
@@ -555,7 +560,7 @@ func TestGrantRepeatedStepAfterLostResponse(t *testing.T) {
 		o := order("order-rolled-back")
 		base := readCounters(t, d.DB, cfg.CampaignID)
 		for i := 0; i < 3; i++ {
-			// Run the step and lose it: the transaction never commits.
+			// Run the step and lose it. The transaction never commits.
 			tx, err := d.DB.BeginTx(ctx, dbx.TxOptions)
 			if err != nil {
 				t.Fatal(err)
@@ -615,7 +620,7 @@ func TestGrantStockExhausted(t *testing.T) {
 	if n := count(t, d.DB, `SELECT COUNT(*) FROM user_coupon`); n != 1 {
 		t.Errorf("%d coupons, want 1", n)
 	}
-	// FAILED is terminal: a redelivery changes nothing.
+	// FAILED is terminal, so a redelivery changes nothing.
 	snap := takeSnapshot(t, d.DB, second.OrderID, cfg.CampaignID)
 	if p, err := step(ctx, d.DB, g, second); err != nil || p != inbox.Done {
 		t.Fatalf("step after FAILED: %v, %v", p, err)
@@ -767,8 +772,8 @@ func TestVerify(t *testing.T) {
 	}
 	granted := "order-03"
 
-	// Inbox rows as the entrances leave them: an HTTP claim done with its grant, and a row an
-	// operator resolved, done without one (the audit leaves it out).
+	// These are inbox rows as the entrances leave them. An HTTP claim is done with its
+	// grant. A row an operator resolved is done without one, and the audit leaves it out.
 	const inboxRow = `INSERT INTO inbox (dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset, payload, metadata, fingerprint, expire_at)
  VALUES (?, ?, 'done', ?, ?, 't', 0, 0, ?, ?, ?, ?)`
 	row := func(biz, key, reason, token string) []any {
@@ -823,8 +828,8 @@ func TestVerify(t *testing.T) {
 		{"done claim row without its grant", 2, time.Hour,
 			inboxRow, row(coupon.ClaimBizType, "tok-ghost", "", "tok-ghost"),
 			`DELETE FROM inbox WHERE dedup_key = 'tok-ghost'`, nil},
-		// The probe's order: its id is a claim's claimId, and the only grant of that id is the
-		// claim's. Its own grant (GrantID) does not exist.
+		// The probe's order id is a claim's claimId, and the only grant of that id is the
+		// claim's. The order's own grant, named by GrantID, does not exist.
 		{"done order whose id is a claim's, without a grant of its own", 2, time.Hour,
 			inboxRow, row(coupon.BizType, claimID, "", ""),
 			`DELETE FROM inbox WHERE biz_type = ? AND dedup_key = ?`, []any{coupon.BizType, claimID}},

@@ -11,9 +11,9 @@ import (
 	"github.com/onceflow/onceflow/migrations"
 )
 
-// History lists an order's committed transitions, oldest first, with the coupon granted or
-// the reason the grant failed; an order it never saw has none. The plugin declares it as
-// its inbox.Plugin.History (the console's row page).
+// TestHistory checks that History lists an order's committed transitions, oldest first,
+// with the coupon granted or the reason the grant failed. An order it never saw has none.
+// The plugin declares History as its inbox.Plugin.History, for the console's row page.
 func TestHistory(t *testing.T) {
 	d := testenv.DB(t, 4, migrations.Set{Name: coupon.PluginName, FS: coupon.Migrations})
 	ctx := context.Background()

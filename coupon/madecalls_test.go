@@ -15,7 +15,7 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// stepService counts calls per idempotency key; the first fail[key] calls of a key fail.
+// stepService counts calls per idempotency key. The first fail[key] calls of a key fail.
 type stepService struct {
 	mu    sync.Mutex
 	calls map[string]int
@@ -33,9 +33,10 @@ func (s *stepService) Call(_ context.Context, _, key string) error {
 	return nil
 }
 
-// A grant whose second call fails after its first succeeded is retried from the failed
-// step, never from the one that succeeded: one successful call per step, whatever failed in
-// between. Here the failed call fails again on its next try, so the attempt fails.
+// TestPrepareMakesASucceededCallOnce checks a grant whose second call fails after its first
+// succeeded. It is retried from the failed step, never from the one that succeeded. Each
+// step gets one successful call, whatever failed in between. Here the failed call fails
+// again on its next try, so the attempt fails.
 func TestPrepareMakesASucceededCallOnce(t *testing.T) {
 	db := testenv.DB(t, 4, couponSchema).DB
 	svc := &stepService{calls: map[string]int{}, fail: map[string]int{"m-1:deduct_budget": 2}}
@@ -60,9 +61,10 @@ func TestPrepareMakesASucceededCallOnce(t *testing.T) {
 	}
 }
 
-// When a grant's call fails after earlier ones succeeded, the steps made commit, so another
-// router that runs the grant later (here the delayed redelivery on a second router, whose
-// handler remembers no call) starts from the failed step.
+// TestAnotherRouterStartsFromTheFailedStep checks a grant's call that fails after earlier
+// ones succeeded. The steps made commit. So another router that runs the grant later starts
+// from the failed step. Here that is the delayed redelivery on a second router, whose
+// handler remembers no call.
 func TestAnotherRouterStartsFromTheFailedStep(t *testing.T) {
 	db := testenv.DB(t, 4, couponSchema).DB
 	svc := &stepService{calls: map[string]int{}, fail: map[string]int{"m-2:deduct_budget": 2}}

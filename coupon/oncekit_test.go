@@ -10,11 +10,12 @@ import (
 	"github.com/onceflow/onceflow/inbox/inboxtest"
 )
 
-// TestGranterOncePerOrderKit runs the coupon plugin's handler through the plugin authors'
-// test kit (inbox/inboxtest): duplicates, concurrent copies, poison and a rolled-back
-// transaction per order, one delivery per transaction and under group commit (HandleBatch);
-// one coupon and one CouponGranted event per order. The bare Granter (a step per
-// transaction) goes through it one delivery per transaction too.
+// TestGranterOncePerOrderKit runs the coupon plugin's handler through inbox/inboxtest, the
+// plugin authors' test kit. The kit sends duplicates, concurrent copies, poison and a
+// rolled-back transaction per order. It runs one delivery per transaction and under group
+// commit, with HandleBatch. Each order gets one coupon and one CouponGranted event. The
+// bare Granter, which runs a step per transaction, goes through the kit one delivery per
+// transaction too.
 func TestGranterOncePerOrderKit(t *testing.T) {
 	for _, tc := range []struct {
 		name             string

@@ -22,8 +22,8 @@ func decodeReference(b []byte) (OrderPaid, error) {
 	return decodeOrderPaidReference(b)
 }
 
-// fingerprintReference and encodeReference are Fingerprint and Encode as they were
-// first written: the outputs must stay byte-identical.
+// fingerprintReference and encodeReference are Fingerprint and Encode written the plain
+// way. The outputs of both versions must stay byte-identical.
 func fingerprintReference(o OrderPaid) string {
 	s := sha256.Sum256([]byte(o.OrderID + "\x00" + o.UserID + "\x00" + strconv.FormatInt(o.AmountCents, 10) + "\x00" + o.PaidAt.UTC().Format(time.RFC3339Nano)))
 	return hex.EncodeToString(s[:])
@@ -39,8 +39,8 @@ func encodeReference(o OrderPaid) []byte {
 	return b
 }
 
-// CheckOrderPaidAgainstReference is used by FuzzDecodeOrderPaid: DecodeOrderPaid(b) must be
-// what the reference decoder makes of b (the same OrderPaid, or the same error), and a
+// CheckOrderPaidAgainstReference is used by FuzzDecodeOrderPaid. DecodeOrderPaid(b) must
+// return what the reference decoder makes of b, the same OrderPaid or the same error. A
 // decoded OrderPaid must fingerprint and encode as the reference code does.
 func CheckOrderPaidAgainstReference(b []byte) error {
 	got, err := DecodeOrderPaid(b)
@@ -137,8 +137,8 @@ func OrderPaidDecodeSeeds() []string {
 	return s
 }
 
-// The fast path decodes the common wire form and leaves everything else to encoding/json;
-// either way the result is the reference's.
+// TestDecodeOrderPaidFastPath checks that the fast path decodes the common wire form and
+// leaves everything else to encoding/json. Either way the result is the reference's.
 func TestDecodeOrderPaidFastPath(t *testing.T) {
 	for _, c := range fastPayloads {
 		t.Run("fast/"+c.name, func(t *testing.T) {
@@ -167,8 +167,9 @@ func TestDecodeOrderPaidFastPath(t *testing.T) {
 	}
 }
 
-// DecodeOrderPaid takes the fast path for the encoder's output (one allocation, the ids'
-// string), and Fingerprint and Encode allocate only what they return.
+// TestOrderPaidAllocations checks that DecodeOrderPaid takes the fast path for the
+// encoder's output, with one allocation for the ids' string. Fingerprint and Encode
+// allocate only what they return.
 func TestOrderPaidAllocations(t *testing.T) {
 	p := fastOrder.Encode()
 	ref := testing.AllocsPerRun(100, func() { _, _ = decodeReference(p) })
@@ -189,8 +190,9 @@ func TestOrderPaidAllocations(t *testing.T) {
 	}
 }
 
-// Fingerprint and Encode write what the reference code writes, for the values the fast
-// ways take and those they leave to it.
+// TestOrderPaidFingerprintAndEncodeUnchanged checks that Fingerprint and Encode write what
+// the reference code writes. That holds for the values the fast ways take and for those
+// they leave to the reference code.
 func TestOrderPaidFingerprintAndEncodeUnchanged(t *testing.T) {
 	cst := time.FixedZone("CST", 8*3600)
 	ids := []string{"", "o-1", strings.Repeat("x", MaxIDLen), strings.Repeat("y", 3*MaxIDLen), `q"uote`, `back\slash`, "<html>", "a&b",

@@ -158,7 +158,8 @@ func TestOrderPaidFingerprint(t *testing.T) {
 		{"amountCents absent", `{"orderId":"o-1","userId":"u-1","paidAt":"2024-11-11T00:00:00Z"}`},
 		{"orderId", `{"orderId":"o-2","userId":"u-1","amountCents":500,"paidAt":"2024-11-11T00:00:00Z"}`},
 		{"paidAt", `{"orderId":"o-1","userId":"u-1","amountCents":500,"paidAt":"2024-11-11T00:00:01Z"}`},
-		// The separator keeps field boundaries: moving bytes between ids changes the fingerprint.
+		// The separator keeps field boundaries, so moving bytes between ids changes the
+		// fingerprint.
 		{"shifted ids", `{"orderId":"o-1u","userId":"-1","amountCents":500,"paidAt":"2024-11-11T00:00:00Z"}`},
 	}
 	for _, c := range different {
@@ -202,7 +203,8 @@ func FuzzDecodeOrderPaid(f *testing.F) {
 		f.Add([]byte(c.payload))
 	}
 	f.Add([]byte(`{"orderId":"o-\ud800\udc00\uDBFF","userId":"u"}`))
-	// The fast path's form and its edges: every seed is checked against the reference decoder.
+	// Every seed of the fast path's form and its edges is checked against the reference
+	// decoder.
 	for _, o := range []coupon.OrderPaid{
 		{OrderID: "o-1", UserID: "u-1", AmountCents: 12345, PaidAt: paidAt},
 		{OrderID: id64, UserID: "é😀<&>", AmountCents: 1<<63 - 1, PaidAt: time.Date(9999, 12, 31, 23, 59, 59, 999_999_999, time.UTC)},
@@ -233,8 +235,8 @@ func FuzzDecodeOrderPaid(f *testing.F) {
 				t.Fatalf("%s %q: want 1..%d bytes of UTF-8", name, id, coupon.MaxIDLen)
 			}
 		}
-		// A decoded key is never a rewritten form of the input: what encoding/json makes of
-		// bytes that are not UTF-8 or of lone surrogates is U+FFFD, so the ids hold no more
+		// A decoded key is never a rewritten form of the input. encoding/json turns bytes
+		// that are not UTF-8 and lone surrogates into U+FFFD. So the ids must hold no more
 		// U+FFFD than were sent as such.
 		if !utf8.Valid(b) {
 			t.Fatalf("accepted %q, which is not UTF-8", b)

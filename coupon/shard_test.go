@@ -10,9 +10,10 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// Stock and budget are split over shards; an order whose own shard is empty takes from the
-// next one, so the campaign grants exactly what an unsharded campaign would, and the
-// per-shard counters stay equal to what the grants imply.
+// TestShardedCountersExhaustCampaignWide checks stock and budget split over shards. An
+// order whose own shard is empty takes from the next one. So the campaign grants exactly
+// what an unsharded campaign would, and the per-shard counters stay equal to what the
+// grants imply.
 func TestShardedCountersExhaustCampaignWide(t *testing.T) {
 	cases := []struct {
 		name              string
@@ -56,8 +57,8 @@ func TestShardedCountersExhaustCampaignWide(t *testing.T) {
 			if a.Coupons != int64(tc.wantGranted) {
 				t.Fatalf("coupons %d", a.Coupons)
 			}
-			// The check can fail: attribute one grant to another shard (totals unchanged) and
-			// the per-shard audit sees it.
+			// The check can fail. Attribute one grant to another shard, with the totals
+			// unchanged, and the per-shard audit sees it.
 			if tc.shards > 1 {
 				var moved string
 				if err := d.DB.QueryRow(rb(`SELECT MIN(order_id) FROM coupon_grant WHERE campaign_id = ? AND state = 'GRANTED'`), cfg.CampaignID).Scan(&moved); err != nil {

@@ -10,8 +10,8 @@ import (
 // unknownState is not one of coupon.States.
 const unknownState = coupon.State("REFUNDED")
 
-// legal is the state machine written out independently of state.go: the three happy-path
-// steps and every non-terminal state to FAILED. Everything else is illegal.
+// legal is the state machine written out independently of state.go. It holds the three
+// happy-path steps and every non-terminal state to FAILED. Everything else is illegal.
 var legal = map[[2]coupon.State]bool{
 	{coupon.StateInit, coupon.StateLocked}:            true,
 	{coupon.StateLocked, coupon.StateBudgetDeducted}:  true,
@@ -46,8 +46,8 @@ func TestStatesList(t *testing.T) {
 	}
 }
 
-// TestTransitions checks CanTransitTo and Transit for every (from, to) pair over the five
-// states plus an unknown one.
+// TestTransitions checks CanTransitTo and Transit for every pair of states, over the five
+// states and an unknown one.
 func TestTransitions(t *testing.T) {
 	all := append(append([]coupon.State{}, coupon.States...), unknownState)
 	type tc struct {

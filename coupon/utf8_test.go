@@ -15,10 +15,11 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// Two orders whose ids differ only in a byte that is not UTF-8 (same user and amount) are
-// two poison messages, quarantined with the reason and their bytes as sent, and grant
-// nothing. encoding/json alone decodes both as one order (the byte becomes U+FFFD): that
-// made them one inbox row, one coupon and one "duplicate".
+// TestInvalidUTF8OrdersArePoison checks two orders of the same user and amount whose ids
+// differ only in a byte that is not UTF-8. They are two poison messages, quarantined with
+// the reason and their bytes as sent, and they grant nothing. encoding/json alone would
+// turn the byte into U+FFFD and decode both as one order. They would then be one inbox
+// row, one coupon and one "duplicate".
 func TestInvalidUTF8OrdersArePoison(t *testing.T) {
 	payloads := [][]byte{
 		[]byte("{\"orderId\":\"u8-\xff\",\"userId\":\"u-1\",\"amountCents\":100}"),

@@ -10,8 +10,9 @@ import (
 	"github.com/onceflow/onceflow/outbox"
 )
 
-// FuzzDecode: a coupon-granted record (payload and event_type header, both outside input)
-// never panics the decoder; whatever it accepts is UTF-8 and has a bounded key.
+// FuzzDecode checks that a coupon-granted record never panics the decoder. Its payload and
+// event_type header are both outside input. Whatever the decoder accepts is UTF-8 and has
+// a bounded key.
 func FuzzDecode(f *testing.F) {
 	f.Add([]byte(`{"eventId":"e","orderId":"o","userId":"u","campaignId":"c","couponId":"k","valueCents":500}`), "CouponGranted")
 	f.Add([]byte(`{"eventId":"e","orderId":"o"}`), "")

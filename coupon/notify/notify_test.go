@@ -102,10 +102,11 @@ func count(t *testing.T, db *sql.DB, q string, args ...any) int {
 	return n
 }
 
-// The chain and biz-type isolation on one database: the coupon inbox grants, the notifier
-// consumes the CouponGranted event it wrote through its own inbox; the same order id is in
-// the inbox once per biz type, each processed once; a quarantined notification does not
-// block the coupon, and a notify row does not block the coupon of the same order id.
+// TestTwoBizTypesSameOrderEachProcessOnce checks the chain and biz-type isolation on one
+// database. The coupon inbox grants, and the notifier consumes the CouponGranted event it
+// wrote, through its own inbox. The same order id is in the inbox once per biz type, and
+// each row is processed once. A quarantined notification does not block the coupon, and a
+// notify row does not block the coupon of the same order id.
 func TestTwoBizTypesSameOrderEachProcessOnce(t *testing.T) {
 	d := testenv.DB(t, 8, migrations.Set{Name: coupon.PluginName, FS: coupon.Migrations},
 		migrations.Set{Name: notify.PluginName, FS: notify.Migrations})
@@ -139,7 +140,8 @@ func TestTwoBizTypesSameOrderEachProcessOnce(t *testing.T) {
 		o := coupon.OrderPaid{OrderID: id, UserID: "u1", AmountCents: 1000, PaidAt: time.Date(2026, 11, 11, 0, 0, 0, 0, time.UTC)}
 		return message.NewMessage(watermill.NewUUID(), o.Encode())
 	}
-	// grantedMsg is what the relay publishes for the order: the outbox row's payload and headers.
+	// grantedMsg is what the relay publishes for the order, the outbox row's payload and
+	// headers.
 	grantedMsg := func(id string) *message.Message {
 		var payload []byte
 		if err := db.QueryRow(testenv.Dialect().Rebind("SELECT payload FROM outbox WHERE msg_key = ? AND event_type = ?"), id, coupon.EventGranted).Scan(&payload); err != nil {
@@ -215,9 +217,10 @@ func (b breakable) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (i
 	return b.Handler.Handle(ctx, tx, d)
 }
 
-// Order ids compare exactly: grants of "o-9" and "o-9 " are two notifications (a PAD SPACE
-// collation, the schema before the notifier's 00002 and the framework's 00013, took the
-// second for the first's duplicate).
+// TestOrderIDsCompareExactly checks that order ids compare exactly. Grants of "o-9" and
+// "o-9 " are two notifications. A PAD SPACE collation would take the second for the
+// first's duplicate. The notifier's migration 00002 and the framework's 00013 set NO PAD
+// collations.
 func TestOrderIDsCompareExactly(t *testing.T) {
 	d := testenv.DB(t, 4, migrations.Set{Name: coupon.PluginName, FS: coupon.Migrations},
 		migrations.Set{Name: notify.PluginName, FS: notify.Migrations})
@@ -240,9 +243,10 @@ func TestOrderIDsCompareExactly(t *testing.T) {
 	}
 }
 
-// The notification's unique key is the second line of defence: a grant handled again
-// without its inbox row (cleaned, then replayed from Kafka) records nothing more and its
-// transaction goes on (on PostgreSQL a failed duplicate insert would abort it); another
+// TestNotificationOncePerOrderAndChannel checks the notification's unique key, the second
+// line of defence. A grant may be handled again without its inbox row, when the row was
+// cleaned and the event replayed from Kafka. It then records nothing more, and its
+// transaction goes on. On PostgreSQL a failed duplicate insert would abort it. Another
 // channel is another notification.
 func TestNotificationOncePerOrderAndChannel(t *testing.T) {
 	d := testenv.DB(t, 2, migrations.Set{Name: notify.PluginName, FS: notify.Migrations})
