@@ -13,6 +13,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/onceflow/onceflow/internal/console"
 	"github.com/onceflow/onceflow/internal/health"
 	"github.com/onceflow/onceflow/internal/loopback"
 )
@@ -22,7 +23,7 @@ import (
 var readiness = health.Config{Interval: 5 * time.Second, Timeout: 3 * time.Second}
 
 // admin serves /healthz, /readyz, /metrics and the operator console (every other path:
-// console*.go) on a dedicated mux; nothing when admin.listen is empty. /readyz answers from
+// internal/console) on a dedicated mux; nothing when admin.listen is empty. /readyz answers from
 // the latest results of background checks of the database and Kafka (health.Checker), never
 // from a check of its own: a request costs no connection and cannot hang on a broker that
 // accepts connections and never answers. Without admin.token (a loopback listener) every
@@ -35,7 +36,7 @@ func (p *pipeline) admin() part {
 	}
 	var (
 		ready *health.Checker
-		con   *console
+		con   *console.Console
 		srv   *http.Server
 		ln    net.Listener
 	)

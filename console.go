@@ -6,18 +6,20 @@ import (
 	"slices"
 
 	"github.com/onceflow/onceflow/inbox/inboxops"
+	"github.com/onceflow/onceflow/internal/console"
 	"github.com/onceflow/onceflow/internal/metrics"
 )
 
-// newConsole returns the operator console the admin listener serves at /. Its biz types
+// newConsole returns the operator console (internal/console) the admin listener serves at
+// /. Its biz types
 // are the registered plugins' (as `router replay` resolves them), and its replays run the
 // way `router replay` and `router inbox retry` run theirs: the plugin of the biz type
 // (pluginFor), its handler and inbox built by buildInbox, inboxops.Replay recording the
 // run in the replay table.
-func (a *app) newConsole(ctx context.Context, db *sql.DB, m *metrics.Metrics, token string) (*console, error) {
-	cfg := consoleConfig{DB: db, Metrics: m, Token: token, Logger: a.logger}
+func (a *app) newConsole(ctx context.Context, db *sql.DB, m *metrics.Metrics, token string) (*console.Console, error) {
+	cfg := console.Config{DB: db, Metrics: m, Token: token, Logger: a.logger}
 	if m != nil {
-		if gl, ok := m.Consumers.Judge().(groupLagReader); ok { // the runtime's kafkax.LagReader
+		if gl, ok := m.Consumers.Judge().(console.GroupLagReader); ok { // the runtime's kafkax.LagReader
 			cfg.Lags = gl
 		}
 	}
@@ -28,14 +30,14 @@ func (a *app) newConsole(ctx context.Context, db *sql.DB, m *metrics.Metrics, to
 		}
 		seen := map[string]int{}
 		for _, bt := range sortedKeys(all) {
-			b := consoleBizType{Name: bt}
+			b := console.BizType{Name: bt}
 			for _, p := range all[bt] {
 				if p.command == nil && p.ConsumerGroup != "" && len(p.Topics) > 0 {
 					i, ok := seen[p.ConsumerGroup]
 					if !ok {
 						i = len(cfg.Groups)
 						seen[p.ConsumerGroup] = i
-						cfg.Groups = append(cfg.Groups, consoleGroup{Name: p.ConsumerGroup})
+						cfg.Groups = append(cfg.Groups, console.Group{Name: p.ConsumerGroup})
 					}
 					for _, t := range p.Topics {
 						if !slices.Contains(cfg.Groups[i].Topics, t) {
@@ -67,5 +69,5 @@ func (a *app) newConsole(ctx context.Context, db *sql.DB, m *metrics.Metrics, to
 			return inboxops.Replay(ctx, ib, opts)
 		}
 	}
-	return openConsole(ctx, cfg)
+	return console.New(ctx, cfg)
 }

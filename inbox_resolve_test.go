@@ -16,6 +16,7 @@ import (
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/inbox/inboxops"
+	"github.com/onceflow/onceflow/internal/console"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
@@ -81,7 +82,7 @@ func TestResolveQuarantinedRows(t *testing.T) {
 	}
 
 	// The console resolves the order's row, with the form beside Retry.
-	_, base := testConsole(t, consoleConfig{DB: d.DB, BizTypes: []consoleBizType{{Name: coupon.BizType}},
+	base := testConsole(t, console.Config{DB: d.DB, BizTypes: []console.BizType{{Name: coupon.BizType}},
 		Replay: func(context.Context, inboxops.ReplayOptions) (inboxops.ReplayReport, error) {
 			return inboxops.ReplayReport{}, fmt.Errorf("not run by this test")
 		}})

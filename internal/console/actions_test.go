@@ -1,4 +1,4 @@
-package onceflow
+package console
 
 import (
 	"context"
@@ -47,7 +47,7 @@ func TestRetryRow(t *testing.T) {
 	ib := failingInbox(t, d.DB, "rt")
 	quarantine(t, ib, "k-1", "one", nil)
 	quarantine(t, ib, "k-2", "two", nil)
-	_, base := testConsole(t, consoleConfig{DB: d.DB, BizTypes: []consoleBizType{{Name: "rt"}}, Replay: replayWith(ib)})
+	_, base := testConsole(t, Config{DB: d.DB, BizTypes: []BizType{{Name: "rt"}}, Replay: replayWith(ib)})
 	c := browser(t)
 	id := rowID(t, d, "rt", "k-1")
 	tok := csrf(t, c, base, fmt.Sprintf("/inbox/%d", id))
@@ -112,7 +112,7 @@ func TestRetryRefusesCutRow(t *testing.T) {
 	ok := deliver("k-ok|x", nil, 3, inbox.OutcomeQuarantined)
 	deliver("k-ok|x", nil, 4, inbox.OutcomeHeld)
 	ib.broken.Store(false) // every cause fixed: a row that ran now would be done
-	_, base := testConsole(t, consoleConfig{DB: d.DB, BizTypes: []consoleBizType{{Name: "cut"}}, Replay: replayWith(ib)})
+	_, base := testConsole(t, Config{DB: d.DB, BizTypes: []BizType{{Name: "cut"}}, Replay: replayWith(ib)})
 	c := browser(t)
 	snapshot := func() string {
 		var b strings.Builder
@@ -210,7 +210,7 @@ func TestReplayAfterItsDryRun(t *testing.T) {
 	}
 	other := failingInbox(t, d.DB, "other")
 	quarantine(t, other, "a", "a", nil)
-	_, base := testConsole(t, consoleConfig{DB: d.DB, BizTypes: []consoleBizType{{Name: "rp"}, {Name: "other"}}, Replay: replayWith(ib)})
+	_, base := testConsole(t, Config{DB: d.DB, BizTypes: []BizType{{Name: "rp"}, {Name: "other"}}, Replay: replayWith(ib)})
 	c := browser(t)
 
 	_, list, _ := get(t, c, base+"/inbox?biz=rp&status=failed")
@@ -299,7 +299,7 @@ func TestParkedActions(t *testing.T) {
  (41, 'ev-41', 'CouponGranted', 'missing-topic', 'o-1', '{}', CURRENT_TIMESTAMP(6), 'unknown_topic', 'kafka: topic missing-topic <b>does not exist</b>', NULL),
  (42, 'ev-42', 'CouponGranted', 'missing-topic', 'o-1', '{}', CURRENT_TIMESTAMP(6), 'held', 'held behind ev-41', 'ev-41'),
  (43, 'ev-43', 'CouponGranted', 'missing-topic', 'o-2', '{}', CURRENT_TIMESTAMP(6), 'unknown_topic', 'kafka: topic missing', NULL)`)
-	_, base := testConsole(t, consoleConfig{DB: d.DB})
+	_, base := testConsole(t, Config{DB: d.DB})
 	c := browser(t)
 	_, page, _ := get(t, c, base+"/outbox")
 	if !strings.Contains(page, "ev-42") || !strings.Contains(page, `action="/outbox/41/retry"`) || strings.Contains(page, `action="/outbox/42/retry"`) ||
@@ -344,7 +344,7 @@ func TestOverview(t *testing.T) {
 	m.Observe("ov", "processed", time.Millisecond)
 	m.Observe("ov", "held", time.Millisecond)
 	m.Observe("ov", "held", time.Millisecond)
-	_, base := testConsole(t, consoleConfig{DB: d.DB, Metrics: m, BizTypes: []consoleBizType{{Name: "ov", Plugins: []string{"ov-plugin"}}}})
+	_, base := testConsole(t, Config{DB: d.DB, Metrics: m, BizTypes: []BizType{{Name: "ov", Plugins: []string{"ov-plugin"}}}})
 	_, page, _ := get(t, browser(t), base+"/")
 	for _, want := range []string{"ov-plugin", "retries_exhausted 2", "relay-host-1", "held,", `id="dups-total">1<`, `id="held-total">2<`, `class="bad">2</strong> held`, "No replay yet", "<svg"} {
 		if !strings.Contains(page, want) {
@@ -368,7 +368,7 @@ func TestInboxPages(t *testing.T) {
 		       LOCALTIMESTAMP - (seq / 4) * INTERVAL '1 second', LOCALTIMESTAMP + INTERVAL '1 day' FROM generate_series(1, 130) AS seq`
 	}
 	d.AdminExec(t, rows)
-	_, base := testConsole(t, consoleConfig{DB: d.DB, BizTypes: []consoleBizType{{Name: "pg"}}})
+	_, base := testConsole(t, Config{DB: d.DB, BizTypes: []BizType{{Name: "pg"}}})
 	c := browser(t)
 	linkRE := regexp.MustCompile(`<a href="/inbox/(\d+)">\d+</a>`)
 	olderRE := regexp.MustCompile(`<a href="([^"]+)" id="older">`)

@@ -1,4 +1,4 @@
-package onceflow
+package console
 
 import (
 	"net/http"
@@ -23,7 +23,7 @@ func TestOverviewReplayByReasonAndFreshCounts(t *testing.T) {
 	}
 	d.AdminExec(t, "UPDATE inbox SET reason = 'panic' WHERE dedup_key = 'ord-c'")
 	m := metrics.New(d.DB)
-	_, base := testConsole(t, consoleConfig{DB: d.DB, Metrics: m, BizTypes: []consoleBizType{{Name: "rr"}}, Replay: replayWith(ib)})
+	_, base := testConsole(t, Config{DB: d.DB, Metrics: m, BizTypes: []BizType{{Name: "rr"}}, Replay: replayWith(ib)})
 	c := browser(t)
 
 	_, page, _ := get(t, c, base+"/")
@@ -72,7 +72,7 @@ func TestInboxListByReason(t *testing.T) {
 	for _, k := range []string{"a", "b", "a-key-long-enough-to-be-cut-by-the-column-" + strings.Repeat("x", 80)} {
 		quarantine(t, ib, k, k, nil)
 	}
-	_, base := testConsole(t, consoleConfig{DB: d.DB, BizTypes: []consoleBizType{{Name: "lr"}}, Replay: replayWith(ib)})
+	_, base := testConsole(t, Config{DB: d.DB, BizTypes: []BizType{{Name: "lr"}}, Replay: replayWith(ib)})
 	c := browser(t)
 	code, page, _ := get(t, c, base+"/inbox?biz=lr&status=failed&reason=retries_exhausted")
 	if code != http.StatusOK || !strings.Contains(page, `<span class="match">3 match</span>`) {
@@ -97,7 +97,7 @@ func TestInboxListByReason(t *testing.T) {
 
 // A figure older than its refresh interval says how old it is.
 func TestOverviewMarksStaleFigures(t *testing.T) {
-	c, _ := testConsole(t, consoleConfig{DB: offlineDB(t)})
+	c, _ := testConsole(t, Config{DB: offlineDB(t)})
 	for _, tc := range []struct {
 		age   time.Duration
 		stale bool

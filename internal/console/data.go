@@ -1,4 +1,4 @@
-package onceflow
+package console
 
 import (
 	"context"
@@ -67,7 +67,7 @@ type memberRow struct {
 
 // bizTypes returns the biz types to show: the configured ones and any the inbox holds
 // rows of (a plugin no longer registered), sorted.
-func (c *console) bizTypes(stats metrics.DBStats) []string {
+func (c *Console) bizTypes(stats metrics.DBStats) []string {
 	seen := map[string]bool{}
 	var out []string
 	for _, b := range c.cfg.BizTypes {
@@ -86,7 +86,7 @@ func (c *console) bizTypes(stats metrics.DBStats) []string {
 	return out
 }
 
-func (c *console) loadOverview(ctx context.Context) overviewData {
+func (c *Console) loadOverview(ctx context.Context) overviewData {
 	var d overviewData
 	now := time.Now()
 	if c.cfg.Metrics != nil {
@@ -186,7 +186,7 @@ var leaseQueries = [2]string{
 
 // leases reads the relay's lease rows (one per shard: a small table, read whole), judged
 // live by the database's clock, as the relays judge them.
-func (c *console) leases(ctx context.Context) ([]leaseRow, error) {
+func (c *Console) leases(ctx context.Context) ([]leaseRow, error) {
 	q := leaseQueries[0]
 	if dbx.DialectOf(c.cfg.DB).IsPostgres() {
 		q = leaseQueries[1]
@@ -210,7 +210,7 @@ func (c *console) leases(ctx context.Context) ([]leaseRow, error) {
 }
 
 // members reads the relays registered in a sharded group (relay.shards > 1).
-func (c *console) members(ctx context.Context) ([]memberRow, error) {
+func (c *Console) members(ctx context.Context) ([]memberRow, error) {
 	rows, err := c.cfg.DB.QueryContext(ctx, `SELECT grp, owner, shards, expires_at > CURRENT_TIMESTAMP(6) FROM `+outbox.MemberTable+` ORDER BY grp, owner LIMIT 1024`)
 	if err != nil {
 		return nil, fmt.Errorf("relay members: %w", err)
@@ -236,7 +236,7 @@ type replayRow struct {
 
 // recentReplays reads the replay table newest first, below id before (0: from the
 // newest), by its primary key.
-func (c *console) recentReplays(ctx context.Context, before int64, n int) ([]replayRow, error) {
+func (c *Console) recentReplays(ctx context.Context, before int64, n int) ([]replayRow, error) {
 	q := `SELECT id, biz_type, filter, dry_run, started_at, finished_at, selected, processed, duplicate, quarantined, conflict, outcome, error FROM ` + inboxops.ReplayTable
 	var args []any
 	if before > 0 {
@@ -331,7 +331,7 @@ type groupLagRow struct {
 
 // groupLag returns the groups' lag read at most groupLagRefresh ago, starting a read when
 // older and waiting for it groupLagWait at most; its age is its At.
-func (c *console) groupLag() groupLagSnapshot {
+func (c *Console) groupLag() groupLagSnapshot {
 	if c.cfg.Lags == nil || len(c.cfg.Groups) == 0 {
 		return groupLagSnapshot{}
 	}

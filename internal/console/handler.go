@@ -1,10 +1,10 @@
-package onceflow
-
-// The operator console (console*.go; its pages are internal/consoleui's), served by the
-// admin listener at /: an overview of the inbox, the consumers and the relay; the inbox's
-// rows, filtered and paged by key; one row in full with what its plugin recorded for it;
-// and the operator's actions — retry a row, resolve a quarantined row with a reason, replay
-// a filtered set after its dry run, retry or drop a parked outbox event.
+// Package console is the operator console that the runtime's admin listener serves at /: an
+// overview of the inbox, the consumers and the relay; the inbox's rows, filtered and paged by
+// key; one row in full with what its plugin recorded for it; and the operator's actions —
+// retry a row, resolve a quarantined row with a reason, replay a filtered set after its dry
+// run, retry or drop a parked outbox event. Its pages are internal/consoleui's. It imports
+// no layer above internal/: the runtime passes it the pool, the metrics, the biz types and
+// consumer groups of its plugins, and the func that runs a replay (Config).
 //
 // Pages are rendered on the server (html/template, embedded templates and stylesheet, no
 // JavaScript). Actions are POST forms protected against cross-site requests (a token in a
@@ -13,6 +13,7 @@ package onceflow
 // session cookie holding an HMAC of it; scripts keep sending Authorization: Bearer. Without
 // a token the listener is loopback only, and the console answers only requests addressed to
 // a loopback name (so a page of another site cannot reach it by rebinding its DNS name).
+package console
 
 import (
 	"context"
@@ -47,20 +48,22 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-// consoleBizType is a biz type of the inbox as the console shows it.
-type consoleBizType struct {
+// BizType is a biz type of the inbox as the console shows it.
+type BizType struct {
 	Name    string
 	Plugins []string          // the plugins whose handler runs its rows
 	History inbox.HistoryFunc // the plugin's record of a key (Plugin.History); nil: none
 }
 
-// consoleReplayFunc runs a replay (or its dry run) through the handler of the filter's biz
+// ReplayFunc runs a replay (or its dry run) through the handler of the filter's biz
 // type and records it in the replay table: the path of `router replay` and `router inbox
 // retry`.
-type consoleReplayFunc func(ctx context.Context, opts inboxops.ReplayOptions) (inboxops.ReplayReport, error)
+type ReplayFunc func(ctx context.Context, opts inboxops.ReplayOptions) (inboxops.ReplayReport, error)
 
-// consoleConfig configures a console.
-type consoleConfig struct {
+// Config configures a console.
+type Config struct {
+	// DB is the application's pool: the inbox, the replay table and the outbox are read
+	// and changed through it. Required.
 	DB *sql.DB
 	// Metrics feeds the overview: the cached database figures, the partitions this process
 	// consumes, the deliveries per minute. nil: none of them.
@@ -68,39 +71,40 @@ type consoleConfig struct {
 	// Token is admin.token: "" means no login (the listener is loopback only).
 	Token string
 	// BizTypes are the biz types the filters offer and the replays run.
-	BizTypes []consoleBizType
+	BizTypes []BizType
 	// Replay runs the replays; nil makes the console read-only for the inbox.
-	Replay consoleReplayFunc
+	Replay ReplayFunc
 	// Groups are the consumer groups of the plugins and their topics; Lags reads their
 	// lag from Kafka (nil: not shown).
-	Groups []consoleGroup
-	Lags   groupLagReader
+	Groups []Group
+	Lags   GroupLagReader
+	// Logger logs the logins and the actions; nil logs nothing.
 	Logger watermill.LoggerAdapter
 }
 
-// consoleGroup is a consumer group and the topics it consumes.
-type consoleGroup struct {
+// Group is a consumer group and the topics it consumes.
+type Group struct {
 	Name   string
 	Topics []string
 }
 
-// groupLagReader reads a consumer group's committed offsets, ends and lag without
+// GroupLagReader reads a consumer group's committed offsets, ends and lag without
 // transaction markers (kafkax.LagReader).
-type groupLagReader interface {
+type GroupLagReader interface {
 	GroupLag(group string, topics []string) ([]kafkax.PartitionLag, error)
 }
 
-// console is the console's http.Handler. Close it when the server stops: it cancels the
+// Console is the console's http.Handler. Close it when the server stops: it cancels the
 // replays still running in the background and waits for them.
-type console struct {
-	cfg     consoleConfig
+type Console struct {
+	cfg     Config
 	store   *inboxops.Store
 	parked  *outbox.Parked
 	mux     *http.ServeMux
 	handler http.Handler // mux, behind the loopback-name check without a token
 	pages   map[string]*template.Template
 	csrfKey []byte // per process: a form token is good until the process restarts
-	biz     map[string]consoleBizType
+	biz     map[string]BizType
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -130,8 +134,8 @@ const (
 	csrfField     = "csrf"
 )
 
-// openConsole returns the console. ctx bounds the replays it runs in the background.
-func openConsole(ctx context.Context, cfg consoleConfig) (*console, error) {
+// New returns the console of cfg. ctx bounds the replays it runs in the background.
+func New(ctx context.Context, cfg Config) (*Console, error) {
 	if cfg.DB == nil {
 		return nil, errors.New("console: DB is required")
 	}
@@ -150,7 +154,7 @@ func openConsole(ctx context.Context, cfg consoleConfig) (*console, error) {
 	if _, err := rand.Read(key); err != nil {
 		return nil, err
 	}
-	c := &console{cfg: cfg, store: store, parked: parked, csrfKey: key, biz: map[string]consoleBizType{}, busy: make(chan struct{}, 1)}
+	c := &Console{cfg: cfg, store: store, parked: parked, csrfKey: key, biz: map[string]BizType{}, busy: make(chan struct{}, 1)}
 	for _, b := range cfg.BizTypes {
 		c.biz[b.Name] = b
 	}
@@ -164,12 +168,12 @@ func openConsole(ctx context.Context, cfg consoleConfig) (*console, error) {
 
 // Close cancels the replays running in the background and waits for them to record how
 // far they got.
-func (c *console) Close() {
+func (c *Console) Close() {
 	c.cancel()
 	c.wg.Wait()
 }
 
-func (c *console) routes() {
+func (c *Console) routes() {
 	m := http.NewServeMux()
 	static, _ := fs.Sub(consoleui.Assets, "static")
 	m.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
@@ -195,7 +199,7 @@ func (c *console) routes() {
 
 // ServeHTTP serves the console. Every answer forbids framing, sniffing and caching, and
 // allows no script at all.
-func (c *console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 	h.Set("X-Content-Type-Options", "nosniff")
@@ -217,7 +221,7 @@ const (
 	session     // the login's cookie (a browser: forms need the CSRF token)
 )
 
-func (c *console) authenticate(r *http.Request) who {
+func (c *Console) authenticate(r *http.Request) who {
 	if c.cfg.Token == "" {
 		return open
 	}
@@ -236,18 +240,18 @@ func (c *console) authenticate(r *http.Request) who {
 // sessionValue is the login cookie: its expiry and an HMAC of it keyed by the token, so it
 // proves the token was given without holding it, ends by itself, and every login ends when
 // the token changes.
-func (c *console) sessionValue(expires time.Time) string {
+func (c *Console) sessionValue(expires time.Time) string {
 	exp := strconv.FormatInt(expires.Unix(), 10)
 	return exp + "." + c.sessionMAC(exp)
 }
 
-func (c *console) sessionMAC(exp string) string {
+func (c *Console) sessionMAC(exp string) string {
 	m := hmac.New(sha256.New, []byte(c.cfg.Token))
 	m.Write([]byte("onceflow console session\x00" + exp))
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
-func (c *console) validSession(v string, now time.Time) bool {
+func (c *Console) validSession(v string, now time.Time) bool {
 	exp, mac, ok := strings.Cut(v, ".")
 	if !ok {
 		return false
@@ -265,7 +269,7 @@ type handler func(w http.ResponseWriter, r *http.Request, by who)
 // auth serves h to authenticated requests; a POST also needs a valid CSRF token and a
 // same-origin Origin unless it came with the bearer token. A browser without a login is
 // sent to the login form; anything else gets 401.
-func (c *console) auth(h handler) http.Handler {
+func (c *Console) auth(h handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		by := c.authenticate(r)
 		if by == nobody {
@@ -293,7 +297,7 @@ func (c *console) auth(h handler) http.Handler {
 // request has none: the HMAC of the cookie's random value under the process's key. A page
 // of another site can make the browser send the cookie only in a same-site request
 // (SameSite=Strict), and cannot read the token from the console's pages.
-func (c *console) csrfToken(w http.ResponseWriter, r *http.Request) string {
+func (c *Console) csrfToken(w http.ResponseWriter, r *http.Request) string {
 	v := ""
 	if ck, err := r.Cookie(csrfCookie); err == nil && len(ck.Value) == 32 {
 		v = ck.Value
@@ -306,7 +310,7 @@ func (c *console) csrfToken(w http.ResponseWriter, r *http.Request) string {
 	return c.csrfFor(v)
 }
 
-func (c *console) csrfFor(cookie string) string {
+func (c *Console) csrfFor(cookie string) string {
 	m := hmac.New(sha256.New, c.csrfKey)
 	m.Write([]byte("onceflow console csrf\x00" + cookie))
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
@@ -314,7 +318,7 @@ func (c *console) csrfFor(cookie string) string {
 
 // checkForm refuses a form POST from another origin or without the token of its CSRF
 // cookie.
-func (c *console) checkForm(r *http.Request) error {
+func (c *Console) checkForm(r *http.Request) error {
 	if err := sameOrigin(r); err != nil {
 		return err
 	}
@@ -354,7 +358,7 @@ func sameOrigin(r *http.Request) error {
 
 // ---------------------------------------------------------------- login
 
-func (c *console) loginPage(w http.ResponseWriter, r *http.Request) {
+func (c *Console) loginPage(w http.ResponseWriter, r *http.Request) {
 	if c.cfg.Token == "" {
 		http.Redirect(w, r, "/", http.StatusSeeOther)
 		return
@@ -367,7 +371,7 @@ type loginData struct {
 	Error string
 }
 
-func (c *console) login(w http.ResponseWriter, r *http.Request) {
+func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	if c.cfg.Token == "" {
 		http.Redirect(w, r, "/", http.StatusSeeOther)
 		return
@@ -390,7 +394,7 @@ func (c *console) login(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
-func (c *console) logout(w http.ResponseWriter, r *http.Request) {
+func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 	if err := c.checkForm(r); err != nil {
 		http.Error(w, "forbidden: "+err.Error(), http.StatusForbidden)
 		return

@@ -1,4 +1,4 @@
-package onceflow
+package console
 
 import (
 	"context"
@@ -41,9 +41,9 @@ func offlineDB(t *testing.T) *sql.DB {
 }
 
 // testConsole serves a console on a loopback test server and returns its base URL.
-func testConsole(t *testing.T, cfg consoleConfig) (*console, string) {
+func testConsole(t *testing.T, cfg Config) (*Console, string) {
 	t.Helper()
-	c, err := openConsole(context.Background(), cfg)
+	c, err := New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func csrf(t *testing.T, c *http.Client, base, path string) string {
 
 // Actions are POST only; GET of an action's path is 405, and a page is GET only.
 func TestActionsArePostOnly(t *testing.T) {
-	_, base := testConsole(t, consoleConfig{DB: offlineDB(t)})
+	_, base := testConsole(t, Config{DB: offlineDB(t)})
 	c := browser(t)
 	for _, path := range []string{"/inbox/1/retry", "/inbox/1/resolve", "/replay", "/outbox/1/retry", "/outbox/1/drop", "/logout"} {
 		if code, _, h := get(t, c, base+path); code != http.StatusMethodNotAllowed || !strings.Contains(h.Get("Allow"), "POST") {
@@ -121,7 +121,7 @@ func TestCSRFRefused(t *testing.T) {
 		replays.Add(1)
 		return inboxops.ReplayReport{}, errors.New("not in this test")
 	}
-	_, base := testConsole(t, consoleConfig{DB: offlineDB(t), Replay: replay, BizTypes: []consoleBizType{{Name: "coupon"}}})
+	_, base := testConsole(t, Config{DB: offlineDB(t), Replay: replay, BizTypes: []BizType{{Name: "coupon"}}})
 	c := browser(t)
 	other := browser(t)
 	otherTok := csrf(t, other, base, "/inbox?biz=coupon&status=failed")
@@ -167,7 +167,7 @@ func TestCSRFRefused(t *testing.T) {
 // Without admin.token the console answers only requests addressed to a loopback name: a
 // page that rebinds its DNS name to 127.0.0.1 gets 421 (and the console's headers).
 func TestNoTokenLoopbackHostOnly(t *testing.T) {
-	_, base := testConsole(t, consoleConfig{DB: offlineDB(t)})
+	_, base := testConsole(t, Config{DB: offlineDB(t)})
 	c := browser(t)
 	for host, want := range map[string]int{"attacker.example:80": http.StatusMisdirectedRequest, "attacker.example": http.StatusMisdirectedRequest,
 		"10.0.0.5:9464": http.StatusMisdirectedRequest, "localhost:9464": http.StatusOK, "[::1]:9464": http.StatusOK, "127.0.0.1": http.StatusOK} {
@@ -233,7 +233,7 @@ func TestLocalPath(t *testing.T) {
 // The login sends the browser where next= says only when it is a plain local path: the
 // hostile ones, posted as a browser posts the form, get Location: /.
 func TestLoginRedirectStaysLocal(t *testing.T) {
-	_, base := testConsole(t, consoleConfig{DB: offlineDB(t), Token: testToken})
+	_, base := testConsole(t, Config{DB: offlineDB(t), Token: testToken})
 	c := browser(t)
 	tok := csrf(t, c, base, "/login")
 	for _, tc := range loginNexts {
@@ -254,7 +254,7 @@ func TestLogin(t *testing.T) {
 		replays.Add(1)
 		return inboxops.ReplayReport{}, errors.New("not in this test")
 	}
-	con, base := testConsole(t, consoleConfig{DB: offlineDB(t), Token: testToken, Replay: replay, BizTypes: []consoleBizType{{Name: "coupon"}}})
+	con, base := testConsole(t, Config{DB: offlineDB(t), Token: testToken, Replay: replay, BizTypes: []BizType{{Name: "coupon"}}})
 	c := browser(t)
 	code, _, h := get(t, c, base+"/outbox?x=1")
 	if code != http.StatusSeeOther || h.Get("Location") != "/login?next="+url.QueryEscape("/outbox?x=1") {
@@ -340,7 +340,7 @@ func TestEscaping(t *testing.T) {
 	ib := failingInbox(t, d.DB, "esc")
 	key := "<script>alert(1)</script>\x1b[31mred\u202egnp.exe\"'&"
 	quarantine(t, ib, key, `{"note":"</pre><script>x</script>","esc":"\u001b[2J"}`, map[string]string{"h<b>": "v\x1b]0;title\x07"})
-	_, base := testConsole(t, consoleConfig{DB: d.DB, BizTypes: []consoleBizType{{Name: "esc"}}, Replay: replayWith(ib)})
+	_, base := testConsole(t, Config{DB: d.DB, BizTypes: []BizType{{Name: "esc"}}, Replay: replayWith(ib)})
 	cl := browser(t)
 	var id int64
 	if err := d.DB.QueryRow("SELECT id FROM inbox WHERE biz_type = 'esc'").Scan(&id); err != nil {
@@ -437,7 +437,7 @@ func quarantine(t *testing.T, ib brokenInbox, key, payload string, meta map[stri
 	}
 }
 
-func replayWith(ib brokenInbox) consoleReplayFunc {
+func replayWith(ib brokenInbox) ReplayFunc {
 	return func(ctx context.Context, opts inboxops.ReplayOptions) (inboxops.ReplayReport, error) {
 		return inboxops.Replay(ctx, ib.Inbox, opts)
 	}

@@ -1,4 +1,4 @@
-package onceflow
+package console
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 // overviewPage reads the overview of a console on d with m's figures.
 func overviewPage(t *testing.T, d testenv.Database, m *metrics.Metrics, biz string) string {
 	t.Helper()
-	_, base := testConsole(t, consoleConfig{DB: d.DB, Metrics: m, BizTypes: []consoleBizType{{Name: biz}}})
+	_, base := testConsole(t, Config{DB: d.DB, Metrics: m, BizTypes: []BizType{{Name: biz}}})
 	code, page, _ := get(t, browser(t), base+"/")
 	if code != 200 {
 		t.Fatalf("overview: %d:\n%s", code, page)

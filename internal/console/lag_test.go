@@ -1,4 +1,4 @@
-package onceflow
+package console
 
 import (
 	"regexp"
@@ -61,7 +61,7 @@ func TestOverviewGroupLag(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lags.Close()
-	_, base := testConsole(t, consoleConfig{DB: offlineDB(t), Groups: []consoleGroup{{Name: group, Topics: []string{topic}}}, Lags: lags})
+	_, base := testConsole(t, Config{DB: offlineDB(t), Groups: []Group{{Name: group, Topics: []string{topic}}}, Lags: lags})
 	_, page, _ := get(t, browser(t), base+"/")
 	row := func(part, rest string) *regexp.Regexp {
 		return regexp.MustCompile(`<td>` + regexp.QuoteMeta(group) + `</td><td>` + regexp.QuoteMeta(topic) + `</td><td class="n">` + part + `</td>` + rest)

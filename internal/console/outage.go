@@ -1,4 +1,4 @@
-package onceflow
+package console
 
 import (
 	"time"
@@ -22,7 +22,7 @@ type outageRow struct {
 
 // outageRows are the biz types with a breaker in this process or delayed rows; none when
 // there is neither.
-func (c *console) outageRows(stats metrics.DBStats) []outageRow {
+func (c *Console) outageRows(stats metrics.DBStats) []outageRow {
 	by := map[string]*outageRow{}
 	var out []*outageRow
 	row := func(biz string) *outageRow {

@@ -1,4 +1,4 @@
-package onceflow
+package console
 
 import (
 	"strings"
@@ -17,7 +17,7 @@ func TestOverviewShowsTheBreakersLastError(t *testing.T) {
 	now := time.Now()
 	m.SetBreaker("refunds", 1, now, now.Add(time.Minute), "refund r-1: refund provider down")
 	m.SetBreaker("payouts", 0, now, time.Time{}, "payout p-1: bank <unreachable>")
-	_, base := testConsole(t, consoleConfig{DB: d.DB, Metrics: m})
+	_, base := testConsole(t, Config{DB: d.DB, Metrics: m})
 	_, page, _ := get(t, browser(t), base+"/")
 	i := strings.Index(page, `id="outage"`)
 	if i < 0 {

@@ -1,4 +1,4 @@
-package onceflow
+package console
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 
 // ---------------------------------------------------------------- overview
 
-func (c *console) overview(w http.ResponseWriter, r *http.Request, by who) {
+func (c *Console) overview(w http.ResponseWriter, r *http.Request, by who) {
 	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
 	defer cancel()
 	c.render(w, r, http.StatusOK, "overview", "Overview", by, c.loadOverview(ctx))
@@ -168,7 +168,7 @@ type replayForm struct {
 	Biz, Status, Reason, Key, Since, Until string
 }
 
-func (c *console) inboxList(w http.ResponseWriter, r *http.Request, by who) {
+func (c *Console) inboxList(w http.ResponseWriter, r *http.Request, by who) {
 	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
 	defer cancel()
 	now := time.Now()
@@ -216,7 +216,7 @@ const matchCap = 10000
 
 // match counts the rows the list's filter selects, every page, as "N match": over the
 // index ranges the page reads, at most matchCap+1 entries per biz type.
-func (c *console) match(ctx context.Context, f listFilter, bizTypes []string) string {
+func (c *Console) match(ctx context.Context, f listFilter, bizTypes []string) string {
 	var n int
 	for _, b := range bizTypes {
 		lf := inboxops.Filter{BizType: b, Keys: keyCandidates(f.Key), Since: f.since, Until: f.until, Limit: matchCap + 1}
@@ -239,7 +239,7 @@ func (c *console) match(ctx context.Context, f listFilter, bizTypes []string) st
 	return consoleui.Num(int64(n)) + " match"
 }
 
-func (c *console) replayOffer(f listFilter) replayForm {
+func (c *Console) replayOffer(f listFilter) replayForm {
 	rf := replayForm{Offered: c.cfg.Replay != nil, Biz: f.Biz, Status: f.Status, Reason: f.Reason, Key: f.Key, Since: f.Since, Until: f.Until}
 	switch {
 	case f.Biz == "":
@@ -258,13 +258,13 @@ func (c *console) replayOffer(f listFilter) replayForm {
 
 // invalidate drops the cached database figures after an action: the next page reads them
 // again.
-func (c *console) invalidate() {
+func (c *Console) invalidate() {
 	if c.cfg.Metrics != nil {
 		c.cfg.Metrics.InvalidateDBStats()
 	}
 }
 
-func (c *console) statsOrZero() metrics.DBStats {
+func (c *Console) statsOrZero() metrics.DBStats {
 	if c.cfg.Metrics != nil {
 		return c.cfg.Metrics.DBStats()
 	}
@@ -292,7 +292,7 @@ type rowData struct {
 	NotReplayable string
 }
 
-func (c *console) inboxRow(w http.ResponseWriter, r *http.Request, by who) {
+func (c *Console) inboxRow(w http.ResponseWriter, r *http.Request, by who) {
 	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
 	defer cancel()
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
@@ -352,7 +352,7 @@ var errBusy = errors.New("another replay started from this console is still runn
 // startReplay runs opts in the background, under the console's context (not the
 // request's: a replay the browser stopped waiting for goes on to its end and records it),
 // one at a time. The returned channel gets the outcome.
-func (c *console) startReplay(r *http.Request, action string, opts inboxops.ReplayOptions) (<-chan replayOutcome, error) {
+func (c *Console) startReplay(r *http.Request, action string, opts inboxops.ReplayOptions) (<-chan replayOutcome, error) {
 	if c.cfg.Replay == nil {
 		return nil, errors.New("this console has no replay handler (the process was not started by the router command line)")
 	}
@@ -392,7 +392,7 @@ func (c *console) startReplay(r *http.Request, action string, opts inboxops.Repl
 
 // wait waits for a replay's outcome at most replayWait; ok is false when the replay goes
 // on in the background (the page then says so) or the browser left.
-func (c *console) wait(w http.ResponseWriter, r *http.Request, by who, ch <-chan replayOutcome) (replayOutcome, bool) {
+func (c *Console) wait(w http.ResponseWriter, r *http.Request, by who, ch <-chan replayOutcome) (replayOutcome, bool) {
 	t := time.NewTimer(replayWait)
 	defer t.Stop()
 	select {
@@ -434,7 +434,7 @@ func resultText(row inboxops.Row, res inbox.Result, dryRun bool) string {
 	return s
 }
 
-func (c *console) retryRow(w http.ResponseWriter, r *http.Request, by who) {
+func (c *Console) retryRow(w http.ResponseWriter, r *http.Request, by who) {
 	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
 	defer cancel()
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
@@ -481,7 +481,7 @@ func (c *console) retryRow(w http.ResponseWriter, r *http.Request, by who) {
 
 // resolveRow is `router inbox resolve <id> --reason <text>`: the row done with reason
 // resolved, the resolution recorded in the replay table; the row's page then shows it.
-func (c *console) resolveRow(w http.ResponseWriter, r *http.Request, by who) {
+func (c *Console) resolveRow(w http.ResponseWriter, r *http.Request, by who) {
 	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
 	defer cancel()
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
@@ -549,7 +549,7 @@ type runForm struct {
 }
 
 // replayFilter reads the replay form into the selection a replay runs.
-func (c *console) replayFilter(r *http.Request, now time.Time) (inboxops.Filter, runForm, error) {
+func (c *Console) replayFilter(r *http.Request, now time.Time) (inboxops.Filter, runForm, error) {
 	p := r.PostForm
 	rf := runForm{Biz: p.Get("biz"), Status: p.Get("status"), Reason: p.Get("reason"), Key: p.Get("key"), Since: strings.TrimSpace(p.Get("since")),
 		Until: strings.TrimSpace(p.Get("until")), OlderThan: strings.TrimSpace(p.Get("older_than"))}
@@ -594,7 +594,7 @@ func (c *console) replayFilter(r *http.Request, now time.Time) (inboxops.Filter,
 	return f, rf, nil
 }
 
-func (c *console) replay(w http.ResponseWriter, r *http.Request, by who) {
+func (c *Console) replay(w http.ResponseWriter, r *http.Request, by who) {
 	if err := r.ParseForm(); err != nil {
 		c.message(w, r, http.StatusBadRequest, by, "Not replayed", []string{err.Error()})
 		return
@@ -650,7 +650,7 @@ func (c *console) replay(w http.ResponseWriter, r *http.Request, by who) {
 
 // checkPreview refuses a replay that does not run the selection of a recent dry run of
 // this form (the preview comes first).
-func (c *console) checkPreview(r *http.Request, f inboxops.Filter) error {
+func (c *Console) checkPreview(r *http.Request, f inboxops.Filter) error {
 	id, err := strconv.ParseInt(r.PostForm.Get("preview"), 10, 64)
 	if err != nil || id <= 0 {
 		return errors.New("a replay runs after its dry run: preview it first")
@@ -682,7 +682,7 @@ type replaysData struct {
 	Err      string
 }
 
-func (c *console) replays(w http.ResponseWriter, r *http.Request, by who) {
+func (c *Console) replays(w http.ResponseWriter, r *http.Request, by who) {
 	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
 	defer cancel()
 	before, _ := strconv.ParseInt(r.URL.Query().Get("before"), 10, 64)
@@ -710,7 +710,7 @@ type parkedData struct {
 // parkedPage is how many parked events the page lists.
 const parkedPage = 200
 
-func (c *console) parkedList(w http.ResponseWriter, r *http.Request, by who) {
+func (c *Console) parkedList(w http.ResponseWriter, r *http.Request, by who) {
 	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
 	defer cancel()
 	var d parkedData
@@ -725,7 +725,7 @@ func (c *console) parkedList(w http.ResponseWriter, r *http.Request, by who) {
 }
 
 // parkedAction is `router outbox retry <id>` and `router outbox drop <id> --yes`.
-func (c *console) parkedAction(w http.ResponseWriter, r *http.Request, by who) {
+func (c *Console) parkedAction(w http.ResponseWriter, r *http.Request, by who) {
 	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
 	defer cancel()
 	if err := r.ParseForm(); err != nil {

@@ -1,4 +1,4 @@
-package onceflow
+package console
 
 import (
 	"bytes"
@@ -16,7 +16,7 @@ type view struct {
 
 // render executes page into a buffer, so that a template error is a 500 and never half a
 // page, and writes it with status.
-func (c *console) render(w http.ResponseWriter, r *http.Request, status int, page, title string, by who, data any) {
+func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, page, title string, by who, data any) {
 	v := view{Title: title, Page: page, CSRF: c.csrfToken(w, r), LoggedIn: by == session, Data: data}
 	var b bytes.Buffer
 	if err := c.pages[page].Execute(&b, v); err != nil {
@@ -30,7 +30,7 @@ func (c *console) render(w http.ResponseWriter, r *http.Request, status int, pag
 }
 
 // message renders a short page: what an action did, or why it did not.
-func (c *console) message(w http.ResponseWriter, r *http.Request, status int, by who, title string, lines []string, links ...link) {
+func (c *Console) message(w http.ResponseWriter, r *http.Request, status int, by who, title string, lines []string, links ...link) {
 	c.render(w, r, status, "message", title, by, messageData{Lines: lines, Links: links, Error: status >= 400})
 }
 
@@ -41,3 +41,11 @@ type messageData struct {
 }
 
 type link struct{ Href, Text string }
+
+// errText is err's text, "" for nil.
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}

@@ -1,4 +1,4 @@
-package onceflow
+package console
 
 import (
 	"slices"
