@@ -25,54 +25,56 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// BatchHandler is the expert path of group commit: a handler that finishes many deliveries
-// in one transaction with multi-row statements of its own. It is an optimisation of the
-// happy path only; everything unusual still goes through Handle, one delivery at a time. A
-// plain Handler needs none of it to be group-committed (grouped.go).
+// BatchHandler is the expert path of group commit. It is a handler that finishes many
+// deliveries in one transaction, with multi-row statements of its own. It optimises the
+// happy path only. Everything unusual still goes through Handle, one delivery at a time. A
+// plain Handler needs no BatchHandler to be group-committed.
 type BatchHandler interface {
 	Handler
-	// HandleBatch runs in tx, which holds the inbox row locks of every delivery in ds (new or
-	// unfinished rows, with matching fingerprints, distinct keys, sorted by key; with a
-	// Preparer, only deliveries whose Prepare succeeded). It returns one Progress per
-	// delivery: Done when the delivery's work is complete in tx (the inbox marks its row done
-	// in the same transaction), Continue when it left the delivery for the one-at-a-time
-	// path, which then runs Handle after tx committed. A delivery left at Continue must be in
-	// a state Handle can resume from. A slot left at the zero Progress (or any invalid one)
-	// is never taken for Done: it falls back like Continue. An error rolls the whole batch
-	// back, and every delivery then takes the one-at-a-time path.
+	// HandleBatch runs in tx, which holds the inbox row locks of every delivery in ds. The
+	// rows are new or unfinished, and their fingerprints match. The keys are distinct and
+	// sorted. With a Preparer, ds holds only deliveries whose Prepare succeeded.
+	//
+	// HandleBatch returns one Progress per delivery. Done means the delivery's work is
+	// complete in tx, and the inbox marks its row done in the same transaction. Continue
+	// means HandleBatch left the delivery for the one-at-a-time path, which runs Handle
+	// after tx committed. A delivery left at Continue must be in a state Handle can resume
+	// from. A slot left at the zero Progress, or at any invalid one, is never taken for
+	// Done. It falls back as Continue does. An error rolls the whole batch back, and every
+	// delivery then takes the one-at-a-time path.
 	HandleBatch(ctx context.Context, tx *sql.Tx, ds []*Delivery) ([]Progress, error)
 }
 
 // BatchConfig configures a Batcher. The tags declare the stock router's inbox.batch_*
-// settings (internal/settings): key, default, range and help. The calls a Batcher's
-// Preparer makes in flight are bounded by its inbox's Config.MaxInFlightCalls.
+// settings with their key, default, range and help. Package internal/settings reads them.
+// The inbox's Config.MaxInFlightCalls bounds the calls a Batcher's Preparer makes at once.
 type BatchConfig struct {
-	// MaxSize is the most deliveries in one transaction (docs/BENCHMARKS.md, "Why the
-	// defaults: inbox.batch_size 512").
+	// MaxSize is the most deliveries in one transaction. See docs/BENCHMARKS.md, section
+	// "inbox.batch_size 512".
 	MaxSize int `key:"batch_size" default:"512" range:"1..10000" help:"group commit: deliveries per transaction (a BatchHandler's own multi-row path, else a plain handler's deliveries behind savepoints); 1 turns it off"`
 	// Linger is how long a batch waits for more deliveries once it has its first. While
-	// another batch is running it waits for that one, up to another Linger
-	// (groupcommit.Collect). Deliveries that arrive while batches are running wait anyway,
-	// so under load batches fill without lingering. A negative Linger: none (the zero value
-	// stands for the default).
+	// another batch is running, it waits for that one, up to another Linger, as
+	// groupcommit.Collect does. Deliveries that arrive while batches are running wait
+	// anyway, so under load batches fill without lingering. A negative Linger means no
+	// lingering. The zero value stands for the default.
 	Linger time.Duration `key:"batch_linger" default:"2ms" range:"0..1s" zero:"-1ns" help:"how long a batch waits for more deliveries after its first"`
-	// Workers is how many batch transactions run at once (docs/BENCHMARKS.md, "Why the
-	// defaults: inbox.batch_workers 2"). A batch takes a second worker only when it is full
-	// or has waited two Lingers: at moderate load one transaction at a time carries
-	// everything that arrived meanwhile.
+	// Workers is how many batch transactions run at once. See docs/BENCHMARKS.md, section
+	// "inbox.batch_workers 2". A batch takes a second worker only when it is full or has
+	// waited two Lingers. So at moderate load one transaction at a time carries everything
+	// that arrived meanwhile.
 	Workers int `key:"batch_workers" default:"2" range:"1..64" help:"batch transactions running at once (a second only for a full batch or one that waited 2× batch_linger; never two with one key)"`
 	// LockRetries is how often a batch rolled back by a deadlock is retried whole before
-	// its deliveries fall back to the one-at-a-time path; default 3.
+	// its deliveries fall back to the one-at-a-time path. It is 3 by default.
 	LockRetries int
-	// SelectAfterClaim reads the claimed rows back with a SELECT after the claim instead of
-	// the claim's own RETURNING clause. Servers without INSERT … RETURNING (MySQL, MariaDB
-	// before 10.5) always take this path; on MariaDB it costs a statement and a lookup per
-	// row (tests set it to cover both paths).
+	// SelectAfterClaim reads the claimed rows back with a SELECT after the claim, instead
+	// of the claim's own RETURNING clause. Servers without INSERT … RETURNING always take
+	// this path. They are MySQL and MariaDB before 10.5. On MariaDB the SELECT costs a
+	// statement and a lookup per row. Tests set it to cover both paths.
 	SelectAfterClaim bool
 }
 
 // WithDefaults returns c with its zero settings set to their defaults, as NewBatcher uses
-// it; the stock router's inbox.batch_* defaults are these values.
+// it. The stock router's inbox.batch_* defaults are these values.
 func (c BatchConfig) WithDefaults() BatchConfig {
 	c.setDefaults()
 	return c
@@ -88,7 +90,7 @@ func (c *BatchConfig) setDefaults() {
 	}
 }
 
-// noLinger is a Linger of none (the batch_linger tag's zero value).
+// noLinger is a Linger of none, the batch_linger tag's zero value.
 const noLinger time.Duration = -1
 
 // Validate reports the first invalid setting.
@@ -102,32 +104,32 @@ func (c BatchConfig) Validate() error {
 	return nil
 }
 
-// Batcher runs concurrent deliveries of one Inbox in shared transactions (group commit):
-// deliveries from different partitions (or, with a parallel subscriber, from one
-// partition) that arrive together are claimed, handled and marked done with a handful of
-// multi-row statements and one commit. The guarantees are Process's: each delivery's inbox
-// row, effects and events commit together or not at all. Anything off the happy path — a
-// poison or conflicting message, a delivery the handler left at Continue, a failed batch —
-// is run by Process, one at a time, after the batch.
+// Batcher runs concurrent deliveries of one Inbox in shared transactions, by group
+// commit. Deliveries that arrive together come from different partitions, or from one
+// partition with a parallel subscriber. They are claimed, handled and marked done with a
+// handful of multi-row statements and one commit. The guarantees are those of Process.
+// Each delivery's inbox row, effects and events commit together or not at all. Process
+// runs anything off the happy path one at a time, after the batch. That covers a poison
+// or conflicting message, a delivery the handler left at Continue and a failed batch.
 //
-// Any Handler is group-committed: its Handle runs once per delivery in the shared
-// transaction, so a delivery that fails or panics is rolled back alone and retried or
-// quarantined alone (grouped.go); a BatchHandler's HandleBatch does a batch's work with its
-// own multi-row statements instead. A Preparer's Prepare runs for each delivery before it
-// joins a batch (prepare.go).
+// Any Handler is group-committed. Its Handle runs once per delivery in the shared
+// transaction. So a delivery that fails or panics is rolled back alone, and retried or
+// quarantined alone. A BatchHandler's HandleBatch does a batch's work with its own
+// multi-row statements instead. A Preparer's Prepare runs for each delivery before it
+// joins a batch.
 //
-// One collector forms the batches and hands each to an idle worker (up to Workers
-// transactions at once); while every worker is busy, deliveries gather in the next batch.
-// So at moderate load batches run one after another, each taking what arrived meanwhile
-// (one transaction rather than two half-size ones on two workers), and under load every
-// worker is busy with a full batch. A delivery whose key is in a running batch waits for
-// the next one: two batches never contend for one key's rows (concurrent multi-row claims
-// of common keys deadlock on InnoDB's duplicate-check locks), and copies of a key within
-// a batch are counted as duplicates in the same transaction.
+// One collector forms the batches and hands each to an idle worker, with up to Workers
+// transactions at once. While every worker is busy, deliveries gather in the next batch.
+// So at moderate load batches run one after another, each taking what arrived meanwhile.
+// That makes one transaction rather than two half-size ones on two workers. Under load
+// every worker is busy with a full batch. A delivery whose key is in a running batch waits
+// for the next one. So two batches never contend for one key's rows, because concurrent
+// multi-row claims of common keys deadlock on InnoDB's duplicate-check locks. Copies of a
+// key within a batch are counted as duplicates in the same transaction.
 type Batcher struct {
 	ib     *Inbox
-	bh     BatchHandler // nil: a plain handler, each delivery's Handle in the batch (grouped.go)
-	prep   Preparer     // the handler's Preparer (run by the gate), or nil
+	bh     BatchHandler // nil for a plain handler, whose Handle runs for each delivery in the batch
+	prep   Preparer     // the handler's Preparer, run by the gate, or nil
 	gate   *prepareGate // nil unless the handler is a Preparer
 	cfg    BatchConfig
 	queue  chan *pending // decoded deliveries, for the collector
@@ -138,13 +140,14 @@ type Batcher struct {
 	once   sync.Once
 	q      batchQueries
 
-	// The claim as prepared statements of a few row counts (dbx.MultiRow), with and
-	// without its RETURNING clause; which one runs is decided on the first batch.
+	// claimReturning and claimPlain are the claim as dbx.MultiRow statements of a few row
+	// counts, with and without its RETURNING clause. The first batch decides which one
+	// runs.
 	claimReturning, claimPlain *dbx.MultiRow
 
-	returning atomic.Int32 // 0 not yet known, 1 the claim reads its rows back with RETURNING, -1 it cannot
+	returning atomic.Int32 // 1 if the claim reads its rows back with RETURNING, -1 if it cannot, 0 if not yet known
 
-	savepointsUntil atomic.Int64 // plain handlers: batches set savepoints from the start until then (Unix ns; grouped.go)
+	savepointsUntil atomic.Int64 // for plain handlers, the Unix ns until which batches set savepoints from the start
 
 	mu    sync.Mutex
 	stats BatchStats
@@ -153,23 +156,25 @@ type Batcher struct {
 // BatchStats counts what a Batcher did.
 type BatchStats struct {
 	Batches    int64 // committed batch transactions
-	Batched    int64 // deliveries finished inside a batch (processed or duplicate)
+	Batched    int64 // deliveries finished inside a batch, processed or duplicate
 	Fallbacks  int64 // deliveries handed to the one-at-a-time path
-	Rollbacks  int64 // batch transactions rolled back (then retried or fallen back)
+	Rollbacks  int64 // batch transactions rolled back, then retried or fallen back
 	MaxBatched int   // most deliveries seen in one batch
-	Returning  bool  // the claim reads its rows back with RETURNING (MariaDB ≥ 10.5), not a SELECT
-	// Plain handlers only: deliveries whose Handle failed, panicked, timed out or returned an
-	// invalid Progress in a batch — rolled back to their savepoint (or, when the transaction
-	// could not go on, taken out of the batch) and then retried or quarantined alone.
+	Returning  bool  // the claim reads its rows back with RETURNING, on MariaDB 10.5 and later, not with a SELECT
+	// Isolated counts, for plain handlers only, deliveries whose Handle failed, panicked,
+	// timed out or returned an invalid Progress in a batch. Each was rolled back to its
+	// savepoint, or taken out of the batch when the transaction could not go on. It was
+	// then retried or quarantined alone.
 	Isolated int64
-	// Deliveries a HandleBatch left at an invalid Progress (fallen back, never done).
+	// InvalidProgress counts deliveries a HandleBatch left at an invalid Progress. They
+	// fell back and were never taken for done.
 	InvalidProgress int64
 
-	// Handlers with a Preparer only:
-	Preparing      int64 // deliveries being prepared now (calls in flight)
+	// The Prepare counters count only for handlers with a Preparer.
+	Preparing      int64 // deliveries being prepared now, with calls in flight
 	Prepared       int64 // deliveries prepared
 	PrepareFailed  int64 // prepares that failed, panicked or timed out
-	PrepareSkipped int64 // deliveries not prepared: their key had just been finished
+	PrepareSkipped int64 // deliveries not prepared, such as those whose key had just been finished
 }
 
 type pending struct {
@@ -178,19 +183,19 @@ type pending struct {
 	src      Source
 	dec      Decoded
 	start    time.Time
-	done     chan struct{} // signalled once out is set (a channel of a pointer-free type is one allocation)
+	done     chan struct{} // signalled once out is set, a channel of a pointer-free type for one allocation
 	out      batchOutcome
-	gated    atomic.Bool // admitted by the prepare gate: released once it has its outcome
+	gated    atomic.Bool // admitted by the prepare gate, so released once it has its outcome
 	prepared any         // what Prepare left in Delivery.Prepared
-	ready    bool        // Prepare succeeded: the handler may run it in a batch
-	span     trace.Span  // the delivery's span (nil: no tracing)
-	ticket   *ticket     // the circuit breaker's admission of its attempt in a batch (nil: no breaker)
+	ready    bool        // Prepare succeeded, so the handler may run it in a batch
+	span     trace.Span  // the delivery's span, nil without tracing
+	ticket   *ticket     // the circuit breaker's admission of its attempt in a batch, nil without a breaker
 	admitted ticket      // what ticket points to
-	hold     *callHold   // the key's call lease, taken by the prepare gate (nil: none)
+	hold     *callHold   // the key's call lease, taken by the prepare gate, or nil
 }
 
-// carried is what p's Prepare made, for the one-at-a-time path's first step (nil when it
-// made nothing).
+// carried is what p's Prepare made, for the one-at-a-time path's first step. It is nil
+// when Prepare made nothing.
 func (p *pending) carried() *carried {
 	if !p.ready {
 		return nil
@@ -198,8 +203,9 @@ func (p *pending) carried() *carried {
 	return &carried{step: 0, value: p.prepared, ok: true}
 }
 
-// answer gives p its one outcome. The key's call lease ends first (its row deleted, unless
-// the batch's transaction did), so that the path answered can take it again.
+// answer gives p its one outcome. The key's call lease ends first, so that the path
+// answered can take it again. Ending it deletes its row, unless the batch's transaction
+// did.
 func (p *pending) answer(o batchOutcome) {
 	if h := p.hold; h != nil {
 		p.hold = nil
@@ -212,9 +218,10 @@ func (p *pending) answer(o batchOutcome) {
 type batchOutcome struct {
 	res      Result
 	fallback bool
-	failed   *failure // the delivery's attempt failed (grouped.go): count, then retry or quarantine alone
-	// uncertain: the batch committed some of a fallen-back delivery's work (it was left at
-	// Continue), or may have (its commit got no answer).
+	failed   *failure // the delivery's failed attempt, to count, then retry or quarantine alone
+	// uncertain reports that the batch committed some of a fallen-back delivery's work,
+	// because it was left at Continue. Or the batch may have, because its commit got no
+	// answer.
 	uncertain bool
 }
 
@@ -225,35 +232,35 @@ type batchQueries struct {
 }
 
 // claimGroup is one row of the batch claim, in insertColumns' order. A new row is written
-// 'done' at its first attempt, with no reason, error or replay: those are constants of the
-// statement rather than parameters (≈1.5 µs less MariaDB CPU per row, measured on the
-// prepared claim alone, four alternating runs). So are tombstone and payload_size: a
-// tombstone (nil value) never takes the batch path.
+// 'done' at its first attempt, with no reason, error or replay. Those are constants of the
+// statement rather than parameters, which costs MariaDB less CPU per row. So are tombstone
+// and payload_size, because a tombstone, a nil value, never takes the batch path.
 const claimGroup = "(?, ?, 'done', NULL, ?, ?, ?, ?, ?, ?, ?, 1, NULL, NULL, ?, FALSE, NULL)"
 
-// claimWidth is the parameters of one row of the claim (claimGroup).
+// claimWidth is the number of parameters of one row of the claim, claimGroup.
 const claimWidth = 10
 
-// claimRows is the most rows one claim statement carries: a batch claims its rows with
-// prepared statements of claimRows, then of smaller powers of two down to 16 rows, and the
-// rest (fewer than 16) interpolated in one statement (dbx.MultiRow). A prepared 64-row
-// claim costs the server about as much per row as a 512-row one (docs/BENCHMARKS.md,
-// "Prepared multi-row statements").
+// claimRows is the most rows one claim statement carries. A batch claims its rows with
+// dbx.MultiRow, in prepared statements of claimRows, then of smaller powers of two down to
+// 16 rows. The rest, fewer than 16, go interpolated in one statement. A prepared 64-row
+// claim costs the server about as much per row as a 512-row one. See docs/BENCHMARKS.md,
+// section "Prepared multi-row statements".
 const claimRows = 256
 
 func newBatchQueries(t string, d dbx.Dialect) batchQueries {
 	i := strings.Index(insertColumns, "VALUES ")
 	q := batchQueries{
 		claimHead: fmt.Sprintf("INSERT INTO %s %s", t, insertColumns[:i+len("VALUES ")]),
-		// On an existing row: the exclusive row lock (like claim) and a duplicate counted.
+		// On an existing row, the claim takes the exclusive row lock, as claim does, and
+		// counts a duplicate.
 		claimTail:  " ON DUPLICATE KEY UPDATE duplicates = duplicates + 1",
 		returning:  " RETURNING id, dedup_key, status, fingerprint, reason, duplicates",
 		selectHead: fmt.Sprintf("SELECT id, dedup_key, status, fingerprint, reason, duplicates FROM %s WHERE biz_type = ? AND dedup_key IN ", t),
 		dupHead:    fmt.Sprintf("UPDATE %s SET duplicates = duplicates + ? WHERE id IN ", t),
 		doneHead:   fmt.Sprintf("UPDATE %s SET status = 'done', attempts = GREATEST(attempts, 1), reason = NULL, last_error = NULL WHERE id IN ", t),
 		reopenHead: fmt.Sprintf("UPDATE %s SET status = 'processing' WHERE id IN ", t),
-		// A plain handler's failed attempt, counted on its row in the batch (grouped.go): the
-		// row is left to resume, and the statement's insert id is its count of attempts.
+		// failed counts a plain handler's failed attempt on its row in the batch. The row is
+		// left to resume, and the statement's insert id is its count of attempts.
 		failed: fmt.Sprintf("UPDATE %s SET status = 'processing', attempts = LAST_INSERT_ID(attempts + ?), last_error = ? WHERE id = ?", t),
 	}
 	if d.IsPostgres() {
@@ -264,13 +271,13 @@ func newBatchQueries(t string, d dbx.Dialect) batchQueries {
 	return q
 }
 
-// in is head (a statement ending in "IN ") with a list of n placeholders, in the dialect.
+// in is head, a statement ending in "IN ", with a list of n placeholders, in the dialect.
 func (q batchQueries) in(head string, n int) string { return q.d.Rebind(head + placeholders(n)) }
 
-// NewBatcher returns a Batcher for ib. A BatchHandler's batches run its HandleBatch; any
-// other handler's run its Handle for each delivery (grouped.go). A Preparer's Prepare is
-// made for each delivery before its batch, outside any transaction (prepare.go). It starts
-// its collector and workers; Close stops them.
+// NewBatcher returns a Batcher for ib. A BatchHandler's batches run its HandleBatch. Any
+// other handler's batches run its Handle for each delivery. A Preparer's Prepare runs for
+// each delivery before its batch, outside any transaction. NewBatcher starts the
+// Batcher's collector and workers, and Close stops them.
 func (ib *Inbox) NewBatcher(cfg BatchConfig) (*Batcher, error) {
 	bh, _ := ib.h.(BatchHandler)
 	cfg.setDefaults()
@@ -315,19 +322,19 @@ func (ib *Inbox) NewBatcher(cfg BatchConfig) (*Batcher, error) {
 }
 
 // decoders is how many goroutines decode the deliveries of a Batcher. Decoding runs on
-// these long-lived goroutines rather than on the caller's: a router runs each message on a
-// fresh goroutine, whose small stack had to grow (and be copied) for the JSON decoder — in
-// the e2e profile that cost more than the decoding itself.
+// these long-lived goroutines rather than on the caller's. A router runs each message on a
+// fresh goroutine, whose small stack would have to grow for the JSON decoder. Growing a
+// stack copies it, and that can cost more than the decoding itself.
 const decoders = 2
 
-// decoder decodes deliveries and queues them for the collector; a payload that does not
+// decoder decodes deliveries and queues them for the collector. A payload that does not
 // decode goes back to its caller, for the one-at-a-time path to quarantine.
 func (b *Batcher) decoder() {
 	for {
 		var p *pending
-		// A receive alone first: a select over two channels locks both, and every
-		// delivery passes here (the blocking select, as the fast path, picks one of
-		// the ready cases).
+		// Try a receive alone first, because a select over two channels locks both, and
+		// every delivery passes here. The blocking select below picks one of the ready
+		// cases, as the fast path does.
 		select {
 		case <-b.stop:
 			return
@@ -344,8 +351,8 @@ func (b *Batcher) decoder() {
 		}
 		dec, err := b.ib.decode(p.msg)
 		if err != nil || p.msg.Payload == nil {
-			// Poison, or a tombstone (the batch claim stores no tombstone flag): the
-			// one-at-a-time path records it.
+			// The one-at-a-time path records poison and tombstones. The batch claim stores
+			// no tombstone flag.
 			p.answer(batchOutcome{fallback: true})
 			continue
 		}
@@ -364,8 +371,8 @@ func (b *Batcher) decoder() {
 	}
 }
 
-// Close stops the Batcher after the batches already running; deliveries still queued are
-// run one at a time by their callers.
+// Close stops the Batcher after the batches already running. Their callers run the
+// deliveries still queued, one at a time.
 func (b *Batcher) Close() error {
 	b.once.Do(func() {
 		close(b.stop)
@@ -389,8 +396,8 @@ func (b *Batcher) Stats() BatchStats {
 	return st
 }
 
-// ObservePrepares makes the Batcher report each Prepare call's duration and error to fn
-// (metrics). Call it before the first delivery.
+// ObservePrepares makes the Batcher report each Prepare call's duration and error to fn,
+// such as for metrics. Call it before the first delivery.
 func (b *Batcher) ObservePrepares(fn func(elapsed time.Duration, err error)) {
 	if b.gate != nil {
 		b.gate.observe = fn
@@ -410,16 +417,16 @@ func (b *Batcher) HandlerFunc(topic string) message.NoPublishHandlerFunc {
 	}
 }
 
-// Process runs one live delivery, in a shared transaction when it can: it returns what
+// Process runs one live delivery, in a shared transaction when it can. It returns what
 // Inbox.Process would, once the outcome is committed. When ctx ends while the delivery's
-// batch runs, it returns at once with an error wrapping ErrOutcomeUnknown: the batch may
-// still commit it.
+// batch runs, it returns at once with an error wrapping ErrOutcomeUnknown, because the
+// batch may still commit the delivery.
 func (b *Batcher) Process(ctx context.Context, msg *message.Message, src Source) (Result, error) {
 	return b.processWaiting(ctx, msg, src, 0)
 }
 
 // processWaiting is Process waiting up to wait, once ctx has ended, for the outcome of a
-// batch the delivery is in (RunCommand).
+// batch the delivery is in. RunCommand uses it.
 func (b *Batcher) processWaiting(ctx context.Context, msg *message.Message, src Source, wait time.Duration) (Result, error) {
 	if b.ib.tr != nil {
 		return b.processTraced(ctx, msg, src, wait)
@@ -427,9 +434,10 @@ func (b *Batcher) processWaiting(ctx context.Context, msg *message.Message, src 
 	return b.process(ctx, msg, src, nil, wait)
 }
 
-// process is processWaiting; span is the delivery's (nil: no tracing).
+// process is processWaiting. span is the delivery's, or nil without tracing.
 func (b *Batcher) process(ctx context.Context, msg *message.Message, src Source, span trace.Span, wait time.Duration) (Result, error) {
-	// An open breaker holds the delivery back before it joins a batch (no attempt spent).
+	// An open breaker holds the delivery back before it joins a batch, and no attempt is
+	// spent.
 	p := &pending{ctx: ctx, msg: msg, src: src, done: make(chan struct{}, 1), span: span}
 	if br := b.ib.br; br != nil {
 		if err := br.admitTo(ctx, &p.admitted); err != nil {
@@ -455,7 +463,7 @@ func (b *Batcher) process(ctx context.Context, msg *message.Message, src Source,
 		o := p.out
 		return b.outcome(ctx, p, o)
 	case <-b.closed:
-		// The collector, workers and decoders have returned: the delivery was answered, or
+		// The collector, workers and decoders have returned. The delivery was answered, or
 		// never taken.
 		select {
 		case <-p.done:
@@ -468,14 +476,15 @@ func (b *Batcher) process(ctx context.Context, msg *message.Message, src Source,
 			return res, err
 		}
 	case <-ctx.Done():
-		// The batch may still commit this delivery: wait up to wait for its outcome (a
-		// fallback then fails at once on the ended ctx; only then is nothing committed).
+		// The batch may still commit this delivery, so wait up to wait for its outcome. A
+		// fallback then fails at once on the ended ctx, and only then is nothing committed.
 		if o, ok := b.await(p, wait); ok {
 			return b.outcome(ctx, p, o)
 		}
-		// Still running: an error means "not acked", and a redelivery (a retry with the
-		// token) finds the row done and counts a duplicate. Its key stays taken until then.
-		if b.gate != nil { // it may be admitted (and take its key) after this returns
+		// The batch is still running. An error means "not acked". A redelivery, or a retry
+		// with the token, finds the row done and counts a duplicate. The key stays taken
+		// until then.
+		if b.gate != nil { // it may be admitted, and take its key, after this returns
 			go func() {
 				select {
 				case <-p.done:
@@ -547,10 +556,10 @@ func (b *Batcher) release(p *pending, res Result, err error) {
 	b.gate.release(p, done)
 }
 
-// collect forms batches of the queued deliveries and runs them (groupcommit.Collect: a
-// batch goes to an idle worker once Linger has passed or it is full; a delivery whose key
-// is in a running batch waits for a later one). On stop, deliveries taken but not run, and
-// those still queued, go back to their callers.
+// collect forms batches of the queued deliveries and runs them with groupcommit.Collect.
+// A batch goes to an idle worker once Linger has passed or it is full. A delivery whose
+// key is in a running batch waits for a later one. On stop, deliveries taken but not run,
+// and those still queued, go back to their callers.
 func (b *Batcher) collect() {
 	cfg := groupcommit.Config{MaxSize: b.cfg.MaxSize, Linger: b.cfg.Linger, Workers: b.cfg.Workers}
 	left := groupcommit.Collect(cfg, b.queue, b.stop, func(p *pending) string { return p.dec.Key }, b.run)
@@ -575,16 +584,16 @@ func fallBack(ps []*pending) {
 	}
 }
 
-// fallBackUncertain hands ps to the one-at-a-time path, their batch having committed some
-// of their work, or perhaps (batchOutcome.uncertain).
+// fallBackUncertain hands ps to the one-at-a-time path, after their batch committed some
+// of their work, or may have. See batchOutcome.uncertain.
 func fallBackUncertain(ps []*pending) {
 	for _, p := range ps {
 		p.answer(batchOutcome{fallback: true, uncertain: true})
 	}
 }
 
-// item is one business key of a batch: its first delivery, and later copies with the same
-// payload (duplicates within the batch).
+// item is one business key of a batch. It holds the key's first delivery, and later
+// copies with the same payload, which are duplicates within the batch.
 type item struct {
 	p       *pending
 	copies  []*pending
@@ -595,7 +604,7 @@ type item struct {
 	res     *Result  // set when finished in the batch
 	failed  *failure // a plain handler's Handle failed in the batch, rolled back to its savepoint (grouped.go)
 
-	// d and res point here: a batch allocates its items, deliveries and results at once.
+	// d and res point here, so a batch allocates its items, deliveries and results at once.
 	delivery Delivery
 	result   Result
 }
@@ -606,7 +615,7 @@ func (it *item) finish(r Result) {
 	it.res = &it.result
 }
 
-// run handles one batch: every pending gets exactly one outcome.
+// run handles one batch. Every pending delivery gets exactly one outcome.
 func (b *Batcher) run(batch []*pending) {
 	ib := b.ib
 	items := make([]*item, 0, len(batch))
@@ -642,21 +651,23 @@ func (b *Batcher) run(batch []*pending) {
 	ctx, span := b.startBatch(context.WithoutCancel(items[0].p.ctx), items)
 	b.prepareClaim(ctx)
 	var err error
-	// The batch's span (none without tracing) ends with the batch's final outcome.
+	// The batch's span, if the inbox traces, ends with the batch's final outcome.
 	defer func() { tracex.End(span, err) }()
-	var blamed []*blamedError // plain handlers: deliveries taken out of the batch (grouped.go)
+	var blamed []*blamedError // for plain handlers, deliveries taken out of the batch
 	defer func() { b.answerBlamed(blamed) }()
 	for try := 0; ; try++ {
 		for _, it := range items {
 			it.res, it.id, it.resumed, it.d.Resumed, it.failed, it.ran = nil, 0, false, false, nil, false
-			// A retried batch starts its deliveries afresh (Handle may consume Prepared).
+			// A retried batch starts its deliveries afresh, because Handle may consume
+			// Prepared.
 			it.d.Step, it.d.Prepared = 0, it.p.prepared
 		}
 		tctx, cancel := context.WithTimeout(withDialect(ctx, ib.d), ib.cfg.HandlerTimeout)
-		sp := len(blamed) > 0 || b.savepointsFirst() // a plain handler's deliveries behind savepoints (grouped.go)
-		// What the batch's writes want done once it committed (an outbox.Writer handing its
-		// events to the relay of this process); none behind savepoints, as a delivery rolled
-		// back to its savepoint would leave its part behind.
+		sp := len(blamed) > 0 || b.savepointsFirst() // a plain handler's deliveries behind savepoints
+		// committed holds what the batch's writes want done once it committed, such as an
+		// outbox.Writer handing its events to the relay of this process. There is none
+		// behind savepoints, as a delivery rolled back to its savepoint would leave its part
+		// behind.
 		var committed *txdefer.Commit
 		body, endCommit := ib.committing(tctx, func(tx *sql.Tx) error {
 			rctx := tctx
@@ -680,9 +691,9 @@ func (b *Batcher) run(batch []*pending) {
 			break
 		}
 		if bl, ok := errors.AsType[*blamedError](err); ok {
-			// One delivery's Handle left the transaction unusable (it timed out, or its
-			// savepoint could not be restored): it is retried or quarantined alone, and the
-			// others run once more without it, in a new transaction; should that fail the
+			// One delivery's Handle left the transaction unusable. It timed out, or its
+			// savepoint could not be restored. It is retried or quarantined alone. The
+			// others run once more without it, in a new transaction. Should that fail the
 			// same way, they fall back too.
 			b.count(func(s *BatchStats) { s.Rollbacks++ })
 			b.failedInBatch()
@@ -776,20 +787,21 @@ func (b *Batcher) count(f func(*BatchStats)) {
 }
 
 // runTx claims every item's inbox row, counts duplicates, runs the handler on the rest and
-// records what it finished: a fixed number of statements whatever the batch size.
+// records what it finished. It runs a fixed number of statements, whatever the batch size.
 //
-// The claim inserts new rows already 'done' — nothing outside this transaction sees them
-// before it commits, and a delivery the handler does not finish is set back to
-// 'processing' here (a rare path) — so the common case needs no second write per row. On
-// an existing row the claim's update counts the delivery as a duplicate and takes the row
-// lock; a new row is told from an existing one by that counter (0 only on a row this
-// statement inserted).
+// The claim inserts new rows already 'done', so the common case needs no second write per
+// row. Nothing outside this transaction sees the rows before it commits. A delivery the
+// handler does not finish is set back to 'processing' here, on a rare path. On an existing
+// row, the claim's update counts the delivery as a duplicate and takes the row lock. That
+// counter tells a new row from an existing one, because it is 0 only on a row this
+// statement inserted.
 func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item, savepoints bool) error {
 	ib := b.ib
-	// 1. Claim: insert the missing rows, lock (and count a duplicate on) the existing ones.
+	// 1. The claim inserts the missing rows, and locks the existing ones and counts a
+	// duplicate on each.
 	args := make([]any, 0, len(items)*claimWidth)
-	// Arguments every row shares are boxed once (an interface of a string or a time is an
-	// allocation), as are a topic and metadata the rows repeat.
+	// Arguments every row shares are boxed once, because an interface of a string or a
+	// time is an allocation. So are a topic and metadata the rows repeat.
 	bizType, expire := any(ib.cfg.BizType), any(time.Now().Add(ib.cfg.Retention).UTC())
 	var topic, meta boxedString
 	byKey := make(map[string]*item, len(items))
@@ -800,8 +812,8 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item, savepoin
 	}
 	counts := map[int][]any{} // duplicate counter corrections → inbox ids
 	var run []*item
-	// One set of scan targets for every row; the text columns are read in place (no string
-	// per row): only a fingerprint that differs from the delivery's is copied out.
+	// One set of scan targets serves every row. The text columns are read in place, with
+	// no string per row. Only a fingerprint that differs from the delivery's is copied out.
 	var (
 		r                   inboxRow
 		key, status, stored sql.RawBytes
@@ -835,16 +847,17 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item, savepoin
 			}
 			it.finish(res)
 		case claimResume:
-			// 'processing': an earlier delivery's unfinished work, resumed here.
+			// A 'processing' row is an earlier delivery's unfinished work, resumed here.
 			counts[-1] = append(counts[-1], r.id)
 			it.resumed, it.d.Resumed = true, true
 			run = append(run, it)
 		}
 		return nil
 	}
-	// 2. Read the claimed rows back: with the claim's RETURNING clause (each row as the claim
-	// left it), else with a plain SELECT — the claim locked them all, so a plain read sees
-	// their current state (a locking read here only adds deadlocks).
+	// 2. Read the claimed rows back. The claim's RETURNING clause returns each row as the
+	// claim left it. Without it, a plain SELECT reads them. The claim locked them all, so a
+	// plain read sees their current state, and a locking read here would only add
+	// deadlocks.
 	if err := b.claimRows(ctx, tx, items, args, scan); err != nil {
 		return err
 	}
@@ -861,7 +874,7 @@ func (b *Batcher) runTx(ctx context.Context, tx *sql.Tx, items []*item, savepoin
 			return fmt.Errorf("count duplicates of %d rows: %w", len(ids), err)
 		}
 	}
-	// The keys' call leases end with the batch: a path that takes one after the commit
+	// The keys' call leases end with the batch. A path that takes one after the commit
 	// finds the row as the batch left it.
 	var holds []*callHold
 	for _, it := range items {
@@ -885,8 +898,8 @@ func (b *boxedString) of(s string) any {
 	return b.v
 }
 
-// claimRows runs the batch's claim and reads the claimed rows back, calling scan for each
-// (runTx), under the "inbox claim" span when the inbox traces.
+// claimRows runs the batch's claim for runTx and reads the claimed rows back, calling scan
+// for each. It runs under the "inbox claim" span when the inbox traces.
 func (b *Batcher) claimRows(ctx context.Context, tx *sql.Tx, items []*item, args []any, scan func(*sql.Rows) error) (err error) {
 	ib := b.ib
 	if ib.tr != nil {
@@ -926,8 +939,8 @@ func (b *Batcher) claimRows(ctx context.Context, tx *sql.Tx, items []*item, args
 }
 
 // prepareClaim prepares the claim statements once the first batch has told which kind
-// runs; until then, and should preparing fail, claims run interpolated. It runs outside
-// the batch's transaction (preparing may need a pooled connection of its own).
+// runs. Until then, and should preparing fail, claims run interpolated. It runs outside
+// the batch's transaction, because preparing may need a pooled connection of its own.
 func (b *Batcher) prepareClaim(ctx context.Context) {
 	var m *dbx.MultiRow
 	switch b.returning.Load() {
@@ -943,10 +956,10 @@ func (b *Batcher) prepareClaim(ctx context.Context) {
 	}
 }
 
-// useReturning reports whether the claim can read its rows back itself: INSERT … ON
-// DUPLICATE KEY UPDATE … RETURNING exists on MariaDB from 10.5 (not on MySQL). Asked on the
-// first batch's connection (again on the next batch if that failed; two first batches may
-// both ask).
+// useReturning reports whether the claim can read its rows back itself. INSERT … ON
+// DUPLICATE KEY UPDATE … RETURNING exists on MariaDB from 10.5, and not on MySQL. The
+// first batch asks on its connection. If that fails, the next batch asks again. Two first
+// batches may both ask.
 func (b *Batcher) useReturning(ctx context.Context, tx *sql.Tx) bool {
 	if r := b.returning.Load(); r != 0 {
 		return r == 1
@@ -982,18 +995,20 @@ func returningSupported(version string) bool {
 	return major > 10 || major == 10 && minor >= 5
 }
 
-// handle runs the handler on the rows that are ours to run (sorted by key) and brings the
-// rows' status in line with what it finished; copies of a finished delivery are counted.
+// handle runs the handler on the rows that are ours to run, sorted by key. It brings the
+// rows' status in line with what the handler finished, and counts the copies of a finished
+// delivery.
 func (b *Batcher) handle(ctx context.Context, tx *sql.Tx, run []*item, counts map[int][]any, savepoints bool) error {
 	if b.bh == nil {
 		return b.handleGrouped(ctx, tx, run, counts, savepoints)
 	}
 	ib := b.ib
-	var done, unfinished []any // resumed rows now done; new rows the handler did not finish
+	var done, unfinished []any // resumed rows now done, and new rows the handler did not finish
 	ready := make([]*item, 0, len(run))
 	for _, it := range run {
 		if b.prep != nil && !it.p.ready {
-			// Not prepared: its calls are not made, so it is not handled here.
+			// The delivery was not prepared and its calls are not made, so it is not
+			// handled here.
 			if !it.resumed {
 				unfinished = append(unfinished, it.id)
 			}
@@ -1027,8 +1042,8 @@ func (b *Batcher) handle(ctx context.Context, tx *sql.Tx, run []*item, counts ma
 	invalid := 0
 	for i, it := range run {
 		if progs[i] != Done {
-			// Continue, or a slot the handler left at the zero (or another invalid) Progress:
-			// never done; the one-at-a-time path finds out what is left.
+			// Continue, or a slot the handler left at the zero or another invalid Progress,
+			// is never done. The one-at-a-time path finds out what is left.
 			if !progs[i].valid() {
 				invalid++
 			}
@@ -1053,8 +1068,8 @@ func (b *Batcher) handle(ctx context.Context, tx *sql.Tx, run []*item, counts ma
 	return b.markRows(ctx, tx, done, unfinished)
 }
 
-// markRows marks the resumed rows in done 'done' and sets the new rows in unfinished back
-// to 'processing' (the claim inserted them 'done').
+// markRows marks the resumed rows in done 'done'. It sets the new rows in unfinished back
+// to 'processing', because the claim inserted them 'done'.
 func (b *Batcher) markRows(ctx context.Context, tx *sql.Tx, done, unfinished []any) error {
 	if len(done) > 0 {
 		if _, err := tx.ExecContext(ctx, b.q.in(b.q.doneHead, len(done)), done...); err != nil {

@@ -16,30 +16,34 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// Command is an HTTP command a plugin declares next to its Kafka handler: a request that
-// carries a client token (the Idempotency-Key header) and is handled by the same Handler
-// contract as a Kafka message, in the same inbox. The token is the inbox row's business key
-// under the command's own biz type, so the token is claimed in the transaction of the
-// command's effect and its outbox events: the key exists exactly when the effect committed.
-// A retry with the same token gets the first request's response back (Delivery.Respond),
-// never a second effect.
+// Command is an HTTP command a plugin declares next to its Kafka handler. A request carries
+// a client token in the Idempotency-Key header. The same Handler contract as for a Kafka
+// message handles it, in the same inbox. The token is the inbox row's business key under
+// the command's own biz type. So the token is claimed in the transaction of the command's
+// effect and its outbox events, and the key exists exactly when the effect committed. A
+// retry with the same token gets the first request's response back, never a second
+// effect. Delivery.Respond states that response.
 //
-// The handler's Decode sees a message whose payload is the request body and whose metadata
-// holds the token (MetadataIdempotencyKey); the Key it returns is ignored (the token is the
-// key), its Fingerprint identifies the request's meaning (empty: sha256 of the body) and
-// decides whether a retry with the same token is the same request. A Decode error answers
-// 400 and writes nothing; its text is the answer's, so it is written for the client (a fixed
-// text, never a wrapped Go error; a panic answers a fixed text of the inbox's). Handle states the response with Delivery.Respond when it returns
-// Done. A handler that finishes a request in one Handle call (or HandleBatch) commits the key
-// with the whole effect; one that returns Continue has its steps committed as they go, as
-// for a Kafka delivery (one transaction per request runs them all together; group commit
-// commits the first with its batch), and a retry with the token resumes what is left.
+// The handler's Decode sees a message whose payload is the request body. Its metadata
+// holds the token under MetadataIdempotencyKey. The Key that Decode returns is ignored,
+// because the token is the key. Its Fingerprint identifies the request's meaning, and an
+// empty one stands for the sha256 of the body. The Fingerprint decides whether a retry
+// with the same token is the same request. A Decode error answers 400 and writes nothing.
+// Its text is the answer's, so write it for the client. Make it a fixed text, never a
+// wrapped Go error. A panic in Decode answers a fixed text of the inbox's.
+//
+// Handle states the response with Delivery.Respond when it returns Done. A handler that
+// finishes a request in one Handle or HandleBatch call commits the key with the whole
+// effect. A handler that returns Continue has its steps committed as they go, as for a
+// Kafka delivery. An inbox made by NewCommand runs all of a request's steps in one
+// transaction, and group commit commits the first step with its batch. A retry with the
+// token resumes what is left.
 type Command struct {
 	Method  string // POST, PUT, PATCH or DELETE
-	Path    string // e.g. "/v1/claims"
-	BizType string // the inbox biz type of its tokens, e.g. "coupon-claim"; not the plugin's own
+	Path    string // such as "/v1/claims"
+	BizType string // the inbox biz type of its tokens, such as "coupon-claim", never the plugin's own
 	// Build creates the command's handler once the runtime has its database and
-	// configuration (the plugin's, as for Plugin.Build).
+	// configuration. It gets the plugin's, as Plugin.Build does.
 	Build func(ctx context.Context, env PluginEnv) (Handler, error)
 }
 
@@ -47,11 +51,11 @@ type Command struct {
 const MetadataIdempotencyKey = "Idempotency-Key"
 
 // MaxIdempotencyKeyLen is the longest client token accepted. Tokens longer than MaxKeyLen,
-// and tokens that begin with "sha256:", are stored as their sha256 (CommandKey).
+// and tokens that begin with "sha256:", are stored as their sha256. See CommandKey.
 const MaxIdempotencyKeyLen = 255
 
 // digestPrefix begins the stored form of a token kept as its sha256, and no token kept as
-// itself: CommandKey hashes every token that begins with it.
+// itself. CommandKey hashes every token that begins with it.
 const digestPrefix = "sha256:"
 
 var commandPath = regexp.MustCompile(`^(/[A-Za-z0-9._~-]+)+$`)
@@ -71,8 +75,8 @@ func (c Command) Validate() error {
 	return nil
 }
 
-// CheckIdempotencyKey reports why key is not a client token: 1–255 printable ASCII
-// characters (space to ~).
+// CheckIdempotencyKey reports why key is not a client token. A client token is 1 to 255
+// printable ASCII characters, from space to ~.
 func CheckIdempotencyKey(key string) error {
 	if key == "" {
 		return errors.New("the Idempotency-Key header is required (1-255 printable ASCII characters, one per intended operation)")
@@ -86,12 +90,12 @@ func CheckIdempotencyKey(key string) error {
 	return nil
 }
 
-// CommandKey is the inbox business key of a client token: the token itself; or, when it is
-// longer than MaxKeyLen or begins with "sha256:", "sha256:" and the hex digest of its
-// sha256. So two tokens never share a key: a token stored as itself never begins with
-// "sha256:", and one stored as its digest always does (a client's token "sha256:<64 hex>"
-// is hashed too, never taken for the digest of another's long token). Keys stored under an
-// earlier rule, which kept such a token as itself, are rewritten by migration 00013.
+// CommandKey is the inbox business key of a client token. It is the token itself, unless
+// the token is longer than MaxKeyLen or begins with "sha256:". Then it is "sha256:" and the
+// hex digest of the token's sha256. So two tokens never share a key. A token stored as
+// itself never begins with "sha256:", and one stored as its digest always does. A client's
+// token "sha256:<64 hex>" is hashed too, so it is never taken for the digest of another
+// client's long token.
 func CommandKey(token string) string {
 	if len(token) <= MaxKeyLen && !strings.HasPrefix(token, digestPrefix) {
 		return token
@@ -100,7 +104,7 @@ func CommandKey(token string) string {
 	return digestPrefix + hex.EncodeToString(s[:])
 }
 
-// Reply is a command's response: an HTTP status and a JSON body.
+// Reply is a command's response, an HTTP status and a JSON body.
 type Reply struct {
 	Status int
 	Body   []byte
@@ -109,10 +113,10 @@ type Reply struct {
 // MaxReplyBytes bounds a stored response body.
 const MaxReplyBytes = 64 << 10
 
-// Respond states the response of an HTTP command: status and v as JSON. Handle calls it
-// before returning Done; the response is stored with the inbox row, in the step's
+// Respond states the response of an HTTP command, status and v as JSON. Handle calls it
+// before returning Done. The response is stored with the inbox row, in the step's
 // transaction, and returned to every retry with the same token. Kafka deliveries have no
-// response: for them Respond only records it.
+// response, so for them Respond only records it.
 func (d *Delivery) Respond(status int, v any) error {
 	if status < 200 || status > 599 {
 		return fmt.Errorf("respond: status %d outside 200..599", status)
@@ -130,22 +134,24 @@ func (d *Delivery) Respond(status int, v any) error {
 
 // CommandRequest is one HTTP command request.
 type CommandRequest struct {
-	Token    string            // the Idempotency-Key; checked by CheckIdempotencyKey
+	Token    string            // the Idempotency-Key, checked by CheckIdempotencyKey
 	Body     []byte            // the request body
-	Metadata map[string]string // stored with the inbox row (e.g. the client's address); optional
-	Source   Source            // where it came from, e.g. {Topic: "http POST /v1/claims", Partition: -1, Offset: -1}
-	// OutcomeWait: once ctx is done, how much longer a request already handed to a batch
-	// (Batcher.RunCommand) waits for its batch's outcome before giving up with an error
-	// wrapping ErrOutcomeUnknown; zero waits no longer. Inbox.RunCommand ignores it: its
-	// transaction ends with ctx.
+	Metadata map[string]string // optional, stored with the inbox row, such as the client's address
+	Source   Source            // where it came from, such as {Topic: "http POST /v1/claims", Partition: -1, Offset: -1}
+	// OutcomeWait is how much longer, once ctx is done, a request already handed to a
+	// batch by Batcher.RunCommand waits for its batch's outcome. It then gives up with an
+	// error wrapping ErrOutcomeUnknown. Zero waits no longer. Inbox.RunCommand ignores
+	// OutcomeWait, because its transaction ends with ctx.
 	OutcomeWait time.Duration
 }
 
 // CommandResult is what RunCommand did.
 type CommandResult struct {
-	// Outcome: processed (this request ran the command), duplicate (a retry: Reply is the
-	// first request's), conflict (the token was used with another request: nothing written),
-	// quarantined (the command failed; a retry with the token runs it again).
+	// Outcome says what happened to the request. OutcomeProcessed means this request ran
+	// the command. OutcomeDuplicate means it was a retry, and Reply is the first request's.
+	// OutcomeConflict means the token was used with another request, and nothing was
+	// written. OutcomeQuarantined means the command failed, and a retry with the token runs
+	// it again.
 	Outcome Outcome
 	InboxID int64
 	Reply   Reply  // for processed and duplicate outcomes
@@ -154,17 +160,19 @@ type CommandResult struct {
 }
 
 // ErrBadRequest wraps RunCommand's errors for requests the command refuses before anything
-// is written (a bad token, a body its Decode refuses): the client's to fix (HTTP 400).
+// is written, such as a bad token or a body its Decode refuses. The client must fix them,
+// and HTTP answers 400.
 var ErrBadRequest = errors.New("bad request")
 
 // ErrOutcomeUnknown wraps the errors of Process and RunCommand returned while the
-// delivery's work may be committed, in whole or in part, or may still commit: a commit that
-// got no answer, a batch that was still running when ctx ended, a step committed before a
-// later one failed. Only a retry with the same key tells what happened (it finds the row
-// done, or resumes or runs what is left); a new key could run the work twice.
+// delivery's work may be committed, in whole or in part, or may still commit. That happens
+// after a commit that got no answer, or a batch that was still running when ctx ended. It
+// also happens when a step committed before a later one failed. Only a retry with the same
+// key tells what happened. The retry finds the row done, or resumes or runs what is left.
+// A new key could run the work twice.
 var ErrOutcomeUnknown = errors.New("outcome unknown: the work may have committed")
 
-// outcomeUnknown wraps err in ErrOutcomeUnknown (once).
+// outcomeUnknown wraps err in ErrOutcomeUnknown, unless err wraps it already.
 func outcomeUnknown(err error) error {
 	if errors.Is(err, ErrOutcomeUnknown) {
 		return err
@@ -173,20 +181,22 @@ func outcomeUnknown(err error) error {
 }
 
 // DefaultCommandRetention is how long a command's client token and its stored response are
-// kept by default (the stock router's http.idempotency_ttl): a client retries within hours,
-// not the days a Kafka topic can be replayed over.
+// kept by default. It is the default of the stock router's http.idempotency_ttl. A client
+// retries within hours, not over the days a Kafka topic can be replayed over.
 const DefaultCommandRetention = 24 * time.Hour
 
 // ReplyTable is the table of command responses for inbox table t.
 func ReplyTable(t string) string { return t + "_response" }
 
-// NewCommand builds the inbox of command c: its handler h behind the inbox table under c's
-// biz type, every step of a request in one transaction, the response stored with the row
-// (ReplyTable) in the transaction that makes it done. Its Batcher (NewBatcher) runs
-// requests that arrive together in one transaction, as it does Kafka deliveries.
+// NewCommand builds the inbox of a command. Handler h runs behind the inbox table, under
+// the command's biz type in cfg.BizType. Every step of a request runs in one transaction.
+// The response is stored in ReplyTable, in the transaction that makes the row done. The
+// inbox's Batcher, from NewBatcher, runs requests that arrive together in one transaction,
+// as it does Kafka deliveries.
 //
-// A command's rows (its clients' tokens and the stored responses) are kept for
-// cfg.Retention; zero stands for DefaultCommandRetention, not the Kafka inbox's default.
+// A command's rows hold its clients' tokens, and ReplyTable the stored responses. They are
+// kept for cfg.Retention. Zero stands for DefaultCommandRetention, not for the Kafka
+// inbox's default.
 func NewCommand(db *sql.DB, h Handler, cfg Config, logger watermill.LoggerAdapter, obs Observer) (*Inbox, error) {
 	if cfg.Retention == 0 {
 		cfg.Retention = DefaultCommandRetention
@@ -199,15 +209,16 @@ func NewCommand(db *sql.DB, h Handler, cfg Config, logger watermill.LoggerAdapte
 	}
 	table := ReplyTable(cfg.Table)
 	ib.replyQuery = ib.d.Rebind(fmt.Sprintf(`SELECT status, body FROM %s WHERE inbox_id = ?`, table))
-	// A client waits on its request: it gets an answer, not a wait on a breaker, and its
-	// retry with the token runs a quarantined row again (no delayed redelivery).
+	// A client waits on its request, so it gets an answer, not a wait on a breaker. Its
+	// retry with the token runs a quarantined row again, so there is no delayed
+	// redelivery.
 	ib.br = nil
 	ib.replySave = fmt.Sprintf(`INSERT INTO %s (inbox_id, status, body) VALUES `, table)
 	return ib, nil
 }
 
-// saveReplies stores the responses of ds, finished in tx (a command inbox only): what each
-// Handle stated with Respond, 204 without a body when it stated none.
+// saveReplies stores the responses of ds, finished in tx, in a command inbox only. Each
+// response is what Handle stated with Respond, or 204 without a body when it stated none.
 func (ib *Inbox) saveReplies(ctx context.Context, tx *sql.Tx, ds []*Delivery) error {
 	if ib.replySave == "" || len(ds) == 0 {
 		return nil
@@ -231,9 +242,9 @@ func (ib *Inbox) saveReplies(ctx context.Context, tx *sql.Tx, ds []*Delivery) er
 	return nil
 }
 
-// liveOptions are the options of a live delivery: none for a Kafka message; for a command's
-// request, its Decode errors and conflicts are the client's, and a quarantined row runs
-// again (the client's retry).
+// liveOptions are the options of a live delivery. A Kafka message has none. For a
+// command's request, its Decode errors and conflicts are the client's. A quarantined row
+// runs again, as the client's retry.
 func (ib *Inbox) liveOptions() runOpts {
 	if ib.replyQuery == "" {
 		return runOpts{}
@@ -241,24 +252,29 @@ func (ib *Inbox) liveOptions() runOpts {
 	return runOpts{ProcessOptions: ProcessOptions{Reopen: true}, command: true}
 }
 
-// RunCommand runs one command request to its end, in a transaction of its own. It returns
-// an error wrapping ErrBadRequest for a request refused before anything is written; one
-// wrapping ErrOutcomeUnknown when the request may have committed (its commit got no answer,
-// or it committed and its response could not be read); and another error when the outcome
-// could not be recorded (database unreachable, ctx cancelled): then nothing of it
-// committed. After either of the last two a retry with the token runs the command, or
-// returns its response.
+// RunCommand runs one command request to its end, in a transaction of its own. Its errors
+// are of three kinds.
+//
+//   - An error wrapping ErrBadRequest means the request was refused before anything was
+//     written.
+//   - An error wrapping ErrOutcomeUnknown means the request may have committed. Its
+//     commit got no answer, or it committed and its response could not be read.
+//   - Another error means the outcome could not be recorded, because the database was
+//     unreachable or ctx was cancelled. Then nothing of the request committed.
+//
+// After either of the last two, a retry with the token runs the command or returns its
+// response.
 func (ib *Inbox) RunCommand(ctx context.Context, req CommandRequest) (CommandResult, error) {
 	return ib.runCommand(ctx, req, func(msg *message.Message) (Result, error) {
 		return ib.run(ctx, msg, req.Source, ib.liveOptions())
 	})
 }
 
-// RunCommand runs one command request to its end as Inbox.RunCommand does, in a
-// transaction shared with the requests that arrive together (group commit). That
-// transaction does not end with ctx: when ctx ends first, RunCommand waits up to
-// req.OutcomeWait for it, then returns an error wrapping ErrOutcomeUnknown. It returns an
-// error that does not wrap it only when nothing of the request committed.
+// RunCommand runs one command request to its end as Inbox.RunCommand does. Its transaction
+// is shared with the requests that arrive together, by group commit. That transaction
+// does not end with ctx. When ctx ends first, RunCommand waits up to req.OutcomeWait for
+// it, then returns an error wrapping ErrOutcomeUnknown. It returns an error that does not
+// wrap ErrOutcomeUnknown only when nothing of the request committed.
 func (b *Batcher) RunCommand(ctx context.Context, req CommandRequest) (CommandResult, error) {
 	return b.ib.runCommand(ctx, req, func(msg *message.Message) (Result, error) {
 		return b.processWaiting(ctx, msg, req.Source, req.OutcomeWait)
@@ -282,8 +298,9 @@ func (ib *Inbox) runCommand(ctx context.Context, req CommandRequest, run func(*m
 	md.Set(MetadataIdempotencyKey, req.Token)
 	msg := message.NewMessage(watermill.NewUUID(), req.Body)
 	msg.Metadata = md
-	// Refused here, before a row: a batch would quarantine it as poison. The client is told
-	// the Decode error's text (the plugin's reason), but never a panic's value and stack.
+	// The request is refused here, before it has a row, because a batch would quarantine
+	// it as poison. The client is told the Decode error's text, which is the plugin's
+	// reason. The client is never told a panic's value and stack.
 	if _, err := ib.decode(msg); err != nil {
 		if failureReason(err) == ReasonPanic {
 			ib.logger.Error("command's Decode panicked", err, watermill.LogFields{"topic": req.Source.Topic})
@@ -293,7 +310,7 @@ func (ib *Inbox) runCommand(ctx context.Context, req CommandRequest, run func(*m
 	}
 	res, err := run(msg)
 	if err == nil && res.Outcome == OutcomeHeld {
-		// A quarantined request: the client's retry runs it again.
+		// The request was quarantined, so the client's retry runs it again.
 		res, err = ib.run(ctx, msg, req.Source, ib.liveOptions())
 	}
 	if err != nil {
@@ -311,7 +328,7 @@ func (ib *Inbox) runCommand(ctx context.Context, req CommandRequest, run func(*m
 			return CommandResult{}, outcomeUnknown(err) // done, but its response is not at hand
 		}
 		if !found {
-			// Done without a stored response (run by a path that stores none).
+			// The row is done without a stored response, run by a path that stores none.
 			r = Reply{Status: 200, Body: []byte(`{"status":"done"}`)}
 		}
 		out.Reply = r
@@ -332,8 +349,8 @@ func (ib *Inbox) storedReply(ctx context.Context, id int64) (Reply, bool, error)
 	return r, true, nil
 }
 
-// saveReplies stores the responses of the batch's deliveries finished in tx (a command
-// inbox's Batcher).
+// saveReplies stores the responses of the batch's deliveries finished in tx. Only a
+// command inbox's Batcher stores any.
 func (b *Batcher) saveReplies(ctx context.Context, tx *sql.Tx, run []*item) error {
 	if b.ib.replySave == "" {
 		return nil

@@ -39,7 +39,7 @@ const (
 	ReasonConflict         Reason = "conflict"
 	ReasonRetriesExhausted Reason = "retries_exhausted"
 	ReasonPermanent        Reason = "permanent"
-	ReasonPanic            Reason = "panic"   // the plugin panicked on every attempt (last_error holds the stack)
+	ReasonPanic            Reason = "panic"   // the plugin panicked on every attempt, and last_error holds the stack
 	ReasonTimeout          Reason = "timeout" // the plugin did not return within inbox.handler_timeout on every attempt
 )
 
@@ -51,11 +51,13 @@ const (
 	OutcomeDuplicate   Outcome = "duplicate"
 	OutcomeQuarantined Outcome = "quarantined"
 	OutcomeConflict    Outcome = "conflict"
-	// OutcomeHeld: the key's row is quarantined ('failed'), so this delivery is not run; it
-	// is counted on the row (duplicates) and the key stays held until a replay releases it.
+	// OutcomeHeld means the key's row is quarantined as 'failed', so this delivery is not
+	// run. It is counted in the row's duplicates, and the key stays held until a replay
+	// releases it.
 	OutcomeHeld Outcome = "held"
-	// OutcomeRefused is a replay's, never a delivery's: the row holds less than the message
-	// as delivered (inboxops.Row.Replayable), so it was not run and is left as it is.
+	// OutcomeRefused is a replay's outcome, never a delivery's. The row holds less than the
+	// message as delivered, as inboxops.Row.Replayable reports. So it was not run and is
+	// left as it is.
 	OutcomeRefused Outcome = "refused"
 )
 
@@ -68,11 +70,11 @@ type Result struct {
 	Attempts int
 	Err      error // the error that caused a quarantine, or why a replay refused the row
 
-	reply *Reply // a command's response (RunCommand)
+	reply *Reply // a command's response, for RunCommand
 }
 
-// Observer receives one call per finished delivery (metrics). Implementations must be safe
-// for concurrent use.
+// Observer receives one call per finished delivery, such as for metrics. Implementations
+// must be safe for concurrent use.
 type Observer interface {
 	Delivered(bizType string, r Result, elapsed time.Duration)
 }
@@ -90,16 +92,16 @@ type Inbox struct {
 	obs    Observer
 	d      dbx.Dialect // the pool's
 	q      queries
-	calls  chan struct{} // one slot per Prepare running (MaxInFlightCalls)
-	tr     trace.Tracer  // nil: no tracing (Config.TracerProvider; trace.go)
-	br     *breaker      // nil: no circuit breaker (Config.BreakerOff, a command's inbox)
-	leases *callLeases   // the keys' call leases, taken before a Preparer's calls (calls.go)
-	// replyQuery reads a command's stored response and replySave stores them (NewCommand);
-	// empty for a Kafka inbox.
+	calls  chan struct{} // one slot per Prepare running, MaxInFlightCalls of them
+	tr     trace.Tracer  // from Config.TracerProvider, or nil for no tracing
+	br     *breaker      // nil for no circuit breaker, with Config.BreakerOff or in a command's inbox
+	leases *callLeases   // the keys' call leases, taken before a Preparer's calls, in calls.go
+	// replyQuery reads a command's stored response and replySave stores responses. NewCommand
+	// sets them, and they are empty for a Kafka inbox.
 	replyQuery, replySave string
 }
 
-// New builds an Inbox. A nil logger logs nothing; a nil observer records nothing.
+// New builds an Inbox. A nil logger logs nothing, and a nil observer records nothing.
 func New(db *sql.DB, h Handler, cfg Config, logger watermill.LoggerAdapter, obs Observer) (*Inbox, error) {
 	if db == nil || h == nil {
 		return nil, errors.New("inbox: db and handler are required")
@@ -132,49 +134,52 @@ func (ib *Inbox) Config() Config { return ib.cfg }
 func (ib *Inbox) DB() *sql.DB { return ib.db }
 
 // Decode checks msg against the inbox's bounds and runs the handler's Decode, as a delivery
-// of msg would, writing nothing: an error (wrapping ErrPoison; a *PanicError for a panic in
-// Decode) means the delivery would be quarantined as poison.
+// of msg would, writing nothing. An error means the delivery would be quarantined as
+// poison. The error wraps ErrPoison, and a panic in Decode is a *PanicError.
 func (ib *Inbox) Decode(msg *message.Message) (Decoded, error) { return ib.decode(msg) }
 
-// ProcessOptions change how Process treats an existing row; zero for live deliveries.
+// ProcessOptions change how Process treats an existing row. Live deliveries use the zero
+// value.
 type ProcessOptions struct {
 	// ReplayID stamps the row with the replay that ran it.
 	ReplayID int64
-	// Reopen lets a 'failed' row run again (replay after its cause was fixed).
+	// Reopen lets a 'failed' row run again, as a replay does after its cause was fixed.
 	Reopen bool
 }
 
-// runOpts is how one delivery runs: the caller's options and the inbox's own.
+// runOpts is how one delivery runs. It holds the caller's options and the inbox's own.
 type runOpts struct {
 	ProcessOptions
-	failed int // attempts already made and counted (a Batcher's delivery that failed in its batch)
-	// command: an HTTP command's request (RunCommand): a Decode error is the client's (an
-	// error wrapping ErrBadRequest, nothing written), and so is a conflict (reported, not
-	// quarantined).
+	failed int // attempts already made and counted, for a Batcher's delivery that failed in its batch
+	// command marks an HTTP command's request, run by RunCommand. A Decode error is the
+	// client's, an error wrapping ErrBadRequest with nothing written. So is a conflict,
+	// which is reported, not quarantined.
 	command bool
-	// redelivery: a delayed redelivery of the row's stored message (Redeliver): it reopens
-	// only a row still waiting for one.
+	// redelivery marks a delayed redelivery of the row's stored message, by Redeliver. It
+	// reopens only a row still waiting for one.
 	redelivery bool
-	// carry: what a Prepare made for a step whose transaction did not commit, for the
-	// delivery's next attempt of that step (nil: none yet; process makes one).
+	// carry holds what a Prepare made for a step whose transaction did not commit. The
+	// delivery's next attempt of that step uses it. When it is nil, process makes one.
 	carry *carried
 }
 
 // carried is what a delivery's Prepare left in Delivery.Prepared for a step whose
 // transaction then rolled back. The step's next attempt reuses it rather than calling out
-// again: the calls were made, and nothing of the key moved since (the path holds its call
-// lease). Handle re-checks it, as it re-checks any Prepared.
+// again. The calls were made, and nothing of the key moved since, because the path holds
+// its call lease. Handle checks it again, as it checks any Prepared.
 type carried struct {
 	step  int
 	value any
 	ok    bool
 }
 
-// Process runs one delivery to its end: processed, duplicate, held, conflict or quarantined. It
-// returns an error only when the outcome could not be recorded (database unreachable,
-// context cancelled); the caller must then NOT ack the message, so it is redelivered. The
-// error wraps ErrOutcomeUnknown when some of the delivery's work committed, or may have,
-// before it (a commit that got no answer, a step committed before the next one failed).
+// Process runs one delivery to its end. The outcome is processed, duplicate, held,
+// conflict or quarantined. Process returns an error only when the outcome could not be
+// recorded, because the database was unreachable or the context was cancelled. The caller
+// must then NOT ack the message, so that it is redelivered. The error wraps
+// ErrOutcomeUnknown when some of the delivery's work committed, or may have, before the
+// error. That happens after a commit that got no answer, or when a step committed before
+// the next one failed.
 func (ib *Inbox) Process(ctx context.Context, msg *message.Message, src Source, opts ProcessOptions) (Result, error) {
 	return ib.run(ctx, msg, src, runOpts{ProcessOptions: opts})
 }
@@ -202,13 +207,13 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, 
 	fields := watermill.LogFields{"topic": src.Topic, "partition": src.Partition, "offset": src.Offset, "message_uuid": validText(msg.UUID, maxUUIDBytes)}
 	dec, derr := ib.decode(msg)
 	if derr != nil && opts.command {
-		return Result{}, fmt.Errorf("%w: %w", ErrBadRequest, derr) // runCommand decoded it first: not reached
+		return Result{}, fmt.Errorf("%w: %w", ErrBadRequest, derr) // not reached, because runCommand decoded it first
 	}
 	if derr != nil {
 		key := poisonKey(src, msg)
 		reason := ReasonPoison
 		if failureReason(derr) == ReasonPanic {
-			reason = ReasonPanic // the plugin's decoder panicked on these bytes: no retry will differ
+			reason = ReasonPanic // the plugin's decoder panicked on these bytes, and no retry will differ
 		}
 		r, err := ib.quarantine(ctx, msg, src, key, payloadFingerprint(msg), reason, derr, 0, opts)
 		if err == nil {
@@ -224,14 +229,14 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, 
 		opts.carry = &carried{}
 	}
 	for attempt := 1 + opts.failed; ; {
-		// A fresh Delivery per attempt: plugin code abandoned by a timeout may still hold
-		// the previous one.
+		// Each attempt gets a fresh Delivery, because plugin code abandoned by a timeout may
+		// still hold the previous one.
 		d = &Delivery{Message: msg, BizType: ib.cfg.BizType, Key: dec.Key, Value: dec.Value, Source: src, ReplayID: opts.ReplayID, Attempt: attempt}
 		if ib.tr != nil {
 			d.trace = trace.SpanContextFromContext(ctx)
 		}
-		// An open breaker holds the attempt back (none is spent) until a probe may run; a
-		// delivery that failed before probes only when no first attempt waits.
+		// An open breaker holds the attempt back until a probe may run, and no attempt is
+		// spent. A delivery that failed before probes only when no first attempt waits.
 		t, err := ib.br.admit(ctx, attempt > 1 || opts.redelivery)
 		if err != nil {
 			return Result{}, fmt.Errorf("inbox %s %q: waiting on the circuit breaker: %w", ib.cfg.BizType, dec.Key, err)
@@ -256,28 +261,30 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, 
 		reason := failureReason(err)
 		switch {
 		case reason == ReasonData:
-			// The database refused the delivery's values: every attempt would meet the same
+			// The database refused the delivery's values. Every attempt would meet the same
 			// refusal, so none is retried or delayed.
 			ib.logger.Error("the database refused the delivery's data, message quarantined", err, fields.Add(watermill.LogFields{"reason": string(reason), "attempt": attempt}))
 			return ib.quarantine(ctx, msg, src, dec.Key, dec.Fingerprint, ReasonData, err, attempt, opts)
 		case reason != ReasonRetriesExhausted:
-			// A panic or a timeout is the plugin's failure, whatever error it left behind (a
-			// cancelled query can look like a broken connection): it counts as an attempt.
+			// A panic or a timeout is the plugin's failure, whatever error it left behind. A
+			// cancelled query can look like a broken connection. It counts as an attempt.
 			if total := ib.countFailure(ctx, msg, src, dec, err, attempt, opts); total >= ib.cfg.MaxAttempts {
 				return ib.giveUp(ctx, msg, src, dec, reason, err, total, opts)
 			}
 		case errors.Is(err, errLeaseLost) || errors.Is(err, errRowMoved):
-			// Another path took the key's call lease, or changed its row: not the handler's
-			// fault. The delivery runs again once it holds the lease, on the row as left.
+			// Another path took the key's call lease, or changed its row. That is not the
+			// handler's fault. The delivery runs again once it holds the lease, on the row as
+			// it was left.
 			sleep(ctx, time.Duration(1+rand.IntN(20))*time.Millisecond)
 			continue
 		case dbx.IsLockConflict(err) && lockRetries < ib.cfg.MaxLockRetries:
-			// The server rolled us back to break a deadlock or a long wait: not the handler's fault.
+			// The server rolled us back to break a deadlock or a long wait, which is not the
+			// handler's fault.
 			lockRetries++
 			sleep(ctx, time.Duration(1+rand.IntN(20))*time.Millisecond)
 			continue
 		case dbx.IsConnError(err):
-			// The database is unreachable: nothing can be recorded, so do not burn attempts.
+			// The database is unreachable. Nothing can be recorded, so do not burn attempts.
 			ib.logger.Error("database unreachable, retrying", err, fields)
 			sleep(ctx, ib.cfg.BackoffMax)
 			continue
@@ -294,9 +301,9 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, 
 	}
 }
 
-// decode checks the record against the inbox's bounds and runs the plugin's Decode; every
-// error it returns makes the message poison (a panic in Decode comes back as a *PanicError
-// wrapped in ErrPoison).
+// decode checks the record against the inbox's bounds and runs the plugin's Decode. Every
+// error it returns makes the message poison. A panic in Decode comes back as a *PanicError
+// wrapped in ErrPoison.
 func (ib *Inbox) decode(msg *message.Message) (dec Decoded, err error) {
 	if cut, ok := msgsource.CutFrom(msg.Context()); ok {
 		return Decoded{}, PoisonError("payload of %d bytes exceeds the limit of %d", cut.Size, ib.cfg.MaxPayloadBytes)
@@ -342,9 +349,9 @@ func (ib *Inbox) decode(msg *message.Message) (dec Decoded, err error) {
 }
 
 // runSteps runs the handler, one transaction per step, until it reports Done. Each step
-// (Prepare and the transaction) runs under inbox.handler_timeout. A Preparer's steps run
-// under the key's call lease (calls.go); a row that is done, quarantined or another
-// message's makes no calls.
+// runs its Prepare and its transaction under inbox.handler_timeout. A Preparer's steps run
+// under the key's call lease, described in calls.go. A row that is done, quarantined or
+// another message's makes no calls.
 func (ib *Inbox) runSteps(ctx context.Context, d *Delivery, dec Decoded, opts runOpts) (Result, error) {
 	prep, _ := ib.h.(Preparer)
 	var hold *callHold
@@ -376,10 +383,10 @@ func (ib *Inbox) runSteps(ctx context.Context, d *Delivery, dec Decoded, opts ru
 	return Result{}, fmt.Errorf("handler did not finish %q within %d steps", d.Key, ib.cfg.MaxSteps)
 }
 
-// runStep runs step (and, with StepsPerTx > 1, the steps after it) in one transaction. It
-// returns the delivery's result once it is finished, else the last step it ran.
-// hold is the key's call lease (nil without a Preparer); noCalls says the path skipped the
-// calls because of the row it read under the lease.
+// runStep runs step first in one transaction. With StepsPerTx above 1, the steps after it
+// join the transaction. runStep returns the delivery's result once it is finished, else
+// the last step it ran. hold is the key's call lease, nil without a Preparer. noCalls says
+// the path skipped the calls because of the row it read under the lease.
 func (ib *Inbox) runStep(ctx context.Context, prep Preparer, hold *callHold, noCalls bool, d *Delivery, dec Decoded, opts runOpts, first int) (*Result, int, error) {
 	sctx, cancel := context.WithTimeout(withDialect(ctx, ib.d), ib.cfg.HandlerTimeout)
 	defer cancel()
@@ -396,7 +403,7 @@ func (ib *Inbox) runStep(ctx context.Context, prep Preparer, hold *callHold, noC
 			return nil, first, stepError(ctx, sctx, timeoutError(sctx, "prepare: waiting for a call slot"))
 		}
 		pctx, span := ib.startSpan(sctx, "inbox prepare")
-		hold.Begin() // the key stays held until this call returns, should it be abandoned
+		hold.Begin() // the key stays held until this call returns, even if it is abandoned
 		err := guard(pctx, "prepare", func() error {
 			defer hold.CallEnded()
 			return prep.Prepare(pctx, d)
@@ -422,10 +429,10 @@ func (ib *Inbox) runStep(ctx context.Context, prep Preparer, hold *callHold, noC
 			return err
 		}
 		d.InboxID = row.id
-		// A later step finds its own row: only a delivery's first step checks the fingerprint
-		// (a replay re-runs the row's own payload).
-		// A redelivery runs the row's own message, as a replay does, and reopens only a row
-		// still waiting for it (not one an operator's replay quarantined again meanwhile).
+		// A later step finds its own row, so only a delivery's first step checks the
+		// fingerprint. A replay runs the row's own payload again. A redelivery runs the
+		// row's own message, as a replay does. It reopens only a row still waiting for it,
+		// not one that an operator's replay quarantined again meanwhile.
 		reopen := opts.Reopen && (!opts.redelivery || Reason(row.reason.String) == ReasonDelayed)
 		decision := decideClaim(fresh, row, dec.Fingerprint, step == 0 && opts.ReplayID == 0 && !opts.redelivery, reopen)
 		if noCalls && (decision == claimRun || decision == claimResume) {
@@ -459,16 +466,16 @@ func (ib *Inbox) runStep(ctx context.Context, prep Preparer, hold *callHold, noC
 		err = guard(sctx, "handle", func() error {
 			var err error
 			prog, err = ib.handleStep(tctx, tx, d)
-			// StepsPerTx > 1: further steps share this transaction (one commit instead of
-			// several). Each step's side effect and transition still commit together; they
-			// also commit with the next steps, or roll back with them.
+			// With StepsPerTx above 1, further steps share this transaction, with one
+			// commit instead of several. Each step's side effect and transition still commit
+			// together. They also commit with the next steps, or roll back with them.
 			for err == nil && prog == Continue && step-first+1 < ib.cfg.StepsPerTx && step+1 < ib.cfg.MaxSteps {
 				step++
 				d.Step = step
 				prog, err = ib.handleStep(tctx, tx, d)
 			}
 			if err == nil && !prog.valid() {
-				err = invalidProgress(prog) // never taken for Done: the step rolls back
+				err = invalidProgress(prog) // never taken for Done, so the step rolls back
 			}
 			return err
 		})
@@ -503,15 +510,16 @@ func (ib *Inbox) runStep(ctx context.Context, prep Preparer, hold *callHold, noC
 		hold.Deleted() // the transaction deleted the lease row
 	}
 	if c := opts.carry; c != nil {
-		c.ok = false // the step committed: the key moved on
+		c.ok = false // the step committed, so the key moved on
 	}
 	d.uncertain = d.uncertain || res == nil // steps committed, the delivery not finished
 	return res, step, nil
 }
 
-// leaseInTx ends a step's transaction under the key's call lease: a step that finishes the
-// delivery deletes the lease row, one that leaves it unfinished checks it is still held.
-// Either fails when another Inbox took the lease over: then nothing of the step commits.
+// leaseInTx ends a step's transaction under the key's call lease. A step that finishes the
+// delivery deletes the lease row. A step that leaves it unfinished checks that the lease is
+// still held. Either fails when another Inbox took the lease over, and then nothing of the
+// step commits.
 func (ib *Inbox) leaseInTx(ctx context.Context, tx *sql.Tx, hold *callHold, prog Progress) error {
 	if prog == Done {
 		return hold.ReleaseTx(ctx, tx)
@@ -519,8 +527,9 @@ func (ib *Inbox) leaseInTx(ctx context.Context, tx *sql.Tx, hold *callHold, prog
 	return hold.CheckTx(ctx, tx)
 }
 
-// stepError marks the error of a step whose time ran out (but not the delivery's: that is
-// a shutdown) as a timeout, whatever error the cancelled work returned.
+// stepError marks the error of a step whose time ran out as a timeout, whatever error the
+// cancelled work returned. When the delivery's own time ran out, that is a shutdown, and
+// stepError leaves the error alone.
 func stepError(ctx, sctx context.Context, err error) error {
 	if ctx.Err() == nil && errors.Is(sctx.Err(), context.DeadlineExceeded) && !errors.Is(err, ErrHandlerTimeout) {
 		return fmt.Errorf("%w: %w", ErrHandlerTimeout, err)
@@ -535,20 +544,21 @@ type inboxRow struct {
 	reason      sql.NullString
 }
 
-// claimOutcome is what a delivery does with the inbox row its claim made or found; one
-// decision for both paths (decideClaim: Process, and the Batcher's runTx).
+// claimOutcome is what a delivery does with the inbox row its claim made or found.
+// decideClaim makes the decision for both paths, Process and the Batcher's runTx.
 type claimOutcome int
 
 const (
 	claimRun       claimOutcome = iota // a row this claim inserted: run the handler
-	claimConflict                      // same key, another fingerprint: never a silent duplicate
-	claimDuplicate                     // done (perhaps by a concurrent delivery that resumed this one's work), or quarantined and not reopened (held): count it, change nothing
-	claimResume                        // 'processing' (an earlier delivery's unfinished work) or reopened: run the handler on it
+	claimConflict                      // the same key with another fingerprint, never a silent duplicate
+	claimDuplicate                     // done, or quarantined and not reopened, so count it and change nothing
+	claimResume                        // an earlier delivery's unfinished work, or reopened, so run the handler on it
 )
 
-// decideClaim decides for a claimed row: fresh when this claim inserted it; fingerprint is
-// the delivery's, compared only when checkFingerprint; reopenFailed lets a quarantined row
-// run again (a replay's retry).
+// decideClaim decides for a claimed row. fresh says this claim inserted it. fingerprint is
+// the delivery's, compared only when checkFingerprint is set. reopenFailed lets a
+// quarantined row run again, for a replay's retry. A done row may have been finished by a
+// concurrent delivery that resumed this one's work.
 func decideClaim(fresh bool, r inboxRow, fingerprint string, checkFingerprint, reopenFailed bool) claimOutcome {
 	switch {
 	case fresh:
@@ -562,20 +572,20 @@ func decideClaim(fresh bool, r inboxRow, fingerprint string, checkFingerprint, r
 	}
 }
 
-// claim inserts the inbox row or locks the existing one. The insert is an
-// INSERT ... ON DUPLICATE KEY UPDATE rather than INSERT IGNORE: it behaves the same on the
-// unique key, but takes an exclusive lock on an existing row at once (INSERT IGNORE takes a
-// shared lock, and two deliveries upgrading shared locks deadlock) and does not turn other
-// errors, such as truncation, into warnings.
+// claim inserts the inbox row or locks the existing one. In the MySQL family the insert is
+// an INSERT ... ON DUPLICATE KEY UPDATE rather than INSERT IGNORE. It behaves the same on
+// the unique key, but it takes an exclusive lock on an existing row at once. INSERT IGNORE
+// takes a shared lock, and two deliveries upgrading shared locks deadlock. Nor does it turn
+// other errors, such as truncation, into warnings.
 func (ib *Inbox) claim(ctx context.Context, tx *sql.Tx, d *Delivery, dec Decoded, step int) (inboxRow, bool, error) {
 	var row inboxRow
 	if step == 0 {
 		payload, tombstone := storedPayload(d.Message.Payload)
 		args := []any{d.Key, ib.cfg.BizType, string(StatusProcessing), nil, messageUUID(d.Message), d.Source.Topic, d.Source.Partition, d.Source.Offset,
 			payload, dec.meta, dec.Fingerprint, d.Attempt, nil, nullID(d.ReplayID), time.Now().Add(ib.cfg.Retention).UTC(), tombstone, nil}
-		q := faults.ClaimStatement(ib.q.claim) // the claim as is, unless fault hooks change it (internal/faults)
+		q := faults.ClaimStatement(ib.q.claim) // the claim as it is, unless the fault hooks of internal/faults change it
 		if ib.q.returning {
-			// One round trip: the claim returns the row, inserted or locked.
+			// The claim returns the row, inserted or locked, in one round trip.
 			var inserted bool
 			err := tx.QueryRowContext(ctx, q, args...).Scan(&row.id, &inserted, &row.status, &row.fingerprint, &row.reason)
 			if err != nil {
@@ -619,9 +629,9 @@ func (ib *Inbox) claim(ctx context.Context, tx *sql.Tx, d *Delivery, dec Decoded
 	return row, false, nil
 }
 
-// stamp lists inbox row id in replay_row as stamped by replay replayID (nothing when the
-// delivery is not a replay's), in the stamp's transaction. A row a replay leaves 'done' is
-// listed but not stamped; `--replay-id` checks inbox.replay_id too.
+// stamp lists inbox row id in replay_row as stamped by replay replayID, in the stamp's
+// transaction. It does nothing when the delivery is not a replay's. A row a replay leaves
+// 'done' is listed but not stamped, so `--replay-id` checks inbox.replay_id too.
 func (ib *Inbox) stamp(ctx context.Context, tx *sql.Tx, replayID, id int64) error {
 	if replayID <= 0 {
 		return nil
@@ -639,8 +649,9 @@ func poisonKey(src Source, msg *message.Message) string {
 	return fmt.Sprintf("poison:%s/%d/%d", src.Topic, src.Partition, src.Offset)
 }
 
-// payloadFingerprint is the fingerprint of a record's whole value: its payload's, or, when
-// the subscriber cut the value before it waited, the sha256 it recorded of the value.
+// payloadFingerprint is the fingerprint of a record's whole value. It is the payload's
+// fingerprint, unless the subscriber cut the value before it waited. Then it is the sha256
+// the subscriber recorded of the value.
 func payloadFingerprint(msg *message.Message) string {
 	if cut, ok := msgsource.CutFrom(msg.Context()); ok {
 		return hex.EncodeToString(cut.SHA256[:])
@@ -648,7 +659,7 @@ func payloadFingerprint(msg *message.Message) string {
 	return fingerprint(msg.Payload)
 }
 
-// payloadSize is the size of a record's whole value (what was cut included).
+// payloadSize is the size of a record's whole value, including what was cut.
 func payloadSize(msg *message.Message) int {
 	if cut, ok := msgsource.CutFrom(msg.Context()); ok {
 		return cut.Size

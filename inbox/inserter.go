@@ -12,33 +12,36 @@ import (
 )
 
 // Inserter inserts rows into one table of a plugin from a plain Handler, the way
-// outbox.Writer.Add adds events: at once when the handler runs one delivery per
-// transaction, and, in a batch of the group commit (a plain handler run by a Batcher), at
-// the end of the batch together with the rows the batch's other deliveries inserted, in
-// multi-row INSERTs. A one-step handler whose writes are an Inserter's row and an outbox
-// event then costs its batch no round trip of its own (docs/BENCHMARKS.md, "Deferred
-// inserts of a plain handler").
+// outbox.Writer.Add adds events. When the handler runs one delivery per transaction, the
+// row is inserted at once. A plain handler run by a Batcher runs in a batch of the group
+// commit. There the row is inserted at the end of the batch, in multi-row INSERTs, with
+// the rows the batch's other deliveries inserted. A one-step handler whose writes are an
+// Inserter's row and an outbox event then costs its batch no round trip of its own. See
+// docs/BENCHMARKS.md, section "Deferred inserts of a plain handler".
 //
-// What that asks of the handler: the row is not in the table until the batch ends, so a
-// Handle must not read it back, nor read rows another delivery may have inserted through
-// an Inserter in the same batch (use tx.ExecContext for rows that are read in the same
-// transaction); and Insert has no result (no LastInsertId, no rows affected). An error of
-// the deferred INSERT (a duplicate key, say) fails the batch, whose deliveries then run
-// again one transaction each, where Insert writes at once and returns that error to the
-// delivery it belongs to. A delivery rolled back to its savepoint takes its rows with it.
+// That asks three things of the handler. First, the row is not in the table until the
+// batch ends. So a Handle must not read it back. Nor may it read rows that another
+// delivery may have inserted through an Inserter in the same batch. Use tx.ExecContext for
+// rows that are read in the same transaction. Second, Insert has no result, neither a
+// LastInsertId nor a count of rows affected. Third, an error of the deferred INSERT, such
+// as a duplicate key, fails the batch. The batch's deliveries then run again in one
+// transaction each. There Insert writes at once and returns the error to the delivery it
+// belongs to. A delivery rolled back to its savepoint takes its rows with it.
 //
-// On PostgreSQL (a pool given to UseStatements, or a transaction of an inbox on
-// PostgreSQL) the statements get $n placeholders, and an upsert needs OnConflictUpdate.
+// The Inserter writes PostgreSQL's SQL for a pool given to UseStatements that is
+// PostgreSQL, or for a transaction of an inbox on PostgreSQL. Its statements then get $n
+// placeholders, and an upsert needs OnConflictUpdate.
 type Inserter struct {
 	table    string
 	columns  []string
 	update   string // the assignments of OnDuplicateKeyUpdate, if any
-	conflict string // PostgreSQL: "(target) DO UPDATE SET assignments" of OnConflictUpdate, if any
+	conflict string // PostgreSQL's "(target) DO UPDATE SET assignments" of OnConflictUpdate, if any
 	target   []int  // the positions in columns of the conflict target's columns
 	db       *sql.DB
-	dialect  dbx.Dialect // db's; "" without UseStatements: the inbox's (dialectFrom)
-	// One row run at once, and the batch's rows (prepared on db, if set), per dialect
-	// family: [0] the MySQL family's, [1] PostgreSQL's.
+	dialect  dbx.Dialect // db's, or "" without UseStatements for the inbox's from dialectFrom
+	// insert writes one row at once, and multi the batch's rows, prepared on db if it is
+	// set. Each holds a statement per dialect family. Index 0 is the MySQL family's, and
+	// index 1 is PostgreSQL's.
 	insert [2]string
 	multi  [2]*dbx.MultiRow
 }
@@ -47,8 +50,8 @@ type Inserter struct {
 const inserterRows = 512
 
 // NewInserter returns an Inserter of rows of table with these columns, in the order
-// Insert's values come in. Table and column names are checked: letters, digits and
-// underscores, as dbx.CheckIdent wants.
+// Insert's values come in. It checks the table and column names with dbx.CheckIdent, which
+// wants letters, digits and underscores.
 func NewInserter(table string, columns ...string) (*Inserter, error) {
 	if err := dbx.CheckIdent("inserter table", table); err != nil {
 		return nil, err
@@ -69,11 +72,11 @@ func NewInserter(table string, columns ...string) (*Inserter, error) {
 	return ins, nil
 }
 
-// OnDuplicateKeyUpdate makes the rows upserts: INSERT … ON DUPLICATE KEY UPDATE
-// assignments, for example "points = points + VALUES(points)" to add to a balance. Rows
-// of one key in one batch are applied in the order they were inserted, as separate
-// statements would be. Call it before first use; it panics on an empty clause or one with
-// a semicolon (it is the plugin's own SQL text, never input).
+// OnDuplicateKeyUpdate makes the rows upserts, as INSERT … ON DUPLICATE KEY UPDATE
+// assignments. For example, "points = points + VALUES(points)" adds to a balance. Rows of
+// one key in one batch are applied in the order they were inserted, as separate statements
+// would be. Call it before first use. It panics on an empty clause or one with a
+// semicolon. The clause is the plugin's own SQL text, never input.
 func (ins *Inserter) OnDuplicateKeyUpdate(assignments string) *Inserter {
 	if strings.TrimSpace(assignments) == "" || strings.Contains(assignments, ";") {
 		panic(fmt.Sprintf("inbox: inserter of %s: ON DUPLICATE KEY UPDATE %q: want assignments without a semicolon", ins.table, assignments))
@@ -83,14 +86,17 @@ func (ins *Inserter) OnDuplicateKeyUpdate(assignments string) *Inserter {
 	return ins
 }
 
-// OnConflictUpdate is OnDuplicateKeyUpdate's PostgreSQL form: INSERT … ON CONFLICT
-// (target) DO UPDATE SET assignments, for example OnConflictUpdate("user_id",
-// "points = points_balance.points + EXCLUDED.points") (a column of the row already there is
-// named with the table's name, the new row's with EXCLUDED). On PostgreSQL an Inserter
-// with OnDuplicateKeyUpdate and without this refuses to insert. Rows of one key must not
-// come twice in one batch's statement (PostgreSQL refuses to update a row twice in one
-// statement): keep a batch's rows of a key to one delivery. It panics like
-// OnDuplicateKeyUpdate.
+// OnConflictUpdate is OnDuplicateKeyUpdate's PostgreSQL form, INSERT … ON CONFLICT
+// target DO UPDATE SET assignments. For example:
+//
+//	balances.OnConflictUpdate("user_id", "points = points_balance.points + EXCLUDED.points")
+//
+// A column of the row already there is named with the table's name, and the new row's
+// with EXCLUDED. On PostgreSQL an Inserter with OnDuplicateKeyUpdate and without
+// OnConflictUpdate refuses to insert. PostgreSQL cannot update a row twice in one
+// statement. So a batch writes the rows of one conflict key in successive statements, in
+// the order they were inserted. OnConflictUpdate panics as OnDuplicateKeyUpdate does, and
+// also on a target that is not a list of column names.
 func (ins *Inserter) OnConflictUpdate(target, assignments string) *Inserter {
 	for _, c := range strings.Split(target, ",") {
 		if err := dbx.CheckIdent("conflict target of inserter "+ins.table, strings.TrimSpace(c)); err != nil {
@@ -111,7 +117,8 @@ func (ins *Inserter) OnConflictUpdate(target, assignments string) *Inserter {
 	return ins
 }
 
-// text is the INSERT of n rows, in the MySQL family's form or (pg) PostgreSQL's.
+// text is the INSERT of n rows, in PostgreSQL's form if pg is set, else in the MySQL
+// family's.
 func (ins *Inserter) text(pg bool) func(n int) string {
 	return func(n int) string {
 		group := "(" + strings.TrimSuffix(strings.Repeat("?, ", len(ins.columns)), ", ") + ")"
@@ -127,8 +134,8 @@ func (ins *Inserter) text(pg bool) func(n int) string {
 	}
 }
 
-// build makes the statements from the settings: the pool's dialect only with
-// UseStatements, else both.
+// build makes the statements from the settings. With UseStatements it makes only the
+// pool's dialect, and otherwise both.
 func (ins *Inserter) build() {
 	for i, d := range []dbx.Dialect{dbx.MariaDB, dbx.Postgres} {
 		ins.insert[i], ins.multi[i] = "", nil
@@ -141,10 +148,10 @@ func (ins *Inserter) build() {
 	}
 }
 
-// UseStatements makes the deferred inserts run as prepared statements of pool db
-// (dbx.MultiRow, prepared in the background at their first use), as
-// outbox.Writer.UseStatements does: transactions given to Insert must then be db's. Call it
-// before first use.
+// UseStatements makes the deferred inserts run as prepared statements of pool db, as
+// outbox.Writer.UseStatements does. They are dbx.MultiRow statements, prepared in the
+// background at their first use. Transactions given to Insert must then belong to db. Call
+// it before first use.
 func (ins *Inserter) UseStatements(db *sql.DB) *Inserter {
 	ins.db, ins.dialect = db, dbx.DialectOf(db)
 	ins.build()
@@ -165,8 +172,8 @@ func (ins *Inserter) Close() error {
 	return first
 }
 
-// family is the index of the statements for a transaction of ctx: the pool's
-// (UseStatements), else the inbox's that runs the handler.
+// family is the index of the statements for a transaction of ctx. It follows the pool of
+// UseStatements if there is one, else the inbox that runs the handler.
 func (ins *Inserter) family(ctx context.Context) (int, error) {
 	d := ins.dialect
 	if d == "" {
@@ -181,8 +188,9 @@ func (ins *Inserter) family(ctx context.Context) (int, error) {
 	return 1, nil
 }
 
-// Insert inserts one row, its values in the order of the Inserter's columns, in tx: at
-// once, or at the end of the group-committed batch ctx belongs to (see Inserter).
+// Insert inserts one row in tx, its values in the order of the Inserter's columns. The row
+// is written at once, or at the end of the group-committed batch ctx belongs to. The
+// Inserter's doc says what a deferred row asks of the handler.
 func (ins *Inserter) Insert(ctx context.Context, tx *sql.Tx, values ...any) error {
 	if len(values) != len(ins.columns) {
 		return Permanent(fmt.Errorf("insert into %s: %d values for %d columns (%s)", ins.table, len(values), len(ins.columns), strings.Join(ins.columns, ", ")))
@@ -204,7 +212,7 @@ func (ins *Inserter) Insert(ctx context.Context, tx *sql.Tx, values ...any) erro
 // deferredInserts writes the rows an Inserter deferred into a txdefer.Set.
 type deferredInserts struct {
 	ins    *Inserter
-	family int // Inserter.family
+	family int // as Inserter.family returns it
 }
 
 // DeferredTarget implements txdefer.Targeted.
@@ -228,9 +236,9 @@ func (d deferredInserts) FlushDeferred(ctx context.Context, tx *sql.Tx, rows [][
 }
 
 // rounds splits the rows of a PostgreSQL upsert so that no statement has two rows of one
-// conflict key (ON CONFLICT DO UPDATE cannot update a row twice in one statement): the
-// n-th row of each key goes in the n-th statement, so a key's rows apply in their order.
-// Anything else is one round.
+// conflict key. ON CONFLICT DO UPDATE cannot update a row twice in one statement. The n-th
+// row of each key goes in the n-th statement, so a key's rows apply in their order. Any
+// other insert is one round.
 func (ins *Inserter) rounds(family int, rows [][]any) [][][]any {
 	if family != 1 || ins.conflict == "" {
 		return [][][]any{rows}
@@ -253,8 +261,8 @@ func (ins *Inserter) rounds(family int, rows [][]any) [][][]any {
 	return out
 }
 
-// withDialect marks ctx, a handler's, with its inbox's dialect (dbx.ContextWithDialect)
-// for the Inserters and outbox Writers it uses.
+// withDialect marks ctx, a handler's, with its inbox's dialect, through
+// dbx.ContextWithDialect. The Inserters and outbox Writers the handler uses read it.
 func withDialect(ctx context.Context, d dbx.Dialect) context.Context {
 	return dbx.ContextWithDialect(ctx, d)
 }

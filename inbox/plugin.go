@@ -18,88 +18,95 @@ import (
 	"github.com/onceflow/onceflow/internal/settings"
 )
 
-// Plugin declares a handler to the runtime (package onceflow, the router binary). A
-// plugin package registers it from init() with MustRegister; the binary that imports the
-// package runs it.
+// Plugin declares a handler to the runtime, which is package onceflow and the router
+// binary. A plugin package registers its Plugin from its init function with
+// MustRegister. The binary that imports the package runs it.
 //
-// A deployment's configuration section plugins.<name> holds the plugin's own settings
-// (Settings) and two keys the runtime reserves: topics (a list) and consumer_group, which
+// A deployment's configuration section plugins.<name> holds the plugin's own Settings. It
+// also holds two keys the runtime reserves, the list topics and consumer_group. They
 // replace Topics and ConsumerGroup for that deployment. A plugin's own settings cannot be
 // named topics or consumer_group.
 type Plugin struct {
-	Name          string   // unique, e.g. "coupon-granter"; names the config section and the migrations' version table
-	Topics        []string // topics consumed (default; plugins.<name>.topics overrides)
-	ConsumerGroup string   // Kafka consumer group (default; plugins.<name>.consumer_group overrides)
-	BizType       string   // inbox biz type: one order is processed once per biz type
-	KeyLogField   string   // the business key's name in log lines, e.g. "order_id" (default "dedup_key")
-	// Settings declares the plugin's own settings, plugins.<name>.<key>: the zero value (or
-	// the defaults) of a struct whose fields carry the tags the runtime's own settings carry:
+	Name          string   // unique, such as "coupon-granter", naming the config section and the migrations' version table
+	Topics        []string // topics consumed by default, overridden by plugins.<name>.topics
+	ConsumerGroup string   // Kafka consumer group by default, overridden by plugins.<name>.consumer_group
+	BizType       string   // inbox biz type, so one order is processed once per biz type
+	KeyLogField   string   // the business key's name in log lines, such as "order_id", by default "dedup_key"
+	// Settings declares the plugin's own settings, plugins.<name>.<key>. It holds the zero
+	// value, or the defaults, of a struct. The struct's fields carry the tags the runtime's
+	// own settings carry.
 	//
 	//	type Config struct {
 	//		CreditedTopic string `key:"credited_topic" default:"points-credited" help:"topic of the PointsCredited events"`
 	//		MaxPoints     int    `key:"max_points" default:"100000" range:"1..1000000" help:"a larger credit is poison"`
 	//	}
 	//
-	// key names the setting, default is its value when the configuration leaves it out,
-	// range bounds a number or a duration (inclusive), and help is its line in the
-	// configuration table; the types are string, bool, int, int64, uint64, float64,
-	// time.Duration and []string. Before anything connects, the runtime decodes the section,
-	// with the variables ONCEFLOW_PLUGINS_<NAME>_<KEY> over the file, into a new value of
-	// that type: the defaults first; an unknown key, a value of another type or out of its
-	// range is refused by name (exit 2); then the type's Validate() error method, when it has
-	// one, checks the settings that go together. Writes, Build and Verify get that value,
-	// of the declared type. nil: the plugin has no settings, and any key of its section but
-	// the reserved ones is refused.
+	// The key tag names the setting. The default tag is its value when the configuration
+	// leaves it out. The range tag bounds a number or a duration, inclusive. The help tag
+	// is its line in the configuration table. A setting is a string, bool, int, int64,
+	// uint64, float64, time.Duration or []string.
+	//
+	// Before anything connects, the runtime decodes the section into a new value of that
+	// type. The variables ONCEFLOW_PLUGINS_<NAME>_<KEY> take precedence over the file. The
+	// defaults come first. An unknown key, a value of another type or a value out of its
+	// range is refused by name, and the router exits with status 2. Then the type's
+	// Validate method, if it has one, checks the settings that go together. Its signature
+	// is Validate() error. Writes, Build and Verify get the decoded value, of the declared
+	// type. A nil Settings means the plugin has no settings. Any key of its section but the
+	// reserved ones is then refused.
 	Settings any
-	// Writes returns the topics the plugin's events go to (the topics of the outbox events it
-	// writes) under its decoded settings (topic names are often settings); nil when it writes
-	// none. `router run` checks at start that they exist (relay.check_topics), rather than
-	// the relay parking every event for a missing one. A plugin with fixed topics returns
-	// them:
+	// Writes returns the topics of the outbox events the plugin writes, under its decoded
+	// settings. Topic names are often settings. Writes returns nil when the plugin writes no
+	// events. `router run` checks at start that the topics exist, under
+	// relay.check_topics. Otherwise the relay would park every event for a missing topic. A
+	// plugin with fixed topics returns them.
 	//
 	//	Writes: func(any) ([]string, error) { return []string{"user-greeted"}, nil },
 	Writes func(settings any) ([]string, error)
-	// Migrations are the plugin's own tables: goose SQL files (-- +goose Up / Down) at the
-	// root of the FS, numbered by the plugin from 00001, usually embedded. `router migrate`
-	// applies them after the framework's, recorded in a version table of the plugin's own
-	// (goose_db_version_<name>, '-' as '_'), and `router migrate --reset` rolls them back
-	// before the framework's. nil: the plugin has no tables.
+	// Migrations create the plugin's own tables. They are goose SQL files with
+	// "-- +goose Up" and "-- +goose Down" sections, at the root of the FS. The plugin
+	// numbers them from 00001, and usually embeds them. `router migrate` applies them after
+	// the framework's. It records them in a version table of the plugin's own, named
+	// goose_db_version_<name> with '-' written as '_'. `router migrate --reset` rolls them
+	// back before the framework's. A nil Migrations means the plugin has no tables.
 	Migrations fs.FS
-	// Tables are the plugin's tables its handler needs: the runtime checks at start that the
-	// application user can read them, so a missing `router migrate` is one clear error.
+	// Tables are the plugin's tables that its handler needs. The runtime checks at start
+	// that the application user can read them. So a missing `router migrate` is one clear
+	// error.
 	Tables []string
-	// Build creates the handler once the runtime has its database and configuration; ctx
+	// Build creates the handler once the runtime has its database and configuration. ctx
 	// ends when the runtime gives up starting. If the handler implements io.Closer, the
-	// runtime calls Close once it no longer uses it: after the router stopped (`router run`),
-	// or after the replay (`router replay`, `router inbox retry`).
+	// runtime calls Close once it no longer uses the handler. For `router run` that is
+	// after the router stopped. For `router replay` and `router inbox retry` it is after the
+	// replay.
 	Build func(ctx context.Context, env PluginEnv) (Handler, error)
-	// Commands are the plugin's HTTP commands (see Command), served on http.listen when it is
-	// set: each with its own biz type, through the same inbox table and outbox as its Kafka
-	// handler.
+	// Commands are the plugin's HTTP commands, served on http.listen when it is set. Each
+	// has its own biz type, and goes through the same inbox table and outbox as the plugin's
+	// Kafka handler. See Command.
 	Commands []Command
 
-	// Verify, when set, audits the plugin's invariants for `router verify` (see VerifyEnv).
+	// Verify, when set, audits the plugin's invariants for `router verify`. See VerifyEnv.
 	Verify func(ctx context.Context, env VerifyEnv) (Verification, error)
-	// History, when set, returns what the plugin recorded for a business key (its state
-	// machine's transitions, say): the operator console shows it on the inbox row's page.
+	// History, when set, returns what the plugin recorded for a business key, such as its
+	// state machine's transitions. The operator console shows it on the inbox row's page.
 	History HistoryFunc
-	// Sampler, when set, is the plugin's input for the load tool, `router produce`; one that
-	// is also a Poisoner gives it the values Decode refuses too.
+	// Sampler, when set, is the plugin's input for the load tool, `router produce`. A
+	// Sampler that is also a Poisoner gives the tool the values Decode refuses too.
 	Sampler Sampler
 }
 
-// Sampler makes the messages of a plugin for the load tool (`router produce`): the value of
-// the seq-th distinct message of a load run, whose business key (and Kafka key) is key. A
-// duplicate delivery is the same value sent again; rng (seeded by the run) varies the other
-// fields.
+// Sampler makes the messages of a plugin for the load tool, `router produce`. Sample
+// returns the value of the seq-th distinct message of a load run. key is the message's
+// business key and its Kafka key. A duplicate delivery is the same value sent again. rng,
+// seeded by the run, varies the other fields.
 type Sampler interface {
 	Sample(key string, seq int, rng *rand.Rand) []byte
 }
 
-// Poisoner is implemented by a Sampler that knows values Decode refuses as poison (bad
-// JSON, a missing field): `router produce --poison` sends them, and variants of them (under
-// a key or headers that are not UTF-8, behind bytes that are not), among its other kinds of
-// poison. prefix is the run's key prefix.
+// Poisoner is implemented by a Sampler that knows values Decode refuses as poison, such as
+// bad JSON or a missing field. `router produce --poison` sends them among its other kinds
+// of poison. It also sends variants of them, under a key or headers that are not UTF-8, or
+// behind bytes that are not. prefix is the run's key prefix.
 type Poisoner interface {
 	Poison(prefix string) [][]byte
 }
@@ -108,15 +115,16 @@ type Poisoner interface {
 type PluginEnv struct {
 	DB     *sql.DB
 	Logger watermill.LoggerAdapter
-	// Settings are the plugin's settings as the runtime decoded and checked them
-	// (Plugin.Settings): a value of the declared type; nil when the plugin declares none.
+	// Settings are the plugin's settings as the runtime decoded and checked them. The
+	// value has the type Plugin.Settings declared. It is nil when the plugin declares none.
 	Settings any
-	// ObserveCall, when set, records one outside call of the plugin (metrics: call latency
-	// per step). A plugin that makes slow calls reports each one.
+	// ObserveCall, when set, records one outside call of the plugin in the call latency
+	// metrics of each step. A plugin that makes slow calls reports each one.
 	ObserveCall func(step string, elapsed time.Duration, err error)
 }
 
-// tableName: the tables a plugin names reach SQL as identifiers.
+// tableName matches a plain identifier. The tables a plugin names reach SQL as
+// identifiers.
 var tableName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
 
 // Validate checks a plugin declaration.
@@ -154,9 +162,9 @@ func (p Plugin) Validate() error {
 	return nil
 }
 
-// checkSettings checks a plugin's settings declaration: a struct (or a pointer to one)
-// whose tags are well formed, no key the runtime reserves, and each setting at its zero
-// value or its default.
+// checkSettings checks a plugin's settings declaration. It must be a struct, or a pointer
+// to one, whose tags are well formed. No key may be one the runtime reserves. Each setting
+// must hold its zero value or its default.
 func checkSettings(v any) error {
 	list, err := settings.Parse(v)
 	if err != nil {
@@ -178,11 +186,13 @@ func checkSettings(v any) error {
 	return nil
 }
 
-// plugins are the binary's plugins: the packages it imports register them from init().
+// plugins are the binary's plugins. The packages it imports register them from their init
+// functions.
 var plugins = registry.New[Plugin]("plugin")
 
-// MustRegister validates p and registers it for the binary; for a plugin package's init().
-// It panics on an invalid, empty or duplicate name.
+// MustRegister validates p and registers it for the binary. A plugin package calls it from
+// its init function. It panics on an invalid declaration and on an empty or duplicate
+// name.
 func MustRegister(p Plugin) {
 	registerIn(plugins, p)
 }

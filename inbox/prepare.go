@@ -11,32 +11,33 @@ import (
 )
 
 // Slow outside calls belong to the delivery, not to the batch. A Batcher whose handler is a
-// Preparer prepares every delivery as soon as it is decoded — on its own goroutine, without
-// any lock, at most Config.MaxInFlightCalls at once (the inbox's slots, shared with
-// Process) — and hands it to the collector only once prepared, so a batch's transaction
-// never waits on a call and one slow call delays only its own delivery.
+// Preparer prepares every delivery as soon as it is decoded. Each delivery is prepared on
+// its own goroutine, without any lock. At most Config.MaxInFlightCalls prepare at once,
+// in the inbox's call slots, which Process shares. The Batcher hands a delivery to the
+// collector only once it is prepared. So a batch's transaction never waits on a call, and
+// one slow call delays only its own delivery.
 //
-// Prepare is called for the delivery's first step (Step 0, Attempt 1), as Process would
-// before the step's transaction; Handle (or HandleBatch) then finds what it prepared in
-// Delivery.Prepared. When Prepare fails (error, panic, inbox.handler_timeout) the delivery
-// does not enter a batch: its attempt is counted on its row, and it is retried alone (or
-// quarantined) as on the one-at-a-time path (grouped.go).
+// Prepare is called for the delivery's first step, Step 0 of Attempt 1, as Process would
+// call it before the step's transaction. Handle or HandleBatch then finds what it prepared
+// in Delivery.Prepared. A Prepare may fail with an error, a panic or at
+// inbox.handler_timeout. The delivery then does not enter a batch. Its attempt is counted
+// on its row, and it is retried alone or quarantined, as on the one-at-a-time path.
 //
-// Per key, calls for one delivery only: a delivery whose business key is already in the
-// Batcher (being prepared, queued, in a batch, or on the one-at-a-time path) is not
-// prepared; it follows that one unprepared — held until that one is queued, then queued
-// right behind it, so that copies arriving together end in one batch, where they are
-// counted as duplicates in the same transaction (or, when the first's batch already runs,
-// in the next batch, which finds the row done). A key recently finished by this Batcher is
-// not prepared again either. No outside calls for duplicates; and an unprepared delivery
-// that turns out not to be a duplicate takes the one-at-a-time path, which prepares each
-// step itself.
+// Per key, only one delivery makes calls. A delivery's business key may already be in the
+// Batcher, being prepared, queued, in a batch or on the one-at-a-time path. The delivery
+// is then not prepared, and follows the earlier one unprepared. It is held until the
+// earlier one is queued, and then queued right behind it. So copies arriving together end
+// in one batch, and are counted as duplicates in the same transaction. When the first
+// copy's batch already runs, they end in the next batch, which finds the row done. A key
+// this Batcher finished recently is not prepared again either. So duplicates make no
+// outside calls. An unprepared delivery that turns out not to be a duplicate takes the
+// one-at-a-time path, which prepares each step itself.
 
 // prepareGate is a Batcher's per-delivery preparation.
 type prepareGate struct {
 	b    *Batcher
 	prep func(ctx context.Context, d *Delivery) error // the handler's Prepare
-	sem  chan struct{}                                // the inbox's call slots (Config.MaxInFlightCalls)
+	sem  chan struct{}                                // the inbox's call slots, Config.MaxInFlightCalls of them
 
 	mu     sync.Mutex
 	keys   map[string]*gateKey // business keys with a delivery in the Batcher
@@ -44,8 +45,8 @@ type prepareGate struct {
 
 	running  atomic.Int64 // prepares running now
 	prepared atomic.Int64 // prepares that succeeded
-	failed   atomic.Int64 // prepares that failed, panicked or timed out (left to the one-at-a-time path)
-	skipped  atomic.Int64 // deliveries not prepared: their key was recently finished
+	failed   atomic.Int64 // prepares that failed, panicked or timed out, left to the one-at-a-time path
+	skipped  atomic.Int64 // deliveries not prepared, such as those whose key was finished recently
 	observe  func(elapsed time.Duration, err error)
 }
 
@@ -54,18 +55,18 @@ func newPrepareGate(b *Batcher, prep func(context.Context, *Delivery) error, slo
 		recent: newRecentKeys(recentKeysKept)}
 }
 
-// recentKeysKept is how many recently finished keys a Batcher remembers so that their
-// redeliveries make no outside calls (a rebalance redelivers up to a window per partition).
+// recentKeysKept is how many recently finished keys a Batcher remembers, so that their
+// redeliveries make no outside calls. A rebalance redelivers up to a window per partition.
 const recentKeysKept = 1 << 16
 
-// gateKey is a business key with a delivery (the one admitted first) in the Batcher.
+// gateKey is a business key with a delivery in the Batcher, the one admitted first.
 type gateKey struct {
 	queued    bool       // the first delivery went to the collector
 	followers []*pending // later deliveries of the key, held until it does
 }
 
-// admit takes a decoded delivery: the first of its key in the Batcher is prepared; a later
-// one follows it unprepared.
+// admit takes a decoded delivery. The first delivery of its key in the Batcher is
+// prepared. A later one follows it unprepared.
 func (g *prepareGate) admit(p *pending) {
 	g.mu.Lock()
 	k := g.keys[p.dec.Key]
@@ -100,8 +101,8 @@ func (g *prepareGate) queued(p *pending) {
 	}
 }
 
-// release is called once per key's first delivery, when it has its final outcome: the key
-// leaves the Batcher. done says the key's row is 'done' now.
+// release is called once per key's first delivery, when it has its final outcome. The key
+// then leaves the Batcher. done says the key's row is 'done' now.
 func (g *prepareGate) release(p *pending, done bool) {
 	key := p.dec.Key
 	g.mu.Lock()
@@ -119,11 +120,11 @@ func (g *prepareGate) release(p *pending, done bool) {
 	}
 }
 
-// run prepares a key's first delivery (unless the key was just finished) and queues it
-// for the collector. It first takes the key's call lease (calls.go): a row that is done,
-// quarantined or another message's is not prepared, and the batch decides what it is. A
-// lease that cannot be taken (the caller gave up, the database is unreachable) leaves the
-// delivery unprepared: the one-at-a-time path takes it then.
+// run prepares a key's first delivery, unless the key was just finished, and queues it for
+// the collector. It first takes the key's call lease, described in calls.go. A row that is
+// done, quarantined or another message's is not prepared, and the batch decides what it
+// is. The lease may not be taken, when the caller gave up or the database is unreachable.
+// The delivery is then left unprepared, and the one-at-a-time path takes it.
 func (g *prepareGate) run(p *pending) {
 	g.mu.Lock()
 	recent := g.recent.has(p.dec.Key)
@@ -148,7 +149,7 @@ func (g *prepareGate) run(p *pending) {
 	}
 	select {
 	case g.sem <- struct{}{}:
-		g.prepare(p) // queues p, or answers it
+		g.prepare(p) // queues p or answers it
 		return
 	case <-g.b.stop:
 		p.answer(batchOutcome{fallback: true})
@@ -174,17 +175,17 @@ func (g *prepareGate) queueFirst(p *pending) {
 	g.queued(p)
 }
 
-// prepare runs Prepare under inbox.handler_timeout, on this goroutine, then frees its call
-// slot and queues p with what it prepared. A failure (error, panic, timeout) is the
-// delivery's failed attempt. A call still running at the timeout is abandoned: a timer
-// cancels its context and moves p on without it (it keeps its call slot until it returns).
-// A timer rather than a second goroutine per delivery: this runs for every delivery, most
-// of which prepare in microseconds.
+// prepare runs Prepare under inbox.handler_timeout, on this goroutine. It then frees its
+// call slot and queues p with what it prepared. An error, a panic or the timeout is the
+// delivery's failed attempt. A call still running at the timeout is abandoned. A timer
+// cancels its context and moves p on without it, and the call keeps its slot until it
+// returns. prepare runs for every delivery, and most prepare in microseconds. So a timer
+// watches the timeout, not a second goroutine per delivery.
 func (g *prepareGate) prepare(p *pending) {
 	g.running.Add(1)
 	start := time.Now()
 	ctx, cancel := context.WithCancel(p.ctx)
-	var state atomic.Int32 // 0 running, 1 returned, 2 timed out
+	var state atomic.Int32 // 0 while running, 1 once returned, 2 once timed out
 	timer := time.AfterFunc(g.b.ib.cfg.HandlerTimeout, func() {
 		if state.CompareAndSwap(0, 2) {
 			cancel()
@@ -192,9 +193,9 @@ func (g *prepareGate) prepare(p *pending) {
 		}
 	})
 	d := &Delivery{Message: p.msg, BizType: g.b.ib.cfg.BizType, Key: p.dec.Key, Value: p.dec.Value, Source: p.src, Attempt: 1}
-	ctx, span := g.b.ib.startSpan(ctx, "inbox prepare") // in the delivery's trace (none without tracing)
+	ctx, span := g.b.ib.startSpan(ctx, "inbox prepare") // in the delivery's trace, if the inbox traces
 	hold := p.hold
-	hold.Begin() // the key stays held until this call returns, should it be abandoned
+	hold.Begin() // the key stays held until this call returns, even if it is abandoned
 	err := func() (err error) {
 		defer func() {
 			if perr := recovered(recover()); perr != nil {
@@ -213,9 +214,8 @@ func (g *prepareGate) prepare(p *pending) {
 	}
 }
 
-// finish records a prepare's outcome and moves p on: d is nil for a prepare abandoned at
-// its timeout (its Delivery may still be written by the abandoned code: nothing of it is
-// used).
+// finish records a prepare's outcome and moves p on. d is nil for a prepare abandoned at
+// its timeout. The abandoned code may still write its Delivery, so nothing of it is used.
 func (g *prepareGate) finish(p *pending, start time.Time, err error, d *Delivery) {
 	g.running.Add(-1)
 	if g.observe != nil {
@@ -224,7 +224,7 @@ func (g *prepareGate) finish(p *pending, start time.Time, err error, d *Delivery
 	if err != nil {
 		g.failed.Add(1)
 		if p.ctx.Err() == nil {
-			// The attempt failed before its transaction: not batched.
+			// The attempt failed before its transaction, so it is not batched.
 			p.answer(batchOutcome{failed: &failure{err: err}})
 			return
 		}
@@ -235,8 +235,8 @@ func (g *prepareGate) finish(p *pending, start time.Time, err error, d *Delivery
 	g.queueFirst(p)
 }
 
-// recentKeys is a bounded set of keys: the oldest is forgotten when a new one is added to
-// a full set.
+// recentKeys is a bounded set of keys. The oldest key is forgotten when a new one is added
+// to a full set.
 type recentKeys struct {
 	set  map[string]struct{}
 	ring []string

@@ -15,39 +15,47 @@ import (
 	"github.com/onceflow/onceflow/internal/jsonkeys"
 )
 
-// Typed handlers: a plugin gives a Codec for its message type T and a function that handles
-// a T, and gets a Handler whose Decode runs the codec and whose Handle hands the function
-// the decoded value — no Delivery.Value.(T) in plugin code.
+// A typed handler saves a plugin the type assertion Delivery.Value.(T). The plugin gives a
+// Codec for its message type T and a function that handles a T. It gets a Handler whose
+// Decode runs the codec and whose Handle hands the function the decoded value.
 //
 //	h := inbox.Typed(inbox.JSON[OrderShipped]{Key: func(o OrderShipped) (string, error) { ... }},
 //		func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery, o OrderShipped) (inbox.Progress, error) { ... })
 //
-// A typed handler is a plain Handler: the Batcher group-commits it (grouped.go). One that
-// also makes slow outside calls embeds *TypedHandler[T] and adds a Prepare method (Preparer).
+// A typed handler is a plain Handler, so the Batcher group-commits it. A handler that also
+// makes slow outside calls embeds *TypedHandler[T] and adds a Prepare method, which makes
+// it a Preparer.
 
 // Codec decodes the messages of a typed handler into values of T.
 type Codec[T any] interface {
-	// Decode returns the message's value, its business key and its fingerprint ("" for the
-	// sha256 of the raw payload). An error makes the message poison: it is quarantined, never
-	// retried.
+	// Decode returns the message's value, its business key and its fingerprint. An empty
+	// fingerprint stands for the sha256 of the raw payload. An error makes the message
+	// poison. It is quarantined, never retried.
 	Decode(msg *message.Message) (v T, key, fingerprint string, err error)
 }
 
-// JSON is the default Codec: the payload is one JSON value decoded into T with
-// encoding/json. Fields T does not know are ignored (a producer may add fields); anything
-// after the value but white space is refused (two values, or a value followed by garbage, is
-// not the message the producer meant), and so is a payload encoding/json would not decode as
-// sent (CheckJSONText: bytes that are not UTF-8). Field names match exactly: a key that names
-// a field of T only in another case ("ORDERID" for "orderId"), and a key given twice in an
-// object, are refused, where encoding/json alone would match the first case-insensitively
-// and keep the last of the second. Key and Fingerprint are the plugin's.
+// JSON is the default Codec. The payload is one JSON value, decoded into T with
+// encoding/json. Fields that T does not know are ignored, because a producer may add
+// fields.
+//
+// JSON refuses anything after the value but white space. Two values, or a value followed
+// by garbage, are not the message the producer meant. JSON also refuses a payload that
+// encoding/json would not decode as sent, such as bytes that are not UTF-8. CheckJSONText
+// finds those. Field names match exactly. JSON refuses a key that names a field of T only
+// in another case, such as "ORDERID" for "orderId". It refuses a key given twice in an
+// object. encoding/json alone would match the first case-insensitively and keep the last
+// of the second.
+//
+// The plugin gives the Key and Fingerprint functions.
 type JSON[T any] struct {
-	// Key returns v's business key (e.g. its order id), or an error when v is not a valid
-	// message — a required field missing, say — which makes it poison. Required.
+	// Key returns v's business key, such as its order id. It returns an error when v is not
+	// a valid message, such as one missing a required field. The error makes the message
+	// poison. Key is required.
 	Key func(v T) (string, error)
-	// Fingerprint returns what v means: two deliveries of one key with different
-	// fingerprints are a conflict, quarantined. Nil: the sha256 of the raw payload (then a
-	// producer that re-encodes the same value differently makes a conflict).
+	// Fingerprint returns what v means. Two deliveries of one key with different
+	// fingerprints are a conflict, and are quarantined. When Fingerprint is nil, the
+	// fingerprint is the sha256 of the raw payload. A producer that encodes the same value
+	// differently then makes a conflict.
 	Fingerprint func(v T) string
 }
 
@@ -80,12 +88,13 @@ func (c JSON[T]) Decode(msg *message.Message) (v T, key, fingerprint string, err
 	return v, key, fingerprint, nil
 }
 
-// TypedFunc handles one delivery whose payload decoded to v, as Handler.Handle does: its
-// writes go through tx, an error rolls the step back (Permanent: quarantined at once).
+// TypedFunc handles one delivery whose payload decoded to v, as Handler.Handle does. Its
+// writes go through tx, and an error rolls the step back. An error wrapped by Permanent
+// quarantines the message at once.
 type TypedFunc[T any] func(ctx context.Context, tx *sql.Tx, d *Delivery, v T) (Progress, error)
 
-// TypedHandler is a Handler for messages of type T: Decode runs its Codec, Handle calls its
-// TypedFunc with the decoded value. Build one with Typed.
+// TypedHandler is a Handler for messages of type T. Its Decode runs its Codec, and its
+// Handle calls its TypedFunc with the decoded value. Build one with Typed.
 type TypedHandler[T any] struct {
 	codec  Codec[T]
 	handle TypedFunc[T]
@@ -94,8 +103,8 @@ type TypedHandler[T any] struct {
 var _ Handler = (*TypedHandler[struct{}])(nil)
 
 // Typed returns the Handler of messages that codec decodes into T, handled by handle. It
-// panics when codec or handle is nil, or codec is a JSON without Key: a plugin's mistake,
-// found at start-up rather than by quarantining every message.
+// panics when codec or handle is nil, or when codec is a JSON without Key. Such a plugin's
+// mistake is then found at start-up rather than by quarantining every message.
 func Typed[T any](codec Codec[T], handle TypedFunc[T]) *TypedHandler[T] {
 	switch c := any(codec).(type) {
 	case nil:
@@ -115,8 +124,8 @@ func Typed[T any](codec Codec[T], handle TypedFunc[T]) *TypedHandler[T] {
 	return &TypedHandler[T]{codec: codec, handle: handle}
 }
 
-// Decode implements Handler: the codec's value, key and fingerprint. A codec error makes
-// the message poison.
+// Decode implements Handler. It returns the codec's value, key and fingerprint. A codec
+// error makes the message poison.
 func (h *TypedHandler[T]) Decode(msg *message.Message) (Decoded, error) {
 	v, key, fp, err := h.codec.Decode(msg)
 	if err != nil {
@@ -128,7 +137,7 @@ func (h *TypedHandler[T]) Decode(msg *message.Message) (Decoded, error) {
 	return Decoded{Key: key, Fingerprint: fp, Value: v}, nil
 }
 
-// Handle implements Handler: the TypedFunc with the delivery's decoded value.
+// Handle implements Handler. It calls the TypedFunc with the delivery's decoded value.
 func (h *TypedHandler[T]) Handle(ctx context.Context, tx *sql.Tx, d *Delivery) (Progress, error) {
 	v, ok := d.Value.(T)
 	if !ok {
