@@ -16,7 +16,7 @@ import (
 // BreakerState is the state of an inbox's circuit breaker.
 type BreakerState int
 
-// The breaker's states; the values are those of onceflow_inbox_breaker_state.
+// The breaker's states have the values of the onceflow_inbox_breaker_state metric.
 const (
 	BreakerClosed   BreakerState = 0 // deliveries run
 	BreakerOpen     BreakerState = 1 // deliveries wait before their next attempt
@@ -41,13 +41,14 @@ type BreakerStatus struct {
 	Opens int64     // times it opened (a failed probe opens it again)
 	// ProbeAt is when an open breaker lets a probe run.
 	ProbeAt time.Time
-	// LastError is the error of the last failed attempt the breaker counted: the one that
-	// opened it, or the probe that failed; empty while it has counted none.
+	// LastError is the error of the last failed attempt the breaker counted. That is the
+	// attempt that opened it, or the probe that failed. It is empty while the breaker has
+	// counted none.
 	LastError string
 }
 
 // BreakerObserver, when the inbox's Observer implements it, is told of every change of the
-// breaker's state (metrics).
+// breaker's state, such as for metrics.
 type BreakerObserver interface {
 	BreakerChanged(bizType string, s BreakerStatus)
 }
@@ -64,13 +65,14 @@ const (
 	verdictNone    verdict = iota // says nothing (a duplicate, a lock conflict, shutdown)
 	verdictSuccess                // the handler ran and finished
 	verdictFailure                // the handler's attempt failed (counts as an attempt)
-	// verdictRetryFailure: a retry of a delivery failed again; only a probe's counts.
+	// verdictRetryFailure means a retry of a delivery failed again. Only a probe's counts.
 	verdictRetryFailure
 )
 
-// breaker is an inbox's circuit breaker: closed → open when the failures of the window reach
-// the ratio, open → half-open after the open interval, half-open → closed on a probe's
-// success, → open again (the interval doubled) on its failure.
+// breaker is an inbox's circuit breaker. A closed breaker opens when the failures of the
+// window reach the ratio. An open breaker turns half-open after the open interval. A
+// half-open breaker closes on a probe's success. On the probe's failure it opens again,
+// with the interval doubled.
 type breaker struct {
 	ratio    float64
 	minCalls int
@@ -88,9 +90,11 @@ type breaker struct {
 	changed chan struct{} // closed at each change of state or probe
 	buckets [10]bucket    // failures per second of the window
 
-	// oks are the successes per second of the window, each slot second<<okBits | count,
-	// added without the lock: a success is the common verdict, recorded by every delivery
-	// of a batch at once, and a mutex there cost the router several per cent of its CPU.
+	// oks are the successes per second of the window. Each slot holds second<<okBits |
+	// count, added without the lock. A success is the common verdict, recorded by every
+	// delivery of a batch at once, so a mutex there would cost the router CPU. See
+	// docs/BENCHMARKS.md, section "End to end against the inbox's ceiling, and the router's
+	// CPU per order".
 	oks [10]atomic.Int64
 }
 
@@ -99,7 +103,7 @@ type bucket struct {
 	failed int
 }
 
-// okBits is the width of a success slot's count (oks).
+// okBits is the width of the count in a slot of oks.
 const okBits = 28
 
 // addOK counts a success in second sec.
@@ -135,21 +139,22 @@ func newBreaker(cfg Config, notify func(BreakerStatus, BreakerState)) *breaker {
 	return &breaker{ratio: cfg.BreakerFailureRatio, minCalls: cfg.BreakerMinCalls, openFor: cfg.BreakerOpenFor, notify: notify, changed: make(chan struct{})}
 }
 
-// ticket is one admitted attempt; done records its verdict, once.
+// ticket is one admitted attempt. Its done method records its verdict, once.
 type ticket struct {
 	br    *breaker
 	probe bool
-	// retry: the delivery failed an attempt before (a retry, a delayed redelivery), so it
-	// may fail again for its own sake; a half-open breaker probes with a first attempt
-	// when one waits.
+	// retry reports that the delivery failed an attempt before, as a retry or a delayed
+	// redelivery. So it may fail again for its own sake. A half-open breaker probes with a
+	// first attempt when one waits.
 	retry bool
 	once  sync.Once
 }
 
-// deliveryVerdict counts a delivery's failure once: its first attempt's (of a delayed round
-// too). The breaker measures how many deliveries fail, not how often a few bad ones are
-// retried: those alone, with nothing else arriving, would open it and hold every delivery
-// back behind probes that keep failing. A probe's failure always counts (done).
+// deliveryVerdict counts a delivery's failure once, at its first attempt, in a delayed
+// round too. The breaker measures how many deliveries fail, not how often a few bad ones
+// are retried. Those alone, with nothing else arriving, would open it. They would then
+// hold every delivery back behind probes that keep failing. A probe's failure always
+// counts, in done.
 func deliveryVerdict(v verdict, attempt int) verdict {
 	if v == verdictFailure && attempt > 1 {
 		return verdictRetryFailure
@@ -159,8 +164,8 @@ func deliveryVerdict(v verdict, attempt int) verdict {
 
 func (t *ticket) done(v verdict) { t.failed(v, nil) }
 
-// failed records the verdict of an attempt that failed with err (the breaker keeps the
-// error of a failure it counts).
+// failed records the verdict of an attempt that failed with err. The breaker keeps the
+// error of a failure it counts.
 func (t *ticket) failed(v verdict, err error) {
 	if t == nil {
 		return
@@ -168,10 +173,10 @@ func (t *ticket) failed(v verdict, err error) {
 	t.once.Do(func() { t.br.record(t.probe, v, err) })
 }
 
-// admit waits until an attempt may run: at once while closed; while open, until a probe
-// may run and this attempt is it. retry says the delivery failed an attempt before. It
-// spends nothing while it waits and returns ctx's error when ctx ends first. A nil breaker
-// (off) admits everything.
+// admit waits until an attempt may run. A closed breaker admits it at once. An open one
+// waits until a probe may run and this attempt is it. retry says the delivery failed an
+// attempt before. admit spends nothing while it waits, and returns ctx's error when ctx
+// ends first. A nil breaker, turned off, admits everything.
 func (b *breaker) admit(ctx context.Context, retry bool) (*ticket, error) {
 	if b == nil {
 		return nil, nil
@@ -183,14 +188,14 @@ func (b *breaker) admit(ctx context.Context, retry bool) (*ticket, error) {
 	return t, nil
 }
 
-// admitTo is admit filling t, a ticket zero but for retry (a pending delivery's own: no
-// allocation).
+// admitTo is admit filling t, a ticket that is zero but for retry. A pending delivery owns
+// t, so admitTo allocates nothing.
 //
-// A half-open breaker's probe is a first attempt whenever one waits: a retry may be a key
-// that fails for its own sake, and were it the probe, its failure would open the breaker
-// again while the dependency is back, holding every good delivery behind it. A probe that
-// fails for its own sake (its data, ErrPermanent) says nothing (attemptVerdict), and the
-// next waiting delivery probes.
+// A half-open breaker's probe is a first attempt whenever one waits. A retry may be a key
+// that fails for its own sake. Were it the probe, its failure would open the breaker again
+// while the dependency is back, and hold every good delivery behind it. A probe may fail
+// for its own sake, through its data or ErrPermanent. attemptVerdict then says nothing,
+// and the next waiting delivery probes.
 func (b *breaker) admitTo(ctx context.Context, t *ticket) error {
 	waiting := false // t is a first attempt counted in b.fresh
 	for {
@@ -246,7 +251,8 @@ func (b *breaker) admitTo(ctx context.Context, t *ticket) error {
 	}
 }
 
-// record takes an attempt's verdict; err is the failed attempt's error (nil: not known).
+// record takes an attempt's verdict. err is the failed attempt's error, or nil when it is
+// not known.
 func (b *breaker) record(probe bool, v verdict, err error) {
 	if !probe {
 		switch v {
@@ -339,14 +345,15 @@ func (b *breaker) status() BreakerStatus {
 	return b.statusLocked()
 }
 
-// Breaker returns the state of the inbox's circuit breaker (closed when it is off).
+// Breaker returns the state of the inbox's circuit breaker. A breaker turned off shows as
+// closed.
 func (ib *Inbox) Breaker() BreakerStatus { return ib.br.status() }
 
 // BreakerEnabled reports whether the inbox has a circuit breaker.
 func (ib *Inbox) BreakerEnabled() bool { return ib.br != nil }
 
-// breakerErrorText is the first line of a failure's error, as the breaker keeps it (a
-// panic's error goes on with its stack).
+// breakerErrorText is the first line of a failure's error, as the breaker keeps it. A
+// panic's error goes on with its stack.
 func breakerErrorText(err error) string {
 	s, _, _ := strings.Cut(err.Error(), "\n")
 	return validText(s, 1000)
@@ -372,10 +379,11 @@ func (ib *Inbox) breakerChanged(s BreakerStatus, prev BreakerState) {
 	}
 }
 
-// attemptVerdict is what a failed attempt's error says of the dependencies (process's
-// switch, in its order): values the database refuses (ReasonData), a permanent error, a
-// lock conflict or an unreachable database say nothing, as they are the delivery's own or
-// the database's; a handler error, a panic or a timeout is a failure.
+// attemptVerdict is what a failed attempt's error says of the dependencies. It follows the
+// switch in process, in its order. Values the database refuses with ReasonData, a
+// permanent error, a lock conflict and an unreachable database say nothing. They are the
+// delivery's own failures or the database's. A handler error, a panic or a timeout is a
+// failure.
 func attemptVerdict(ctx context.Context, err error) verdict {
 	switch {
 	case err == nil:

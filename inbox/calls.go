@@ -16,11 +16,11 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// One path per key for outside calls.
+// Outside calls take one path per key.
 //
 // A Preparer's Prepare calls outside services, outside any transaction. Several paths can run
-// one key: the partition's delivery, a duplicate of it, the delayed redeliverer, a replay, a
-// console retry and another router. Before a path calls Prepare for a key it takes the key's
+// one key. They are the partition's delivery, a duplicate of it, the delayed redeliverer, a
+// replay, a console retry and another router. Before a path calls Prepare for a key it takes the key's
 // call lease. The lease is a row of inbox_call, owned by one Inbox at a time, and inside that
 // Inbox by one path at a time.
 //
@@ -37,11 +37,13 @@ import (
 // A Prepare abandoned at inbox.handler_timeout keeps the key's lease until it returns. So two
 // calls for one key never overlap in time.
 
-// CallTable is the table of the keys' call leases (migrations 00016; PostgreSQL 00004).
+// CallTable is the table of the keys' call leases. Migration 00016 creates it, and
+// migration 00004 on PostgreSQL.
 const CallTable = "inbox_call"
 
 // errLeaseLost is the error of a transaction whose key's call lease is no longer its Inbox's.
-// The delivery runs again: it waits for the lease, then finds the row as the new owner left it.
+// The delivery runs again. It waits for the lease, then finds the row as the new owner left
+// it.
 var errLeaseLost = errors.New("inbox: the key's call lease was taken over")
 
 // errRowMoved is the error of a transaction that found its row in another state than the one
@@ -66,7 +68,7 @@ type callLeases struct {
 // keyHold is a key held by one path of an Inbox.
 type keyHold struct {
 	free  chan struct{} // closed once released
-	calls int           // Prepare calls still running (an abandoned one included)
+	calls int           // Prepare calls still running, an abandoned one included
 	ended bool          // the path is done with the key
 	db    bool          // the database lease row may be this Inbox's
 }
@@ -91,8 +93,9 @@ func newCallLeases(ib *Inbox) *callLeases {
  acquired_at = CASE WHEN ` + CallTable + `.owner = EXCLUDED.owner THEN ` + CallTable + `.acquired_at ELSE ` + now + ` END
  WHERE ` + CallTable + `.owner = EXCLUDED.owner OR ` + CallTable + `.expires_at < ` + now
 	} else {
-		// Assigned left to right: owner from the old values, then the rest only when owner is
-		// now this Inbox (an owner token is one Inbox's alone).
+		// The columns are assigned left to right. owner is set from the old values. The
+		// rest change only when owner is now this Inbox, because an owner token is one
+		// Inbox's alone.
 		l.take = ins + ` ON DUPLICATE KEY UPDATE owner = IF(owner = VALUES(owner) OR expires_at < ` + now + `, VALUES(owner), owner),
  acquired_at = IF(owner = VALUES(owner) AND expires_at < ` + now + `, ` + now + `, acquired_at),
  expires_at = IF(owner = VALUES(owner), VALUES(expires_at), expires_at)`
@@ -103,7 +106,8 @@ func newCallLeases(ib *Inbox) *callLeases {
 	l.release = `DELETE FROM ` + CallTable + ` WHERE biz_type = ? AND dedup_key = ? AND owner = ?`
 	l.releaseIn = `DELETE FROM ` + CallTable + ` WHERE biz_type = ? AND owner = ? AND dedup_key IN `
 	l.check = `SELECT owner FROM ` + CallTable + ` WHERE biz_type = ? AND dedup_key = ? FOR UPDATE`
-	// Rows of routers that died holding a lease, long expired, on keys never seen again.
+	// expire deletes rows of routers that died holding a lease, long expired, on keys
+	// never seen again.
 	l.expire = `DELETE FROM ` + CallTable + ` WHERE expires_at < ` + now + ` - ` + micros
 	for _, s := range []*string{&l.take, &l.read, &l.renew, &l.release, &l.check, &l.expire} {
 		*s = d.Rebind(*s)
@@ -111,8 +115,8 @@ func newCallLeases(ib *Inbox) *callLeases {
 	return l
 }
 
-// leaseOwner is a token naming this Inbox among every Inbox of every process: host, process
-// id and random bytes.
+// leaseOwner is a token naming this Inbox among every Inbox of every process. It is made of
+// the host, the process id and random bytes.
 func leaseOwner() string {
 	host, _ := os.Hostname()
 	if len(host) > 24 {
@@ -147,11 +151,12 @@ func (l *callLeases) acquire(ctx context.Context, key string) (*keyHold, error) 
 	}
 }
 
-// Take waits for key's call lease: first for the other paths of this Inbox, then for other
-// Inboxes (other routers, a replay). It returns the hold and the key's inbox row as it is
-// once the lease is held (found false: no row). It waits at most inbox.handler_timeout:
-// then its error wraps ErrHandlerTimeout, as a call still running elsewhere (one abandoned
-// at its timeout that never returns) is one the key's delivery waits on.
+// Take waits for key's call lease. It waits first for the other paths of this Inbox, then
+// for other Inboxes, such as other routers or a replay. It returns the hold and the key's
+// inbox row as it is once the lease is held. found is false when there is no row. Take
+// waits at most inbox.handler_timeout. Its error then wraps ErrHandlerTimeout. A call
+// still running elsewhere, abandoned at its timeout and never returning, is one the key's
+// delivery waits on.
 func (l *callLeases) Take(ctx context.Context, key string) (*callHold, inboxRow, bool, error) {
 	wctx, cancel := context.WithTimeout(ctx, l.ib.cfg.HandlerTimeout)
 	defer cancel()
@@ -170,7 +175,7 @@ func (l *callLeases) Take(ctx context.Context, key string) (*callHold, inboxRow,
 			ch.End()
 			return nil, inboxRow{}, false, fmt.Errorf("inbox %s: take the call lease of %q: %w", l.ib.cfg.BizType, key, err)
 		}
-		// Another Inbox holds it: wait for its release or its expiry.
+		// Another Inbox holds it, so wait for its release or its expiry.
 		sleep(wctx, wait)
 		if wctx.Err() != nil {
 			ch.End()
@@ -180,7 +185,8 @@ func (l *callLeases) Take(ctx context.Context, key string) (*callHold, inboxRow,
 	}
 }
 
-// waitError is the error of a Take that waited until wctx ended: ctx's own end, else a timeout.
+// waitError is the error of a Take that waited until wctx ended. It is ctx's own end, else
+// a timeout.
 func (l *callLeases) waitError(ctx, wctx context.Context, key string) error {
 	if ctx.Err() != nil {
 		return fmt.Errorf("waiting for key %q's outside calls: %w", key, ctx.Err())
@@ -188,14 +194,14 @@ func (l *callLeases) waitError(ctx, wctx context.Context, key string) error {
 	return fmt.Errorf("waiting for key %q's outside calls, still made by another path: %w", key, ErrHandlerTimeout)
 }
 
-// takeOnce tries to take key's lease for h once: it returns the row's owner after the try
+// takeOnce tries to take key's lease for h once. It returns the row's owner after the try
 // and the key's inbox row.
 func (l *callLeases) takeOnce(ctx context.Context, key string, h *keyHold) (inboxRow, bool, string, error) {
 	var row inboxRow
 	if _, err := l.ib.db.ExecContext(ctx, l.take, l.ib.cfg.BizType, key, l.owner, l.ttl.Microseconds()); err != nil {
 		return row, false, "", err
 	}
-	// The row may be this Inbox's now: End deletes it (the delete names the owner).
+	// The row may be this Inbox's now, so End deletes it. The delete names the owner.
 	l.mu.Lock()
 	h.db = true
 	l.mu.Unlock()
@@ -204,7 +210,7 @@ func (l *callLeases) takeOnce(ctx context.Context, key string, h *keyHold) (inbo
 	var status, fp sql.NullString
 	if err := l.ib.db.QueryRowContext(ctx, l.read, l.ib.cfg.BizType, key).Scan(&owner, &id, &status, &fp, &row.reason); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
-			return row, false, "", nil // released between the two statements: take it again
+			return row, false, "", nil // released between the two statements, so take it again
 		}
 		return row, false, "", err
 	}
@@ -212,7 +218,7 @@ func (l *callLeases) takeOnce(ctx context.Context, key string, h *keyHold) (inbo
 	return row, id.Valid, owner, nil
 }
 
-// Begin counts a Prepare call starting under the hold; End of the call is CallEnded.
+// Begin counts a Prepare call starting under the hold. CallEnded counts its end.
 func (c *callHold) Begin() {
 	if c == nil {
 		return
@@ -236,8 +242,8 @@ func (c *callHold) CallEnded() {
 	}
 }
 
-// Deleted records that a committed transaction deleted the lease row (ReleaseTx, or a
-// batch's releaseIn).
+// Deleted records that a committed transaction deleted the lease row, by ReleaseTx or by a
+// batch's releaseBatch.
 func (c *callHold) Deleted() {
 	if c == nil {
 		return
@@ -247,9 +253,9 @@ func (c *callHold) Deleted() {
 	c.l.mu.Unlock()
 }
 
-// End ends the path's hold: the key is free for this Inbox's other paths, and for other
-// Inboxes once the lease row is deleted, once every call the path started has returned. It
-// does not wait for that.
+// End ends the path's hold. Once every call the path started has returned, the key is free
+// for this Inbox's other paths. Once the lease row is deleted too, it is free for other
+// Inboxes. End does not wait for that.
 func (c *callHold) End() {
 	if c == nil {
 		return
@@ -273,15 +279,16 @@ func (l *callLeases) free(key string, h *keyHold) {
 		return
 	}
 	go func() {
-		// The next path of this Inbox waits for the delete: it would take the row over
-		// (the same owner) and lose it to this delete.
+		// The next path of this Inbox waits for the delete. With the same owner, it would
+		// take the row over and lose it to this delete.
 		for try := 0; ; try++ {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			_, err := l.ib.db.ExecContext(ctx, l.release, l.ib.cfg.BizType, key, l.owner)
 			cancel()
 			if err == nil || try >= 5 {
 				if err != nil {
-					// The row stays until it expires: other routers wait that long for the key.
+					// The row stays until it expires, and other routers wait that long for
+					// the key.
 					l.ib.logger.Error("inbox: release a key's call lease", err, watermill.LogFields{l.ib.cfg.KeyLogField: key})
 				}
 				break
@@ -304,8 +311,9 @@ func (l *callLeases) forget(key string, h *keyHold) {
 	close(h.free)
 }
 
-// ReleaseTx deletes the lease row in tx, the transaction that finishes the key; it fails
-// with errLeaseLost when the lease is no longer this Inbox's. Once tx committed, call Deleted.
+// ReleaseTx deletes the lease row in tx, the transaction that finishes the key. It fails
+// with errLeaseLost when the lease is no longer this Inbox's. Once tx committed, call
+// Deleted.
 func (c *callHold) ReleaseTx(ctx context.Context, tx *sql.Tx) error {
 	if c == nil {
 		return nil
@@ -320,8 +328,8 @@ func (c *callHold) ReleaseTx(ctx context.Context, tx *sql.Tx) error {
 	return nil
 }
 
-// CheckTx checks in tx that the lease is still this Inbox's, and locks it until tx ends: a
-// step that leaves the key unfinished commits only while it holds the lease.
+// CheckTx checks in tx that the lease is still this Inbox's, and locks it until tx ends. So
+// a step that leaves the key unfinished commits only while it holds the lease.
 func (c *callHold) CheckTx(ctx context.Context, tx *sql.Tx) error {
 	if c == nil {
 		return nil
@@ -337,8 +345,8 @@ func (c *callHold) CheckTx(ctx context.Context, tx *sql.Tx) error {
 	return nil
 }
 
-// releaseBatch deletes the lease rows of holds in tx (a batch's transaction): errLeaseLost
-// when one of them is no longer this Inbox's.
+// releaseBatch deletes the lease rows of holds in tx, a batch's transaction. It fails with
+// errLeaseLost when one of them is no longer this Inbox's.
 func (l *callLeases) releaseBatch(ctx context.Context, tx *sql.Tx, holds []*callHold) error {
 	if len(holds) == 0 {
 		return nil
@@ -387,8 +395,9 @@ func (l *callLeases) renewLoop() {
 	}
 }
 
-// mayCall reports whether a path that holds a key's call lease may make its outside calls:
-// not for a row that is done, quarantined (unless the path reopens it) or another message's.
+// mayCall reports whether a path that holds a key's call lease may make its outside calls.
+// It may not for a row that is done or another message's. Nor may it for a quarantined
+// row, unless the path reopens it.
 func mayCall(found bool, row inboxRow, dec Decoded, opts runOpts) bool {
 	if !found {
 		return true

@@ -13,27 +13,28 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// ReasonDelayed marks a 'failed' row that is not quarantined: it waits for a delayed
-// redelivery at its retry_at (Config.DelayedRetries). Later deliveries of its key are held
-// meanwhile, as for a quarantined row.
+// ReasonDelayed marks a 'failed' row that is not quarantined. It waits for a delayed
+// redelivery at its retry_at, as Config.DelayedRetries describes. Later deliveries of its
+// key are held meanwhile, as for a quarantined row.
 const ReasonDelayed Reason = "delayed"
 
-// OutcomeDelayed: the delivery's attempts ran out with a retryable failure and its row waits
-// for a delayed redelivery; the message is acked.
+// OutcomeDelayed means the delivery's attempts ran out with a retryable failure, and its
+// row waits for a delayed redelivery. The message is acked.
 const OutcomeDelayed Outcome = "delayed"
 
-// Delayable reports whether a failure of reason is retried later (a delayed redelivery)
-// rather than quarantined once the immediate attempts run out: a handler error or a
-// timeout, which a dependency that is down produces. A panic is the plugin's bug; poison, a
-// conflict and values the database refuses (ReasonData) are the message's; ErrPermanent is
-// the handler's verdict. None of them changes in a few minutes: a panic is quarantined when
-// its attempts run out, the others at their first failure.
+// Delayable reports whether a failure of reason is retried later by a delayed redelivery,
+// rather than quarantined once the immediate attempts run out. A handler error and a
+// timeout are, because a dependency that is down produces them. A panic is the plugin's
+// bug. Poison, a conflict and values the database refuses with ReasonData are the
+// message's fault. ErrPermanent is the handler's verdict. None of them changes in a few
+// minutes. A panic is quarantined when its attempts run out, and the others at their first
+// failure.
 func Delayable(reason Reason) bool {
 	return reason == ReasonRetriesExhausted || reason == ReasonTimeout
 }
 
-// giveUp ends a delivery whose attempts ran out: delayed when reason is Delayable and
-// delayed rounds remain on its row, else quarantined with reason.
+// giveUp ends a delivery whose attempts ran out. The delivery is delayed when reason is
+// Delayable and delayed rounds remain on its row. Otherwise it is quarantined with reason.
 func (ib *Inbox) giveUp(ctx context.Context, msg *message.Message, src Source, dec Decoded, reason Reason, cause error, attempts int, opts runOpts) (Result, error) {
 	fields := watermill.LogFields{"topic": src.Topic, "partition": src.Partition, "offset": src.Offset, ib.cfg.KeyLogField: dec.Key, "attempts": attempts}
 	if ib.cfg.DelayedRetries > 0 && Delayable(reason) && !opts.command && ib.replyQuery == "" {
@@ -56,10 +57,10 @@ func (ib *Inbox) giveUp(ctx context.Context, msg *message.Message, src Source, d
 }
 
 // delay stores the delivery's row as waiting for a delayed redelivery when it has rounds
-// left; delayed false (nothing changed) when it has none, or has no row the attempts were
-// counted on (quarantine then writes the whole row). The row is locked, so two processes
-// that exhaust their attempts together count one round each, never beyond the limit. The
-// result's Attempts holds the round.
+// left. It returns delayed false, having changed nothing, when the row has none. It does
+// the same when there is no row the attempts were counted on, and quarantine then writes
+// the whole row. The row is locked, so two processes that exhaust their attempts together
+// count one round each, never beyond the limit. The result's Attempts holds the round.
 func (ib *Inbox) delay(ctx context.Context, dec Decoded, reason Reason, cause error, attempts int, opts runOpts) (res Result, delayed bool, err error) {
 	for try := 0; ; try++ {
 		res, delayed = Result{}, false

@@ -15,32 +15,37 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// Group commit for plain handlers: a Batcher whose handler is not a BatchHandler claims the
-// batch's rows with one multi-row statement, then runs each delivery's Handle, one after
-// another, in the batch's transaction. A batch first runs without savepoints (one costs
-// about what a small INSERT does: docs/BENCHMARKS.md, "Savepoints only after a failure");
-// when a delivery fails, the batch rolls back and runs again without it, each other
-// delivery behind one savepoint set again before each (no RELEASE), and the Batcher keeps
-// savepoints from the first run for a while (savepointsAfterFailure). A delivery that
-// fails, panics, times out or leaves its savepoint unusable is rolled back alone, its
-// attempt counted on its row, then quarantined or retried by Process; a lock conflict
-// retries the batch whole, a lost connection falls every delivery back to Process. A
-// multi-step handler's steps made in the batch commit with it and Process resumes the rest.
-// Outbox rows and Inserter rows wait in the batch's txdefer.Set and go out as multi-row
-// INSERTs at its end. A Preparer's Prepare runs before the batch, never inside it.
+// Group commit for plain handlers works as follows. A Batcher whose handler is not a
+// BatchHandler claims the batch's rows with one multi-row statement. It then runs each
+// delivery's Handle, one after another, in the batch's transaction.
+//
+// A batch first runs without savepoints, because a savepoint costs about what a small
+// INSERT does. See docs/BENCHMARKS.md, section "Savepoints only after a failure". When a
+// delivery fails, the batch rolls back and runs again without it. Each other delivery then
+// runs behind one savepoint, set again before each delivery, with no RELEASE. The Batcher
+// keeps savepoints from the first run for a while, savepointsAfterFailure long.
+//
+// A delivery may fail, panic, time out or leave its savepoint unusable. It is then rolled
+// back alone and its attempt is counted on its row. Process then quarantines or retries
+// it. A lock conflict retries the batch whole. A lost connection falls every delivery back
+// to Process. A multi-step handler's steps made in the batch commit with it, and Process
+// resumes the rest. Outbox rows and Inserter rows wait in the batch's txdefer.Set, and go
+// out as multi-row INSERTs at its end. A Preparer's Prepare runs before the batch, never
+// inside it.
 
 // savepointName is the one savepoint of a grouped batch, set before each delivery.
 const savepointName = "onceflow_delivery"
 
 // savepointsAfterFailure is how long a Batcher of a plain handler sets a savepoint before
-// every delivery from its batches' start after one of its deliveries failed in a batch.
-// Otherwise a batch first runs without savepoints (see the comment at the top).
+// every delivery from its batches' start, after one of its deliveries failed in a batch.
+// Otherwise a batch first runs without savepoints, as the comment at the top says.
 const savepointsAfterFailure = 5 * time.Second
 
 // savepointsFirst reports whether a batch should set savepoints from its first run.
 func (b *Batcher) savepointsFirst() bool { return time.Now().UnixNano() < b.savepointsUntil.Load() }
 
-// failedInBatch notes that a delivery failed in a batch: the next ones set savepoints.
+// failedInBatch notes that a delivery failed in a batch, so the next batches set
+// savepoints.
 func (b *Batcher) failedInBatch() {
 	b.savepointsUntil.Store(time.Now().Add(savepointsAfterFailure).UnixNano())
 }
@@ -64,15 +69,15 @@ func (e *blamedError) Error() string {
 
 func (e *blamedError) Unwrap() error { return e.err }
 
-// handleGrouped runs a plain handler on the rows that are ours to run (sorted by key), each
-// delivery behind the savepoint when savepoints is set, and brings the rows' status in line
-// with what it finished.
+// handleGrouped runs a plain handler on the rows that are ours to run, sorted by key. Each
+// delivery runs behind the savepoint when savepoints is set. handleGrouped brings the rows'
+// status in line with what the handler finished.
 //
-// The whole loop runs behind one guard (one goroutine per batch, not per delivery; a panic
-// is recovered per delivery by handleOne). When the batch's time runs out the delivery being
-// handled is blamed, and the loop, which may still be running in an abandoned Handle, stops
-// at its next delivery (ctx is done): until then it touches only that delivery, which is
-// taken out of the batch.
+// The whole loop runs behind one guard, so there is one goroutine per batch, not per
+// delivery. handleOne recovers a panic per delivery. When the batch's time runs out, the
+// delivery being handled is blamed. The loop may still be running in an abandoned Handle.
+// It stops at its next delivery, because ctx is done. Until then it touches only that
+// delivery, which is taken out of the batch.
 func (b *Batcher) handleGrouped(ctx context.Context, tx *sql.Tx, run []*item, counts map[int][]any, savepoints bool) error {
 	var cur atomic.Pointer[item] // the delivery being handled
 	err := guard(ctx, "handle", func() error { return b.groupLoop(ctx, tx, run, counts, savepoints, &cur) })
@@ -87,17 +92,18 @@ func (b *Batcher) handleGrouped(ctx context.Context, tx *sql.Tx, run []*item, co
 }
 
 func (b *Batcher) groupLoop(ctx context.Context, tx *sql.Tx, run []*item, counts map[int][]any, savepoints bool, cur *atomic.Pointer[item]) error {
-	var done, unfinished []any // resumed rows now done; new rows not finished
-	// Outbox rows the deliveries add wait for the end of the batch (txdefer).
+	var done, unfinished []any // resumed rows now done, and new rows not finished
+	// Outbox rows the deliveries add wait in a txdefer.Set for the end of the batch.
 	deferred := txdefer.New(tx)
 	hctx := txdefer.With(ctx, deferred)
 	for _, it := range run {
 		if ctx.Err() != nil {
-			return ctx.Err() // abandoned, or about to be: touch nothing more
+			return ctx.Err() // abandoned, or about to be, so touch nothing more
 		}
 		cur.Store(it)
 		if b.prep != nil && !it.p.ready {
-			// Not prepared: its slow call must not be made in this transaction.
+			// The delivery was not prepared, and its slow call must not be made in this
+			// transaction.
 			if !it.resumed {
 				unfinished = append(unfinished, it.id)
 			}
@@ -105,26 +111,27 @@ func (b *Batcher) groupLoop(ctx context.Context, tx *sql.Tx, run []*item, counts
 		}
 		it.ran = true
 		if savepoints {
-			if _, err := tx.ExecContext(ctx, "SAVEPOINT "+savepointName); err != nil { // PostgreSQL: a new one of that name hides the last
+			if _, err := tx.ExecContext(ctx, "SAVEPOINT "+savepointName); err != nil { // on PostgreSQL a new one of that name hides the last
 				return fmt.Errorf("savepoint: %w", err)
 			}
 		}
 		mark := deferred.Mark()
-		dctx, span := b.startHandleOne(hctx, it) // in the delivery's trace (none without tracing)
+		dctx, span := b.startHandleOne(hctx, it) // in the delivery's trace, if the inbox traces
 		prog, err := b.handleOne(dctx, it.d, tx)
 		tracex.End(span, err)
 		if err != nil {
 			switch {
 			case ctx.Err() != nil:
-				// The batch's time ran out in this Handle: the transaction cannot be used again.
+				// The batch's time ran out in this Handle, so the transaction cannot be used
+				// again.
 				return &blamedError{it: it, err: fmt.Errorf("%w: %w", ErrHandlerTimeout, err)}
 			case dbx.IsLockConflict(err) || dbx.IsConnError(err):
-				// Not the delivery's fault, and a deadlock has rolled the whole transaction
-				// back: the batch is retried (or falls back) as a whole.
+				// This is not the delivery's fault, and a deadlock has rolled the whole
+				// transaction back. The batch is retried, or falls back, as a whole.
 				return err
 			case !savepoints:
-				// No savepoint to go back to: the batch is rolled back and runs again without
-				// this delivery, each delivery behind a savepoint.
+				// There is no savepoint to go back to. The batch is rolled back and runs again
+				// without this delivery, each delivery behind a savepoint.
 				return &blamedError{it: it, err: err}
 			}
 			if _, rerr := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT "+savepointName); rerr != nil {
@@ -139,7 +146,8 @@ func (b *Batcher) groupLoop(ctx context.Context, tx *sql.Tx, run []*item, counts
 			continue
 		}
 		if prog != Done {
-			// Continue: the steps it made commit with the batch; the rest one at a time.
+			// With Continue, the steps it made commit with the batch, and the rest run one
+			// at a time.
 			if !it.resumed {
 				unfinished = append(unfinished, it.id)
 			}
@@ -155,16 +163,16 @@ func (b *Batcher) groupLoop(ctx context.Context, tx *sql.Tx, run []*item, counts
 	}
 	cur.Store(nil)
 	if err := deferred.Flush(ctx); err != nil {
-		// Not one delivery's fault that can be told (a duplicate event id, say): the batch
-		// falls back, and each delivery's Add writes at once and sees its own error.
+		// No one delivery can be blamed, as for a duplicate event id. The batch falls back,
+		// and each delivery's Add writes at once and sees its own error.
 		return fmt.Errorf("write the batch's deferred rows: %w", err)
 	}
 	return b.markRows(ctx, tx, done, unfinished)
 }
 
-// handleOne runs one delivery's Handle (and, with StepsPerTx > 1, its next steps) in tx,
-// on the caller's goroutine; a panic comes back as a *PanicError, an invalid Progress as
-// an error.
+// handleOne runs one delivery's Handle in tx, on the caller's goroutine. With StepsPerTx
+// above 1 it runs the delivery's next steps too. A panic comes back as a *PanicError, and
+// an invalid Progress as an error.
 func (b *Batcher) handleOne(ctx context.Context, d *Delivery, tx *sql.Tx) (prog Progress, err error) {
 	defer func() {
 		if perr := recovered(recover()); perr != nil {
@@ -184,9 +192,9 @@ func (b *Batcher) handleOne(ctx context.Context, d *Delivery, tx *sql.Tx) (prog 
 	return prog, err
 }
 
-// countFailed records a failed attempt on the delivery's row in the batch's transaction
-// and returns the attempts the row has now failed: the claim of a new row wrote it with
-// one attempt, a resumed row gets one more.
+// countFailed records a failed attempt on the delivery's row in the batch's transaction.
+// It returns the attempts the row has now failed. The claim of a new row wrote it with one
+// attempt, and a resumed row gets one more.
 func (b *Batcher) countFailed(ctx context.Context, tx *sql.Tx, it *item, cause error) (int, error) {
 	more := 0
 	if it.resumed {
@@ -210,8 +218,8 @@ func (b *Batcher) countFailed(ctx context.Context, tx *sql.Tx, it *item, cause e
 	return int(n), nil
 }
 
-// answerBlamed answers the deliveries taken out of a batch (after it committed or fell
-// back): each is counted in its own transaction, then retried or quarantined alone; their
+// answerBlamed answers the deliveries taken out of a batch, after it committed or fell
+// back. Each is counted in its own transaction, then retried or quarantined alone. Their
 // copies run one at a time.
 func (b *Batcher) answerBlamed(blamed []*blamedError) {
 	for _, bl := range blamed {
@@ -222,10 +230,10 @@ func (b *Batcher) answerBlamed(blamed []*blamedError) {
 	}
 }
 
-// afterFailure ends a delivery whose attempt failed in (or before) a batch: counted on its
-// row if it was not yet, then quarantined when it is permanent (its data included) or its
-// attempts are used up, else retried by Process after its backoff. It returns what Process
-// would.
+// afterFailure ends a delivery whose attempt failed in a batch or before it. The attempt
+// is counted on its row if it was not yet. The delivery is quarantined when its failure is
+// permanent, a refusal of its data included, or its attempts are used up. Otherwise
+// Process retries it after its backoff. afterFailure returns what Process would.
 func (b *Batcher) afterFailure(ctx context.Context, p *pending, f *failure) (Result, error) {
 	ib := b.ib
 	if ctx.Err() != nil {

@@ -7,12 +7,13 @@ import (
 	"runtime/debug"
 )
 
-// A plugin's code runs behind a guard: whatever it does — return an error, panic, or never
-// return — the delivery ends with a recorded outcome and no transaction outlives it.
+// A plugin's code runs behind a guard. It may return an error, panic or never return. The
+// delivery still ends with a recorded outcome, and no transaction outlives it.
 
-// PanicError is a panic in plugin code (Decode, Prepare, Handle, HandleBatch), recovered by
-// the inbox and treated as a failed attempt; after inbox.max_attempts the message is
-// quarantined with ReasonPanic and this error, stack included, as its last error.
+// PanicError is a panic in plugin code, in Decode, Prepare, Handle or HandleBatch. The
+// inbox recovers it and treats it as a failed attempt. After inbox.max_attempts the
+// message is quarantined with ReasonPanic, and this error, stack included, as its last
+// error.
 type PanicError struct {
 	Value any    // what the code panicked with
 	Stack []byte // the panicking goroutine's stack
@@ -23,12 +24,12 @@ func (e *PanicError) Error() string {
 }
 
 // ErrHandlerTimeout is wrapped by the error of an attempt whose plugin code did not return
-// within inbox.handler_timeout. Its context is cancelled (so its transaction is rolled back
-// and its locks released) and the inbox stops waiting for it; after inbox.max_attempts the
+// within inbox.handler_timeout. Its context is cancelled, so its transaction is rolled
+// back and its locks released. The inbox stops waiting for it. After inbox.max_attempts the
 // message is quarantined with ReasonTimeout.
 var ErrHandlerTimeout = errors.New("plugin code did not return within inbox.handler_timeout")
 
-// recovered turns a recovered panic value into a *PanicError (nil for no panic).
+// recovered turns a recovered panic value into a *PanicError, or nil for no panic.
 func recovered(v any) error {
 	if v == nil {
 		return nil
@@ -36,10 +37,10 @@ func recovered(v any) error {
 	return &PanicError{Value: v, Stack: debug.Stack()}
 }
 
-// guard runs fn on its own goroutine and returns its error, a *PanicError if it panicked,
-// or, when ctx ends first, an error wrapping ErrHandlerTimeout (if ctx's deadline passed)
-// or ctx's error. In the last case fn is abandoned: it may still be running, so the caller
-// must not touch what fn uses (its Delivery, its transaction) again.
+// guard runs fn on its own goroutine and returns its error, or a *PanicError if it
+// panicked. When ctx ends first, guard returns an error wrapping ErrHandlerTimeout if ctx's
+// deadline passed, else ctx's error. fn is then abandoned and may still be running. So the
+// caller must not touch what fn uses again, such as its Delivery or its transaction.
 func guard(ctx context.Context, what string, fn func() error) error {
 	done := make(chan error, 1)
 	go func() {
@@ -66,10 +67,10 @@ func timeoutError(ctx context.Context, what string) error {
 	return fmt.Errorf("%s: %w", what, ctx.Err())
 }
 
-// failureReason is the quarantine reason of an attempt that failed with err: a panic, a
-// timeout, values the database refuses (ReasonData, quarantined at once; unless the handler
-// marked the error permanent itself, which keeps its reason), else a failure that a retry
-// may not meet again.
+// failureReason is the quarantine reason of an attempt that failed with err. It is a
+// panic, a timeout, or ReasonData for values the database refuses, which are quarantined at
+// once. A handler that marked the error permanent itself keeps its reason instead of
+// ReasonData. Any other failure is one that a retry may not meet again.
 func failureReason(err error) Reason {
 	var pe *PanicError
 	switch {

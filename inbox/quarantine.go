@@ -14,17 +14,17 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// A quarantine must not fail on what the record holds: whatever its bytes, the row is made
-// storable (quarantineRow), and should the database still refuse it, a minimal row (key,
-// source, reason, hash, size) is written instead. Only an unreachable database, or a
+// A quarantine must not fail on what the record holds. Whatever its bytes, quarantineRow
+// makes the row storable. Should the database still refuse it, a minimal row is written
+// instead, with the key, source, reason, hash and size. Only an unreachable database, or a
 // cancelled context, leaves the message un-acked.
 
-// poisonPrefixBytes is how much of a payload over inbox.max_payload_bytes is kept: as much
-// as a subscriber keeps of a value it cut before it waited.
+// poisonPrefixBytes is how much of a payload over inbox.max_payload_bytes is kept. It is as
+// much as a subscriber keeps of a value it cut before it waited.
 const poisonPrefixBytes = msgsource.CutPrefixBytes
 
-// storedPayload returns the payload column's value for a record value: a nil value (a
-// Kafka tombstone) is stored empty and flagged, since the column is NOT NULL.
+// storedPayload returns the payload column's value for a record value. A nil value, a
+// Kafka tombstone, is stored empty and flagged, since the column is NOT NULL.
 func storedPayload(p []byte) ([]byte, bool) {
 	if p == nil {
 		return []byte{}, true
@@ -52,7 +52,8 @@ func (ib *Inbox) newQuarantineRow(msg *message.Message, key, fp string, cause er
 	return q
 }
 
-// minimal is q without content: what is left when the database refused q (refusal).
+// minimal is q without content. It is what is left when the database refused q with
+// refusal.
 func (q quarantineRow) minimal(msg *message.Message, refusal error) quarantineRow {
 	m := q
 	m.payload, m.meta, m.size = []byte{}, nil, payloadSize(msg)
@@ -61,7 +62,7 @@ func (q quarantineRow) minimal(msg *message.Message, refusal error) quarantineRo
 }
 
 // quarantine records a failed row in its own transaction. A row that is already 'done'
-// stays done (another delivery finished it meanwhile).
+// stays done, because another delivery finished it meanwhile.
 func (ib *Inbox) quarantine(ctx context.Context, msg *message.Message, src Source, key, fp string, reason Reason, cause error, attempts int, opts runOpts) (Result, error) {
 	q := ib.newQuarantineRow(msg, key, fp, cause)
 	id, done, err := ib.insertQuarantine(ctx, q, src, reason, attempts, opts)
@@ -74,8 +75,8 @@ func (ib *Inbox) quarantine(ctx context.Context, msg *message.Message, src Sourc
 		return Result{}, fmt.Errorf("quarantine %q (%s): %w", key, reason, err)
 	}
 	if done {
-		// The key's row is done (another delivery finished it, or an operator resolved
-		// it): this delivery is a counted duplicate.
+		// The key's row is done. Another delivery finished it, or an operator resolved it.
+		// So this delivery is a counted duplicate.
 		return Result{Outcome: OutcomeDuplicate, InboxID: id, Key: key, Attempts: attempts}, nil
 	}
 	out := OutcomeQuarantined
@@ -86,7 +87,7 @@ func (ib *Inbox) quarantine(ctx context.Context, msg *message.Message, src Sourc
 }
 
 // insertQuarantine writes q, retrying deadlocks and lock waits. done reports a row that
-// was done already: it stays so, and the delivery is counted on it as a duplicate.
+// was done already. It stays so, and the delivery is counted on it as a duplicate.
 func (ib *Inbox) insertQuarantine(ctx context.Context, q quarantineRow, src Source, reason Reason, attempts int, opts runOpts) (id int64, done bool, err error) {
 	for try := 0; ; try++ {
 		err = dbx.InTx(ctx, ib.db, func(tx *sql.Tx) error {
@@ -133,12 +134,13 @@ func (ib *Inbox) quarantineConflict(ctx context.Context, d *Delivery, dec Decode
 	return ib.quarantine(ctx, d.Message, d.Source, key, dec.Fingerprint, ReasonConflict, cause, d.Attempt, opts)
 }
 
-// countFailure records a failed attempt on the delivery's row, in its own transaction, and
-// returns the attempts the key has failed so far in every process: a record that keeps
-// failing is quarantined after inbox.max_attempts even when the processes running it are
-// killed or lose its partition before their own count runs out. The row it leaves is
-// 'processing' (the redelivery resumes it; nothing of the failed attempt is kept). Should
-// the count not be recorded, this process's attempt number stands in for it.
+// countFailure records a failed attempt on the delivery's row, in its own transaction. It
+// returns the attempts the key has failed so far in every process. So a record that keeps
+// failing is quarantined after inbox.max_attempts. That holds even when the processes
+// running it are killed, or lose its partition, before their own count runs out. The row
+// it leaves is 'processing'. The redelivery resumes it, and nothing of the failed attempt
+// is kept. Should the count not be recorded, this process's attempt number stands in for
+// it.
 func (ib *Inbox) countFailure(ctx context.Context, msg *message.Message, src Source, dec Decoded, cause error, attempt int, opts runOpts) int {
 	payload, tombstone := storedPayload(msg.Payload)
 	var status Status
@@ -160,8 +162,8 @@ func (ib *Inbox) countFailure(ctx context.Context, msg *message.Message, src Sou
 		return tx.QueryRowContext(ctx, ib.q.attempts, id).Scan(&status, &total)
 	})
 	if err != nil || status != StatusProcessing {
-		// Not recorded, or the row is done or quarantined meanwhile (the next attempt finds
-		// it so).
+		// The count was not recorded, or the row is done or quarantined meanwhile. The next
+		// attempt finds it so.
 		if err != nil && ctx.Err() == nil {
 			ib.logger.Info("failed attempt not recorded on the inbox row", watermill.LogFields{ib.cfg.KeyLogField: dec.Key, "err": validText(err.Error(), 1000)})
 		}

@@ -6,14 +6,15 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// queries holds the SQL of one inbox table, in the pool's dialect; the table name was
-// validated by Config.
+// queries holds the SQL of one inbox table, in the pool's dialect. Config validated the
+// table name.
 type queries struct {
 	claim, quarantine, lock, countDuplicate, reopen, markDone, stamp string
 	failure, attempts                                                string
 	delayLock, delay                                                 string // a delayed redelivery (delay.go)
-	// returning: claim, quarantine and failure read their row back themselves (PostgreSQL:
-	// INSERT … ON CONFLICT … RETURNING), instead of LAST_INSERT_ID and a SELECT.
+	// returning reports that claim, quarantine and failure read their row back themselves,
+	// instead of with LAST_INSERT_ID and a SELECT. PostgreSQL does so with INSERT … ON
+	// CONFLICT … RETURNING.
 	returning bool
 }
 
@@ -29,8 +30,9 @@ func newQueries(table string, d dbx.Dialect) queries {
 		lock:           fmt.Sprintf(`SELECT status, fingerprint, reason FROM %s WHERE id = ? FOR UPDATE`, table),
 		countDuplicate: fmt.Sprintf(`UPDATE %s SET duplicates = duplicates + 1 WHERE id = ?`, table),
 		// A quarantined row run again by a replay gets a fresh count of attempts.
-		// A quarantined row (not one waiting for a delayed redelivery) also gets fresh
-		// delayed rounds. MariaDB assigns left to right: status is assigned after the tests.
+		// A quarantined row, but not one waiting for a delayed redelivery, also gets fresh
+		// delayed rounds. MariaDB assigns left to right, so status is assigned after the
+		// tests.
 		reopen: fmt.Sprintf(`UPDATE %s SET delayed_rounds = CASE WHEN status = 'failed' AND COALESCE(reason, '') <> 'delayed' THEN 0 ELSE delayed_rounds END,
  retry_at = NULL, attempts = CASE WHEN status = 'failed' THEN 0 ELSE attempts END, status = 'processing', reason = NULL,
  replay_id = COALESCE(?, replay_id) WHERE id = ?`, table),
@@ -41,11 +43,11 @@ func newQueries(table string, d dbx.Dialect) queries {
  attempts = GREATEST(attempts, ?), last_error = ?, replay_id = COALESCE(?, replay_id) WHERE id = ?`, table),
 	}
 	if d.IsPostgres() {
-		// The same statements as ON CONFLICT upserts, each reading its row back: a SET
-		// expression sees the row as it was (no assignment order to mind), and an existing
-		// row is locked by the update. A row this statement inserted has xmax = 0; the new
-		// version an ON CONFLICT update leaves carries the updating transaction in xmax.
-		// The claim's update assigns nothing new (updated_at moves only on a change).
+		// These are the same statements as ON CONFLICT upserts, each reading its row back.
+		// A SET expression sees the row as it was, so there is no assignment order to mind.
+		// The update locks an existing row. A row this statement inserted has xmax = 0. The
+		// new version an ON CONFLICT update leaves carries the updating transaction in xmax.
+		// The claim's update assigns nothing new, because updated_at moves only on a change.
 		q.returning = true
 		q.claim = fmt.Sprintf(`INSERT INTO %[1]s %[2]s`+conflictKey+`status = %[1]s.status
  RETURNING id, (xmax = 0) AS inserted, status, fingerprint, reason`, table, insertColumns)
@@ -71,13 +73,15 @@ func newQueries(table string, d dbx.Dialect) queries {
  attempts = IF(status = 'done', attempts, GREATEST(attempts, VALUES(attempts))),
  replay_id = IF(status = 'done', replay_id, COALESCE(VALUES(replay_id), replay_id)),
  status = IF(status = 'done', 'done', 'failed')`, table, insertColumns)
-		// A failed attempt, counted on the row in its own transaction (attempts are bounded
-		// across processes, not per process): inserted 'processing' — a row to resume, never a
-		// dedup mark — or, on an existing 'processing' row, one attempt more.
+		// failure counts a failed attempt on the row in its own transaction, because
+		// attempts are bounded across processes, not per process. A new row is inserted as
+		// 'processing', a row to resume and never a dedup mark. An existing 'processing' row
+		// gets one attempt more.
 		q.failure = fmt.Sprintf(`INSERT INTO %s %s ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id),
  last_error = IF(status = 'processing', VALUES(last_error), last_error),
  attempts = IF(status = 'processing', attempts + 1, attempts)`, table, insertColumns)
-		// The row listed as one this replay stamped (inbox.replay_id has no index).
+		// stamp lists the row as one this replay stamped, because inbox.replay_id has no
+		// index.
 		q.stamp = `INSERT INTO ` + replayRowTable + ` (replay_id, inbox_id) VALUES (?, ?) ON DUPLICATE KEY UPDATE inbox_id = inbox_id`
 	}
 	for _, s := range []*string{&q.claim, &q.quarantine, &q.lock, &q.countDuplicate, &q.reopen, &q.markDone, &q.stamp, &q.failure, &q.attempts, &q.delayLock, &q.delay} {
@@ -86,6 +90,6 @@ func newQueries(table string, d dbx.Dialect) queries {
 	return q
 }
 
-// replayRowTable lists the inbox rows each replay stamped (migrations/00007; inboxops reads
-// it), whatever the inbox table.
+// replayRowTable lists the inbox rows each replay stamped, whatever the inbox table.
+// Migration 00007 creates it, and inboxops reads it.
 const replayRowTable = "replay_row"

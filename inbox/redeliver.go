@@ -14,22 +14,22 @@ import (
 )
 
 // RedeliveryObserver, when the inbox's Observer implements it, receives the outcome of every
-// delayed redelivery (metrics).
+// delayed redelivery, such as for metrics.
 type RedeliveryObserver interface {
 	Redelivered(bizType string, r Result)
 }
 
-// redeliverPage is how many due rows one look reads; redeliverConcurrency how many of them
-// run at once (each its own key, so their order does not matter): a slow or hanging handler
-// holds one slot, not the whole backlog.
+// redeliverPage is how many due rows one look reads. redeliverConcurrency is how many of
+// them run at once. Each row has its own key, so their order does not matter. A slow or
+// hanging handler holds one slot, not the whole backlog.
 const (
 	redeliverPage        = 100
 	redeliverConcurrency = 16
 )
 
-// RunRedeliveries runs the inbox's due delayed redeliveries (RedeliverDue) every
-// Config.RedeliverEvery until ctx ends; it returns nil then. Several routers may run it on
-// one inbox table: each row is claimed by one of them at a time.
+// RunRedeliveries runs the inbox's due delayed redeliveries with RedeliverDue, every
+// Config.RedeliverEvery until ctx ends. It then returns nil. Several routers may run it on
+// one inbox table, because one of them at a time claims each row.
 func (ib *Inbox) RunRedeliveries(ctx context.Context) error {
 	if ib.cfg.DelayedRetries <= 0 || ib.replyQuery != "" {
 		<-ctx.Done()
@@ -49,21 +49,22 @@ func (ib *Inbox) RunRedeliveries(ctx context.Context) error {
 	}
 }
 
-// redeliveryLease is how long a claimed row is left to the redeliverer that claimed it:
-// long enough for its immediate attempts. Should a run outlast it, another redeliverer may
-// run the row too; the row's lock and its 'done' commit still let only one of them run the
-// handler to its end.
+// redeliveryLease is how long a claimed row is left to the redeliverer that claimed it. It
+// is long enough for the row's immediate attempts. Should a run outlast it, another
+// redeliverer may run the row too. The row's lock and its 'done' commit still let only one
+// of them run the handler to its end.
 func (c Config) redeliveryLease() time.Duration {
 	return time.Duration(c.MaxAttempts) * (c.HandlerTimeout + c.BackoffMax)
 }
 
 // RedeliverDue runs the rows waiting for a delayed redelivery whose retry_at is before now,
-// earliest first, each from its stored message through Process as a replay runs a row: the
-// row is the dedup line, the handler's effects and its 'done' commit together. A row ends
-// done, delayed again (its next round) or quarantined (rounds used up). Each row is first
-// claimed by moving its retry_at past a lease, in one conditional UPDATE, so two routers
-// never run it at once; up to redeliverConcurrency rows run at once. Nothing starts while the
-// breaker is open. It returns the rows it ran.
+// earliest first. It runs each from its stored message through Process, as a replay runs a
+// row. The row is the dedup line, and the handler's effects and its 'done' commit together.
+// A row ends done, delayed again for its next round, or quarantined when its rounds are
+// used up. Each row is first claimed by moving its retry_at past a lease, in one
+// conditional UPDATE. So two routers never run it at once. Up to redeliverConcurrency rows
+// run at once. Nothing starts while the breaker is open. RedeliverDue returns the number
+// of rows it ran.
 func (ib *Inbox) RedeliverDue(ctx context.Context, now time.Time) (int, error) {
 	t := ib.cfg.Table
 	rows, err := ib.db.QueryContext(ctx, ib.d.Rebind(fmt.Sprintf(`SELECT id FROM %s WHERE biz_type = ? AND status = 'failed' AND reason = 'delayed' AND retry_at <= ?

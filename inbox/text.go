@@ -14,23 +14,23 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// Text that reaches the inbox's utf8mb4 columns is made storable first: a record's bytes
-// come from outside and a plugin's error text may quote them, so nothing is assumed.
+// Text that reaches the inbox's utf8mb4 columns is made storable first. A record's bytes
+// come from outside, and a plugin's error text may quote them. So nothing is assumed.
 
-// maxErrorBytes bounds last_error (a TEXT column holds 65,535 bytes; a panic's stack is
-// the longest text it gets).
+// maxErrorBytes bounds last_error. A TEXT column holds 65,535 bytes, and a panic's stack
+// is the longest text it gets.
 const maxErrorBytes = 16 << 10
 
 // maxUUIDBytes is the width of message_uuid.
 const maxUUIDBytes = 64
 
 // MetadataTruncatedKey is the metadata entry that replaces the entries left out when a
-// record's metadata exceeded inbox.max_metadata_bytes: it says how much was dropped and
-// the sha256 of the whole encoded metadata.
+// record's metadata exceeded inbox.max_metadata_bytes. It says how much was dropped, and
+// gives the sha256 of the whole encoded metadata.
 const MetadataTruncatedKey = "onceflow_metadata_truncated"
 
-// validText returns s as valid UTF-8 (each invalid byte sequence, and each NUL, replaced
-// by U+FFFD) of at most max bytes, cut on a character boundary.
+// validText returns s as valid UTF-8 of at most max bytes, cut on a character boundary.
+// Each invalid byte sequence, and each NUL, is replaced by U+FFFD.
 func validText(s string, max int) string {
 	if !utf8.ValidString(s) {
 		s = strings.ToValidUTF8(s, "\uFFFD")
@@ -58,8 +58,8 @@ func errorText(err error) string {
 
 // metadataJSON encodes a message's metadata for the metadata column. encoding/json writes
 // valid UTF-8 whatever the strings hold. The second result is false when the encoding is
-// longer than max bytes: the returned JSON then keeps the entries that fit (smallest
-// first) and MetadataTruncatedKey.
+// longer than max bytes. The returned JSON then keeps the entries that fit, smallest
+// first, and MetadataTruncatedKey.
 func metadataJSON(md message.Metadata, max int) (string, bool) {
 	if len(md) == 0 && max >= len("null") {
 		// What json.Marshal writes for no metadata, without its allocations.
@@ -87,7 +87,7 @@ func metadataJSON(md message.Metadata, max int) (string, bool) {
 	kept := map[string]string{MetadataTruncatedKey: note}
 	size := len(note) + len(MetadataTruncatedKey) + 64
 	for _, k := range keys {
-		// Escaping can grow a string up to six-fold (\u00XX); the final check below keeps
+		// Escaping as \u00XX can grow a string up to six-fold. The final check below keeps
 		// the bound exact.
 		n := 6*(len(k)+len(md[k])) + 6
 		if size+n > max {
@@ -103,7 +103,7 @@ func metadataJSON(md message.Metadata, max int) (string, bool) {
 	return string(out), false
 }
 
-// messageUUID is the stored form of a message's id (the column is 64 characters). A
+// messageUUID is the stored form of a message's id, in a column of 64 characters. A
 // message without one gets a new id.
 func messageUUID(msg *message.Message) string {
 	if msg.UUID == "" {
@@ -112,8 +112,9 @@ func messageUUID(msg *message.Message) string {
 	return validText(msg.UUID, maxUUIDBytes)
 }
 
-// storableFingerprint returns a plugin's fingerprint as stored: as given when it is valid
-// UTF-8 of at most 64 bytes (the column) without a NUL, else its sha256 in hex.
+// storableFingerprint returns a plugin's fingerprint as stored. It stays as given when it
+// is valid UTF-8 of at most 64 bytes, the column's width, without a NUL. Otherwise it is
+// stored as its sha256 in hex.
 func storableFingerprint(fp string) string {
 	if len(fp) <= 64 && utf8.ValidString(fp) && strings.IndexByte(fp, 0) < 0 {
 		return fp
@@ -122,11 +123,11 @@ func storableFingerprint(fp string) string {
 }
 
 // storedFingerprint is a fingerprint as read back from its CHAR(64) column, without the
-// padding PostgreSQL returns (MariaDB strips it).
+// padding PostgreSQL returns. MariaDB strips the padding itself.
 func storedFingerprint(fp string) string { return strings.TrimRight(fp, " ") }
 
-// storedFingerprintOf is storedFingerprint of a column read in place: want itself when they
-// are equal (no copy).
+// storedFingerprintOf is storedFingerprint of a column read in place. It returns want
+// itself when they are equal, so it makes no copy.
 func storedFingerprintOf(fp []byte, want string) string {
 	fp = bytes.TrimRight(fp, " ")
 	if string(fp) == want {
@@ -135,7 +136,8 @@ func storedFingerprintOf(fp []byte, want string) string {
 	return string(fp)
 }
 
-// statusOf is a status column read in place: the constant for a known status (no copy).
+// statusOf is a status column read in place. It returns the constant for a known status,
+// so it makes no copy.
 func statusOf(b []byte) Status {
 	for _, s := range [...]Status{StatusDone, StatusProcessing, StatusFailed} {
 		if string(b) == string(s) {
@@ -145,8 +147,9 @@ func statusOf(b []byte) Status {
 	return Status(b)
 }
 
-// shortFingerprint is a 16-character tag of a fingerprint for the key of a conflict row:
-// the first 16 characters of a sha256 hex fingerprint, else of its own sha256.
+// shortFingerprint is a 16-character tag of a fingerprint for the key of a conflict row.
+// It is the first 16 characters of a sha256 hex fingerprint, else of the fingerprint's own
+// sha256.
 func shortFingerprint(fp string) string {
 	if len(fp) == 64 && isHex(fp) {
 		return fp[:16]

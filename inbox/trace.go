@@ -14,32 +14,38 @@ import (
 	"github.com/onceflow/onceflow/internal/tracex"
 )
 
-// Tracing (Config.TracerProvider). Every delivery gets a consumer span, "process <topic>",
-// continuing the trace of the record's traceparent header (or of the span ctx already
-// carries), ended with the delivery's outcome. Under it, one at a time: "inbox prepare"
-// (outside the transaction), and per transaction "inbox transaction" with "inbox claim",
-// one "inbox handle" per handler step and "inbox commit". A group-committed batch is one
-// transaction for many traces: it has a span of its own, "inbox batch" (a new trace, linked
-// to each delivery's span, each delivery's span linked back to it), with "inbox claim",
-// "inbox handle" (HandleBatch) and "inbox commit"; a plain handler's deliveries each get
-// their "inbox handle" in their own trace. The handler's ctx carries its "inbox handle" span,
-// so outbox.Writer.Add stores that span's context with the event (trace_parent), and the
-// relay continues the trace; Delivery.TraceParent gives a BatchHandler each delivery's.
+// Tracing is on when Config.TracerProvider is set. Every delivery gets a consumer span,
+// "process <topic>". It continues the trace of the record's traceparent header, or of the
+// span ctx already carries. It ends with the delivery's outcome.
 //
-// Without a TracerProvider nothing here runs: Process, Batcher.Process and each step check
-// ib.tr (nil) and create no span, context or attribute.
+// One at a time, a delivery's span holds "inbox prepare", outside the transaction. It
+// holds "inbox transaction" per transaction, with "inbox claim", one "inbox handle" per
+// handler step and "inbox commit".
+//
+// A group-committed batch is one transaction for many traces. It has a span of its own,
+// "inbox batch", in a new trace. The batch's span links to each delivery's span, and each
+// delivery's span links back to it. The batch's span holds "inbox claim", "inbox handle"
+// for HandleBatch and "inbox commit". A plain handler's deliveries each get their "inbox
+// handle" in their own trace.
+//
+// The handler's ctx carries its "inbox handle" span. So outbox.Writer.Add stores that
+// span's context with the event, in trace_parent, and the relay continues the trace.
+// Delivery.TraceParent gives a BatchHandler each delivery's span.
+//
+// Without a TracerProvider nothing here runs. Process, Batcher.Process and each step find
+// ib.tr nil, and create no span, context or attribute.
 
 // tracerScope names the inbox's spans' instrumentation scope.
 const tracerScope = "github.com/onceflow/onceflow/inbox"
 
-// tracedKey marks a ctx carrying the span of the delivery of the *message.Message it holds
-// (started by Batcher.Process): Process, running that delivery one at a time after all,
-// starts no second one.
+// tracedKey marks a ctx carrying the span of the delivery of the *message.Message it holds.
+// Batcher.Process started the span. So Process, running that delivery one at a time after
+// all, starts no second one.
 type tracedKey struct{}
 
 // TraceParent returns the W3C traceparent of the delivery's span, or "" when the inbox does
-// not trace. A BatchHandler sets it on the events it writes for the delivery
-// (outbox.Event.TraceParent), so each event continues its own delivery's trace: HandleBatch's
+// not trace. A BatchHandler sets it as outbox.Event.TraceParent on the events it writes for
+// the delivery. So each event continues its own delivery's trace, because HandleBatch's
 // ctx is the whole batch's.
 func (d *Delivery) TraceParent() string { return tracex.TraceParent(d.trace) }
 
@@ -59,8 +65,8 @@ func (b *Batcher) processTraced(ctx context.Context, msg *message.Message, src S
 	return res, err
 }
 
-// startDelivery starts the delivery's consumer span: a child of the span ctx carries, else
-// of the record's traceparent header, else a new trace.
+// startDelivery starts the delivery's consumer span. The span is a child of the span ctx
+// carries, else of the record's traceparent header, else it starts a new trace.
 func (ib *Inbox) startDelivery(ctx context.Context, msg *message.Message, src Source) (context.Context, trace.Span) {
 	parent := ctx
 	if !trace.SpanContextFromContext(ctx).IsValid() {
@@ -84,8 +90,8 @@ func (ib *Inbox) startDelivery(ctx context.Context, msg *message.Message, src So
 	return context.WithValue(ctx, tracedKey{}, msg), span
 }
 
-// endDelivery ends a delivery span with the delivery's outcome: an error (not acked), a
-// quarantine or a conflict set its status to Error.
+// endDelivery ends a delivery span with the delivery's outcome. An error, which leaves the
+// message unacked, a quarantine or a conflict sets its status to Error.
 func endDelivery(span trace.Span, res Result, err error) {
 	if err == nil && span.IsRecording() {
 		attrs := []attribute.KeyValue{attribute.String("onceflow.outcome", string(res.Outcome)), attribute.String("onceflow.key", res.Key),
@@ -103,8 +109,8 @@ func endDelivery(span trace.Span, res Result, err error) {
 	tracex.End(span, err)
 }
 
-// startSpan starts a span named name under ctx's, or returns ctx and a nil span when the
-// inbox does not trace (tracex.End takes the nil span).
+// startSpan starts a span named name under ctx's. It returns ctx and a nil span when the
+// inbox does not trace, and tracex.End takes the nil span.
 func (ib *Inbox) startSpan(ctx context.Context, name string) (context.Context, trace.Span) {
 	if ib.tr == nil {
 		return ctx, nil
@@ -112,8 +118,9 @@ func (ib *Inbox) startSpan(ctx context.Context, name string) (context.Context, t
 	return ib.tr.Start(ctx, name)
 }
 
-// startBatch starts a batch transaction's span: a new trace linked to every delivery's span,
-// each delivery's span linked back to it. It returns ctx and nil when the inbox does not trace.
+// startBatch starts a batch transaction's span. It is a new trace linked to every
+// delivery's span, and each delivery's span links back to it. startBatch returns ctx and
+// nil when the inbox does not trace.
 func (b *Batcher) startBatch(ctx context.Context, items []*item) (context.Context, trace.Span) {
 	if b.ib.tr == nil {
 		return ctx, nil
@@ -136,9 +143,9 @@ func (b *Batcher) startBatch(ctx context.Context, items []*item) (context.Contex
 	return ctx, span
 }
 
-// startHandleOne starts the "inbox handle" span of one delivery of a plain handler's batch:
-// in the delivery's trace, linked to the batch's span (ctx's). It returns ctx and nil when
-// the inbox does not trace.
+// startHandleOne starts the "inbox handle" span of one delivery of a plain handler's
+// batch. The span is in the delivery's trace, and links to the batch's span, which is
+// ctx's. startHandleOne returns ctx and nil when the inbox does not trace.
 func (b *Batcher) startHandleOne(ctx context.Context, it *item) (context.Context, trace.Span) {
 	if b.ib.tr == nil || it.p.span == nil {
 		return ctx, nil
@@ -148,7 +155,7 @@ func (b *Batcher) startHandleOne(ctx context.Context, it *item) (context.Context
 }
 
 // handleStep runs one Handle call under its "inbox handle" span, which the handler's ctx
-// carries (outbox.Writer.Add stores it with the events).
+// carries. outbox.Writer.Add stores the span with the events.
 func (ib *Inbox) handleStep(ctx context.Context, tx *sql.Tx, d *Delivery) (Progress, error) {
 	if ib.tr == nil {
 		return ib.h.Handle(ctx, tx, d)
@@ -167,9 +174,9 @@ func (ib *Inbox) handleStep(ctx context.Context, tx *sql.Tx, d *Delivery) (Progr
 	return prog, err
 }
 
-// committing returns fn for dbx.InTx and the function to call with InTx's error: when the
-// inbox traces, an "inbox commit" span starts once fn has succeeded (InTx commits next)
-// and ends with the commit's outcome.
+// committing returns fn for dbx.InTx and the function to call with InTx's error. When the
+// inbox traces, an "inbox commit" span starts once fn has succeeded, since InTx commits
+// next. The span ends with the commit's outcome.
 func (ib *Inbox) committing(ctx context.Context, fn func(*sql.Tx) error) (func(*sql.Tx) error, func(error)) {
 	if ib.tr == nil {
 		return fn, endNothing

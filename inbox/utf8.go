@@ -10,14 +10,15 @@ import (
 // ErrNotUTF8 is wrapped by CheckJSONText's error.
 var ErrNotUTF8 = errors.New("not valid UTF-8")
 
-// CheckJSONText returns nil when encoding/json decodes b's strings as sent, else an error
-// wrapping ErrNotUTF8 that names the first offending byte (counted from 0), e.g. "payload is
-// not valid UTF-8 at byte 7": a codec returns it as poison before it decodes b.
+// CheckJSONText returns nil when encoding/json decodes b's strings as sent. Otherwise it
+// returns an error wrapping ErrNotUTF8 that names the first offending byte, counted from
+// 0, such as "payload is not valid UTF-8 at byte 7". A codec returns the error as poison
+// before it decodes b.
 //
 // encoding/json replaces each byte that is not UTF-8, and each \u escape of a lone
-// surrogate, with U+FFFD: two messages that differ only there would decode to one value, one
-// business key. JSON text is UTF-8 (RFC 8259 §8.1), so the whole payload is checked, not
-// only its strings.
+// surrogate, with U+FFFD. Two messages that differ only there would decode to one value,
+// and one business key. JSON text is UTF-8, as RFC 8259 section 8.1 says. So the whole
+// payload is checked, not only its strings.
 func CheckJSONText(b []byte) error {
 	if !utf8.Valid(b) {
 		return fmt.Errorf("payload is %w at byte %d", ErrNotUTF8, firstInvalidUTF8(b))
@@ -41,8 +42,9 @@ func firstInvalidUTF8(b []byte) int {
 }
 
 // loneSurrogate is the offset of the first \u escape of a surrogate that is not a high
-// surrogate followed by a \u escape of a low one (what encoding/json decodes as U+FFFD), or
-// -1. A backslash after an odd number of backslashes is itself escaped, so starts no escape.
+// surrogate followed by a \u escape of a low one. encoding/json decodes such an escape as
+// U+FFFD. loneSurrogate returns -1 when there is none. A backslash after an odd number of
+// backslashes is itself escaped, so it starts no escape.
 func loneSurrogate(b []byte) int {
 	for i := 0; ; {
 		j := bytes.Index(b[i:], []byte(`\u`))

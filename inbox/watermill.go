@@ -15,8 +15,8 @@ import (
 )
 
 // HandlerFunc adapts the inbox to a Watermill router handler for messages consumed from
-// topic. It returns nil (ack) once the delivery's outcome is committed, whatever it was,
-// and an error (nack, redelivery) only when nothing could be recorded.
+// topic. It returns nil, an ack, once the delivery's outcome is committed, whatever it
+// was. It returns an error, a nack and a redelivery, only when nothing could be recorded.
 func (ib *Inbox) HandlerFunc(topic string) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error {
 		res, err := ib.Process(msg.Context(), msg, SourceOf(msg, topic), ProcessOptions{})
@@ -28,9 +28,10 @@ func (ib *Inbox) HandlerFunc(topic string) message.NoPublishHandlerFunc {
 }
 
 // awaitDelayed waits, with Config.DelayedHoldsKafkaKey, until the row of a delivery that
-// waits for its delayed redelivery has ended: done or quarantined. The message stays unacked
-// meanwhile, and the subscriber holds back the later messages of its Kafka key. An error
-// (ctx ended: shutdown, a lost partition) leaves the message unacked, to be delivered again.
+// waits for its delayed redelivery has ended, done or quarantined. The message stays
+// unacked meanwhile, and the subscriber holds back the later messages of its Kafka key.
+// When ctx ends first, on a shutdown or a lost partition, awaitDelayed returns an error.
+// The message then stays unacked, to be delivered again.
 func (ib *Inbox) awaitDelayed(ctx context.Context, res Result) error {
 	if !ib.cfg.DelayedHoldsKafkaKey || res.Reason != ReasonDelayed || (res.Outcome != OutcomeDelayed && res.Outcome != OutcomeHeld) {
 		return nil
@@ -62,14 +63,14 @@ func (ib *Inbox) awaitDelayed(ctx context.Context, res Result) error {
 }
 
 // ContextWithSource records where a message came from, for subscribers other than
-// watermill-kafka's (which records it in its own context keys); kafkax.ParallelSubscriber
-// sets it.
+// watermill-kafka's. watermill-kafka records it in its own context keys.
+// kafkax.ParallelSubscriber sets it.
 func ContextWithSource(ctx context.Context, src Source) context.Context {
 	return msgsource.With(ctx, msgsource.Source(src))
 }
 
-// SourceOf returns where msg was consumed from: the Source set by ContextWithSource, else
-// watermill-kafka's partition and offset, with topic as the topic.
+// SourceOf returns where msg was consumed from. It is the Source set by ContextWithSource,
+// else watermill-kafka's partition and offset, with topic as the topic.
 func SourceOf(msg *message.Message, topic string) Source {
 	ctx := msg.Context()
 	if ms, ok := msgsource.From(ctx); ok {
