@@ -16,8 +16,8 @@ import (
 // ErrNoRow is Store.Get's error for an id no inbox row has.
 var ErrNoRow = errors.New("no such inbox row")
 
-// Get returns the inbox row with id, in full (payload and metadata); ErrNoRow when there is
-// none.
+// Get returns the inbox row with id in full, with its payload and metadata. It returns
+// ErrNoRow when there is none.
 func (s *Store) Get(ctx context.Context, id int64) (Row, error) {
 	r, err := scanRow(s.db.QueryRowContext(ctx, s.d.Rebind("SELECT "+rowColumns+" FROM "+s.table+" WHERE id = ?"), id))
 	if errors.Is(err, sql.ErrNoRows) {
@@ -26,20 +26,20 @@ func (s *Store) Get(ctx context.Context, id int64) (Row, error) {
 	return r, err
 }
 
-// Cursor is a position in the order the inbox is browsed in: newest first by receive time
-// (created_at), then by id. created_at never changes once a row is inserted, and the inbox's
-// index (biz_type, status, created_at) holds the id after created_at, so a page is one
-// ordered range of that index per biz type and status, however large the table: keyset
-// paging, never an OFFSET.
+// Cursor is a position in the order the inbox is browsed in. That order is newest first by
+// receive time, created_at, then by id. created_at never changes once a row is inserted.
+// The inbox's index on biz_type, status and created_at holds the id after created_at. So a
+// page is one ordered range of that index per biz type and status, however large the
+// table. Paging is by key, never by an OFFSET.
 type Cursor struct {
 	CreatedAt time.Time
 	ID        int64
 }
 
-// IsZero reports whether c is no position (the newest rows).
+// IsZero reports whether c is no position, which stands for the newest rows.
 func (c Cursor) IsZero() bool { return c.ID == 0 }
 
-// String encodes c for a URL: "<created_at in Unix nanoseconds>-<id>".
+// String encodes c for a URL as "<created_at in Unix nanoseconds>-<id>".
 func (c Cursor) String() string {
 	if c.IsZero() {
 		return ""
@@ -47,7 +47,7 @@ func (c Cursor) String() string {
 	return strconv.FormatInt(c.CreatedAt.UnixNano(), 10) + "-" + strconv.FormatInt(c.ID, 10)
 }
 
-// ParseCursor decodes Cursor.String; "" is the zero cursor.
+// ParseCursor decodes Cursor.String. It decodes "" as the zero cursor.
 func ParseCursor(s string) (Cursor, error) {
 	if s == "" {
 		return Cursor{}, nil
@@ -65,29 +65,32 @@ func cursorOf(r Row) Cursor { return Cursor{CreatedAt: r.CreatedAt, ID: r.ID} }
 
 // PageQuery selects one page of inbox rows for browsing, newest first.
 type PageQuery struct {
-	// BizTypes to read, at least one: a page reads one index range per biz type and status.
+	// BizTypes are the biz types to read, at least one. A page reads one index range per
+	// biz type and status.
 	BizTypes []string
-	// Statuses to read; empty means all three.
+	// Statuses are the statuses to read. Empty means all three.
 	Statuses []inbox.Status
-	// Reason: only failed rows with this reason (only failed rows have one).
+	// Reason selects only failed rows with this reason. Only failed rows have one.
 	Reason string
-	// Keys: only the rows of these dedup keys (one per key and biz type, by the unique key).
+	// Keys selects only the rows of these dedup keys. The unique key allows one row per key
+	// and biz type.
 	Keys []string
-	// Since and Until bound created_at: [Since, Until).
+	// Since and Until bound created_at, from Since inclusive to Until exclusive.
 	Since, Until time.Time
-	// Before: the rows older than this position (the next page); After: the rows newer
-	// than it (the previous page). At most one; neither: the newest rows.
+	// Before selects the rows older than this position, for the next page. After selects
+	// the rows newer than it, for the previous page. At most one may be set. With neither,
+	// the page holds the newest rows.
 	Before, After Cursor
 	// Limit is the page size, 1..500.
 	Limit int
 }
 
-// Page is one page of rows, newest first. Rows carry no payload and no metadata (Get reads
-// a row in full).
+// Page is one page of rows, newest first. Rows carry no payload and no metadata. Get reads
+// a row in full.
 type Page struct {
 	Rows []Row
-	// Older is the cursor of the next page (PageQuery.Before), Newer of the previous one
-	// (PageQuery.After); zero when there is none.
+	// Older is the cursor of the next page, for PageQuery.Before. Newer is the cursor of
+	// the previous one, for PageQuery.After. Each is zero when there is no such page.
 	Older, Newer Cursor
 }
 
@@ -95,8 +98,9 @@ type Page struct {
 const maxPage = 500
 
 // browseColumns are rowColumns of the table aliased i, without the payload and the
-// metadata: a page of rows reads no value, however large the stored ones are. The metadata
-// reads as JSON null (no headers), not as SQL NULL, which marks a minimal row.
+// metadata. So a page of rows reads no value, however large the stored ones are. The
+// metadata reads as JSON null, meaning no headers, not as SQL NULL, which marks a minimal
+// row.
 var browseColumns = func() string {
 	c := strings.Replace(rowColumns, "payload, metadata,", "'' AS payload, 'null' AS metadata,", 1)
 	if c == rowColumns {
@@ -113,16 +117,18 @@ var browseColumns = func() string {
 	return strings.Join(parts, ", ")
 }()
 
-// Page returns one page of the rows q selects. Each (biz type, status) is one ordered,
-// limited range of the index (biz_type, status, created_at) — which holds the id after
-// created_at, so the range reads only index entries — the parts joined with UNION ALL and
-// merged by the server; the page's rows are then read by primary key. A page costs the
-// same on a million rows as on a hundred, and counts nothing. Selecting the rows' other
-// columns in the ranges themselves would let the optimizer prefer a scan of the whole
-// (biz type, status) prefix filtered by the time bounds (measured: tens of thousands of
-// entries read for a page of 50); the ids first keep every range covered by the index.
-// Keys read the unique key (dedup_key, biz_type) instead; a reason (not in the index)
-// filters the failed rows' range.
+// Page returns one page of the rows q selects. Each pair of biz type and status is one
+// ordered, limited range of the index on biz_type, status and created_at. The index holds
+// the id after created_at, so the range reads only index entries. The parts are joined
+// with UNION ALL and merged by the server. The page's rows are then read by primary key. A
+// page costs the same on a million rows as on a hundred, and counts nothing.
+//
+// The ranges select only ids. Selecting the rows' other columns in the ranges themselves
+// would let the optimizer prefer a scan of the whole prefix of biz type and status,
+// filtered by the time bounds. That scan reads far more index entries than a page needs.
+// Selecting the ids first keeps every range covered by the index. Keys read the unique key
+// on dedup_key and biz_type instead. A reason, which is not in the index, filters the
+// failed rows' range.
 func (s *Store) Page(ctx context.Context, q PageQuery) (Page, error) {
 	query, args, err := s.pageSQL(q)
 	if err != nil || query == "" {
@@ -173,7 +179,7 @@ func (s *Store) Page(ctx context.Context, q PageQuery) (Page, error) {
 	return p, nil
 }
 
-// pageSQL is Page's statement; "" when q can select nothing.
+// pageSQL is Page's statement. It is "" when q can select nothing.
 func (s *Store) pageSQL(q PageQuery) (string, []any, error) {
 	if err := q.validate(); err != nil {
 		return "", nil, err
@@ -277,7 +283,7 @@ func (q PageQuery) validate() error {
 	return nil
 }
 
-// placeholders returns "(?, ?, ..., ?)" with n marks (n > 0).
+// placeholders returns "(?, ?, ..., ?)" with n marks, for n above 0.
 func placeholders(n int) string {
 	return "(?" + strings.Repeat(", ?", n-1) + ")"
 }

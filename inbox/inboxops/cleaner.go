@@ -16,12 +16,13 @@ import (
 // Cleaner deletes expired 'done' rows in small batches so the inbox never becomes a second
 // main table. 'processing' and 'failed' rows are kept for the operator whatever their age.
 //
-// It reads the oldest 'done' rows of each biz type in receive order (the inbox's one
-// secondary index, (biz_type, status, created_at), migrations/00008) and deletes those whose
-// expire_at passed, stopping at the first that has not: expire_at is created_at +
-// inbox.retention, so receive order is expiry order, and a sweep reads only the rows it
-// deletes and one batch more. After inbox.retention is shortened, rows received later under
-// the shorter retention wait for the older rows to expire first: deleted late, never early.
+// It reads the oldest 'done' rows of each biz type in receive order. It uses the inbox's
+// one secondary index, on biz_type, status and created_at, from migration 00008. It
+// deletes the rows whose expire_at passed, and stops at the first that has not. expire_at
+// is created_at plus inbox.retention, so receive order is expiry order. A sweep reads only
+// the rows it deletes and one batch more. When inbox.retention is shortened, rows received
+// later under the shorter retention wait for the older rows to expire first. So they are
+// deleted late, never early.
 type Cleaner struct {
 	db     *sql.DB
 	d      dbx.Dialect
@@ -42,8 +43,8 @@ func NewCleaner(db *sql.DB, cfg inbox.CleanerConfig, logger watermill.LoggerAdap
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	// The DISTINCT jumps from one biz type to the next in the index; oldest reads a range of
-	// it in order (created_at, then the primary key the index ends with).
+	// The DISTINCT jumps from one biz type to the next in the index. oldest reads a range
+	// of it in order, by created_at, then by the primary key the index ends with.
 	d := dbx.DialectOf(db)
 	var delRep string
 	switch {
@@ -58,8 +59,8 @@ func NewCleaner(db *sql.DB, cfg inbox.CleanerConfig, logger watermill.LoggerAdap
 		del:    fmt.Sprintf("DELETE FROM %s WHERE status = 'done' AND expire_at < ? AND id IN ", cfg.Table)}, nil
 }
 
-// RunOnce deletes every 'done' row that expired before now, biz type by biz type, one batch
-// per statement, oldest first (see Cleaner).
+// RunOnce deletes every 'done' row that expired before now. It goes biz type by biz type,
+// one batch per statement, oldest first, as Cleaner describes.
 func (c *Cleaner) RunOnce(ctx context.Context, now time.Time) (int64, error) {
 	var types []string
 	rows, err := c.db.QueryContext(ctx, c.types)
@@ -97,7 +98,7 @@ func (c *Cleaner) RunOnce(ctx context.Context, now time.Time) (int64, error) {
 	return total, nil
 }
 
-// sweep deletes the expired rows among the oldest BatchSize 'done' rows of bizType; more
+// sweep deletes the expired rows among the oldest BatchSize 'done' rows of bizType. more
 // reports whether the next batch may hold expired rows too.
 func (c *Cleaner) sweep(ctx context.Context, bizType string, now time.Time) (deleted int64, more bool, err error) {
 	rows, err := c.db.QueryContext(ctx, c.oldest, now, bizType)
@@ -146,8 +147,8 @@ func (c *Cleaner) sweep(ctx context.Context, bizType string, now time.Time) (del
 	if err != nil {
 		return 0, false, err
 	}
-	// A full batch of expired rows, all deleted: there may be more. (A row reopened by a
-	// replay in between is left, and ends the sweep rather than being read again.)
+	// A full batch of expired rows was deleted, so there may be more. A row reopened by a
+	// replay in between is left, and ends the sweep rather than being read again.
 	return n, !reachedLive && read == c.cfg.BatchSize && n == int64(len(ids)), nil
 }
 

@@ -1,5 +1,5 @@
-// Package inboxops is the inbox as an operator tool sees it: its rows read and paged
-// (Store), quarantined rows replayed through an inbox's handler (Replay, recorded in the
-// replay table), and the retention cleaner (Cleaner). The runtime's command line and
-// console use it; a plugin needs none of it.
+// Package inboxops is the inbox as an operator tool sees it. Store reads and pages its
+// rows. Replay runs quarantined rows again through an inbox's handler, and records the
+// replay in the replay table. Cleaner is the retention cleaner. The runtime's command line
+// and console use the package, and a plugin needs none of it.
 package inboxops

@@ -12,14 +12,15 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// ReplayTable records every replay (see migrations/00002).
+// ReplayTable records every replay. Migration 00002 creates it.
 const ReplayTable = "replay"
 
-// ReplayRowTable lists the inbox rows each replay stamped (see migrations/00007), whatever
-// the inbox table: `--replay-id` reads it instead of an index on inbox.replay_id.
+// ReplayRowTable lists the inbox rows each replay stamped, whatever the inbox table.
+// Migration 00007 creates it. `--replay-id` reads it instead of an index on
+// inbox.replay_id.
 const ReplayRowTable = "replay_row"
 
-// Replay outcomes, as stored in replay.outcome.
+// The replay outcomes are stored in replay.outcome.
 const (
 	ReplayOK          = "ok"          // every selected row ran; none came back quarantined
 	ReplayPartial     = "partial"     // some rows were quarantined again (cause not fixed, or poison) or refused
@@ -32,16 +33,17 @@ type ReplayOptions struct {
 	// Filter selects the rows; its BizType must be empty or the inbox's. Rows created after
 	// the replay starts are never selected.
 	Filter Filter
-	// DryRun selects and records the replay (dry_run = 1) but runs nothing.
+	// DryRun selects and records the replay, with dry_run = 1, but runs nothing.
 	DryRun bool
-	// Rate limits replayed messages per second; 0 means no limit.
+	// Rate limits replayed messages per second. 0 means no limit.
 	Rate float64
-	// OnRow, when set, is called after each row with its inbox.Result; a dry run's is the outcome
-	// known before running: refused, quarantined (it does not decode), duplicate (done),
-	// else none (inbox.Outcome "": the handler decides). The replay keeps no row: what a caller
-	// wants to show of them, it takes here.
+	// OnRow, when set, is called after each row with its inbox.Result. A dry run's result
+	// is the outcome known before running. It is refused, quarantined for a row that does
+	// not decode, or duplicate for a done row. Otherwise its inbox.Outcome is "", because
+	// the handler decides. The replay keeps no row, so a caller takes here what it wants to
+	// show of them.
 	OnRow func(Row, inbox.Result)
-	// PageSize is how many rows one query reads; 0 means 200. A page is replayed before the
+	// PageSize is how many rows one query reads. 0 means 200. A page is replayed before the
 	// next is read, so memory holds one page whatever the selection's size.
 	PageSize int
 }
@@ -59,9 +61,10 @@ type ReplayReport struct {
 	Conflicts   int    `json:"conflicts"`
 	Poison      int    `json:"poison"`   // selected rows that cannot be decoded (re-quarantined)
 	WasDone     int    `json:"was_done"` // selected rows already done (come back as duplicates)
-	// Refused: selected rows not run, as they hold less than the delivered message
-	// (Row.Replayable); they stay quarantined. The replay table has no column for them: a
-	// loaded replay that ran counts them as the selected rows no other count holds.
+	// Refused counts selected rows not run, because they hold less than the delivered
+	// message, as Row.Replayable reports. They stay quarantined. The replay table has no
+	// column for them. A loaded replay that ran counts them as the selected rows no other
+	// count holds.
 	Refused    int       `json:"refused"`
 	Outcome    string    `json:"outcome"` // ok, partial, interrupted, dry_run
 	Error      string    `json:"error,omitempty"`
@@ -69,17 +72,22 @@ type ReplayReport struct {
 	FinishedAt time.Time `json:"finished_at"`
 }
 
-// Replay re-runs the stored messages opts.Filter selects through ib's handler, exactly as a
-// live delivery runs (Process with Reopen and the replay's id): a 'failed' row runs again, a
-// 'processing' row resumes where its handler left it, a 'done' row is a duplicate and
-// changes nothing, a poison row cannot be decoded and is quarantined again, and a row that
-// holds less than the delivered message (Row.Replayable) is refused: not run, left as it
-// is. A dry run reports, row by row, what the replay decides by the same decision. The
-// replay is recorded in the replay table and its id stamped on the rows it re-ran.
+// Replay runs the stored messages opts.Filter selects again through ib's handler, exactly
+// as a live delivery runs. It calls Process with Reopen and the replay's id.
 //
-// The returned error is non-nil only when the replay could not run to its end (selection or
-// bookkeeping failed, database unreachable, context cancelled); the report then says how far
-// it got.
+//   - A 'failed' row runs again.
+//   - A 'processing' row resumes where its handler left it.
+//   - A 'done' row is a duplicate and changes nothing.
+//   - A poison row cannot be decoded, and is quarantined again.
+//   - A row that holds less than the delivered message, as Row.Replayable reports, is
+//     refused. It is not run, and left as it is.
+//
+// A dry run reports, row by row, what the replay decides by the same decision. The replay
+// is recorded in the replay table, and its id is stamped on the rows it ran again.
+//
+// The returned error is non-nil only when the replay could not run to its end. The
+// selection or the bookkeeping may have failed, the database may have been unreachable, or
+// the context cancelled. The report then says how far the replay got.
 func Replay(ctx context.Context, ib *inbox.Inbox, opts ReplayOptions) (ReplayReport, error) {
 	f := opts.Filter
 	biz, db := ib.BizType(), ib.DB()
@@ -124,7 +132,8 @@ func Replay(ctx context.Context, ib *inbox.Inbox, opts ReplayOptions) (ReplayRep
 		rep.Outcome = ReplayOK
 	}
 	rep.FinishedAt = time.Now().UTC()
-	// Record the end even when ctx was cancelled: the operator must see how far it got.
+	// Record the end even when ctx was cancelled, because the operator must see how far it
+	// got.
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	_, ferr := db.ExecContext(fctx, store.d.Rebind("UPDATE "+ReplayTable+` SET finished_at = ?, selected = ?, processed = ?, duplicate = ?,
@@ -142,9 +151,9 @@ func Replay(ctx context.Context, ib *inbox.Inbox, opts ReplayOptions) (ReplayRep
 // defaultReplayPage is ReplayOptions.PageSize's default.
 const defaultReplayPage = 200
 
-// replayRows pages through the rows f selects by id — id > the last row seen, id <= maxID,
-// ORDER BY id LIMIT page — and replays each page before reading the next: memory holds one
-// page, however many rows match.
+// replayRows pages through the rows f selects by id, and replays each page before reading
+// the next. A page holds the rows with an id above the last row seen and at most maxID, in
+// id order, up to the page size. So memory holds one page, however many rows match.
 func replayRows(ctx context.Context, ib *inbox.Inbox, store *Store, f Filter, maxID int64, opts ReplayOptions, rep *ReplayReport) error {
 	if maxID == 0 {
 		return nil
@@ -165,8 +174,9 @@ func replayRows(ctx context.Context, ib *inbox.Inbox, store *Store, f Filter, ma
 		if f.Limit > 0 {
 			page.Limit = min(size, f.Limit-rep.Selected)
 		}
-		// Keyset paging: rows change status as they are replayed, so an OFFSET would skip
-		// some; rows created after the start (id > maxID) are not part of this replay.
+		// Paging is by key, because rows change status as they are replayed, and an OFFSET
+		// would skip some. Rows created after the start, with an id above maxID, are not
+		// part of this replay.
 		rows, err := store.list(ctx, page, after, maxID)
 		if err != nil {
 			return err
@@ -234,10 +244,11 @@ func replayRows(ctx context.Context, ib *inbox.Inbox, store *Store, f Filter, ma
 }
 
 // replayPlan is the one decision of what a replay does with row, for the dry run and the
-// replay alike: run reports whether it goes through Process; known is the outcome known
-// before running, in Process's order — refused (the row holds less than the delivered
-// message: never run), quarantined again (it does not decode), duplicate (done) — else a
-// inbox.Result without an inbox.Outcome (the handler decides).
+// replay alike. run reports whether the row goes through Process. known is the outcome
+// known before running, in Process's order. A row that holds less than the delivered
+// message is refused and never run. A row that does not decode is quarantined again. A
+// done row is a duplicate. Otherwise known is an inbox.Result without an inbox.Outcome,
+// because the handler decides.
 func replayPlan(ib *inbox.Inbox, row Row) (run bool, known inbox.Result) {
 	known = inbox.Result{InboxID: row.ID, Key: row.DedupKey}
 	if err := row.Replayable(); err != nil {
@@ -265,8 +276,9 @@ func nullString(s string) any {
 }
 
 // StoredRefused returns the refused rows of a replay as read from the replay table, which
-// keeps no count of them: the selected rows no other count holds (every row a replay runs
-// ends processed, duplicate, quarantined or conflict); 0 for a dry run.
+// keeps no count of them. They are the selected rows no other count holds, because every
+// row a replay runs ends processed, duplicate, quarantined or conflict. StoredRefused
+// returns 0 for a dry run.
 func StoredRefused(r ReplayReport) int {
 	if r.DryRun {
 		return 0

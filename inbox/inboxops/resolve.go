@@ -16,18 +16,19 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// ReplayResolved is the outcome the replay table records for a resolution (Store.Resolve):
-// one row selected, none run, the operator's reason in its error column.
+// ReplayResolved is the outcome the replay table records for a resolution by
+// Store.Resolve. The resolution selects one row and runs none, and its error column holds
+// the operator's reason.
 const ReplayResolved = "resolved"
 
 // MaxResolveReason bounds the reason an operator gives for a resolution, in bytes.
 const MaxResolveReason = 500
 
-// ErrNotQuarantined is Store.Resolve's error for a row that is not quarantined: done,
-// processing, or waiting for a delayed redelivery.
+// ErrNotQuarantined is Store.Resolve's error for a row that is not quarantined. Such a row
+// is done, processing, or waiting for a delayed redelivery.
 var ErrNotQuarantined = errors.New("not quarantined")
 
-// ErrBadReason is Store.Resolve's error for a reason it refuses (CheckResolveReason).
+// ErrBadReason is Store.Resolve's error for a reason that CheckResolveReason refuses.
 var ErrBadReason = errors.New("bad reason")
 
 // Resolution is what Store.Resolve did.
@@ -38,8 +39,9 @@ type Resolution struct {
 }
 
 // CheckResolveReason returns the reason an operator gives for a resolution as it is
-// stored, trimmed of surrounding spaces, or an error wrapping ErrBadReason: it must say
-// something, in at most MaxResolveReason bytes of UTF-8 without control characters.
+// stored, trimmed of surrounding spaces. The reason must say something, in at most
+// MaxResolveReason bytes of UTF-8 without control characters. Otherwise CheckResolveReason
+// returns an error wrapping ErrBadReason.
 func CheckResolveReason(reason string) (string, error) {
 	r := strings.TrimSpace(reason)
 	switch {
@@ -55,15 +57,19 @@ func CheckResolveReason(reason string) (string, error) {
 	return r, nil
 }
 
-// Resolve marks the quarantined row id resolved: the operator says its key needs nothing
-// more, its cause dealt with otherwise (the corrected record processed under its own key,
-// say). In one transaction the row becomes 'done' with reason inbox.ReasonResolved, its last
-// error the reason given followed by what it was quarantined for, and the resolution is
-// recorded in the replay table (outcome ReplayResolved, the reason in its error column, the
-// row stamped as a replay stamps it). The row then no longer counts as failed, and a later
-// delivery of its key with the same fingerprint is a duplicate: counted, never run, as for
-// any done row. What the handler committed for the key stays as it is. A row that is not
-// quarantined is refused with ErrNotQuarantined, one that does not exist with ErrNoRow.
+// Resolve marks the quarantined row id resolved. The operator says that its key needs
+// nothing more, because its cause was dealt with otherwise. For example, the corrected
+// record was processed under its own key.
+//
+// In one transaction the row becomes 'done' with reason inbox.ReasonResolved. Its last
+// error becomes the reason given, followed by what it was quarantined for. The resolution
+// is recorded in the replay table, with outcome ReplayResolved and the reason in its error
+// column. The row is stamped as a replay stamps it.
+//
+// The row then no longer counts as failed. A later delivery of its key with the same
+// fingerprint is a duplicate, counted and never run, as for any done row. What the handler
+// committed for the key stays as it is. A row that is not quarantined is refused with
+// ErrNotQuarantined, and one that does not exist with ErrNoRow.
 func (s *Store) Resolve(ctx context.Context, id int64, reason string) (Resolution, error) {
 	res := Resolution{}
 	r, err := CheckResolveReason(reason)

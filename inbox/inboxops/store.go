@@ -21,22 +21,25 @@ import (
 // Filter selects inbox rows for inspection and replay. Zero fields match everything.
 type Filter struct {
 	BizType string `json:"biz_type,omitempty"`
-	// Statuses: any of them; empty means every status.
+	// Statuses selects rows of any of these statuses. Empty means every status.
 	Statuses []inbox.Status `json:"statuses,omitempty"`
-	// OlderThan: rows last updated more than this long ago (for 'processing': stuck rows).
+	// OlderThan selects rows last updated more than this long ago. For 'processing' rows
+	// that means stuck rows.
 	OlderThan time.Duration `json:"older_than,omitempty"`
-	// Reasons: failed rows' reasons (inbox.Reason), any of them.
+	// Reasons selects failed rows with any of these reasons.
 	Reasons []inbox.Reason `json:"reasons,omitempty"`
-	// Keys: dedup keys (order ids), any of them.
+	// Keys selects rows with any of these dedup keys, such as order ids.
 	Keys []string `json:"keys,omitempty"`
-	// Refs: row ids or dedup keys, any of them (`router inbox show 42`, `show ord-1`).
+	// Refs selects rows by any of these row ids or dedup keys, as in `router inbox show 42`
+	// and `show ord-1`.
 	Refs []string `json:"refs,omitempty"`
-	// Since and Until bound created_at (when the key was first received): [Since, Until).
+	// Since and Until bound created_at, when the key was first received. Since is
+	// inclusive and Until exclusive.
 	Since time.Time `json:"since,omitzero"`
 	Until time.Time `json:"until,omitzero"`
-	// ReplayID: rows stamped by this replay.
+	// ReplayID selects rows stamped by this replay.
 	ReplayID int64 `json:"replay_id,omitempty"`
-	// Limit caps the number of rows; 0 means no limit.
+	// Limit caps the number of rows. 0 means no limit.
 	Limit int `json:"limit,omitempty"`
 }
 
@@ -56,8 +59,8 @@ var Reasons = []inbox.Reason{inbox.ReasonPoison, inbox.ReasonConflict, inbox.Rea
 // reasonsText lists the reasons ParseReason accepts.
 const reasonsText = "use poison, conflict, retries_exhausted, permanent, data, panic, timeout, delayed, or resolved for the rows an operator resolved"
 
-// ParseReason accepts the reasons of Reasons, and inbox.ReasonResolved: the reason of a
-// done row an operator resolved (Store.Resolve).
+// ParseReason accepts the reasons of Reasons, and inbox.ReasonResolved. That is the reason
+// of a done row an operator resolved with Store.Resolve.
 func ParseReason(s string) (inbox.Reason, error) {
 	r := inbox.Reason(strings.ToLower(strings.TrimSpace(s)))
 	if slices.Contains(Reasons, r) || r == inbox.ReasonResolved {
@@ -108,10 +111,11 @@ type Row struct {
 	Partition   int32        `json:"partition"`
 	Offset      int64        `json:"offset"`
 	Payload     []byte       `json:"-"`
-	// Tombstone: the record had no value (Payload is empty).
+	// Tombstone reports that the record had no value, and Payload is empty.
 	Tombstone bool `json:"tombstone,omitempty"`
-	// PayloadSize is the value's size when Payload holds less than it (a prefix of a value
-	// over inbox.max_payload_bytes, or nothing in a minimal quarantine row); 0 otherwise.
+	// PayloadSize is the value's size when Payload holds less than it. Payload then holds
+	// a prefix of a value over inbox.max_payload_bytes, or nothing in a minimal quarantine
+	// row. PayloadSize is 0 otherwise.
 	PayloadSize int64             `json:"payload_size,omitempty"`
 	Metadata    map[string]string `json:"metadata,omitempty"`
 	Fingerprint string            `json:"fingerprint"`
@@ -122,7 +126,7 @@ type Row struct {
 	CreatedAt   time.Time         `json:"created_at"`
 	UpdatedAt   time.Time         `json:"updated_at"`
 	ExpireAt    time.Time         `json:"expire_at"`
-	// RetryAt: a row waiting for a delayed redelivery (Delayed) runs again then.
+	// RetryAt is when a row waiting for a delayed redelivery runs again. See Delayed.
 	RetryAt *time.Time `json:"retry_at,omitempty"`
 	// DelayedRounds counts the delayed redeliveries the row had.
 	DelayedRounds int `json:"delayed_rounds,omitempty"`
@@ -131,13 +135,13 @@ type Row struct {
 	bare  bool // metadata is SQL NULL: a minimal row (a Page's rows read JSON null instead)
 }
 
-// Delayed reports whether r waits for a delayed redelivery (status failed, reason delayed):
-// not quarantined, its next attempt at RetryAt.
+// Delayed reports whether r waits for a delayed redelivery, with status failed and reason
+// delayed. Such a row is not quarantined, and its next attempt is at RetryAt.
 func (r Row) Delayed() bool {
 	return r.Status == inbox.StatusFailed && r.Reason == string(inbox.ReasonDelayed)
 }
 
-// StatusText is r's status as the operator reads it: a row waiting for a delayed
+// StatusText is r's status as the operator reads it. A row waiting for a delayed
 // redelivery is "delayed (next attempt at …)", not failed.
 func (r Row) StatusText() string {
 	if !r.Delayed() {
@@ -152,12 +156,12 @@ func (r Row) StatusText() string {
 // ErrNotReplayable is what Row.Replayable wraps.
 var ErrNotReplayable = errors.New("not replayable")
 
-// Replayable returns nil when r holds its message as it was delivered, else an error
-// wrapping ErrNotReplayable that says what was cut: a value over inbox.max_payload_bytes
-// (a prefix is stored), headers over inbox.max_metadata_bytes (stored capped), or a minimal
-// row (neither stored). Running what is left would run a message nobody sent, so a replay
-// refuses such a row and leaves it quarantined for inspection. r must be read in full
-// (Store.Get, List): a Page's rows carry no metadata.
+// Replayable returns nil when r holds its message as it was delivered. Otherwise it
+// returns an error wrapping ErrNotReplayable that says what was cut. A value over
+// inbox.max_payload_bytes is stored as a prefix. Headers over inbox.max_metadata_bytes are
+// stored capped. A minimal row stores neither. Running what is left would run a message
+// nobody sent. So a replay refuses such a row and leaves it quarantined for inspection. r
+// must be read in full, by Store.Get or List, because a Page's rows carry no metadata.
 func (r Row) Replayable() error {
 	_, capped := r.Metadata[inbox.MetadataTruncatedKey]
 	switch {
@@ -173,16 +177,16 @@ func (r Row) Replayable() error {
 	return nil
 }
 
-// Poison reports whether the row holds a message that could not be decoded: replaying it
+// Poison reports whether the row holds a message that could not be decoded. Replaying it
 // quarantines it again.
 func (r Row) Poison() bool { return r.Reason == string(inbox.ReasonPoison) }
 
-// Truncated reports whether the row holds less than the message's value: it cannot be
-// replayed.
+// Truncated reports whether the row holds less than the message's value. Such a row
+// cannot be replayed.
 func (r Row) Truncated() bool { return r.PayloadSize > 0 }
 
-// Message rebuilds the stored message (uuid, payload, metadata) for a replay; a tombstone's
-// payload is nil, as it was delivered.
+// Message rebuilds the stored message, with its uuid, payload and metadata, for a replay.
+// A tombstone's payload is nil, as it was delivered.
 func (r Row) Message() *message.Message {
 	var payload []byte
 	if !r.Tombstone {
@@ -208,7 +212,7 @@ type Store struct {
 	table string
 }
 
-// NewStore returns a Store on table (default "inbox").
+// NewStore returns a Store on table, "inbox" by default.
 func NewStore(db *sql.DB, table string) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("inbox store: db is required")
@@ -231,8 +235,8 @@ func (s *Store) List(ctx context.Context, f Filter) ([]Row, error) {
 	return s.list(ctx, f, 0, 0)
 }
 
-// list adds keyset bounds (afterID < id <= maxID) used by replay to page through a
-// selection that it changes as it goes.
+// list adds bounds on the id, above afterID and at most maxID. Replay uses them to page
+// through a selection that it changes as it goes.
 func (s *Store) list(ctx context.Context, f Filter, afterID, maxID int64) ([]Row, error) {
 	if err := f.Validate(); err != nil {
 		return nil, err
@@ -273,7 +277,7 @@ func (s *Store) list(ctx context.Context, f Filter, afterID, maxID int64) ([]Row
 	return out, nil
 }
 
-// MaxID returns the highest row id (0 for an empty table).
+// MaxID returns the highest row id, or 0 for an empty table.
 func (s *Store) MaxID(ctx context.Context) (int64, error) {
 	var id sql.NullInt64
 	if err := s.db.QueryRowContext(ctx, "SELECT MAX(id) FROM "+s.table).Scan(&id); err != nil {
@@ -299,8 +303,8 @@ func (s *Store) Count(ctx context.Context, f Filter) (int, error) {
 	return n, nil
 }
 
-// CountUpTo counts the rows f selects, at most f.Limit of them (0: no limit): the count
-// reads no more index entries than that.
+// CountUpTo counts the rows f selects, at most f.Limit of them, or all when f.Limit is 0.
+// The count reads no more index entries than that.
 func (s *Store) CountUpTo(ctx context.Context, f Filter) (int, error) {
 	if f.Limit == 0 {
 		return s.Count(ctx, f)
@@ -334,8 +338,9 @@ func (f Filter) where(now time.Time) ([]string, []any) {
 	}
 	statuses := f.Statuses
 	if len(statuses) == 0 && (!f.Since.IsZero() || !f.Until.IsZero()) {
-		// Every status, named: the index (biz_type, status, created_at) then serves the
-		// time range as one range per status instead of a scan (migrations/00008).
+		// Every status is named. The index on biz_type, status and created_at, from
+		// migration 00008, then serves the time range as one range per status instead of a
+		// scan.
 		statuses = []inbox.Status{inbox.StatusProcessing, inbox.StatusDone, inbox.StatusFailed}
 	}
 	if len(statuses) > 0 {
@@ -388,7 +393,8 @@ func (f Filter) where(now time.Time) ([]string, []any) {
 		args = append(args, f.Until.UTC())
 	}
 	if f.ReplayID > 0 {
-		// replay_row lists the rows the replay stamped; a later replay may have re-stamped some.
+		// replay_row lists the rows the replay stamped. A later replay may have stamped
+		// some again.
 		where = append(where, "id IN (SELECT inbox_id FROM "+ReplayRowTable+" WHERE replay_id = ?) AND replay_id = ?")
 		args = append(args, f.ReplayID, f.ReplayID)
 	}
@@ -423,8 +429,8 @@ func scanRow(sc scanner) (Row, error) {
 	return r, nil
 }
 
-// validText returns s as valid UTF-8 (each invalid byte sequence replaced by U+FFFD) of at
-// most max bytes, cut on a character boundary.
+// validText returns s as valid UTF-8 of at most max bytes, cut on a character boundary.
+// Each invalid byte sequence is replaced by U+FFFD.
 func validText(s string, max int) string {
 	if !utf8.ValidString(s) {
 		s = strings.ToValidUTF8(s, "\uFFFD")
