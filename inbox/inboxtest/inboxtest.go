@@ -1,29 +1,35 @@
 // Package inboxtest is the test kit for plugin authors. InMemory runs one message through a
-// handler without a database and records the rows and events it wrote: a plugin's first
-// unit test. Run runs a handler behind a real inbox, on a real database (a fresh one of DB),
-// with the deliveries Kafka makes in practice, and checks that every business key took
-// effect exactly once.
+// handler without a database, and records the rows and events it wrote. It serves a
+// plugin's first unit test. Run runs a handler behind a real inbox, on a fresh database
+// made by DB. It makes the deliveries Kafka makes in practice, and checks that every
+// business key took effect exactly once.
 //
-// Run delivers, for each of Options.Keys business keys, the message Options.Message builds
-// for it several times: Concurrent copies at once (two consumers after a rebalance, or a
-// producer's retries read in one window), then Redeliveries more one after another (an
-// offset commit lost after the work committed). Each copy is a new message (new uuid, new
-// offset) with the same payload, as a producer's duplicates are. Options.Poison messages —
-// payloads the handler must refuse, in Decode or with inbox.Permanent — are delivered
-// alongside, twice. And each transaction in which the handler finished a key's work (a step
-// of it) is rolled back after Handle returned, as if its commit had failed or the process
-// had died before it, Options.Rollbacks times before one is let through: the inbox retries
-// it, so an effect the handler made outside its transaction — through the pool, another
-// connection, a service without an idempotency key — shows up twice.
+// For each of Options.Keys business keys, Run delivers the message Options.Message builds
+// several times. First it delivers Concurrent copies at once, as two consumers do after a
+// rebalance, or as a producer's retries read in one window. Then it delivers Redeliveries
+// more, one after another, as after an offset commit lost once the work committed. Each
+// copy is a new message, with a new uuid and offset, and the same payload, as a producer's
+// duplicates are. Options.Poison messages are delivered alongside, twice. They are
+// payloads the handler must refuse, in Decode or with inbox.Permanent.
 //
-// AssertOncePerKey (or Report.OncePerKey) then checks the outcome: every delivery's outcome
-// was recorded; each key was processed exactly once (its other deliveries duplicates) and
-// its inbox row is done; each poison message was quarantined; and the effect the author
-// counts — a Counter, such as CountQuery("SELECT COUNT(*) FROM points WHERE order_id = ?")
-// or CountEvents("PointsCredited") — is exactly 1 for each key and 0 for each refused one.
+// Each transaction in which the handler finished a key's work, or a step of it, is rolled
+// back after Handle returned. It is as if its commit had failed or the process had died
+// before it. That happens Options.Rollbacks times before one transaction is let through.
+// The inbox retries the delivery. So an effect the handler made outside its transaction
+// shows up twice. Such an effect goes through the pool, another connection or a service
+// without an idempotency key.
 //
-// From examples/loyalty/points/points_test.go (grouped: one run without group commit, one
-// with it):
+// AssertOncePerKey, or Report.OncePerKey, then checks the outcome.
+//
+//   - Every delivery's outcome was recorded.
+//   - Each key was processed exactly once, its other deliveries were duplicates, and its
+//     inbox row is done.
+//   - Each poison message was quarantined.
+//   - The effect the author counts is exactly 1 for each key and 0 for each refused one.
+//     A Counter counts it, such as CountEvents("PointsCredited") or a CountQuery.
+//
+// This example comes from examples/loyalty/points/points_test.go. There grouped selects
+// one run without group commit and one with it.
 //
 //	d := inboxtest.DB(t, 8, migrations.Set{Name: points.Name, FS: points.Migrations})
 //	rep := inboxtest.Run(t, points.NewHandler("points-credited"), inboxtest.Options{
@@ -35,8 +41,8 @@
 //	inboxtest.AssertOncePerKey(t, rep, inboxtest.CountQuery("SELECT COUNT(*) FROM points_credit WHERE order_id = ?"))
 //	inboxtest.AssertOncePerKey(t, rep, inboxtest.CountEvents("PointsCredited"))
 //
-// Options.Grouped runs the same deliveries through the inbox's group commit (a Batcher) as
-// the router does. Like every integration test, Run fails when MariaDB is unreachable and
+// Options.Grouped runs the same deliveries through the inbox's group commit, a Batcher, as
+// the router does. Like every integration test, Run fails when MariaDB is unreachable, and
 // is skipped under go test -short.
 package inboxtest
 
@@ -55,53 +61,57 @@ import (
 	"github.com/onceflow/onceflow/migrations"
 )
 
-// Options describe a Run. Only Message is required; the zero value of every other field
+// Options describe a Run. Only Message is required. The zero value of every other field
 // stands for its default.
 type Options struct {
-	// Message builds the message of business key key: a payload the handler's Decode maps to
-	// that key. It is called once per key; every delivery of the key is a copy.
+	// Message builds the message of business key key, a payload the handler's Decode maps
+	// to that key. It is called once per key, and every delivery of the key is a copy.
 	Message func(key string) *message.Message
-	// Keys is how many business keys are delivered (default 20), named KeyPrefix followed by
-	// a number: key-000, key-001, ... (KeyPrefix default "key-").
+	// Keys is how many business keys are delivered, 20 by default. They are named
+	// KeyPrefix followed by a number, as in key-000, key-001 and so on. KeyPrefix is "key-"
+	// by default.
 	Keys      int
 	KeyPrefix string
-	// Concurrent is how many copies of each key are delivered at once; default 4. All keys'
-	// copies (and the poison messages) run at the same time.
+	// Concurrent is how many copies of each key are delivered at once, 4 by default. All
+	// keys' copies and the poison messages run at the same time.
 	Concurrent int
 	// Redeliveries is how many more copies of each key are delivered, one after another,
-	// once every concurrent copy has finished; default 2, negative: none.
+	// once every concurrent copy has finished. It is 2 by default, and a negative value
+	// delivers none.
 	Redeliveries int
-	// Rollbacks is how many times each transaction of a key is rolled back, after Handle (or
-	// HandleBatch) returned, before one is let through to commit; default 1, negative: none.
-	// The inbox retries such a delivery as it would after a failed commit, so each step of a
-	// multi-step handler is rolled back this many times before it commits (each counts as an
-	// attempt: keep Inbox.MaxAttempts above Rollbacks × steps).
+	// Rollbacks is how many times each transaction of a key is rolled back, after Handle
+	// or HandleBatch returned, before one is let through to commit. It is 1 by default, and
+	// a negative value rolls back none. The inbox retries such a delivery as it would after
+	// a failed commit. So each step of a multi-step handler is rolled back this many times
+	// before it commits. Each rollback counts as an attempt, so keep Inbox.MaxAttempts above
+	// Rollbacks × steps.
 	Rollbacks int
-	// Poison are messages the handler must refuse: undecodable ones, or ones Handle answers
-	// with inbox.Permanent. Each is delivered twice (the second a redelivery of the same
-	// record) and must end quarantined; a refused one whose key Decode read must have no
-	// effect.
+	// Poison are messages the handler must refuse. Decode cannot decode them, or Handle
+	// answers them with inbox.Permanent. Each is delivered twice, the second time as a
+	// redelivery of the same record, and must end quarantined. A refused message whose key
+	// Decode read must have no effect.
 	Poison []*message.Message
 
-	// Grouped delivers through a Batcher (group commit, Batch its configuration) instead of
-	// one delivery per transaction.
+	// Grouped delivers through a Batcher, by group commit, instead of one delivery per
+	// transaction. Batch configures the Batcher.
 	Grouped bool
 	Batch   inbox.BatchConfig
 
-	// Inbox configures the inbox. Defaults beyond the inbox's own: BizType "inboxtest",
-	// MaxAttempts 10 (the injected rollbacks count as attempts), backoff 1ms to 10ms.
+	// Inbox configures the inbox. Run sets defaults beyond the inbox's own. BizType is
+	// "inboxtest", and the backoff goes from 1ms to 10ms. MaxAttempts is 10, because the
+	// injected rollbacks count as attempts.
 	Inbox inbox.Config
 
-	// DB is the database to run in, made by DB with the plugin's migrations; nil: a fresh
-	// one with the framework's migrations and Migrations.
+	// DB is the database to run in, made by DB with the plugin's migrations. When it is
+	// nil, Run makes a fresh one with the framework's migrations and Migrations.
 	DB         *Database
 	Migrations []migrations.Set
-	// Setup, when set, runs on the database before the first delivery (tables of a plugin
-	// without migrations, rows the handler expects).
+	// Setup, when set, runs on the database before the first delivery. It may create the
+	// tables of a plugin without migrations, or rows the handler expects.
 	Setup func(t testing.TB, db Database)
 
-	// Timeout bounds the whole run; default 2m. Logger receives the inbox's log lines;
-	// default none.
+	// Timeout bounds the whole run, 2m by default. Logger receives the inbox's log lines,
+	// and by default none logs them.
 	Timeout time.Duration
 	Logger  watermill.LoggerAdapter
 }
@@ -142,9 +152,9 @@ func (o *Options) setDefaults() {
 // Topic is the topic the synthetic deliveries claim to come from.
 const Topic = "inboxtest"
 
-// Run delivers opts' messages to h behind an inbox and returns what happened; check it with
-// AssertOncePerKey. It fails t only when the run cannot be set up (database, inbox,
-// Batcher); what the deliveries did is the Report's.
+// Run delivers opts' messages to h behind an inbox and returns what happened. Check the
+// result with AssertOncePerKey. Run fails t only when the run cannot be set up, such as
+// its database, inbox or Batcher. The Report says what the deliveries did.
 func Run(t testing.TB, h inbox.Handler, opts Options) *Report {
 	t.Helper()
 	if opts.Message == nil {
@@ -229,7 +239,7 @@ func Run(t testing.TB, h inbox.Handler, opts Options) *Report {
 	}
 	rep.Poison = make([][]inbox.Result, len(opts.Poison))
 	poisonSrc := make([]inbox.Source, len(opts.Poison))
-	// Concurrent copies of every key, and each poison message, all at once.
+	// Deliver the concurrent copies of every key and each poison message, all at once.
 	for i, key := range rep.Keys {
 		for range opts.Concurrent {
 			src := inbox.Source{Topic: Topic, Partition: int32(i % 4), Offset: nextOffset()}
@@ -241,7 +251,8 @@ func Run(t testing.TB, h inbox.Handler, opts Options) *Report {
 		wg.Go(func() { deliver("", j, copyOf(m), poisonSrc[j]) })
 	}
 	wg.Wait()
-	// Then the redeliveries, one after another for each key; the poison records again.
+	// Then deliver the redeliveries, one after another for each key, and the poison
+	// records again.
 	for i, key := range rep.Keys {
 		wg.Go(func() {
 			for range opts.Redeliveries {
@@ -261,8 +272,8 @@ func Run(t testing.TB, h inbox.Handler, opts Options) *Report {
 	return rep
 }
 
-// copyOf is another message with m's payload and metadata: a new uuid, as a producer's
-// retry or a second send of the same event has.
+// copyOf is another message with m's payload and metadata. It has a new uuid, as a
+// producer's retry or a second send of the same event has.
 func copyOf(m *message.Message) *message.Message {
 	c := message.NewMessage(watermill.NewUUID(), append([]byte(nil), m.Payload...))
 	for k, v := range m.Metadata {
@@ -279,5 +290,5 @@ func deliveryName(key string, poison int) string {
 }
 
 // ErrInjectedRollback is the error Run gives the inbox in place of a finished handler's
-// success, so that its transaction rolls back (Options.Rollbacks).
+// success, so that its transaction rolls back. See Options.Rollbacks.
 var ErrInjectedRollback = errors.New("inboxtest: transaction rolled back after the handler returned (injected)")

@@ -16,40 +16,43 @@ import (
 	"github.com/onceflow/onceflow/internal/txdefer"
 )
 
-// The in-memory mode: a plugin's first unit test, without a database. InMemory runs one
-// message through a handler as the inbox runs a new business key — Decode, then Handle step
-// by step until Done (a Continue commits the step and calls Handle again) — in transactions
-// that write nothing: the rows the handler inserts through an inbox.Inserter and the events
-// it adds through an outbox.Writer are recorded instead, a step's only when it returns
-// without error (as its commit would). What it does not show is what the inbox adds on a
-// database: duplicates, concurrent copies, rolled-back commits, the tables' constraints and
-// an upsert's effect (an Inserter's ON DUPLICATE KEY UPDATE row is recorded as inserted).
-// Run does that, on a real one.
+// The in-memory mode serves a plugin's first unit test, without a database. InMemory runs
+// one message through a handler as the inbox runs a new business key. It runs Decode, then
+// Handle step by step until Done. A Continue commits the step and calls Handle again. The
+// transactions write nothing. InMemory records instead the rows the handler inserts
+// through an inbox.Inserter and the events it adds through an outbox.Writer. It records a
+// step's rows and events only when the step returns without error, as its commit would.
 //
-// A handler that runs SQL of its own (tx.ExecContext, a query) fails its step with
-// ErrOwnSQL: test it with Run.
+// The in-memory mode does not show what the inbox adds on a database. That covers
+// duplicates, concurrent copies, rolled-back commits, the tables' constraints and an
+// upsert's effect. An Inserter's ON DUPLICATE KEY UPDATE row is recorded as inserted. Run
+// shows all of that, on a real database.
+//
+// A handler that runs SQL of its own, such as tx.ExecContext or a query, fails its step
+// with ErrOwnSQL. Test such a handler with Run.
 
 // ErrOwnSQL is the error of a statement a handler ran on its transaction itself in the
 // in-memory mode, which records only Inserter rows and outbox events.
 var ErrOwnSQL = errors.New("inboxtest: the in-memory mode runs no SQL of the handler's own (only inbox.Inserter rows and outbox.Writer events are recorded): test this handler with inboxtest.Run on a database")
 
-// MaxSteps is the most Handle calls InMemory makes for one message (a handler that always
-// answers Continue fails).
+// MaxSteps is the most Handle calls InMemory makes for one message. A handler that always
+// answers Continue fails.
 const MaxSteps = 100
 
 // Outcome is what InMemory saw the handler do with one message.
 type Outcome struct {
 	Key         string // the business key Decode returned
 	Fingerprint string
-	// Poison: Decode refused the message (Err wraps inbox.ErrPoison): the inbox quarantines
-	// it and never calls Handle.
+	// Poison reports that Decode refused the message, and Err wraps inbox.ErrPoison. The
+	// inbox quarantines such a message and never calls Handle.
 	Poison bool
-	// Steps is how many Handle calls were made (the last one failed when Err is set).
+	// Steps is how many Handle calls were made. The last one failed when Err is set.
 	Steps    int
 	Progress inbox.Progress // what the last Handle call returned
-	// Err is Decode's error (Poison), or the error of the failed step: a panic, an invalid
-	// Progress, ErrOwnSQL, or the handler's own (errors.Is(Err, inbox.ErrPermanent): the
-	// inbox quarantines the message at once; any other is retried). Nil: the message is done.
+	// Err is Decode's error when Poison is set, or the error of the failed step. A step
+	// fails with a panic, an invalid Progress, ErrOwnSQL or the handler's own error. When
+	// errors.Is(Err, inbox.ErrPermanent), the inbox quarantines the message at once. It
+	// retries any other error. A nil Err means the message is done.
 	Err error
 	// Rows and Events are what the committed steps wrote, in order.
 	Rows   []Row
@@ -63,7 +66,7 @@ type Row struct {
 	Values  []any // in Columns' order, as given to Insert
 }
 
-// Value returns the row's value of column (nil when the table has no such column).
+// Value returns the row's value of column, or nil when the table has no such column.
 func (r Row) Value(column string) any {
 	for i, c := range r.Columns {
 		if c == column {
@@ -108,9 +111,9 @@ func (o Outcome) EventsOfType(typ string) []Event {
 	return out
 }
 
-// InMemory runs msg through h without a database (see ErrOwnSQL and Outcome) and returns
-// what it did. It fails t only when the mode itself breaks, never for what the handler did:
-// that is the Outcome's to assert.
+// InMemory runs msg through h without a database and returns what it did. See ErrOwnSQL
+// and Outcome. It fails t only when the mode itself breaks, never for what the handler
+// did. The test asserts that on the Outcome.
 func InMemory(t testing.TB, h inbox.Handler, msg *message.Message) Outcome {
 	t.Helper()
 	ctx := context.Background()
@@ -144,8 +147,8 @@ func InMemory(t testing.TB, h inbox.Handler, msg *message.Message) Outcome {
 	}
 }
 
-// decode runs h's Decode as the inbox does: an error, or a key that is empty, longer than
-// inbox.MaxKeyLen or not UTF-8, makes the message poison.
+// decode runs h's Decode as the inbox does. An error makes the message poison, and so does
+// a key that is empty, longer than inbox.MaxKeyLen or not UTF-8.
 func decode(h inbox.Handler, msg *message.Message) (dec inbox.Decoded, err error) {
 	defer func() {
 		if r := recover(); r != nil {
@@ -164,8 +167,8 @@ func decode(h inbox.Handler, msg *message.Message) (dec inbox.Decoded, err error
 	return dec, nil
 }
 
-// runStep runs one step (Prepare, when h has one, then Handle) in a transaction that
-// writes nothing, and returns the rows it deferred.
+// runStep runs one step in a transaction that writes nothing, and returns the rows it
+// deferred. The step runs h's Prepare, when h has one, then Handle.
 func runStep(ctx context.Context, t testing.TB, db *sql.DB, h inbox.Handler, d *inbox.Delivery) (rows []txdefer.Row, p inbox.Progress, err error) {
 	defer func() {
 		if r := recover(); r != nil {
@@ -261,7 +264,7 @@ func text(column string, v any) (string, error) {
 }
 
 // memConnector is a database/sql driver whose transactions commit nothing and refuse every
-// statement: the handler's *sql.Tx in the in-memory mode.
+// statement. It makes the handler's *sql.Tx in the in-memory mode.
 type memConnector struct{}
 
 func (memConnector) Connect(context.Context) (driver.Conn, error) { return memConn{}, nil }

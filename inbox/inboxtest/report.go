@@ -47,13 +47,13 @@ func (r *Report) String() string {
 		strings.Join(outcomes, ", "), len(r.Errors), r.Rollbacks)
 }
 
-// Counter counts the effects of business key key in db (rows, events, calls recorded by a
-// fake service...).
+// Counter counts the effects of business key key in db. Effects are rows, events, calls
+// recorded by a fake service and the like.
 type Counter func(ctx context.Context, db *sql.DB, key string) (int, error)
 
 // CountQuery counts with query, which takes the key as its one argument and returns one
-// number: "SELECT COUNT(*) FROM points_credit WHERE order_id = ?" ('?' whatever the
-// database: it is rebound for PostgreSQL).
+// number, as "SELECT COUNT(*) FROM points_credit WHERE order_id = ?" does. Write '?'
+// whatever the database, because the query is rebound for PostgreSQL.
 func CountQuery(query string) Counter {
 	return func(ctx context.Context, db *sql.DB, key string) (int, error) {
 		var n int
@@ -65,7 +65,7 @@ func CountQuery(query string) Counter {
 }
 
 // CountEvents counts the events of type eventType the handler stored for key in the outbox
-// table "outbox" (its Kafka key, outbox.Event.Key, must be the business key).
+// table "outbox". An event's Kafka key, outbox.Event.Key, must be the business key.
 func CountEvents(eventType string) Counter {
 	return func(ctx context.Context, db *sql.DB, key string) (int, error) {
 		var n int
@@ -80,15 +80,16 @@ func CountEvents(eventType string) Counter {
 // maxShown bounds the problems OncePerKey lists.
 const maxShown = 20
 
-// OncePerKey checks the run against the inbox's promise, count counting one key's effect:
-//   - every delivery's outcome was recorded;
-//   - each poison message was quarantined (its redelivery: a duplicate of the quarantined
-//     row), and count is 0 for those whose key Decode read;
-//   - each key was processed exactly once, every other delivery of it was a duplicate, and
-//     its inbox row is done;
+// OncePerKey checks the run against the inbox's promise. count counts one key's effect.
+//
+//   - Every delivery's outcome was recorded.
+//   - Each poison message was quarantined. Its redelivery was held as a duplicate of the
+//     quarantined row. count is 0 for the poison messages whose key Decode read.
+//   - Each key was processed exactly once, every other delivery of it was a duplicate, and
+//     its inbox row is done.
 //   - count is exactly 1 for each key.
 //
-// It returns nil, or an error listing the problems found (at most 20).
+// OncePerKey returns nil, or an error listing at most 20 of the problems found.
 func (r *Report) OncePerKey(count Counter) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -11,10 +11,11 @@ import (
 	"github.com/onceflow/onceflow/inbox"
 )
 
-// injector rolls back the transactions of each key the handler finished: of each key's
-// transactions, max are rolled back, then one is let through to commit, then max again...
-// So every step of a multi-step handler (each in a transaction of its own) is rolled back
-// max times before it commits, whatever the step index the inbox gives it on the retry.
+// injector rolls back the transactions of each key the handler finished. Of each key's
+// transactions, max are rolled back, then one is let through to commit, then max again,
+// and so on. Each step of a multi-step handler runs in a transaction of its own. So every
+// step is rolled back max times before it commits, whatever the step index the inbox gives
+// it on the retry.
 type injector struct {
 	max  int
 	mu   sync.Mutex
@@ -27,9 +28,9 @@ type keyState struct {
 	streak int     // rollbacks since
 }
 
-// after is called once the handler finished d's work in tx: it returns ErrInjectedRollback
-// when tx is to be rolled back. A later call in a transaction let through (more steps in it,
-// StepsPerTx) lets it through again.
+// after is called once the handler finished d's work in tx. It returns
+// ErrInjectedRollback when tx is to be rolled back. With StepsPerTx, a transaction let
+// through may run more steps. A later call in it lets it through again.
 func (in *injector) after(tx *sql.Tx, d *inbox.Delivery) error {
 	if in.max <= 0 {
 		return nil
@@ -59,8 +60,8 @@ func (in *injector) total() int {
 	return in.n
 }
 
-// wrap returns h with the rollbacks of in injected, implementing the same optional
-// interfaces the inbox looks for (Preparer, BatchHandler) and no others.
+// wrap returns h with the rollbacks of in injected. The result implements the same
+// optional interfaces the inbox looks for, Preparer and BatchHandler, and no others.
 func wrap(h inbox.Handler, in *injector) inbox.Handler {
 	b := &base{h: h, in: in}
 	p, isPrep := h.(inbox.Preparer)
@@ -109,7 +110,7 @@ type batch struct {
 }
 
 // HandleBatch rolls the whole batch back when one of its deliveries' transactions is to be
-// rolled back: the Batcher then runs each of them one at a time.
+// rolled back. The Batcher then runs each of them one at a time.
 func (w *batch) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Delivery) ([]inbox.Progress, error) {
 	ps, err := w.b.HandleBatch(ctx, tx, ds)
 	if err != nil {
