@@ -1,14 +1,17 @@
-// Package httpcmd serves plugins' HTTP commands (inbox.Command): requests that carry a
-// client token in the Idempotency-Key header, run through the inbox so the token is claimed
-// in the transaction of the command's effect. A retry with the same token gets the first
-// request's status and body back; a retry while the first request is still running gets
-// 409 with Retry-After; the same token with another body gets 422, and so does a request
-// whose values the database refuses (inbox.ReasonData). Nothing is ever run twice.
+// Package httpcmd serves plugins' HTTP commands, declared as inbox.Command. A request
+// carries a client token in the Idempotency-Key header. It runs through the inbox, so the
+// token is claimed in the transaction of the command's effect.
 //
-// A request that could not finish answers 503 only when nothing of it committed, and 504
-// when its outcome is unknown (it may have committed, or may still): after either, the
-// client retries with the same token until it gets another answer, never with a new one.
-// Every error answer's text is fixed: no Go, network or database error reaches a client.
+// A retry with the same token gets the first request's status and body back. A retry
+// while the first request is still running gets 409 with Retry-After. The same token with
+// another body gets 422. So does a request whose values the database refuses, with
+// inbox.ReasonData. Nothing is ever run twice.
+//
+// A request that could not finish answers 503 only when nothing of it committed. It
+// answers 504 when its outcome is unknown, because it may have committed, or may still.
+// After either, the client retries with the same token until it gets another answer,
+// never with a new token. Every error answer's text is fixed, so no Go, network or
+// database error reaches a client.
 package httpcmd
 
 import (
@@ -32,14 +35,15 @@ import (
 	"github.com/onceflow/onceflow/internal/settings"
 )
 
-// Runner runs a command's requests: its inbox (inbox.NewCommand; a transaction per
-// request) or that inbox's Batcher (requests that arrive together share a transaction).
+// Runner runs a command's requests. It is the command's inbox, made by inbox.NewCommand,
+// which runs a transaction per request. Or it is that inbox's Batcher, where requests that
+// arrive together share a transaction.
 type Runner interface {
 	RunCommand(ctx context.Context, req inbox.CommandRequest) (inbox.CommandResult, error)
 	BizType() string
 }
 
-// Route is one command as served: its method and path and what runs it.
+// Route is one command as served, with its method and path and what runs it.
 type Route struct {
 	Method string
 	Path   string
@@ -47,25 +51,27 @@ type Route struct {
 }
 
 // Config configures the handler. The tags declare the stock router's http.* settings of
-// the handler (internal/settings): key, default, range and help.
+// the handler, with their key, default, range and help. Package internal/settings reads
+// them.
 type Config struct {
-	// MaxBodyBytes: a larger request body is refused with 413.
+	// MaxBodyBytes bounds a request body. A larger one is refused with 413.
 	MaxBodyBytes int64 `key:"max_body_bytes" default:"65536" range:"1..16777216" help:"a larger request body is refused (413)"`
-	// RetryAfter is the Retry-After of a 409 (a request with the token is running), a 503
-	// (nothing committed) and a 504 (outcome unknown); default 1s.
+	// RetryAfter is the Retry-After of three answers. 409 says a request with the token is
+	// running. 503 says nothing committed. 504 says the outcome is unknown. RetryAfter is
+	// 1s by default.
 	RetryAfter time.Duration
 	// RequestTimeout bounds one request's run through the inbox.
 	RequestTimeout time.Duration `key:"request_timeout" default:"10s" range:"100ms..10m" help:"bound of one command request; a slower one answers 503 when nothing of it committed, else waits up to http.outcome_wait for its transaction"`
 	// OutcomeWait is how much longer a request whose RequestTimeout passed while its
-	// transaction was running waits for that transaction's outcome (group commit: the
-	// batch's transaction is not the request's to cancel) before answering 504.
+	// transaction was running waits for that transaction's outcome, before answering 504.
+	// Under group commit the batch's transaction is not the request's to cancel.
 	OutcomeWait time.Duration `key:"outcome_wait" default:"5s" range:"1ms..10m" help:"how much longer a request past http.request_timeout waits for the transaction it is part of (group commit); then it answers 504: outcome unknown, retry with the same Idempotency-Key"`
-	// Observe, when set, is called once per answered request (metrics); path and method are
-	// a route's, or "unmatched" and "-".
+	// Observe, when set, is called once per answered request, such as for metrics. path
+	// and method are a route's, or "unmatched" and "-".
 	Observe func(method, path string, status int, elapsed time.Duration)
 }
 
-// WithDefaults returns c with its zero settings set to their defaults, as New uses it; the
+// WithDefaults returns c with its zero settings set to their defaults, as New uses it. The
 // stock router's http.* defaults are these values.
 func (c Config) WithDefaults() Config {
 	c.setDefaults()
@@ -79,7 +85,7 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Validate reports the first invalid setting; it only checks (WithDefaults first).
+// Validate reports the first invalid setting. It only checks, so call WithDefaults first.
 func (c Config) Validate() error {
 	if err := settings.Check(c); err != nil {
 		return fmt.Errorf("httpcmd: %w", err)
@@ -90,7 +96,7 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Header names.
+// The header names httpcmd reads and writes.
 const (
 	HeaderKey      = "Idempotency-Key"
 	HeaderReplayed = "Idempotent-Replayed" // "true" on a response returned again to a retry
@@ -140,7 +146,7 @@ const (
 	textData         = "the database refused a value of this request (too long, out of range, not valid text, or against a constraint): the command was not completed and is kept for the operator (router inbox show). The same request is refused the same way every time: change it, and send the changed request under a new Idempotency-Key"
 )
 
-// errorBody is every error answer: {"error": "..."}.
+// errorBody is every error answer, {"error": "..."}.
 type errorBody struct {
 	Error   string `json:"error"`
 	Reason  string `json:"reason,omitempty"`
@@ -188,9 +194,9 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) int {
 	}
 
 	// A second request with a token whose first request is still running here is told to
-	// come back: it must not wait on the first one's row lock, nor run beside it. (Across
+	// come back. It must not wait on the first one's row lock, nor run beside it. Across
 	// routers, the database's row lock makes the second wait for the first and then return
-	// its response.)
+	// its response.
 	slot := ib.BizType() + "\x00" + token
 	h.mu.Lock()
 	_, busy := h.running[slot]
@@ -216,7 +222,8 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) int {
 		OutcomeWait: h.cfg.OutcomeWait})
 	switch {
 	case errors.Is(err, inbox.ErrBadRequest):
-		// The command's own reason (CheckIdempotencyKey, the plugin's Decode error text).
+		// The command's own reason, from CheckIdempotencyKey or the plugin's Decode error
+		// text.
 		return writeJSON(w, http.StatusBadRequest, errorBody{Error: strings.TrimPrefix(err.Error(), inbox.ErrBadRequest.Error()+": ")})
 	case errors.Is(err, inbox.ErrOutcomeUnknown):
 		h.logger.Error("HTTP command outcome unknown", err, watermill.LogFields{"path": r.URL.Path, "biz_type": ib.BizType()})
@@ -236,16 +243,16 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) int {
 	case inbox.OutcomeConflict:
 		return writeJSON(w, http.StatusUnprocessableEntity, errorBody{Error: "this Idempotency-Key was already used with a different request: use a new key for a new request", InboxID: res.InboxID})
 	}
-	// Quarantined. Values the database refuses are the request's own: no retry differs, the
-	// client has to change them.
+	// The request was quarantined. Values the database refuses are the request's own. No
+	// retry differs, so the client has to change them.
 	if res.Reason == inbox.ReasonData {
 		return writeJSON(w, http.StatusUnprocessableEntity, errorBody{Error: textData, Reason: string(res.Reason), InboxID: res.InboxID})
 	}
 	return writeJSON(w, http.StatusInternalServerError, errorBody{Error: textFailed, Reason: string(res.Reason), InboxID: res.InboxID})
 }
 
-// bodyError answers a request whose body could not be read, with a fixed text: the read's
-// error (addresses, Go's wording) goes to the log only.
+// bodyError answers a request whose body could not be read, with a fixed text. The read's
+// error, with its addresses and Go's wording, goes to the log only.
 func (h *Handler) bodyError(w http.ResponseWriter, r *http.Request, err error) int {
 	var tooLarge *http.MaxBytesError
 	var ne net.Error
