@@ -16,11 +16,12 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// BenchmarkBatcherProcess measures the Batcher's per-delivery path on the real database:
-// concurrent deliveries of new orders, as the router's handler goroutines make them, group
-// committed. The messages are made before the timer starts, so -benchmem's allocs/op is
-// what a delivery costs the inbox and its handler: with the coupon plugin's BatchHandler
-// (the router's path), and with a handler that does nothing (the inbox's own share).
+// BenchmarkBatcherProcess measures the Batcher's per-delivery path on the real database.
+// It makes concurrent deliveries of new orders, as the router's handler goroutines make
+// them, group committed. The messages are made before the timer starts. So -benchmem's
+// allocs/op is what a delivery costs the inbox and its handler. It runs with the coupon
+// plugin's BatchHandler, the router's path, and with a handler that does nothing, the
+// inbox's own share.
 func BenchmarkBatcherProcess(b *testing.B) {
 	testenv.Integration(b)
 	for _, tc := range []struct {
@@ -72,13 +73,14 @@ func BenchmarkBatcherProcess(b *testing.B) {
 }
 
 // TestBatcherAllocsPerDelivery bounds what a delivery of a full batch allocates in the
-// inbox's own path (a handler that does nothing): one batch of 256 new orders, counted from
-// when their callers start until every one has its outcome. The count does not depend on
-// timing: the batch goes when it is full.
+// inbox's own path, with a handler that does nothing. It counts one batch of 256 new
+// orders, from when their callers start until every one has its outcome. The count does
+// not depend on timing, because the batch goes when it is full.
 func TestBatcherAllocsPerDelivery(t *testing.T) {
 	testenv.Integration(t)
-	// MySQL family: 13 now; 29 with a closure of its own per row and every argument boxed
-	// per row. PostgreSQL's driver (pgx) encodes each argument on its own: 18–26.
+	// The MySQL family's bound leaves some room above its path's count. A closure per row
+	// and every argument boxed per row would exceed it. PostgreSQL's driver, pgx, encodes
+	// each argument on its own, so PostgreSQL's bound is higher.
 	const n = 256
 	most := 20.0
 	if testenv.Dialect().IsPostgres() {
@@ -126,8 +128,8 @@ func TestBatcherAllocsPerDelivery(t *testing.T) {
 	run("warm")
 	batches := bt.Stats().Batches
 	m := run("measured")
-	// One batch unless the callers took over a Linger to arrive (a loaded host): a few
-	// batches only add their fixed costs.
+	// There is one batch, unless the callers took over a Linger to arrive on a loaded
+	// host. A few batches only add their fixed costs.
 	batches = bt.Stats().Batches - batches
 	if per := float64(m) / n; per > most {
 		t.Errorf("%.1f allocations per delivery (%d batches), want at most %.0f", per, batches, most)

@@ -16,8 +16,8 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-// startBatchRouter runs the router's default path: the parallel subscriber (many messages
-// per partition in flight, per-key order) feeding a Batcher (group commit).
+// startBatchRouter runs the router's default path. The parallel subscriber, with many
+// messages per partition in flight in per-key order, feeds a Batcher for group commit.
 func startBatchRouter(t *testing.T, kc kafkax.Config, group, topic string, ib *inbox.Inbox, received *atomic.Int64) (stop func(), b *inbox.Batcher) {
 	t.Helper()
 	sub, err := kc.NewParallelSubscriber(group, kafkax.ParallelConfig{Window: 256}, watermill.NopLogger{})
@@ -36,8 +36,8 @@ func startBatchRouter(t *testing.T, kc kafkax.Config, group, topic string, ib *i
 	return stop, b
 }
 
-// eventsPerOrder checks the granted topic as read back: exactly one record and one event
-// id per order, and no event id twice.
+// eventsPerOrder checks the granted topic as read back. Each order has exactly one record
+// and one event id, and no event id comes twice.
 func eventsPerOrder(recs []kafkax.Record, orders int, orderID func(int) string) []string {
 	perOrder := map[string]int{}
 	ids := map[string]int{}
@@ -62,12 +62,12 @@ func eventsPerOrder(recs []kafkax.Record, orders int, orderID func(int) string) 
 	return bad
 }
 
-// The router's default path end to end on the real broker: 3,000 orders, each sent twice
-// as different messages, plus poison, consumed through the parallel subscriber and group
-// commit; a second router joins mid-run and the first leaves (partitions move with
-// messages in flight), and the exactly-once relay publishes. Every order gets one coupon
-// and exactly one CouponGranted record; the check that says so catches an injected
-// duplicate.
+// TestKafkaGroupCommitEndToEnd runs the router's default path end to end on the real
+// broker. 3,000 orders, each sent twice as different messages, and poison are consumed
+// through the parallel subscriber and group commit. A second router joins mid-run and the
+// first leaves, so partitions move with messages in flight. The exactly-once relay
+// publishes. Every order gets one coupon and exactly one CouponGranted record. The check
+// that says so catches an injected duplicate.
 func TestKafkaGroupCommitEndToEnd(t *testing.T) {
 	kc := testenv.Kafka(t)
 	kc.SessionTimeout = 6 * time.Second
@@ -117,8 +117,8 @@ func TestKafkaGroupCommitEndToEnd(t *testing.T) {
 		return n >= 2*orders/3, fmt.Sprintf("coupons=%d", n)
 	})
 	stopA()
-	// Every delivery beyond the first of an order is counted as a duplicate: at least the
-	// 3,000 duplicate messages, plus whatever the moves redelivered.
+	// Every delivery beyond the first of an order is counted as a duplicate. That is at
+	// least the 3,000 duplicate messages, plus whatever the moves redelivered.
 	waitFor(t, "every order granted, every duplicate counted, the poison quarantined, the outbox drained", 180*time.Second, func() (bool, string) {
 		c := count(t, db, "SELECT COUNT(*) FROM user_coupon")
 		q := count(t, db, "SELECT COUNT(*) FROM inbox WHERE status = 'failed' AND reason = 'poison'")
@@ -147,7 +147,7 @@ func TestKafkaGroupCommitEndToEnd(t *testing.T) {
 	if bad := eventsPerOrder(recs, orders, id); len(bad) > 0 {
 		t.Fatalf("granted topic: %d problems, first: %v", len(bad), bad[:min(5, len(bad))])
 	}
-	// The check can fail: a record published twice is caught.
+	// The check can fail. It catches a record published twice.
 	if bad := eventsPerOrder(append(recs, recs[len(recs)/2]), orders, id); len(bad) == 0 {
 		t.Fatal("an injected duplicate record went unnoticed")
 	}

@@ -8,9 +8,9 @@ import (
 	"time"
 )
 
-// TestBreakerCountsSuccessesWithoutTheLock: successes recorded from many goroutines at once
-// are all counted (the lock-free slots), and they keep the breaker closed against failures
-// under the ratio; without them the same failures open it.
+// TestBreakerCountsSuccessesWithoutTheLock checks that successes recorded from many
+// goroutines at once are all counted in the lock-free slots. They keep the breaker closed
+// against failures under the ratio. Without them the same failures open it.
 func TestBreakerCountsSuccessesWithoutTheLock(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -44,10 +44,11 @@ func TestBreakerCountsSuccessesWithoutTheLock(t *testing.T) {
 	}
 }
 
-// A half-open breaker's probe is a first attempt when one waits, never one of the retries
-// waiting beside it; once no first attempt waits (the probe said nothing, and its delivery
-// left), a retry probes. Without the preference the first waiter to wake takes the probe,
-// among 20 retries and one first attempt almost always a retry.
+// TestBreakerProbesWithAFirstAttempt checks that a half-open breaker's probe is a first
+// attempt when one waits, never one of the retries waiting beside it. Once no first
+// attempt waits, because the probe said nothing and its delivery left, a retry probes.
+// Without the preference, the first waiter to wake would take the probe. Among 20 retries
+// and one first attempt, that is almost always a retry.
 func TestBreakerProbesWithAFirstAttempt(t *testing.T) {
 	b := newBreaker(Config{BreakerFailureRatio: 0.5, BreakerMinCalls: 1, BreakerOpenFor: time.Hour}, nil)
 	b.record(false, verdictFailure, errors.New("provider down"))
@@ -74,7 +75,7 @@ func TestBreakerProbesWithAFirstAttempt(t *testing.T) {
 		defer b.mu.Unlock()
 		return b.fresh == 1
 	})
-	// The open interval passes: the breaker turns half-open at the next admission.
+	// The open interval passes, so the breaker turns half-open at the next admission.
 	b.mu.Lock()
 	b.since = time.Now().Add(-2 * time.Hour)
 	b.broadcastLocked()
@@ -83,7 +84,7 @@ func TestBreakerProbesWithAFirstAttempt(t *testing.T) {
 	if first.err != nil || !first.t.probe || first.t.retry {
 		t.Fatalf("the probe is %+v (%v), want the first attempt", first.t, first.err)
 	}
-	// Its delivery failed for its own sake: the probe says nothing, and a retry probes.
+	// Its delivery failed for its own sake. The probe says nothing, and a retry probes.
 	first.t.done(verdictNone)
 	next := <-probes
 	if next.err != nil || !next.t.probe || !next.t.retry {
@@ -96,8 +97,9 @@ func TestBreakerProbesWithAFirstAttempt(t *testing.T) {
 	}
 }
 
-// A first attempt that stops waiting (its context ends) is no longer counted as waiting, so
-// it leaves the next probe to the retries.
+// TestBreakerFirstAttemptLeavingLetsARetryProbe checks that a first attempt that stops
+// waiting, because its context ends, is no longer counted as waiting. So it leaves the
+// next probe to the retries.
 func TestBreakerFirstAttemptLeavingLetsARetryProbe(t *testing.T) {
 	b := newBreaker(Config{BreakerFailureRatio: 0.5, BreakerMinCalls: 1, BreakerOpenFor: time.Hour}, nil)
 	b.record(false, verdictFailure, errors.New("provider down"))
@@ -112,7 +114,8 @@ func TestBreakerFirstAttemptLeavingLetsARetryProbe(t *testing.T) {
 		defer b.mu.Unlock()
 		return b.fresh == 1
 	})
-	// Half-open with a probe running elsewhere; the first attempt stops waiting meanwhile.
+	// The breaker is half-open with a probe running elsewhere. The first attempt stops
+	// waiting meanwhile.
 	b.mu.Lock()
 	b.setLocked(BreakerHalfOpen, time.Now())
 	b.probing = true
@@ -121,7 +124,7 @@ func TestBreakerFirstAttemptLeavingLetsARetryProbe(t *testing.T) {
 	if err := <-fresh; !errors.Is(err, context.Canceled) {
 		t.Fatalf("the first attempt's wait ended with %v, want its context's error", err)
 	}
-	// The probe running says nothing: a retry takes the next one at once.
+	// The probe running says nothing, so a retry takes the next one at once.
 	b.record(true, verdictNone, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -37,9 +37,10 @@ func (p *slowPrepared) Prepare(ctx context.Context, _ *inbox.Delivery) error {
 	}
 }
 
-// inbox.max_in_flight_calls is one bound per inbox: the Batcher's prepares and those of the
-// one-at-a-time path take their slots from Config.MaxInFlightCalls, so the calls running at
-// once never pass it, whichever path runs them.
+// TestCallSlotsAreTheInboxs checks that inbox.max_in_flight_calls is one bound per inbox.
+// The Batcher's prepares and those of the one-at-a-time path take their slots from
+// Config.MaxInFlightCalls. So the calls running at once never pass it, whichever path runs
+// them.
 func TestCallSlotsAreTheInboxs(t *testing.T) {
 	const limit = 4
 	h := &slowPrepared{effects: newEffects()}

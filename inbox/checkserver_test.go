@@ -29,10 +29,10 @@ func (csHandler) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inb
 }
 
 // ownPool opens the test database as a user of the library would, with sql.Open and the
-// given DSN parameters (none: the server's default session isolation).
+// given DSN parameters. With none, the session has the server's default isolation.
 //
-// On PostgreSQL the parameters are the MySQL names' (tx_isolation) and values, given to
-// the session as default_transaction_isolation.
+// On PostgreSQL the parameters have the MySQL names, such as tx_isolation, and values.
+// They are given to the session as default_transaction_isolation.
 func ownPool(t *testing.T, d testenv.Database, params map[string]string) *sql.DB {
 	t.Helper()
 	if testenv.Dialect().IsPostgres() {
@@ -65,9 +65,10 @@ func ownPool(t *testing.T, d testenv.Database, params map[string]string) *sql.DB
 	return db
 }
 
-// TestCheckServerRefusesRepeatableRead: an inbox on a pool of one's own left at REPEATABLE
-// READ is refused by CheckServer with a clear error, and a delivery on it writes nothing
-// (its transactions are refused: dbx.InTx); the same database at READ COMMITTED passes.
+// TestCheckServerRefusesRepeatableRead checks that CheckServer refuses an inbox on a pool
+// of one's own left at REPEATABLE READ, with a clear error. A delivery on it writes
+// nothing, because dbx.InTx refuses its transactions. The same database at READ COMMITTED
+// passes.
 func TestCheckServerRefusesRepeatableRead(t *testing.T) {
 	d := testenv.DB(t, 2)
 	d.AdminExec(t, testenv.SQL("CREATE TABLE cs_effect (k VARCHAR(64) NOT NULL) ENGINE=InnoDB", "CREATE TABLE cs_effect (k VARCHAR(64) NOT NULL)"))
@@ -111,9 +112,9 @@ func TestCheckServerRefusesRepeatableRead(t *testing.T) {
 	}
 }
 
-// TestCheckServerPacket: a payload limit the server's max_allowed_packet cannot carry is
-// refused, with the limit that would fit. PostgreSQL has none below its 1 GB message: every
-// limit is accepted there.
+// TestCheckServerPacket checks that a payload limit the server's max_allowed_packet cannot
+// carry is refused, with the limit that would fit. PostgreSQL has no limit below its 1 GB
+// message, so every limit is accepted there.
 func TestCheckServerPacket(t *testing.T) {
 	d := testenv.DB(t, 2)
 	packet := int64(1 << 30)

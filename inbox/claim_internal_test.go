@@ -2,7 +2,8 @@ package inbox
 
 import "testing"
 
-// The one claim decision of both paths (Process, Batcher.runTx).
+// TestDecideClaim checks the one claim decision of both paths, Process and
+// Batcher.runTx.
 func TestDecideClaim(t *testing.T) {
 	row := func(s Status, fp string) inboxRow { return inboxRow{status: s, fingerprint: fp} }
 	for _, tc := range []struct {

@@ -7,7 +7,8 @@ import (
 	"github.com/onceflow/onceflow/internal/settings"
 )
 
-// The top of inbox.max_payload_bytes' range is the payload column's size, MaxPayloadLimit.
+// TestMaxPayloadLimitIsTheRange checks that the top of inbox.max_payload_bytes' range is
+// the payload column's size, MaxPayloadLimit.
 func TestMaxPayloadLimitIsTheRange(t *testing.T) {
 	for _, s := range settings.List(inbox.Config{}) {
 		if s.Key == "max_payload_bytes" {

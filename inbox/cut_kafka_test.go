@@ -19,12 +19,13 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-// Records over inbox.max_payload_bytes wait for a stalled database cut to their quarantine
-// form: while the inbox table is locked every record is read and held, and what the
-// subscriber holds is the cut prefixes (the budget's bytes stay below one whole record);
-// once the lock goes, each is quarantined with its full size and the sha256 of its whole
-// value, every good order is granted, and the committed offsets reach the end of both
-// partitions. Two big values with the same first 64 KiB stay two rows.
+// TestKafkaOversizedValuesWaitCut checks that records over inbox.max_payload_bytes wait
+// for a stalled database cut to their quarantine form. While the inbox table is locked,
+// every record is read and held. The subscriber holds the cut prefixes, so the budget's
+// bytes stay below one whole record. Once the lock goes, each is quarantined with its full
+// size and the sha256 of its whole value. Every good order is granted, and the committed
+// offsets reach the end of both partitions. Two big values with the same first 64 KiB stay
+// two rows.
 func TestKafkaOversizedValuesWaitCut(t *testing.T) {
 	kc := testenv.Kafka(t)
 	const parts = 2
@@ -62,8 +63,8 @@ func TestKafkaOversizedValuesWaitCut(t *testing.T) {
 	prod.Close()
 	records := 2 * len(bigs)
 
-	// The database stalls: a transaction holding the inbox's whole index range (its table
-	// on PostgreSQL) blocks every insert until it ends.
+	// The database stalls. A transaction holding the inbox's whole index range, or its
+	// table on PostgreSQL, blocks every insert until it ends.
 	lock, err := p.db.Admin.Begin()
 	if err != nil {
 		t.Fatal(err)
@@ -104,8 +105,8 @@ func TestKafkaOversizedValuesWaitCut(t *testing.T) {
 		return h(m)
 	}, func() { _ = b.Close() })
 
-	// A record is in flight once handed to the router, a moment before its handler runs:
-	// the wait is for both (the handler counts the cut ones).
+	// A record is in flight once handed to the router, a moment before its handler runs.
+	// The wait is for both, and the handler counts the cut ones.
 	waitFor(t, "every record read and waiting for the locked inbox", 60*time.Second, func() (bool, string) {
 		var n int
 		var held int64

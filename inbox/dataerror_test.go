@@ -18,8 +18,8 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// dataRowSchema is a plugin's table with a column of each kind a value can be refused by, a
-// unique key, a foreign key and a CHECK; one row holds the code 'taken'.
+// dataRowSchema is a plugin's table with a column of each kind a value can be refused by,
+// a unique key, a foreign key and a CHECK. One row holds the code 'taken'.
 var dataRowSchema = map[bool][]string{
 	false: {
 		`CREATE TABLE data_parent (id INT PRIMARY KEY) ENGINE = InnoDB`,
@@ -65,8 +65,8 @@ type dataKind struct {
 	mysql, pg string
 }
 
-// dataKinds are the refused values, one per kind (dbx.IsDataError); "ok" is a row the
-// database takes.
+// dataKinds are the refused values, one per kind that dbx.IsDataError reports. "ok" is a
+// row the database takes.
 var dataKinds = map[string]dataKind{
 	"bytes":  {q: `INSERT INTO data_row (k, txt) VALUES (?, ?)`, arg: "refund for u\x00bad", mysqlArg: "refund for u\xff\xfebad", mysql: "Error 1366", pg: "SQLSTATE 22021"},
 	"long":   {q: `INSERT INTO data_row (k, name) VALUES (?, ?)`, arg: "a name far too long", mysql: "Error 1406", pg: "SQLSTATE 22001"},
@@ -79,10 +79,11 @@ var dataKinds = map[string]dataKind{
 	"unique": {q: `INSERT INTO data_row (k, code) VALUES (?, 'taken')`, mysql: "Error 1062", pg: "SQLSTATE 23505"},
 }
 
-// dataHandler inserts one data_row per delivery. The payload is "key|kind": a kind of
-// dataKinds inserts a value the database refuses, "ok" a row it takes, "down" fails as a
-// dependency that is down does (as every kind does while down is set), "invalid-event" with
-// an error that says it is permanent (as outbox.ErrInvalidEvent's do).
+// dataHandler inserts one data_row per delivery. The payload is "key|kind". A kind of
+// dataKinds inserts a value the database refuses, and "ok" a row it takes. "down" fails as
+// a dependency that is down does, and so does every kind while down is set.
+// "invalid-event" fails with an error that says it is permanent, as the errors wrapping
+// outbox.ErrInvalidEvent do.
 type dataHandler struct {
 	down *atomic.Bool // the dependency every delivery calls first; nil: up
 
@@ -188,9 +189,9 @@ func (l *breakerLog) snapshot() ([]inbox.BreakerStatus, []string) {
 	return append([]inbox.BreakerStatus(nil), l.changes...), append([]string(nil), l.lines...)
 }
 
-// newDataInbox is h's inbox on a fresh database with data_row, its breaker and delayed
-// redelivery on: a counted failure opens the breaker (one attempt, ratio 0.5), and a
-// delivery whose attempts run out is delayed.
+// newDataInbox is h's inbox on a fresh database with data_row, with its breaker and
+// delayed redelivery on. A counted failure opens the breaker, with one attempt and ratio
+// 0.5. A delivery whose attempts run out is delayed.
 func newDataInbox(t *testing.T, h inbox.Handler, ic inbox.Config, log *breakerLog) (testenv.Database, *inbox.Inbox) {
 	t.Helper()
 	d := testenv.DB(t, 16)
@@ -208,13 +209,14 @@ func newDataInbox(t *testing.T, h inbox.Handler, ic inbox.Config, log *breakerLo
 	return d, ib
 }
 
-// A handler's INSERT that the database refuses for its values — an invalid byte sequence
-// (a NUL on PostgreSQL), a string too long, out of range, not a number, a bad datetime, a
-// NULL, a missing foreign key's parent, a CHECK, a business table's unique key — is
-// quarantined at its first attempt with reason data and the database's message: never
-// retried, never delayed, never counted by the breaker. One at a time and group-committed.
-// The dependency's failure that follows shows that the same inbox does retry, delay and
-// count a failure that is not the message's own.
+// TestDataErrorsQuarantinedAtOnce checks a handler's INSERT that the database refuses for
+// its values. The values are an invalid byte sequence, a NUL on PostgreSQL, a string too
+// long, a number out of range, text that is not a number, a bad datetime and a NULL. They
+// also break a foreign key, a CHECK and a business table's unique key. Each delivery is
+// quarantined at its first attempt with reason data and the database's message. It is
+// never retried, never delayed and never counted by the breaker. The test runs one at a
+// time and group-committed. The dependency's failure that follows shows that the same
+// inbox does retry, delay and count a failure that is not the message's own.
 func TestDataErrorsQuarantinedAtOnce(t *testing.T) {
 	for _, grouped := range []bool{false, true} {
 		t.Run(map[bool]string{false: "one at a time", true: "group commit"}[grouped], func(t *testing.T) {
@@ -293,10 +295,11 @@ func TestDataErrorsQuarantinedAtOnce(t *testing.T) {
 				t.Fatalf("breaker %v, opened %d times (last error %q) by values the database refused", s.State, s.Opens, s.LastError)
 			}
 
-			// A dependency that is down for five deliveries, as many as the good ones: each
-			// retried, then delayed, and counted by the breaker, which opens (five failures
-			// of ten attempts); its log line and status carry the dependency's error. Its
-			// retries run as probes, one at a time, each failed one doubling the wait.
+			// A dependency is down for five deliveries, as many as the good ones. Each is
+			// retried, then delayed, and counted by the breaker. The breaker opens on five
+			// failures of ten attempts. Its log line and status carry the dependency's
+			// error. The retries run as probes, one at a time, and each failed one doubles
+			// the wait.
 			for i := range 5 {
 				wg.Go(func() {
 					key := fmt.Sprintf("dependency-%d", i)
@@ -328,13 +331,14 @@ func TestDataErrorsQuarantinedAtOnce(t *testing.T) {
 	}
 }
 
-// A dependency fails, then recovers, while good refunds and refunds whose data the database
-// refuses (a NUL in a text column on PostgreSQL, a value too long on MariaDB) wait on the
-// open breaker. Once the dependency is back, every good refund finishes and every bad one is
-// quarantined at its first refusal: each of them runs exactly once with the dependency up,
-// and no refusal opens the breaker (every time it opened, the dependency's error did).
-// Counted by the old classification, the bad refunds were retried, and as probes they kept
-// the breaker opening, each time for twice as long, while the good ones waited.
+// TestBreakerProbeNotStarvedByBadData lets a dependency fail, then recover. Meanwhile good
+// refunds and refunds whose data the database refuses wait on the open breaker. The
+// database refuses a NUL in a text column on PostgreSQL, and a value too long on MariaDB.
+// Once the dependency is back, every good refund finishes. Every bad one is quarantined at
+// its first refusal. Each of them runs exactly once with the dependency up. No refusal
+// opens the breaker, so every time it opened, the dependency's error did. Were the bad
+// refunds counted as failures, they would be retried. As probes they would keep the
+// breaker opening, each time for twice as long, while the good ones waited.
 func TestBreakerProbeNotStarvedByBadData(t *testing.T) {
 	const good, bad = 10, 30
 	var down atomic.Bool

@@ -16,15 +16,15 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// effects is a plain one-step handler written only with the inbox.Handler API: each
-// delivery inserts one row into grouped_effect, a table with no unique key, so a second
+// effects is a plain one-step handler written only with the inbox.Handler API. Each
+// delivery inserts one row into grouped_effect, a table with no unique key. So a second
 // effect of one key shows as a second row. Hooks make chosen keys misbehave.
 type effects struct {
 	mu    sync.Mutex
 	calls map[string]int       // Handle calls per key
 	txs   map[string][]*sql.Tx // the transaction of each call, per key
-	// misbehave, when set, runs before the key's insert of call n (1-based); its error is
-	// returned after the insert, so the rolled-back write is a real one.
+	// misbehave, when set, runs before the key's insert of call n, counted from 1. Its
+	// error is returned after the insert, so the rolled-back write is a real one.
 	misbehave func(ctx context.Context, key string, n int) error
 	progress  func(key string, n int) inbox.Progress // nil: Done
 }
@@ -35,8 +35,8 @@ func newEffects() *effects {
 	return &effects{calls: map[string]int{}, txs: map[string][]*sql.Tx{}}
 }
 
-// Decode: the payload is "key" or "key|variant" (another variant of a key is another
-// fingerprint: a conflict).
+// Decode reads a payload of "key" or "key|variant". Another variant of a key is another
+// fingerprint, and so a conflict.
 func (h *effects) Decode(m *message.Message) (inbox.Decoded, error) {
 	key, _, _ := strings.Cut(string(m.Payload), "|")
 	if key == "" {
@@ -140,8 +140,8 @@ func newGrouped(t *testing.T, h inbox.Handler, ic inbox.Config, bc inbox.BatchCo
 	return g
 }
 
-// send runs every payload through the Batcher at once, each on its own goroutine (as the
-// router does), and returns the results by payload index.
+// send runs every payload through the Batcher at once, each on its own goroutine, as the
+// router does. It returns the results by payload index.
 func (g *groupedSetup) send(t *testing.T, payloads []string) []inbox.Result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

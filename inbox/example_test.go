@@ -27,18 +27,19 @@ func (greeter) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox
 	return inbox.Done, err // an error rolls this step back and retries it
 }
 
-// greeterMigrations are the plugin's own tables, numbered by the plugin; a plugin package
-// embeds its SQL files (//go:embed migrations/*.sql, then fs.Sub).
+// greeterMigrations are the plugin's own tables, numbered by the plugin. A plugin package
+// embeds its SQL files with //go:embed migrations/*.sql, then takes fs.Sub.
 var greeterMigrations fs.FS = fstest.MapFS{"00001_greeting.sql": {Data: []byte(`-- +goose Up
 CREATE TABLE greeting (user_id VARCHAR(64) NOT NULL PRIMARY KEY);
 -- +goose Down
 DROP TABLE greeting;
 `)}}
 
-// A minimal plugin: a handler and its declaration. A plugin package registers it with
-// inbox.MustRegister from init(), which checks it as Validate does. `router migrate` applies
-// its Migrations (version table goose_db_version_greeter); a deployment may rename its
-// topics and group (plugins.greeter.topics, plugins.greeter.consumer_group).
+// Example_plugin shows a minimal plugin, a handler and its declaration. A plugin package
+// registers it from its init function with inbox.MustRegister, which checks it as Validate
+// does. `router migrate` applies its Migrations, with the version table
+// goose_db_version_greeter. A deployment may rename its topics and group, with
+// plugins.greeter.topics and plugins.greeter.consumer_group.
 func Example_plugin() {
 	p := inbox.Plugin{
 		Name: "greeter", Topics: []string{"user-signed-up"}, ConsumerGroup: "greeter", BizType: "greet",

@@ -13,7 +13,7 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// rawHandler is a careless plugin: its business key and fingerprint are taken straight
+// rawHandler is a careless plugin. It takes its business key and fingerprint straight
 // from the record's bytes, whatever they are, and it panics on a marker.
 type rawHandler struct{}
 
@@ -33,10 +33,10 @@ func (rawHandler) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (in
 	return inbox.Done, nil
 }
 
-// Random value, header and message-id bytes through the whole Process path on the real
-// database, with the coupon plugin and with a careless plugin that uses the bytes as its
-// key and fingerprint: every record ends with a recorded outcome ('done' or 'failed'),
-// never an error that would have it redelivered forever.
+// FuzzProcess sends random value, header and message-id bytes through the whole Process
+// path on the real database. It runs the coupon plugin, and a careless plugin that uses
+// the bytes as its key and fingerprint. Every record ends with a recorded outcome, 'done'
+// or 'failed'. It never ends with an error that would have it redelivered forever.
 func FuzzProcess(f *testing.F) {
 	d := testenv.DB(f, 4, couponSchema)
 	coupons := newPipeline(f, pipelineOpts{shared: &d, inboxCfg: inbox.Config{MaxAttempts: 2, MaxMetadataBytes: 512}})

@@ -14,8 +14,8 @@ import (
 	"github.com/onceflow/onceflow/outbox"
 )
 
-// eventer is a plain handler that writes its effect and one outbox event per delivery
-// (event id from the key, or from the part after "same-" for keys that share one), and
+// eventer is a plain handler that writes its effect and one outbox event per delivery. The
+// event id comes from the key, or from the part after "same-" for keys that share one. It
 // fails chosen calls after both writes.
 type eventer struct {
 	*effects
@@ -54,12 +54,13 @@ func (h *eventer) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (in
 	return inbox.Done, nil
 }
 
-// A grouped batch writes its deliveries' outbox events at its end, in one multi-row INSERT
-// (txdefer): each committed delivery has exactly its one event; a delivery rolled back to
-// its savepoint drops the event it added (without that, its retry would meet its own event
-// as a duplicate); and two deliveries adding the same event id fail the batch's INSERT,
-// the batch falls back, and one at a time the second one's Add reports ErrDuplicateEvent
-// to its handler as it does outside a batch.
+// TestGroupedOutboxEventsAtTheEnd checks that a grouped batch writes its deliveries'
+// outbox events at its end, in one multi-row INSERT. Each committed delivery has exactly
+// its one event. A delivery rolled back to its savepoint drops the event it added.
+// Otherwise its retry would meet its own event as a duplicate. Two deliveries adding the
+// same event id fail the batch's INSERT, and the batch falls back. One at a time, the
+// second one's Add then reports ErrDuplicateEvent to its handler, as it does outside a
+// batch.
 func TestGroupedOutboxEventsAtTheEnd(t *testing.T) {
 	out, err := outbox.NewWriter("outbox")
 	if err != nil {
@@ -75,9 +76,9 @@ func TestGroupedOutboxEventsAtTheEnd(t *testing.T) {
 	g := newGrouped(t, h, inbox.Config{MaxAttempts: 3}, inbox.BatchConfig{Linger: 100 * time.Millisecond})
 	db := g.db.DB
 
-	// once-1 fails in the batch's first run (no savepoints): the run is rolled back whole.
-	// Its failure makes the next batches set savepoints from their first run: once-2 is
-	// rolled back to its savepoint, with its deferred event.
+	// once-1 fails in the batch's first run, which has no savepoints, so the run is rolled
+	// back whole. Its failure makes the next batches set savepoints from their first run.
+	// So once-2 is rolled back to its savepoint, with its deferred event.
 	for i, batch := range [][]string{append(keys("a", 40), "once-1"), append(keys("b", 40), "once-2")} {
 		rs := g.send(t, batch)
 		if o := outcomes(rs); o["processed"] != 41 {
@@ -90,8 +91,8 @@ func TestGroupedOutboxEventsAtTheEnd(t *testing.T) {
 	if n := count(t, db, "SELECT COUNT(*) FROM outbox"); n != 82 {
 		t.Errorf("%d events, want 82: one per processed delivery", n)
 	}
-	// The test's own join of two collations, through the admin pool (mysql8 mode refuses the
-	// MariaDB collation's name on the application's).
+	// The test's own join of two collations runs through the admin pool. In mysql8 mode the
+	// application's pool refuses the MariaDB collation's name.
 	if n := count(t, g.db.Admin, testenv.SQL("SELECT COUNT(*) FROM outbox o JOIN inbox i ON i.dedup_key = o.event_id COLLATE utf8mb4_nopad_bin AND i.status = 'done'",
 		"SELECT COUNT(*) FROM outbox o JOIN inbox i ON i.dedup_key = o.event_id AND i.status = 'done'")); n != 82 {
 		t.Errorf("%d events of done deliveries, want 82", n)
@@ -102,7 +103,7 @@ func TestGroupedOutboxEventsAtTheEnd(t *testing.T) {
 		}
 	}
 
-	// Two keys with one event id: the batch's INSERT fails and the batch falls back.
+	// Two keys share one event id, so the batch's INSERT fails and the batch falls back.
 	fallbacks := g.b.Stats().Fallbacks
 	batch := append(keys("c", 20), "same-x/1", "same-x/2")
 	rs := g.send(t, batch)

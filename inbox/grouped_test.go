@@ -18,8 +18,9 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// A plain handler is group-committed: 200 deliveries that arrive together run in a few
-// shared transactions, not 200, each with its effect and its inbox row 'done'.
+// TestGroupedPlainHandlerSharesTransactions checks that a plain handler is group-committed.
+// 200 deliveries that arrive together run in a few shared transactions, not 200. Each
+// delivery ends with its effect and its inbox row 'done'.
 func TestGroupedPlainHandlerSharesTransactions(t *testing.T) {
 	h := newEffects()
 	g := newGrouped(t, h, inbox.Config{}, inbox.BatchConfig{Linger: 50 * time.Millisecond})
@@ -42,14 +43,19 @@ func TestGroupedPlainHandlerSharesTransactions(t *testing.T) {
 	}
 }
 
-// A delivery whose Handle fails is rolled back alone — its own write undone — while its
-// batch-mates commit; it is then retried alone. The batch's first run sets no savepoints:
-// the first failure (always-1, first in key order) rolls it back, and it runs again without
-// always-1, every delivery behind a savepoint, so the later failures are rolled back to
-// their savepoints in the transaction that commits the good ones. One that always fails is
-// quarantined after inbox.max_attempts attempts in all (the batch's attempt counted on its
-// row), one that fails once is processed on its retry, one that returns an invalid
-// Progress is never taken for done, and a Permanent failure is quarantined at once.
+// TestGroupedFailureRollsBackAlone checks that a delivery whose Handle fails is rolled back
+// alone, with its own write undone, while its batch-mates commit. It is then retried
+// alone.
+//
+// The batch's first run sets no savepoints. The first failure, always-1, first in key
+// order, rolls the run back. The batch runs again without always-1, with every delivery
+// behind a savepoint. So the later failures are rolled back to their savepoints in the
+// transaction that commits the good ones.
+//
+// A delivery that always fails is quarantined after inbox.max_attempts attempts in all,
+// and the batch's attempt is counted on its row. One that fails once is processed on its
+// retry. One that returns an invalid Progress is never taken for done. A Permanent failure
+// is quarantined at once.
 func TestGroupedFailureRollsBackAlone(t *testing.T) {
 	h := newEffects()
 	h.misbehave = func(_ context.Context, key string, n int) error {
@@ -118,7 +124,7 @@ func TestGroupedFailureRollsBackAlone(t *testing.T) {
 	}
 
 	// Within savepointsAfterFailure of a failure, batches set savepoints from their first
-	// run: a failing delivery is rolled back to its savepoint, and no run is rolled back.
+	// run. A failing delivery is rolled back to its savepoint, and no run is rolled back.
 	rs = g.send(t, append(keys("later", 10), "always-2"))
 	if o := outcomes(rs); o["processed"] != 10 || o["quarantined/retries_exhausted"] != 1 {
 		t.Fatalf("second batch: %v", outcomes(rs))
@@ -131,11 +137,12 @@ func TestGroupedFailureRollsBackAlone(t *testing.T) {
 	}
 }
 
-// A panicking Handle is rolled back to its savepoint (its write and row lock with it), the
-// batch commits the others, and after inbox.max_attempts panics in all it is quarantined
-// with reason panic and the stack. A Handle that blocks past inbox.handler_timeout is taken
-// out of its batch (the transaction it may still use is abandoned), the others commit in a
-// new one, and it ends quarantined with reason timeout. No transaction is left open.
+// TestGroupedPanicAndTimeoutQuarantinedAlone checks that a panicking Handle is rolled back
+// to its savepoint, with its write and row lock. The batch commits the others. After
+// inbox.max_attempts panics in all, the delivery is quarantined with reason panic and the
+// stack. A Handle that blocks past inbox.handler_timeout is taken out of its batch, and the
+// transaction it may still use is abandoned. The others commit in a new one, and it ends
+// quarantined with reason timeout. No transaction is left open.
 func TestGroupedPanicAndTimeoutQuarantinedAlone(t *testing.T) {
 	h := newEffects()
 	var panics atomic.Int64
@@ -179,8 +186,9 @@ func TestGroupedPanicAndTimeoutQuarantinedAlone(t *testing.T) {
 	}
 }
 
-// Copies of a key in one batch and redeliveries in later batches are duplicates: one
-// effect per key, every copy counted on its row.
+// TestGroupedDuplicatesWithinAndAcrossBatches checks that copies of a key in one batch and
+// redeliveries in later batches are duplicates. Each key has one effect, and every copy is
+// counted on its row.
 func TestGroupedDuplicatesWithinAndAcrossBatches(t *testing.T) {
 	h := newEffects()
 	g := newGrouped(t, h, inbox.Config{}, inbox.BatchConfig{Linger: 100 * time.Millisecond})
@@ -211,9 +219,9 @@ func TestGroupedDuplicatesWithinAndAcrossBatches(t *testing.T) {
 	}
 }
 
-// 200 concurrent copies of one key, and 1,000 keys delivered three times each at once: one
-// effect each. The same load through SELECT-then-INSERT produces duplicates, so the
-// assertions can fail.
+// TestGroupedConcurrentCopiesOneEffect delivers 200 concurrent copies of one key, and
+// 1,000 keys three times each at once. Each key has one effect. The same load through
+// SELECT-then-INSERT produces duplicates, so the assertions can fail.
 func TestGroupedConcurrentCopiesOneEffect(t *testing.T) {
 	h := newEffects()
 	g := newGrouped(t, h, inbox.Config{}, inbox.BatchConfig{})
@@ -279,9 +287,10 @@ func TestGroupedConcurrentCopiesOneEffect(t *testing.T) {
 	t.Logf("stats %+v", g.b.Stats())
 }
 
-// A multi-step handler: with one step per transaction its first step commits with the
-// batch and the one-at-a-time path resumes it; with steps_per_transaction 2 both steps run
-// inside its savepoint and it finishes in the batch. Either way one effect per step.
+// TestGroupedMultiStep checks a multi-step handler. With one step per transaction, its
+// first step commits with the batch, and the one-at-a-time path resumes it. With
+// steps_per_transaction 2, both steps run inside its savepoint, and it finishes in the
+// batch. Either way each step has one effect.
 func TestGroupedMultiStep(t *testing.T) {
 	for _, spt := range []int{1, 2} {
 		t.Run(fmt.Sprintf("steps_per_transaction=%d", spt), func(t *testing.T) {
@@ -307,8 +316,8 @@ func TestGroupedMultiStep(t *testing.T) {
 	}
 }
 
-// prepared is effects with a Preparer: Prepare runs for each delivery before its batch,
-// outside any transaction; a delivery whose Prepare failed never runs Handle in a batch.
+// prepared is effects with a Preparer. Prepare runs for each delivery before its batch,
+// outside any transaction. A delivery whose Prepare failed never runs Handle in a batch.
 type prepared struct {
 	*effects
 	mu       sync.Mutex
@@ -337,9 +346,9 @@ func (p *prepared) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (i
 	return p.effects.Handle(ctx, tx, d)
 }
 
-// A plain Preparer's Prepare runs once per delivery outside the batch and Handle finds
-// what it prepared; a failed Prepare counts as an attempt and the delivery is retried
-// alone, and Handle never runs unprepared.
+// TestGroupedPreparer checks that a plain Preparer's Prepare runs once per delivery
+// outside the batch, and that Handle finds what it prepared. A failed Prepare counts as an
+// attempt, and the delivery is retried alone. Handle never runs unprepared.
 func TestGroupedPreparer(t *testing.T) {
 	h := &prepared{effects: newEffects(), prepares: map[string]int{}, fail: func(key string, n int) error {
 		if strings.HasPrefix(key, "flaky-") && n == 1 {
@@ -375,10 +384,10 @@ func TestGroupedPreparer(t *testing.T) {
 	}
 }
 
-// TestConflictLeavesTheRowAlone: a delivery whose key is taken by another payload is
-// quarantined under a key of its own; the taken row is not changed, its updated_at
-// included (on PostgreSQL the claim's ON CONFLICT update assigns nothing new, and the
-// trigger moves updated_at only on a change).
+// TestConflictLeavesTheRowAlone checks that a delivery whose key is taken by another
+// payload is quarantined under a key of its own. The taken row is not changed, its
+// updated_at included. On PostgreSQL the claim's ON CONFLICT update assigns nothing new,
+// and the trigger moves updated_at only on a change.
 func TestConflictLeavesTheRowAlone(t *testing.T) {
 	g := newEffectsInbox(t, newEffects(), inbox.Config{})
 	ctx := context.Background()

@@ -22,7 +22,7 @@ import (
 )
 
 // couponSchema is the coupon plugin's migrations, applied by testenv.DB after the
-// framework's: the inbox is tested with the coupon granter as its handler.
+// framework's. The inbox is tested with the coupon granter as its handler.
 var couponSchema = migrations.Set{Name: coupon.PluginName, FS: coupon.Migrations}
 
 // pipeline is the inbox + coupon granter on a fresh database.
@@ -82,7 +82,7 @@ func newPipeline(t testing.TB, o pipelineOpts) *pipeline {
 	ic := o.inboxCfg
 	ic.BizType = coupon.BizType
 	if !o.outage {
-		// Tests of the attempts and the quarantine: a failure ends quarantined at once.
+		// In tests of the attempts and the quarantine, a failure ends quarantined at once.
 		ic.DelayedRetries, ic.BreakerOff = -1, true
 	}
 	if ic.BackoffInitial == 0 {
@@ -106,8 +106,8 @@ func count(t testing.TB, db *sql.DB, q string, args ...any) int {
 	var n int
 	err := db.QueryRow(testenv.Rebind(q), args...).Scan(&n)
 	for try := 0; errors.Is(err, driver.ErrBadConn) && try < 3; try++ {
-		// A pooled connection the server closed under load (database/sql's own retries used
-		// up): a polled count asks again rather than failing the test.
+		// The server may close a pooled connection under load, after database/sql's own
+		// retries are used up. A polled count then asks again rather than failing the test.
 		time.Sleep(100 * time.Millisecond)
 		err = db.QueryRow(testenv.Rebind(q), args...).Scan(&n)
 	}
@@ -117,8 +117,8 @@ func count(t testing.TB, db *sql.DB, q string, args ...any) int {
 	return n
 }
 
-// failUntilFixed wraps the granter: every step fails while broken is set (the downstream
-// outage of an incident), so the message is quarantined after MaxAttempts.
+// failUntilFixed wraps the granter. Every step fails while broken is set, as during an
+// outage of the downstream. So the message is quarantined after MaxAttempts.
 func failUntilFixed(broken *atomic.Bool) func(inbox.Handler) inbox.Handler {
 	return func(g inbox.Handler) inbox.Handler {
 		return handlerFunc{inner: g, handle: func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error) {
@@ -148,8 +148,9 @@ func (h handlerFunc) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) 
 // explainPlan runs EXPLAIN on a single-table query and returns its access type, key and
 // Extra column.
 //
-// On PostgreSQL it reads EXPLAIN's text in the same terms: type "range" and the index of an
-// index scan, else type "ALL"; extra "filesort" when the plan sorts.
+// On PostgreSQL it reads EXPLAIN's text in the same terms. An index scan gives type
+// "range" and its index, and anything else type "ALL". extra is "filesort" when the plan
+// sorts.
 func explainPlan(t *testing.T, db *sql.DB, query string, args ...any) (typ, key, extra string) {
 	t.Helper()
 	if testenv.Dialect().IsPostgres() {

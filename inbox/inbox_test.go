@@ -23,8 +23,8 @@ import (
 
 var src = inbox.Source{Topic: "order-paid", Partition: 3, Offset: 10233}
 
-// The seed incident: the same order arrives as two different Kafka messages (offsets 10233
-// and 10234, different message ids, same meaning).
+// TestSameOrderTwoMessagesGrantsOnce delivers the same order as two different Kafka
+// messages, at offsets 10233 and 10234, with different message ids and the same meaning.
 func TestSameOrderTwoMessagesGrantsOnce(t *testing.T) {
 	p := newPipeline(t, pipelineOpts{})
 	ctx := context.Background()
@@ -57,7 +57,8 @@ func TestSameOrderTwoMessagesGrantsOnce(t *testing.T) {
 	}
 }
 
-// naiveGrant is the pre-incident consumer: SELECT to check, then INSERT, no unique key.
+// naiveGrant is a naive consumer. It checks with a SELECT, then INSERTs, without a unique
+// key.
 func naiveGrant(ctx context.Context, db *sql.DB, orderID string) error {
 	var n int
 	if err := db.QueryRowContext(ctx, testenv.Rebind("SELECT COUNT(*) FROM naive_coupon WHERE order_id = ?"), orderID).Scan(&n); err != nil {
@@ -71,9 +72,9 @@ func naiveGrant(ctx context.Context, db *sql.DB, orderID string) error {
 	return err
 }
 
-// 200 concurrent deliveries of one order, and 1,000 orders delivered concurrently three
-// times each: exactly one coupon each. The same load through SELECT-then-INSERT produces
-// duplicates, so the assertions can fail.
+// TestConcurrentDeliveries makes 200 concurrent deliveries of one order, and delivers 1,000
+// orders concurrently three times each. Each order gets exactly one coupon. The same load
+// through SELECT-then-INSERT produces duplicates, so the assertions can fail.
 func TestConcurrentDeliveries(t *testing.T) {
 	p := newPipeline(t, pipelineOpts{conns: 64})
 	p.db.AdminExec(t, testenv.SQL("CREATE TABLE naive_coupon (id BIGINT AUTO_INCREMENT PRIMARY KEY, order_id VARCHAR(64) NOT NULL)",
@@ -185,9 +186,9 @@ func TestConcurrentDeliveries(t *testing.T) {
 	})
 }
 
-// A failure after the inbox insert rolls everything back; the redelivery grants the coupon.
-// In the same test, the seed's first version (dedup mark committed on its own, business
-// step after) loses the order.
+// TestFailureAfterInboxInsertRollsBack checks that a failure after the inbox insert rolls
+// everything back, and that the redelivery grants the coupon. The same test shows that a
+// dedup mark committed on its own, before the business step, loses the order.
 func TestFailureAfterInboxInsertRollsBack(t *testing.T) {
 	var checked atomic.Bool
 	var p *pipeline
@@ -201,8 +202,8 @@ func TestFailureAfterInboxInsertRollsBack(t *testing.T) {
 				return inbox.Continue, errors.New("wallet service timed out")
 			}
 			if d.Step == 0 {
-				// From outside nothing of attempt 1 exists but its count: the inbox row is
-				// 'processing' (a row to resume, not a dedup mark) with one failed attempt.
+				// From outside nothing of attempt 1 exists but its count. The inbox row is
+				// 'processing', a row to resume and not a dedup mark, with one failed attempt.
 				db := p.db.DB
 				if n := count(t, db, "SELECT COUNT(*) FROM inbox WHERE dedup_key = ? AND NOT (status = 'processing' AND attempts = 1)", d.Key); n != 0 {
 					t.Errorf("inbox rows after the failed attempt other than 'processing' with one attempt: %d, want 0", n)
@@ -229,8 +230,8 @@ func TestFailureAfterInboxInsertRollsBack(t *testing.T) {
 		t.Fatalf("coupons = %d, want 1", n)
 	}
 
-	// The seed's first version: INSERT IGNORE the mark in its own transaction, then run the
-	// step; the step fails; the redelivery sees the mark and skips: the order is lost.
+	// A consumer that INSERT IGNOREs the mark in its own transaction, then runs the step,
+	// loses the order. The step fails, and the redelivery sees the mark and skips.
 	db := p.db.DB
 	p.db.AdminExec(t, "CREATE TABLE naive_dedup (order_id VARCHAR(64) NOT NULL, biz_type VARCHAR(32) NOT NULL, CONSTRAINT uk_order UNIQUE (order_id, biz_type))")
 	naive := func(fail bool) (granted bool) {
@@ -250,18 +251,20 @@ func TestFailureAfterInboxInsertRollsBack(t *testing.T) {
 	t.Log("naive dedup mark outliving a failed step: the order was never granted (lost)")
 }
 
-// A multi-step handler that stops after committing a step (crash, lost partition) leaves a
-// 'processing' row; the redelivery resumes where the state machine says, and counts once.
+// TestProcessingRowResumes checks a multi-step handler that stops after committing a step,
+// after a crash or a lost partition. It leaves a 'processing' row. The redelivery resumes
+// where the state machine says, and counts once.
 func TestProcessingRowResumes(t *testing.T) {
 	p := newPipeline(t, pipelineOpts{})
 	ctx := context.Background()
-	// A cancelled delivery (shutdown, lost session) is not acked and records nothing.
+	// A delivery cancelled by a shutdown or a lost session is not acked and records
+	// nothing.
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
 	if _, err := p.inbox.Process(cctx, orderMsg("o-resume", "u1"), src, inbox.ProcessOptions{}); err == nil {
 		t.Fatal("a cancelled context must not be acked")
 	}
-	// A process that died after committing two steps: the grant is BUDGET_DEDUCTED and the
+	// A process died after committing two steps. The grant is BUDGET_DEDUCTED and the
 	// inbox row 'processing'.
 	o := coupon.OrderPaid{OrderID: "o-resume", UserID: "u1", AmountCents: 12345, PaidAt: time.Date(2026, 11, 11, 0, 0, 0, 0, time.UTC)}
 	for i := 0; i < 2; i++ {
@@ -333,7 +336,7 @@ func TestPoisonIsQuarantined(t *testing.T) {
 			}
 		})
 	}
-	// Nothing else is lost: a good message after the poison is processed.
+	// Nothing else is lost, and a good message after the poison is processed.
 	if r, err := p.inbox.Process(ctx, orderMsg("good-after-poison", "u1"), src, inbox.ProcessOptions{}); err != nil || r.Outcome != inbox.OutcomeProcessed {
 		t.Fatalf("good message: %+v %v", r, err)
 	}
@@ -385,7 +388,7 @@ func TestRetriesExhaustedQuarantinesAndMovesOn(t *testing.T) {
 	if status != "failed" || reason != "retries_exhausted" || !strings.Contains(lastErr, "marketing centre down") || attempts != 3 {
 		t.Fatalf("row %s %s %q %d", status, reason, lastErr, attempts)
 	}
-	// A later delivery of the quarantined key is held: counted, not re-run.
+	// A later delivery of the quarantined key is held. It is counted, not run again.
 	if r, _ := p.inbox.Process(ctx, orderMsg("o-broken", "u1"), src, inbox.ProcessOptions{}); r.Outcome != inbox.OutcomeHeld {
 		t.Fatalf("redelivery of a quarantined key: %+v", r)
 	}
@@ -393,8 +396,8 @@ func TestRetriesExhaustedQuarantinesAndMovesOn(t *testing.T) {
 	if r, err := p.inbox.Process(ctx, orderMsg("o-next", "u1"), src, inbox.ProcessOptions{}); err != nil || r.Outcome != inbox.OutcomeProcessed {
 		t.Fatalf("next: %+v %v", r, err)
 	}
-	// Reopened (replay after the cause is fixed), it grants exactly once.
-	// Reopened by a replay while the cause persists: quarantined again, stamped with the replay.
+	// Reopened by a replay after the cause is fixed, it grants exactly once. Reopened by a
+	// replay while the cause persists, it is quarantined again and stamped with the replay.
 	r, err = p.inbox.Process(ctx, orderMsg("o-broken", "u1"), src, inbox.ProcessOptions{Reopen: true, ReplayID: 7})
 	if err != nil || r.Outcome != inbox.OutcomeQuarantined {
 		t.Fatalf("replay while broken: %+v %v", r, err)
@@ -406,8 +409,8 @@ func TestRetriesExhaustedQuarantinesAndMovesOn(t *testing.T) {
 
 func TestCleanerDeletesOnlyExpiredDoneRows(t *testing.T) {
 	db := testenv.DB(t, 4).DB
-	// Rows as the inbox writes them: expire_at = created_at + retention (here 1 day), so
-	// receive order is expiry order.
+	// These rows are as the inbox writes them. expire_at is created_at plus the retention,
+	// here 1 day, so receive order is expiry order.
 	const day = 24 * 60
 	ins := func(key, bizType, status string, minutesAgo int) {
 		if _, err := db.Exec(testenv.Rebind(testenv.SQL(`INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, created_at, expire_at)
@@ -421,7 +424,7 @@ func TestCleanerDeletesOnlyExpiredDoneRows(t *testing.T) {
 	for i := range 25 {
 		ins(fmt.Sprintf("old-done-%d", i), "coupon", "done", 2*day+i)
 	}
-	// The cleaner goes biz type by biz type (its index leads with biz_type).
+	// The cleaner goes biz type by biz type, because its index leads with biz_type.
 	for i := range 12 {
 		ins(fmt.Sprintf("old-done-%d", i), "notify", "done", day+60+i)
 	}
@@ -441,9 +444,9 @@ func TestCleanerDeletesOnlyExpiredDoneRows(t *testing.T) {
 		t.Fatalf("rows left %d, want 4 (processing, failed, two fresh done)", n)
 	}
 
-	// After a retention was shortened: a row received later under the shorter retention is
-	// past its expire_at while an older one is not. The cleaner stops at the older one:
-	// the later row is deleted late, never an unexpired row early.
+	// The retention was shortened. A row received later under the shorter retention is
+	// past its expire_at while an older one is not. The cleaner stops at the older one. So
+	// the later row is deleted late, and an unexpired row is never deleted early.
 	if _, err := db.Exec(testenv.SQL(`INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, created_at, expire_at)
 		VALUES ('short-retention', 'coupon', 'done', 'x', 't', 0, 0, '', '', NOW(6) - INTERVAL 30 MINUTE, NOW(6) - INTERVAL 1 MINUTE)`,
 		`INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, created_at, expire_at)
@@ -460,8 +463,8 @@ func TestCleanerDeletesOnlyExpiredDoneRows(t *testing.T) {
 		t.Fatalf("deleted %d, err %v; want the short-retention row once nothing older is live", n, err)
 	}
 
-	// The sweep reads a range of the index in order — no scan, no sort — once there are
-	// enough rows for the plan to matter.
+	// The sweep reads a range of the index in order, with no scan and no sort, once there
+	// are enough rows for the plan to matter.
 	if _, err := db.Exec(testenv.SQL(`INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, expire_at)
 		SELECT CONCAT('bulk-', seq), 'coupon', ELT(1 + seq % 3, 'done', 'failed', 'processing'), 'x', 't', 0, 0, '', '', NOW() + INTERVAL 1 DAY FROM seq_1_to_5000`,
 		`INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, expire_at)
@@ -500,9 +503,10 @@ func TestConfigValidation(t *testing.T) {
 	}
 }
 
-// StepsPerTx > 1: the whole grant runs in one transaction. Concurrent deliveries still give
-// one coupon, and a failure at the last step rolls back the earlier steps of the same
-// transaction too (nothing half-done is committed); the retry grants once.
+// TestStepsPerTransaction sets StepsPerTx above 1, so the whole grant runs in one
+// transaction. Concurrent deliveries still give one coupon. A failure at the last step
+// rolls back the earlier steps of the same transaction too, so nothing half-done is
+// committed. The retry grants once.
 func TestStepsPerTransaction(t *testing.T) {
 	var failOnce atomic.Bool
 	failOnce.Store(true)

@@ -14,10 +14,10 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// inserting is a plain handler that writes its effect through inbox.Inserters: one row per
-// key into inserted_effect (the key is its primary key), and one upsert adding 1 to the
-// key's group in inserted_total (the part before "-"). It looks for its own row right
-// after Insert, and fails chosen calls after both writes.
+// inserting is a plain handler that writes its effect through inbox.Inserters. It writes
+// one row per key into inserted_effect, where the key is the primary key. It upserts 1
+// onto the key's group in inserted_total, the group being the part before "-". It looks
+// for its own row right after Insert, and fails chosen calls after both writes.
 type inserting struct {
 	*effects
 	row, total *inbox.Inserter
@@ -81,12 +81,13 @@ func (h *inserting) seenOf(key string) []int {
 	return h.seen[key]
 }
 
-// An Inserter's rows wait for the end of a grouped batch and go out in multi-row INSERTs:
-// each committed delivery has exactly its row and its share of the upserted totals; a
-// delivery rolled back (with its run, or to its savepoint) drops the rows it inserted,
-// else its retry would meet its own row as a duplicate key; a row that breaks a unique key
-// fails the batch's INSERT, the batch falls back, and one at a time Insert returns the
-// duplicate to its own delivery alone. One delivery per transaction, Insert writes at once.
+// TestInserterRowsAtTheEndOfTheBatch checks that an Inserter's rows wait for the end of a
+// grouped batch, and go out in multi-row INSERTs. Each committed delivery has exactly its
+// row and its share of the upserted totals. A delivery rolled back, with its run or to its
+// savepoint, drops the rows it inserted. Otherwise its retry would meet its own row as a
+// duplicate key. A row that breaks a unique key fails the batch's INSERT, and the batch
+// falls back. One at a time, Insert then returns the duplicate to its own delivery alone.
+// With one delivery per transaction, Insert writes at once.
 func TestInserterRowsAtTheEndOfTheBatch(t *testing.T) {
 	h := newInserting(t)
 	h.misbehave = func(_ context.Context, key string, n int) error {
@@ -100,8 +101,8 @@ func TestInserterRowsAtTheEndOfTheBatch(t *testing.T) {
 	g.db.AdminExec(t, "CREATE TABLE inserted_effect (k VARCHAR(64) PRIMARY KEY, step INT NOT NULL)")
 	g.db.AdminExec(t, "CREATE TABLE inserted_total (grp VARCHAR(64) PRIMARY KEY, n INT NOT NULL)")
 
-	// once-1 fails in its batch's first run (no savepoints): the run is rolled back whole;
-	// once-2, in the next batch, is rolled back to its savepoint.
+	// once-1 fails in its batch's first run, which has no savepoints, so the run is rolled
+	// back whole. once-2, in the next batch, is rolled back to its savepoint.
 	for i, batch := range [][]string{append(keys("a", 40), "once-1"), append(keys("b", 40), "once-2")} {
 		rs := g.send(t, batch)
 		if o := outcomes(rs); o["processed"] != 41 {
@@ -111,7 +112,8 @@ func TestInserterRowsAtTheEndOfTheBatch(t *testing.T) {
 	if st := g.b.Stats(); st.Isolated != 2 || st.Rollbacks != 1 || st.Fallbacks != 0 {
 		t.Fatalf("stats %+v: want once-1 and once-2 isolated, one rolled-back run (once-1's), no fallback", st)
 	}
-	// Deferred: in a batch, a delivery's own row is not in the table right after Insert.
+	// The insert is deferred. In a batch, a delivery's own row is not in the table right
+	// after Insert.
 	if seen := h.seenOf("b-0007"); len(seen) != 1 || seen[0] != 0 {
 		t.Errorf("b-0007 found its row %v times right after Insert in a batch, want [0]: the insert was not deferred", seen)
 	}
@@ -129,8 +131,9 @@ func TestInserterRowsAtTheEndOfTheBatch(t *testing.T) {
 		}
 	}
 
-	// A row already there: the batch's INSERT fails on its key, the batch falls back, and
-	// the one delivery it belongs to is told (and quarantined by this handler as permanent).
+	// A row is already there. The batch's INSERT fails on its key, and the batch falls
+	// back. The one delivery the row belongs to is told, and this handler quarantines it as
+	// permanent.
 	if _, err := db.Exec("INSERT INTO inserted_effect (k, step) VALUES ('c-taken', 9)"); err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +159,7 @@ func TestInserterRowsAtTheEndOfTheBatch(t *testing.T) {
 	if dups != 1 {
 		t.Errorf("Insert reported a duplicate %d times, want once (to c-taken, one at a time)", dups)
 	}
-	// One at a time (the fallback), Insert writes at once: the row is there right after.
+	// One at a time, on the fallback, Insert writes at once. The row is there right after.
 	if seen := h.seenOf("c-0003"); len(seen) != 2 || seen[0] != 0 || seen[1] != 1 {
 		t.Errorf("c-0003 found its row %v times right after Insert (batch, then alone), want [0 1]", seen)
 	}
@@ -168,7 +171,8 @@ func TestInserterRowsAtTheEndOfTheBatch(t *testing.T) {
 	}
 }
 
-// Bad input to an Inserter is refused with an error that names it.
+// TestInserterRefusesBadInput checks that bad input to an Inserter is refused with an error
+// that names it.
 func TestInserterRefusesBadInput(t *testing.T) {
 	for _, c := range []struct {
 		table string
@@ -188,7 +192,8 @@ func TestInserterRefusesBadInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A wrong number of values is the handler's bug: permanent, before any round trip.
+	// A wrong number of values is the handler's bug. It is permanent, found before any
+	// round trip.
 	if err := ins.Insert(context.Background(), nil, "o-1"); !errors.Is(err, inbox.ErrPermanent) || !strings.Contains(err.Error(), "1 values for 2 columns (order_id, points)") {
 		t.Errorf("Insert with one value of two: %v, want a permanent error naming the columns", err)
 	}

@@ -43,7 +43,7 @@ func startRouterObserved(t *testing.T, kc kafkax.Config, group, topic string, ib
 }
 
 // runRouter runs a Watermill router with one handler until the returned stop function is
-// called; then it calls after (if set).
+// called. It then calls after, if after is set.
 func runRouter(t *testing.T, sub message.Subscriber, topic string, h message.NoPublishHandlerFunc, after func()) (stop func()) {
 	t.Helper()
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NopLogger{})
@@ -110,9 +110,9 @@ func waitFor(t *testing.T, what string, limit time.Duration, cond func() (bool, 
 	}
 }
 
-// End to end on the real broker: the same order as two different Kafka messages → one
-// coupon and one CouponGranted event on the granted topic; poison in the same partition is
-// quarantined and the partition keeps flowing.
+// TestKafkaEndToEnd runs end to end on the real broker. The same order, sent as two
+// different Kafka messages, gives one coupon and one CouponGranted event on the granted
+// topic. Poison in the same partition is quarantined, and the partition keeps flowing.
 func TestKafkaEndToEnd(t *testing.T) {
 	kc := testenv.Kafka(t)
 	in := testenv.Topic(t, kc, "order-paid", 1)
@@ -171,9 +171,10 @@ func TestKafkaEndToEnd(t *testing.T) {
 	}
 }
 
-// A consumer stalls inside a step past the rebalance timeout; a second consumer joins, takes
-// the partition and re-reads the same message, so both run the same order at once. The
-// inbox row lock and the state machine's CAS make it one coupon, stock and budget counted once.
+// TestStalledConsumerLosesPartition stalls a consumer inside a step past the rebalance
+// timeout. A second consumer joins, takes the partition and reads the same message again.
+// So both run the same order at once. The inbox row lock and the state machine's CAS make
+// it one coupon, with stock and budget counted once.
 func TestStalledConsumerLosesPartition(t *testing.T) {
 	kc := testenv.Kafka(t)
 	kc.SessionTimeout = 6 * time.Second
@@ -217,8 +218,8 @@ func TestStalledConsumerLosesPartition(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatal("consumer A never received the order")
 	}
-	// B joins; A cannot leave its claim while its handler is stuck, so after the rebalance
-	// timeout the broker drops A and B re-reads the uncommitted message.
+	// B joins. A cannot leave its claim while its handler is stuck. So after the rebalance
+	// timeout the broker drops A, and B reads the uncommitted message again.
 	startRouterObserved(t, kc, group, in, ibB, func(*message.Message) {
 		mu.Lock()
 		received["B"]++

@@ -16,11 +16,11 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-// Two orders under one Kafka key, the first delayed while its dependency is down. By
-// default order holds per business key: the second is granted while the first waits. With
-// inbox.delayed_holds_kafka_key the first stays unacked until its row ends, so the second
-// waits behind it and is granted after it, through the parallel subscriber (per-key order)
-// and group commit alike.
+// TestDelayedHoldsKafkaKey sends two orders under one Kafka key. The first is delayed
+// while its dependency is down. By default order holds per business key, so the second is
+// granted while the first waits. With inbox.delayed_holds_kafka_key the first stays
+// unacked until its row ends. So the second waits behind it and is granted after it. That
+// holds through the parallel subscriber, with its per-key order, and group commit alike.
 func TestDelayedHoldsKafkaKey(t *testing.T) {
 	for _, tc := range []struct {
 		name    string

@@ -9,11 +9,12 @@ import (
 	"github.com/onceflow/onceflow/inbox"
 )
 
-// Business keys compare exactly, byte for byte: orders whose ids differ only in trailing
-// spaces or in case are different orders, each with its inbox row and its coupon, one at a
-// time and in one batch. Under a PAD SPACE collation (utf8mb4_bin, the schema before
-// migrations/00013 and coupon's 00002) "h1-g1 " was "h1-g1": a conflict or a duplicate, no
-// coupon of its own.
+// TestKeysCompareExactly checks that business keys compare exactly, byte for byte. Orders
+// whose ids differ only in trailing spaces or in case are different orders. Each gets its
+// inbox row and its coupon, one at a time and in one batch. A PAD SPACE collation such as
+// utf8mb4_bin would take "h1-g1 " for "h1-g1". The order would then be a conflict or a
+// duplicate, with no coupon of its own. Migration 00013 and coupon's 00002 set NO PAD
+// collations.
 func TestKeysCompareExactly(t *testing.T) {
 	keys := []string{"h1-g1", "h1-g1 ", "h1-g1  ", "A", "a"}
 	for _, batch := range []bool{false, true} {

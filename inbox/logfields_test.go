@@ -29,7 +29,8 @@ func (l *captureLogger) Debug(_ string, f watermill.LogFields)              { l.
 func (l *captureLogger) Trace(_ string, f watermill.LogFields)              { l.rec(f) }
 func (l *captureLogger) With(f watermill.LogFields) watermill.LoggerAdapter { return l }
 
-// Log lines name the business key as the plugin calls it (order_id) and carry the origin.
+// TestLogFieldsNameTheBusinessKey checks that log lines name the business key as the
+// plugin calls it, order_id, and carry the origin.
 func TestLogFieldsNameTheBusinessKey(t *testing.T) {
 	d := testenv.DB(t, 4, couponSchema)
 	g, err := coupon.NewGranter(coupon.DefaultConfig(), nil, nil)
@@ -41,7 +42,7 @@ func TestLogFieldsNameTheBusinessKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Conflicting payload for a known key: logged with the key and the origin.
+	// A conflicting payload for a known key is logged with the key and the origin.
 	ctx := context.Background()
 	if err := coupon.EnsureCampaign(ctx, d.DB, coupon.DefaultConfig()); err != nil {
 		t.Fatal(err)

@@ -53,8 +53,9 @@ func scrape(t *testing.T, m *metrics.Metrics) map[string]float64 {
 	return out
 }
 
-// After a run with duplicates, poison and a conflict, the delivery counters, the handler
-// latency histogram, inbox rows by status and the outbox gauges say what happened.
+// TestMetricsMoveWithDeliveries checks that after a run with duplicates, poison and a
+// conflict, the metrics say what happened. They are the delivery counters, the handler
+// latency histogram, the inbox rows by status and the outbox gauges.
 func TestMetricsMoveWithDeliveries(t *testing.T) {
 	p := newPipeline(t, pipelineOpts{})
 	m := metrics.New(p.db.DB)
@@ -104,10 +105,11 @@ func TestMetricsMoveWithDeliveries(t *testing.T) {
 	}
 }
 
-// A new delivery of a quarantined key is held — not run, the row left failed — and counted
-// as held, not as a duplicate, on both paths (one delivery per transaction, and the
-// group-commit Batcher); after a replay releases the key, the next delivery is a
-// duplicate. The outcome label keeps its fixed set of values.
+// TestHeldDeliveryOfQuarantinedKey checks that a new delivery of a quarantined key is
+// held. It is not run, and the row is left failed. It is counted as held, not as a
+// duplicate, on both paths, one delivery per transaction and the group-commit Batcher.
+// After a replay releases the key, the next delivery is a duplicate. The outcome label
+// keeps its fixed set of values.
 func TestHeldDeliveryOfQuarantinedKey(t *testing.T) {
 	var broken atomic.Bool
 	broken.Store(true)
@@ -163,7 +165,7 @@ func TestHeldDeliveryOfQuarantinedKey(t *testing.T) {
 		t.Errorf("console throughput totals %+v, want 2 held and no duplicate", tp)
 	}
 
-	// The operator releases the key: the replay runs the row; later deliveries are
+	// The operator releases the key. The replay runs the row, and later deliveries are
 	// duplicates.
 	if rep, err := inboxops.Replay(ctx, ib, inboxops.ReplayOptions{Filter: failedFilter()}); err != nil || rep.Processed != 1 {
 		t.Fatalf("replay: %+v %v", rep, err)

@@ -21,9 +21,9 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// provider is a real HTTP downstream, as a payment provider a refunds plugin calls: it
-// counts each key's calls, its successful ones, calls made after a success of the key, and
-// calls that started while another call of the key was still running.
+// provider is a real HTTP downstream, as a payment provider a refunds plugin calls. It
+// counts each key's calls and its successful ones. It counts calls made after a success of
+// the key, and calls that started while another call of the key was still running.
 type provider struct {
 	srv   *httptest.Server
 	down  atomic.Bool // answers 503
@@ -91,8 +91,8 @@ func (p *provider) check(t *testing.T, keys ...string) {
 	}
 }
 
-// refunds is a plugin as a new user writes it: Prepare calls the provider with the key as
-// its idempotency key and reads nothing first; Handle records the refund.
+// refunds is a plugin as a new user writes it. Prepare calls the provider with the key as
+// its idempotency key and reads nothing first. Handle records the refund.
 type refunds struct {
 	url    string
 	client *http.Client
@@ -156,8 +156,8 @@ func refundsDB(t *testing.T) testenv.Database {
 	return d
 }
 
-// refundInbox is one router's inbox of the refunds plugin on d; the first Handle of each of
-// failFirst fails.
+// refundInbox is one router's inbox of the refunds plugin on d. The first Handle of each
+// key in failFirst fails.
 func refundInbox(t *testing.T, d testenv.Database, p *provider, failFirst ...string) *inbox.Inbox {
 	t.Helper()
 	h := &refunds{url: p.srv.URL + "/refund", client: &http.Client{Timeout: 10 * time.Second}, failFirst: map[string]bool{}}
@@ -175,8 +175,8 @@ func refundInbox(t *testing.T, d testenv.Database, p *provider, failFirst ...str
 
 var refundOffset atomic.Int64
 
-// refund is a delivery of order's refund: a message of its own each time (a copy has the
-// same payload, another uuid and offset).
+// refund is a delivery of order's refund, a message of its own each time. A copy has the
+// same payload, and another uuid and offset.
 func refund(order string) (*message.Message, inbox.Source) {
 	return message.NewMessage(watermill.NewUUID(), []byte(`{"orderId":"`+order+`"}`)),
 		inbox.Source{Topic: "refunds", Partition: 0, Offset: refundOffset.Add(1)}
@@ -186,16 +186,16 @@ func refunded(t *testing.T, d testenv.Database, order string) int {
 	return count(t, d.DB, `SELECT COUNT(*) FROM refund WHERE order_id = ?`, order)
 }
 
-// A key's outside calls are made once, by one path at a time, whatever runs the key: the
-// partition's delivery, a copy of it, the delayed redeliverer, a replay, another router.
-// Each case counts the calls at a real HTTP server; each fails where a path called Prepare
-// before it knew the key's row.
+// TestOneOutsideCallPerKey checks that a key's outside calls are made once, by one path at
+// a time, whatever runs the key. The paths are the partition's delivery, a copy of it, the
+// delayed redeliverer, a replay and another router. Each case counts the calls at a real
+// HTTP server. Each fails where a path called Prepare before it knew the key's row.
 func TestOneOutsideCallPerKey(t *testing.T) {
 	ctx := context.Background()
 
-	// An order delayed while the provider is down, then delivered again as a copy once it is
-	// back, then redelivered: the copy is held (the row waits for its redelivery) and makes
-	// no call; the redelivery makes the one call.
+	// An order is delayed while the provider is down. It is delivered again as a copy once
+	// the provider is back, then redelivered. The copy is held, because the row waits for
+	// its redelivery, and makes no call. The redelivery makes the one call.
 	t.Run("delayed, a copy, then the redeliverer", func(t *testing.T) {
 		d := refundsDB(t)
 		p := newProvider(t, 0)
@@ -233,8 +233,8 @@ func TestOneOutsideCallPerKey(t *testing.T) {
 		p.check(t, "A")
 	})
 
-	// A transaction that rolls back after the calls were made (here the handler's first
-	// Handle fails) is retried with what Prepare made: the calls are not made again, one at a
+	// A transaction that rolls back after the calls were made is retried with what Prepare
+	// made. Here the handler's first Handle fails. The calls are not made again, one at a
 	// time or under group commit.
 	t.Run("a retry after a rolled-back transaction", func(t *testing.T) {
 		d := refundsDB(t)
@@ -254,8 +254,8 @@ func TestOneOutsideCallPerKey(t *testing.T) {
 		p.check(t, "F1", "F2")
 	})
 
-	// Copies of each key run at once by three routers (their own inboxes on one database),
-	// one of them replaying, over a slow provider.
+	// Three routers run copies of each key at once, over a slow provider. They have their
+	// own inboxes on one database, and one of them is replaying.
 	t.Run("copies at once on three routers and a replay", func(t *testing.T) {
 		d := refundsDB(t)
 		p := newProvider(t, 100*time.Millisecond)

@@ -7,8 +7,9 @@ import (
 	"github.com/onceflow/onceflow/inbox"
 )
 
-// ProcessOptions holds only what a caller sets: no field of it is out of reach, so no
-// caller's zero value stands for a mode it cannot see.
+// TestProcessOptionsHasNoHiddenFields checks that ProcessOptions holds only what a caller
+// sets. No field of it is out of reach, so no caller's zero value stands for a mode it
+// cannot see.
 func TestProcessOptionsHasNoHiddenFields(t *testing.T) {
 	typ := reflect.TypeFor[inbox.ProcessOptions]()
 	for i := range typ.NumField() {

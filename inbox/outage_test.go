@@ -16,9 +16,9 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// failingOrder wraps the granter: every attempt of order fails while down is set (the
-// dependency that order's grant calls is down); other orders go through. calls counts the
-// calls made into the failing dependency.
+// failingOrder wraps the granter. Every attempt of order fails while down is set, as when
+// the dependency that order's grant calls is down. Other orders go through. calls counts
+// the calls made into the failing dependency.
 func failingOrder(order string, down *atomic.Bool, calls *atomic.Int64) func(inbox.Handler) inbox.Handler {
 	return func(g inbox.Handler) inbox.Handler {
 		return handlerFunc{inner: g, handle: func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error) {
@@ -45,10 +45,11 @@ func rowState(t *testing.T, db *sql.DB, key string) (status, reason string, roun
 	return status, r.String, rounds
 }
 
-// A delivery that fails for longer than its immediate attempts take: without delayed
-// redelivery it is quarantined; with it, its row waits (the delivery acked, the partition's
-// other keys processed and its offset committed meanwhile) and a later round grants the
-// order once; when the rounds run out it is quarantined as retries_exhausted.
+// TestDelayedRedelivery checks a delivery that fails for longer than its immediate
+// attempts take. Without delayed redelivery it is quarantined. With it, its row waits, and
+// a later round grants the order once. Meanwhile the delivery is acked, the partition's
+// other keys are processed and its offset is committed. When the rounds run out, the
+// delivery is quarantined as retries_exhausted.
 func TestDelayedRedelivery(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -77,7 +78,7 @@ func TestDelayedRedelivery(t *testing.T) {
 			startRouter(t, kc, group, topic, p.inbox)
 			produce(t, kc, topic, [2]string{"A", orderJSON("A", "u1")}, [2]string{"B", orderJSON("B", "u2")}, [2]string{"C", orderJSON("C", "u3")})
 
-			// A's failure does not hold the partition: B and C behind it are granted, and
+			// A's failure does not hold the partition. B and C behind it are granted, and
 			// the group's offset reaches the partition's end while A's outcome is pending
 			// or quarantined.
 			waitFor(t, "B and C granted, the offset committed", 30*time.Second, func() (bool, string) {
@@ -111,11 +112,11 @@ func TestDelayedRedelivery(t *testing.T) {
 	}
 }
 
-// With every call failing, the breaker opens after breaker_min_calls: the deliveries wait
-// instead of spending their attempts, so none is quarantined, and the calls into the failing
-// dependency stop at about one attempt per delivery plus the probes; once the dependency is
-// back a probe closes the breaker and every delivery is processed. Without the breaker every
-// delivery spends its attempts and is quarantined.
+// TestCircuitBreaker fails every call, so the breaker opens after breaker_min_calls. The
+// deliveries then wait instead of spending their attempts, and none is quarantined. The
+// calls into the failing dependency stop at about one attempt per delivery, plus the
+// probes. Once the dependency is back, a probe closes the breaker and every delivery is
+// processed. Without the breaker every delivery spends its attempts and is quarantined.
 func TestCircuitBreaker(t *testing.T) {
 	const deliveries, attempts = 40, 10
 	for _, breaker := range []bool{false, true} {
@@ -126,9 +127,9 @@ func TestCircuitBreaker(t *testing.T) {
 			p := newPipeline(t, pipelineOpts{conns: deliveries + 8, outage: true, wrap: failingOrder("", &down, &calls), inboxCfg: inbox.Config{
 				MaxAttempts: attempts, DelayedRetries: -1, BreakerOff: !breaker, BreakerMinCalls: 20, BreakerFailureRatio: 0.9,
 				BreakerOpenFor: 100 * time.Millisecond,
-				// Backoffs of a real dependency's order (not the helpers' 1-10 ms): the breaker
-				// counts deliveries, and all 40 make their first attempt long before any makes
-				// its tenth.
+				// These backoffs are of a real dependency's order, not the helpers' 1-10 ms.
+				// The breaker counts deliveries, and all 40 make their first attempt long
+				// before any makes its tenth.
 				BackoffInitial: 50 * time.Millisecond, BackoffMax: 200 * time.Millisecond}})
 			var wg sync.WaitGroup
 			results := make([]inbox.Result, deliveries)
@@ -181,15 +182,17 @@ func TestCircuitBreaker(t *testing.T) {
 	}
 }
 
-// A delivery waiting on an open breaker stops when its context ends (shutdown, rebalance):
-// an error, not acked, nothing spent.
+// TestBreakerWaitEndsWithContext checks that a delivery waiting on an open breaker stops
+// when its context ends, on a shutdown or a rebalance. It returns an error, is not acked,
+// and spends nothing.
 func TestBreakerWaitEndsWithContext(t *testing.T) {
 	var down atomic.Bool
 	var calls atomic.Int64
 	down.Store(true)
 	p := newPipeline(t, pipelineOpts{outage: true, wrap: failingOrder("", &down, &calls), inboxCfg: inbox.Config{
 		MaxAttempts: 100, DelayedRetries: -1, BreakerMinCalls: 3, BreakerOpenFor: time.Hour}})
-	// Three deliveries fail together: the breaker counts deliveries, not a few retried ones.
+	// Three deliveries fail together, because the breaker counts deliveries, not a few
+	// retried ones.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	errs := make(chan error, 3)
@@ -216,8 +219,9 @@ func TestBreakerWaitEndsWithContext(t *testing.T) {
 	}
 }
 
-// Under group commit a delivery that keeps failing in its batch is delayed, not quarantined,
-// once its attempts run out; a panic and ErrPermanent are quarantined at once.
+// TestGroupedFailureDelayed checks that under group commit a delivery that keeps failing in
+// its batch is delayed, not quarantined, once its attempts run out. A panic and
+// ErrPermanent are quarantined at once.
 func TestGroupedFailureDelayed(t *testing.T) {
 	h := newEffects()
 	h.misbehave = func(_ context.Context, key string, _ int) error {
@@ -243,10 +247,11 @@ func TestGroupedFailureDelayed(t *testing.T) {
 	}
 }
 
-// Due rows are redelivered side by side: a handler that waits for its peers (a slow or
-// hanging dependency) holds one slot, not the backlog. Each redelivery here returns only once
-// all four are running at the same time (or gives up after 15 s and fails): one at a time,
-// none of them would be granted.
+// TestRedeliveriesRunSideBySide checks that due rows are redelivered side by side. A
+// handler that waits for its peers, as on a slow or hanging dependency, holds one slot, not
+// the backlog. Each redelivery here returns only once all four are running at the same
+// time. Otherwise it gives up after 15 s and fails. One at a time, none of them would be
+// granted.
 func TestRedeliveriesRunSideBySide(t *testing.T) {
 	const rows = 4
 	var down atomic.Bool
@@ -294,9 +299,10 @@ func TestRedeliveriesRunSideBySide(t *testing.T) {
 	}
 }
 
-// The breaker counts failed deliveries, not attempts: one bad message retried many times,
-// with nothing else arriving, leaves it closed (it is quarantined when its attempts run out)
-// instead of opening it and holding every delivery behind probes that keep failing.
+// TestBreakerCountsDeliveries checks that the breaker counts failed deliveries, not
+// attempts. One bad message retried many times, with nothing else arriving, leaves it
+// closed, and is quarantined when its attempts run out. It does not open the breaker and
+// hold every delivery behind probes that keep failing.
 func TestBreakerCountsDeliveries(t *testing.T) {
 	var down atomic.Bool
 	var calls atomic.Int64

@@ -9,8 +9,8 @@ import (
 	"github.com/onceflow/onceflow/inbox"
 )
 
-// A permanent error is ErrPermanent and still its cause: errors.Is and errors.As find both,
-// and errors.Unwrap gives the cause back.
+// TestPermanentWrapsItsCause checks that a permanent error is ErrPermanent and still its
+// cause. errors.Is and errors.As find both, and errors.Unwrap gives the cause back.
 func TestPermanentWrapsItsCause(t *testing.T) {
 	cause := &fs.PathError{Op: "open", Path: "x", Err: fs.ErrNotExist}
 	for _, tc := range []struct {

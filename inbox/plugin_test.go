@@ -42,8 +42,9 @@ func mustPanic(t *testing.T, want string, fn func()) {
 	fn()
 }
 
-// A plugin registered twice (two packages claiming one name) fails at start-up with a
-// message naming it; so do empty names and incomplete declarations.
+// TestPluginRegisteredTwicePanics checks that a plugin registered twice, by two packages
+// claiming one name, fails at start-up with a message naming it. So do empty names and
+// incomplete declarations.
 func TestPluginRegisteredTwicePanics(t *testing.T) {
 	r := registry.New[inbox.Plugin]("plugin")
 	inbox.RegisterIn(r, testPlugin("greeter"))
@@ -66,9 +67,10 @@ func TestPluginRegisteredTwicePanics(t *testing.T) {
 	mustPanic(t, `plugin "w": table name`, func() { inbox.RegisterIn(r, badTable) })
 }
 
-// A plugin's settings declaration is checked as it registers: a struct with well-formed
-// tags, none of the keys the runtime reserves, each setting at its zero value or its
-// default; the zero value, the defaults and a nil pointer of the type are accepted.
+// TestPluginSettingsDeclaration checks a plugin's settings declaration as it registers. It
+// must be a struct with well-formed tags, none of the keys the runtime reserves, and each
+// setting at its zero value or its default. The zero value, the defaults and a nil pointer
+// of the type are accepted.
 func TestPluginSettingsDeclaration(t *testing.T) {
 	type good struct {
 		Topic string `key:"topic" default:"out" help:"topic"`

@@ -20,13 +20,13 @@ type record struct {
 	good       string // the order id when the value is a good order, else ""
 }
 
-// Outside records of every odd kind, in the middle of each partition between good orders,
-// through the router's default path (parallel subscriber + group commit) on the real
-// broker: every good order — including those whose key, headers or message id are not
-// UTF-8 — is granted once, every poison record is quarantined, and the group's committed
-// offsets reach the end of every partition. Before the inbox could store any bytes, the
-// tombstone alone stalled its partition: its quarantine failed on the NOT NULL payload and
-// the record was redelivered every 100 ms, so the committed offset never passed it.
+// TestKafkaPoisonNeverStallsAPartition sends outside records of every odd kind, in the
+// middle of each partition between good orders. They go through the router's default path
+// on the real broker, the parallel subscriber and group commit. Every good order is
+// granted once, including those whose key, headers or message id are not UTF-8. Every
+// poison record is quarantined. The group's committed offsets reach the end of every
+// partition. A tombstone whose quarantine failed on the NOT NULL payload would be
+// redelivered over and over, and the committed offset would never pass it.
 func TestKafkaPoisonNeverStallsAPartition(t *testing.T) {
 	kc := testenv.Kafka(t)
 	const parts = 3

@@ -23,8 +23,8 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// poisonCase is one outside record that must end quarantined (or, when it is a good order
-// with odd transport fields, granted) instead of looping.
+// poisonCase is one outside record that must end quarantined instead of looping. A good
+// order with odd transport fields must end granted.
 type poisonCase struct {
 	name    string
 	msg     func() *message.Message
@@ -77,7 +77,8 @@ func poisonCases() []poisonCase {
 			msg: func() *message.Message { return good("p-panic") },
 			handler: func(g inbox.Handler) inbox.Handler {
 				return handlerFunc{inner: g, handle: func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error) {
-					// The write is under way when it panics: its row lock must not outlive it.
+					// The write is under way when it panics, and its row lock must not outlive
+					// it.
 					if _, err := tx.ExecContext(ctx, "UPDATE coupon_stock SET locked = locked WHERE campaign_id IS NOT NULL"); err != nil {
 						return inbox.Done, err
 					}
@@ -121,16 +122,16 @@ func (h decodeFunc) Decode(m *message.Message) (inbox.Decoded, error) { return h
 
 func openTransactions(t *testing.T, p *pipeline) int { return testenv.OpenTransactions(t, p.db.Name) }
 
-// Every poison variant ends in one Process call with a recorded outcome — never an error
-// loop — and good orders around it are granted once. Run on both paths: one delivery per
-// transaction, and the group-commit Batcher.
+// TestPoisonNeverLoops checks that every poison variant ends in one Process call with a
+// recorded outcome, never in an error loop. Good orders around it are granted once. The
+// test runs on both paths, one delivery per transaction and the group-commit Batcher.
 func TestPoisonNeverLoops(t *testing.T) {
 	for _, batched := range []bool{false, true} {
 		for _, tc := range poisonCases() {
 			name := tc.name
 			if batched {
-				// The wrapped handlers are plain Handlers: group-committed, each delivery
-				// behind a savepoint (grouped.go); the granter itself is a BatchHandler.
+				// The wrapped handlers are plain Handlers. They are group-committed, each
+				// delivery behind a savepoint. The granter itself is a BatchHandler.
 				name = "batch/" + name
 			}
 			t.Run(name, func(t *testing.T) {
@@ -196,7 +197,7 @@ func TestPoisonNeverLoops(t *testing.T) {
 				if len(m.Payload) > 1<<20 && payloadLen >= len(m.Payload) {
 					t.Fatalf("an oversized payload of %d bytes was stored whole (%d)", len(m.Payload), payloadLen)
 				}
-				// No transaction (and so no row lock) outlives the delivery.
+				// No transaction, and so no row lock, outlives the delivery.
 				deadline := time.Now().Add(10 * time.Second)
 				for openTransactions(t, p) > 0 {
 					if time.Now().After(deadline) {
@@ -209,8 +210,9 @@ func TestPoisonNeverLoops(t *testing.T) {
 	}
 }
 
-// The stored form of the odd inputs: a tombstone is flagged, an oversized payload keeps a
-// prefix with its size and sha256, capped metadata is valid JSON with a marker.
+// TestQuarantineStoresBoundedContent checks the stored form of the odd inputs. A tombstone
+// is flagged. An oversized payload keeps a prefix with its size and sha256. Capped metadata
+// is valid JSON with a marker.
 func TestQuarantineStoresBoundedContent(t *testing.T) {
 	p := newPipeline(t, pipelineOpts{conns: 4})
 	ctx := context.Background()
@@ -255,8 +257,9 @@ func TestQuarantineStoresBoundedContent(t *testing.T) {
 	}
 }
 
-// A database that refuses the quarantine row as it is still gets a minimal one (key,
-// source, reason, hash): shown with a trigger that rejects failed rows carrying a payload.
+// TestQuarantineFallsBackToMinimalRow checks that a database that refuses the quarantine
+// row as it is still gets a minimal one, with the key, source, reason and hash. A trigger
+// that rejects failed rows carrying a payload shows it.
 func TestQuarantineFallsBackToMinimalRow(t *testing.T) {
 	p := newPipeline(t, pipelineOpts{conns: 4})
 	p.db.RefuseQuarantinePayloads(t)
@@ -277,8 +280,9 @@ func TestQuarantineFallsBackToMinimalRow(t *testing.T) {
 	}
 }
 
-// A plugin whose fingerprints are short or not UTF-8 cannot crash the framework's conflict
-// path: the same key with another fingerprint is quarantined as a conflict.
+// TestShortFingerprintConflict checks that a plugin whose fingerprints are short or not
+// UTF-8 cannot crash the framework's conflict path. The same key with another fingerprint
+// is quarantined as a conflict.
 func TestShortFingerprintConflict(t *testing.T) {
 	var fp atomic.Value
 	fp.Store("ab")
@@ -306,8 +310,9 @@ func TestShortFingerprintConflict(t *testing.T) {
 	}
 }
 
-// A panicking handler's transaction is rolled back and its connection returned: after
-// many panics the pool has no connection in use and every other order is granted.
+// TestPanicsLeaveNoOpenTransaction checks that a panicking handler's transaction is rolled
+// back and its connection returned. After many panics the pool has no connection in use,
+// and every other order is granted.
 func TestPanicsLeaveNoOpenTransaction(t *testing.T) {
 	var panics atomic.Int64
 	p := newPipeline(t, pipelineOpts{conns: 4, inboxCfg: inbox.Config{MaxAttempts: 3}, wrap: func(g inbox.Handler) inbox.Handler {
@@ -387,8 +392,9 @@ func (b badBatch) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (in
 	return b.BatchHandler.Handle(ctx, tx, d)
 }
 
-// On the group-commit path a panicking or blocking HandleBatch rolls its batch back; every
-// delivery then runs on its own, the good ones are granted and the bad ones quarantined.
+// TestBatchPanicsAndTimeouts checks that on the group-commit path a panicking or blocking
+// HandleBatch rolls its batch back. Every delivery then runs on its own. The good ones are
+// granted and the bad ones quarantined.
 func TestBatchPanicsAndTimeouts(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -443,10 +449,11 @@ func TestBatchPanicsAndTimeouts(t *testing.T) {
 	}
 }
 
-// Attempts are bounded across processes: a record that keeps failing is quarantined after
-// inbox.max_attempts in all, even when each process running it is stopped (killed, or its
-// partition lost) before its own count runs out. Process A fails twice and stops; the
-// redelivery to process B fails once more and is quarantined: three attempts, not five.
+// TestAttemptsCountAcrossProcesses checks that attempts are bounded across processes. A
+// record that keeps failing is quarantined after inbox.max_attempts in all. That holds even
+// when each process running it is stopped before its own count runs out, killed or its
+// partition lost. Process A fails twice and stops. The redelivery to process B fails once
+// more and is quarantined, after three attempts, not five.
 func TestAttemptsCountAcrossProcesses(t *testing.T) {
 	var calls atomic.Int64
 	stopAfter := make(chan struct{})
@@ -487,7 +494,7 @@ func TestAttemptsCountAcrossProcesses(t *testing.T) {
 	}
 }
 
-// badPrepare is the plugin's handler (its HandleBatch included) with a Prepare that
+// badPrepare is the plugin's handler, its HandleBatch included, with a Prepare that
 // misbehaves on the first call for each key "bad-*".
 type badPrepare struct {
 	inbox.BatchHandler
@@ -510,11 +517,12 @@ func (b *badPrepare) Prepare(ctx context.Context, d *inbox.Delivery) error {
 	return nil
 }
 
-// A Prepare that panics or times out under group commit fails only its own delivery's
-// attempt: that delivery is retried alone (where its next Prepare is sound) and granted; the
-// others are batched meanwhile. A Prepare that never returns, not even once its context is
-// cancelled, may still be calling out: its key's next call would overlap it, so its
-// delivery's attempts time out waiting for it and the delivery is quarantined (timeout).
+// TestBatchPreparePanicsAndTimeouts checks that a Prepare that panics or times out under
+// group commit fails only its own delivery's attempt. That delivery is retried alone,
+// where its next Prepare is sound, and granted. The others are batched meanwhile. A
+// Prepare that never returns, not even once its context is cancelled, may still be calling
+// out. Its key's next call would overlap it. So its delivery's attempts time out waiting
+// for it, and the delivery is quarantined with reason timeout.
 func TestBatchPreparePanicsAndTimeouts(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -567,8 +575,9 @@ func TestBatchPreparePanicsAndTimeouts(t *testing.T) {
 	}
 }
 
-// A poison record whose row an operator resolved (done) is a counted duplicate when it is
-// delivered again, not a second quarantine: the row stays done.
+// TestPoisonRedeliveredAfterResolveIsADuplicate checks a poison record whose row an
+// operator resolved, so the row is done. Delivered again, the record is a counted
+// duplicate, not a second quarantine, and the row stays done.
 func TestPoisonRedeliveredAfterResolveIsADuplicate(t *testing.T) {
 	p := newPipeline(t, pipelineOpts{})
 	ctx := context.Background()

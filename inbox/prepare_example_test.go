@@ -73,8 +73,8 @@ func (p *parcels) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (in
 	return inbox.Done, p.booked.Insert(ctx, tx, d.Key, parcel)
 }
 
-// carrier is a fake carrier's booking service: one parcel per Idempotency-Key, the same
-// answer for every request with a key it has seen.
+// carrier is a fake carrier's booking service. It books one parcel per Idempotency-Key,
+// and gives the same answer for every request with a key it has seen.
 type carrier struct {
 	mu     sync.Mutex
 	keys   []string          // the Idempotency-Key of each request, in order
@@ -92,10 +92,10 @@ func (c *carrier) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(map[string]string{"parcelId": c.parcel[key]})
 }
 
-// A handler whose step calls an outside service: Prepare makes the call outside any
-// transaction, with an idempotency key of the business key and the step, and leaves the
-// answer in d.Prepared for Handle. A retry prepares again: the carrier sees the same key and
-// books nothing more.
+// ExamplePreparer shows a handler whose step calls an outside service. Prepare makes the
+// call outside any transaction, with an idempotency key of the business key and the step.
+// It leaves the answer in d.Prepared for Handle. A retry prepares again. The carrier sees
+// the same key and books nothing more.
 func ExamplePreparer() {
 	c := &carrier{parcel: map[string]string{}}
 	srv := httptest.NewServer(c)
@@ -119,8 +119,8 @@ func ExamplePreparer() {
 	// [o-1/book-parcel o-1/book-parcel] 1 parcel booked
 }
 
-// The example's handler runs as the inbox runs it, Prepare then Handle, and records the
-// parcel Prepare booked.
+// TestPreparerExampleInMemory runs the example's handler as the inbox runs it, Prepare then
+// Handle. The handler records the parcel Prepare booked.
 func TestPreparerExampleInMemory(t *testing.T) {
 	c := &carrier{parcel: map[string]string{}}
 	srv := httptest.NewServer(c)
@@ -138,8 +138,9 @@ func TestPreparerExampleInMemory(t *testing.T) {
 	}
 }
 
-// docs/PLUGINS.md shows the example's handler: its Go code block under "Outside calls and
-// idempotency keys" is a part of this file, verbatim, so it compiles and cannot drift.
+// TestPluginsGuideShowsThePreparer checks that docs/PLUGINS.md shows the example's
+// handler. Its Go code block under "Outside calls and idempotency keys" is a part of this
+// file, verbatim. So it compiles and cannot drift.
 func TestPluginsGuideShowsThePreparer(t *testing.T) {
 	guide, err := os.ReadFile("../docs/PLUGINS.md")
 	if err != nil {

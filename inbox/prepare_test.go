@@ -30,10 +30,11 @@ func (s *blockingService) Call(ctx context.Context, step, _ string) error {
 	return nil
 }
 
-// The seed's external calls take seconds. With the plugin's Prepare, the calls happen
-// outside any transaction: while one is in flight, another transaction can lock the order's
-// inbox row and grant at once. The bare granter, without Prepare (each step's call inside
-// its transaction), holds both locks for the whole call, which the same probe detects.
+// TestSlowExternalCallHoldsNoLock checks external calls that take seconds. With the
+// plugin's Prepare, the calls happen outside any transaction. While one is in flight,
+// another transaction can lock the order's inbox row and grant at once. The bare granter
+// has no Prepare, and makes each step's call inside its transaction. So it holds both
+// locks for the whole call, which the same probe detects.
 func TestSlowExternalCallHoldsNoLock(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
@@ -81,7 +82,7 @@ func TestSlowExternalCallHoldsNoLock(t *testing.T) {
 			case <-time.After(30 * time.Second):
 				t.Fatal("the deduct_budget call never started")
 			}
-			// The probe: lock the inbox row and the grant without waiting.
+			// The probe locks the inbox row and the grant without waiting.
 			locked := false
 			probe := func(q string) {
 				err := func() error {

@@ -14,9 +14,10 @@ import (
 	"github.com/onceflow/onceflow/inbox"
 )
 
-// The zero Progress is invalid: a Handle that returns it without an error has not said
-// what it did, and the one-at-a-time path never takes it for Done — the attempt fails, its
-// writes are rolled back, and after inbox.max_attempts the message is quarantined.
+// TestZeroProgressIsNotDone checks that the zero Progress is invalid. A Handle that
+// returns it without an error has not said what it did. The one-at-a-time path never
+// takes it for Done. The attempt fails and its writes are rolled back. After
+// inbox.max_attempts the message is quarantined.
 func TestZeroProgressIsNotDone(t *testing.T) {
 	h := newEffects()
 	h.progress = func(string, int) inbox.Progress { return 0 }
@@ -44,7 +45,7 @@ func TestProgressString(t *testing.T) {
 	}
 }
 
-// okBatch is a BatchHandler whose HandleBatch forgets to fill its result: every slot is
+// okBatch is a BatchHandler whose HandleBatch forgets to fill its result, so every slot is
 // the zero Progress. Handle does the work.
 type okBatch struct{ *effects }
 
@@ -52,8 +53,9 @@ func (okBatch) HandleBatch(_ context.Context, _ *sql.Tx, ds []*inbox.Delivery) (
 	return make([]inbox.Progress, len(ds)), nil
 }
 
-// A HandleBatch that returns a zero Progress for a delivery has not done it: the delivery
-// is not marked done but runs one at a time, so its work happens exactly once.
+// TestBatchZeroProgressIsNotDone checks that a HandleBatch that returns a zero Progress
+// for a delivery has not done it. The delivery is not marked done, but runs one at a time.
+// So its work happens exactly once.
 func TestBatchZeroProgressIsNotDone(t *testing.T) {
 	h := okBatch{newEffects()}
 	g := newGrouped(t, h, inbox.Config{}, inbox.BatchConfig{Linger: 50 * time.Millisecond})

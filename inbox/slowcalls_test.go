@@ -18,7 +18,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-// slowService is the seed's slow downstream: each call sleeps delay(key) and is recorded.
+// slowService is a slow downstream. Each call sleeps delay(key) and is recorded.
 type slowService struct {
 	delay    func(key string) time.Duration
 	inFlight atomic.Int64
@@ -68,7 +68,7 @@ func (s *slowService) callsFor(order string) int {
 	return s.calls[order]
 }
 
-// submit runs each order through b.Process on its own goroutine (as the router does) and
+// submit runs each order through b.Process on its own goroutine, as the router does. It
 // returns the results in completion order.
 func submit(t *testing.T, b *inbox.Batcher, ids []string, gap time.Duration) <-chan inbox.Result {
 	t.Helper()
@@ -90,10 +90,10 @@ func submit(t *testing.T, b *inbox.Batcher, ids []string, gap time.Duration) <-c
 	return out
 }
 
-// The calls of every delivery run at once, up to inbox.max_in_flight_calls: the peak of
-// concurrent calls follows the setting, so throughput under slow calls grows with it (the
-// bound is calls in flight ÷ call time). Before, the calls ran inside the batch pipeline,
-// at most 64 per batch whatever the setting.
+// TestSlowCallsInFlightFollowTheSetting checks that the calls of every delivery run at
+// once, up to inbox.max_in_flight_calls. The peak of concurrent calls follows the setting.
+// So throughput under slow calls grows with it, bounded by calls in flight ÷ call time.
+// Calls made inside the batch pipeline would be capped per batch, whatever the setting.
 func TestSlowCallsInFlightFollowTheSetting(t *testing.T) {
 	for _, limit := range []int{16, 256} {
 		t.Run(fmt.Sprint(limit), func(t *testing.T) {
@@ -130,9 +130,10 @@ func TestSlowCallsInFlightFollowTheSetting(t *testing.T) {
 	}
 }
 
-// One slow order does not hold back the fast ones that arrive with it: while its call
-// hangs, every fast order is granted. Before, a batch's transaction waited for its slowest
-// member's calls, so the fast orders collected with it waited as long as it did.
+// TestSlowOrderDoesNotHoldBackFastOnes checks that one slow order does not hold back the
+// fast ones that arrive with it. While its call hangs, every fast order is granted. A
+// batch's transaction that waited for its slowest member's calls would make the fast
+// orders collected with it wait as long.
 func TestSlowOrderDoesNotHoldBackFastOnes(t *testing.T) {
 	hang := make(chan struct{})
 	svc := newSlowService(func(order string) time.Duration { return 10 * time.Millisecond })
@@ -175,9 +176,10 @@ func indexOf(xs []string, x string) int {
 	return -1
 }
 
-// Per key, calls for one delivery only under slow calls: copies of an order that arrive
-// while the first is making its calls make none of their own; they follow it into its batch
-// and are counted as duplicates there, answered only once the first has committed.
+// TestSlowCallsKeepPerKeyOrder checks that under slow calls only one delivery per key
+// makes calls. Copies of an order that arrive while the first is making its calls make
+// none of their own. They follow it into its batch and are counted as duplicates there.
+// They are answered only once the first has committed.
 func TestSlowCallsKeepPerKeyOrder(t *testing.T) {
 	svc := newSlowService(func(string) time.Duration { return 300 * time.Millisecond })
 	p := newPipeline(t, pipelineOpts{conns: 8, svc: svc, plugin: true})
@@ -209,8 +211,8 @@ func TestSlowCallsKeepPerKeyOrder(t *testing.T) {
 	}
 }
 
-// claimCounter counts the partitions a subscriber claims (its "Partition claimed" log
-// lines): more claims than partitions mean a rebalance took place.
+// claimCounter counts the partitions a subscriber claims, from its "Partition claimed"
+// log lines. More claims than partitions mean a rebalance took place.
 type claimCounter struct {
 	watermill.LoggerAdapter
 	claims *atomic.Int64
@@ -223,10 +225,10 @@ func (c claimCounter) Debug(msg string, fields watermill.LogFields) {
 }
 func (c claimCounter) With(watermill.LogFields) watermill.LoggerAdapter { return c }
 
-// A burst of slow orders on the real broker, with the shortest session timeout the broker
-// allows: the consumer keeps its partitions (no rebalance is caused by slow calls — the
-// incident's root cause), stops taking messages once the window is full, and grants
-// everything. The same counter sees the rebalance a second member causes.
+// TestSlowBurstCausesNoRebalance sends a burst of slow orders on the real broker, with the
+// shortest session timeout the broker allows. The consumer keeps its partitions, because
+// slow calls cause no rebalance. It stops taking messages once the window is full, and
+// grants everything. The same counter sees the rebalance a second member causes.
 func TestSlowBurstCausesNoRebalance(t *testing.T) {
 	kc := testenv.Kafka(t)
 	kc.SessionTimeout, kc.RebalanceTimeout, kc.HeartbeatEvery = 6*time.Second, 6*time.Second, time.Second
@@ -267,7 +269,8 @@ func TestSlowBurstCausesNoRebalance(t *testing.T) {
 	if n := claims.Load(); n != parts {
 		t.Fatalf("%d partition claims for %d partitions: slow calls caused a rebalance", n, parts)
 	}
-	// The counter can fail: a second member joining moves partitions, and it sees that.
+	// The counter can fail. A second member joining moves partitions, and the counter sees
+	// that.
 	start()
 	waitFor(t, "the second member's rebalance", 60*time.Second, func() (bool, string) {
 		return claims.Load() > parts, fmt.Sprintf("claims=%d", claims.Load())

@@ -7,7 +7,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// No metadata is stored as json.Marshal writes it, without allocating.
+// TestMetadataJSONEmpty checks that no metadata is stored as json.Marshal writes it,
+// without allocating.
 func TestMetadataJSONEmpty(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -31,8 +32,9 @@ func TestMetadataJSONEmpty(t *testing.T) {
 	}
 }
 
-// The claimed rows' columns read in place give what reading them as strings gave, without
-// allocating for the delivery's own fingerprint or a known status.
+// TestClaimedColumnsInPlace checks that the claimed rows' columns read in place give what
+// reading them as strings gives. Reading them allocates nothing for the delivery's own
+// fingerprint or for a known status.
 func TestClaimedColumnsInPlace(t *testing.T) {
 	for _, tc := range []struct {
 		stored, want string

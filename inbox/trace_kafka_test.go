@@ -24,15 +24,15 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-// tracedOrder is one produced order and the trace its record carries (none for an untraced
-// record: its delivery starts a trace of its own).
+// tracedOrder is one produced order and the trace its record carries. An untraced record
+// carries none, and its delivery starts a trace of its own.
 type tracedOrder struct {
 	id     string
 	parent trace.SpanContext // the record's traceparent; invalid when it has none
 }
 
-// produceTraced sends each order's record to topic with a traceparent header (sampled, a
-// random trace) for every order but each fifth, which has none.
+// produceTraced sends each order's record to topic with a traceparent header of a random,
+// sampled trace. Every fifth order has no header.
 func produceTraced(t *testing.T, kc kafkax.Config, topic string, value func(id string) []byte, n int, prefix string) []tracedOrder {
 	t.Helper()
 	p, err := kc.NewSyncProducer()
@@ -63,7 +63,7 @@ func produceTraced(t *testing.T, kc kafkax.Config, topic string, value func(id s
 	return orders
 }
 
-// traceBreaks checks the published records against the orders: each order's one record
+// traceBreaks checks the published records against the orders. Each order's one record
 // carries a traceparent, and an order produced with a trace carries that trace's id. It
 // returns one line per problem.
 func traceBreaks(recs []kafkax.Record, orders []tracedOrder) []string {
@@ -89,8 +89,8 @@ func traceBreaks(recs []kafkax.Record, orders []tracedOrder) []string {
 	return bad
 }
 
-// plainEmitter is a plain handler (no BatchHandler): each delivery writes one event with
-// outbox.Writer.Add, which a Batcher defers to its batch's multi-row insert (txdefer).
+// plainEmitter is a plain handler, not a BatchHandler. Each delivery writes one event with
+// outbox.Writer.Add, which a Batcher defers to its batch's multi-row insert.
 type plainEmitter struct {
 	out   *outbox.Writer
 	topic string
@@ -104,8 +104,8 @@ func (h plainEmitter) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery)
 	return inbox.Done, h.out.Add(ctx, tx, outbox.Event{ID: d.Key, Type: "Traced", Topic: h.topic, Key: d.Key, Payload: []byte(d.Key)})
 }
 
-// headerDropper is a relay producer that sends records without their traceparent header:
-// a relay that does not propagate the trace.
+// headerDropper is a relay producer that sends records without their traceparent header,
+// as a relay that does not propagate the trace would.
 type headerDropper struct{ sarama.SyncProducer }
 
 func (p headerDropper) SendMessages(msgs []*sarama.ProducerMessage) error {
@@ -121,8 +121,8 @@ func (p headerDropper) SendMessages(msgs []*sarama.ProducerMessage) error {
 	return p.SyncProducer.SendMessages(msgs)
 }
 
-// traceRun is one pipeline run of TestKafkaTraceCrossesTheOutbox: orders in with their
-// traces, through the inbox and the relay, read back from the events' topic.
+// traceRun is one pipeline run of TestKafkaTraceCrossesTheOutbox. Orders go in with their
+// traces, through the inbox and the relay, and are read back from the events' topic.
 type traceRun struct {
 	orders []tracedOrder
 	recs   []kafkax.Record
@@ -130,13 +130,16 @@ type traceRun struct {
 	db     *sql.DB
 }
 
-// runTraced runs mode's path on the real broker and database, with an SDK tracer provider
-// recording into memory for the inbox and the relay: "batch" is the router's default (the
-// parallel subscriber, group commit, the coupon granter's HandleBatch, the exactly-once
-// relay); "grouped" is group commit of a plain handler (its events deferred to one
-// multi-row insert) with the exactly-once relay; "single" is the one-at-a-time subscriber
-// and Inbox.Process (the coupon grant's three steps, one transaction each) with the
-// at-least-once relay, whose producer wrap may change.
+// runTraced runs mode's path on the real broker and database. An SDK tracer provider
+// records the inbox's and the relay's spans into memory.
+//
+//   - "batch" is the router's default. It runs the parallel subscriber, group commit, the
+//     coupon granter's HandleBatch and the exactly-once relay.
+//   - "grouped" is group commit of a plain handler, whose events are deferred to one
+//     multi-row insert, with the exactly-once relay.
+//   - "single" is the one-at-a-time subscriber and Inbox.Process, with the at-least-once
+//     relay. The coupon grant runs three steps there, one transaction each. wrap may
+//     change the relay's producer.
 func runTraced(t *testing.T, mode string, wrap func(sarama.SyncProducer) outbox.Producer) traceRun {
 	kc := testenv.Kafka(t)
 	in := testenv.Topic(t, kc, "trace-in", 3)
@@ -214,11 +217,12 @@ func runTraced(t *testing.T, mode string, wrap func(sarama.SyncProducer) outbox.
 	return traceRun{orders: orders, recs: recs, spans: exp.GetSpans(), db: db}
 }
 
-// One trace from the incoming record to the published event, on the router's paths: every
-// event read back from Kafka carries a traceparent of its order's incoming trace; the
-// delivery's consumer span is the incoming span's child, the relay's send span is in the same
-// trace and is the span the header names (a consumer of the event continues after the send);
-// a record without a traceparent starts a trace of its own, which its event carries on.
+// TestKafkaTraceCrossesTheOutbox checks one trace from the incoming record to the
+// published event, on the router's paths. Every event read back from Kafka carries a
+// traceparent of its order's incoming trace. The delivery's consumer span is the incoming
+// span's child. The relay's send span is in the same trace, and is the span the header
+// names. So a consumer of the event continues after the send. A record without a
+// traceparent starts a trace of its own, which its event carries on.
 func TestKafkaTraceCrossesTheOutbox(t *testing.T) {
 	for _, mode := range []string{"batch", "grouped", "single"} {
 		t.Run(mode, func(t *testing.T) {
@@ -240,8 +244,8 @@ func TestKafkaTraceCrossesTheOutbox(t *testing.T) {
 				if !ok || send.SpanKind != trace.SpanKindProducer || send.SpanContext.TraceID() != header.TraceID() {
 					t.Fatalf("order %s: the header's span %s is not a recorded send span of its trace (%+v)", o.id, header.SpanID(), send.Name)
 				}
-				// The send span's parent is the span that wrote the event; up that chain is the
-				// delivery's consumer span, whose parent is the record's (remote) span.
+				// The send span's parent is the span that wrote the event. Up that chain is
+				// the delivery's consumer span, whose parent is the record's remote span.
 				var process tracetest.SpanStub
 				for s, found := send, true; found; s, found = byID[s.Parent.SpanID()] {
 					if s.SpanKind == trace.SpanKindConsumer {
@@ -287,8 +291,9 @@ func TestKafkaTraceCrossesTheOutbox(t *testing.T) {
 	}
 }
 
-// The check above can fail: with a relay whose producer drops the traceparent header, the
-// trace stops at the outbox (its rows still hold it), and traceBreaks reports every event.
+// TestKafkaTraceBreaksWithoutTheHeader shows that the check above can fail. With a relay
+// whose producer drops the traceparent header, the trace stops at the outbox, whose rows
+// still hold it. traceBreaks then reports every event.
 func TestKafkaTraceBreaksWithoutTheHeader(t *testing.T) {
 	r := runTraced(t, "single", func(p sarama.SyncProducer) outbox.Producer { return headerDropper{p} })
 	bad := traceBreaks(r.recs, r.orders)

@@ -18,9 +18,10 @@ type OrderShipped struct {
 	Points  int64  `json:"points"`
 }
 
-// A typed handler: the JSON codec decodes each message into an OrderShipped (unknown fields
-// allowed, trailing data refused), the plugin names its business key, and Handle receives
-// the decoded value. In a router, Handle runs with the inbox's transaction.
+// ExampleTyped shows a typed handler. The JSON codec decodes each message into an
+// OrderShipped. It allows unknown fields and refuses trailing data. The plugin names its
+// business key, and Handle receives the decoded value. In a router, Handle runs with the
+// inbox's transaction.
 func ExampleTyped() {
 	credit := inbox.Typed(
 		inbox.JSON[OrderShipped]{
@@ -32,8 +33,8 @@ func ExampleTyped() {
 			},
 		},
 		func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery, o OrderShipped) (inbox.Progress, error) {
-			// In the inbox's transaction: tx.ExecContext(ctx, "INSERT INTO points_credit ...", o.OrderID, ...)
-			// and the points-credited event through an outbox.Writer with the same tx.
+			// In the inbox's transaction, tx.ExecContext(ctx, "INSERT INTO points_credit ...", o.OrderID, ...)
+			// writes the credit, and an outbox.Writer adds the points-credited event with the same tx.
 			fmt.Printf("credit %d points to %s for %s\n", o.Points, o.UserID, o.OrderID)
 			return inbox.Done, nil
 		})
@@ -55,9 +56,10 @@ func ExampleTyped() {
 	// poison message: orderId and userId are required
 }
 
-// A plain handler's rows through Inserters: written at once when a delivery runs alone, or
-// at the end of a group-committed batch in multi-row INSERTs. The handler never reads them
-// back in the same transaction (in a batch they are not written yet).
+// ExampleInserter shows a plain handler's rows written through Inserters. They are written
+// at once when a delivery runs alone, or at the end of a group-committed batch in
+// multi-row INSERTs. The handler never reads them back in the same transaction, because in
+// a batch they are not written yet.
 func ExampleInserter() {
 	credits, err := inbox.NewInserter("points_credit", "order_id", "user_id", "points")
 	if err != nil {
@@ -77,7 +79,8 @@ func ExampleInserter() {
 			}
 			return inbox.Done, balances.Insert(ctx, tx, o.UserID, o.Points)
 		})
-	// A value missing is the handler's bug, refused before any round trip (and permanent).
+	// A value missing is the handler's bug. It is refused before any round trip, and is
+	// permanent.
 	fmt.Println(credits.Insert(context.Background(), nil, "o-1", "u-1"))
 	// Output:
 	// insert into points_credit: 2 values for 3 columns (order_id, user_id, points)

@@ -28,8 +28,9 @@ func shippedKey(s shipped) (string, error) {
 	return s.OrderID, nil
 }
 
-// The JSON codec: unknown fields allowed, anything after the value refused, the plugin's
-// key (and its refusal) and fingerprint; every refusal is poison.
+// TestJSONCodec checks the JSON codec. It allows unknown fields and refuses anything after
+// the value. It takes the plugin's key, and its refusal, and the plugin's fingerprint.
+// Every refusal is poison.
 func TestJSONCodec(t *testing.T) {
 	h := inbox.Typed(inbox.JSON[shipped]{Key: shippedKey, Fingerprint: func(s shipped) string { return s.OrderID + "/" + string(rune('0'+s.Points%10)) }},
 		func(context.Context, *sql.Tx, *inbox.Delivery, shipped) (inbox.Progress, error) {
@@ -78,8 +79,9 @@ func TestJSONCodec(t *testing.T) {
 	}
 }
 
-// A delivery whose value is not the handler's type is a permanent failure, not a panic;
-// nil codecs, functions and JSON without Key panic at construction.
+// TestTypedMisuse checks that a delivery whose value is not the handler's type is a
+// permanent failure, not a panic. Nil codecs, nil functions and a JSON without Key panic
+// at construction.
 func TestTypedMisuse(t *testing.T) {
 	h := inbox.Typed(inbox.JSON[shipped]{Key: shippedKey}, func(context.Context, *sql.Tx, *inbox.Delivery, shipped) (inbox.Progress, error) {
 		t.Fatal("called with a value of another type")
@@ -108,8 +110,9 @@ func TestTypedMisuse(t *testing.T) {
 	}
 }
 
-// A typed handler is a plain handler: group-committed, its function handed the decoded
-// value, a payload it refuses quarantined as poison.
+// TestTypedGroupCommitted checks that a typed handler is a plain handler. It is
+// group-committed, and its function gets the decoded value. A payload it refuses is
+// quarantined as poison.
 func TestTypedGroupCommitted(t *testing.T) {
 	h := inbox.Typed(inbox.JSON[shipped]{Key: shippedKey}, func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery, s shipped) (inbox.Progress, error) {
 		_, err := tx.ExecContext(ctx, testenv.Rebind("INSERT INTO grouped_effect (k, step) VALUES (?, ?)"), s.OrderID, s.Points)
@@ -128,9 +131,10 @@ func TestTypedGroupCommitted(t *testing.T) {
 	}
 }
 
-// Two orders whose keys differ only in a byte that is not UTF-8 are two poison messages,
-// quarantined with the reason, nothing handled: encoding/json alone (the codec without
-// CheckJSONText) decodes both to one key, one processed and one duplicate.
+// TestTypedInvalidUTF8IsPoison checks that two orders whose keys differ only in a byte
+// that is not UTF-8 are two poison messages. They are quarantined with the reason, and
+// nothing is handled. encoding/json alone, a codec without CheckJSONText, would decode
+// both to one key, with one processed and one duplicate.
 func TestTypedInvalidUTF8IsPoison(t *testing.T) {
 	payloads := []string{"{\"orderId\":\"u8-\xff\",\"points\":5}", "{\"orderId\":\"u8-\xfe\",\"points\":5}"}
 	var a, b shipped
@@ -157,9 +161,10 @@ func TestTypedInvalidUTF8IsPoison(t *testing.T) {
 	}
 }
 
-// Orders whose field names differ from the type's in case, or that give a field twice, are
-// poison, quarantined with the reason, nothing handled: encoding/json alone decodes each to
-// an order (the last orderId, or the one spelt in capitals) that would be processed.
+// TestTypedFieldNamesExact checks that orders whose field names differ from the type's in
+// case, or that give a field twice, are poison. They are quarantined with the reason, and
+// nothing is handled. encoding/json alone would decode each to an order, with the last
+// orderId or the one spelt in capitals, and the order would be processed.
 func TestTypedFieldNamesExact(t *testing.T) {
 	payloads := []string{`{"orderId":"ci-2","orderid":"ci-3","points":1}`, `{"ORDERID":"ci-1","points":1}`, `{"orderId":"ci-4","orderId":"ci-5","points":1}`}
 	for i, want := range []string{"ci-3", "ci-1", "ci-5"} {

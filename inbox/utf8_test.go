@@ -17,9 +17,9 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// CheckJSONText refuses what encoding/json would decode as U+FFFD — bytes that are not
-// UTF-8 and \u escapes of lone surrogates — naming the first one's offset; escapes that
-// decode as sent pass.
+// TestCheckJSONText checks that CheckJSONText refuses what encoding/json would decode as
+// U+FFFD, naming the first one's offset. That is bytes that are not UTF-8 and \u escapes
+// of lone surrogates. Escapes that decode as sent pass.
 func TestCheckJSONText(t *testing.T) {
 	for _, tc := range []struct {
 		name, payload string
@@ -66,7 +66,7 @@ func TestCheckJSONText(t *testing.T) {
 			}
 		})
 	}
-	// What the check is for: encoding/json alone makes these pairs one value.
+	// This is what the check is for. encoding/json alone makes these pairs one value.
 	for _, pair := range [][2]string{
 		{"{\"orderId\":\"u8-\xff\"}", "{\"orderId\":\"u8-\xfe\"}"},
 		{`{"orderId":"u8-\ud800"}`, `{"orderId":"u8-\udbff"}`},
@@ -78,8 +78,9 @@ func TestCheckJSONText(t *testing.T) {
 	}
 }
 
-// FuzzCheckJSONText: a payload the check accepts decodes with no U+FFFD that was not sent
-// as one (literally or as \ufffd); the check never panics and only refuses with ErrNotUTF8.
+// FuzzCheckJSONText checks that a payload the check accepts decodes with no U+FFFD that
+// was not sent as one, literally or as \ufffd. The check never panics, and refuses only
+// with ErrNotUTF8.
 func FuzzCheckJSONText(f *testing.F) {
 	for _, s := range []string{`{"a":"b"}`, `"\ud800"`, `"\ud83d\ude00"`, `"\\ud800"`, "\"\xff\"", `["\ufffd","\uDC00x"]`, `"\ud800\u`} {
 		f.Add([]byte(s))
@@ -123,16 +124,16 @@ func replacements(v any) int {
 	return 0
 }
 
-// sentReplacements counts U+FFFD in b, literal or escaped (an escaped backslash followed by
-// "ufffd" counts too: an upper bound is enough).
+// sentReplacements counts U+FFFD in b, literal or escaped. An escaped backslash followed by
+// "ufffd" counts too, because an upper bound is enough.
 func sentReplacements(b []byte) int {
 	return bytes.Count(b, []byte("\uFFFD")) + bytes.Count(bytes.ToLower(b), []byte(`\ufffd`))
 }
 
-// TestNULBytes: a NUL byte, which no PostgreSQL text column stores, never leaves a record
-// unrecorded: a business key holding one is poison there (MariaDB stores and runs it), and
-// a message id, an error text or a fingerprint holding one is stored with U+FFFD instead
-// (each delivery's alike), on every database.
+// TestNULBytes checks that a NUL byte, which no PostgreSQL text column stores, never leaves
+// a record unrecorded. A business key holding one is poison on PostgreSQL, while MariaDB
+// stores and runs it. A message id, an error text or a fingerprint holding one is stored
+// with U+FFFD instead, alike for each delivery, on every database.
 func TestNULBytes(t *testing.T) {
 	h := newEffects()
 	h.misbehave = func(_ context.Context, key string, _ int) error {
