@@ -14,9 +14,10 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// seedBrowse inserts n rows: two biz types (one row in ten is notify), mostly done, one in
-// two hundred failed (with a reason) and one in two hundred processing, received two
-// seconds apart with every 7th sharing its neighbour's time (ties the id must break).
+// seedBrowse inserts n rows of two biz types, and one row in ten is notify. Most are done.
+// One in two hundred is failed, with a reason, and one in two hundred processing. The rows
+// are received two seconds apart. Every 7th shares its neighbour's time, a tie the id must
+// break.
 func seedBrowse(t *testing.T, d testenv.Database, n int) {
 	t.Helper()
 	d.AdminExec(t, testenv.SQL(`INSERT INTO inbox (dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, created_at, expire_at)
@@ -33,8 +34,8 @@ func seedBrowse(t *testing.T, d testenv.Database, n int) {
 	d.AdminExec(t, testenv.SQL("ANALYZE TABLE inbox", "ANALYZE inbox"))
 }
 
-// Paging by (created_at, id) walks every row the query selects once, newest first, in
-// either direction, and the rows carry no payload.
+// TestPageWalksEveryRowOnce checks that paging by created_at and id walks every row the
+// query selects once, newest first, in either direction. The rows carry no payload.
 func TestPageWalksEveryRowOnce(t *testing.T) {
 	d := testenv.DB(t, 2)
 	seedBrowse(t, d, 3000)
@@ -99,7 +100,7 @@ func TestPageWalksEveryRowOnce(t *testing.T) {
 		if !slices.Equal(got, want) {
 			t.Fatalf("%+v: pages older-ward gave %d rows, want %d in (created_at, id) descending order", q, len(got), len(want))
 		}
-		// Newer-ward from the last page gives the same pages back.
+		// Paging toward newer rows from the last page gives the same pages back.
 		q.Before = inboxops.Cursor{}
 		for i := len(pages) - 1; i > 0; i-- {
 			q.After = pages[i].Newer
@@ -113,7 +114,7 @@ func TestPageWalksEveryRowOnce(t *testing.T) {
 		}
 		q.After = inboxops.Cursor{}
 	}
-	// A key: its rows in every biz type, by the unique key.
+	// A key selects its rows in every biz type, through the unique key.
 	p, err := s.Page(ctx, inboxops.PageQuery{BizTypes: []string{"coupon", "notify"}, Keys: []string{"order-7", "order-10", "nope"}, Limit: 10})
 	if err != nil || len(p.Rows) != 2 || p.Rows[0].DedupKey != "order-10" || p.Rows[1].Reason == "" {
 		t.Fatalf("keys: %+v %v, want order-10 then the failed order-7", p.Rows, err)
@@ -126,9 +127,10 @@ func TestPageWalksEveryRowOnce(t *testing.T) {
 	}
 }
 
-// A page reads one ordered range of the index (biz_type, status, created_at) per biz type
-// and status and stops after limit+1 entries of each, wherever the cursor is: what the
-// server actually read (ANALYZE), on a table where most rows are done.
+// TestPageReadsLimitedIndexRanges checks that a page reads one ordered range of the index
+// on biz_type, status and created_at per biz type and status. It stops after limit+1
+// entries of each, wherever the cursor is. The test checks what the server actually read,
+// with ANALYZE, on a table where most rows are done.
 func TestPageReadsLimitedIndexRanges(t *testing.T) {
 	d := testenv.DB(t, 2)
 	seedBrowse(t, d, 60000)
@@ -175,8 +177,8 @@ func TestPageReadsLimitedIndexRanges(t *testing.T) {
 			wantKey = "uk_dedup"
 		}
 		if q.Reason != "" {
-			// The reason is not in the index: the failed rows' range is read until the page
-			// is full, so at most the biz type's failed rows.
+			// The reason is not in the index. So the failed rows' range is read until the
+			// page is full, at most the biz type's failed rows.
 			most = float64(failed)
 		}
 		for _, r := range reads {
@@ -195,8 +197,8 @@ type read struct {
 	rows       float64
 }
 
-// inboxReads finds every access to the inbox table (inbox, or i: the page's rows by id)
-// in an ANALYZE FORMAT=JSON plan.
+// inboxReads finds every access to the inbox table in an ANALYZE FORMAT=JSON plan. The
+// table is inbox, or i for the page's rows by id.
 func inboxReads(v any) []read {
 	var out []read
 	switch x := v.(type) {
@@ -217,9 +219,9 @@ func inboxReads(v any) []read {
 	return out
 }
 
-// pgInboxReads is inboxReads for PostgreSQL's EXPLAIN (ANALYZE, FORMAT JSON), in the same
-// terms: the table's alias (inbox, or i), the index read (PRIMARY for the primary key's)
-// and the rows it returned per loop.
+// pgInboxReads is inboxReads for PostgreSQL's EXPLAIN with ANALYZE and FORMAT JSON, in the
+// same terms. It gives the table's alias, inbox or i, and the index read, PRIMARY for the
+// primary key's. It gives the rows each read returned per loop.
 func pgInboxReads(v any) []read {
 	var out []read
 	switch x := v.(type) {

@@ -15,12 +15,13 @@ import (
 	"github.com/onceflow/onceflow/migrations"
 )
 
-// couponSchema is the coupon plugin's migrations: the replays run the coupon granter.
+// couponSchema is the coupon plugin's migrations, because the replays run the coupon
+// granter.
 var couponSchema = migrations.Set{Name: coupon.PluginName, FS: coupon.Migrations}
 
 var src = inbox.Source{Topic: "order-paid", Partition: 3, Offset: 10233}
 
-// pipeline is an inbox running the coupon granter (a step per transaction) on a fresh
+// pipeline is an inbox running the coupon granter, a step per transaction, on a fresh
 // database.
 type pipeline struct {
 	db    testenv.Database

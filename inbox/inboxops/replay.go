@@ -30,7 +30,7 @@ const (
 
 // ReplayOptions configure one replay.
 type ReplayOptions struct {
-	// Filter selects the rows; its BizType must be empty or the inbox's. Rows created after
+	// Filter selects the rows. Its BizType must be empty or the inbox's. Rows created after
 	// the replay starts are never selected.
 	Filter Filter
 	// DryRun selects and records the replay, with dry_run = 1, but runs nothing.

@@ -18,8 +18,8 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// failUntilFixed wraps the granter: every step fails while broken is set (the downstream
-// outage of an incident), so the message is quarantined after MaxAttempts.
+// failUntilFixed wraps the granter. Every step fails while broken is set, as during an
+// outage of the downstream. So the message is quarantined after MaxAttempts.
 func failUntilFixed(broken *atomic.Bool) func(inbox.Handler) inbox.Handler {
 	return func(g inbox.Handler) inbox.Handler {
 		return handlerFunc{inner: g, handle: func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error) {
@@ -32,7 +32,8 @@ func failUntilFixed(broken *atomic.Bool) func(inbox.Handler) inbox.Handler {
 }
 
 // snapshot is every business and inbox fact a replay could change. strict adds the inbox
-// rows' duplicate counters and updated_at, which a duplicate delivery moves (it is counted).
+// rows' duplicate counters and updated_at, which a duplicate delivery moves, because it is
+// counted.
 func snapshot(t *testing.T, db *sql.DB, strict bool) string {
 	t.Helper()
 	var b strings.Builder
@@ -72,10 +73,10 @@ func failedFilter() inboxops.Filter {
 	return inboxops.Filter{Statuses: []inbox.Status{inbox.StatusFailed}}
 }
 
-// The incident's recovery: an order quarantined while the wallet service was down is
-// replayed after the fix and grants exactly one coupon; the replay is recorded and its id
-// stamped on the row; a second replay finds nothing failed, and a replay of done rows
-// grants nothing.
+// TestReplayQuarantinedAfterFixGrantsOnce checks the recovery after an outage. An order
+// quarantined while the wallet service was down is replayed after the fix, and grants
+// exactly one coupon. The replay is recorded, and its id is stamped on the row. A second
+// replay finds nothing failed, and a replay of done rows grants nothing.
 func TestReplayQuarantinedAfterFixGrantsOnce(t *testing.T) {
 	var broken atomic.Bool
 	broken.Store(true)
@@ -143,7 +144,8 @@ func TestReplayQuarantinedAfterFixGrantsOnce(t *testing.T) {
 	}
 }
 
-// Replaying done messages grants nothing: every row comes back as a duplicate.
+// TestReplayDoneGrantsNothing checks that replaying done messages grants nothing. Every
+// row comes back as a duplicate.
 func TestReplayDoneGrantsNothing(t *testing.T) {
 	p := newPipeline(t, pipelineOpts{})
 	ctx := context.Background()
@@ -168,7 +170,8 @@ func TestReplayDoneGrantsNothing(t *testing.T) {
 	}
 }
 
-// --dry-run selects and logs, and changes nothing else.
+// TestReplayDryRunChangesNothing checks that --dry-run selects and logs, and changes
+// nothing else.
 func TestReplayDryRunChangesNothing(t *testing.T) {
 	var broken atomic.Bool
 	broken.Store(true)
@@ -198,7 +201,8 @@ func TestReplayDryRunChangesNothing(t *testing.T) {
 	}
 }
 
-// Poison rows cannot be decoded: a replay quarantines them again (same row, stamped).
+// TestReplayPoisonIsQuarantinedAgain checks that poison rows, which cannot be decoded, are
+// quarantined again by a replay. The row stays the same, and is stamped.
 func TestReplayPoisonIsQuarantinedAgain(t *testing.T) {
 	p := newPipeline(t, pipelineOpts{})
 	ctx := context.Background()
@@ -219,8 +223,9 @@ func TestReplayPoisonIsQuarantinedAgain(t *testing.T) {
 	if n := count(t, p.db.DB, "SELECT COUNT(*) FROM inbox"); n != 1 {
 		t.Fatalf("inbox rows = %d, want 1", n)
 	}
-	// A second replay re-stamps the row: --replay-id lists it under the second only, though
-	// replay_row (which --replay-id reads: inbox.replay_id has no index) lists it under both.
+	// A second replay stamps the row again. --replay-id lists it under the second only,
+	// though replay_row lists it under both. --replay-id reads replay_row, because
+	// inbox.replay_id has no index.
 	again, err := inboxops.Replay(ctx, p.inbox, inboxops.ReplayOptions{Filter: failedFilter()})
 	if err != nil || again.Quarantined != 1 {
 		t.Fatalf("second replay: %+v %v", again, err)
@@ -240,8 +245,9 @@ func TestReplayPoisonIsQuarantinedAgain(t *testing.T) {
 	}
 }
 
-// A 'processing' row left behind by a consumer that died between steps resumes under a
-// replay selected with OlderThan, and grants once.
+// TestReplayResumesStuckProcessingRow checks that a 'processing' row, left behind by a
+// consumer that died between steps, resumes under a replay selected with OlderThan. It
+// grants once.
 func TestReplayResumesStuckProcessingRow(t *testing.T) {
 	var die atomic.Bool
 	die.Store(true)
@@ -278,7 +284,8 @@ func TestReplayResumesStuckProcessingRow(t *testing.T) {
 	}
 }
 
-// Filters: keys, limit, time window, refs; rows of another biz type are never selected.
+// TestStoreFilters checks the filters by keys, limit, time window and refs. Rows of
+// another biz type are never selected.
 func TestStoreFilters(t *testing.T) {
 	p := newPipeline(t, pipelineOpts{})
 	ctx := context.Background()
@@ -340,7 +347,7 @@ func TestStoreFilters(t *testing.T) {
 	}
 }
 
-// quarantineOrders processes orders while the handler is broken: each ends 'failed'.
+// quarantineOrders processes orders while the handler is broken, so each ends 'failed'.
 func quarantineOrders(t *testing.T, p *pipeline, broken *atomic.Bool, ids ...string) {
 	t.Helper()
 	was := broken.Swap(true)
@@ -353,9 +360,10 @@ func quarantineOrders(t *testing.T, p *pipeline, broken *atomic.Bool, ids ...str
 	}
 }
 
-// A replay reads its selection a page at a time: with pages of 2 it replays all 5 failed
-// rows, and a row that fails during the replay (an id above the last one at its start) is
-// not selected; the replay table counts the 5 rows, and replay_row lists them.
+// TestReplayPagesThroughTheSelection checks that a replay reads its selection a page at a
+// time. With pages of 2 it replays all 5 failed rows. A row that fails during the replay,
+// with an id above the last one at its start, is not selected. The replay table counts
+// the 5 rows, and replay_row lists them.
 func TestReplayPagesThroughTheSelection(t *testing.T) {
 	var broken atomic.Bool
 	p := newPipeline(t, pipelineOpts{inboxCfg: inbox.Config{MaxAttempts: 1}, wrap: failUntilFixed(&broken)})
@@ -400,9 +408,10 @@ func TestReplayPagesThroughTheSelection(t *testing.T) {
 	}
 }
 
-// Each page is replayed before the next is read: a row of the second page fixed by hand
-// while the first page runs no longer matches --status failed when its page is read, and
-// is not selected (read all at once, it would have been).
+// TestReplayReadsAPageAfterReplayingThePrevious checks that each page is replayed before
+// the next is read. A row of the second page fixed by hand while the first page runs no
+// longer matches --status failed when its page is read. So it is not selected, though a
+// read of all rows at once would have selected it.
 func TestReplayReadsAPageAfterReplayingThePrevious(t *testing.T) {
 	var broken atomic.Bool
 	p := newPipeline(t, pipelineOpts{inboxCfg: inbox.Config{MaxAttempts: 1}, wrap: failUntilFixed(&broken)})
@@ -423,8 +432,8 @@ func TestReplayReadsAPageAfterReplayingThePrevious(t *testing.T) {
 	}
 }
 
-// A dry run pages the same way and counts right: 5 rows of which one is done and one poison,
-// in pages of 2, all listed, nothing changed.
+// TestReplayDryRunPages checks that a dry run pages the same way and counts right. Of 5
+// rows, one is done and one poison. In pages of 2, all are listed and nothing changes.
 func TestReplayDryRunPages(t *testing.T) {
 	var broken atomic.Bool
 	p := newPipeline(t, pipelineOpts{inboxCfg: inbox.Config{MaxAttempts: 1}, wrap: failUntilFixed(&broken)})
@@ -450,15 +459,16 @@ func TestReplayDryRunPages(t *testing.T) {
 	}
 }
 
-// A row that holds less than the delivered message — headers over max_metadata_bytes
-// (stored capped), a value over max_payload_bytes (a prefix stored), a minimal row (neither
-// stored) — is refused by a replay, with its reason, in the dry run and in the replay
-// alike: nothing runs and the row stays as it was. Each of the three would otherwise run:
-// the capped headers and the value's prefix (the order, then padding) decode as an order.
+// TestReplayRefusesRowsThatHoldLessThanTheMessage checks rows that hold less than the
+// delivered message. Headers over max_metadata_bytes are stored capped. A value over
+// max_payload_bytes is stored as a prefix. A minimal row stores neither. A replay refuses
+// each, with its reason, in the dry run and in the replay alike. Nothing runs, and the row
+// stays as it was. Each of the three would otherwise run. The capped headers and the
+// value's prefix, the order followed by padding, decode as an order.
 func TestReplayRefusesRowsThatHoldLessThanTheMessage(t *testing.T) {
 	var broken atomic.Bool
-	// A permanent failure quarantines at once, with no row before (a row left 'processing'
-	// by a counted attempt would keep its content).
+	// A permanent failure quarantines at once, with no row before. A row left 'processing'
+	// by a counted attempt would keep its content.
 	refuse := func(g inbox.Handler) inbox.Handler {
 		return handlerFunc{inner: g, handle: func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (inbox.Progress, error) {
 			if broken.Load() {
@@ -485,8 +495,8 @@ func TestReplayRefusesRowsThatHoldLessThanTheMessage(t *testing.T) {
 	big := orderMsg("o-big", "u2")
 	big.Payload = append(big.Payload, strings.Repeat(" ", 2<<20)...)
 	ids := map[string]int64{"headers": deliver(headers, 1), "value": deliver(big, 2)}
-	// The database refuses a quarantined row that carries a payload: a minimal row is
-	// written (TestQuarantineFallsBackToMinimalRow).
+	// The database refuses a quarantined row that carries a payload, so a minimal row is
+	// written, as TestQuarantineFallsBackToMinimalRow shows.
 	p.db.RefuseQuarantinePayloads(t)
 	broken.Store(true)
 	ids["minimal"] = deliver(orderMsg("o-minimal", "u3"), 3)
@@ -538,9 +548,9 @@ func TestReplayRefusesRowsThatHoldLessThanTheMessage(t *testing.T) {
 	}
 }
 
-// A replay selects by reason: of three failed rows, the two quarantined with
-// retries_exhausted run again and the one marked panic stays failed; the replay table
-// records the reason in its filter.
+// TestReplayByReason checks that a replay selects by reason. Of three failed rows, the two
+// quarantined with retries_exhausted run again, and the one marked panic stays failed. The
+// replay table records the reason in its filter.
 func TestReplayByReason(t *testing.T) {
 	var broken atomic.Bool
 	p := newPipeline(t, pipelineOpts{inboxCfg: inbox.Config{MaxAttempts: 1}, wrap: failUntilFixed(&broken)})

@@ -204,7 +204,7 @@ func (r Row) Source() inbox.Source {
 	return inbox.Source{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}
 }
 
-// Store reads inbox rows. The one change it makes is Resolve; every other change goes
+// Store reads inbox rows. The one change it makes is Resolve. Every other change goes
 // through inbox.Inbox.Process.
 type Store struct {
 	db    *sql.DB

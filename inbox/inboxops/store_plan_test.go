@@ -10,9 +10,10 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// A time range reads a range of the inbox's one secondary index, (biz_type, status,
-// created_at), with statuses or without: without, the filter names all three, and the
-// test shows that the same range without them is not a range of the index.
+// TestTimeRangeReadsTheIndex checks that a time range reads a range of the inbox's one
+// secondary index, on biz_type, status and created_at, with statuses or without. Without
+// them, the filter names all three. The test shows that the same range without them named
+// is not a range of the index.
 func TestTimeRangeReadsTheIndex(t *testing.T) {
 	d := testenv.DB(t, 2)
 	d.AdminExec(t, `INSERT INTO inbox (dedup_key, biz_type, status, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, created_at, expire_at)
