@@ -6,8 +6,9 @@ import (
 	"testing"
 )
 
-// The package doc's example is the loyalty example's test, line for line: every line of it
-// is a line of examples/loyalty/points/points_test.go.
+// TestDocExampleIsTheLoyaltyTest checks that the package doc's example is the loyalty
+// example's test, line for line. Every line of it is a line of
+// examples/loyalty/points/points_test.go.
 func TestDocExampleIsTheLoyaltyTest(t *testing.T) {
 	doc, err := os.ReadFile("inboxtest.go")
 	if err != nil {

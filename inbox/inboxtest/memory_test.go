@@ -70,9 +70,9 @@ func memHandler(t *testing.T) inbox.Handler {
 
 func msg(payload string) *message.Message { return message.NewMessage("m-1", []byte(payload)) }
 
-// The in-memory mode records a committed step's Inserter rows and outbox events, and
-// nothing of a step that failed; every misbehaviour is the Outcome's error, as the inbox
-// would count it.
+// TestInMemory checks that the in-memory mode records a committed step's Inserter rows and
+// outbox events, and nothing of a step that failed. Every misbehaviour is the Outcome's
+// error, as the inbox would count it.
 func TestInMemory(t *testing.T) {
 	h := memHandler(t)
 	row := func(step int) inboxtest.Row {
