@@ -21,8 +21,8 @@ import (
 	"github.com/onceflow/onceflow/migrations"
 )
 
-// routerChildEnv set to 1 makes this test binary a `router run` process (the stock
-// router's main with the coupon plugin), so the test kills a real router with SIGKILL.
+// routerChildEnv set to 1 makes this test binary a `router run` process, the stock
+// router's main with the coupon plugin. So the test kills a real router with SIGKILL.
 const routerChildEnv = "HTTPCMD_TEST_ROUTER_CHILD"
 
 func TestMain(m *testing.M) {
@@ -116,10 +116,11 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-// A router killed with SIGKILL between requests, and again in the middle of a burst of
-// them, loses no committed claim and repeats none: after a restart every client retries
-// with its key until it gets an answer, and each key holds exactly one coupon and one
-// event; the answers given before the kill are given again, byte for byte.
+// TestClaimsSurviveKill9 kills a router with SIGKILL between requests, and again in the
+// middle of a burst of them. It loses no committed claim and repeats none. After a
+// restart every client retries with its key until it gets an answer. Each key holds
+// exactly one coupon and one event. The answers given before the kill are given again,
+// byte for byte.
 func TestClaimsSurviveKill9(t *testing.T) {
 	d := testenv.DB(t, 8, migrations.Set{Name: coupon.PluginName, FS: coupon.Migrations})
 	kc := testenv.Kafka(t)
@@ -153,7 +154,7 @@ plugins:
 
 	r := startRouter(t, config)
 	r.waitHTTP(t, url)
-	// Between requests: 30 claims answered, then SIGKILL.
+	// Between requests, 30 claims are answered, then the router gets SIGKILL.
 	first := map[string]string{}
 	for i := range 30 {
 		key := fmt.Sprintf("before-%02d", i)
@@ -168,8 +169,8 @@ plugins:
 
 	r = startRouter(t, config)
 	r.waitHTTP(t, url)
-	// In the middle of a burst: 60 clients each send one claim, the router is killed while
-	// they run; the ones cut off get a connection error.
+	// In the middle of a burst, 60 clients each send one claim, and the router is killed
+	// while they run. The ones cut off get a connection error.
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	answered := 0

@@ -18,8 +18,8 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// nameCommand stores the body's name, {"name": "..."}, in a VARCHAR(5) column, the client
-// token its key.
+// nameCommand stores the body's name, {"name": "..."}, in a VARCHAR(5) column, with the
+// client token as its key.
 type nameCommand struct{}
 
 func (nameCommand) Decode(m *message.Message) (inbox.Decoded, error) {
@@ -38,10 +38,11 @@ func (nameCommand) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) (i
 	return inbox.Done, d.Respond(http.StatusCreated, map[string]string{"name": name})
 }
 
-// A request whose value the database refuses (a name longer than its VARCHAR(5) column)
-// answers 422 with a fixed JSON error and reason data, never 500 and never the database's
-// message; so does its retry with the same key, which the same refusal meets again. Its row
-// is quarantined as data. A transaction per request and with group commit.
+// TestDataErrorAnswers422 checks a request whose value the database refuses, a name longer
+// than its VARCHAR(5) column. It answers 422 with a fixed JSON error and reason data,
+// never 500 and never the database's message. So does its retry with the same key, which
+// the same refusal meets again. Its row is quarantined as data. The test runs with a
+// transaction per request and with group commit.
 func TestDataErrorAnswers422(t *testing.T) {
 	for _, batch := range []bool{false, true} {
 		t.Run(mode(batch), func(t *testing.T) {

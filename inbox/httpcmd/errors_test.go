@@ -22,7 +22,8 @@ import (
 	"github.com/onceflow/onceflow/inbox/httpcmd"
 )
 
-// countingRunner counts the requests that reached it; the tests below must stop before.
+// countingRunner counts the requests that reached it. The tests below must stop them
+// before.
 type countingRunner struct{ n atomic.Int32 }
 
 func (r *countingRunner) RunCommand(context.Context, inbox.CommandRequest) (inbox.CommandResult, error) {
@@ -32,10 +33,11 @@ func (r *countingRunner) RunCommand(context.Context, inbox.CommandRequest) (inbo
 
 func (r *countingRunner) BizType() string { return "test-command" }
 
-// leaks are what an error answer must never hold: an address, Go's or the network's words.
+// leaks are what an error answer must never hold, such as an address, or Go's or the
+// network's words.
 var leaks = []string{"127.0.0.1", "tcp", "i/o timeout", "read tcp", "connection", "EOF", "chunk", "goroutine", "panic", "json:", "Go struct", "ClaimRequest"}
 
-// errorText is the "error" of a JSON error answer; it fails on any leak in the whole body.
+// errorText is the "error" of a JSON error answer. It fails on any leak in the whole body.
 func errorText(t *testing.T, body []byte) string {
 	t.Helper()
 	for _, l := range leaks {
@@ -50,9 +52,10 @@ func errorText(t *testing.T, body []byte) string {
 	return e.Error
 }
 
-// A client whose body does not arrive (slow, stalled, cut off, malformed) gets a fixed text
-// over a real listener with a short read timeout, never the read's error (which names both
-// ends' addresses), and nothing runs.
+// TestBodyErrorsAreFixedTexts checks a client whose body does not arrive, because it is
+// slow, stalled, cut off or malformed. Over a real listener with a short read timeout, the
+// client gets a fixed text, and nothing runs. It never gets the read's error, which names
+// both ends' addresses.
 func TestBodyErrorsAreFixedTexts(t *testing.T) {
 	runner := &countingRunner{}
 	h, err := httpcmd.New([]httpcmd.Route{{Method: http.MethodPost, Path: "/v1/things", Runner: runner}}, httpcmd.Config{}, nil)
@@ -124,9 +127,10 @@ func (panicky) Handle(context.Context, *sql.Tx, *inbox.Delivery) (inbox.Progress
 	return inbox.Done, nil
 }
 
-// Answers of the routes and of the commands' own refusals: a plugin's Decode that panics
-// answers a fixed text (not its panic value and stack), the coupon claim's body errors are
-// its fixed texts (not the JSON decoder's), and an unknown path or method is not echoed.
+// TestCommandErrorsAreFixedTexts checks the answers of the routes and of the commands'
+// own refusals. A plugin's Decode that panics answers a fixed text, not its panic value
+// and stack. The coupon claim's body errors are its fixed texts, not the JSON decoder's.
+// An unknown path or method is not echoed.
 func TestCommandErrorsAreFixedTexts(t *testing.T) {
 	srv, d := claimServer(t, true, httpcmd.Config{})
 	ib, err := inbox.NewCommand(d.DB, panicky{}, inbox.Config{BizType: "panicky"}, nil, nil)

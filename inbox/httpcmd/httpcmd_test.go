@@ -36,15 +36,16 @@ func claimServer(t *testing.T, batch bool, cfg httpcmd.Config) (*httptest.Server
 	return serveClaims(t, d, nil, batch, cfg), d
 }
 
-// serveClaims serves the claim command on d, its outside calls made to svc (nil: none):
-// one router's HTTP listener, with group commit (the router's default) when batch is set,
-// else a transaction per request.
+// serveClaims serves the claim command on d, as one router's HTTP listener. Its outside
+// calls go to svc, or nowhere when svc is nil. With batch set it uses group commit, the
+// router's default, and otherwise a transaction per request.
 func serveClaims(t *testing.T, d testenv.Database, svc coupon.ExternalService, batch bool, cfg httpcmd.Config) *httptest.Server {
 	t.Helper()
 	return serveClaimsOn(t, d.DB, inbox.Config{MaxAttempts: 2, BackoffInitial: time.Millisecond}, svc, batch, cfg)
 }
 
-// serveClaimsOn is serveClaims on pool db, its inbox configured by icfg (biz type set here).
+// serveClaimsOn is serveClaims on pool db, with its inbox configured by icfg. It sets the
+// biz type itself.
 func serveClaimsOn(t *testing.T, db *sql.DB, icfg inbox.Config, svc coupon.ExternalService, batch bool, cfg httpcmd.Config) *httptest.Server {
 	t.Helper()
 	g, err := coupon.NewGranter(coupon.DefaultConfig(), svc, nil)
@@ -115,8 +116,8 @@ func count(t *testing.T, db *sql.DB, q string, args ...any) int {
 	return n
 }
 
-// coupons and events count what a claim by user left: coupons in the wallet and
-// coupon-granted events in the outbox.
+// coupons and events count what a claim by user left. coupons counts the coupons in the
+// wallet, and events the coupon-granted events in the outbox.
 func coupons(t *testing.T, db *sql.DB, user string) int {
 	return count(t, db, "SELECT COUNT(*) FROM user_coupon WHERE user_id = ?", user)
 }
@@ -130,11 +131,12 @@ func claimBody(user string) string {
 	return fmt.Sprintf(`{"userId": %q, "campaignId": %q}`, user, coupon.DefaultConfig().CampaignID)
 }
 
-// The seed's experiment at the entrance: 200 concurrent requests with one key (a double
-// click, client retries) grant exactly one coupon and one event, and every answer is the
-// first request's 201 with the same body, or 409 while it runs. The same clicks without the
-// key's dedup (each a new key, as a server that ignores the header treats them) grant 200:
-// the check below does see duplicates when there are any.
+// TestClaimOneKeyConcurrently sends 200 concurrent requests with one key at the entrance,
+// as a double click and client retries do. They grant exactly one coupon and one event.
+// Every answer is the first request's 201 with the same body, or 409 while it runs. The
+// same clicks without the key's dedup grant 200. Each is then a new key, as a server that
+// ignores the header treats them. So the check below does see duplicates when there are
+// any.
 func TestClaimOneKeyConcurrently(t *testing.T) {
 	for _, batch := range []bool{false, true} {
 		t.Run(mode(batch), func(t *testing.T) { testClaimOneKey(t, batch) })
@@ -201,7 +203,7 @@ func testClaimOneKey(t *testing.T, batch bool) {
 		t.Fatalf("201 body %s: %+v %v", first, resp, err)
 	}
 
-	// The same double clicks, each under a key of its own: 20 coupons.
+	// The same double clicks, each under a key of its own, grant 20 coupons.
 	for i := range 20 {
 		wg.Add(1)
 		go func() { defer wg.Done(); claim(t, c, srv.URL, fmt.Sprintf("naive-%d", i), claimBody("u-naive")) }()
@@ -212,7 +214,8 @@ func testClaimOneKey(t *testing.T, batch bool) {
 	}
 }
 
-// 200 concurrent requests with 200 keys grant 200 coupons and 200 events.
+// TestClaimManyKeys checks that 200 concurrent requests with 200 keys grant 200 coupons
+// and 200 events.
 func TestClaimManyKeys(t *testing.T) {
 	for _, batch := range []bool{false, true} {
 		t.Run(mode(batch), func(t *testing.T) { testClaimManyKeys(t, batch) })
@@ -244,8 +247,8 @@ func testClaimManyKeys(t *testing.T, batch bool) {
 	}
 }
 
-// What the client gets wrong is answered 4xx, and writes nothing; the same key with another
-// body is 422, never a second effect.
+// TestClaimBadRequests checks that what the client gets wrong is answered 4xx, and writes
+// nothing. The same key with another body is 422, never a second effect.
 func TestClaimBadRequests(t *testing.T) {
 	srv, d := claimServer(t, true, httpcmd.Config{MaxBodyBytes: 1024})
 	c := srv.Client()
@@ -313,9 +316,10 @@ func TestClaimBadRequests(t *testing.T) {
 	}
 }
 
-// A body that is not UTF-8 is refused with 400 and writes nothing. encoding/json alone
-// decodes the two bodies below as one user (each byte becomes U+FFFD): that granted a coupon
-// to a user id no client sent, and made the second request a replay of the first.
+// TestClaimBodyNotUTF8 checks that a body that is not UTF-8 is refused with 400 and writes
+// nothing. encoding/json alone would decode the two bodies below as one user, because each
+// byte becomes U+FFFD. That would grant a coupon to a user id no client sent, and make the
+// second request a replay of the first.
 func TestClaimBodyNotUTF8(t *testing.T) {
 	campaign := coupon.DefaultConfig().CampaignID
 	bodies := []struct{ body, answer string }{
@@ -347,8 +351,8 @@ func TestClaimBodyNotUTF8(t *testing.T) {
 	}
 }
 
-// A key longer than the inbox key column is stored as its sha256; the same long key is
-// still one claim.
+// TestClaimLongKey checks that a key longer than the inbox key column is stored as its
+// sha256. The same long key is still one claim.
 func TestClaimLongKey(t *testing.T) {
 	srv, d := claimServer(t, true, httpcmd.Config{})
 	key := strings.Repeat("x", 200) + "-" + strings.Repeat("y", 54)
@@ -365,10 +369,10 @@ func TestClaimLongKey(t *testing.T) {
 	}
 }
 
-// Two routers on one database (two listeners behind a load balancer, one with group
-// commit, one without): a key's requests
-// spread over both still grant one coupon, every answer 201 with one body or 409. Across
-// routers the second request waits on the first one's row lock, then answers its response.
+// TestClaimOneKeyTwoRouters runs two routers on one database, as two listeners behind a
+// load balancer, one with group commit and one without. A key's requests spread over both
+// still grant one coupon. Every answer is 201 with one body, or 409. Across routers the
+// second request waits on the first one's row lock, then answers its response.
 func TestClaimOneKeyTwoRouters(t *testing.T) {
 	a, d := claimServer(t, false, httpcmd.Config{})
 	b := serveClaims(t, d, nil, true, httpcmd.Config{})
@@ -413,9 +417,9 @@ func (s *switchable) Call(context.Context, string, string) error {
 	return nil
 }
 
-// A claim whose handler fails on every attempt answers 500, commits no effect and keeps the
-// row for the operator; a retry with the same key once the cause is gone runs it again and
-// grants the one coupon.
+// TestClaimFailsThenRetries checks that a claim whose handler fails on every attempt
+// answers 500, commits no effect and keeps the row for the operator. A retry with the same
+// key once the cause is gone runs it again and grants the one coupon.
 func TestClaimFailsThenRetries(t *testing.T) {
 	d := testenv.DB(t, 8, migrations.Set{Name: coupon.PluginName, FS: coupon.Migrations})
 	if err := coupon.EnsureCampaign(context.Background(), d.DB, coupon.DefaultConfig()); err != nil {
@@ -445,9 +449,10 @@ func TestClaimFailsThenRetries(t *testing.T) {
 	}
 }
 
-// A client token lives for the command's retention (http.idempotency_ttl): the inbox
-// cleaner deletes the row and its stored response together; the same key is then a new
-// claim. Without CleanerConfig.Replies the response would be left behind: the check sees it.
+// TestClaimKeysExpire checks that a client token lives for the command's retention,
+// http.idempotency_ttl. The inbox cleaner deletes the row and its stored response
+// together, and the same key is then a new claim. Without CleanerConfig.Replies the
+// response would be left behind, and the check sees that.
 func TestClaimKeysExpire(t *testing.T) {
 	srv, d := claimServer(t, true, httpcmd.Config{})
 	first := claim(t, srv.Client(), srv.URL, "old-key", claimBody("u-old"))
@@ -487,21 +492,22 @@ func TestClaimKeysExpire(t *testing.T) {
 			t.Fatalf("with Replies: %d rows deleted, %d responses left; want 1 and 0", n, responses())
 		}
 	}
-	// The key is free again: a new claim under it (the grant's id is the key's, so the
-	// coupon it already granted answers).
+	// The key is free again for a new claim under it. The grant's id is the key's, so the
+	// coupon it already granted answers.
 	again := claim(t, srv.Client(), srv.URL, "old-key", claimBody("u-old"))
 	if again.status != http.StatusCreated || again.replayed {
 		t.Fatalf("after expiry: %d %s replayed=%v", again.status, again.body, again.replayed)
 	}
 }
 
-// Two client tokens never share a row, nor a response: not a token and the stored form of
-// a long one ("sha256:" and 64 hex digits, inbox.CommandKey), not tokens that differ only in
-// case or trailing spaces. Each claim is its own: 201, not replayed, a claim id and coupon of
-// its own. (HTTP trims a header's trailing spaces, so those tokens are sent through the
-// runner itself.) Before CommandKey hashed every token that begins with "sha256:" the second
-// token of the first pair got the first's stored response; under a PAD SPACE collation
-// "h1-g1 " got "h1-g1"'s.
+// TestClaimKeysNeverShareARow checks that two client tokens never share a row, nor a
+// response. A token and the stored form of a long one never share one. That stored form is
+// "sha256:" and 64 hex digits, as inbox.CommandKey makes it. Tokens that differ only in
+// case or trailing spaces never share one either. Each claim is its own, with 201, not
+// replayed, and with a claim id and coupon of its own. HTTP trims a header's trailing
+// spaces, so those tokens are sent through the runner itself. If CommandKey kept a token
+// that begins with "sha256:" as it is, the second token of the first pair would get the
+// first's stored response. Under a PAD SPACE collation "h1-g1 " would get "h1-g1"'s.
 func TestClaimKeysNeverShareARow(t *testing.T) {
 	storedForm := func(token string) string {
 		s := sha256.Sum256([]byte(token))

@@ -23,7 +23,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// untilAnswered is the documented client: it sends the claim again with the same key and
+// untilAnswered is the documented client. It sends the claim again with the same key and
 // body while the answer is 409, 503 or 504, as each of them says.
 func untilAnswered(t *testing.T, c *http.Client, url, key, body string) answer {
 	t.Helper()
@@ -40,8 +40,8 @@ func untilAnswered(t *testing.T, c *http.Client, url, key, body string) answer {
 	return answer{}
 }
 
-// settled waits until no transaction is open in database d (the timed-out request's
-// transaction has committed or rolled back).
+// settled waits until no transaction is open in database d. The timed-out request's
+// transaction has then committed or rolled back.
 func settled(t *testing.T, d testenv.Database) {
 	t.Helper()
 	for range 600 {
@@ -53,8 +53,8 @@ func settled(t *testing.T, d testenv.Database) {
 	t.Fatal("a transaction is still open a minute after the lock was released")
 }
 
-// unknownAnswer checks a 504: Retry-After, and the text that says the outcome is unknown and
-// only the same key may be retried.
+// unknownAnswer checks a 504. It has Retry-After, and the text that says the outcome is
+// unknown and only the same key may be retried.
 func unknownAnswer(t *testing.T, a answer) {
 	t.Helper()
 	if a.status != http.StatusGatewayTimeout || a.retry == "" || !strings.Contains(a.body, "outcome of the command is unknown") ||
@@ -63,14 +63,18 @@ func unknownAnswer(t *testing.T, a answer) {
 	}
 }
 
-// A claim whose request times out (http.request_timeout) while another session holds the
-// campaign's stock rows. With group commit the claim is in a batch, whose transaction is
-// not the request's to cancel: it commits once the lock is gone, so the answer must not say
-// that nothing was committed. It says the outcome is unknown (504), and the client that
-// retries with the same key, as told, gets the one coupon. The timed-out claim did commit:
-// a client that took the answer for "nothing committed" and sent a new key would hold two
-// coupons (shown at the end). With a transaction per request the request's transaction
-// dies with it: 503, nothing committed, and the retry grants the coupon.
+// TestClaimTimesOutBehindALock checks a claim whose request times out, at
+// http.request_timeout, while another session holds the campaign's stock rows.
+//
+// With group commit the claim is in a batch, whose transaction is not the request's to
+// cancel. It commits once the lock is gone, so the answer must not say that nothing was
+// committed. It says the outcome is unknown, with 504. The client that retries with the
+// same key, as told, gets the one coupon. The timed-out claim did commit. A client that
+// took the answer for "nothing committed" and sent a new key would hold two coupons, as
+// the end of the test shows.
+//
+// With a transaction per request, the request's transaction dies with it. The answer is
+// 503, nothing is committed, and the retry grants the coupon.
 func TestClaimTimesOutBehindALock(t *testing.T) {
 	for _, batch := range []bool{true, false} {
 		t.Run(mode(batch), func(t *testing.T) { testClaimBehindLock(t, batch) })
@@ -119,7 +123,7 @@ func testClaimBehindLock(t *testing.T, batch bool) {
 		t.Fatalf("after the retry with the same key: %d coupons, %d events, want 1 and 1", n, e)
 	}
 	if batch {
-		// The client that believed "nothing committed" and sent the claim under a new key.
+		// This client believed "nothing committed" and sent the claim under a new key.
 		if a := claim(t, c, srv.URL, "locked-1-new", claimBody(user)); a.status != http.StatusCreated {
 			t.Fatalf("new key: %d %s", a.status, a.body)
 		}
@@ -129,8 +133,8 @@ func testClaimBehindLock(t *testing.T, batch bool) {
 	}
 }
 
-// commitCutter is a TCP proxy to MariaDB that, once armed, passes a COMMIT on to the server
-// and then cuts the connection instead of passing the server's answer back: the commit
+// commitCutter is a TCP proxy to MariaDB. Once armed, it passes a COMMIT on to the server
+// and then cuts the connection instead of passing the server's answer back. So the commit
 // happens, and the client cannot know it.
 type commitCutter struct {
 	ln    net.Listener
@@ -210,11 +214,12 @@ func (p *commitCutter) serve(client net.Conn) {
 	}
 }
 
-// A commit that gets no answer (the connection to MariaDB breaks while COMMIT runs) leaves
-// the outcome unknown: the request must not answer that nothing was committed. Here the
-// commit did happen; the request, whose retries of the database wait past its timeout,
-// answers 504, and the client that retries with the same key gets the claim's 201, one
-// coupon, one event. A new key would have granted a second.
+// TestClaimCommitWithoutAnswer checks a commit that gets no answer, because the connection
+// to MariaDB breaks while COMMIT runs. The outcome is unknown, so the request must not
+// answer that nothing was committed. Here the commit did happen. The request's retries of
+// the database wait past its timeout, so it answers 504. The client that retries with the
+// same key gets the claim's 201, one coupon and one event. A new key would have granted a
+// second.
 func TestClaimCommitWithoutAnswer(t *testing.T) {
 	d := testenv.DB(t, 8, migrations.Set{Name: coupon.PluginName, FS: coupon.Migrations})
 	ctx := context.Background()
@@ -228,8 +233,8 @@ func TestClaimCommitWithoutAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	// The inbox waits a minute before it tries an unreachable database again: longer than
-	// the request's timeout, so the request ends with the commit's outcome open.
+	// The inbox waits a minute before it tries an unreachable database again. That is
+	// longer than the request's timeout, so the request ends with the commit's outcome open.
 	srv := serveClaimsOn(t, db, inbox.Config{MaxAttempts: 2, BackoffInitial: time.Millisecond, BackoffMax: time.Minute}, nil, false,
 		httpcmd.Config{RequestTimeout: 2 * time.Second})
 	c := srv.Client()
@@ -259,9 +264,9 @@ func TestClaimCommitWithoutAnswer(t *testing.T) {
 	}
 }
 
-// servePostgres forwards the client's messages of PostgreSQL's protocol: the untyped
-// startup ones (an SSL or GSS request, answered with one byte, then the startup message),
-// then typed messages, a simple query "commit" arming the cut of its answer.
+// servePostgres forwards the client's messages of PostgreSQL's protocol. First come the
+// untyped startup ones, an SSL or GSS request answered with one byte, then the startup
+// message. Then come typed messages. A simple query "commit" arms the cut of its answer.
 func (p *commitCutter) servePostgres(client, server net.Conn, cutting *atomic.Bool) {
 	const sslRequest, gssRequest = 80877103, 80877104
 	for {
