@@ -64,7 +64,7 @@ PG_ONLY_MARIADB ?= ^(TestExactKeysMigration|TestMigrationsRollBackAndReapply|Tes
   TestMultiRowPreparesItself|TestBatchPreparedStatements|TestTimeRangeReadsTheIndex|TestFailedErrorsPlan|$\
   TestPipelineOverSASLSSL|TestMigrateGrantsLeastPrivilege|TestTLSConnection)$$
 ## The packages that touch the database (the others do not read OFTEST_DB).
-DB_PKGS := . ./coupon/... ./inbox/... ./outbox/... ./migrations/... ./pkg/dbx/... ./internal/metrics/... ./internal/testenv/...
+DB_PKGS := . ./pkg/routercmd/... ./internal/console/... ./coupon/... ./inbox/... ./outbox/... ./migrations/... ./pkg/dbx/... ./internal/metrics/... ./internal/testenv/...
 test-postgres: infra
 	OFTEST_DB=postgres $(GO) test -race -count=1 -v -timeout 30m -skip '$(PG_ONLY_MARIADB)' $(DB_PKGS)
 

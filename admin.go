@@ -30,8 +30,8 @@ var readiness = health.Config{Interval: 5 * time.Second, Timeout: 3 * time.Secon
 // path, /healthz included, answers only requests addressed to a loopback name (tokenless).
 // Stopping it stops the server, the checks and the console's replays.
 func (p *pipeline) admin() part {
-	a := p.a
-	if a.cfg.Admin.Listen == "" {
+	a := p.s
+	if a.Config.Admin.Listen == "" {
 		return part{name: "admin"}
 	}
 	var (
@@ -50,7 +50,7 @@ func (p *pipeline) admin() part {
 				return err
 			}
 			p.m.AddReadiness(func() []health.Status { sts, _ := ready.Statuses(); return sts })
-			token, err := a.cfg.Admin.token()
+			token, err := a.Config.Admin.token()
 			if err != nil {
 				return BadInput(err)
 			}
@@ -58,7 +58,7 @@ func (p *pipeline) admin() part {
 			mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 			mux.Handle("/readyz", requireToken(token, ready))
 			mux.Handle("/metrics", requireToken(token, p.m.Handler()))
-			if a.cfg.Admin.Pprof {
+			if a.Config.Admin.Pprof {
 				mux.Handle("/debug/pprof/", requireToken(token, http.HandlerFunc(pprof.Index)))
 				mux.Handle("/debug/pprof/profile", requireToken(token, http.HandlerFunc(pprof.Profile)))
 			}
@@ -67,10 +67,10 @@ func (p *pipeline) admin() part {
 				return err
 			}
 			mux.Handle("/", con)
-			ln, err = net.Listen("tcp", a.cfg.Admin.Listen)
+			ln, err = net.Listen("tcp", a.Config.Admin.Listen)
 			if err != nil {
 				con.Close()
-				return BadInput(fmt.Errorf("admin.listen %s: %w (set admin.listen to a free port, or empty to disable)", a.cfg.Admin.Listen, err))
+				return BadInput(fmt.Errorf("admin.listen %s: %w (set admin.listen to a free port, or empty to disable)", a.Config.Admin.Listen, err))
 			}
 			srv = newAdminServer(tokenless(token, mux, nil))
 			a.logger.Info("admin listener", watermill.LogFields{"addr": ln.Addr().String()})

@@ -19,7 +19,7 @@ import (
 )
 
 // An admin listener beyond loopback without a token is refused before anything starts
-// (exit 2, one line naming the key); a token that is too short is refused too; loopback
+// (bad input, one line naming the key); a token that is too short is refused too; loopback
 // needs none.
 func TestAdminListenNeedsToken(t *testing.T) {
 	dir := t.TempDir()
@@ -55,14 +55,14 @@ func TestAdminListenNeedsToken(t *testing.T) {
 		}
 	}
 
-	// Through the command line: exit 2 before anything connects.
+	// As `router run` loads it: bad input before anything connects.
 	cfg := filepath.Join(dir, "open.yaml")
 	if err := os.WriteFile(cfg, []byte("admin:\n  listen: 0.0.0.0:0\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	err := Run(context.Background(), []string{"--config", cfg, "run"})
-	if err == nil || ExitCode(err) != 2 || !strings.Contains(err.Error(), "admin.token") {
-		t.Fatalf("run with an open admin listener and no token: %v (exit %d), want exit 2 naming admin.token", err, ExitCode(err))
+	err := runRouter(context.Background(), cfg, "run")
+	if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), "admin.token") {
+		t.Fatalf("run with an open admin listener and no token: %v (bad input: %t), want bad input naming admin.token", err, isBadInput(err))
 	}
 }
 
@@ -72,7 +72,7 @@ func TestAdminToken(t *testing.T) {
 	d := testenv.DB(t, 2)
 	addr := freeAddr(t)
 	const token = "s3cret-token-0123456789"
-	a := &app{cfg: Config{Admin: AdminConfig{Listen: addr, Token: token}}, logger: watermill.NopLogger{}}
+	a := &Setup{Config: Config{Admin: AdminConfig{Listen: addr, Token: token}}, logger: watermill.NopLogger{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	stop, err := a.startAdmin(ctx, d.DB, testenv.Kafka(t), metrics.New(nil))
 	if err != nil {
@@ -209,7 +209,7 @@ func TestAdminLoopbackHostOnly(t *testing.T) {
 	taddr := freeAddr(t)
 	_, tport, _ := net.SplitHostPort(taddr)
 	const token = "s3cret-token-0123456789"
-	a := &app{cfg: Config{Admin: AdminConfig{Listen: taddr, Token: token}}, logger: watermill.NopLogger{}}
+	a := &Setup{Config: Config{Admin: AdminConfig{Listen: taddr, Token: token}}, logger: watermill.NopLogger{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	stop, err := a.startAdmin(ctx, d.DB, testenv.Kafka(t), metrics.New(nil))
 	if err != nil {

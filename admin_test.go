@@ -86,7 +86,7 @@ func startTestAdminWith(t *testing.T, kc kafkax.Config, m *metrics.Metrics) stri
 	t.Helper()
 	d := testenv.DB(t, 2)
 	addr := freeAddr(t)
-	a := &app{cfg: Config{Admin: AdminConfig{Listen: addr}}, logger: watermill.NopLogger{}}
+	a := &Setup{Config: Config{Admin: AdminConfig{Listen: addr}}, logger: watermill.NopLogger{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	stop, err := a.startAdmin(ctx, d.DB, kc, m)
 	if err != nil {
@@ -200,7 +200,7 @@ func TestSubscriberPartitionStats(t *testing.T) {
 		window int
 		want   bool
 	}{{1024, true}, {1, false}} {
-		a := &app{cfg: Config{Kafka: KafkaConfig{Parallel: kafkax.ParallelConfig{Window: tc.window}}}, logger: watermill.NopLogger{}}
+		a := &Setup{Config: Config{Kafka: KafkaConfig{Parallel: kafkax.ParallelConfig{Window: tc.window}}}, logger: watermill.NopLogger{}}
 		sub, err := a.subscriber(kc, "g", kafkax.NewBudget(1<<20))
 		if err != nil {
 			t.Fatal(err)
@@ -279,7 +279,7 @@ func TestAdminPprof(t *testing.T) {
 	for _, on := range []bool{false, true} {
 		d := testenv.DB(t, 2)
 		addr := freeAddr(t)
-		a := &app{cfg: Config{Admin: AdminConfig{Listen: addr, Pprof: on}}, logger: watermill.NopLogger{}}
+		a := &Setup{Config: Config{Admin: AdminConfig{Listen: addr, Pprof: on}}, logger: watermill.NopLogger{}}
 		ctx, cancel := context.WithCancel(context.Background())
 		stop, err := a.startAdmin(ctx, d.DB, kc, metrics.New(nil))
 		if err != nil {

@@ -158,7 +158,7 @@ func DefaultConfig() Config {
 // LoadConfig resolves the configuration as the router binary does without flags: the
 // environment (ONCEFLOW_*) over file (empty: $ONCEFLOW_CONFIG, else configs/router.yaml if
 // present) over the defaults; unknown keys, invalid values and ONCEFLOW_ variables that
-// name no setting are errors (ExitCode 2), the settings of the plugins registered with
+// name no setting are bad input (ErrBadInput), the settings of the plugins registered with
 // inbox.MustRegister included.
 func LoadConfig(file string) (Config, error) {
 	cfg, _, err := loadConfig(file, nil, nil, inbox.RegisteredPlugins())
@@ -201,7 +201,7 @@ func configFile(file string) string {
 // does not read (checkEnv). plugins are the binary's: their settings are read from their
 // sections and from their variables (ONCEFLOW_PLUGINS_<NAME>_<KEY>) and checked, every
 // plugin's refusals reported together; sections of other plugins are left to the commands
-// that run plugins (checkSections).
+// that run plugins (Setup.CheckSections).
 func loadConfig(file string, flags *pflag.FlagSet, bind map[string]string, plugins []inbox.Plugin) (Config, *viper.Viper, error) {
 	environ := os.Environ()
 	known := settingEnv(plugins)
@@ -304,8 +304,9 @@ func (c Config) validate() error {
 	if err := settings.Check(c); err != nil {
 		return err
 	}
-	// No DSN is built in: an empty db.dsn is refused (exit 2, naming the key) by the commands
-	// that connect (dbConfig); commands that do not (plugins, config) run without one.
+	// No DSN is built in: an empty db.dsn is refused (bad input, naming the key) by the
+	// commands that connect (Setup.DBConfig); commands that do not (plugins, config) run
+	// without one.
 	if c.DB.DSN != "" {
 		if _, err := dbx.ParseDSNInfo(c.DB.DSN); err != nil {
 			return fmt.Errorf("db.dsn: %w", err)

@@ -11,20 +11,18 @@ import (
 )
 
 // newConsole returns the operator console (internal/console) the admin listener serves at
-// /. Its biz types
-// are the registered plugins' (as `router replay` resolves them), and its replays run the
-// way `router replay` and `router inbox retry` run theirs: the plugin of the biz type
-// (pluginFor), its handler and inbox built by buildInbox, inboxops.Replay recording the
-// run in the replay table.
-func (a *app) newConsole(ctx context.Context, db *sql.DB, m *metrics.Metrics, token string) (*console.Console, error) {
-	cfg := console.Config{DB: db, Metrics: m, Token: token, Logger: a.logger}
+// /. Its biz types are the binary's plugins' (as `router replay` resolves them), and its
+// replays run the way `router replay` and `router inbox retry` run theirs: the inbox of the
+// biz type's plugin (ReplayInbox), inboxops.Replay recording the run in the replay table.
+func (s *Setup) newConsole(ctx context.Context, db *sql.DB, m *metrics.Metrics, token string) (*console.Console, error) {
+	cfg := console.Config{DB: db, Metrics: m, Token: token, Logger: s.logger}
 	if m != nil {
 		if gl, ok := m.Consumers.Judge().(console.GroupLagReader); ok { // the runtime's kafkax.LagReader
 			cfg.Lags = gl
 		}
 	}
-	if a.plugins != nil { // nil: a Runtime built with New, not by the command line
-		all, err := a.bizTypes()
+	if s.plugins != nil { // nil: a Runtime built with New, not by the command line
+		all, err := s.bizTypes()
 		if err != nil {
 			return nil, err
 		}
@@ -52,16 +50,8 @@ func (a *app) newConsole(ctx context.Context, db *sql.DB, m *metrics.Metrics, to
 			}
 			cfg.BizTypes = append(cfg.BizTypes, b)
 		}
-		store, err := inboxops.NewStore(db, "inbox")
-		if err != nil {
-			return nil, err
-		}
 		cfg.Replay = func(ctx context.Context, opts inboxops.ReplayOptions) (inboxops.ReplayReport, error) {
-			p, err := a.pluginFor(ctx, store, &opts.Filter)
-			if err != nil {
-				return inboxops.ReplayReport{}, err
-			}
-			ib, closeHandler, err := a.buildInbox(ctx, db, p, nil)
+			ib, closeHandler, err := s.ReplayInbox(ctx, db, &opts.Filter)
 			if err != nil {
 				return inboxops.ReplayReport{}, err
 			}

@@ -41,8 +41,8 @@ func countingListener(t *testing.T) (string, *atomic.Int64) {
 // An ONCEFLOW_ variable the router does not read (a typo of a setting or of a plugin's
 // setting, a plugin's file-only key, another program's variable) or one it misreads (a
 // broker count where kafka.brokers wants addresses, a plugin's rate out of its range) makes
-// `router run` exit 2 with one line naming the variable, and nothing connects: the database
-// and the broker it is given count the connections they are offered.
+// `router run` refuse it as bad input, one line naming the variable, and nothing connects:
+// the database and the broker it is given count the connections they are offered.
 func TestEnvRefusedBeforeConnecting(t *testing.T) {
 	for _, tc := range []struct {
 		env, value string
@@ -67,9 +67,9 @@ func TestEnvRefusedBeforeConnecting(t *testing.T) {
 			t.Setenv("ONCEFLOW_KAFKA_BROKERS", broker)
 			t.Setenv("ONCEFLOW_ADMIN_LISTEN", "")
 			t.Setenv(tc.env, tc.value)
-			err := Run(context.Background(), []string{"run"})
-			if err == nil || ExitCode(err) != 2 || strings.Contains(err.Error(), "\n") {
-				t.Fatalf("%s=%s router run: %v (exit %d), want exit 2 with one line", tc.env, tc.value, err, ExitCode(err))
+			err := runRouter(context.Background(), "", "run")
+			if err == nil || !isBadInput(err) || strings.Contains(err.Error(), "\n") {
+				t.Fatalf("%s=%s router run: %v (bad input: %t), want bad input with one line", tc.env, tc.value, err, isBadInput(err))
 			}
 			for _, w := range tc.want {
 				if !strings.Contains(err.Error(), w) {
@@ -121,8 +121,8 @@ func TestCheckEnv(t *testing.T) {
 				}
 				return
 			}
-			if err == nil || ExitCode(err) != 2 {
-				t.Fatalf("%v (exit %d), want exit 2", err, ExitCode(err))
+			if err == nil || !isBadInput(err) {
+				t.Fatalf("%v (bad input: %t), want bad input", err, isBadInput(err))
 			}
 			for _, w := range tc.want {
 				if !strings.Contains(err.Error(), w) {
@@ -154,29 +154,28 @@ func TestPluginSettingFromEnv(t *testing.T) {
 	t.Setenv("ONCEFLOW_PLUGINS_COUPON_GRANTER_STEP_DELAY", "800ms")
 	t.Setenv("ONCEFLOW_PLUGINS_COUPON_GRANTER_SEED", "18446744073709551615")
 	t.Setenv("ONCEFLOW_PLUGINS_COUPON_NOTIFIER_CHANNEL", "sms")
-	cfg, err := LoadConfig(file)
+	s, err := LoadSetup(Source{File: file}, inbox.RegisteredPlugins())
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &app{cfg: cfg, plugins: registered()}
-	p, _, err := a.plugin(coupon.PluginName)
+	ps, err := s.Plugins(coupon.PluginName, "coupon-notifier")
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, ok := p.settings.(coupon.Config)
+	p, n := ps[0], ps[1]
+	got, ok := p.Settings().(coupon.Config)
 	if !ok {
-		t.Fatalf("settings of type %T, want coupon.Config", p.settings)
+		t.Fatalf("settings of type %T, want coupon.Config", p.Settings())
 	}
 	want := coupon.DefaultConfig()
 	want.GrantedTopic, want.FailedTopic, want.StepDelay, want.Seed = "from-env", "failed-from-file", 800*time.Millisecond, 1<<64-1
 	if got != want {
 		t.Errorf("settings\n got %+v\nwant %+v", got, want)
 	}
-	if topics, err := p.writes(); err != nil || strings.Join(topics, ",") != "from-env,failed-from-file" {
+	if topics, err := p.WrittenTopics(); err != nil || strings.Join(topics, ",") != "from-env,failed-from-file" {
 		t.Errorf("writes: %v %v, want from-env,failed-from-file", topics, err)
 	}
-	n, _, err := a.plugin("coupon-notifier")
-	if err != nil || fmt.Sprintf("%+v", n.settings) != "{Channel:sms}" {
-		t.Errorf("coupon-notifier: settings %+v (%v), want channel sms", n.settings, err)
+	if fmt.Sprintf("%+v", n.Settings()) != "{Channel:sms}" {
+		t.Errorf("coupon-notifier: settings %+v, want channel sms", n.Settings())
 	}
 }

@@ -20,8 +20,8 @@ const commandKeyField = "idempotency_key"
 // commandPlugins returns the plugins' HTTP commands as plugins of their own biz type: the
 // handler a command's rows run through, in `router run` and in `router replay` / `inbox
 // retry` alike.
-func commandPlugins(ps []plugin) []plugin {
-	var out []plugin
+func commandPlugins(ps []Plugin) []Plugin {
+	var out []Plugin
 	for _, p := range ps {
 		for _, c := range p.Commands {
 			cp := p
@@ -39,9 +39,9 @@ func commandPlugins(ps []plugin) []plugin {
 // command has its own inbox and, for handlers that batch, its own group commit. Stopping it
 // lets running requests finish first, then closes the group commits and the handlers.
 func (p *pipeline) http() part {
-	a := p.a
+	a := p.s
 	cmds := commandPlugins(p.plugins)
-	if a.cfg.HTTP.Listen == "" {
+	if a.Config.HTTP.Listen == "" {
 		return part{name: "http",
 			start: func(context.Context) error {
 				if len(cmds) > 0 {
@@ -54,7 +54,7 @@ func (p *pipeline) http() part {
 		closers  []func()
 		srv      *http.Server
 		ln       net.Listener
-		answerBy = a.cfg.HTTP.RequestTimeout + a.cfg.HTTP.OutcomeWait + 5*time.Second // a request's longest run, and a margin
+		answerBy = a.Config.HTTP.RequestTimeout + a.Config.HTTP.OutcomeWait + 5*time.Second // a request's longest run, and a margin
 	)
 	closeAll := func() {
 		for _, c := range closers {
@@ -64,9 +64,9 @@ func (p *pipeline) http() part {
 	return part{name: "http",
 		start: func(ctx context.Context) error {
 			if len(cmds) == 0 {
-				return BadInput(fmt.Errorf("http.listen %s is set, but no plugin declares an HTTP command", a.cfg.HTTP.Listen))
+				return BadInput(fmt.Errorf("http.listen %s is set, but no plugin declares an HTTP command", a.Config.HTTP.Listen))
 			}
-			token, err := a.cfg.HTTP.token()
+			token, err := a.Config.HTTP.token()
 			if err != nil {
 				return BadInput(err)
 			}
@@ -79,7 +79,7 @@ func (p *pipeline) http() part {
 				}
 				closers = append(closers, closeHandler)
 				var runner httpcmd.Runner = ib
-				if bc := a.cfg.Inbox.Batch; bc.MaxSize > 1 {
+				if bc := a.Config.Inbox.Batch; bc.MaxSize > 1 {
 					// Group commit, as for the plugin's Kafka deliveries: requests that arrive
 					// together share a transaction.
 					b, err := ib.NewBatcher(bc)
@@ -93,22 +93,22 @@ func (p *pipeline) http() part {
 				routes = append(routes, httpcmd.Route{Method: pl.command.Method, Path: pl.command.Path, Runner: runner})
 				a.logger.Info("HTTP command", watermill.LogFields{"plugin": pl.Name, "method": pl.command.Method, "path": pl.command.Path, "biz_type": pl.BizType})
 			}
-			hc := a.cfg.HTTP.Config
+			hc := a.Config.HTTP.Config
 			hc.Observe = p.m.ObserveHTTP
 			h, err := httpcmd.New(routes, hc, a.logger)
 			if err != nil {
 				closeAll()
 				return BadInput(err)
 			}
-			ln, err = net.Listen("tcp", a.cfg.HTTP.Listen)
+			ln, err = net.Listen("tcp", a.Config.HTTP.Listen)
 			if err != nil {
 				closeAll()
-				return BadInput(fmt.Errorf("http.listen %s: %w (set http.listen to a free port, or empty to disable)", a.cfg.HTTP.Listen, err))
+				return BadInput(fmt.Errorf("http.listen %s: %w (set http.listen to a free port, or empty to disable)", a.Config.HTTP.Listen, err))
 			}
 			srv = &http.Server{Handler: tokenless(token, requireBearer(token, h), misdirected), ReadHeaderTimeout: adminReadHeaderTimeout, ReadTimeout: adminReadTimeout,
 				WriteTimeout: answerBy, IdleTimeout: adminIdleTimeout, MaxHeaderBytes: 64 << 10,
 				BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
-			a.logger.Info("HTTP listener", watermill.LogFields{"addr": ln.Addr().String(), "idempotency_ttl": a.cfg.HTTP.IdempotencyTTL})
+			a.logger.Info("HTTP listener", watermill.LogFields{"addr": ln.Addr().String(), "idempotency_ttl": a.Config.HTTP.IdempotencyTTL})
 			return nil
 		},
 		run: func(ctx context.Context) error { return serve(ctx, srv, ln, answerBy) }, // running requests finish; none starts

@@ -2,6 +2,7 @@ package onceflow
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"io"
 	"net"
@@ -22,7 +23,7 @@ import (
 )
 
 // The HTTP commands' listener follows the admin listener's rules: beyond loopback only with
-// a token (exit 2 before anything starts, one line naming the key), a token of at least 16
+// a token (bad input before anything starts, one line naming the key), a token of at least 16
 // printable characters, from http.token or http.token_file but not both.
 func TestHTTPListenNeedsToken(t *testing.T) {
 	dir := t.TempDir()
@@ -58,16 +59,16 @@ func TestHTTPListenNeedsToken(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte("http:\n  listen: 0.0.0.0:0\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	err := Run(context.Background(), []string{"--config", cfg, "run"})
-	if err == nil || ExitCode(err) != 2 || !strings.Contains(err.Error(), "http.token") {
-		t.Fatalf("run with http.listen 0.0.0.0 and no token: %v (exit %d), want exit 2 naming http.token", err, ExitCode(err))
+	err := runRouter(context.Background(), cfg, "run")
+	if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), "http.token") {
+		t.Fatalf("run with http.listen 0.0.0.0 and no token: %v (bad input: %t), want bad input naming http.token", err, isBadInput(err))
 	}
 	for _, bad := range []string{"http:\n  max_body_bytes: 0\n", "http:\n  request_timeout: 1ns\n", "http:\n  idempotency_ttl: 1s\n"} {
 		if err := os.WriteFile(cfg, []byte(bad), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if err := Run(context.Background(), []string{"--config", cfg, "run"}); err == nil || ExitCode(err) != 2 {
-			t.Errorf("%q: %v (exit %d), want exit 2", bad, err, ExitCode(err))
+		if err := runRouter(context.Background(), cfg, "run"); err == nil || !isBadInput(err) {
+			t.Errorf("%q: %v (bad input: %t), want bad input", bad, err, isBadInput(err))
 		}
 	}
 }
@@ -104,14 +105,17 @@ func TestHTTPBearer(t *testing.T) {
 // 127.0.0.1 or [::1] is granted.
 func TestHTTPCommandsLoopbackHostOnly(t *testing.T) {
 	testenv.Integration(t)
-	reg := pluginRegistry([]inbox.Plugin{coupon.Plugin()})
+	reg, err := pluginRegistry([]inbox.Plugin{coupon.Plugin()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	d := testenv.DB(t, 4, migrationSets(reg)...)
 	addr := freeAddr(t)
 	_, port, _ := net.SplitHostPort(addr)
 	cfg := DefaultConfig()
 	cfg.HTTP.Listen = addr
-	a := &app{cfg: cfg, logger: watermill.NopLogger{}, plugins: reg}
-	ps, err := a.allPlugins()
+	a := &Setup{Config: cfg, logger: watermill.NopLogger{}, plugins: reg}
+	ps, err := a.Plugins()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,4 +160,13 @@ func TestHTTPCommandsLoopbackHostOnly(t *testing.T) {
 	if c := dbCount(t, d.DB, "SELECT COUNT(*) FROM user_coupon"); c != len(hosts) {
 		t.Errorf("%d coupons, want %d (one per claim for a loopback name)", c, len(hosts))
 	}
+}
+
+func dbCount(t *testing.T, db *sql.DB, q string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(q, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	return n
 }

@@ -20,12 +20,14 @@ type importRule struct {
 	except    []string
 }
 
-// importRules are the directions of docs/ARCHITECTURE.md: cmd/router → the runtime (the root
-// package) and plugins (coupon, examples) → inbox, outbox → pkg, internal. The one package of
-// internal/ above inbox and outbox is the runtime's console (internal/console), which the
-// runtime mounts. The tools module (tools/) may import what it needs; nothing here imports it.
+// importRules are the directions of docs/ARCHITECTURE.md: cmd/router → the command line
+// (pkg/routercmd) → the runtime (the root package) and plugins (coupon, examples) → inbox,
+// outbox → pkg, internal. The command line is the one package of pkg/ above the runtime, and
+// only main packages import it; the one package of internal/ above inbox and outbox is the
+// runtime's console (internal/console), which the runtime mounts. The tools module (tools/)
+// may import what it needs; nothing here imports it.
 var importRules = []importRule{
-	{"pkg/...", []string{"inbox/...", "outbox/...", "coupon/...", ".", "cmd/..."}, "pkg/ knows no layer above it", nil},
+	{"pkg/...", []string{"inbox/...", "outbox/...", "coupon/...", ".", "cmd/..."}, "pkg/ knows no layer above it", []string{"pkg/routercmd"}},
 	{"internal/...", []string{"inbox/...", "outbox/...", "coupon/...", ".", "cmd/..."}, "internal/ knows no layer above it", []string{"internal/console"}},
 	{"internal/console", []string{"coupon/...", ".", "cmd/..."}, "the console is the runtime's: it reads and changes the inbox and the outbox, and knows no runtime and no plugin", nil},
 	{"inbox/...", []string{"outbox/...", "coupon/...", ".", "cmd/..."}, "inbox knows no domain, no runtime, and not the outbox (a handler uses both)", nil},
@@ -33,11 +35,14 @@ var importRules = []importRule{
 	{"migrations/...", []string{"inbox/...", "outbox/...", "coupon/...", ".", "cmd/..."}, "the framework's schema depends on no layer", nil},
 	{"coupon/...", []string{".", "cmd/...", "inbox/inboxops"}, "a plugin never imports the runtime, nor the operators' inbox (inboxops)", nil},
 	{".", []string{"coupon/...", "examples/...", "cmd/..."}, "the runtime imports no plugin: binaries choose them", nil},
+	{"pkg/routercmd", []string{"coupon/...", "examples/...", "cmd/..."}, "the command line imports no plugin: binaries choose them", nil},
+	{"...", []string{"pkg/routercmd"}, "only main packages import the command line (pkg/routercmd)", []string{"pkg/routercmd", "cmd/..."}},
 	{"...", []string{"tools/..."}, "the library never imports the tools module", nil},
 }
 
 // testImportRules hold for the tests of a package too (go list's TestImports and
-// XTestImports): a helper's tests use no layer above it either.
+// XTestImports): a helper's tests use no layer above it either. The tests of the runtime and
+// of the command line may import the bundled plugins, and any test the command line.
 var testImportRules = importRules[:3]
 
 func matches(pattern, pkg string) bool {
@@ -112,6 +117,15 @@ func TestImportRules(t *testing.T) {
 		{"a plugin imports the runtime", map[string][]string{m("coupon"): {module}}, 1},
 		{"a plugin imports the operators' inbox", map[string][]string{m("coupon/notify"): {m("inbox/inboxops")}}, 1},
 		{"the library imports the tools module", map[string][]string{module: {m("tools/chaos")}, m("coupon"): {m("tools/bench")}}, 2},
+		{"the command line imports the runtime, inboxops and the libraries", map[string][]string{
+			m("pkg/routercmd"): {module, m("inbox"), m("inbox/inboxops"), m("outbox"), m("pkg/dbx"), m("internal/registry")},
+			m("cmd/router"):    {m("pkg/routercmd"), module, m("coupon")},
+		}, 0},
+		{"the command line imports a plugin", map[string][]string{m("pkg/routercmd"): {module, m("coupon/notify")}}, 1},
+		{"the runtime imports the command line", map[string][]string{module: {m("pkg/routercmd")}}, 1},
+		{"a plugin imports the command line", map[string][]string{m("coupon"): {m("pkg/routercmd"), module}}, 2},
+		{"another pkg/ package imports the runtime", map[string][]string{m("pkg/kafkax"): {module}}, 1},
+		{"a library imports the command line", map[string][]string{m("inbox/inboxtest"): {m("pkg/routercmd")}, m("pkg/dbx"): {m("pkg/routercmd")}}, 2},
 		{"a package named like a layer is not one", map[string][]string{m("pkg/dbx"): {m("inboxes"), "example.com/inbox", module + "x"}}, 0},
 	}
 	for _, tc := range cases {
@@ -143,7 +157,7 @@ func goList(t *testing.T, format string) map[string][]string {
 // tests left out), and the tests of pkg/ and internal/ import no layer above them either.
 func TestImports(t *testing.T) {
 	deps := goList(t, `{{join .Deps " "}}`)
-	for _, p := range []string{"", "/inbox", "/outbox", "/pkg/dbx", "/internal/testenv", "/coupon", "/cmd/router"} {
+	for _, p := range []string{"", "/inbox", "/outbox", "/pkg/dbx", "/pkg/routercmd", "/internal/testenv", "/internal/console", "/coupon", "/cmd/router"} {
 		if _, ok := deps[module+p]; !ok {
 			t.Fatalf("go list did not list %s: %v", module+p, deps)
 		}

@@ -139,7 +139,7 @@ func TestRunPartsRunFails(t *testing.T) {
 var errKilled = errors.New("killed by the test")
 
 // A part of `router run` that stops while the runtime runs stops the runtime: Run returns
-// an error naming the part (exit 1), and every other part has stopped by then, its
+// an error naming the part (not bad input: exit 1), and every other part has stopped by then, its
 // listeners closed. A part ends with an error of its own, or returns nil as if its loop had
 // ended; nothing restarts it.
 func TestRunStopsWhenAPartStops(t *testing.T) {
@@ -180,8 +180,8 @@ func TestRunStopsWhenAPartStops(t *testing.T) {
 			case <-time.After(60 * time.Second):
 				t.Fatalf("run still running after its %s part stopped: the process is half-alive", tc.part)
 			}
-			if err == nil || ExitCode(err) != 1 || !strings.HasPrefix(err.Error(), tc.part+": ") {
-				t.Fatalf("run: %v (exit %d), want exit 1 with an error naming the %s part", err, ExitCode(err), tc.part)
+			if err == nil || isBadInput(err) || !strings.HasPrefix(err.Error(), tc.part+": ") {
+				t.Fatalf("run: %v (bad input: %t), want an error that is not bad input with an error naming the %s part", err, isBadInput(err), tc.part)
 			}
 			if tc.fail != errors.Is(err, errKilled) {
 				t.Fatalf("run: %v, want the part's own error: %v", err, tc.fail)
@@ -275,7 +275,7 @@ func TestRelayCommandStopsOnCancel(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- Run(ctx, []string{"--config", cfgFile, "relay"}) }()
+	go func() { done <- runRouter(ctx, cfgFile, "relay") }()
 	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		if resp, err := http.Get("http://" + addr + "/healthz"); err == nil {
 			resp.Body.Close()
@@ -374,12 +374,12 @@ func startPart(ctx context.Context, pt part) (func(), error) {
 }
 
 // startAdmin starts the admin part over db, kc and m; the returned func stops it.
-func (a *app) startAdmin(ctx context.Context, db *sql.DB, kc kafkax.Config, m *metrics.Metrics) (func(), error) {
-	return startPart(ctx, (&pipeline{a: a, db: db, kc: kc, m: m}).admin())
+func (s *Setup) startAdmin(ctx context.Context, db *sql.DB, kc kafkax.Config, m *metrics.Metrics) (func(), error) {
+	return startPart(ctx, (&pipeline{s: s, db: db, kc: kc, m: m}).admin())
 }
 
 // startHTTP starts the HTTP commands' part over db, plugins and m; the returned func stops
 // it.
-func (a *app) startHTTP(ctx context.Context, db *sql.DB, plugins []plugin, obs *observer, m *metrics.Metrics) (func(), error) {
-	return startPart(ctx, (&pipeline{a: a, db: db, plugins: plugins, obs: obs, m: m}).http())
+func (s *Setup) startHTTP(ctx context.Context, db *sql.DB, plugins []Plugin, obs *observer, m *metrics.Metrics) (func(), error) {
+	return startPart(ctx, (&pipeline{s: s, db: db, plugins: plugins, obs: obs, m: m}).http())
 }

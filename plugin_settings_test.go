@@ -16,7 +16,7 @@ import (
 
 // A bad plugin setting in the config file or the environment (a value out of its range, a
 // key the plugin does not declare, a value of the wrong type, settings its Validate
-// refuses together) makes `router run` exit 2 with one line naming the key, and nothing
+// refuses together) makes `router run` refuse it as bad input, one line naming the key, and nothing
 // connects: the database and the broker count the connections they are offered.
 func TestPluginSettingsRefusedBeforeConnecting(t *testing.T) {
 	for _, tc := range []struct {
@@ -43,20 +43,19 @@ func TestPluginSettingsRefusedBeforeConnecting(t *testing.T) {
 			t.Setenv("ONCEFLOW_DB_DSN", "app@tcp("+db+")/shop")
 			t.Setenv("ONCEFLOW_KAFKA_BROKERS", broker)
 			t.Setenv("ONCEFLOW_ADMIN_LISTEN", "")
-			args := []string{"run"}
+			file := ""
 			if tc.yaml != "" {
-				f := filepath.Join(t.TempDir(), "router.yaml")
-				if err := os.WriteFile(f, []byte("plugins:\n  coupon-granter:\n    "+tc.yaml+"\n"), 0o600); err != nil {
+				file = filepath.Join(t.TempDir(), "router.yaml")
+				if err := os.WriteFile(file, []byte("plugins:\n  coupon-granter:\n    "+tc.yaml+"\n"), 0o600); err != nil {
 					t.Fatal(err)
 				}
-				args = append([]string{"--config", f}, args...)
 			}
 			if tc.env != "" {
 				t.Setenv(tc.env, tc.value)
 			}
-			err := Run(context.Background(), args)
-			if err == nil || ExitCode(err) != 2 || strings.Contains(err.Error(), "\n") {
-				t.Fatalf("router run: %v (exit %d), want exit 2 with one line", err, ExitCode(err))
+			err := runRouter(context.Background(), file, "run")
+			if err == nil || !isBadInput(err) || strings.Contains(err.Error(), "\n") {
+				t.Fatalf("router run: %v (bad input: %t), want bad input with one line", err, isBadInput(err))
 			}
 			for _, w := range tc.want {
 				if !strings.Contains(err.Error(), w) {
@@ -145,7 +144,7 @@ func TestDecodeSettings(t *testing.T) {
 		{map[string]any{"tls": "x"}, "plugins.p.tls is no setting of plugin p"},
 		{map[string]any{"wait": 5}, "'plugins.p.wait' invalid duration 5"},
 	} {
-		if _, err := resolveSection(decl, tc.section); err == nil || ExitCode(err) != 2 || !strings.Contains(err.Error(), tc.want) {
+		if _, err := resolveSection(decl, tc.section); err == nil || !isBadInput(err) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: %v, want exit 2 with %q", tc.section, err, tc.want)
 		}
 	}
@@ -160,8 +159,8 @@ func TestDecodeSettings(t *testing.T) {
 }
 
 // The plugin is handed the settings decoded once: its Build, its Writes and its HTTP
-// command's Build get the same value, and Build gets it through New as through the
-// command line.
+// command's Build get the same value, and Build gets it through New as through LoadSetup
+// (the command line's way).
 func TestPluginGetsItsSettings(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.DB.DSN = "app@tcp(127.0.0.1:1)/shop"
@@ -175,7 +174,7 @@ func TestPluginGetsItsSettings(t *testing.T) {
 	if !ok || s.GrantedTopic != "g" || s.CampaignID != "c1" || s.ValueCents != 500 {
 		t.Fatalf("settings %+v", p.settings)
 	}
-	if topics, err := p.writes(); err != nil || strings.Join(topics, ",") != "g,f" {
+	if topics, err := p.WrittenTopics(); err != nil || strings.Join(topics, ",") != "g,f" {
 		t.Fatalf("writes %v (%v)", topics, err)
 	}
 	cmds := commandPlugins(rt.plugins)
@@ -183,7 +182,7 @@ func TestPluginGetsItsSettings(t *testing.T) {
 		t.Fatalf("the command's settings: %+v", cmds)
 	}
 	cfg.Plugins[coupon.PluginName]["shards"] = 0
-	if _, err := New(cfg, []inbox.Plugin{coupon.Plugin()}, nil); err == nil || ExitCode(err) != 2 ||
+	if _, err := New(cfg, []inbox.Plugin{coupon.Plugin()}, nil); err == nil || !isBadInput(err) ||
 		!strings.Contains(err.Error(), "config: plugins.coupon-granter.shards 0 outside 1..1024") {
 		t.Fatalf("New with shards 0: %v, want exit 2 naming the key", err)
 	}

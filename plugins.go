@@ -1,6 +1,8 @@
 package onceflow
 
 import (
+	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"reflect"
@@ -9,9 +11,9 @@ import (
 	"strings"
 
 	"github.com/go-viper/mapstructure/v2"
-	"github.com/spf13/cobra"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/registry"
 	"github.com/onceflow/onceflow/internal/settings"
 	"github.com/onceflow/onceflow/migrations"
@@ -28,20 +30,27 @@ const (
 // groupName: a consumer group id as this runtime accepts it (Kafka's topic characters).
 var groupName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,249}$`)
 
-// plugin is a plugin as a deployment runs it: its declaration with the configured topics
-// and consumer group, and its settings decoded from its configuration section.
-type plugin struct {
+// Plugin is a plugin as a deployment runs it: its declaration (inbox.Plugin) with the
+// topics and consumer group its configuration section gives it (plugins.<name>.topics and
+// consumer_group), and its settings decoded from that section. Setup.Plugins returns them.
+type Plugin struct {
 	inbox.Plugin
 	settings any            // a value of the type of Plugin.Settings (decodeSettings); nil without
 	command  *inbox.Command // set for the plugin's HTTP command run as a plugin of its biz type (commandPlugins)
 }
 
+// Settings is the plugin's settings under the configuration: a value of the type of
+// inbox.Plugin.Settings (a pointer when that is one), each setting at its default unless
+// plugins.<name>.<key> or its ONCEFLOW_ variable gives it another; nil when the plugin
+// declares none. The runtime hands the same value to the plugin's Writes, Build and Verify.
+func (p Plugin) Settings() any { return p.settings }
+
 // resolvePlugin applies section (plugins.<name>, may be nil) to p, as resolveSection does;
 // its errors begin with "config: ".
-func resolvePlugin(p inbox.Plugin, section map[string]any) (plugin, error) {
+func resolvePlugin(p inbox.Plugin, section map[string]any) (Plugin, error) {
 	r, err := resolveSection(p, section)
 	if err != nil {
-		return plugin{}, BadInput(fmt.Errorf("config: %w", err))
+		return Plugin{}, BadInput(fmt.Errorf("config: %w", err))
 	}
 	return r, nil
 }
@@ -49,11 +58,11 @@ func resolvePlugin(p inbox.Plugin, section map[string]any) (plugin, error) {
 // resolveSection applies section (plugins.<name>, may be nil) to p: topics and
 // consumer_group replace p's, checked; the rest are p's settings (decodeSettings). It
 // connects to nothing; its errors name the key (plugins.<name>.<key>) and are bad input.
-func resolveSection(p inbox.Plugin, section map[string]any) (plugin, error) {
+func resolveSection(p inbox.Plugin, section map[string]any) (Plugin, error) {
 	if err := p.Validate(); err != nil {
-		return plugin{}, BadInput(err)
+		return Plugin{}, BadInput(err)
 	}
-	r := plugin{Plugin: p}
+	r := Plugin{Plugin: p}
 	r.Topics = append([]string(nil), p.Topics...)
 	own := map[string]any{}
 	for k, v := range section {
@@ -66,18 +75,18 @@ func resolveSection(p inbox.Plugin, section map[string]any) (plugin, error) {
 				err = dec.Decode(v)
 			}
 			if err != nil {
-				return plugin{}, BadInput(fmt.Errorf("plugins.%s.topics: %s (a list of topic names)", p.Name, oneLine(err)))
+				return Plugin{}, BadInput(fmt.Errorf("plugins.%s.topics: %s (a list of topic names)", p.Name, oneLine(err)))
 			}
 			if len(topics) == 0 {
-				return plugin{}, BadInput(fmt.Errorf("plugins.%s.topics is empty", p.Name))
+				return Plugin{}, BadInput(fmt.Errorf("plugins.%s.topics is empty", p.Name))
 			}
 			seen := map[string]bool{}
 			for _, t := range topics {
 				if err := kafkax.CheckTopicName(t); err != nil {
-					return plugin{}, BadInput(fmt.Errorf("plugins.%s.topics: %w", p.Name, err))
+					return Plugin{}, BadInput(fmt.Errorf("plugins.%s.topics: %w", p.Name, err))
 				}
 				if seen[t] {
-					return plugin{}, BadInput(fmt.Errorf("plugins.%s.topics: %q twice", p.Name, t))
+					return Plugin{}, BadInput(fmt.Errorf("plugins.%s.topics: %q twice", p.Name, t))
 				}
 				seen[t] = true
 			}
@@ -85,7 +94,7 @@ func resolveSection(p inbox.Plugin, section map[string]any) (plugin, error) {
 		case keyConsumerGroup:
 			g, ok := v.(string)
 			if !ok || !groupName.MatchString(g) {
-				return plugin{}, BadInput(fmt.Errorf("plugins.%s.consumer_group %q: 1..249 of [A-Za-z0-9._-]", p.Name, fmt.Sprint(v)))
+				return Plugin{}, BadInput(fmt.Errorf("plugins.%s.consumer_group %q: 1..249 of [A-Za-z0-9._-]", p.Name, fmt.Sprint(v)))
 			}
 			r.ConsumerGroup = g
 		default:
@@ -94,7 +103,7 @@ func resolveSection(p inbox.Plugin, section map[string]any) (plugin, error) {
 	}
 	decoded, err := decodeSettings(p, own)
 	if err != nil {
-		return plugin{}, BadInput(err)
+		return Plugin{}, BadInput(err)
 	}
 	r.settings = decoded
 	return r, nil
@@ -191,79 +200,71 @@ func unknownKeys(raw map[string]any, list []settings.Setting, prefix string) []s
 	return out
 }
 
-// plugin resolves the registered plugin name under the configuration.
-func (a *app) plugin(name string) (plugin, bool, error) {
-	p, ok := a.plugins.Get(name)
-	if !ok {
-		return plugin{}, false, nil
+// pluginRegistry holds plugins by name; a plugin that is not valid (inbox.Plugin.Validate)
+// or a name given twice is an error.
+func pluginRegistry(plugins []inbox.Plugin) (*registry.Registry[inbox.Plugin], error) {
+	r := registry.New[inbox.Plugin]("plugin")
+	for _, p := range plugins {
+		if err := p.Validate(); err != nil {
+			return nil, err
+		}
+		if err := r.Register(p.Name, p); err != nil {
+			return nil, err
+		}
 	}
-	r, err := resolvePlugin(p, a.cfg.Plugins[name])
-	return r, true, err
+	return r, nil
 }
 
 // declared are the binary's plugins as they declare themselves, in name order.
-func (a *app) declared() []inbox.Plugin {
+func (s *Setup) declared() []inbox.Plugin {
 	var out []inbox.Plugin
-	for _, n := range a.plugins.Names() {
-		p, _ := a.plugins.Get(n)
+	for _, n := range s.plugins.Names() {
+		p, _ := s.plugins.Get(n)
 		out = append(out, p)
 	}
 	return out
 }
 
-// allPlugins resolves every registered plugin, in name order.
-func (a *app) allPlugins() ([]plugin, error) {
-	var out []plugin
-	for _, n := range a.plugins.Names() {
-		p, _, err := a.plugin(n)
+// PluginNames are the names of the binary's plugins, sorted.
+func (s *Setup) PluginNames() []string { return s.plugins.Names() }
+
+// Plugins returns the binary's plugins named, or all of them in name order when none is,
+// each resolved under its section of the configuration (Plugin). A name of no plugin is bad
+// input, and so is a section its plugin refuses. Sections of plugins the binary lacks are
+// left to CheckSections.
+func (s *Setup) Plugins(names ...string) ([]Plugin, error) {
+	if len(names) == 0 {
+		names = s.plugins.Names()
+	}
+	out := make([]Plugin, 0, len(names))
+	for _, n := range names {
+		p, ok := s.plugins.Get(n)
+		if !ok {
+			return nil, BadInput(fmt.Errorf("unknown plugin %q (registered: %v)", n, s.plugins.Names()))
+		}
+		r, err := resolvePlugin(p, s.Config.Plugins[n])
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, p)
+		out = append(out, r)
 	}
 	return out, nil
 }
 
-// checkSections fails on configuration sections for plugins that are not registered (a
-// typo must not be silently ignored).
-func (a *app) checkSections() error {
-	for name := range a.cfg.Plugins {
-		if _, ok := a.plugins.Get(name); !ok {
-			return BadInput(fmt.Errorf("config plugins.%s: no such plugin (registered: %v)", name, a.plugins.Names()))
+// CheckSections refuses, as bad input, a section plugins.<name> of the configuration whose
+// plugin the binary lacks: a typo is not silently ignored.
+func (s *Setup) CheckSections() error {
+	for name := range s.Config.Plugins {
+		if _, ok := s.plugins.Get(name); !ok {
+			return BadInput(fmt.Errorf("config plugins.%s: no such plugin (registered: %v)", name, s.plugins.Names()))
 		}
 	}
 	return nil
 }
 
-// selectPlugins returns the plugins named in only (default: all registered), resolved,
-// failing on unknown names and on configuration sections of unregistered plugins.
-func (a *app) selectPlugins(only []string) ([]plugin, error) {
-	if err := a.checkSections(); err != nil {
-		return nil, err
-	}
-	names := only
-	if len(names) == 0 {
-		names = a.plugins.Names()
-	}
-	var out []plugin
-	for _, n := range names {
-		p, ok, err := a.plugin(n)
-		if err != nil {
-			return nil, err
-		}
-		if !ok {
-			return nil, BadInput(fmt.Errorf("unknown plugin %q (registered: %v)", n, a.plugins.Names()))
-		}
-		out = append(out, p)
-	}
-	if len(out) == 0 {
-		return nil, BadInput(errors.New("no plugins registered"))
-	}
-	return out, nil
-}
-
-// writes returns the topics p writes to under its settings (nil without Writes).
-func (p plugin) writes() ([]string, error) {
+// WrittenTopics are the topics the plugin writes its events to under its settings
+// (inbox.Plugin.Writes); nil when it declares none. Its errors are bad input.
+func (p Plugin) WrittenTopics() ([]string, error) {
 	if p.Writes == nil {
 		return nil, nil
 	}
@@ -277,9 +278,12 @@ func (p plugin) writes() ([]string, error) {
 	return topics, nil
 }
 
-// migrationSets are the migrations of the registered plugins that have any, in name order:
-// `router migrate` applies them in this order after the framework's and rolls them back in
-// the reverse order before the framework's.
+// Migrations are the migrations of the binary's plugins that have any, in name order:
+// `router migrate` applies them in this order after the framework's (migrations.FS) and
+// rolls them back in the reverse order before the framework's.
+func (s *Setup) Migrations() []migrations.Set { return migrationSets(s.plugins) }
+
+// migrationSets are the migrations of r's plugins that have any, in name order.
 func migrationSets(r *registry.Registry[inbox.Plugin]) []migrations.Set {
 	var sets []migrations.Set
 	for _, n := range r.Names() {
@@ -290,33 +294,96 @@ func migrationSets(r *registry.Registry[inbox.Plugin]) []migrations.Set {
 	return sets
 }
 
-func (a *app) pluginsCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "plugins",
-		Short: "list the registered handler plugins as this configuration runs them (topics, group, biz type, topics written, migrations)",
-		Args:  cobra.NoArgs,
-		RunE: func(*cobra.Command, []string) error {
-			if err := a.checkSections(); err != nil {
-				return err
-			}
-			ps, err := a.allPlugins()
-			if err != nil {
-				return err
-			}
-			const row = "%-20s %-24s %-18s %-10s %-40s %s\n"
-			printf(row, "NAME", "TOPICS", "GROUP", "BIZ_TYPE", "WRITES", "MIGRATIONS")
-			for _, p := range ps {
-				writes, err := p.writes()
-				if err != nil {
-					return err
-				}
-				mig := "-"
-				if p.Migrations != nil {
-					mig = migrations.Set{Name: p.Name}.Table()
-				}
-				printf(row, p.Name, strings.Join(p.Topics, ","), p.ConsumerGroup, p.BizType, dash(strings.Join(writes, ",")), mig)
-			}
-			return nil
-		},
+// bizTypes returns the registered biz types and their plugins, resolved.
+func (s *Setup) bizTypes() (map[string][]Plugin, error) {
+	ps, err := s.Plugins()
+	if err != nil {
+		return nil, err
 	}
+	out := map[string][]Plugin{}
+	for _, p := range append(ps, commandPlugins(ps)...) {
+		out[p.BizType] = append(out[p.BizType], p)
+	}
+	return out, nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// BizTypes are the biz types of the binary's plugins and of their HTTP commands, sorted:
+// those whose inbox rows a replay can run. A section its plugin refuses is bad input.
+func (s *Setup) BizTypes() ([]string, error) {
+	all, err := s.bizTypes()
+	if err != nil {
+		return nil, err
+	}
+	return sortedKeys(all), nil
+}
+
+// pluginFor resolves the plugin whose handler replays f's rows: by --biz-type, else the only
+// registered biz type, else the only biz type among the matching rows.
+func (s *Setup) pluginFor(ctx context.Context, store *inboxops.Store, f *inboxops.Filter) (Plugin, error) {
+	all, err := s.bizTypes()
+	if err != nil {
+		return Plugin{}, err
+	}
+	if f.BizType == "" {
+		switch keys := sortedKeys(all); {
+		case len(keys) == 1:
+			f.BizType = keys[0]
+		default:
+			var found []string
+			for _, bt := range keys {
+				g := *f
+				g.BizType, g.Limit = bt, 1
+				n, err := store.Count(ctx, g)
+				if err != nil {
+					return Plugin{}, err
+				}
+				if n > 0 {
+					found = append(found, bt)
+				}
+			}
+			switch len(found) {
+			case 0:
+				return Plugin{}, BadInput(fmt.Errorf("--biz-type is required: no matching row to infer it from (registered: %s)", strings.Join(keys, ", ")))
+			case 1:
+			default:
+				return Plugin{}, BadInput(fmt.Errorf("--biz-type is required: rows of %s match", strings.Join(found, " and ")))
+			}
+			f.BizType = found[0]
+		}
+	}
+	ps, ok := all[f.BizType]
+	if !ok {
+		return Plugin{}, BadInput(fmt.Errorf("unknown biz type %q (registered: %s)", f.BizType, strings.Join(sortedKeys(all), ", ")))
+	}
+	if len(ps) > 1 {
+		return Plugin{}, BadInput(fmt.Errorf("biz type %q is shared by %d plugins; replay cannot choose a handler", f.BizType, len(ps)))
+	}
+	return ps[0], nil
+}
+
+// ReplayInbox builds the inbox whose handler replays the rows f selects, on db: the inbox of
+// the plugin of f.BizType, or when f names none, of the binary's only biz type, else of the
+// only biz type among the rows that match (f.BizType is set to it). It is the handler path
+// of a live delivery, the one `router replay`, `router inbox retry` and the console run
+// inboxops.Replay on. A biz type it cannot choose, or one shared by two plugins, is bad
+// input. The returned func closes the plugin's handler: call it once the replay is over.
+func (s *Setup) ReplayInbox(ctx context.Context, db *sql.DB, f *inboxops.Filter) (*inbox.Inbox, func(), error) {
+	store, err := inboxops.NewStore(db, "inbox")
+	if err != nil {
+		return nil, nil, err
+	}
+	p, err := s.pluginFor(ctx, store, f)
+	if err != nil {
+		return nil, nil, err
+	}
+	return s.buildInbox(ctx, db, p, nil)
 }

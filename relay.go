@@ -8,7 +8,6 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/spf13/cobra"
 
 	"github.com/onceflow/onceflow/internal/faults"
 	"github.com/onceflow/onceflow/internal/metrics"
@@ -17,48 +16,40 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-func (a *app) relayCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "relay",
-		Short: "run only the outbox relay (exactly-once by default); SIGINT/SIGTERM stop it and release its lease",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.runRelayOnly(cmd.Context())
-		},
-	}
-}
-
-// runRelayOnly runs the relay alone, as a list of parts started in order and stopped in
-// reverse: the relay stops before the admin listener, the tracing flush and the pool.
-func (a *app) runRelayOnly(ctx context.Context) error {
-	p := &pipeline{a: a, kc: a.kafka()}
+// RunRelay runs the outbox relay alone (relay.*), as `router relay` does, until ctx is
+// cancelled or the relay fails. It is a list of parts (the pool, tracing, the metrics, the
+// admin listener, the relay) started in order and stopped in reverse, so the relay stops
+// before the admin listener, the tracing flush and the pool. It returns nil after a
+// cancellation; bad relay.* settings are refused as bad input before it connects.
+func (s *Setup) RunRelay(ctx context.Context) error {
+	p := &pipeline{s: s, kc: s.Kafka()}
 	if err := p.kc.Validate(); err != nil {
 		return BadInput(err)
 	}
-	if _, err := a.relayConfig(); err != nil { // bad relay.* settings: exit 2 before connecting
+	if _, err := s.relayConfig(); err != nil { // bad relay.* settings: bad input before connecting
 		return err
 	}
 	tables := []string{"outbox"}
-	if a.cfg.Relay.ExactlyOnce {
+	if s.Config.Relay.ExactlyOnce {
 		tables = append(tables, outbox.LeaseTable)
 	}
-	if a.cfg.Relay.Shards > 1 {
+	if s.Config.Relay.Shards > 1 {
 		tables = append(tables, outbox.MemberTable)
 	}
-	a.logger.Info("relay starting", watermill.LogFields{"dsn": dbx.MaskDSN(a.cfg.DB.DSN), "brokers": p.kc.Brokers,
-		"exactly_once": a.cfg.Relay.ExactlyOnce, "shard": a.cfg.Relay.Shard, "shards": a.cfg.Relay.Shards, "gc": a.gc})
-	return runParts(ctx, a.logger, []part{
+	s.logger.Info("relay starting", watermill.LogFields{"dsn": dbx.MaskDSN(s.Config.DB.DSN), "brokers": p.kc.Brokers,
+		"exactly_once": s.Config.Relay.ExactlyOnce, "shard": s.Config.Relay.Shard, "shards": s.Config.Relay.Shards, "gc": s.gc})
+	return runParts(ctx, s.logger, []part{
 		{name: "database",
 			start: func(ctx context.Context) (err error) {
-				p.db, err = a.openAppDB(ctx, 0, tables...)
+				p.db, err = s.OpenDB(ctx, 0, tables...)
 				return err
 			},
 			stop: func() { _ = p.db.Close() }},
-		a.tracing(), // the relay built after it traces with it
+		s.tracing(), // the relay built after it traces with it
 		{name: "metrics",
 			start: func(context.Context) error {
 				p.m = metrics.New(p.db)
-				p.m.AddLagBound(a.cfg.Relay.LagBound)
+				p.m.AddLagBound(s.Config.Relay.LagBound)
 				return nil
 			}},
 		p.admin(),
@@ -78,7 +69,7 @@ func (p *pipeline) relay() part {
 	return part{name: "relay",
 		start: func(ctx context.Context) error {
 			var err error
-			relay, closeRelay, err = p.a.newRelay(p.db, p.kc)
+			relay, closeRelay, err = p.s.newRelay(p.db, p.kc)
 			if err != nil {
 				return err
 			}
@@ -92,7 +83,7 @@ func (p *pipeline) relay() part {
 		stop: func() {
 			stopMetrics()
 			closeRelay()
-			p.a.logger.Info("relay stopped", watermill.LogFields{"published": relay.Published(), "reconciled": relay.Reconciled()})
+			p.s.logger.Info("relay stopped", watermill.LogFields{"published": relay.Published(), "reconciled": relay.Reconciled()})
 		},
 	}
 }
@@ -100,19 +91,19 @@ func (p *pipeline) relay() part {
 // relayConfig is the relay's config: relay.*, with the transactional id of this database
 // and shard unless relay.transactional_id names one, the tracer and a chaos build's crash
 // hook (internal/faults).
-func (a *app) relayConfig() (outbox.RelayConfig, error) {
-	rc := a.cfg.Relay.RelayConfig
+func (s *Setup) relayConfig() (outbox.RelayConfig, error) {
+	rc := s.Config.Relay.RelayConfig
 	if rc.TransactionalID == "" {
 		// One transactional id per database and shard: relays of two databases (a demo and
 		// production, say) never fence each other, and a position is only read back by
 		// relays of the same database.
-		info, err := dbx.ParseDSNInfo(a.cfg.DB.DSN)
+		info, err := dbx.ParseDSNInfo(s.Config.DB.DSN)
 		if err != nil {
 			return outbox.RelayConfig{}, BadInput(err)
 		}
 		rc.TransactionalID = outbox.DefaultTransactionalID(info.DBName, rc.WithDefaults().Shard)
 	}
-	rc.Hook, rc.TracerProvider = faults.RelayPoint(), a.cfg.tracing
+	rc.Hook, rc.TracerProvider = faults.RelayPoint(), s.Config.tracing
 	if err := rc.WithDefaults().Validate(); err != nil {
 		return outbox.RelayConfig{}, BadInput(err)
 	}
@@ -121,13 +112,13 @@ func (a *app) relayConfig() (outbox.RelayConfig, error) {
 
 // newRelay builds the configured relay: exactly-once (transactional producer, lease) or at
 // least once (idempotent producer). The returned func releases what it holds.
-func (a *app) newRelay(db *sql.DB, kc kafkax.Config) (*outbox.Relay, func(), error) {
-	rc, err := a.relayConfig()
+func (s *Setup) newRelay(db *sql.DB, kc kafkax.Config) (*outbox.Relay, func(), error) {
+	rc, err := s.relayConfig()
 	if err != nil {
 		return nil, nil, err
 	}
-	if a.cfg.Relay.ExactlyOnce {
-		r, err := outbox.NewExactlyOnceRelay(db, kc, rc, a.logger)
+	if s.Config.Relay.ExactlyOnce {
+		r, err := outbox.NewExactlyOnceRelay(db, kc, rc, s.logger)
 		if err != nil {
 			return nil, nil, BadInput(err)
 		}
@@ -149,13 +140,13 @@ func (a *app) newRelay(db *sql.DB, kc kafkax.Config) (*outbox.Relay, func(), err
 		_ = producer.Close()
 		_ = client.Close()
 	}
-	r, err := outbox.NewRelay(db, producer, rc, a.logger)
+	r, err := outbox.NewRelay(db, producer, rc, s.logger)
 	if err != nil {
 		closeAll()
 		return nil, nil, BadInput(err)
 	}
 	r.CheckWith(client, pc.Producer.MaxMessageBytes)
-	a.logger.Info("relay runs AT LEAST ONCE (relay.exactly_once=false): a crash between Kafka's ack and the database mark republishes that batch", nil)
+	s.logger.Info("relay runs AT LEAST ONCE (relay.exactly_once=false): a crash between Kafka's ack and the database mark republishes that batch", nil)
 	return r, closeAll, nil
 }
 

@@ -10,8 +10,8 @@ import (
 // build (tools/chaosrouter) reads CHAOS_RELAY_CRASH_POINT.
 func TestStockRelayIgnoresCrashPoint(t *testing.T) {
 	t.Setenv(faults.RelayCrashEnv, "after-mark")
-	a := &app{cfg: DefaultConfig()}
-	a.cfg.DB.DSN = "u:p@tcp(127.0.0.1:3306)/onceflow"
+	a := &Setup{Config: DefaultConfig()}
+	a.Config.DB.DSN = "u:p@tcp(127.0.0.1:3306)/onceflow"
 	rc, err := a.relayConfig()
 	if err != nil {
 		t.Fatal(err)

@@ -29,8 +29,8 @@ import (
 // (cfg.Relay.Enabled), the inbox cleaner, and the admin listener (cfg.Admin.Listen:
 // /healthz, /readyz, /metrics).
 type Runtime struct {
-	a       *app
-	plugins []plugin
+	s       *Setup
+	plugins []Plugin
 	// wrapRun, set by tests only, wraps the run of each part: parts_test.go stops one.
 	wrapRun func(part string, run func(context.Context) error) func(context.Context) error
 }
@@ -40,7 +40,7 @@ type Runtime struct {
 // configuration). It checks cfg and the plugins and connects to nothing; Run does. Start
 // from DefaultConfig (or LoadConfig); a 0 means what it means in the configuration file
 // (relay.linger 0 publishes at once). A nil logger logs nothing. Errors of bad input are
-// marked as such (ExitCode 2).
+// marked as such (ErrBadInput).
 func New(cfg Config, plugins []inbox.Plugin, logger watermill.LoggerAdapter) (*Runtime, error) {
 	settings.Resolve(&cfg)
 	if err := cfg.validate(); err != nil {
@@ -49,22 +49,18 @@ func New(cfg Config, plugins []inbox.Plugin, logger watermill.LoggerAdapter) (*R
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	a := &app{cfg: cfg, logger: logger, gc: "not set by the runtime (onceflow.New)"}
-	return newRuntime(a, plugins)
-}
-
-func newRuntime(a *app, plugins []inbox.Plugin) (*Runtime, error) {
+	s := &Setup{Config: cfg, logger: logger, gc: "not set by the runtime (onceflow.New)"}
 	if len(plugins) == 0 {
 		return nil, BadInput(errors.New("no plugins to run"))
 	}
-	r := &Runtime{a: a}
+	r := &Runtime{s: s}
 	seen := map[string]bool{}
 	for _, p := range plugins {
 		if seen[p.Name] {
 			return nil, BadInput(fmt.Errorf("plugin %q given twice", p.Name))
 		}
 		seen[p.Name] = true
-		rp, err := resolvePlugin(p, a.cfg.Plugins[p.Name])
+		rp, err := resolvePlugin(p, s.Config.Plugins[p.Name])
 		if err != nil {
 			return nil, err
 		}
@@ -72,6 +68,11 @@ func newRuntime(a *app, plugins []inbox.Plugin) (*Runtime, error) {
 	}
 	return r, nil
 }
+
+// Runtime returns the runtime of plugins (from Plugins) under the setup's configuration, as
+// `router run` runs it: it logs with the setup's logger, and its console's replays run the
+// binary's plugins. It connects to nothing; Run does.
+func (s *Setup) Runtime(plugins []Plugin) *Runtime { return &Runtime{s: s, plugins: plugins} }
 
 // Plugins returns the plugins as the runtime runs them: Topics and ConsumerGroup as
 // configured.
@@ -97,7 +98,7 @@ var (
 // stop (runParts). No part is restarted: the first one that fails stops the others, and
 // Run returns its error, which names the part. Run returns nil after a cancellation.
 func (r *Runtime) Run(ctx context.Context) error {
-	p := &pipeline{a: r.a, plugins: r.plugins, kc: r.a.kafka(), inboxes: make([]*inbox.Inbox, len(r.plugins)),
+	p := &pipeline{s: r.s, plugins: r.plugins, kc: r.s.Kafka(), inboxes: make([]*inbox.Inbox, len(r.plugins)),
 		handlers: make([]func(topic string) message.NoPublishHandlerFunc, len(r.plugins))}
 	if err := p.kc.Validate(); err != nil {
 		return BadInput(err)
@@ -106,9 +107,9 @@ func (r *Runtime) Run(ctx context.Context) error {
 		[]part{
 			p.database(),
 			p.topics(),
-			p.a.tracing(), // the parts below trace with it; it flushes their spans once they stopped
+			p.s.tracing(), // the parts below trace with it; it flushes their spans once they stopped
 			p.metrics(),
-			when(p.a.cfg.Relay.Enabled, p.relay()), // stops after every part that commits events, so it publishes them
+			when(p.s.Config.Relay.Enabled, p.relay()), // stops after every part that commits events, so it publishes them
 			p.cleaner(),
 		},
 		p.each("inbox", p.inbox), // the group commits, then the handlers, close once nothing delivers to them
@@ -127,16 +128,16 @@ func (r *Runtime) Run(ctx context.Context) error {
 			}
 		}
 	}
-	err := runParts(ctx, r.a.logger, parts)
-	r.a.logger.Info("router stopped", nil)
+	err := runParts(ctx, r.s.logger, parts)
+	r.s.logger.Info("router stopped", nil)
 	return err
 }
 
 // pipeline is what the parts of a process share. A part's start sets the fields that the
 // parts after it use.
 type pipeline struct {
-	a       *app
-	plugins []plugin
+	s       *Setup
+	plugins []Plugin
 	kc      kafkax.Config
 
 	db   *sql.DB
@@ -171,7 +172,7 @@ func (p *pipeline) observer() inbox.Observer {
 func (p *pipeline) database() part {
 	return part{name: "database",
 		start: func(ctx context.Context) error {
-			db, err := p.a.openAppDB(ctx, 0)
+			db, err := p.s.OpenDB(ctx, 0)
 			if err != nil {
 				return err
 			}
@@ -191,7 +192,7 @@ func (p *pipeline) checkDatabase(ctx context.Context, db *sql.DB) error {
 	for _, pl := range p.plugins {
 		tables = append(tables, pl.Tables...)
 	}
-	if p.a.cfg.Relay.Enabled && p.a.cfg.Relay.Shards > 1 {
+	if p.s.Config.Relay.Enabled && p.s.Config.Relay.Shards > 1 {
 		tables = append(tables, outbox.MemberTable) // checked at start, like `router relay` does
 	}
 	tables = append(tables, metrics.HistoryTable) // the deliveries per minute the router adds to
@@ -213,7 +214,7 @@ func (p *pipeline) checkDatabase(ctx context.Context, db *sql.DB) error {
 func (p *pipeline) topics() part {
 	return part{name: "topics",
 		start: func(context.Context) error {
-			a := p.a
+			a := p.s
 			var topics []string
 			for _, pl := range p.plugins {
 				topics = append(topics, pl.Topics...)
@@ -224,8 +225,8 @@ func (p *pipeline) topics() part {
 			if err := a.checkWrittenTopics(p.kc, p.plugins); err != nil {
 				return err
 			}
-			a.logger.Info("router starting", watermill.LogFields{"dsn": dbx.MaskDSN(a.cfg.DB.DSN), "dialect": dbx.DialectOf(p.db), "brokers": p.kc.Brokers,
-				"session_timeout": p.kc.SessionTimeout, "rebalance_timeout": p.kc.RebalanceTimeout, "relay": a.cfg.Relay.Enabled, "gc": a.gc})
+			a.logger.Info("router starting", watermill.LogFields{"dsn": dbx.MaskDSN(a.Config.DB.DSN), "dialect": dbx.DialectOf(p.db), "brokers": p.kc.Brokers,
+				"session_timeout": p.kc.SessionTimeout, "rebalance_timeout": p.kc.RebalanceTimeout, "relay": a.Config.Relay.Enabled, "gc": a.gc})
 			a.warnRetention(p.kc, topics)
 			return nil
 		},
@@ -244,7 +245,7 @@ func (p *pipeline) metrics() part {
 			}
 			p.lags = lags
 			p.m.Consumers.JudgeLag(lags)
-			p.m.AddLagBound(p.a.cfg.Relay.LagBound)
+			p.m.AddLagBound(p.s.Config.Relay.LagBound)
 			p.obs = &observer{m: p.m}
 			return nil
 		},
@@ -258,7 +259,7 @@ func (p *pipeline) cleaner() part {
 	var c *inboxops.Cleaner
 	return part{name: "cleaner",
 		start: func(context.Context) (err error) {
-			c, err = inboxops.NewCleaner(p.db, p.a.cfg.cleanerConfig(), p.a.logger)
+			c, err = inboxops.NewCleaner(p.db, p.s.Config.cleanerConfig(), p.s.logger)
 			return BadInput(err)
 		},
 		run: func(ctx context.Context) error { return c.Run(ctx) },
@@ -271,7 +272,7 @@ func (p *pipeline) inbox(i int) part {
 	var closers []func()
 	return part{
 		start: func(ctx context.Context) error {
-			a, pl := p.a, p.plugins[i]
+			a, pl := p.s, p.plugins[i]
 			ib, closeHandler, err := a.buildInbox(ctx, p.db, pl, p.observer())
 			if err != nil {
 				return err
@@ -283,7 +284,7 @@ func (p *pipeline) inbox(i int) part {
 				p.m.SetBreaker(pl.BizType, int(inbox.BreakerClosed), time.Time{}, time.Time{}, "")
 			}
 			p.handlers[i] = ib.HandlerFunc
-			if bc := a.cfg.Inbox.Batch; bc.MaxSize > 1 {
+			if bc := a.Config.Inbox.Batch; bc.MaxSize > 1 {
 				b, err := ib.NewBatcher(bc)
 				if err != nil {
 					closeHandler()
@@ -318,7 +319,7 @@ func (p *pipeline) history() part {
 	return part{name: "history",
 		run: func(ctx context.Context) error {
 			p.m.RunHistory(ctx, metrics.HistoryFlushEvery, func(err error) {
-				p.a.logger.Error("inbox history (the console's chart; counts not written are kept for the next flush)", err, nil)
+				p.s.logger.Error("inbox history (the console's chart; counts not written are kept for the next flush)", err, nil)
 			})
 			return nil
 		},
@@ -334,7 +335,7 @@ func (p *pipeline) router() part {
 	)
 	return part{name: "router",
 		start: func(context.Context) error {
-			a := p.a
+			a := p.s
 			var err error
 			router, err = message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, a.logger)
 			if err != nil {
@@ -344,7 +345,7 @@ func (p *pipeline) router() part {
 			// handler's goroutine (a panic recovered by Recoverer is a nack), instead of
 			// sweeping its window.
 			router.AddMiddleware(kafkax.AckOnReturn, middleware.Recoverer)
-			budget := kafkax.NewBudget(a.cfg.Kafka.Parallel.MaxInFlightBytes) // one for every subscriber of the router
+			budget := kafkax.NewBudget(a.Config.Kafka.Parallel.MaxInFlightBytes) // one for every subscriber of the router
 			for i, pl := range p.plugins {
 				for _, t := range pl.Topics {
 					sub, err := a.subscriber(p.kc, pl.ConsumerGroup, budget)
@@ -377,8 +378,8 @@ func closeAll(subs []message.Subscriber) {
 // buildInbox builds p's handler and its inbox: the one handler path that `run`, `replay`
 // and `inbox retry` share. The returned func closes the handler when it is an io.Closer;
 // call it once nothing uses the inbox any more.
-func (a *app) buildInbox(ctx context.Context, db *sql.DB, p plugin, obs inbox.Observer) (*inbox.Inbox, func(), error) {
-	env := inbox.PluginEnv{DB: db, Logger: a.logger.With(watermill.LogFields{"plugin": p.Name}), Settings: p.settings}
+func (s *Setup) buildInbox(ctx context.Context, db *sql.DB, p Plugin, obs inbox.Observer) (*inbox.Inbox, func(), error) {
+	env := inbox.PluginEnv{DB: db, Logger: s.logger.With(watermill.LogFields{"plugin": p.Name}), Settings: p.settings}
 	if o, ok := obs.(*observer); ok && o.m != nil {
 		env.ObserveCall = func(step string, elapsed time.Duration, err error) { o.m.ObserveCall(p.Name, step, elapsed, err) }
 	}
@@ -392,15 +393,15 @@ func (a *app) buildInbox(ctx context.Context, db *sql.DB, p plugin, obs inbox.Ob
 	closeHandler := func() {
 		if c, ok := h.(io.Closer); ok {
 			if err := c.Close(); err != nil {
-				a.logger.Error("plugin handler close", err, watermill.LogFields{"plugin": p.Name})
+				s.logger.Error("plugin handler close", err, watermill.LogFields{"plugin": p.Name})
 			}
 		}
 	}
 	var ib *inbox.Inbox
 	if p.command != nil {
-		ib, err = inbox.NewCommand(db, h, a.cfg.inboxConfig(p.BizType, p.KeyLogField, true), a.logger, obs)
+		ib, err = inbox.NewCommand(db, h, s.Config.inboxConfig(p.BizType, p.KeyLogField, true), s.logger, obs)
 	} else {
-		ib, err = inbox.New(db, h, a.cfg.inboxConfig(p.BizType, p.KeyLogField, false), a.logger, obs)
+		ib, err = inbox.New(db, h, s.Config.inboxConfig(p.BizType, p.KeyLogField, false), s.logger, obs)
 	}
 	if err != nil {
 		closeHandler()
@@ -415,29 +416,55 @@ func (a *app) buildInbox(ctx context.Context, db *sql.DB, p plugin, obs inbox.Ob
 	return ib, closeHandler, nil
 }
 
+// checkWrittenTopics checks at start that every topic the plugins write to (Plugin.Writes,
+// under their configuration) exists, and fails naming the plugin and the topic otherwise
+// (exit 1): an event for a missing topic would be parked by the relay (`router outbox ls`).
+// relay.check_topics=false skips the check, for topics created after the router starts.
+func (s *Setup) checkWrittenTopics(kc kafkax.Config, plugins []Plugin) error {
+	if !s.Config.Relay.CheckTopics {
+		return nil
+	}
+	for _, p := range plugins {
+		topics, err := p.WrittenTopics()
+		if err != nil {
+			return err
+		}
+		if len(topics) == 0 {
+			continue
+		}
+		if _, err := kc.CheckTopics(topics...); err != nil {
+			if errors.Is(err, kafkax.ErrMissingTopic) {
+				return fmt.Errorf("plugin %s writes its events to a topic that does not exist: %w; or set relay.check_topics=false (its events are then parked until it exists)", p.Name, err)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
 // subscriber returns the consumer of a plugin's topic: the parallel one (up to kafka.window
 // messages per partition in flight within the router's byte budget, which group commit
 // needs to fill its batches and slow calls need to overlap; values over
 // inbox.max_payload_bytes cut before they wait) or, with kafka.window 1, watermill-kafka's.
-func (a *app) subscriber(kc kafkax.Config, group string, budget *kafkax.Budget) (message.Subscriber, error) {
-	if a.cfg.Kafka.Parallel.Window > 1 {
-		return kc.NewParallelSubscriber(group, a.cfg.parallelConfig(budget), a.logger)
+func (s *Setup) subscriber(kc kafkax.Config, group string, budget *kafkax.Budget) (message.Subscriber, error) {
+	if s.Config.Kafka.Parallel.Window > 1 {
+		return kc.NewParallelSubscriber(group, s.Config.parallelConfig(budget), s.logger)
 	}
-	return kc.NewSubscriber(group, a.logger)
+	return kc.NewSubscriber(group, s.logger)
 }
 
 // warnRetention warns when Kafka can replay messages older than the inbox remembers: a
 // replayed message whose inbox row was cleaned would be processed again.
-func (a *app) warnRetention(kc kafkax.Config, topics []string) {
+func (s *Setup) warnRetention(kc kafkax.Config, topics []string) {
 	for _, t := range topics {
 		r, err := kc.TopicRetention(t)
 		if err != nil {
-			a.logger.Info("could not read topic retention", watermill.LogFields{"topic": t, "err": err.Error()})
+			s.logger.Info("could not read topic retention", watermill.LogFields{"topic": t, "err": err.Error()})
 			continue
 		}
-		if r < 0 || r > a.cfg.Inbox.Retention {
-			a.logger.Error("inbox retention is shorter than the topic's: a replay from the oldest offset could re-run cleaned messages",
-				fmt.Errorf("topic %s retention %s > inbox.retention %s", t, fmtRetention(r), a.cfg.Inbox.Retention),
+		if r < 0 || r > s.Config.Inbox.Retention {
+			s.logger.Error("inbox retention is shorter than the topic's: a replay from the oldest offset could re-run cleaned messages",
+				fmt.Errorf("topic %s retention %s > inbox.retention %s", t, fmtRetention(r), s.Config.Inbox.Retention),
 				watermill.LogFields{"topic": t})
 		}
 	}

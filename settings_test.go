@@ -49,7 +49,7 @@ func isNumber(v any) bool {
 	return false
 }
 
-// Values out of range exit 2 with one line naming the key, the value and the range, before
+// Values out of range are bad input, one line naming the key, the value and the range, before
 // anything connects; a value on the edge of its range is accepted.
 func TestOutOfRangeSettings(t *testing.T) {
 	dir := t.TempDir()
@@ -78,13 +78,13 @@ func TestOutOfRangeSettings(t *testing.T) {
 		if err := os.WriteFile(p, []byte(tc.yaml), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		err := Run(context.Background(), []string{"--config", p, "plugins"})
+		err := runRouter(context.Background(), p, "plugins")
 		switch {
 		case tc.want == "" && err != nil:
 			t.Errorf("%q: %v, want accepted", tc.yaml, err)
 		case tc.want == "":
-		case err == nil || ExitCode(err) != 2 || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n"):
-			t.Errorf("%q: %v (exit %d), want exit 2 with %q on one line", tc.yaml, err, ExitCode(err), tc.want)
+		case err == nil || !isBadInput(err) || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n"):
+			t.Errorf("%q: %v (bad input: %t), want bad input with %q on one line", tc.yaml, err, isBadInput(err), tc.want)
 		}
 	}
 }
@@ -118,15 +118,16 @@ func TestOnlySettingsDecode(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err := LoadConfig(p)
-		if err == nil || ExitCode(err) != 2 || !strings.Contains(err.Error(), "invalid keys") {
+		if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), "invalid keys") {
 			t.Errorf("%q: %v, want refused as an unknown key", yaml, err)
 		}
 	}
 }
 
-// `ONCEFLOW_RELAY_BATCH_SIZE=50000 router run` exits 2 naming the key and its range, and
-// connects to nothing: the database and the broker it names are listeners that count the
-// connections they are offered (and close them at once, so a late check fails fast).
+// `ONCEFLOW_RELAY_BATCH_SIZE=50000 router run` is refused as bad input naming the key and
+// its range, and connects to nothing: the database and the broker it names are listeners
+// that count the connections they are offered (and close them at once, so a late check
+// fails fast).
 func TestOutOfRangeRunConnectsToNothing(t *testing.T) {
 	listen := func() (string, *atomic.Int64) {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -160,9 +161,9 @@ func TestOutOfRangeRunConnectsToNothing(t *testing.T) {
 			t.Setenv("ONCEFLOW_KAFKA_BROKERS", broker)
 			t.Setenv("ONCEFLOW_ADMIN_LISTEN", "")
 			t.Setenv(tc.env, tc.value)
-			err := Run(context.Background(), []string{"run"})
-			if err == nil || ExitCode(err) != 2 || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
-				t.Errorf("%s=%s router run: %v (exit %d), want exit 2 with %q on one line", tc.env, tc.value, err, ExitCode(err), tc.want)
+			err := runRouter(context.Background(), "", "run")
+			if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
+				t.Errorf("%s=%s router run: %v (bad input: %t), want bad input with %q on one line", tc.env, tc.value, err, isBadInput(err), tc.want)
 			}
 			if d, k := dbConns.Load(), kafkaConns.Load(); d != 0 || k != 0 {
 				t.Errorf("%s=%s router run: %d connections to the database and %d to the broker before refusing it", tc.env, tc.value, d, k)
@@ -198,15 +199,15 @@ var companions = map[string]func(c *Config, edge any){
 // connecting, and returns the first refusal: the libraries' own word on the settings.
 func libraries(t *testing.T, cfg Config) error {
 	t.Helper()
-	a := &app{cfg: cfg, logger: watermill.NopLogger{}}
-	dc, err := a.dbConfig(cfg.DB.DSN, false)
+	a := &Setup{Config: cfg, logger: watermill.NopLogger{}}
+	dc, err := a.DBConfig(false)
 	if err != nil {
 		return err
 	}
 	if err := dc.WithDefaults().Validate(); err != nil { // what dbx.Open checks before it dials
 		return err
 	}
-	kc := a.kafka()
+	kc := a.Kafka()
 	if err := kc.Validate(); err != nil {
 		return err
 	}
@@ -338,7 +339,7 @@ func TestConfiguredZeros(t *testing.T) {
 	}
 	check := func(how string, cfg Config) {
 		t.Helper()
-		rc, err := (&app{cfg: cfg, logger: watermill.NopLogger{}}).relayConfig()
+		rc, err := (&Setup{Config: cfg, logger: watermill.NopLogger{}}).relayConfig()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -357,11 +358,11 @@ func TestConfiguredZeros(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	check("New", rt.a.cfg)
+	check("New", rt.s.Config)
 
 	def := DefaultConfig()
 	def.DB.DSN = "app@tcp(127.0.0.1:3306)/shop"
-	rc, err := (&app{cfg: def, logger: watermill.NopLogger{}}).relayConfig()
+	rc, err := (&Setup{Config: def, logger: watermill.NopLogger{}}).relayConfig()
 	if err != nil || rc.Linger != 5*time.Millisecond || rc.Retention != 7*24*time.Hour || def.Inbox.Batch.Linger != 2*time.Millisecond {
 		t.Fatalf("the defaults: relay linger %s retention %s, batch linger %s (%v)", rc.Linger, rc.Retention, def.Inbox.Batch.Linger, err)
 	}

@@ -10,8 +10,8 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// `router run` exits 1 naming the topic when one its plugins write to does not exist, before
-// consuming anything; relay.check_topics=false skips the check.
+// `router run` fails (not bad input: exit 1) naming the topic when one its plugins write to
+// does not exist, before consuming anything; relay.check_topics=false skips the check.
 func TestRunChecksWrittenTopics(t *testing.T) {
 	d := testenv.DB(t, 4, migrationSets(registered())...)
 	cfg := filepath.Join(t.TempDir(), "router.yaml")
@@ -19,9 +19,10 @@ func TestRunChecksWrittenTopics(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	err := Run(context.Background(), []string{"--config", cfg, "--dsn", d.DSN, "run", "--plugins", "coupon-granter"})
-	if err == nil || ExitCode(err) != 1 {
-		t.Fatalf("run with a missing written topic: %v (exit %d), want exit 1", err, ExitCode(err))
+	t.Setenv("ONCEFLOW_DB_DSN", d.DSN)
+	err := runRouter(context.Background(), cfg, "run", "coupon-granter")
+	if err == nil || isBadInput(err) {
+		t.Fatalf("run with a missing written topic: %v (bad input: %t), want an error that is not bad input", err, isBadInput(err))
 	}
 	for _, w := range []string{"coupon-granter", "onceflow-no-such-granted-topic", "does not exist", "relay.check_topics=false"} {
 		if !strings.Contains(err.Error(), w) {
@@ -29,27 +30,27 @@ func TestRunChecksWrittenTopics(t *testing.T) {
 		}
 	}
 
-	a := &app{plugins: registered()}
-	granter := func() []plugin {
+	a := &Setup{plugins: registered()}
+	granter := func() []Plugin {
 		t.Helper()
-		p, ok, err := a.plugin("coupon-granter")
-		if !ok || err != nil {
-			t.Fatalf("coupon-granter: %v %v", ok, err)
+		ps, err := a.Plugins("coupon-granter")
+		if err != nil {
+			t.Fatalf("coupon-granter: %v", err)
 		}
-		return []plugin{p}
+		return ps
 	}
-	a.cfg.Plugins = map[string]map[string]any{"coupon-granter": {"granted_topic": "onceflow-no-such-granted-topic"}}
+	a.Config.Plugins = map[string]map[string]any{"coupon-granter": {"granted_topic": "onceflow-no-such-granted-topic"}}
 	k := testenv.Kafka(t)
 	if err := a.checkWrittenTopics(k, granter()); err != nil {
 		t.Fatalf("relay.check_topics=false: %v, want no check", err)
 	}
-	a.cfg.Relay.CheckTopics = true
-	a.cfg.Plugins = nil // the defaults: coupon-granted and coupon-grant-failed, which scripts/infra.sh creates
+	a.Config.Relay.CheckTopics = true
+	a.Config.Plugins = nil // the defaults: coupon-granted and coupon-grant-failed, which scripts/infra.sh creates
 	if err := a.checkWrittenTopics(k, granter()); err != nil {
 		t.Fatalf("default topics: %v", err)
 	}
-	a.cfg.Plugins = map[string]map[string]any{"coupon-granter": {"failed_topic": ""}}
-	if _, _, err := a.plugin("coupon-granter"); err == nil || ExitCode(err) != 2 || !strings.Contains(err.Error(), "failed_topic") {
+	a.Config.Plugins = map[string]map[string]any{"coupon-granter": {"failed_topic": ""}}
+	if _, err := a.Plugins("coupon-granter"); err == nil || !isBadInput(err) || !strings.Contains(err.Error(), "failed_topic") {
 		t.Fatalf("invalid plugin config: %v, want exit 2 naming failed_topic", err)
 	}
 }

@@ -48,8 +48,8 @@ func (c OtelConfig) validate() error {
 // exporter reads its other OTEL_EXPORTER_OTLP_* settings (headers, timeout) from the
 // environment. The returned func flushes the spans still queued and shuts the provider down:
 // call it once the traced parts have stopped.
-func (a *app) startTracing(ctx context.Context) (func(), error) {
-	c := a.cfg.Otel
+func (s *Setup) startTracing(ctx context.Context) (func(), error) {
+	c := s.Config.Otel
 	if c.Exporter != "otlp" {
 		return func() {}, nil
 	}
@@ -77,25 +77,25 @@ func (a *app) startTracing(ctx context.Context) (func(), error) {
 		sdktrace.WithSampler(sdktrace.ParentBased(linkedSampler{sdktrace.TraceIDRatioBased(c.SampleRatio)})))
 	otel.SetTracerProvider(tp)
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
-	a.cfg.tracing = tp
-	a.logger.Info("tracing on", watermill.LogFields{"exporter": "otlp", "endpoint": c.Endpoint, "sample_ratio": c.SampleRatio})
+	s.Config.tracing = tp
+	s.logger.Info("tracing on", watermill.LogFields{"exporter": "otlp", "endpoint": c.Endpoint, "sample_ratio": c.SampleRatio})
 	return func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if err := tp.Shutdown(sctx); err != nil {
-			a.logger.Error("tracing: spans not exported at shutdown", err, nil)
+			s.logger.Error("tracing: spans not exported at shutdown", err, nil)
 		}
-		a.cfg.tracing = nil
+		s.Config.tracing = nil
 	}, nil
 }
 
 // tracing builds the tracer provider of otel.* (startTracing). Stopping it flushes the
 // spans still queued, once the parts started after it have stopped.
-func (a *app) tracing() part {
+func (s *Setup) tracing() part {
 	var stop func()
 	return part{name: "tracing",
 		start: func(ctx context.Context) (err error) {
-			stop, err = a.startTracing(ctx)
+			stop, err = s.startTracing(ctx)
 			return err
 		},
 		stop: func() { stop() },

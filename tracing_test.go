@@ -121,7 +121,7 @@ func (c *collector) names(id string) map[string]tracepb.Span_SpanKind {
 	return out
 }
 
-// otel.exporter: otlp, through the command line: `router run` exports its spans over
+// otel.exporter: otlp, as `router run` runs it: the runtime exports its spans over
 // OTLP/HTTP to otel.endpoint (a collector here), and a record's trace goes through the
 // inbox, the outbox and the relay onto the published event. With otel.exporter none (the
 // default) the same run exports nothing, and the event carries no traceparent.
@@ -176,11 +176,18 @@ otel:
 			}
 			_ = p.Close()
 
+			// What `router --config cfgFile run` runs, with the test's plugins.
+			s, err := onceflow.LoadSetup(onceflow.Source{File: cfgFile}, reg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ps, err := s.Plugins()
+			if err != nil {
+				t.Fatal(err)
+			}
 			ctx, cancel := context.WithCancel(context.Background())
 			runErr := make(chan error, 1)
-			go func() {
-				runErr <- onceflow.Run(ctx, []string{"--config", cfgFile, "run"}, onceflow.WithPlugins(reg...))
-			}()
+			go func() { runErr <- s.Runtime(ps).Run(ctx) }()
 			var recs []kafkax.Record
 			waitFor(t, "three events on "+out, func() bool {
 				recs, err = kc.ReadAll(context.Background(), out, 500*time.Millisecond)

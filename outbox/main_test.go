@@ -8,8 +8,8 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/internal/faults"
+	"github.com/onceflow/onceflow/pkg/routercmd"
 )
 
 func TestMain(m *testing.M) {
@@ -21,7 +21,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// relayMain is `router relay` as the router's main runs it (onceflow.Main): settings from
+// relayMain is `router relay` as the router's main runs it (routercmd.Main): settings from
 // the ONCEFLOW_* environment, SIGINT and SIGTERM stop it, and an error is its exit code.
 func relayMain() int {
 	if err := faults.SetRelayCrash(os.Getenv(faults.RelayCrashEnv)); err != nil { // as the chaos build does
@@ -30,9 +30,9 @@ func relayMain() int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := onceflow.Run(ctx, []string{"relay"}); err != nil {
+	if err := routercmd.Run(ctx, []string{"relay"}); err != nil {
 		fmt.Fprintf(os.Stderr, "router: %v\n", err)
-		return onceflow.ExitCode(err)
+		return routercmd.ExitCode(err)
 	}
 	return 0
 }

@@ -23,7 +23,7 @@ import (
 
 // ---------------------------------------------------------------------------------------
 // Relay processes are this test binary itself, run with relayChildEnv set. TestMain then
-// runs `router relay` by onceflow.Run instead of the tests. So the tests kill relays as
+// runs `router relay` by routercmd.Run instead of the tests. So the tests kill relays as
 // real processes without building the router.
 
 // relayChildEnv set to 1 makes the test binary a `router relay` process. See main_test.go.

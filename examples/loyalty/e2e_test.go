@@ -13,9 +13,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 
-	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/inbox/inboxtest"
 	"github.com/onceflow/onceflow/pkg/kafkax"
+	"github.com/onceflow/onceflow/pkg/routercmd"
 )
 
 // The team's router end to end on the real MariaDB and Kafka, through its own command line
@@ -55,7 +55,7 @@ plugins:
 `, d.DSN, d.AdminDSN, strings.Join(kc.Brokers, ","), in, in, group, out))
 
 	ctx := context.Background()
-	if err := onceflow.Run(ctx, []string{"--config", cfg, "migrate"}); err != nil {
+	if err := routercmd.Run(ctx, []string{"--config", cfg, "migrate"}); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	var versions int
@@ -98,7 +98,7 @@ plugins:
 
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- onceflow.Run(rctx, []string{"--config", cfg, "run"}) }()
+	go func() { done <- routercmd.Run(rctx, []string{"--config", cfg, "run"}) }()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		var credits, quarantined, pending int

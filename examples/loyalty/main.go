@@ -4,9 +4,9 @@
 package main
 
 import (
-	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/pkg/routercmd"
 
 	_ "example.com/loyalty/points" // the plugin registers itself from init()
 )
 
-func main() { onceflow.Main() }
+func main() { routercmd.Main() }

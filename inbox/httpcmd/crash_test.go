@@ -15,10 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/migrations"
+	"github.com/onceflow/onceflow/pkg/routercmd"
 )
 
 // routerChildEnv set to 1 makes this test binary a `router run` process, the stock
@@ -28,11 +28,11 @@ const routerChildEnv = "HTTPCMD_TEST_ROUTER_CHILD"
 func TestMain(m *testing.M) {
 	if os.Getenv(routerChildEnv) == "1" {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		err := onceflow.Run(ctx, os.Args[1:])
+		err := routercmd.Run(ctx, os.Args[1:])
 		stop()
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "router: %v\n", err)
-			os.Exit(onceflow.ExitCode(err))
+			os.Exit(routercmd.ExitCode(err))
 		}
 		os.Exit(0)
 	}

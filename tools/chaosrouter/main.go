@@ -9,8 +9,8 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/internal/faults"
+	"github.com/onceflow/onceflow/pkg/routercmd"
 
 	_ "github.com/onceflow/onceflow/coupon"
 	_ "github.com/onceflow/onceflow/coupon/notify"
@@ -22,5 +22,5 @@ func main() {
 		fmt.Fprintf(os.Stderr, "router: %v\n", err)
 		os.Exit(2)
 	}
-	onceflow.Main()
+	routercmd.Main()
 }

@@ -15,11 +15,11 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/migrations"
+	"github.com/onceflow/onceflow/pkg/routercmd"
 	"github.com/onceflow/onceflow/tools/internal/orderfeed"
 )
 
@@ -108,7 +108,7 @@ plugins:
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() {
-			done <- onceflow.Run(ctx, []string{"--config", cfgFile, "run"}, onceflow.WithPlugins(reg...))
+			done <- routercmd.Run(ctx, []string{"--config", cfgFile, "run"}, routercmd.WithPlugins(reg...))
 		}()
 		waitUntil(t, "the admin listener", func() bool {
 			c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
