@@ -2,9 +2,10 @@
 // overview of the inbox, the consumers and the relay; the inbox's rows, filtered and paged by
 // key; one row in full with what its plugin recorded for it; and the operator's actions —
 // retry a row, resolve a quarantined row with a reason, replay a filtered set after its dry
-// run, retry or drop a parked outbox event. Its pages are internal/consoleui's. It imports
-// no layer above internal/: the runtime passes it the pool, the metrics, the biz types and
-// consumer groups of its plugins, and the func that runs a replay (Config).
+// run, retry or drop a parked outbox event. Its pages are internal/consoleui's. It reads
+// and changes the inbox and the outbox, and imports no runtime: the runtime passes it the
+// pool, the metrics, the biz types and consumer groups of its plugins, and the func that
+// runs a replay (Config).
 //
 // Pages are rendered on the server (html/template, embedded templates and stylesheet, no
 // JavaScript). Actions are POST forms protected against cross-site requests (a token in a
