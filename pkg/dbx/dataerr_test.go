@@ -132,7 +132,7 @@ func TestIsDataErrorOnTheServer(t *testing.T) {
 			continue
 		}
 		t.Run(tc.name, func(t *testing.T) {
-			err := exec(t, d.DB, testenv.Rebind(s.q), s.args...)
+			err := execRefused(t, d.DB, testenv.Rebind(s.q), s.args...)
 			if err == nil {
 				t.Fatalf("%s: no error, want the server's %s", s.q, s.code)
 			}
@@ -156,7 +156,7 @@ func TestIsDataErrorOnTheServer(t *testing.T) {
 
 // exec runs q in a transaction of its own, because a failed statement aborts a PostgreSQL
 // transaction. It returns q's error and rolls the transaction back.
-func exec(t *testing.T, db *sql.DB, q string, args ...any) error {
+func execRefused(t *testing.T, db *sql.DB, q string, args ...any) error {
 	t.Helper()
 	tx, err := db.BeginTx(context.Background(), nil)
 	if err != nil {
