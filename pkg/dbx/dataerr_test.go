@@ -154,7 +154,7 @@ func TestIsDataErrorOnTheServer(t *testing.T) {
 	}
 }
 
-// exec runs q in a transaction of its own, because a failed statement aborts a PostgreSQL
+// execRefused runs q in a transaction of its own, because a failed statement aborts a PostgreSQL
 // transaction. It returns q's error and rolls the transaction back.
 func execRefused(t *testing.T, db *sql.DB, q string, args ...any) error {
 	t.Helper()
