@@ -181,7 +181,7 @@ type pending struct {
 	ctx      context.Context
 	msg      *message.Message
 	src      Source
-	dec      Decoded
+	dec      decoded
 	start    time.Time
 	done     chan struct{} // signalled once out is set, a channel of a pointer-free type for one allocation
 	out      batchOutcome
@@ -1044,7 +1044,7 @@ func (b *Batcher) handle(ctx context.Context, tx *sql.Tx, run []*item, counts ma
 		if progs[i] != Done {
 			// Continue, or a slot the handler left at the zero or another invalid Progress,
 			// is never done. The one-at-a-time path finds out what is left.
-			if !progs[i].valid() {
+			if !validProgress(progs[i]) {
 				invalid++
 			}
 			if !it.resumed {

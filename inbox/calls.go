@@ -398,7 +398,7 @@ func (l *callLeases) renewLoop() {
 // mayCall reports whether a path that holds a key's call lease may make its outside calls.
 // It may not for a row that is done or another message's. Nor may it for a quarantined
 // row, unless the path reopens it.
-func mayCall(found bool, row inboxRow, dec Decoded, opts runOpts) bool {
+func mayCall(found bool, row inboxRow, dec decoded, opts runOpts) bool {
 	if !found {
 		return true
 	}

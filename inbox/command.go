@@ -128,7 +128,7 @@ func (d *Delivery) Respond(status int, v any) error {
 	if len(b) > MaxReplyBytes {
 		return fmt.Errorf("respond: body of %d bytes exceeds %d", len(b), MaxReplyBytes)
 	}
-	d.reply = &Reply{Status: status, Body: b}
+	d.reply = &reply{status: status, body: b}
 	return nil
 }
 
@@ -219,16 +219,20 @@ func NewCommand(db *sql.DB, h Handler, cfg Config, logger watermill.LoggerAdapte
 
 // saveReplies stores the responses of ds, finished in tx, in a command inbox only. Each
 // response is what Handle stated with Respond, or 204 without a body when it stated none.
-func (ib *Inbox) saveReplies(ctx context.Context, tx *sql.Tx, ds []*Delivery) error {
+// It returns the responses it stored, in the order of ds, and nil in a Kafka inbox.
+func (ib *Inbox) saveReplies(ctx context.Context, tx *sql.Tx, ds []*Delivery) ([]*Reply, error) {
 	if ib.replySave == "" || len(ds) == 0 {
-		return nil
+		return nil, nil
 	}
+	replies := make([]*Reply, len(ds))
 	args := make([]any, 0, 3*len(ds))
-	for _, d := range ds {
-		if d.reply == nil {
-			d.reply = &Reply{Status: 204}
+	for i, d := range ds {
+		r := replyOf(d)
+		if r == nil {
+			r = &Reply{Status: 204}
 		}
-		args = append(args, d.InboxID, d.reply.Status, d.reply.Body)
+		replies[i] = r
+		args = append(args, d.InboxID, r.Status, r.Body)
 	}
 	q := ib.replySave + strings.TrimSuffix(strings.Repeat("(?, ?, ?), ", len(ds)), ", ")
 	if ib.d.IsPostgres() {
@@ -237,9 +241,9 @@ func (ib *Inbox) saveReplies(ctx context.Context, tx *sql.Tx, ds []*Delivery) er
 		q += " ON DUPLICATE KEY UPDATE status = VALUES(status), body = VALUES(body)"
 	}
 	if _, err := tx.ExecContext(ctx, q, args...); err != nil {
-		return fmt.Errorf("store %d command responses: %w", len(ds), err)
+		return nil, fmt.Errorf("store %d command responses: %w", len(ds), err)
 	}
-	return nil
+	return replies, nil
 }
 
 // liveOptions are the options of a live delivery. A Kafka message has none. For a
@@ -356,18 +360,19 @@ func (b *Batcher) saveReplies(ctx context.Context, tx *sql.Tx, run []*item) erro
 		return nil
 	}
 	var ds []*Delivery
+	var its []*item
 	for _, it := range run {
 		if it.res != nil && it.res.Outcome == OutcomeProcessed {
 			ds = append(ds, it.d)
+			its = append(its, it)
 		}
 	}
-	if err := b.ib.saveReplies(ctx, tx, ds); err != nil {
+	replies, err := b.ib.saveReplies(ctx, tx, ds)
+	if err != nil {
 		return err
 	}
-	for _, it := range run {
-		if it.res != nil && it.res.Outcome == OutcomeProcessed {
-			it.res.reply = it.d.reply
-		}
+	for i, it := range its {
+		it.res.reply = replies[i]
 	}
 	return nil
 }

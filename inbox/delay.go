@@ -35,7 +35,7 @@ func Delayable(reason Reason) bool {
 
 // giveUp ends a delivery whose attempts ran out. The delivery is delayed when reason is
 // Delayable and delayed rounds remain on its row. Otherwise it is quarantined with reason.
-func (ib *Inbox) giveUp(ctx context.Context, msg *message.Message, src Source, dec Decoded, reason Reason, cause error, attempts int, opts runOpts) (Result, error) {
+func (ib *Inbox) giveUp(ctx context.Context, msg *message.Message, src Source, dec decoded, reason Reason, cause error, attempts int, opts runOpts) (Result, error) {
 	fields := watermill.LogFields{"topic": src.Topic, "partition": src.Partition, "offset": src.Offset, ib.cfg.KeyLogField: dec.Key, "attempts": attempts}
 	if ib.cfg.DelayedRetries > 0 && Delayable(reason) && !opts.command && ib.replyQuery == "" {
 		res, delayed, err := ib.delay(ctx, dec, reason, cause, attempts, opts)
@@ -61,7 +61,7 @@ func (ib *Inbox) giveUp(ctx context.Context, msg *message.Message, src Source, d
 // the same when there is no row the attempts were counted on, and quarantine then writes
 // the whole row. The row is locked, so two processes that exhaust their attempts together
 // count one round each, never beyond the limit. The result's Attempts holds the round.
-func (ib *Inbox) delay(ctx context.Context, dec Decoded, reason Reason, cause error, attempts int, opts runOpts) (res Result, delayed bool, err error) {
+func (ib *Inbox) delay(ctx context.Context, dec decoded, reason Reason, cause error, attempts int, opts runOpts) (res Result, delayed bool, err error) {
 	for try := 0; ; try++ {
 		res, delayed = Result{}, false
 		err = dbx.InTx(ctx, ib.db, func(tx *sql.Tx) error {

@@ -186,7 +186,7 @@ func (b *Batcher) handleOne(ctx context.Context, d *Delivery, tx *sql.Tx) (prog 
 		d.Step = step
 		prog, err = b.ib.h.Handle(ctx, tx, d)
 	}
-	if err == nil && !prog.valid() {
+	if err == nil && !validProgress(prog) {
 		err = invalidProgress(prog)
 	}
 	return prog, err

@@ -38,16 +38,9 @@ func (p Progress) String() string {
 	return fmt.Sprintf("invalid(%d)", int(p))
 }
 
-func (p Progress) valid() bool { return p == Done || p == Continue }
-
 // ErrInvalidProgress is wrapped by the error of an attempt whose Handle returned no error
 // and a Progress that is neither Done nor Continue, such as the zero value.
 var ErrInvalidProgress = errors.New("handler returned an invalid inbox.Progress (want inbox.Done or inbox.Continue)")
-
-// invalidProgress is the error of a Handle call that returned p.
-func invalidProgress(p Progress) error {
-	return fmt.Errorf("%w: %s", ErrInvalidProgress, p)
-}
 
 // Decoded is what a handler extracts from a message before anything is written.
 type Decoded struct {
@@ -61,8 +54,6 @@ type Decoded struct {
 	Fingerprint string
 	// Value is the decoded payload, handed back to Handle in Delivery.Value.
 	Value any
-
-	meta string // the message's metadata as stored, set by the inbox after Decode
 }
 
 // Handler is implemented by a plugin.
@@ -104,12 +95,13 @@ type Delivery struct {
 	Prepared any
 
 	trace trace.SpanContext // the delivery's span when the inbox traces, read by TraceParent
+	reply *reply            // the response Respond stated, nil until it does
+}
 
-	reply *Reply // set by Respond
-	// uncertain reports that a transaction of this attempt committed some of the
-	// delivery's work, or may have when its commit got no answer. An error after it leaves
-	// the outcome open.
-	uncertain bool
+// reply is a command's response as Respond states it.
+type reply struct {
+	status int
+	body   []byte
 }
 
 // Preparer is implemented by handlers whose steps call slow outside services. Prepare runs

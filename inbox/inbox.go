@@ -136,7 +136,10 @@ func (ib *Inbox) DB() *sql.DB { return ib.db }
 // Decode checks msg against the inbox's bounds and runs the handler's Decode, as a delivery
 // of msg would, writing nothing. An error means the delivery would be quarantined as
 // poison. The error wraps ErrPoison, and a panic in Decode is a *PanicError.
-func (ib *Inbox) Decode(msg *message.Message) (Decoded, error) { return ib.decode(msg) }
+func (ib *Inbox) Decode(msg *message.Message) (Decoded, error) {
+	dec, err := ib.decode(msg)
+	return dec.Decoded, err
+}
 
 // ProcessOptions change how Process treats an existing row. Live deliveries use the zero
 // value.
@@ -233,7 +236,7 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, 
 		// still hold the previous one.
 		d = &Delivery{Message: msg, BizType: ib.cfg.BizType, Key: dec.Key, Value: dec.Value, Source: src, ReplayID: opts.ReplayID, Attempt: attempt}
 		if ib.tr != nil {
-			d.trace = trace.SpanContextFromContext(ctx)
+			setTrace(d, trace.SpanContextFromContext(ctx))
 		}
 		// An open breaker holds the attempt back until a probe may run, and no attempt is
 		// spent. A delivery that failed before probes only when no first attempt waits.
@@ -241,7 +244,8 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, 
 		if err != nil {
 			return Result{}, fmt.Errorf("inbox %s %q: waiting on the circuit breaker: %w", ib.cfg.BizType, dec.Key, err)
 		}
-		res, err := ib.runSteps(ctx, d, dec, opts)
+		attemptUncertain := false // a transaction of this attempt committed some of the work, or may have
+		res, err := ib.runSteps(ctx, d, &attemptUncertain, dec, opts)
 		switch {
 		case err == nil && res.Outcome == OutcomeProcessed:
 			t.done(verdictSuccess)
@@ -254,7 +258,7 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, 
 			res.Attempts = attempt
 			return res, nil
 		}
-		uncertain = uncertain || d.uncertain
+		uncertain = uncertain || attemptUncertain
 		if ctx.Err() != nil {
 			return Result{}, fmt.Errorf("inbox %s %q: %w", ib.cfg.BizType, dec.Key, errors.Join(ctx.Err(), err))
 		}
@@ -304,41 +308,41 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src Source, 
 // decode checks the record against the inbox's bounds and runs the plugin's Decode. Every
 // error it returns makes the message poison. A panic in Decode comes back as a *PanicError
 // wrapped in ErrPoison.
-func (ib *Inbox) decode(msg *message.Message) (dec Decoded, err error) {
+func (ib *Inbox) decode(msg *message.Message) (dec decoded, err error) {
 	if cut, ok := msgsource.CutFrom(msg.Context()); ok {
-		return Decoded{}, PoisonError("payload of %d bytes exceeds the limit of %d", cut.Size, ib.cfg.MaxPayloadBytes)
+		return decoded{}, PoisonError("payload of %d bytes exceeds the limit of %d", cut.Size, ib.cfg.MaxPayloadBytes)
 	}
 	if len(msg.Payload) > ib.cfg.MaxPayloadBytes {
-		return Decoded{}, PoisonError("payload of %d bytes exceeds the limit of %d", len(msg.Payload), ib.cfg.MaxPayloadBytes)
+		return decoded{}, PoisonError("payload of %d bytes exceeds the limit of %d", len(msg.Payload), ib.cfg.MaxPayloadBytes)
 	}
 	meta, ok := metadataJSON(msg.Metadata, ib.cfg.MaxMetadataBytes)
 	if !ok {
-		return Decoded{}, PoisonError("metadata (headers) of %d entries exceed the limit of %d bytes", len(msg.Metadata), ib.cfg.MaxMetadataBytes)
+		return decoded{}, PoisonError("metadata (headers) of %d entries exceed the limit of %d bytes", len(msg.Metadata), ib.cfg.MaxMetadataBytes)
 	}
 	defer func() {
 		if perr := recovered(recover()); perr != nil {
-			dec, err = Decoded{}, fmt.Errorf("%w: decode: %w", ErrPoison, perr)
+			dec, err = decoded{}, fmt.Errorf("%w: decode: %w", ErrPoison, perr)
 		}
 	}()
-	dec, err = ib.h.Decode(msg)
+	dec.Decoded, err = ib.h.Decode(msg)
 	if err != nil {
 		if !errors.Is(err, ErrPoison) {
 			err = fmt.Errorf("%w: %w", ErrPoison, err)
 		}
-		return Decoded{}, err
+		return decoded{}, err
 	}
 	if ib.replyQuery != "" {
 		dec.Key = CommandKey(msg.Metadata.Get(MetadataIdempotencyKey)) // a command's key is its client token
 	}
 	switch {
 	case dec.Key == "":
-		return Decoded{}, PoisonError("empty business key")
+		return decoded{}, PoisonError("empty business key")
 	case len(dec.Key) > MaxKeyLen:
-		return Decoded{}, PoisonError("business key of %d bytes exceeds %d", len(dec.Key), MaxKeyLen)
+		return decoded{}, PoisonError("business key of %d bytes exceeds %d", len(dec.Key), MaxKeyLen)
 	case !utf8.ValidString(dec.Key):
-		return Decoded{}, PoisonError("business key %q is not UTF-8", dec.Key)
+		return decoded{}, PoisonError("business key %q is not UTF-8", dec.Key)
 	case ib.d.IsPostgres() && strings.IndexByte(dec.Key, 0) >= 0:
-		return Decoded{}, PoisonError("business key %q holds a NUL byte, which PostgreSQL text cannot store", dec.Key)
+		return decoded{}, PoisonError("business key %q holds a NUL byte, which PostgreSQL text cannot store", dec.Key)
 	}
 	if dec.Fingerprint == "" {
 		dec.Fingerprint = fingerprint(msg.Payload)
@@ -352,7 +356,11 @@ func (ib *Inbox) decode(msg *message.Message) (dec Decoded, err error) {
 // runs its Prepare and its transaction under inbox.handler_timeout. A Preparer's steps run
 // under the key's call lease, described in calls.go. A row that is done, quarantined or
 // another message's makes no calls.
-func (ib *Inbox) runSteps(ctx context.Context, d *Delivery, dec Decoded, opts runOpts) (Result, error) {
+//
+// runSteps sets *uncertain once a transaction of the attempt committed some of the
+// delivery's work, or may have when its commit got no answer. An error after it leaves
+// the outcome open.
+func (ib *Inbox) runSteps(ctx context.Context, d *Delivery, uncertain *bool, dec decoded, opts runOpts) (Result, error) {
 	prep, _ := ib.h.(Preparer)
 	var hold *callHold
 	noCalls := false
@@ -368,7 +376,7 @@ func (ib *Inbox) runSteps(ctx context.Context, d *Delivery, dec Decoded, opts ru
 		}
 	}
 	for step := 0; step < ib.cfg.MaxSteps; step++ {
-		res, next, err := ib.runStep(ctx, prep, hold, noCalls, d, dec, opts, step)
+		res, next, err := ib.runStep(ctx, prep, hold, noCalls, d, uncertain, dec, opts, step)
 		if err != nil || res != nil {
 			if res != nil && res.Outcome == OutcomeConflict && !opts.command {
 				return ib.quarantineConflict(ctx, d, dec, opts)
@@ -387,7 +395,7 @@ func (ib *Inbox) runSteps(ctx context.Context, d *Delivery, dec Decoded, opts ru
 // join the transaction. runStep returns the delivery's result once it is finished, else
 // the last step it ran. hold is the key's call lease, nil without a Preparer. noCalls says
 // the path skipped the calls because of the row it read under the lease.
-func (ib *Inbox) runStep(ctx context.Context, prep Preparer, hold *callHold, noCalls bool, d *Delivery, dec Decoded, opts runOpts, first int) (*Result, int, error) {
+func (ib *Inbox) runStep(ctx context.Context, prep Preparer, hold *callHold, noCalls bool, d *Delivery, uncertain *bool, dec decoded, opts runOpts, first int) (*Result, int, error) {
 	sctx, cancel := context.WithTimeout(withDialect(ctx, ib.d), ib.cfg.HandlerTimeout)
 	defer cancel()
 	d.Step = first
@@ -474,7 +482,7 @@ func (ib *Inbox) runStep(ctx context.Context, prep Preparer, hold *callHold, noC
 				d.Step = step
 				prog, err = ib.handleStep(tctx, tx, d)
 			}
-			if err == nil && !prog.valid() {
+			if err == nil && !validProgress(prog) {
 				err = invalidProgress(prog) // never taken for Done, so the step rolls back
 			}
 			return err
@@ -486,13 +494,17 @@ func (ib *Inbox) runStep(ctx context.Context, prep Preparer, hold *callHold, noC
 			return err
 		}
 		if prog == Done {
-			if err := ib.saveReplies(sctx, tx, []*Delivery{d}); err != nil {
+			replies, err := ib.saveReplies(sctx, tx, []*Delivery{d})
+			if err != nil {
 				return err
 			}
 			if _, err := tx.ExecContext(sctx, ib.q.markDone, d.Attempt, row.id); err != nil {
 				return fmt.Errorf("mark inbox row done: %w", err)
 			}
-			res = &Result{Outcome: OutcomeProcessed, InboxID: row.id, Key: d.Key, reply: d.reply}
+			res = &Result{Outcome: OutcomeProcessed, InboxID: row.id, Key: d.Key}
+			if replies != nil {
+				res.reply = replies[0]
+			}
 		}
 		return nil
 	})
@@ -500,7 +512,7 @@ func (ib *Inbox) runStep(ctx context.Context, prep Preparer, hold *callHold, noC
 	endCommit(err)
 	tracex.End(txSpan, err)
 	if err != nil {
-		d.uncertain = d.uncertain || errors.Is(err, dbx.ErrCommitUnknown)
+		*uncertain = *uncertain || errors.Is(err, dbx.ErrCommitUnknown)
 		if c := opts.carry; c != nil && errors.Is(err, dbx.ErrCommitUnknown) {
 			c.ok = false // the step may have committed
 		}
@@ -512,7 +524,7 @@ func (ib *Inbox) runStep(ctx context.Context, prep Preparer, hold *callHold, noC
 	if c := opts.carry; c != nil {
 		c.ok = false // the step committed, so the key moved on
 	}
-	d.uncertain = d.uncertain || res == nil // steps committed, the delivery not finished
+	*uncertain = *uncertain || res == nil // steps committed, the delivery not finished
 	return res, step, nil
 }
 
@@ -577,7 +589,7 @@ func decideClaim(fresh bool, r inboxRow, fingerprint string, checkFingerprint, r
 // the unique key, but it takes an exclusive lock on an existing row at once. INSERT IGNORE
 // takes a shared lock, and two deliveries upgrading shared locks deadlock. Nor does it turn
 // other errors, such as truncation, into warnings.
-func (ib *Inbox) claim(ctx context.Context, tx *sql.Tx, d *Delivery, dec Decoded, step int) (inboxRow, bool, error) {
+func (ib *Inbox) claim(ctx context.Context, tx *sql.Tx, d *Delivery, dec decoded, step int) (inboxRow, bool, error) {
 	var row inboxRow
 	if step == 0 {
 		payload, tombstone := storedPayload(d.Message.Payload)

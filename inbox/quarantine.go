@@ -126,7 +126,7 @@ func (ib *Inbox) insertQuarantine(ctx context.Context, q quarantineRow, src Sour
 	}
 }
 
-func (ib *Inbox) quarantineConflict(ctx context.Context, d *Delivery, dec Decoded, opts runOpts) (Result, error) {
+func (ib *Inbox) quarantineConflict(ctx context.Context, d *Delivery, dec decoded, opts runOpts) (Result, error) {
 	tag := shortFingerprint(dec.Fingerprint)
 	key := d.Key + "#conflict:" + tag
 	cause := fmt.Errorf("key %q already processed with a different payload (fingerprint %s)", d.Key, tag)
@@ -141,7 +141,7 @@ func (ib *Inbox) quarantineConflict(ctx context.Context, d *Delivery, dec Decode
 // it leaves is 'processing'. The redelivery resumes it, and nothing of the failed attempt
 // is kept. Should the count not be recorded, this process's attempt number stands in for
 // it.
-func (ib *Inbox) countFailure(ctx context.Context, msg *message.Message, src Source, dec Decoded, cause error, attempt int, opts runOpts) int {
+func (ib *Inbox) countFailure(ctx context.Context, msg *message.Message, src Source, dec decoded, cause error, attempt int, opts runOpts) int {
 	payload, tombstone := storedPayload(msg.Payload)
 	var status Status
 	var total int

@@ -137,7 +137,7 @@ func (b *Batcher) startBatch(ctx context.Context, items []*item) (context.Contex
 	for _, it := range items {
 		if it.p.span != nil {
 			it.p.span.AddLink(self)
-			it.d.trace = it.p.span.SpanContext()
+			setTrace(it.d, it.p.span.SpanContext())
 		}
 	}
 	return ctx, span
