@@ -13,6 +13,7 @@ import (
 	"io"
 	"net"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -35,13 +36,28 @@ type Config struct {
 	Dialect string `key:"dialect" help:"SQL dialect: mariadb, mysql8 or postgres; empty: from the DSN and the server's version (mysql8 on a MariaDB server runs MySQL 8's SQL there)"`
 	// Password replaces the DSN's password when set. It comes from a file or the
 	// environment, so the DSN in a config file carries none.
-	Password        string        `key:"password" help:"password of db.dsn's user, replacing the DSN's; better from ONCEFLOW_DB_PASSWORD or db.password_file"`
-	MaxOpenConns    int           `key:"max_open_conns" default:"32" range:"1..1000" help:"connection pool size"`
+	Password     string `key:"password" help:"password of db.dsn's user, replacing the DSN's; better from ONCEFLOW_DB_PASSWORD or db.password_file"`
+	MaxOpenConns int    `key:"max_open_conns" default:"32" range:"1..1000" help:"connection pool size"`
+	// IdleTxTimeout makes the server end a session whose open transaction has waited this
+	// long for its next statement. Its transaction rolls back and its locks go, so a frozen
+	// or stalled process never holds them for longer. Open sets it on every connection:
+	// MariaDB's idle_transaction_timeout, in whole seconds rounded up, and PostgreSQL's
+	// idle_in_transaction_session_timeout. MySQL 8 has no such variable and goes without.
+	// It must exceed every legitimate pause inside a transaction. The longest of onceflow's
+	// is a plugin's Handle, which inbox.handler_timeout bounds. NoIdleTxTimeout, or any
+	// negative value, turns it off. The zero value stands for the default.
+	IdleTxTimeout   time.Duration `key:"idle_tx_timeout" default:"30s" range:"0..24h" zero:"-1ns" help:"the server ends a session whose transaction waits this long for its next statement, rolling it back and releasing its locks (a frozen process); no shorter than inbox.handler_timeout; 0 turns it off"`
 	MaxIdleConns    int           // default MaxOpenConns
 	ConnMaxLifetime time.Duration // default 5m
 	PingTimeout     time.Duration // default 5s
 	TLS             TLS           `key:"tls"` // TLS to the server; off unless a field is set
+
+	noIdleVar bool // the server has no idle transaction timeout variable (MySQL 8)
 }
+
+// NoIdleTxTimeout as Config.IdleTxTimeout sets no idle transaction timeout. Any negative
+// value does. The zero value stands for the default.
+const NoIdleTxTimeout time.Duration = -1
 
 // WithDefaults returns c with its zero settings set to their defaults, as Open uses it. The
 // stock router's db.* defaults are these values.
@@ -76,6 +92,17 @@ func (c *Config) setDefaults() {
 	if c.PingTimeout == 0 {
 		c.PingTimeout = 5 * time.Second
 	}
+	if c.IdleTxTimeout < 0 {
+		c.IdleTxTimeout = NoIdleTxTimeout
+	}
+}
+
+// idleTimeoutVar is MariaDB's session variable that ends a session idle in a transaction.
+const idleTimeoutVar = "idle_transaction_timeout"
+
+// idleTimeoutSeconds is d in MariaDB's unit, whole seconds, rounded up.
+func idleTimeoutSeconds(d time.Duration) string {
+	return strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10)
 }
 
 // ParseDSN validates a DSN and returns the driver config with the settings onceflow relies
@@ -169,6 +196,11 @@ func Open(ctx context.Context, cfg Config) (*sql.DB, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The variable goes in the DSN's parameters, which the driver sets with one SET as it
+	// connects, so it costs no round trip of its own.
+	if cfg.IdleTxTimeout > 0 && Dialect(cfg.Dialect) != MySQL8 && !cfg.noIdleVar && !hasParam(cfg.DSN, idleTimeoutVar) {
+		mc.Params[idleTimeoutVar] = idleTimeoutSeconds(cfg.IdleTxTimeout)
+	}
 	conn, err := NewConnector(mc)
 	if err != nil {
 		return nil, fmt.Errorf("database dsn: %w", err)
@@ -189,6 +221,11 @@ func Open(ctx context.Context, cfg Config) (*sql.DB, error) {
 			// MySQL 8 names the session's isolation transaction_isolation, and MariaDB 10.11
 			// only tx_isolation. Open the same pool with MySQL's name.
 			cfg.DSN = withParam(cfg.DSN, "transaction_isolation", "%27READ-COMMITTED%27")
+			return Open(ctx, cfg)
+		}
+		if errors.As(err, &me) && me.Number == errUnknownVariable && strings.Contains(me.Message, idleTimeoutVar) && mc.Params[idleTimeoutVar] != "" && !hasParam(cfg.DSN, idleTimeoutVar) {
+			// MySQL 8 has no idle transaction timeout. Open the same pool without it.
+			cfg.noIdleVar = true
 			return Open(ctx, cfg)
 		}
 		if errors.As(err, &me) { // the server answered, so it refused and is not unreachable
@@ -354,6 +391,11 @@ func IsConnError(err error) bool {
 	var me *mysql.MySQLError
 	if errors.As(err, &me) {
 		return me.Number == ErWsrepNotReady
+	}
+	// PostgreSQL ended the session, and its transaction rolled back: it idled in the
+	// transaction past idle_in_transaction_session_timeout, or it was terminated.
+	if pgSessionEnded(pgCode(err)) {
+		return true
 	}
 	// With pgx, the connection broke while a statement such as a COMMIT ran, or pgx closed
 	// it after a failed read.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -21,7 +22,24 @@ const (
 	pgDeadlockDetected     = "40P01"
 	pgLockNotAvailable     = "55P03"
 	pgDuplicateDatabase    = "42P04"
+	// pgIdleInTxTimeout ends a session whose transaction idled for longer than
+	// idle_in_transaction_session_timeout. The server has closed the connection.
+	pgIdleInTxTimeout = "25P03"
 )
+
+// pgSessionEnded reports a SQLSTATE with which PostgreSQL ends the session: a connection
+// exception (class 08), an idle transaction or session timed out, or the session was
+// terminated by an administrator or a shutdown.
+func pgSessionEnded(code string) bool {
+	switch code {
+	case pgIdleInTxTimeout, "57P01", "57P02", "57P05":
+		return true
+	}
+	return strings.HasPrefix(code, "08")
+}
+
+// pgIdleTimeoutVar is PostgreSQL's setting that ends a session idle in a transaction.
+const pgIdleTimeoutVar = "idle_in_transaction_session_timeout"
 
 // parsePostgresDSN validates a postgres:// DSN. A database name is required, and the
 // servers are named in the address part only. The session runs at READ COMMITTED in UTC.
@@ -89,6 +107,10 @@ func openPostgres(ctx context.Context, cfg Config) (*sql.DB, error) {
 	pc, err := cfg.postgresConfig()
 	if err != nil {
 		return nil, err
+	}
+	// A startup parameter of every connection, so it costs no statement.
+	if _, ok := pc.RuntimeParams[pgIdleTimeoutVar]; !ok && cfg.IdleTxTimeout > 0 {
+		pc.RuntimeParams[pgIdleTimeoutVar] = strconv.FormatInt(int64((cfg.IdleTxTimeout+time.Millisecond-1)/time.Millisecond), 10) // in milliseconds, rounded up
 	}
 	db := stdlib.OpenDB(*pc)
 	db.SetMaxOpenConns(cfg.MaxOpenConns)
