@@ -191,9 +191,7 @@ func relayMetrics(ctx context.Context, m *metrics.Metrics, relay *outbox.Relay) 
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "onceflow", Name: "relay_readback_batches_total",
 			Help: "Batches the exactly-once relay read in full from the database (with the hand-off on: a row of theirs was not handed over)."},
 			func() float64 { return float64(relay.HandOff().ReadBack) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "onceflow", Name: "relay_parked_total",
-			Help: "Outbox events this relay parked: Kafka refuses them for good, or they wait behind one of their key that it refuses (router outbox ls)."},
-			func() float64 { return float64(relay.Parked()) }),
+		parkedCollector{relay},
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "onceflow", Name: "relay_cleaned_total",
 			Help: "Published outbox rows deleted after relay.retention."}, func() float64 { return float64(relay.Deleted()) }),
 	)
@@ -217,4 +215,20 @@ func relayMetrics(ctx context.Context, m *metrics.Metrics, relay *outbox.Relay) 
 		}
 	}()
 	return func() { cancel(); <-done }
+}
+
+// parkedDesc is onceflow_relay_parked_total, by the reason the relay parked each event.
+var parkedDesc = prometheus.NewDesc("onceflow_relay_parked_total",
+	"Outbox events this relay parked, by reason: Kafka refuses them for good (unknown_topic, too_large, invalid_record, unauthorized), or they wait behind one of their key that it refuses (held); router outbox ls lists them.",
+	[]string{"reason"}, nil)
+
+// parkedCollector exports the relay's parked events by reason, every reason from the start.
+type parkedCollector struct{ relay *outbox.Relay }
+
+func (c parkedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- parkedDesc }
+
+func (c parkedCollector) Collect(ch chan<- prometheus.Metric) {
+	for reason, n := range c.relay.ParkedBy() {
+		ch <- prometheus.MustNewConstMetric(parkedDesc, prometheus.CounterValue, float64(n), reason)
+	}
 }

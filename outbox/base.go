@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -32,6 +31,7 @@ type relayBase struct {
 
 	published atomic.Int64
 	parked    atomic.Int64
+	parkLog   parkLog // counts parked rows by reason and logs them
 	batches   atomic.Int64
 	lingers   atomic.Int64
 	failures  atomic.Int64
@@ -162,9 +162,11 @@ type batches interface {
 func (r *relayBase) loop(ctx context.Context, shard string, b batches) {
 	backoff := r.cfg.RetryBackoff
 	var nextCleanup time.Time
+	defer r.parkLog.flush(r.logger, true)
 	for {
 		woke := r.wakeC() // taken before the read, so a Wake during it cuts the next wait short
 		n, err := b.batch(ctx)
+		r.parkLog.flush(r.logger, false)
 		if ctx.Err() != nil {
 			return
 		}
@@ -262,42 +264,15 @@ func (r *relayBase) linger(ctx context.Context, n int) (bool, error) {
 	}
 }
 
-// logParked logs what park moved and counts it.
+// logParked counts what park moved and logs it, one line per run of parked events.
 func (r *relayBase) logParked(moved []parkEntry, shard string) {
-	type heldKey struct{ behind, key string }
-	var (
-		held  map[heldKey]int
-		order []heldKey
-	)
-	for _, e := range moved {
-		r.parked.Add(1)
-		if e.reason == ReasonHeld {
-			k := heldKey{e.behind, e.row.key}
-			if held == nil {
-				held = map[heldKey]int{}
-			}
-			if held[k] == 0 {
-				order = append(order, k)
-			}
-			held[k]++
-			continue
-		}
-		fields := watermill.LogFields{"event_id": e.row.eventID, "topic": e.row.topic, "key": e.row.key,
-			"outbox_id": e.row.id, "reason": e.reason}
-		if shard != "" {
-			fields["shard"] = shard
-		}
-		r.logger.Error("outbox event PARKED: Kafka refuses it for good; later events of its key wait behind it (router outbox ls, retry, drop)",
-			errors.New(e.err), fields)
-	}
-	for _, k := range order {
-		fields := watermill.LogFields{"behind": k.behind, "key": k.key, "events": held[k]}
-		if shard != "" {
-			fields["shard"] = shard
-		}
-		r.logger.Info("outbox events held behind a parked event of their key", fields)
-	}
+	r.parked.Add(int64(len(moved)))
+	r.parkLog.add(r.logger, moved, shard)
 }
+
+// ParkedBy returns how many rows this relay has moved to the parked table, by reason. The
+// reasons are those of Kafka's refusals and ReasonHeld.
+func (r *relayBase) ParkedBy() map[string]int64 { return r.parkLog.parkedBy() }
 
 // The fixed header names as bytes, shared by every message. The producer only reads them.
 var (

@@ -125,20 +125,11 @@ type Selection struct {
 
 // Refused returns the refused parked events sel chooses, in id order, without payloads.
 func (p *Parked) Refused(ctx context.Context, sel Selection) ([]ParkedRow, error) {
-	if sel.Reason == ReasonHeld {
-		return nil, fmt.Errorf("%w: reason %q: held events are released with the event they wait behind", ErrBadRef, sel.Reason)
+	where, args, err := p.selection(sel, "p.")
+	if err != nil {
+		return nil, err
 	}
-	q := fmt.Sprintf(parkedSelect, "''", p.table, p.table) + " WHERE p.held_behind IS NULL"
-	var args []any
-	if sel.Topic != "" {
-		q += " AND p.topic = ?"
-		args = append(args, sel.Topic)
-	}
-	if sel.Reason != "" {
-		q += " AND p.reason = ?"
-		args = append(args, sel.Reason)
-	}
-	return p.query(ctx, q+" ORDER BY p.id", args...)
+	return p.query(ctx, fmt.Sprintf(parkedSelect, "''", p.table, p.table)+" WHERE "+where+" ORDER BY p.id", args...)
 }
 
 // Get returns one parked event with its payload. ref is its outbox id or its event id.
@@ -251,20 +242,23 @@ func (p *Parked) release(ctx context.Context, ref string, retry bool) (Release, 
 		if retry {
 			args = append(args, head.EventID)
 		}
-		res, err := tx.ExecContext(ctx, p.dl.Rebind(`INSERT INTO `+p.outbox+` (`+outboxColumns+`) SELECT `+outboxColumns+` FROM `+p.table+` WHERE `+which), args...)
+		ids, err := p.ids(ctx, tx, which, args)
+		if err != nil {
+			return err
+		}
+		moved, err := p.copyBack(ctx, tx, ids)
 		if err != nil {
 			if dbx.IsDuplicate(err) {
 				return fmt.Errorf("outbox: move event %s (or one held behind it) back: its id or event id is in %s already: %w", head.EventID, p.outbox, err)
 			}
-			return fmt.Errorf("move parked events back into %s: %w", p.outbox, err)
+			return err
 		}
-		moved, _ := res.RowsAffected()
 		if !retry {
 			if _, err := tx.ExecContext(ctx, p.dl.Rebind(`DELETE FROM `+p.table+` WHERE event_id = ?`), head.EventID); err != nil {
 				return fmt.Errorf("drop parked event %s: %w", head.EventID, err)
 			}
 		}
-		res, err = tx.ExecContext(ctx, p.dl.Rebind(`DELETE FROM `+p.table+` WHERE `+which), args...)
+		res, err := tx.ExecContext(ctx, p.dl.Rebind(`DELETE FROM `+p.table+` WHERE `+which), args...)
 		if err != nil {
 			return fmt.Errorf("remove released events from %s: %w", p.table, err)
 		}
@@ -275,6 +269,24 @@ func (p *Parked) release(ctx context.Context, ref string, retry bool) (Release, 
 		return nil
 	})
 	return rel, err
+}
+
+// ids returns the ids of the parked rows matching which, with args, in id order.
+func (p *Parked) ids(ctx context.Context, tx *sql.Tx, which string, args []any) ([]int64, error) {
+	rows, err := tx.QueryContext(ctx, p.dl.Rebind(`SELECT id FROM `+p.table+` WHERE `+which+` ORDER BY id`), args...)
+	if err != nil {
+		return nil, fmt.Errorf("read parked events: %w", err)
+	}
+	defer rows.Close()
+	var ids []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("read parked events: %w", err)
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
 }
 
 // parkEntry is a row of a batch the relay moves to the parked table.

@@ -91,7 +91,10 @@ func permanentCheckError(err error) bool {
 // transaction, closes the producer and releases the lease, so a standby takes over at once.
 // Run calls Close on return. Callers that only use RelayOnce call it themselves. It is safe
 // to call more than once. The relay can be used again afterwards and starts a new session.
-func (r *Relay) Close() error { return r.engine.close() }
+func (r *Relay) Close() error {
+	r.parkLog.flush(r.logger, true)
+	return r.engine.close()
+}
 
 // ErrNoDatabase is returned by CheckServer when the relay's pool has no default database,
 // because its DSN names none, and the exactly-once relay has no TransactionalID to use

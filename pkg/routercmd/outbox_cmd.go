@@ -376,68 +376,71 @@ func (a *app) outboxDropCmd() *cobra.Command {
 	return cmd
 }
 
-// outboxReleaseSelected retries (or drops) the refused parked events sel chooses, one by
-// one in id order, each with the events held behind it; it prints how many it chose first.
+// chosenShown is how many of the chosen refused events retry and drop list before acting.
+const chosenShown = 20
+
+// outboxReleaseSelected retries (or drops) the refused parked events sel chooses, each with
+// the events held behind it, in batches of set-based statements (outbox.RetrySelected). It
+// first prints how many it chose and the first of them.
 func (a *app) outboxReleaseSelected(ctx context.Context, sel parkedSelection, retry, yes bool) error {
 	db, store, err := a.openParked(ctx)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	rows, err := store.Refused(ctx, outbox.Selection{Topic: sel.topic, Reason: sel.reason})
+	osel := outbox.Selection{Topic: sel.topic, Reason: sel.reason}
+	chosen, err := store.Choose(ctx, osel, chosenShown)
 	if err != nil {
 		return parkedErr(err)
 	}
-	holding := 0
-	for _, r := range rows {
-		holding += r.Holding
-	}
 	verb := map[bool]string{true: "retry", false: "drop"}[retry]
-	printf("%d refused parked events chosen (%s), %d events held behind them\n", len(rows), sel, holding)
-	if len(rows) == 0 {
+	printf("%d refused parked events chosen (%s), %d events held behind them\n", chosen.Refused, sel, chosen.Held)
+	if chosen.Refused == 0 {
 		return nil
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tEVENT_ID\tTOPIC\tKEY\tREASON\tHOLDING")
-	for _, r := range rows {
+	for _, r := range chosen.First {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\n", r.ID, safeText(r.EventID), safeText(r.Topic), safeText(cut(r.Key, 40)), r.Reason, r.Holding)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if more := chosen.Refused - int64(len(chosen.First)); more > 0 {
+		printf("… and %d more (router outbox ls --limit 0 lists every parked event)\n", more)
 	}
 	if sel.dryRun {
 		printf("dry run: nothing done (%s them without --dry-run)\n", verb)
 		return nil
 	}
 	if !retry && !yes {
-		return badInput(fmt.Errorf("drop deletes these %d events for good and releases the %d events held behind them: add --yes", len(rows), holding))
+		return badInput(fmt.Errorf("drop deletes these %d events for good and releases the %d events held behind them: add --yes", chosen.Refused, chosen.Held))
 	}
-	done, moved, gone := 0, 0, 0
-	for _, r := range rows {
-		var rel outbox.Release
-		if retry {
-			rel, err = store.Retry(ctx, r.EventID)
-		} else {
-			rel, err = store.Drop(ctx, r.EventID)
+	start, shown := time.Now(), time.Now()
+	progress := func(r outbox.BulkRelease) {
+		if time.Since(shown) >= 5*time.Second {
+			shown = time.Now()
+			printf("… %d of %d refused events so far, %d events back in the outbox (%s)\n", r.Released, chosen.Refused, r.Moved, time.Since(start).Round(time.Second))
 		}
-		if errors.Is(err, outbox.ErrNotParked) || errors.Is(err, outbox.ErrHeld) {
-			gone++ // released meanwhile, or held behind another one now
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("%s event %s, after %d of %d: %w", verb, safeText(r.EventID), done, len(rows), err)
-		}
-		done, moved = done+1, moved+rel.Moved
+	}
+	var rel outbox.BulkRelease
+	if retry {
+		rel, err = store.RetrySelected(ctx, osel, progress)
+	} else {
+		rel, err = store.DropSelected(ctx, osel, progress)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: after %d of %d refused events (%d events back in the outbox; run it again for the rest): %w", verb, rel.Released, chosen.Refused, rel.Moved, err)
 	}
 	if retry {
-		printf("retried %d events: %d events back in the outbox, published in their original order", done, moved)
+		printf("retried %d events: %d events back in the outbox, published in their original order", rel.Released, rel.Moved)
 	} else {
-		printf("dropped %d events; %d events held behind them are back in the outbox", done, moved)
+		printf("dropped %d events; %d events held behind them are back in the outbox", rel.Released, rel.Moved)
 	}
-	if gone > 0 {
-		printf(" (%d no longer parked as chosen, left alone)", gone)
+	if int64(rel.Released) != chosen.Refused {
+		printf(" (%d were chosen: the parked events changed meanwhile)", chosen.Refused)
 	}
-	printf("\n")
+	printf(" in %s\n", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 

@@ -214,3 +214,32 @@ func TestOutboxSelections(t *testing.T) {
 		t.Fatalf("after retry and drop: %s, want parked 0, outbox 2", got)
 	}
 }
+
+// A selection of many refused events lists the first of them, not every one, then releases
+// them all.
+func TestOutboxSelectionListsTheFirst(t *testing.T) {
+	d := parkedDB(t)
+	ins := testenv.Dialect().Rebind(`INSERT INTO outbox_parked (id, event_id, event_type, topic, msg_key, payload, created_at, reason, error)
+ VALUES (?, ?, 'T', 't-many', ?, ?, CURRENT_TIMESTAMP(6), 'unknown_topic', 'topic t-many does not exist')`)
+	for i := range 30 {
+		if _, err := d.DB.Exec(ins, 1000+i, fmt.Sprintf("many-%02d", i), fmt.Sprintf("k%d", i), []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := capture(t, "--dsn", d.DSN, "outbox", "retry", "--topic", "t-many", "--dry-run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustContain(t, out, "30 refused parked events chosen (topic t-many), 0 events held behind them", "many-00", "many-19", "… and 10 more")
+	if strings.Contains(out, "many-20") {
+		t.Errorf("the dry run lists more than the first 20:\n%s", out)
+	}
+	out, err = capture(t, "--dsn", d.DSN, "outbox", "retry", "--topic", "t-many")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustContain(t, out, "retried 30 events: 30 events back in the outbox")
+	if n := dbCount(t, d.DB, "SELECT COUNT(*) FROM outbox WHERE id BETWEEN 1000 AND 1029"); n != 30 {
+		t.Fatalf("%d of the 30 retried events are back in the outbox, want 30", n)
+	}
+}
