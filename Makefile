@@ -118,7 +118,7 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzMaskPostgresDSN$$' -fuzztime=$(FUZZTIME) ./pkg/dbx/
 	$(GO) test -run='^$$' -fuzz='^FuzzConfigFile$$' -fuzztime=$(FUZZTIME) .
 	$(GO) test -run='^$$' -fuzz='^FuzzParseTraceParent$$' -fuzztime=$(FUZZTIME) ./internal/tracex/
-	$(GO) test -run='^$$' -fuzz='^FuzzProcess$$' -fuzztime=$(FUZZTIME_DB) ./inbox/
+	$(GO) test -run='^$$' -fuzz='^FuzzProcess$$' -fuzztime=$(FUZZTIME_DB) ./inbox/engine/
 
 ## bench: throughput measured on the real services (never asserted in a test); a full run
 ## (no -only in BENCH_FLAGS) regenerates docs/BENCHMARKS.md's table and README's summary

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/inbox/httpcmd"
 	"github.com/onceflow/onceflow/internal/gcx"
 	"github.com/onceflow/onceflow/internal/settings"
@@ -25,7 +26,7 @@ import (
 
 // Config is the router configuration: flags > env (ONCEFLOW_*) > config file > defaults.
 // Each section is made of the configs of the libraries it sets (dbx.Config, kafkax.Config,
-// inbox.Config, …) and the runtime's own settings. Every setting's key, default, range and
+// engine.Config, …) and the runtime's own settings. Every setting's key, default, range and
 // help are tags on its field (internal/settings): the defaults, the range checks and
 // README's configuration table are read from them.
 type Config struct {
@@ -67,11 +68,11 @@ type KafkaConfig struct {
 // InboxConfig is inbox.*: every plugin's inbox (its biz type added), group commit and the
 // cleaner.
 type InboxConfig struct {
-	inbox.Config `key:",squash"`
-	// BreakerEnabled is inbox.Config.BreakerOff's opposite, as the settings list it.
-	BreakerEnabled bool                `key:"breaker_enabled" default:"true" after:"delayed_backoff_max" help:"circuit breaker per plugin: when nearly every attempt fails (breaker_failure_ratio of at least breaker_min_calls in 10 s) its deliveries wait, spending no attempt, until a probe succeeds"`
-	Batch          inbox.BatchConfig   `key:",squash"`
-	Cleaner        inbox.CleanerConfig `key:",squash"`
+	engine.Config `key:",squash"`
+	// BreakerEnabled is engine.Config.BreakerOff's opposite, as the settings list it.
+	BreakerEnabled bool                 `key:"breaker_enabled" default:"true" after:"delayed_backoff_max" help:"circuit breaker per plugin: when nearly every attempt fails (breaker_failure_ratio of at least breaker_min_calls in 10 s) its deliveries wait, spending no attempt, until a probe succeeds"`
+	Batch          engine.BatchConfig   `key:",squash"`
+	Cleaner        engine.CleanerConfig `key:",squash"`
 }
 
 // RelayConfig is relay.*: whether and how this process relays, and the relay's config.
@@ -99,7 +100,7 @@ type HTTPConfig struct {
 	Token          string `key:"token" help:"bearer token the commands ask for (Authorization: Bearer …), at least 16 characters; better from ONCEFLOW_HTTP_TOKEN or http.token_file"`
 	TokenFile      string `key:"token_file" help:"file whose first line is http.token"`
 	httpcmd.Config `key:",squash"`
-	// IdempotencyTTL is the command inboxes' inbox.Config.Retention, within its range.
+	// IdempotencyTTL is the command inboxes' engine.Config.Retention, within its range.
 	IdempotencyTTL time.Duration `key:"idempotency_ttl" default:"24h" range:"1h..87600h" help:"how long a client token (Idempotency-Key) and its response are kept; the inbox cleaner removes them after"`
 }
 
@@ -365,7 +366,7 @@ func (c Config) validate() error {
 
 // inboxConfig is one plugin's inbox config: inbox.* with its biz type; a command's rows
 // (HTTP commands) are kept for http.idempotency_ttl.
-func (c Config) inboxConfig(bizType, keyLogField string, command bool) inbox.Config {
+func (c Config) inboxConfig(bizType, keyLogField string, command bool) engine.Config {
 	ic := c.Inbox.Config
 	ic.BizType, ic.KeyLogField, ic.TracerProvider = bizType, keyLogField, c.tracing
 	ic.BreakerOff = !c.Inbox.BreakerEnabled
@@ -377,7 +378,7 @@ func (c Config) inboxConfig(bizType, keyLogField string, command bool) inbox.Con
 
 // cleanerConfig is the inbox cleaner's config: inbox.cleanup_*, and the stored responses
 // of HTTP commands deleted with their rows.
-func (c Config) cleanerConfig() inbox.CleanerConfig {
+func (c Config) cleanerConfig() engine.CleanerConfig {
 	cc := c.Inbox.Cleaner
 	cc.Replies = true
 	return cc

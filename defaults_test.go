@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/viper"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/inbox/httpcmd"
 	"github.com/onceflow/onceflow/internal/gcx"
 	"github.com/onceflow/onceflow/internal/settings"
@@ -32,16 +33,16 @@ func TestRouterDefaultsAreTheLibraries(t *testing.T) {
 	kc.ClientID = "" // the router names its clients
 	same("kafka.*", kc.WithDefaults(), kafkax.Config{}.WithDefaults())
 	same("kafka.window, kafka.max_in_flight_bytes", c.Kafka.Parallel.WithDefaults(), kafkax.ParallelConfig{}.WithDefaults())
-	same("inbox.*", c.inboxConfig("x", "", false).WithDefaults(), inbox.Config{BizType: "x"}.WithDefaults())
-	same("inbox.batch_*", c.Inbox.Batch.WithDefaults(), inbox.BatchConfig{}.WithDefaults())
-	same("inbox.cleanup_*", c.Inbox.Cleaner.WithDefaults(), inbox.CleanerConfig{}.WithDefaults())
+	same("inbox.*", c.inboxConfig("x", "", false).WithDefaults(), engine.Config{BizType: "x"}.WithDefaults())
+	same("inbox.batch_*", c.Inbox.Batch.WithDefaults(), engine.BatchConfig{}.WithDefaults())
+	same("inbox.cleanup_*", c.Inbox.Cleaner.WithDefaults(), engine.CleanerConfig{}.WithDefaults())
 	same("http.* (the handler's)", c.HTTP.Config.WithDefaults(), httpcmd.Config{}.WithDefaults())
 	rc, lib := c.Relay.RelayConfig.WithDefaults(), outbox.RelayConfig{}.WithDefaults()
 	rc.Owner, lib.Owner = "", "" // host-pid-random
 	same("relay.*", rc, lib)
-	if c.HTTP.IdempotencyTTL != inbox.DefaultCommandRetention || c.Runtime.GOGC != gcx.DefaultPercent {
-		t.Errorf("http.idempotency_ttl %s (inbox.DefaultCommandRetention %s), runtime.gogc %d (gcx.DefaultPercent %d)",
-			c.HTTP.IdempotencyTTL, inbox.DefaultCommandRetention, c.Runtime.GOGC, gcx.DefaultPercent)
+	if c.HTTP.IdempotencyTTL != engine.DefaultCommandRetention || c.Runtime.GOGC != gcx.DefaultPercent {
+		t.Errorf("http.idempotency_ttl %s (engine.DefaultCommandRetention %s), runtime.gogc %d (gcx.DefaultPercent %d)",
+			c.HTTP.IdempotencyTTL, engine.DefaultCommandRetention, c.Runtime.GOGC, gcx.DefaultPercent)
 	}
 }
 

@@ -146,7 +146,7 @@ func TestRunFailsWhenGroupCommitCannotStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	onceflow.SetConfigUnchecked(rt, func(c *onceflow.Config) { c.Inbox.Batch.Workers = 65 }) // inbox.BatchConfig allows 1..64
+	onceflow.SetConfigUnchecked(rt, func(c *onceflow.Config) { c.Inbox.Batch.Workers = 65 }) // engine.BatchConfig allows 1..64
 	produceKeys(t, kc, topic, "a")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

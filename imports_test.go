@@ -2,6 +2,7 @@ package onceflow_test
 
 import (
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -24,8 +25,10 @@ type importRule struct {
 // (pkg/routercmd) → the runtime (the root package) and plugins (coupon, examples) → inbox,
 // outbox → pkg, internal. The command line is the one package of pkg/ above the runtime, and
 // only main packages import it; the one package of internal/ above inbox and outbox is the
-// runtime's console (internal/console), which the runtime mounts. The tools module (tools/)
-// may import what it needs; nothing here imports it.
+// runtime's console (internal/console), which the runtime mounts. Package inbox is the
+// plugin's contract and inbox/engine runs it: the engine imports the contract, never the
+// other way, and a plugin needs only the contract (its tests may run it through the
+// engine). The tools module (tools/) may import what it needs; nothing here imports it.
 var importRules = []importRule{
 	{"pkg/...", []string{"inbox/...", "outbox/...", "coupon/...", ".", "cmd/..."}, "pkg/ knows no layer above it", []string{"pkg/routercmd"}},
 	{"internal/...", []string{"inbox/...", "outbox/...", "coupon/...", ".", "cmd/..."}, "internal/ knows no layer above it", []string{"internal/console"}},
@@ -33,7 +36,9 @@ var importRules = []importRule{
 	{"inbox/...", []string{"outbox/...", "coupon/...", ".", "cmd/..."}, "inbox knows no domain, no runtime, and not the outbox (a handler uses both)", nil},
 	{"outbox/...", []string{"inbox/...", "coupon/...", ".", "cmd/..."}, "outbox knows no domain, no runtime, and not the inbox", nil},
 	{"migrations/...", []string{"inbox/...", "outbox/...", "coupon/...", ".", "cmd/..."}, "the framework's schema depends on no layer", nil},
+	{"inbox", []string{"inbox/engine"}, "the contract (inbox) knows no engine: the engine imports it", nil},
 	{"coupon/...", []string{".", "cmd/...", "inbox/inboxops"}, "a plugin never imports the runtime, nor the operators' inbox (inboxops)", nil},
+	{"coupon/...", []string{"inbox/engine"}, "a plugin needs only the contract (inbox), not the engine that runs it", nil},
 	{".", []string{"coupon/...", "examples/...", "cmd/..."}, "the runtime imports no plugin: binaries choose them", nil},
 	{"pkg/routercmd", []string{"coupon/...", "examples/...", "cmd/..."}, "the command line imports no plugin: binaries choose them", nil},
 	{"...", []string{"pkg/routercmd"}, "only main packages import the command line (pkg/routercmd)", []string{"pkg/routercmd", "cmd/..."}},
@@ -116,6 +121,9 @@ func TestImportRules(t *testing.T) {
 		{"the runtime imports a plugin", map[string][]string{module: {m("coupon/notify")}}, 1},
 		{"a plugin imports the runtime", map[string][]string{m("coupon"): {module}}, 1},
 		{"a plugin imports the operators' inbox", map[string][]string{m("coupon/notify"): {m("inbox/inboxops")}}, 1},
+		{"the engine imports the contract", map[string][]string{m("inbox/engine"): {m("inbox"), m("pkg/dbx")}, m("inbox/inboxops"): {m("inbox/engine"), m("inbox")}}, 0},
+		{"the contract imports the engine", map[string][]string{m("inbox"): {m("inbox/engine")}}, 1},
+		{"a plugin imports the engine", map[string][]string{m("coupon"): {m("inbox"), m("inbox/engine")}, m("coupon/notify"): {m("inbox/inboxtest"), m("inbox/engine")}}, 2},
 		{"the library imports the tools module", map[string][]string{module: {m("tools/chaos")}, m("coupon"): {m("tools/bench")}}, 2},
 		{"the command line imports the runtime, inboxops and the libraries", map[string][]string{
 			m("pkg/routercmd"): {module, m("inbox"), m("inbox/inboxops"), m("outbox"), m("pkg/dbx"), m("internal/registry")},
@@ -157,13 +165,16 @@ func goList(t *testing.T, format string) map[string][]string {
 // tests left out), and the tests of pkg/ and internal/ import no layer above them either.
 func TestImports(t *testing.T) {
 	deps := goList(t, `{{join .Deps " "}}`)
-	for _, p := range []string{"", "/inbox", "/outbox", "/pkg/dbx", "/pkg/routercmd", "/internal/testenv", "/internal/console", "/coupon", "/cmd/router"} {
+	for _, p := range []string{"", "/inbox", "/inbox/engine", "/outbox", "/pkg/dbx", "/pkg/routercmd", "/internal/testenv", "/internal/console", "/coupon", "/cmd/router"} {
 		if _, ok := deps[module+p]; !ok {
 			t.Fatalf("go list did not list %s: %v", module+p, deps)
 		}
 	}
 	for _, v := range importViolations(importRules, deps) {
 		t.Error(v)
+	}
+	if !slices.Contains(deps[module+"/inbox/engine"], module+"/inbox") {
+		t.Errorf("inbox/engine does not import the contract, inbox: %v", deps[module+"/inbox/engine"])
 	}
 	tests := goList(t, `{{join .TestImports " "}} {{join .XTestImports " "}}`)
 	for _, v := range importViolations(testImportRules, tests) {
@@ -186,5 +197,45 @@ func TestCmdHoldsOnlyMainPackages(t *testing.T) {
 	}
 	if n == 0 {
 		t.Fatalf("go list found no package under cmd/: %v", names)
+	}
+}
+
+// A team's own module (examples/…) imports only what a team needs of this module: the
+// contract (inbox), the outbox, the test kit (inbox/inboxtest), migrations and pkg/. Its
+// plugin packages, all but its main package, depend on no engine, even through another
+// package.
+func TestExampleModulesImportOnlyPublicPackages(t *testing.T) {
+	mods, err := filepath.Glob("examples/*/go.mod")
+	if err != nil || len(mods) == 0 {
+		t.Fatalf("no module under examples/: %v", err)
+	}
+	allowed := func(p string) bool {
+		for _, a := range []string{"inbox", "inbox/inboxtest", "outbox", "migrations", "pkg/..."} {
+			if matches(a, p) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, mod := range mods {
+		cmd := exec.Command("go", "list", "-e", "-f",
+			`{{.ImportPath}} {{.Name}}|{{join .Imports " "}} {{join .TestImports " "}} {{join .XTestImports " "}}|{{join .Deps " "}}`, "./...")
+		cmd.Dir = filepath.Dir(mod)
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("go list in %s: %v", cmd.Dir, err)
+		}
+		for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			parts := strings.Split(l, "|")
+			head := strings.Fields(parts[0])
+			for _, imp := range strings.Fields(parts[1]) {
+				if matches("...", imp) && !allowed(imp) {
+					t.Errorf("%s imports %s: a team's module needs only inbox, outbox, inbox/inboxtest, migrations and pkg/", head[0], imp)
+				}
+			}
+			if head[1] != "main" && slices.Contains(strings.Fields(parts[2]), module+"/inbox/engine") {
+				t.Errorf("%s depends on inbox/engine: a plugin needs only the contract", head[0])
+			}
+		}
 	}
 }

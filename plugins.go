@@ -13,6 +13,7 @@ import (
 	"github.com/go-viper/mapstructure/v2"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/registry"
 	"github.com/onceflow/onceflow/internal/settings"
@@ -376,7 +377,7 @@ func (s *Setup) pluginFor(ctx context.Context, store *inboxops.Store, f *inboxop
 // of a live delivery, the one `router replay`, `router inbox retry` and the console run
 // inboxops.Replay on. A biz type it cannot choose, or one shared by two plugins, is bad
 // input. The returned func closes the plugin's handler: call it once the replay is over.
-func (s *Setup) ReplayInbox(ctx context.Context, db *sql.DB, f *inboxops.Filter) (*inbox.Inbox, func(), error) {
+func (s *Setup) ReplayInbox(ctx context.Context, db *sql.DB, f *inboxops.Filter) (*engine.Inbox, func(), error) {
 	store, err := inboxops.NewStore(db, "inbox")
 	if err != nil {
 		return nil, nil, err

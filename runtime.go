@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/metrics"
 	"github.com/onceflow/onceflow/internal/settings"
@@ -87,10 +88,10 @@ func (r *Runtime) Plugins() []inbox.Plugin {
 // deliveryOutcomes and redeliveryOutcomes are the outcomes whose counters start at zero
 // (metrics.InitBizType).
 var (
-	deliveryOutcomes = []string{string(inbox.OutcomeProcessed), string(inbox.OutcomeDuplicate), string(inbox.OutcomeHeld),
-		string(inbox.OutcomeConflict), string(inbox.OutcomeQuarantined)}
-	redeliveryOutcomes = []string{string(inbox.OutcomeProcessed), string(inbox.OutcomeDelayed), string(inbox.OutcomeQuarantined),
-		string(inbox.OutcomeDuplicate), string(inbox.OutcomeHeld)}
+	deliveryOutcomes = []string{string(engine.OutcomeProcessed), string(engine.OutcomeDuplicate), string(engine.OutcomeHeld),
+		string(engine.OutcomeConflict), string(engine.OutcomeQuarantined)}
+	redeliveryOutcomes = []string{string(engine.OutcomeProcessed), string(engine.OutcomeDelayed), string(engine.OutcomeQuarantined),
+		string(engine.OutcomeDuplicate), string(engine.OutcomeHeld)}
 )
 
 // Run runs the pipeline's parts until ctx is cancelled or one of them fails. They start in
@@ -98,7 +99,7 @@ var (
 // stop (runParts). No part is restarted: the first one that fails stops the others, and
 // Run returns its error, which names the part. Run returns nil after a cancellation.
 func (r *Runtime) Run(ctx context.Context) error {
-	p := &pipeline{s: r.s, plugins: r.plugins, kc: r.s.Kafka(), inboxes: make([]*inbox.Inbox, len(r.plugins)),
+	p := &pipeline{s: r.s, plugins: r.plugins, kc: r.s.Kafka(), inboxes: make([]*engine.Inbox, len(r.plugins)),
 		handlers: make([]func(topic string) message.NoPublishHandlerFunc, len(r.plugins))}
 	if err := p.kc.Validate(); err != nil {
 		return BadInput(err)
@@ -145,7 +146,7 @@ type pipeline struct {
 	lags *kafkax.LagReader
 	obs  *observer // the runtime's only: the deliveries' metrics and the relay's wake-ups
 
-	inboxes  []*inbox.Inbox                                    // by plugin, as plugins
+	inboxes  []*engine.Inbox                                   // by plugin, as plugins
 	handlers []func(topic string) message.NoPublishHandlerFunc // by plugin: the inbox's, or its group commit's
 }
 
@@ -160,7 +161,7 @@ func (p *pipeline) each(kind string, of func(i int) part) []part {
 }
 
 // observer returns the runtime's observer, or nil outside the runtime.
-func (p *pipeline) observer() inbox.Observer {
+func (p *pipeline) observer() engine.Observer {
 	if p.obs == nil {
 		return nil
 	}
@@ -281,7 +282,7 @@ func (p *pipeline) inbox(i int) part {
 			p.inboxes[i] = ib
 			p.m.InitBizType(pl.BizType, deliveryOutcomes, redeliveryOutcomes)
 			if ib.BreakerEnabled() {
-				p.m.SetBreaker(pl.BizType, int(inbox.BreakerClosed), time.Time{}, time.Time{}, "")
+				p.m.SetBreaker(pl.BizType, int(engine.BreakerClosed), time.Time{}, time.Time{}, "")
 			}
 			p.handlers[i] = ib.HandlerFunc
 			if bc := a.Config.Inbox.Batch; bc.MaxSize > 1 {
@@ -378,7 +379,7 @@ func closeAll(subs []message.Subscriber) {
 // buildInbox builds p's handler and its inbox: the one handler path that `run`, `replay`
 // and `inbox retry` share. The returned func closes the handler when it is an io.Closer;
 // call it once nothing uses the inbox any more.
-func (s *Setup) buildInbox(ctx context.Context, db *sql.DB, p Plugin, obs inbox.Observer) (*inbox.Inbox, func(), error) {
+func (s *Setup) buildInbox(ctx context.Context, db *sql.DB, p Plugin, obs engine.Observer) (*engine.Inbox, func(), error) {
 	env := inbox.PluginEnv{DB: db, Logger: s.logger.With(watermill.LogFields{"plugin": p.Name}), Settings: p.settings}
 	if o, ok := obs.(*observer); ok && o.m != nil {
 		env.ObserveCall = func(step string, elapsed time.Duration, err error) { o.m.ObserveCall(p.Name, step, elapsed, err) }
@@ -397,11 +398,11 @@ func (s *Setup) buildInbox(ctx context.Context, db *sql.DB, p Plugin, obs inbox.
 			}
 		}
 	}
-	var ib *inbox.Inbox
+	var ib *engine.Inbox
 	if p.command != nil {
-		ib, err = inbox.NewCommand(db, h, s.Config.inboxConfig(p.BizType, p.KeyLogField, true), s.logger, obs)
+		ib, err = engine.NewCommand(db, h, s.Config.inboxConfig(p.BizType, p.KeyLogField, true), s.logger, obs)
 	} else {
-		ib, err = inbox.New(db, h, s.Config.inboxConfig(p.BizType, p.KeyLogField, false), s.logger, obs)
+		ib, err = engine.New(db, h, s.Config.inboxConfig(p.BizType, p.KeyLogField, false), s.logger, obs)
 	}
 	if err != nil {
 		closeHandler()
@@ -485,19 +486,19 @@ type observer struct {
 	wake func()
 }
 
-// BreakerChanged implements inbox.BreakerObserver.
-func (o *observer) BreakerChanged(biz string, s inbox.BreakerStatus) {
+// BreakerChanged implements engine.BreakerObserver.
+func (o *observer) BreakerChanged(biz string, s engine.BreakerStatus) {
 	o.m.SetBreaker(biz, int(s.State), s.Since, s.ProbeAt, s.LastError)
 }
 
-// Redelivered implements inbox.RedeliveryObserver.
-func (o *observer) Redelivered(biz string, r inbox.Result) {
+// Redelivered implements engine.RedeliveryObserver.
+func (o *observer) Redelivered(biz string, r engine.Result) {
 	o.m.Redeliveries.WithLabelValues(biz, string(r.Outcome)).Inc()
 }
 
-func (o *observer) Delivered(biz string, r inbox.Result, d time.Duration) {
+func (o *observer) Delivered(biz string, r engine.Result, d time.Duration) {
 	o.m.Observe(biz, string(r.Outcome), d)
-	if o.wake != nil && r.Outcome == inbox.OutcomeProcessed {
+	if o.wake != nil && r.Outcome == engine.OutcomeProcessed {
 		o.wake()
 	}
 }

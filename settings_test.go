@@ -18,6 +18,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/inbox/httpcmd"
 	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/gcx"
@@ -224,7 +225,7 @@ func libraries(t *testing.T, cfg Config) error {
 		return err
 	}
 	defer probe.Close()
-	ib, err := inbox.New(probe, h, cfg.inboxConfig("probe", "", false), nil, nil)
+	ib, err := engine.New(probe, h, cfg.inboxConfig("probe", "", false), nil, nil)
 	if err != nil {
 		return err
 	}
@@ -233,7 +234,7 @@ func libraries(t *testing.T, cfg Config) error {
 		return err
 	}
 	b.Close()
-	if _, err := inbox.NewCommand(probe, h, cfg.inboxConfig("probe-cmd", "", true), nil, nil); err != nil {
+	if _, err := engine.NewCommand(probe, h, cfg.inboxConfig("probe-cmd", "", true), nil, nil); err != nil {
 		return err
 	}
 	if _, err := inboxops.NewCleaner(probe, cfg.cleanerConfig(), nil); err != nil {

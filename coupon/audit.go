@@ -32,6 +32,12 @@ type Audit struct {
 // OK reports whether no invariant is violated.
 func (a Audit) OK() bool { return len(a.Violations) == 0 }
 
+// reasonResolved is the reason of an inbox row an operator resolved with `router inbox
+// resolve`, engine.ReasonResolved: the row is done and needs no grant. The audit reads the
+// inbox table with its own SQL, as it reads 'done' and 'failed'. A test holds the two
+// equal.
+const reasonResolved = "resolved"
+
 // Verify audits these invariants for one campaign.
 //
 //  1. There is at most one user_coupon per order and campaign. Every GRANTED grant has
@@ -39,7 +45,7 @@ func (a Audit) OK() bool { return len(a.Violations) == 0 }
 //  2. Every done inbox row of biz type coupon or coupon-claim has a terminal grant of its
 //     own. An order's grant id is GrantID of its key, and an HTTP claim's is ClaimID of
 //     its client token. Every terminal grant has its outbox event. A row an operator
-//     resolved, with reason inbox.ReasonResolved, needs no grant.
+//     resolved, with reason "resolved", needs no grant.
 //  3. The stock and budget counters equal the sums the grants imply.
 //  4. No outbox row older than lagBound is unpublished.
 //
@@ -111,17 +117,17 @@ WHERE c.campaign_id = ? AND (g.state IS NULL OR g.state <> 'GRANTED') LIMIT 20`,
 	if err := listInto(ctx, db, &a, "invariant 2: inbox row done but grant not terminal: order %s", `
 SELECT i.dedup_key FROM inbox i LEFT JOIN coupon_grant g ON g.order_id = i.dedup_key AND g.campaign_id = ?
 WHERE i.biz_type = ? AND i.status = 'done' AND COALESCE(i.reason, '') <> ? AND i.dedup_key NOT LIKE ?
-  AND (g.state IS NULL OR g.state NOT IN ('GRANTED', 'FAILED')) LIMIT 20`, campaignID, BizType, string(inbox.ReasonResolved), ClaimPrefix+"%"); err != nil {
+  AND (g.state IS NULL OR g.state NOT IN ('GRANTED', 'FAILED')) LIMIT 20`, campaignID, BizType, reasonResolved, ClaimPrefix+"%"); err != nil {
 		return a, err
 	}
 	if err := listUngranted(ctx, db, &a, campaignID, "order", `SELECT id, dedup_key, '' FROM inbox
 WHERE biz_type = ? AND status = 'done' AND COALESCE(reason, '') <> ? AND dedup_key LIKE ?`,
-		[]any{BizType, string(inbox.ReasonResolved), ClaimPrefix + "%"}, func(key, _ string) string { return GrantID(key) }); err != nil {
+		[]any{BizType, reasonResolved, ClaimPrefix + "%"}, func(key, _ string) string { return GrantID(key) }); err != nil {
 		return a, err
 	}
 	if err := listUngranted(ctx, db, &a, campaignID, "claim", `SELECT id, dedup_key, COALESCE(metadata, '') FROM inbox
 WHERE biz_type = ? AND status = 'done' AND COALESCE(reason, '') <> ?`,
-		[]any{ClaimBizType, string(inbox.ReasonResolved)}, claimOfRow); err != nil {
+		[]any{ClaimBizType, reasonResolved}, claimOfRow); err != nil {
 		return a, err
 	}
 	// The check groups over the tables instead of joining them. The outbox has no index on
@@ -176,7 +182,7 @@ LIMIT 20`, campaignID, campaignID, campaignID); err != nil {
 
 // claimOfRow is the grant id of a done claim row. It is ClaimID of the client token that
 // the row's stored headers hold. The dedup key is the token itself, unless the token was
-// too long or began with "sha256:", as inbox.CommandKey describes. For headers without the
+// too long or began with "sha256:", as inbox.Command describes. For headers without the
 // token, claimOfRow falls back to the key.
 func claimOfRow(key, metadata string) string {
 	var md map[string]string
@@ -314,7 +320,7 @@ func LedgerFacts(ctx context.Context, db *sql.DB, campaign string, orders []stri
 			var st, reason string
 			var d int
 			fmt.Sscan(v, &st, &d, &reason)
-			if reason == string(inbox.ReasonResolved) {
+			if reason == reasonResolved {
 				st = reason
 			}
 			inboxStatus[k] = st
@@ -333,7 +339,7 @@ func LedgerFacts(ctx context.Context, db *sql.DB, campaign string, orders []stri
 				}
 			case inboxStatus[id] == "failed":
 				f.Quarantined++
-			case inboxStatus[id] == string(inbox.ReasonResolved):
+			case inboxStatus[id] == reasonResolved:
 				f.Resolved++
 			default:
 				f.Lost++

@@ -14,6 +14,7 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
@@ -26,12 +27,12 @@ type delivery struct {
 
 // deliverAll submits every delivery from many goroutines at once, so they meet in batches,
 // and returns the outcomes by key.
-func deliverAll(t *testing.T, b *inbox.Batcher, ds []delivery, goroutines int) map[string][]inbox.Result {
+func deliverAll(t *testing.T, b *engine.Batcher, ds []delivery, goroutines int) map[string][]engine.Result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var mu sync.Mutex
-	out := map[string][]inbox.Result{}
+	out := map[string][]engine.Result{}
 	work := make(chan int)
 	var wg sync.WaitGroup
 	var firstErr error
@@ -91,7 +92,7 @@ func pathHandler(t *testing.T, db *sql.DB, g *coupon.Granter, contract bool) inb
 	return struct{ inbox.Handler }{h}
 }
 
-func newBatcher(t *testing.T, ib *inbox.Inbox, cfg inbox.BatchConfig) *inbox.Batcher {
+func newBatcher(t *testing.T, ib *engine.Inbox, cfg engine.BatchConfig) *engine.Batcher {
 	t.Helper()
 	b, err := ib.NewBatcher(cfg)
 	if err != nil {
@@ -129,11 +130,11 @@ func testBatchGrantsExactlyOnce(t *testing.T, sel, contract bool) {
 	ctx := context.Background()
 	cfg := campaign("batch-1", 100_000, 100_000*valueCents)
 	g := setup(t, d.DB, cfg, nil)
-	ib, err := inbox.New(d.DB, pathHandler(t, d.DB, g, contract), inbox.Config{BizType: coupon.BizType, BackoffInitial: time.Millisecond, BackoffMax: 10 * time.Millisecond}, nil, nil)
+	ib, err := engine.New(d.DB, pathHandler(t, d.DB, g, contract), engine.Config{BizType: coupon.BizType, BackoffInitial: time.Millisecond, BackoffMax: 10 * time.Millisecond}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := newBatcher(t, ib, inbox.BatchConfig{MaxSize: 64, Workers: 3, SelectAfterClaim: sel})
+	b := newBatcher(t, ib, engine.BatchConfig{MaxSize: 64, Workers: 3, SelectAfterClaim: sel})
 
 	const orders, copies = 600, 3
 	var ds []delivery
@@ -164,9 +165,9 @@ func testBatchGrantsExactlyOnce(t *testing.T, sel, contract bool) {
 	for i := range orders {
 		for _, r := range out[fmt.Sprintf("b1-%04d", i)] {
 			switch r.Outcome {
-			case inbox.OutcomeProcessed:
+			case engine.OutcomeProcessed:
 				processed++
-			case inbox.OutcomeDuplicate:
+			case engine.OutcomeDuplicate:
 				dup++
 			default:
 				t.Errorf("order %d: outcome %+v", i, r)
@@ -177,13 +178,13 @@ func testBatchGrantsExactlyOnce(t *testing.T, sel, contract bool) {
 		t.Errorf("processed %d duplicates %d, want %d and %d", processed, dup, orders, orders*(copies-1))
 	}
 	for i := range 5 {
-		if r := out[fmt.Sprintf("poison-%d", i)]; len(r) != 1 || r[0].Reason != inbox.ReasonPoison {
+		if r := out[fmt.Sprintf("poison-%d", i)]; len(r) != 1 || r[0].Reason != engine.ReasonPoison {
 			t.Errorf("poison %d: %+v, want quarantined as poison", i, r)
 		}
-		if r := out[fmt.Sprintf("conflict:b1-%04d", i)]; len(r) != 1 || r[0].Reason != inbox.ReasonConflict {
+		if r := out[fmt.Sprintf("conflict:b1-%04d", i)]; len(r) != 1 || r[0].Reason != engine.ReasonConflict {
 			t.Errorf("conflict %d: %+v, want quarantined as conflict", i, r)
 		}
-		if r := out[fmt.Sprintf("dup:b1-%04d", i)]; len(r) != 1 || r[0].Outcome != inbox.OutcomeDuplicate {
+		if r := out[fmt.Sprintf("dup:b1-%04d", i)]; len(r) != 1 || r[0].Outcome != engine.OutcomeDuplicate {
 			t.Errorf("late duplicate %d: %+v, want a duplicate", i, r)
 		}
 	}
@@ -227,11 +228,11 @@ func testBatchRunsOutOfStockExactly(t *testing.T, contract bool) {
 	cfg := campaign("batch-stock", 300, 1000*valueCents)
 	cfg.Shards = 2 // 150 per shard: whole batches fit until the stock runs low
 	g := setup(t, d.DB, cfg, nil)
-	ib, err := inbox.New(d.DB, pathHandler(t, d.DB, g, contract), inbox.Config{BizType: coupon.BizType}, nil, nil)
+	ib, err := engine.New(d.DB, pathHandler(t, d.DB, g, contract), engine.Config{BizType: coupon.BizType}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := newBatcher(t, ib, inbox.BatchConfig{MaxSize: 32, Workers: 2})
+	b := newBatcher(t, ib, engine.BatchConfig{MaxSize: 32, Workers: 2})
 	var ds []delivery
 	for i := range 400 {
 		o := order(fmt.Sprintf("bs-%03d", i))
@@ -260,11 +261,11 @@ func testBatchFailedCallsFallBack(t *testing.T, contract bool) {
 	d := testenv.DB(t, 16, couponSchema)
 	cfg := campaign("batch-flaky", 100_000, 100_000*valueCents)
 	g := setup(t, d.DB, cfg, coupon.NewSimulatedService(0, time.Millisecond, 0.1, 7))
-	ib, err := inbox.New(d.DB, pathHandler(t, d.DB, g, contract), inbox.Config{BizType: coupon.BizType, BackoffInitial: time.Millisecond, BackoffMax: 5 * time.Millisecond, DelayedRetries: -1}, nil, nil) // quarantined when its attempts run out, not delayed
+	ib, err := engine.New(d.DB, pathHandler(t, d.DB, g, contract), engine.Config{BizType: coupon.BizType, BackoffInitial: time.Millisecond, BackoffMax: 5 * time.Millisecond, DelayedRetries: -1}, nil, nil) // quarantined when its attempts run out, not delayed
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := newBatcher(t, ib, inbox.BatchConfig{MaxSize: 64, Workers: 2})
+	b := newBatcher(t, ib, engine.BatchConfig{MaxSize: 64, Workers: 2})
 	const orders = 300
 	var ds []delivery
 	for i := range orders {
@@ -275,7 +276,7 @@ func testBatchFailedCallsFallBack(t *testing.T, contract bool) {
 	var quarantined int
 	for _, rs := range out {
 		for _, r := range rs {
-			if r.Outcome == inbox.OutcomeQuarantined {
+			if r.Outcome == engine.OutcomeQuarantined {
 				quarantined++
 			}
 		}
@@ -303,7 +304,7 @@ func testBatchResumesUnfinishedRows(t *testing.T, sel, contract bool) {
 	ctx := context.Background()
 	cfg := campaign("batch-resume", 1000, 1000*valueCents)
 	g := setup(t, d.DB, cfg, nil)
-	ib, err := inbox.New(d.DB, pathHandler(t, d.DB, g, contract), inbox.Config{BizType: coupon.BizType}, nil, nil)
+	ib, err := engine.New(d.DB, pathHandler(t, d.DB, g, contract), engine.Config{BizType: coupon.BizType}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -315,10 +316,10 @@ func testBatchResumesUnfinishedRows(t *testing.T, sel, contract bool) {
 	if p, err := step(ctx, d.DB, g, halfway); err != nil || p != inbox.Continue {
 		t.Fatalf("first step of the half-way order: %v, %v", p, err)
 	}
-	b := newBatcher(t, ib, inbox.BatchConfig{MaxSize: 8, Workers: 1, Linger: 50 * time.Millisecond, SelectAfterClaim: sel})
+	b := newBatcher(t, ib, engine.BatchConfig{MaxSize: 8, Workers: 1, Linger: 50 * time.Millisecond, SelectAfterClaim: sel})
 	out := deliverAll(t, b, []delivery{{early.OrderID, early.Encode()}, {halfway.OrderID, halfway.Encode()}, {fresh.OrderID, fresh.Encode()}}, 3)
 	for _, o := range []coupon.OrderPaid{early, halfway, fresh} {
-		if r := out[o.OrderID]; len(r) != 1 || r[0].Outcome != inbox.OutcomeProcessed {
+		if r := out[o.OrderID]; len(r) != 1 || r[0].Outcome != engine.OutcomeProcessed {
 			t.Errorf("%s: %+v, want processed", o.OrderID, r)
 		}
 	}
@@ -357,7 +358,7 @@ func testBatchNewInboxRowsExistingGrants(t *testing.T, contract bool) {
 	ctx := context.Background()
 	cfg := campaign("batch-existing", 1000, 1000*valueCents)
 	g := setup(t, d.DB, cfg, nil)
-	ib, err := inbox.New(d.DB, pathHandler(t, d.DB, g, contract), inbox.Config{BizType: coupon.BizType}, nil, nil)
+	ib, err := engine.New(d.DB, pathHandler(t, d.DB, g, contract), engine.Config{BizType: coupon.BizType}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -367,7 +368,7 @@ func testBatchNewInboxRowsExistingGrants(t *testing.T, contract bool) {
 		t.Fatalf("first step of the half-way order: %v, %v", p, err)
 	}
 	before := readCounters(t, d.DB, cfg.CampaignID)
-	b := newBatcher(t, ib, inbox.BatchConfig{MaxSize: 8, Workers: 1, Linger: 50 * time.Millisecond})
+	b := newBatcher(t, ib, engine.BatchConfig{MaxSize: 8, Workers: 1, Linger: 50 * time.Millisecond})
 	deliverAll(t, b, []delivery{{done.OrderID, done.Encode()}, {halfway.OrderID, halfway.Encode()}, {fresh.OrderID, fresh.Encode()}}, 3)
 	a := mustVerify(t, d.DB, cfg.CampaignID)
 	if a.Granted != 3 || a.Coupons != 3 || a.OutboxEvents != 3 || a.InboxDone != 3 {

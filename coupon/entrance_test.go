@@ -15,6 +15,7 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
@@ -37,7 +38,7 @@ func TestOrderWithAClaimsIDGetsItsOwnCoupon(t *testing.T) {
 				ctx := context.Background()
 				cfg := campaign("entrances", 10, 10*valueCents)
 				g := setup(t, d.DB, cfg, nil)
-				orders, err := inbox.New(d.DB, plugin(t, d.DB, g), inbox.Config{BizType: coupon.BizType}, nil, nil)
+				orders, err := engine.New(d.DB, plugin(t, d.DB, g), engine.Config{BizType: coupon.BizType}, nil, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -46,23 +47,23 @@ func TestOrderWithAClaimsIDGetsItsOwnCoupon(t *testing.T) {
 					t.Fatal(err)
 				}
 				t.Cleanup(func() { _ = ch.(io.Closer).Close() })
-				claims, err := inbox.NewCommand(d.DB, ch, inbox.Config{BizType: coupon.ClaimBizType}, nil, nil)
+				claims, err := engine.NewCommand(d.DB, ch, engine.Config{BizType: coupon.ClaimBizType}, nil, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
 				process := orders.Process
 				runClaim := claims.RunCommand
 				if batch {
-					ob, err := orders.NewBatcher(inbox.BatchConfig{})
+					ob, err := orders.NewBatcher(engine.BatchConfig{})
 					if err != nil {
 						t.Fatal(err)
 					}
-					cb, err := claims.NewBatcher(inbox.BatchConfig{})
+					cb, err := claims.NewBatcher(engine.BatchConfig{})
 					if err != nil {
 						t.Fatal(err)
 					}
 					t.Cleanup(func() { ob.Close(); cb.Close() })
-					process = func(ctx context.Context, msg *message.Message, src inbox.Source, _ inbox.ProcessOptions) (inbox.Result, error) {
+					process = func(ctx context.Context, msg *message.Message, src inbox.Source, _ engine.ProcessOptions) (engine.Result, error) {
 						return ob.Process(ctx, msg, src)
 					}
 					runClaim = cb.RunCommand
@@ -73,8 +74,8 @@ func TestOrderWithAClaimsIDGetsItsOwnCoupon(t *testing.T) {
 				claim := func() {
 					t.Helper()
 					body := fmt.Sprintf(`{"userId": "u-claim", "campaignId": %q}`, cfg.CampaignID)
-					res, err := runClaim(ctx, inbox.CommandRequest{Token: token, Body: []byte(body), Source: inbox.Source{Topic: "http POST " + coupon.ClaimPath, Partition: -1, Offset: -1}})
-					if err != nil || res.Outcome != inbox.OutcomeProcessed || res.Reply.Status != http.StatusCreated {
+					res, err := runClaim(ctx, engine.CommandRequest{Token: token, Body: []byte(body), Source: inbox.Source{Topic: "http POST " + coupon.ClaimPath, Partition: -1, Offset: -1}})
+					if err != nil || res.Outcome != engine.OutcomeProcessed || res.Reply.Status != http.StatusCreated {
 						t.Fatalf("claim: %+v %v, want processed, 201", res, err)
 					}
 					var r coupon.ClaimResponse
@@ -85,8 +86,8 @@ func TestOrderWithAClaimsIDGetsItsOwnCoupon(t *testing.T) {
 				order := func() {
 					t.Helper()
 					o := coupon.OrderPaid{OrderID: claimID, UserID: "u-order", AmountCents: 9900, PaidAt: time.Date(2026, 11, 11, 0, 0, 0, 0, time.UTC)}
-					res, err := process(ctx, message.NewMessage(watermill.NewUUID(), o.Encode()), inbox.Source{Topic: coupon.OrderPaidTopic, Partition: 0, Offset: 7}, inbox.ProcessOptions{})
-					if err != nil || res.Outcome != inbox.OutcomeProcessed {
+					res, err := process(ctx, message.NewMessage(watermill.NewUUID(), o.Encode()), inbox.Source{Topic: coupon.OrderPaidTopic, Partition: 0, Offset: 7}, engine.ProcessOptions{})
+					if err != nil || res.Outcome != engine.OutcomeProcessed {
 						t.Fatalf("order %s: %+v %v, want processed", claimID, res, err)
 					}
 				}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
@@ -324,18 +325,18 @@ func TestHTTPServicePlugin(t *testing.T) {
 	if _, ok := h.(inbox.Preparer); !ok {
 		t.Fatalf("the plugin's handler on an HTTP service is a %T, want an inbox.Preparer", h)
 	}
-	ib, err := inbox.New(d.DB, h, inbox.Config{BizType: coupon.BizType, BackoffInitial: time.Millisecond, BackoffMax: time.Millisecond}, nil, nil)
+	ib, err := engine.New(d.DB, h, engine.Config{BizType: coupon.BizType, BackoffInitial: time.Millisecond, BackoffMax: time.Millisecond}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i, tc := range []struct {
 		id      string
-		outcome inbox.Outcome
-		reason  inbox.Reason
+		outcome engine.Outcome
+		reason  engine.Reason
 		calls   []string
 	}{
-		{"granted-1", inbox.OutcomeProcessed, "", []string{"/lock_stock granted-1:lock_stock", "/deduct_budget granted-1:deduct_budget", "/write_wallet granted-1:write_wallet"}},
-		{"refused-1", inbox.OutcomeQuarantined, inbox.ReasonPermanent, []string{"/lock_stock refused-1:lock_stock"}},
+		{"granted-1", engine.OutcomeProcessed, "", []string{"/lock_stock granted-1:lock_stock", "/deduct_budget granted-1:deduct_budget", "/write_wallet granted-1:write_wallet"}},
+		{"refused-1", engine.OutcomeQuarantined, engine.ReasonPermanent, []string{"/lock_stock refused-1:lock_stock"}},
 	} {
 		mu.Lock()
 		calls = nil
@@ -344,7 +345,7 @@ func TestHTTPServicePlugin(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := ib.Process(context.Background(), message.NewMessage(watermill.NewUUID(), payload), inbox.Source{Topic: "order-paid", Offset: int64(i)}, inbox.ProcessOptions{})
+		res, err := ib.Process(context.Background(), message.NewMessage(watermill.NewUUID(), payload), inbox.Source{Topic: "order-paid", Offset: int64(i)}, engine.ProcessOptions{})
 		if err != nil || res.Outcome != tc.outcome || res.Reason != tc.reason {
 			t.Errorf("order %s: %+v %v, want %s %s", tc.id, res, err, tc.outcome, tc.reason)
 		}

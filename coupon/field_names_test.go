@@ -11,6 +11,7 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
@@ -37,28 +38,28 @@ func TestFieldNamesByCaseArePoison(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			d := testenv.DB(t, 4, couponSchema)
-			ib, err := inbox.New(d.DB, setup(t, d.DB, campaign("case", 100, 100*valueCents), nil), inbox.Config{BizType: coupon.BizType}, nil, nil)
+			ib, err := engine.New(d.DB, setup(t, d.DB, campaign("case", 100, 100*valueCents), nil), engine.Config{BizType: coupon.BizType}, nil, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			process := func(msg *message.Message, src inbox.Source) (inbox.Result, error) {
-				return ib.Process(context.Background(), msg, src, inbox.ProcessOptions{})
+			process := func(msg *message.Message, src inbox.Source) (engine.Result, error) {
+				return ib.Process(context.Background(), msg, src, engine.ProcessOptions{})
 			}
 			if batch {
-				b := newBatcher(t, ib, inbox.BatchConfig{})
-				process = func(msg *message.Message, src inbox.Source) (inbox.Result, error) {
+				b := newBatcher(t, ib, engine.BatchConfig{})
+				process = func(msg *message.Message, src inbox.Source) (engine.Result, error) {
 					return b.Process(context.Background(), msg, src)
 				}
 			}
 			for i, p := range payloads {
 				res, err := process(message.NewMessage(watermill.NewUUID(), []byte(p.payload)), inbox.Source{Topic: "order-paid", Partition: 1, Offset: int64(i)})
-				if err != nil || res.Outcome != inbox.OutcomeQuarantined || res.Reason != inbox.ReasonPoison {
+				if err != nil || res.Outcome != engine.OutcomeQuarantined || res.Reason != engine.ReasonPoison {
 					t.Errorf("order %s: %+v %v, want quarantined as poison", p.payload, res, err)
 				}
 			}
 			good := `{"orderId":"ci-6","userId":"u-1","amountCents":100}`
 			res, err := process(message.NewMessage(watermill.NewUUID(), []byte(good)), inbox.Source{Topic: "order-paid", Partition: 1, Offset: int64(len(payloads))})
-			if err != nil || res.Outcome != inbox.OutcomeProcessed {
+			if err != nil || res.Outcome != engine.OutcomeProcessed {
 				t.Fatalf("order %s: %+v %v, want processed", good, res, err)
 			}
 			if c := count(t, d.DB, `SELECT COUNT(*) FROM user_coupon`); c != 1 {

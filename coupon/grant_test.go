@@ -15,6 +15,7 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
@@ -789,7 +790,7 @@ func TestVerify(t *testing.T) {
 	claimID := coupon.ClaimID("tok-real")
 	mustRunToDone(t, d.DB, g, coupon.OrderPaid{OrderID: claimID, UserID: "u-claim", AmountCents: 0, PaidAt: time.Date(2024, 11, 11, 0, 0, 0, 0, time.UTC)})
 	exec(t, inboxRow, row(coupon.ClaimBizType, "tok-real", "", "tok-real")...)
-	exec(t, inboxRow, row(coupon.BizType, "order-resolved", string(inbox.ReasonResolved), "")...)
+	exec(t, inboxRow, row(coupon.BizType, "order-resolved", string(engine.ReasonResolved), "")...)
 	mustVerify(t, d.DB, cfg.CampaignID)
 	var ob struct {
 		ID, Type, Topic string

@@ -12,6 +12,7 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
@@ -42,13 +43,13 @@ func TestPrepareMakesASucceededCallOnce(t *testing.T) {
 	svc := &stepService{calls: map[string]int{}, fail: map[string]int{"m-1:deduct_budget": 2}}
 	cfg := campaign("made-calls", 10, 10*valueCents)
 	g := setup(t, db, cfg, svc)
-	ib, err := inbox.New(db, plugin(t, db, g), inbox.Config{BizType: coupon.BizType, MaxAttempts: 3, BackoffInitial: time.Millisecond,
+	ib, err := engine.New(db, plugin(t, db, g), engine.Config{BizType: coupon.BizType, MaxAttempts: 3, BackoffInitial: time.Millisecond,
 		BackoffMax: time.Millisecond, DelayedRetries: -1, BreakerOff: true}, watermill.NopLogger{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := ib.Process(context.Background(), message.NewMessage(watermill.NewUUID(), order("m-1").Encode()), inbox.Source{Topic: "order-paid"}, inbox.ProcessOptions{})
-	if err != nil || r.Outcome != inbox.OutcomeProcessed || r.Attempts != 2 {
+	r, err := ib.Process(context.Background(), message.NewMessage(watermill.NewUUID(), order("m-1").Encode()), inbox.Source{Topic: "order-paid"}, engine.ProcessOptions{})
+	if err != nil || r.Outcome != engine.OutcomeProcessed || r.Attempts != 2 {
 		t.Fatalf("%+v, %v: want processed at the second attempt", r, err)
 	}
 	want := map[string]int{"m-1:lock_stock": 1, "m-1:deduct_budget": 3, "m-1:write_wallet": 1}
@@ -69,18 +70,18 @@ func TestAnotherRouterStartsFromTheFailedStep(t *testing.T) {
 	db := testenv.DB(t, 4, couponSchema).DB
 	svc := &stepService{calls: map[string]int{}, fail: map[string]int{"m-2:deduct_budget": 2}}
 	g := setup(t, db, campaign("made-calls-2", 10, 10*valueCents), svc)
-	cfg := inbox.Config{BizType: coupon.BizType, MaxAttempts: 1, BackoffInitial: time.Millisecond, BackoffMax: time.Millisecond,
+	cfg := engine.Config{BizType: coupon.BizType, MaxAttempts: 1, BackoffInitial: time.Millisecond, BackoffMax: time.Millisecond,
 		DelayedRetries: 3, DelayedBackoff: time.Millisecond, BreakerOff: true}
-	a, err := inbox.New(db, plugin(t, db, g), cfg, watermill.NopLogger{}, nil)
+	a, err := engine.New(db, plugin(t, db, g), cfg, watermill.NopLogger{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := inbox.New(db, plugin(t, db, g), cfg, watermill.NopLogger{}, nil)
+	b, err := engine.New(db, plugin(t, db, g), cfg, watermill.NopLogger{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := a.Process(context.Background(), message.NewMessage(watermill.NewUUID(), order("m-2").Encode()), inbox.Source{Topic: "order-paid"}, inbox.ProcessOptions{})
-	if err != nil || r.Outcome != inbox.OutcomeDelayed {
+	r, err := a.Process(context.Background(), message.NewMessage(watermill.NewUUID(), order("m-2").Encode()), inbox.Source{Topic: "order-paid"}, engine.ProcessOptions{})
+	if err != nil || r.Outcome != engine.OutcomeDelayed {
 		t.Fatalf("router A: %+v, %v: want delayed", r, err)
 	}
 	if n, err := b.RedeliverDue(context.Background(), time.Now().Add(time.Hour)); err != nil || n != 1 {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/inbox/inboxtest"
 )
 
@@ -32,7 +33,7 @@ func TestGranterOncePerOrderKit(t *testing.T) {
 			rep := inboxtest.Run(t, h, inboxtest.Options{
 				DB:      &d,
 				Grouped: tc.grouped,
-				Inbox:   inbox.Config{BizType: coupon.BizType},
+				Inbox:   engine.Config{BizType: coupon.BizType},
 				Message: func(id string) *message.Message { return message.NewMessage("", order(id).Encode()) },
 				Poison: []*message.Message{
 					message.NewMessage("", []byte("{not json")),

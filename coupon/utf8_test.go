@@ -12,6 +12,7 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
@@ -42,22 +43,22 @@ func TestInvalidUTF8OrdersArePoison(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			d := testenv.DB(t, 4, couponSchema)
 			cfg := campaign("u8", 100, 100*valueCents)
-			ib, err := inbox.New(d.DB, setup(t, d.DB, cfg, nil), inbox.Config{BizType: coupon.BizType}, nil, nil)
+			ib, err := engine.New(d.DB, setup(t, d.DB, cfg, nil), engine.Config{BizType: coupon.BizType}, nil, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			process := func(msg *message.Message, src inbox.Source) (inbox.Result, error) {
-				return ib.Process(context.Background(), msg, src, inbox.ProcessOptions{})
+			process := func(msg *message.Message, src inbox.Source) (engine.Result, error) {
+				return ib.Process(context.Background(), msg, src, engine.ProcessOptions{})
 			}
 			if batch {
-				b := newBatcher(t, ib, inbox.BatchConfig{})
-				process = func(msg *message.Message, src inbox.Source) (inbox.Result, error) {
+				b := newBatcher(t, ib, engine.BatchConfig{})
+				process = func(msg *message.Message, src inbox.Source) (engine.Result, error) {
 					return b.Process(context.Background(), msg, src)
 				}
 			}
 			for i, p := range payloads {
 				res, err := process(message.NewMessage(watermill.NewUUID(), p), inbox.Source{Topic: "order-paid", Partition: 3, Offset: int64(i)})
-				if err != nil || res.Outcome != inbox.OutcomeQuarantined || res.Reason != inbox.ReasonPoison {
+				if err != nil || res.Outcome != engine.OutcomeQuarantined || res.Reason != engine.ReasonPoison {
 					t.Errorf("order %q: %+v %v, want quarantined as poison", p, res, err)
 				}
 			}

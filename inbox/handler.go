@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/onceflow/onceflow/internal/tracex"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -42,6 +43,10 @@ func (p Progress) String() string {
 // and a Progress that is neither Done nor Continue, such as the zero value.
 var ErrInvalidProgress = errors.New("handler returned an invalid inbox.Progress (want inbox.Done or inbox.Continue)")
 
+// MaxKeyLen is the longest business key accepted. The unique index must hold the key and
+// its suffix.
+const MaxKeyLen = 128
+
 // Decoded is what a handler extracts from a message before anything is written.
 type Decoded struct {
 	// Key is the business key, such as the order id. It is required, and must be UTF-8 of
@@ -65,8 +70,8 @@ type Handler interface {
 	// must do all its writes through tx, and must not commit or roll it back. An error
 	// rolls the step back. Wrap the error with Permanent to quarantine the message at once
 	// instead of retrying. The database may refuse the step's values, as dbx.IsDataError
-	// reports through %w wrapping. Such a message is quarantined at once too, as
-	// ReasonData. A handler may expect such a refusal to pass, as when a foreign key's
+	// reports through %w wrapping. Such a message is quarantined at once too, with reason
+	// "data". A handler may expect such a refusal to pass, as when a foreign key's
 	// parent is yet to arrive. It then returns an error that does not wrap the refusal.
 	Handle(ctx context.Context, tx *sql.Tx, d *Delivery) (Progress, error)
 }
@@ -102,6 +107,32 @@ type Delivery struct {
 type reply struct {
 	status int
 	body   []byte
+}
+
+// TraceParent returns the W3C traceparent of the delivery's span, or "" when the inbox does
+// not trace. A BatchHandler sets it as outbox.Event.TraceParent on the events it writes for
+// the delivery. So each event continues its own delivery's trace, because HandleBatch's
+// ctx is the whole batch's.
+func (d *Delivery) TraceParent() string { return tracex.TraceParent(d.trace) }
+
+// BatchHandler is the expert path of group commit. It is a handler that finishes many
+// deliveries in one transaction, with multi-row statements of its own. It optimises the
+// happy path only. Everything unusual still goes through Handle, one delivery at a time. A
+// plain Handler needs no BatchHandler to be group-committed.
+type BatchHandler interface {
+	Handler
+	// HandleBatch runs in tx, which holds the inbox row locks of every delivery in ds. The
+	// rows are new or unfinished, and their fingerprints match. The keys are distinct and
+	// sorted. With a Preparer, ds holds only deliveries whose Prepare succeeded.
+	//
+	// HandleBatch returns one Progress per delivery. Done means the delivery's work is
+	// complete in tx, and the inbox marks its row done in the same transaction. Continue
+	// means HandleBatch left the delivery for the one-at-a-time path, which runs Handle
+	// after tx committed. A delivery left at Continue must be in a state Handle can resume
+	// from. A slot left at the zero Progress, or at any invalid one, is never taken for
+	// Done. It falls back as Continue does. An error rolls the whole batch back, and every
+	// delivery then takes the one-at-a-time path.
+	HandleBatch(ctx context.Context, tx *sql.Tx, ds []*Delivery) ([]Progress, error)
 }
 
 // Preparer is implemented by handlers whose steps call slow outside services. Prepare runs

@@ -13,10 +13,10 @@ import (
 
 // Inserter inserts rows into one table of a plugin from a plain Handler, the way
 // outbox.Writer.Add adds events. When the handler runs one delivery per transaction, the
-// row is inserted at once. A plain handler run by a Batcher runs in a batch of the group
-// commit. There the row is inserted at the end of the batch, in multi-row INSERTs, with
-// the rows the batch's other deliveries inserted. A one-step handler whose writes are an
-// Inserter's row and an outbox event then costs its batch no round trip of its own. See
+// row is inserted at once. A plain handler may run in a batch of the group commit. There
+// the row is inserted at the end of the batch, in multi-row INSERTs, with the rows the
+// batch's other deliveries inserted. A one-step handler whose writes are an Inserter's row
+// and an outbox event then costs its batch no round trip of its own. See
 // docs/BENCHMARKS.md, section "Deferred inserts of a plain handler".
 //
 // That asks three things of the handler. First, the row is not in the table until the
@@ -259,12 +259,6 @@ func (ins *Inserter) rounds(family int, rows [][]any) [][][]any {
 		out[n] = append(out[n], r)
 	}
 	return out
-}
-
-// withDialect marks ctx, a handler's, with its inbox's dialect, through
-// dbx.ContextWithDialect. The Inserters and outbox Writers the handler uses read it.
-func withDialect(ctx context.Context, d dbx.Dialect) context.Context {
-	return dbx.ContextWithDialect(ctx, d)
 }
 
 // dialectFrom is the dialect withDialect left in ctx, else MariaDB.

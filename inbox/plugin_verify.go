@@ -8,15 +8,11 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-// ReasonResolved is the reason of a row an operator resolved with `router inbox resolve`.
-// It marks a quarantined row whose key needs nothing more, because its cause was dealt with
-// otherwise. For example, a corrected record was processed under its own key. The row is
-// 'done'. It no longer counts as failed, and a later delivery of its key is a duplicate. It
-// has no effect of its own. So a plugin's Verify leaves it out when it checks that every
-// done row has its effect.
-const ReasonResolved Reason = "resolved"
-
 // VerifyEnv is what a plugin's Verify receives from `router verify`.
+//
+// A Verify that checks every done inbox row of its biz type against its effects leaves out
+// the rows an operator resolved with `router inbox resolve`: they are done, with reason
+// 'resolved', and have no effect of their own.
 type VerifyEnv struct {
 	DB *sql.DB // the application pool
 	// Settings are the plugin's decoded settings, as PluginEnv.Settings.

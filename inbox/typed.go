@@ -22,7 +22,7 @@ import (
 //	h := inbox.Typed(inbox.JSON[OrderShipped]{Key: func(o OrderShipped) (string, error) { ... }},
 //		func(ctx context.Context, tx *sql.Tx, d *inbox.Delivery, o OrderShipped) (inbox.Progress, error) { ... })
 //
-// A typed handler is a plain Handler, so the Batcher group-commits it. A handler that also
+// A typed handler is a plain Handler, so group commit runs it in shared transactions. A handler that also
 // makes slow outside calls embeds *TypedHandler[T] and adds a Prepare method, which makes
 // it a Preparer.
 

@@ -2,19 +2,12 @@ package inbox_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"strconv"
-	"strings"
 	"testing"
 	"unicode/utf8"
 
-	"github.com/ThreeDotsLabs/watermill/message"
-
 	"github.com/onceflow/onceflow/inbox"
-	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 // TestCheckJSONText checks that CheckJSONText refuses what encoding/json would decode as
@@ -128,52 +121,4 @@ func replacements(v any) int {
 // "ufffd" counts too, because an upper bound is enough.
 func sentReplacements(b []byte) int {
 	return bytes.Count(b, []byte("\uFFFD")) + bytes.Count(bytes.ToLower(b), []byte(`\ufffd`))
-}
-
-// TestNULBytes checks that a NUL byte, which no PostgreSQL text column stores, never leaves
-// a record unrecorded. A business key holding one is poison on PostgreSQL, while MariaDB
-// stores and runs it. A message id, an error text or a fingerprint holding one is stored
-// with U+FFFD instead, alike for each delivery, on every database.
-func TestNULBytes(t *testing.T) {
-	h := newEffects()
-	h.misbehave = func(_ context.Context, key string, _ int) error {
-		if key == "err" {
-			return errors.New("bad\x00byte")
-		}
-		return nil
-	}
-	g := newGrouped(t, h, inbox.Config{MaxAttempts: 2}, inbox.BatchConfig{})
-	ctx := context.Background()
-	pg := testenv.Dialect().IsPostgres()
-	key := "nul\x00key"
-	for i := range 2 {
-		r, err := g.inbox.Process(ctx, message.NewMessage("id\x00"+strconv.Itoa(i), []byte(key)), inbox.Source{Topic: "grouped", Offset: int64(i)}, inbox.ProcessOptions{})
-		if err != nil {
-			t.Fatalf("key with a NUL, delivery %d: %v", i, err)
-		}
-		want := inbox.Result{Outcome: inbox.OutcomeProcessed, Key: key}
-		if i == 1 {
-			want.Outcome = inbox.OutcomeDuplicate
-		}
-		if pg {
-			want = inbox.Result{Outcome: inbox.OutcomeQuarantined, Key: fmt.Sprintf("poison:grouped/0/%d", i), Reason: inbox.ReasonPoison}
-		}
-		if r.Outcome != want.Outcome || r.Key != want.Key || r.Reason != want.Reason {
-			t.Errorf("key with a NUL, delivery %d: %+v, want %+v", i, r, want)
-		}
-	}
-	rs := g.send(t, []string{"err", "fine"})
-	if rs[0].Outcome != inbox.OutcomeQuarantined || rs[0].Reason != inbox.ReasonRetriesExhausted || rs[1].Outcome != inbox.OutcomeProcessed {
-		t.Fatalf("outcomes %+v, want err quarantined (retries exhausted) and fine processed", rs)
-	}
-	var lastErr, uuid string
-	if err := g.db.DB.QueryRow(testenv.Rebind("SELECT last_error, message_uuid FROM inbox WHERE id = ?"), rs[0].InboxID).Scan(&lastErr, &uuid); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(lastErr, "bad\uFFFDbyte") {
-		t.Errorf("last_error %q, want the error text with U+FFFD for its NUL", lastErr)
-	}
-	if n := count(t, g.db.DB, "SELECT COUNT(*) FROM inbox WHERE message_uuid = ?", "id\uFFFD0"); n != 1 {
-		t.Errorf("%d rows with message id %q, want 1", n, "id\uFFFD0")
-	}
 }

@@ -7,14 +7,14 @@ import (
 
 	"github.com/pressly/goose/v3"
 
-	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
 // TestExactKeysMigration checks 00013. Inbox keys compare exactly. The HTTP listener's rows
-// of client tokens that begin with "sha256:" get the key that inbox.CommandKey gives such a
+// of client tokens that begin with "sha256:" get the key that engine.CommandKey gives such a
 // token, so their retries still find them. At version 12, before 00013, a key with a
 // trailing space is the same row as the key without, and the check below sees that.
 func TestExactKeysMigration(t *testing.T) {
@@ -57,7 +57,7 @@ func TestExactKeysMigration(t *testing.T) {
 	}
 	for key, want := range map[string]int{
 		"h1-g1": 1, "h1-g1 ": 1, "h1-g1  ": 1, "A": 1, "a": 1,
-		inbox.CommandKey("sha256:my-token"): 1, "sha256:my-token": 0, // rewritten to the key the token has now
+		engine.CommandKey("sha256:my-token"): 1, "sha256:my-token": 0, // rewritten to the key the token has now
 		digestLike:       1, // a long token's digest, or cannot be told from one: kept
 		"sha256:order-7": 1, // a Kafka delivery's key: never a token's
 	} {

@@ -260,7 +260,7 @@ func appendRowArgs(ctx context.Context, args []any, e Event, prev []any) ([]any,
 
 // Add stores e in tx. It commits or rolls back with the caller's business change.
 //
-// A plain handler run by an inbox.Batcher is in a batch of the inbox's group commit. Its
+// A plain handler run by an engine.Batcher is in a batch of the inbox's group commit. Its
 // ctx carries the batch's txdefer.Set. Add then checks e at once and writes its row later,
 // with the batch's other events, in one multi-row INSERT before the batch commits. See
 // docs/BENCHMARKS.md, section "Deferred outbox rows in a grouped batch". A duplicate event

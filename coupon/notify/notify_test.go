@@ -16,6 +16,7 @@ import (
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/coupon/notify"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/migrations"
@@ -120,10 +121,10 @@ func TestTwoBizTypesSameOrderEachProcessOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fast := func(biz string) inbox.Config {
-		return inbox.Config{BizType: biz, MaxAttempts: 2, BackoffInitial: time.Millisecond, BackoffMax: time.Millisecond, DelayedRetries: -1} // quarantined at once
+	fast := func(biz string) engine.Config {
+		return engine.Config{BizType: biz, MaxAttempts: 2, BackoffInitial: time.Millisecond, BackoffMax: time.Millisecond, DelayedRetries: -1} // quarantined at once
 	}
-	coupons, err := inbox.New(db, granter, fast(coupon.BizType), watermill.NopLogger{}, nil)
+	coupons, err := engine.New(db, granter, fast(coupon.BizType), watermill.NopLogger{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +133,7 @@ func TestTwoBizTypesSameOrderEachProcessOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	var broken atomic.Bool
-	notifier, err := inbox.New(db, breakable{n, &broken}, fast(notify.BizType), watermill.NopLogger{}, nil)
+	notifier, err := engine.New(db, breakable{n, &broken}, fast(notify.BizType), watermill.NopLogger{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,19 +152,19 @@ func TestTwoBizTypesSameOrderEachProcessOnce(t *testing.T) {
 		m.Metadata.Set(outbox.HeaderEventType, coupon.EventGranted)
 		return m
 	}
-	process := func(ib *inbox.Inbox, m *message.Message, want inbox.Outcome) {
+	process := func(ib *engine.Inbox, m *message.Message, want engine.Outcome) {
 		t.Helper()
-		r, err := ib.Process(ctx, m, inbox.Source{Topic: "t"}, inbox.ProcessOptions{})
+		r, err := ib.Process(ctx, m, inbox.Source{Topic: "t"}, engine.ProcessOptions{})
 		if err != nil || r.Outcome != want {
 			t.Fatalf("%s: %+v %v, want %s", ib.BizType(), r, err, want)
 		}
 	}
 
 	// The chain, with duplicates on both hops.
-	process(coupons, orderMsg("o-1"), inbox.OutcomeProcessed)
-	process(coupons, orderMsg("o-1"), inbox.OutcomeDuplicate)
-	process(notifier, grantedMsg("o-1"), inbox.OutcomeProcessed)
-	process(notifier, grantedMsg("o-1"), inbox.OutcomeDuplicate)
+	process(coupons, orderMsg("o-1"), engine.OutcomeProcessed)
+	process(coupons, orderMsg("o-1"), engine.OutcomeDuplicate)
+	process(notifier, grantedMsg("o-1"), engine.OutcomeProcessed)
+	process(notifier, grantedMsg("o-1"), engine.OutcomeDuplicate)
 	if got := count(t, db, "SELECT COUNT(*) FROM inbox WHERE dedup_key = 'o-1' AND status = 'done' AND biz_type IN ('coupon', 'notify')"); got != 2 {
 		t.Fatalf("inbox rows of o-1 = %d, want one done row per biz type", got)
 	}
@@ -172,22 +173,22 @@ func TestTwoBizTypesSameOrderEachProcessOnce(t *testing.T) {
 	}
 
 	// A notify row first does not block the coupon of the same order id.
-	process(notifier, message.NewMessage(watermill.NewUUID(), grantEvent("o-2").Encode()), inbox.OutcomeProcessed)
-	process(coupons, orderMsg("o-2"), inbox.OutcomeProcessed)
+	process(notifier, message.NewMessage(watermill.NewUUID(), grantEvent("o-2").Encode()), engine.OutcomeProcessed)
+	process(coupons, orderMsg("o-2"), engine.OutcomeProcessed)
 	if got := count(t, db, "SELECT COUNT(*) FROM user_coupon WHERE order_id = 'o-2'"); got != 1 {
 		t.Fatalf("coupons of o-2 = %d, want 1", got)
 	}
 
 	// A quarantined notification blocks neither the coupon of its order nor other orders,
 	// and is replayed once fixed.
-	process(coupons, orderMsg("o-3"), inbox.OutcomeProcessed)
+	process(coupons, orderMsg("o-3"), engine.OutcomeProcessed)
 	broken.Store(true)
-	process(notifier, grantedMsg("o-3"), inbox.OutcomeQuarantined)
-	process(coupons, orderMsg("o-3"), inbox.OutcomeDuplicate)
-	process(coupons, orderMsg("o-4"), inbox.OutcomeProcessed)
+	process(notifier, grantedMsg("o-3"), engine.OutcomeQuarantined)
+	process(coupons, orderMsg("o-3"), engine.OutcomeDuplicate)
+	process(coupons, orderMsg("o-4"), engine.OutcomeProcessed)
 	broken.Store(false)
-	process(notifier, grantedMsg("o-4"), inbox.OutcomeProcessed)
-	rep, err := inboxops.Replay(ctx, notifier, inboxops.ReplayOptions{Filter: inboxops.Filter{Statuses: []inbox.Status{inbox.StatusFailed}}})
+	process(notifier, grantedMsg("o-4"), engine.OutcomeProcessed)
+	rep, err := inboxops.Replay(ctx, notifier, inboxops.ReplayOptions{Filter: inboxops.Filter{Statuses: []engine.Status{engine.StatusFailed}}})
 	if err != nil || rep.Selected != 1 || rep.Processed != 1 {
 		t.Fatalf("notify replay: %+v %v", rep, err)
 	}
@@ -228,13 +229,13 @@ func TestOrderIDsCompareExactly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ib, err := inbox.New(d.DB, n, inbox.Config{BizType: notify.BizType, MaxAttempts: 1, DelayedRetries: -1}, nil, nil)
+	ib, err := engine.New(d.DB, n, engine.Config{BizType: notify.BizType, MaxAttempts: 1, DelayedRetries: -1}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range []string{"o-9", "o-9 ", "O-9"} {
-		r, err := ib.Process(context.Background(), message.NewMessage(watermill.NewUUID(), grantEvent(id).Encode()), inbox.Source{Topic: "t"}, inbox.ProcessOptions{})
-		if err != nil || r.Outcome != inbox.OutcomeProcessed {
+		r, err := ib.Process(context.Background(), message.NewMessage(watermill.NewUUID(), grantEvent(id).Encode()), inbox.Source{Topic: "t"}, engine.ProcessOptions{})
+		if err != nil || r.Outcome != engine.OutcomeProcessed {
 			t.Errorf("grant of %q: %+v %v, want processed", id, r, err)
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/inbox/httpcmd"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
@@ -48,13 +49,13 @@ func TestDataErrorAnswers422(t *testing.T) {
 		t.Run(mode(batch), func(t *testing.T) {
 			d := testenv.DB(t, 8)
 			d.AdminExec(t, `CREATE TABLE named (token VARCHAR(255) PRIMARY KEY, name VARCHAR(5) NOT NULL)`)
-			ib, err := inbox.NewCommand(d.DB, nameCommand{}, inbox.Config{BizType: "naming", MaxAttempts: 3, BackoffInitial: time.Millisecond}, nil, nil)
+			ib, err := engine.NewCommand(d.DB, nameCommand{}, engine.Config{BizType: "naming", MaxAttempts: 3, BackoffInitial: time.Millisecond}, nil, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
 			var runner httpcmd.Runner = ib
 			if batch {
-				b, err := ib.NewBatcher(inbox.BatchConfig{MaxSize: 8})
+				b, err := ib.NewBatcher(engine.BatchConfig{MaxSize: 8})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -92,7 +93,7 @@ func TestDataErrorAnswers422(t *testing.T) {
 				var e struct{ Reason string }
 				_ = json.Unmarshal(body, &e)
 				text := errorText(t, body)
-				if status != http.StatusUnprocessableEntity || e.Reason != string(inbox.ReasonData) || !strings.Contains(text, "refused a value of this request") {
+				if status != http.StatusUnprocessableEntity || e.Reason != string(engine.ReasonData) || !strings.Contains(text, "refused a value of this request") {
 					t.Fatalf("try %d, a name too long: %d %s, want 422 with reason data", try, status, body)
 				}
 				for _, db := range []string{"Data too long", "1406", "SQLSTATE", "22001", "named", "varying"} {
@@ -105,7 +106,7 @@ func TestDataErrorAnswers422(t *testing.T) {
 			if err := d.DB.QueryRow(testenv.Rebind(`SELECT status, reason FROM inbox WHERE dedup_key = ?`), "too-long-1").Scan(&status, &reason); err != nil {
 				t.Fatal(err)
 			}
-			if status != "failed" || reason != string(inbox.ReasonData) {
+			if status != "failed" || reason != string(engine.ReasonData) {
 				t.Fatalf("the refused request's row is %s/%s, want failed/data", status, reason)
 			}
 		})

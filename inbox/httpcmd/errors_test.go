@@ -19,6 +19,7 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/inbox/httpcmd"
 )
 
@@ -26,9 +27,9 @@ import (
 // before.
 type countingRunner struct{ n atomic.Int32 }
 
-func (r *countingRunner) RunCommand(context.Context, inbox.CommandRequest) (inbox.CommandResult, error) {
+func (r *countingRunner) RunCommand(context.Context, engine.CommandRequest) (engine.CommandResult, error) {
 	r.n.Add(1)
-	return inbox.CommandResult{Outcome: inbox.OutcomeProcessed, Reply: inbox.Reply{Status: 204}}, nil
+	return engine.CommandResult{Outcome: engine.OutcomeProcessed, Reply: engine.Reply{Status: 204}}, nil
 }
 
 func (r *countingRunner) BizType() string { return "test-command" }
@@ -133,7 +134,7 @@ func (panicky) Handle(context.Context, *sql.Tx, *inbox.Delivery) (inbox.Progress
 // An unknown path or method is not echoed.
 func TestCommandErrorsAreFixedTexts(t *testing.T) {
 	srv, d := claimServer(t, true, httpcmd.Config{})
-	ib, err := inbox.NewCommand(d.DB, panicky{}, inbox.Config{BizType: "panicky"}, nil, nil)
+	ib, err := engine.NewCommand(d.DB, panicky{}, engine.Config{BizType: "panicky"}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,7 @@
 // A retry with the same token gets the first request's status and body back. A retry
 // while the first request is still running gets 409 with Retry-After. The same token with
 // another body gets 422. So does a request whose values the database refuses, with
-// inbox.ReasonData. Nothing is ever run twice.
+// engine.ReasonData. Nothing is ever run twice.
 //
 // A request that could not finish answers 503 only when nothing of it committed. It
 // answers 504 when its outcome is unknown, because it may have committed, or may still.
@@ -32,14 +32,15 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/internal/settings"
 )
 
-// Runner runs a command's requests. It is the command's inbox, made by inbox.NewCommand,
+// Runner runs a command's requests. It is the command's inbox, made by engine.NewCommand,
 // which runs a transaction per request. Or it is that inbox's Batcher, where requests that
 // arrive together share a transaction.
 type Runner interface {
-	RunCommand(ctx context.Context, req inbox.CommandRequest) (inbox.CommandResult, error)
+	RunCommand(ctx context.Context, req engine.CommandRequest) (engine.CommandResult, error)
 	BizType() string
 }
 
@@ -185,7 +186,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) int {
 		}
 	}
 	token := r.Header.Get(HeaderKey)
-	if err := inbox.CheckIdempotencyKey(token); err != nil {
+	if err := engine.CheckIdempotencyKey(token); err != nil {
 		return writeJSON(w, http.StatusBadRequest, errorBody{Error: err.Error()})
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
@@ -216,16 +217,16 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) int {
 
 	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.RequestTimeout)
 	defer cancel()
-	res, err := ib.RunCommand(ctx, inbox.CommandRequest{Token: token, Body: body,
+	res, err := ib.RunCommand(ctx, engine.CommandRequest{Token: token, Body: body,
 		Source:      inbox.Source{Topic: "http " + r.Method + " " + r.URL.Path, Partition: -1, Offset: -1},
 		Metadata:    map[string]string{"remote_addr": r.RemoteAddr},
 		OutcomeWait: h.cfg.OutcomeWait})
 	switch {
-	case errors.Is(err, inbox.ErrBadRequest):
+	case errors.Is(err, engine.ErrBadRequest):
 		// The command's own reason, from CheckIdempotencyKey or the plugin's Decode error
 		// text.
-		return writeJSON(w, http.StatusBadRequest, errorBody{Error: strings.TrimPrefix(err.Error(), inbox.ErrBadRequest.Error()+": ")})
-	case errors.Is(err, inbox.ErrOutcomeUnknown):
+		return writeJSON(w, http.StatusBadRequest, errorBody{Error: strings.TrimPrefix(err.Error(), engine.ErrBadRequest.Error()+": ")})
+	case errors.Is(err, engine.ErrOutcomeUnknown):
 		h.logger.Error("HTTP command outcome unknown", err, watermill.LogFields{"path": r.URL.Path, "biz_type": ib.BizType()})
 		w.Header().Set("Retry-After", h.retryAfter())
 		return writeJSON(w, http.StatusGatewayTimeout, errorBody{Error: textUnknown})
@@ -235,17 +236,17 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) int {
 		return writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: textNotCommitted})
 	}
 	switch res.Outcome {
-	case inbox.OutcomeProcessed, inbox.OutcomeDuplicate:
-		if res.Outcome == inbox.OutcomeDuplicate {
+	case engine.OutcomeProcessed, engine.OutcomeDuplicate:
+		if res.Outcome == engine.OutcomeDuplicate {
 			w.Header().Set(HeaderReplayed, "true")
 		}
 		return writeRaw(w, res.Reply)
-	case inbox.OutcomeConflict:
+	case engine.OutcomeConflict:
 		return writeJSON(w, http.StatusUnprocessableEntity, errorBody{Error: "this Idempotency-Key was already used with a different request: use a new key for a new request", InboxID: res.InboxID})
 	}
 	// The request was quarantined. Values the database refuses are the request's own. No
 	// retry differs, so the client has to change them.
-	if res.Reason == inbox.ReasonData {
+	if res.Reason == engine.ReasonData {
 		return writeJSON(w, http.StatusUnprocessableEntity, errorBody{Error: textData, Reason: string(res.Reason), InboxID: res.InboxID})
 	}
 	return writeJSON(w, http.StatusInternalServerError, errorBody{Error: textFailed, Reason: string(res.Reason), InboxID: res.InboxID})
@@ -276,10 +277,10 @@ func (h *Handler) retryAfter() string {
 
 func writeJSON(w http.ResponseWriter, status int, v any) int {
 	b, _ := json.Marshal(v)
-	return writeRaw(w, inbox.Reply{Status: status, Body: b})
+	return writeRaw(w, engine.Reply{Status: status, Body: b})
 }
 
-func writeRaw(w http.ResponseWriter, r inbox.Reply) int {
+func writeRaw(w http.ResponseWriter, r engine.Reply) int {
 	if len(r.Body) > 0 {
 		w.Header().Set("Content-Type", "application/json")
 	}

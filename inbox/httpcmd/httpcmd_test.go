@@ -20,6 +20,7 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/inbox/httpcmd"
 	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/testenv"
@@ -41,12 +42,12 @@ func claimServer(t *testing.T, batch bool, cfg httpcmd.Config) (*httptest.Server
 // router's default, and otherwise a transaction per request.
 func serveClaims(t *testing.T, d testenv.Database, svc coupon.ExternalService, batch bool, cfg httpcmd.Config) *httptest.Server {
 	t.Helper()
-	return serveClaimsOn(t, d.DB, inbox.Config{MaxAttempts: 2, BackoffInitial: time.Millisecond}, svc, batch, cfg)
+	return serveClaimsOn(t, d.DB, engine.Config{MaxAttempts: 2, BackoffInitial: time.Millisecond}, svc, batch, cfg)
 }
 
 // serveClaimsOn is serveClaims on pool db, with its inbox configured by icfg. It sets the
 // biz type itself.
-func serveClaimsOn(t *testing.T, db *sql.DB, icfg inbox.Config, svc coupon.ExternalService, batch bool, cfg httpcmd.Config) *httptest.Server {
+func serveClaimsOn(t *testing.T, db *sql.DB, icfg engine.Config, svc coupon.ExternalService, batch bool, cfg httpcmd.Config) *httptest.Server {
 	t.Helper()
 	g, err := coupon.NewGranter(coupon.DefaultConfig(), svc, nil)
 	if err != nil {
@@ -58,13 +59,13 @@ func serveClaimsOn(t *testing.T, db *sql.DB, icfg inbox.Config, svc coupon.Exter
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = claims.(io.Closer).Close() })
-	ib, err := inbox.NewCommand(db, claims, icfg, nil, nil)
+	ib, err := engine.NewCommand(db, claims, icfg, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var runner httpcmd.Runner = ib
 	if batch {
-		b, err := ib.NewBatcher(inbox.BatchConfig{MaxSize: 64})
+		b, err := ib.NewBatcher(engine.BatchConfig{MaxSize: 64})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -361,7 +362,7 @@ func TestClaimLongKey(t *testing.T) {
 	if a.status != 201 || b.status != 201 || a.body != b.body || !b.replayed {
 		t.Fatalf("long key: %d %s / %d %s replayed=%v", a.status, a.body, b.status, b.body, b.replayed)
 	}
-	if got := count(t, d.DB, "SELECT COUNT(*) FROM inbox WHERE biz_type = ? AND dedup_key = ?", coupon.ClaimBizType, inbox.CommandKey(key)); got != 1 {
+	if got := count(t, d.DB, "SELECT COUNT(*) FROM inbox WHERE biz_type = ? AND dedup_key = ?", coupon.ClaimBizType, engine.CommandKey(key)); got != 1 {
 		t.Fatalf("rows under the key's digest: %d", got)
 	}
 	if got := coupons(t, d.DB, "u-long"); got != 1 {
@@ -468,7 +469,7 @@ func TestClaimKeysExpire(t *testing.T) {
 		t.Fatalf("stored responses: %d, want 1", responses())
 	}
 	for _, replies := range []bool{false, true} {
-		c, err := inboxops.NewCleaner(d.DB, inbox.CleanerConfig{Replies: replies, Interval: time.Second}, nil)
+		c, err := inboxops.NewCleaner(d.DB, engine.CleanerConfig{Replies: replies, Interval: time.Second}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -502,7 +503,7 @@ func TestClaimKeysExpire(t *testing.T) {
 
 // TestClaimKeysNeverShareARow checks that two client tokens never share a row, nor a
 // response. A token and the stored form of a long one never share one. That stored form is
-// "sha256:" and 64 hex digits, as inbox.CommandKey makes it. Tokens that differ only in
+// "sha256:" and 64 hex digits, as engine.CommandKey makes it. Tokens that differ only in
 // case or trailing spaces never share one either. Each claim is its own, with 201, not
 // replayed, and with a claim id and coupon of its own. HTTP trims a header's trailing
 // spaces, so those tokens are sent through the runner itself. If CommandKey kept a token
@@ -530,13 +531,13 @@ func TestClaimKeysNeverShareARow(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ib, err := inbox.NewCommand(d.DB, h, inbox.Config{BizType: coupon.ClaimBizType}, nil, nil)
+			ib, err := engine.NewCommand(d.DB, h, engine.Config{BizType: coupon.ClaimBizType}, nil, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
 			var runner httpcmd.Runner = ib
 			if batch {
-				b, err := ib.NewBatcher(inbox.BatchConfig{})
+				b, err := ib.NewBatcher(engine.BatchConfig{})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -544,14 +545,14 @@ func TestClaimKeysNeverShareARow(t *testing.T) {
 				runner = b
 			}
 			direct := func(key, body string) answer {
-				res, err := runner.RunCommand(ctx, inbox.CommandRequest{Token: key, Body: []byte(body), Source: inbox.Source{Topic: "test", Partition: -1, Offset: -1}})
+				res, err := runner.RunCommand(ctx, engine.CommandRequest{Token: key, Body: []byte(body), Source: inbox.Source{Topic: "test", Partition: -1, Offset: -1}})
 				if err != nil {
 					t.Fatalf("token %q: %v", key, err)
 				}
-				if res.Outcome == inbox.OutcomeConflict {
+				if res.Outcome == engine.OutcomeConflict {
 					return answer{status: http.StatusUnprocessableEntity, body: "conflict"}
 				}
-				return answer{status: res.Reply.Status, body: string(res.Reply.Body), replayed: res.Outcome == inbox.OutcomeDuplicate}
+				return answer{status: res.Reply.Status, body: string(res.Reply.Body), replayed: res.Outcome == engine.OutcomeDuplicate}
 			}
 			viaHTTP := func(key, body string) answer { return claim(t, srv.Client(), srv.URL, key, body) }
 			for _, pair := range []struct {

@@ -16,7 +16,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/onceflow/onceflow/coupon"
-	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/inbox/httpcmd"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/migrations"
@@ -235,7 +235,7 @@ func TestClaimCommitWithoutAnswer(t *testing.T) {
 	t.Cleanup(func() { db.Close() })
 	// The inbox waits a minute before it tries an unreachable database again. That is
 	// longer than the request's timeout, so the request ends with the commit's outcome open.
-	srv := serveClaimsOn(t, db, inbox.Config{MaxAttempts: 2, BackoffInitial: time.Millisecond, BackoffMax: time.Minute}, nil, false,
+	srv := serveClaimsOn(t, db, engine.Config{MaxAttempts: 2, BackoffInitial: time.Millisecond, BackoffMax: time.Minute}, nil, false,
 		httpcmd.Config{RequestTimeout: 2 * time.Second})
 	c := srv.Client()
 	user, key := "u-cut", "cut-1"

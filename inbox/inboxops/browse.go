@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 )
 
 // ErrNoRow is Store.Get's error for an id no inbox row has.
@@ -69,7 +69,7 @@ type PageQuery struct {
 	// biz type and status.
 	BizTypes []string
 	// Statuses are the statuses to read. Empty means all three.
-	Statuses []inbox.Status
+	Statuses []engine.Status
 	// Reason selects only failed rows with this reason. Only failed rows have one.
 	Reason string
 	// Keys selects only the rows of these dedup keys. The unique key allows one row per key
@@ -186,13 +186,13 @@ func (s *Store) pageSQL(q PageQuery) (string, []any, error) {
 	}
 	statuses := q.Statuses
 	if len(statuses) == 0 {
-		statuses = []inbox.Status{inbox.StatusProcessing, inbox.StatusDone, inbox.StatusFailed}
+		statuses = []engine.Status{engine.StatusProcessing, engine.StatusDone, engine.StatusFailed}
 	}
 	if q.Reason != "" {
-		if !slices.Contains(statuses, inbox.StatusFailed) {
+		if !slices.Contains(statuses, engine.StatusFailed) {
 			return "", nil, nil
 		}
-		statuses = []inbox.Status{inbox.StatusFailed}
+		statuses = []engine.Status{engine.StatusFailed}
 	}
 	newer := !q.After.IsZero()
 	dir, cur, cmp := "DESC", q.Before, "<"

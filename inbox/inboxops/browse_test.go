@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
@@ -46,8 +46,8 @@ func TestPageWalksEveryRowOnce(t *testing.T) {
 	ctx := context.Background()
 	for _, q := range []inboxops.PageQuery{
 		{BizTypes: []string{"coupon", "notify"}},
-		{BizTypes: []string{"coupon"}, Statuses: []inbox.Status{inbox.StatusDone}},
-		{BizTypes: []string{"coupon", "notify"}, Statuses: []inbox.Status{inbox.StatusFailed, inbox.StatusProcessing}},
+		{BizTypes: []string{"coupon"}, Statuses: []engine.Status{engine.StatusDone}},
+		{BizTypes: []string{"coupon", "notify"}, Statuses: []engine.Status{engine.StatusFailed, engine.StatusProcessing}},
 		{BizTypes: []string{"coupon", "notify"}, Reason: "poison"},
 		{BizTypes: []string{"coupon", "notify"}, Since: time.Date(2026, 11, 11, 0, 30, 0, 0, time.UTC), Until: time.Date(2026, 11, 11, 1, 0, 0, 0, time.UTC)},
 	} {
@@ -147,7 +147,7 @@ func TestPageReadsLimitedIndexRanges(t *testing.T) {
 		{BizTypes: []string{"coupon", "notify"}},
 		{BizTypes: []string{"coupon", "notify"}, Before: mid},
 		{BizTypes: []string{"coupon", "notify"}, After: mid},
-		{BizTypes: []string{"coupon"}, Statuses: []inbox.Status{inbox.StatusDone}, Before: mid},
+		{BizTypes: []string{"coupon"}, Statuses: []engine.Status{engine.StatusDone}, Before: mid},
 		{BizTypes: []string{"coupon", "notify"}, Reason: "permanent"},
 		{BizTypes: []string{"coupon", "notify"}, Since: time.Date(2026, 11, 11, 6, 0, 0, 0, time.UTC), Until: time.Date(2026, 11, 11, 18, 0, 0, 0, time.UTC)},
 		{BizTypes: []string{"coupon", "notify"}, Keys: []string{"order-77"}},

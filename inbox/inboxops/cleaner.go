@@ -9,7 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
@@ -26,16 +26,16 @@ import (
 type Cleaner struct {
 	db     *sql.DB
 	d      dbx.Dialect
-	cfg    inbox.CleanerConfig
+	cfg    engine.CleanerConfig
 	logger watermill.LoggerAdapter
 	types  string // the biz types present
 	oldest string // a biz type's oldest 'done' rows, and whether each has expired
 	del    string // the expired ones among them, by id (checked again: a replay may reopen one)
-	delRep string // their stored command responses (inbox.CleanerConfig.Replies), deleted first in the same transaction
+	delRep string // their stored command responses (engine.CleanerConfig.Replies), deleted first in the same transaction
 }
 
 // NewCleaner builds a Cleaner.
-func NewCleaner(db *sql.DB, cfg inbox.CleanerConfig, logger watermill.LoggerAdapter) (*Cleaner, error) {
+func NewCleaner(db *sql.DB, cfg engine.CleanerConfig, logger watermill.LoggerAdapter) (*Cleaner, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -49,9 +49,9 @@ func NewCleaner(db *sql.DB, cfg inbox.CleanerConfig, logger watermill.LoggerAdap
 	var delRep string
 	switch {
 	case cfg.Replies && d.IsPostgres():
-		delRep = fmt.Sprintf("DELETE FROM %s r USING %s i WHERE i.id = r.inbox_id AND i.status = 'done' AND i.expire_at < ? AND i.id IN ", inbox.ReplyTable(cfg.Table), cfg.Table)
+		delRep = fmt.Sprintf("DELETE FROM %s r USING %s i WHERE i.id = r.inbox_id AND i.status = 'done' AND i.expire_at < ? AND i.id IN ", engine.ReplyTable(cfg.Table), cfg.Table)
 	case cfg.Replies:
-		delRep = fmt.Sprintf("DELETE r FROM %s r JOIN %s i ON i.id = r.inbox_id WHERE i.status = 'done' AND i.expire_at < ? AND i.id IN ", inbox.ReplyTable(cfg.Table), cfg.Table)
+		delRep = fmt.Sprintf("DELETE r FROM %s r JOIN %s i ON i.id = r.inbox_id WHERE i.status = 'done' AND i.expire_at < ? AND i.id IN ", engine.ReplyTable(cfg.Table), cfg.Table)
 	}
 	return &Cleaner{db: db, d: d, cfg: cfg, logger: logger, delRep: delRep,
 		types:  fmt.Sprintf("SELECT DISTINCT biz_type FROM %s", cfg.Table),

@@ -11,6 +11,7 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/migrations"
 )
@@ -25,13 +26,13 @@ var src = inbox.Source{Topic: "order-paid", Partition: 3, Offset: 10233}
 // database.
 type pipeline struct {
 	db    testenv.Database
-	inbox *inbox.Inbox
+	inbox *engine.Inbox
 }
 
 type pipelineOpts struct {
 	conns    int
 	wrap     func(inbox.Handler) inbox.Handler
-	inboxCfg inbox.Config
+	inboxCfg engine.Config
 }
 
 func newPipeline(t testing.TB, o pipelineOpts) *pipeline {
@@ -57,7 +58,7 @@ func newPipeline(t testing.TB, o pipelineOpts) *pipeline {
 	if ic.BackoffInitial == 0 {
 		ic.BackoffInitial, ic.BackoffMax = time.Millisecond, 10*time.Millisecond
 	}
-	ib, err := inbox.New(d.DB, h, ic, watermill.NopLogger{}, nil)
+	ib, err := engine.New(d.DB, h, ic, watermill.NopLogger{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
@@ -37,12 +37,12 @@ type ReplayOptions struct {
 	DryRun bool
 	// Rate limits replayed messages per second. 0 means no limit.
 	Rate float64
-	// OnRow, when set, is called after each row with its inbox.Result. A dry run's result
+	// OnRow, when set, is called after each row with its engine.Result. A dry run's result
 	// is the outcome known before running. It is refused, quarantined for a row that does
-	// not decode, or duplicate for a done row. Otherwise its inbox.Outcome is "", because
+	// not decode, or duplicate for a done row. Otherwise its engine.Outcome is "", because
 	// the handler decides. The replay keeps no row, so a caller takes here what it wants to
 	// show of them.
-	OnRow func(Row, inbox.Result)
+	OnRow func(Row, engine.Result)
 	// PageSize is how many rows one query reads. 0 means 200. A page is replayed before the
 	// next is read, so memory holds one page whatever the selection's size.
 	PageSize int
@@ -88,7 +88,7 @@ type ReplayReport struct {
 // The returned error is non-nil only when the replay could not run to its end. The
 // selection or the bookkeeping may have failed, the database may have been unreachable, or
 // the context cancelled. The report then says how far the replay got.
-func Replay(ctx context.Context, ib *inbox.Inbox, opts ReplayOptions) (ReplayReport, error) {
+func Replay(ctx context.Context, ib *engine.Inbox, opts ReplayOptions) (ReplayReport, error) {
 	f := opts.Filter
 	biz, db := ib.BizType(), ib.DB()
 	if f.BizType == "" {
@@ -154,7 +154,7 @@ const defaultReplayPage = 200
 // replayRows pages through the rows f selects by id, and replays each page before reading
 // the next. A page holds the rows with an id above the last row seen and at most maxID, in
 // id order, up to the page size. So memory holds one page, however many rows match.
-func replayRows(ctx context.Context, ib *inbox.Inbox, store *Store, f Filter, maxID int64, opts ReplayOptions, rep *ReplayReport) error {
+func replayRows(ctx context.Context, ib *engine.Inbox, store *Store, f Filter, maxID int64, opts ReplayOptions, rep *ReplayReport) error {
 	if maxID == 0 {
 		return nil
 	}
@@ -187,14 +187,14 @@ func replayRows(ctx context.Context, ib *inbox.Inbox, store *Store, f Filter, ma
 		for _, row := range rows {
 			after = row.ID
 			rep.Selected++
-			if row.Status == inbox.StatusDone {
+			if row.Status == engine.StatusDone {
 				rep.WasDone++
 			}
 			run, known := replayPlan(ib, row)
 			switch {
-			case known.Outcome == inbox.OutcomeRefused:
+			case known.Outcome == engine.OutcomeRefused:
 				rep.Refused++
-			case known.Outcome == inbox.OutcomeQuarantined:
+			case known.Outcome == engine.OutcomeQuarantined:
 				rep.Poison++
 			}
 			if opts.DryRun {
@@ -220,19 +220,19 @@ func replayRows(ctx context.Context, ib *inbox.Inbox, store *Store, f Filter, ma
 			}
 			r := known
 			if run {
-				if r, err = ib.Process(ctx, row.Message(), row.Source(), inbox.ProcessOptions{Reopen: true, ReplayID: rep.ID}); err != nil {
+				if r, err = ib.Process(ctx, row.Message(), row.Source(), engine.ProcessOptions{Reopen: true, ReplayID: rep.ID}); err != nil {
 					rep.Selected--
 					return err
 				}
 			}
 			switch r.Outcome {
-			case inbox.OutcomeProcessed:
+			case engine.OutcomeProcessed:
 				rep.Processed++
-			case inbox.OutcomeDuplicate:
+			case engine.OutcomeDuplicate:
 				rep.Duplicates++
-			case inbox.OutcomeQuarantined:
+			case engine.OutcomeQuarantined:
 				rep.Quarantined++
-			case inbox.OutcomeConflict:
+			case engine.OutcomeConflict:
 				rep.Conflicts++
 			}
 			if opts.OnRow != nil {
@@ -247,23 +247,23 @@ func replayRows(ctx context.Context, ib *inbox.Inbox, store *Store, f Filter, ma
 // replay alike. run reports whether the row goes through Process. known is the outcome
 // known before running, in Process's order. A row that holds less than the delivered
 // message is refused and never run. A row that does not decode is quarantined again. A
-// done row is a duplicate. Otherwise known is an inbox.Result without an inbox.Outcome,
+// done row is a duplicate. Otherwise known is an engine.Result without an engine.Outcome,
 // because the handler decides.
-func replayPlan(ib *inbox.Inbox, row Row) (run bool, known inbox.Result) {
-	known = inbox.Result{InboxID: row.ID, Key: row.DedupKey}
+func replayPlan(ib *engine.Inbox, row Row) (run bool, known engine.Result) {
+	known = engine.Result{InboxID: row.ID, Key: row.DedupKey}
 	if err := row.Replayable(); err != nil {
-		known.Outcome, known.Reason, known.Err = inbox.OutcomeRefused, inbox.Reason(row.Reason), err
+		known.Outcome, known.Reason, known.Err = engine.OutcomeRefused, engine.Reason(row.Reason), err
 		return false, known
 	}
 	if _, err := ib.Decode(row.Message()); err != nil {
-		known.Outcome, known.Reason, known.Err = inbox.OutcomeQuarantined, inbox.ReasonPoison, err
-		if pe := (*inbox.PanicError)(nil); errors.As(err, &pe) {
-			known.Reason = inbox.ReasonPanic
+		known.Outcome, known.Reason, known.Err = engine.OutcomeQuarantined, engine.ReasonPoison, err
+		if pe := (*engine.PanicError)(nil); errors.As(err, &pe) {
+			known.Reason = engine.ReasonPanic
 		}
 		return true, known
 	}
-	if row.Status == inbox.StatusDone {
-		known.Outcome = inbox.OutcomeDuplicate
+	if row.Status == engine.StatusDone {
+		known.Outcome = engine.OutcomeDuplicate
 	}
 	return true, known
 }

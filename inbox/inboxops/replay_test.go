@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
@@ -70,7 +71,7 @@ func snapshot(t *testing.T, db *sql.DB, strict bool) string {
 }
 
 func failedFilter() inboxops.Filter {
-	return inboxops.Filter{Statuses: []inbox.Status{inbox.StatusFailed}}
+	return inboxops.Filter{Statuses: []engine.Status{engine.StatusFailed}}
 }
 
 // TestReplayQuarantinedAfterFixGrantsOnce checks the recovery after an outage. An order
@@ -80,12 +81,12 @@ func failedFilter() inboxops.Filter {
 func TestReplayQuarantinedAfterFixGrantsOnce(t *testing.T) {
 	var broken atomic.Bool
 	broken.Store(true)
-	p := newPipeline(t, pipelineOpts{inboxCfg: inbox.Config{MaxAttempts: 2}, wrap: failUntilFixed(&broken)})
+	p := newPipeline(t, pipelineOpts{inboxCfg: engine.Config{MaxAttempts: 2}, wrap: failUntilFixed(&broken)})
 	ctx := context.Background()
 	db := p.db.DB
 
-	r, err := p.inbox.Process(ctx, orderMsg("o-outage", "u1"), src, inbox.ProcessOptions{})
-	if err != nil || r.Outcome != inbox.OutcomeQuarantined || r.Reason != inbox.ReasonRetriesExhausted {
+	r, err := p.inbox.Process(ctx, orderMsg("o-outage", "u1"), src, engine.ProcessOptions{})
+	if err != nil || r.Outcome != engine.OutcomeQuarantined || r.Reason != engine.ReasonRetriesExhausted {
 		t.Fatalf("during the outage: %+v %v", r, err)
 	}
 	if n := count(t, db, "SELECT COUNT(*) FROM user_coupon"); n != 0 {
@@ -123,7 +124,7 @@ func TestReplayQuarantinedAfterFixGrantsOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	if rec.Selected != 1 || rec.Processed != 1 || rec.Outcome != inboxops.ReplayOK || rec.DryRun || rec.FinishedAt.IsZero() ||
-		rec.BizType != "coupon" || len(rec.Filter.Statuses) != 1 || rec.Filter.Statuses[0] != inbox.StatusFailed {
+		rec.BizType != "coupon" || len(rec.Filter.Statuses) != 1 || rec.Filter.Statuses[0] != engine.StatusFailed {
 		t.Fatalf("replay record: %+v", rec)
 	}
 	if rows, err := store.List(ctx, inboxops.Filter{ReplayID: rep.ID}); err != nil || len(rows) != 1 || rows[0].DedupKey != "o-outage" {
@@ -150,12 +151,12 @@ func TestReplayDoneGrantsNothing(t *testing.T) {
 	p := newPipeline(t, pipelineOpts{})
 	ctx := context.Background()
 	for i := range 5 {
-		if r, err := p.inbox.Process(ctx, orderMsg(fmt.Sprintf("o-done-%d", i), "u1"), src, inbox.ProcessOptions{}); err != nil || r.Outcome != inbox.OutcomeProcessed {
+		if r, err := p.inbox.Process(ctx, orderMsg(fmt.Sprintf("o-done-%d", i), "u1"), src, engine.ProcessOptions{}); err != nil || r.Outcome != engine.OutcomeProcessed {
 			t.Fatalf("%+v %v", r, err)
 		}
 	}
 	before := snapshot(t, p.db.DB, false)
-	rep, err := inboxops.Replay(ctx, p.inbox, inboxops.ReplayOptions{Filter: inboxops.Filter{Statuses: []inbox.Status{inbox.StatusDone}}})
+	rep, err := inboxops.Replay(ctx, p.inbox, inboxops.ReplayOptions{Filter: inboxops.Filter{Statuses: []engine.Status{engine.StatusDone}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,10 +176,10 @@ func TestReplayDoneGrantsNothing(t *testing.T) {
 func TestReplayDryRunChangesNothing(t *testing.T) {
 	var broken atomic.Bool
 	broken.Store(true)
-	p := newPipeline(t, pipelineOpts{inboxCfg: inbox.Config{MaxAttempts: 1}, wrap: failUntilFixed(&broken)})
+	p := newPipeline(t, pipelineOpts{inboxCfg: engine.Config{MaxAttempts: 1}, wrap: failUntilFixed(&broken)})
 	ctx := context.Background()
 	for _, id := range []string{"o-dry-1", "o-dry-2"} {
-		if r, err := p.inbox.Process(ctx, orderMsg(id, "u1"), src, inbox.ProcessOptions{}); err != nil || r.Outcome != inbox.OutcomeQuarantined {
+		if r, err := p.inbox.Process(ctx, orderMsg(id, "u1"), src, engine.ProcessOptions{}); err != nil || r.Outcome != engine.OutcomeQuarantined {
 			t.Fatalf("%+v %v", r, err)
 		}
 	}
@@ -186,7 +187,7 @@ func TestReplayDryRunChangesNothing(t *testing.T) {
 	before := snapshot(t, p.db.DB, true)
 	var seen []string
 	rep, err := inboxops.Replay(ctx, p.inbox, inboxops.ReplayOptions{Filter: failedFilter(), DryRun: true,
-		OnRow: func(r inboxops.Row, _ inbox.Result) { seen = append(seen, r.DedupKey) }})
+		OnRow: func(r inboxops.Row, _ engine.Result) { seen = append(seen, r.DedupKey) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +208,7 @@ func TestReplayPoisonIsQuarantinedAgain(t *testing.T) {
 	p := newPipeline(t, pipelineOpts{})
 	ctx := context.Background()
 	msg := message.NewMessage(watermill.NewUUID(), []byte(`{"orderId": 42}`))
-	if r, err := p.inbox.Process(ctx, msg, inbox.Source{Topic: "order-paid", Partition: 2, Offset: 7}, inbox.ProcessOptions{}); err != nil || r.Reason != inbox.ReasonPoison {
+	if r, err := p.inbox.Process(ctx, msg, inbox.Source{Topic: "order-paid", Partition: 2, Offset: 7}, engine.ProcessOptions{}); err != nil || r.Reason != engine.ReasonPoison {
 		t.Fatalf("%+v %v", r, err)
 	}
 	rep, err := inboxops.Replay(ctx, p.inbox, inboxops.ReplayOptions{Filter: failedFilter()})
@@ -262,7 +263,7 @@ func TestReplayResumesStuckProcessingRow(t *testing.T) {
 			return prog, err
 		}}
 	}})
-	if _, err := p.inbox.Process(ctx, orderMsg("o-stuck", "u1"), src, inbox.ProcessOptions{}); err == nil {
+	if _, err := p.inbox.Process(ctx, orderMsg("o-stuck", "u1"), src, engine.ProcessOptions{}); err == nil {
 		t.Fatal("expected the delivery to die")
 	}
 	die.Store(false)
@@ -272,7 +273,7 @@ func TestReplayResumesStuckProcessingRow(t *testing.T) {
 	}
 	time.Sleep(20 * time.Millisecond)
 	rep, err := inboxops.Replay(context.Background(), p.inbox, inboxops.ReplayOptions{Filter: inboxops.Filter{
-		Statuses: []inbox.Status{inbox.StatusProcessing}, OlderThan: 10 * time.Millisecond}})
+		Statuses: []engine.Status{engine.StatusProcessing}, OlderThan: 10 * time.Millisecond}})
 	if err != nil || rep.Selected != 1 || rep.Processed != 1 {
 		t.Fatalf("replay: %+v %v", rep, err)
 	}
@@ -290,7 +291,7 @@ func TestStoreFilters(t *testing.T) {
 	p := newPipeline(t, pipelineOpts{})
 	ctx := context.Background()
 	for i := range 6 {
-		if _, err := p.inbox.Process(ctx, orderMsg(fmt.Sprintf("o-f-%d", i), "u1"), src, inbox.ProcessOptions{}); err != nil {
+		if _, err := p.inbox.Process(ctx, orderMsg(fmt.Sprintf("o-f-%d", i), "u1"), src, engine.ProcessOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -314,7 +315,7 @@ func TestStoreFilters(t *testing.T) {
 		{"keys", inboxops.Filter{Keys: []string{"o-f-1", "o-f-3", "nope"}}, 2},
 		{"limit", inboxops.Filter{Limit: 4}, 4},
 		{"other biz type", inboxops.Filter{BizType: "notify"}, 0},
-		{"status done", inboxops.Filter{Statuses: []inbox.Status{inbox.StatusDone}}, 6},
+		{"status done", inboxops.Filter{Statuses: []engine.Status{engine.StatusDone}}, 6},
 		{"status failed", failedFilter(), 0},
 		{"since an hour ago", inboxops.Filter{Since: now.Add(-time.Hour)}, 6},
 		{"until an hour ago", inboxops.Filter{Until: now.Add(-time.Hour)}, 0},
@@ -332,7 +333,7 @@ func TestStoreFilters(t *testing.T) {
 		})
 	}
 	for _, bad := range []inboxops.Filter{
-		{Statuses: []inbox.Status{"stuck"}}, {Limit: -1}, {OlderThan: -time.Second},
+		{Statuses: []engine.Status{"stuck"}}, {Limit: -1}, {OlderThan: -time.Second},
 		{Since: now, Until: now.Add(-time.Hour)}, {Keys: []string{""}},
 	} {
 		if _, err := store.List(ctx, bad); err == nil {
@@ -353,8 +354,8 @@ func quarantineOrders(t *testing.T, p *pipeline, broken *atomic.Bool, ids ...str
 	was := broken.Swap(true)
 	defer broken.Store(was)
 	for _, id := range ids {
-		r, err := p.inbox.Process(context.Background(), orderMsg(id, "u-"+id), src, inbox.ProcessOptions{})
-		if err != nil || r.Outcome != inbox.OutcomeQuarantined {
+		r, err := p.inbox.Process(context.Background(), orderMsg(id, "u-"+id), src, engine.ProcessOptions{})
+		if err != nil || r.Outcome != engine.OutcomeQuarantined {
 			t.Fatalf("%s: %+v %v, want quarantined", id, r, err)
 		}
 	}
@@ -366,12 +367,12 @@ func quarantineOrders(t *testing.T, p *pipeline, broken *atomic.Bool, ids ...str
 // the 5 rows, and replay_row lists them.
 func TestReplayPagesThroughTheSelection(t *testing.T) {
 	var broken atomic.Bool
-	p := newPipeline(t, pipelineOpts{inboxCfg: inbox.Config{MaxAttempts: 1}, wrap: failUntilFixed(&broken)})
+	p := newPipeline(t, pipelineOpts{inboxCfg: engine.Config{MaxAttempts: 1}, wrap: failUntilFixed(&broken)})
 	ctx := context.Background()
 	quarantineOrders(t, p, &broken, "pg-1", "pg-2", "pg-3", "pg-4", "pg-5")
 
 	var seen []string
-	rep, err := inboxops.Replay(ctx, p.inbox, inboxops.ReplayOptions{Filter: failedFilter(), PageSize: 2, OnRow: func(row inboxops.Row, res inbox.Result) {
+	rep, err := inboxops.Replay(ctx, p.inbox, inboxops.ReplayOptions{Filter: failedFilter(), PageSize: 2, OnRow: func(row inboxops.Row, res engine.Result) {
 		seen = append(seen, row.DedupKey+"="+string(res.Outcome))
 		if len(seen) == 1 {
 			quarantineOrders(t, p, &broken, "pg-late") // fails while the replay runs
@@ -414,11 +415,11 @@ func TestReplayPagesThroughTheSelection(t *testing.T) {
 // read of all rows at once would have selected it.
 func TestReplayReadsAPageAfterReplayingThePrevious(t *testing.T) {
 	var broken atomic.Bool
-	p := newPipeline(t, pipelineOpts{inboxCfg: inbox.Config{MaxAttempts: 1}, wrap: failUntilFixed(&broken)})
+	p := newPipeline(t, pipelineOpts{inboxCfg: engine.Config{MaxAttempts: 1}, wrap: failUntilFixed(&broken)})
 	ctx := context.Background()
 	quarantineOrders(t, p, &broken, "pp-1", "pp-2", "pp-3", "pp-4", "pp-5")
 	var seen []string
-	rep, err := inboxops.Replay(ctx, p.inbox, inboxops.ReplayOptions{Filter: failedFilter(), PageSize: 2, OnRow: func(row inboxops.Row, _ inbox.Result) {
+	rep, err := inboxops.Replay(ctx, p.inbox, inboxops.ReplayOptions{Filter: failedFilter(), PageSize: 2, OnRow: func(row inboxops.Row, _ engine.Result) {
 		seen = append(seen, row.DedupKey)
 		if len(seen) == 1 {
 			p.db.AdminExec(t, "UPDATE inbox SET status = 'done', reason = NULL WHERE dedup_key = 'pp-4'")
@@ -436,18 +437,18 @@ func TestReplayReadsAPageAfterReplayingThePrevious(t *testing.T) {
 // rows, one is done and one poison. In pages of 2, all are listed and nothing changes.
 func TestReplayDryRunPages(t *testing.T) {
 	var broken atomic.Bool
-	p := newPipeline(t, pipelineOpts{inboxCfg: inbox.Config{MaxAttempts: 1}, wrap: failUntilFixed(&broken)})
+	p := newPipeline(t, pipelineOpts{inboxCfg: engine.Config{MaxAttempts: 1}, wrap: failUntilFixed(&broken)})
 	ctx := context.Background()
 	quarantineOrders(t, p, &broken, "dp-1", "dp-2", "dp-3")
-	if r, err := p.inbox.Process(ctx, orderMsg("dp-ok", "u1"), src, inbox.ProcessOptions{}); err != nil || r.Outcome != inbox.OutcomeProcessed {
+	if r, err := p.inbox.Process(ctx, orderMsg("dp-ok", "u1"), src, engine.ProcessOptions{}); err != nil || r.Outcome != engine.OutcomeProcessed {
 		t.Fatalf("%+v %v", r, err)
 	}
-	if r, err := p.inbox.Process(ctx, message.NewMessage(watermill.NewUUID(), []byte("not json")), src, inbox.ProcessOptions{}); err != nil || r.Reason != inbox.ReasonPoison {
+	if r, err := p.inbox.Process(ctx, message.NewMessage(watermill.NewUUID(), []byte("not json")), src, engine.ProcessOptions{}); err != nil || r.Reason != engine.ReasonPoison {
 		t.Fatalf("%+v %v", r, err)
 	}
 	before := snapshot(t, p.db.DB, true)
 	var seen int
-	rep, err := inboxops.Replay(ctx, p.inbox, inboxops.ReplayOptions{DryRun: true, PageSize: 2, OnRow: func(inboxops.Row, inbox.Result) { seen++ }})
+	rep, err := inboxops.Replay(ctx, p.inbox, inboxops.ReplayOptions{DryRun: true, PageSize: 2, OnRow: func(inboxops.Row, engine.Result) { seen++ }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -482,8 +483,8 @@ func TestReplayRefusesRowsThatHoldLessThanTheMessage(t *testing.T) {
 	db := p.db.DB
 	deliver := func(msg *message.Message, offset int64) int64 {
 		t.Helper()
-		r, err := p.inbox.Process(ctx, msg, inbox.Source{Topic: "order-paid", Offset: offset}, inbox.ProcessOptions{})
-		if err != nil || r.Outcome != inbox.OutcomeQuarantined {
+		r, err := p.inbox.Process(ctx, msg, inbox.Source{Topic: "order-paid", Offset: offset}, engine.ProcessOptions{})
+		if err != nil || r.Outcome != engine.OutcomeQuarantined {
 			t.Fatalf("offset %d: %+v %v, want quarantined", offset, r, err)
 		}
 		return r.InboxID
@@ -519,8 +520,8 @@ func TestReplayRefusesRowsThatHoldLessThanTheMessage(t *testing.T) {
 	}
 	before := snapshot(t, db, true)
 	for _, dry := range []bool{true, false} {
-		got := map[int64]inbox.Result{}
-		rep, err := inboxops.Replay(ctx, p.inbox, inboxops.ReplayOptions{Filter: failedFilter(), DryRun: dry, OnRow: func(row inboxops.Row, r inbox.Result) { got[row.ID] = r }})
+		got := map[int64]engine.Result{}
+		rep, err := inboxops.Replay(ctx, p.inbox, inboxops.ReplayOptions{Filter: failedFilter(), DryRun: dry, OnRow: func(row inboxops.Row, r engine.Result) { got[row.ID] = r }})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -532,7 +533,7 @@ func TestReplayRefusesRowsThatHoldLessThanTheMessage(t *testing.T) {
 			t.Errorf("dry run %v: report %+v, want 3 refused", dry, rep)
 		}
 		for name, id := range ids {
-			if r := got[id]; r.Outcome != inbox.OutcomeRefused || !errors.Is(r.Err, inboxops.ErrNotReplayable) || !strings.Contains(r.Err.Error(), why[name]) {
+			if r := got[id]; r.Outcome != engine.OutcomeRefused || !errors.Is(r.Err, inboxops.ErrNotReplayable) || !strings.Contains(r.Err.Error(), why[name]) {
 				t.Errorf("dry run %v, %s row: %+v, want refused: %s", dry, name, r, why[name])
 			}
 		}
@@ -553,7 +554,7 @@ func TestReplayRefusesRowsThatHoldLessThanTheMessage(t *testing.T) {
 // replay table records the reason in its filter.
 func TestReplayByReason(t *testing.T) {
 	var broken atomic.Bool
-	p := newPipeline(t, pipelineOpts{inboxCfg: inbox.Config{MaxAttempts: 1}, wrap: failUntilFixed(&broken)})
+	p := newPipeline(t, pipelineOpts{inboxCfg: engine.Config{MaxAttempts: 1}, wrap: failUntilFixed(&broken)})
 	ctx := context.Background()
 	quarantineOrders(t, p, &broken, "rs-1", "rs-2", "rs-3")
 	if _, err := p.db.DB.Exec("UPDATE inbox SET reason = 'panic' WHERE dedup_key = 'rs-2'"); err != nil {
@@ -564,7 +565,7 @@ func TestReplayByReason(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := failedFilter()
-	f.Reasons = []inbox.Reason{inbox.ReasonRetriesExhausted}
+	f.Reasons = []engine.Reason{engine.ReasonRetriesExhausted}
 	if n, err := store.Count(ctx, f); err != nil || n != 2 {
 		t.Fatalf("rows of reason retries_exhausted: %d %v, want 2", n, err)
 	}
@@ -584,10 +585,10 @@ func TestReplayByReason(t *testing.T) {
 		t.Fatalf("failed after the replay: %s, want rs-2/panic", got)
 	}
 	rec, err := store.LoadReplay(ctx, rep.ID)
-	if err != nil || len(rec.Filter.Reasons) != 1 || rec.Filter.Reasons[0] != inbox.ReasonRetriesExhausted {
+	if err != nil || len(rec.Filter.Reasons) != 1 || rec.Filter.Reasons[0] != engine.ReasonRetriesExhausted {
 		t.Fatalf("replay record's filter: %+v %v", rec.Filter, err)
 	}
-	if err := (inboxops.Filter{Reasons: []inbox.Reason{"Panic"}}).Validate(); err == nil {
+	if err := (inboxops.Filter{Reasons: []engine.Reason{"Panic"}}).Validate(); err == nil {
 		t.Fatal("reason Panic accepted")
 	}
 	// A row waiting for its delayed redelivery is run early by a replay of reason delayed.
@@ -598,7 +599,7 @@ func TestReplayByReason(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.Reasons = []inbox.Reason{r}
+	f.Reasons = []engine.Reason{r}
 	rep, err = inboxops.Replay(ctx, p.inbox, inboxops.ReplayOptions{Filter: f})
 	if err != nil || rep.Selected != 1 || rep.Processed != 1 || rep.Outcome != inboxops.ReplayOK {
 		t.Fatalf("replay of the delayed row: %+v %v", rep, err)

@@ -12,7 +12,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
@@ -61,7 +61,7 @@ func CheckResolveReason(reason string) (string, error) {
 // nothing more, because its cause was dealt with otherwise. For example, the corrected
 // record was processed under its own key.
 //
-// In one transaction the row becomes 'done' with reason inbox.ReasonResolved. Its last
+// In one transaction the row becomes 'done' with reason engine.ReasonResolved. Its last
 // error becomes the reason given, followed by what it was quarantined for. The resolution
 // is recorded in the replay table, with outcome ReplayResolved and the reason in its error
 // column. The row is stamped as a replay stamps it.
@@ -86,11 +86,11 @@ func (s *Store) Resolve(ctx context.Context, id int64, reason string) (Resolutio
 			return err
 		}
 		res.Row = row
-		if row.Status != inbox.StatusFailed || row.Delayed() {
+		if row.Status != engine.StatusFailed || row.Delayed() {
 			return fmt.Errorf("inbox row %d is %s: %w (only a failed row is resolved)", id, row.StatusText(), ErrNotQuarantined)
 		}
 		now := time.Now().UTC()
-		filter, _ := json.Marshal(Filter{BizType: row.BizType, Statuses: []inbox.Status{inbox.StatusFailed}, Refs: []string{strconv.FormatInt(id, 10)}})
+		filter, _ := json.Marshal(Filter{BizType: row.BizType, Statuses: []engine.Status{engine.StatusFailed}, Refs: []string{strconv.FormatInt(id, 10)}})
 		if res.ReplayID, err = insertReturningID(ctx, tx, s.d, "INSERT INTO "+ReplayTable+` (biz_type, filter, dry_run, started_at, finished_at, selected, outcome, error)
  VALUES (?, ?, ?, ?, ?, 1, ?, ?)`, row.BizType, string(filter), false, now, now, ReplayResolved, r); err != nil {
 			return fmt.Errorf("record the resolution: %w (run `router migrate`)", err)
@@ -103,7 +103,7 @@ func (s *Store) Resolve(ctx context.Context, id int64, reason string) (Resolutio
 			note += ": " + row.LastError
 		}
 		_, err = tx.ExecContext(ctx, s.d.Rebind("UPDATE "+s.table+` SET status = 'done', reason = ?, retry_at = NULL, replay_id = ?, last_error = ?
- WHERE id = ? AND status = 'failed'`), string(inbox.ReasonResolved), res.ReplayID, note, id)
+ WHERE id = ? AND status = 'failed'`), string(engine.ReasonResolved), res.ReplayID, note, id)
 		if err != nil {
 			return fmt.Errorf("resolve inbox row %d: %w", id, err)
 		}

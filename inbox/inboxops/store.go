@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
@@ -22,12 +23,12 @@ import (
 type Filter struct {
 	BizType string `json:"biz_type,omitempty"`
 	// Statuses selects rows of any of these statuses. Empty means every status.
-	Statuses []inbox.Status `json:"statuses,omitempty"`
+	Statuses []engine.Status `json:"statuses,omitempty"`
 	// OlderThan selects rows last updated more than this long ago. For 'processing' rows
 	// that means stuck rows.
 	OlderThan time.Duration `json:"older_than,omitempty"`
 	// Reasons selects failed rows with any of these reasons.
-	Reasons []inbox.Reason `json:"reasons,omitempty"`
+	Reasons []engine.Reason `json:"reasons,omitempty"`
 	// Keys selects rows with any of these dedup keys, such as order ids.
 	Keys []string `json:"keys,omitempty"`
 	// Refs selects rows by any of these row ids or dedup keys, as in `router inbox show 42`
@@ -44,26 +45,26 @@ type Filter struct {
 }
 
 // ParseStatus accepts processing, done and failed.
-func ParseStatus(s string) (inbox.Status, error) {
-	switch st := inbox.Status(strings.ToLower(strings.TrimSpace(s))); st {
-	case inbox.StatusProcessing, inbox.StatusDone, inbox.StatusFailed:
+func ParseStatus(s string) (engine.Status, error) {
+	switch st := engine.Status(strings.ToLower(strings.TrimSpace(s))); st {
+	case engine.StatusProcessing, engine.StatusDone, engine.StatusFailed:
 		return st, nil
 	}
 	return "", fmt.Errorf("unknown status %q (use failed, processing or done)", s)
 }
 
 // Reasons are the reasons a failed row can have.
-var Reasons = []inbox.Reason{inbox.ReasonPoison, inbox.ReasonConflict, inbox.ReasonRetriesExhausted,
-	inbox.ReasonPermanent, inbox.ReasonData, inbox.ReasonPanic, inbox.ReasonTimeout, inbox.ReasonDelayed}
+var Reasons = []engine.Reason{engine.ReasonPoison, engine.ReasonConflict, engine.ReasonRetriesExhausted,
+	engine.ReasonPermanent, engine.ReasonData, engine.ReasonPanic, engine.ReasonTimeout, engine.ReasonDelayed}
 
 // reasonsText lists the reasons ParseReason accepts.
 const reasonsText = "use poison, conflict, retries_exhausted, permanent, data, panic, timeout, delayed, or resolved for the rows an operator resolved"
 
-// ParseReason accepts the reasons of Reasons, and inbox.ReasonResolved. That is the reason
+// ParseReason accepts the reasons of Reasons, and engine.ReasonResolved. That is the reason
 // of a done row an operator resolved with Store.Resolve.
-func ParseReason(s string) (inbox.Reason, error) {
-	r := inbox.Reason(strings.ToLower(strings.TrimSpace(s)))
-	if slices.Contains(Reasons, r) || r == inbox.ReasonResolved {
+func ParseReason(s string) (engine.Reason, error) {
+	r := engine.Reason(strings.ToLower(strings.TrimSpace(s)))
+	if slices.Contains(Reasons, r) || r == engine.ReasonResolved {
 		return r, nil
 	}
 	return "", fmt.Errorf("unknown reason %q (%s)", s, reasonsText)
@@ -101,16 +102,16 @@ func (f Filter) Validate() error {
 
 // Row is one inbox row as stored.
 type Row struct {
-	ID          int64        `json:"id"`
-	DedupKey    string       `json:"dedup_key"`
-	BizType     string       `json:"biz_type"`
-	Status      inbox.Status `json:"status"`
-	Reason      string       `json:"reason,omitempty"`
-	MessageUUID string       `json:"message_uuid"`
-	Topic       string       `json:"topic"`
-	Partition   int32        `json:"partition"`
-	Offset      int64        `json:"offset"`
-	Payload     []byte       `json:"-"`
+	ID          int64         `json:"id"`
+	DedupKey    string        `json:"dedup_key"`
+	BizType     string        `json:"biz_type"`
+	Status      engine.Status `json:"status"`
+	Reason      string        `json:"reason,omitempty"`
+	MessageUUID string        `json:"message_uuid"`
+	Topic       string        `json:"topic"`
+	Partition   int32         `json:"partition"`
+	Offset      int64         `json:"offset"`
+	Payload     []byte        `json:"-"`
 	// Tombstone reports that the record had no value, and Payload is empty.
 	Tombstone bool `json:"tombstone,omitempty"`
 	// PayloadSize is the value's size when Payload holds less than it. Payload then holds
@@ -138,7 +139,7 @@ type Row struct {
 // Delayed reports whether r waits for a delayed redelivery, with status failed and reason
 // delayed. Such a row is not quarantined, and its next attempt is at RetryAt.
 func (r Row) Delayed() bool {
-	return r.Status == inbox.StatusFailed && r.Reason == string(inbox.ReasonDelayed)
+	return r.Status == engine.StatusFailed && r.Reason == string(engine.ReasonDelayed)
 }
 
 // StatusText is r's status as the operator reads it. A row waiting for a delayed
@@ -163,7 +164,7 @@ var ErrNotReplayable = errors.New("not replayable")
 // nobody sent. So a replay refuses such a row and leaves it quarantined for inspection. r
 // must be read in full, by Store.Get or List, because a Page's rows carry no metadata.
 func (r Row) Replayable() error {
-	_, capped := r.Metadata[inbox.MetadataTruncatedKey]
+	_, capped := r.Metadata[engine.MetadataTruncatedKey]
 	switch {
 	case r.sized && r.bare:
 		return fmt.Errorf("%w: stored without its value and headers (the database refused the full row)", ErrNotReplayable)
@@ -172,14 +173,14 @@ func (r Row) Replayable() error {
 	case r.sized:
 		return fmt.Errorf("%w: stored without its headers (the database refused the full row)", ErrNotReplayable)
 	case capped:
-		return fmt.Errorf("%w: its headers are stored cut to inbox.max_metadata_bytes (%s)", ErrNotReplayable, validText(r.Metadata[inbox.MetadataTruncatedKey], 200))
+		return fmt.Errorf("%w: its headers are stored cut to inbox.max_metadata_bytes (%s)", ErrNotReplayable, validText(r.Metadata[engine.MetadataTruncatedKey], 200))
 	}
 	return nil
 }
 
 // Poison reports whether the row holds a message that could not be decoded. Replaying it
 // quarantines it again.
-func (r Row) Poison() bool { return r.Reason == string(inbox.ReasonPoison) }
+func (r Row) Poison() bool { return r.Reason == string(engine.ReasonPoison) }
 
 // Truncated reports whether the row holds less than the message's value. Such a row
 // cannot be replayed.
@@ -205,7 +206,7 @@ func (r Row) Source() inbox.Source {
 }
 
 // Store reads inbox rows. The one change it makes is Resolve. Every other change goes
-// through inbox.Inbox.Process.
+// through engine.Inbox.Process.
 type Store struct {
 	db    *sql.DB
 	d     dbx.Dialect // the pool's: every statement goes through d.Rebind
@@ -341,7 +342,7 @@ func (f Filter) where(now time.Time) ([]string, []any) {
 		// Every status is named. The index on biz_type, status and created_at, from
 		// migration 00008, then serves the time range as one range per status instead of a
 		// scan.
-		statuses = []inbox.Status{inbox.StatusProcessing, inbox.StatusDone, inbox.StatusFailed}
+		statuses = []engine.Status{engine.StatusProcessing, engine.StatusDone, engine.StatusFailed}
 	}
 	if len(statuses) > 0 {
 		vals := make([]any, len(statuses))

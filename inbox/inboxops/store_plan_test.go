@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
@@ -29,7 +29,7 @@ func TestTimeRangeReadsTheIndex(t *testing.T) {
 	for _, f := range []inboxops.Filter{
 		{BizType: "coupon", Since: now.Add(-30 * time.Minute)},
 		{BizType: "coupon", Since: now.Add(-3 * time.Hour), Until: now.Add(-2 * time.Hour)},
-		{BizType: "coupon", Statuses: []inbox.Status{inbox.StatusFailed}, Until: now.Add(-330 * time.Hour)},
+		{BizType: "coupon", Statuses: []engine.Status{engine.StatusFailed}, Until: now.Add(-330 * time.Hour)},
 	} {
 		where, args := inboxops.WhereOf(f, now)
 		if typ, key := plan(where, args); typ != "range" || key != "idx_biz_status_created" {

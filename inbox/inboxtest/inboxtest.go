@@ -58,6 +58,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/migrations"
 )
 
@@ -95,12 +96,12 @@ type Options struct {
 	// Grouped delivers through a Batcher, by group commit, instead of one delivery per
 	// transaction. Batch configures the Batcher.
 	Grouped bool
-	Batch   inbox.BatchConfig
+	Batch   engine.BatchConfig
 
 	// Inbox configures the inbox. Run sets defaults beyond the inbox's own. BizType is
 	// "inboxtest", and the backoff goes from 1ms to 10ms. MaxAttempts is 10, because the
 	// injected rollbacks count as attempts.
-	Inbox inbox.Config
+	Inbox engine.Config
 
 	// DB is the database to run in, made by DB with the plugin's migrations. When it is
 	// nil, Run makes a fresh one with the framework's migrations and Migrations.
@@ -174,7 +175,7 @@ func Run(t testing.TB, h inbox.Handler, opts Options) *Report {
 		opts.Setup(t, d)
 	}
 	inj := &injector{max: opts.Rollbacks, keys: map[string]*keyState{}}
-	ib, err := inbox.New(d.DB, wrap(h, inj), opts.Inbox, opts.Logger, nil)
+	ib, err := engine.New(d.DB, wrap(h, inj), opts.Inbox, opts.Logger, nil)
 	if err != nil {
 		t.Fatalf("inboxtest: %v", err)
 	}
@@ -184,11 +185,11 @@ func Run(t testing.TB, h inbox.Handler, opts Options) *Report {
 		t.Fatalf("inboxtest: %v", err)
 	}
 	rep := &Report{DB: d, BizType: ib.BizType(), Table: ib.Config().Table, opts: opts,
-		Results: map[string][]inbox.Result{}, Outcomes: map[inbox.Outcome]int{}}
-	process := func(ctx context.Context, m *message.Message, src inbox.Source) (inbox.Result, error) {
-		return ib.Process(ctx, m, src, inbox.ProcessOptions{})
+		Results: map[string][]engine.Result{}, Outcomes: map[engine.Outcome]int{}}
+	process := func(ctx context.Context, m *message.Message, src inbox.Source) (engine.Result, error) {
+		return ib.Process(ctx, m, src, engine.ProcessOptions{})
 	}
-	var batcher *inbox.Batcher
+	var batcher *engine.Batcher
 	if opts.Grouped {
 		b, err := ib.NewBatcher(opts.Batch)
 		if err != nil {
@@ -209,7 +210,7 @@ func Run(t testing.TB, h inbox.Handler, opts Options) *Report {
 		offset++
 		return offset
 	}
-	record := func(key string, poison int, res inbox.Result, err error) {
+	record := func(key string, poison int, res engine.Result, err error) {
 		mu.Lock()
 		defer mu.Unlock()
 		rep.Deliveries++
@@ -237,7 +238,7 @@ func Run(t testing.TB, h inbox.Handler, opts Options) *Report {
 			t.Fatalf("inboxtest: Options.Message(%q) returned nil", key)
 		}
 	}
-	rep.Poison = make([][]inbox.Result, len(opts.Poison))
+	rep.Poison = make([][]engine.Result, len(opts.Poison))
 	poisonSrc := make([]inbox.Source, len(opts.Poison))
 	// Deliver the concurrent copies of every key and each poison message, all at once.
 	for i, key := range rep.Keys {

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
@@ -20,14 +20,14 @@ type Report struct {
 	BizType string   // the inbox's biz type and table
 	Table   string
 
-	Keys       []string                  // the business keys delivered, in order
-	Deliveries int                       // deliveries made, poison included
-	Outcomes   map[inbox.Outcome]int     // recorded outcomes, poison included
-	Results    map[string][]inbox.Result // each key's outcomes, in the order they finished
-	Poison     [][]inbox.Result          // each Options.Poison message's outcomes
-	Errors     []error                   // deliveries whose outcome was not recorded
-	Rollbacks  int                       // transactions rolled back by Options.Rollbacks
-	Batch      inbox.BatchStats          // the Batcher's counters (Options.Grouped)
+	Keys       []string                   // the business keys delivered, in order
+	Deliveries int                        // deliveries made, poison included
+	Outcomes   map[engine.Outcome]int     // recorded outcomes, poison included
+	Results    map[string][]engine.Result // each key's outcomes, in the order they finished
+	Poison     [][]engine.Result          // each Options.Poison message's outcomes
+	Errors     []error                    // deliveries whose outcome was not recorded
+	Rollbacks  int                        // transactions rolled back by Options.Rollbacks
+	Batch      engine.BatchStats          // the Batcher's counters (Options.Grouped)
 
 	opts Options
 }
@@ -100,7 +100,7 @@ func (r *Report) OncePerKey(count Counter) error {
 	}
 	for j, results := range r.Poison {
 		for i, res := range results {
-			quarantined := res.Outcome == inbox.OutcomeQuarantined || (i > 0 && res.Outcome == inbox.OutcomeHeld)
+			quarantined := res.Outcome == engine.OutcomeQuarantined || (i > 0 && res.Outcome == engine.OutcomeHeld)
 			if !quarantined {
 				add("poison message %d, delivery %d: %s, want quarantined", j, i+1, describe(res))
 			}
@@ -121,9 +121,9 @@ func (r *Report) OncePerKey(count Counter) error {
 			switch {
 			case res.Key != key:
 				add("key %s: Decode read key %q from its message (Options.Message must carry the key it is given)", key, res.Key)
-			case res.Outcome == inbox.OutcomeProcessed:
+			case res.Outcome == engine.OutcomeProcessed:
 				processed++
-			case res.Outcome == inbox.OutcomeDuplicate:
+			case res.Outcome == engine.OutcomeDuplicate:
 			default:
 				add("key %s: %s", key, describe(res))
 			}
@@ -138,7 +138,7 @@ func (r *Report) OncePerKey(count Counter) error {
 			add("key %s: no inbox row", key)
 		case err != nil:
 			add("key %s: read its inbox row: %v", key, err)
-		case status != string(inbox.StatusDone):
+		case status != string(engine.StatusDone):
 			add("key %s: inbox row %s, want done", key, status)
 		}
 		switch n, err := count(ctx, r.DB.DB, key); {
@@ -162,7 +162,7 @@ func (r *Report) OncePerKey(count Counter) error {
 	return fmt.Errorf("inboxtest: not exactly once per key (%s): %d problems:\n  %s%s", r, len(problems), strings.Join(shown, "\n  "), more)
 }
 
-func describe(res inbox.Result) string {
+func describe(res engine.Result) string {
 	s := string(res.Outcome)
 	if res.Reason != "" {
 		s += " (" + string(res.Reason) + ")"

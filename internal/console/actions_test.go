@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/metrics"
 	"github.com/onceflow/onceflow/internal/testenv"
@@ -68,7 +69,7 @@ func TestRetryRow(t *testing.T) {
 		t.Fatalf("the retry is not in the replay table: %v", err)
 	}
 	var f inboxops.Filter
-	if err := json.Unmarshal([]byte(filter), &f); err != nil || f.BizType != "rt" || len(f.Keys) != 1 || f.Keys[0] != "k-1" || len(f.Statuses) != 1 || f.Statuses[0] != inbox.StatusFailed {
+	if err := json.Unmarshal([]byte(filter), &f); err != nil || f.BizType != "rt" || len(f.Keys) != 1 || f.Keys[0] != "k-1" || len(f.Statuses) != 1 || f.Statuses[0] != engine.StatusFailed {
 		t.Fatalf("replay filter %s (%v): want biz rt, status failed, key k-1", filter, err)
 	}
 	if code, body, _ := post(t, c, base, fmt.Sprintf("/inbox/%d/retry", id), url.Values{"csrf": {tok}}); code != http.StatusConflict || !strings.Contains(body, "is done") {
@@ -89,13 +90,13 @@ func TestRetryRow(t *testing.T) {
 func TestRetryRefusesCutRow(t *testing.T) {
 	d := testenv.DB(t, 4)
 	ib := failingInbox(t, d.DB, "cut")
-	deliver := func(payload string, meta map[string]string, offset int64, want inbox.Outcome) int64 {
+	deliver := func(payload string, meta map[string]string, offset int64, want engine.Outcome) int64 {
 		t.Helper()
 		msg := message.NewMessage(watermill.NewUUID(), []byte(payload))
 		for k, v := range meta {
 			msg.Metadata.Set(k, v)
 		}
-		r, err := ib.Process(context.Background(), msg, inbox.Source{Topic: "t", Partition: 0, Offset: offset}, inbox.ProcessOptions{})
+		r, err := ib.Process(context.Background(), msg, inbox.Source{Topic: "t", Partition: 0, Offset: offset}, engine.ProcessOptions{})
 		if err != nil || r.Outcome != want {
 			t.Fatalf("offset %d: %+v %v, want %s", offset, r, err, want)
 		}
@@ -106,11 +107,11 @@ func TestRetryRefusesCutRow(t *testing.T) {
 		headers[fmt.Sprintf("h%02d", i)] = strings.Repeat("v", 600)
 	}
 	cut := map[int64]string{
-		deliver("k-headers|x", headers, 1, inbox.OutcomeQuarantined):                   "headers are stored cut to inbox.max_metadata_bytes",
-		deliver("k-big|"+strings.Repeat("x", 2<<20), nil, 2, inbox.OutcomeQuarantined): "prefix of its",
+		deliver("k-headers|x", headers, 1, engine.OutcomeQuarantined):                   "headers are stored cut to inbox.max_metadata_bytes",
+		deliver("k-big|"+strings.Repeat("x", 2<<20), nil, 2, engine.OutcomeQuarantined): "prefix of its",
 	}
-	ok := deliver("k-ok|x", nil, 3, inbox.OutcomeQuarantined)
-	deliver("k-ok|x", nil, 4, inbox.OutcomeHeld)
+	ok := deliver("k-ok|x", nil, 3, engine.OutcomeQuarantined)
+	deliver("k-ok|x", nil, 4, engine.OutcomeHeld)
 	ib.broken.Store(false) // every cause fixed: a row that ran now would be done
 	_, base := testConsole(t, Config{DB: d.DB, BizTypes: []BizType{{Name: "cut"}}, Replay: replayWith(ib)})
 	c := browser(t)

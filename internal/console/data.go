@@ -9,7 +9,7 @@ import (
 	"sort"
 	"time"
 
-	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/consoleui"
 	"github.com/onceflow/onceflow/internal/metrics"
@@ -130,12 +130,12 @@ func (c *Console) loadOverview(ctx context.Context) overviewData {
 			if r.BizType != name {
 				continue
 			}
-			switch inbox.Status(r.Status) {
-			case inbox.StatusDone:
+			switch engine.Status(r.Status) {
+			case engine.StatusDone:
 				b.Done = r.Rows
-			case inbox.StatusProcessing:
+			case engine.StatusProcessing:
 				b.Processing = r.Rows
-			case inbox.StatusFailed:
+			case engine.StatusFailed:
 				b.Failed = r.Rows
 			}
 		}

@@ -21,6 +21,7 @@ import (
 	_ "github.com/go-sql-driver/mysql"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/consoleui"
 	"github.com/onceflow/onceflow/internal/testenv"
@@ -405,7 +406,7 @@ func (h testHandler) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Delivery) 
 }
 
 type brokenInbox struct {
-	*inbox.Inbox
+	*engine.Inbox
 	broken *atomic.Bool
 }
 
@@ -413,7 +414,7 @@ func failingInbox(t *testing.T, db *sql.DB, biz string) brokenInbox {
 	t.Helper()
 	var broken atomic.Bool
 	broken.Store(true)
-	ib, err := inbox.New(db, testHandler{&broken}, inbox.Config{BizType: biz, MaxAttempts: 1, DelayedRetries: -1}, watermill.NopLogger{}, nil)
+	ib, err := engine.New(db, testHandler{&broken}, engine.Config{BizType: biz, MaxAttempts: 1, DelayedRetries: -1}, watermill.NopLogger{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -431,8 +432,8 @@ func quarantine(t *testing.T, ib brokenInbox, key, payload string, meta map[stri
 	for k, v := range meta {
 		msg.Metadata.Set(k, v)
 	}
-	r, err := ib.Process(context.Background(), msg, inbox.Source{Topic: "t", Partition: 0, Offset: 1}, inbox.ProcessOptions{})
-	if err != nil || r.Outcome != inbox.OutcomeQuarantined {
+	r, err := ib.Process(context.Background(), msg, inbox.Source{Topic: "t", Partition: 0, Offset: 1}, engine.ProcessOptions{})
+	if err != nil || r.Outcome != engine.OutcomeQuarantined {
 		t.Fatalf("quarantine %q: %+v %v", key, r, err)
 	}
 }

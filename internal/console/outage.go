@@ -3,7 +3,7 @@ package console
 import (
 	"time"
 
-	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/internal/metrics"
 )
 
@@ -37,7 +37,7 @@ func (c *Console) outageRows(stats metrics.DBStats) []outageRow {
 	if c.cfg.Metrics != nil {
 		for _, b := range c.cfg.Metrics.Breakers() {
 			r := row(b.BizType)
-			r.Breaker, r.Since, r.ProbeAt, r.LastError = inbox.BreakerState(b.State).String(), b.Since, b.ProbeAt, b.LastError
+			r.Breaker, r.Since, r.ProbeAt, r.LastError = engine.BreakerState(b.State).String(), b.Since, b.ProbeAt, b.LastError
 		}
 	}
 	for _, d := range stats.Delayed {

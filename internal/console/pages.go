@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/consoleui"
 	"github.com/onceflow/onceflow/internal/metrics"
@@ -34,7 +35,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, by who) {
 // pageSize is the rows of one inbox page.
 const pageSize = 50
 
-// reasons are the reasons a failed row can have (inbox.Reason).
+// reasons are the reasons a failed row can have (engine.Reason).
 var reasons = func() []string {
 	var out []string
 	for _, r := range inboxops.Reasons {
@@ -187,7 +188,7 @@ func (c *Console) inboxList(w http.ResponseWriter, r *http.Request, by who) {
 		q.BizTypes = []string{f.Biz}
 	}
 	if f.Status != "" {
-		q.Statuses = []inbox.Status{inbox.Status(f.Status)}
+		q.Statuses = []engine.Status{engine.Status(f.Status)}
 	}
 	if len(q.BizTypes) > 0 {
 		p, err := c.store.Page(ctx, q)
@@ -221,12 +222,12 @@ func (c *Console) match(ctx context.Context, f listFilter, bizTypes []string) st
 	for _, b := range bizTypes {
 		lf := inboxops.Filter{BizType: b, Keys: keyCandidates(f.Key), Since: f.since, Until: f.until, Limit: matchCap + 1}
 		if f.Status != "" {
-			lf.Statuses = []inbox.Status{inbox.Status(f.Status)}
+			lf.Statuses = []engine.Status{engine.Status(f.Status)}
 		} else {
-			lf.Statuses = []inbox.Status{inbox.StatusProcessing, inbox.StatusDone, inbox.StatusFailed}
+			lf.Statuses = []engine.Status{engine.StatusProcessing, engine.StatusDone, engine.StatusFailed}
 		}
 		if f.Reason != "" {
-			lf.Reasons = []inbox.Reason{inbox.Reason(f.Reason)}
+			lf.Reasons = []engine.Reason{engine.Reason(f.Reason)}
 		}
 		k, err := c.store.CountUpTo(ctx, lf)
 		if err != nil {
@@ -312,8 +313,8 @@ func (c *Console) inboxRow(w http.ResponseWriter, r *http.Request, by who) {
 	b := c.biz[row.BizType]
 	d := rowData{Row: row, Plugins: b.Plugins, Payload: consoleui.ViewPayload(row.Payload, row.PayloadSize, row.Tombstone), Headers: consoleui.SortedHeaders(row.Metadata),
 		Offered: c.cfg.Replay != nil && b.Name != "", NotReplayable: refusal(row)}
-	d.CanRetry = row.Status == inbox.StatusFailed && d.NotReplayable == ""
-	d.CanResolve = c.cfg.Replay != nil && row.Status == inbox.StatusFailed && !row.Delayed()
+	d.CanRetry = row.Status == engine.StatusFailed && d.NotReplayable == ""
+	d.CanResolve = c.cfg.Replay != nil && row.Status == engine.StatusFailed && !row.Delayed()
 	if b.History != nil {
 		d.HasHistory = true
 		if d.History, err = b.History(ctx, c.cfg.DB, row.DedupKey); err != nil {
@@ -363,11 +364,11 @@ func (c *Console) startReplay(r *http.Request, action string, opts inboxops.Repl
 	}
 	out := make(chan replayOutcome, 1)
 	var o replayOutcome
-	opts.OnRow = func(row inboxops.Row, res inbox.Result) {
+	opts.OnRow = func(row inboxops.Row, res engine.Result) {
 		if len(o.Rows) < keepRows {
 			row.Payload, row.Metadata = nil, nil
 			o.Rows = append(o.Rows, replayed{Row: row, Result: resultText(row, res, opts.DryRun),
-				Failed: res.Outcome == inbox.OutcomeQuarantined || res.Outcome == inbox.OutcomeConflict || res.Outcome == inbox.OutcomeRefused})
+				Failed: res.Outcome == engine.OutcomeQuarantined || res.Outcome == engine.OutcomeConflict || res.Outcome == engine.OutcomeRefused})
 		}
 	}
 	fields := watermill.LogFields{"action": action, "remote": r.RemoteAddr, "biz_type": opts.Filter.BizType, "dry_run": opts.DryRun}
@@ -409,17 +410,17 @@ func (c *Console) wait(w http.ResponseWriter, r *http.Request, by who, ch <-chan
 
 // resultText says in words what happened (or would happen) to one replayed row. A dry
 // run's res is what the replay decides before running the row (inboxops.ReplayOptions.OnRow).
-func resultText(row inboxops.Row, res inbox.Result, dryRun bool) string {
-	if res.Outcome == inbox.OutcomeRefused {
+func resultText(row inboxops.Row, res engine.Result, dryRun bool) string {
+	if res.Outcome == engine.OutcomeRefused {
 		return "refused, left quarantined: " + consoleui.Cut(errText(res.Err), 200)
 	}
 	if dryRun {
 		switch {
-		case res.Outcome == inbox.OutcomeQuarantined:
+		case res.Outcome == engine.OutcomeQuarantined:
 			return "would be quarantined again (" + string(res.Reason) + ": cannot be decoded)"
-		case res.Outcome == inbox.OutcomeDuplicate:
+		case res.Outcome == engine.OutcomeDuplicate:
 			return "would be a duplicate (done: no change)"
-		case row.Status == inbox.StatusProcessing:
+		case row.Status == engine.StatusProcessing:
 			return "would resume"
 		}
 		return "would run again"
@@ -428,7 +429,7 @@ func resultText(row inboxops.Row, res inbox.Result, dryRun bool) string {
 	if res.Reason != "" {
 		s += " (" + string(res.Reason) + ")"
 	}
-	if res.Err != nil && res.Outcome != inbox.OutcomeProcessed {
+	if res.Err != nil && res.Outcome != engine.OutcomeProcessed {
 		s += ": " + consoleui.Cut(res.Err.Error(), 120)
 	}
 	return s
@@ -452,7 +453,7 @@ func (c *Console) retryRow(w http.ResponseWriter, r *http.Request, by who) {
 		return
 	}
 	back := link{fmt.Sprintf("/inbox/%d", id), fmt.Sprintf("Row %d", id)}
-	if row.Status != inbox.StatusFailed {
+	if row.Status != engine.StatusFailed {
 		c.message(w, r, http.StatusConflict, by, "Not retried", []string{fmt.Sprintf("Row %d is %s: only failed rows are retried here (a stuck processing row: replay status processing with an older-than).", id, row.Status)}, back)
 		return
 	}
@@ -462,7 +463,7 @@ func (c *Console) retryRow(w http.ResponseWriter, r *http.Request, by who) {
 	}
 	// `router inbox retry --biz-type B --order-id K`: this row only (the unique key), and
 	// only while it is still failed (a second press changes nothing).
-	f := inboxops.Filter{BizType: row.BizType, Statuses: []inbox.Status{inbox.StatusFailed}, Keys: []string{row.DedupKey}}
+	f := inboxops.Filter{BizType: row.BizType, Statuses: []engine.Status{engine.StatusFailed}, Keys: []string{row.DedupKey}}
 	ch, err := c.startReplay(r, "retry", inboxops.ReplayOptions{Filter: f})
 	if err != nil {
 		c.message(w, r, http.StatusConflict, by, "Not retried", []string{err.Error()}, back)
@@ -559,7 +560,7 @@ func (c *Console) replayFilter(r *http.Request, now time.Time) (inboxops.Filter,
 	}
 	switch rf.Status {
 	case "failed", "processing":
-		f.Statuses = []inbox.Status{inbox.Status(rf.Status)}
+		f.Statuses = []engine.Status{engine.Status(rf.Status)}
 	default:
 		return f, rf, fmt.Errorf("status %q: a replay here selects failed rows, or processing ones with an older-than", consoleui.Visible(rf.Status))
 	}
@@ -578,7 +579,7 @@ func (c *Console) replayFilter(r *http.Request, now time.Time) (inboxops.Filter,
 		if err != nil || string(r) != rf.Reason || rf.Status != "failed" {
 			return f, rf, fmt.Errorf("reason %q: a replay by reason selects failed rows of one of %s", consoleui.Visible(rf.Reason), strings.Join(reasons, ", "))
 		}
-		f.Reasons = []inbox.Reason{r}
+		f.Reasons = []engine.Reason{r}
 	}
 	f.Keys = keyCandidates(rf.Key)
 	var err error

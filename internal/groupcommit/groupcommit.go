@@ -1,5 +1,5 @@
 // Package groupcommit forms batches of keyed items for a few workers. It is the collection
-// half of a group commit. inbox.Batcher and the bench's unsafe baseline share it. The
+// half of a group commit. engine.Batcher and the bench's unsafe baseline share it. The
 // baseline must collect exactly alike, so that the bench measures the inbox's overhead and
 // nothing else.
 package groupcommit

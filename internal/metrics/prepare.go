@@ -9,7 +9,7 @@ import (
 // The collectors of slow outside calls count the deliveries being prepared, whose calls are
 // in flight. They time each preparation and each call.
 
-// PrepareStats reports a Batcher's deliveries being prepared now, from inbox.Batcher.Stats.
+// PrepareStats reports a Batcher's deliveries being prepared now, from engine.Batcher.Stats.
 type PrepareStats func() int64
 
 // AddPreparing registers the gauge onceflow_inbox_prepares_in_flight for bizType.

@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// ringOutcomes are the inbox.Outcome values the console counts. Any other is left out.
+// ringOutcomes are the engine.Outcome values the console counts. Any other is left out.
 var ringOutcomes = [...]string{"processed", "duplicate", "quarantined", "conflict", "held"}
 
 // throughput totals the deliveries this process observed since it started, by outcome. The

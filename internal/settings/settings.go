@@ -355,7 +355,7 @@ func Resolve(ptr any) {
 
 // Check reports the first setting of v outside its range. Its one line names the key, the
 // value and the range. The key starts at v's own level. It is max_attempts in an
-// inbox.Config and inbox.max_attempts in the router's configuration. A field holding the
+// engine.Config and inbox.max_attempts in the router's configuration. A field holding the
 // value of its zero tag is checked as a configured 0.
 func Check(v any) error {
 	for _, s := range List(v) {

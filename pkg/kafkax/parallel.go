@@ -113,7 +113,7 @@ func (pc ParallelConfig) Validate() error {
 // batch alone is bigger.
 //
 // Each message's context carries its topic, partition and offset, set by msgsource.With and
-// read by inbox.SourceOf. The context derives from the Subscribe context. It is cancelled
+// read by engine.SourceOf. The context derives from the Subscribe context. It is cancelled
 // when the partition's claim is over or the subscriber closes. The watermill-kafka context
 // values, such as kafka.MessagePartitionFromCtx, are not set.
 //

@@ -559,7 +559,7 @@ func TestParallelSubscriberRebalance(t *testing.T) {
 }
 
 // sourceOf is where the subscriber says m came from. It is the source that m's context
-// carries for the inbox's inbox.SourceOf.
+// carries for the inbox's engine.SourceOf.
 func sourceOf(m *message.Message) msgsource.Source {
 	s, _ := msgsource.From(m.Context())
 	return s

@@ -19,6 +19,7 @@ import (
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/coupon/notify"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/migrations"
@@ -218,7 +219,7 @@ func TestMigrateGrantsLeastPrivilege(t *testing.T) {
 	if err != nil || !strings.Contains(outText, fmt.Sprintf("selected=%d processed=0 duplicates=%d", n, n)) {
 		t.Fatalf("replay as the application user: %v\n%s", err, outText)
 	}
-	cl, err := inboxops.NewCleaner(db, inbox.CleanerConfig{}, watermill.NopLogger{})
+	cl, err := inboxops.NewCleaner(db, engine.CleanerConfig{}, watermill.NopLogger{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/inbox/inboxops"
 )
 
@@ -117,11 +117,11 @@ func (a *app) inboxLs(ctx context.Context, ff filterFlags) error {
 		replay := "-"
 		if r.ReplayID > 0 {
 			replay = fmt.Sprint(r.ReplayID)
-		} else if r.Status == inbox.StatusFailed && r.Replayable() != nil {
+		} else if r.Status == engine.StatusFailed && r.Replayable() != nil {
 			replay = "refused" // a replay would not run it (inbox show says why)
 		}
 		dups, held := fmt.Sprint(r.Duplicates), "-"
-		if r.Status == inbox.StatusFailed {
+		if r.Status == engine.StatusFailed {
 			dups, held = "-", fmt.Sprint(r.Duplicates)
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, safeText(r.BizType), safeText(r.DedupKey), r.StatusText(), safeText(dash(string(r.Reason))),
@@ -178,7 +178,7 @@ func (a *app) inboxShow(ctx context.Context, ff filterFlags, ref string) error {
 		}
 		j := toRowJSON(r, true)
 		counted := struct{ k, v string }{"duplicates", fmt.Sprint(r.Duplicates)}
-		if r.Status == inbox.StatusFailed {
+		if r.Status == engine.StatusFailed {
 			counted = struct{ k, v string }{"held", fmt.Sprintf("%d later deliveries, not run (a replay or `router inbox resolve` releases the key)", r.Duplicates)}
 		}
 		fields := []struct{ k, v string }{
@@ -218,7 +218,7 @@ func (a *app) inboxRetryCmd() *cobra.Command {
 			return a.replay(cmd.Context(), r, args)
 		},
 	}
-	r.filterFlags.register(cmd.Flags(), string(inbox.StatusFailed), 0)
+	r.filterFlags.register(cmd.Flags(), string(engine.StatusFailed), 0)
 	r.register(cmd.Flags())
 	return cmd
 }
@@ -245,7 +245,7 @@ func (j rowJSON) replayID() string {
 
 func toRowJSON(r inboxops.Row, payload bool) rowJSON {
 	j := rowJSON{Row: r, PayloadBytes: len(r.Payload), NotReplayable: errText(r.Replayable())}
-	if r.Status == inbox.StatusFailed {
+	if r.Status == engine.StatusFailed {
 		j.Held = r.Duplicates
 	}
 	if payload {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/console"
 	"github.com/onceflow/onceflow/internal/testenv"
@@ -143,16 +144,16 @@ func TestResolveQuarantinedRows(t *testing.T) {
 	}
 	var broken atomic.Bool
 	broken.Store(true)
-	ib, err := inbox.New(d.DB, failingGranter{g, &broken}, inbox.Config{BizType: coupon.BizType, MaxAttempts: 1, DelayedRetries: -1}, watermill.NopLogger{}, nil)
+	ib, err := engine.New(d.DB, failingGranter{g, &broken}, engine.Config{BizType: coupon.BizType, MaxAttempts: 1, DelayedRetries: -1}, watermill.NopLogger{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	o := coupon.OrderPaid{OrderID: "o-cli", UserID: "u1", AmountCents: 990, PaidAt: time.Date(2026, 11, 11, 0, 0, 0, 0, time.UTC)}
-	r, err := ib.Process(ctx, message.NewMessage(watermill.NewUUID(), o.Encode()), inbox.Source{Topic: "order-paid", Partition: 2, Offset: 9}, inbox.ProcessOptions{})
-	if err != nil || r.Outcome != inbox.OutcomeDuplicate || r.InboxID != order {
+	r, err := ib.Process(ctx, message.NewMessage(watermill.NewUUID(), o.Encode()), inbox.Source{Topic: "order-paid", Partition: 2, Offset: 9}, engine.ProcessOptions{})
+	if err != nil || r.Outcome != engine.OutcomeDuplicate || r.InboxID != order {
 		t.Fatalf("a later copy of o-cli: %+v %v, want a duplicate of row %d", r, err, order)
 	}
-	if _, err := ib.Process(ctx, message.NewMessage(watermill.NewUUID(), []byte("{oops")), inbox.Source{Topic: "order-paid", Partition: 1, Offset: 6}, inbox.ProcessOptions{}); err != nil {
+	if _, err := ib.Process(ctx, message.NewMessage(watermill.NewUUID(), []byte("{oops")), inbox.Source{Topic: "order-paid", Partition: 1, Offset: 6}, engine.ProcessOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if n := count(t, d, "SELECT COUNT(*) FROM coupon_grant WHERE order_id = 'o-cli'"); n != 0 {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
@@ -99,7 +100,7 @@ func TestPoisonKindsAreQuarantined(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ib, err := inbox.New(d.DB, g, inbox.Config{BizType: coupon.BizType, MaxAttempts: 1, MaxPayloadBytes: 256 << 10}, watermill.NopLogger{}, nil)
+	ib, err := engine.New(d.DB, g, engine.Config{BizType: coupon.BizType, MaxAttempts: 1, MaxPayloadBytes: 256 << 10}, watermill.NopLogger{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,8 +117,8 @@ func TestPoisonKindsAreQuarantined(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: unmarshal: %v", k.name, err)
 		}
-		res, err := ib.Process(ctx, msg, inbox.Source{Topic: km.Topic, Partition: km.Partition, Offset: km.Offset}, inbox.ProcessOptions{})
-		if err != nil || res.Outcome != inbox.OutcomeQuarantined || res.Reason != inbox.ReasonPoison {
+		res, err := ib.Process(ctx, msg, inbox.Source{Topic: km.Topic, Partition: km.Partition, Offset: km.Offset}, engine.ProcessOptions{})
+		if err != nil || res.Outcome != engine.OutcomeQuarantined || res.Reason != engine.ReasonPoison {
 			t.Errorf("%s (#%d): %+v %v; want quarantined as poison", k.name, i, res, err)
 		}
 	}

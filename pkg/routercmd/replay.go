@@ -16,7 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/inbox/inboxops"
 )
 
@@ -74,7 +74,7 @@ func (f *filterFlags) filter(refs []string) (inboxops.Filter, error) {
 		if err != nil {
 			return out, badInput(fmt.Errorf("--status: %w", err))
 		}
-		out.Statuses = []inbox.Status{st}
+		out.Statuses = []engine.Status{st}
 	}
 	for _, r := range f.reasons {
 		reason, err := inboxops.ParseReason(r)
@@ -172,7 +172,7 @@ rows it re-ran (inbox.replay_id).`,
 			return a.replay(cmd.Context(), r, nil)
 		},
 	}
-	r.filterFlags.register(cmd.Flags(), string(inbox.StatusFailed), 0)
+	r.filterFlags.register(cmd.Flags(), string(engine.StatusFailed), 0)
 	r.register(cmd.Flags())
 	return cmd
 }
@@ -186,7 +186,7 @@ func (a *app) replay(ctx context.Context, r replayFlags, refs []string) error {
 	if !(r.rate >= 0 && r.rate <= 1e6) { // NaN fails both
 		return badInput(fmt.Errorf("--rate %v outside 0..1000000 (messages per second; 0: no limit)", r.rate))
 	}
-	if slices.Contains(f.Statuses, inbox.StatusProcessing) && f.OlderThan == 0 {
+	if slices.Contains(f.Statuses, engine.StatusProcessing) && f.OlderThan == 0 {
 		return badInput(errors.New("--status processing needs --older-than (a row updated recently may still be in flight)"))
 	}
 	if err := a.checkBizType(f.BizType); err != nil {
@@ -210,7 +210,7 @@ func (a *app) replay(ctx context.Context, r replayFlags, refs []string) error {
 		printf("%-8s %-10s %-36s %-10s %-18s %s\n", "ID", "BIZ_TYPE", "DEDUP_KEY", "WAS", "REASON", "RESULT")
 	}
 	var rows jsonStream
-	rep, runErr := inboxops.Replay(ctx, ib, inboxops.ReplayOptions{Filter: f, DryRun: r.dryRun, Rate: r.rate, OnRow: func(row inboxops.Row, res inbox.Result) {
+	rep, runErr := inboxops.Replay(ctx, ib, inboxops.ReplayOptions{Filter: f, DryRun: r.dryRun, Rate: r.rate, OnRow: func(row inboxops.Row, res engine.Result) {
 		if table {
 			printf("%-8d %-10s %-36s %-10s %-18s %s\n", row.ID, safeText(row.BizType), safeText(row.DedupKey), row.Status, safeText(dash(string(row.Reason))), safeText(replayResult(row, res, r.dryRun)))
 			return
@@ -273,15 +273,15 @@ func (s *jsonStream) close(key string, v any) error {
 }
 
 type replayRowJSON struct {
-	ID        int64        `json:"id"`
-	DedupKey  string       `json:"dedup_key"`
-	BizType   string       `json:"biz_type"`
-	Was       inbox.Status `json:"was"`
-	WasReason string       `json:"was_reason,omitempty"`
-	Outcome   string       `json:"outcome,omitempty"`
-	Reason    string       `json:"reason,omitempty"`
-	Result    string       `json:"result"`
-	Error     string       `json:"error,omitempty"`
+	ID        int64         `json:"id"`
+	DedupKey  string        `json:"dedup_key"`
+	BizType   string        `json:"biz_type"`
+	Was       engine.Status `json:"was"`
+	WasReason string        `json:"was_reason,omitempty"`
+	Outcome   string        `json:"outcome,omitempty"`
+	Reason    string        `json:"reason,omitempty"`
+	Result    string        `json:"result"`
+	Error     string        `json:"error,omitempty"`
 }
 
 func errText(err error) string {
@@ -300,31 +300,31 @@ func dash(s string) string {
 
 // replayResult says in words what happened (or would happen) to one row. A dry run's res
 // is what the replay decides before running the row (inboxops.ReplayOptions.OnRow).
-func replayResult(row inboxops.Row, res inbox.Result, dryRun bool) string {
-	if res.Outcome == inbox.OutcomeRefused {
+func replayResult(row inboxops.Row, res engine.Result, dryRun bool) string {
+	if res.Outcome == engine.OutcomeRefused {
 		return "refused, left quarantined: " + errText(res.Err)
 	}
 	if dryRun {
 		switch {
-		case res.Outcome == inbox.OutcomeQuarantined:
+		case res.Outcome == engine.OutcomeQuarantined:
 			return "would be quarantined again (" + string(res.Reason) + ": cannot be decoded)"
-		case res.Outcome == inbox.OutcomeDuplicate:
+		case res.Outcome == engine.OutcomeDuplicate:
 			return "would be a duplicate (done: no change)"
-		case row.Reason == string(inbox.ReasonConflict):
+		case row.Reason == string(engine.ReasonConflict):
 			return "would run under its original key (conflict)"
-		case row.Status == inbox.StatusProcessing:
+		case row.Status == engine.StatusProcessing:
 			return "would resume"
 		default:
 			return "would run again"
 		}
 	}
 	switch res.Outcome {
-	case inbox.OutcomeDuplicate:
-		if row.Status == inbox.StatusDone {
+	case engine.OutcomeDuplicate:
+		if row.Status == engine.StatusDone {
 			return "duplicate (already done: no change)"
 		}
 		return "duplicate"
-	case inbox.OutcomeQuarantined:
+	case engine.OutcomeQuarantined:
 		s := "quarantined again (" + string(res.Reason) + ")"
 		if row.Poison() {
 			s = "quarantined again (poison: cannot be decoded)"

@@ -18,6 +18,7 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/inbox/inboxops"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
@@ -71,15 +72,15 @@ func quarantinedDB(t *testing.T) testenv.Database {
 	}
 	var broken atomic.Bool
 	broken.Store(true)
-	ib, err := inbox.New(d.DB, failingGranter{g, &broken}, inbox.Config{BizType: coupon.BizType, MaxAttempts: 1, DelayedRetries: -1}, watermill.NopLogger{}, nil)
+	ib, err := engine.New(d.DB, failingGranter{g, &broken}, engine.Config{BizType: coupon.BizType, MaxAttempts: 1, DelayedRetries: -1}, watermill.NopLogger{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	o := coupon.OrderPaid{OrderID: "o-cli", UserID: "u1", AmountCents: 990, PaidAt: time.Date(2026, 11, 11, 0, 0, 0, 0, time.UTC)}
-	if r, err := ib.Process(ctx, message.NewMessage(watermill.NewUUID(), o.Encode()), inbox.Source{Topic: "order-paid", Partition: 1, Offset: 5}, inbox.ProcessOptions{}); err != nil || r.Outcome != inbox.OutcomeQuarantined {
+	if r, err := ib.Process(ctx, message.NewMessage(watermill.NewUUID(), o.Encode()), inbox.Source{Topic: "order-paid", Partition: 1, Offset: 5}, engine.ProcessOptions{}); err != nil || r.Outcome != engine.OutcomeQuarantined {
 		t.Fatalf("%+v %v", r, err)
 	}
-	if r, err := ib.Process(ctx, message.NewMessage(watermill.NewUUID(), []byte("{oops")), inbox.Source{Topic: "order-paid", Partition: 1, Offset: 6}, inbox.ProcessOptions{}); err != nil || r.Reason != inbox.ReasonPoison {
+	if r, err := ib.Process(ctx, message.NewMessage(watermill.NewUUID(), []byte("{oops")), inbox.Source{Topic: "order-paid", Partition: 1, Offset: 6}, engine.ProcessOptions{}); err != nil || r.Reason != engine.ReasonPoison {
 		t.Fatalf("%+v %v", r, err)
 	}
 	return d
@@ -277,7 +278,7 @@ func TestReplayRefusesCutRows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ib, err := inbox.New(db, g, inbox.Config{BizType: coupon.BizType}, watermill.NopLogger{}, nil)
+	ib, err := engine.New(db, g, engine.Config{BizType: coupon.BizType}, watermill.NopLogger{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,14 +294,14 @@ func TestReplayRefusesCutRows(t *testing.T) {
 	big.Payload = append(big.Payload, strings.Repeat(" ", 2<<20)...) // the order, then padding: its prefix decodes
 	ids := map[string]int64{}
 	for name, m := range map[string]*message.Message{"headers": headers, "value": big} {
-		r, err := ib.Process(ctx, m, inbox.Source{Topic: "order-paid", Partition: 2, Offset: int64(len(ids))}, inbox.ProcessOptions{})
-		if err != nil || r.Outcome != inbox.OutcomeQuarantined || r.Reason != inbox.ReasonPoison {
+		r, err := ib.Process(ctx, m, inbox.Source{Topic: "order-paid", Partition: 2, Offset: int64(len(ids))}, engine.ProcessOptions{})
+		if err != nil || r.Outcome != engine.OutcomeQuarantined || r.Reason != engine.ReasonPoison {
 			t.Fatalf("%s: %+v %v", name, r, err)
 		}
 		ids[name] = r.InboxID
 	}
 	// o-cli's cause is fixed by now, but it stays quarantined: a new delivery is held.
-	if r, err := ib.Process(ctx, order("o-cli"), inbox.Source{Topic: "order-paid", Partition: 1, Offset: 9}, inbox.ProcessOptions{}); err != nil || r.Outcome != inbox.OutcomeHeld {
+	if r, err := ib.Process(ctx, order("o-cli"), inbox.Source{Topic: "order-paid", Partition: 1, Offset: 9}, engine.ProcessOptions{}); err != nil || r.Outcome != engine.OutcomeHeld {
 		t.Fatalf("redelivery of o-cli: %+v %v, want held", r, err)
 	}
 	state := func() string {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/dbx"
 	"github.com/onceflow/onceflow/pkg/kafkax"
@@ -261,7 +262,7 @@ func failedRows(ctx context.Context, db *sql.DB, bizTypes []string) (int, string
 		if c.reason == "" {
 			c.reason = "unknown"
 		}
-		if c.reason == string(inbox.ReasonDelayed) { // not quarantined: waiting for its next round
+		if c.reason == string(engine.ReasonDelayed) { // not quarantined: waiting for its next round
 			delayed = c.n
 			continue
 		}

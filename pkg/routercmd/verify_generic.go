@@ -11,6 +11,7 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/pkg/dbx"
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
@@ -166,7 +167,7 @@ func lostKeys(ctx context.Context, db *sql.DB, bizType string, keys []string) (i
 			args = append(args, k)
 		}
 		rows, err := db.QueryContext(ctx, rb(`SELECT dedup_key FROM inbox WHERE biz_type = ? AND dedup_key IN (?`+strings.Repeat(", ?", len(chunk)-1)+`)
- AND (status = 'done' OR (status = 'failed' AND COALESCE(reason, '') <> ?))`), append(args, string(inbox.ReasonDelayed))...)
+ AND (status = 'done' OR (status = 'failed' AND COALESCE(reason, '') <> ?))`), append(args, string(engine.ReasonDelayed))...)
 		if err != nil {
 			return 0, nil, fmt.Errorf("verify: ledger keys: %w", err)
 		}

@@ -11,9 +11,10 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 )
 
-// batchGroup measures group commit (inbox.Batcher): many deliveries per transaction,
+// batchGroup measures group commit (engine.Batcher): many deliveries per transaction,
 // multi-row statements. Two baselines: the handler alone on pre-built batches (a ceiling),
 // and the same delivery path as the Batcher's without the inbox (the overhead baseline).
 // Run in -batch-rounds back-to-back triples; the overhead is the median of the rounds'
@@ -164,12 +165,12 @@ type inboxBatchRun struct {
 // without its HandleBatch (see suite.coupon). Call the returned func when done: it closes
 // the Batcher, then the handler's prepared statements (left open, each round's would pile
 // up on the pool's connections).
-func (s *suite) newBatcher(ctx context.Context, contract bool) (*inbox.Batcher, coupon.Config, func(), error) {
+func (s *suite) newBatcher(ctx context.Context, contract bool) (*engine.Batcher, coupon.Config, func(), error) {
 	h, cfg, closeH, err := s.coupon(ctx, "", contract)
 	if err != nil {
 		return nil, cfg, nil, err
 	}
-	ib, err := inbox.New(s.db, h, inbox.Config{BizType: coupon.BizType}, nil, nil)
+	ib, err := engine.New(s.db, h, engine.Config{BizType: coupon.BizType}, nil, nil)
 	if err != nil {
 		closeH()
 		return nil, cfg, nil, err
@@ -183,6 +184,6 @@ func (s *suite) newBatcher(ctx context.Context, contract bool) (*inbox.Batcher, 
 }
 
 // batchConfig is the Batcher settings of the group-commit measurements.
-func (s *suite) batchConfig() inbox.BatchConfig {
-	return inbox.BatchConfig{MaxSize: s.cfg.batchSize, Workers: s.cfg.batchLanes, Linger: s.cfg.batchLinger}
+func (s *suite) batchConfig() engine.BatchConfig {
+	return engine.BatchConfig{MaxSize: s.cfg.batchSize, Workers: s.cfg.batchLanes, Linger: s.cfg.batchLinger}
 }

@@ -17,7 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/coupon"
-	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/internal/tracex"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/kafkax"
@@ -143,7 +143,7 @@ func (s *suite) benchE2E(ctx context.Context, mode string, contract bool, n int,
 		return res, err
 	}
 	defer closeH() // after the pipeline stops (deferred later, runs first)
-	ib, err := inbox.New(db, h, inbox.Config{BizType: coupon.BizType, StepsPerTx: s.cfg.e2eSPT}, nil, &e.wake)
+	ib, err := engine.New(db, h, engine.Config{BizType: coupon.BizType, StepsPerTx: s.cfg.e2eSPT}, nil, &e.wake)
 	if err != nil {
 		return res, err
 	}
@@ -334,14 +334,14 @@ type waker struct {
 	first atomic.Int64 // Unix ns of the first finished delivery; 0 until then
 }
 
-func (w *waker) Delivered(_ string, r inbox.Result, _ time.Duration) {
+func (w *waker) Delivered(_ string, r engine.Result, _ time.Duration) {
 	w.first.CompareAndSwap(0, time.Now().UnixNano())
-	if rl := w.relay.Load(); rl != nil && r.Outcome == inbox.OutcomeProcessed {
+	if rl := w.relay.Load(); rl != nil && r.Outcome == engine.OutcomeProcessed {
 		rl.Wake()
 	}
 }
 
-func (e *e2eRun) startPipeline(ctx context.Context, topic string, ib *inbox.Inbox) (func(), error) {
+func (e *e2eRun) startPipeline(ctx context.Context, topic string, ib *engine.Inbox) (func(), error) {
 	s, db, kc := e.s, e.s.db, e.s.kc
 	var sub message.Subscriber
 	var err error

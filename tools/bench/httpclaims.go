@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/coupon"
-	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/inbox/httpcmd"
 )
 
@@ -32,7 +32,7 @@ func (s *suite) benchHTTPClaims(ctx context.Context) error {
 	if err := s.truncate(ctx); err != nil {
 		return err
 	}
-	if _, err := s.lock.ExecContext(ctx, "TRUNCATE TABLE "+inbox.ReplyTable("inbox")); err != nil {
+	if _, err := s.lock.ExecContext(ctx, "TRUNCATE TABLE "+engine.ReplyTable("inbox")); err != nil {
 		return err
 	}
 	g, cfg, err := s.granter(ctx, "")
@@ -44,7 +44,7 @@ func (s *suite) benchHTTPClaims(ctx context.Context) error {
 		return err
 	}
 	defer claims.(io.Closer).Close()
-	ib, err := inbox.NewCommand(s.db, claims, inbox.Config{BizType: coupon.ClaimBizType}, nil, nil)
+	ib, err := engine.NewCommand(s.db, claims, engine.Config{BizType: coupon.ClaimBizType}, nil, nil)
 	if err != nil {
 		return err
 	}

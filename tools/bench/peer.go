@@ -14,7 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/coupon"
-	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 )
 
 // peerGroup: the pipeline a team writes today without onceflow, side by side with onceflow
@@ -286,7 +286,7 @@ func (s *suite) runOnceflowOn(ctx context.Context, in, out string, n int) (peerR
 	}
 	defer closeH()
 	e := &e2eRun{s: s, mode: "batch"}
-	ib, err := inbox.New(s.db, h, inbox.Config{BizType: coupon.BizType, StepsPerTx: s.cfg.e2eSPT}, nil, &e.wake)
+	ib, err := engine.New(s.db, h, engine.Config{BizType: coupon.BizType, StepsPerTx: s.cfg.e2eSPT}, nil, &e.wake)
 	if err != nil {
 		return peerResult{}, err
 	}

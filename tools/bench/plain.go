@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/outbox"
 )
 
@@ -109,7 +110,7 @@ func checkPlain(ctx context.Context, db *sql.DB, n int) error {
 
 // newPlainInbox builds the plain plugin's inbox; inserter: its credit through an
 // inbox.Inserter.
-func newPlainInbox(db *sql.DB, inserter bool) (*inbox.Inbox, *outbox.Writer, error) {
+func newPlainInbox(db *sql.DB, inserter bool) (*engine.Inbox, *outbox.Writer, error) {
 	out, err := outbox.NewWriter("outbox")
 	if err != nil {
 		return nil, nil, err
@@ -120,7 +121,7 @@ func newPlainInbox(db *sql.DB, inserter bool) (*inbox.Inbox, *outbox.Writer, err
 			return nil, nil, err
 		}
 	}
-	ib, err := inbox.New(db, h, inbox.Config{BizType: "plain"}, nil, nil)
+	ib, err := engine.New(db, h, engine.Config{BizType: "plain"}, nil, nil)
 	return ib, out, err
 }
 
@@ -153,7 +154,7 @@ func (s *suite) benchPlainSingle(ctx context.Context) (plainMeasure, error) {
 	defer out.Close()
 	n := s.cfg.plainSingle
 	send := func(i int) error {
-		_, err := ib.Process(ctx, message.NewMessage(watermill.NewUUID(), order("plain-single", i).Encode()), inbox.Source{Topic: "bench"}, inbox.ProcessOptions{})
+		_, err := ib.Process(ctx, message.NewMessage(watermill.NewUUID(), order("plain-single", i).Encode()), inbox.Source{Topic: "bench"}, engine.ProcessOptions{})
 		return err
 	}
 	cpu := newCPUMeter(s.services)
@@ -230,7 +231,7 @@ func (s *suite) benchPlainCoupon(ctx context.Context, contract bool) (plainMeasu
 
 // measureBatcher offers -batch-orders orders to b from -batch-senders senders (timed, with
 // CPU per order), then 30 % duplicates, checks the result and reports the line.
-func (s *suite) measureBatcher(ctx context.Context, b *inbox.Batcher, mode, prefix string, check func() error) (plainMeasure, error) {
+func (s *suite) measureBatcher(ctx context.Context, b *engine.Batcher, mode, prefix string, check func() error) (plainMeasure, error) {
 	n := s.cfg.batchOrders
 	defer s.withWorkers(s.cfg.batchSenders)()
 	send := func(i int) error {

@@ -16,7 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/coupon"
-	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
@@ -122,9 +122,9 @@ func (s *suite) benchSeedLoad(ctx context.Context, mode string) error {
 	defer h.(io.Closer).Close()
 	// The router's defaults, unless a -seed-* flag says otherwise.
 	pc := kafkax.ParallelConfig{Window: s.cfg.seedWindow, MaxInFlightBytes: s.cfg.seedBudget}.WithDefaults()
-	ic := inbox.Config{BizType: coupon.BizType, MaxInFlightCalls: s.cfg.seedInFlight}.WithDefaults()
+	ic := engine.Config{BizType: coupon.BizType, MaxInFlightCalls: s.cfg.seedInFlight}.WithDefaults()
 	calls := ic.MaxInFlightCalls
-	ib, err := inbox.New(db, h, ic, nil, nil)
+	ib, err := engine.New(db, h, ic, nil, nil)
 	if err != nil {
 		return err
 	}
@@ -144,9 +144,9 @@ func (s *suite) benchSeedLoad(ctx context.Context, mode string) error {
 		return err
 	}
 	handler := ib.HandlerFunc(in)
-	var b *inbox.Batcher
+	var b *engine.Batcher
 	if mode == "batch" {
-		if b, err = ib.NewBatcher(inbox.BatchConfig{}); err != nil {
+		if b, err = ib.NewBatcher(engine.BatchConfig{}); err != nil {
 			return err
 		}
 		handler = b.HandlerFunc(in)
@@ -183,7 +183,7 @@ func (s *suite) benchSeedLoad(ctx context.Context, mode string) error {
 	el := time.Since(start)
 	cancel()
 	wg.Wait()
-	var st inbox.BatchStats
+	var st engine.BatchStats
 	if b != nil {
 		_ = b.Close()
 		st = b.Stats()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/onceflow/onceflow/coupon"
 	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
@@ -90,13 +91,13 @@ func (s *suite) benchInbox(ctx context.Context, spt int, unsafeRate float64) err
 		return err
 	}
 	n := s.cfg.orders
-	ib, err := inbox.New(s.db, g, inbox.Config{BizType: coupon.BizType, StepsPerTx: spt}, nil, nil)
+	ib, err := engine.New(s.db, g, engine.Config{BizType: coupon.BizType, StepsPerTx: spt}, nil, nil)
 	if err != nil {
 		return err
 	}
 	el, err := s.parallel(n, func(i int) error {
 		o := order("inbox", i)
-		_, err := ib.Process(ctx, message.NewMessage(watermill.NewUUID(), o.Encode()), inbox.Source{Topic: "bench"}, inbox.ProcessOptions{})
+		_, err := ib.Process(ctx, message.NewMessage(watermill.NewUUID(), o.Encode()), inbox.Source{Topic: "bench"}, engine.ProcessOptions{})
 		return err
 	})
 	if err != nil {
@@ -106,7 +107,7 @@ func (s *suite) benchInbox(ctx context.Context, spt int, unsafeRate float64) err
 	dups := n * 3 / 10
 	del, err := s.parallel(dups, func(i int) error {
 		o := order("inbox", i*3)
-		_, err := ib.Process(ctx, message.NewMessage(watermill.NewUUID(), o.Encode()), inbox.Source{Topic: "bench"}, inbox.ProcessOptions{})
+		_, err := ib.Process(ctx, message.NewMessage(watermill.NewUUID(), o.Encode()), inbox.Source{Topic: "bench"}, engine.ProcessOptions{})
 		return err
 	})
 	if err != nil {

@@ -12,7 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/coupon"
-	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/internal/tracex"
 )
 
@@ -92,11 +92,11 @@ func (s *suite) benchTraced(ctx context.Context, mode string, n int) (perS, tota
 		return 0, 0, 0, err
 	}
 	defer closeH()
-	icfg := inbox.Config{BizType: coupon.BizType, StepsPerTx: s.cfg.e2eSPT}
+	icfg := engine.Config{BizType: coupon.BizType, StepsPerTx: s.cfg.e2eSPT}
 	if tp != nil {
 		icfg.TracerProvider = tp
 	}
-	ib, err := inbox.New(db, h, icfg, nil, &e.wake)
+	ib, err := engine.New(db, h, icfg, nil, &e.wake)
 	if err != nil {
 		return 0, 0, 0, err
 	}
