@@ -22,18 +22,21 @@ import (
 func (a *app) outboxCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "outbox",
-		Short: "inspect parked outbox events (ls, show) and release them (retry, drop)",
+		Short: "inspect parked outbox events (ls, show), release them (retry, drop); send a topic's published events again (republish)",
 		Long: `The relay parks an outbox event Kafka refuses for good (its topic does not exist, it is too
 large, invalid, or writing to the topic is not authorized) in outbox_parked, with Kafka's error,
 and holds the later events of its key behind it, so the key's order holds while every other
 key and topic keeps flowing. Fix the cause (create the topic, raise the limit), then retry the
 parked event: it and the events held behind it go back into the outbox with their original ids
 and are published in their original order. Drop deletes a parked event for good and releases
-the events held behind it.`,
+the events held behind it.
+
+Republish sends the published events of a topic kept in the outbox (relay.retention) again,
+for a topic that lost its records; every consumer of the topic gets them again.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(a.outboxLsCmd(), a.outboxShowCmd(), a.outboxRetryCmd(), a.outboxDropCmd())
+	cmd.AddCommand(a.outboxLsCmd(), a.outboxShowCmd(), a.outboxRetryCmd(), a.outboxDropCmd(), a.outboxRepublishCmd())
 	return cmd
 }
 
