@@ -100,6 +100,7 @@ if [[ "$DB_PORT" == "$DEV_MYSQL_PORT" ]]; then
   DB_PIDFILE=/run/mysqld/mysqld.pid
   DB_SSD_PIDFILE=/run/mysqld/onceflow-start.pid # written by start-stop-daemon (as root)
   DB_TLS_DIR=/etc/mysql/onceflow-tls # copies of the TLS files that mariadbd (user mysql) reads
+  DB_TMPDIR=/var/lib/mysql-tmp       # the server's tmpdir (see db_tmpdir)
 else
   # A private mariadbd of this run dir: own datadir, config, socket and pid files.
   DB_PRIVATE=1
@@ -110,6 +111,7 @@ else
   DB_PIDFILE="$DB_DIR/mysqld.pid"
   DB_SSD_PIDFILE="$DB_DIR/onceflow-start.pid"
   DB_TLS_DIR="$DB_DIR/tls"
+  DB_TMPDIR="$DB_DIR/tmp"
 fi
 MARIADBD=/usr/sbin/mariadbd
 
@@ -264,6 +266,7 @@ db_install() {
 }
 
 db_write_conf() {
+  db_tmpdir
   if [[ $DB_PRIVATE == 1 ]]; then
     db_write_private_conf
     return
@@ -280,6 +283,7 @@ port                           = $DB_PORT
 # working set in memory and avoid checkpoint stalls on the machine's slow virtual disk.
 innodb_buffer_pool_size        = 1G
 innodb_log_file_size           = 512M
+tmpdir                         = $DB_TMPDIR
 $(db_settings)
 EOF
   if ! cmp -s "$tmp" "$DB_CONF" 2>/dev/null; then
@@ -302,6 +306,7 @@ bind-address                   = 127.0.0.1
 port                           = $DB_PORT
 innodb_buffer_pool_size        = 512M
 innodb_log_file_size           = 256M
+tmpdir                         = $DB_TMPDIR
 $(db_settings)
 EOF
   chmod 0644 "$DB_CONF"
@@ -411,6 +416,21 @@ db_app() {
 }
 
 db_ping_root() { mariadb-admin --protocol=socket -S "$DB_SOCKET" -uroot ping >/dev/null 2>&1; }
+
+# db_tmpdir: the server's own tmpdir, where a query that groups or sorts more than
+# tmp_table_size writes its temporary tables (#sql-temptable-…). In /tmp, anything that
+# cleans /tmp may delete such a file while its query runs, and the query then fails ("Error
+# on delete of '/tmp/#sql-temptable-…' (Errcode: 2)"). A server started before my.cnf named
+# it keeps /tmp until its next start.
+db_tmpdir() {
+  mkdir -p "$DB_TMPDIR"
+  if id mysql >/dev/null 2>&1; then
+    chown mysql:mysql "$DB_TMPDIR"
+    chmod 0750 "$DB_TMPDIR"
+  else
+    chmod 1777 "$DB_TMPDIR" # before the package's install creates the user; its postinst may start the server
+  fi
+}
 
 db_start() {
   need_root

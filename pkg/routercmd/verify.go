@@ -131,10 +131,10 @@ func (a *app) verify(ctx context.Context, o verifyOpts) error {
 	var results []inbox.Verification
 	var generic inbox.Verification
 	for {
-		if results, err = audit(false); err != nil {
+		if results, err = readAgain("the plugins' audit", func() ([]inbox.Verification, error) { return audit(false) }); err != nil {
 			return err
 		}
-		if generic, err = checks.run(ctx); err != nil {
+		if generic, err = readAgain("the generic checks", func() (inbox.Verification, error) { return checks.run(ctx) }); err != nil {
 			return err
 		}
 		pending := generic.Pending
@@ -151,7 +151,7 @@ func (a *app) verify(ctx context.Context, o verifyOpts) error {
 		}
 	}
 	if o.kafka && len(plugins) > 0 {
-		if results, err = audit(true); err != nil {
+		if results, err = readAgain("the plugins' audit", func() ([]inbox.Verification, error) { return audit(true) }); err != nil {
 			return err
 		}
 	}
