@@ -30,7 +30,7 @@ func (s *switchedService) Instant() bool { return true }
 func (s *switchedService) Call(_ context.Context, step, key string) error {
 	if s.down.Load() {
 		s.calls.Add(1)
-		return fmt.Errorf("%w: coupon service down: %s (%s)", coupon.ErrInjected, step, key)
+		return fmt.Errorf("coupon service down: %s (%s)", step, key)
 	}
 	return nil
 }

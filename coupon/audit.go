@@ -117,12 +117,12 @@ WHERE c.campaign_id = ? AND (g.state IS NULL OR g.state <> 'GRANTED') LIMIT 20`,
 	if err := listInto(ctx, db, &a, "invariant 2: inbox row done but grant not terminal: order %s", `
 SELECT i.dedup_key FROM inbox i LEFT JOIN coupon_grant g ON g.order_id = i.dedup_key AND g.campaign_id = ?
 WHERE i.biz_type = ? AND i.status = 'done' AND COALESCE(i.reason, '') <> ? AND i.dedup_key NOT LIKE ?
-  AND (g.state IS NULL OR g.state NOT IN ('GRANTED', 'FAILED')) LIMIT 20`, campaignID, BizType, reasonResolved, ClaimPrefix+"%"); err != nil {
+  AND (g.state IS NULL OR g.state NOT IN ('GRANTED', 'FAILED')) LIMIT 20`, campaignID, BizType, reasonResolved, claimPrefix+"%"); err != nil {
 		return a, err
 	}
 	if err := listUngranted(ctx, db, &a, campaignID, "order", `SELECT id, dedup_key, '' FROM inbox
 WHERE biz_type = ? AND status = 'done' AND COALESCE(reason, '') <> ? AND dedup_key LIKE ?`,
-		[]any{BizType, reasonResolved, ClaimPrefix + "%"}, func(key, _ string) string { return GrantID(key) }); err != nil {
+		[]any{BizType, reasonResolved, claimPrefix + "%"}, func(key, _ string) string { return GrantID(key) }); err != nil {
 		return a, err
 	}
 	if err := listUngranted(ctx, db, &a, campaignID, "claim", `SELECT id, dedup_key, COALESCE(metadata, '') FROM inbox
@@ -276,9 +276,9 @@ func listInto(ctx context.Context, db *sql.DB, a *Audit, format, q string, args 
 	return rows.Err()
 }
 
-// OrderFacts is what the database says about a list of orders, such as a producer's
+// orderFacts is what the database says about a list of orders, such as a producer's
 // ledger.
-type OrderFacts struct {
+type orderFacts struct {
 	Terminal, Granted, Quarantined int // orders with a terminal grant, GRANTED ones, quarantined in the inbox
 	Resolved                       int // orders without a terminal grant whose quarantined row an operator resolved
 	Coupons, DuplicateCoupons      int // user_coupon rows of the orders, and beyond the first per order
@@ -287,10 +287,10 @@ type OrderFacts struct {
 	LostIDs                        []string
 }
 
-// LedgerFacts checks every order of the campaign, in chunks. Each order's grant is
+// ledgerFacts checks every order of the campaign, in chunks. Each order's grant is
 // GrantID of its id.
-func LedgerFacts(ctx context.Context, db *sql.DB, campaign string, orders []string) (OrderFacts, error) {
-	var f OrderFacts
+func ledgerFacts(ctx context.Context, db *sql.DB, campaign string, orders []string) (orderFacts, error) {
+	var f orderFacts
 	for start := 0; start < len(orders); start += 500 {
 		chunk := orders[start:min(start+500, len(orders))]
 		in := strings.TrimSuffix(strings.Repeat("?,", len(chunk)), ",")

@@ -119,7 +119,7 @@ func (h *handler) HandleBatch(ctx context.Context, tx *sql.Tx, ds []*inbox.Deliv
 	var value int64
 	for j, gr := range grants {
 		switch {
-		case gr.State.Terminal():
+		case gr.State.terminal():
 			terminal = append(terminal, idx[j])
 		case gr.State == StateInit:
 			fresh = append(fresh, gr)
@@ -253,7 +253,7 @@ func (r sqlRepo) loadOrCreateMany(ctx context.Context, orders []OrderPaid, campa
 		if err := rows.Scan(&gr.OrderID, &gr.UserID, &st, &gr.ValueCents); err != nil {
 			return nil, fmt.Errorf("load grants: %w", err)
 		}
-		if gr.State, err = ParseState(st); err != nil {
+		if gr.State, err = parseState(st); err != nil {
 			return nil, err
 		}
 		byOrder[gr.OrderID] = gr
@@ -378,7 +378,7 @@ func boxAll(gs []grantRow) []boxed {
 // checkPath checks that every step of path is a legal transition.
 func checkPath(path []State) error {
 	for i := 1; i < len(path); i++ {
-		if err := Transit(path[i-1], path[i]); err != nil {
+		if err := transit(path[i-1], path[i]); err != nil {
 			return err
 		}
 	}

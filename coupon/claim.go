@@ -45,40 +45,40 @@ type ClaimResponse struct {
 	Reason     string `json:"reason,omitempty"`
 }
 
-// ClaimPrefix begins every grant id the HTTP entrance makes, and no other. These ids form
-// the claim namespace. An order-paid order id that begins with ClaimPrefix gets a grant id
+// claimPrefix begins every grant id the HTTP entrance makes, and no other. These ids form
+// the claim namespace. An order-paid order id that begins with claimPrefix gets a grant id
 // of another form from GrantID.
-const ClaimPrefix = "claim-"
+const claimPrefix = "claim-"
 
 // orderInClaimsPrefix begins the grant id of an order whose id is in the claim namespace.
-// The letter after ClaimPrefix is not a hex digit, so no claim id begins with it.
-const orderInClaimsPrefix = ClaimPrefix + "order-"
+// The letter after claimPrefix is not a hex digit, so no claim id begins with it.
+const orderInClaimsPrefix = claimPrefix + "order-"
 
 // ClaimID is the grant's order id of the claim made with client token token. It is
-// ClaimPrefix and 40 hex digits of the token's sha256. It fits the grant's order id, and no
+// claimPrefix and 40 hex digits of the token's sha256. It fits the grant's order id, and no
 // order's grant id from GrantID equals it.
 func ClaimID(token string) string {
 	s := sha256.Sum256([]byte(token))
-	return ClaimPrefix + hex.EncodeToString(s[:20])
+	return claimPrefix + hex.EncodeToString(s[:20])
 }
 
 // GrantID is the grant's id of the order-paid order orderID. It is the grant's
 // coupon_grant.order_id, the key of its outside calls and the orderId of its coupon-granted
-// event. It is the order id itself, unless the order id begins with ClaimPrefix. Then it is
+// event. It is the order id itself, unless the order id begins with claimPrefix. Then it is
 // "claim-order-" and 40 hex digits of the order id's sha256. So an order and a claim never
 // share a grant, whatever id the order has. An order id kept as itself never begins with
-// ClaimPrefix. A claim id is ClaimPrefix and 40 hex digits. Every other grant id begins
+// claimPrefix. A claim id is claimPrefix and 40 hex digits. Every other grant id begins
 // with "claim-order-".
 func GrantID(orderID string) string {
-	if !strings.HasPrefix(orderID, ClaimPrefix) {
+	if !strings.HasPrefix(orderID, claimPrefix) {
 		return orderID
 	}
 	s := sha256.Sum256([]byte(orderID))
 	return orderInClaimsPrefix + hex.EncodeToString(s[:20])
 }
 
-// ClaimCommand is the coupon plugin's claim command.
-func ClaimCommand() inbox.Command {
+// claimCommand is the coupon plugin's claim command.
+func claimCommand() inbox.Command {
 	return inbox.Command{Method: http.MethodPost, Path: ClaimPath, BizType: ClaimBizType,
 		Build: func(ctx context.Context, env inbox.PluginEnv) (inbox.Handler, error) {
 			g, err := buildGranter(ctx, env)
@@ -161,8 +161,8 @@ func (h *handler) respond(ctx context.Context, tx *sql.Tx, ds []*inbox.Delivery)
 	}
 	for _, d := range ds {
 		r, ok := answers[d.Value.(OrderPaid).OrderID]
-		if !ok || !r.State.Terminal() {
-			return fmt.Errorf("%w: claim %s finished without a terminal grant", ErrIllegalTransition, d.Key)
+		if !ok || !r.State.terminal() {
+			return fmt.Errorf("%w: claim %s finished without a terminal grant", errIllegalTransition, d.Key)
 		}
 		status := http.StatusCreated
 		if r.State != StateGranted {

@@ -9,4 +9,16 @@
 // inbox.Preparer. Its HandleBatch, in batch.go, is the expert path of group commit. It
 // writes a whole batch with multi-row statements. plugin.go declares the plugin, and
 // claim.go holds its HTTP command, POST /v1/claims.
+//
+// What the package exports is what a reader of the worked example and an operator meet:
+// the declaration (Plugin, PluginName, BizType, ConsumerGroup, OrderPaidTopic, Migrations),
+// its settings (Config, DefaultConfig), the messages it reads and writes (OrderPaid,
+// DecodeOrderPaid, ErrBadOrderPaid, MaxIDLen, GrantEvent, EventGranted, EventGrantFailed,
+// and the claim command's ClaimPath, ClaimBizType, ClaimRequest, ClaimResponse with its
+// State), and the ids of its rows (GrantID, ClaimID, CouponID, EventID).
+//
+// One group more is for onceflow's own tests and tools, which drive the grant without the
+// runtime, and not for a plugin: Granter (NewGranter) with the ExternalService its steps
+// call, EnsureCampaign, which creates a campaign's counters, and Verify, the audit of a
+// campaign (Audit).
 package coupon

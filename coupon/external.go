@@ -16,12 +16,12 @@ type ExternalService interface {
 	Call(ctx context.Context, step, idempotencyKey string) error
 }
 
-// ErrInjected is the error of an injected failure.
-var ErrInjected = errors.New("coupon: injected external failure")
+// errInjected is the error of an injected failure.
+var errInjected = errors.New("coupon: injected external failure")
 
-// SimulatedService simulates slow and flaky calls. Each call sleeps Delay plus up to
+// simulatedService simulates slow and flaky calls. Each call sleeps Delay plus up to
 // Jitter, and fails with probability FailureRate. With zeros it costs nothing.
-type SimulatedService struct {
+type simulatedService struct {
 	Delay       time.Duration
 	Jitter      time.Duration
 	FailureRate float64
@@ -30,17 +30,17 @@ type SimulatedService struct {
 	rng *rand.Rand
 }
 
-// NewSimulatedService builds a seeded SimulatedService.
-func NewSimulatedService(delay, jitter time.Duration, failureRate float64, seed uint64) *SimulatedService {
-	return &SimulatedService{Delay: delay, Jitter: jitter, FailureRate: failureRate, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+// newSimulatedService builds a seeded simulatedService.
+func newSimulatedService(delay, jitter time.Duration, failureRate float64, seed uint64) *simulatedService {
+	return &simulatedService{Delay: delay, Jitter: jitter, FailureRate: failureRate, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
 }
 
 // Instant reports whether a call returns at once. It does when no delay is configured,
 // and for a nil service.
-func (s *SimulatedService) Instant() bool { return s == nil || s.Delay == 0 && s.Jitter == 0 }
+func (s *simulatedService) Instant() bool { return s == nil || s.Delay == 0 && s.Jitter == 0 }
 
 // Call implements ExternalService.
-func (s *SimulatedService) Call(ctx context.Context, step, key string) error {
+func (s *simulatedService) Call(ctx context.Context, step, key string) error {
 	if s == nil {
 		return nil
 	}
@@ -61,7 +61,7 @@ func (s *SimulatedService) Call(ctx context.Context, step, key string) error {
 		}
 	}
 	if fail {
-		return fmt.Errorf("%w: %s (%s)", ErrInjected, step, key)
+		return fmt.Errorf("%w: %s (%s)", errInjected, step, key)
 	}
 	return nil
 }

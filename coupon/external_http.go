@@ -14,8 +14,8 @@ import (
 	"github.com/onceflow/onceflow/inbox"
 )
 
-// HTTPConfig is the downstream an HTTPService calls.
-type HTTPConfig struct {
+// httpConfig is the downstream an httpService calls.
+type httpConfig struct {
 	// URL is the service's base URL. A step's call is a POST to URL/<step>.
 	URL string
 	// Timeout bounds each call, from connecting and sending to waiting for the answer and
@@ -26,8 +26,8 @@ type HTTPConfig struct {
 	MaxConns int
 }
 
-// IdempotencyKeyHeader carries a call's idempotency key, made of the order id and the step.
-const IdempotencyKeyHeader = "Idempotency-Key"
+// idempotencyKeyHeader carries a call's idempotency key, made of the order id and the step.
+const idempotencyKeyHeader = "Idempotency-Key"
 
 // httpBodyLimit is how much of an answer's body a call reads. The rest is not read, and
 // its connection is not reused.
@@ -36,27 +36,27 @@ const httpBodyLimit = 64 << 10
 // httpErrorText is how much of an error answer's body its error quotes.
 const httpErrorText = 256
 
-// HTTPService calls the steps' downstream over HTTP. Each call is a POST to <url>/<step>
+// httpService calls the steps' downstream over HTTP. Each call is a POST to <url>/<step>
 // with the call's idempotency key in the Idempotency-Key header and no body. A 2xx answer
 // is success. A 4xx answer is a permanent error that wraps inbox.ErrPermanent, except 408,
 // 409, 425 and 429, which say to try again later. Any other answer, a connection error and
 // a call past its timeout are errors the inbox retries. Its calls are never instant, so
 // the plugin makes them in Prepare, outside any transaction.
-type HTTPService struct {
+type httpService struct {
 	base    string
 	timeout time.Duration
 	client  *http.Client
 }
 
-// HTTPStatusError is the error of a call the downstream answered with a status other than
+// httpStatusError is the error of a call the downstream answered with a status other than
 // 2xx.
-type HTTPStatusError struct {
+type httpStatusError struct {
 	Step, Key string
 	Status    int
 	Body      string // the answer's first bytes, as valid UTF-8
 }
 
-func (e *HTTPStatusError) Error() string {
+func (e *httpStatusError) Error() string {
 	msg := fmt.Sprintf("coupon: downstream answered %d to %s (key %s)", e.Status, e.Step, e.Key)
 	if e.Body != "" {
 		msg += ": " + e.Body
@@ -64,8 +64,8 @@ func (e *HTTPStatusError) Error() string {
 	return msg
 }
 
-// NewHTTPService builds the service of cfg, with a client and connection pool of its own.
-func NewHTTPService(cfg HTTPConfig) (*HTTPService, error) {
+// newHTTPService builds the service of cfg, with a client and connection pool of its own.
+func newHTTPService(cfg httpConfig) (*httpService, error) {
 	if err := checkDownstreamURL(cfg.URL); err != nil {
 		return nil, err
 	}
@@ -91,7 +91,7 @@ func NewHTTPService(cfg HTTPConfig) (*HTTPService, error) {
 		// A redirect is the answer, so a step's call is never sent somewhere else.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
-	return &HTTPService{base: strings.TrimRight(cfg.URL, "/"), timeout: cfg.Timeout, client: client}, nil
+	return &httpService{base: strings.TrimRight(cfg.URL, "/"), timeout: cfg.Timeout, client: client}, nil
 }
 
 // checkDownstreamURL accepts an absolute http or https URL with a host, without query or
@@ -110,14 +110,14 @@ func checkDownstreamURL(raw string) error {
 }
 
 // Call implements ExternalService.
-func (s *HTTPService) Call(parent context.Context, step, key string) error {
+func (s *httpService) Call(parent context.Context, step, key string) error {
 	ctx, cancel := context.WithTimeout(parent, s.timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.base+"/"+url.PathEscape(step), http.NoBody)
 	if err != nil {
 		return fmt.Errorf("coupon: downstream call %s: %w", step, err)
 	}
-	req.Header.Set(IdempotencyKeyHeader, key)
+	req.Header.Set(idempotencyKeyHeader, key)
 	resp, err := s.client.Do(req)
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) && parent.Err() == nil {
@@ -133,7 +133,7 @@ func (s *HTTPService) Call(parent context.Context, step, key string) error {
 	if err != nil && len(body) == 0 {
 		return fmt.Errorf("coupon: downstream answered %d to %s (key %s), its body unread: %w", resp.StatusCode, step, key, err)
 	}
-	serr := &HTTPStatusError{Step: step, Key: key, Status: resp.StatusCode, Body: errorText(body)}
+	serr := &httpStatusError{Step: step, Key: key, Status: resp.StatusCode, Body: errorText(body)}
 	if permanentStatus(resp.StatusCode) {
 		return inbox.Permanent(serr)
 	}

@@ -43,7 +43,7 @@ type Config struct {
 	// restarted or parallel routers do not replay one failure sequence.
 	Seed uint64 `key:"seed" range:"0..18446744073709551615" help:"seed of the simulated failures; 0 seeds each process differently"`
 
-	// DownstreamURL is the steps' real service, called by an HTTPService. Each call is a
+	// DownstreamURL is the steps' real service, called by an httpService. Each call is a
 	// POST to <url>/<step> with its idempotency key in the Idempotency-Key header. The
 	// default, empty, keeps the simulated calls of the step_* settings.
 	DownstreamURL      string        `key:"downstream_url" help:"the steps' real HTTP service instead of the simulated calls: a POST to this URL and /step for each call, its Idempotency-Key header the order id and the step; step_delay, step_jitter and step_failure_rate stay 0 with it"`
@@ -85,6 +85,10 @@ func (c Config) Validate() error {
 // step's transaction. So it runs the state machine at its own pace, as the inbox's tests
 // drive it. The plugin runs it through Handler instead, which finishes a grant in one
 // transaction once its calls are made.
+//
+// Granter, NewGranter, ExternalService, EnsureCampaign and Verify are for onceflow's own
+// tests and tools, such as the bench, which drive the grant without the runtime. A plugin
+// never needs them, and the runtime builds the plugin through Plugin.
 type Granter struct {
 	*inbox.TypedHandler[OrderPaid]
 	cfg    Config
@@ -102,7 +106,7 @@ func NewGranter(cfg Config, svc ExternalService, logger watermill.LoggerAdapter)
 		return nil, err
 	}
 	if svc == nil {
-		svc = (*SimulatedService)(nil)
+		svc = (*simulatedService)(nil)
 	}
 	if logger == nil {
 		logger = watermill.NopLogger{}
@@ -172,7 +176,7 @@ func (g *Granter) advance(ctx context.Context, tx *sql.Tx, o OrderPaid, made fun
 	if err != nil {
 		return inbox.Continue, false, err
 	}
-	if gr.State.Terminal() {
+	if gr.State.terminal() {
 		return inbox.Done, true, nil
 	}
 	shards, err := g.campaignShards(ctx, repo, gr.CampaignID)
@@ -186,7 +190,7 @@ func (g *Granter) advance(ctx context.Context, tx *sql.Tx, o OrderPaid, made fun
 		// The call was not made before the transaction. There is no Preparer, or another
 		// delivery moved the grant on since. The call is made here, idempotent by order id
 		// and step.
-		step := gr.State.Step()
+		step := gr.State.step()
 		if err := g.svc.Call(ctx, step, gr.OrderID+":"+step); err != nil {
 			return inbox.Continue, false, err
 		}
@@ -198,7 +202,7 @@ func (g *Granter) advance(ctx context.Context, tx *sql.Tx, o OrderPaid, made fun
 			return inbox.Continue, true, err
 		}
 		if shard < 0 {
-			return inbox.Done, true, g.fail(ctx, tx, repo, gr, StateInit, ErrStockExhausted)
+			return inbox.Done, true, g.fail(ctx, tx, repo, gr, StateInit, errStockExhausted)
 		}
 		return inbox.Continue, true, repo.cas(ctx, gr, StateInit, StateLocked, "", "")
 	case StateLocked:
@@ -210,7 +214,7 @@ func (g *Granter) advance(ctx context.Context, tx *sql.Tx, o OrderPaid, made fun
 			if err := repo.releaseStock(ctx, gr); err != nil {
 				return inbox.Continue, true, err
 			}
-			return inbox.Done, true, g.fail(ctx, tx, repo, gr, StateLocked, ErrBudgetExhausted)
+			return inbox.Done, true, g.fail(ctx, tx, repo, gr, StateLocked, errBudgetExhausted)
 		}
 		return inbox.Continue, true, repo.cas(ctx, gr, StateLocked, StateBudgetDeducted, "", "")
 	case StateBudgetDeducted:
@@ -230,7 +234,7 @@ func (g *Granter) advance(ctx context.Context, tx *sql.Tx, o OrderPaid, made fun
 		g.logger.Debug("coupon granted", watermill.LogFields{"order_id": gr.OrderID, "coupon_id": couponID})
 		return inbox.Done, true, nil
 	}
-	return inbox.Continue, true, fmt.Errorf("%w: no step from %s", ErrIllegalTransition, gr.State)
+	return inbox.Continue, true, fmt.Errorf("%w: no step from %s", errIllegalTransition, gr.State)
 }
 
 // grantedEvent is the CouponGranted event of grant gr, with traceParent. An empty
@@ -257,7 +261,7 @@ func (g *Granter) campaignShards(ctx context.Context, repo sqlRepo, campaignID s
 // is a permanent business outcome, not an error of the step.
 func (g *Granter) fail(ctx context.Context, tx *sql.Tx, repo sqlRepo, gr grantRow, from State, cause error) error {
 	reason := "stock_exhausted"
-	if errors.Is(cause, ErrBudgetExhausted) {
+	if errors.Is(cause, errBudgetExhausted) {
 		reason = "budget_exhausted"
 	}
 	if err := repo.cas(ctx, gr, from, StateFailed, "", reason); err != nil {

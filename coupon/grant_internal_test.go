@@ -28,14 +28,14 @@ func TestCASRejectsStaleState(t *testing.T) {
 	err := dbx.InTx(ctx, d.DB, func(tx *sql.Tx) error {
 		return sqlRepo{tx: tx, q: textFor(dbx.DialectOf(d.DB))}.cas(ctx, g, StateInit, StateLocked, "", "")
 	})
-	if !errors.Is(err, ErrStaleState) {
+	if !errors.Is(err, errStaleState) {
 		t.Fatalf("cas from a stale INIT: %v, want ErrStaleState", err)
 	}
 	// An illegal transition is refused before any SQL.
 	err = dbx.InTx(ctx, d.DB, func(tx *sql.Tx) error {
 		return sqlRepo{tx: tx, q: textFor(dbx.DialectOf(d.DB))}.cas(ctx, g, StateLocked, StateGranted, "", "")
 	})
-	if !errors.Is(err, ErrIllegalTransition) {
+	if !errors.Is(err, errIllegalTransition) {
 		t.Fatalf("cas LOCKED → GRANTED: %v, want ErrIllegalTransition", err)
 	}
 	// The matching state moves on and is logged.

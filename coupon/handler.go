@@ -109,16 +109,16 @@ func (h *slowHandler) Prepare(ctx context.Context, d *inbox.Delivery) error {
 	if err != nil {
 		return err
 	}
-	if st.Terminal() {
+	if st.terminal() {
 		h.made.forget(callKeys(o.OrderID)...)
 		return nil
 	}
-	for s := st; !s.Terminal(); s = s.Next() {
-		key := o.OrderID + ":" + s.Step()
+	for s := st; !s.terminal(); s = s.next() {
+		key := o.OrderID + ":" + s.step()
 		if h.made.has(key) {
 			continue
 		}
-		if err := h.g.svc.Call(ctx, s.Step(), key); err != nil {
+		if err := h.g.svc.Call(ctx, s.step(), key); err != nil {
 			if s == st {
 				return err // nothing was made, so the attempt failed
 			}
@@ -187,9 +187,9 @@ func (h *handler) grant(ctx context.Context, tx *sql.Tx, d *inbox.Delivery, o Or
 }
 
 // grantSteps are the outside calls of a grant, in order.
-var grantSteps = []string{StateInit.Step(), StateLocked.Step(), StateBudgetDeducted.Step()}
+var grantSteps = []string{StateInit.step(), StateLocked.step(), StateBudgetDeducted.step()}
 
-// grantPath is a new grant's transitions. Transit accepts each of them.
+// grantPath is a new grant's transitions. transit accepts each of them.
 var grantPath = []State{StateInit, StateLocked, StateBudgetDeducted, StateGranted}
 
 // grantNew grants o at once, when o's grant does not exist yet. It takes the stock and

@@ -9,16 +9,16 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// historyLimit bounds the transitions History returns for one order. A grant logs at
+// historyLimit bounds the transitions grantHistory returns for one order. A grant logs at
 // most three per campaign.
 const historyLimit = 200
 
-// History is the plugin's inbox.HistoryFunc. It returns the grant state machine's
+// grantHistory is the plugin's inbox.HistoryFunc. It returns the grant state machine's
 // committed transitions for an order, oldest first. orderID is the inbox's dedup key, and
-// the grant's id is GrantID of it. History reads coupon_grant_log through its index on the
+// the grant's id is GrantID of it. grantHistory reads coupon_grant_log through its index on the
 // order. Each transition names its campaign. A terminal one also names the coupon granted
 // or the reason the grant failed, from coupon_grant.
-func History(ctx context.Context, db *sql.DB, orderID string) ([]inbox.HistoryEntry, error) {
+func grantHistory(ctx context.Context, db *sql.DB, orderID string) ([]inbox.HistoryEntry, error) {
 	rows, err := db.QueryContext(ctx, textFor(dbx.DialectOf(db)).history, GrantID(orderID), historyLimit)
 	if err != nil {
 		return nil, fmt.Errorf("coupon history: %w", err)

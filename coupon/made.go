@@ -3,11 +3,11 @@ package coupon
 import "sync"
 
 // madeCalls remembers the outside calls of grant steps that succeeded in this process. It
-// keeps their idempotency keys, made of the order id and the step. Prepare makes every call still due before the grant's
-// transaction. When a later call fails, or the transaction rolls back, nothing of the grant
-// commits, and the next attempt would call the earlier steps again. The downstream would
-// recognise them by their keys, but a call that succeeded is not made twice from here.
-// The set is bounded, and the oldest key is forgotten first.
+// keeps their idempotency keys, made of the order id and the step. Prepare makes every call
+// still due before the grant's transaction. When a later call fails, or the transaction
+// rolls back, nothing of the grant commits, and the next attempt would call the earlier
+// steps again. The downstream would recognise them by their keys, but a call that succeeded
+// is not made twice from here. The set is bounded, and the oldest key is forgotten first.
 type madeCalls struct {
 	mu   sync.Mutex
 	set  map[string]struct{}

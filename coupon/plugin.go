@@ -48,14 +48,14 @@ func Plugin() inbox.Plugin {
 		},
 		// A POST to /v1/claims on http.listen claims a coupon for the client token in its
 		// Idempotency-Key header.
-		Commands: []inbox.Command{ClaimCommand()},
+		Commands: []inbox.Command{claimCommand()},
 		// Verify serves `router verify`, and Sampler the orders and poison of
 		// `router produce`.
 		Verify:  verifyPlugin,
 		Sampler: traffic{},
 
 		// The operator console's row page shows the grant's transitions for the order.
-		History: History,
+		History: grantHistory,
 	}
 }
 
@@ -86,13 +86,13 @@ func buildGranter(ctx context.Context, env inbox.PluginEnv) (*Granter, error) {
 // downstream_url if one is set, else the simulated one of the step_* settings.
 func externalService(cfg Config) (ExternalService, error) {
 	if cfg.DownstreamURL != "" {
-		return NewHTTPService(HTTPConfig{URL: cfg.DownstreamURL, Timeout: cfg.DownstreamTimeout, MaxConns: cfg.DownstreamMaxConns})
+		return newHTTPService(httpConfig{URL: cfg.DownstreamURL, Timeout: cfg.DownstreamTimeout, MaxConns: cfg.DownstreamMaxConns})
 	}
 	seed := cfg.Seed
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
 	}
-	return NewSimulatedService(cfg.StepDelay, cfg.StepJitter, cfg.StepFailureRate, seed), nil
+	return newSimulatedService(cfg.StepDelay, cfg.StepJitter, cfg.StepFailureRate, seed), nil
 }
 
 // settingsOf is the plugin's settings as the runtime decoded them into Plugin.Settings.

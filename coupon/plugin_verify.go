@@ -12,14 +12,14 @@ import (
 // verifyPlugin is the plugin's Verify, run by `router verify`. It checks the invariants of
 // the configured campaign, as Verify does. The runtime checks the relay lag, invariant 4,
 // for the whole outbox. verifyPlugin reports what became of a producer ledger's orders,
-// with LedgerFacts. With `verify --kafka` it also counts the CouponGranted events on the
+// with ledgerFacts. With `verify --kafka` it also counts the CouponGranted events on the
 // granted topic.
 func verifyPlugin(ctx context.Context, env inbox.VerifyEnv) (inbox.Verification, error) {
 	cfg, err := settingsOf(env.Settings)
 	if err != nil {
 		return inbox.Verification{}, err
 	}
-	facts, err := LedgerFacts(ctx, env.DB, cfg.CampaignID, env.Keys)
+	facts, err := ledgerFacts(ctx, env.DB, cfg.CampaignID, env.Keys)
 	if err != nil {
 		return inbox.Verification{}, err
 	}

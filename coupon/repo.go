@@ -187,7 +187,7 @@ func (r sqlRepo) loadOrCreate(ctx context.Context, o OrderPaid, campaignID strin
 	if err := r.tx.QueryRowContext(ctx, r.q.loadGrant, o.OrderID, campaignID).Scan(&g.UserID, &st, &g.ValueCents, &stockShard, &budgetShard); err != nil {
 		return grantRow{}, fmt.Errorf("load grant: %w", err)
 	}
-	s, err := ParseState(st)
+	s, err := parseState(st)
 	if err != nil {
 		return grantRow{}, err
 	}
@@ -207,14 +207,14 @@ func readState(ctx context.Context, db *sql.DB, orderID, campaignID string) (Sta
 	if err != nil {
 		return "", fmt.Errorf("read grant state: %w", err)
 	}
-	return ParseState(st)
+	return parseState(st)
 }
 
 // cas moves the grant from one state to another with an optimistic lock and logs the
 // transition. When it updates no row, another attempt got there first. cas then returns
-// ErrStaleState, and the caller's transaction is rolled back with this step's side effect.
+// errStaleState, and the caller's transaction is rolled back with this step's side effect.
 func (r sqlRepo) cas(ctx context.Context, g grantRow, from, to State, couponID, reason string) error {
-	if err := Transit(from, to); err != nil {
+	if err := transit(from, to); err != nil {
 		return err
 	}
 	res, err := r.tx.ExecContext(ctx, r.q.cas, string(to), nullStr(couponID), nullStr(reason), g.OrderID, g.CampaignID, string(from))
@@ -226,7 +226,7 @@ func (r sqlRepo) cas(ctx context.Context, g grantRow, from, to State, couponID, 
 		return fmt.Errorf("transition %s → %s: %w", from, to, err)
 	}
 	if n != 1 {
-		return fmt.Errorf("%w: order %s expected %s", ErrStaleState, g.OrderID, from)
+		return fmt.Errorf("%w: order %s expected %s", errStaleState, g.OrderID, from)
 	}
 	if _, err := r.tx.ExecContext(ctx, r.q.logTransition, g.OrderID, g.CampaignID, string(from), string(to)); err != nil {
 		return fmt.Errorf("log transition: %w", err)

@@ -2,12 +2,14 @@ package coupon_test
 
 import (
 	"errors"
+	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/onceflow/onceflow/coupon"
 )
 
-// unknownState is not one of coupon.States.
+// unknownState is not one of coupon.AllStates.
 const unknownState = coupon.State("REFUNDED")
 
 // legal is the state machine written out independently of state.go. It holds the three
@@ -22,7 +24,7 @@ var legal = map[[2]coupon.State]bool{
 }
 
 func known(s coupon.State) bool {
-	for _, k := range coupon.States {
+	for _, k := range coupon.AllStates {
 		if k == s {
 			return true
 		}
@@ -36,12 +38,12 @@ var sentinels = []error{coupon.ErrUnknownState, coupon.ErrTerminal, coupon.ErrIl
 
 func TestStatesList(t *testing.T) {
 	want := []coupon.State{coupon.StateInit, coupon.StateLocked, coupon.StateBudgetDeducted, coupon.StateGranted, coupon.StateFailed}
-	if len(coupon.States) != len(want) {
-		t.Fatalf("States = %v, want %v", coupon.States, want)
+	if len(coupon.AllStates) != len(want) {
+		t.Fatalf("States = %v, want %v", coupon.AllStates, want)
 	}
 	for i := range want {
-		if coupon.States[i] != want[i] {
-			t.Fatalf("States = %v, want %v", coupon.States, want)
+		if coupon.AllStates[i] != want[i] {
+			t.Fatalf("States = %v, want %v", coupon.AllStates, want)
 		}
 	}
 }
@@ -49,7 +51,7 @@ func TestStatesList(t *testing.T) {
 // TestTransitions checks CanTransitTo and Transit for every pair of states, over the five
 // states and an unknown one.
 func TestTransitions(t *testing.T) {
-	all := append(append([]coupon.State{}, coupon.States...), unknownState)
+	all := append(append([]coupon.State{}, coupon.AllStates...), unknownState)
 	type tc struct {
 		name     string
 		from, to coupon.State
@@ -110,7 +112,7 @@ func TestTransitions(t *testing.T) {
 
 func TestTerminalStatesAcceptNothing(t *testing.T) {
 	for _, from := range []coupon.State{coupon.StateGranted, coupon.StateFailed} {
-		for _, to := range append(append([]coupon.State{}, coupon.States...), unknownState, "") {
+		for _, to := range append(append([]coupon.State{}, coupon.AllStates...), unknownState, "") {
 			if from.CanTransitTo(to) {
 				t.Errorf("%s.CanTransitTo(%q) = true", from, to)
 			}
@@ -154,7 +156,7 @@ func TestNextTerminalStep(t *testing.T) {
 }
 
 func TestParseState(t *testing.T) {
-	for _, s := range coupon.States {
+	for _, s := range coupon.AllStates {
 		t.Run(string(s), func(t *testing.T) {
 			got, err := coupon.ParseState(string(s))
 			if err != nil || got != s {
@@ -172,5 +174,31 @@ func TestParseState(t *testing.T) {
 				t.Errorf("ParseState(%q) returned state %q with an error", bad, got)
 			}
 		})
+	}
+}
+
+// TestStateMachineSteps walks the happy path: each state's outside call, and whether it
+// may still fail. A transition out of it is legal only along the path or to FAILED.
+func TestStateMachineSteps(t *testing.T) {
+	var got []string
+	for s := coupon.StateInit; s != ""; s = s.Next() {
+		got = append(got, fmt.Sprint(s, " ", s.Step(), " ", s.CanTransitTo(coupon.StateFailed)))
+	}
+	want := []string{"INIT lock_stock true", "LOCKED deduct_budget true", "BUDGET_DEDUCTED write_wallet true", "GRANTED  false"}
+	if !slices.Equal(got, want) {
+		t.Errorf("steps %q, want %q", got, want)
+	}
+	for _, tc := range []struct {
+		from, to coupon.State
+		want     error
+	}{
+		{coupon.StateInit, coupon.StateLocked, nil},
+		{coupon.StateInit, coupon.StateGranted, coupon.ErrIllegalTransition},
+		{coupon.StateGranted, coupon.StateFailed, coupon.ErrTerminal},
+		{"REFUNDED", coupon.StateFailed, coupon.ErrUnknownState},
+	} {
+		if err := coupon.Transit(tc.from, tc.to); !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
+			t.Errorf("%s → %s: %v, want %v", tc.from, tc.to, err, tc.want)
+		}
 	}
 }

@@ -110,7 +110,7 @@ func (s *suite) benchSeedLoad(ctx context.Context, mode string) error {
 	if err := coupon.EnsureCampaign(ctx, db, cfg); err != nil {
 		return err
 	}
-	svc := &countingService{svc: coupon.NewSimulatedService(s.cfg.scaled(s.cfg.seedDelay), s.cfg.scaled(s.cfg.seedJitter), 0, 1)}
+	svc := &countingService{svc: newSimulatedCalls(s.cfg.scaled(s.cfg.seedDelay), s.cfg.scaled(s.cfg.seedJitter), 1)}
 	g, err := coupon.NewGranter(cfg, svc, nil)
 	if err != nil {
 		return err
@@ -243,7 +243,7 @@ func (s *suite) benchSeedConsumer(ctx context.Context, topic string, recsPerPoll
 		return err
 	}
 	f := s.cfg.seedConsumerScale
-	svc := coupon.NewSimulatedService(time.Duration(float64(s.cfg.seedDelay)*f), time.Duration(float64(s.cfg.seedJitter)*f), 0, 3)
+	svc := newSimulatedCalls(time.Duration(float64(s.cfg.seedDelay)*f), time.Duration(float64(s.cfg.seedJitter)*f), 3)
 	interval := time.Duration(float64(s.cfg.seedConsumerInterval) * f)
 	client, err := sarama.NewClient(kc.Brokers, kc.ConsumerConfig())
 	if err != nil {

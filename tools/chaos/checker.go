@@ -189,7 +189,7 @@ type outboxRow struct {
 
 type transition struct{ from, to string }
 
-// legal is the coupon state machine, written out independently of coupon.CanTransitTo:
+// legal is the coupon state machine, written out independently of coupon's state.go:
 // one step forward on the happy path, or any non-terminal state to FAILED — and INIT →
 // GRANTED, the whole happy path committed in one transaction (a grant written GRANTED at
 // once logs the one transition it committed).
