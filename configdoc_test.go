@@ -10,7 +10,7 @@ import (
 	"github.com/onceflow/onceflow/internal/settings"
 )
 
-var update = flag.Bool("update", false, "rewrite README's configuration table from the settings")
+var update = flag.Bool("update", false, "rewrite the documents' generated parts: README's configuration table, ARCHITECTURE's public API")
 
 const (
 	configTableStart = "<!-- config-table:start -->"
