@@ -38,8 +38,9 @@ type Metrics struct {
 }
 
 // New registers the collectors. db, when not nil, feeds the database gauges. They are the
-// inbox rows by status, the oldest unpublished outbox row and the parked outbox rows. They
-// are read in the background at most every dbRefresh.
+// inbox rows by status, the failed ones by reason, the oldest unpublished outbox row (its age
+// from its creation and since it became publishable) and the parked outbox rows. They are
+// read in the background at most every dbRefresh.
 func New(db *sql.DB) *Metrics {
 	r := prometheus.NewRegistry()
 	m := &Metrics{
@@ -91,8 +92,14 @@ func New(db *sql.DB) *Metrics {
 		m.db = &dbCollector{db: db,
 			inboxRows: prometheus.NewDesc("onceflow_inbox_rows", "Inbox rows by biz type and status; failed: quarantined (rows waiting for a delayed redelivery are onceflow_inbox_delayed_rows).", []string{"biz_type", "status"}, nil),
 			delayed:   prometheus.NewDesc("onceflow_inbox_delayed_rows", "Inbox rows waiting for a delayed redelivery, by biz type.", []string{"biz_type"}, nil),
-			oldest:    prometheus.NewDesc("onceflow_outbox_oldest_unpublished_seconds", "Age of the oldest unpublished outbox row (0 when none).", nil, nil),
-			pending:   prometheus.NewDesc("onceflow_outbox_unpublished_rows", "Unpublished outbox rows.", nil, nil),
+			failed: prometheus.NewDesc("onceflow_inbox_failed_rows",
+				"Quarantined (failed) inbox rows by biz type and reason: poison, retries_exhausted, permanent, …; rows waiting for a delayed redelivery are onceflow_inbox_delayed_rows.",
+				[]string{"biz_type", "reason"}, nil),
+			oldest: prometheus.NewDesc("onceflow_outbox_oldest_unpublished_seconds", "Age of the oldest unpublished outbox row from its created_at (0 when none).", nil, nil),
+			publishable: prometheus.NewDesc("onceflow_outbox_oldest_publishable_seconds",
+				"Age of the oldest unpublished outbox row since it became publishable: its creation, or for a row put back by `router outbox retry` (or committed late) this router's first read of it (0 when none).",
+				nil, nil),
+			pending: prometheus.NewDesc("onceflow_outbox_unpublished_rows", "Unpublished outbox rows.", nil, nil),
 			parked: prometheus.NewDesc("onceflow_outbox_parked_rows",
 				"Outbox events the relay parked (outbox_parked), not published: held=false Kafka refuses them for good, held=true they wait behind one of their key that it refuses.",
 				[]string{"held"}, nil),
@@ -120,8 +127,9 @@ const dbRefresh = 15 * time.Second
 const dbQueryTimeout = 5 * time.Second
 
 type dbCollector struct {
-	db                                          *sql.DB
-	inboxRows, delayed, oldest, pending, parked *prometheus.Desc
+	db                                                               *sql.DB
+	inboxRows, failed, delayed, oldest, publishable, pending, parked *prometheus.Desc
+	since                                                            publishable // the outbox rows' publishable times, for the refresh in flight
 
 	mu         sync.Mutex
 	cached     DBStats
@@ -135,8 +143,10 @@ type dbCollector struct {
 
 func (c *dbCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.inboxRows
+	ch <- c.failed
 	ch <- c.delayed
 	ch <- c.oldest
+	ch <- c.publishable
 	ch <- c.pending
 	ch <- c.parked
 }
@@ -147,6 +157,9 @@ func (c *dbCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.stats()
 	for _, r := range s.InboxRows {
 		ch <- prometheus.MustNewConstMetric(c.inboxRows, prometheus.GaugeValue, float64(r.Rows), r.BizType, r.Status)
+	}
+	for _, r := range s.FailedReasons {
+		ch <- prometheus.MustNewConstMetric(c.failed, prometheus.GaugeValue, float64(r.Rows), r.BizType, r.Reason)
 	}
 	delayed := map[string]int64{}
 	for _, r := range s.InboxRows {
@@ -161,6 +174,9 @@ func (c *dbCollector) Collect(ch chan<- prometheus.Metric) {
 	if s.OutboxRead {
 		ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, s.OldestUnpublished.Seconds())
 		ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(s.Unpublished))
+	}
+	if s.PublishableRead {
+		ch <- prometheus.MustNewConstMetric(c.publishable, prometheus.GaugeValue, s.OldestPublishable.Seconds())
 	}
 	if s.ParkedRead {
 		ch <- prometheus.MustNewConstMetric(c.parked, prometheus.GaugeValue, float64(s.ParkedRefused), "false")
@@ -227,6 +243,9 @@ func (c *dbCollector) query() DBStats {
 		s.OutboxRead = true
 		if oldest.Valid {
 			s.OldestUnpublished = max(time.Since(oldest.Time), 0)
+		}
+		if age, err := c.since.read(ctx, c.db); err == nil {
+			s.OldestPublishable, s.PublishableRead = age, true
 		}
 	}
 	if err := c.db.QueryRowContext(ctx, `SELECT COUNT(*) - COUNT(held_behind), COUNT(held_behind) FROM outbox_parked`).Scan(&s.ParkedRefused, &s.ParkedHeld); err == nil {

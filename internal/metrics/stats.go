@@ -34,6 +34,12 @@ type DBStats struct {
 	OutboxRead        bool
 	Unpublished       int64
 	OldestUnpublished time.Duration // age of the oldest unpublished row when read; 0: none
+	// PublishableRead says that OldestPublishable was read. OldestPublishable is the age of
+	// the oldest unpublished row since it became publishable: since its creation, or, for a
+	// row put back by `router outbox retry` (or committed late), since the first read that
+	// found it unpublished.
+	PublishableRead   bool
+	OldestPublishable time.Duration
 	// ParkedRead says that ParkedRefused and ParkedHeld were read.
 	ParkedRead    bool
 	ParkedRefused int64 // parked events Kafka refuses for good
