@@ -71,7 +71,7 @@ type DelayedCount struct {
 }
 
 // delayedReason is the reason of a 'failed' row waiting for a delayed redelivery. It is
-// inbox.ReasonDelayed.
+// engine.ReasonDelayed.
 const delayedReason = "delayed"
 
 // splitDelayed moves the rows waiting for a delayed redelivery out of the failed counts
