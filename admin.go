@@ -18,17 +18,18 @@ import (
 	"github.com/onceflow/onceflow/internal/loopback"
 )
 
-// readiness paces /readyz's background checks: each check runs every Interval, at most
-// one call at a time, each call bounded by Timeout.
+// readiness paces the background checks of /readyz. Each check runs every Interval, with at
+// most one call at a time. Timeout bounds each call.
 var readiness = health.Config{Interval: 5 * time.Second, Timeout: 3 * time.Second}
 
-// admin serves /healthz, /readyz, /metrics and the operator console (every other path:
-// internal/console) on a dedicated mux; nothing when admin.listen is empty. /readyz answers from
-// the latest results of background checks of the database and Kafka (health.Checker), never
-// from a check of its own: a request costs no connection and cannot hang on a broker that
-// accepts connections and never answers. Without admin.token (a loopback listener) every
-// path, /healthz included, answers only requests addressed to a loopback name (tokenless).
-// Stopping it stops the server, the checks and the console's replays.
+// admin serves /healthz, /readyz, /metrics and the operator console on a dedicated mux. The
+// console, package internal/console, serves every other path. admin serves nothing when
+// admin.listen is empty. /readyz answers from the latest results of health.Checker's
+// background checks of the database and Kafka. It never runs a check of its own. So a
+// request costs no connection, and it cannot hang on a broker that accepts connections and
+// never answers. Without admin.token the listener is a loopback one. tokenless then makes
+// every path, /healthz included, answer only requests addressed to a loopback name.
+// Stopping the part stops the server, the checks and the console's replays.
 func (p *pipeline) admin() part {
 	a := p.s
 	if a.Config.Admin.Listen == "" {
@@ -84,14 +85,14 @@ func (p *pipeline) admin() part {
 			return serve(ctx, srv, ln, 5*time.Second)
 		},
 		stop: func() {
-			_ = ln.Close() // closed by serve already, unless it never ran
+			_ = ln.Close() // serve closed it already, unless it never ran
 			con.Close()
 		},
 	}
 }
 
-// serve serves srv on ln until ctx ends, then shuts it down: running requests have grace
-// to finish. It returns Serve's error when Serve fails before.
+// serve serves srv on ln until ctx ends, then shuts it down. Running requests have grace to
+// finish. When Serve fails before ctx ends, serve returns Serve's error.
 func serve(ctx context.Context, srv *http.Server, ln net.Listener, grace time.Duration) error {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
@@ -107,9 +108,9 @@ func serve(ctx context.Context, srv *http.Server, ln net.Listener, grace time.Du
 	return nil
 }
 
-// The admin server's timeouts: a client that sends its request slowly, reads its answer
-// slowly or keeps an idle connection open holds a goroutine and a socket for this long at
-// most. /metrics is the longest answer (a few hundred KB).
+// The admin server's timeouts bound how long a slow client holds a goroutine and a socket.
+// Such a client sends its request slowly, reads its answer slowly or keeps an idle
+// connection open. /metrics is the longest answer, at a few hundred KB.
 const (
 	adminReadHeaderTimeout = 5 * time.Second
 	adminReadTimeout       = 10 * time.Second
@@ -122,8 +123,9 @@ func newAdminServer(h http.Handler) *http.Server {
 		WriteTimeout: adminWriteTimeout, IdleTimeout: adminIdleTimeout, MaxHeaderBytes: 64 << 10}
 }
 
-// requireToken serves h only to requests that carry "Authorization: Bearer <token>"; with
-// an empty token every request is served (a loopback listener, see AdminConfig.validate).
+// requireToken serves h only to requests that carry "Authorization: Bearer <token>". With
+// an empty token it serves every request. AdminConfig.validate allows an empty token only
+// on a loopback listener.
 func requireToken(token string, h http.Handler) http.Handler {
 	return withBearer(token, h, func(w http.ResponseWriter) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="onceflow admin"`)
@@ -131,8 +133,8 @@ func requireToken(token string, h http.Handler) http.Handler {
 	})
 }
 
-// withBearer serves h to requests that carry "Authorization: Bearer <token>" (compared in
-// constant time) and answers the others with deny; an empty token serves every request.
+// withBearer serves h to requests that carry "Authorization: Bearer <token>", compared in
+// constant time. It answers the others with deny. An empty token serves every request.
 func withBearer(token string, h http.Handler, deny func(http.ResponseWriter)) http.Handler {
 	if token == "" {
 		return h
@@ -147,10 +149,11 @@ func withBearer(token string, h http.Handler, deny func(http.ResponseWriter)) ht
 	})
 }
 
-// tokenless guards a listener without a token (bound to loopback: listener.validate): it
-// serves h only to requests addressed to a loopback name, so a page whose DNS name is
-// re-pointed to 127.0.0.1 cannot use a browser on this machine to reach it; refuse answers
-// the others (nil: 421 with a fixed text). With a token the bearer check guards instead.
+// tokenless guards a listener without a token, which listener.validate binds to loopback.
+// It serves h only to requests addressed to a loopback name. So a page whose DNS name is
+// re-pointed to 127.0.0.1 cannot use a browser on this machine to reach the listener.
+// refuse answers the other requests. A nil refuse answers 421 with a fixed text. With a
+// token, the bearer check guards the listener instead.
 func tokenless(token string, h http.Handler, refuse func(http.ResponseWriter)) http.Handler {
 	if token != "" {
 		return h
@@ -158,28 +161,30 @@ func tokenless(token string, h http.Handler, refuse func(http.ResponseWriter)) h
 	return loopback.Only(h, refuse)
 }
 
-// isLoopback reports whether listen (host:port) accepts connections from this machine
-// only: a loopback IP or "localhost". An empty host or 0.0.0.0 / :: listen on every
-// interface.
+// isLoopback reports whether listen, a host:port, accepts connections from this machine
+// only. That holds for a loopback IP and for "localhost". An empty host, 0.0.0.0 and ::
+// listen on every interface.
 func isLoopback(listen string) bool {
 	host, _, err := net.SplitHostPort(listen)
 	return err == nil && loopback.Name(host)
 }
 
-// token returns the admin bearer token: admin.token, or the first line of admin.token_file.
+// token returns the admin bearer token. It is admin.token, or the first line of
+// admin.token_file.
 func (c AdminConfig) token() (string, error) {
 	return listener{"admin", c.Listen, c.Token, c.TokenFile}.token()
 }
 
-// validate checks the admin section: a listener beyond loopback needs a token.
+// validate checks the admin section. A listener beyond loopback needs a token.
 func (c AdminConfig) validate() error {
 	return listener{"admin", c.Listen, c.Token, c.TokenFile}.validate("127.0.0.1:9464", "/metrics and /readyz ask")
 }
 
-// minAdminToken is the shortest listener token accepted: a guessable token protects nothing.
+// minAdminToken is the shortest listener token accepted, because a guessable token protects
+// nothing.
 const minAdminToken = 16
 
-// listener is the part of a listener's section (admin, http) its access rules need.
+// listener is the part of a listener's section, admin or http, that its access rules need.
 type listener struct {
 	section, listen, tok, tokenFile string
 }
@@ -197,10 +202,10 @@ func (l listener) token() (string, error) {
 	return strings.TrimSpace(t), nil
 }
 
-// validate checks a listener's section: host:port, one token source at most, a token of at
-// least minAdminToken printable characters, and a token whenever the address is reachable
-// beyond this machine. example is a loopback address for the message; asks says what the
-// token protects.
+// validate checks a listener's section. The address must be a host:port. The token may have
+// one source at most. A token must have at least minAdminToken printable characters. An
+// address reachable beyond this machine needs a token. example is a loopback address for
+// the message. asks says what the token protects.
 func (l listener) validate(example, asks string) error {
 	if l.tok != "" && l.tokenFile != "" {
 		return fmt.Errorf("%[1]s.token and %[1]s.token_file: set one, not both", l.section)

@@ -18,9 +18,9 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// An admin listener beyond loopback without a token is refused before anything starts
-// (bad input, one line naming the key); a token that is too short is refused too; loopback
-// needs none.
+// TestAdminListenNeedsToken checks that an admin listener beyond loopback without a token
+// is refused before anything starts. The refusal is bad input, on one line naming the key.
+// A token that is too short is refused too. A loopback listener needs no token.
 func TestAdminListenNeedsToken(t *testing.T) {
 	dir := t.TempDir()
 	tokenFile := filepath.Join(dir, "token")
@@ -55,7 +55,7 @@ func TestAdminListenNeedsToken(t *testing.T) {
 		}
 	}
 
-	// As `router run` loads it: bad input before anything connects.
+	// `router run` loads it so, and gets bad input before anything connects.
 	cfg := filepath.Join(dir, "open.yaml")
 	if err := os.WriteFile(cfg, []byte("admin:\n  listen: 0.0.0.0:0\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -66,8 +66,9 @@ func TestAdminListenNeedsToken(t *testing.T) {
 	}
 }
 
-// With a token, /metrics and /readyz answer 401 without it or with a wrong one, and serve
-// with it; /healthz stays open (liveness). The server has all four timeouts.
+// TestAdminToken checks that with a token, /metrics and /readyz answer 401 to a request
+// without it or with a wrong one, and serve a request with it. /healthz stays open for
+// liveness probes. The server has all four timeouts.
 func TestAdminToken(t *testing.T) {
 	d := testenv.DB(t, 2)
 	addr := freeAddr(t)
@@ -154,18 +155,19 @@ func rawRequest(t *testing.T, addr, req string) string {
 	return strings.TrimSpace(line)
 }
 
-// foreignHosts are Host headers of requests a page of another site makes a browser on this
-// machine send to a loopback listener once it re-points its DNS name to 127.0.0.1.
+// foreignHosts are the Host headers that a page of another site makes a browser on this
+// machine send to a loopback listener. The page does so once it re-points its DNS name to
+// 127.0.0.1.
 func foreignHosts(port string) []string {
 	return []string{"rebind.example:" + port, "rebind.example", "127.0.0.1.rebind.example:" + port,
 		"localhost.rebind.example:" + port, "10.0.0.5:" + port, "0.0.0.0:" + port}
 }
 
-// Without admin.token the admin listener answers every path — /healthz, /readyz,
-// /metrics, the console — only to requests addressed to a loopback name: a foreign Host
-// (DNS rebinding) gets 421 and a fixed text, the same request for localhost, 127.0.0.1 or
-// [::1] is served. With a token the bearer guards instead, and a probe of the pod's IP
-// reaches /healthz.
+// TestAdminLoopbackHostOnly checks that without admin.token the admin listener answers only
+// requests addressed to a loopback name. That holds for every path, such as /healthz,
+// /readyz, /metrics and the console. A foreign Host, as DNS rebinding sends it, gets 421
+// and a fixed text. The same request for localhost, 127.0.0.1 or [::1] is served. With a
+// token the bearer check guards instead, and a probe of the pod's IP reaches /healthz.
 func TestAdminLoopbackHostOnly(t *testing.T) {
 	testenv.Integration(t)
 	base := startTestAdminWith(t, testenv.Kafka(t), metrics.New(nil))
@@ -190,8 +192,9 @@ func TestAdminLoopbackHostOnly(t *testing.T) {
 			t.Errorf("GET %s for 127.0.0.1: %d, want 200 with %q", name, code, want)
 		}
 	}
-	// A POST of the console is refused before its form is read; an absolute request URI
-	// names the host it asks for whatever the Host header says; HTTP/1.0 without a Host.
+	// A POST of the console is refused before its form is read. An absolute request URI
+	// names the host it asks for, whatever the Host header says. An HTTP/1.0 request
+	// without a Host is refused too.
 	if code, _, _ := hostGet(t, http.MethodPost, addr, "/logout", "rebind.example:"+port, strings.NewReader("csrf=x"),
 		map[string]string{"Content-Type": "application/x-www-form-urlencoded"}); code != http.StatusMisdirectedRequest {
 		t.Errorf("POST /logout for rebind.example: %d, want 421", code)

@@ -2,14 +2,14 @@ package onceflow
 
 import "errors"
 
-// ErrBadInput is what every error of bad input is: a setting, a flag, a DSN, a plugin's
-// section or settings that the runtime refuses before it changes anything. Test for it with
-// errors.Is; the router's command line exits 2 for it. Such an error's text is the refusal
-// alone, without the words of ErrBadInput.
+// ErrBadInput is what every error of bad input matches. Bad input is a setting, a flag, a
+// DSN, or a plugin's section or settings that the runtime refuses before it changes
+// anything. Test for it with errors.Is. The router's command line exits with status 2 for
+// it. Such an error's text is the refusal alone, without the words of ErrBadInput.
 var ErrBadInput = errors.New("bad input")
 
-// BadInput marks err as bad input, so that errors.Is(err, ErrBadInput) holds, and keeps its
-// text; nil stays nil.
+// BadInput marks err as bad input, so that errors.Is(err, ErrBadInput) holds. The error
+// keeps err's text. BadInput returns nil for a nil err.
 func BadInput(err error) error {
 	if err == nil {
 		return nil
@@ -17,7 +17,7 @@ func BadInput(err error) error {
 	return badInputError{err}
 }
 
-// badInputError is an error marked as bad input (BadInput).
+// badInputError is an error that BadInput marked as bad input.
 type badInputError struct{ err error }
 
 func (e badInputError) Error() string        { return e.err.Error() }

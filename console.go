@@ -10,10 +10,11 @@ import (
 	"github.com/onceflow/onceflow/internal/metrics"
 )
 
-// newConsole returns the operator console (internal/console) the admin listener serves at
-// /. Its biz types are the binary's plugins' (as `router replay` resolves them), and its
-// replays run the way `router replay` and `router inbox retry` run theirs: the inbox of the
-// biz type's plugin (ReplayInbox), inboxops.Replay recording the run in the replay table.
+// newConsole returns the operator console of package internal/console, which the admin
+// listener serves at /. Its biz types are those of the binary's plugins, as `router replay`
+// resolves them. Its replays run the way `router replay` and `router inbox retry` run
+// theirs. ReplayInbox builds the inbox of the biz type's plugin, and inboxops.Replay
+// records the run in the replay table.
 func (s *Setup) newConsole(ctx context.Context, db *sql.DB, m *metrics.Metrics, token string) (*console.Console, error) {
 	cfg := console.Config{DB: db, Metrics: m, Token: token, Logger: s.logger}
 	if m != nil {
@@ -21,7 +22,7 @@ func (s *Setup) newConsole(ctx context.Context, db *sql.DB, m *metrics.Metrics, 
 			cfg.Lags = gl
 		}
 	}
-	if s.plugins != nil { // nil: a Runtime built with New, not by the command line
+	if s.plugins != nil { // nil in a Runtime built with New, not by the command line
 		all, err := s.bizTypes()
 		if err != nil {
 			return nil, err

@@ -1,11 +1,13 @@
-// Package onceflow is the onceflow runtime as a library: the configuration (Config,
-// DefaultConfig, LoadConfig), the pipeline's wiring and lifecycle as a list of parts (New,
-// Runtime), the admin server with its operator console, the HTTP commands' listener, the
-// outbox relay and tracing, and the plugins as a deployment runs them. Bad input — a setting,
-// a DSN, a plugin's section it refuses before anything changes — is ErrBadInput.
+// Package onceflow is the onceflow runtime as a library. Config holds the configuration,
+// and DefaultConfig and LoadConfig build one. New returns a Runtime, whose Run starts the
+// pipeline and stops it in order. Besides the plugins' consumers, a Runtime runs the outbox
+// relay, the inbox cleaner and tracing. When their listeners are set, it also serves the
+// admin endpoints with the operator console, and the plugins' HTTP commands. A Plugin is a
+// plugin as a deployment runs it. The runtime refuses bad input, such as a setting, a DSN
+// or a plugin's section, before anything changes. Every such error matches ErrBadInput.
 //
-// The router's command line is pkg/routercmd, over this package's Setup; the stock binary,
-// cmd/router, is routercmd.Main with the bundled plugins. A program of one's own embeds the
+// The router's command line is package pkg/routercmd, built on Setup. The stock binary,
+// cmd/router, is routercmd.Main with the bundled plugins. A program of its own embeds the
 // runtime with New:
 //
 //	cfg := onceflow.DefaultConfig()

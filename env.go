@@ -18,19 +18,20 @@ const envPrefix = "ONCEFLOW_"
 // configEnv names the config file when --config does not.
 const configEnv = envPrefix + "CONFIG"
 
-// pluginsEnv starts the names of the plugins' settings (plugins.<name>.<key>).
+// pluginsEnv starts the variable names of the plugins' settings, plugins.<name>.<key>.
 const pluginsEnv = envPrefix + "PLUGINS"
 
 // ownEnv are the variables the router reads that name no setting.
 var ownEnv = []string{configEnv}
 
-// envName is the environment variable of a key: ONCEFLOW_ and the key with . and - as _.
+// envName is the environment variable of a key. It is ONCEFLOW_ followed by the key, in
+// upper case, with each . and - as _.
 func envName(key string) string {
 	return envPrefix + strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(key))
 }
 
-// settingEnv maps the environment variable of every setting to its key: the framework's,
-// and those plugins declare (plugins.<name>.<key>).
+// settingEnv maps the environment variable of every setting to its key. The settings are
+// the framework's and those the plugins declare as plugins.<name>.<key>.
 func settingEnv(plugins []inbox.Plugin) map[string]string {
 	m := map[string]string{}
 	for _, s := range settings.List(Config{}) {
@@ -48,11 +49,12 @@ func settingEnv(plugins []inbox.Plugin) map[string]string {
 	return m
 }
 
-// checkEnv refuses the ONCEFLOW_ variables of environ (KEY=value entries, the prefix in any
-// case) that the router does not read: it reads ownEnv and known, the variable of every
-// setting (settingEnv of plugins). Each refusal names the variable and, for a near miss,
-// the known name it resembles; one under ONCEFLOW_PLUGINS_ names the plugin it would set,
-// or lists the plugins when it names none.
+// checkEnv refuses the ONCEFLOW_ variables of environ that the router does not read.
+// environ holds KEY=value entries, and the prefix may be in any case. The router reads
+// ownEnv and known, which maps the variable of every setting as settingEnv does. Each
+// refusal names the variable. For a near miss it also names the known name that the
+// variable resembles. A refused variable under ONCEFLOW_PLUGINS_ names the plugin it would
+// set, or lists the plugins when it names none.
 func checkEnv(environ []string, known map[string]string, plugins []inbox.Plugin) error {
 	names := slices.Clone(ownEnv)
 	for n := range known {
@@ -82,10 +84,11 @@ func checkEnv(environ []string, known map[string]string, plugins []inbox.Plugin)
 		strings.Join(bad, "; "), configEnv, envPrefix))
 }
 
-// pluginEnvRefusal says why name, a ONCEFLOW_PLUGINS_ variable, is not read: it names the
-// file-only key topics or consumer_group of a plugin, no setting of the plugin its name
-// begins with (the longest such name; the nearest of that plugin's variables), or no
-// plugin of plugins.
+// pluginEnvRefusal says why name, a ONCEFLOW_PLUGINS_ variable, is not read. The variable
+// may name topics or consumer_group, a plugin's keys that only the config file sets. It may
+// name no setting of the plugin whose name it begins with. The longest such plugin name
+// counts, and the refusal suggests the nearest of that plugin's variables. Or it may name
+// no plugin of plugins at all.
 func pluginEnvRefusal(name string, plugins []inbox.Plugin) string {
 	upper := strings.ToUpper(name)
 	var best *inbox.Plugin
@@ -118,9 +121,9 @@ func pluginEnvRefusal(name string, plugins []inbox.Plugin) string {
 	return msg
 }
 
-// nearest lists the names among names closest to name (ignoring case and the ONCEFLOW_
-// prefix) within a few edits, those of name's length first (a mistyped letter), joined by
-// " or "; "" when none is that close.
+// nearest lists the names among names closest to name, within a few edits. It ignores case
+// and the ONCEFLOW_ prefix. Names of name's length come first, for a mistyped letter. The
+// names are joined by " or ". nearest returns "" when no name is that close.
 func nearest(name string, names []string) string {
 	target := strings.TrimPrefix(strings.ToUpper(name), envPrefix)
 	var best []string
@@ -145,7 +148,7 @@ func nearest(name string, names []string) string {
 	return strings.Join(best, " or ")
 }
 
-// editDistance is the Levenshtein distance between a and b (bytes).
+// editDistance is the Levenshtein distance between a and b, counted in bytes.
 func editDistance(a, b string) int {
 	prev := make([]int, len(b)+1)
 	cur := make([]int, len(b)+1)
@@ -166,11 +169,12 @@ func editDistance(a, b string) int {
 	return prev[len(b)]
 }
 
-// fromEnv names the setting variables of environ (known: settingEnv) that may hold the
-// value err refuses: those whose key err names or whose value (or one of its
-// comma-separated items) err quotes, else every one that is set (a library's check need
-// not name the key). A key whose flag was given is left out: the flag's value is the one
-// in effect.
+// fromEnv names the setting variables of environ that may hold the value err refuses. known
+// maps the variables as settingEnv does. The variables named are those whose key err names,
+// or whose value err quotes. A value's comma-separated items count too. When no variable is
+// named so, fromEnv names every one that is set, because a library's check need not name
+// the key. A key whose flag was given is left out, because the flag's value is the one in
+// effect.
 func fromEnv(err error, environ []string, known map[string]string, flags *pflag.FlagSet, bind map[string]string) []string {
 	msg := err.Error()
 	var set, named []string
@@ -195,7 +199,8 @@ func fromEnv(err error, environ []string, known map[string]string, flags *pflag.
 	return set
 }
 
-// mentions reports whether msg names key as a whole (relay.shard is not named by relay.shards).
+// mentions reports whether msg names key as a whole. So relay.shards does not name
+// relay.shard.
 func mentions(msg, key string) bool {
 	for i := 0; ; {
 		j := strings.Index(msg[i:], key)
@@ -210,8 +215,8 @@ func mentions(msg, key string) bool {
 	}
 }
 
-// quotes reports whether msg holds value, or one of its comma-separated items, as %q
-// writes it.
+// quotes reports whether msg holds value, or one of its comma-separated items, as %q writes
+// it.
 func quotes(msg, value string) bool {
 	for _, item := range append([]string{value}, strings.Split(value, ",")...) {
 		if item = strings.TrimSpace(item); item != "" && strings.Contains(msg, strconv.Quote(item)) {
@@ -225,8 +230,9 @@ func isKeyByte(c byte) bool {
 	return c == '_' || c == '.' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9'
 }
 
-// configError is a refused configuration: from file (may be empty) and the setting
-// variables of environ (known: settingEnv) that may hold the refused value, one line.
+// configError is a refused configuration, on one line. It names file, which may be empty.
+// It also names the setting variables of environ that may hold the refused value. known
+// maps the variables as settingEnv does.
 func configError(err error, file string, environ []string, known map[string]string, flags *pflag.FlagSet, bind map[string]string) error {
 	where := "config"
 	if file != "" {

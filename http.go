@@ -17,9 +17,9 @@ import (
 // commandKeyField names a command's business key (its client token) in log lines.
 const commandKeyField = "idempotency_key"
 
-// commandPlugins returns the plugins' HTTP commands as plugins of their own biz type: the
-// handler a command's rows run through, in `router run` and in `router replay` / `inbox
-// retry` alike.
+// commandPlugins returns the plugins' HTTP commands as plugins of their own biz type. Each
+// gives the handler that a command's rows run through. `router run`, `router replay` and
+// `router inbox retry` use them alike.
 func commandPlugins(ps []Plugin) []Plugin {
 	var out []Plugin
 	for _, p := range ps {
@@ -34,10 +34,11 @@ func commandPlugins(ps []Plugin) []Plugin {
 	return out
 }
 
-// http serves the plugins' commands on http.listen; nothing when it is empty. Without
-// http.token it answers only requests addressed to a loopback name (tokenless). Each
-// command has its own inbox and, for handlers that batch, its own group commit. Stopping it
-// lets running requests finish first, then closes the group commits and the handlers.
+// http serves the plugins' commands on http.listen. It serves nothing when http.listen is
+// empty. Without http.token, it answers only requests addressed to a loopback name, as
+// tokenless does. Each command has its own inbox. It also has its own group commit when
+// inbox.batch_size is above 1. Stopping the part lets running requests finish first. It
+// then closes the group commits and the handlers.
 func (p *pipeline) http() part {
 	a := p.s
 	cmds := commandPlugins(p.plugins)
@@ -54,7 +55,7 @@ func (p *pipeline) http() part {
 		closers  []func()
 		srv      *http.Server
 		ln       net.Listener
-		answerBy = a.Config.HTTP.RequestTimeout + a.Config.HTTP.OutcomeWait + 5*time.Second // a request's longest run, and a margin
+		answerBy = a.Config.HTTP.RequestTimeout + a.Config.HTTP.OutcomeWait + 5*time.Second // a request's longest run, plus a margin
 	)
 	closeAll := func() {
 		for _, c := range closers {
@@ -80,8 +81,8 @@ func (p *pipeline) http() part {
 				closers = append(closers, closeHandler)
 				var runner httpcmd.Runner = ib
 				if bc := a.Config.Inbox.Batch; bc.MaxSize > 1 {
-					// Group commit, as for the plugin's Kafka deliveries: requests that arrive
-					// together share a transaction.
+					// Group commit works as for the plugin's Kafka deliveries. Requests
+					// that arrive together share a transaction.
 					b, err := ib.NewBatcher(bc)
 					if err != nil {
 						closeAll()
@@ -111,16 +112,17 @@ func (p *pipeline) http() part {
 			a.logger.Info("HTTP listener", watermill.LogFields{"addr": ln.Addr().String(), "idempotency_ttl": a.Config.HTTP.IdempotencyTTL})
 			return nil
 		},
-		run: func(ctx context.Context) error { return serve(ctx, srv, ln, answerBy) }, // running requests finish; none starts
+		run: func(ctx context.Context) error { return serve(ctx, srv, ln, answerBy) }, // running requests finish, and none starts
 		stop: func() {
-			_ = ln.Close() // closed by serve already, unless it never ran
+			_ = ln.Close() // serve closed it already, unless it never ran
 			closeAll()
 		},
 	}
 }
 
-// requireBearer serves h only to requests that carry "Authorization: Bearer <token>"
-// (http.token), answering others 401 with a JSON error; an empty token serves every request.
+// requireBearer serves h only to requests that carry "Authorization: Bearer <token>", where
+// token is http.token. It answers the others 401 with a JSON error. An empty token serves
+// every request.
 func requireBearer(token string, h http.Handler) http.Handler {
 	return withBearer(token, h, func(w http.ResponseWriter) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="onceflow commands"`)
@@ -130,22 +132,23 @@ func requireBearer(token string, h http.Handler) http.Handler {
 	})
 }
 
-// misdirected answers a command addressed to another name than a loopback one on a
-// listener without http.token (tokenless): 421 with a fixed JSON error.
+// misdirected answers a command on a listener without http.token when the command is
+// addressed to a name other than a loopback one. tokenless calls it. The answer is 421 with
+// a fixed JSON error.
 func misdirected(w http.ResponseWriter) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(loopback.Refused)
 	fmt.Fprintln(w, `{"error":"`+loopback.Message+`"}`)
 }
 
-// token returns the commands' bearer token: http.token, or the first line of
+// token returns the commands' bearer token. It is http.token, or the first line of
 // http.token_file.
 func (c HTTPConfig) token() (string, error) {
 	return listener{"http", c.Listen, c.Token, c.TokenFile}.token()
 }
 
-// validate checks the http section: the admin listener's rules (a listener beyond loopback
-// needs a token).
+// validate checks the http section by the admin listener's rules. A listener beyond
+// loopback needs a token.
 func (c HTTPConfig) validate() error {
 	return listener{"http", c.Listen, c.Token, c.TokenFile}.validate("127.0.0.1:8080", "the commands ask")
 }

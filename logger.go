@@ -10,8 +10,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 )
 
-// newLogger is the logger of c: slog's text or JSON handler on stderr at c.Level, through
-// Watermill's adapter.
+// newLogger is the logger of c. It is slog's text or JSON handler on stderr at c.Level,
+// behind Watermill's adapter.
 func newLogger(c LogConfig) watermill.LoggerAdapter {
 	var lvl slog.Level
 	_ = lvl.UnmarshalText([]byte(c.Level))
@@ -28,9 +28,10 @@ func gateLevels(l *slog.Logger) watermill.LoggerAdapter {
 	return levelGate{LoggerAdapter: watermill.NewSlogLogger(l), l: l}
 }
 
-// levelGate drops Debug and Trace messages below the logger's level before Watermill's
-// slog adapter turns their fields into attributes (it converts first, then asks the
-// level): its router logs every message at Trace, an allocation per message for nothing.
+// levelGate drops Debug and Trace messages below the logger's level. Watermill's slog
+// adapter turns a message's fields into attributes before it asks whether the level is on.
+// Watermill's router logs every message at Trace, so each message would cost an allocation
+// for nothing.
 type levelGate struct {
 	watermill.LoggerAdapter
 	l *slog.Logger
@@ -48,8 +49,8 @@ func (g levelGate) Trace(msg string, fields watermill.LogFields) {
 	}
 }
 
-// Warn logs msg at slog's WARN level, which Watermill's adapter lacks, with the fields of
-// With; the outbox relay looks for it.
+// Warn logs msg at slog's WARN level, with the fields of With. Watermill's adapter lacks
+// that level. The outbox relay looks for a Warn method.
 func (g levelGate) Warn(msg string, fields watermill.LogFields) {
 	if g.l.Enabled(context.Background(), slog.LevelWarn) {
 		g.l.Warn(msg, slogArgs(fields)...)

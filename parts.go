@@ -14,8 +14,8 @@ import (
 type part struct {
 	name string
 	// start builds the part and checks what it needs. When it fails, it first releases what
-	// it took; its error stops the parts started before it and is returned as it is. A nil
-	// start does nothing.
+	// it took. Its error stops the parts started before it, and runParts returns it as it
+	// is. A nil start does nothing.
 	start func(ctx context.Context) error
 	// run runs the part until its ctx ends, then returns nil. A return before its ctx ends
 	// is a failure that stops the process, even a nil one. A part retries by itself what a

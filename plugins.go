@@ -21,33 +21,38 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-// The keys of a plugins.<name> section that belong to the runtime, not to the plugin: a
-// deployment's topics and consumer group for the plugin.
+// keyTopics and keyConsumerGroup are the keys of a plugins.<name> section that belong to
+// the runtime, not to the plugin. They give the plugin a deployment's topics and consumer
+// group.
 const (
 	keyTopics        = "topics"
 	keyConsumerGroup = "consumer_group"
 )
 
-// groupName: a consumer group id as this runtime accepts it (Kafka's topic characters).
+// groupName matches a consumer group id as this runtime accepts it, in Kafka's topic
+// characters.
 var groupName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,249}$`)
 
-// Plugin is a plugin as a deployment runs it: its declaration (inbox.Plugin) with the
-// topics and consumer group its configuration section gives it (plugins.<name>.topics and
-// consumer_group), and its settings decoded from that section. Setup.Plugins returns them.
+// Plugin is a plugin as a deployment runs it. It is the plugin's declaration, an
+// inbox.Plugin, with the topics and consumer group of its configuration section. Those are
+// plugins.<name>.topics and plugins.<name>.consumer_group. Plugin also holds the plugin's
+// settings, decoded from that section. Setup.Plugins returns a deployment's plugins.
 type Plugin struct {
 	inbox.Plugin
-	settings any            // a value of the type of Plugin.Settings (decodeSettings); nil without
-	command  *inbox.Command // set for the plugin's HTTP command run as a plugin of its biz type (commandPlugins)
+	settings any            // a value of the type of Plugin.Settings from decodeSettings, or nil
+	command  *inbox.Command // set by commandPlugins for the plugin's HTTP command, run as a plugin of its biz type
 }
 
-// Settings is the plugin's settings under the configuration: a value of the type of
-// inbox.Plugin.Settings (a pointer when that is one), each setting at its default unless
-// plugins.<name>.<key> or its ONCEFLOW_ variable gives it another; nil when the plugin
-// declares none. The runtime hands the same value to the plugin's Writes, Build and Verify.
+// Settings is the plugin's settings under the configuration. The value has the type of
+// inbox.Plugin.Settings, and is a pointer when that is one. Each setting is at its default
+// unless plugins.<name>.<key> or its ONCEFLOW_ variable gives it another. Settings returns
+// nil when the plugin declares no settings. The runtime hands the same value to the
+// plugin's
+// Writes, Build and Verify.
 func (p Plugin) Settings() any { return p.settings }
 
-// resolvePlugin applies section (plugins.<name>, may be nil) to p, as resolveSection does;
-// its errors begin with "config: ".
+// resolvePlugin applies section to p, as resolveSection does. Its errors begin with
+// "config: ".
 func resolvePlugin(p inbox.Plugin, section map[string]any) (Plugin, error) {
 	r, err := resolveSection(p, section)
 	if err != nil {
@@ -56,9 +61,10 @@ func resolvePlugin(p inbox.Plugin, section map[string]any) (Plugin, error) {
 	return r, nil
 }
 
-// resolveSection applies section (plugins.<name>, may be nil) to p: topics and
-// consumer_group replace p's, checked; the rest are p's settings (decodeSettings). It
-// connects to nothing; its errors name the key (plugins.<name>.<key>) and are bad input.
+// resolveSection applies section to p. The section is plugins.<name>, and may be nil. Its
+// topics and consumer_group are checked, then replace p's. decodeSettings decodes the rest
+// as p's settings. resolveSection connects to nothing. Its errors name the key,
+// plugins.<name>.<key>, and are bad input.
 func resolveSection(p inbox.Plugin, section map[string]any) (Plugin, error) {
 	if err := p.Validate(); err != nil {
 		return Plugin{}, BadInput(err)
@@ -110,12 +116,13 @@ func resolveSection(p inbox.Plugin, section map[string]any) (Plugin, error) {
 	return r, nil
 }
 
-// decodeSettings decodes raw, a plugins.<name> section without the reserved keys, into a
-// new value of the type of p.Settings: each setting at its default tag, then raw's values
-// over them; a key that names no setting, a value of the wrong type or out of its range is
-// refused naming plugins.<name>.<key>, and then the type's Validate method, if it has one,
-// checks the whole. The value is of the declared type (a pointer when p.Settings is one);
-// nil when p declares no settings.
+// decodeSettings decodes raw into a new value of the type of p.Settings. raw is a
+// plugins.<name> section without the reserved keys. Each setting starts at its default tag,
+// and raw's values go over them. decodeSettings refuses a key that names no setting, and a
+// value of the wrong type or out of its range. Each refusal names plugins.<name>.<key>.
+// Then the type's Validate method, if it has one, checks the whole. The value is of the
+// declared type, so it is a pointer when p.Settings is one. It is nil when p declares no
+// settings.
 func decodeSettings(p inbox.Plugin, raw map[string]any) (any, error) {
 	prefix := "plugins." + p.Name + "."
 	var list []settings.Setting
@@ -158,8 +165,9 @@ func decodeSettings(p inbox.Plugin, raw map[string]any) (any, error) {
 			return nil, err
 		}
 		if err := dec.Decode(raw); err != nil {
-			// mapstructure names a key in quotes at the start of each of its lines: the
-			// setting's full key, as the framework's settings are named.
+			// mapstructure names a key in quotes at the start of each of its lines. The
+			// prefix makes it the setting's full key, as the framework's settings are
+			// named.
 			return nil, errors.New(oneLine(errors.New(strings.ReplaceAll("\n"+err.Error(), "\n'", "\n'"+prefix))))
 		}
 	}
@@ -178,8 +186,8 @@ func decodeSettings(p inbox.Plugin, raw map[string]any) (any, error) {
 	return v.Elem().Interface(), nil
 }
 
-// unknownKeys are the keys of raw (under prefix, dotted) that name neither a setting of list
-// nor a section holding some, in key order.
+// unknownKeys are the keys of raw that name neither a setting of list nor a section holding
+// some, in key order. Each is dotted and under prefix.
 func unknownKeys(raw map[string]any, list []settings.Setting, prefix string) []string {
 	var out []string
 	for k, v := range raw {
@@ -201,8 +209,8 @@ func unknownKeys(raw map[string]any, list []settings.Setting, prefix string) []s
 	return out
 }
 
-// pluginRegistry holds plugins by name; a plugin that is not valid (inbox.Plugin.Validate)
-// or a name given twice is an error.
+// pluginRegistry holds plugins by name. A plugin that inbox.Plugin.Validate refuses, or a
+// name given twice, is an error.
 func pluginRegistry(plugins []inbox.Plugin) (*registry.Registry[inbox.Plugin], error) {
 	r := registry.New[inbox.Plugin]("plugin")
 	for _, p := range plugins {
@@ -229,10 +237,10 @@ func (s *Setup) declared() []inbox.Plugin {
 // PluginNames are the names of the binary's plugins, sorted.
 func (s *Setup) PluginNames() []string { return s.plugins.Names() }
 
-// Plugins returns the binary's plugins named, or all of them in name order when none is,
-// each resolved under its section of the configuration (Plugin). A name of no plugin is bad
-// input, and so is a section its plugin refuses. Sections of plugins the binary lacks are
-// left to CheckSections.
+// Plugins returns the binary's plugins of the given names, or all of them in name order
+// when no name is given. Each is resolved under its section of the configuration. A name of
+// no plugin is bad input, and so is a section that its plugin refuses. Plugins leaves the
+// sections of plugins the binary lacks to CheckSections.
 func (s *Setup) Plugins(names ...string) ([]Plugin, error) {
 	if len(names) == 0 {
 		names = s.plugins.Names()
@@ -252,8 +260,8 @@ func (s *Setup) Plugins(names ...string) ([]Plugin, error) {
 	return out, nil
 }
 
-// CheckSections refuses, as bad input, a section plugins.<name> of the configuration whose
-// plugin the binary lacks: a typo is not silently ignored.
+// CheckSections refuses a section plugins.<name> of the configuration whose plugin the
+// binary lacks. So a typo is not silently ignored. The refusal is bad input.
 func (s *Setup) CheckSections() error {
 	for name := range s.Config.Plugins {
 		if _, ok := s.plugins.Get(name); !ok {
@@ -263,8 +271,9 @@ func (s *Setup) CheckSections() error {
 	return nil
 }
 
-// WrittenTopics are the topics the plugin writes its events to under its settings
-// (inbox.Plugin.Writes); nil when it declares none. Its errors are bad input.
+// WrittenTopics are the topics the plugin writes its events to under its settings, as
+// inbox.Plugin.Writes returns them. They are nil when the plugin declares no Writes. The
+// errors are bad input.
 func (p Plugin) WrittenTopics() ([]string, error) {
 	if p.Writes == nil {
 		return nil, nil
@@ -279,9 +288,9 @@ func (p Plugin) WrittenTopics() ([]string, error) {
 	return topics, nil
 }
 
-// Migrations are the migrations of the binary's plugins that have any, in name order:
-// `router migrate` applies them in this order after the framework's (migrations.FS) and
-// rolls them back in the reverse order before the framework's.
+// Migrations are the migrations of the binary's plugins that have any, in name order.
+// `router migrate` applies them in this order, after the framework's migrations.FS. It
+// rolls them back in the reverse order, before the framework's.
 func (s *Setup) Migrations() []migrations.Set { return migrationSets(s.plugins) }
 
 // migrationSets are the migrations of r's plugins that have any, in name order.
@@ -317,8 +326,9 @@ func sortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
-// BizTypes are the biz types of the binary's plugins and of their HTTP commands, sorted:
-// those whose inbox rows a replay can run. A section its plugin refuses is bad input.
+// BizTypes are the biz types of the binary's plugins and of their HTTP commands, sorted. A
+// replay can run the inbox rows of these biz types. A section that its plugin refuses is
+// bad input.
 func (s *Setup) BizTypes() ([]string, error) {
 	all, err := s.bizTypes()
 	if err != nil {
@@ -327,8 +337,9 @@ func (s *Setup) BizTypes() ([]string, error) {
 	return sortedKeys(all), nil
 }
 
-// pluginFor resolves the plugin whose handler replays f's rows: by --biz-type, else the only
-// registered biz type, else the only biz type among the matching rows.
+// pluginFor resolves the plugin whose handler replays f's rows. It takes the biz type of
+// --biz-type, else the only registered biz type, else the only biz type among the matching
+// rows.
 func (s *Setup) pluginFor(ctx context.Context, store *inboxops.Store, f *inboxops.Filter) (Plugin, error) {
 	all, err := s.bizTypes()
 	if err != nil {
@@ -371,12 +382,13 @@ func (s *Setup) pluginFor(ctx context.Context, store *inboxops.Store, f *inboxop
 	return ps[0], nil
 }
 
-// ReplayInbox builds the inbox whose handler replays the rows f selects, on db: the inbox of
-// the plugin of f.BizType, or when f names none, of the binary's only biz type, else of the
-// only biz type among the rows that match (f.BizType is set to it). It is the handler path
-// of a live delivery, the one `router replay`, `router inbox retry` and the console run
-// inboxops.Replay on. A biz type it cannot choose, or one shared by two plugins, is bad
-// input. The returned func closes the plugin's handler: call it once the replay is over.
+// ReplayInbox builds the inbox on db whose handler replays the rows f selects. It is the
+// inbox of the plugin of f.BizType. When f names no biz type, it is the inbox of the
+// binary's only biz type, else of the only biz type among the rows that match, and
+// ReplayInbox sets f.BizType to it. It is the handler path of a live delivery. `router
+// replay`, `router inbox retry` and the console run inboxops.Replay on it. A biz type
+// ReplayInbox cannot choose, or one shared by two plugins, is bad input. The returned func
+// closes the plugin's handler. Call it once the replay is over.
 func (s *Setup) ReplayInbox(ctx context.Context, db *sql.DB, f *inboxops.Filter) (*engine.Inbox, func(), error) {
 	store, err := inboxops.NewStore(db, "inbox")
 	if err != nil {

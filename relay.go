@@ -16,17 +16,17 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-// RunRelay runs the outbox relay alone (relay.*), as `router relay` does, until ctx is
-// cancelled or the relay fails. It is a list of parts (the pool, tracing, the metrics, the
-// admin listener, the relay) started in order and stopped in reverse, so the relay stops
-// before the admin listener, the tracing flush and the pool. It returns nil after a
-// cancellation; bad relay.* settings are refused as bad input before it connects.
+// RunRelay runs the outbox relay of relay.* alone, as `router relay` does. It runs until
+// ctx is cancelled or the relay fails. It starts a list of parts in order and stops them in
+// reverse: the pool, tracing, the metrics, the admin listener and the relay. So the relay
+// stops before the admin listener, the tracing flush and the pool. RunRelay returns nil
+// after a cancellation. It refuses bad relay.* settings as bad input before it connects.
 func (s *Setup) RunRelay(ctx context.Context) error {
 	p := &pipeline{s: s, kc: s.Kafka()}
 	if err := p.kc.Validate(); err != nil {
 		return BadInput(err)
 	}
-	if _, err := s.relayConfig(); err != nil { // bad relay.* settings: bad input before connecting
+	if _, err := s.relayConfig(); err != nil { // bad relay.* settings are bad input, before connecting
 		return err
 	}
 	tables := []string{"outbox"}
@@ -57,10 +57,10 @@ func (s *Setup) RunRelay(ctx context.Context) error {
 	})
 }
 
-// relay publishes the outbox (relay.*). The relay retries a batch that failed and a
-// database or a broker it cannot reach. Its run ends when it is stopped, or on a check that
-// no retry fixes, such as a pool not at READ COMMITTED. Stopping it ends its exactly-once
-// session and releases its lease.
+// relay publishes the outbox as relay.* configures it. The relay retries a batch that
+// failed, and a database or a broker it cannot reach. Its run ends when it is stopped, or
+// on a check that no retry fixes, such as a pool not at READ COMMITTED. Stopping it ends
+// its exactly-once session and releases its lease.
 func (p *pipeline) relay() part {
 	var (
 		relay                   *outbox.Relay
@@ -76,7 +76,7 @@ func (p *pipeline) relay() part {
 			if p.obs != nil {
 				p.obs.wake = relay.Wake // set before the router starts delivering
 			}
-			stopMetrics = relayMetrics(context.WithoutCancel(ctx), p.m, relay) // counts until the relay stopped
+			stopMetrics = relayMetrics(context.WithoutCancel(ctx), p.m, relay) // counts until the relay has stopped
 			return nil
 		},
 		run: func(ctx context.Context) error { return relay.Run(ctx) },
@@ -88,15 +88,15 @@ func (p *pipeline) relay() part {
 	}
 }
 
-// relayConfig is the relay's config: relay.*, with the transactional id of this database
-// and shard unless relay.transactional_id names one, the tracer and a chaos build's crash
-// hook (internal/faults).
+// relayConfig is the relay's config of relay.*. Unless relay.transactional_id names one, it
+// adds the transactional id of this database and shard. It adds the tracer and the crash
+// hook of a chaos build, from internal/faults.
 func (s *Setup) relayConfig() (outbox.RelayConfig, error) {
 	rc := s.Config.Relay.RelayConfig
 	if rc.TransactionalID == "" {
-		// One transactional id per database and shard: relays of two databases (a demo and
-		// production, say) never fence each other, and a position is only read back by
-		// relays of the same database.
+		// Each database and shard has its own transactional id. So relays of two databases,
+		// such as a demo and production, never fence each other. Only relays of the same
+		// database read a position back.
 		info, err := dbx.ParseDSNInfo(s.Config.DB.DSN)
 		if err != nil {
 			return outbox.RelayConfig{}, BadInput(err)
@@ -110,8 +110,9 @@ func (s *Setup) relayConfig() (outbox.RelayConfig, error) {
 	return rc, nil
 }
 
-// newRelay builds the configured relay: exactly-once (transactional producer, lease) or at
-// least once (idempotent producer). The returned func releases what it holds.
+// newRelay builds the configured relay. The exactly-once relay has a transactional producer
+// and a lease. The at-least-once relay has an idempotent producer. The returned func
+// releases what the relay holds.
 func (s *Setup) newRelay(db *sql.DB, kc kafkax.Config) (*outbox.Relay, func(), error) {
 	rc, err := s.relayConfig()
 	if err != nil {
@@ -124,8 +125,9 @@ func (s *Setup) newRelay(db *sql.DB, kc kafkax.Config) (*outbox.Relay, func(), e
 		}
 		return r, func() { _ = r.Close() }, nil
 	}
-	// The producer's own client answers the relay's check before each batch (topics exist,
-	// records within Producer.MaxMessageBytes), so what Kafka refuses is parked unsent.
+	// The producer's own client answers the relay's check before each batch. The check
+	// finds whether the topics exist and the records fit Producer.MaxMessageBytes. So the
+	// relay parks what Kafka would refuse, unsent.
 	pc := kc.ProducerConfig()
 	client, err := sarama.NewClient(kc.Brokers, pc)
 	if err != nil {
@@ -222,7 +224,8 @@ var parkedDesc = prometheus.NewDesc("onceflow_relay_parked_total",
 	"Outbox events this relay parked, by reason: Kafka refuses them for good (unknown_topic, too_large, invalid_record, unauthorized), or they wait behind one of their key that it refuses (held); router outbox ls lists them.",
 	[]string{"reason"}, nil)
 
-// parkedCollector exports the relay's parked events by reason, every reason from the start.
+// parkedCollector exports the relay's parked events by reason. Every reason is exported
+// from the start.
 type parkedCollector struct{ relay *outbox.Relay }
 
 func (c parkedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- parkedDesc }

@@ -24,24 +24,27 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-// Runtime is one router process's pipeline, as `router run` starts it: for every plugin its
-// handler, inbox and (for handlers that batch) group commit, a Kafka subscriber per topic in
-// the plugin's consumer group, all on one Watermill router; the outbox relay
-// (cfg.Relay.Enabled), the inbox cleaner, and the admin listener (cfg.Admin.Listen:
-// /healthz, /readyz, /metrics).
+// Runtime is one router process's pipeline, as `router run` starts it. For every plugin it
+// runs the handler and the inbox, and group commit when inbox.batch_size is above 1. It
+// reads each of a plugin's topics in the plugin's consumer group, with one Kafka subscriber
+// per topic, all on one Watermill router. It runs the inbox cleaner, and the outbox relay
+// when cfg.Relay.Enabled is set. When cfg.Admin.Listen is set, it serves /healthz, /readyz,
+// /metrics and the operator console there. When cfg.HTTP.Listen is set, it serves the
+// plugins' HTTP commands there.
 type Runtime struct {
 	s       *Setup
 	plugins []Plugin
-	// wrapRun, set by tests only, wraps the run of each part: parts_test.go stops one.
+	// wrapRun wraps the run of each part. Only tests set it, and parts_test.go stops a part
+	// with it.
 	wrapRun func(part string, run func(context.Context) error) func(context.Context) error
 }
 
-// New returns the runtime of plugins under cfg: each plugin's section of cfg.Plugins is
-// applied (topics and consumer_group replace the declaration's; the rest is the plugin's own
-// configuration). It checks cfg and the plugins and connects to nothing; Run does. Start
-// from DefaultConfig (or LoadConfig); a 0 means what it means in the configuration file
-// (relay.linger 0 publishes at once). A nil logger logs nothing. Errors of bad input are
-// marked as such (ErrBadInput).
+// New returns the runtime of plugins under cfg. It applies each plugin's section of
+// cfg.Plugins. There topics and consumer_group replace the declaration's, and the other
+// keys are the plugin's own configuration. New checks cfg and the plugins and connects to
+// nothing. Run connects. Start from DefaultConfig or LoadConfig. A 0 means what it means in
+// the configuration file, so relay.linger 0 publishes at once. A nil logger logs nothing.
+// Errors of bad input match ErrBadInput.
 func New(cfg Config, plugins []inbox.Plugin, logger watermill.LoggerAdapter) (*Runtime, error) {
 	settings.Resolve(&cfg)
 	if err := cfg.validate(); err != nil {
@@ -70,12 +73,12 @@ func New(cfg Config, plugins []inbox.Plugin, logger watermill.LoggerAdapter) (*R
 	return r, nil
 }
 
-// Runtime returns the runtime of plugins (from Plugins) under the setup's configuration, as
-// `router run` runs it: it logs with the setup's logger, and its console's replays run the
-// binary's plugins. It connects to nothing; Run does.
+// Runtime returns the runtime of plugins under the setup's configuration, as `router run`
+// runs it. The plugins come from Plugins. The runtime logs with the setup's logger, and its
+// console's replays run the binary's plugins. Runtime connects to nothing. Run connects.
 func (s *Setup) Runtime(plugins []Plugin) *Runtime { return &Runtime{s: s, plugins: plugins} }
 
-// Plugins returns the plugins as the runtime runs them: Topics and ConsumerGroup as
+// Plugins returns the plugins as the runtime runs them, with Topics and ConsumerGroup as
 // configured.
 func (r *Runtime) Plugins() []inbox.Plugin {
 	out := make([]inbox.Plugin, len(r.plugins))
@@ -85,8 +88,8 @@ func (r *Runtime) Plugins() []inbox.Plugin {
 	return out
 }
 
-// deliveryOutcomes and redeliveryOutcomes are the outcomes whose counters start at zero
-// (metrics.InitBizType).
+// deliveryOutcomes and redeliveryOutcomes are the outcomes whose counters
+// metrics.InitBizType starts at zero.
 var (
 	deliveryOutcomes = []string{string(engine.OutcomeProcessed), string(engine.OutcomeDuplicate), string(engine.OutcomeHeld),
 		string(engine.OutcomeConflict), string(engine.OutcomeQuarantined)}
@@ -94,10 +97,14 @@ var (
 		string(engine.OutcomeDuplicate), string(engine.OutcomeHeld)}
 )
 
-// Run runs the pipeline's parts until ctx is cancelled or one of them fails. They start in
-// the order of the list below and stop in reverse order, each one's run ended before its
-// stop (runParts). No part is restarted: the first one that fails stops the others, and
-// Run returns its error, which names the part. Run returns nil after a cancellation.
+// Run runs the pipeline's parts until ctx is cancelled or one of them fails. The parts are
+// the database pool, the topic checks, tracing, the metrics, the relay and the inbox
+// cleaner. Then come each plugin's inbox and delayed redeliveries, the history of
+// deliveries, the admin listener, the HTTP commands and the Watermill router. They start in
+// that order and stop in reverse order, so the router stops first and the pool last. Each
+// part's run ends before its stop. No part is restarted. The first one that fails stops the
+// others, and Run returns its error, which names the part. Run returns nil after a
+// cancellation.
 func (r *Runtime) Run(ctx context.Context) error {
 	p := &pipeline{s: r.s, plugins: r.plugins, kc: r.s.Kafka(), inboxes: make([]*engine.Inbox, len(r.plugins)),
 		handlers: make([]func(topic string) message.NoPublishHandlerFunc, len(r.plugins))}
@@ -108,7 +115,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 		[]part{
 			p.database(),
 			p.topics(),
-			p.s.tracing(), // the parts below trace with it; it flushes their spans once they stopped
+			p.s.tracing(), // the parts below trace with it, and it flushes their spans once they stopped
 			p.metrics(),
 			when(p.s.Config.Relay.Enabled, p.relay()), // stops after every part that commits events, so it publishes them
 			p.cleaner(),
@@ -119,7 +126,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 			p.history(), // its last flush counts the deliveries of the parts below
 			p.admin(),
 			p.http(),   // running requests finish
-			p.router(), // stops first: its handlers finish
+			p.router(), // stops first, so its handlers finish
 		},
 	)
 	if r.wrapRun != nil {
@@ -144,10 +151,10 @@ type pipeline struct {
 	db   *sql.DB
 	m    *metrics.Metrics
 	lags *kafkax.LagReader
-	obs  *observer // the runtime's only: the deliveries' metrics and the relay's wake-ups
+	obs  *observer // the deliveries' metrics and the relay's wake-ups, in the runtime only
 
-	inboxes  []*engine.Inbox                                   // by plugin, as plugins
-	handlers []func(topic string) message.NoPublishHandlerFunc // by plugin: the inbox's, or its group commit's
+	inboxes  []*engine.Inbox                                   // by plugin, in the order of plugins
+	handlers []func(topic string) message.NoPublishHandlerFunc // by plugin, the inbox's or its group commit's
 }
 
 // each returns one part per plugin, named kind and the plugin's name.
@@ -168,8 +175,8 @@ func (p *pipeline) observer() engine.Observer {
 	return p.obs
 }
 
-// database opens the pool and checks it: each plugin's migrations support its dialect and
-// every table the runtime reads exists.
+// database opens the pool and checks it. Each plugin's migrations must support the pool's
+// dialect, and every table the runtime reads must exist.
 func (p *pipeline) database() part {
 	return part{name: "database",
 		start: func(ctx context.Context) error {
@@ -194,11 +201,11 @@ func (p *pipeline) checkDatabase(ctx context.Context, db *sql.DB) error {
 		tables = append(tables, pl.Tables...)
 	}
 	if p.s.Config.Relay.Enabled && p.s.Config.Relay.Shards > 1 {
-		tables = append(tables, outbox.MemberTable) // checked at start, like `router relay` does
+		tables = append(tables, outbox.MemberTable) // checked at start, as `router relay` does
 	}
 	tables = append(tables, metrics.HistoryTable) // the deliveries per minute the router adds to
-	// A plugin whose tables exist only in another database's dialect is refused before its
-	// tables are looked for.
+	// A plugin whose migrations exist only in another database's dialect is refused before
+	// its tables are looked for.
 	for _, pl := range p.plugins {
 		if pl.Migrations == nil {
 			continue
@@ -210,8 +217,9 @@ func (p *pipeline) checkDatabase(ctx context.Context, db *sql.DB) error {
 	return checkTables(ctx, db, tables...)
 }
 
-// topics checks that the topics the plugins read exist, and those they write when
-// relay.check_topics is on, and warns of a topic kept longer than the inbox remembers.
+// topics checks that the topics the plugins read exist. It checks the topics they write to
+// as well when relay.check_topics is on. It warns of a topic kept longer than the inbox
+// remembers.
 func (p *pipeline) topics() part {
 	return part{name: "topics",
 		start: func(context.Context) error {
@@ -234,8 +242,8 @@ func (p *pipeline) topics() part {
 	}
 }
 
-// metrics builds the registry and the reader of the consumers' lag, without transaction
-// markers: the metric's and the console's.
+// metrics builds the registry and the reader of the consumers' lag. That lag leaves out
+// transaction markers. The lag metric and the console both read it.
 func (p *pipeline) metrics() part {
 	return part{name: "metrics",
 		start: func(context.Context) error {
@@ -267,8 +275,9 @@ func (p *pipeline) cleaner() part {
 	}
 }
 
-// inbox builds plugin i's handler, its inbox and, for handlers that batch, its group
-// commit. Stopping it closes the group commit, then the handler when it is an io.Closer.
+// inbox builds plugin i's handler and its inbox, and its group commit when inbox.batch_size
+// is above 1. Stopping it closes the group commit, then the handler when it is an
+// io.Closer.
 func (p *pipeline) inbox(i int) part {
 	var closers []func()
 	return part{
@@ -308,14 +317,15 @@ func (p *pipeline) inbox(i int) part {
 	}
 }
 
-// redeliverer runs plugin i's delayed redeliveries (inbox.delayed_retries). A look for due
+// redeliverer runs plugin i's delayed redeliveries of inbox.delayed_retries. A look for due
 // rows that fails is logged and made again.
 func (p *pipeline) redeliverer(i int) part {
 	return part{run: func(ctx context.Context) error { return p.inboxes[i].RunRedeliveries(ctx) }}
 }
 
-// history adds the deliveries per minute to inbox_history every 10 s, and once more when it
-// stops: after the router and the HTTP commands stopped.
+// history adds the deliveries per minute to inbox_history every metrics.HistoryFlushEvery.
+// It adds them once more when it stops, which is after the router and the HTTP commands
+// stopped.
 func (p *pipeline) history() part {
 	return part{name: "history",
 		run: func(ctx context.Context) error {
@@ -327,8 +337,8 @@ func (p *pipeline) history() part {
 	}
 }
 
-// router consumes every plugin's topics in its consumer group, one Kafka subscriber per
-// topic, on one Watermill router. Stopping it lets the handlers finish.
+// router consumes every plugin's topics in the plugin's consumer group, with one Kafka
+// subscriber per topic, on one Watermill router. Stopping it lets the handlers finish.
 func (p *pipeline) router() part {
 	var (
 		router *message.Router
@@ -342,9 +352,9 @@ func (p *pipeline) router() part {
 			if err != nil {
 				return err
 			}
-			// Outermost: a parallel subscriber's claim learns of each ack or nack from the
-			// handler's goroutine (a panic recovered by Recoverer is a nack), instead of
-			// sweeping its window.
+			// AckOnReturn is the outermost middleware. With it, a parallel subscriber's
+			// claim learns of each ack or nack from the handler's goroutine, instead of
+			// sweeping its window. A panic that Recoverer recovers counts as a nack.
 			router.AddMiddleware(kafkax.AckOnReturn, middleware.Recoverer)
 			budget := kafkax.NewBudget(a.Config.Kafka.Parallel.MaxInFlightBytes) // one for every subscriber of the router
 			for i, pl := range p.plugins {
@@ -376,9 +386,9 @@ func closeAll(subs []message.Subscriber) {
 	}
 }
 
-// buildInbox builds p's handler and its inbox: the one handler path that `run`, `replay`
-// and `inbox retry` share. The returned func closes the handler when it is an io.Closer;
-// call it once nothing uses the inbox any more.
+// buildInbox builds p's handler and its inbox. It is the one handler path that `run`,
+// `replay` and `inbox retry` share. The returned func closes the handler when it is an
+// io.Closer. Call it once nothing uses the inbox any more.
 func (s *Setup) buildInbox(ctx context.Context, db *sql.DB, p Plugin, obs engine.Observer) (*engine.Inbox, func(), error) {
 	env := inbox.PluginEnv{DB: db, Logger: s.logger.With(watermill.LogFields{"plugin": p.Name}), Settings: p.settings}
 	if o, ok := obs.(*observer); ok && o.m != nil {
@@ -417,10 +427,12 @@ func (s *Setup) buildInbox(ctx context.Context, db *sql.DB, p Plugin, obs engine
 	return ib, closeHandler, nil
 }
 
-// checkWrittenTopics checks at start that every topic the plugins write to (Plugin.Writes,
-// under their configuration) exists, and fails naming the plugin and the topic otherwise
-// (exit 1): an event for a missing topic would be parked by the relay (`router outbox ls`).
-// relay.check_topics=false skips the check, for topics created after the router starts.
+// checkWrittenTopics checks at start that every topic the plugins write to exists. Those
+// are the topics of Plugin.WrittenTopics, under the plugins' configuration. For a missing
+// topic it fails, naming the plugin and the topic, and the router exits with status 1.
+// Without the check, the relay would park the events for that topic, and `router outbox ls`
+// would list them. relay.check_topics=false skips the check, for topics created after the
+// router starts.
 func (s *Setup) checkWrittenTopics(kc kafkax.Config, plugins []Plugin) error {
 	if !s.Config.Relay.CheckTopics {
 		return nil
@@ -443,10 +455,11 @@ func (s *Setup) checkWrittenTopics(kc kafkax.Config, plugins []Plugin) error {
 	return nil
 }
 
-// subscriber returns the consumer of a plugin's topic: the parallel one (up to kafka.window
-// messages per partition in flight within the router's byte budget, which group commit
-// needs to fill its batches and slow calls need to overlap; values over
-// inbox.max_payload_bytes cut before they wait) or, with kafka.window 1, watermill-kafka's.
+// subscriber returns the consumer of a plugin's topic. By default it is the parallel
+// subscriber. That one keeps up to kafka.window messages per partition in flight, within
+// the router's byte budget. Group commit needs that to fill its batches, and slow calls
+// need it to overlap. It cuts values over inbox.max_payload_bytes before they wait. With
+// kafka.window 1, the consumer is watermill-kafka's subscriber.
 func (s *Setup) subscriber(kc kafkax.Config, group string, budget *kafkax.Budget) (message.Subscriber, error) {
 	if s.Config.Kafka.Parallel.Window > 1 {
 		return kc.NewParallelSubscriber(group, s.Config.parallelConfig(budget), s.logger)
@@ -454,7 +467,7 @@ func (s *Setup) subscriber(kc kafkax.Config, group string, budget *kafkax.Budget
 	return kc.NewSubscriber(group, s.logger)
 }
 
-// warnRetention warns when Kafka can replay messages older than the inbox remembers: a
+// warnRetention warns when Kafka can replay messages older than the inbox remembers. A
 // replayed message whose inbox row was cleaned would be processed again.
 func (s *Setup) warnRetention(kc kafkax.Config, topics []string) {
 	for _, t := range topics {
@@ -478,9 +491,9 @@ func fmtRetention(d time.Duration) string {
 	return d.String()
 }
 
-// observer records deliveries in the metrics and, after one that committed work (and so,
-// possibly, outbox rows), wakes this process's relay instead of leaving the rows to its
-// next poll.
+// observer records deliveries in the metrics. After a delivery that committed work, and so
+// maybe outbox rows, it wakes this process's relay. The relay then reads the rows at once,
+// not at its next poll.
 type observer struct {
 	m    *metrics.Metrics
 	wake func()

@@ -16,7 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// OtelConfig is tracing (otel.*): off unless Exporter is otlp.
+// OtelConfig is otel.*, the tracing settings. Tracing is off unless Exporter is otlp.
 type OtelConfig struct {
 	Exporter    string  `key:"exporter" default:"none" help:"tracing: none (no span is created) or otlp (OpenTelemetry spans over OTLP/HTTP from \x60run\x60 and \x60relay\x60: a delivery continues its record's traceparent header, the outbox keeps the trace, the relay writes it on the event; docs/ARCHITECTURE.md, Tracing)"`
 	Endpoint    string  `key:"endpoint" help:"OTLP/HTTP collector URL, e.g. http://127.0.0.1:4318 (/v1/traces added when it has no path; https: verified with the system's CAs); empty: the OTEL_EXPORTER_OTLP_* environment, else https://localhost:4318"`
@@ -38,16 +38,16 @@ func (c OtelConfig) validate() error {
 	return nil
 }
 
-// startTracing builds the tracer provider of otel.* into a.cfg (inboxes and relays built
-// afterwards trace with it): with otel.exporter none it builds nothing, so nothing is traced
+// startTracing builds the tracer provider of otel.* into s.Config. Inboxes and relays built
+// afterwards trace with it. With otel.exporter none it builds nothing, so nothing is traced
 // and no span is ever created. With otlp, an SDK provider exports spans in batches over
-// OTLP/HTTP to otel.endpoint, sampling new traces at otel.sample_ratio and following a
-// sampled (or not) parent, and becomes the process's global provider and propagator, so a
-// plugin's own spans (otel.Tracer) join its handler's trace. The service name is
-// onceflow-router unless OTEL_SERVICE_NAME or OTEL_RESOURCE_ATTRIBUTES say otherwise; the
-// exporter reads its other OTEL_EXPORTER_OTLP_* settings (headers, timeout) from the
-// environment. The returned func flushes the spans still queued and shuts the provider down:
-// call it once the traced parts have stopped.
+// OTLP/HTTP to otel.endpoint. It samples new traces at otel.sample_ratio, and follows a
+// parent's decision for the others. It becomes the process's global provider and
+// propagator, so a plugin's own spans from otel.Tracer join its handler's trace. The
+// service name is onceflow-router unless OTEL_SERVICE_NAME or OTEL_RESOURCE_ATTRIBUTES say
+// otherwise. The exporter reads its other OTEL_EXPORTER_OTLP_* settings, such as headers
+// and timeout, from the environment. The returned func flushes the spans still queued and
+// shuts the provider down. Call it once the traced parts have stopped.
 func (s *Setup) startTracing(ctx context.Context) (func(), error) {
 	c := s.Config.Otel
 	if c.Exporter != "otlp" {
@@ -89,8 +89,9 @@ func (s *Setup) startTracing(ctx context.Context) (func(), error) {
 	}, nil
 }
 
-// tracing builds the tracer provider of otel.* (startTracing). Stopping it flushes the
-// spans still queued, once the parts started after it have stopped.
+// tracing is the part that builds the tracer provider of otel.* with startTracing. Stopping
+// it flushes the spans still queued. Parts stop in reverse order, so by then the parts
+// started after it have stopped.
 func (s *Setup) tracing() part {
 	var stop func()
 	return part{name: "tracing",
@@ -102,10 +103,11 @@ func (s *Setup) tracing() part {
 	}
 }
 
-// linkedSampler decides for a new trace (a span without a parent): sampled when one of its
-// links is, else by ratio. A group-committed batch's span starts a trace linked to its
-// deliveries' spans: it is recorded whenever one of theirs is, so a sampled delivery's link
-// to its batch never points at a span that was dropped.
+// linkedSampler decides for a new trace, which is a span without a parent. The span is
+// sampled when one of its links is, and else by ratio. A group-committed batch's span
+// starts a trace linked to its deliveries' spans. So the batch's span is recorded whenever
+// one of theirs is, and a sampled delivery's link to its batch never points at a span that
+// was dropped.
 type linkedSampler struct{ ratio sdktrace.Sampler }
 
 func (s linkedSampler) ShouldSample(p sdktrace.SamplingParameters) sdktrace.SamplingResult {
