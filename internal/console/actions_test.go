@@ -40,9 +40,9 @@ func rowID(t *testing.T, d testenv.Database, biz, key string) int64 {
 	return id
 }
 
-// Retry runs one failed row through the handler as `router inbox retry` does, recorded in
-// the replay table, and shows the row done; a second press finds it done and changes
-// nothing.
+// TestRetryRow checks that Retry runs one failed row through the handler as
+// `router inbox retry` does. The replay table records it, and the page shows the row done.
+// A second press finds the row done and changes nothing.
 func TestRetryRow(t *testing.T) {
 	d := testenv.DB(t, 4)
 	ib := failingInbox(t, d.DB, "rt")
@@ -83,10 +83,11 @@ func TestRetryRow(t *testing.T) {
 	}
 }
 
-// A row that holds less than the delivered message (headers over max_metadata_bytes, a
-// value over max_payload_bytes) offers no Retry and says why; a forged retry is refused
-// and changes nothing, and the dry run of a replay says the replay refuses it. A failed
-// row that holds its message offers Retry, and shows its held deliveries.
+// TestRetryRefusesCutRow checks a row that holds less than the delivered message, with
+// headers over max_metadata_bytes or a value over max_payload_bytes. Its page offers no
+// Retry and says why. A forged retry is refused and changes nothing. The dry run of a
+// replay says the replay refuses the row. A failed row that holds its message offers Retry
+// and shows its held deliveries.
 func TestRetryRefusesCutRow(t *testing.T) {
 	d := testenv.DB(t, 4)
 	ib := failingInbox(t, d.DB, "cut")
@@ -112,7 +113,7 @@ func TestRetryRefusesCutRow(t *testing.T) {
 	}
 	ok := deliver("k-ok|x", nil, 3, engine.OutcomeQuarantined)
 	deliver("k-ok|x", nil, 4, engine.OutcomeHeld)
-	ib.broken.Store(false) // every cause fixed: a row that ran now would be done
+	ib.broken.Store(false) // every cause is fixed, so a row that ran now would be done
 	_, base := testConsole(t, Config{DB: d.DB, BizTypes: []BizType{{Name: "cut"}}, Replay: replayWith(ib)})
 	c := browser(t)
 	snapshot := func() string {
@@ -166,8 +167,8 @@ func TestRetryRefusesCutRow(t *testing.T) {
 	if code != http.StatusOK || strings.Count(page, "refused, left quarantined") != 2 || !strings.Contains(page, "2 hold less than the delivered message") {
 		t.Fatalf("dry run: %d, want the 2 cut rows refused:\n%s", code, page)
 	}
-	// The replay runs the row that holds its message and refuses the two others, as its
-	// dry run said; the replays page counts them.
+	// The replay runs the row that holds its message and refuses the two others, as its dry
+	// run said. The replays page counts them.
 	code, page, _ = post(t, c, base, "/replay", formOf(t, page, "/replay"))
 	if code != http.StatusOK || !strings.Contains(page, "1 processed, 0 duplicates, 0 quarantined, 0 conflicts, 2 refused — outcome <strong>partial</strong>") {
 		t.Fatalf("the replay: %d:\n%s", code, page)
@@ -199,10 +200,11 @@ func formOf(t *testing.T, page, action string) url.Values {
 	return v
 }
 
-// A replay of a filtered set runs only after its dry run, with the dry run's selection:
-// the dry run changes nothing and is recorded (dry_run = 1); a run without it, with
-// another selection, or naming a replay that was not a dry run is refused; the run leaves
-// out rows received after the preview.
+// TestReplayAfterItsDryRun checks that a replay of a filtered set runs only after its dry
+// run, with the dry run's selection. The dry run changes nothing and is recorded with
+// dry_run = 1. A run without a dry run is refused. So is a run with another selection, or
+// one that names a replay that was not a dry run. The run leaves out rows received after
+// the preview.
 func TestReplayAfterItsDryRun(t *testing.T) {
 	d := testenv.DB(t, 4)
 	ib := failingInbox(t, d.DB, "rp")
@@ -276,7 +278,7 @@ func TestReplayAfterItsDryRun(t *testing.T) {
 	if n := count(t, d, "SELECT COUNT(*) FROM inbox WHERE biz_type = 'other' AND status = 'failed'"); n != 1 {
 		t.Errorf("the other biz type's failed row was touched")
 	}
-	// The dry run's id cannot run a second replay's worth as a replay id of a real run.
+	// A real replay's id, given as the preview of a run, is refused.
 	var realID int64
 	if err := d.DB.QueryRow("SELECT id FROM replay WHERE NOT dry_run").Scan(&realID); err != nil {
 		t.Fatal(err)
@@ -291,9 +293,9 @@ func TestReplayAfterItsDryRun(t *testing.T) {
 	}
 }
 
-// Parked events: retry puts the event and those held behind it back in the outbox, as
-// `router outbox retry` does; drop asks for a confirmation; the page lists both, with
-// actions only on the refused one.
+// TestParkedActions checks the actions on parked events. Retry puts the event and those
+// held behind it back in the outbox, as `router outbox retry` does. Drop asks for a
+// confirmation. The page lists both events, with actions only on the refused one.
 func TestParkedActions(t *testing.T) {
 	d := testenv.DB(t, 4)
 	d.AdminExec(t, `INSERT INTO outbox_parked (id, event_id, event_type, topic, msg_key, payload, created_at, reason, error, held_behind) VALUES
@@ -332,8 +334,9 @@ func TestParkedActions(t *testing.T) {
 	}
 }
 
-// The overview: rows by biz type and status with the failed ones by reason (the metrics'
-// cached figures), the relay's lease, and the recent replays.
+// TestOverview checks that the overview shows the rows by biz type and status, with the
+// failed ones by reason. These are the metrics' cached figures. The overview also shows the
+// relay's lease and the recent replays.
 func TestOverview(t *testing.T) {
 	d := testenv.DB(t, 4)
 	ib := failingInbox(t, d.DB, "ov")
@@ -357,7 +360,8 @@ func TestOverview(t *testing.T) {
 	}
 }
 
-// The inbox page pages by key: "older" links walk every row once, newest first.
+// TestInboxPages checks that the inbox page pages by key. Its "older" links walk every row
+// once, newest first.
 func TestInboxPages(t *testing.T) {
 	d := testenv.DB(t, 4)
 	rows := `INSERT INTO inbox (dedup_key, biz_type, status, reason, message_uuid, topic, kafka_partition, kafka_offset, payload, fingerprint, created_at, expire_at)

@@ -11,10 +11,11 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// The drill: failed rows by reason on the overview, "replay these (dry run)" beside the
-// count runs the dry run of exactly that reason's rows, the replay it offers keeps the
-// reason, and the overview after it counts the rows as they are now (its figures are
-// cached for 15 s: without the refresh after the action it would still say 3 failed).
+// TestOverviewReplayByReasonAndFreshCounts follows the drill. The overview shows failed
+// rows by reason. The "replay these (dry run)" button beside a count runs the dry run of
+// exactly that reason's rows. The replay it offers keeps the reason. The overview after it
+// counts the rows as they are now. Its figures are cached for 15 s, so without the refresh
+// after the action it would still say 3 failed.
 func TestOverviewReplayByReasonAndFreshCounts(t *testing.T) {
 	d := testenv.DB(t, 4)
 	ib := failingInbox(t, d.DB, "rr")
@@ -36,7 +37,7 @@ func TestOverviewReplayByReasonAndFreshCounts(t *testing.T) {
 	if t.Failed() {
 		t.Fatal(page)
 	}
-	form := formOf(t, page, "/replay") // the first: retries_exhausted, the larger count
+	form := formOf(t, page, "/replay") // the first form, for retries_exhausted, the larger count
 	if form.Get("reason") != "retries_exhausted" || form.Get("status") != "failed" || form.Get("biz") != "rr" {
 		t.Fatalf("the overview's replay form: %v", form)
 	}
@@ -64,8 +65,8 @@ func TestOverviewReplayByReasonAndFreshCounts(t *testing.T) {
 	}
 }
 
-// The inbox list filtered by reason says how many rows match and offers their replay at
-// the top, above the rows; an unknown reason is refused.
+// TestInboxListByReason checks that the inbox list filtered by reason says how many rows
+// match. It offers their replay at the top, above the rows. An unknown reason is refused.
 func TestInboxListByReason(t *testing.T) {
 	d := testenv.DB(t, 4)
 	ib := failingInbox(t, d.DB, "lr")
@@ -95,7 +96,8 @@ func TestInboxListByReason(t *testing.T) {
 	}
 }
 
-// A figure older than its refresh interval says how old it is.
+// TestOverviewMarksStaleFigures checks that a figure older than its refresh interval says
+// how old it is.
 func TestOverviewMarksStaleFigures(t *testing.T) {
 	c, _ := testConsole(t, Config{DB: offlineDB(t)})
 	for _, tc := range []struct {

@@ -32,7 +32,7 @@ type bizCounts struct {
 type overviewData struct {
 	Stats      metrics.DBStats
 	StatsAge   time.Duration
-	StatsStale bool // older than their refresh interval: the page says "as of"
+	StatsStale bool // older than their refresh interval, so the page says "as of"
 	Biz        []bizCounts
 	Throughput metrics.Throughput
 	LastHour   metrics.MinuteCount
@@ -42,19 +42,20 @@ type overviewData struct {
 	Members    []memberRow
 	Replays    []replayRow
 	Errors     []string
-	// GroupLag is the consumer groups' lag as Kafka holds it (every member's partitions);
-	// GroupLagAge its age, GroupLagStale older than its refresh.
+	// GroupLag is the consumer groups' lag as Kafka holds it, for every member's
+	// partitions. GroupLagAge is its age. GroupLagStale says it is older than its refresh
+	// interval.
 	GroupLag      []groupLagRow
 	GroupLagShown bool
 	GroupLagAge   time.Duration
 	GroupLagStale bool
-	Outage        []outageRow // console_outage.go
+	Outage        []outageRow // see outage.go
 }
 
 type leaseRow struct {
 	Shard, Owner string
 	Live         bool
-	ExpiresIn    time.Duration // negative: expired that long ago
+	ExpiresIn    time.Duration // negative when the lease expired that long ago
 	AcquiredAt   time.Time
 	Takeovers    int64
 }
@@ -65,8 +66,8 @@ type memberRow struct {
 	Live         bool
 }
 
-// bizTypes returns the biz types to show: the configured ones and any the inbox holds
-// rows of (a plugin no longer registered), sorted.
+// bizTypes returns the biz types to show, sorted. They are the configured ones and any that
+// the inbox holds rows of, such as the biz type of a plugin no longer registered.
 func (c *Console) bizTypes(stats metrics.DBStats) []string {
 	seen := map[string]bool{}
 	var out []string
@@ -110,7 +111,8 @@ func (c *Console) loadOverview(ctx context.Context) overviewData {
 	}
 	var minutes []metrics.MinuteCount
 	if c.cfg.Metrics != nil {
-		// Every router's deliveries (inbox_history) and this one's not written yet.
+		// LastHour reads every router's deliveries from inbox_history, and this router's
+		// deliveries not written yet.
 		var err error
 		if minutes, err = c.cfg.Metrics.LastHour(ctx, c.bizTypes(d.Stats), now); err != nil {
 			d.Errors = append(d.Errors, err.Error())
@@ -175,8 +177,9 @@ func (c *Console) loadOverview(ctx context.Context) overviewData {
 	return d
 }
 
-// leaseQueries read the relay's lease rows, each judged live by the database's clock with
-// the microseconds it has left: the MySQL family's, PostgreSQL's.
+// leaseQueries read the relay's lease rows. The database's clock judges each row live and
+// gives the microseconds it has left. The first query is the MySQL family's, the second
+// PostgreSQL's.
 var leaseQueries = [2]string{
 	`SELECT shard, owner, expires_at > NOW(6), TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), acquired_at, takeovers
  FROM ` + outbox.LeaseTable + ` ORDER BY shard LIMIT 1024`,
@@ -184,8 +187,8 @@ var leaseQueries = [2]string{
  FROM ` + outbox.LeaseTable + ` ORDER BY shard LIMIT 1024`,
 }
 
-// leases reads the relay's lease rows (one per shard: a small table, read whole), judged
-// live by the database's clock, as the relays judge them.
+// leases reads the relay's lease rows, judged live by the database's clock as the relays
+// judge them. The table has one row per shard, so it is small and read whole.
 func (c *Console) leases(ctx context.Context) ([]leaseRow, error) {
 	q := leaseQueries[0]
 	if dbx.DialectOf(c.cfg.DB).IsPostgres() {
@@ -209,7 +212,7 @@ func (c *Console) leases(ctx context.Context) ([]leaseRow, error) {
 	return out, rows.Err()
 }
 
-// members reads the relays registered in a sharded group (relay.shards > 1).
+// members reads the relays registered in a sharded group, one with relay.shards above 1.
 func (c *Console) members(ctx context.Context) ([]memberRow, error) {
 	rows, err := c.cfg.DB.QueryContext(ctx, `SELECT grp, owner, shards, expires_at > CURRENT_TIMESTAMP(6) FROM `+outbox.MemberTable+` ORDER BY grp, owner LIMIT 1024`)
 	if err != nil {
@@ -234,8 +237,8 @@ type replayRow struct {
 	FilterText string
 }
 
-// recentReplays reads the replay table newest first, below id before (0: from the
-// newest), by its primary key.
+// recentReplays reads n rows of the replay table newest first, by its primary key. It
+// starts below the id before, or at the newest row when before is 0.
 func (c *Console) recentReplays(ctx context.Context, before int64, n int) ([]replayRow, error) {
 	q := `SELECT id, biz_type, filter, dry_run, started_at, finished_at, selected, processed, duplicate, quarantined, conflict, outcome, error FROM ` + inboxops.ReplayTable
 	var args []any
@@ -307,9 +310,9 @@ func filterText(f inboxops.Filter) string {
 	return s
 }
 
-// groupLagRefresh is how long a read of the consumer groups' lag is served again;
-// groupLagWait, how long a page waits for a new one (then it shows the previous one, with
-// its age).
+// groupLagRefresh is how long a read of the consumer groups' lag is served again.
+// groupLagWait is how long a page waits for a new read. After that the page shows the
+// previous read, with its age.
 const (
 	groupLagRefresh = 10 * time.Second
 	groupLagWait    = 3 * time.Second
@@ -320,7 +323,7 @@ type groupLagSnapshot struct {
 	At      time.Time
 	Rows    []groupLagRow
 	Errors  []string
-	reading chan struct{} // closed when the read in flight ends; nil: none
+	reading chan struct{} // closed when the read in flight ends, nil when none is
 }
 
 // groupLagRow is one partition of a group, as Kafka holds it.
@@ -329,8 +332,9 @@ type groupLagRow struct {
 	kafkax.PartitionLag
 }
 
-// groupLag returns the groups' lag read at most groupLagRefresh ago, starting a read when
-// older and waiting for it groupLagWait at most; its age is its At.
+// groupLag returns the groups' lag as read at most groupLagRefresh ago. When the last read
+// is older, groupLag starts a read and waits for it groupLagWait at most. The snapshot's At
+// gives its age.
 func (c *Console) groupLag() groupLagSnapshot {
 	if c.cfg.Lags == nil || len(c.cfg.Groups) == 0 {
 		return groupLagSnapshot{}

@@ -1,19 +1,21 @@
-// Package console is the operator console that the runtime's admin listener serves at /: an
-// overview of the inbox, the consumers and the relay; the inbox's rows, filtered and paged by
-// key; one row in full with what its plugin recorded for it; and the operator's actions —
-// retry a row, resolve a quarantined row with a reason, replay a filtered set after its dry
-// run, retry or drop a parked outbox event. Its pages are internal/consoleui's. It reads
-// and changes the inbox and the outbox, and imports no runtime: the runtime passes it the
-// pool, the metrics, the biz types and consumer groups of its plugins, and the func that
-// runs a replay (Config).
+// Package console is the operator console that the runtime's admin listener serves at /. It
+// has an overview of the inbox, the consumers and the relay. It lists the inbox's rows,
+// filtered and paged by key. It shows one row in full with what its plugin recorded for it.
+// It offers the operator's actions. An operator can retry a row, resolve a quarantined row
+// with a reason, replay a filtered set after its dry run, and retry or drop a parked outbox
+// event. Its pages are internal/consoleui's. It reads and changes the inbox and the outbox.
+// It imports no runtime. The runtime passes it a Config with the pool, the metrics, the biz
+// types and consumer groups of its plugins, and the func that runs a replay.
 //
-// Pages are rendered on the server (html/template, embedded templates and stylesheet, no
-// JavaScript). Actions are POST forms protected against cross-site requests (a token in a
-// hidden field bound to a SameSite=Strict cookie, and the Origin checked). With an admin
-// token, a browser logs in once with it (a form) and gets an HttpOnly, SameSite=Strict
-// session cookie holding an HMAC of it; scripts keep sending Authorization: Bearer. Without
-// a token the listener is loopback only, and the console answers only requests addressed to
-// a loopback name (so a page of another site cannot reach it by rebinding its DNS name).
+// The server renders the pages with html/template, from embedded templates and a
+// stylesheet. The pages hold no JavaScript. Actions are POST forms protected against
+// cross-site requests. A form carries a token in a hidden field, bound to a SameSite=Strict
+// cookie. The console checks the Origin too. With an admin token, a browser logs in once
+// with the token, in a form. It then gets an HttpOnly, SameSite=Strict session cookie that
+// holds an HMAC keyed by the token. Scripts keep sending the token in an Authorization
+// header as a Bearer token. Without a token the listener is loopback only. The console then
+// answers only requests addressed to a loopback name. So a page of another site cannot
+// reach it by rebinding its DNS name.
 package console
 
 import (
@@ -53,33 +55,35 @@ import (
 type BizType struct {
 	Name    string
 	Plugins []string          // the plugins whose handler runs its rows
-	History inbox.HistoryFunc // the plugin's record of a key (Plugin.History); nil: none
+	History inbox.HistoryFunc // reads the plugin's record of a key, from Plugin.History, or is nil
 }
 
-// ReplayFunc runs a replay (or its dry run) through the handler of the filter's biz
-// type and records it in the replay table: the path of `router replay` and `router inbox
-// retry`.
+// ReplayFunc runs a replay or its dry run through the handler of the filter's biz type. It
+// records the replay in the replay table. It takes the path of `router replay` and
+// `router inbox retry`.
 type ReplayFunc func(ctx context.Context, opts inboxops.ReplayOptions) (inboxops.ReplayReport, error)
 
 // Config configures a console.
 type Config struct {
-	// DB is the application's pool: the inbox, the replay table and the outbox are read
-	// and changed through it. Required.
+	// DB is the application's pool. The console reads and changes the inbox, the replay
+	// table and the outbox through it. DB is required.
 	DB *sql.DB
-	// Metrics feeds the overview: the cached database figures, the partitions this process
-	// consumes, the deliveries per minute. nil: none of them.
+	// Metrics feeds the overview with the cached database figures, the partitions this
+	// process consumes and the deliveries per minute. With a nil Metrics the overview shows
+	// none of them.
 	Metrics *metrics.Metrics
-	// Token is admin.token: "" means no login (the listener is loopback only).
+	// Token is admin.token. An empty Token means no login, and the listener is loopback
+	// only.
 	Token string
 	// BizTypes are the biz types the filters offer and the replays run.
 	BizTypes []BizType
-	// Replay runs the replays; nil makes the console read-only for the inbox.
+	// Replay runs the replays. A nil Replay makes the console read-only for the inbox.
 	Replay ReplayFunc
-	// Groups are the consumer groups of the plugins and their topics; Lags reads their
-	// lag from Kafka (nil: not shown).
+	// Groups are the consumer groups of the plugins and their topics. Lags reads their lag
+	// from Kafka. With a nil Lags the console shows no lag.
 	Groups []Group
 	Lags   GroupLagReader
-	// Logger logs the logins and the actions; nil logs nothing.
+	// Logger logs the logins and the actions. A nil Logger logs nothing.
 	Logger watermill.LoggerAdapter
 }
 
@@ -90,12 +94,12 @@ type Group struct {
 }
 
 // GroupLagReader reads a consumer group's committed offsets, ends and lag without
-// transaction markers (kafkax.LagReader).
+// transaction markers. kafkax.LagReader is one.
 type GroupLagReader interface {
 	GroupLag(group string, topics []string) ([]kafkax.PartitionLag, error)
 }
 
-// Console is the console's http.Handler. Close it when the server stops: it cancels the
+// Console is the console's http.Handler. Close it when the server stops. Close cancels the
 // replays still running in the background and waits for them.
 type Console struct {
 	cfg     Config
@@ -104,7 +108,7 @@ type Console struct {
 	mux     *http.ServeMux
 	handler http.Handler // mux, behind the loopback-name check without a token
 	pages   map[string]*template.Template
-	csrfKey []byte // per process: a form token is good until the process restarts
+	csrfKey []byte // per process, so a form token is good until the process restarts
 	biz     map[string]BizType
 
 	ctx    context.Context
@@ -119,7 +123,7 @@ type Console struct {
 // Timings of the console.
 const (
 	// replayWait is how long an action waits for its replay before it answers that the
-	// replay goes on in the background (within the admin server's write timeout).
+	// replay goes on in the background. It is within the admin server's write timeout.
 	replayWait = 20 * time.Second
 	// sessionTTL is how long a login lasts.
 	sessionTTL = 12 * time.Hour
@@ -217,9 +221,9 @@ type who int
 
 const (
 	nobody  who = iota
-	open        // no admin.token: loopback only
-	bearer      // Authorization: Bearer <token> (scripts: no cookie, so no cross-site risk)
-	session     // the login's cookie (a browser: forms need the CSRF token)
+	open        // no admin.token, so loopback only
+	bearer      // the Bearer token, from a script with no cookie and so no cross-site risk
+	session     // the login's cookie, from a browser whose forms need the CSRF token
 )
 
 func (c *Console) authenticate(r *http.Request) who {
@@ -238,9 +242,9 @@ func (c *Console) authenticate(r *http.Request) who {
 	return nobody
 }
 
-// sessionValue is the login cookie: its expiry and an HMAC of it keyed by the token, so it
-// proves the token was given without holding it, ends by itself, and every login ends when
-// the token changes.
+// sessionValue is the login cookie's value. It holds its expiry and an HMAC of the expiry
+// keyed by the token. So it proves the token was given without holding the token, and it
+// ends by itself. Every login ends when the token changes.
 func (c *Console) sessionValue(expires time.Time) string {
 	exp := strconv.FormatInt(expires.Unix(), 10)
 	return exp + "." + c.sessionMAC(exp)
@@ -264,12 +268,12 @@ func (c *Console) validSession(v string, now time.Time) bool {
 	return hmac.Equal([]byte(mac), []byte(c.sessionMAC(exp)))
 }
 
-// handler is a console page or action; it gets how the request was authenticated.
+// handler is a console page or action. It gets how the request was authenticated.
 type handler func(w http.ResponseWriter, r *http.Request, by who)
 
-// auth serves h to authenticated requests; a POST also needs a valid CSRF token and a
-// same-origin Origin unless it came with the bearer token. A browser without a login is
-// sent to the login form; anything else gets 401.
+// auth serves h to authenticated requests. A POST also needs a valid CSRF token and a
+// same-origin Origin, unless it came with the bearer token. A browser without a login is
+// sent to the login form. Any other request without a login gets 401.
 func (c *Console) auth(h handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		by := c.authenticate(r)
@@ -294,10 +298,11 @@ func (c *Console) auth(h handler) http.Handler {
 
 // ---------------------------------------------------------------- CSRF
 
-// csrfToken returns the token of the browser's CSRF cookie, setting a new cookie when the
-// request has none: the HMAC of the cookie's random value under the process's key. A page
-// of another site can make the browser send the cookie only in a same-site request
-// (SameSite=Strict), and cannot read the token from the console's pages.
+// csrfToken returns the token of the browser's CSRF cookie. It sets a new cookie when the
+// request has none. The token is the HMAC of the cookie's random value under the process's
+// key. The cookie is SameSite=Strict, so the browser sends it only in a same-site request,
+// even when a page of another site asks. Such a page cannot read the token from the
+// console's pages either.
 func (c *Console) csrfToken(w http.ResponseWriter, r *http.Request) string {
 	v := ""
 	if ck, err := r.Cookie(csrfCookie); err == nil && len(ck.Value) == 32 {
@@ -337,8 +342,9 @@ func (c *Console) checkForm(r *http.Request) error {
 	return nil
 }
 
-// sameOrigin refuses a request whose Origin (or, without one, Referer) names another
-// origin than the one it was sent to, and one a browser marks as cross-site.
+// sameOrigin refuses a request whose Origin names another origin than the one it was sent
+// to. Without an Origin it reads the Referer instead. It also refuses a request that a
+// browser marks in Sec-Fetch-Site as cross-site or same-site.
 func sameOrigin(r *http.Request) error {
 	if s := r.Header.Get("Sec-Fetch-Site"); s == "cross-site" || s == "same-site" {
 		return fmt.Errorf("cross-origin request (Sec-Fetch-Site: %s)", s)
@@ -347,7 +353,7 @@ func sameOrigin(r *http.Request) error {
 	if o == "" {
 		o = r.Header.Get("Referer")
 		if o == "" {
-			return nil // not a browser's form (browsers send Origin with every POST)
+			return nil // not a browser's form, since browsers send Origin with every POST
 		}
 	}
 	u, err := url.Parse(o)
@@ -404,11 +410,12 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
 }
 
-// localPath returns p when it is a plain path of this server, else "/": a login never sends
-// the browser elsewhere. Browsers drop tabs and newlines from a Location and read a
-// backslash as a slash, so "/\t/evil" and "/\\evil" are "//evil" to them, another host: p
-// must be valid UTF-8 without control characters or backslashes, start with one "/", and
-// parse (url.Parse) to no scheme, host or user, with a path that, decoded, is just as plain.
+// localPath returns p when it is a plain path of this server, else "/". So a login never
+// sends the browser elsewhere. Browsers drop tabs and newlines from a Location and read a
+// backslash as a slash. So "/\t/evil" and "/\\evil" are "//evil" to them, which names
+// another host. p must be valid UTF-8 without control characters or backslashes, and start
+// with one "/". url.Parse must find no scheme, host or user in it, and a path that is just
+// as plain once decoded.
 func localPath(p string) string {
 	plain := func(s string) bool {
 		return strings.HasPrefix(s, "/") && !strings.HasPrefix(s, "//") && utf8.ValidString(s) &&

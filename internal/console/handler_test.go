@@ -29,8 +29,8 @@ import (
 
 const testToken = "console-unit-token-0123456789"
 
-// offlineDB is a pool that never connected: the tests of what the console refuses before
-// it reads anything run without services.
+// offlineDB is a pool that never connected. With it, the tests of what the console refuses
+// before it reads anything run without services.
 func offlineDB(t *testing.T) *sql.DB {
 	t.Helper()
 	db, err := sql.Open("mysql", "nobody:nothing@tcp(127.0.0.1:1)/none?timeout=100ms")
@@ -78,7 +78,7 @@ func get(t *testing.T, c *http.Client, u string) (int, string, http.Header) {
 	return do(t, c, req)
 }
 
-// post sends a form as a browser on the console's page does: Origin the console's own.
+// post sends a form as a browser on the console's page does, with the console's own Origin.
 func post(t *testing.T, c *http.Client, base, path string, form url.Values) (int, string, http.Header) {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, base+path, strings.NewReader(form.Encode()))
@@ -89,7 +89,7 @@ func post(t *testing.T, c *http.Client, base, path string, form url.Values) (int
 
 var csrfRE = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
 
-// csrf opens path and returns the form token of its page (the jar keeps the cookie).
+// csrf opens path and returns the form token of its page. The jar keeps the cookie.
 func csrf(t *testing.T, c *http.Client, base, path string) string {
 	t.Helper()
 	code, body, _ := get(t, c, base+path)
@@ -100,7 +100,8 @@ func csrf(t *testing.T, c *http.Client, base, path string) string {
 	return m[1]
 }
 
-// Actions are POST only; GET of an action's path is 405, and a page is GET only.
+// TestActionsArePostOnly checks that actions are POST only, so a GET of an action's path
+// gets 405. A page is GET only.
 func TestActionsArePostOnly(t *testing.T) {
 	_, base := testConsole(t, Config{DB: offlineDB(t)})
 	c := browser(t)
@@ -114,8 +115,9 @@ func TestActionsArePostOnly(t *testing.T) {
 	}
 }
 
-// A form POST without the token of its CSRF cookie, with a wrong one, with another
-// cookie's, or from another origin is refused before anything is read or changed.
+// TestCSRFRefused checks that a form POST without the token of its CSRF cookie is refused
+// before anything is read or changed. So is one with a wrong token, with another cookie's
+// token, or from another origin.
 func TestCSRFRefused(t *testing.T) {
 	var replays atomic.Int64
 	replay := func(context.Context, inboxops.ReplayOptions) (inboxops.ReplayReport, error) {
@@ -159,14 +161,15 @@ func TestCSRFRefused(t *testing.T) {
 	if n := replays.Load(); n != 0 {
 		t.Fatalf("%d replays ran from refused forms", n)
 	}
-	// The same form with its token and the console's origin gets through (to the replay).
+	// The same form with its token and the console's origin gets through to the replay.
 	if code, body, _ := post(t, c, base, "/replay", form(mine)); code == http.StatusForbidden || replays.Load() != 1 {
 		t.Fatalf("a valid form: %d, %d replays, want it to reach the replay:\n%s", code, replays.Load(), body)
 	}
 }
 
-// Without admin.token the console answers only requests addressed to a loopback name: a
-// page that rebinds its DNS name to 127.0.0.1 gets 421 (and the console's headers).
+// TestNoTokenLoopbackHostOnly checks that without admin.token the console answers only
+// requests addressed to a loopback name. A page that rebinds its DNS name to 127.0.0.1 gets
+// 421 and the console's headers.
 func TestNoTokenLoopbackHostOnly(t *testing.T) {
 	_, base := testConsole(t, Config{DB: offlineDB(t)})
 	c := browser(t)
@@ -180,8 +183,8 @@ func TestNoTokenLoopbackHostOnly(t *testing.T) {
 	}
 }
 
-// loginNexts are next= values of the login: the hostile ones must land on "/", the others
-// where they say. Browsers drop tabs and newlines and read "\\" as "/", so "/\t/evil" and
+// loginNexts are next= values of the login. The hostile ones must land on "/", the others
+// where they say. Browsers drop tabs and newlines and read "\\" as "/". So "/\t/evil" and
 // "/\\evil" would be "//evil", another host.
 var loginNexts = []struct{ next, want string }{
 	{"//evil.example/x", "/"},
@@ -222,7 +225,8 @@ var loginNexts = []struct{ next, want string }{
 	{"/replays", "/replays"},
 }
 
-// localPath keeps a plain local path and turns everything else into "/".
+// TestLocalPath checks that localPath keeps a plain local path and turns everything else
+// into "/".
 func TestLocalPath(t *testing.T) {
 	for _, tc := range loginNexts {
 		if got := localPath(tc.next); got != tc.want {
@@ -231,8 +235,9 @@ func TestLocalPath(t *testing.T) {
 	}
 }
 
-// The login sends the browser where next= says only when it is a plain local path: the
-// hostile ones, posted as a browser posts the form, get Location: /.
+// TestLoginRedirectStaysLocal checks that the login sends the browser where next= says only
+// when it is a plain local path. The hostile ones, posted as a browser posts the form, get
+// a Location of /.
 func TestLoginRedirectStaysLocal(t *testing.T) {
 	_, base := testConsole(t, Config{DB: offlineDB(t), Token: testToken})
 	c := browser(t)
@@ -245,10 +250,10 @@ func TestLoginRedirectStaysLocal(t *testing.T) {
 	}
 }
 
-// With a token: a page sends a browser to the login form; the form takes the token once
-// and sets an HttpOnly, SameSite=Strict cookie that is not the token; a wrong token, a
-// forged or expired cookie get nothing; Bearer works for scripts, without CSRF; logout
-// ends the session.
+// TestLogin checks the console with a token. A page sends a browser to the login form. The
+// form takes the token once and sets an HttpOnly, SameSite=Strict cookie that is not the
+// token. A wrong token, a forged cookie and an expired cookie get nothing. Bearer works for
+// scripts, without CSRF. Logout ends the session.
 func TestLogin(t *testing.T) {
 	var replays atomic.Int64
 	replay := func(context.Context, inboxops.ReplayOptions) (inboxops.ReplayReport, error) {
@@ -309,7 +314,8 @@ func TestLogin(t *testing.T) {
 		}
 	}
 
-	// Scripts: Bearer, no cookie, no CSRF token; a wrong bearer is 401 even with a cookie.
+	// Scripts send Bearer with no cookie and no CSRF token. A wrong bearer gets 401 even
+	// with a cookie.
 	script := &http.Client{CheckRedirect: c.CheckRedirect}
 	req, _ := http.NewRequest(http.MethodPost, base+"/replay", strings.NewReader("biz=coupon&status=failed"))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
@@ -323,7 +329,7 @@ func TestLogin(t *testing.T) {
 		t.Errorf("a wrong bearer token with a valid session: %d, want 401", code)
 	}
 
-	// Logout (a form: CSRF too) ends it.
+	// Logout ends it. Logout is a form, so it needs the CSRF token too.
 	tok = csrf(t, c, base, "/outbox")
 	if code, _, _ := post(t, c, base, "/logout", url.Values{"csrf": {tok}}); code != http.StatusSeeOther {
 		t.Fatalf("logout: %d", code)
@@ -333,9 +339,10 @@ func TestLogin(t *testing.T) {
 	}
 }
 
-// Keys, errors, payloads and headers are written as text: HTML is escaped and terminal
-// escapes, bidi overrides and bytes that are not UTF-8 show as Go escapes, on the list, on
-// the row page, in the filter form and in the replay preview.
+// TestEscaping checks that keys, errors, payloads and headers are written as text. HTML is
+// escaped. Terminal escapes, bidi overrides and bytes that are not UTF-8 show as Go
+// escapes. That holds on the list, on the row page, in the filter form and in the replay
+// preview.
 func TestEscaping(t *testing.T) {
 	d := testenv.DB(t, 4)
 	ib := failingInbox(t, d.DB, "esc")
@@ -374,7 +381,7 @@ func TestEscaping(t *testing.T) {
 	if !strings.Contains(body, `value="&lt;script&gt;alert(1)&lt;/script&gt;\x1b[31mred\u202egnp.exe&#34;&#39;&amp;"`) {
 		t.Errorf("the filter form does not show the key as the list does:\n%s", body)
 	}
-	// The key as the page shows it (escapes typed as text) finds the row too.
+	// The key as the page shows it, with its escapes typed as text, finds the row too.
 	code, body, _ = get(t, cl, base+"/inbox?biz=esc&key="+url.QueryEscape(consoleui.Visible(key)))
 	if code != http.StatusOK || !strings.Contains(body, fmt.Sprintf(`href="/inbox/%d"`, id)) {
 		t.Errorf("filter by the key as shown: %d, the row not found:\n%s", code, body)
@@ -421,7 +428,8 @@ func failingInbox(t *testing.T, db *sql.DB, biz string) brokenInbox {
 	return brokenInbox{ib, &broken}
 }
 
-// quarantine delivers payload for key through the broken handler: a failed row.
+// quarantine delivers payload for key through the broken handler, which leaves a failed
+// row.
 func quarantine(t *testing.T, ib brokenInbox, key, payload string, meta map[string]string) {
 	t.Helper()
 	msg := message.NewMessage(watermill.NewUUID(), []byte(payload))

@@ -28,9 +28,10 @@ func observe(m *metrics.Metrics, biz, outcome string, n int) {
 	}
 }
 
-// After a restart the overview's last hour and chart show what the previous process
-// delivered: they read inbox_history, which it wrote. The process's own figures (its
-// totals since the start, what an in-memory count shows) start from zero.
+// TestOverviewHistoryAfterRestart checks that after a restart the overview's last hour and
+// chart show what the previous process delivered. They read inbox_history, which that
+// process wrote. The new process's own figures start from zero. They are its totals since
+// the start, as an in-memory count shows them.
 func TestOverviewHistoryAfterRestart(t *testing.T) {
 	d := testenv.DB(t, 4)
 	before := metrics.New(d.DB)
@@ -60,7 +61,8 @@ func TestOverviewHistoryAfterRestart(t *testing.T) {
 	}
 }
 
-// Every router's console shows every router's deliveries once written, and its own at once.
+// TestOverviewHistoryOfEveryRouter checks that every router's console shows every router's
+// deliveries once written, and its own at once.
 func TestOverviewHistoryOfEveryRouter(t *testing.T) {
 	d := testenv.DB(t, 4)
 	a, b := metrics.New(d.DB), metrics.New(d.DB)

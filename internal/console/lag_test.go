@@ -10,9 +10,10 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// The overview's consumer groups show every partition of a group as Kafka holds it, read
-// by no consumer of this process: a partition caught up on a transactional topic (its
-// commit marker past the committed offset) has lag 0, one never committed counts whole.
+// TestOverviewGroupLag checks that the overview's consumer groups show every partition of a
+// group as Kafka holds it. No consumer of this process reads them. A partition caught up on
+// a transactional topic, with its commit marker past the committed offset, has lag 0. A
+// partition never committed counts whole.
 func TestOverviewGroupLag(t *testing.T) {
 	kc := testenv.Kafka(t)
 	topic := testenv.Topic(t, kc, "console-lag", 2)
@@ -24,7 +25,7 @@ func TestOverviewGroupLag(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	for part, n := range []int{2, 1} { // partition 0: offsets 0-1, marker 2; partition 1: 0, marker 1
+	for part, n := range []int{2, 1} { // partition 0 has offsets 0-1 and marker 2, partition 1 has offset 0 and marker 1
 		if err := p.BeginTxn(); err != nil {
 			t.Fatal(err)
 		}
@@ -51,7 +52,7 @@ func TestOverviewGroupLag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pom.MarkOffset(2, "") // both records consumed: the marker is left
+	pom.MarkOffset(2, "") // both records consumed, only the marker is left
 	om.Commit()
 	_ = pom.Close()
 	_ = om.Close()

@@ -7,21 +7,22 @@ import (
 	"github.com/onceflow/onceflow/internal/metrics"
 )
 
-// outageRow is one biz type's line of the overview's dependencies block: its circuit
-// breaker in this process and its rows waiting for a delayed redelivery.
+// outageRow is one biz type's line of the overview's dependencies block. It shows the biz
+// type's circuit breaker in this process and its rows waiting for a delayed redelivery.
 type outageRow struct {
 	BizType string
-	Breaker string    // closed, open, half-open; "" when this process runs no breaker for it
-	Since   time.Time // when the breaker entered its state (zero: closed since the start)
-	ProbeAt time.Time // open: when a probe may run
+	Breaker string    // closed, open or half-open, or "" when this process runs no breaker for it
+	Since   time.Time // when the breaker entered its state, zero when it has been closed since the start
+	ProbeAt time.Time // when a probe of an open breaker may run
 	Delayed int64
 	Next    time.Time // the earliest next attempt of a delayed row
-	// LastError is the error of the last failure the breaker counted: what opened it.
+	// LastError is the error of the last failure the breaker counted. For an open breaker
+	// it is what opened it.
 	LastError string
 }
 
-// outageRows are the biz types with a breaker in this process or delayed rows; none when
-// there is neither.
+// outageRows are the rows of the biz types that have a breaker in this process or delayed
+// rows. There are none when no biz type has either.
 func (c *Console) outageRows(stats metrics.DBStats) []outageRow {
 	by := map[string]*outageRow{}
 	var out []*outageRow

@@ -9,8 +9,9 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// The overview's Dependencies block shows an open breaker with the error that opened it,
-// and a closed one without its last error.
+// TestOverviewShowsTheBreakersLastError checks that the overview's Dependencies block shows
+// an open breaker with the error that opened it. It shows a closed breaker without its last
+// error.
 func TestOverviewShowsTheBreakersLastError(t *testing.T) {
 	d := testenv.DB(t, 2)
 	m := metrics.New(d.DB)

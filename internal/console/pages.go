@@ -35,7 +35,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, by who) {
 // pageSize is the rows of one inbox page.
 const pageSize = 50
 
-// reasons are the reasons a failed row can have (engine.Reason).
+// reasons are the engine.Reason values that a failed row can have, as text.
 var reasons = func() []string {
 	var out []string
 	for _, r := range inboxops.Reasons {
@@ -114,9 +114,10 @@ func (f listFilter) url(cursorName string, cur inboxops.Cursor) string {
 	return "/inbox?" + v.Encode()
 }
 
-// keyCandidates returns the keys a typed key filter matches: the text as typed and, when
-// it holds Go escapes (\x1b, \u202e — the way the console shows characters that do not
-// show as themselves), the key they spell. nil for "".
+// keyCandidates returns the keys that a typed key filter matches. One is the text as typed.
+// When the text holds Go escapes such as \x1b or \u202e, the other is the key they spell.
+// The console shows characters that do not show as themselves as such escapes.
+// keyCandidates returns nil for "".
 func keyCandidates(s string) []string {
 	if s == "" {
 		return nil
@@ -130,8 +131,8 @@ func keyCandidates(s string) []string {
 	return out
 }
 
-// consoleParseWhen accepts what `router replay --since` does — an RFC3339 time or a duration ago
-// ("2h", "2h ago") — and a date with a time or alone, read as UTC.
+// consoleParseWhen accepts what `router replay --since` does, an RFC3339 time or a duration
+// ago such as "2h" or "2h ago". It also accepts a date with a time or alone, read as UTC.
 func consoleParseWhen(name, s string, now time.Time) (time.Time, error) {
 	if s == "" {
 		return time.Time{}, nil
@@ -152,7 +153,7 @@ func consoleParseWhen(name, s string, now time.Time) (time.Time, error) {
 
 type inboxData struct {
 	F                             listFilter
-	Match                         string // "300 match", "10,000+ match"; "" when not counted
+	Match                         string // such as "300 match" or "10,000+ match", or "" when not counted
 	BizTypes, Statuses, Reasons   []string
 	Rows                          []inboxops.Row
 	NewestURL, OlderURL, NewerURL string
@@ -212,11 +213,12 @@ func (c *Console) inboxList(w http.ResponseWriter, r *http.Request, by who) {
 	c.render(w, r, status, "inbox", "Inbox", by, d)
 }
 
-// matchCap bounds the index entries a list's count reads: more shows as "10,000+".
+// matchCap bounds the index entries that a list's count reads. More entries show as
+// "10,000+".
 const matchCap = 10000
 
-// match counts the rows the list's filter selects, every page, as "N match": over the
-// index ranges the page reads, at most matchCap+1 entries per biz type.
+// match counts the rows that the list's filter selects on every page, as "N match". It
+// reads the index ranges that the page reads, at most matchCap+1 entries per biz type.
 func (c *Console) match(ctx context.Context, f listFilter, bizTypes []string) string {
 	var n int
 	for _, b := range bizTypes {
@@ -257,7 +259,7 @@ func (c *Console) replayOffer(f listFilter) replayForm {
 	return rf
 }
 
-// invalidate drops the cached database figures after an action: the next page reads them
+// invalidate drops the cached database figures after an action. The next page reads them
 // again.
 func (c *Console) invalidate() {
 	if c.cfg.Metrics != nil {
@@ -282,14 +284,14 @@ type rowData struct {
 	History    []inbox.HistoryEntry
 	HasHistory bool
 	HistoryErr string
-	Replay     *inboxops.ReplayReport // the replay the page was opened after (?replay=)
+	Replay     *inboxops.ReplayReport // the replay that ?replay= names, which the page was opened after
 	CanRetry   bool
-	// CanResolve: the row is quarantined and the console is not read-only. A row a replay
-	// refuses (NotReplayable) may still be resolved.
+	// CanResolve says the row is quarantined and the console is not read-only. A row that a
+	// replay refuses, with a NotReplayable, may still be resolved.
 	CanResolve bool
 	Offered    bool
-	// NotReplayable says why a replay refuses the row (it holds less than the delivered
-	// message): no Retry then.
+	// NotReplayable says why a replay refuses the row. Such a row holds less than the
+	// delivered message, and the page offers no Retry for it.
 	NotReplayable string
 }
 
@@ -329,9 +331,9 @@ func (c *Console) inboxRow(w http.ResponseWriter, r *http.Request, by who) {
 	c.render(w, r, http.StatusOK, "row", fmt.Sprintf("Inbox row %d", row.ID), by, d)
 }
 
-// ---------------------------------------------------------------- actions: replays
+// ---------------------------------------------------------------- replay actions
 
-// replayed is one row of a replay (or dry run) as a result page shows it.
+// replayed is one row of a replay or dry run as a result page shows it.
 type replayed struct {
 	Row    inboxops.Row
 	Result string
@@ -347,12 +349,12 @@ type replayOutcome struct {
 // keepRows is how many rows of a replay its page lists.
 const keepRows = 100
 
-// errBusy: another replay of this console is running.
+// errBusy says another replay of this console is running.
 var errBusy = errors.New("another replay started from this console is still running: see Replays")
 
-// startReplay runs opts in the background, under the console's context (not the
-// request's: a replay the browser stopped waiting for goes on to its end and records it),
-// one at a time. The returned channel gets the outcome.
+// startReplay runs opts in the background, one replay at a time. It runs under the
+// console's context, not the request's. So a replay the browser stopped waiting for goes on
+// to its end and records it. The returned channel gets the outcome.
 func (c *Console) startReplay(r *http.Request, action string, opts inboxops.ReplayOptions) (<-chan replayOutcome, error) {
 	if c.cfg.Replay == nil {
 		return nil, errors.New("this console has no replay handler (the process was not started by the router command line)")
@@ -391,8 +393,8 @@ func (c *Console) startReplay(r *http.Request, action string, opts inboxops.Repl
 	return out, nil
 }
 
-// wait waits for a replay's outcome at most replayWait; ok is false when the replay goes
-// on in the background (the page then says so) or the browser left.
+// wait waits for a replay's outcome at most replayWait. ok is false when the replay goes on
+// in the background, which the page then says, or when the browser left.
 func (c *Console) wait(w http.ResponseWriter, r *http.Request, by who, ch <-chan replayOutcome) (replayOutcome, bool) {
 	t := time.NewTimer(replayWait)
 	defer t.Stop()
@@ -408,8 +410,9 @@ func (c *Console) wait(w http.ResponseWriter, r *http.Request, by who, ch <-chan
 	return replayOutcome{}, false
 }
 
-// resultText says in words what happened (or would happen) to one replayed row. A dry
-// run's res is what the replay decides before running the row (inboxops.ReplayOptions.OnRow).
+// resultText says in words what happened to one replayed row, or what would happen to it in
+// a dry run. A dry run's res is what the replay decides before running the row, as
+// inboxops.ReplayOptions.OnRow gets it.
 func resultText(row inboxops.Row, res engine.Result, dryRun bool) string {
 	if res.Outcome == engine.OutcomeRefused {
 		return "refused, left quarantined: " + consoleui.Cut(errText(res.Err), 200)
@@ -461,8 +464,8 @@ func (c *Console) retryRow(w http.ResponseWriter, r *http.Request, by who) {
 		c.message(w, r, http.StatusConflict, by, "Not retried", []string{fmt.Sprintf("Row %d cannot be replayed: %s. It stays quarantined for inspection.", id, why)}, back)
 		return
 	}
-	// `router inbox retry --biz-type B --order-id K`: this row only (the unique key), and
-	// only while it is still failed (a second press changes nothing).
+	// This is `router inbox retry --biz-type B --order-id K`. The unique key selects this
+	// row only, and only while it is still failed. So a second press changes nothing.
 	f := inboxops.Filter{BizType: row.BizType, Statuses: []engine.Status{engine.StatusFailed}, Keys: []string{row.DedupKey}}
 	ch, err := c.startReplay(r, "retry", inboxops.ReplayOptions{Filter: f})
 	if err != nil {
@@ -480,8 +483,9 @@ func (c *Console) retryRow(w http.ResponseWriter, r *http.Request, by who) {
 	http.Redirect(w, r, fmt.Sprintf("/inbox/%d?replay=%d", id, o.Report.ID), http.StatusSeeOther)
 }
 
-// resolveRow is `router inbox resolve <id> --reason <text>`: the row done with reason
-// resolved, the resolution recorded in the replay table; the row's page then shows it.
+// resolveRow is `router inbox resolve <id> --reason <text>`. It makes the row done with
+// reason resolved and records the resolution in the replay table. The row's page then shows
+// it.
 func (c *Console) resolveRow(w http.ResponseWriter, r *http.Request, by who) {
 	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
 	defer cancel()
@@ -523,8 +527,8 @@ func (c *Console) resolveRow(w http.ResponseWriter, r *http.Request, by who) {
 	http.Redirect(w, r, fmt.Sprintf("/inbox/%d?replay=%d", id, res.ReplayID), http.StatusSeeOther)
 }
 
-// refusal says why a replay refuses row ("" when it runs it): what of the delivered
-// message the row does not hold.
+// refusal says why a replay refuses row, or "" when a replay runs it. The reason is what of
+// the delivered message the row does not hold.
 func refusal(row inboxops.Row) string {
 	err := row.Replayable()
 	if err == nil {
@@ -533,7 +537,7 @@ func refusal(row inboxops.Row) string {
 	return strings.TrimPrefix(err.Error(), inboxops.ErrNotReplayable.Error()+": ")
 }
 
-// replayData is the page of a dry run (with the form that runs it) or of a replay.
+// replayData is the page of a replay, or of a dry run with the form that runs its replay.
 type replayData struct {
 	Report inboxops.ReplayReport
 	Rows   []replayed
@@ -608,7 +612,7 @@ func (c *Console) replay(w http.ResponseWriter, r *http.Request, by who) {
 	}
 	run := r.PostForm.Get("run") == "1"
 	if !run {
-		// The dry run comes first, and pins the end of the selection: the replay it
+		// The dry run comes first and pins the end of the selection. So the replay it
 		// offers never takes rows received after the operator saw the preview.
 		if f.Until.IsZero() {
 			f.Until = now.Truncate(time.Microsecond)
@@ -649,8 +653,8 @@ func (c *Console) replay(w http.ResponseWriter, r *http.Request, by who) {
 	c.render(w, r, status, "replay", title, by, d)
 }
 
-// checkPreview refuses a replay that does not run the selection of a recent dry run of
-// this form (the preview comes first).
+// checkPreview refuses a replay that does not run the selection of a recent dry run of this
+// form. The preview comes first.
 func (c *Console) checkPreview(r *http.Request, f inboxops.Filter) error {
 	id, err := strconv.ParseInt(r.PostForm.Get("preview"), 10, 64)
 	if err != nil || id <= 0 {

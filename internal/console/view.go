@@ -10,7 +10,7 @@ type view struct {
 	Title    string
 	Page     string
 	CSRF     string // the form token of the browser's CSRF cookie
-	LoggedIn bool   // a login session: the page offers to log out
+	LoggedIn bool   // a login session, so the page offers to log out
 	Data     any
 }
 
@@ -29,7 +29,7 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, pag
 	_, _ = w.Write(b.Bytes())
 }
 
-// message renders a short page: what an action did, or why it did not.
+// message renders a short page that says what an action did, or why it did not.
 func (c *Console) message(w http.ResponseWriter, r *http.Request, status int, by who, title string, lines []string, links ...link) {
 	c.render(w, r, status, "message", title, by, messageData{Lines: lines, Links: links, Error: status >= 400})
 }

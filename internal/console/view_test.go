@@ -8,7 +8,8 @@ import (
 	"github.com/onceflow/onceflow/internal/consoleui"
 )
 
-// What the console shows of a key, typed back as a filter, finds the key.
+// TestConsoleKeyCandidates checks that what the console shows of a key, typed back as a
+// filter, finds the key.
 func TestConsoleKeyCandidates(t *testing.T) {
 	for _, key := range []string{"plain", "a\x1b[31mb", "x\u202ey", `has\backslash`, `q"uote`} {
 		if !slices.Contains(keyCandidates(consoleui.Visible(key)), key) {

@@ -1,8 +1,9 @@
-// Package routercmd is the onceflow router's command line: run, relay, migrate, topics,
-// produce, replay, inbox, outbox, verify, plugins, config check and version, each a cobra
-// command over the runtime (package onceflow, its Setup). The stock binary, cmd/router, is
-// Main plus blank imports of the bundled plugins; a team's own binary is the same few lines
-// in its own module, importing its own plugins:
+// Package routercmd is the onceflow router's command line. Its commands are run, relay,
+// migrate, topics, produce, replay, inbox, outbox, verify, plugins, config check and
+// version. Each is a cobra command over the runtime, which is package onceflow and its
+// Setup. The stock binary, cmd/router, is Main plus blank imports of the bundled plugins. A
+// team's own binary is the same few lines in its own module, with imports of its own
+// plugins. Such a binary looks like this.
 //
 //	package main
 //
@@ -14,7 +15,7 @@
 //
 //	func main() { routercmd.Main() }
 //
-// It is the one package of pkg/ above the runtime: only main packages import it.
+// It is the one package of pkg/ above the runtime. Only main packages import it.
 package routercmd
 
 import (
@@ -29,8 +30,9 @@ import (
 )
 
 // Main runs the router command line on os.Args with the plugins registered with
-// inbox.MustRegister, stops on SIGINT or SIGTERM, and exits: 0 on success, 2 for bad input
-// (flags, configuration, DSN; nothing was changed), 1 for any other failure.
+// inbox.MustRegister. It stops on SIGINT or SIGTERM. It exits with status 0 on success. It
+// exits with status 2 for bad input, such as a flag, the configuration or a DSN, and then
+// nothing was changed. It exits with status 1 for any other failure.
 func Main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := Run(ctx, os.Args[1:])
@@ -41,8 +43,9 @@ func Main() {
 	}
 }
 
-// ExitCode is the process exit code Main uses for an error Run returned: 2 for bad input
-// (onceflow.ErrBadInput), 1 otherwise (0 for nil).
+// ExitCode is the process exit code that Main uses for an error that Run returned. It is 0
+// for nil and 1 for most errors. It is 2 for bad input, an error that matches
+// onceflow.ErrBadInput.
 func ExitCode(err error) int {
 	if err == nil {
 		return 0
@@ -53,5 +56,5 @@ func ExitCode(err error) int {
 	return 1
 }
 
-// badInput marks err as bad input (onceflow.BadInput): exit code 2.
+// badInput marks err as bad input with onceflow.BadInput. Main then exits with status 2.
 func badInput(err error) error { return onceflow.BadInput(err) }

@@ -10,8 +10,9 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// Bad input: a one-line error naming the thing and how to fix it, exit code 2 for input
-// errors, 1 for unreachable services, and nothing written.
+// TestBadInput checks that bad input gets a one-line error that names the thing and how to
+// fix it. Input errors exit with code 2, unreachable services with code 1, and nothing is
+// written.
 func TestBadInput(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, body string) string {
@@ -88,7 +89,8 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
-// Unreachable services and missing topics: exit 1, the service named, how to start it.
+// TestUnreachable checks that unreachable services and missing topics exit with code 1. The
+// error names the service and how to start it.
 func TestUnreachable(t *testing.T) {
 	testenv.Integration(t)
 	cases := []struct {

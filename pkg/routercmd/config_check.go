@@ -29,9 +29,9 @@ binary has; a section of no such plugin is refused too. Exit 0 with one line whe
 2 with the refusals otherwise.`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
-			// The settings, the environment and every registered plugin's section were read and
-			// checked before this runs (the root's PersistentPreRunE, onceflow.LoadSetup); Check
-			// checks what the commands that connect check first.
+			// The root's PersistentPreRunE read and checked the settings, the environment
+			// and every registered plugin's section before this runs. It did so with
+			// onceflow.LoadSetup. Check checks what the commands that connect check first.
 			if err := a.Check(); err != nil {
 				return err
 			}

@@ -29,10 +29,10 @@ func runOut(t *testing.T, args ...string) (string, error) {
 	return <-done, runErr
 }
 
-// `router config check` checks the file, the environment and the flags and connects to
-// nothing: one line and exit 0 for a valid configuration, exit 2 with every plugin's
-// refusals otherwise. The database and the broker it names count the connections they are
-// offered.
+// TestConfigCheck checks that `router config check` checks the file, the environment and
+// the flags, and connects to nothing. A valid configuration gets one line and exit code 0.
+// Any other gets every plugin's refusals and exit code 2. The database and the broker that
+// the configuration names count the connections they are offered.
 func TestConfigCheck(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, body string) string {
@@ -96,7 +96,8 @@ func TestConfigCheck(t *testing.T) {
 	}
 }
 
-// Every config file in configs/ passes `router config check`.
+// TestConfigFilesPassCheck checks that every config file in configs/ passes
+// `router config check`.
 func TestConfigFilesPassCheck(t *testing.T) {
 	files, err := filepath.Glob("../../configs/*.yaml")
 	if err != nil || len(files) == 0 {

@@ -15,8 +15,8 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// The console as an operator's browser uses it, for the tests that mix the command line and
-// the console (internal/console's own tests have the same helpers).
+// These helpers use the console as an operator's browser does. They serve the tests that
+// mix the command line and the console. internal/console's own tests have the same helpers.
 
 // testConsole serves a console on a loopback test server and returns its base URL.
 func testConsole(t *testing.T, cfg console.Config) string {
@@ -54,7 +54,7 @@ func get(t *testing.T, c *http.Client, u string) (int, string, http.Header) {
 	return do(t, c, req)
 }
 
-// post sends a form as a browser on the console's page does: Origin the console's own.
+// post sends a form as a browser on the console's page does, with the console's own Origin.
 func post(t *testing.T, c *http.Client, base, path string, form url.Values) (int, string, http.Header) {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, base+path, strings.NewReader(form.Encode()))
@@ -65,7 +65,7 @@ func post(t *testing.T, c *http.Client, base, path string, form url.Values) (int
 
 var csrfRE = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
 
-// csrf opens path and returns the form token of its page (the jar keeps the cookie).
+// csrf opens path and returns the form token of its page. The jar keeps the cookie.
 func csrf(t *testing.T, c *http.Client, base, path string) string {
 	t.Helper()
 	code, body, _ := get(t, c, base+path)

@@ -26,9 +26,9 @@ import (
 	"github.com/onceflow/onceflow/pkg/routercmd"
 )
 
-// tally is an out-of-tree plugin as a team would write it: its own table (its own
-// migrations, numbered from 00001), its own settings, a handler that counts each key once
-// and holds a resource it releases in Close.
+// tally is an out-of-tree plugin as a team would write it. It has its own table, with its
+// own migrations numbered from 00001, and its own settings. Its handler counts each key
+// once and holds a resource that it releases in Close.
 type tally struct {
 	note   string
 	closed atomic.Bool
@@ -82,13 +82,13 @@ type tallySettings struct {
 	Note string `key:"note" default:"default" help:"the note each counted row keeps"`
 }
 
-// tallyPlugin declares the plugin; built records the handlers its Build made.
+// tallyPlugin declares the plugin. built records the handlers that its Build made.
 func tallyPlugin(built *[]*tally) inbox.Plugin {
 	return inbox.Plugin{
 		Name: "tally-counter", Topics: []string{"tally-in"}, ConsumerGroup: "tally-default", BizType: "tally",
 		Migrations: tallyMigrations,
 		Tables:     []string{"tally"},
-		Settings:   tallySettings{}, // topics and consumer_group are the runtime's: they never reach it
+		Settings:   tallySettings{}, // topics and consumer_group are the runtime's and never reach it
 		Build: func(ctx context.Context, env inbox.PluginEnv) (inbox.Handler, error) {
 			h := &tally{note: env.Settings.(tallySettings).Note}
 			*built = append(*built, h)
@@ -147,12 +147,13 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// A binary of one's own, as a team builds it from its own module: the runtime's command line
-// with a plugin of its own (here WithPlugins instead of a blank import). `migrate`
-// applies the plugin's migrations after the framework's, in the plugin's own version table;
-// `plugins` shows the topic and group the deployment configured; `run` consumes that topic
-// in that group (the declaration's topic does not even exist), counts every key once, and
-// closes the handler once the router has stopped; `migrate --reset` rolls it all back.
+// TestCustomBinary runs a binary of one's own, as a team builds it from its own module. It
+// is the runtime's command line with a plugin of its own, given here with WithPlugins
+// instead of a blank import. `migrate` applies the plugin's migrations after the
+// framework's, in the plugin's own version table. `plugins` shows the topic and group that
+// the deployment configured. `run` consumes that topic in that group, although the
+// declaration's topic does not even exist. It counts every key once and closes the handler
+// once the router has stopped. `migrate --reset` rolls it all back.
 func TestCustomBinary(t *testing.T) {
 	d := testenv.DB(t, 4) // the framework's tables only
 	kc := testenv.Kafka(t)
@@ -300,8 +301,8 @@ func appliedVersions(t *testing.T, db *sql.DB, table string) string {
 	return strings.Join(vs, ",")
 }
 
-// A deployment's topics and consumer group are checked: bad input, exit 2, before anything
-// connects.
+// TestPluginOverridesChecked checks a deployment's topics and consumer group before
+// anything connects. A bad one is bad input and exits with code 2.
 func TestPluginOverridesChecked(t *testing.T) {
 	var built []*tally
 	reg := []inbox.Plugin{tallyPlugin(&built)}
@@ -327,8 +328,9 @@ func TestPluginOverridesChecked(t *testing.T) {
 	}
 }
 
-// `router verify` with a plugin's own invariants: its summary and violations, the ledger's
-// keys handed to it, --wait while it reports work in flight, the RESULT line with its fields.
+// TestVerifyPluginInvariants runs `router verify` with a plugin's own invariants. It checks
+// the plugin's summary and violations, and the ledger's keys handed to the plugin. --wait
+// waits while the plugin reports work in flight. The RESULT line holds the plugin's fields.
 func TestVerifyPluginInvariants(t *testing.T) {
 	d := testenv.DB(t, 2)
 	var calls atomic.Int64

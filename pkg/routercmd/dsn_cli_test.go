@@ -11,8 +11,9 @@ import (
 	"testing"
 )
 
-// runOutput runs the command line in-process as Main does and returns all it shows: its
-// standard output, its standard error (logs) and the error line Main prints.
+// runOutput runs the command line in-process as Main does and returns all it shows. That is
+// its standard output, its standard error with the logs, and the error line that Main
+// prints.
 func runOutput(t *testing.T, args ...string) (string, error) {
 	t.Helper()
 	r, w, err := os.Pipe()
@@ -71,10 +72,11 @@ func newDialCounter(t *testing.T) *dialCounter {
 	return d
 }
 
-// A DSN whose parameters or database name hold another address ("@tcp(a,b)") is refused
-// before anything connects: exit 2, a message naming what is wrong, the password not shown,
-// and no connection to the hosts it names. The same listeners named in the address part are
-// dialed, which shows the count can fail.
+// TestDSNSmuggledAddressRefused checks that a DSN whose parameters or database name hold
+// another address, such as "@tcp(a,b)", is refused before anything connects. The command
+// exits with code 2 and a message that names what is wrong. The password is not shown, and
+// no host that the DSN names gets a connection. The same listeners named in the address
+// part are dialed, which shows the count can fail.
 func TestDSNSmuggledAddressRefused(t *testing.T) {
 	a, b := newDialCounter(t), newDialCounter(t)
 	smuggled := "@tcp(" + a.addr + "," + b.addr + ")"
@@ -115,9 +117,10 @@ func TestDSNSmuggledAddressRefused(t *testing.T) {
 	}
 }
 
-// A bad DSN of any form exits 2 and its password shows nowhere in the output: a PostgreSQL
-// keyword/value string, a URL pgx refuses, a go-sql-driver DSN with a password parameter or
-// without its '@', a DSN that does not match db.dialect.
+// TestDSNPasswordNeverShown checks that a bad DSN of any form exits with code 2, and its
+// password shows nowhere in the output. The forms are a PostgreSQL keyword/value string, a
+// URL that pgx refuses, a go-sql-driver DSN with a password parameter or without its '@',
+// and a DSN that does not match db.dialect.
 func TestDSNPasswordNeverShown(t *testing.T) {
 	for _, tc := range []struct {
 		name string

@@ -28,7 +28,7 @@ import (
 	"github.com/onceflow/onceflow/pkg/routercmd"
 )
 
-// grantedEcho is the echo plugin with its grants file: the echo handler only inserts.
+// grantedEcho is the echo plugin with its grants file. The echo handler only inserts.
 func grantedEcho(in, out string) inbox.Plugin {
 	p := echoPlugin(in, out)
 	p.Migrations = fstest.MapFS{
@@ -44,12 +44,14 @@ func denied(err error) bool {
 	return errors.As(err, &me) && slices.Contains([]uint16{1044, 1142, 1143, 1227}, me.Number)
 }
 
-// On a database where the application user has no privilege of its own (a deployment's),
-// `router migrate` grants it exactly what the migrations' grants files list, table by table,
-// and the whole router then runs as that user: consume, inbox, the plugin's table, outbox,
-// the exactly-once relay with its lease, membership and retention, the inbox cleaner and a
-// replay. What no file grants it is refused: DDL, TRUNCATE, changing the coupon audit trail
-// or the coupons granted, deleting a replay's record, reading goose's version tables.
+// TestMigrateGrantsLeastPrivilege uses a database where the application user has no
+// privilege of its own, as in a deployment. `router migrate` grants the user exactly what
+// the migrations' grants files list, table by table. The whole router then runs as that
+// user. It consumes, and it uses the inbox, the plugin's table and the outbox. The
+// exactly-once relay runs with its lease, membership and retention, and so do the inbox
+// cleaner and a replay. The server refuses what no file grants. That is DDL, TRUNCATE,
+// changing the coupon audit trail or the coupons granted, deleting a replay's record and
+// reading goose's version tables.
 func TestMigrateGrantsLeastPrivilege(t *testing.T) {
 	g := testenv.GrantsDB(t)
 	kc := testenv.Kafka(t)
@@ -67,12 +69,12 @@ func TestMigrateGrantsLeastPrivilege(t *testing.T) {
 		reg = append(reg, inbox.RegisteredPlugins()[i])
 	}
 
-	// Before: the application user cannot even choose the database.
+	// Before the migration the application user cannot even choose the database.
 	if db, err := dbx.Open(ctx, dbx.Config{DSN: g.DSN, MaxOpenConns: 1}); err == nil {
 		db.Close()
 		t.Fatalf("the application user reaches %s before any grant", g.Name)
 	}
-	// --grants=false migrates only: the application user still has nothing.
+	// --grants=false only migrates, and the application user still has nothing.
 	outText, err := cli(t, reg, "--dsn", g.DSN, "migrate", "--admin-dsn", g.AdminDSN, "--grants=false")
 	if err != nil || !strings.Contains(outText, "grants left as they are") {
 		t.Fatalf("migrate --grants=false: %v\n%s", err, outText)
@@ -94,8 +96,8 @@ func TestMigrateGrantsLeastPrivilege(t *testing.T) {
 	}
 	defer db.Close()
 
-	// The privileges are the files' and nothing else: none on the database as a whole, and
-	// on each table exactly the listed ones.
+	// The privileges are the files' and nothing else. The user has none on the database as
+	// a whole, and on each table exactly the listed ones.
 	list, err := migrations.Grants(testenv.Dialect(), migrationSetsOf(reg)...)
 	if err != nil {
 		t.Fatal(err)
@@ -161,7 +163,7 @@ func TestMigrateGrantsLeastPrivilege(t *testing.T) {
 		}
 	}
 
-	// And what it does: the whole router as the application user.
+	// And what it does, as the whole router runs as the application user.
 	cfg := onceflow.DefaultConfig()
 	cfg.DB.DSN = g.DSN
 	cfg.Kafka.Brokers = kc.Brokers
@@ -182,7 +184,7 @@ func TestMigrateGrantsLeastPrivilege(t *testing.T) {
 		keys = append(keys, fmt.Sprintf("g-%03d", i))
 	}
 	produceKeys(t, kc, in, keys...)
-	produceKeys(t, kc, in, keys[:5]...) // duplicates: counted on their inbox rows
+	produceKeys(t, kc, in, keys[:5]...) // duplicates, counted on their inbox rows
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- rt.Run(runCtx) }()
@@ -214,7 +216,8 @@ func TestMigrateGrantsLeastPrivilege(t *testing.T) {
 		t.Errorf("deliveries in inbox_history: %d (%v), want %d", delivered, err, n+5)
 	}
 
-	// A replay of the done rows (duplicates, each stamped), then the cleaner past retention.
+	// A replay of the done rows finds duplicates and stamps each row. Then the cleaner runs
+	// past retention.
 	outText, err = cli(t, reg, "--dsn", g.DSN, "replay", "--biz-type", "echo", "--status", "done")
 	if err != nil || !strings.Contains(outText, fmt.Sprintf("selected=%d processed=0 duplicates=%d", n, n)) {
 		t.Fatalf("replay as the application user: %v\n%s", err, outText)
@@ -228,7 +231,7 @@ func TestMigrateGrantsLeastPrivilege(t *testing.T) {
 	}
 }
 
-// migrationSetsOf is what `router migrate` applies for the plugins of reg (in name order).
+// migrationSetsOf is what `router migrate` applies for the plugins of reg, in name order.
 func migrationSetsOf(reg []inbox.Plugin) []migrations.Set {
 	var sets []migrations.Set
 	for _, p := range slices.SortedFunc(slices.Values(reg), func(a, b inbox.Plugin) int { return strings.Compare(a.Name, b.Name) }) {
@@ -255,8 +258,9 @@ func scanStrings(ctx context.Context, db *sql.DB, out *[]string, q string, args 
 	return rows.Err()
 }
 
-// `router migrate --print-grants` prints the statements a DBA runs, for the user of db.dsn,
-// without connecting; without db.dsn it exits 2 naming the key.
+// TestMigratePrintGrants checks that `router migrate --print-grants` prints the statements
+// a DBA runs for the user of db.dsn, without connecting. Without db.dsn it exits with code
+// 2 and names the key.
 func TestMigratePrintGrants(t *testing.T) {
 	reg := []inbox.Plugin{grantedEcho("in", "out")}
 	out, err := cli(t, reg, "--dsn", "app:secret@tcp(127.0.0.1:1)/db", "migrate", "--print-grants")

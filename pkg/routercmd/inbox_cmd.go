@@ -118,7 +118,7 @@ func (a *app) inboxLs(ctx context.Context, ff filterFlags) error {
 		if r.ReplayID > 0 {
 			replay = fmt.Sprint(r.ReplayID)
 		} else if r.Status == engine.StatusFailed && r.Replayable() != nil {
-			replay = "refused" // a replay would not run it (inbox show says why)
+			replay = "refused" // a replay would not run it, and inbox show says why
 		}
 		dups, held := fmt.Sprint(r.Duplicates), "-"
 		if r.Status == engine.StatusFailed {
@@ -192,7 +192,7 @@ func (a *app) inboxShow(ctx context.Context, ff filterFlags, ref string) error {
 		}
 		for _, kv := range fields {
 			v := kv.v
-			if kv.k != "metadata" { // headersLine escapes already
+			if kv.k != "metadata" { // headersLine escapes it already
 				v = safeText(v)
 			}
 			printf("%-13s %s\n", kv.k+":", v)
@@ -229,10 +229,11 @@ type rowJSON struct {
 	Payload       string `json:"payload,omitempty"`
 	PayloadBase64 string `json:"payload_base64,omitempty"`
 	PayloadBytes  int    `json:"payload_bytes"`
-	// Held: the later deliveries of a failed row's key, not run (its duplicates counter,
-	// which counts nothing else while the row is not done).
+	// Held counts the later deliveries of a failed row's key, which were not run. It is the
+	// row's duplicates counter, which counts nothing else while the row is not done.
 	Held int `json:"held,omitempty"`
-	// NotReplayable: why a replay refuses the row (inboxops.Row.Replayable).
+	// NotReplayable says why a replay refuses the row. inboxops.Row.Replayable gives the
+	// reason.
 	NotReplayable string `json:"not_replayable,omitempty"`
 }
 
@@ -266,8 +267,8 @@ func replayableText(why string) string {
 	return "no, a replay refuses it: " + why
 }
 
-// sourceText is where a row's message came from: topic/partition@offset, or an HTTP
-// command's method and path (its rows have no partition).
+// sourceText is where a row's message came from, as topic/partition@offset. The row of an
+// HTTP command has no partition, and sourceText is then the command's method and path.
 func sourceText(r inboxops.Row) string {
 	if r.Partition < 0 {
 		return r.Topic
@@ -275,7 +276,7 @@ func sourceText(r inboxops.Row) string {
 	return fmt.Sprintf("%s/%d@%d", r.Topic, r.Partition, r.Offset)
 }
 
-// sourceDetail is sourceText with the fields named (inbox show).
+// sourceDetail is sourceText with the fields named, for inbox show.
 func sourceDetail(r inboxops.Row) string {
 	if r.Partition < 0 {
 		return r.Topic

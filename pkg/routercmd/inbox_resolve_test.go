@@ -21,15 +21,17 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// An operator resolves the two quarantined rows of quarantinedDB, the poison one with
-// `router inbox resolve` and the order with the console's Resolve button, each with a
-// reason. verify fails before and passes after; each resolution is in the replay table with
-// its reason; the rows are done with reason resolved and listed by `inbox ls --reason
-// resolved`. A later copy of the order is a duplicate: its handler, still failing, is not run.
-// A later copy of the poison record leaves its row resolved. Resolving again, an unknown
-// row, no reason or a bad id are refused (exit 2, 4xx) and change nothing.
+// TestResolveQuarantinedRows has an operator resolve the two quarantined rows of
+// quarantinedDB, each with a reason. `router inbox resolve` resolves the poison row, and
+// the console's Resolve button resolves the order's row. verify fails before and passes
+// after. Each resolution is in the replay table with its reason. The rows are done with
+// reason resolved, and `inbox ls --reason resolved` lists them. A later copy of the order
+// is a duplicate, and its handler, still failing, is not run. A later copy of the poison
+// record leaves its row resolved. Resolving again, an unknown row, no reason or a bad id
+// are refused and change nothing. The command line exits with code 2 for them, and the
+// console answers with a 4xx status.
 func TestResolveQuarantinedRows(t *testing.T) {
-	d := quarantinedDB(t) // o-cli: retries_exhausted; one poison message at order-paid/1/6
+	d := quarantinedDB(t) // o-cli failed with retries_exhausted, and one poison message at order-paid/1/6
 	ctx := context.Background()
 	dsn := []string{"--dsn", d.DSN}
 	run := func(args ...string) (string, int) {
@@ -115,7 +117,8 @@ func TestResolveQuarantinedRows(t *testing.T) {
 		t.Fatalf("replays page: want both resolutions with their reasons:\n%s", body)
 	}
 
-	// Both recorded as the CLI records them, the rows done with reason resolved.
+	// Both resolutions are recorded as the CLI records them, and the rows are done with
+	// reason resolved.
 	for id, reason := range map[int64]string{poison: why, order: byHand} {
 		var status, rowReason, lastErr, filter, outcome, stored string
 		if err := d.DB.QueryRow(testenv.Rebind(`SELECT i.status, i.reason, i.last_error, r.filter, r.outcome, r.error FROM inbox i
@@ -136,8 +139,8 @@ func TestResolveQuarantinedRows(t *testing.T) {
 		t.Fatalf("verify after both resolutions: exit %d, want 0:\n%s", code, out)
 	}
 
-	// Later copies: the order is a duplicate, its handler (still failing) not run; the poison
-	// record, delivered again from its offset, leaves its row resolved.
+	// A later copy of the order is a duplicate, and its handler, still failing, is not run.
+	// The poison record, delivered again from its offset, leaves its row resolved.
 	g, err := coupon.NewGranter(coupon.DefaultConfig(), nil, nil)
 	if err != nil {
 		t.Fatal(err)

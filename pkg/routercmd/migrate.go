@@ -121,9 +121,10 @@ func appliedMigrations(ctx context.Context, db *sql.DB, sets []migrations.Set) (
 	return out, nil
 }
 
-// migrateReport says what `router migrate` applied, set by set (from version → to version),
-// then in one line for the database at dsn: "up to date" only when it applied nothing. A set
-// missing from before (unreadable then) is reported at its version now.
+// migrateReport says what `router migrate` applied, set by set, from one version to the
+// next. A last line sums it up for the database at dsn. It says "up to date" only where
+// nothing was applied. A set missing from before, because it was unreadable then, is
+// reported at its version now.
 func migrateReport(before, after []setMigrations, dsn string) string {
 	var b strings.Builder
 	total, unknown := 0, false
@@ -165,8 +166,8 @@ func plural(n int, noun string) string {
 	return fmt.Sprintf("%d %ss", n, noun)
 }
 
-// grantApp gives the account db.dsn logs in as its privileges on the tables of the database
-// admin (the migration user's pool) is on, and says what it granted.
+// grantApp gives the account that db.dsn logs in as its privileges on the tables of admin's
+// database. admin is the migration user's pool. grantApp says what it granted.
 func (a *app) grantApp(ctx context.Context, admin *sql.DB, adminCfg dbx.Config) error {
 	d := dbx.DialectOf(admin)
 	list, err := migrations.Grants(d, a.Migrations()...)
@@ -203,9 +204,10 @@ func (a *app) grantApp(ctx context.Context, admin *sql.DB, adminCfg dbx.Config) 
 	return nil
 }
 
-// printGrants prints the GRANT statements for the user of db.dsn, for a DBA who keeps the
-// grants: to run in the application's database after `router migrate --grants=false`. It
-// connects to nothing, so the account's host is written as '%'.
+// printGrants prints the GRANT statements for the user of db.dsn. They are for a DBA who
+// keeps the grants. The DBA runs them in the application's database after
+// `router migrate --grants=false`. printGrants connects to nothing, so it writes the
+// account's host as '%'.
 func (a *app) printGrants(context.Context) error {
 	if _, err := a.DBConfig(false); err != nil {
 		return err

@@ -5,8 +5,8 @@ import (
 	"testing"
 )
 
-// migrateReport names each set with what it applied, and says "up to date" only of what
-// applied nothing.
+// TestMigrateReport checks that migrateReport names each set with what it applied. It says
+// "up to date" only of what applied nothing.
 func TestMigrateReport(t *testing.T) {
 	set := func(label string, versions ...int64) setMigrations {
 		m := setMigrations{label: label, applied: map[int64]bool{}}

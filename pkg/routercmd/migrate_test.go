@@ -12,13 +12,14 @@ import (
 	"github.com/onceflow/onceflow/migrations"
 )
 
-// `router migrate` says what it applied, set by set, from which version to which, and "up to
-// date" only when it applied nothing: on an empty database every migration of the framework
-// and of a plugin; run again, nothing; after a plugin's last version is rolled back, that one.
+// TestMigrateSaysWhatItApplied checks that `router migrate` says what it applied, set by
+// set, from which version to which. It says "up to date" only when it applied nothing. On
+// an empty database it applies every migration of the framework and of a plugin. Run again,
+// it applies nothing. After a plugin's last version is rolled back, it applies that one.
 func TestMigrateSaysWhatItApplied(t *testing.T) {
 	d := testenv.DB(t, 2)
 	ctx := context.Background()
-	// Nothing of onceflow left: no table, no version table.
+	// Nothing of onceflow is left, neither a table nor a version table.
 	if err := migrations.Reset(ctx, d.Admin); err != nil {
 		t.Fatal(err)
 	}

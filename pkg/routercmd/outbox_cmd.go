@@ -61,7 +61,7 @@ func (a *app) openParked(ctx context.Context) (*sql.DB, *outbox.Parked, error) {
 	return db, store, nil
 }
 
-// parkedErr maps the store's input errors to exit 2.
+// parkedErr marks the store's input errors as bad input, so they exit with status 2.
 func parkedErr(err error) error {
 	if errors.Is(err, outbox.ErrNotParked) || errors.Is(err, outbox.ErrHeld) || errors.Is(err, outbox.ErrBadRef) {
 		return badInput(err)
@@ -382,9 +382,10 @@ func (a *app) outboxDropCmd() *cobra.Command {
 // chosenShown is how many of the chosen refused events retry and drop list before acting.
 const chosenShown = 20
 
-// outboxReleaseSelected retries (or drops) the refused parked events sel chooses, each with
-// the events held behind it, in batches of set-based statements (outbox.RetrySelected). It
-// first prints how many it chose and the first of them.
+// outboxReleaseSelected retries or drops the refused parked events that sel chooses, each
+// with the events held behind it. outbox.RetrySelected and outbox.DropSelected release them
+// in batches of set-based statements. outboxReleaseSelected first prints how many it chose
+// and the first of them.
 func (a *app) outboxReleaseSelected(ctx context.Context, sel parkedSelection, retry, yes bool) error {
 	db, store, err := a.openParked(ctx)
 	if err != nil {

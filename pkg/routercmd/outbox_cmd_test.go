@@ -11,8 +11,9 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// parkedDB is a database with two parked events (one with an event held behind it), as the
-// relay leaves them: a key and an error with control characters, a payload that is not UTF-8.
+// parkedDB is a database with two parked events as the relay leaves them. One has an event
+// held behind it. They have a key and an error with control characters, and a payload that
+// is not UTF-8.
 func parkedDB(t *testing.T) testenv.Database {
 	t.Helper()
 	d := testenv.DB(t, 4, registeredMigrations()...) // verify reads the plugins' tables too
@@ -33,8 +34,9 @@ func parkedDB(t *testing.T) testenv.Database {
 	return d
 }
 
-// The operator's handling of parked outbox events from the binary: list, look at one, refuse
-// what cannot be done (exit 2, nothing changed), retry one with its held follower, drop one.
+// TestOutboxCommands handles parked outbox events from the binary as an operator does. It
+// lists them and looks at one. What cannot be done is refused with exit code 2 and changes
+// nothing. It retries one event with its held follower and drops one.
 func TestOutboxCommands(t *testing.T) {
 	d := parkedDB(t)
 	dsn := []string{"--dsn", d.DSN}
@@ -116,7 +118,7 @@ func TestOutboxCommands(t *testing.T) {
 		t.Fatalf("bad input changed the tables: %s -> %s", before, after)
 	}
 
-	// Parked rows are reported by verify (not as a violation) and by the metrics.
+	// verify reports parked rows, though not as a violation, and so do the metrics.
 	out = cli("verify")
 	mustContain(t, out, "outbox_parked=3", "PARKED 3 outbox events are not published: Kafka refuses 2 of them for good, 1 wait behind those")
 	if strings.Contains(out, "VIOLATION") {
@@ -152,9 +154,10 @@ func TestOutboxCommands(t *testing.T) {
 	}
 }
 
-// retry and drop choose several refused events with --all, --topic or --reason: the count
-// and the events first, nothing changed by --dry-run (nor by drop without --yes), then each
-// released with the events held behind it.
+// TestOutboxSelections checks that retry and drop choose several refused events with --all,
+// --topic or --reason. They print the count and the events first. --dry-run changes
+// nothing, and nor does drop without --yes. Then each event is released with the events
+// held behind it.
 func TestOutboxSelections(t *testing.T) {
 	d := parkedDB(t)
 	run := func(args ...string) (string, error) {
@@ -215,8 +218,8 @@ func TestOutboxSelections(t *testing.T) {
 	}
 }
 
-// A selection of many refused events lists the first of them, not every one, then releases
-// them all.
+// TestOutboxSelectionListsTheFirst checks that a selection of many refused events lists the
+// first of them, not every one, and then releases them all.
 func TestOutboxSelectionListsTheFirst(t *testing.T) {
 	d := parkedDB(t)
 	ins := testenv.Dialect().Rebind(`INSERT INTO outbox_parked (id, event_id, event_type, topic, msg_key, payload, created_at, reason, error)

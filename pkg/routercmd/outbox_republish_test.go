@@ -13,9 +13,10 @@ import (
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
-// `router outbox republish` counts the retained published events of a topic with --dry-run
-// and sends nothing, then sends them with their event ids. Bad input exits 2 before
-// anything is sent: a missing flag, a bad time, a topic Kafka does not have.
+// TestOutboxRepublishCommand checks that `router outbox republish --dry-run` counts the
+// retained published events of a topic and sends nothing. Without --dry-run it sends them
+// with their event ids. Bad input exits with code 2 before anything is sent. Such input is
+// a missing flag, a bad time or a topic that Kafka does not have.
 func TestOutboxRepublishCommand(t *testing.T) {
 	d := testenv.DB(t, 4)
 	k := testenv.Kafka(t)

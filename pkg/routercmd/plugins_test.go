@@ -9,7 +9,7 @@ import (
 	"github.com/onceflow/onceflow/internal/registry"
 	"github.com/onceflow/onceflow/migrations"
 
-	// The tests run the stock binary's command line: the bundled plugins registered, as
+	// The tests run the stock binary's command line, with the bundled plugins registered as
 	// cmd/router/main.go has them.
 	_ "github.com/onceflow/onceflow/coupon"
 	_ "github.com/onceflow/onceflow/coupon/notify"

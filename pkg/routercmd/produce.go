@@ -32,7 +32,7 @@ type produceOpts struct {
 	ledger  string
 	rate    float64
 	batch   int
-	file    string // records from a JSON-lines file instead of a Sampler (produce_file.go)
+	file    string // records from a JSON-lines file instead of a Sampler, see produce_file.go
 }
 
 func (a *app) produceCmd() *cobra.Command {
@@ -75,8 +75,8 @@ func (a *app) produceCmd() *cobra.Command {
 	return cmd
 }
 
-// producePlugin is the plugin `produce` makes input for: --plugin, else the only one with a
-// Sampler.
+// producePlugin is the plugin that `produce` makes input for. It is the one that --plugin
+// names, else the only one with a Sampler.
 func (a *app) producePlugin(name string) (onceflow.Plugin, error) {
 	if err := a.CheckSections(); err != nil {
 		return onceflow.Plugin{}, err
@@ -152,7 +152,7 @@ func (a *app) produce(ctx context.Context, o produceOpts) error {
 			break
 		}
 		pm := &sarama.ProducerMessage{Topic: o.topic, Key: sarama.ByteEncoder(m.key), Headers: m.headers}
-		if m.value != nil { // nil: a tombstone (a nil Encoder, not an empty one)
+		if m.value != nil { // a nil value is a tombstone, sent as a nil Encoder, not an empty one
 			pm.Value = sarama.ByteEncoder(m.value)
 		}
 		batch = append(batch, pm)
@@ -195,39 +195,40 @@ func (a *app) produce(ctx context.Context, o produceOpts) error {
 	return nil
 }
 
-// orderKey is the business (and Kafka) key of the seq-th order of a run.
+// orderKey is the business key of the seq-th order of a run, and its Kafka key too.
 func orderKey(prefix string, seq int) string { return fmt.Sprintf("%s-%06d", prefix, seq) }
 
-// shuffleWindow: a record moves at most this many places later, so a duplicate arrives a
+// shuffleWindow is how many places later a record moves at most. So a duplicate arrives a
 // little after its original, not next to it.
 const shuffleWindow = 50
 
-// produceSeq is the sequence of records a produce run sends, generated a few at a time so
-// that memory stays flat however many orders the run has. The sequence is the one a seed
-// has always meant: each order's value from the plugin's Sampler and a draw deciding its
-// duplicate, all from one source seeded by --seed; then, from where that source stands
-// after the last order, a shuffle within a window of shuffleWindow (a record swaps with one
-// of the next 49, never with its own key), and then --poison records inserted at random
-// places of the shuffled sequence.
+// produceSeq is the sequence of records that a produce run sends. It generates them a few
+// at a time, so memory stays flat however many orders the run has. The sequence is the one
+// a seed has always meant. One source, seeded by --seed, makes every draw. For each order
+// it draws the value from the plugin's Sampler, then a draw that decides the order's
+// duplicate. From where the source stands after the last order, it shuffles the records
+// within a window of shuffleWindow. A record swaps with one of the next 49, never with a
+// record of its own key. Then it inserts the --poison records at random places of the
+// shuffled sequence.
 //
-// Streaming it needs the source's state after the last order before the first record goes
-// out: newProduceSeq runs through the orders once, drawing as generation does but keeping
-// nothing, and saves that state for the shuffle; the poison places are drawn after the
-// shuffle's draws, so it makes those draws too and turns the insertions into final
-// positions (O(poison²) time, O(poison) memory). next then regenerates the orders from the
-// seed, keeping only the shuffle's window.
+// Streaming needs the source's state after the last order before the first record goes out.
+// So newProduceSeq runs through the orders once, drawing as generation does but keeping
+// nothing, and saves that state for the shuffle. The poison places are drawn after the
+// shuffle's draws. So newProduceSeq makes those draws too and turns the insertions into
+// final positions. That takes time quadratic in the poison records and memory linear in
+// them. next then regenerates the orders from the seed and keeps only the shuffle's window.
 type produceSeq struct {
 	p     inbox.Plugin
 	o     produceOpts
 	kinds []poisonKind
 
-	deliveries int // order records: each order once, its duplicate twice
+	deliveries int // the order records, counting an order with a duplicate twice
 	total      int // deliveries + poison
 
-	gen       *rand.Rand // the orders, regenerated: the same draws as the counting pass
-	shuffle   *rand.Rand // the shuffle's draws, from the state generation left
+	gen       *rand.Rand // regenerates the orders with the same draws as the counting pass
+	shuffle   *rand.Rand // makes the shuffle's draws from the state that generation left
 	nextOrder int        // the next order gen makes
-	window    []record   // the shuffle's window: records shuffled onwards, generated ahead
+	window    []record   // the shuffle's window of records generated ahead and shuffled onwards
 	shuffled  int        // records that left the window
 	poison    []poisonPlace
 	emitted   int
@@ -260,8 +261,8 @@ func newProduceSeq(p inbox.Plugin, o produceOpts, kinds []poisonKind) *produceSe
 	for i := range n {
 		rng.IntN(min(n-i, shuffleWindow))
 	}
-	// Poison i went to a place among the n+i records there were; each later one inserted
-	// at or before it moved it one place on.
+	// Poison i went to a place among the n+i records there were. Each later poison record
+	// inserted at or before it moved it one place on.
 	at := make([]int, o.poison)
 	for i := range o.poison {
 		pos := rng.IntN(n + i + 1)
@@ -281,7 +282,7 @@ func newProduceSeq(p inbox.Plugin, o produceOpts, kinds []poisonKind) *produceSe
 	return s
 }
 
-// next returns the next record to send; false after the last.
+// next returns the next record to send. It returns false after the last.
 func (s *produceSeq) next() (record, bool) {
 	if s.emitted == s.total {
 		return record{}, false
@@ -319,7 +320,8 @@ func (s *produceSeq) generate() {
 	}
 }
 
-// record is one Kafka record to send: key, value (nil: a tombstone) and headers.
+// record is one Kafka record to send, with its key, value and headers. A nil value makes a
+// tombstone.
 type record struct {
 	key, value []byte
 	headers    []sarama.RecordHeader
@@ -329,8 +331,8 @@ func uuidHeader(v string) sarama.RecordHeader {
 	return sarama.RecordHeader{Key: []byte(wkafka.UUIDHeaderKey), Value: []byte(v)}
 }
 
-// keyRecord is a record as a producer sends it: the business key as the Kafka key, a
-// message id.
+// keyRecord is a record as a producer sends it. The business key is its Kafka key, and a
+// header holds a message id.
 func keyRecord(key string, payload []byte) record {
 	return record{key: []byte(key), value: payload, headers: []sarama.RecordHeader{uuidHeader(watermill.NewUUID())}}
 }
@@ -342,7 +344,8 @@ type poisonKind struct {
 	record func(prefix string, i int) record
 }
 
-// bigHeaders is 70 KiB of headers: more than inbox.max_metadata_bytes can be (65,535).
+// bigHeaders is 70 KiB of headers. That is more than inbox.max_metadata_bytes can be, which
+// is 65,535 at most.
 var bigHeaders = func() []sarama.RecordHeader {
 	var hs []sarama.RecordHeader
 	for i := range 7 {
@@ -351,11 +354,12 @@ var bigHeaders = func() []sarama.RecordHeader {
 	return hs
 }()
 
-// poisonKinds lists the kinds `produce --poison` cycles through for p. The kinds built on a
-// value p refuses (its Sampler's Poison) are left out for a plugin without one; the oversized value
-// (1 KiB over maxPayload, the router's inbox.max_payload_bytes) is left out when it would
-// not fit maxMessage, the producer's max message size. skipped says what was left out, and
-// why.
+// poisonKinds lists the kinds that `produce --poison` cycles through for p. Some kinds are
+// built on a value that p refuses, which the Poison method of p's Sampler returns. They are
+// left out when p's Sampler is no inbox.Poisoner or returns no such value. The oversized
+// value is 1 KiB over maxPayload, the router's inbox.max_payload_bytes. It is left out when
+// it would not fit maxMessage, the producer's max message size. skipped says what was left
+// out, and why.
 func poisonKinds(p inbox.Plugin, maxPayload, maxMessage int) (kinds []poisonKind, skipped string) {
 	key := func(i int) []byte { return []byte(fmt.Sprintf("poison-%d", i)) }
 	poisoner, _ := p.Sampler.(inbox.Poisoner)
@@ -364,9 +368,9 @@ func poisonKinds(p inbox.Plugin, maxPayload, maxMessage int) (kinds []poisonKind
 		vs := poisoner.Poison(prefix)
 		return vs[i%len(vs)]
 	}
-	// A good-looking value (a key of the run's prefix that no ledger lists: were it
-	// processed, the chaos checker would report it); its own random source, so the run's
-	// orders do not depend on how many poison records it has.
+	// good makes a good-looking value for a key of the run's prefix that no ledger lists.
+	// Were it processed, the chaos checker would report it. It has its own random source,
+	// so the run's orders do not depend on how many poison records the run has.
 	good := func(key string, i int) []byte { return p.Sampler.Sample(key, i, rand.New(rand.NewPCG(uint64(i), 11))) }
 	var skips []string
 	if refuses {
@@ -385,8 +389,9 @@ func poisonKinds(p inbox.Plugin, maxPayload, maxMessage int) (kinds []poisonKind
 		}})
 	if refuses {
 		kinds = append(kinds,
-			// A refused value behind two bytes that are not UTF-8: the decoder's error may
-			// quote them, and the stored last_error must still be UTF-8.
+			// utf8-value puts two bytes that are not UTF-8 before a refused value. The
+			// decoder's error may quote them, and the stored last_error must still be
+			// UTF-8.
 			poisonKind{"utf8-value", func(prefix string, i int) record {
 				return record{key: key(i), value: append([]byte("\xff\xfe"), bad(prefix, i)...), headers: []sarama.RecordHeader{uuidHeader(watermill.NewUUID())}}
 			}},
@@ -398,9 +403,10 @@ func poisonKinds(p inbox.Plugin, maxPayload, maxMessage int) (kinds []poisonKind
 				return record{key: key(i), value: bad(prefix, i), headers: []sarama.RecordHeader{
 					{Key: []byte("trace\xff"), Value: []byte("v\xfe\xfd")}, uuidHeader("\xff\xfe" + watermill.NewUUID())}}
 			}},
-			// A good value with a byte that is not UTF-8 right after its business key (at its
-			// end if the value does not hold the key): a decoder that made the byte U+FFFD
-			// would take it for an order of the run's prefix, which no ledger lists.
+			// utf8-string puts a byte that is not UTF-8 right after the business key in a
+			// good value. The byte goes at the value's end if the value does not hold the
+			// key. A decoder that made the byte U+FFFD would take the value for an order of
+			// the run's prefix, which no ledger lists.
 			poisonKind{"utf8-string", func(prefix string, i int) record {
 				k := []byte(fmt.Sprintf("%s-poison-u8-%d", prefix, i))
 				v := good(string(k), i)
@@ -416,9 +422,9 @@ func poisonKinds(p inbox.Plugin, maxPayload, maxMessage int) (kinds []poisonKind
 		return record{key: key(i), value: good(fmt.Sprintf("%s-poison-hdr-%d", prefix, i), i),
 			headers: append([]sarama.RecordHeader{uuidHeader(watermill.NewUUID())}, bigHeaders...)}
 	}})
-	// The record's own framing (key, header, lengths) needs well under 1 KiB. The padding is
-	// trailing white space, which leaves a JSON value the same value: only the size limit
-	// makes it poison.
+	// The record's own framing of key, headers and lengths needs well under 1 KiB. The
+	// padding is trailing white space, which leaves a JSON value the same value. So only
+	// the size limit makes it poison.
 	if need := maxPayload + 2<<10; maxPayload > 0 && need <= maxMessage {
 		kinds = append(kinds, poisonKind{"oversized", func(prefix string, i int) record {
 			v := good(fmt.Sprintf("%s-poison-big-%d", prefix, i), i)
@@ -431,7 +437,7 @@ func poisonKinds(p inbox.Plugin, maxPayload, maxMessage int) (kinds []poisonKind
 	return kinds, strings.Join(skips, " ")
 }
 
-// Ledger: what the producer sent, read back by `verify --ledger`.
+// ledger is what the producer sent, as `verify --ledger` reads it back.
 type ledger struct {
 	prefix     string
 	orders     []string

@@ -25,22 +25,23 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-// A produce file (`router produce --file records.jsonl`) holds one Kafka record per line, a
-// JSON object:
+// A produce file holds one Kafka record per line, as a JSON object.
+// `router produce --file records.jsonl` sends such a file. Its lines look like these.
 //
 //	{"key": "o-1", "value": {"orderId": "o-1", "points": 40}, "headers": {"source": "test"}}
 //	{"key": "o-2", "value": "plain text, sent without the quotes"}
 //	{"key": "o-3", "value_base64": "/w=="}
 //
-// key: the record's key (no key when left out). value: a JSON string is sent as its text,
-// any other JSON value as the bytes written on the line, unchanged. value_base64: the value's
-// bytes in standard base64, for bytes that are not UTF-8. Neither: a record without a value
-// (a tombstone). headers: string values. Field names are exact. Any other field, a field
-// name in another case ("KEY"), a field or header given twice, a line that is not UTF-8 or
-// not one JSON object, or a record larger than the topic takes, is refused with its line
-// number, and then nothing is sent. Blank lines are skipped. A record gets a message id
-// header (watermill's uuid) unless headers has one. The file is read once, into memory: it
-// may be a named pipe.
+// key is the record's key, and a record without it has no key. A JSON string as value is
+// sent as its text. Any other JSON value is sent as the bytes written on the line,
+// unchanged. value_base64 holds the value's bytes in standard base64, for bytes that are
+// not UTF-8. A record with neither value nor value_base64 has no value and is a tombstone.
+// headers holds string values. Field names are exact. A line is refused with its line
+// number when it has any other field, a field name in another case such as "KEY", or a
+// field or header given twice. So is a line that is not UTF-8 or not one JSON object, and a
+// record larger than the topic takes. Then nothing is sent. Blank lines are skipped. A
+// record gets a message id header, watermill's uuid, unless headers has one. The file is
+// read once, into memory, so it may be a named pipe.
 
 // fileLine is one line of a produce file.
 type fileLine struct {
@@ -50,7 +51,7 @@ type fileLine struct {
 	Headers     map[string]string `json:"headers"`
 }
 
-// maxFileLine is the longest line of a produce file (a record Kafka takes is smaller).
+// maxFileLine is the longest line of a produce file. A record that Kafka takes is smaller.
 const maxFileLine = 16 << 20
 
 // parseFileLine reads one line of a produce file into a record.
@@ -125,10 +126,10 @@ func (r fileRecord) message(topic string) *sarama.ProducerMessage {
 	return pm
 }
 
-// readProduceFile reads the file at path once, whole, and returns its records; a bad line
-// is refused naming it. Reading once lets path be a named pipe, which a second open would
-// wait on for a writer that never comes. ctx ending stops it, also while it waits for a
-// pipe's writer.
+// readProduceFile reads the file at path once, whole, and returns its records. It refuses a
+// bad line, naming it. Reading once lets path be a named pipe. A second open of a pipe
+// would wait for a writer that never comes. The end of ctx stops readProduceFile, also
+// while it waits for a pipe's writer.
 func readProduceFile(ctx context.Context, path string) ([]fileRecord, error) {
 	f, err := openInput(ctx, path)
 	if err != nil {
@@ -141,8 +142,8 @@ func readProduceFile(ctx context.Context, path string) ([]fileRecord, error) {
 	if st, err := f.Stat(); err == nil && st.IsDir() {
 		return nil, badInput(fmt.Errorf("produce --file %s: a directory, not a file of records", path))
 	}
-	// A pipe's read waits for data: a deadline in the past ends it (a regular file's reads
-	// do not wait, and refuse deadlines).
+	// A pipe's read waits for data, and a deadline in the past ends it. A regular file's
+	// reads do not wait, and they refuse deadlines.
 	stop := context.AfterFunc(ctx, func() { _ = f.SetReadDeadline(time.Now()) })
 	defer stop()
 	var recs []fileRecord
@@ -174,9 +175,9 @@ func readProduceFile(ctx context.Context, path string) ([]fileRecord, error) {
 	return recs, nil
 }
 
-// openInput opens path for reading, or returns ctx's cause if ctx ends first: opening a
-// named pipe waits until a writer opens it, and the open itself cannot be interrupted, so it
-// runs in a goroutine that closes the file should it open later.
+// openInput opens path for reading, or returns ctx's cause if ctx ends first. Opening a
+// named pipe waits until a writer opens it, and the open itself cannot be interrupted. So
+// the open runs in a goroutine, which closes the file should it open later.
 func openInput(ctx context.Context, path string) (*os.File, error) {
 	type opened struct {
 		f   *os.File
@@ -200,17 +201,18 @@ func openInput(ctx context.Context, path string) (*os.File, error) {
 	}
 }
 
-// recordBatchOverhead is the header of a Kafka record batch (RECORD_BATCH_OVERHEAD): a
-// topic's max.message.bytes bounds a batch, so a record alone in one may have that much
-// less.
+// recordBatchOverhead is the size of a Kafka record batch's header, which Kafka calls
+// RECORD_BATCH_OVERHEAD. A topic's max.message.bytes bounds a batch. So a record alone in a
+// batch may have that much less.
 const recordBatchOverhead = 61
 
-// recordLimit is the most bytes a record sent to topic may take as Sarama counts them
-// (ProducerMessage.ByteSize, an upper bound of its framed size), and what sets it: the
-// producer's Producer.MaxMessageBytes, or the topic's max.message.bytes less a batch's
-// header. A producer given the limit as its MaxMessageBytes fills no batch beyond what the
-// topic takes. When the topic's setting cannot be read, the producer's limit stands and the
-// broker refuses what is over its own.
+// recordLimit is the most bytes that a record sent to topic may take, and what sets that
+// limit. Sarama counts the bytes with ProducerMessage.ByteSize, an upper bound of the
+// record's framed size. The limit is the producer's Producer.MaxMessageBytes, or the
+// topic's max.message.bytes less a batch's header when that is lower. A producer given the
+// limit as its MaxMessageBytes fills no batch beyond what the topic takes. When the topic's
+// setting cannot be read, the producer's limit stands, and the broker refuses what is over
+// its own limit.
 func (a *app) recordLimit(kc kafkax.Config, topic string, producerMax int) (int, string) {
 	limit, why := producerMax, fmt.Sprintf("the producer's limit (Producer.MaxMessageBytes %d)", producerMax)
 	topicMax, err := topicMaxMessageBytes(kc, topic)
@@ -226,8 +228,8 @@ func (a *app) recordLimit(kc kafkax.Config, topic string, producerMax int) (int,
 	return limit, why
 }
 
-// topicMaxMessageBytes reads topic's max.message.bytes: the largest record batch its
-// brokers take (the topic's own setting, else the brokers' message.max.bytes).
+// topicMaxMessageBytes reads topic's max.message.bytes, the largest record batch its
+// brokers take. It is the topic's own setting, else the brokers' message.max.bytes.
 func topicMaxMessageBytes(kc kafkax.Config, topic string) (int, error) {
 	admin, err := sarama.NewClusterAdmin(kc.Brokers, kc.SaramaConfig())
 	if err != nil {
@@ -250,10 +252,11 @@ func topicMaxMessageBytes(kc kafkax.Config, topic string) (int, error) {
 	return 0, fmt.Errorf("topic %s: max.message.bytes not reported", topic)
 }
 
-// produceFile sends the records of o.file to o.topic (default: --plugin's first topic, or
-// the only registered plugin's). Nothing is sent before every line is read and checked,
-// its size against the topic's limit too; a record Kafka still refuses stops the run, which
-// names its line and how many records were sent.
+// produceFile sends the records of o.file to o.topic. Without o.topic it sends them to the
+// first topic of --plugin, or of the only registered plugin. Nothing is sent before every
+// line is read and checked, its size against the topic's limit too. A record that Kafka
+// still refuses stops the run. The error names the record's line and how many records were
+// sent.
 func (a *app) produceFile(ctx context.Context, o produceOpts) error {
 	recs, err := readProduceFile(ctx, o.file)
 	if err != nil {
@@ -365,7 +368,8 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	}
 }
 
-// oneLine is err's text on one line: its lines, trimmed, joined by "; ".
+// oneLine is err's text on one line. It trims the lines of the text and joins them with a
+// semicolon and a space.
 func oneLine(err error) string {
 	var parts []string
 	for _, l := range strings.Split(err.Error(), "\n") {

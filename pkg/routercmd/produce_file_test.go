@@ -17,12 +17,13 @@ import (
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
-// A produce file's line is one record: a string value is its text, any other JSON value the
-// line's bytes unchanged, value_base64 bytes that are not UTF-8; anything else is refused.
+// TestParseFileLine checks that a produce file's line is one record. A string value is its
+// text. Any other JSON value is the line's bytes, unchanged. value_base64 holds bytes that
+// are not UTF-8. Anything else is refused.
 func TestParseFileLine(t *testing.T) {
 	for _, tc := range []struct {
 		name, line string
-		key, value string // value "<nil>": none
+		key, value string // a value of "<nil>" means none
 		headers    int    // besides the message id
 		err        string
 	}{
@@ -71,8 +72,8 @@ func TestParseFileLine(t *testing.T) {
 	}
 }
 
-// `router produce --file` sends each line's record as written; a bad line stops it before
-// anything is sent, naming the line.
+// TestProduceFile checks that `router produce --file` sends each line's record as written.
+// A bad line stops it before anything is sent, and the error names the line.
 func TestProduceFile(t *testing.T) {
 	testenv.Integration(t)
 	k := testenv.Kafka(t)
@@ -129,10 +130,11 @@ func readBack(t *testing.T, k kafkax.Config, topic string) []kafkax.Record {
 	return recs
 }
 
-// A file with one line over the topic's size limit in the middle is refused whole before
-// anything is sent, naming the line (exit 2); so is one over the producer's limit. Records
-// that each fit the topic are sent in batches that fit it too: a producer filling batches
-// up to its own 1 MiB would have the broker refuse them.
+// TestProduceFileSizeLimit checks that a file with one line over the topic's size limit in
+// the middle is refused whole before anything is sent. The error names the line, and the
+// exit code is 2. A file with a line over the producer's limit is refused too. Records that
+// each fit the topic are sent in batches that fit it too. A producer that filled batches up
+// to its own 1 MiB would have the broker refuse them.
 func TestProduceFileSizeLimit(t *testing.T) {
 	testenv.Integration(t)
 	k := testenv.Kafka(t)
@@ -177,9 +179,9 @@ func TestProduceFileSizeLimit(t *testing.T) {
 	}
 }
 
-// A record only the broker refuses (a compacted topic takes no record without a key) stops
-// the run there: the error names its line and how many records were sent, and no later line
-// is sent.
+// TestProduceFileBrokerRefusal checks that a record only the broker refuses stops the run
+// there. A compacted topic takes no record without a key. The error names the record's line
+// and how many records were sent, and no later line is sent.
 func TestProduceFileBrokerRefusal(t *testing.T) {
 	testenv.Integration(t)
 	k := testenv.Kafka(t)
@@ -195,15 +197,16 @@ func TestProduceFileBrokerRefusal(t *testing.T) {
 	}
 }
 
-// runAsync runs the command line in the background; the channel gets its error.
+// runAsync runs the command line in the background. The channel gets its error.
 func runAsync(ctx context.Context, args ...string) <-chan error {
 	done := make(chan error, 1)
 	go func() { done <- Run(ctx, args) }()
 	return done
 }
 
-// waitRun waits for a command started by runAsync. The bound is no timing assertion: a
-// command that never returns (the test's failure) would otherwise hang the package's tests.
+// waitRun waits for a command started by runAsync. The bound is no timing assertion.
+// Without it a command that never returns, which is the test's failure, would hang the
+// package's tests.
 func waitRun(t *testing.T, done <-chan error, what string) error {
 	t.Helper()
 	select {
@@ -215,9 +218,9 @@ func waitRun(t *testing.T, done <-chan error, what string) error {
 	}
 }
 
-// A named pipe given to --file is read once: its records are sent (a second open would
-// wait for a writer that never comes). Ending the context ends the command, also while the
-// pipe has no writer yet; then nothing is sent.
+// TestProduceFileNamedPipe checks that a named pipe given to --file is read once and its
+// records are sent. A second open would wait for a writer that never comes. Ending the
+// context ends the command, also while the pipe has no writer yet. Then nothing is sent.
 func TestProduceFileNamedPipe(t *testing.T) {
 	testenv.Integration(t)
 	k := testenv.Kafka(t)
@@ -247,7 +250,7 @@ func TestProduceFileNamedPipe(t *testing.T) {
 		t.Fatalf("records on the topic: %+v, want the pipe's two", recs)
 	}
 
-	// No writer: the command waits for one until its context ends.
+	// With no writer the command waits for one until its context ends.
 	ctx, cancel := context.WithCancel(context.Background())
 	done := runAsync(ctx, "--brokers", brokers, "produce", "--file", fifo, "--topic", topic)
 	cancel()

@@ -22,9 +22,9 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// legacyProduce is how `produce` chose its records before it streamed them, kept verbatim
-// (every message built in memory, shuffled in a window of 50, poison inserted at random
-// places): the reference the streamed sequence must equal.
+// legacyProduce is how `produce` chose its records before it streamed them, kept verbatim.
+// It builds every message in memory, shuffles them in a window of 50 and inserts poison at
+// random places. It is the reference that the streamed sequence must equal.
 func legacyProduce(p inbox.Plugin, o produceOpts, kinds []poisonKind) []record {
 	rng := rand.New(rand.NewPCG(o.seed, 7))
 	var msgs []record
@@ -50,8 +50,8 @@ func legacyProduce(p inbox.Plugin, o produceOpts, kinds []poisonKind) []record {
 	return msgs
 }
 
-// hashRecord adds what a record means to h: key, value (a tombstone apart from an empty
-// value) and headers, but not the message id, which is random.
+// hashRecord adds what a record means to h. That is its key, its value and its headers, but
+// not the message id, which is random. A tombstone hashes apart from an empty value.
 func hashRecord(h hash.Hash, r record) {
 	fmt.Fprintf(h, "k%q ", r.key)
 	if r.value == nil {
@@ -76,12 +76,12 @@ func digest(rs []record) string {
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
-// produceCases are runs whose sequences are pinned: the coupon granter's Sample and
-// Poison, with and without duplicates and poison, fewer orders than the shuffle window, and
-// more poison than orders.
+// produceCases are runs whose sequences are pinned. They use the coupon granter's Sample
+// and Poison. Some runs have duplicates and poison, and some do not. One has fewer orders
+// than the shuffle window, and one has more poison than orders.
 var produceCases = []struct {
 	o    produceOpts
-	want string // digest of the sequence, as the in-memory reference (legacyProduce) builds it
+	want string // digest of the sequence as legacyProduce, the in-memory reference, builds it
 }{
 	{produceOpts{orders: 1000, dupRate: 0.3, seed: 1, prefix: "ord"}, "a8597a10fcc4a692"},
 	{produceOpts{orders: 1000, dupRate: 0.3, poison: 17, seed: 42, prefix: "ord"}, "19e2897e654acfc5"},
@@ -105,7 +105,7 @@ func streamed(p inbox.Plugin, o produceOpts, kinds []poisonKind) ([]record, int)
 	}
 }
 
-// sameSequence compares two sequences record by record (message ids aside).
+// sameSequence compares two sequences record by record, leaving the message ids aside.
 func sameSequence(t *testing.T, what string, got, want []record) {
 	t.Helper()
 	if len(got) != len(want) {
@@ -121,9 +121,9 @@ func sameSequence(t *testing.T, what string, got, want []record) {
 	}
 }
 
-// The sequence `produce --seed` sends is the one it sent when it built every message in
-// memory: the same keys, values, duplicates and poison in the same order (the digests were
-// taken from that implementation).
+// TestProduceSequencePinned checks that the sequence `produce --seed` sends is the one it
+// sent when it built every message in memory. It has the same keys, values, duplicates and
+// poison in the same order. The digests were taken from that implementation.
 func TestProduceSequencePinned(t *testing.T) {
 	granter, _ := registered().Get(coupon.PluginName)
 	kinds, _ := poisonKinds(granter, 256<<10, 1_000_000)
@@ -154,9 +154,9 @@ func (greedySampler) Sample(key string, seq int, rng *rand.Rand) []byte {
 	return []byte(fmt.Sprintf("%s/%d/%d", key, seq, n))
 }
 
-// The streamed sequence equals the reference for random runs, also for a Sampler that draws
-// a varying number of values (the shuffle's draws start where the last order's left the
-// source).
+// TestProduceSequenceStreamsTheReference checks that the streamed sequence equals the
+// reference for random runs. That holds also for a Sampler that draws a varying number of
+// values. The shuffle's draws start where the last order's draws left the source.
 func TestProduceSequenceStreamsTheReference(t *testing.T) {
 	granter, _ := registered().Get(coupon.PluginName)
 	kinds, _ := poisonKinds(granter, 256<<10, 1_000_000)
@@ -175,8 +175,8 @@ func TestProduceSequenceStreamsTheReference(t *testing.T) {
 	}
 }
 
-// However many orders a run has, the sequence holds no more than the shuffle's window of
-// them at a time.
+// TestProduceSequenceIsBounded checks that, however many orders a run has, the sequence
+// holds no more than the shuffle's window of them at a time.
 func TestProduceSequenceIsBounded(t *testing.T) {
 	granter, _ := registered().Get(coupon.PluginName)
 	kinds, _ := poisonKinds(granter, 256<<10, 1_000_000)
@@ -196,9 +196,10 @@ func TestProduceSequenceIsBounded(t *testing.T) {
 	}
 }
 
-// `router produce` sends the pinned sequence to Kafka: read back from a topic of one
-// partition, the records are the reference's, in its order, with the poison and the
-// duplicates the PRODUCED line and the ledger count.
+// TestProduceSendsTheSequence checks that `router produce` sends the pinned sequence to
+// Kafka. Read back from a topic of one partition, the records are the reference's, in its
+// order. They hold the poison and the duplicates that the PRODUCED line and the ledger
+// count.
 func TestProduceSendsTheSequence(t *testing.T) {
 	kc := testenv.Kafka(t)
 	topic := testenv.Topic(t, kc, "produce-seq", 1)
@@ -235,7 +236,7 @@ func TestProduceSendsTheSequence(t *testing.T) {
 		case m := <-pc.Messages():
 			r := record{key: m.Key, value: m.Value}
 			if r.value == nil && len(want[len(got)].value) == 0 && want[len(got)].value != nil {
-				r.value = []byte{} // Kafka keeps an empty value apart from none; Sarama reads both as nil
+				r.value = []byte{} // Kafka keeps an empty value apart from none, but Sarama reads both as nil
 			}
 			for _, h := range m.Headers {
 				r.headers = append(r.headers, *h)

@@ -18,9 +18,10 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// The oversized kind is produced only when a value 1 KiB over the inbox limit fits the
-// producer's max message size; then every kind is there once, else it says why not. The
-// kinds built on a value the plugin refuses need its Sampler to be a Poisoner.
+// TestPoisonKinds checks that the oversized kind is produced only when a value 1 KiB over
+// the inbox limit fits the producer's max message size. Then every kind is there once.
+// Otherwise poisonKinds says why not. The kinds built on a value that the plugin refuses
+// need its Sampler to be a Poisoner.
 func TestPoisonKinds(t *testing.T) {
 	const producerMax = 1_000_000 // Sarama's default Producer.MaxMessageBytes
 	names := func(ks []poisonKind) string {
@@ -43,7 +44,7 @@ func TestPoisonKinds(t *testing.T) {
 	if names(ks) != strings.TrimSuffix(all, ",oversized") || !strings.Contains(skipped, "oversized=skipped") {
 		t.Fatalf("1 MiB limit: kinds %s, skipped %q", names(ks), skipped)
 	}
-	// A Sampler that is no Poisoner: the kinds built on a refused value are left out.
+	// For a Sampler that is no Poisoner, the kinds built on a refused value are left out.
 	noPoison := granter
 	noPoison.Sampler = greedySampler{}
 	if ks, skipped := poisonKinds(noPoison, 256<<10, producerMax); names(ks) != "tombstone,empty,big-headers,oversized" || !strings.Contains(skipped, "has_no_Poisoner") {
@@ -85,10 +86,10 @@ func TestPoisonKinds(t *testing.T) {
 	}
 }
 
-// Every kind of poison record, as the router's subscriber turns it into a message
-// (watermill-kafka's DefaultMarshaler), ends quarantined as poison by the coupon granter's
-// inbox, with the limits of the chaos harness's configuration (256 KiB payloads, 32 KiB of
-// metadata), and nothing is granted.
+// TestPoisonKindsAreQuarantined checks that every kind of poison record ends quarantined as
+// poison by the coupon granter's inbox, and nothing is granted. The router's subscriber
+// turns each record into a message with watermill-kafka's DefaultMarshaler. The inbox has
+// the limits of the chaos harness's configuration, 256 KiB payloads and 32 KiB of metadata.
 func TestPoisonKindsAreQuarantined(t *testing.T) {
 	d := testenv.DB(t, 4, registeredMigrations()...)
 	ctx := context.Background()
@@ -106,7 +107,7 @@ func TestPoisonKindsAreQuarantined(t *testing.T) {
 	}
 	granter, _ := registered().Get(coupon.PluginName)
 	kinds, _ := poisonKinds(granter, 256<<10, 1_000_000)
-	for i := range 2 * len(kinds) { // twice round: the bad payloads differ by i
+	for i := range 2 * len(kinds) { // twice round, since the bad payloads differ by i
 		k := kinds[i%len(kinds)]
 		r := k.record("pt", i)
 		km := &sarama.ConsumerMessage{Topic: "order-paid", Partition: 2, Offset: int64(i), Key: r.key, Value: r.value}
@@ -134,8 +135,9 @@ func TestPoisonKindsAreQuarantined(t *testing.T) {
 	}
 }
 
-// Ending the context ends a paced run (--rate) between its records, saying how many were
-// sent; a run that slept through it would take 1,000 s here.
+// TestProduceStopsOnCancel checks that ending the context ends a run paced by --rate
+// between its records. The error says how many were sent. A run that slept through it would
+// take 1,000 s here.
 func TestProduceStopsOnCancel(t *testing.T) {
 	testenv.Integration(t)
 	k := testenv.Kafka(t)

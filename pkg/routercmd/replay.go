@@ -49,8 +49,8 @@ func (f *filterFlags) register(fs *pflag.FlagSet, defaultStatus string, defaultL
 	fs.StringVar(&f.output, "output", "table", "table or json")
 }
 
-// parseWhen accepts an RFC3339 timestamp or a duration meaning "that long ago" ("2h",
-// "2h ago").
+// parseWhen accepts an RFC3339 timestamp, or a duration such as "2h" or "2h ago" that means
+// that long ago. An empty s is the zero time.
 func parseWhen(flag, s string, now time.Time) (time.Time, error) {
 	if s == "" {
 		return time.Time{}, nil
@@ -64,7 +64,8 @@ func parseWhen(flag, s string, now time.Time) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("--%s %q: use an RFC3339 time (2026-11-11T00:00:00Z) or a duration ago (2h, 30m)", flag, s)
 }
 
-// filter turns the flags into an inboxops.Filter (biz type not yet resolved). Errors are bad input.
+// filter turns the flags into an inboxops.Filter, with the biz type not yet resolved. Its
+// errors are bad input.
 func (f *filterFlags) filter(refs []string) (inboxops.Filter, error) {
 	out := inboxops.Filter{BizType: f.bizType, OlderThan: f.olderThan, Keys: f.orderIDs, Refs: refs, Limit: f.limit, ReplayID: f.replayID}
 	switch s := strings.ToLower(f.status); s {
@@ -103,7 +104,7 @@ func (f *filterFlags) filter(refs []string) (inboxops.Filter, error) {
 	return out, nil
 }
 
-// checkBizType fails (bad input) when bt is set and no registered plugin has it.
+// checkBizType returns bad input when bt is set and no registered plugin has it.
 func (a *app) checkBizType(bt string) error {
 	if bt == "" {
 		return nil
@@ -118,8 +119,9 @@ func (a *app) checkBizType(bt string) error {
 	return nil
 }
 
-// openFiltered parses the filter flags (refs are order ids or row ids), checks the biz type
-// and opens the inbox store: the common start of `inbox ls|show` and `replay`.
+// openFiltered parses the filter flags, checks the biz type and opens the inbox store. refs
+// are order ids or row ids. `inbox ls` and `inbox show` start with it, and `replay` starts
+// with the same steps.
 func (a *app) openFiltered(ctx context.Context, ff filterFlags, refs []string) (inboxops.Filter, *sql.DB, *inboxops.Store, error) {
 	f, err := ff.filter(refs)
 	if err != nil {
@@ -203,8 +205,9 @@ func (a *app) replay(ctx context.Context, r replayFlags, refs []string) error {
 	}
 	defer closeHandler()
 
-	// Each row is printed as it is replayed (the table's line, or the JSON output's element),
-	// and nothing of it is kept: memory holds one page of rows however many are selected.
+	// Each row is printed as it is replayed, as a line of the table or an element of the
+	// JSON output. Nothing of it is kept, so memory holds one page of rows however many are
+	// selected.
 	table := r.output == "table"
 	if table {
 		printf("%-8s %-10s %-36s %-10s %-18s %s\n", "ID", "BIZ_TYPE", "DEDUP_KEY", "WAS", "REASON", "RESULT")
@@ -220,7 +223,7 @@ func (a *app) replay(ctx context.Context, r replayFlags, refs []string) error {
 			Result: replayResult(row, res, r.dryRun), Error: errText(res.Err)})
 	}})
 	if rep.ID == 0 {
-		return runErr // nothing was recorded: selection or bookkeeping failed
+		return runErr // nothing was recorded because the selection or the bookkeeping failed
 	}
 	if table {
 		printReplayNotes(rep)
@@ -230,8 +233,8 @@ func (a *app) replay(ctx context.Context, r replayFlags, refs []string) error {
 	return runErr
 }
 
-// jsonStream writes {"rows":[...],"<key>":<value>} on one line of stdout, each row as it
-// comes (escaped as writeJSON escapes), so that a long list is never held in memory.
+// jsonStream writes {"rows":[...],"<key>":<value>} on one line of stdout. It writes each
+// row as it comes, escaped as writeJSON escapes, so a long list is never held in memory.
 type jsonStream struct {
 	n   int
 	err error
@@ -258,7 +261,7 @@ func (s *jsonStream) add(row any) {
 	s.n++
 }
 
-// close ends the list and writes key: v after it.
+// close ends the list, then writes v under key and ends the object.
 func (s *jsonStream) close(key string, v any) error {
 	if s.n == 0 {
 		s.write(`{"rows":[`)
@@ -298,8 +301,9 @@ func dash(s string) string {
 	return s
 }
 
-// replayResult says in words what happened (or would happen) to one row. A dry run's res
-// is what the replay decides before running the row (inboxops.ReplayOptions.OnRow).
+// replayResult says in words what happened to one row, or what would happen to it in a dry
+// run. A dry run's res is what the replay decides before running the row, as
+// inboxops.ReplayOptions.OnRow gets it.
 func replayResult(row inboxops.Row, res engine.Result, dryRun bool) string {
 	if res.Outcome == engine.OutcomeRefused {
 		return "refused, left quarantined: " + errText(res.Err)

@@ -56,8 +56,8 @@ func (f failingGranter) Handle(ctx context.Context, tx *sql.Tx, d *inbox.Deliver
 	return f.Granter.Handle(ctx, tx, d)
 }
 
-// quarantinedDB is a database with one coupon order quarantined during an outage
-// (o-cli) and one poison message.
+// quarantinedDB is a database with one poison message and one coupon order, o-cli,
+// quarantined during an outage.
 func quarantinedDB(t *testing.T) testenv.Database {
 	t.Helper()
 	d := testenv.DB(t, 4, registeredMigrations()...)
@@ -104,8 +104,9 @@ func mustContain(t *testing.T, out string, want ...string) {
 	}
 }
 
-// The operator's recovery from the binary alone: list what failed, look at it, dry-run the
-// replay, replay, and replay again (nothing left; done rows are duplicates).
+// TestReplayCommand follows the operator's recovery from the binary alone. The operator
+// lists what failed, looks at it, dry-runs the replay and replays. A second replay finds
+// nothing left, and done rows come back as duplicates.
 func TestReplayCommand(t *testing.T) {
 	d := quarantinedDB(t)
 	db := d.DB
@@ -149,7 +150,8 @@ func TestReplayCommand(t *testing.T) {
 		t.Fatal("replay 2 not recorded")
 	}
 
-	// Done rows: duplicates, nothing granted, and the output says so. Biz type inferred.
+	// Done rows come back as duplicates, nothing is granted, and the output says so. The
+	// biz type is inferred.
 	out = cli("replay", "--status", "done", "--output", "json")
 	var rep struct {
 		Replay inboxops.ReplayReport `json:"replay"`
@@ -166,7 +168,7 @@ func TestReplayCommand(t *testing.T) {
 	out = cli("inbox", "ls", "--replay-id", "2")
 	mustContain(t, out, "o-cli", "poison:order-paid/1/6", "2 rows")
 
-	// By reason: the poison row is still failed, nothing of retries_exhausted is.
+	// By reason, the poison row is still failed and no row of retries_exhausted is.
 	out = cli("replay", "--biz-type", "coupon", "--reason", "retries_exhausted", "--dry-run")
 	mustContain(t, out, "dry_run=true selected=0")
 	out = cli("replay", "--biz-type", "coupon", "--reason", "poison", "--dry-run")
@@ -175,7 +177,8 @@ func TestReplayCommand(t *testing.T) {
 	mustContain(t, out, "poison:order-paid/1/6", "1 rows")
 }
 
-// Bad input to replay and inbox: one line, exit 2, nothing changed.
+// TestReplayBadInput checks that bad input to replay and inbox gets one line and exit code
+// 2, and changes nothing.
 func TestReplayBadInput(t *testing.T) {
 	d := quarantinedDB(t)
 	state := func() string {
@@ -235,8 +238,9 @@ func TestReplayBadInput(t *testing.T) {
 	}
 }
 
-// `replay --output json` writes each row as it is replayed: one line holding every selected
-// row in id order and the replay's report after them, valid JSON also when nothing matched.
+// TestReplayJSONListsEveryRow checks that `replay --output json` writes each row as it is
+// replayed. The output is one line that holds every selected row in id order and the
+// replay's report after them. It is valid JSON also when nothing matched.
 func TestReplayJSONListsEveryRow(t *testing.T) {
 	d := quarantinedDB(t)
 	out, err := capture(t, "--dsn", d.DSN, "replay", "--biz-type", "coupon", "--dry-run", "--output", "json")
@@ -265,13 +269,14 @@ func TestReplayJSONListsEveryRow(t *testing.T) {
 	}
 }
 
-// Rows that hold less than the delivered message — headers over inbox.max_metadata_bytes,
-// a value over inbox.max_payload_bytes, both quarantined through the real inbox — are
-// refused, with the reason, by `router replay` (dry run and real) and `router inbox retry`;
-// nothing runs and the rows stay as they were. A later delivery of a quarantined key shows
-// as held in `inbox ls` and `inbox show`.
+// TestReplayRefusesCutRows checks rows that hold less than the delivered message. One has
+// headers over inbox.max_metadata_bytes, and one has a value over inbox.max_payload_bytes.
+// Both were quarantined through the real inbox. `router replay` refuses them with the
+// reason, in a dry run and a real one, and so does `router inbox retry`. Nothing runs, and
+// the rows stay as they were. A later delivery of a quarantined key shows as held in
+// `inbox ls` and `inbox show`.
 func TestReplayRefusesCutRows(t *testing.T) {
-	d := quarantinedDB(t) // o-cli failed (retries exhausted), a poison row
+	d := quarantinedDB(t) // o-cli failed with retries exhausted, and a poison row
 	db := d.DB
 	ctx := context.Background()
 	g, err := coupon.NewGranter(coupon.DefaultConfig(), nil, nil)
@@ -291,7 +296,7 @@ func TestReplayRefusesCutRows(t *testing.T) {
 		headers.Metadata.Set(fmt.Sprintf("h%02d", i), strings.Repeat("v", 600))
 	}
 	big := order("o-big")
-	big.Payload = append(big.Payload, strings.Repeat(" ", 2<<20)...) // the order, then padding: its prefix decodes
+	big.Payload = append(big.Payload, strings.Repeat(" ", 2<<20)...) // the order, then padding, so its prefix decodes
 	ids := map[string]int64{}
 	for name, m := range map[string]*message.Message{"headers": headers, "value": big} {
 		r, err := ib.Process(ctx, m, inbox.Source{Topic: "order-paid", Partition: 2, Offset: int64(len(ids))}, engine.ProcessOptions{})
@@ -300,7 +305,7 @@ func TestReplayRefusesCutRows(t *testing.T) {
 		}
 		ids[name] = r.InboxID
 	}
-	// o-cli's cause is fixed by now, but it stays quarantined: a new delivery is held.
+	// o-cli's cause is fixed by now, but it stays quarantined, so a new delivery is held.
 	if r, err := ib.Process(ctx, order("o-cli"), inbox.Source{Topic: "order-paid", Partition: 1, Offset: 9}, engine.ProcessOptions{}); err != nil || r.Outcome != engine.OutcomeHeld {
 		t.Fatalf("redelivery of o-cli: %+v %v, want held", r, err)
 	}

@@ -14,21 +14,23 @@ import (
 	"github.com/onceflow/onceflow/internal/registry"
 )
 
-// app is what every subcommand works with: the binary's plugins and, once the root
-// command's PersistentPreRunE has read the configuration, the runtime's Setup of it.
+// app is what every subcommand works with. It holds the binary's plugins. Once the root
+// command's PersistentPreRunE has read the configuration, it holds the runtime's Setup of
+// it too.
 type app struct {
-	*onceflow.Setup // nil until the configuration is read; `router version` reads none
+	*onceflow.Setup // nil until the configuration is read, and `router version` reads none
 
 	configFile string         // --config
-	plugins    []inbox.Plugin // the binary's plugins (inbox.RegisteredPlugins unless WithPlugins)
+	plugins    []inbox.Plugin // the binary's plugins, inbox.RegisteredPlugins unless WithPlugins sets others
 }
 
 // Option configures Run.
 type Option func(*app)
 
-// WithPlugins makes Run use plugins instead of those registered with inbox.MustRegister: a
-// test runs the command line with plugins of its own, as a binary with other imports would.
-// It panics on an invalid plugin or a name given twice, as inbox.MustRegister does.
+// WithPlugins makes Run use plugins instead of those registered with inbox.MustRegister. A
+// test runs the command line with plugins of its own this way, as a binary with other
+// imports would. WithPlugins panics on an invalid plugin or a name given twice, as
+// inbox.MustRegister does.
 func WithPlugins(plugins ...inbox.Plugin) Option {
 	ps := checkPlugins(plugins)
 	return func(a *app) { a.plugins = ps }
@@ -59,8 +61,8 @@ var commonBindings = map[string]string{
 	"log.level":     "log-level",
 }
 
-// Run runs the router command line on args (without the program name) and returns what
-// Main would report; ExitCode maps the error to an exit code.
+// Run runs the router command line on args, which leave out the program name. It returns
+// the error that Main would report. ExitCode maps the error to an exit code.
 func Run(ctx context.Context, args []string, opts ...Option) error {
 	a := &app{plugins: checkPlugins(inbox.RegisteredPlugins())}
 	for _, o := range opts {
@@ -97,8 +99,9 @@ func Run(ctx context.Context, args []string, opts ...Option) error {
 	return err
 }
 
-// typeArgErrors makes the argument checks of cmd and its subcommands (a wrong number of
-// arguments, a bad value) bad input: exit code 2, as flag errors are (SetFlagErrorFunc).
+// typeArgErrors makes the errors of the argument checks of cmd and its subcommands bad
+// input. Such an error is a wrong number of arguments or a bad value. It exits with code 2,
+// as a flag error does through SetFlagErrorFunc.
 func typeArgErrors(cmd *cobra.Command) {
 	if check := cmd.Args; check != nil {
 		cmd.Args = func(c *cobra.Command, args []string) error { return badInput(check(c, args)) }
@@ -108,9 +111,9 @@ func typeArgErrors(cmd *cobra.Command) {
 	}
 }
 
-// selectPlugins returns the plugins named in only (default: every plugin of the binary),
-// resolved, failing on unknown names, on configuration sections of plugins the binary
-// lacks, and when there is none.
+// selectPlugins returns the plugins named in only, resolved. An empty only selects every
+// plugin of the binary. selectPlugins fails on an unknown name, on a configuration section
+// of a plugin the binary lacks, and when there is no plugin.
 func (a *app) selectPlugins(only []string) ([]onceflow.Plugin, error) {
 	if err := a.CheckSections(); err != nil {
 		return nil, err

@@ -10,20 +10,22 @@ import (
 	"unicode/utf8"
 )
 
-// Everything the command line prints that came from outside — keys, payloads, headers,
-// error texts, topics — goes through safeText (tables and show pages) or writeJSON (JSON
-// output): a key carrying terminal escape sequences is shown, never obeyed.
+// Everything the command line prints that came from outside goes through safeText or
+// writeJSON. That covers keys, payloads, headers, error texts and topics. Tables and show
+// pages use safeText, and JSON output uses writeJSON. So a key carrying terminal escape
+// sequences is shown, never obeyed.
 
-// unsafeRune reports a rune that must not reach a terminal as it is: control characters
-// (which move the cursor, recolour or clear the screen) and format characters (bidirectional
-// overrides reorder what follows), line and paragraph separators.
+// unsafeRune reports whether r must not reach a terminal as it is. That holds for control
+// characters, which move the cursor, recolour or clear the screen. It holds for format
+// characters, since a bidirectional override reorders what follows. It holds for the line
+// and paragraph separators too.
 func unsafeRune(r rune) bool {
 	return unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || r == '\u2028' || r == '\u2029'
 }
 
-// safeText escapes what unsafeRune names, and bytes that are not UTF-8, as Go escapes
-// (\n, \t, \x1b, \u202e, \xff): keys, errors and payloads are printed on one line as
-// they are otherwise.
+// safeText escapes the runes that unsafeRune names, and bytes that are not UTF-8, as Go
+// escapes such as \n, \t, \x1b, \u202e and \xff. So keys, errors and payloads print on one
+// line, and the rest of their text prints as it is.
 func safeText(s string) string {
 	var b strings.Builder
 	for i := 0; i < len(s); {
@@ -50,9 +52,9 @@ func safeText(s string) string {
 }
 
 // writeJSON prints v as one line of JSON on stdout. encoding/json escapes control
-// characters but not format characters (a bidirectional override in a key would reorder
-// the rest of the line on a terminal): those are escaped too (\u202e), which is still the
-// same JSON string.
+// characters but not format characters. A bidirectional override in a key would reorder the
+// rest of the line on a terminal. So writeJSON escapes format characters too, as in \u202e,
+// and the JSON string stays the same.
 func writeJSON(v any) error {
 	s, err := safeJSON(v)
 	if err != nil {
@@ -62,7 +64,7 @@ func writeJSON(v any) error {
 	return err
 }
 
-// safeJSON is v as JSON with the format characters escaped too (see writeJSON).
+// safeJSON is v as JSON with the format characters escaped too, as writeJSON explains.
 func safeJSON(v any) (string, error) {
 	b, err := json.Marshal(v)
 	if err != nil {

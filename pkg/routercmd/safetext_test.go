@@ -9,10 +9,11 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// Outside data reaches the operator's terminal escaped: a dedup key, an error text, a
-// header and a payload carrying terminal escape sequences and a bidirectional override are
-// printed by inbox ls, inbox show and replay (table and JSON) without one raw control or
-// format character, and the JSON still holds the exact key.
+// TestCLIEscapesOutsideData checks that outside data reaches the operator's terminal
+// escaped. A dedup key, an error text, a header and a payload carry terminal escape
+// sequences and a bidirectional override. inbox ls, inbox show and replay print them, in
+// tables and in JSON, without one raw control or format character. The JSON still holds the
+// exact key.
 func TestCLIEscapesOutsideData(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: needs MariaDB")

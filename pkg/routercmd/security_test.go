@@ -61,9 +61,9 @@ func echoPlugin(in, out string) inbox.Plugin {
 	}
 }
 
-// secureConfig is the router's configuration for the SASL_SSL listener only (kafka.tls.*,
-// kafka.sasl.* with a password file) and for the MariaDB user that must use TLS (db.tls.*,
-// db.password_file: the DSN carries no password).
+// secureConfig is the router's configuration for the SASL_SSL listener only, with
+// kafka.tls.* and kafka.sasl.* and a password file. It is also for the MariaDB user that
+// must use TLS, with db.tls.* and db.password_file. The DSN carries no password.
 func secureConfig(t *testing.T, d testenv.Database, kc kafkax.Config) onceflow.Config {
 	t.Helper()
 	mc, err := mysql.ParseDSN(d.DSN)
@@ -88,9 +88,10 @@ func secureConfig(t *testing.T, d testenv.Database, kc kafkax.Config) onceflow.C
 	return cfg
 }
 
-// The whole pipeline over the SASL_SSL listener alone — consume, inbox, outbox, the
-// exactly-once relay (transactional producer, positions topic, lease), read_committed read
-// back — with the database reached over TLS by a user that must use it.
+// TestPipelineOverSASLSSL runs the whole pipeline over the SASL_SSL listener alone. That
+// covers consume, inbox, outbox, the read_committed read back, and the exactly-once relay
+// with its transactional producer, positions topic and lease. A user that must use TLS
+// reaches the database over TLS.
 func TestPipelineOverSASLSSL(t *testing.T) {
 	kc := testenv.SecureKafka(t)
 	in := testenv.Topic(t, kc, "sasl-in", 3)
@@ -115,7 +116,7 @@ func TestPipelineOverSASLSSL(t *testing.T) {
 		keys = append(keys, fmt.Sprintf("k-%03d", i))
 	}
 	produceKeys(t, kc, in, keys...)
-	produceKeys(t, kc, in, keys[:10]...) // redelivered copies: absorbed by the inbox
+	produceKeys(t, kc, in, keys[:10]...) // redelivered copies, which the inbox absorbs
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -156,8 +157,9 @@ func TestPipelineOverSASLSSL(t *testing.T) {
 	}
 }
 
-// `router run` with a wrong SASL password, or trusting a CA that did not sign the broker's
-// certificate, stops at start with exit 1 and one line naming the broker and the cause.
+// TestRunRefusedBySASLSSL checks that `router run` with a wrong SASL password stops at
+// start. So does a run that trusts a CA that did not sign the broker's certificate. Each
+// exits with code 1 and one line that names the broker and the cause.
 func TestRunRefusedBySASLSSL(t *testing.T) {
 	kc := testenv.SecureKafka(t)
 	in := testenv.Topic(t, kc, "sasl-refused", 1)
@@ -238,8 +240,9 @@ func withoutPassword(t *testing.T, dsn string) (string, string) {
 	return mc.FormatDSN(), pw
 }
 
-// No credentials are built in: a command that connects without db.dsn (or db.admin_dsn)
-// exits 2 naming the key. Passwords come from the environment or a file instead of the DSN.
+// TestDatabaseSecrets checks that no credentials are built in. A command that connects
+// without db.dsn or db.admin_dsn exits with code 2 and names the key. Passwords come from
+// the environment or a file instead of the DSN.
 func TestDatabaseSecrets(t *testing.T) {
 	d := testenv.DB(t, 1)
 	var reg []inbox.Plugin
@@ -274,7 +277,7 @@ func TestDatabaseSecrets(t *testing.T) {
 		t.Fatalf("outbox ls with ONCEFLOW_DB_PASSWORD: %v\n%s", err, out)
 	}
 
-	// Passwords from files; a password set twice is refused.
+	// Passwords from files. A password set twice is refused.
 	dir := t.TempDir()
 	appFile, adminFile := filepath.Join(dir, "app"), filepath.Join(dir, "admin")
 	if err := os.WriteFile(appFile, []byte(appPW+"\n"), 0o600); err != nil {

@@ -55,7 +55,7 @@ nothing.`,
 // topics creates the plugins' missing topics and prints a line per topic.
 func (a *app) topics(ps []onceflow.Plugin, partitions int32, replication int16, checkPartitions, dryRun bool) error {
 	var names []string
-	users := map[string][]string{} // topic → "plugin (reads)" / "plugin (writes)"
+	users := map[string][]string{} // each topic's plugins, each marked as reading or writing it
 	for _, p := range ps {
 		writes, err := p.WrittenTopics()
 		if err != nil {

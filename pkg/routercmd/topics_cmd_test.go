@@ -14,9 +14,9 @@ import (
 	"github.com/onceflow/onceflow/pkg/routercmd"
 )
 
-// `router topics` creates the topics a plugin reads and writes that are missing, with the
-// partitions asked for; run again it changes nothing, and an explicit --partitions another
-// existing topic does not have is reported, not applied.
+// TestTopicsCommand checks that `router topics` creates the missing topics that a plugin
+// reads and writes, with the partitions asked for. Run again, it changes nothing. An
+// explicit --partitions that an existing topic does not have is reported, not applied.
 func TestTopicsCommand(t *testing.T) {
 	testenv.Integration(t)
 	k := testenv.Kafka(t)

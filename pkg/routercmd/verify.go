@@ -27,7 +27,8 @@ type verifyOpts struct {
 	kafka   bool
 	wait    time.Duration
 	result  bool
-	// allowFailed accepts failed (quarantined) inbox rows: reported, exit 0.
+	// allowFailed accepts the quarantined inbox rows, whose status is failed. verify
+	// reports them but does not fail for them.
 	allowFailed bool
 }
 
@@ -75,7 +76,7 @@ func (a *app) verify(ctx context.Context, o verifyOpts) error {
 	if err != nil {
 		return err
 	}
-	var plugins, bare []onceflow.Plugin // with invariants of their own (Verify), without
+	var plugins, bare []onceflow.Plugin // plugins with a Verify of their own, and those without
 	tables := []string{"inbox", "outbox", "outbox_parked"}
 	for _, p := range selected {
 		if p.Verify != nil {
@@ -85,7 +86,7 @@ func (a *app) verify(ctx context.Context, o verifyOpts) error {
 			bare = append(bare, p)
 		}
 	}
-	for _, p := range selected { // bad plugin configuration: exit 2 before connecting
+	for _, p := range selected { // a bad plugin configuration exits 2 before connecting
 		if _, err := p.WrittenTopics(); err != nil {
 			return err
 		}
@@ -156,8 +157,9 @@ func (a *app) verify(ctx context.Context, o verifyOpts) error {
 		}
 	}
 
-	// Invariant 4 is about the relay keeping up: parked events (Kafka refuses them for good,
-	// or they wait behind one that it refuses) are not lag, but they are not published either.
+	// Invariant 4 is about the relay keeping up. Parked events are not lag, but they are
+	// not published either. Kafka refuses a parked event for good, or the event waits
+	// behind one that Kafka refuses.
 	parked, err := outbox.NewParked(db, "")
 	if err != nil {
 		return err
@@ -230,10 +232,11 @@ func (a *app) verify(ctx context.Context, o verifyOpts) error {
 	return nil
 }
 
-// failedRows counts the failed (quarantined) inbox rows of bizTypes and says how many of
-// each reason, most first: "retries_exhausted 2, poison 1"; and apart, the rows waiting for
-// a delayed redelivery (reason delayed). The query reads the failed
-// range of the inbox's (biz_type, status, …) index, never the done rows.
+// failedRows counts the failed inbox rows of bizTypes that are quarantined. It says how
+// many have each reason, most first, as in "retries_exhausted 2, poison 1". It counts apart
+// the failed rows waiting for a delayed redelivery, whose reason is delayed. The query
+// reads the failed range of the inbox's index that starts with biz_type and status, never
+// the done rows.
 func failedRows(ctx context.Context, db *sql.DB, bizTypes []string) (int, string, int, error) {
 	if len(bizTypes) == 0 {
 		return 0, "", 0, nil
@@ -262,7 +265,7 @@ func failedRows(ctx context.Context, db *sql.DB, bizTypes []string) (int, string
 		if c.reason == "" {
 			c.reason = "unknown"
 		}
-		if c.reason == string(engine.ReasonDelayed) { // not quarantined: waiting for its next round
+		if c.reason == string(engine.ReasonDelayed) { // not quarantined but waiting for its next round
 			delayed = c.n
 			continue
 		}

@@ -17,24 +17,26 @@ import (
 )
 
 // genericChecks are what `router verify` checks for every plugin, whether or not it
-// declares invariants of its own (inbox.Plugin.Verify): what the framework promises of any
-// handler. Every inbox row ends processed or quarantined with a reason, every outbox event
-// is published within relay.lag_bound, and every record of the plugin's topics is consumed.
+// declares invariants of its own with inbox.Plugin.Verify. They check what the framework
+// promises of any handler. Every inbox row ends processed or quarantined with a reason.
+// Every outbox event is published within relay.lag_bound. Every record of the plugin's
+// topics is consumed.
 type genericChecks struct {
 	db       *sql.DB
 	plugins  []onceflow.Plugin // the audited plugins
 	bare     []onceflow.Plugin // those of them without Verify
 	lagBound time.Duration
-	keys     []string          // the producer ledgers' keys (verify --ledger)
+	keys     []string          // the producer ledgers' keys, from verify --ledger
 	lags     *kafkax.LagReader // nil without verify --kafka
 }
 
 // ledgerChunk is how many ledger keys one query looks up.
 const ledgerChunk = 500
 
-// run makes the checks once. Work still in flight (rows processing, events unpublished,
-// ledger keys without an outcome, records not consumed) is Pending as well as a violation:
-// `verify --wait` waits while there is some, and reports what is left.
+// run makes the checks once. Work still in flight sets Pending. Such work is rows
+// processing, events unpublished, ledger keys without an outcome and records not consumed.
+// Each of them is a violation too, but for an event unpublished for less than the lag
+// bound. `verify --wait` waits while there is work in flight, and reports what is left.
 func (c genericChecks) run(ctx context.Context) (inbox.Verification, error) {
 	var v inbox.Verification
 	rb := dbx.DialectOf(c.db).Rebind
@@ -46,8 +48,8 @@ func (c genericChecks) run(ctx context.Context) (inbox.Verification, error) {
 	}
 	in := "?" + strings.Repeat(", ?", len(bizTypes)-1)
 
-	// Rows still processing, and failed rows without a reason: both read a (biz_type,
-	// status) range of the inbox's index, never the done rows.
+	// Count the rows still processing and the failed rows without a reason. Both queries
+	// read a range of the inbox's index on biz_type and status, never the done rows.
 	processing, err := countByBizType(ctx, c.db, rb(`SELECT biz_type, COUNT(*) FROM inbox WHERE biz_type IN (`+in+`) AND status = 'processing' GROUP BY biz_type`), args)
 	if err != nil {
 		return v, fmt.Errorf("verify: inbox rows processing: %w", err)
@@ -69,7 +71,7 @@ func (c genericChecks) run(ctx context.Context) (inbox.Verification, error) {
 		}
 	}
 
-	// The outbox as a whole: nothing unpublished for longer than the lag bound.
+	// No row of the whole outbox may stay unpublished for longer than the lag bound.
 	var unpublished, stale int64
 	if err := c.db.QueryRowContext(ctx, rb(`SELECT COUNT(*), COALESCE(SUM(CASE WHEN created_at < ? THEN 1 ELSE 0 END), 0) FROM outbox WHERE published_at IS NULL`),
 		time.Now().Add(-c.lagBound).UTC()).Scan(&unpublished, &stale); err != nil {
@@ -81,8 +83,8 @@ func (c genericChecks) run(ctx context.Context) (inbox.Verification, error) {
 	}
 	v.Summary = fmt.Sprintf("processing_rows=%d unpublished_events=%d", total, unpublished)
 
-	// The ledger's keys, for a plugin that takes `router produce`'s input and checks nothing
-	// of its own: each must have a row processed or quarantined.
+	// A plugin may take `router produce`'s input and check nothing of its own. For such a
+	// plugin each of the ledger's keys must have a row processed or quarantined.
 	for _, p := range c.bare {
 		if p.Sampler == nil || len(c.keys) == 0 {
 			continue
@@ -98,7 +100,7 @@ func (c genericChecks) run(ctx context.Context) (inbox.Verification, error) {
 		}
 	}
 
-	// Consumer lag: every record of each plugin's topics consumed by its group.
+	// Each plugin's group must have consumed every record of the plugin's topics.
 	if c.lags != nil {
 		var lag int64
 		for _, p := range c.plugins {
@@ -134,7 +136,7 @@ func (c genericChecks) run(ctx context.Context) (inbox.Verification, error) {
 	return v, nil
 }
 
-// countByBizType reads (biz_type, count) rows.
+// countByBizType reads rows of a biz type and a count into a map.
 func countByBizType(ctx context.Context, db *sql.DB, q string, args []any) (map[string]int, error) {
 	rows, err := db.QueryContext(ctx, q, args...)
 	if err != nil {
@@ -153,8 +155,9 @@ func countByBizType(ctx context.Context, db *sql.DB, q string, args []any) (map[
 	return out, rows.Err()
 }
 
-// lostKeys counts the keys with no inbox row of bizType that ended: none, or one still
-// processing or waiting for a delayed redelivery. It returns up to five of them.
+// lostKeys counts the keys without an inbox row of bizType that ended. Such a key has no
+// row, or a row still processing or waiting for a delayed redelivery. lostKeys returns up
+// to five of them.
 func lostKeys(ctx context.Context, db *sql.DB, bizType string, keys []string) (int, []string, error) {
 	rb := dbx.DialectOf(db).Rebind
 	lost := 0

@@ -12,11 +12,12 @@ import (
 	"github.com/onceflow/onceflow/pkg/routercmd"
 )
 
-// A plugin that declares no invariants of its own is named, and the generic checks run for
-// it: a clean database passes; an inbox row of its biz type left processing (a stalled
-// delivery) fails verify, named, and so does an outbox row unpublished past
-// relay.lag_bound. Removing each fault makes verify pass again. Without the generic checks,
-// verify checked nothing for such a plugin and exited 0 with either fault.
+// TestVerifyPluginWithoutInvariants checks that verify names a plugin that declares no
+// invariants of its own and runs the generic checks for it. A clean database passes. An
+// inbox row of its biz type left processing, as a stalled delivery leaves it, fails verify,
+// which names it. So does an outbox row unpublished past relay.lag_bound. Removing each
+// fault makes verify pass again. The generic checks are all that verify checks for such a
+// plugin.
 func TestVerifyPluginWithoutInvariants(t *testing.T) {
 	d := testenv.DB(t, 4)
 	ctx := context.Background()

@@ -7,12 +7,14 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// Failed (quarantined) inbox rows are a finding of `router verify`: exit 1 with a line
-// counting them by reason and naming the command that lists them, unless --allow-failed
-// accepts them (exit 0, same line); a database without failed rows exits 0 without it.
+// TestVerifyFailedInboxRows checks that quarantined inbox rows, whose status is failed, are
+// a finding of `router verify`. verify exits with code 1 and a line that counts them by
+// reason and names the command that lists them. --allow-failed accepts them, and verify
+// then exits with code 0 and prints the same line. A database without failed rows exits
+// with code 0 without the flag.
 func TestVerifyFailedInboxRows(t *testing.T) {
 	testenv.Integration(t)
-	d := quarantinedDB(t) // o-cli: retries_exhausted; one poison message
+	d := quarantinedDB(t) // o-cli failed with retries_exhausted, and one poison message
 	const line = "FAILED inbox rows: 2 (poison 1, retries_exhausted 1)"
 
 	out, err := capture(t, "--dsn", d.DSN, "verify")
@@ -30,7 +32,8 @@ func TestVerifyFailedInboxRows(t *testing.T) {
 	}
 	mustContain(t, out, line+", accepted by --allow-failed;")
 
-	// The order replayed once its cause is gone: the poison row is left, alone.
+	// The order is replayed once its cause is gone. The poison row is then the only failed
+	// row left.
 	if _, err := capture(t, "--dsn", d.DSN, "replay", "--biz-type", "coupon", "--order-id", "o-cli"); err != nil {
 		t.Fatal(err)
 	}

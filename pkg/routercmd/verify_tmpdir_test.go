@@ -14,13 +14,14 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// `router verify` runs an audit query again when the server lost one of its temporary
-// tables' files meanwhile. The coupon plugin's check of one outbox event per terminal grant
-// groups every grant and event, so with 60,000 of each MariaDB writes that query's
-// temporary tables to its tmpdir. The test deletes the first such file of the database's
-// sessions while the query runs, as a cleaner of /tmp would. The query fails with error 6,
-// "Error on delete of '/tmp/#sql-temptable-…' (Errcode: 2)", verify notes it and runs it
-// again, and the audit passes.
+// TestVerifyRunsAgainAfterLosingTempTable checks that `router verify` runs an audit query
+// again when the server lost the file of one of its temporary tables meanwhile. The coupon
+// plugin's check of one outbox event per terminal grant groups every grant and event. With
+// 60,000 of each, MariaDB writes that query's temporary tables to its tmpdir. The test
+// deletes the first such file of the database's sessions while the query runs, as a cleaner
+// of /tmp would. The query then fails with error 6, "Error on delete of
+// '/tmp/#sql-temptable-…' (Errcode: 2)". verify notes it and runs it again, and the audit
+// passes.
 func TestVerifyRunsAgainAfterLosingTempTable(t *testing.T) {
 	d := testenv.DB(t, 4, registeredMigrations()...)
 	if testenv.Dialect().IsPostgres() {

@@ -11,8 +11,8 @@ func (a *app) versionCmd() *cobra.Command {
 		Use:   "version",
 		Short: "print the router's build: main module and version, commit, Go version (from the binary's build info)",
 		Args:  cobra.NoArgs,
-		// No configuration is read: the version of a binary whose configuration is broken
-		// is still printed.
+		// No configuration is read, so a binary whose configuration is broken still prints
+		// its version.
 		PersistentPreRunE: func(*cobra.Command, []string) error { return nil },
 		RunE: func(*cobra.Command, []string) error {
 			printf("%s\n", buildinfo.Read())

@@ -7,8 +7,8 @@ import (
 	"github.com/onceflow/onceflow/internal/buildinfo"
 )
 
-// `router version` prints the binary's build line, and reads no configuration: a missing
-// or broken one does not stop it.
+// TestVersionCommand checks that `router version` prints the binary's build line and reads
+// no configuration. A missing or broken configuration does not stop it.
 func TestVersionCommand(t *testing.T) {
 	want := buildinfo.Read().String() + "\n"
 	for _, args := range [][]string{
