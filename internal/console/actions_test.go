@@ -404,3 +404,91 @@ func TestInboxPages(t *testing.T) {
 		t.Fatalf("failed, permanent: %d rows, want 44", n)
 	}
 }
+
+// TestParkedBulk checks the retry and drop of parked events by topic and reason. The page
+// counts them first and changes nothing. Its forms carry the count, and an action refuses
+// to release more events than were counted. Drop asks for its own confirmation, in its own
+// form. The actions are refused without the form token or from another origin.
+func TestParkedBulk(t *testing.T) {
+	d := testenv.DB(t, 4)
+	d.AdminExec(t, `INSERT INTO outbox_parked (id, event_id, event_type, topic, msg_key, payload, created_at, reason, error, held_behind) VALUES
+ (51, 'ev-51', 'CouponGranted', 'gone', 'o-1', '{}', CURRENT_TIMESTAMP(6), 'unknown_topic', 'topic gone', NULL),
+ (52, 'ev-52', 'CouponGranted', 'gone', 'o-1', '{}', CURRENT_TIMESTAMP(6), 'held', 'held behind ev-51', 'ev-51'),
+ (53, 'ev-53', 'CouponGranted', 'gone', 'o-2', '{}', CURRENT_TIMESTAMP(6), 'too_large', 'too large', NULL),
+ (54, 'ev-54', 'CouponGranted', 'other', 'o-3', '{}', CURRENT_TIMESTAMP(6), 'unknown_topic', 'topic other', NULL)`)
+	_, base := testConsole(t, Config{DB: d.DB})
+	c := browser(t)
+
+	_, page, _ := get(t, c, base+"/outbox")
+	if !strings.Contains(page, `id="bulk-count"`) || strings.Contains(page, `action="/outbox/bulk/retry"`) {
+		t.Fatalf("parked page before a count: want the count form and no bulk action:\n%s", page)
+	}
+	code, page, _ := get(t, c, base+"/outbox?count=1&topic=gone&reason=unknown_topic")
+	if code != http.StatusOK || !strings.Contains(page, "<strong>1</strong> refused events chosen (topic gone, reason unknown_topic), 1 events held behind them") {
+		t.Fatalf("count: %d:\n%s", code, page)
+	}
+	forms := regexp.MustCompile(`(?s)<form method="post" action="/outbox/bulk/(retry|drop)".*?</form>`).FindAllStringSubmatch(page, -1)
+	if len(forms) != 2 || forms[0][1] != "retry" || forms[1][1] != "drop" {
+		t.Fatalf("want a retry form and a drop form after the count:\n%s", page)
+	}
+	if strings.Contains(forms[0][0], "confirm") || !strings.Contains(forms[1][0], `name="confirm"`) || !strings.Contains(forms[1][0], `name="counted" value="1"`) {
+		t.Fatalf("the confirmation box belongs to the drop form only, and each form carries the count:\n%s\n%s", forms[0][0], forms[1][0])
+	}
+	if n := count(t, d, "SELECT COUNT(*) FROM outbox_parked"); n != 4 {
+		t.Fatalf("the count changed the parked events: %d left, want 4", n)
+	}
+	if code, body, _ := get(t, c, base+"/outbox?count=1&reason=held"); code != http.StatusBadRequest || !strings.Contains(body, "released with the event they wait behind") {
+		t.Fatalf("count of reason held: %d, want 400:\n%s", code, body)
+	}
+
+	tok := csrf(t, c, base, "/outbox")
+	form := func(topic, reason, counted string, extra ...string) url.Values {
+		v := url.Values{"csrf": {tok}, "topic": {topic}, "reason": {reason}, "counted": {counted}}
+		for i := 0; i+1 < len(extra); i += 2 {
+			v.Set(extra[i], extra[i+1])
+		}
+		return v
+	}
+	// The protections of every other action.
+	req, _ := http.NewRequest(http.MethodPost, base+"/outbox/bulk/retry", strings.NewReader(form("gone", "", "9").Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Origin", "http://evil.example")
+	if code, _, _ := do(t, c, req); code != http.StatusForbidden {
+		t.Fatalf("bulk retry from another origin: %d, want 403", code)
+	}
+	noTok := form("gone", "", "9")
+	noTok.Del("csrf")
+	if code, _, _ := post(t, c, base, "/outbox/bulk/drop", noTok); code != http.StatusForbidden {
+		t.Fatalf("bulk drop without the form token: %d, want 403", code)
+	}
+	if code, _, _ := post(t, c, base, "/outbox/bulk/retry", form("gone", "unknown_topic", "")); code != http.StatusBadRequest {
+		t.Fatalf("bulk retry without a count: %d, want 400", code)
+	}
+	if code, _, _ := post(t, c, base, "/outbox/bulk/drop", form("gone", "too_large", "1")); code != http.StatusBadRequest {
+		t.Fatalf("bulk drop without the confirmation: %d, want 400", code)
+	}
+	if code, body, _ := post(t, c, base, "/outbox/bulk/retry", form("gone", "", "1")); code != http.StatusConflict || !strings.Contains(body, "2 refused events are parked for topic gone now, and 1 were counted") {
+		t.Fatalf("bulk retry of more events than counted: %d, want 409:\n%s", code, body)
+	}
+	if n := count(t, d, "SELECT COUNT(*) FROM outbox_parked"); n != 4 {
+		t.Fatalf("a refused action changed the parked events: %d left, want 4", n)
+	}
+
+	code, body, _ := post(t, c, base, "/outbox/bulk/retry", form("gone", "unknown_topic", "1"))
+	if code != http.StatusOK || !strings.Contains(body, "Retried 1 refused events of topic gone, reason unknown_topic: 2 events back in the outbox") {
+		t.Fatalf("bulk retry: %d:\n%s", code, body)
+	}
+	if n := count(t, d, "SELECT COUNT(*) FROM outbox WHERE id IN (51, 52) AND published_at IS NULL"); n != 2 {
+		t.Fatalf("%d of the retried event and its held one back in the outbox, want 2", n)
+	}
+	code, body, _ = post(t, c, base, "/outbox/bulk/drop", form("gone", "", "1", "confirm", "yes"))
+	if code != http.StatusOK || !strings.Contains(body, "Dropped 1 refused events of topic gone for good") {
+		t.Fatalf("bulk drop: %d:\n%s", code, body)
+	}
+	if n := count(t, d, "SELECT COUNT(*) FROM outbox_parked WHERE id = 54"); n != 1 || count(t, d, "SELECT COUNT(*) FROM outbox_parked") != 1 {
+		t.Fatalf("want only ev-54, of another topic, still parked")
+	}
+	if n := count(t, d, "SELECT COUNT(*) FROM outbox WHERE id = 53"); n != 0 {
+		t.Fatalf("the dropped event is in the outbox")
+	}
+}

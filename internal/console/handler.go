@@ -3,7 +3,8 @@
 // filtered and paged by key. It shows one row in full with what its plugin recorded for it.
 // It offers the operator's actions. An operator can retry a row, resolve a quarantined row
 // with a reason, replay a filtered set after its dry run, and retry or drop a parked outbox
-// event. Its pages are internal/consoleui's. It reads and changes the inbox and the outbox.
+// event. It retries or drops the parked events of a topic and reason in bulk after counting
+// them. Its pages are internal/consoleui's. It reads and changes the inbox and the outbox.
 // It imports no runtime. The runtime passes it a Config with the pool, the metrics, the biz
 // types and consumer groups of its plugins, and the func that runs a replay.
 //
@@ -195,6 +196,8 @@ func (c *Console) routes() {
 	m.Handle("GET /outbox", c.auth(c.parkedList))
 	m.Handle("POST /outbox/{id}/retry", c.auth(c.parkedAction))
 	m.Handle("POST /outbox/{id}/drop", c.auth(c.parkedAction))
+	m.Handle("POST /outbox/bulk/retry", c.auth(c.parkedBulk))
+	m.Handle("POST /outbox/bulk/drop", c.auth(c.parkedBulk))
 	c.mux = m
 	c.handler = m
 	if c.cfg.Token == "" {

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 
@@ -710,6 +712,18 @@ type parkedData struct {
 	Rows          []outbox.ParkedRow
 	Refused, Held int64
 	Err           string
+	Bulk          parkedBulkForm
+}
+
+// parkedBulkForm is the page's choice of refused events by topic and reason. Counted says
+// the page counted them, as `router outbox retry --topic T --reason R --dry-run` does.
+type parkedBulkForm struct {
+	Topic, Reason string
+	Topics        []string // the topics of the listed events
+	Reasons       []string
+	Counted       bool
+	Chosen        outbox.Chosen
+	Choice        string // the choice in words, such as "topic orders, reason unknown_topic"
 }
 
 // parkedPage is how many parked events the page lists.
@@ -723,10 +737,138 @@ func (c *Console) parkedList(w http.ResponseWriter, r *http.Request, by who) {
 	if d.Rows, err = c.parked.List(ctx, parkedPage); err == nil {
 		d.Refused, d.Held, err = c.parked.Count(ctx)
 	}
+	status := http.StatusOK
 	if err != nil {
 		d.Err = err.Error()
 	}
-	c.render(w, r, http.StatusOK, "outbox", "Parked events", by, d)
+	d.Bulk = parkedBulkForm{Reasons: parkedReasons}
+	for _, row := range d.Rows {
+		if row.HeldBehind == "" && !slices.Contains(d.Bulk.Topics, row.Topic) {
+			d.Bulk.Topics = append(d.Bulk.Topics, row.Topic)
+		}
+	}
+	slices.Sort(d.Bulk.Topics)
+	q := r.URL.Query()
+	if q.Get("count") != "" && err == nil {
+		sel, serr := parkedSelection(q.Get("topic"), q.Get("reason"))
+		d.Bulk.Topic, d.Bulk.Reason, d.Bulk.Choice = sel.Topic, sel.Reason, choiceText(sel)
+		if serr == nil {
+			d.Bulk.Chosen, serr = c.parked.Choose(ctx, sel, 0)
+		}
+		if serr != nil {
+			d.Err, status = serr.Error(), http.StatusBadRequest
+		} else {
+			d.Bulk.Counted = true
+		}
+	}
+	c.render(w, r, status, "outbox", "Parked events", by, d)
+}
+
+// parkedReasons are the reasons of refused parked events, which a bulk retry or drop
+// chooses by. They are those of `router outbox retry --reason`.
+var parkedReasons = []string{outbox.ReasonUnknownTopic, outbox.ReasonTooLarge, outbox.ReasonInvalidRecord, outbox.ReasonUnauthorized}
+
+// parkedSelection checks a topic and a reason typed in the page's bulk form. An empty topic
+// or reason chooses any.
+func parkedSelection(topic, reason string) (outbox.Selection, error) {
+	sel := outbox.Selection{Topic: strings.TrimSpace(topic), Reason: reason}
+	switch {
+	case sel.Reason != "" && !slices.Contains(parkedReasons, sel.Reason):
+		return sel, fmt.Errorf("reason %q: one of %s (held events are released with the event they wait behind)", consoleui.Visible(sel.Reason), strings.Join(parkedReasons, ", "))
+	case len(sel.Topic) > 249 || !utf8.ValidString(sel.Topic) || strings.ContainsFunc(sel.Topic, unicode.IsControl):
+		return sel, fmt.Errorf("topic %q: not a topic name", consoleui.Visible(sel.Topic))
+	}
+	return sel, nil
+}
+
+// choiceText says which refused events sel chooses.
+func choiceText(sel outbox.Selection) string {
+	var parts []string
+	if sel.Topic != "" {
+		parts = append(parts, "topic "+consoleui.Visible(sel.Topic))
+	}
+	if sel.Reason != "" {
+		parts = append(parts, "reason "+sel.Reason)
+	}
+	if len(parts) == 0 {
+		return "every refused event"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// parkedBulk is `router outbox retry --topic T --reason R` and `router outbox drop --topic
+// T --reason R --yes`. The form comes from the page's count, and carries the refused events
+// it counted. The action refuses to release more than were counted, so events parked after
+// the count wait for another count.
+func (c *Console) parkedBulk(w http.ResponseWriter, r *http.Request, by who) {
+	if err := r.ParseForm(); err != nil {
+		c.message(w, r, http.StatusBadRequest, by, "Not done", []string{err.Error()})
+		return
+	}
+	drop := strings.HasSuffix(r.URL.Path, "/drop")
+	back := link{"/outbox", "Parked events"}
+	sel, err := parkedSelection(r.PostForm.Get("topic"), r.PostForm.Get("reason"))
+	if err != nil {
+		c.message(w, r, http.StatusBadRequest, by, "Not done", []string{err.Error()}, back)
+		return
+	}
+	v := url.Values{"count": {"1"}, "topic": {sel.Topic}, "reason": {sel.Reason}}
+	recount := link{"/outbox?" + v.Encode(), "Count again"}
+	counted, err := strconv.ParseInt(r.PostForm.Get("counted"), 10, 64)
+	if err != nil || counted < 0 {
+		c.message(w, r, http.StatusBadRequest, by, "Not done", []string{"Count the events first (dry run): the action releases at most the events it counted."}, recount, back)
+		return
+	}
+	if drop && r.PostForm.Get("confirm") != "yes" {
+		c.message(w, r, http.StatusBadRequest, by, "Not dropped", []string{"Dropping deletes the events for good: tick the box beside Drop to confirm."}, recount, back)
+		return
+	}
+	// The batches commit one by one. A request that runs out of time keeps those that
+	// committed, and its page says how far it got.
+	ctx, cancel := context.WithTimeout(r.Context(), replayWait)
+	defer cancel()
+	chosen, err := c.parked.Choose(ctx, sel, 0)
+	if err != nil {
+		c.message(w, r, http.StatusInternalServerError, by, "Not done", []string{err.Error()}, back)
+		return
+	}
+	choice := choiceText(sel)
+	switch {
+	case chosen.Refused == 0:
+		c.message(w, r, http.StatusOK, by, "Nothing to do", []string{"No refused event is parked for " + choice + " now."}, back)
+		return
+	case chosen.Refused > counted:
+		c.message(w, r, http.StatusConflict, by, "Not done", []string{fmt.Sprintf("%d refused events are parked for %s now, and %d were counted: count them again.",
+			chosen.Refused, choice, counted)}, recount, back)
+		return
+	}
+	action := "outbox retry selected"
+	var rel outbox.BulkRelease
+	if drop {
+		action = "outbox drop selected"
+		rel, err = c.parked.DropSelected(ctx, sel, nil)
+	} else {
+		rel, err = c.parked.RetrySelected(ctx, sel, nil)
+	}
+	if rel.Released > 0 {
+		c.invalidate()
+	}
+	fields := watermill.LogFields{"action": action, "remote": r.RemoteAddr, "topic": sel.Topic, "reason": sel.Reason, "released": rel.Released, "moved": rel.Moved}
+	if err != nil {
+		c.cfg.Logger.Error("console action", err, fields)
+		c.message(w, r, http.StatusInternalServerError, by, "Not done", []string{fmt.Sprintf("After %d of %d refused events (%d events back in the outbox; the rest are still parked): %v",
+			rel.Released, chosen.Refused, rel.Moved, err)}, recount, back)
+		return
+	}
+	c.cfg.Logger.Info("console action", fields)
+	line := fmt.Sprintf("Retried %d refused events of %s: %d events back in the outbox (they and the events held behind them); the relay publishes them in their original order.",
+		rel.Released, choice, rel.Moved)
+	verb := "Retried"
+	if drop {
+		verb = "Dropped"
+		line = fmt.Sprintf("Dropped %d refused events of %s for good; %d events held behind them are back in the outbox.", rel.Released, choice, rel.Moved)
+	}
+	c.message(w, r, http.StatusOK, by, fmt.Sprintf("%s %d events", verb, rel.Released), []string{line}, back)
 }
 
 // parkedAction is `router outbox retry <id>` and `router outbox drop <id> --yes`.
