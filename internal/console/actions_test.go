@@ -492,3 +492,35 @@ func TestParkedBulk(t *testing.T) {
 		t.Fatalf("the dropped event is in the outbox")
 	}
 }
+
+// TestReplayOfPoisonNotOffered checks that a dry run whose every row would run as poison
+// that the decoder still refuses offers no replay, and says why. A dry run that also selects
+// a row the handler would run offers it.
+func TestReplayOfPoisonNotOffered(t *testing.T) {
+	d := testenv.DB(t, 4)
+	ib := failingInbox(t, d.DB, "pz")
+	for i, p := range []string{"!not json", "!{\"orderId\": 7"} {
+		r, err := ib.Process(context.Background(), message.NewMessage(watermill.NewUUID(), []byte(p)), inbox.Source{Topic: "t", Partition: 0, Offset: int64(10 + i)}, engine.ProcessOptions{})
+		if err != nil || r.Outcome != engine.OutcomeQuarantined || r.Reason != engine.ReasonPoison {
+			t.Fatalf("poison delivery: %+v %v", r, err)
+		}
+	}
+	quarantine(t, ib, "k-1", "x", nil)
+	_, base := testConsole(t, Config{DB: d.DB, Replay: replayWith(ib), BizTypes: []BizType{{Name: "pz"}}})
+	c := browser(t)
+	tok := csrf(t, c, base, "/inbox?biz=pz&status=failed")
+
+	code, page, _ := post(t, c, base, "/replay", url.Values{"csrf": {tok}, "biz": {"pz"}, "status": {"failed"}, "reason": {"poison"}})
+	if code != http.StatusOK || !strings.Contains(page, `<strong>2</strong> rows would run`) {
+		t.Fatalf("dry run of the poison rows: %d:\n%s", code, page)
+	}
+	if strings.Contains(page, `id="run"`) || !strings.Contains(page, `id="no-run"`) ||
+		!strings.Contains(page, "each of the 2 rows it would run is poison that the plugin&#39;s decoder still refuses") {
+		t.Fatalf("the dry run of poison rows only offers a replay, or does not say why not:\n%s", page)
+	}
+
+	code, page, _ = post(t, c, base, "/replay", url.Values{"csrf": {tok}, "biz": {"pz"}, "status": {"failed"}})
+	if code != http.StatusOK || !strings.Contains(page, `id="run"`) || strings.Contains(page, `id="no-run"`) {
+		t.Fatalf("a dry run with a row the handler would run offers no replay: %d:\n%s", code, page)
+	}
+}

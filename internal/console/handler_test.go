@@ -395,9 +395,13 @@ func TestEscaping(t *testing.T) {
 }
 
 // testHandler decodes "key|anything" with the key before the bar, and fails while broken.
+// A payload that starts with "!" is poison: it does not decode.
 type testHandler struct{ broken *atomic.Bool }
 
 func (h testHandler) Decode(msg *message.Message) (inbox.Decoded, error) {
+	if strings.HasPrefix(string(msg.Payload), "!") {
+		return inbox.Decoded{}, inbox.PoisonError("not a test message")
+	}
 	k, _, _ := strings.Cut(string(msg.Payload), "|")
 	if strings.HasPrefix(string(msg.Payload), "{") {
 		k = msg.Metadata.Get("key")

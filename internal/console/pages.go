@@ -547,6 +547,9 @@ type replayData struct {
 	Err    string
 	Filter string // as `router replay` flags
 	Run    runForm
+	// NoRun says why a dry run offers no replay. Every row the replay would run is poison
+	// that the plugin's decoder refuses now, so the replay would only quarantine it again.
+	NoRun string
 }
 
 // runForm carries a previewed selection to the replay that runs it.
@@ -650,9 +653,23 @@ func (c *Console) replay(w http.ResponseWriter, r *http.Request, by who) {
 		}
 		rf.Until = f.Until.Format(time.RFC3339Nano)
 		rf.Preview = o.Report.ID
-		d.Run = rf
+		if d.NoRun = noRunReason(o.Report); d.NoRun == "" {
+			d.Run = rf
+		}
 	}
 	c.render(w, r, status, "replay", title, by, d)
+}
+
+// noRunReason says why a dry run's replay is not offered, or "" when it is. The replay is
+// not offered when every row it would run is poison that the decoder refuses now. Rows
+// that hold less than the delivered message are refused and never run.
+func noRunReason(rep inboxops.ReplayReport) string {
+	run := rep.Selected - rep.Refused
+	if rep.Poison == 0 || rep.Poison < run {
+		return ""
+	}
+	return fmt.Sprintf("No replay offered: each of the %d rows it would run is poison that the plugin's decoder still refuses, so the replay would only quarantine them again. "+
+		"Deploy a plugin whose decoder reads them and preview again, or resolve each row whose corrected message ran under its own key.", rep.Poison)
 }
 
 // checkPreview refuses a replay that does not run the selection of a recent dry run of this
