@@ -8,6 +8,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
 // TestOverviewGroupLag checks that the overview's consumer groups show every partition of a
@@ -78,5 +79,36 @@ func TestOverviewGroupLag(t *testing.T) {
 	if t.Failed() {
 		i := strings.Index(page, `id="group-lag"`)
 		t.Log(page[max(i, 0):])
+	}
+}
+
+// fixedLags is a GroupLagReader that answers the same partitions for every group.
+type fixedLags []kafkax.PartitionLag
+
+func (f fixedLags) GroupLag(string, []string) ([]kafkax.PartitionLag, error) { return f, nil }
+
+// TestOverviewLagTablesSayWhatTheyMeasure checks that the overview's two lag tables say
+// what each measures. One is Kafka's, end minus the group's committed offset, read at most
+// every 10 s. The other is this process's memory, its latest fetch's high watermark minus
+// the offset it marked. They differ for one partition while a backlog drains.
+func TestOverviewLagTablesSayWhatTheyMeasure(t *testing.T) {
+	lags := fixedLags{{Topic: "orders", Partition: 3, Committed: 100, End: 2030, Lag: 1930}}
+	_, base := testConsole(t, Config{DB: offlineDB(t), Groups: []Group{{Name: "g", Topics: []string{"orders"}}}, Lags: lags})
+	_, page, _ := get(t, browser(t), base+"/")
+	for _, want := range []string{
+		"<h2>Consumer groups: lag in Kafka</h2>",
+		"as Kafka holds it: the group's committed offset, the partition's end (its high watermark)",
+		`<th class="n">lag: end − committed</th>`,
+		`<td class="n bad">1,930</td>`,
+		"<h2>Partitions consumed by this process: lag in its memory</h2>",
+		"the high watermark of its latest fetch minus the offset it marked for commit",
+		"read from Kafka at most every 10 s, so while a backlog drains the two lags of one partition differ",
+	} {
+		if !strings.Contains(page, want) {
+			t.Errorf("overview lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Log(page)
 	}
 }
