@@ -45,6 +45,9 @@ func (p *pipeline) http() part {
 	if a.Config.HTTP.Listen == "" {
 		return part{name: "http",
 			start: func(context.Context) error {
+				if p.m != nil {
+					p.m.SetHTTPEnabled(false)
+				}
 				if len(cmds) > 0 {
 					a.logger.Info("HTTP commands off (http.listen is empty)", watermill.LogFields{"commands": len(cmds)})
 				}
@@ -110,6 +113,9 @@ func (p *pipeline) http() part {
 				WriteTimeout: answerBy, IdleTimeout: adminIdleTimeout, MaxHeaderBytes: 64 << 10,
 				BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
 			a.logger.Info("HTTP listener", watermill.LogFields{"addr": ln.Addr().String(), "idempotency_ttl": a.Config.HTTP.IdempotencyTTL})
+			if p.m != nil {
+				p.m.SetHTTPEnabled(true)
+			}
 			return nil
 		},
 		run: func(ctx context.Context) error { return serve(ctx, srv, ln, answerBy) }, // running requests finish, and none starts

@@ -9,11 +9,35 @@ import (
 )
 
 // httpCollectors are the HTTP commands' collectors, registered on the first request. So a
-// router that serves no command exports none.
+// router that serves no command exports none of them. The gauge of whether the commands are
+// served is registered apart, when the router starts its HTTP part.
 type httpCollectors struct {
 	once     sync.Once
 	requests *prometheus.CounterVec
 	seconds  *prometheus.HistogramVec
+
+	enabledOnce sync.Once
+	enabled     prometheus.Gauge
+}
+
+// SetHTTPEnabled exports onceflow_http_commands_enabled. It is 1 while the router serves its
+// plugins' HTTP commands on http.listen, and 0 when http.listen is empty. So a dashboard
+// panel of the commands can say they are not enabled, rather than show no data.
+func (m *Metrics) SetHTTPEnabled(on bool) {
+	v, _ := httpByMetrics.LoadOrStore(m, &httpCollectors{})
+	c := v.(*httpCollectors)
+	c.enabledOnce.Do(func() {
+		c.enabled = prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "onceflow", Name: "http_commands_enabled",
+			Help: "1 when the router serves its plugins' HTTP commands on http.listen, 0 when http.listen is empty (the default).",
+		})
+		m.Registry.MustRegister(c.enabled)
+	})
+	if on {
+		c.enabled.Set(1)
+	} else {
+		c.enabled.Set(0)
+	}
 }
 
 var httpByMetrics sync.Map // *Metrics → *httpCollectors
