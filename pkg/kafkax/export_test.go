@@ -32,3 +32,6 @@ func SaramaQueued(sub *ParallelSubscriber) int {
 	}
 	return n
 }
+
+// Sweeps is how many times sub's claims have swept their windows for acks.
+func Sweeps(sub *ParallelSubscriber) int64 { return sub.sweeps.Load() }

@@ -145,6 +145,8 @@ type ParallelSubscriber struct {
 
 	claimsMu sync.Mutex
 	claims   map[*claimRun]struct{} // the partitions claimed now, for PartitionStats
+
+	sweeps atomic.Int64 // sweeps of the claims' windows (sweepOnce), which the tests count
 }
 
 var _ message.Subscriber = (*ParallelSubscriber)(nil)
@@ -384,15 +386,16 @@ func (h *parallelHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim s
 			"kafka_partition":      claim.Partition(),
 			"kafka_initial_offset": claim.InitialOffset(),
 		}),
-		ctx:      ctx,
-		cancel:   cancel,
-		stop:     sess.Context().Done(),
-		ending:   make(chan struct{}),
-		abandon:  make(chan struct{}),
-		busyKeys: map[string]*slot{},
-		waiting:  map[string][]waitingMsg{},
-		changed:  make(chan struct{}, 1),
-		marked:   max(claim.InitialOffset(), -1), // Sarama's OffsetOldest or OffsetNewest, below 0, is not known yet
+		ctx:       ctx,
+		cancel:    cancel,
+		stop:      sess.Context().Done(),
+		ending:    make(chan struct{}),
+		abandon:   make(chan struct{}),
+		busyKeys:  map[string]*slot{},
+		waiting:   map[string][]waitingMsg{},
+		changed:   make(chan struct{}, 1),
+		sweepWake: make(chan struct{}, 1),
+		marked:    max(claim.InitialOffset(), -1), // Sarama's OffsetOldest or OffsetNewest, below 0, is not known yet
 	}
 	h.s.track(r)
 	defer h.s.untrack(r)
@@ -436,6 +439,8 @@ func (c *slotContext) Value(key any) any {
 // runs only every sweepIdleEvery, as a safety net, because a sweep costs CPU for every
 // message in flight. A message that was nacked, or whose key holds later ones back, gets a
 // goroutine of its own. So its ack frees the key at once, or its resend comes at once.
+// With no message handed out and unwatched, the sweep sleeps until one is handed out, so an
+// idle claim wakes no goroutine.
 const (
 	sweepEvery     = 20 * time.Millisecond
 	sweepIdleEvery = time.Second
@@ -498,6 +503,10 @@ type claimRun struct {
 
 	watchers sync.WaitGroup // the sweep and the slots' own watchers
 	told     atomic.Bool    // AckOnReturn has told of an ack or nack
+	// sweepAsleep, under mu, is set when the sweep found nothing to look for and sleeps
+	// until handOut sends on sweepWake (capacity 1).
+	sweepAsleep bool
+	sweepWake   chan struct{}
 }
 
 func (r *claimRun) run(msgs <-chan *sarama.ConsumerMessage) error {
@@ -671,7 +680,17 @@ func (r *claimRun) handOut(sl *slot, msg *message.Message, stop <-chan struct{})
 	if sl.keyed && len(r.waiting[sl.key]) > 0 {
 		r.watchLocked(sl)
 	}
+	wake := r.sweepAsleep && !sl.watched
+	if wake {
+		r.sweepAsleep = false
+	}
 	r.mu.Unlock()
+	if wake {
+		select {
+		case r.sweepWake <- struct{}{}:
+		default:
+		}
+	}
 	if chanx.TrySend(r.h.output, msg, stop) { // a send alone first, since a select locks both channels
 		return true
 	}
@@ -695,28 +714,44 @@ func (r *claimRun) watchLocked(sl *slot) {
 }
 
 // sweep looks for acks and nacks of the messages no goroutine of their own watches, every
-// sweepEvery and once more when the claim stops waiting for acks.
+// sweepEvery (every sweepIdleEvery once AckOnReturn tells the claim of them), and once more
+// when the claim stops waiting for acks. When a sweep leaves no message to look for, it
+// sleeps until handOut hands one out.
 func (r *claimRun) sweep() {
 	defer r.watchers.Done()
-	t := time.NewTicker(sweepEvery)
+	every := sweepEvery
+	t := time.NewTicker(every)
 	defer t.Stop()
-	last := time.Now()
 	for {
 		select {
-		case now := <-t.C:
-			if r.told.Load() && now.Sub(last) < sweepIdleEvery {
-				continue
-			}
-			last = now
-			r.sweepOnce()
+		case <-t.C:
 		case <-r.abandon:
 			r.sweepOnce()
 			return
 		}
+		if r.told.Load() && every != sweepIdleEvery {
+			every = sweepIdleEvery
+			t.Reset(every)
+		}
+		if r.sweepOnce() {
+			continue
+		}
+		t.Stop()
+		select {
+		case <-r.sweepWake:
+		case <-r.abandon:
+			r.sweepOnce()
+			return
+		}
+		t.Reset(every)
 	}
 }
 
-func (r *claimRun) sweepOnce() {
+// sweepOnce acks the messages it finds acked and gives a nacked one a watcher. It reports
+// whether a message is left to look for. When none is, it marks the sweep asleep under the
+// same lock, so the next handOut wakes it.
+func (r *claimRun) sweepOnce() (left bool) {
+	r.h.s.sweeps.Add(1)
 	var acked []*slot
 	r.mu.Lock()
 	for _, sl := range r.queue {
@@ -729,12 +764,15 @@ func (r *claimRun) sweepOnce() {
 		case <-sl.msg.Nacked():
 			r.watchLocked(sl) // its watcher resends it
 		default:
+			left = true
 		}
 	}
+	r.sweepAsleep = !left
 	r.mu.Unlock()
 	for _, sl := range acked {
 		r.ack(sl)
 	}
+	return left
 }
 
 // settleWaiting gives up the messages still waiting behind a busy key once the claim has
