@@ -69,7 +69,7 @@ func (p *pipeline) relay() part {
 	return part{name: "relay",
 		start: func(ctx context.Context) error {
 			var err error
-			relay, closeRelay, err = p.s.newRelay(p.db, p.kc)
+			relay, closeRelay, err = p.s.newRelay(p.db, p.kc, p.obs != nil)
 			if err != nil {
 				return err
 			}
@@ -87,6 +87,13 @@ func (p *pipeline) relay() part {
 		},
 	}
 }
+
+// relayIdlePollMax is how long the relay of `router run` waits at most between reads once
+// it has been idle for a while (outbox.RelayConfig.IdlePollMax): the deliveries and the
+// redeliveries of the process wake it for their rows, so only rows that other processes
+// commit wait for its next read. `router relay`, which nothing wakes, polls every
+// relay.poll_interval.
+const relayIdlePollMax = time.Second
 
 // relayConfig is the relay's config of relay.*. Unless relay.transactional_id names one, it
 // adds the transactional id of this database and shard. It adds the tracer and the crash
@@ -113,10 +120,13 @@ func (s *Setup) relayConfig() (outbox.RelayConfig, error) {
 // newRelay builds the configured relay. The exactly-once relay has a transactional producer
 // and a lease. The at-least-once relay has an idempotent producer. The returned func
 // releases what the relay holds.
-func (s *Setup) newRelay(db *sql.DB, kc kafkax.Config) (*outbox.Relay, func(), error) {
+func (s *Setup) newRelay(db *sql.DB, kc kafkax.Config, woken bool) (*outbox.Relay, func(), error) {
 	rc, err := s.relayConfig()
 	if err != nil {
 		return nil, nil, err
+	}
+	if woken {
+		rc.IdlePollMax = relayIdlePollMax
 	}
 	if s.Config.Relay.ExactlyOnce {
 		r, err := outbox.NewExactlyOnceRelay(db, kc, rc, s.logger)

@@ -504,9 +504,13 @@ func (o *observer) BreakerChanged(biz string, s engine.BreakerStatus) {
 	o.m.SetBreaker(biz, int(s.State), s.Since, s.ProbeAt, s.LastError)
 }
 
-// Redelivered implements engine.RedeliveryObserver.
+// Redelivered implements engine.RedeliveryObserver. A redelivery that committed work wakes
+// the relay too.
 func (o *observer) Redelivered(biz string, r engine.Result) {
 	o.m.Redeliveries.WithLabelValues(biz, string(r.Outcome)).Inc()
+	if o.wake != nil && r.Outcome == engine.OutcomeProcessed {
+		o.wake()
+	}
 }
 
 func (o *observer) Delivered(biz string, r engine.Result, d time.Duration) {

@@ -83,6 +83,7 @@ func (b atLeastOnceBatches) batch(ctx context.Context) (int, error) { return b.r
 func (b atLeastOnceBatches) idleWait() time.Duration                { return b.r.cfg.PollInterval }
 func (b atLeastOnceBatches) cleans() bool                           { return true }
 func (b atLeastOnceBatches) wakeable() bool                         { return true }
+func (b atLeastOnceBatches) idleMax() time.Duration                 { return b.r.cfg.IdlePollMax }
 
 func (r *atLeastOnce) close() error { return nil }
 

@@ -152,15 +152,19 @@ type batches interface {
 	// wakeable reports whether an idle wait ends early on Wake, which means that the loop
 	// publishes.
 	wakeable() bool
+	// idleMax is the longest idle wait of a wakeable loop, IdlePollMax or less.
+	idleMax() time.Duration
 }
 
 // loop runs b's batches until ctx ends. It backs off after failures and sleeps for
 // b.idleWait() when there was nothing to publish.
 //
-// An idle wait ends early on Wake when b.wakeable() reports true. A wait never ends early
-// for a standby or while backing off after a failure.
+// An idle wait ends early on Wake when b.wakeable() reports true. Such a wait doubles with
+// each read in a row that found nothing, up to b.idleMax() (idleWaitAfter). A wait never
+// ends early for a standby or while backing off after a failure.
 func (r *relayBase) loop(ctx context.Context, shard string, b batches) {
 	backoff := r.cfg.RetryBackoff
+	idle := 0 // reads in a row that found nothing, while wakeable
 	var nextCleanup time.Time
 	defer r.parkLog.flush(r.logger, true)
 	for {
@@ -184,8 +188,15 @@ func (r *relayBase) loop(ctx context.Context, shard string, b batches) {
 		case n == 0:
 			backoff = r.cfg.RetryBackoff
 			wait = b.idleWait()
+			if b.wakeable() {
+				wait = idleWaitAfter(wait, idle, b.idleMax())
+				idle++
+			}
 		default:
 			backoff = r.cfg.RetryBackoff
+		}
+		if n != 0 || err != nil {
+			idle = 0
 		}
 		if r.cfg.Retention > 0 && time.Now().After(nextCleanup) && b.cleans() {
 			if _, err := r.Cleanup(ctx); err != nil && ctx.Err() == nil {
@@ -210,9 +221,26 @@ func (r *relayBase) loop(ctx context.Context, shard string, b batches) {
 				// batch. A woken row waits one Linger, and the wake adds no wait of its own.
 				t.Stop()
 				r.wakes.Add(1)
+				idle = 0
 			}
 		}
 	}
+}
+
+// idleWaitAfter is the wait of a wakeable loop after idle reads in a row found nothing
+// before this one: base doubled idle times, up to limit, and never below base.
+func idleWaitAfter(base time.Duration, idle int, limit time.Duration) time.Duration {
+	if limit <= base {
+		return base
+	}
+	w := base
+	for range idle {
+		if w >= limit/2 {
+			return limit
+		}
+		w *= 2
+	}
+	return w
 }
 
 // Cleanup deletes published rows older than the retention, CleanupBatch rows per statement,

@@ -198,6 +198,11 @@ func (b shardBatches) idleWait() time.Duration                { return b.e.idleW
 func (b shardBatches) cleans() bool                           { return b.e.index == 0 && b.e.owner.Load() }
 func (b shardBatches) wakeable() bool                         { return b.e.owner.Load() }
 
+// idleMax keeps an idle owner's reads, which renew its lease, within a quarter of LeaseTTL.
+func (b shardBatches) idleMax() time.Duration {
+	return min(b.e.r.cfg.IdlePollMax, b.e.r.cfg.LeaseTTL/4)
+}
+
 func (r *eosRelay) close() error {
 	var errs []error
 	if r.members != nil {

@@ -23,7 +23,15 @@ type RelayConfig struct {
 	// transaction. Larger batches republish more after an abort. See docs/BENCHMARKS.md,
 	// section "relay.batch_size 2000".
 	BatchSize    int           `key:"batch_size" default:"2000" range:"1..10000" help:"events per Kafka transaction (larger: fewer commits, more republished after an abort; docs/BENCHMARKS.md, Why the defaults)"`
-	PollInterval time.Duration `key:"poll_interval" default:"50ms" range:"1ms..1m" help:"relay sleep when nothing is pending"` // sleep when nothing is pending
+	PollInterval time.Duration `key:"poll_interval" default:"50ms" range:"1ms..1m" help:"relay sleep when nothing is pending; router run doubles it while the relay stays idle, up to 1s, and wakes the relay for the rows it commits"` // sleep when nothing is pending
+	// IdlePollMax, when above PollInterval, lets a relay that Wake reaches poll less often
+	// while it stays idle. Each read in a row that finds nothing doubles the wait, from
+	// PollInterval up to IdlePollMax, and never beyond a quarter of LeaseTTL, at which the
+	// lease is renewed. A read that finds rows, a failure or a Wake starts it over. Set it only
+	// where Wake is called for the rows this process commits, as the router does: rows that
+	// other processes commit then wait up to IdlePollMax for an idle relay. The zero value
+	// polls every PollInterval.
+	IdlePollMax time.Duration
 
 	// Linger is how long a partial batch waits for more rows before it is published, as
 	// Kafka's linger.ms does. When a read finds fewer than BatchSize pending rows, the relay
@@ -166,6 +174,9 @@ func (c RelayConfig) Validate() error {
 	}
 	if err := settings.Check(c); err != nil {
 		return fmt.Errorf("relay: %w", err)
+	}
+	if c.IdlePollMax < 0 {
+		return fmt.Errorf("relay: idle poll max %s is negative", c.IdlePollMax)
 	}
 	if c.Linger >= c.LeaseTTL/2 {
 		return fmt.Errorf("relay: linger %s must be below half the lease ttl (%s)", c.Linger, c.LeaseTTL)
