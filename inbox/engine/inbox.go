@@ -173,6 +173,9 @@ type runOpts struct {
 	// carry holds what a Prepare made for a step whose transaction did not commit. The
 	// delivery's next attempt of that step uses it. When it is nil, process makes one.
 	carry *carried
+	// notes begin the last error of a poison row. They hold the record's Kafka key and the
+	// payload's id, which its dedup key does not. See msgsource.Notes.
+	notes string
 }
 
 // carried is what a delivery's Prepare left in Delivery.Prepared for a step whose
@@ -227,6 +230,7 @@ func (ib *Inbox) process(ctx context.Context, msg *message.Message, src inbox.So
 		if failureReason(derr) == ReasonPanic {
 			reason = ReasonPanic // the plugin's decoder panicked on these bytes, and no retry will differ
 		}
+		opts.notes = ib.poisonNotes(msg)
 		r, err := ib.quarantine(ctx, msg, src, key, payloadFingerprint(msg), reason, derr, 0, opts)
 		if err == nil {
 			ib.logger.Error("poison message quarantined", derr, fields.Add(watermill.LogFields{ib.cfg.KeyLogField: key, "reason": string(reason)}))

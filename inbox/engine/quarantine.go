@@ -1,11 +1,16 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -66,6 +71,9 @@ func (q quarantineRow) minimal(msg *message.Message, refusal error) quarantineRo
 // stays done, because another delivery finished it meanwhile.
 func (ib *Inbox) quarantine(ctx context.Context, msg *message.Message, src inbox.Source, key, fp string, reason Reason, cause error, attempts int, opts runOpts) (Result, error) {
 	q := ib.newQuarantineRow(msg, key, fp, cause)
+	if opts.notes != "" {
+		q.errText = validText(opts.notes+q.errText, maxErrorBytes)
+	}
 	id, done, err := ib.insertQuarantine(ctx, q, src, reason, attempts, opts)
 	if err != nil && ctx.Err() == nil && !dbx.IsConnError(err) && !dbx.IsLockConflict(err) {
 		ib.logger.Error("quarantine row refused by the database, writing a minimal row", err,
@@ -171,4 +179,67 @@ func (ib *Inbox) countFailure(ctx context.Context, msg *message.Message, src inb
 		return attempt
 	}
 	return max(total, attempt)
+}
+
+// poisonNotes returns the notes that begin a poison row's last error. They hold the
+// record's Kafka key, when the message's context holds it, and the payload's id. See
+// msgsource.Notes.
+func (ib *Inbox) poisonNotes(msg *message.Message) string {
+	key, hasKey := msgsource.Key(msg.Context())
+	return msgsource.Notes(key, hasKey, payloadID(msg.Payload, idFields(ib.cfg.KeyLogField)))
+}
+
+// idFields are the names of the JSON field that holds a payload's business key, as the
+// plugin names the key in log lines: "order_id" and "orderId" for "order_id".
+func idFields(logField string) []string {
+	out := []string{logField}
+	parts := strings.Split(logField, "_")
+	for i := 1; i < len(parts); i++ {
+		if p := parts[i]; p != "" {
+			parts[i] = strings.ToUpper(p[:1]) + p[1:]
+		}
+	}
+	if camel := strings.Join(parts, ""); camel != logField {
+		out = append(out, camel)
+	}
+	return out
+}
+
+// payloadID returns the value of the first of fields in payload, when payload is a JSON
+// object that holds it as a string or a number before anything it cannot read. A poison
+// payload is often JSON that breaks later, or lacks another field, so payloadID reads its
+// fields one by one and stops at the first error. It returns "" when it finds no such value,
+// or one that is not UTF-8 as sent. encoding/json would replace those bytes.
+func payloadID(payload []byte, fields []string) string {
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	dec.UseNumber()
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return ""
+	}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return ""
+		}
+		name, _ := t.(string)
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return ""
+		}
+		if !slices.Contains(fields, name) {
+			continue
+		}
+		switch {
+		case len(raw) > 0 && raw[0] == '"' && utf8.Valid(raw):
+			var s string
+			if json.Unmarshal(raw, &s) != nil {
+				return ""
+			}
+			return s
+		case len(raw) > 0 && (raw[0] == '-' || raw[0] >= '0' && raw[0] <= '9'):
+			return string(raw)
+		}
+		return ""
+	}
+	return ""
 }

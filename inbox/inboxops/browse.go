@@ -75,6 +75,10 @@ type PageQuery struct {
 	// Keys selects only the rows of these dedup keys. The unique key allows one row per key
 	// and biz type.
 	Keys []string
+	// PoisonKeys with Keys also selects the poison rows whose record had one of Keys as its
+	// Kafka key or its payload's id, as Filter.PoisonKeys does. They are read over each biz
+	// type's failed rows.
+	PoisonKeys bool
 	// Since and Until bound created_at, from Since inclusive to Until exclusive.
 	Since, Until time.Time
 	// Before selects the rows older than this position, for the next page. After selects
@@ -223,11 +227,12 @@ func (s *Store) pageSQL(q PageQuery) (string, []any, error) {
 		args = append(args, a...)
 	}
 	if len(q.Keys) > 0 {
-		where := []string{"dedup_key IN " + placeholders(len(q.Keys)), "biz_type IN " + placeholders(len(q.BizTypes)), "status IN " + placeholders(len(statuses))}
-		var a []any
-		for _, k := range q.Keys {
-			a = append(a, k)
+		a := utf8Keys(q.Keys)
+		where := []string{"1 = 0"}
+		if len(a) > 0 {
+			where = []string{"dedup_key IN " + placeholders(len(a))}
 		}
+		where = append(where, "biz_type IN "+placeholders(len(q.BizTypes)), "status IN "+placeholders(len(statuses)))
 		for _, b := range q.BizTypes {
 			a = append(a, b)
 		}
@@ -235,6 +240,13 @@ func (s *Store) pageSQL(q PageQuery) (string, []any, error) {
 			a = append(a, string(st))
 		}
 		part(where, a)
+		if q.PoisonKeys && slices.Contains(statuses, engine.StatusFailed) {
+			cond, na := notedWhere(q.Keys)
+			for _, b := range q.BizTypes {
+				part([]string{"biz_type = ?", "status = ?", "reason IN (?, ?)", cond},
+					append([]any{b, string(engine.StatusFailed), string(engine.ReasonPoison), string(engine.ReasonPanic)}, na...))
+			}
+		}
 	} else {
 		for _, b := range q.BizTypes {
 			for _, st := range statuses {

@@ -1,6 +1,7 @@
 package inboxops
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/inbox/engine"
+	"github.com/onceflow/onceflow/internal/msgsource"
 	"github.com/onceflow/onceflow/pkg/dbx"
 )
 
@@ -42,6 +44,15 @@ type Filter struct {
 	ReplayID int64 `json:"replay_id,omitempty"`
 	// Limit caps the number of rows. 0 means no limit.
 	Limit int `json:"limit,omitempty"`
+	// PoisonKeys selects, beside the rows of Keys, the poison rows whose record had one of
+	// Keys as its Kafka key or as its payload's id. A poison row's dedup key names the
+	// record's place in Kafka, and its last error notes the key and the id. They are read
+	// over the failed rows of BizType, or of each of PoisonBizTypes when BizType is empty.
+	// List, Count and CountUpTo read them. A replay does not.
+	PoisonKeys     bool     `json:"-"`
+	PoisonBizTypes []string `json:"-"`
+
+	noted []string // keys the last error's notes hold, in a filter of poisonParts
 }
 
 // ParseStatus accepts processing, done and failed.
@@ -187,7 +198,9 @@ func (r Row) Poison() bool { return r.Reason == string(engine.ReasonPoison) }
 func (r Row) Truncated() bool { return r.PayloadSize > 0 }
 
 // Message rebuilds the stored message, with its uuid, payload and metadata, for a replay.
-// A tombstone's payload is nil, as it was delivered.
+// A tombstone's payload is nil, as it was delivered. The message of a poison row carries
+// the Kafka key its last error notes. So a replay that quarantines it again notes the key
+// again.
 func (r Row) Message() *message.Message {
 	var payload []byte
 	if !r.Tombstone {
@@ -197,7 +210,18 @@ func (r Row) Message() *message.Message {
 	for k, v := range r.Metadata {
 		m.Metadata.Set(k, v)
 	}
+	if r.poisonReason() {
+		if key, ok := msgsource.NotedKey(r.LastError); ok {
+			m.SetContext(msgsource.WithKey(context.Background(), key))
+		}
+	}
 	return m
+}
+
+// poisonReason reports whether r failed because its message could not be decoded. Such a
+// row's last error begins with the notes of its Kafka key and payload id.
+func (r Row) poisonReason() bool {
+	return r.Reason == string(engine.ReasonPoison) || r.Reason == string(engine.ReasonPanic)
 }
 
 // Source is where the stored message came from.
@@ -233,8 +257,93 @@ const rowColumns = `id, dedup_key, biz_type, status, reason, message_uuid, topic
 
 // List returns the rows f selects, ordered by id.
 func (s *Store) List(ctx context.Context, f Filter) ([]Row, error) {
-	return s.list(ctx, f, 0, 0)
+	rows, err := s.list(ctx, f, 0, 0)
+	parts := f.poisonParts()
+	if err != nil || len(parts) == 0 {
+		return rows, err
+	}
+	seen := map[int64]bool{}
+	for _, r := range rows {
+		seen[r.ID] = true
+	}
+	for _, p := range parts {
+		more, err := s.list(ctx, p, 0, 0)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range more {
+			if !seen[r.ID] {
+				seen[r.ID] = true
+				rows = append(rows, r)
+			}
+		}
+	}
+	slices.SortFunc(rows, func(a, b Row) int { return cmp.Compare(a.ID, b.ID) })
+	if f.Limit > 0 && len(rows) > f.Limit {
+		rows = rows[:f.Limit]
+	}
+	return rows, nil
 }
+
+// poisonParts returns the filters of the poison rows that f.PoisonKeys selects beside the
+// rows of f.Keys, one per biz type. Each reads the failed rows of reason poison or panic
+// whose last error notes one of the keys. poisonParts returns none when f's statuses or
+// reasons leave such rows out.
+func (f Filter) poisonParts() []Filter {
+	if !f.PoisonKeys || len(f.Keys) == 0 || (len(f.Statuses) > 0 && !slices.Contains(f.Statuses, engine.StatusFailed)) {
+		return nil
+	}
+	var reasons []engine.Reason
+	for _, r := range []engine.Reason{engine.ReasonPoison, engine.ReasonPanic} {
+		if len(f.Reasons) == 0 || slices.Contains(f.Reasons, r) {
+			reasons = append(reasons, r)
+		}
+	}
+	bizTypes := f.PoisonBizTypes
+	if f.BizType != "" {
+		bizTypes = []string{f.BizType}
+	}
+	if len(reasons) == 0 {
+		return nil
+	}
+	var out []Filter
+	for _, b := range bizTypes {
+		p := f
+		p.BizType, p.Statuses, p.Reasons, p.Keys, p.Refs = b, []engine.Status{engine.StatusFailed}, reasons, nil, nil
+		p.PoisonKeys, p.PoisonBizTypes, p.noted = false, nil, f.Keys
+		out = append(out, p)
+	}
+	return out
+}
+
+// utf8Keys returns the keys that are valid UTF-8. A dedup key always is, and PostgreSQL
+// refuses a parameter that is not. A key that is not UTF-8 can still be a poison record's
+// Kafka key, which notedWhere reads escaped.
+func utf8Keys(keys []string) []any {
+	var out []any
+	for _, k := range keys {
+		if utf8.ValidString(k) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// notedWhere is the condition that the last error notes one of keys, as a Kafka key or a
+// payload's id, and its arguments. See msgsource.Notes.
+func notedWhere(keys []string) (string, []any) {
+	var conds []string
+	var args []any
+	for _, k := range keys {
+		conds = append(conds, "last_error LIKE ? ESCAPE '!'", "last_error LIKE ? ESCAPE '!'")
+		args = append(args, "%"+likeText(msgsource.KeyNote(k)+"; ")+"%", "%"+likeText(msgsource.IDNote(k)+"; ")+"%")
+	}
+	return "(" + strings.Join(conds, " OR ") + ")", args
+}
+
+// likeText is s as a LIKE pattern that matches s alone, with '!' as the escape character.
+// The backslashes of a note's escapes are then plain characters on every server.
+var likeText = strings.NewReplacer("!", "!!", "%", "!%", "_", "!_").Replace
 
 // list adds bounds on the id, above afterID and at most maxID. Replay uses them to page
 // through a selection that it changes as it goes.
@@ -301,6 +410,13 @@ func (s *Store) Count(ctx context.Context, f Filter) (int, error) {
 	if err := s.db.QueryRowContext(ctx, s.d.Rebind(q), args...).Scan(&n); err != nil {
 		return 0, fmt.Errorf("count inbox: %w", err)
 	}
+	for _, p := range f.poisonParts() {
+		k, err := s.Count(ctx, p)
+		if err != nil {
+			return 0, err
+		}
+		n += k
+	}
 	return n, nil
 }
 
@@ -323,7 +439,17 @@ func (s *Store) CountUpTo(ctx context.Context, f Filter) (int, error) {
 	if err := s.db.QueryRowContext(ctx, s.d.Rebind(q), args...).Scan(&n); err != nil {
 		return 0, fmt.Errorf("count inbox: %w", err)
 	}
-	return n, nil
+	for _, p := range f.poisonParts() {
+		if n >= f.Limit {
+			break
+		}
+		k, err := s.CountUpTo(ctx, p)
+		if err != nil {
+			return 0, err
+		}
+		n += k
+	}
+	return min(n, f.Limit), nil
 }
 
 func (f Filter) where(now time.Time) ([]string, []any) {
@@ -363,11 +489,11 @@ func (f Filter) where(now time.Time) ([]string, []any) {
 		args = append(args, now.Add(-f.OlderThan).UTC())
 	}
 	if len(f.Keys) > 0 {
-		vals := make([]any, len(f.Keys))
-		for i, k := range f.Keys {
-			vals[i] = k
+		if vals := utf8Keys(f.Keys); len(vals) > 0 {
+			in("dedup_key", vals)
+		} else {
+			where = append(where, "1 = 0")
 		}
-		in("dedup_key", vals)
 	}
 	if len(f.Refs) > 0 {
 		var ids, keys []any
@@ -392,6 +518,11 @@ func (f Filter) where(now time.Time) ([]string, []any) {
 	if !f.Until.IsZero() {
 		where = append(where, "created_at < ?")
 		args = append(args, f.Until.UTC())
+	}
+	if len(f.noted) > 0 {
+		cond, a := notedWhere(f.noted)
+		where = append(where, cond)
+		args = append(args, a...)
 	}
 	if f.ReplayID > 0 {
 		// replay_row lists the rows the replay stamped. A later replay may have stamped

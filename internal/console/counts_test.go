@@ -1,13 +1,23 @@
 package console
 
 import (
+	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/inbox"
+	"github.com/onceflow/onceflow/inbox/engine"
 	"github.com/onceflow/onceflow/internal/metrics"
+	"github.com/onceflow/onceflow/internal/msgsource"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
@@ -114,5 +124,62 @@ func TestOverviewMarksStaleFigures(t *testing.T) {
 		if !strings.Contains(w.Body.String(), tc.want) {
 			t.Errorf("figures %s old: the page lacks %q", tc.age, tc.want)
 		}
+	}
+}
+
+// refusingHandler decodes nothing: every message is poison.
+type refusingHandler struct{ testHandler }
+
+func (refusingHandler) Decode(*message.Message) (inbox.Decoded, error) {
+	return inbox.Decoded{}, inbox.PoisonError("no decoder for this test")
+}
+
+// TestInboxSearchFindsPoisonRow checks that the inbox's key filter finds a poison row by
+// what an operator has. Its dedup key names the record's place in Kafka. It is found by the
+// record's Kafka key and by the payload's id, which its last error notes. A Kafka key that
+// is not UTF-8 shows escaped, and the escapes typed find it. An unrelated id finds nothing.
+func TestInboxSearchFindsPoisonRow(t *testing.T) {
+	d := testenv.DB(t, 4)
+	ib, err := engine.New(d.DB, refusingHandler{}, engine.Config{BizType: "pz", KeyLogField: "order_id", MaxAttempts: 1, DelayedRetries: -1}, watermill.NopLogger{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]int64{}
+	for i, c := range []struct{ key, payload string }{
+		{"k-0093", `{"orderId":"oc-pz-0093","amountCents":"x"}`},
+		{"\xff\x1bk", "not json"},
+	} {
+		msg := message.NewMessage(watermill.NewUUID(), []byte(c.payload))
+		msg.SetContext(msgsource.WithKey(context.Background(), c.key))
+		r, err := ib.Process(context.Background(), msg, inbox.Source{Topic: "t", Partition: 0, Offset: int64(20 + i)}, engine.ProcessOptions{})
+		if err != nil || r.Outcome != engine.OutcomeQuarantined || r.Reason != engine.ReasonPoison {
+			t.Fatalf("poison delivery: %+v %v", r, err)
+		}
+		ids[c.key] = r.InboxID
+	}
+	_, base := testConsole(t, Config{DB: d.DB, BizTypes: []BizType{{Name: "pz"}}})
+	c := browser(t)
+	for typed, want := range map[string]int64{
+		"oc-pz-0093":   ids["k-0093"], // the payload's id
+		"k-0093":       ids["k-0093"], // the Kafka key
+		`\xff\x1bk`:    ids["\xff\x1bk"],
+		"oc-pz-0094":   0,
+		"oc-pz-009":    0,
+		"poison:t/0/2": 0,
+	} {
+		code, page, _ := get(t, c, base+"/inbox?"+url.Values{"biz": {"pz"}, "key": {typed}}.Encode())
+		found := regexp.MustCompile(`<a href="/inbox/(\d+)">\d+</a>`).FindAllStringSubmatch(page, -1)
+		switch {
+		case code != http.StatusOK:
+			t.Errorf("search %q: %d:\n%s", typed, code, page)
+		case want == 0 && (len(found) != 0 || !strings.Contains(page, `<span class="match">0 match</span>`)):
+			t.Errorf("search %q: found %v, want nothing", typed, found)
+		case want != 0 && (len(found) != 1 || found[0][1] != fmt.Sprint(want) || !strings.Contains(page, `<span class="match">1 match</span>`)):
+			t.Errorf("search %q: found %v, want row %d alone", typed, found, want)
+		}
+	}
+	_, page, _ := get(t, c, base+fmt.Sprintf("/inbox/%d", ids["\xff\x1bk"]))
+	if !strings.Contains(page, `kafka key &#34;\xff\x1bk&#34;`) {
+		t.Errorf("the row's page does not show its Kafka key escaped:\n%s", page)
 	}
 }

@@ -185,7 +185,7 @@ func (c *Console) inboxList(w http.ResponseWriter, r *http.Request, by who) {
 		c.render(w, r, status, "inbox", "Inbox", by, d)
 		return
 	}
-	q := inboxops.PageQuery{BizTypes: d.BizTypes, Reason: f.Reason, Keys: keyCandidates(f.Key), Since: f.since, Until: f.until,
+	q := inboxops.PageQuery{BizTypes: d.BizTypes, Reason: f.Reason, Keys: keyCandidates(f.Key), PoisonKeys: true, Since: f.since, Until: f.until,
 		Before: f.before, After: f.after, Limit: pageSize}
 	if f.Biz != "" {
 		q.BizTypes = []string{f.Biz}
@@ -224,7 +224,7 @@ const matchCap = 10000
 func (c *Console) match(ctx context.Context, f listFilter, bizTypes []string) string {
 	var n int
 	for _, b := range bizTypes {
-		lf := inboxops.Filter{BizType: b, Keys: keyCandidates(f.Key), Since: f.since, Until: f.until, Limit: matchCap + 1}
+		lf := inboxops.Filter{BizType: b, Keys: keyCandidates(f.Key), PoisonKeys: true, Since: f.since, Until: f.until, Limit: matchCap + 1}
 		if f.Status != "" {
 			lf.Statuses = []engine.Status{engine.Status(f.Status)}
 		} else {

@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"github.com/onceflow/onceflow/internal/msgsource"
 	"github.com/onceflow/onceflow/pkg/dbx"
 
 	"cmp"
@@ -168,7 +169,8 @@ var failedErrorQuery = fmt.Sprintf(`SELECT dedup_key, SUBSTR(COALESCE(last_error
 
 // failedErrors groups the last errors of the newest failed rows of each biz type that has
 // failed rows. It writes each row's key in its error as "…", so errors that name their
-// order group together. This happens in Go, because the database's collations differ
+// order group together. It leaves out the notes that begin a poison row's error, for the
+// same reason. This happens in Go, because the database's collations differ
 // between key and error.
 func failedErrors(ctx context.Context, db *sql.DB, counts []InboxCount) []ErrorCount {
 	var out []ErrorCount
@@ -188,6 +190,7 @@ func failedErrors(ctx context.Context, db *sql.DB, counts []InboxCount) []ErrorC
 				continue
 			}
 			read++
+			e = msgsource.WithoutNotes(e) // a poison row's Kafka key and payload id
 			if key != "" {
 				e = strings.ReplaceAll(e, key, "…")
 			}

@@ -419,15 +419,19 @@ type slot struct {
 }
 
 // slotContext is a message's context. It is the source's context, and it answers slotKey{}
-// with its slot for AckOnReturn. So the slot needs no context node of its own.
+// with its slot for AckOnReturn. It answers msgsource.KeyQuery{} with the record's Kafka key,
+// which the inbox notes on a poison row. So the slot needs no context node of its own.
 type slotContext struct {
 	context.Context
 	sl *slot
 }
 
 func (c *slotContext) Value(key any) any {
-	if key == (slotKey{}) {
+	switch key {
+	case slotKey{}:
 		return c.sl
+	case msgsource.KeyQuery{}:
+		return c.sl.key
 	}
 	return c.Context.Value(key)
 }

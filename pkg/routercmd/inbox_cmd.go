@@ -96,6 +96,13 @@ func (a *app) inboxLs(ctx context.Context, ff filterFlags) error {
 		return err
 	}
 	defer db.Close()
+	// An order id finds a poison row too, by the Kafka key or the payload id its last
+	// error notes. Its dedup key names the record's place in Kafka instead.
+	if f.PoisonKeys = len(f.Keys) > 0; f.PoisonKeys && f.BizType == "" {
+		if f.PoisonBizTypes, err = a.BizTypes(); err != nil {
+			return err
+		}
+	}
 	rows, err := store.List(ctx, f)
 	if err != nil {
 		return err
