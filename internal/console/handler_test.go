@@ -105,7 +105,7 @@ func csrf(t *testing.T, c *http.Client, base, path string) string {
 func TestActionsArePostOnly(t *testing.T) {
 	_, base := testConsole(t, Config{DB: offlineDB(t)})
 	c := browser(t)
-	for _, path := range []string{"/inbox/1/retry", "/inbox/1/resolve", "/replay", "/outbox/1/retry", "/outbox/1/drop", "/logout"} {
+	for _, path := range []string{"/inbox/1/retry", "/inbox/1/resolve", "/replay", "/outbox/1/retry", "/outbox/1/drop", "/outbox/bulk/retry", "/outbox/bulk/drop", "/logout"} {
 		if code, _, h := get(t, c, base+path); code != http.StatusMethodNotAllowed || !strings.Contains(h.Get("Allow"), "POST") {
 			t.Errorf("GET %s: %d (Allow %q), want 405 allowing POST", path, code, h.Get("Allow"))
 		}
