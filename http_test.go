@@ -170,3 +170,42 @@ func dbCount(t *testing.T, db *sql.DB, q string, args ...any) int {
 	}
 	return n
 }
+
+// The HTTP part says on /metrics whether it serves the commands: onceflow_http_commands_enabled
+// is 0 with http.listen empty, the default, and 1 once the listener serves them. The
+// dashboard's HTTP panels say "not enabled" from it.
+func TestHTTPCommandsEnabledGauge(t *testing.T) {
+	testenv.Integration(t)
+	reg, err := pluginRegistry([]inbox.Plugin{coupon.Plugin()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := testenv.DB(t, 4, migrationSets(reg)...)
+	for _, listen := range []string{"", freeAddr(t)} {
+		cfg := DefaultConfig()
+		cfg.HTTP.Listen = listen
+		a := &Setup{Config: cfg, logger: watermill.NopLogger{}, plugins: reg}
+		ps, err := a.Plugins()
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := metrics.New(nil)
+		ctx, cancel := context.WithCancel(context.Background())
+		stop, err := a.startHTTP(ctx, d.DB, ps, nil, m)
+		if err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		rec := httptest.NewRecorder()
+		m.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+		cancel()
+		stop()
+		want := "\nonceflow_http_commands_enabled 1\n"
+		if listen == "" {
+			want = "\nonceflow_http_commands_enabled 0\n"
+		}
+		if !strings.Contains(rec.Body.String(), want) {
+			t.Errorf("http.listen %q: /metrics lacks %q", listen, strings.TrimSpace(want))
+		}
+	}
+}
