@@ -131,4 +131,10 @@ func TestKafkaPoisonNeverStallsAPartition(t *testing.T) {
 	if n := count(t, db, "SELECT COUNT(*) FROM inbox WHERE payload_size > LENGTH(payload)"); n != parts {
 		t.Errorf("%d rows with a stored prefix, want %d (the 2 MiB values)", n, parts)
 	}
+	// The subscriber hands the record's Kafka key to the inbox, which notes it on the row.
+	for _, r := range poison {
+		if n := count(t, db, "SELECT COUNT(*) FROM inbox WHERE status = 'failed' AND last_error LIKE ?", `kafka key "`+string(r.key)+`"; %`); n != parts {
+			t.Errorf("%d poison rows note the Kafka key %q, want %d", n, r.key, parts)
+		}
+	}
 }
