@@ -5,7 +5,7 @@ PKGS  := ./...
 # doc generator of the tools module, run from the repository root
 DOCTABLE := $(GO) build -C tools -o ../bin/doctable ./doctable && bin/doctable
 
-.PHONY: ops-test image-test examples all build infra infra-down demo test test-postgres test-mysql8 test-galera test-tools test-short fuzz bench bench-stream vet clean chaos chaos-broken
+.PHONY: ops-test ops-drill image-test examples all build infra infra-down demo test test-postgres test-mysql8 test-galera test-tools test-short fuzz bench bench-stream vet clean chaos chaos-broken
 
 all: build
 
@@ -45,6 +45,13 @@ test: infra
 ## (environment, comma-separated) names metrics whose panels may return nothing.
 ops-test:
 	bash scripts/ops-test.sh
+
+## ops-drill: four incidents (a downstream down, the relay lease holder frozen, poison, the
+## relay's output topic deleted) against two routers and Debian's Prometheus with the shipped
+## rules; prints each page's time and one DRILL line (tools/opsdrill, scripts/ops-drill.sh).
+## About half an hour; not part of test.
+ops-drill: infra
+	bash scripts/ops-drill.sh
 
 ## image-test: the container image (deploy/Dockerfile: the static router on scratch, CA
 ## certificates, user 65532) built offline with podman and `router version` and
