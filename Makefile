@@ -5,7 +5,7 @@ PKGS  := ./...
 # doc generator of the tools module, run from the repository root
 DOCTABLE := $(GO) build -C tools -o ../bin/doctable ./doctable && bin/doctable
 
-.PHONY: ops-test ops-drill image-test examples all build infra infra-down demo test test-postgres test-mysql8 test-galera test-tools test-short fuzz bench bench-stream vet clean chaos chaos-broken
+.PHONY: ops-test ops-drill image-test examples all build infra infra-down demo test test-postgres test-mysql8 test-galera test-tools test-short fuzz bench bench-targets bench-stream vet clean chaos chaos-broken
 
 all: build
 
@@ -134,6 +134,16 @@ bench: infra
 	@case " $(BENCH_FLAGS) " in *" -only"*) echo "bench: an -only run: the documents are left as they are" ;; \
 	  *) f=$$(ls -t tools/bench/results/bench-*.csv | head -n 1); cp "$$f" tools/bench/results/latest.csv; \
 	     $(DOCTABLE) -bench "$$f" ;; esac
+
+## bench-targets: only what the targets of the hot path read (tools/bench -targets: the
+## relay, peer, router, idle and scaleout groups; the peer and forwarder runs shorter, the
+## router's stalled runs left out), on the real services; ends with one BENCH name=targets
+## line (each target pass, fail or missing with its value, and the run's calibration) and
+## how long it took. About 5 minutes; the documents are left as they are. BENCH_FLAGS are
+## added (a flag given there wins).
+bench-targets: infra
+	@start=$$(date +%s); BENCH_FLAGS="-targets $(BENCH_FLAGS)" bash scripts/bench.sh || exit 1; \
+	  echo "bench-targets: $$(( $$(date +%s) - start )) s"; grep -h '^BENCH name=targets ' .run/bench.log | tail -n 1
 
 ## bench-stream: the peak memory (max RSS) of `router produce` and `router replay` as child
 ## processes at 10,000 and 1,000,000 orders / inbox rows (the replay through the handler at

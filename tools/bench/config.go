@@ -67,6 +67,10 @@ type config struct {
 	routerMemProfile                   string
 	routerProfileSecs                  int
 
+	// The router binary idle (idle.go), and the short run of the targets (-targets).
+	idleSecs int
+	targets  bool
+
 	// The services, the output, the process.
 	adminDSN, appDSN, brokers, outDir string
 	// The same measurements on PostgreSQL (databases.go).
@@ -165,9 +169,14 @@ func parseConfig(args []string) (*config, error) {
 	fs.IntVar(&c.routerProfileSecs, "router-cpuprofile-seconds", 3, "how long -router-cpuprofile profiles (the peak run must last longer: raise -router-orders)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	fs.StringVar(&c.memProfile, "memprofile", "", "write an allocation profile of the whole run to this file (go tool pprof -sample_index=alloc_space)")
-	fs.StringVar(&c.only, "only", "", "run only these measurement groups (comma separated: batch, plain, single, storm, relay, relay_db, rows, kclient, e2e, tracing, seed, http, peer, router, targets); empty runs all")
+	fs.IntVar(&c.idleSecs, "idle-seconds", 30, "seconds the idle group measures the router binary idle on an empty topic, and the services before it starts (0 skips it)")
+	fs.BoolVar(&c.targets, "targets", false, "run only the groups the targets line needs (-only "+targetsGroups+", unless -only is given), with shorter runs where a target does not need the full sizes (flags given on the command line win), and print the targets of the hot path alone")
+	fs.StringVar(&c.only, "only", "", "run only these measurement groups (comma separated: batch, plain, single, storm, relay, relay_db, rows, kclient, e2e, tracing, seed, http, peer, router, idle, targets); empty runs all")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if c.targets {
+		c.targetsSizes(fs)
 	}
 	if c.rounds < 1 || c.batchRounds < 1 || c.traceRounds < 1 || c.traceOrders < 1 {
 		return nil, fmt.Errorf("-rounds %d, -batch-rounds %d, -trace-rounds %d, -trace-orders %d: want at least 1", c.rounds, c.batchRounds, c.traceRounds, c.traceOrders)
@@ -188,6 +197,30 @@ func parseConfig(args []string) (*config, error) {
 		return nil, fmt.Errorf("-gogc: %w", err)
 	}
 	return c, nil
+}
+
+// targetsGroups are the groups -targets runs: each target of the hot path reads one of them.
+const targetsGroups = "relay,peer,router,idle,scaleout,targets"
+
+// targetsSizes sets what -targets runs, for each flag not given on the command line: the
+// groups of targetsGroups; the peer comparison on 20,000 orders and the Watermill forwarder
+// on 10,000 events (each pipeline's rate, not its total, is compared); no sharded relay run;
+// the router group's peak and 2,000 orders/s runs at their full sizes, without its stalled
+// runs.
+func (c *config) targetsSizes(fs *flag.FlagSet) {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	set := func(name, value string) {
+		if !given[name] {
+			_ = fs.Set(name, value)
+		}
+	}
+	set("only", targetsGroups)
+	set("peer-orders", "20000")
+	set("forwarder-events", "10000")
+	set("relay-shards", "1")
+	set("router-big", "0")
+	set("router-payloads", "0")
 }
 
 // splitList is the comma-separated list s, its items trimmed, empty ones left out.
