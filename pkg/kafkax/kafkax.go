@@ -5,6 +5,7 @@ package kafkax
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -30,6 +31,29 @@ type Config struct {
 	SessionTimeout   time.Duration `key:"session_timeout" default:"10s" range:"1s..30m" help:"consumer group session timeout"`
 	RebalanceTimeout time.Duration `key:"rebalance_timeout" default:"30s" range:"1s..30m" help:"time a member has to rejoin during a rebalance"`
 	HeartbeatEvery   time.Duration `key:"heartbeat" default:"3s" range:"100ms..1m" help:"consumer heartbeat interval"`
+	// BalanceStrategies are the consumer groups' partition assignment strategies, the most
+	// preferred first: "cooperative-sticky", "range" or both. With cooperative-sticky alone the
+	// group rebalances incrementally (KIP-429). A member joining or leaving then stops only
+	// the partitions that move, and every other partition is consumed on without a pause.
+	// A list with range rebalances eagerly. Every rebalance then stops every partition of
+	// every member until the group has a new assignment.
+	//
+	// A cooperative rebalance takes two joins of the group. The partitions that move are
+	// revoked in the first and assigned to their new owner in the second, which the other
+	// members learn of at their next heartbeat. So a moving partition waits up to about
+	// HeartbeatEvery, and the others do not wait. See docs/BENCHMARKS.md, section
+	// "kafka.balance_strategies cooperative-sticky".
+	//
+	// A live group changes from range to cooperative-sticky in two rolling restarts, as
+	// with Kafka's Java client. Members that list cooperative-sticky alone have no strategy
+	// in common with members that list range alone, and the broker refuses their join
+	// while one of the others is in the group. So first every member is restarted with
+	// "cooperative-sticky,range". The group stays eager and takes cooperative-sticky once
+	// every member offers it. Then every member is restarted with "cooperative-sticky"
+	// alone. Going back to range takes the same two steps, the second with "range".
+	// NewSubscriber's member, the subscriber of kafka.window 1, rebalances eagerly with any
+	// of them.
+	BalanceStrategies []string `key:"balance_strategies" default:"cooperative-sticky" help:"consumer groups' partition assignment, most preferred first: cooperative-sticky (incremental: a router joining or leaving stops only the partitions that move) or range (eager: every rebalance stops every partition); a live group changes from one to the other in two rolling restarts, first cooperative-sticky,range on every router, then the new one alone; kafka.window 1 rebalances eagerly with either"`
 	// MaxPollWait and FetchMinBytes are Kafka's fetch.max.wait.ms and fetch.min.bytes for the
 	// subscribers. A fetch is answered once FetchMinBytes are there or MaxPollWait has
 	// passed. At moderate load, a fetch answered at the first record carries a few records.
@@ -73,7 +97,64 @@ func (c *Config) Validate() error {
 	if c.HeartbeatEvery >= c.SessionTimeout {
 		return fmt.Errorf("kafka heartbeat (%s) must be shorter than the session timeout (%s)", c.HeartbeatEvery, c.SessionTimeout)
 	}
+	if err := checkBalanceStrategies(c.BalanceStrategies); err != nil {
+		return err
+	}
 	return c.CheckSecurity()
+}
+
+// The balance strategies a Config accepts in kafka.balance_strategies.
+const (
+	// cooperativeSticky is Kafka's cooperative-sticky assignor. It rebalances
+	// incrementally, and a partition that keeps its owner is never revoked.
+	cooperativeSticky = sarama.CooperativeStickyBalanceStrategyName
+	// rangeStrategy is Sarama's range assignor, which rebalances eagerly.
+	rangeStrategy = sarama.RangeBalanceStrategyName
+)
+
+func checkBalanceStrategies(names []string) error {
+	if len(names) == 0 {
+		return errors.New("kafka.balance_strategies is empty: want cooperative-sticky, range, or cooperative-sticky,range")
+	}
+	for i, n := range names {
+		if n != cooperativeSticky && n != rangeStrategy {
+			return fmt.Errorf("kafka.balance_strategies: %q is none of cooperative-sticky and range", n)
+		}
+		if slices.Contains(names[:i], n) {
+			return fmt.Errorf("kafka.balance_strategies: %q is listed twice", n)
+		}
+	}
+	return nil
+}
+
+// Cooperative reports whether c's consumer groups rebalance incrementally. That is when
+// cooperative-sticky is the only strategy.
+func (c Config) Cooperative() bool {
+	return len(c.BalanceStrategies) == 1 && c.BalanceStrategies[0] == cooperativeSticky
+}
+
+// eager is names with range after them when they lack it, which makes Sarama rebalance
+// eagerly while the member still joins a group of names.
+func eager(names []string) []string {
+	if slices.Contains(names, rangeStrategy) {
+		return names
+	}
+	return append(slices.Clone(names), rangeStrategy)
+}
+
+// balanceStrategies returns new instances of the strategies named. The cooperative-sticky
+// strategy keeps state of its group, so each consumer group gets its own instance.
+func balanceStrategies(names []string) []sarama.BalanceStrategy {
+	out := make([]sarama.BalanceStrategy, 0, len(names))
+	for _, n := range names {
+		switch n {
+		case cooperativeSticky:
+			out = append(out, sarama.NewBalanceStrategyCooperativeSticky())
+		case rangeStrategy:
+			out = append(out, sarama.NewBalanceStrategyRange())
+		}
+	}
+	return out
 }
 
 func (c Config) base() *sarama.Config {
@@ -105,6 +186,9 @@ func (c Config) SaramaConfig() *sarama.Config { return c.base() }
 // them in the background. So a crash re-delivers at most the last second of messages, which
 // the inbox absorbs. A new group starts at the oldest offset, so nothing produced before
 // the first start is skipped.
+//
+// Its consumer group rebalances with BalanceStrategies, instances of its own. Sarama's
+// cooperative-sticky strategy must not serve two consumer groups, so a config serves one.
 func (c Config) ConsumerConfig() *sarama.Config {
 	sc := c.base()
 	sc.Consumer.Return.Errors = true
@@ -114,6 +198,7 @@ func (c Config) ConsumerConfig() *sarama.Config {
 	sc.Consumer.Group.Session.Timeout = c.SessionTimeout
 	sc.Consumer.Group.Rebalance.Timeout = c.RebalanceTimeout
 	sc.Consumer.Group.Heartbeat.Interval = c.HeartbeatEvery
+	sc.Consumer.Group.Rebalance.GroupStrategies = balanceStrategies(c.WithDefaults().BalanceStrategies)
 	sc.Consumer.MaxWaitTime = c.MaxPollWait
 	sc.Consumer.IsolationLevel = sarama.ReadCommitted
 	// What Sarama reads ahead of a partition's consumer waits in this channel, and in one
@@ -178,12 +263,23 @@ func (c Config) PublisherConfig() *sarama.Config {
 // batch before sending its first produce request.
 const FlushWait = time.Millisecond
 
-// NewSubscriber builds a watermill-kafka subscriber in consumer group group.
+// NewSubscriber builds a watermill-kafka subscriber in consumer group group. It rebalances
+// eagerly whatever BalanceStrategies says. It offers those strategies, and range after them
+// when they lack it. So it joins a group of either strategy, and Sarama runs the eager
+// protocol for it: its member gives up every partition at every rebalance, as a member of
+// Kafka's Java client does while its group moves to cooperative-sticky. Under the
+// cooperative protocol, watermill-kafka would learn that a partition was revoked only at the
+// end of what Sarama had read for it, up to ConsumerChannelBuffer records. It would hand out
+// each of those first and wait for its ack, one after another. With slow handlers that
+// outlasts kafka.rebalance_timeout, and Sarama then ends the whole session. An eager
+// rebalance waits for the one message in flight.
 func (c Config) NewSubscriber(group string, logger watermill.LoggerAdapter) (*wkafka.Subscriber, error) {
+	sc := c.subscriberConfig()
+	sc.Consumer.Group.Rebalance.GroupStrategies = balanceStrategies(eager(c.WithDefaults().BalanceStrategies))
 	return wkafka.NewSubscriber(wkafka.SubscriberConfig{
 		Brokers:               c.Brokers,
 		Unmarshaler:           wkafka.DefaultMarshaler{},
-		OverwriteSaramaConfig: c.subscriberConfig(),
+		OverwriteSaramaConfig: sc,
 		ConsumerGroup:         group,
 		NackResendSleep:       500 * time.Millisecond,
 		ReconnectRetrySleep:   time.Second,

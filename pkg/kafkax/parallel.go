@@ -117,26 +117,36 @@ func (pc ParallelConfig) Validate() error {
 // when the partition's claim is over or the subscriber closes. The watermill-kafka context
 // values, such as kafka.MessagePartitionFromCtx, are not set.
 //
+// How a rebalance ends claims depends on Config.BalanceStrategies. With cooperative-sticky
+// alone, a rebalance revokes only the partitions that move to another member. The claims of
+// the others run on, with their windows, their messages in flight and their marked offsets.
+// Sarama tells a revoked claim by closing its channel of records, and the claim learns it
+// when its read loop next takes from that channel. The records Sarama had put in the
+// channel before, at most ConsumerChannelBuffer, are handed out first. A read loop waiting
+// for room in the window or in the budget learns it once an ack makes room. When no ack
+// comes within the rebalance timeout, as while the handlers wait for an open breaker,
+// Sarama ends the session, and every claim with it. With an eager strategy, every rebalance
+// ends the session and every claim with it, and each read loop learns it at once from the
+// session's context.
+//
 // When a claim ends because of a rebalance, nothing more is handed out. The claim waits up
-// to half the rebalance timeout for the messages in flight to be acked or nacked, so their
-// offsets are committed before the partition moves. Messages still un-acked after that are
+// to half the rebalance timeout for the messages in flight to be acked or nacked, and marks
+// their offsets. Sarama commits the marks before the partition moves: for a revoked
+// partition once its claim returns, and at the end of an eager session. So the next owner
+// starts after every message acked in time. Messages still un-acked after that are
 // abandoned, and so are those on Close, which does not wait. Acks arriving later are
 // ignored. Those messages and everything after them in the partition are redelivered to the
 // next owner, possibly while the old handler is still running them. That is at-least-once
 // delivery with possible reordering across owners. The inbox absorbs the duplicates.
-//
-// While the read loop waits for a busy key or a full window, only the session context tells
-// it that a claim ended. With Sarama's default eager rebalance protocol that is immediate.
-// With the cooperative protocol, a revoked partition is released once the blocking message
-// is acked, or when Sarama's rebalance timeout ends the session.
 type ParallelSubscriber struct {
-	brokers []string
-	group   string
-	sarama  *sarama.Config // each subscription's consumer uses a copy with its feed
-	pc      ParallelConfig
-	budget  *Budget
-	grace   time.Duration
-	logger  watermill.LoggerAdapter
+	brokers    []string
+	group      string
+	sarama     *sarama.Config // each subscription's consumer uses a copy with its feed and strategies
+	strategies []string       // Config.BalanceStrategies, instantiated for each consumer group
+	pc         ParallelConfig
+	budget     *Budget
+	grace      time.Duration
+	logger     watermill.LoggerAdapter
 
 	mu      sync.Mutex
 	closed  bool
@@ -152,10 +162,11 @@ type ParallelSubscriber struct {
 var _ message.Subscriber = (*ParallelSubscriber)(nil)
 
 // NewParallelSubscriber builds a ParallelSubscriber in consumer group group. It has the
-// Sarama settings of NewSubscriber, from subscriberConfig. It reads committed records,
-// starts a new group at the oldest offset and commits marked offsets in the background. Its
-// fetches wait for kafka.fetch_min_bytes. Its fetch responses carry at most responseBytes
-// of its budget. A nil logger logs nothing.
+// Sarama settings of NewSubscriber, from subscriberConfig, and rebalances with
+// Config.BalanceStrategies as they are. It reads committed records, starts a new group at
+// the oldest offset and commits marked offsets in the background. Its fetches wait for
+// kafka.fetch_min_bytes. Its fetch responses carry at most responseBytes of its budget. A
+// nil logger logs nothing.
 func (c Config) NewParallelSubscriber(group string, pc ParallelConfig, logger watermill.LoggerAdapter) (*ParallelSubscriber, error) {
 	if group == "" {
 		return nil, errors.New("kafkax: parallel subscriber needs a consumer group")
@@ -181,15 +192,16 @@ func (c Config) NewParallelSubscriber(group string, pc ParallelConfig, logger wa
 		logger = watermill.NopLogger{}
 	}
 	return &ParallelSubscriber{
-		brokers: c.Brokers,
-		group:   group,
-		sarama:  sc,
-		pc:      pc,
-		budget:  budget,
-		grace:   sc.Consumer.Group.Rebalance.Timeout / 2,
-		logger:  logger.With(watermill.LogFields{"subscriber_uuid": watermill.NewShortUUID()}),
-		closing: make(chan struct{}),
-		claims:  map[*claimRun]struct{}{},
+		brokers:    c.Brokers,
+		group:      group,
+		sarama:     sc,
+		strategies: c.BalanceStrategies,
+		pc:         pc,
+		budget:     budget,
+		grace:      sc.Consumer.Group.Rebalance.Timeout / 2,
+		logger:     logger.With(watermill.LogFields{"subscriber_uuid": watermill.NewShortUUID()}),
+		closing:    make(chan struct{}),
+		claims:     map[*claimRun]struct{}{},
 	}, nil
 }
 
@@ -214,11 +226,11 @@ func (s *ParallelSubscriber) Subscribe(ctx context.Context, topic string) (<-cha
 		"consumer_group":      s.group,
 		"kafka_consumer_uuid": watermill.NewShortUUID(),
 	}
-	s.logger.Info("Subscribing to Kafka topic (parallel)", logFields)
+	s.logger.Info("Subscribing to Kafka topic (parallel)", logFields.Add(watermill.LogFields{"balance_strategies": strings.Join(s.strategies, ",")}))
 	f := newFeed(s, topic)
 	sc := *s.sarama
 	sc.Consumer.Interceptors = []sarama.ConsumerInterceptor{f}
-	group, err := sarama.NewConsumerGroup(s.brokers, s.group, &sc)
+	group, err := s.newGroup(&sc)
 	if err != nil {
 		s.wg.Done()
 		return nil, Unreachable(s.brokers, err)
@@ -232,6 +244,65 @@ func (s *ParallelSubscriber) Subscribe(ctx context.Context, topic string) (<-cha
 		s.run(ctx, f, &sc, output, group, logFields)
 	}()
 	return output, nil
+}
+
+// newGroup makes a subscription's consumer group client, a new member of the group, with
+// new instances of the balance strategies. It coordinates the group (joins, syncs,
+// heartbeats and offset commits) over connections of its own, apart from its fetches. A
+// broker answers the requests of one connection one at a time, in order. A join waits there
+// until every member has rejoined, which takes up to a heartbeat interval, twice in a
+// cooperative rebalance. Fetches queued behind it would wait as long, and the partitions a
+// cooperative rebalance keeps would stop with the others.
+func (s *ParallelSubscriber) newGroup(sc *sarama.Config) (sarama.ConsumerGroup, error) {
+	sc.Consumer.Group.Rebalance.GroupStrategies = balanceStrategies(s.strategies)
+	fetch, err := sarama.NewClient(s.brokers, sc)
+	if err != nil {
+		return nil, err
+	}
+	coord, err := sarama.NewClient(s.brokers, sc)
+	if err != nil {
+		_ = fetch.Close()
+		return nil, err
+	}
+	g, err := sarama.NewConsumerGroupFromClient(s.group, coordinatedClient{Client: fetch, coord: coord})
+	if err != nil {
+		_ = coord.Close()
+		_ = fetch.Close()
+		return nil, err
+	}
+	return &ownGroup{ConsumerGroup: g, clients: []sarama.Client{fetch, coord}}, nil
+}
+
+// coordinatedClient is the client of a consumer group, which fetches through Client and
+// reaches the group's coordinator through coord.
+type coordinatedClient struct {
+	sarama.Client
+	coord sarama.Client
+}
+
+func (c coordinatedClient) Coordinator(group string) (*sarama.Broker, error) {
+	return c.coord.Coordinator(group)
+}
+
+func (c coordinatedClient) RefreshCoordinator(group string) error {
+	return c.coord.RefreshCoordinator(group)
+}
+
+// ownGroup is a consumer group made from clients of its own, which Close closes after it
+// left the group.
+type ownGroup struct {
+	sarama.ConsumerGroup
+	clients []sarama.Client
+}
+
+func (g *ownGroup) Close() error {
+	err := g.ConsumerGroup.Close()
+	for _, c := range g.clients {
+		if e := c.Close(); err == nil && !errors.Is(e, sarama.ErrClosedClient) {
+			err = e
+		}
+	}
+	return err
 }
 
 // responseBytes is the most a fetch response may carry for a budget of limit bytes. It sets
@@ -271,7 +342,8 @@ func (s *ParallelSubscriber) done(ctx context.Context) bool {
 }
 
 // run consumes with group until ctx is done or the subscriber closes, reconnecting with
-// a new consumer group client after an error.
+// a new consumer group client after an error. The new client is a new member of the group,
+// with new strategy instances.
 func (s *ParallelSubscriber) run(ctx context.Context, f *feed, sc *sarama.Config, output chan<- *message.Message, group sarama.ConsumerGroup, logFields watermill.LogFields) {
 	for {
 		s.consume(ctx, f, output, group, logFields)
@@ -288,7 +360,7 @@ func (s *ParallelSubscriber) run(ctx context.Context, f *feed, sc *sarama.Config
 			case <-time.After(reconnectRetrySleep):
 			}
 			var err error
-			if group, err = sarama.NewConsumerGroup(s.brokers, s.group, sc); err == nil {
+			if group, err = s.newGroup(sc); err == nil {
 				break
 			}
 			s.logger.Error("Cannot reconnect messages consumer", err, logFields)
@@ -331,7 +403,9 @@ func (s *ParallelSubscriber) consume(ctx context.Context, f *feed, output chan<-
 
 	h := &parallelHandler{s: s, feed: f, ctx: ctx, output: output, logFields: logFields}
 	for ctx.Err() == nil {
-		// Consume returns after every rebalance and is called again, as in watermill-kafka.
+		// With an eager strategy Consume returns after every rebalance and is called again, as
+		// in watermill-kafka. With cooperative-sticky one session goes on across rebalances,
+		// and Consume returns only when it ends.
 		if err := group.Consume(ctx, []string{f.topic}, h); err != nil {
 			if ctx.Err() == nil {
 				s.logger.Error("Group consume error", err, logFields)
@@ -358,7 +432,10 @@ type parallelHandler struct {
 }
 
 // Setup opens the read-ahead of every partition of the session before Sarama starts
-// consuming any of them, so that their first records are charged too.
+// consuming any of them, so that their first records are charged too. A cooperative session
+// calls Setup once, at its first assignment. A partition it gains later opens its
+// read-ahead as its claim starts. Records Sarama put in the channel before that are charged
+// by the claim as it takes them.
 func (h *parallelHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	for _, p := range sess.Claims()[h.feed.topic] {
 		h.feed.open(p, sess.Context())
@@ -366,7 +443,9 @@ func (h *parallelHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	return nil
 }
 
-// Cleanup closes the read-ahead of partitions whose claim never started.
+// Cleanup closes the read-ahead of partitions whose claim never started. It runs once the
+// session's last claim returned. A claim closes its own read-ahead when it stops reading,
+// whether its session ended or its partition alone was revoked.
 func (h *parallelHandler) Cleanup(sarama.ConsumerGroupSession) error {
 	h.feed.closeAll()
 	return nil
@@ -493,7 +572,7 @@ type claimRun struct {
 
 	ctx     context.Context // parent of the messages' contexts
 	cancel  context.CancelFunc
-	stop    <-chan struct{} // closed when the session is over
+	stop    <-chan struct{} // closed when the session is over; a revoked claim learns it from its closed channel of records
 	ending  chan struct{}   // closed when nothing more is handed out
 	abandon chan struct{}   // closed when the claim stops waiting for acks
 
@@ -1005,8 +1084,9 @@ func (p PartitionStat) Lag() (n int64, ok bool) {
 
 // PartitionStats returns a snapshot of every partition claimed now, by topic and
 // partition. A partition is in it from the start of its claim to the end, which a
-// rebalance, a lost connection or Close brings. So a partition that moved to another
-// consumer is not reported.
+// rebalance, a lost connection or Close brings. A cooperative rebalance ends only the claims
+// of the partitions that move. So a partition that moved to another consumer is not
+// reported, and one that stayed is reported throughout.
 func (s *ParallelSubscriber) PartitionStats() []PartitionStat {
 	now := time.Now()
 	s.claimsMu.Lock()
