@@ -8,7 +8,7 @@
 // file per group: batch.go, plain.go, single.go, storm.go, relay.go and forwarder.go,
 // kclient.go (the Kafka client alone, Sarama against franz-go),
 // e2e.go and latency.go, seedload.go, httpclaims.go, peer.go, router.go (the router binary
-// as a child process), idle.go (the router binary idle), databases.go (MariaDB against PostgreSQL); targets.go runs last. report.go prints the BENCH lines and writes the CSV.
+// as a child process), idle.go (the router binary idle), scaleout.go (router binaries joining and leaving), databases.go (MariaDB against PostgreSQL); targets.go runs last. report.go prints the BENCH lines and writes the CSV.
 package main
 
 import (
@@ -50,6 +50,7 @@ func (s *suite) groups() []group {
 		{"peer", s.peerGroup},
 		{"router", s.routerGroup},
 		{"idle", s.idleGroup},           // the router binary with nothing to do
+		{"scaleout", s.scaleoutGroup},   // a third router joining and leaving: cooperative-sticky against range
 		{"databases", s.databasesGroup}, // MariaDB and PostgreSQL in the same run
 		{"targets", s.targetsGroup},     // last: it reads the figures of the groups before it
 	}
