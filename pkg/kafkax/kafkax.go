@@ -30,7 +30,7 @@ type Config struct {
 	ClientID         string        // default "onceflow"
 	SessionTimeout   time.Duration `key:"session_timeout" default:"10s" range:"1s..30m" help:"consumer group session timeout"`
 	RebalanceTimeout time.Duration `key:"rebalance_timeout" default:"30s" range:"1s..30m" help:"time a member has to rejoin during a rebalance"`
-	HeartbeatEvery   time.Duration `key:"heartbeat" default:"3s" range:"100ms..1m" help:"consumer heartbeat interval"`
+	HeartbeatEvery   time.Duration `key:"heartbeat" default:"1s" range:"100ms..1m" help:"consumer heartbeat interval; a member learns of a rebalance at its next heartbeat, so the partitions that move wait about this long"`
 	// BalanceStrategies are the consumer groups' partition assignment strategies, the most
 	// preferred first: "cooperative-sticky", "range" or both. With cooperative-sticky alone the
 	// group rebalances incrementally (KIP-429). A member joining or leaving then stops only
