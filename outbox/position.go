@@ -19,7 +19,7 @@ const DefaultPositionsTopic = "onceflow-relay-positions"
 // inclusive ranges, because the ids are not contiguous.
 //
 // A record of kind "init" has the transactional id plus "/init" as its key. Every new
-// session writes one after its producer fenced the previous session. Reading the topic up
+// session writes one after its producer fenced the session before it. Reading the topic up
 // to it proves that every earlier committed batch has been seen.
 type Position struct {
 	V       int        `json:"v"`
