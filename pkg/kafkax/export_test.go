@@ -35,3 +35,18 @@ func SaramaQueued(sub *ParallelSubscriber) int {
 
 // Sweeps is how many times sub's claims have swept their windows for acks.
 func Sweeps(sub *ParallelSubscriber) int64 { return sub.sweeps.Load() }
+
+// IdlePaused is how many of sub's claims the idler holds paused now.
+func IdlePaused(sub *ParallelSubscriber) int {
+	sub.claimsMu.Lock()
+	defer sub.claimsMu.Unlock()
+	n := 0
+	for r := range sub.claims {
+		r.idleMu.Lock()
+		if r.idle.paused {
+			n++
+		}
+		r.idleMu.Unlock()
+	}
+	return n
+}

@@ -195,6 +195,9 @@ func (ra *readAhead) close() {
 // messages in flight.
 func (r *claimRun) stopReading() {
 	r.h.feed.close(r.partition, r.ahead)
+	r.idleMu.Lock()
+	defer r.idleMu.Unlock()
+	r.idle.stopped = true
 	if p, ok := r.claim.(interface{ Pause() }); ok {
 		p.Pause()
 	}

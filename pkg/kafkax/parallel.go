@@ -46,6 +46,11 @@ type ParallelConfig struct {
 	// Budget, when set, is a byte budget shared with other subscribers, one for a router.
 	// It replaces a budget of MaxInFlightBytes for this subscriber alone.
 	Budget *Budget
+	// IdleAfter is how long every claim of a subscription must have read and held nothing
+	// before the subscription stops fetching. IdlePoll is how long the fetch that watches an
+	// idle subscription's partitions waits at the broker for a record. See idle.go.
+	IdleAfter time.Duration `key:"idle_after" default:"1s" range:"0..1h" zero:"-1ns" help:"a subscription whose partitions read and held nothing this long stops fetching; one fetch per broker then watches them, answered at their first record; 0 always fetches"`
+	IdlePoll  time.Duration `key:"idle_poll" default:"1s" range:"10ms..10s" help:"how long the fetch watching an idle subscription's partitions waits at the broker for a record before it is sent again"`
 	// MaxValueBytes cuts a record value longer than this as soon as it is read, before it
 	// waits in the window. The message's payload is then a copy of its first bytes, at most
 	// msgsource.CutPrefixBytes. Its context carries the value's size and sha256, which
@@ -156,7 +161,8 @@ type ParallelSubscriber struct {
 	claimsMu sync.Mutex
 	claims   map[*claimRun]struct{} // the partitions claimed now, for PartitionStats
 
-	sweeps atomic.Int64 // sweeps of the claims' windows (sweepOnce), which the tests count
+	sweeps     atomic.Int64 // sweeps of the claims' windows (sweepOnce), which the tests count
+	idlePauses atomic.Int64 // claims the idler paused, which the tests count
 }
 
 var _ message.Subscriber = (*ParallelSubscriber)(nil)
@@ -217,7 +223,7 @@ func (s *ParallelSubscriber) Subscribe(ctx context.Context, topic string) (<-cha
 		s.mu.Unlock()
 		return nil, errors.New("kafkax: parallel subscriber closed")
 	}
-	s.wg.Add(1)
+	s.wg.Add(2) // the consumer and its idler
 	s.mu.Unlock()
 
 	logFields := watermill.LogFields{
@@ -232,7 +238,7 @@ func (s *ParallelSubscriber) Subscribe(ctx context.Context, topic string) (<-cha
 	sc.Consumer.Interceptors = []sarama.ConsumerInterceptor{f}
 	group, err := s.newGroup(&sc)
 	if err != nil {
-		s.wg.Done()
+		s.wg.Add(-2)
 		return nil, Unreachable(s.brokers, err)
 	}
 	// The channel is unbuffered, as in watermill-kafka. So nothing is taken from Kafka that
@@ -242,6 +248,10 @@ func (s *ParallelSubscriber) Subscribe(ctx context.Context, topic string) (<-cha
 		defer s.wg.Done()
 		defer close(output)
 		s.run(ctx, f, &sc, output, group, logFields)
+	}()
+	go func() {
+		defer s.wg.Done()
+		s.runIdler(ctx, f)
 	}()
 	return output, nil
 }
@@ -476,6 +486,7 @@ func (h *parallelHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim s
 		sweepWake: make(chan struct{}, 1),
 		marked:    max(claim.InitialOffset(), -1), // Sarama's OffsetOldest or OffsetNewest, below 0, is not known yet
 	}
+	r.idle.lastMark = r.marked
 	h.s.track(r)
 	defer h.s.untrack(r)
 	return r.run(claim.Messages())
@@ -590,6 +601,9 @@ type claimRun struct {
 	// until handOut sends on sweepWake (capacity 1).
 	sweepAsleep bool
 	sweepWake   chan struct{}
+
+	idleMu sync.Mutex
+	idle   idleState
 }
 
 func (r *claimRun) run(msgs <-chan *sarama.ConsumerMessage) error {
