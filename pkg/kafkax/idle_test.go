@@ -78,9 +78,11 @@ func TestParallelSubscriberIdlePausesAndWakes(t *testing.T) {
 			recs = append(recs, rec{int32(i % 3), "", fmt.Sprintf("%s/%d", name, i)})
 		}
 		produce(t, c, topic, true, recs)
+		sent := time.Now()
 		for range recs {
 			receive(t, ch, 30*time.Second, name).Ack()
 		}
+		t.Logf("%s: the last of %d records read %s after they were written", name, n, time.Since(sent).Round(time.Millisecond))
 	}
 	round("first", 6)
 	waitPaused(t, sub, 3, "after the first records")
