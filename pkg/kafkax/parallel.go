@@ -117,6 +117,10 @@ func (pc ParallelConfig) Validate() error {
 // partition. A response is at most responseBytes of the budget, or one record batch when a
 // batch alone is bigger.
 //
+// A subscription whose claims read and held nothing for ParallelConfig.IdleAfter pauses
+// them and watches their partitions with one fetch per broker of its own. Their next record
+// resumes them.
+//
 // Each message's context carries its topic, partition and offset, set by msgsource.With and
 // read by engine.SourceOf. The context derives from the Subscribe context. It is cancelled
 // when the partition's claim is over or the subscriber closes. The watermill-kafka context
