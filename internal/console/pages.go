@@ -379,7 +379,6 @@ func (c *Console) startReplay(r *http.Request, action string, opts inboxops.Repl
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
-		defer func() { <-c.busy }()
 		o.Report, o.Err = c.cfg.Replay(c.ctx, opts)
 		if !opts.DryRun {
 			c.invalidate() // the pages after it count the rows as they are now
@@ -390,6 +389,9 @@ func (c *Console) startReplay(r *http.Request, action string, opts inboxops.Repl
 		} else {
 			c.cfg.Logger.Info("console action", fields)
 		}
+		// The console is free before the page is answered, so the browser's next action
+		// never finds this replay still running.
+		<-c.busy
 		out <- o
 	}()
 	return out, nil
