@@ -78,15 +78,6 @@ func (s *suite) targetsGroup(ctx context.Context) error {
 		vsCeilingInterleaved = 100 * e / in
 	}
 	routerCPU := s.field("router", "cpu_us_per_order", map[string]string{"mode": "peak"})
-	verdict := func(v float64, ok bool) string {
-		switch {
-		case v < 0:
-			return "missing"
-		case ok:
-			return "pass"
-		}
-		return "fail"
-	}
 	// The hot path's targets follow the older ones; the fields both name come once.
 	s.report("targets", append([]any{
 		"e2e_vs_peer", vsPeer, "e2e_vs_peer_10x", verdict(vsPeer, vsPeer >= 10),
@@ -106,6 +97,18 @@ func (s *suite) targetsGroup(ctx context.Context) error {
 	return nil
 }
 
+// verdict is a target's outcome: missing when its figure v is not there (below 0), pass
+// when ok, fail otherwise.
+func verdict(v float64, ok bool) string {
+	switch {
+	case v < 0:
+		return "missing"
+	case ok:
+		return "pass"
+	}
+	return "fail"
+}
+
 // hotPathTargets are the targets of the hot path at the machine's floor, each from this
 // run's figures (pass, fail or missing):
 //
@@ -123,15 +126,6 @@ func (s *suite) targetsGroup(ctx context.Context) error {
 // The calibration of the run's start and one taken now go with them: the figures compare
 // only between runs of similar calibration.
 func (s *suite) hotPathTargets() []any {
-	verdict := func(v float64, ok bool) string {
-		switch {
-		case v < 0:
-			return "missing"
-		case ok:
-			return "pass"
-		}
-		return "fail"
-	}
 	s.calibrate("targets")
 	routerCPU := s.field("router", "cpu_us_per_order", map[string]string{"mode": "peak"})
 	allCPU := s.field("router", "total_cpu_us_per_order", map[string]string{"mode": "peak"})
