@@ -166,6 +166,8 @@ type pending struct {
 	dec      decoded
 	start    time.Time
 	done     chan struct{} // signalled once out is set, a channel of a pointer-free type for one allocation
+	then     func(error)   // Deliver's done: set instead of done, called by settle once out is set
+	b        *Batcher      // with then, the Batcher that settles it
 	out      batchOutcome
 	gated    atomic.Bool // admitted by the prepare gate, so released once it has its outcome
 	prepared any         // what Prepare left in Delivery.Prepared
@@ -194,6 +196,10 @@ func (p *pending) answer(o batchOutcome) {
 		h.End()
 	}
 	p.out = o
+	if p.then != nil {
+		p.b.settle(p)
+		return
+	}
 	p.done <- struct{}{}
 }
 
@@ -362,6 +368,9 @@ func (b *Batcher) Close() error {
 		_ = b.claimReturning.Close()
 		_ = b.claimPlain.Close()
 		close(b.closed)
+		// Deliveries that Deliver queued for the decoders and no decoder took. Process's
+		// callers see closed and run theirs themselves.
+		drain(b.decode)
 	})
 	return nil
 }

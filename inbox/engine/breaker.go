@@ -189,6 +189,21 @@ func (b *breaker) admit(ctx context.Context, retry bool) (*ticket, error) {
 	return t, nil
 }
 
+// tryAdmit admits t, as admitTo, only when the breaker is closed (or nil), without
+// waiting. It reports whether it did; t is then admitted as admitTo admits it.
+func (b *breaker) tryAdmit(t *ticket) bool {
+	if b == nil {
+		return true
+	}
+	b.mu.Lock()
+	closed := b.state == BreakerClosed
+	b.mu.Unlock()
+	if closed {
+		t.br = b
+	}
+	return closed
+}
+
 // admitTo is admit filling t, a ticket that is zero but for retry. A pending delivery owns
 // t, so admitTo allocates nothing.
 //

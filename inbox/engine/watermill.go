@@ -28,13 +28,19 @@ func (ib *Inbox) HandlerFunc(topic string) message.NoPublishHandlerFunc {
 	}
 }
 
+// holdsKey reports whether awaitDelayed waits for res: with Config.DelayedHoldsKafkaKey,
+// the outcome of a delivery left for its delayed redelivery.
+func (ib *Inbox) holdsKey(res Result) bool {
+	return ib.cfg.DelayedHoldsKafkaKey && res.Reason == ReasonDelayed && (res.Outcome == OutcomeDelayed || res.Outcome == OutcomeHeld)
+}
+
 // awaitDelayed waits, with Config.DelayedHoldsKafkaKey, until the row of a delivery that
 // waits for its delayed redelivery has ended, done or quarantined. The message stays
 // unacked meanwhile, and the subscriber holds back the later messages of its Kafka key.
 // When ctx ends first, on a shutdown or a lost partition, awaitDelayed returns an error.
 // The message then stays unacked, to be delivered again.
 func (ib *Inbox) awaitDelayed(ctx context.Context, res Result) error {
-	if !ib.cfg.DelayedHoldsKafkaKey || res.Reason != ReasonDelayed || (res.Outcome != OutcomeDelayed && res.Outcome != OutcomeHeld) {
+	if !ib.holdsKey(res) {
 		return nil
 	}
 	q := ib.d.Rebind(`SELECT status, reason FROM ` + ib.cfg.Table + ` WHERE id = ?`)
