@@ -555,15 +555,35 @@ func AckOnReturn(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		out, err := h(msg)
 		if sl, ok := msg.Context().Value(slotKey{}).(*slot); ok && len(out) == 0 {
-			if err != nil {
-				msg.Nack()
-			} else {
-				msg.Ack()
-			}
-			sl.r.returned(sl, err == nil)
+			settleSlot(msg, sl, err)
 		}
 		return out, err
 	}
+}
+
+// Settle acks msg when err is nil, and nacks it otherwise. A consumer loop that reads a
+// subscriber's channel without Watermill's router calls it once per message, once its
+// handler is done. For a ParallelSubscriber's message it tells the claim at once, as
+// AckOnReturn does; any other subscriber's message is only acked or nacked.
+func Settle(msg *message.Message, err error) {
+	if sl, ok := msg.Context().Value(slotKey{}).(*slot); ok {
+		settleSlot(msg, sl, err)
+		return
+	}
+	if err != nil {
+		msg.Nack()
+	} else {
+		msg.Ack()
+	}
+}
+
+func settleSlot(msg *message.Message, sl *slot, err error) {
+	if err != nil {
+		msg.Nack()
+	} else {
+		msg.Ack()
+	}
+	sl.r.returned(sl, err == nil)
 }
 
 // waitingMsg is a message in the window whose key is busy. It is handed out when the key
