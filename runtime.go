@@ -11,7 +11,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/inbox/engine"
@@ -27,7 +26,7 @@ import (
 // Runtime is one router process's pipeline, as `router run` starts it. For every plugin it
 // runs the handler and the inbox, and group commit when inbox.batch_size is above 1. It
 // reads each of a plugin's topics in the plugin's consumer group, with one Kafka subscriber
-// per topic, all on one Watermill router. It runs the inbox cleaner, and the outbox relay
+// per topic, each read by a consumer loop of its own. It runs the inbox cleaner, and the outbox relay
 // when cfg.Relay.Enabled is set. When cfg.Admin.Listen is set, it serves /healthz, /readyz,
 // /metrics and the operator console there. When cfg.HTTP.Listen is set, it serves the
 // plugins' HTTP commands there.
@@ -100,14 +99,14 @@ var (
 // Run runs the pipeline's parts until ctx is cancelled or one of them fails. The parts are
 // the database pool, the topic checks, tracing, the metrics, the relay and the inbox
 // cleaner. Then come each plugin's inbox and delayed redeliveries, the history of
-// deliveries, the admin listener, the HTTP commands and the Watermill router. They start in
+// deliveries, the admin listener, the HTTP commands and the consumer loops. They start in
 // that order and stop in reverse order, so the router stops first and the pool last. Each
 // part's run ends before its stop. No part is restarted. The first one that fails stops the
 // others, and Run returns its error, which names the part. Run returns nil after a
 // cancellation.
 func (r *Runtime) Run(ctx context.Context) error {
 	p := &pipeline{s: r.s, plugins: r.plugins, kc: r.s.Kafka(), inboxes: make([]*engine.Inbox, len(r.plugins)),
-		handlers: make([]func(topic string) message.NoPublishHandlerFunc, len(r.plugins))}
+		delivers: make([]func(topic string) kafkax.DeliverFunc, len(r.plugins))}
 	if err := p.kc.Validate(); err != nil {
 		return BadInput(err)
 	}
@@ -153,8 +152,8 @@ type pipeline struct {
 	lags *kafkax.LagReader
 	obs  *observer // the deliveries' metrics and the relay's wake-ups, in the runtime only
 
-	inboxes  []*engine.Inbox                                   // by plugin, in the order of plugins
-	handlers []func(topic string) message.NoPublishHandlerFunc // by plugin, the inbox's or its group commit's
+	inboxes  []*engine.Inbox                         // by plugin, in the order of plugins
+	delivers []func(topic string) kafkax.DeliverFunc // by plugin, the inbox's or its group commit's
 }
 
 // each returns one part per plugin, named kind and the plugin's name.
@@ -293,7 +292,7 @@ func (p *pipeline) inbox(i int) part {
 			if ib.BreakerEnabled() {
 				p.m.SetBreaker(pl.BizType, int(engine.BreakerClosed), time.Time{}, time.Time{}, "")
 			}
-			p.handlers[i] = ib.HandlerFunc
+			p.delivers[i] = func(topic string) kafkax.DeliverFunc { return kafkax.Alone(ib.HandlerFunc(topic)) }
 			if bc := a.Config.Inbox.Batch; bc.MaxSize > 1 {
 				b, err := ib.NewBatcher(bc)
 				if err != nil {
@@ -304,7 +303,9 @@ func (p *pipeline) inbox(i int) part {
 				biz := pl.BizType
 				b.ObservePrepares(func(elapsed time.Duration, err error) { p.m.ObservePrepare(biz, elapsed, err) })
 				p.m.AddPreparing(biz, func() int64 { return b.Stats().Preparing })
-				p.handlers[i] = b.HandlerFunc
+				p.delivers[i] = func(topic string) kafkax.DeliverFunc {
+					return func(msg *message.Message, done func(error)) { b.Deliver(msg, topic, done) }
+				}
 				a.logger.Info("group commit on", watermill.LogFields{"plugin": pl.Name, "batch_size": bc.MaxSize, "batch_workers": bc.Workers})
 			}
 			return nil
@@ -338,51 +339,70 @@ func (p *pipeline) history() part {
 }
 
 // router consumes every plugin's topics in the plugin's consumer group, with one Kafka
-// subscriber per topic, on one Watermill router. Stopping it lets the handlers finish.
+// subscriber per topic, each read by a loop of its own (kafkax.Consume) that hands its
+// messages to the plugin's inbox. Stopping it lets the deliveries in flight finish. It runs
+// no Watermill router: a group commit's deliveries (engine.Batcher.Deliver) have no
+// goroutine of their own while their batch runs.
 func (p *pipeline) router() part {
-	var (
-		router *message.Router
-		subs   []message.Subscriber
-	)
+	var subs []subscription
 	return part{name: "router",
 		start: func(context.Context) error {
 			a := p.s
-			var err error
-			router, err = message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, a.logger)
-			if err != nil {
-				return err
-			}
-			// AckOnReturn is the outermost middleware. With it, a parallel subscriber's
-			// claim learns of each ack or nack from the handler's goroutine, instead of
-			// sweeping its window. A panic that Recoverer recovers counts as a nack.
-			router.AddMiddleware(kafkax.AckOnReturn, middleware.Recoverer)
 			budget := kafkax.NewBudget(a.Config.Kafka.Parallel.MaxInFlightBytes) // one for every subscriber of the router
 			for i, pl := range p.plugins {
 				for _, t := range pl.Topics {
 					sub, err := a.subscriber(p.kc, pl.ConsumerGroup, budget)
 					if err != nil {
-						closeAll(subs)
+						closeSubscriptions(subs)
 						return kafkax.Unreachable(p.kc.Brokers, err)
 					}
-					subs = append(subs, sub)
+					subs = append(subs, subscription{name: pl.Name + "/" + t, topic: t, sub: sub, deliver: p.delivers[i](t)})
 					if ps, ok := sub.(metrics.PartitionStatsSource); ok { // not with kafka.window 1
 						p.m.Consumers.Add(ps)
 					}
-					router.AddConsumerHandler(pl.Name+"/"+t, t, sub, p.handlers[i](t))
 				}
 				a.logger.Info("plugin", watermill.LogFields{"plugin": pl.Name, "topics": pl.Topics, "consumer_group": pl.ConsumerGroup, "biz_type": pl.BizType})
 			}
 			return nil
 		},
-		run:  func(ctx context.Context) error { return router.Run(ctx) },
-		stop: func() { closeAll(subs) }, // closed by the router already, unless it never ran
+		run: func(ctx context.Context) error {
+			// A subscription that ends on its own ends the others, and the part fails.
+			ctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			errs := make(chan error, len(subs))
+			for _, s := range subs {
+				go func() {
+					err := kafkax.Consume(ctx, s.sub, s.topic, s.name, s.deliver, p.s.logger)
+					if err != nil {
+						cancel()
+					}
+					errs <- err
+				}()
+			}
+			var first error
+			for range subs {
+				if err := <-errs; err != nil && first == nil {
+					first = err
+				}
+			}
+			return first
+		},
+		stop: func() { closeSubscriptions(subs) },
 	}
 }
 
-// closeAll closes subs.
-func closeAll(subs []message.Subscriber) {
+// subscription is one topic of one plugin, read by kafkax.Consume.
+type subscription struct {
+	name    string // plugin/topic
+	topic   string
+	sub     message.Subscriber
+	deliver kafkax.DeliverFunc
+}
+
+// closeSubscriptions closes the subscribers of subs.
+func closeSubscriptions(subs []subscription) {
 	for _, s := range subs {
-		_ = s.Close()
+		_ = s.sub.Close()
 	}
 }
 
