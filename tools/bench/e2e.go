@@ -346,6 +346,7 @@ func (e *e2eRun) startPipeline(ctx context.Context, topic string, ib *engine.Inb
 	var sub message.Subscriber
 	var err error
 	handler := ib.HandlerFunc(topic)
+	var deliver kafkax.DeliverFunc // group commit: the router binary's consumer loop, not Watermill's router
 	closeBatcher := func() {}
 	if e.mode == "batch" {
 		sub, err = kc.NewParallelSubscriber("bench-"+topic, kafkax.ParallelConfig{}, watermill.NopLogger{})
@@ -356,7 +357,8 @@ func (e *e2eRun) startPipeline(ctx context.Context, topic string, ib *engine.Inb
 		if err != nil {
 			return nil, err
 		}
-		handler, closeBatcher = b.HandlerFunc(topic), func() {
+		deliver = func(msg *message.Message, done func(error)) { b.Deliver(msg, topic, done) }
+		closeBatcher = func() {
 			_ = b.Close()
 			// Deliveries the batches did not finish ran one at a time: a diagnosis line.
 			st := b.Stats()
@@ -370,24 +372,30 @@ func (e *e2eRun) startPipeline(ctx context.Context, topic string, ib *engine.Inb
 	if err != nil {
 		return nil, err
 	}
-	r.AddMiddleware(kafkax.AckOnReturn) // as the router binary does
+	r.AddMiddleware(kafkax.AckOnReturn) // the one-at-a-time path, on a team's own router
 	e.producedAt.Clear()
 	if s.cfg.latencyDump != "" {
 		// -latency-dump splits Kafka → inbox claim at the moment the subscriber hands an order
 		// to the handler (the decode costs CPU, so only when asked).
 		e.handedAt.Clear()
-		inner := handler
-		handler = func(msg *message.Message) error {
+		handed := func(msg *message.Message) {
 			var o struct {
 				OrderID string `json:"orderId"`
 			}
 			if json.Unmarshal(msg.Payload, &o) == nil {
 				e.handedAt.LoadOrStore(o.OrderID, time.Now())
 			}
-			return inner(msg)
+		}
+		if inner := deliver; inner != nil {
+			deliver = func(msg *message.Message, done func(error)) { handed(msg); inner(msg, done) }
+		} else {
+			inner := handler
+			handler = func(msg *message.Message) error { handed(msg); return inner(msg) }
 		}
 	}
-	r.AddConsumerHandler("bench", topic, sub, handler)
+	if deliver == nil {
+		r.AddConsumerHandler("bench", topic, sub, handler)
+	}
 	// The router's default relay: exactly once (transactional producer, positions, lease),
 	// with configs/router.yaml's batch size and linger, woken after each committed delivery.
 	positions, dropPositions := positionsTopic(kc)
@@ -401,12 +409,19 @@ func (e *e2eRun) startPipeline(ctx context.Context, topic string, ib *engine.Inb
 	cctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); _ = r.Run(cctx) }()
 	go func() { defer wg.Done(); _ = relay.Run(cctx) }()
-	<-r.Running()
+	if deliver != nil {
+		go func() { defer wg.Done(); _ = kafkax.Consume(cctx, sub, topic, "bench", deliver, watermill.NopLogger{}) }()
+	} else {
+		go func() { defer wg.Done(); _ = r.Run(cctx) }()
+		<-r.Running()
+	}
 	return func() {
 		cancel()
 		wg.Wait()
+		if deliver != nil {
+			_ = sub.Close() // the router closes its own
+		}
 		closeBatcher()
 		// Which batches the relay took from the hand-off (handoff.go): a diagnosis line.
 		if h := relay.HandOff(); e.mode == "batch" {
