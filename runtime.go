@@ -26,10 +26,10 @@ import (
 // Runtime is one router process's pipeline, as `router run` starts it. For every plugin it
 // runs the handler and the inbox, and group commit when inbox.batch_size is above 1. It
 // reads each of a plugin's topics in the plugin's consumer group, with one Kafka subscriber
-// per topic, each read by a consumer loop of its own. It runs the inbox cleaner, and the outbox relay
-// when cfg.Relay.Enabled is set. When cfg.Admin.Listen is set, it serves /healthz, /readyz,
-// /metrics and the operator console there. When cfg.HTTP.Listen is set, it serves the
-// plugins' HTTP commands there.
+// per topic, each read by a consumer loop of its own. It runs the inbox cleaner, and the
+// outbox relay when cfg.Relay.Enabled is set. When cfg.Admin.Listen is set, it serves
+// /healthz, /readyz, /metrics and the operator console there. When cfg.HTTP.Listen is set,
+// it serves the plugins' HTTP commands there.
 type Runtime struct {
 	s       *Setup
 	plugins []Plugin
