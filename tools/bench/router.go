@@ -19,6 +19,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/onceflow/onceflow/pkg/dbx"
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
@@ -112,14 +113,11 @@ func (s *suite) routerStalled(ctx context.Context, bin string) error {
 		}
 	}
 	// The stall: every claim of an inbox row waits (and times out, and retries) behind it.
-	stall, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead}) // gap locks: no insert passes
+	stall, err := s.stallInbox(ctx)
 	if err != nil {
 		return err
 	}
 	defer stall.Rollback()
-	if _, err := stall.ExecContext(ctx, "SELECT id FROM inbox WHERE id >= 0 FOR UPDATE"); err != nil {
-		return err
-	}
 	w, err := watch(s.kc, out)
 	if err != nil {
 		return err
@@ -208,14 +206,11 @@ func (s *suite) routerStalledPayloads(ctx context.Context, bin string) error {
 			return err
 		}
 	}
-	stall, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead}) // gap locks: no insert passes
+	stall, err := s.stallInbox(ctx)
 	if err != nil {
 		return err
 	}
 	defer stall.Rollback()
-	if _, err := stall.ExecContext(ctx, "SELECT id FROM inbox WHERE id >= 0 FOR UPDATE"); err != nil {
-		return err
-	}
 	w, err := watch(s.kc, out)
 	if err != nil {
 		return err
@@ -252,6 +247,45 @@ func (s *suite) routerStalledPayloads(ctx context.Context, bin string) error {
 		"stall_s", s.cfg.routerPayloadStall.Seconds(), "max_rss_mb", hwm, "max_rss_first_mb", firstMB, "first_s", first.Seconds(),
 		"max_rss_stalled_mb", stalledMB, "rss_processing_max_mb", processingMB, "recovered_s", recovered.Seconds(), "granted", n)
 	return nil
+}
+
+// stallTx is a transaction that holds the inbox's whole index range, on a pool of its own.
+type stallTx struct {
+	db *sql.DB
+	tx *sql.Tx
+}
+
+// stallInbox begins a transaction that locks the inbox's whole index range: gap locks, so
+// no claim of a new row passes until Rollback. Its pool sets no idle transaction timeout,
+// because the transaction waits far longer than the 30 s default of db.idle_tx_timeout
+// between its statements; with it the server would end the stall early and the rollback
+// would fail with a bad connection.
+func (s *suite) stallInbox(ctx context.Context) (*stallTx, error) {
+	db, err := dbx.Open(ctx, dbx.Config{DSN: s.cfg.appDSN, MaxOpenConns: 1, IdleTxTimeout: dbx.NoIdleTxTimeout})
+	if err != nil {
+		return nil, err
+	}
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
+	if err == nil {
+		_, err = tx.ExecContext(ctx, "SELECT id FROM inbox WHERE id >= 0 FOR UPDATE")
+		if err != nil {
+			_ = tx.Rollback()
+		}
+	}
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	return &stallTx{db: db, tx: tx}, nil
+}
+
+// Rollback ends the stall and closes its pool. A second call returns sql.ErrTxDone.
+func (t *stallTx) Rollback() error {
+	err := t.tx.Rollback()
+	if err != sql.ErrTxDone {
+		t.db.Close()
+	}
+	return err
 }
 
 // paddedOrder is the order's JSON with a "pad" field that makes it exactly size bytes.
