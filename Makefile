@@ -107,6 +107,7 @@ test-short:
 
 ## fuzz: every decoder of outside input (order-paid payload, coupon-granted record and
 ## header, a JSON text's keys against its type, DSN, config file, a record's traceparent),
+## the coupon events' encoder against encoding/json,
 ## FUZZTIME each, and whole deliveries of random bytes through the inbox on the real database
 ## (FuzzProcess, FUZZTIME_DB). A count
 ## ("200000x"), not a duration: Go 1.26's fuzz coordinator can fail a clean run with
@@ -117,6 +118,7 @@ FUZZTIME ?= 200000x
 FUZZTIME_DB ?= 5000x
 fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzDecodeOrderPaid$$' -fuzztime=$(FUZZTIME) ./coupon/
+	$(GO) test -run='^$$' -fuzz='^FuzzGrantEventEncode$$' -fuzztime=$(FUZZTIME) ./coupon/
 	$(GO) test -run='^$$' -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZTIME) ./coupon/notify/
 	$(GO) test -run='^$$' -fuzz='^FuzzCheckJSONText$$' -fuzztime=$(FUZZTIME) ./inbox/
 	$(GO) test -run='^$$' -fuzz='^FuzzCheck$$' -fuzztime=$(FUZZTIME) ./internal/jsonkeys/

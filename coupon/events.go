@@ -3,6 +3,7 @@ package coupon
 import (
 	"crypto/sha1"
 	"encoding/json"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -57,8 +58,72 @@ type GrantEvent struct {
 	FailedAt   time.Time `json:"failedAt,omitzero"`
 }
 
-// Encode returns the JSON form.
+// Encode returns the JSON form: the bytes json.Marshal gives. The common event, whose
+// strings need no escaping and whose times are in years 0 through 9999, is appended
+// directly; any other goes through json.Marshal.
 func (e GrantEvent) Encode() []byte {
+	if b, ok := e.appendPlain(make([]byte, 0, 320)); ok {
+		return b
+	}
 	b, _ := json.Marshal(e)
 	return b
+}
+
+// appendPlain appends e's JSON to b, as json.Marshal writes it, and reports true. It reports
+// false, and b is to be dropped, when a string holds a byte json.Marshal would escape or
+// replace, or a time is one MarshalJSON refuses or writes in a form of its own.
+func (e GrantEvent) appendPlain(b []byte) ([]byte, bool) {
+	ok := true
+	str := func(b []byte, key, v string) []byte {
+		if !plainJSON(v) {
+			ok = false
+		}
+		b = append(b, key...)
+		b = append(b, '"')
+		b = append(b, v...)
+		return append(b, '"')
+	}
+	at := func(b []byte, key string, t time.Time) []byte {
+		if y := t.Year(); y < 0 || y > 9999 {
+			ok = false
+		}
+		if _, off := t.Zone(); off%60 != 0 || off <= -24*3600 || off >= 24*3600 {
+			ok = false // an offset RFC 3339 cannot write: MarshalJSON cuts or refuses it
+		}
+		b = append(b, key...)
+		b = append(b, '"')
+		b = t.AppendFormat(b, time.RFC3339Nano)
+		return append(b, '"')
+	}
+	b = str(b, `{"eventId":`, e.EventID)
+	b = str(b, `,"orderId":`, e.OrderID)
+	b = str(b, `,"userId":`, e.UserID)
+	b = str(b, `,"campaignId":`, e.CampaignID)
+	if e.CouponID != "" {
+		b = str(b, `,"couponId":`, e.CouponID)
+	}
+	b = append(b, `,"valueCents":`...)
+	b = strconv.AppendInt(b, e.ValueCents, 10)
+	if !e.GrantedAt.IsZero() {
+		b = at(b, `,"grantedAt":`, e.GrantedAt)
+	}
+	if e.Reason != "" {
+		b = str(b, `,"reason":`, e.Reason)
+	}
+	if !e.FailedAt.IsZero() {
+		b = at(b, `,"failedAt":`, e.FailedAt)
+	}
+	return append(b, '}'), ok
+}
+
+// plainJSON reports whether json.Marshal writes s as it is between quotes: printable ASCII
+// with no quote, backslash or HTML character (<, >, &, which it escapes).
+func plainJSON(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c < 0x20 || c >= 0x7f, c == '"', c == '\\', c == '<', c == '>', c == '&':
+			return false
+		}
+	}
+	return true
 }
