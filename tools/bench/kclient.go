@@ -32,8 +32,9 @@ import (
 // or the last transaction committed (closing the client is left out). Two more consumers read
 // the same records through what the router binary puts on top of Sarama (routerConsume):
 // "router", its handler returning at once, and "router_wait", its handler waiting in batches
-// as group commit's deliveries do. -kclient-rounds rounds, alternating the order; medians, and
-// kgo's CPU per record in % of Sarama's.
+// as group commit's deliveries do. "loop" does both at once, as a batch-native pipeline with
+// its events and offsets in one transaction would (kclientloop.go). -kclient-rounds rounds,
+// alternating the order; medians, and kgo's CPU per record in % of Sarama's.
 func (s *suite) kclientGroup(ctx context.Context) error {
 	n, rounds, batch := s.cfg.kclientN, s.cfg.kclientRounds, s.cfg.relayBatch
 	in, dropIn, err := makeTopic(s.kc, "bench-kclient-in", 12)
@@ -63,10 +64,16 @@ func (s *suite) kclientGroup(ctx context.Context) error {
 		if r%2 == 0 {
 			slices.Reverse(order)
 		}
-		for _, op := range []string{"consume", "produce"} {
+		for _, op := range []string{"consume", "produce", "loop"} {
 			for _, c := range order {
 				var m kclientRun
 				switch {
+				case op == "loop" && c == "sarama":
+					m, err = s.kclientTimed(n, func(t *kclientTimer) error { return s.saramaLoop(ctx, in, out, n, t) })
+				case op == "loop" && c == "kgo":
+					m, err = s.kclientTimed(n, func(t *kclientTimer) error { return s.kgoLoop(ctx, in, out, n, t) })
+				case op == "loop":
+					continue
 				case op == "consume" && c == "sarama":
 					m, err = s.kclientTimed(n, func(t *kclientTimer) error { return s.saramaConsume(ctx, in, n, t) })
 				case op == "consume" && c == "router":
@@ -90,15 +97,18 @@ func (s *suite) kclientGroup(ctx context.Context) error {
 				perS[k], cpu[k], broker[k] = append(perS[k], m.perS), append(cpu[k], m.cpuUS), append(broker[k], m.kafkaUS)
 				kv := []any{"client", c, "op", op, "records", n, "records_per_s", m.perS, "cpu_us_per_record", us(m.cpuUS),
 					"kafka_cpu_us_per_record", m.kafkaUS, "seconds", m.elapsed.Seconds()}
-				if op == "consume" {
+				if op != "produce" {
 					kv = append(kv, "start_ms", m.start.Milliseconds())
+				}
+				if op == "loop" {
+					kv = append(kv, "records_per_txn", float64(n)/float64(max(m.txns, 1)))
 				}
 				s.report("kclient", kv...)
 			}
 		}
 	}
 	s.round = 0
-	for _, op := range []string{"consume", "produce"} {
+	for _, op := range []string{"consume", "produce", "loop"} {
 		for _, c := range clients {
 			k := key{c, op}
 			if len(cpu[k]) == 0 {
@@ -106,8 +116,11 @@ func (s *suite) kclientGroup(ctx context.Context) error {
 			}
 			kv := []any{"client", c, "op", op, "records", n, "records_per_s", median(perS[k]), "cpu_us_per_record", us(median(cpu[k])),
 				"cpu_min", us(slices.Min(cpu[k])), "cpu_max", us(slices.Max(cpu[k])), "kafka_cpu_us_per_record", median(broker[k]), "rounds", rounds}
-			if op == "produce" {
+			switch op {
+			case "produce":
 				kv = append(kv, "records_per_txn", batch)
+			case "loop":
+				kv = append(kv, "max_records_per_txn", s.kclientLoopMax())
 			}
 			s.report("kclient", kv...)
 		}
@@ -117,7 +130,8 @@ func (s *suite) kclientGroup(ctx context.Context) error {
 	// Each order is one consumed record and one produced event: the client's saving per record
 	// on both sides bounds what kgo could take off the router's CPU per order.
 	s.report("ratio", "mode", "kgo_vs_sarama", "consume_cpu_pct", pct("consume"), "produce_cpu_pct", pct("produce"),
-		"router_saving_us_per_order_bound", us(saved("consume")+saved("produce")), "rounds", rounds)
+		"router_saving_us_per_order_bound", us(saved("consume")+saved("produce")), "loop_cpu_pct", pct("loop"),
+		"loop_saving_us_per_order", us(saved("loop")), "rounds", rounds)
 	return nil
 }
 
@@ -189,6 +203,7 @@ func (s *suite) kclientLoad(topic string, recs []kclientRecord) error {
 type kclientRun struct {
 	perS, cpuUS, kafkaUS float64
 	elapsed, start       time.Duration
+	txns                 int // transactions of a loop run
 }
 
 // kclientTimer times a run: from its creation until end, which the run calls before it
@@ -201,6 +216,7 @@ type kclientTimer struct {
 	firstAfter   atomic.Int64 // since began, in ns; 0 until the first record
 	run          kclientRun
 	ended        bool
+	txns         int // a loop run's committed transactions
 }
 
 func (t *kclientTimer) first() { t.firstAfter.CompareAndSwap(0, int64(time.Since(t.began))) }
@@ -212,6 +228,7 @@ func (t *kclientTimer) end() {
 		t.run.kafkaUS = float64(kafka.Microseconds()) / float64(t.n)
 	}
 	t.run.start = time.Duration(t.firstAfter.Load())
+	t.run.txns = t.txns
 	t.ended = true
 }
 
@@ -384,28 +401,11 @@ func (s *suite) dropGroup(id string) {
 // producerConfig, which is not exported; its positions partitioner left out): begin, one
 // SendMessages of the batch, commit.
 func (s *suite) saramaProduce(topic string, recs []kclientRecord, batch int, t *kclientTimer) error {
-	sc := s.kc.ProducerConfig()
-	sc.Producer.Idempotent = true
-	sc.Producer.RequiredAcks = sarama.WaitForAll
-	sc.Net.MaxOpenRequests = 1
-	sc.Producer.Transaction.ID = kclientGroupID("sarama", "txn")
-	sc.Producer.Transaction.Timeout = 30 * time.Second // outbox.RelayConfig's TxnTimeout
-	sc.Producer.Transaction.Retry.Max = 20
-	sc.Producer.Transaction.Retry.BackoffFunc = func(retries, _ int) time.Duration {
-		return min(5*time.Millisecond<<min(retries, 7), 500*time.Millisecond)
-	}
-	sc.Metadata.Retry.Max = 1
-	sc.Producer.Flush.MaxMessages = 0
-	client, err := sarama.NewClient(s.kc.Brokers, sc)
+	p, closeP, err := s.saramaTxnProducer("txn")
 	if err != nil {
 		return err
 	}
-	p, err := sarama.NewSyncProducerFromClient(client)
-	if err != nil {
-		_ = client.Close()
-		return err
-	}
-	defer func() { _ = p.Close(); _ = client.Close() }()
+	defer closeP()
 	msgs := make([]*sarama.ProducerMessage, 0, batch)
 	for start := 0; start < len(recs); start += batch {
 		msgs = msgs[:0]

@@ -352,8 +352,8 @@ func (b benchRun) rowsRow(row func(m, r, t string)) {
 }
 
 // kclientRow is the Kafka client alone, Sarama against kgo, when the run measured it: CPU per
-// record consuming and producing transactionally, consuming through the router's path where
-// the run has it, and what kgo could save the router per order at most, beside the router's
+// record consuming and producing transactionally, both in one loop with the offsets in the
+// transaction where the run has it, consuming through the router's path where the run has it, and what kgo could save the router per order at most, beside the router's
 // own CPU per order at its peak when the run has it.
 func (b benchRun) kclientRow(row func(m, r, t string)) {
 	ratio, ok := b.one("ratio", "mode", "kgo_vs_sarama")
@@ -368,8 +368,15 @@ func (b benchRun) kclientRow(row func(m, r, t string)) {
 			f(s.num("cpu_us_per_record"), 2), rate(s.num("records_per_s")), f(k.num("cpu_us_per_record"), 2), rate(k.num("records_per_s")),
 			f(ratio.num(op.pct), 1)))
 	}
+	if sl, ok := b.one("kclient", "client", "sarama", "op", "loop"); ok {
+		kl, _ := b.one("kclient", "client", "kgo", "op", "loop")
+		res = append(res, fmt.Sprintf("a batch's events and its offsets in one transaction (`loop`, up to %s records each): Sarama %s (%s records/s), kgo %s (%s records/s), kgo **%s %%** of Sarama's, %s µs per order less; the broker %s and %s",
+			f(sl.num("max_records_per_txn"), 0), f(sl.num("cpu_us_per_record"), 2), rate(sl.num("records_per_s")), f(kl.num("cpu_us_per_record"), 2),
+			rate(kl.num("records_per_s")), f(ratio.num("loop_cpu_pct"), 1), f(ratio.num("loop_saving_us_per_order"), 2),
+			f(sl.num("kafka_cpu_us_per_record"), 1), f(kl.num("kafka_cpu_us_per_record"), 1)))
+	}
 	if rt, ok := b.one("kclient", "client", "router", "op", "consume"); ok {
-		glue := fmt.Sprintf("Sarama under the router's consuming path (kafkax's window, Watermill's router, no database): %s with a handler returning at once",
+		glue := fmt.Sprintf("Sarama under the router's consuming path (kafkax's window and consumer loop, no database): %s with a handler returning at once",
 			f(rt.num("cpu_us_per_record"), 2))
 		if rw, ok := b.one("kclient", "client", "router_wait", "op", "consume"); ok {
 			glue += fmt.Sprintf(", %s with handlers parked until their batch of 512 is released (the window full, as at the router's peak)", f(rw.num("cpu_us_per_record"), 2))
