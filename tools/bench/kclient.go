@@ -347,14 +347,7 @@ func (h *kclientHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sa
 func (s *suite) kgoConsume(ctx context.Context, topic string, n int, t *kclientTimer) error {
 	id := kclientGroupID("kgo", "group")
 	defer s.dropGroup(id)
-	kc := s.kc
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(kc.Brokers...), kgo.ClientID(kc.ClientID), kgo.DialTimeout(kc.DialTimeout),
-		kgo.ConsumerGroup(id), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.FetchMaxPartitionBytes(kafkax.ConsumerFetchBytes), kgo.FetchMaxWait(kc.MaxPollWait),
-		kgo.SessionTimeout(kc.SessionTimeout), kgo.RebalanceTimeout(kc.RebalanceTimeout), kgo.HeartbeatInterval(kc.HeartbeatEvery),
-		kgo.Balancers(kgo.RangeBalancer()), kgo.AutoCommitMarks(), kgo.AutoCommitInterval(time.Second),
-	)
+	cl, err := kgo.NewClient(s.kgoOpts(s.kgoGroupOpts(id, topic), []kgo.Opt{kgo.AutoCommitMarks(), kgo.AutoCommitInterval(time.Second)})...)
 	if err != nil {
 		return err
 	}
@@ -433,41 +426,22 @@ func (s *suite) saramaProduce(topic string, recs []kclientRecord, batch int, t *
 // each record goes to the same partition; per transaction BeginTransaction, Produce,
 // Flush, EndTransaction.
 func (s *suite) kgoProduce(ctx context.Context, topic string, recs []kclientRecord, batch int, t *kclientTimer) error {
-	kc := s.kc
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(kc.Brokers...), kgo.ClientID(kc.ClientID), kgo.DialTimeout(kc.DialTimeout),
-		kgo.TransactionalID(kclientGroupID("kgo", "txn")), kgo.TransactionTimeout(30*time.Second),
-		kgo.RequiredAcks(kgo.AllISRAcks()), kgo.MaxProduceRequestsInflightPerBroker(1),
-		kgo.ProducerBatchCompression(kgo.NoCompression()), kgo.ProducerLinger(kafkax.FlushWait),
-		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(kgo.SaramaCompatHasher(fnv32a))), kgo.DefaultProduceTopic(topic),
-	)
+	cl, err := kgo.NewClient(s.kgoOpts(kgoTxnOpts("txn", topic))...)
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
 	cctx, cancel := context.WithTimeout(ctx, kclientWait)
 	defer cancel()
-	var mu sync.Mutex
-	var produceErr error
-	promise := func(_ *kgo.Record, err error) {
-		if err != nil {
-			mu.Lock()
-			produceErr = errors.Join(produceErr, err)
-			mu.Unlock()
-		}
-	}
+	var pe produceErrs
 	for start := 0; start < len(recs); start += batch {
 		if err := cl.BeginTransaction(); err != nil {
 			return fmt.Errorf("begin transaction: %w", err)
 		}
 		for _, r := range recs[start:min(start+batch, len(recs))] {
-			cl.Produce(cctx, r.kgo(), promise)
+			cl.Produce(cctx, r.kgo(), pe.promise)
 		}
-		err := cl.Flush(cctx)
-		mu.Lock()
-		err = errors.Join(err, produceErr)
-		mu.Unlock()
-		if err != nil {
+		if err := errors.Join(cl.Flush(cctx), pe.err()); err != nil {
 			_ = cl.EndTransaction(cctx, kgo.TryAbort)
 			return err
 		}
@@ -477,6 +451,60 @@ func (s *suite) kgoProduce(ctx context.Context, topic string, recs []kclientReco
 	}
 	t.end()
 	return nil
+}
+
+// kgoOpts are the options of a kgo client of the bench's brokers: the options of the parts it
+// plays (kgoGroupOpts, kgoTxnOpts) and its own.
+func (s *suite) kgoOpts(parts ...[]kgo.Opt) []kgo.Opt {
+	kc := s.kc
+	opts := []kgo.Opt{kgo.SeedBrokers(kc.Brokers...), kgo.ClientID(kc.ClientID), kgo.DialTimeout(kc.DialTimeout)}
+	for _, p := range parts {
+		opts = append(opts, p...)
+	}
+	return opts
+}
+
+// kgoGroupOpts are the options of a kgo consumer in group id reading topic, set as
+// kafkax.ConsumerConfig sets Sarama (see kgoConsume).
+func (s *suite) kgoGroupOpts(id, topic string) []kgo.Opt {
+	kc := s.kc
+	return []kgo.Opt{
+		kgo.ConsumerGroup(id), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.FetchMaxPartitionBytes(kafkax.ConsumerFetchBytes), kgo.FetchMaxWait(kc.MaxPollWait),
+		kgo.SessionTimeout(kc.SessionTimeout), kgo.RebalanceTimeout(kc.RebalanceTimeout), kgo.HeartbeatInterval(kc.HeartbeatEvery),
+		kgo.Balancers(kgo.RangeBalancer()),
+	}
+}
+
+// kgoTxnOpts are the options of a kgo transactional producer to topic, set as the
+// exactly-once relay's Sarama producer (see kgoProduce), with a fresh transactional id.
+func kgoTxnOpts(what, topic string) []kgo.Opt {
+	return []kgo.Opt{
+		kgo.TransactionalID(kclientGroupID("kgo", what)), kgo.TransactionTimeout(30 * time.Second),
+		kgo.RequiredAcks(kgo.AllISRAcks()), kgo.MaxProduceRequestsInflightPerBroker(1),
+		kgo.ProducerBatchCompression(kgo.NoCompression()), kgo.ProducerLinger(kafkax.FlushWait),
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(kgo.SaramaCompatHasher(fnv32a))), kgo.DefaultProduceTopic(topic),
+	}
+}
+
+// produceErrs gathers the errors of kgo's produce promises.
+type produceErrs struct {
+	mu   sync.Mutex
+	errs error
+}
+
+func (p *produceErrs) promise(_ *kgo.Record, err error) {
+	if err != nil {
+		p.mu.Lock()
+		p.errs = errors.Join(p.errs, err)
+		p.mu.Unlock()
+	}
+}
+
+func (p *produceErrs) err() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.errs
 }
 
 // fnv32a is Sarama's default key hash (sarama.NewHashPartitioner).

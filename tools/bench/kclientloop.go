@@ -180,33 +180,14 @@ func (s *suite) saramaTxnProducer(what string) (sarama.SyncProducer, func(), err
 func (s *suite) kgoLoop(ctx context.Context, in, out string, n int, t *kclientTimer) error {
 	id := kclientGroupID("kgo", "loop")
 	defer s.dropGroup(id)
-	kc := s.kc
-	sess, err := kgo.NewGroupTransactSession(
-		kgo.SeedBrokers(kc.Brokers...), kgo.ClientID(kc.ClientID), kgo.DialTimeout(kc.DialTimeout),
-		kgo.ConsumerGroup(id), kgo.ConsumeTopics(in), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.FetchMaxPartitionBytes(kafkax.ConsumerFetchBytes), kgo.FetchMaxWait(kc.MaxPollWait),
-		kgo.SessionTimeout(kc.SessionTimeout), kgo.RebalanceTimeout(kc.RebalanceTimeout), kgo.HeartbeatInterval(kc.HeartbeatEvery),
-		kgo.Balancers(kgo.RangeBalancer()),
-		kgo.TransactionalID(kclientGroupID("kgo", "loop-txn")), kgo.TransactionTimeout(30*time.Second),
-		kgo.RequiredAcks(kgo.AllISRAcks()), kgo.MaxProduceRequestsInflightPerBroker(1),
-		kgo.ProducerBatchCompression(kgo.NoCompression()), kgo.ProducerLinger(kafkax.FlushWait),
-		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(kgo.SaramaCompatHasher(fnv32a))), kgo.DefaultProduceTopic(out),
-	)
+	sess, err := kgo.NewGroupTransactSession(s.kgoOpts(s.kgoGroupOpts(id, in), kgoTxnOpts("loop-txn", out))...)
 	if err != nil {
 		return err
 	}
 	defer sess.Close()
 	cctx, cancel := context.WithTimeout(ctx, kclientWait)
 	defer cancel()
-	var mu sync.Mutex
-	var produceErr error
-	promise := func(_ *kgo.Record, err error) {
-		if err != nil {
-			mu.Lock()
-			produceErr = errors.Join(produceErr, err)
-			mu.Unlock()
-		}
-	}
+	var pe produceErrs
 	done := 0
 	for done < n {
 		fs := sess.PollRecords(cctx, s.kclientLoopMax())
@@ -226,13 +207,10 @@ func (s *suite) kgoLoop(ctx context.Context, in, out string, n int, t *kclientTi
 			return fmt.Errorf("begin transaction: %w", err)
 		}
 		fs.EachRecord(func(r *kgo.Record) {
-			sess.Produce(cctx, &kgo.Record{Key: r.Key, Value: r.Value}, promise)
+			sess.Produce(cctx, &kgo.Record{Key: r.Key, Value: r.Value}, pe.promise)
 		})
 		committed, err := sess.End(cctx, kgo.TryCommit) // aborts instead when a record failed
-		mu.Lock()
-		err = errors.Join(err, produceErr)
-		mu.Unlock()
-		if err != nil {
+		if err = errors.Join(err, pe.err()); err != nil {
 			return fmt.Errorf("end transaction: %w", err)
 		}
 		if committed {
