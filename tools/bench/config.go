@@ -58,6 +58,9 @@ type config struct {
 
 	// The router binary as a child process (router.go).
 	routerN, routerRate, routerSecs    int
+	leanBatch, leanKills               int
+	leanChild                          string // the lean group's child process: in,out,group
+	leanGap                            time.Duration
 	routerBig, routerBigBytes          int
 	routerStall                        time.Duration
 	routerPayloads, routerPayloadBytes int
@@ -162,6 +165,10 @@ func parseConfig(args []string) (*config, error) {
 	fs.IntVar(&c.routerPayloads, "router-payloads", 500, "orders of -router-payload-bytes each (under inbox.max_payload_bytes, so they wait whole) sent to the router binary's stalled run while its database is stalled (0 skips it)")
 	fs.IntVar(&c.routerPayloadBytes, "router-payload-bytes", 1_000_000, "size of each of them")
 	fs.DurationVar(&c.routerPayloadStall, "router-payload-stall", 80*time.Second, "how long the stalled run holds the inbox's index range locked while those orders wait")
+	fs.IntVar(&c.leanBatch, "lean-batch", 2000, "most records of one poll of the lean group's pipeline (one database and one Kafka transaction each)")
+	fs.IntVar(&c.leanKills, "lean-kills", 0, "SIGKILL the lean group's pipeline this many times while it works, starting it again each time, then check every order was granted and its event seen once (its CPU then counts the last process only)")
+	fs.DurationVar(&c.leanGap, "lean-gap", 0, "with -lean-child: wait this long between each poll's database commit and its Kafka transaction")
+	fs.StringVar(&c.leanChild, "lean-child", "", "run as the lean group's pipeline on topics in,out in consumer group group (the lean group starts it)")
 	fs.StringVar(&c.routerBin, "router-bin", "bin/router", "the router binary measured by the router group (make build)")
 	fs.StringVar(&c.routerEnv, "router-env", "", "extra environment of the measured router, comma separated (e.g. GOGC=100,GOMEMLIMIT=120MiB)")
 	fs.StringVar(&c.routerProfile, "router-cpuprofile", "", "write a CPU profile of the router binary during its peak run to this file (admin.pprof, -router-cpuprofile-seconds from its first output)")
@@ -171,7 +178,7 @@ func parseConfig(args []string) (*config, error) {
 	fs.StringVar(&c.memProfile, "memprofile", "", "write an allocation profile of the whole run to this file (go tool pprof -sample_index=alloc_space)")
 	fs.IntVar(&c.idleSecs, "idle-seconds", 30, "seconds the idle group measures the router binary idle on an empty topic, and the services before it starts (0 skips it)")
 	fs.BoolVar(&c.targets, "targets", false, "run only the groups the targets line needs (-only "+targetsGroups+", unless -only is given), with shorter runs where a target does not need the full sizes (flags given on the command line win), and print the targets of the hot path alone")
-	fs.StringVar(&c.only, "only", "", "run only these measurement groups (comma separated: batch, plain, single, storm, relay, relay_db, rows, kclient, e2e, tracing, seed, http, peer, router, idle, targets); empty runs all")
+	fs.StringVar(&c.only, "only", "", "run only these measurement groups (comma separated: batch, plain, single, storm, relay, relay_db, rows, kclient, e2e, tracing, seed, http, peer, router, lean, idle, scaleout, databases, targets); empty runs all")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -200,7 +207,7 @@ func parseConfig(args []string) (*config, error) {
 }
 
 // targetsGroups are the groups -targets runs: each target of the hot path reads one of them.
-const targetsGroups = "relay,peer,router,idle,scaleout,targets"
+const targetsGroups = "relay,peer,router,lean,idle,scaleout,targets"
 
 // targetsSizes sets what -targets runs, for each flag not given on the command line: the
 // groups of targetsGroups; the peer comparison on 20,000 orders and the Watermill forwarder

@@ -18,7 +18,7 @@ import (
 // cpuMeter reads the CPU time (user + system) used by the processes of a measurement on
 // this host: MariaDB, the Kafka broker, and this process (router side: consumer, inbox,
 // relay, watcher) — or, in the router group (router.go), the router binary as a child
-// process ("router"), the bench then left out. CPU per order is steadier than throughput on a shared, noisy machine,
+// process ("router"), or the lean group's pipeline ("lean", lean.go), the bench then left out. CPU per order is steadier than throughput on a shared, noisy machine,
 // and says where the 2 cores go.
 type cpuMeter struct {
 	pids  map[string]string // role → pid
@@ -99,7 +99,7 @@ func listener(addr string) string {
 func (m *cpuMeter) perOrder(orders int) []any {
 	var kv []any
 	var total float64
-	for _, role := range []string{"db", "kafka", "router", "bench"} {
+	for _, role := range []string{"db", "kafka", "router", "lean", "bench"} {
 		pid, ok := m.pids[role]
 		if !ok {
 			continue

@@ -8,7 +8,7 @@
 // file per group: batch.go, plain.go, single.go, storm.go, relay.go and forwarder.go,
 // kclient.go (the Kafka client alone, Sarama against franz-go),
 // e2e.go and latency.go, seedload.go, httpclaims.go, peer.go, router.go (the router binary
-// as a child process), idle.go (the router binary idle), scaleout.go (router binaries joining and leaving), databases.go (MariaDB against PostgreSQL); targets.go runs last. report.go prints the BENCH lines and writes the CSV.
+// as a child process), lean.go (the batch-native floor beside it), idle.go (the router binary idle), scaleout.go (router binaries joining and leaving), databases.go (MariaDB against PostgreSQL); targets.go runs last. report.go prints the BENCH lines and writes the CSV.
 package main
 
 import (
@@ -49,6 +49,7 @@ func (s *suite) groups() []group {
 		{"http", s.httpGroup},
 		{"peer", s.peerGroup},
 		{"router", s.routerGroup},
+		{"lean", s.leanGroup},           // the batch-native floor on the router's input
 		{"idle", s.idleGroup},           // the router binary with nothing to do
 		{"scaleout", s.scaleoutGroup},   // a third router joining and leaving: cooperative-sticky against range
 		{"databases", s.databasesGroup}, // MariaDB and PostgreSQL in the same run
@@ -60,6 +61,9 @@ func run() error {
 	cfg, err := parseConfig(os.Args[1:])
 	if err != nil {
 		return err
+	}
+	if cfg.leanChild != "" {
+		return runLeanChild(cfg)
 	}
 	// The router's collector setting (runtime.gogc), for the unsafe baseline and the
 	// inbox alike; GOGC in the environment wins, as in the router.

@@ -502,14 +502,6 @@ plugins:
 	if err := os.WriteFile(cfgPath, []byte(yaml), 0o600); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(".run", 0o755); err != nil {
-		return nil, err
-	}
-	logPath := filepath.Join(".run", "bench-router-"+mode+".log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		return nil, err
-	}
 	cmd := exec.Command(bin, "--config", cfgPath, "run", "--plugins", "coupon-granter")
 	for _, e := range os.Environ() {
 		if !strings.HasPrefix(e, "ONCEFLOW_") {
@@ -519,23 +511,41 @@ plugins:
 	if s.cfg.routerEnv != "" {
 		cmd.Env = append(cmd.Env, strings.Split(s.cfg.routerEnv, ",")...)
 	}
+	c, err := startChild(cmd, "bench-router-"+mode, func() { os.RemoveAll(dir); dropPositions() })
+	if err != nil {
+		return nil, err
+	}
+	c.adminAddr = adminAddr
+	fmt.Printf("bench: router %s started (pid %d, log %s)\n", mode, cmd.Process.Pid, c.logPath)
+	return c, nil
+}
+
+// startChild starts cmd with its output in .run/<name>.log and samples its resident set;
+// cleanup runs once it has exited.
+func startChild(cmd *exec.Cmd, name string, cleanup func()) (*child, error) {
+	if err := os.MkdirAll(".run", 0o755); err != nil {
+		return nil, err
+	}
+	logPath := filepath.Join(".run", name+".log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // a ^C goes to the bench, which stops it
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return nil, err
 	}
-	c := &child{cmd: cmd, logPath: logPath, exited: make(chan struct{}), adminAddr: adminAddr}
+	c := &child{cmd: cmd, logPath: logPath, exited: make(chan struct{})}
 	go func() {
 		c.waitErr = cmd.Wait()
 		logf.Close()
-		os.RemoveAll(dir)
-		dropPositions()
+		cleanup()
 		close(c.exited)
 	}()
 	c.samplerWG.Add(1)
 	go c.sample()
-	fmt.Printf("bench: router %s started (pid %d, log %s)\n", mode, cmd.Process.Pid, logPath)
 	return c, nil
 }
 

@@ -140,6 +140,10 @@ func (s *suite) hotPathTargets() []any {
 		vsFwd = relay / fwd
 	}
 	stall := s.field("scaleout", "max_stall_ms", map[string]string{"strategy": "cooperative-sticky"})
+	// The lean pipeline on the same input in the same run (lean.go): the floor the CPU
+	// targets were set against, as ratios the machine's speed does not move.
+	leanCPU := s.field("lean", "lean_cpu_us_per_order", nil)
+	leanAll := s.field("lean", "total_cpu_us_per_order", nil)
 	return []any{
 		"calibration_start_ms", s.field("calibration", "work_ms", map[string]string{"when": "start"}),
 		"calibration_targets_ms", s.field("calibration", "work_ms", map[string]string{"when": "targets"}),
@@ -150,7 +154,17 @@ func (s *suite) hotPathTargets() []any {
 		"router_p99_ms_at_2000", p99, "router_p99_2000_30ms", verdict(p99, p99 <= 30),
 		"relay_vs_forwarder", vsFwd, "relay_50x_forwarder", verdict(vsFwd, vsFwd >= 50),
 		"scaleout_max_stall_ms", stall, "scaleout_stall_2s", verdict(stall, stall <= 2000),
+		"lean_cpu_us_per_order", leanCPU, "lean_all_cpu_us_per_order", leanAll,
+		"router_vs_lean_cpu", ratioOf(routerCPU, leanCPU), "all_vs_lean_all_cpu", ratioOf(allCPU, leanAll),
 	}
+}
+
+// ratioOf is a / b, or -1 when either was not measured.
+func ratioOf(a, b float64) float64 {
+	if a <= 0 || b <= 0 {
+		return -1
+	}
+	return a / b
 }
 
 // withoutKeys is kv (alternating keys and values) without the pairs of keys.

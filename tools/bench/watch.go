@@ -81,6 +81,13 @@ func (w *watcher) at(key string) (time.Time, bool) {
 	return t, ok
 }
 
+// count is how many distinct keys the watcher has seen.
+func (w *watcher) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.seen)
+}
+
 // wait returns once the watcher has seen n distinct keys, or fails after limit.
 func (w *watcher) wait(n int, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
