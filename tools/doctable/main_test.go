@@ -149,6 +149,16 @@ router,max_rss_stalled_mb,167.8
 router,rss_processing_max_mb,209.3
 router,recovered_s,41.8
 router,granted,500
+lean,orders_per_s,17370.6
+lean,orders,50000
+lean,deliveries,65204
+lean,max_rss_mb,45.2
+lean,batch,2000
+lean,kills,0
+lean,db_cpu_us_per_order,36.0
+lean,kafka_cpu_us_per_order,20.8
+lean,lean_cpu_us_per_order,15.4
+lean,total_cpu_us_per_order,72.2
 relay_db,round,0
 relay_db,mode,mark
 relay_db,db_cpu_us_per_event,99.0
@@ -215,9 +225,10 @@ func TestBenchTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Lines split where a key repeats: 2 calibration, 3 inbox, 2 e2e, 9 kclient, 2 ratio,
-	// 1 plain, 3 router, 5 relay_db (1 a round) with its ratio, 4 rows with their 2, 1 targets.
-	if len(recs) != 34 {
-		t.Fatalf("%d lines, want 34: %+v", len(recs), recs)
+	// 1 plain, 3 router, 1 lean, 5 relay_db (1 a round) with its ratio, 4 rows with their 2,
+	// 1 targets.
+	if len(recs) != 35 {
+		t.Fatalf("%d lines, want 35: %+v", len(recs), recs)
 	}
 	b := benchRun{source: "x.csv", recs: recs}
 	table, err := b.table()
@@ -234,6 +245,8 @@ func TestBenchTable(t *testing.T) {
 		"50,000 orders pre-loaded (65,204 deliveries, 30 % twice)", "9,000 orders/s (steady 10,000); peak RSS **124.4 MB**; router 84 µs CPU per order (MariaDB 60, Kafka 10; 154 in all) | ≤ 150 MB: met",
 		"`router` `rate2000`: the same binary at 2,000 orders/s offered, 20 s measured", "p99 40.2 ms; peak RSS **152.8 MB**", "≤ 150 MB: **not met**",
 		"`router` `stalled_payloads`: 500 orders of 1.00 MB (under `inbox.max_payload_bytes`, so they wait whole) on 12 partitions while a transaction holds the inbox for 80 s | peak RSS 114.7 MB after 10 s, 167.8 MB at the end of the stall, **209.0 MB** in all (processing); 500 granted, 41.8 s after the database came back | ≤ 300 MB, all granted: met",
+		"`lean`: the batch-native floor on the peak run's input (50,000 orders, 65,204 deliveries), a process of its own: per poll of up to 2,000 records",
+		"17,371 orders/s; peak RSS 45.2 MB; its process 15.4 µs CPU per order (MariaDB 36, Kafka 21; **72 in all**); the router's peak run **5.5×** its process's CPU per order, 2.1× in all | —",
 		"router binary peak RSS 124 MB at its peak rate, 153 MB at 2,000/s (fail)",
 		"e2e **63.1 %** of the in-process inbox ceiling (fail; the databases group's back-to-back rounds: 58.0 %)",
 		"router binary **84 µs** CPU per order at its peak (fail)",
@@ -317,5 +330,35 @@ func TestChaosTable(t *testing.T) {
 	}
 	if _, err := parseChaosLog("CHAOS FAIL harness: infra.sh up: exit 1\n"); err == nil {
 		t.Error("a run whose checker did not report parsed")
+	}
+}
+
+// The targets row states the hot path's targets, and the lean pipeline's figures beside the
+// router's when the run measured it.
+func TestHotPathTargets(t *testing.T) {
+	const hot = `targets,router_cpu_20us,fail
+targets,all_cpu_us_per_order,136.0
+targets,all_cpu_60us,fail
+targets,lean_cpu_us_per_order,15.4
+targets,lean_all_cpu_us_per_order,72.2
+targets,router_vs_lean_cpu,2.79
+targets,all_vs_lean_all_cpu,1.88
+calibration,when,end
+`
+	recs, err := parseBenchCSV(strings.NewReader(strings.Replace(sampleCSV, "calibration,when,end\n", hot, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	table, err := benchRun{source: "x.csv", recs: recs}.table()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"the hot path's: router binary 84 µs CPU per order at its peak (fail), all its processes 136 µs (fail)",
+		"; the lean pipeline on the same input: 15.4 µs CPU per order its process, 72 in all (the router 2.8× and 1.9×)",
+	} {
+		if !strings.Contains(table, want) {
+			t.Errorf("table lacks %q:\n%s", want, table)
+		}
 	}
 }

@@ -82,6 +82,10 @@ func (b benchRun) targetsRow(row func(m, r, t string)) {
 			f(t.num("idle_router_ms_per_s"), 1), t.get("idle_router_5ms"), f(t.num("idle_kafka_added_ms_per_s"), 1),
 			f(t.num("router_p99_ms_at_2000"), 1), t.get("router_p99_2000_30ms"), f(t.num("relay_vs_forwarder"), 1), t.get("relay_50x_forwarder"),
 			f(t.num("scaleout_max_stall_ms"), 0), t.get("scaleout_stall_2s"))
+		if t.has("router_vs_lean_cpu") && t.num("router_vs_lean_cpu") > 0 {
+			rss += fmt.Sprintf("; the lean pipeline on the same input: %s µs CPU per order its process, %s in all (the router %s× and %s×)",
+				f(t.num("lean_cpu_us_per_order"), 1), f(t.num("lean_all_cpu_us_per_order"), 0), f(t.num("router_vs_lean_cpu"), 1), f(t.num("all_vs_lean_all_cpu"), 1))
+		}
 		target += "; the hot path's: router ≤ 20 µs and all processes ≤ 60 µs CPU per order at its peak, idle ≤ 5 ms CPU per second, p99 ≤ 30 ms at 2,000/s, relay ≥ 50× forwarder, no partition stalled > 2 s in a scale-out"
 	}
 	row("`targets`: computed from this run's own figures",

@@ -34,6 +34,17 @@ func (b benchRun) routerRows(row func(m, r, t string)) {
 				f(r.num("granted"), 0), f(r.num("recovered_s"), 1)),
 			fmt.Sprintf("≤ 300 MB, all granted: %s", verdict(r.num("max_rss_mb") <= 300 && r.num("granted") == r.num("payloads"))))
 	}
+	if r, ok := b.one("lean", "kills", "0"); ok {
+		line := fmt.Sprintf("%s orders/s; peak RSS %s MB; its process %s µs CPU per order (MariaDB %s, Kafka %s; **%s in all**)",
+			rate(r.num("orders_per_s")), f(r.num("max_rss_mb"), 1), f(r.num("lean_cpu_us_per_order"), 1), f(r.num("db_cpu_us_per_order"), 0),
+			f(r.num("kafka_cpu_us_per_order"), 0), f(r.num("total_cpu_us_per_order"), 0))
+		if p, ok := b.one("router", "mode", "peak"); ok && r.num("lean_cpu_us_per_order") > 0 && r.num("total_cpu_us_per_order") > 0 {
+			line += fmt.Sprintf("; the router's peak run **%s×** its process's CPU per order, %s× in all", f(p.num("router_cpu_us_per_order")/r.num("lean_cpu_us_per_order"), 1),
+				f(p.num("total_cpu_us_per_order")/r.num("total_cpu_us_per_order"), 1))
+		}
+		row(fmt.Sprintf("`lean`: the batch-native floor on the peak run's input (%s orders, %s deliveries), a process of its own: per poll of up to %s records one database transaction (claim, the coupon plugin's `HandleBatch`) and one Kafka transaction with the events and the offsets",
+			f(r.num("orders"), 0), f(r.num("deliveries"), 0), f(r.num("batch"), 0)), line, "—")
+	}
 	for _, r := range b.find("router", "offered_per_s", "") {
 		row(fmt.Sprintf("`router` `%s`: the same binary at %s orders/s offered, %s s measured", r.get("mode"), f(r.num("offered_per_s"), 0), r.get("seconds")),
 			fmt.Sprintf("%s orders/s, p50 %s ms, p99 %s ms; peak RSS **%s MB**; %s", rate(r.num("orders_per_s")), f(r.num("p50_ms"), 1),
