@@ -60,6 +60,7 @@ type config struct {
 	routerN, routerRate, routerSecs    int
 	leanBatch, leanKills               int
 	leanChild                          string // the lean group's child process: in,out,group
+	leanProfile                        string
 	leanGap                            time.Duration
 	routerBig, routerBigBytes          int
 	routerStall                        time.Duration
@@ -168,6 +169,7 @@ func parseConfig(args []string) (*config, error) {
 	fs.IntVar(&c.leanBatch, "lean-batch", 2000, "most records of one poll of the lean group's pipeline (one database and one Kafka transaction each)")
 	fs.IntVar(&c.leanKills, "lean-kills", 0, "SIGKILL the lean group's pipeline this many times while it works, starting it again each time, then check every order was granted and its event seen once (its CPU then counts the last process only)")
 	fs.DurationVar(&c.leanGap, "lean-gap", 0, "with -lean-child: wait this long between each poll's database commit and its Kafka transaction")
+	fs.StringVar(&c.leanProfile, "lean-cpuprofile", "", "write a CPU profile of the lean group's (last) pipeline process to this file, from its start until it is stopped")
 	fs.StringVar(&c.leanChild, "lean-child", "", "run as the lean group's pipeline on topics in,out in consumer group group (the lean group starts it)")
 	fs.StringVar(&c.routerBin, "router-bin", "bin/router", "the router binary measured by the router group (make build)")
 	fs.StringVar(&c.routerEnv, "router-env", "", "extra environment of the measured router, comma separated (e.g. GOGC=100,GOMEMLIMIT=120MiB)")

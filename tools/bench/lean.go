@@ -91,6 +91,9 @@ func (s *suite) leanGroup(ctx context.Context) error {
 	startLean := func(gap time.Duration) (*child, error) {
 		cmd := exec.Command(exe, "-lean-child", strings.Join([]string{in, out, group}, ","), "-dsn", s.cfg.appDSN,
 			"-brokers", s.cfg.brokers, "-lean-batch", fmt.Sprint(s.cfg.leanBatch), "-lean-gap", gap.String())
+		if gap == 0 && s.cfg.leanProfile != "" {
+			cmd.Args = append(cmd.Args, "-cpuprofile", s.cfg.leanProfile)
+		}
 		c, err := startChild(cmd, "bench-lean", func() {})
 		if err == nil {
 			fmt.Printf("bench: lean pipeline started (pid %d, log %s)\n", cmd.Process.Pid, c.logPath)

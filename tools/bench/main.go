@@ -63,6 +63,11 @@ func run() error {
 		return err
 	}
 	if cfg.leanChild != "" {
+		stop, err := cfg.startProfile()
+		if err != nil {
+			return err
+		}
+		defer stop()
 		return runLeanChild(cfg)
 	}
 	// The router's collector setting (runtime.gogc), for the unsafe baseline and the
