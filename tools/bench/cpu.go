@@ -96,7 +96,12 @@ func listener(addr string) string {
 
 // perOrder returns the CPU µs per order each role used since the meter started, keyed as
 // BENCH fields ("db_cpu_us_per_order" …), then the total.
-func (m *cpuMeter) perOrder(orders int) []any {
+func (m *cpuMeter) perOrder(orders int) []any { return m.per("order", orders) }
+
+// perEvent is perOrder for a measurement of events ("db_cpu_us_per_event" …).
+func (m *cpuMeter) perEvent(events int) []any { return m.per("event", events) }
+
+func (m *cpuMeter) per(unit string, n int) []any {
 	var kv []any
 	var total float64
 	for _, role := range []string{"db", "kafka", "router", "lean", "bench"} {
@@ -104,11 +109,11 @@ func (m *cpuMeter) perOrder(orders int) []any {
 		if !ok {
 			continue
 		}
-		us := float64((procCPU(pid) - m.start[role]).Microseconds()) / float64(orders)
+		us := float64((procCPU(pid) - m.start[role]).Microseconds()) / float64(n)
 		total += us
-		kv = append(kv, role+"_cpu_us_per_order", us)
+		kv = append(kv, role+"_cpu_us_per_"+unit, us)
 	}
-	return append(kv, "total_cpu_us_per_order", total)
+	return append(kv, "total_cpu_us_per_"+unit, total)
 }
 
 // procCPU is the user + system CPU time of a process (/proc/PID/stat, clock ticks of 10 ms).

@@ -81,8 +81,9 @@ func (s *suite) benchRelay(ctx context.Context) error {
 
 // drainRelay runs the relay as the router does (Run: in exactly-once mode a batch's database
 // mark overlaps the next batch's read and Kafka transaction) until it has published and
-// marked every row. The rate is timed from the end of the relay's start (lease, session,
-// reconciliation; reported as start_ms), which happens once per process.
+// marked every row. The rate and the CPU per event of each process (the relay runs in the
+// bench's) are measured from the end of the relay's start (lease, session, reconciliation;
+// reported as start_ms), which happens once per process.
 func (s *suite) drainRelay(ctx context.Context, relay *outbox.Relay, mode string, sessions int) error {
 	n := s.cfg.relayN
 	begin := time.Now()
@@ -92,9 +93,11 @@ func (s *suite) drainRelay(ctx context.Context, relay *outbox.Relay, mode string
 	go func() { done <- relay.Run(rctx) }()
 	deadline := time.After(5 * time.Minute)
 	started := sessions == 0
+	cpu := newCPUMeter(s.services)
 	for relay.Published() < int64(n) {
 		if !started && relay.Sessions() >= int64(sessions) {
 			started, start = true, time.Now()
+			cpu = newCPUMeter(s.services)
 		}
 		select {
 		case err := <-done:
@@ -110,9 +113,10 @@ func (s *suite) drainRelay(ctx context.Context, relay *outbox.Relay, mode string
 		}
 	}
 	el := time.Since(start)
+	kv := cpu.perEvent(n)
 	cancel()
 	<-done
-	s.report("relay", "events_per_s", float64(relay.Published())/el.Seconds(), "events", relay.Published(), "mode", mode, "batches", relay.Batches(),
-		"start_ms", start.Sub(begin).Milliseconds())
+	s.report("relay", append([]any{"events_per_s", float64(relay.Published()) / el.Seconds(), "events", relay.Published(), "mode", mode, "batches", relay.Batches(),
+		"start_ms", start.Sub(begin).Milliseconds()}, kv...)...)
 	return nil
 }

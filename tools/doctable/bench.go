@@ -265,7 +265,12 @@ func (b benchRun) table() (string, error) {
 	var relays []string
 	eos := math.NaN()
 	for _, r := range b.find("relay", "mode", "") {
-		relays = append(relays, fmt.Sprintf("%s %s", strings.ReplaceAll(r.get("mode"), "_", " "), rate(r.num("events_per_s"))))
+		line := fmt.Sprintf("%s %s", strings.ReplaceAll(r.get("mode"), "_", " "), rate(r.num("events_per_s")))
+		if r.has("total_cpu_us_per_event") {
+			line += fmt.Sprintf(" (%s µs CPU per event: MariaDB %s, Kafka %s, the relay's process %s)", f(r.num("total_cpu_us_per_event"), 1),
+				f(r.num("db_cpu_us_per_event"), 1), f(r.num("kafka_cpu_us_per_event"), 1), f(r.num("bench_cpu_us_per_event"), 1))
+		}
+		relays = append(relays, line)
 		if r.get("mode") == "exactly_once" {
 			eos = r.num("events_per_s")
 		}
