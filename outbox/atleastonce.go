@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -297,6 +298,12 @@ func (r *atLeastOnce) claim(ctx context.Context, tx *sql.Tx) (send []outRow, par
 		id, err := rd.scan(rows)
 		if err != nil {
 			return nil, nil, err
+		}
+		if len(b.rows) > 0 && b.size() >= r.cfg.BatchBytes {
+			// The batch is full by bytes: this row and the later candidates wait for the next
+			// batch (their locks go with this transaction).
+			cands = cands[:slices.IndexFunc(cands, func(c candidate) bool { return c.id >= id })]
+			break
 		}
 		if err := rd.keep(b, id); err != nil {
 			return nil, nil, err

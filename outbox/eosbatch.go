@@ -205,15 +205,16 @@ func (e *eosShard) pending(ctx context.Context) ([]outRow, error) {
 				}
 			}
 			h.dropStale(e.pendIDs[0], mark, e.index, e.r.cfg.Shards)
-			if rows := h.take(e.pendIDs, e.pendHashes, e.handed); rows != nil {
-				e.handed = rows
+			if taken := h.take(e.pendIDs, e.pendHashes, e.handed); taken != nil {
+				e.handed = taken
+				rows := handedWithin(taken, e.r.cfg.BatchBytes)
 				b := e.rd.start()
 				for i := range rows {
 					if err := e.rd.keepHanded(b, e.pendIDs[i], &rows[i]); err != nil {
 						return nil, err
 					}
 				}
-				clear(rows) // the hand-off keeps its rows until they are published
+				clear(taken) // the hand-off keeps its rows until they are published
 				return e.rd.rows(b), nil
 			}
 		}
@@ -224,6 +225,20 @@ func (e *eosShard) pending(ctx context.Context) ([]outRow, error) {
 		return nil, err
 	}
 	return e.rd.rows(b), nil
+}
+
+// handedWithin is the first of rows within RelayConfig.BatchBytes, by their sizes in the
+// hand-off: up to and with the row that reaches it, as a read stops. The rest stay in the
+// hand-off for the next batch.
+func handedWithin(rows []handedRow, limit int) []handedRow {
+	size := 0
+	for i := range rows {
+		if i > 0 && size >= limit {
+			return rows[:i]
+		}
+		size += rows[i].size
+	}
+	return rows
 }
 
 // readPending reads the shard's oldest unpublished rows, up to a batch, into b. It returns
@@ -267,6 +282,9 @@ func (e *eosShard) readPending(ctx context.Context, b *rowBatch) (int, error) {
 		}
 		if skip[id] || n == e.r.cfg.BatchSize {
 			continue
+		}
+		if b != nil && n > 0 && b.size() >= e.r.cfg.BatchBytes {
+			break // the rest waits for the next batch
 		}
 		n++
 		if b == nil {

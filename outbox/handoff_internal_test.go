@@ -91,3 +91,17 @@ func TestHandoffDropStale(t *testing.T) {
 		}
 	}
 }
+
+// TestHandedWithinBatchBytes checks that a batch taken from the hand-off stops, as a read
+// does, at the row that reaches RelayConfig.BatchBytes, and always holds one row.
+func TestHandedWithinBatchBytes(t *testing.T) {
+	rows := []handedRow{{size: 40}, {size: 40}, {size: 40}, {size: 40}}
+	for _, c := range []struct{ limit, want int }{{1, 1}, {40, 1}, {41, 2}, {100, 3}, {120, 3}, {121, 4}, {1 << 20, 4}} {
+		if got := len(handedWithin(rows, c.limit)); got != c.want {
+			t.Errorf("limit %d: %d rows, want %d", c.limit, got, c.want)
+		}
+	}
+	if got := handedWithin(rows[:0], 1); len(got) != 0 {
+		t.Errorf("no rows: %d rows", len(got))
+	}
+}

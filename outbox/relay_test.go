@@ -611,3 +611,47 @@ func TestRelayOldestPendingAge(t *testing.T) {
 		t.Fatalf("after publishing: OldestPendingAge = %s, %v; want 0", age, err)
 	}
 }
+
+// TestRelayBatchBytes checks that both relays bound a batch by the bytes of its events as
+// well as by their count: with relay.batch_bytes at 100 KiB, 20 events of 40 KiB go out
+// three per batch (the third reaches the bound), each once.
+func TestRelayBatchBytes(t *testing.T) {
+	d := testenv.DB(t, 4)
+	k := testenv.Kafka(t)
+	ctx := context.Background()
+	for _, exactlyOnce := range []bool{false, true} {
+		t.Run(fmt.Sprintf("exactly_once=%v", exactlyOnce), func(t *testing.T) {
+			topic := testenv.Topic(t, k, "outbox-batch-bytes", 3)
+			evs := make([]outbox.Event, 20)
+			ids := make([]string, len(evs))
+			for i := range evs {
+				ids[i] = fmt.Sprintf("batch-bytes-%v-%02d", exactlyOnce, i)
+				evs[i] = outbox.Event{ID: ids[i], Type: "Big", Topic: topic, Key: fmt.Sprintf("k%d", i%4), Payload: bytes.Repeat([]byte{'x'}, 40<<10)}
+			}
+			addCommitted(t, ctx, d.DB, newWriter(t), evs...)
+			cfg := outbox.RelayConfig{BatchBytes: 100 << 10, Linger: outbox.NoLinger}
+			var relay *outbox.Relay
+			if exactlyOnce {
+				relay = newEOSRelay(t, d.DB, k, eosConfig(t, k, cfg))
+			} else {
+				relay = newRelay(t, d.DB, newProducer(t, k), cfg)
+			}
+			var sizes []int
+			for total := 0; total < len(evs) && len(sizes) < 2*len(evs); {
+				n, err := relay.RelayOnce(ctx)
+				if err != nil {
+					t.Fatalf("RelayOnce: %v", err)
+				}
+				total += n
+				sizes = append(sizes, n)
+			}
+			if want := []int{3, 3, 3, 3, 3, 3, 2}; fmt.Sprint(sizes) != fmt.Sprint(want) {
+				t.Errorf("batches of %v events, want %v", sizes, want)
+			}
+			if n := pendingRows(t, d.DB); n != 0 {
+				t.Errorf("%d rows unpublished", n)
+			}
+			assertExactlyOnce(t, readAll(t, k, topic), ids)
+		})
+	}
+}

@@ -22,7 +22,12 @@ type RelayConfig struct {
 	// BatchSize is the most rows per Kafka batch. In exactly-once mode a batch is a Kafka
 	// transaction. Larger batches republish more after an abort. See docs/BENCHMARKS.md,
 	// section "relay.batch_size 2000".
-	BatchSize    int           `key:"batch_size" default:"2000" range:"1..10000" help:"events per Kafka transaction (larger: fewer commits, more republished after an abort; docs/BENCHMARKS.md, Why the defaults)"`
+	BatchSize int `key:"batch_size" default:"2000" range:"1..10000" help:"events per Kafka transaction (larger: fewer commits, more republished after an abort; docs/BENCHMARKS.md, Why the defaults)"`
+	// BatchBytes bounds a batch by the bytes of its events as read: their payloads, keys,
+	// event ids, types, topics and headers. A batch stops at the first event that brings it
+	// to BatchBytes or over, so it holds at least one event and at most BatchBytes plus one
+	// event (MEDIUMBLOB: at most 16 MiB). With BatchSize it bounds the relay's memory.
+	BatchBytes   int           `key:"batch_bytes" default:"16777216" range:"1024..1073741824" help:"bytes of events one batch reads and sends at most, besides the event that reaches it (bounds the relay's memory with relay.batch_size)"`
 	PollInterval time.Duration `key:"poll_interval" default:"50ms" range:"1ms..1m" help:"relay sleep when nothing is pending; router run doubles it while the relay stays idle, up to 1s, and wakes the relay for the rows it commits"` // sleep when nothing is pending
 	// IdlePollMax, when above PollInterval, lets a relay that Wake reaches poll less often
 	// while it stays idle. Each read in a row that finds nothing doubles the wait, from

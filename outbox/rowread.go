@@ -141,6 +141,9 @@ func (r *rowReader) keep(b *rowBatch, id int64) error {
 	return nil
 }
 
+// size is the bytes the batch's rows hold so far, which RelayConfig.BatchBytes bounds.
+func (b *rowBatch) size() int { return len(b.buf) + len(b.strs) }
+
 func (b *rowBatch) add(p []byte) span {
 	s := span{int32(len(b.buf)), int32(len(p))}
 	b.buf = append(b.buf, p...)
