@@ -24,6 +24,9 @@ type RepublishConfig struct {
 
 	// BatchSize is the most events per Kafka transaction, 2000 by default, at most 10,000.
 	BatchSize int
+	// BatchBytes bounds a transaction's events by bytes as RelayConfig.BatchBytes does, 16 MiB
+	// by default, at least 1 KiB.
+	BatchBytes int
 	// TransactionalID is the Kafka transactional.id of the republishing producer. The
 	// default is "onceflow-republish-<database>-<topic>". So a second Republish of the same
 	// topic fences the first, and never the relay, whose id differs.
@@ -39,6 +42,9 @@ func (c *RepublishConfig) setDefaults() {
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = 2000
+	}
+	if c.BatchBytes == 0 {
+		c.BatchBytes = 16 << 20
 	}
 	if c.TxnTimeout == 0 {
 		c.TxnTimeout = 30 * time.Second
@@ -60,6 +66,9 @@ func (c RepublishConfig) validate() error {
 	}
 	if c.BatchSize < 1 || c.BatchSize > 10000 {
 		return fmt.Errorf("republish: batch size %d outside 1..10000", c.BatchSize)
+	}
+	if c.BatchBytes < 1024 {
+		return fmt.Errorf("republish: batch bytes %d below 1024", c.BatchBytes)
 	}
 	if c.TxnTimeout < time.Second {
 		return fmt.Errorf("republish: transaction timeout %s below 1s", c.TxnTimeout)
@@ -189,7 +198,7 @@ func Republish(ctx context.Context, db *sql.DB, k kafkax.Config, cfg RepublishCo
 		if err != nil {
 			return res, fmt.Errorf("read published outbox events: %w", err)
 		}
-		b, lastAt, err := readRepublished(&rd, rows)
+		b, lastAt, err := readRepublished(&rd, rows, cfg.BatchBytes)
 		if err != nil {
 			return res, err
 		}
@@ -217,14 +226,17 @@ func Republish(ctx context.Context, db *sql.DB, k kafkax.Config, cfg RepublishCo
 	}
 }
 
-// readRepublished reads a page of published rows into a batch of rd. It returns the batch
-// and the publish time of its last row.
-func readRepublished(rd *rowReader, rows *sql.Rows) (*rowBatch, time.Time, error) {
+// readRepublished reads a page of published rows into a batch of rd, up to the row that
+// brings it to limit bytes. It returns the batch and the publish time of its last row.
+func readRepublished(rd *rowReader, rows *sql.Rows, limit int) (*rowBatch, time.Time, error) {
 	defer rows.Close()
 	b := rd.start()
 	var at sql.NullTime
 	dest := append(rd.dest[:len(rd.dest):len(rd.dest)], &at)
 	for rows.Next() {
+		if len(b.rows) > 0 && b.size() >= limit {
+			break // the next page starts at the row not read
+		}
 		if err := rows.Scan(dest...); err != nil {
 			return nil, time.Time{}, fmt.Errorf("scan outbox row: %w", err)
 		}

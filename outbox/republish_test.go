@@ -162,6 +162,15 @@ func TestRepublishAfterTopicRecreated(t *testing.T) {
 	if n := len(readAll(t, k, other)); n != 1000 {
 		t.Errorf("%d records on the other topic, want its 1000 published once", n)
 	}
+	// Bounded by bytes too: the later half again, in transactions of at most 2 KiB of events
+	// (each about 150 bytes as read) besides the one that reaches it, every event once more.
+	res, err = outbox.Republish(ctx, d.DB, k, outbox.RepublishConfig{Topic: topic, Since: mid.Add(time.Microsecond), BatchBytes: 2048}, nil)
+	if err != nil || res.Events != 1500 || res.Batches < 1500*150/(2048+150) {
+		t.Fatalf("Republish by 2 KiB = %+v, %v; want the 1500 later events in transactions of at most about 14", res, err)
+	}
+	if n := len(readAll(t, k, topic)); n != len(evs)+1500 {
+		t.Fatalf("%d records on %s after republishing the later half again, want %d", n, topic, len(evs)+1500)
+	}
 	if _, err := outbox.Republish(ctx, d.DB, k, outbox.RepublishConfig{Topic: uniqueName("no-such-topic"), Since: since}, nil); !errors.Is(err, kafkax.ErrMissingTopic) ||
 		!strings.Contains(err.Error(), "does not exist") {
 		t.Errorf("Republish to a missing topic: %v, want ErrMissingTopic", err)
