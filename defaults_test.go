@@ -53,7 +53,7 @@ func TestDefaultConfig(t *testing.T) {
 	if err := c.validate(); err != nil {
 		t.Fatal(err)
 	}
-	if c.Relay.BatchSize != 2000 || c.Kafka.Parallel.Window != 1024 || c.Kafka.Parallel.MaxInFlightBytes != 64<<20 || !c.Relay.Enabled || c.Admin.Listen != "127.0.0.1:9464" {
+	if c.Relay.BatchSize != 10000 || c.Kafka.Parallel.Window != 1024 || c.Kafka.Parallel.MaxInFlightBytes != 64<<20 || !c.Relay.Enabled || c.Admin.Listen != "127.0.0.1:9464" {
 		t.Fatalf("defaults: %+v", c)
 	}
 	loaded, err := LoadConfig("")

@@ -11,7 +11,7 @@ import (
 func TestRelayConfigDefaultsAreTheRouters(t *testing.T) {
 	var c RelayConfig
 	c.setDefaults()
-	want := RelayConfig{Table: "outbox", BatchSize: 2000, Linger: 5 * time.Millisecond, PollInterval: 50 * time.Millisecond,
+	want := RelayConfig{Table: "outbox", BatchSize: 10000, BatchBytes: 16 << 20, Linger: 5 * time.Millisecond, PollInterval: 50 * time.Millisecond,
 		RetryBackoff: time.Second, MaxRetryBackoff: 5 * time.Second, LagBound: time.Minute,
 		Retention: 7 * 24 * time.Hour, CleanupInterval: time.Minute, CleanupBatch: 500, Shard: "default", Shards: 1,
 		PositionsTopic: DefaultPositionsTopic, LeaseTTL: 10 * time.Second, TxnTimeout: 30 * time.Second}
@@ -19,7 +19,7 @@ func TestRelayConfigDefaultsAreTheRouters(t *testing.T) {
 	if c.TransactionalID != "" {
 		t.Fatalf("default transactional id %q set before the database is known", c.TransactionalID)
 	}
-	if c.Table != want.Table || c.BatchSize != want.BatchSize || c.Linger != want.Linger || c.PollInterval != want.PollInterval ||
+	if c.Table != want.Table || c.BatchSize != want.BatchSize || c.BatchBytes != want.BatchBytes || c.Linger != want.Linger || c.PollInterval != want.PollInterval ||
 		c.RetryBackoff != want.RetryBackoff || c.MaxRetryBackoff != want.MaxRetryBackoff || c.LagBound != want.LagBound ||
 		c.CleanupInterval != want.CleanupInterval || c.CleanupBatch != want.CleanupBatch || c.Shard != want.Shard ||
 		c.Shards != want.Shards || c.PositionsTopic != want.PositionsTopic || c.LeaseTTL != want.LeaseTTL ||

@@ -21,8 +21,8 @@ type RelayConfig struct {
 	Table string // default "outbox"
 	// BatchSize is the most rows per Kafka batch. In exactly-once mode a batch is a Kafka
 	// transaction. Larger batches republish more after an abort. See docs/BENCHMARKS.md,
-	// section "relay.batch_size 2000".
-	BatchSize int `key:"batch_size" default:"2000" range:"1..10000" help:"events per Kafka transaction (larger: fewer commits, more republished after an abort; docs/BENCHMARKS.md, Why the defaults)"`
+	// section "relay.batch_size 10000".
+	BatchSize int `key:"batch_size" default:"10000" range:"1..10000" help:"events per Kafka transaction (larger: fewer commits, more republished after an abort; docs/BENCHMARKS.md, Why the defaults)"`
 	// BatchBytes bounds a batch by the bytes of its events as read: their payloads, keys,
 	// event ids, types, topics and headers. A batch stops at the first event that brings it
 	// to BatchBytes or over, so it holds at least one event and at most BatchBytes plus one

@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"github.com/onceflow/onceflow/outbox"
 	"os"
 	"slices"
 	"strings"
@@ -96,7 +97,7 @@ func parseConfig(args []string) (*config, error) {
 	fs.IntVar(&c.relayN, "relay-events", 50000, "outbox rows for the relay measurement")
 	fs.IntVar(&c.rowsOrders, "rows-orders", 30000, "orders of each rows run (the coupon plugin's rows per order, one table at a time)")
 	fs.IntVar(&c.stormN, "storm-orders", 10000, "orders in the duplicate storm")
-	fs.IntVar(&c.relayBatch, "relay-batch", 2000, "relay batch size (events per Kafka transaction)")
+	fs.IntVar(&c.relayBatch, "relay-batch", outbox.RelayConfig{}.WithDefaults().BatchSize, "relay batch size (events per Kafka transaction; the relay's relay.batch_size by default)")
 	fs.IntVar(&c.relayShards, "relay-shards", 4, "outbox shards of the sharded exactly-once relay measurement (<2 skips it)")
 	fs.IntVar(&c.stormK, "storm-deliveries", 50, "deliveries of each order in the storm")
 	fs.IntVar(&c.e2eSPT, "e2e-steps-per-tx", 1, "inbox.steps_per_transaction of the end-to-end runs")
