@@ -94,7 +94,7 @@ func parseConfig(args []string) (*config, error) {
 	fs.IntVar(&c.orders, "orders", 5000, "orders per database measurement")
 	fs.IntVar(&c.workers, "workers", 16, "concurrent workers (database measurements)")
 	fs.IntVar(&c.e2eN, "e2e-orders", 5000, "orders for the end-to-end throughput run")
-	fs.IntVar(&c.relayN, "relay-events", 50000, "outbox rows for the relay measurement")
+	fs.IntVar(&c.relayN, "relay-events", 250000, "outbox rows for the relay measurement (25 batches of the relay's relay.batch_size)")
 	fs.IntVar(&c.rowsOrders, "rows-orders", 30000, "orders of each rows run (the coupon plugin's rows per order, one table at a time)")
 	fs.IntVar(&c.stormN, "storm-orders", 10000, "orders in the duplicate storm")
 	fs.IntVar(&c.relayBatch, "relay-batch", outbox.RelayConfig{}.WithDefaults().BatchSize, "relay batch size (events per Kafka transaction; the relay's relay.batch_size by default)")
