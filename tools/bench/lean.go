@@ -59,8 +59,9 @@ func (s *suite) leanGroup(ctx context.Context) error {
 	if n == 0 {
 		return nil
 	}
-	if s.dialect.IsPostgres() {
-		return errors.New("lean: MariaDB only")
+	if s.dialect.IsPostgres() { // its claim is MariaDB's INSERT IGNORE … RETURNING
+		fmt.Println("bench: lean: MariaDB only, not run on this -dsn")
+		return nil
 	}
 	in, out, clean, err := s.routerTopics(ctx)
 	if err != nil {
