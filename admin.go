@@ -62,6 +62,7 @@ func (p *pipeline) admin() part {
 			if a.Config.Admin.Pprof {
 				mux.Handle("/debug/pprof/", requireToken(token, http.HandlerFunc(pprof.Index)))
 				mux.Handle("/debug/pprof/profile", requireToken(token, http.HandlerFunc(pprof.Profile)))
+				mux.Handle("/debug/pprof/trace", requireToken(token, http.HandlerFunc(pprof.Trace)))
 			}
 			con, err = a.newConsole(ctx, p.db, p.m, token)
 			if err != nil {

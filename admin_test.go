@@ -285,7 +285,7 @@ func TestAdminPprof(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for path, want := range map[string]string{"/debug/pprof/": "goroutine", "/debug/pprof/heap?debug=1": "heap profile", "/debug/pprof/profile?seconds=1": ""} {
+		for path, want := range map[string]string{"/debug/pprof/": "goroutine", "/debug/pprof/heap?debug=1": "heap profile", "/debug/pprof/profile?seconds=1": "", "/debug/pprof/trace?seconds=1": ""} {
 			resp, err := http.Get("http://" + addr + path)
 			if err != nil {
 				t.Fatal(err)
