@@ -33,12 +33,21 @@ func (e *eosShard) batch(ctx context.Context, pipelined bool) (_ int, err error)
 			return 0, err
 		}
 	}
+	// An idle relay, which nothing handed rows, looks for a pending row first: one
+	// index-only query per poll instead of three. Once one is there, the batch reads as
+	// below.
+	if e.idle && (r.handoff == nil || r.handoff.empty()) {
+		if n, err := e.readPending(ctx, nil); err != nil || n == 0 {
+			return 0, err
+		}
+	}
 	// The parked keys are read before and after the pending read. See atLeastOnce.claim.
 	before, err := r.parkedKeys(ctx, r.db)
 	if err != nil {
 		return 0, err
 	}
 	rows, err := e.pending(ctx)
+	e.idle = err == nil && len(rows) == 0
 	if err != nil || len(rows) == 0 {
 		return 0, err
 	}

@@ -70,6 +70,9 @@ type eosShard struct {
 	// the rows of a batch taken from the hand-off of handoff.go. All three are under mu.
 	pendIDs, pendHashes []int64
 	handed              []handedRow
+	// idle is whether the last batch's read found nothing pending. The next batch then
+	// looks for a pending row first, before it reads the parked keys. It is under mu.
+	idle bool
 	// foreignSeen is the session/seq of the last foreign batch position that a session start
 	// logged at WARN, in reconcile.go. It is under mu.
 	foreignSeen string

@@ -304,6 +304,7 @@ type parkEntry struct {
 // wait behind. The table is small, because it holds only refused events and the later
 // events of their keys.
 func (r *relayBase) parkedKeys(ctx context.Context, q queryer) (map[string]string, error) {
+	r.hook("parked-keys")
 	rows, err := q.QueryContext(ctx, r.q.parkedKeys)
 	if err != nil {
 		return nil, fmt.Errorf("read parked outbox keys (migration 00010 creates %s): %w", parkedTable(r.cfg.Table), err)

@@ -121,7 +121,8 @@ type RelayConfig struct {
 
 	// Hook, when set, is called at named points of a batch. "linger" comes just before a
 	// partial batch waits. "read" comes just before the exactly-once relay reads a batch's
-	// rows in full. The others are "before-kafka-commit", "after-kafka-commit",
+	// rows in full. "parked-keys" comes before each read of the keys with parked events.
+	// The others are "before-kafka-commit", "after-kafka-commit",
 	// "before-mark" and "after-mark". In exactly-once mode under Run, the goroutine that
 	// marks the batch in the background calls the last two. Crash tests use Hook to exit the
 	// process at these points.

@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -66,4 +67,44 @@ func TestRelayWakeLingersOnce(t *testing.T) {
 		t.Fatal("the woken relay never lingered on its partial batch")
 	}
 	waitAllPublished(t, d.DB, 1, 20*time.Second)
+}
+
+// TestEOSRelayIdleReadsOnce: an idle exactly-once relay, polling every 20 ms with no
+// backoff, reads the outbox with one query per poll. The parked keys are read once a
+// pending row is there, before and after its read, so a row added later is published as
+// before. Read at every poll, they would have been read about 50 times within the second.
+func TestEOSRelayIdleReadsOnce(t *testing.T) {
+	t.Parallel()
+	d := testenv.DB(t, 4)
+	k := testenv.Kafka(t)
+	topic := testenv.Topic(t, k, "outbox-eos-idle", 1)
+	var parkedReads atomic.Int64
+	cfg := eosConfig(t, k, outbox.RelayConfig{PollInterval: 20 * time.Millisecond, Linger: -1,
+		Hook: func(point string) {
+			if point == "parked-keys" {
+				parkedReads.Add(1)
+			}
+		}})
+	relay := newEOSRelay(t, d.DB, k, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = relay.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	deadline := time.Now().Add(30 * time.Second)
+	for parkedReads.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // until the session's first batch
+	}
+	time.Sleep(100 * time.Millisecond) // its first polls, which find the outbox empty
+	idleFrom := parkedReads.Load()
+	time.Sleep(time.Second)
+	if n := parkedReads.Load() - idleFrom; n > 0 {
+		t.Errorf("an idle relay read the parked keys %d times in 1 s of 20 ms polls, want 0", n)
+	}
+	ids := addN(t, d.DB, topic, "idle", 3)
+	waitAllPublished(t, d.DB, 3, 30*time.Second)
+	if n := parkedReads.Load() - idleFrom; n < 2 {
+		t.Errorf("the parked keys were read %d times for the batch after the idle polls, want 2 (before and after its read)", n)
+	}
+	assertExactlyOnce(t, readAll(t, k, topic), ids)
 }
