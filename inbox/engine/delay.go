@@ -95,5 +95,11 @@ func (ib *Inbox) delay(ctx context.Context, dec decoded, reason Reason, cause er
 	if err != nil {
 		return Result{}, false, fmt.Errorf("delay %q (%s): %w", dec.Key, reason, err)
 	}
+	if delayed {
+		select {
+		case ib.delayed <- struct{}{}: // the redeliverer looks at it from now on
+		default:
+		}
+	}
 	return res, delayed, nil
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -105,6 +106,10 @@ type Inbox struct {
 	tr     trace.Tracer  // from Config.TracerProvider, or nil for no tracing
 	br     *breaker      // nil for no circuit breaker, with Config.BreakerOff or in a command's inbox
 	leases *callLeases   // the keys' call leases, taken before a Preparer's calls, in calls.go
+	// delayed ends the redeliverer's idle backoff: delay sends on it, without blocking, once
+	// it has stored a row waiting for a delayed redelivery.
+	delayed chan struct{}
+	looks   atomic.Int64 // the redeliverer's looks for due rows, for RedeliveryLooks
 	// replyQuery reads a command's stored response and replySave stores responses. NewCommand
 	// sets them, and they are empty for a Kafka inbox.
 	replyQuery, replySave string
@@ -127,7 +132,7 @@ func New(db *sql.DB, h inbox.Handler, cfg Config, logger watermill.LoggerAdapter
 	}
 	d := dbx.DialectOf(db)
 	ib := &Inbox{db: db, h: h, cfg: cfg, logger: logger.With(watermill.LogFields{"biz_type": cfg.BizType}), obs: obs, d: d, q: newQueries(cfg.Table, d),
-		calls: make(chan struct{}, cfg.MaxInFlightCalls), tr: tracex.Tracer(cfg.TracerProvider, tracerScope)}
+		calls: make(chan struct{}, cfg.MaxInFlightCalls), tr: tracex.Tracer(cfg.TracerProvider, tracerScope), delayed: make(chan struct{}, 1)}
 	ib.br = newBreaker(cfg, ib.breakerChanged)
 	ib.leases = newCallLeases(ib)
 	return ib, nil

@@ -319,3 +319,50 @@ func TestBreakerCountsDeliveries(t *testing.T) {
 		t.Fatalf("breaker %v (opened %d times) after one delivery's retries, want closed", s.State, s.Opens)
 	}
 }
+
+// TestRedeliveriesIdleBackOff: with no row waiting for a delayed redelivery, the
+// redeliverer's looks back off (RedeliverEvery 20 ms, doubling up to 8 s), and a row this
+// inbox delays ends the backoff at once. Looking every 20 ms would have made about 100
+// looks in the first 2 s. After the ninth look the next is 5 s away. A delivery delayed
+// then is still run again about its 100 ms backoff later, and granted once.
+func TestRedeliveriesIdleBackOff(t *testing.T) {
+	var down atomic.Bool
+	var calls atomic.Int64
+	down.Store(true)
+	p := newPipeline(t, pipelineOpts{outage: true, wrap: failingOrder("A", &down, &calls), inboxCfg: engine.Config{
+		MaxAttempts: 1, DelayedRetries: 100, DelayedBackoff: 100 * time.Millisecond, DelayedBackoffMax: 100 * time.Millisecond,
+		RedeliverEvery: 20 * time.Millisecond, BreakerOff: true}})
+	ctx, cancel := context.WithCancel(context.Background())
+	redelivering := make(chan struct{})
+	go func() { defer close(redelivering); _ = p.inbox.RunRedeliveries(ctx) }()
+	defer func() { cancel(); <-redelivering }()
+
+	time.Sleep(2 * time.Second)
+	if n := p.inbox.RedeliveryLooks(); n > 12 {
+		t.Errorf("%d looks for due redeliveries in 2 s with nothing delayed, want at most 12 (backing off from 20 ms)", n)
+	}
+	// The ninth look comes about 5.1 s in; the next would be 5.12 s after it.
+	waitFor(t, "the ninth look", 30*time.Second, func() (bool, string) {
+		return p.inbox.RedeliveryLooks() >= 9, fmt.Sprintf("%d looks", p.inbox.RedeliveryLooks())
+	})
+	time.Sleep(300 * time.Millisecond) // the look has ended
+	r, err := p.inbox.Process(context.Background(), orderMsg("A", "u1"), inbox.Source{Topic: "order-paid"}, engine.ProcessOptions{})
+	if err != nil || r.Outcome != engine.OutcomeDelayed {
+		t.Fatalf("A: %+v, %v; want it delayed", r, err)
+	}
+	delayedAt := time.Now()
+	waitFor(t, "A run again", 30*time.Second, func() (bool, string) {
+		return calls.Load() >= 2, fmt.Sprintf("%d calls", calls.Load())
+	})
+	if d := time.Since(delayedAt); d > 2*time.Second {
+		t.Errorf("A was run again %s after it was delayed, want about its 100 ms backoff (the delay ends the redeliverer's idle wait)", d)
+	}
+	down.Store(false)
+	waitFor(t, "A granted", 30*time.Second, func() (bool, string) {
+		st, r, rounds := rowState(t, p.db.DB, "A")
+		return st == "done", fmt.Sprintf("%s/%s after %d rounds", st, r, rounds)
+	})
+	if n := count(t, p.db.DB, `SELECT COUNT(*) FROM user_coupon WHERE order_id = 'A'`); n != 1 {
+		t.Fatalf("order A has %d coupons, want 1", n)
+	}
+}

@@ -31,24 +31,51 @@ const (
 // RunRedeliveries runs the inbox's due delayed redeliveries with RedeliverDue, every
 // Config.RedeliverEvery until ctx ends. It then returns nil. Several routers may run it on
 // one inbox table, because one of them at a time claims each row.
+//
+// A look that finds no row of the biz type waiting for a delayed redelivery, due or not,
+// doubles the wait before the next one, up to redeliverIdleMax. A row this inbox delays
+// ends that wait at once. So an idle router does not query the inbox every second, and a
+// row another process delayed is found within redeliverIdleMax. Its own router, while it
+// runs, redelivers it on time.
 func (ib *Inbox) RunRedeliveries(ctx context.Context) error {
 	if ib.cfg.DelayedRetries <= 0 || ib.replyQuery != "" {
 		<-ctx.Done()
 		return nil
 	}
-	t := time.NewTicker(ib.cfg.RedeliverEvery)
-	defer t.Stop()
+	idle := 0 // looks in a row that found no delayed row
 	for {
-		if _, err := ib.RedeliverDue(ctx, time.Now()); err != nil && ctx.Err() == nil {
+		_, waiting, err := ib.redeliverDue(ctx, time.Now())
+		if err != nil && ctx.Err() == nil {
 			ib.logger.Error("delayed redelivery", err, nil)
 		}
+		wait := ib.cfg.RedeliverEvery
+		if err == nil && !waiting {
+			for range min(idle, 16) {
+				wait = min(2*wait, max(redeliverIdleMax, ib.cfg.RedeliverEvery))
+			}
+			idle++
+		} else {
+			idle = 0
+		}
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return nil
 		case <-t.C:
+		case <-ib.delayed:
+			t.Stop()
+			idle = 0
 		}
 	}
 }
+
+// RedeliveryLooks is how many times the inbox looked for due delayed redeliveries.
+func (ib *Inbox) RedeliveryLooks() int64 { return ib.looks.Load() }
+
+// redeliverIdleMax is the longest wait of RunRedeliveries between two looks that find no
+// delayed row.
+const redeliverIdleMax = 8 * time.Second
 
 // redeliveryLease is how long a claimed row is left to the redeliverer that claimed it. It
 // is long enough for the row's immediate attempts. Should a run outlast it, another
@@ -67,24 +94,38 @@ func (c Config) redeliveryLease() time.Duration {
 // run at once. Nothing starts while the breaker is open. RedeliverDue returns the number
 // of rows it ran.
 func (ib *Inbox) RedeliverDue(ctx context.Context, now time.Time) (int, error) {
+	ran, _, err := ib.redeliverDue(ctx, now)
+	return ran, err
+}
+
+// redeliverDue is RedeliverDue. It also reports whether the look found a row waiting for a
+// delayed redelivery, due or not.
+func (ib *Inbox) redeliverDue(ctx context.Context, now time.Time) (ran int, waiting bool, err error) {
+	ib.looks.Add(1)
 	t := ib.cfg.Table
-	rows, err := ib.db.QueryContext(ctx, ib.d.Rebind(fmt.Sprintf(`SELECT id FROM %s WHERE biz_type = ? AND status = 'failed' AND reason = 'delayed' AND retry_at <= ?
- ORDER BY retry_at, id LIMIT %d`, t, redeliverPage)), ib.cfg.BizType, now.UTC())
+	// One read finds the due rows and whether any row waits: the earliest rows of the biz
+	// type waiting for a delayed redelivery, due first.
+	rows, err := ib.db.QueryContext(ctx, ib.d.Rebind(fmt.Sprintf(`SELECT id, CASE WHEN retry_at <= ? THEN 1 ELSE 0 END FROM %s WHERE biz_type = ? AND status = 'failed' AND reason = 'delayed'
+ ORDER BY retry_at, id LIMIT %d`, t, redeliverPage)), now.UTC(), ib.cfg.BizType)
 	if err != nil {
-		return 0, fmt.Errorf("inbox %s: due redeliveries: %w", ib.cfg.BizType, err)
+		return 0, false, fmt.Errorf("inbox %s: due redeliveries: %w", ib.cfg.BizType, err)
 	}
 	var ids []int64
 	for rows.Next() {
 		var id int64
-		if err := rows.Scan(&id); err != nil {
+		var due int
+		if err := rows.Scan(&id, &due); err != nil {
 			rows.Close()
-			return 0, fmt.Errorf("inbox %s: due redeliveries: %w", ib.cfg.BizType, err)
+			return 0, false, fmt.Errorf("inbox %s: due redeliveries: %w", ib.cfg.BizType, err)
 		}
-		ids = append(ids, id)
+		waiting = true
+		if due == 1 {
+			ids = append(ids, id)
+		}
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return 0, fmt.Errorf("inbox %s: due redeliveries: %w", ib.cfg.BizType, err)
+		return 0, false, fmt.Errorf("inbox %s: due redeliveries: %w", ib.cfg.BizType, err)
 	}
 	claim := ib.d.Rebind(fmt.Sprintf(`UPDATE %s SET retry_at = ? WHERE id = ? AND status = 'failed' AND reason = 'delayed' AND retry_at <= ?`, t))
 	load := ib.d.Rebind(fmt.Sprintf(`SELECT message_uuid, topic, kafka_partition, kafka_offset, payload, metadata, tombstone FROM %s WHERE id = ?`, t))
@@ -92,7 +133,6 @@ func (ib *Inbox) RedeliverDue(ctx context.Context, now time.Time) (int, error) {
 		wg    sync.WaitGroup
 		slots = make(chan struct{}, redeliverConcurrency)
 		mu    sync.Mutex
-		ran   int
 		errs  []error
 	)
 	failed := func() bool {
@@ -162,5 +202,5 @@ func (ib *Inbox) RedeliverDue(ctx context.Context, now time.Time) (int, error) {
 		}()
 	}
 	wg.Wait()
-	return ran, errors.Join(errs...)
+	return ran, waiting, errors.Join(errs...)
 }
