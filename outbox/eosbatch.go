@@ -34,8 +34,8 @@ func (e *eosShard) batch(ctx context.Context, pipelined bool) (_ int, err error)
 		}
 	}
 	// An idle relay, which nothing handed rows, looks for a pending row first: one
-	// index-only query per poll instead of three. Once one is there, the batch reads as
-	// below.
+	// index-only query per poll instead of the parked keys and the pending ids. Once a row
+	// is there, the batch reads as below.
 	if e.idle && (r.handoff == nil || r.handoff.empty()) {
 		if n, err := e.readPending(ctx, nil); err != nil || n == 0 {
 			return 0, err
