@@ -27,7 +27,13 @@ type ConsumerCollector struct {
 	sources []PartitionStatsSource
 	lags    LagJudge // nil: the offsets' difference as it is
 
-	lag, oldest, inFlight, inFlightBytes *prometheus.Desc
+	lag, oldest, inFlight, inFlightBytes, skipped *prometheus.Desc
+}
+
+// skippedSource is a source that counts the messages it did not hand out again because an
+// earlier claim of their partition acked them, as kafkax.ParallelSubscriber does.
+type skippedSource interface {
+	SkippedAcked() int64
 }
 
 var _ prometheus.Collector = (*ConsumerCollector)(nil)
@@ -50,6 +56,10 @@ func NewConsumerCollector() *ConsumerCollector {
 		inFlightBytes: prometheus.NewDesc("onceflow_consumer_in_flight_bytes",
 			"What the partition's deliveries in flight cost the router's kafka.max_in_flight_bytes budget: their values (cut ones as cut), keys and headers, plus a fixed overhead each."+only,
 			labels, nil),
+		skipped: prometheus.NewDesc("onceflow_consumer_acked_skipped_total",
+			"Messages not handed out again after a rebalance or a restart because the partition's earlier claim acked them past its committed offset"+
+				" (listed in the offset commit's metadata): copies the inbox did not have to turn away."+only,
+			nil, nil),
 	}
 }
 
@@ -87,6 +97,7 @@ func (c *ConsumerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.oldest
 	ch <- c.inFlight
 	ch <- c.inFlightBytes
+	ch <- c.skipped
 }
 
 // PartitionSummary is one partition claimed by this process, as the collector exports it.
@@ -154,5 +165,17 @@ func (c *ConsumerCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, p.OldestUnacked.Seconds(), lv...)
 		ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(p.InFlight), lv...)
 		ch <- prometheus.MustNewConstMetric(c.inFlightBytes, prometheus.GaugeValue, float64(p.InFlightBytes), lv...)
+	}
+	c.mu.Lock()
+	var skipped int64
+	counted := false
+	for _, src := range c.sources {
+		if s, ok := src.(skippedSource); ok {
+			skipped, counted = skipped+s.SkippedAcked(), true
+		}
+	}
+	c.mu.Unlock()
+	if counted {
+		ch <- prometheus.MustNewConstMetric(c.skipped, prometheus.CounterValue, float64(skipped))
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/onceflow/onceflow/internal/metrics"
 	"github.com/onceflow/onceflow/pkg/kafkax"
 )
@@ -100,4 +102,34 @@ onceflow_consumer_oldest_unacked_seconds{group=g,partition=1,topic=t} 0.25
 	if got := series(t, m); got != want {
 		t.Fatalf("after the rebalance, series:\n%s\nwant:\n%s", got, want)
 	}
+}
+
+// skippingSource is a source that counts messages not handed out again.
+type skippingSource struct {
+	fakeSource
+	n int64
+}
+
+func (s *skippingSource) SkippedAcked() int64 { return s.n }
+
+func TestConsumerCollectorSkippedAcked(t *testing.T) {
+	m := metrics.New(nil)
+	m.Consumers.Add(&skippingSource{n: 7})
+	m.Consumers.Add(&skippingSource{n: 5})
+	m.Consumers.Add(&fakeSource{})
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(m.Consumers)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "onceflow_consumer_acked_skipped_total" {
+			if got := mf.GetMetric()[0].GetCounter().GetValue(); got != 12 {
+				t.Fatalf("onceflow_consumer_acked_skipped_total %v, want 12, the sum of the sources that count", got)
+			}
+			return
+		}
+	}
+	t.Fatal("no onceflow_consumer_acked_skipped_total")
 }

@@ -50,3 +50,7 @@ func IdlePaused(sub *ParallelSubscriber) int {
 	}
 	return n
 }
+
+// WithoutAckedMetadata makes sub write and read no acked messages past its committed
+// offsets, as before they were written. Call it before Subscribe.
+func WithoutAckedMetadata(sub *ParallelSubscriber) { sub.noAckedMetadata = true }

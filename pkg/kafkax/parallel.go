@@ -30,10 +30,11 @@ type ParallelConfig struct {
 	// marked offset, the offset that may be committed. It is the span from the oldest
 	// un-acked message to the newest message handed out. It bounds the un-acked messages
 	// per partition. It also bounds how many messages a crash can redeliver, beyond those
-	// acked within the last auto-commit interval. Handlers that wait on slow calls inside
+	// acked within the last auto-commit interval: the messages acked past the marked
+	// offset are committed with it, in its metadata (acked.go). Handlers that wait on slow calls inside
 	// the window need a large one. See docs/BENCHMARKS.md, section "kafka.window 1024,
 	// kafka.max_in_flight_bytes 64 MiB and runtime.gogc 100".
-	Window int `key:"window" default:"1024" range:"1..100000" help:"most un-acked messages handed out per partition at once (per-key order kept; offsets committed only past acked messages; a crash redelivers at most this many per partition); 1: watermill-kafka's one-at-a-time subscriber"`
+	Window int `key:"window" default:"1024" range:"1..100000" help:"most un-acked messages handed out per partition at once (per-key order kept; offsets committed only past acked messages, with those acked beyond in the commit's metadata, so a rebalance or a crash redelivers only those un-acked at the last commit, at most this many per partition); 1: watermill-kafka's one-at-a-time subscriber"`
 	// NackResendSleep is how long a nacked message waits before it is handed out again. The
 	// default is 100ms, as in watermill-kafka. A negative value means no wait.
 	NackResendSleep time.Duration
@@ -167,6 +168,9 @@ type ParallelSubscriber struct {
 
 	sweeps     atomic.Int64 // sweeps of the claims' windows (sweepOnce), which the tests count
 	idlePauses atomic.Int64 // claims the idler paused, which the tests count
+
+	skippedAcked    atomic.Int64 // messages not handed out again, acked by an earlier claim
+	noAckedMetadata bool         // write and read no acked messages past the offsets (tests)
 }
 
 var _ message.Subscriber = (*ParallelSubscriber)(nil)
@@ -416,6 +420,9 @@ func (s *ParallelSubscriber) consume(ctx context.Context, f *feed, output chan<-
 	}()
 
 	h := &parallelHandler{s: s, feed: f, ctx: ctx, output: output, logFields: logFields}
+	if og, ok := group.(*ownGroup); ok {
+		h.coord = og.clients[1]
+	}
 	for ctx.Err() == nil {
 		// With an eager strategy Consume returns after every rebalance and is called again, as
 		// in watermill-kafka. With cooperative-sticky one session goes on across rebalances,
@@ -443,6 +450,7 @@ type parallelHandler struct {
 	ctx       context.Context // cancelled on Close or when the Subscribe context ends
 	output    chan<- *message.Message
 	logFields watermill.LogFields
+	coord     sarama.Client // the group's coordinating client, for the metadata committed with its offsets; nil: none read
 }
 
 // Setup opens the read-ahead of every partition of the session before Sarama starts
@@ -491,6 +499,10 @@ func (h *parallelHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim s
 		marked:    max(claim.InitialOffset(), -1), // Sarama's OffsetOldest or OffsetNewest, below 0, is not known yet
 	}
 	r.idle.lastMark = r.marked
+	if r.skip = h.committedAcked(r.topic, r.partition, claim.InitialOffset(), r.logFields); len(r.skip) > 0 {
+		h.s.logger.Info("Partition claimed with messages acked past its committed offset; they are not handed out again",
+			r.logFields.Add(watermill.LogFields{"acked_runs": len(r.skip), "acked_from": r.skip[0].first, "acked_to": r.skip[len(r.skip)-1].last}))
+	}
 	h.s.track(r)
 	defer h.s.untrack(r)
 	return r.run(claim.Messages())
@@ -628,6 +640,12 @@ type claimRun struct {
 
 	idleMu sync.Mutex
 	idle   idleState
+
+	// The acked messages past the marked offset, written with it (acked.go). Under mu.
+	ackedTimer *time.Timer  // marks them within ackedEvery, nil when not due
+	ackedMD    string       // the metadata marked last with the marked offset
+	ackedDone  bool         // the claim ended: nothing is marked any more
+	skip       []ackedRange // acked by an earlier claim: not handed out again (read's alone)
 }
 
 func (r *claimRun) run(msgs <-chan *sarama.ConsumerMessage) error {
@@ -645,6 +663,7 @@ func (r *claimRun) run(msgs <-chan *sarama.ConsumerMessage) error {
 	r.mu.Unlock()
 	r.watchers.Wait()
 	r.releaseAbandoned()
+	r.stopAcked()
 	r.h.s.logger.Debug("Partition claim done", r.logFields)
 	return err
 }
@@ -661,6 +680,15 @@ func (r *claimRun) read(msgs <-chan *sarama.ConsumerMessage) error {
 			km = m
 		case <-r.stop:
 			return nil
+		}
+		if len(r.skip) > 0 && r.skipAcked(km.Offset) {
+			if ch, charged := r.ahead.take(km); charged {
+				r.h.s.budget.release(ch.cost)
+			}
+			if !r.admitAcked(&slot{r: r, offset: km.Offset}) {
+				return nil
+			}
+			continue
 		}
 		ch, charged := r.ahead.take(km)
 		if !charged {
@@ -1016,6 +1044,26 @@ func (r *claimRun) ack(sl *slot) {
 		r.unsettled--
 		r.h.s.budget.release(sl.cost)
 	}
+	r.advanceLocked()
+	if len(r.queue) > 0 && sl.offset > r.queue[0].offset {
+		// sl stays in the queue, acked past an un-acked message: it is written with the
+		// marked offset, so that the partition's next claim does not hand it out again.
+		r.noteAckedLocked()
+	}
+	r.mu.Unlock()
+	r.signal()
+	if next != nil {
+		// ack runs in the acked message's watcher, the sweep or returned, which keep the
+		// watchers' count above zero. The next message is handed out while the claim drains
+		// too, so that what the claim acks is contiguous.
+		r.handOut(next.sl, next.msg, r.abandon)
+	}
+}
+
+// advanceLocked drops the acked prefix of the queue and marks the offset past it. The
+// caller holds r.mu. Marking a new offset drops the metadata marked with the one before,
+// and the acked messages still past it are noted again.
+func (r *claimRun) advanceLocked() {
 	last := int64(-1)
 	for len(r.queue) > 0 && r.queue[0].acked {
 		last = r.queue[0].offset
@@ -1025,14 +1073,12 @@ func (r *claimRun) ack(sl *slot) {
 	if last >= 0 {
 		r.sess.MarkOffset(r.topic, r.partition, last+1, "")
 		r.marked = last + 1
-	}
-	r.mu.Unlock()
-	r.signal()
-	if next != nil {
-		// ack runs in the acked message's watcher, the sweep or returned, which keep the
-		// watchers' count above zero. The next message is handed out while the claim drains
-		// too, so that what the claim acks is contiguous.
-		r.handOut(next.sl, next.msg, r.abandon)
+		if r.ackedMD != "" {
+			r.ackedMD = ""
+			if len(r.queue) > 0 {
+				r.noteAckedLocked()
+			}
+		}
 	}
 }
 
