@@ -136,7 +136,7 @@ func (r *claimRun) ackedRunsLocked() []ackedRange {
 // noteAckedLocked makes sure the acked messages past the marked offset are written with
 // it within ackedEvery. The caller holds r.mu.
 func (r *claimRun) noteAckedLocked() {
-	if r.ackedTimer != nil || r.ackedDone || r.h.s.noAckedMetadata {
+	if r.ackedTimer != nil || r.ackedDone || r.h.s.ackedOff() {
 		return
 	}
 	r.ackedTimer = time.AfterFunc(ackedEvery, r.markAcked)
@@ -156,10 +156,13 @@ func (r *claimRun) markAcked() {
 // markAckedLocked is markAcked for a caller holding r.mu. Sarama's ResetOffset, at the
 // offset marked already, replaces only the metadata.
 func (r *claimRun) markAckedLocked() {
-	if r.marked < 0 || r.h.s.noAckedMetadata {
+	if r.marked < 0 {
 		return
 	}
-	md := encodeAcked(r.marked, r.ackedRunsLocked())
+	md := ""
+	if !r.h.s.ackedOff() {
+		md = encodeAcked(r.marked, r.ackedRunsLocked())
+	}
 	if md == r.ackedMD {
 		return
 	}
@@ -188,7 +191,7 @@ const ackedFetchWait = 2 * time.Second
 // acked runs it lists past initial, the offset the claim starts from. An error, or no
 // answer within ackedFetchWait, leaves every message to be read again.
 func (h *parallelHandler) committedAcked(topic string, partition int32, initial int64, logFields watermill.LogFields) []ackedRange {
-	if h.coord == nil || initial < 0 || h.s.noAckedMetadata {
+	if h.coord == nil || initial < 0 || h.s.ackedOff() {
 		return nil
 	}
 	type answer struct {
@@ -278,3 +281,33 @@ func (r *claimRun) admitAcked(sl *slot) bool {
 // SkippedAcked is how many messages the subscriber did not hand out again because an
 // earlier claim of their partition acked them past its committed offset.
 func (s *ParallelSubscriber) SkippedAcked() int64 { return s.skippedAcked.Load() }
+
+// ackedOff reports whether the subscriber writes and reads no acked messages past its
+// committed offsets: a test turned them off, or the broker refused their metadata.
+func (s *ParallelSubscriber) ackedOff() bool { return s.noAckedMetadata || s.ackedRefused.Load() }
+
+// refuseAcked stops writing the acked messages past the committed offsets, once the broker
+// refused an offset commit for its metadata (ErrOffsetMetadataTooLarge: its
+// offset.metadata.max.bytes is under ackedMetadataMax). Sarama keeps the refused offset
+// marked, so every claim marks its offset again at once without metadata, and later
+// commits carry none: the offsets move on, and a rebalance or a restart redelivers the
+// messages acked past them, as with no metadata at all.
+func (s *ParallelSubscriber) refuseAcked(logFields watermill.LogFields) {
+	if s.ackedRefused.Swap(true) {
+		return
+	}
+	s.logger.Error("The broker refuses the acked messages past the committed offsets in the commit's metadata; "+
+		"offsets are committed without them from now on, so a rebalance or a restart redelivers those messages. "+
+		"Raise the brokers' offset.metadata.max.bytes to at least 2048 to keep them", sarama.ErrOffsetMetadataTooLarge, logFields)
+	s.claimsMu.Lock()
+	runs := make([]*claimRun, 0, len(s.claims))
+	for r := range s.claims {
+		runs = append(runs, r)
+	}
+	s.claimsMu.Unlock()
+	for _, r := range runs {
+		r.mu.Lock()
+		r.markAckedLocked()
+		r.mu.Unlock()
+	}
+}

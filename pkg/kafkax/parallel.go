@@ -171,6 +171,7 @@ type ParallelSubscriber struct {
 
 	skippedAcked    atomic.Int64 // messages not handed out again, acked by an earlier claim
 	noAckedMetadata bool         // write and read no acked messages past the offsets (tests)
+	ackedRefused    atomic.Bool  // the broker refused their metadata: none written any more
 }
 
 var _ message.Subscriber = (*ParallelSubscriber)(nil)
@@ -409,6 +410,10 @@ func (s *ParallelSubscriber) consume(ctx context.Context, f *feed, output chan<-
 			case err, ok := <-errs:
 				if !ok {
 					return
+				}
+				if errors.Is(err, sarama.ErrOffsetMetadataTooLarge) {
+					s.refuseAcked(logFields)
+					continue
 				}
 				if err != nil {
 					s.logger.Error("Sarama consumer group error", err, logFields)
