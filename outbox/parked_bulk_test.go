@@ -90,6 +90,18 @@ func TestRetrySelectedWhileRelaying(t *testing.T) {
 		round()
 	}
 	waitSettled(t, d.DB, 10*keys, 2*time.Minute)
+	// The relay counts what it parked just after the database has it, the total first and
+	// then each reason: wait for the counts to catch up with the rows before reading them.
+	counted := func() int64 {
+		var n int64
+		for _, c := range relay.ParkedBy() {
+			n += c
+		}
+		return min(n, relay.Parked())
+	}
+	for deadline := time.Now().Add(10 * time.Second); counted() < 10*keys && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
 	by := relay.ParkedBy()
 	if by[outbox.ReasonUnknownTopic] != keys || by[outbox.ReasonHeld] != 9*keys || relay.Parked() != 10*keys {
 		t.Errorf("parked by reason %v (total %d), want %d unknown_topic and %d held", by, relay.Parked(), keys, 9*keys)
