@@ -31,9 +31,9 @@ type ParallelConfig struct {
 	// un-acked message to the newest message handed out. It bounds the un-acked messages
 	// per partition. It also bounds how many messages a crash can redeliver, beyond those
 	// acked within the last auto-commit interval: the messages acked past the marked
-	// offset are committed with it, in its metadata (acked.go). Handlers that wait on slow calls inside
-	// the window need a large one. See docs/BENCHMARKS.md, section "kafka.window 1024,
-	// kafka.max_in_flight_bytes 64 MiB and runtime.gogc 100".
+	// offset are committed with it, in its metadata (acked.go). Handlers that wait on slow
+	// calls inside the window need a large one. See docs/BENCHMARKS.md, section
+	// "kafka.window 1024, kafka.max_in_flight_bytes 64 MiB and runtime.gogc 100".
 	Window int `key:"window" default:"1024" range:"1..100000" help:"most un-acked messages handed out per partition at once (per-key order kept; offsets committed only past acked messages, with those acked beyond in the commit's metadata, so a rebalance or a crash redelivers only those un-acked at the last commit, at most this many per partition); 1: watermill-kafka's one-at-a-time subscriber"`
 	// NackResendSleep is how long a nacked message waits before it is handed out again. The
 	// default is 100ms, as in watermill-kafka. A negative value means no wait.
