@@ -138,7 +138,7 @@ bench: infra
 	     $(DOCTABLE) -bench "$$f" ;; esac
 
 ## bench-targets: only what the targets of the hot path read (tools/bench -targets: the
-## relay, peer, router, idle and scaleout groups; the peer and forwarder runs shorter, the
+## relay, peer, router, lean, idle and scaleout groups; the peer and forwarder runs shorter, the
 ## router's stalled runs left out), on the real services; ends with one BENCH name=targets
 ## line (each target pass, fail or missing with its value, and the run's calibration) and
 ## how long it took. About 5 minutes; the documents are left as they are. BENCH_FLAGS are

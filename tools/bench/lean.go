@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -24,6 +25,7 @@ import (
 	"github.com/onceflow/onceflow/inbox"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/pkg/dbx"
+	"github.com/onceflow/onceflow/pkg/kafkax"
 )
 
 // The lean group measures the floor the hot path's targets are set against: a batch-native
@@ -51,18 +53,59 @@ import (
 // bounded by bytes, events written outside a consumed record. So it is the floor, not a
 // design to ship.
 
-// leanGroup runs the lean pipeline on -router-orders pre-loaded orders (-dup-pct of them
-// delivered twice) and reports its CPU per order beside MariaDB's and Kafka's, then checks
-// every order was granted once and its event seen once.
+// leanGroup runs the lean pipeline as the router group runs the router binary: at its peak
+// on -router-orders pre-loaded orders (leanPeak), then paced at -router-rate orders/s
+// (leanAtRate). Either is left out when its flag is 0.
 func (s *suite) leanGroup(ctx context.Context) error {
-	n := s.cfg.routerN
-	if n == 0 {
-		return nil
-	}
 	if s.dialect.IsPostgres() { // its claim is MariaDB's INSERT IGNORE … RETURNING
 		fmt.Println("bench: lean: MariaDB only, not run on this -dsn")
 		return nil
 	}
+	if s.cfg.routerN > 0 {
+		if err := s.leanPeak(ctx); err != nil {
+			return err
+		}
+	}
+	if s.cfg.routerRate > 0 {
+		return s.leanAtRate(ctx)
+	}
+	return nil
+}
+
+// startLean starts the lean pipeline as a child process (this binary with -lean-child) on
+// topics in and out in consumer group group, waiting gap between each poll's database
+// commit and its Kafka transaction; profile names its CPU profile ("" takes none).
+func (s *suite) startLean(in, out, group string, gap time.Duration, profile string) (*child, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(exe, "-lean-child", strings.Join([]string{in, out, group}, ","), "-dsn", s.cfg.appDSN,
+		"-brokers", s.cfg.brokers, "-lean-batch", fmt.Sprint(s.cfg.leanBatch), "-lean-gap", gap.String())
+	// -router-env's fetch settings apply to it too (leanFetchEnv).
+	for _, e := range os.Environ() {
+		if !strings.HasPrefix(e, "ONCEFLOW_") {
+			cmd.Env = append(cmd.Env, e)
+		}
+	}
+	if s.cfg.routerEnv != "" {
+		cmd.Env = append(cmd.Env, strings.Split(s.cfg.routerEnv, ",")...)
+	}
+	if profile != "" {
+		cmd.Args = append(cmd.Args, "-cpuprofile", profile)
+	}
+	c, err := startChild(cmd, "bench-lean", func() {})
+	if err == nil {
+		fmt.Printf("bench: lean pipeline started (pid %d, log %s)\n", cmd.Process.Pid, c.logPath)
+	}
+	return c, err
+}
+
+// leanPeak runs the lean pipeline on -router-orders pre-loaded orders (-dup-pct of them
+// delivered twice) and reports its CPU per order beside MariaDB's and Kafka's, then checks
+// every order was granted once and its event seen once.
+func (s *suite) leanPeak(ctx context.Context) error {
+	n := s.cfg.routerN
 	in, out, clean, err := s.routerTopics(ctx)
 	if err != nil {
 		return err
@@ -85,29 +128,13 @@ func (s *suite) leanGroup(ctx context.Context) error {
 	cpu := newCPUMeter(s.services)
 	delete(cpu.pids, "bench") // the bench only watches
 	start := time.Now()
-	exe, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	startLean := func(gap time.Duration) (*child, error) {
-		cmd := exec.Command(exe, "-lean-child", strings.Join([]string{in, out, group}, ","), "-dsn", s.cfg.appDSN,
-			"-brokers", s.cfg.brokers, "-lean-batch", fmt.Sprint(s.cfg.leanBatch), "-lean-gap", gap.String())
-		if gap == 0 && s.cfg.leanProfile != "" {
-			cmd.Args = append(cmd.Args, "-cpuprofile", s.cfg.leanProfile)
-		}
-		c, err := startChild(cmd, "bench-lean", func() {})
-		if err == nil {
-			fmt.Printf("bench: lean pipeline started (pid %d, log %s)\n", cmd.Process.Pid, c.logPath)
-		}
-		return c, err
-	}
 	// -lean-kills: SIGKILL it that many times while it works, each time starting it again,
 	// to check its exactly-once claim (the CPU figures then count only the last process).
 	// These runs wait leanGap between each poll's database commit and its Kafka transaction,
 	// so that about half the kills land there.
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 54))
 	for range s.cfg.leanKills {
-		c, err := startLean(leanGap)
+		c, err := s.startLean(in, out, group, leanGap, "")
 		if err != nil {
 			return err
 		}
@@ -120,7 +147,7 @@ func (s *suite) leanGroup(ctx context.Context) error {
 		<-c.exited
 		c.samplerWG.Wait()
 	}
-	c, err := startLean(0)
+	c, err := s.startLean(in, out, group, 0, s.cfg.leanProfile)
 	if err != nil {
 		return err
 	}
@@ -135,6 +162,16 @@ func (s *suite) leanGroup(ctx context.Context) error {
 	if err := c.stop(); err != nil {
 		return err
 	}
+	if err := s.checkLean(ctx, out, n); err != nil {
+		return err
+	}
+	s.report("lean", append([]any{"mode", "peak", "orders_per_s", float64(n) / el.Seconds(), "orders", n, "deliveries", deliveries,
+		"max_rss_mb", hwm, "batch", s.cfg.leanBatch, "kills", s.cfg.leanKills}, kv...)...)
+	return nil
+}
+
+// checkLean checks a lean run: n orders granted, each order's event on topic out once.
+func (s *suite) checkLean(ctx context.Context, out string, n int) error {
 	var granted int
 	if err := s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM coupon_grant WHERE state = 'GRANTED'").Scan(&granted); err != nil {
 		return err
@@ -150,8 +187,77 @@ func (s *suite) leanGroup(ctx context.Context) error {
 	if granted != n || len(keys) != n || len(recs) != n {
 		return fmt.Errorf("lean: %d grants, %d events of %d orders (want %d of each, each once)", granted, len(recs), len(keys), n)
 	}
-	s.report("lean", append([]any{"orders_per_s", float64(n) / el.Seconds(), "orders", n, "deliveries", deliveries,
-		"max_rss_mb", hwm, "batch", s.cfg.leanBatch, "kills", s.cfg.leanKills}, kv...)...)
+	return nil
+}
+
+// leanAtRate paces the lean pipeline as routerAtRate paces the router binary: fresh topics
+// and consumer group, -router-rate orders/s from the e2e generator once the group is
+// stable, -warmup-seconds unmeasured, then -router-seconds measured. It reports p50 / p99
+// (an order's due time → its event seen by a read_committed consumer) and the CPU per
+// order, as the router's rate line, and checks every order was granted and its event seen
+// once. The lean child fetches as the router does by default (kafka.fetch_min_bytes,
+// kafka.max_poll_wait), so the two lines differ by the pipeline alone.
+func (s *suite) leanAtRate(ctx context.Context) error {
+	rate := s.cfg.routerRate
+	in, out, clean, err := s.routerTopics(ctx)
+	if err != nil {
+		return err
+	}
+	defer clean()
+	if _, _, err := s.granter(ctx, out); err != nil { // the campaign
+		return err
+	}
+	w, err := watch(s.kc, out)
+	if err != nil {
+		return err
+	}
+	defer w.close()
+	producer, err := s.kc.NewSyncProducer()
+	if err != nil {
+		return err
+	}
+	defer producer.Close()
+	group := "bench-lean-" + in
+	defer s.dropGroup(group)
+	c, err := s.startLean(in, out, group, 0, "")
+	if err != nil {
+		return err
+	}
+	defer c.stop()
+	if err := waitGroupStable(s.kc, group, 2*time.Minute, c); err != nil {
+		return err
+	}
+	e := &e2eRun{s: s}
+	warm, count := rate*s.cfg.warmSecs, rate*s.cfg.routerSecs
+	if err := e.produceOrders(producer, in, "lwarm", 0, warm, float64(rate)); err != nil {
+		return err
+	}
+	cpu := newCPUMeter(s.services)
+	delete(cpu.pids, "bench")
+	cpu.pids["lean"], cpu.start["lean"] = c.pidStr(), procCPU(c.pidStr())
+	t0 := time.Now()
+	if err := e.produceOrders(producer, in, "llat", 0, count, float64(rate)); err != nil {
+		return err
+	}
+	if err := c.waitSeen(w, warm+count, 5*time.Minute); err != nil {
+		return err
+	}
+	achieved := float64(count) / time.Since(t0).Seconds()
+	kv := cpu.perOrder(count)
+	hwm := c.hwmMB()
+	if err := c.stop(); err != nil {
+		return err
+	}
+	if err := s.checkLean(ctx, out, warm+count); err != nil {
+		return err
+	}
+	p50, p99, _, err := latencies(s.kc, in, w, "llat", 0, count)
+	if err != nil {
+		return err
+	}
+	s.report("lean", append([]any{"mode", fmt.Sprintf("rate%d", rate), "offered_per_s", rate, "orders_per_s", achieved,
+		"max_rss_mb", hwm, "orders", count, "seconds", s.cfg.routerSecs, "p50_ms", p50, "p99_ms", p99,
+		"batch", s.cfg.leanBatch}, kv...)...)
 	return nil
 }
 
@@ -227,8 +333,11 @@ func runLeanChild(cfg *config) error {
 		claim: dbx.NewMultiRow(db, leanClaimWidth, 256, leanClaim)}
 	defer p.claim.Close()
 	s := newSuite(cfg)
+	if err := leanFetchEnv(&s.kc); err != nil {
+		return err
+	}
 	sess, err := kgo.NewGroupTransactSession(s.kgoOpts(s.kgoGroupOpts(group, in),
-		kgoTxnOpts("lean", out), []kgo.Opt{kgo.FetchMaxBytes(64 << 20)})...)
+		kgoTxnOpts("lean", out), []kgo.Opt{kgo.FetchMaxBytes(64 << 20), kgo.FetchMinBytes(int32(s.kc.FetchMinBytes))})...)
 	if err != nil {
 		return err
 	}
@@ -265,6 +374,27 @@ func runLeanChild(cfg *config) error {
 			return fmt.Errorf("end transaction: %w", errors.Join(err, pe.err()))
 		}
 	}
+}
+
+// leanFetchEnv sets kc's fetch settings from the router's environment variables for them,
+// ONCEFLOW_KAFKA_FETCH_MIN_BYTES and ONCEFLOW_KAFKA_MAX_POLL_WAIT, where set: the lean
+// pipeline then fetches as a router given the same -router-env.
+func leanFetchEnv(kc *kafkax.Config) error {
+	if v, ok := os.LookupEnv("ONCEFLOW_KAFKA_FETCH_MIN_BYTES"); ok {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return fmt.Errorf("lean: ONCEFLOW_KAFKA_FETCH_MIN_BYTES=%q: want a positive number of bytes", v)
+		}
+		kc.FetchMinBytes = n
+	}
+	if v, ok := os.LookupEnv("ONCEFLOW_KAFKA_MAX_POLL_WAIT"); ok {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return fmt.Errorf("lean: ONCEFLOW_KAFKA_MAX_POLL_WAIT=%q: want a positive duration", v)
+		}
+		kc.MaxPollWait = d
+	}
+	return nil
 }
 
 // batch runs one poll's database transaction and returns the events to send for it.

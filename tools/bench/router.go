@@ -689,7 +689,7 @@ func waitGroupStable(kc kafkax.Config, group string, limit time.Duration, c *chi
 		}
 		select {
 		case <-c.exited:
-			return fmt.Errorf("the router exited (%v) before its group %s was stable; its log: %s%s", c.waitErr, group, c.logPath, c.logTail())
+			return fmt.Errorf("%s exited (%v) before its group %s was stable; its log: %s%s", filepath.Base(c.cmd.Path), c.waitErr, group, c.logPath, c.logTail())
 		default:
 		}
 		if time.Now().After(deadline) {

@@ -86,6 +86,9 @@ func (b benchRun) targetsRow(row func(m, r, t string)) {
 			rss += fmt.Sprintf("; the lean pipeline on the same input: %s µs CPU per order its process, %s in all (the router %s× and %s×)",
 				f(t.num("lean_cpu_us_per_order"), 1), f(t.num("lean_all_cpu_us_per_order"), 0), f(t.num("router_vs_lean_cpu"), 1), f(t.num("all_vs_lean_all_cpu"), 1))
 		}
+		if t.has("lean_p99_ms_at_2000") && t.num("lean_p99_ms_at_2000") > 0 {
+			rss += fmt.Sprintf("; its p99 at 2,000/s %s ms (the router %s×)", f(t.num("lean_p99_ms_at_2000"), 1), f(t.num("router_vs_lean_p99"), 1))
+		}
 		target += "; the hot path's: router ≤ 20 µs and all processes ≤ 60 µs CPU per order at its peak, idle ≤ 5 ms CPU per second, p99 ≤ 30 ms at 2,000/s, relay ≥ 50× forwarder, no partition stalled > 2 s in a scale-out"
 	}
 	row("`targets`: computed from this run's own figures",

@@ -45,6 +45,12 @@ func (b benchRun) routerRows(row func(m, r, t string)) {
 		row(fmt.Sprintf("`lean`: the batch-native floor on the peak run's input (%s orders, %s deliveries), a process of its own: per poll of up to %s records one database transaction (claim, the coupon plugin's `HandleBatch`) and one Kafka transaction with the events and the offsets",
 			f(r.num("orders"), 0), f(r.num("deliveries"), 0), f(r.num("batch"), 0)), line, "—")
 	}
+	for _, r := range b.find("lean", "offered_per_s", "") {
+		row(fmt.Sprintf("`lean` `%s`: the same pipeline at %s orders/s offered, %s s measured, as the router's line below", r.get("mode"), f(r.num("offered_per_s"), 0), r.get("seconds")),
+			fmt.Sprintf("%s orders/s, p50 %s ms, p99 **%s ms**; peak RSS %s MB; its process %s µs CPU per order (MariaDB %s, Kafka %s; %s in all)",
+				rate(r.num("orders_per_s")), f(r.num("p50_ms"), 1), f(r.num("p99_ms"), 1), f(r.num("max_rss_mb"), 1), f(r.num("lean_cpu_us_per_order"), 0),
+				f(r.num("db_cpu_us_per_order"), 0), f(r.num("kafka_cpu_us_per_order"), 0), f(r.num("total_cpu_us_per_order"), 0)), "—")
+	}
 	for _, r := range b.find("router", "offered_per_s", "") {
 		row(fmt.Sprintf("`router` `%s`: the same binary at %s orders/s offered, %s s measured", r.get("mode"), f(r.num("offered_per_s"), 0), r.get("seconds")),
 			fmt.Sprintf("%s orders/s, p50 %s ms, p99 %s ms; peak RSS **%s MB**; %s", rate(r.num("orders_per_s")), f(r.num("p50_ms"), 1),
