@@ -505,8 +505,12 @@ func (h *parallelHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim s
 	}
 	r.idle.lastMark = r.marked
 	if r.skip = h.committedAcked(r.topic, r.partition, claim.InitialOffset(), r.logFields); len(r.skip) > 0 {
+		var acked int64
+		for _, a := range r.skip {
+			acked += a.last - a.first + 1
+		}
 		h.s.logger.Info("Partition claimed with messages acked past its committed offset; they are not handed out again",
-			r.logFields.Add(watermill.LogFields{"acked_runs": len(r.skip), "acked_from": r.skip[0].first, "acked_to": r.skip[len(r.skip)-1].last}))
+			r.logFields.Add(watermill.LogFields{"acked_offsets": acked, "acked_runs": len(r.skip), "acked_from": r.skip[0].first, "acked_to": r.skip[len(r.skip)-1].last}))
 	}
 	h.s.track(r)
 	defer h.s.untrack(r)

@@ -28,6 +28,11 @@ func audit(ctx context.Context, c clock, o options, info runInfo, appDSN, adminD
 		return 2, err
 	}
 	c.printReport(rep)
+	if claims, n, err := ackedSkipped(o.runDir, group); err != nil {
+		c.logf("checker: the routers' logs: %v", err)
+	} else {
+		c.logf("checker: acked_skipped=%d (offsets of %s acked past a committed offset and not handed out again, in %d claims; from the routers' logs)", n, group, claims)
+	}
 	extra := []string{}
 	for _, h := range harnessErrs {
 		extra = append(extra, "harness("+strings.ReplaceAll(h, " ", "_")+")")

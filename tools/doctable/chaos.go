@@ -142,6 +142,7 @@ func (c chaosRun) table() string {
 	row("duplicate coupons / duplicate events (read_committed)", fmt.Sprintf("**%s** / **%s** (%s distinct CouponGranted event ids)",
 		get("duplicate_coupons"), get("duplicate_events"), get("grant_events")))
 	row("duplicates blocked by the inbox (redeliveries among them)", fmt.Sprintf("%s (≈%s)", get("duplicates_blocked"), get("redeliveries")))
+	row("messages acked past a committed offset, not handed out again after a restart or a rebalance", get("acked_skipped"))
 	row("poison", txt("poison"))
 	row("misbehaving plugin, against its plan", txt("misbehaver"))
 	row("transitions logged", get("transitions"))
