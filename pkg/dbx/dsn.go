@@ -120,10 +120,12 @@ func ParseDriverDSN(dsn string) (*mysql.Config, error) {
 // optional port, and none is empty.
 func checkServers(list string) ([]string, error) {
 	var out []string
+	// The list as an error shows it: on one line, a control character escaped.
+	shown := strings.Trim(strconv.Quote(list), `"`)
 	for i, a := range strings.Split(list, ",") {
 		a = strings.TrimSpace(a)
 		if a == "" {
-			return nil, fmt.Errorf("server %d of tcp(%s) is empty", i+1, list)
+			return nil, fmt.Errorf("server %d of tcp(%s) is empty", i+1, shown)
 		}
 		hp := a
 		if _, _, err := net.SplitHostPort(hp); err != nil {
@@ -131,7 +133,7 @@ func checkServers(list string) ([]string, error) {
 		}
 		host, port, err := net.SplitHostPort(hp)
 		if n, perr := strconv.Atoi(port); err != nil || host == "" || strings.ContainsAny(host, "@()/?,\\ \t\r\n") || perr != nil || n < 1 || n > 65535 {
-			return nil, fmt.Errorf("server %q of tcp(%s) is not host:port", a, list)
+			return nil, fmt.Errorf("server %q of tcp(%s) is not host:port", a, shown)
 		}
 		out = append(out, a)
 	}
