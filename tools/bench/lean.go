@@ -82,14 +82,17 @@ func (s *suite) startLean(in, out, group string, gap time.Duration, profile stri
 	}
 	cmd := exec.Command(exe, "-lean-child", strings.Join([]string{in, out, group}, ","), "-dsn", s.cfg.appDSN,
 		"-brokers", s.cfg.brokers, "-lean-batch", fmt.Sprint(s.cfg.leanBatch), "-lean-gap", gap.String())
-	// -router-env's fetch settings apply to it too (leanFetchEnv).
+	// Of -router-env, only the fetch settings apply to it too (leanFetchEnv): GOGC and the
+	// like stay the router's.
 	for _, e := range os.Environ() {
 		if !strings.HasPrefix(e, "ONCEFLOW_") {
 			cmd.Env = append(cmd.Env, e)
 		}
 	}
-	if s.cfg.routerEnv != "" {
-		cmd.Env = append(cmd.Env, strings.Split(s.cfg.routerEnv, ",")...)
+	for _, e := range strings.Split(s.cfg.routerEnv, ",") {
+		if strings.HasPrefix(e, "ONCEFLOW_KAFKA_FETCH_MIN_BYTES=") || strings.HasPrefix(e, "ONCEFLOW_KAFKA_MAX_POLL_WAIT=") {
+			cmd.Env = append(cmd.Env, e)
+		}
 	}
 	if profile != "" {
 		cmd.Args = append(cmd.Args, "-cpuprofile", profile)
