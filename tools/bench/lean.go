@@ -109,14 +109,11 @@ func (s *suite) startLean(in, out, group string, gap time.Duration, profile stri
 // every order was granted once and its event seen once.
 func (s *suite) leanPeak(ctx context.Context) error {
 	n := s.cfg.routerN
-	in, out, clean, err := s.routerTopics(ctx)
+	in, out, clean, err := s.leanTopics(ctx)
 	if err != nil {
 		return err
 	}
 	defer clean()
-	if _, _, err := s.granter(ctx, out); err != nil { // the campaign
-		return err
-	}
 	deliveries, err := s.loadPeerInput(in, n)
 	if err != nil {
 		return err
@@ -173,6 +170,19 @@ func (s *suite) leanPeak(ctx context.Context) error {
 	return nil
 }
 
+// leanTopics empties the bench tables, creates a lean run's topics (routerTopics) and its
+// campaign; the returned func deletes the topics.
+func (s *suite) leanTopics(ctx context.Context) (in, out string, clean func(), err error) {
+	if in, out, clean, err = s.routerTopics(ctx); err != nil {
+		return "", "", nil, err
+	}
+	if _, _, err := s.granter(ctx, out); err != nil {
+		clean()
+		return "", "", nil, err
+	}
+	return in, out, clean, nil
+}
+
 // checkLean checks a lean run: n orders granted, each order's event on topic out once.
 func (s *suite) checkLean(ctx context.Context, out string, n int) error {
 	var granted int
@@ -202,14 +212,11 @@ func (s *suite) checkLean(ctx context.Context, out string, n int) error {
 // kafka.max_poll_wait), so the two lines differ by the pipeline alone.
 func (s *suite) leanAtRate(ctx context.Context) error {
 	rate := s.cfg.routerRate
-	in, out, clean, err := s.routerTopics(ctx)
+	in, out, clean, err := s.leanTopics(ctx)
 	if err != nil {
 		return err
 	}
 	defer clean()
-	if _, _, err := s.granter(ctx, out); err != nil { // the campaign
-		return err
-	}
 	w, err := watch(s.kc, out)
 	if err != nil {
 		return err
@@ -230,37 +237,20 @@ func (s *suite) leanAtRate(ctx context.Context) error {
 	if err := waitGroupStable(s.kc, group, 2*time.Minute, c); err != nil {
 		return err
 	}
-	e := &e2eRun{s: s}
-	warm, count := rate*s.cfg.warmSecs, rate*s.cfg.routerSecs
-	if err := e.produceOrders(producer, in, "lwarm", 0, warm, float64(rate)); err != nil {
-		return err
-	}
-	cpu := newCPUMeter(s.services)
-	delete(cpu.pids, "bench")
-	cpu.pids["lean"], cpu.start["lean"] = c.pidStr(), procCPU(c.pidStr())
-	t0 := time.Now()
-	if err := e.produceOrders(producer, in, "llat", 0, count, float64(rate)); err != nil {
-		return err
-	}
-	if err := c.waitSeen(w, warm+count, 5*time.Minute); err != nil {
-		return err
-	}
-	achieved := float64(count) / time.Since(t0).Seconds()
-	kv := cpu.perOrder(count)
-	hwm := c.hwmMB()
-	if err := c.stop(); err != nil {
-		return err
-	}
-	if err := s.checkLean(ctx, out, warm+count); err != nil {
-		return err
-	}
-	p50, p99, _, err := latencies(s.kc, in, w, "llat", 0, count)
+	r, err := s.pace(producer, c, w, in, "lean", "lwarm", "llat")
 	if err != nil {
 		return err
 	}
-	s.report("lean", append([]any{"mode", fmt.Sprintf("rate%d", rate), "offered_per_s", rate, "orders_per_s", achieved,
-		"max_rss_mb", hwm, "orders", count, "seconds", s.cfg.routerSecs, "p50_ms", p50, "p99_ms", p99,
-		"batch", s.cfg.leanBatch}, kv...)...)
+	if err := s.checkLean(ctx, out, r.warm+r.count); err != nil {
+		return err
+	}
+	p50, p99, _, err := latencies(s.kc, in, w, "llat", 0, r.count)
+	if err != nil {
+		return err
+	}
+	s.report("lean", append([]any{"mode", fmt.Sprintf("rate%d", rate), "offered_per_s", rate, "orders_per_s", r.achieved,
+		"max_rss_mb", r.hwm, "orders", r.count, "seconds", s.cfg.routerSecs, "p50_ms", p50, "p99_ms", p99,
+		"batch", s.cfg.leanBatch}, r.kv...)...)
 	return nil
 }
 

@@ -399,39 +399,56 @@ func (s *suite) routerAtRate(ctx context.Context, bin string) error {
 	if err := waitGroupStable(s.kc, routerGroupName(in), 2*time.Minute, c); err != nil {
 		return err
 	}
-	e := &e2eRun{s: s}
-	warm, count := rate*s.cfg.warmSecs, rate*s.cfg.routerSecs
-	if err := e.produceOrders(producer, in, "rwarm", 0, warm, float64(rate)); err != nil {
-		return err
-	}
-	cpu := newCPUMeter(s.services)
-	delete(cpu.pids, "bench")
-	cpu.pids["router"], cpu.start["router"] = c.pidStr(), procCPU(c.pidStr())
-	t0 := time.Now()
-	if err := e.produceOrders(producer, in, "rlat", 0, count, float64(rate)); err != nil {
-		return err
-	}
-	if err := c.waitSeen(w, warm+count, 5*time.Minute); err != nil {
-		return err
-	}
-	achieved := float64(count) / time.Since(t0).Seconds()
-	// The measured orders and the warm-up's tail, as the e2e latency runs count them.
-	kv := cpu.perOrder(count)
-	hwm := c.hwmMB()
-	if err := c.stop(); err != nil {
-		return err
-	}
-	if err := checkGranted(ctx, s.db, warm+count); err != nil {
-		return err
-	}
-	p50, p99, _, err := latencies(s.kc, in, w, "rlat", 0, count)
+	r, err := s.pace(producer, c, w, in, "router", "rwarm", "rlat")
 	if err != nil {
 		return err
 	}
-	s.report("router", append([]any{"mode", mode, "offered_per_s", rate, "orders_per_s", achieved, "max_rss_mb", hwm,
-		"cpu_us_per_order", kv[slicesIndex(kv, "router_cpu_us_per_order")+1], "orders", count, "seconds", s.cfg.routerSecs,
-		"p50_ms", p50, "p99_ms", p99, "rss_sampled_max_mb", c.sampledMaxMB()}, kv...)...)
+	if err := checkGranted(ctx, s.db, r.warm+r.count); err != nil {
+		return err
+	}
+	p50, p99, _, err := latencies(s.kc, in, w, "rlat", 0, r.count)
+	if err != nil {
+		return err
+	}
+	s.report("router", append([]any{"mode", mode, "offered_per_s", rate, "orders_per_s", r.achieved, "max_rss_mb", r.hwm,
+		"cpu_us_per_order", r.kv[slicesIndex(r.kv, "router_cpu_us_per_order")+1], "orders", r.count, "seconds", s.cfg.routerSecs,
+		"p50_ms", p50, "p99_ms", p99, "rss_sampled_max_mb", c.sampledMaxMB()}, r.kv...)...)
 	return nil
+}
+
+// pacedRun is what pace measured.
+type pacedRun struct {
+	warm, count int     // orders of the warm-up, and measured
+	achieved    float64 // measured orders per second
+	kv          []any   // CPU per order by process (cpuMeter.perOrder)
+	hwm         float64 // the child's peak RSS, MB
+}
+
+// pace offers -router-rate orders/s to the running child c on topic in: -warmup-seconds of
+// orders named warm, then -router-seconds of orders named lat, the measured ones. Once w
+// has seen every event it stops c. role names c's CPU in the figures ("router", "lean").
+func (s *suite) pace(producer sarama.SyncProducer, c *child, w *watcher, in, role, warm, lat string) (pacedRun, error) {
+	rate := s.cfg.routerRate
+	r := pacedRun{warm: rate * s.cfg.warmSecs, count: rate * s.cfg.routerSecs}
+	e := &e2eRun{s: s}
+	if err := e.produceOrders(producer, in, warm, 0, r.warm, float64(rate)); err != nil {
+		return r, err
+	}
+	cpu := newCPUMeter(s.services)
+	delete(cpu.pids, "bench")
+	cpu.pids[role], cpu.start[role] = c.pidStr(), procCPU(c.pidStr())
+	t0 := time.Now()
+	if err := e.produceOrders(producer, in, lat, 0, r.count, float64(rate)); err != nil {
+		return r, err
+	}
+	if err := c.waitSeen(w, r.warm+r.count, 5*time.Minute); err != nil {
+		return r, err
+	}
+	r.achieved = float64(r.count) / time.Since(t0).Seconds()
+	// The measured orders and the warm-up's tail, as the e2e latency runs count them.
+	r.kv = cpu.perOrder(r.count)
+	r.hwm = c.hwmMB()
+	return r, c.stop()
 }
 
 // slicesIndex is the index of key in kv (alternating keys and values); -1 when absent.
