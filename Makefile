@@ -141,7 +141,7 @@ bench: infra
 ## relay, peer, router, lean, idle and scaleout groups; the peer and forwarder runs shorter, the
 ## router's stalled runs left out), on the real services; ends with one BENCH name=targets
 ## line (each target pass, fail or missing with its value, and the run's calibration) and
-## how long it took. About 5 minutes; the documents are left as they are. BENCH_FLAGS are
+## how long it took. About 6 minutes; the documents are left as they are. BENCH_FLAGS are
 ## added (a flag given there wins).
 bench-targets: infra
 	@start=$$(date +%s); BENCH_FLAGS="-targets $(BENCH_FLAGS)" bash scripts/bench.sh || exit 1; \
